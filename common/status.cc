@@ -1,0 +1,30 @@
+#include "common/status.h"
+
+namespace warmpool {
+
+std::string_view CodeName(Code code) {
+  switch (code) {
+    case Code::kOk: return "OK";
+    case Code::kNotFound: return "NOT_FOUND";
+    case Code::kInvalidArgument: return "INVALID_ARGUMENT";
+    case Code::kResourceExhausted: return "RESOURCE_EXHAUSTED";
+    case Code::kUnavailable: return "UNAVAILABLE";
+    case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case Code::kPermissionDenied: return "PERMISSION_DENIED";
+    case Code::kInternal: return "INTERNAL";
+  }
+  return "INTERNAL";
+}
+
+Code CodeFromInt(int value) {
+  if (value < 0 || value > static_cast<int>(Code::kInternal)) return Code::kInternal;
+  return static_cast<Code>(value);
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return fmt::format("{}: {}", CodeName(code_), message_);
+}
+
+}  // namespace warmpool

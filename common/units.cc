@@ -1,0 +1,56 @@
+#include "common/units.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace warmpool {
+
+Result<uint64_t> ParseSize(std::string_view text) {
+  std::string s(text);
+  size_t pos = 0;
+  while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) || s[pos] == '.')) pos++;
+  if (pos == 0) {
+    return Error(Code::kInvalidArgument, "size \"{}\" must start with a number, e.g. 512MiB or 2GiB",
+                 text);
+  }
+  double number = std::strtod(s.substr(0, pos).c_str(), nullptr);
+  std::string unit = s.substr(pos);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "KiB" || unit == "K" || unit == "k") scale = 1024.0;
+  else if (unit == "MiB" || unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB" || unit == "kB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  else if (unit == "TB") scale = 1e12;
+  if (scale == 0) {
+    return Error(Code::kInvalidArgument,
+                 "size \"{}\" has unknown unit \"{}\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                 text, unit);
+  }
+  double bytes = number * scale;
+  if (!std::isfinite(bytes) || bytes >= 1.8e19) {
+    return Error(Code::kInvalidArgument, "size \"{}\" is too large", text);
+  }
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    unit++;
+  }
+  if (unit == 0) return fmt::format("{} B", bytes);
+  return fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
+}  // namespace warmpool

@@ -1,0 +1,67 @@
+#include "devmem/host_memory.h"
+
+#include <cerrno>
+#include <cstring>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace warmpool {
+
+Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
+  if (bytes == 0) return Error(Code::kInvalidArgument, "cannot allocate a region of 0 bytes");
+  // Reserve first so that two threads cannot both pass the budget check.
+  uint64_t before = used_.fetch_add(bytes, std::memory_order_relaxed);
+  if (budget_ != 0 && before + bytes > budget_) {
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kResourceExhausted,
+                 "device memory budget exhausted: {} bytes in use, {} requested, budget {}",
+                 before, bytes, budget_);
+  }
+  int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kInternal, "memfd_create: {}", std::strerror(errno));
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kResourceExhausted, "cannot size a {}-byte region: {}", bytes,
+                 std::strerror(err));
+  }
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (ptr == MAP_FAILED) {
+    int err = errno;
+    close(fd);
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kResourceExhausted, "cannot map a {}-byte region: {}", bytes,
+                 std::strerror(err));
+  }
+  return HostRegion{ptr, bytes, fd};
+}
+
+void HostMemory::Free(HostRegion& region) {
+  if (region.ptr != nullptr) munmap(region.ptr, region.bytes);
+  if (region.fd >= 0) close(region.fd);
+  if (region.bytes != 0) used_.fetch_sub(region.bytes, std::memory_order_relaxed);
+  region = HostRegion{};
+}
+
+wp_status HostMemory::CAlloc(void* ctx, uint64_t bytes, wp_region* out) {
+  auto* self = static_cast<HostMemory*>(ctx);
+  Result<HostRegion> region = self->Allocate(bytes, "warmpool-weights");
+  if (!region.ok()) {
+    return region.status().code() == Code::kResourceExhausted ? WP_RESOURCE_EXHAUSTED : WP_INTERNAL;
+  }
+  *out = wp_region{region->ptr, region->bytes, region->fd};
+  return WP_OK;
+}
+
+void HostMemory::CFree(void* ctx, wp_region* region) {
+  if (region == nullptr) return;
+  HostRegion host{region->ptr, region->bytes, region->handle};
+  static_cast<HostMemory*>(ctx)->Free(host);
+  *region = wp_region{nullptr, 0, -1};
+}
+
+}  // namespace warmpool

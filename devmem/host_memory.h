@@ -1,0 +1,45 @@
+// Host backend of the device-memory service: every region is a memfd, sized with ftruncate and
+// mapped shared, so that its fd is a shareable handle another process can map (O(1), no copy).
+// Allocations are counted against a byte budget; exceeding it is RESOURCE_EXHAUSTED, as on a GPU.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/status.h"
+#include "warmpool/engine.h"
+
+namespace warmpool {
+
+struct HostRegion {
+  void* ptr = nullptr;
+  uint64_t bytes = 0;
+  int fd = -1;
+};
+
+class HostMemory {
+ public:
+  // budget_bytes 0 = unlimited.
+  explicit HostMemory(uint64_t budget_bytes = 0) : budget_(budget_bytes) {}
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+
+  Result<HostRegion> Allocate(uint64_t bytes, const char* label);
+  void Free(HostRegion& region);
+
+  uint64_t used_bytes() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t budget_bytes() const { return budget_; }
+
+  // The C view handed to engines; valid as long as this object lives.
+  const wp_device_memory* service() { return &service_; }
+
+ private:
+  static wp_status CAlloc(void* ctx, uint64_t bytes, wp_region* out);
+  static void CFree(void* ctx, wp_region* region);
+
+  uint64_t budget_;
+  std::atomic<uint64_t> used_{0};
+  wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1};
+};
+
+}  // namespace warmpool

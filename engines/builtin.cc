@@ -1,0 +1,117 @@
+#include "engines/builtin.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace warmpool {
+namespace {
+
+// Long enough for a JSON parse error that quotes its context.
+constexpr size_t kErrorBufferBytes = 4096;
+
+struct ProgressBridge {
+  const Engine::ProgressFn* progress;
+};
+
+int ProgressTrampoline(void* ctx, uint64_t done_bytes, uint64_t total_bytes) {
+  const auto* bridge = static_cast<const ProgressBridge*>(ctx);
+  try {
+    return (*bridge->progress)(done_bytes, total_bytes) ? 0 : 1;
+  } catch (...) {
+    return 1;  // an exception must not unwind through the engine's C frames
+  }
+}
+
+}  // namespace
+
+const wp_engine_vtable* FindBuiltinEngine(std::string_view name) {
+  for (const wp_engine_vtable* vtable : {warmpool_engine_dense(), warmpool_engine_echo()}) {
+    if (name == vtable->name) return vtable;
+  }
+  return nullptr;
+}
+
+Status StatusFromWp(wp_status status, const char* err) {
+  if (status == WP_OK) return OkStatus();
+  std::string message = err != nullptr ? std::string(err) : std::string();
+  if (message.empty()) message = "engine failed without a message";
+  return Status(CodeFromInt(static_cast<int>(status)), std::move(message));
+}
+
+wp_status WpFromStatus(const Status& status, char* err, size_t err_len) {
+  if (!status.ok() && err != nullptr && err_len > 0) {
+    size_t n = std::min(err_len - 1, status.message().size());
+    std::memcpy(err, status.message().data(), n);
+    err[n] = '\0';
+  }
+  return static_cast<wp_status>(static_cast<int>(status.code()));
+}
+
+Result<Engine> Engine::Open(const wp_engine_vtable* vtable, const wp_engine_spec& spec,
+                            const wp_device_memory* memory) {
+  if (vtable == nullptr) return Error(Code::kInvalidArgument, "no engine given");
+  const char* engine_name = vtable->name != nullptr ? vtable->name : "?";
+  if (vtable->abi_version != WP_ENGINE_ABI_VERSION) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" implements ABI version {}, warmpool needs {}",
+                 engine_name, vtable->abi_version, WP_ENGINE_ABI_VERSION);
+  }
+  if (vtable->open == nullptr || vtable->load == nullptr || vtable->infer == nullptr ||
+      vtable->close == nullptr) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" leaves an entry point of its vtable empty",
+                 engine_name);
+  }
+  char err[kErrorBufferBytes] = {};
+  wp_engine* instance = nullptr;
+  wp_engine_info info{};
+  wp_status status = vtable->open(&spec, memory, &instance, &info, err, sizeof(err));
+  if (status != WP_OK) {
+    if (instance != nullptr) vtable->close(instance);
+    return StatusFromWp(status, err);
+  }
+  return Engine(vtable, instance, info);
+}
+
+Engine::Engine(Engine&& other) noexcept
+    : vtable_(other.vtable_), instance_(std::exchange(other.instance_, nullptr)), info_(other.info_) {}
+
+Engine& Engine::operator=(Engine&& other) noexcept {
+  if (this != &other) {
+    Close();
+    vtable_ = other.vtable_;
+    instance_ = std::exchange(other.instance_, nullptr);
+    info_ = other.info_;
+  }
+  return *this;
+}
+
+Engine::~Engine() { Close(); }
+
+void Engine::Close() {
+  if (instance_ != nullptr) vtable_->close(instance_);
+  instance_ = nullptr;
+}
+
+Status Engine::Load(const ProgressFn& progress) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  char err[kErrorBufferBytes] = {};
+  ProgressBridge bridge{&progress};
+  wp_status status = progress ? vtable_->load(instance_, &ProgressTrampoline, &bridge, err, sizeof(err))
+                              : vtable_->load(instance_, nullptr, nullptr, err, sizeof(err));
+  return StatusFromWp(status, err);
+}
+
+Status Engine::Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::vector<float>& output) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  if (input.size() != static_cast<uint64_t>(rows) * cols) {
+    return Error(Code::kInvalidArgument, "input holds {} floats, not rows x cols = {} x {}", input.size(),
+                 rows, cols);
+  }
+  output.resize(static_cast<size_t>(rows) * OutputColumns(cols));
+  char err[kErrorBufferBytes] = {};
+  wp_status status = vtable_->infer(instance_, input.data(), rows, cols, output.data(), err, sizeof(err));
+  return StatusFromWp(status, err);
+}
+
+}  // namespace warmpool

@@ -1,0 +1,336 @@
+// The dense engine: an MLP stored as a safetensors file of nn.Sequential Linear layers, run on the
+// CPU with BLAS. Weights stay in their stored dtype in one device-memory region; f16/bf16 layers
+// are widened to f32 per call, which trades compute for half the resident memory.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fcntl.h>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <numbers>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include "common/units.h"
+#include "engines/builtin.h"
+#include "engines/dense_model.h"
+#include "engines/half.h"
+#include "engines/safetensors.h"
+#include "warmpool/engine.h"
+
+// Present when the BLAS is OpenBLAS; weak so that another BLAS still links.
+#pragma weak openblas_set_num_threads
+
+namespace warmpool {
+namespace {
+
+using dense::Activation;
+using dense::DenseModel;
+using dense::LinearLayer;
+using safetensors::DType;
+using safetensors::TensorInfo;
+
+constexpr uint64_t kReadChunkBytes = 8ull << 20;
+constexpr float kInvSqrt2 = 1.0f / std::numbers::sqrt2_v<float>;
+
+struct DenseEngine {
+  std::string name;
+  std::string path;
+  const wp_device_memory* memory = nullptr;
+  safetensors::Header header;
+  DenseModel model;
+  wp_region weights{nullptr, 0, -1};
+  bool loaded = false;
+  // Scratch for infer, sized at load for kMaxBatch rows.
+  std::vector<float> activations[2];
+  std::vector<float> conversion;
+};
+
+DenseEngine* AsDense(wp_engine* engine) { return reinterpret_cast<DenseEngine*>(engine); }
+
+// Workers are processes, one per model; BLAS threads on top would oversubscribe the cores.
+void UseSingleThreadedBlas() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (&openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
+  });
+}
+
+void FreeWeights(DenseEngine& engine) {
+  if (engine.weights.ptr != nullptr) engine.memory->free(engine.memory->ctx, &engine.weights);
+  engine.weights = wp_region{nullptr, 0, -1};
+  engine.loaded = false;
+}
+
+Status FileChanged(const DenseEngine& engine, uint64_t now_bytes) {
+  return Error(Code::kFailedPrecondition,
+               "model file \"{}\" changed after it was opened (was {} bytes, now {}); open it again",
+               engine.path, engine.header.file_size, now_bytes);
+}
+
+Result<uint64_t> CurrentFileSize(int fd, const DenseEngine& engine) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Error(Code::kInternal, "model file \"{}\": cannot stat: {}", engine.path, std::strerror(errno));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// Copies the data area of the file into the weights region. pread, not mmap: a file truncated
+// under us must give an error, not SIGBUS.
+Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
+  int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const Code code = err == ENOENT ? Code::kNotFound : err == EACCES ? Code::kPermissionDenied : Code::kInternal;
+    return Status(code, fmt::format("model file \"{}\": cannot open: {}", engine.path, std::strerror(err)));
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { close(fd); }
+  } closer{fd};
+
+  Result<uint64_t> size = CurrentFileSize(fd, engine);
+  if (!size.ok()) return size.status();
+  if (*size != engine.header.file_size) return FileChanged(engine, *size);
+
+  auto* destination = static_cast<uint8_t*>(engine.weights.ptr);
+  const uint64_t total = engine.header.data_bytes;
+  uint64_t done = 0;
+  while (done < total) {
+    const uint64_t chunk_end = std::min(total, done + kReadChunkBytes);
+    while (done < chunk_end) {
+      ssize_t n = pread(fd, destination + done, chunk_end - done,
+                        static_cast<off_t>(engine.header.data_offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Error(Code::kInternal, "model file \"{}\": read failed: {}", engine.path, std::strerror(errno));
+      if (n == 0) {
+        Result<uint64_t> now = CurrentFileSize(fd, engine);
+        return FileChanged(engine, now.ok() ? *now : engine.header.data_offset + done);
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    if (progress != nullptr && progress(progress_ctx, done, total) != 0) {
+      return Error(Code::kUnavailable, "loading model \"{}\" was cancelled after {} of {} bytes", engine.name,
+                   done, total);
+    }
+  }
+  size = CurrentFileSize(fd, engine);
+  if (!size.ok()) return size.status();
+  if (*size != engine.header.file_size) return FileChanged(engine, *size);
+  return OkStatus();
+}
+
+void WidenToFloat(const uint8_t* source, DType dtype, uint64_t count, float* destination) {
+  switch (dtype) {
+    case DType::F16:
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, source + 2 * i, 2);
+        destination[i] = safetensors::HalfToFloat(bits);
+      }
+      return;
+    case DType::BF16:
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, source + 2 * i, 2);
+        destination[i] = safetensors::BF16ToFloat(bits);
+      }
+      return;
+    default:  // F32 that is not float-aligned in the region
+      std::memcpy(destination, source, count * sizeof(float));
+      return;
+  }
+}
+
+// The tensor as f32: in place in the region when possible, else widened into scratch.
+const float* TensorAsFloat(const DenseEngine& engine, const TensorInfo& tensor, float* scratch) {
+  const uint8_t* stored = static_cast<const uint8_t*>(engine.weights.ptr) + tensor.begin;
+  if (!dense::NeedsConversion(tensor)) return reinterpret_cast<const float*>(stored);
+  WidenToFloat(stored, tensor.dtype, tensor.numel(), scratch);
+  return scratch;
+}
+
+void Activate(Activation activation, float* values, uint64_t count) {
+  switch (activation) {
+    case Activation::kRelu:
+      for (uint64_t i = 0; i < count; ++i) values[i] = std::max(values[i], 0.0f);
+      return;
+    case Activation::kGelu:
+      for (uint64_t i = 0; i < count; ++i) {
+        values[i] = 0.5f * values[i] * (1.0f + std::erf(values[i] * kInvSqrt2));
+      }
+      return;
+    case Activation::kTanh:
+      for (uint64_t i = 0; i < count; ++i) values[i] = std::tanh(values[i]);
+      return;
+    case Activation::kNone:
+      return;
+  }
+}
+
+// output (rows x out) = input (rows x in) * W^T + b
+void RunLayer(DenseEngine& engine, const LinearLayer& layer, const float* input, uint32_t rows, float* output) {
+  float* scratch = engine.conversion.data();
+  const float* weight = TensorAsFloat(engine, layer.weight, scratch);
+  if (dense::NeedsConversion(layer.weight)) scratch += layer.weight.numel();
+  const int in = static_cast<int>(layer.in_features);
+  const int out = static_cast<int>(layer.out_features);
+  float beta = 0.0f;
+  if (layer.bias) {
+    const float* bias = TensorAsFloat(engine, *layer.bias, scratch);
+    for (uint32_t row = 0; row < rows; ++row) std::memcpy(output + static_cast<size_t>(row) * out, bias, out * sizeof(float));
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), out, in, 1.0f, input, in,
+              weight, in, beta, output, out);
+}
+
+void RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* output) {
+  const auto& layers = engine.model.layers;
+  for (uint32_t first = 0; first < rows; first += dense::kMaxBatch) {
+    const uint32_t step = std::min(dense::kMaxBatch, rows - first);
+    const float* x = input + static_cast<size_t>(first) * engine.model.in_features;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const bool last = i + 1 == layers.size();
+      float* y = last ? output + static_cast<size_t>(first) * engine.model.out_features : engine.activations[i % 2].data();
+      RunLayer(engine, layers[i], x, step, y);
+      if (!last) Activate(engine.model.activation, y, static_cast<uint64_t>(step) * layers[i].out_features);
+      x = y;
+    }
+  }
+}
+
+Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEngine& engine, wp_engine_info& info) {
+  if (spec == nullptr || spec->path == nullptr || spec->path[0] == '\0') {
+    return Error(Code::kInvalidArgument, "the dense engine needs a model file (a .safetensors path)");
+  }
+  if (memory == nullptr || memory->alloc == nullptr || memory->free == nullptr) {
+    return Error(Code::kInvalidArgument, "the dense engine needs a device-memory service");
+  }
+  if (memory->host_addressable == 0) {
+    return Error(Code::kFailedPrecondition, "the dense engine computes on the CPU and needs host-addressable "
+                 "memory; use the host memory backend");
+  }
+  engine.name = spec->name != nullptr ? spec->name : "";
+  engine.path = spec->path;
+  engine.memory = memory;
+  Result<safetensors::Header> header = safetensors::ReadHeader(engine.path);
+  if (!header.ok()) return header.status();
+  Result<DenseModel> model = dense::DescribeModel(*header, engine.path);
+  if (!model.ok()) return model.status();
+  engine.header = std::move(*header);
+  engine.model = std::move(*model);
+
+  const dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
+  info.weight_bytes = engine.header.data_bytes;
+  info.workspace_bytes = dense::WorkspaceBytes(scratch);
+  info.in_features = engine.model.in_features;
+  info.out_features = engine.model.out_features;
+  info.max_batch = dense::kMaxBatch;
+  UseSingleThreadedBlas();
+  return OkStatus();
+}
+
+Status Load(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
+  if (engine.loaded) return Error(Code::kFailedPrecondition, "model \"{}\" is already loaded", engine.name);
+  const uint64_t bytes = engine.header.data_bytes;
+  wp_status allocated = engine.memory->alloc(engine.memory->ctx, bytes, &engine.weights);
+  if (allocated != WP_OK) {
+    engine.weights = wp_region{nullptr, 0, -1};
+    return Status(allocated == WP_RESOURCE_EXHAUSTED ? Code::kResourceExhausted : Code::kInternal,
+                  fmt::format("cannot allocate {} of device memory for the weights of model \"{}\"{}",
+                              FormatBytes(bytes), engine.name,
+                              allocated == WP_RESOURCE_EXHAUSTED ? ": over the memory budget" : ""));
+  }
+  Status read = ReadWeights(engine, progress, progress_ctx);
+  if (!read.ok()) {
+    FreeWeights(engine);
+    return read;
+  }
+  const dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
+  try {
+    for (auto& buffer : engine.activations) buffer.assign(scratch.activation_floats, 0.0f);
+    engine.conversion.assign(scratch.conversion_floats, 0.0f);
+  } catch (const std::bad_alloc&) {
+    FreeWeights(engine);
+    return Error(Code::kResourceExhausted, "cannot allocate the inference workspace of model \"{}\"", engine.name);
+  }
+  engine.loaded = true;
+  return OkStatus();
+}
+
+Status Infer(DenseEngine& engine, const float* input, uint32_t rows, uint32_t cols, float* output) {
+  if (!engine.loaded) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", engine.name);
+  if (cols != engine.model.in_features) {
+    return Error(Code::kInvalidArgument, "input has {} columns but model \"{}\" expects {}", cols, engine.name,
+                 engine.model.in_features);
+  }
+  if (rows == 0) return Error(Code::kInvalidArgument, "input has no rows");
+  if (input == nullptr || output == nullptr) return Error(Code::kInvalidArgument, "input and output must not be null");
+  RunModel(engine, input, rows, output);
+  return OkStatus();
+}
+
+// The C entry points: no exception may leave them.
+
+wp_status DenseOpen(const wp_engine_spec* spec, const wp_device_memory* memory, wp_engine** out,
+                    wp_engine_info* info, char* err, size_t err_len) {
+  if (out == nullptr || info == nullptr) {
+    return WpFromStatus(Error(Code::kInvalidArgument, "dense: open needs out and info"), err, err_len);
+  }
+  *out = nullptr;
+  try {
+    auto engine = std::make_unique<DenseEngine>();
+    wp_engine_info opened{};
+    Status status = Open(spec, memory, *engine, opened);
+    if (!status.ok()) return WpFromStatus(status, err, err_len);
+    *info = opened;
+    *out = reinterpret_cast<wp_engine*>(engine.release());
+    return WP_OK;
+  } catch (const std::bad_alloc&) {
+    return WpFromStatus(Error(Code::kResourceExhausted, "dense: out of memory opening the model"), err, err_len);
+  } catch (const std::exception& e) {
+    return WpFromStatus(Error(Code::kInternal, "dense: open failed: {}", e.what()), err, err_len);
+  }
+}
+
+wp_status DenseLoad(wp_engine* engine, wp_progress_fn progress, void* progress_ctx, char* err, size_t err_len) {
+  if (engine == nullptr) return WpFromStatus(Error(Code::kInvalidArgument, "dense: no engine"), err, err_len);
+  try {
+    return WpFromStatus(Load(*AsDense(engine), progress, progress_ctx), err, err_len);
+  } catch (const std::exception& e) {
+    FreeWeights(*AsDense(engine));
+    return WpFromStatus(Error(Code::kInternal, "dense: load failed: {}", e.what()), err, err_len);
+  }
+}
+
+wp_status DenseInfer(wp_engine* engine, const float* input, uint32_t rows, uint32_t cols, float* output,
+                     char* err, size_t err_len) {
+  if (engine == nullptr) return WpFromStatus(Error(Code::kInvalidArgument, "dense: no engine"), err, err_len);
+  try {
+    return WpFromStatus(Infer(*AsDense(engine), input, rows, cols, output), err, err_len);
+  } catch (const std::exception& e) {
+    return WpFromStatus(Error(Code::kInternal, "dense: infer failed: {}", e.what()), err, err_len);
+  }
+}
+
+void DenseClose(wp_engine* engine) {
+  if (engine == nullptr) return;
+  DenseEngine* dense = AsDense(engine);
+  FreeWeights(*dense);
+  delete dense;
+}
+
+const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense", &DenseOpen, &DenseLoad, &DenseInfer,
+                                       &DenseClose};
+
+}  // namespace
+}  // namespace warmpool
+
+extern "C" const wp_engine_vtable* warmpool_engine_dense(void) { return &warmpool::kDenseVtable; }

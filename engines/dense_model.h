@@ -1,0 +1,58 @@
+// The structure of a dense (MLP) model, read from a safetensors header alone: which tensors form
+// which linear layer, how they chain, and how much memory inference needs. No weights are read here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/safetensors.h"
+
+namespace warmpool::dense {
+
+enum class Activation { kRelu, kGelu, kTanh, kNone };
+
+std::string_view ActivationName(Activation activation);
+
+// One nn.Linear: y = x * W^T + b with W stored [out, in] as PyTorch does.
+struct LinearLayer {
+  uint64_t index = 0;  // the nn.Sequential position ("2" in "2.weight")
+  safetensors::TensorInfo weight;
+  std::optional<safetensors::TensorInfo> bias;
+  uint32_t in_features = 0;
+  uint32_t out_features = 0;
+};
+
+struct DenseModel {
+  std::vector<LinearLayer> layers;  // in execution order
+  Activation activation = Activation::kRelu;
+  uint32_t in_features = 0;
+  uint32_t out_features = 0;
+};
+
+// Rows per inference step; infer calls with more rows are processed in steps of this many.
+inline constexpr uint32_t kMaxBatch = 256;
+
+// True when a tensor cannot be handed to BLAS in place (a 16-bit dtype, or f32 that is not
+// 4-byte aligned in the data area) and is first converted into an f32 scratch buffer.
+bool NeedsConversion(const safetensors::TensorInfo& tensor);
+
+// Validates that the header describes an MLP this engine can run; source names the file.
+Result<DenseModel> DescribeModel(const safetensors::Header& header, std::string_view source);
+
+// Floats of scratch inference needs: two activation buffers of kMaxBatch rows of the widest hidden
+// layer, and a conversion buffer for the largest layer that needs one.
+struct ScratchSizes {
+  uint64_t activation_floats = 0;  // per buffer; there are two
+  uint64_t conversion_floats = 0;  // weight plus bias of the largest converted layer
+};
+ScratchSizes ScratchFor(const DenseModel& model);
+// The workspace an engine reports for preflight: both activation buffers and the conversion buffer.
+inline uint64_t WorkspaceBytes(const ScratchSizes& s) {
+  return (2 * s.activation_floats + s.conversion_floats) * sizeof(float);
+}
+
+}  // namespace warmpool::dense

@@ -1,0 +1,102 @@
+/* warmpool engine ABI, version 1.
+ *
+ * An engine turns a model file into an inference function. Workers call engines through this C ABI
+ * so that engines can be built outside this repository and loaded from a configured directory.
+ *
+ * Memory: an engine never mallocs its weights. It asks the worker's device-memory service for
+ * regions; on the host backend a region is a memfd mapping, on CUDA device memory. Regions are
+ * shareable (the handle travels to the supervisor), which is why weights must live in them.
+ *
+ * Threads: the worker calls open/load for one engine instance on its load thread and infer on its
+ * serving thread, never both at once for the same instance. Different instances are independent.
+ *
+ * Errors: every call returns a wp_status; on failure it writes a NUL-terminated message of at most
+ * err_len bytes into err that says what is wrong with the model or the input.
+ */
+#ifndef WARMPOOL_ENGINE_H_
+#define WARMPOOL_ENGINE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WP_ENGINE_ABI_VERSION 1u
+
+/* Values match warmpool.v1.Code. */
+typedef enum wp_status {
+  WP_OK = 0,
+  WP_NOT_FOUND = 1,
+  WP_INVALID_ARGUMENT = 2,
+  WP_RESOURCE_EXHAUSTED = 3,
+  WP_UNAVAILABLE = 4,
+  WP_FAILED_PRECONDITION = 6,
+  WP_INTERNAL = 8,
+} wp_status;
+
+/* One region of device memory. handle is the shareable handle (a memfd on the host backend), owned
+ * by the memory service; ptr is valid in this process until free. */
+typedef struct wp_region {
+  void* ptr;
+  uint64_t bytes;
+  int handle;
+} wp_region;
+
+typedef struct wp_device_memory {
+  void* ctx;
+  /* Allocates bytes (> 0) of device memory, zero-filled. WP_RESOURCE_EXHAUSTED when over budget. */
+  wp_status (*alloc)(void* ctx, uint64_t bytes, wp_region* out);
+  void (*free)(void* ctx, wp_region* region);
+  /* 1 when ptr is host-addressable (host backend), 0 when it is device memory. */
+  int host_addressable;
+} wp_device_memory;
+
+/* What the worker knows about the model it asks an engine to open. */
+typedef struct wp_engine_spec {
+  const char* name;  /* registered model name */
+  const char* path;  /* model file, may be empty for engines that need none (echo) */
+} wp_engine_spec;
+
+/* Sizes an engine reports after open (from headers only, before any weight is read). */
+typedef struct wp_engine_info {
+  uint64_t weight_bytes;    /* device bytes load will allocate for weights */
+  uint64_t workspace_bytes; /* device bytes for activations at the largest batch (max_batch) */
+  uint32_t in_features;     /* 0: any width (echo) */
+  uint32_t out_features;    /* 0: same as the input width (echo) */
+  uint32_t max_batch;       /* rows per infer call the workspace was sized for */
+} wp_engine_info;
+
+/* Called during load with bytes copied so far; returning non-zero cancels the load. */
+typedef int (*wp_progress_fn)(void* ctx, uint64_t done_bytes, uint64_t total_bytes);
+
+typedef struct wp_engine wp_engine; /* opaque engine instance */
+
+typedef struct wp_engine_vtable {
+  uint32_t abi_version; /* WP_ENGINE_ABI_VERSION */
+  const char* name;     /* "dense", "echo" */
+
+  /* Reads and validates the model's metadata (never the weights); fills info. */
+  wp_status (*open)(const wp_engine_spec* spec, const wp_device_memory* memory, wp_engine** out,
+                    wp_engine_info* info, char* err, size_t err_len);
+  /* Allocates device memory through the service and copies the weights into it. */
+  wp_status (*load)(wp_engine* engine, wp_progress_fn progress, void* progress_ctx, char* err,
+                    size_t err_len);
+  /* input: rows x cols row-major f32; output: rows x out_cols, where out_cols is info.out_features
+   * (or cols when that is 0). WP_INVALID_ARGUMENT when cols does not match in_features. */
+  wp_status (*infer)(wp_engine* engine, const float* input, uint32_t rows, uint32_t cols,
+                     float* output, char* err, size_t err_len);
+  /* Frees every region and the instance. Safe after a failed open or load. */
+  void (*close)(wp_engine* engine);
+} wp_engine_vtable;
+
+/* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
+const wp_engine_vtable* warmpool_engine_dense(void);
+const wp_engine_vtable* warmpool_engine_echo(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WARMPOOL_ENGINE_H_ */

@@ -1,0 +1,39 @@
+// A framed channel over a blocking socket, for processes that do not run an event loop: workers
+// (one reader thread, several writer threads) and the C++ client library.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/message_lite.h>
+
+#include "common/status.h"
+#include "ipc/framing.h"
+
+namespace warmpool::ipc {
+
+class BlockingChannel {
+ public:
+  BlockingChannel(int fd, uint32_t max_frame_bytes) : fd_(fd), decoder_(max_frame_bytes) {}
+
+  // Reads the next frame into message. UNAVAILABLE when the peer closed the channel, INVALID_ARGUMENT
+  // on a message that does not parse, RESOURCE_EXHAUSTED on an oversized frame. One reader at a time.
+  Status Read(google::protobuf::MessageLite& message, std::vector<int>* fds = nullptr);
+  // Writes one frame whole; safe from several threads (frames never interleave).
+  Status Write(const google::protobuf::MessageLite& message, const std::vector<int>& fds = {});
+  // Writes bytes that are already framed (pipelining several frames in one call).
+  Status WriteRaw(const std::string& bytes);
+
+  int fd() const { return fd_; }
+
+ private:
+  Status WriteLocked(const std::string& bytes, const std::vector<int>& fds);
+
+  int fd_;
+  FrameDecoder decoder_;
+  std::vector<int> pending_fds_;
+  std::mutex write_mutex_;
+};
+
+}  // namespace warmpool::ipc

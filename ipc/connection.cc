@@ -1,0 +1,144 @@
+#include "ipc/connection.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ipc/socket_io.h"
+
+namespace warmpool::ipc {
+
+Connection* Connection::Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
+                             CloseHandler on_close) {
+  auto* c = new Connection(fd, options, std::move(on_frame), std::move(on_close));
+  c->poll_ = new uv_poll_t{};
+  int rc = uv_poll_init(loop, c->poll_, fd);
+  if (rc != 0) {
+    delete c->poll_;
+    c->poll_ = nullptr;
+    c->closing_ = true;
+    c->on_close_(Error(Code::kInternal, "cannot watch fd {}: {}", fd, uv_strerror(rc)));
+    delete c;
+    return nullptr;
+  }
+  c->poll_->data = c;
+  c->UpdateInterest();
+  return c;
+}
+
+Connection::Connection(int fd, Options options, FrameHandler on_frame, CloseHandler on_close)
+    : fd_(fd),
+      options_(options),
+      on_frame_(std::move(on_frame)),
+      on_close_(std::move(on_close)),
+      decoder_(options.max_frame_bytes) {}
+
+Connection::~Connection() {
+  for (int fd : received_fds_) ::close(fd);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Connection::UpdateInterest() {
+  if (closing_ || poll_ == nullptr) return;
+  int want = UV_READABLE | UV_DISCONNECT | (pending_.empty() ? 0 : UV_WRITABLE);
+  if (want == interest_) return;
+  interest_ = want;
+  uv_poll_start(poll_, want, &Connection::OnPoll);
+}
+
+void Connection::OnPoll(uv_poll_t* handle, int status, int events) {
+  auto* c = static_cast<Connection*>(handle->data);
+  if (status < 0) {
+    c->Close(Error(Code::kUnavailable, "socket error: {}", uv_strerror(status)));
+    return;
+  }
+  if (events & UV_WRITABLE) c->Flush();
+  if (!c->closing_ && (events & (UV_READABLE | UV_DISCONNECT))) c->OnReadable();
+}
+
+void Connection::OnReadable() {
+  char buffer[64 * 1024];
+  // Bounded rounds so that one busy peer cannot starve the rest of the loop.
+  for (int round = 0; round < 16 && !closing_; round++) {
+    ssize_t n = RecvWithFds(fd_, buffer, sizeof(buffer), received_fds_);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      Close(Error(Code::kUnavailable, "read failed: {}", std::strerror(errno)));
+      return;
+    }
+    if (n == 0) {
+      Close(Error(Code::kUnavailable, "peer closed the connection"));
+      return;
+    }
+    if (Status s = decoder_.Append({buffer, static_cast<size_t>(n)}); !s.ok()) {
+      // Best effort: tell the peer why before hanging up; never block the loop for it.
+      if (options_.farewell) {
+        std::string bytes = options_.farewell(s);
+        (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      Close(s);
+      return;
+    }
+    std::string body;
+    while (!closing_ && decoder_.Next(body)) {
+      std::vector<int> fds;
+      fds.swap(received_fds_);
+      on_frame_(std::move(body), std::move(fds));
+    }
+    if (static_cast<size_t>(n) < sizeof(buffer)) return;
+  }
+}
+
+void Connection::Send(std::string bytes, std::vector<int> fds) {
+  if (closing_) return;
+  pending_bytes_ += bytes.size();
+  pending_.push_back(Pending{std::move(bytes), 0, std::move(fds)});
+  if (pending_bytes_ > options_.max_pending_write_bytes) {
+    Close(Error(Code::kResourceExhausted,
+                "peer does not read its replies ({} bytes pending): disconnected", pending_bytes_));
+    return;
+  }
+  if (pending_.size() == 1) Flush();
+  UpdateInterest();
+}
+
+void Connection::Flush() {
+  while (!pending_.empty() && !closing_) {
+    Pending& p = pending_.front();
+    std::span<const int> fds;
+    if (p.offset == 0) fds = p.fds;
+    ssize_t n = SendWithFds(fd_, p.bytes.data() + p.offset, p.bytes.size() - p.offset, fds);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      Close(Error(Code::kUnavailable, "write failed: {}", std::strerror(errno)));
+      return;
+    }
+    p.offset += static_cast<size_t>(n);
+    pending_bytes_ -= static_cast<size_t>(n);
+    if (p.offset == p.bytes.size()) pending_.pop_front();
+  }
+  UpdateInterest();
+}
+
+void Connection::Close(const Status& why) {
+  if (closing_) return;
+  closing_ = true;
+  pending_.clear();
+  pending_bytes_ = 0;
+  // on_frame_ may be the caller of Close: it stays alive until the connection is deleted.
+  CloseHandler on_close = std::move(on_close_);
+  if (poll_ != nullptr) {
+    uv_poll_stop(poll_);
+    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) {
+      auto* self = static_cast<Connection*>(h->data);
+      delete reinterpret_cast<uv_poll_t*>(h);
+      delete self;
+    });
+    poll_ = nullptr;
+  }
+  if (on_close) on_close(why);
+}
+
+}  // namespace warmpool::ipc

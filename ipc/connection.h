@@ -1,0 +1,77 @@
+// One framed, non-blocking socket watched by the event loop (uv_poll_t on the raw fd, because
+// libuv 1.44 cannot pass arbitrary descriptors with uv_write2). The supervisor uses it for clients
+// and for worker channels alike: the loop only moves bytes here, decisions happen in the handlers.
+//
+// Lifetime: a Connection owns its fd and deletes itself once closed and its handle's close callback
+// has run. The owner keeps a raw pointer and must forget it when on_close is called; on_close is
+// called exactly once, after which no other handler runs.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <uv.h>
+
+#include "common/status.h"
+#include "ipc/framing.h"
+
+namespace warmpool::ipc {
+
+class Connection {
+ public:
+  // body: one complete frame; fds: descriptors that arrived with it (the handler owns them).
+  using FrameHandler = std::function<void(std::string&& body, std::vector<int>&& fds)>;
+  using CloseHandler = std::function<void(const Status& why)>;
+
+  struct Options {
+    uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+    // A peer that does not read its replies is dropped once this many bytes wait to be written.
+    size_t max_pending_write_bytes = 256u << 20;
+    // Framed bytes sent (best effort) before closing on a framing error, e.g. an error envelope.
+    std::function<std::string(const Status&)> farewell;
+  };
+
+  static Connection* Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
+                          CloseHandler on_close);
+
+  // Queues already framed bytes; fds (not taken over: the caller keeps its copies) go with the
+  // first byte. Silently dropped once the connection is closing.
+  void Send(std::string bytes, std::vector<int> fds = {});
+  // Idempotent. Pending writes are discarded.
+  void Close(const Status& why);
+
+  bool closing() const { return closing_; }
+  int fd() const { return fd_; }
+  size_t pending_write_bytes() const { return pending_bytes_; }
+
+ private:
+  Connection(int fd, Options options, FrameHandler on_frame, CloseHandler on_close);
+  ~Connection();
+  static void OnPoll(uv_poll_t* handle, int status, int events);
+  void OnReadable();
+  void Flush();
+  void UpdateInterest();
+
+  struct Pending {
+    std::string bytes;
+    size_t offset = 0;
+    std::vector<int> fds;
+  };
+
+  int fd_;
+  Options options_;
+  FrameHandler on_frame_;
+  CloseHandler on_close_;
+  uv_poll_t* poll_ = nullptr;
+  FrameDecoder decoder_;
+  std::vector<int> received_fds_;
+  std::deque<Pending> pending_;
+  size_t pending_bytes_ = 0;
+  int interest_ = 0;
+  bool closing_ = false;
+};
+
+}  // namespace warmpool::ipc

@@ -1,0 +1,198 @@
+#include "shm/model_index.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace warmpool::shm {
+
+namespace {
+
+void CopyName(char* dst, size_t capacity, std::string_view src) {
+  size_t n = std::min(src.size(), capacity - 1);
+  std::memcpy(dst, src.data(), n);
+  std::memset(dst + n, 0, capacity - n);
+}
+
+std::string_view NameOf(const ModelRecord& r) { return {r.name, strnlen(r.name, sizeof(r.name))}; }
+
+}  // namespace
+
+std::string_view ModelStateName(ModelState state) {
+  switch (state) {
+    case ModelState::kEmpty: return "empty";
+    case ModelState::kRegistered: return "registered";
+    case ModelState::kLoading: return "loading";
+    case ModelState::kReady: return "ready";
+    case ModelState::kParked: return "parked";
+    case ModelState::kFailed: return "failed";
+    case ModelState::kUnloading: return "unloading";
+  }
+  return "unknown";
+}
+
+bool IsResident(ModelState state) {
+  return state == ModelState::kLoading || state == ModelState::kReady ||
+         state == ModelState::kUnloading || state == ModelState::kParked;
+}
+
+Result<uint32_t> ModelIndex::Register(std::string_view name, std::string_view engine,
+                                      std::string_view path, uint64_t weight_bytes) {
+  if (name.empty() || name.size() >= sizeof(ModelRecord::name)) {
+    return Error(Code::kInvalidArgument, "model name \"{}\" must be 1 to {} bytes", name,
+                 sizeof(ModelRecord::name) - 1);
+  }
+  if (engine.size() >= sizeof(ModelRecord::engine)) {
+    return Error(Code::kInvalidArgument, "engine name \"{}\" is longer than {} bytes", engine,
+                 sizeof(ModelRecord::engine) - 1);
+  }
+  if (path.size() >= sizeof(ModelRecord::path)) {
+    return Error(Code::kInvalidArgument, "model path \"{}\" is longer than {} bytes", path,
+                 sizeof(ModelRecord::path) - 1);
+  }
+  uint32_t index = Find(name);
+  if (index != kNil) {
+    if (IsResident(State(index))) {
+      return Error(Code::kFailedPrecondition, "model \"{}\" is loaded; unload it before changing it",
+                   name);
+    }
+  } else {
+    if (next_free_ >= view_.max_models()) {
+      return Error(Code::kResourceExhausted,
+                   "the model index is full ({} models): raise [limits] max_models", next_free_);
+    }
+    index = next_free_++;
+    by_name_.emplace(std::string(name), index);
+  }
+  Update(index, [&](ModelRecord& r) {
+    CopyName(r.name, sizeof(r.name), name);
+    CopyName(r.engine, sizeof(r.engine), engine);
+    CopyName(r.path, sizeof(r.path), path);
+    r.state = static_cast<uint32_t>(ModelState::kRegistered);
+    r.weight_bytes = weight_bytes;
+    r.workspace_bytes = 0;
+    r.worker_slot = kNil;
+    r.replicas = 0;
+    r.last_error[0] = '\0';
+  });
+  return index;
+}
+
+uint32_t ModelIndex::Find(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  return it == by_name_.end() ? kNil : it->second;
+}
+
+std::vector<uint32_t> ModelIndex::All() const {
+  std::vector<uint32_t> all(next_free_);
+  for (uint32_t i = 0; i < next_free_; i++) all[i] = i;
+  return all;
+}
+
+void ModelIndex::AddToAccount(uint32_t device, int64_t delta) {
+  SeqWrite(view_.header(), [&](SegmentHeader& h) {
+    h.device_used_bytes[device] = static_cast<uint64_t>(
+        static_cast<int64_t>(h.device_used_bytes[device]) + delta);
+  });
+}
+
+void ModelIndex::MarkLoading(uint32_t index, uint32_t device, uint32_t worker_slot,
+                             uint64_t bytes) {
+  Update(index, [&](ModelRecord& r) {
+    r.state = static_cast<uint32_t>(ModelState::kLoading);
+    r.device = device;
+    r.worker_slot = worker_slot;
+    r.workspace_bytes = bytes > r.weight_bytes ? bytes - r.weight_bytes : 0;
+    r.loaded_bytes = 0;
+    r.replicas = 1;
+    r.loads++;
+    r.last_error[0] = '\0';
+  });
+  AddToAccount(device, static_cast<int64_t>(Get(index).weight_bytes + Get(index).workspace_bytes));
+  LinkTail(index);
+}
+
+void ModelIndex::MarkReady(uint32_t index, uint64_t weight_bytes, uint64_t workspace_bytes) {
+  const ModelRecord& r = Get(index);
+  int64_t delta = static_cast<int64_t>(weight_bytes + workspace_bytes) -
+                  static_cast<int64_t>(r.weight_bytes + r.workspace_bytes);
+  Update(index, [&](ModelRecord& m) {
+    m.state = static_cast<uint32_t>(ModelState::kReady);
+    m.weight_bytes = weight_bytes;
+    m.workspace_bytes = workspace_bytes;
+    m.loaded_bytes = weight_bytes;
+  });
+  AddToAccount(r.device, delta);
+}
+
+void ModelIndex::MarkUnloading(uint32_t index) {
+  Update(index, [&](ModelRecord& r) { r.state = static_cast<uint32_t>(ModelState::kUnloading); });
+}
+
+void ModelIndex::MarkNotResident(uint32_t index, ModelState state, std::string_view error) {
+  const ModelRecord& r = Get(index);
+  if (IsResident(static_cast<ModelState>(r.state))) {
+    AddToAccount(r.device, -static_cast<int64_t>(r.weight_bytes + r.workspace_bytes));
+    Unlink(index);
+  }
+  Update(index, [&](ModelRecord& m) {
+    m.state = static_cast<uint32_t>(state);
+    m.worker_slot = kNil;
+    m.replicas = 0;
+    m.workspace_bytes = 0;
+    m.loaded_bytes = 0;
+    if (state == ModelState::kFailed) m.failures++;
+    CopyName(m.last_error, sizeof(m.last_error), error);
+  });
+}
+
+void ModelIndex::Touch(uint32_t index) {
+  if (!Get(index).in_lru) return;
+  Unlink(index);
+  LinkTail(index);
+}
+
+void ModelIndex::LinkTail(uint32_t index) {
+  if (Get(index).in_lru) return;
+  SegmentHeader& h = view_.header();
+  uint32_t old_tail = h.lru_tail;
+  Update(index, [&](ModelRecord& r) {
+    r.in_lru = 1;
+    r.lru_prev = old_tail;
+    r.lru_next = kNil;
+  });
+  if (old_tail != kNil) Update(old_tail, [&](ModelRecord& r) { r.lru_next = index; });
+  SeqWrite(h, [&](SegmentHeader& hh) {
+    if (hh.lru_head == kNil) hh.lru_head = index;
+    hh.lru_tail = index;
+    hh.lru_length++;
+  });
+}
+
+void ModelIndex::Unlink(uint32_t index) {
+  const ModelRecord& r = Get(index);
+  if (!r.in_lru) return;
+  uint32_t prev = r.lru_prev, next = r.lru_next;
+  if (prev != kNil) Update(prev, [&](ModelRecord& p) { p.lru_next = next; });
+  if (next != kNil) Update(next, [&](ModelRecord& n) { n.lru_prev = prev; });
+  SeqWrite(view_.header(), [&](SegmentHeader& h) {
+    if (h.lru_head == index) h.lru_head = next;
+    if (h.lru_tail == index) h.lru_tail = prev;
+    h.lru_length--;
+  });
+  Update(index, [&](ModelRecord& m) {
+    m.in_lru = 0;
+    m.lru_prev = kNil;
+    m.lru_next = kNil;
+  });
+}
+
+std::vector<uint32_t> ModelIndex::LruOrder() const {
+  std::vector<uint32_t> order;
+  for (uint32_t i = view_.header().lru_head; i != kNil && order.size() <= view_.max_models();
+       i = Get(i).lru_next) {
+    order.push_back(i);
+  }
+  return order;
+}
+
+}  // namespace warmpool::shm

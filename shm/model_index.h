@@ -1,0 +1,76 @@
+// The model index: records in the segment, an O(1) LRU list of the resident entries linked by
+// indices, and the per-device byte accounts. The supervisor is its only writer; every mutation goes
+// through a seqlock so that observers (status readers, the chaos harness) never see half a record.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "shm/layout.h"
+#include "shm/seqlock.h"
+#include "shm/segment.h"
+
+namespace warmpool::shm {
+
+std::string_view ModelStateName(ModelState state);
+// True for the states whose bytes are accounted on a device and that sit in the LRU list.
+bool IsResident(ModelState state);
+
+class ModelIndex {
+ public:
+  explicit ModelIndex(SegmentView view) : view_(view) {}
+
+  // Adds a model, or updates engine/path/bytes of a registered one that is not resident.
+  Result<uint32_t> Register(std::string_view name, std::string_view engine, std::string_view path,
+                            uint64_t weight_bytes);
+  // kNil when unknown.
+  uint32_t Find(std::string_view name) const;
+  // Direct reads are safe in the writer's own process.
+  const ModelRecord& Get(uint32_t index) const { return view_.model(index); }
+  ModelState State(uint32_t index) const { return static_cast<ModelState>(Get(index).state); }
+  std::vector<uint32_t> All() const;  // every registered index, in index order
+
+  template <typename Fn>
+  void Update(uint32_t index, Fn&& fn) {
+    SeqWrite(view_.model(index), std::forward<Fn>(fn));
+  }
+
+  // Lifecycle transitions that move bytes between the device account and nothing.
+  void MarkLoading(uint32_t index, uint32_t device, uint32_t worker_slot, uint64_t bytes);
+  // Corrects the account to the bytes the engine actually allocated.
+  void MarkReady(uint32_t index, uint64_t weight_bytes, uint64_t workspace_bytes);
+  void MarkUnloading(uint32_t index);
+  // Leaves residency: bytes released, unlinked from the LRU, state registered or failed.
+  void MarkNotResident(uint32_t index, ModelState state, std::string_view error);
+
+  // Most recently used moves to the tail.
+  void Touch(uint32_t index);
+  std::vector<uint32_t> LruOrder() const;  // least recently used first
+  uint32_t ResidentCount() const { return view_.header().lru_length; }
+
+  uint64_t DeviceUsed(uint32_t device) const { return view_.header().device_used_bytes[device]; }
+  uint64_t DeviceBudget() const { return view_.header().device_budget_bytes; }
+  uint32_t DeviceCount() const { return view_.header().device_count; }
+  const SegmentView& view() const { return view_; }
+
+ private:
+  void LinkTail(uint32_t index);
+  void Unlink(uint32_t index);
+  void AddToAccount(uint32_t device, int64_t delta);
+
+  SegmentView view_;
+  std::unordered_map<std::string, uint32_t> by_name_;
+  uint32_t next_free_ = 0;
+};
+
+// Every invariant of the segment that a reader can check: LRU consistency (exactly the resident
+// entries, no cycle, links agree), byte accounting per device, budgets, and no in-flight slot
+// tagged by a worker generation that is not the live one of its slot. Works on any view,
+// read-only, so the harness can run it from outside the supervisor.
+Status Validate(const SegmentView& view);
+
+}  // namespace warmpool::shm

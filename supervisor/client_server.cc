@@ -1,0 +1,161 @@
+#include "supervisor/client_server.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "ipc/framing.h"
+
+namespace warmpool::supervisor {
+
+v1::Envelope ErrorReply(uint64_t request_id, const Status& status) {
+  v1::Envelope reply;
+  reply.set_request_id(request_id);
+  reply.mutable_error()->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
+  reply.mutable_error()->set_message(status.message());
+  return reply;
+}
+
+ClientServer::ClientServer(uv_loop_t* loop, uint32_t max_frame_bytes, uint32_t max_connections,
+                           RequestHandler on_request)
+    : loop_(loop),
+      max_frame_bytes_(max_frame_bytes),
+      max_connections_(max_connections),
+      on_request_(std::move(on_request)) {}
+
+ClientServer::~ClientServer() { Close(); }
+
+Status ClientServer::Listen(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Error(Code::kInvalidArgument, "socket path \"{}\" is longer than {} bytes", path,
+                 sizeof(addr.sun_path) - 1);
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+
+  // A socket file already there: in use if someone answers, stale otherwise.
+  struct stat st{};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Error(Code::kFailedPrecondition,
+                   "\"{}\" exists and is not a socket: remove it or pass --socket", path);
+    }
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      return Error(Code::kFailedPrecondition,
+                   "another daemon is serving on {}: stop it or pass --socket", path);
+    }
+    unlink(path.c_str());
+  }
+
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error(Code::kInternal, "socket: {}", std::strerror(errno));
+  // Create the file with the final mode: no window in which others could connect.
+  mode_t old_umask = umask(0177);
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  umask(old_umask);
+  if (rc != 0 || listen(fd, 512) != 0) {
+    int err = errno;
+    close(fd);
+    return Error(Code::kFailedPrecondition, "cannot listen on {}: {}", path, std::strerror(err));
+  }
+  listen_fd_ = fd;
+  path_ = path;
+  uv_poll_init(loop_, listen_poll_.get(), fd);
+  listen_poll_.MarkInitialized();
+  listen_poll_.get()->data = this;
+  uv_poll_start(listen_poll_.get(), UV_READABLE, [](uv_poll_t* h, int status, int) {
+    if (status == 0) static_cast<ClientServer*>(h->data)->OnAcceptable();
+  });
+  return OkStatus();
+}
+
+void ClientServer::Close() {
+  if (listen_poll_.active()) {
+    uv_poll_stop(listen_poll_.get());
+    listen_poll_.Close();
+  }
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+    unlink(path_.c_str());
+  }
+  auto sessions = std::move(sessions_);
+  sessions_.clear();
+  for (auto& [id, conn] : sessions) conn->Close(Error(Code::kUnavailable, "daemon stopping"));
+}
+
+void ClientServer::OnAcceptable() {
+  for (int i = 0; i < 64; i++) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        spdlog::warn("accept: {}", std::strerror(errno));
+      }
+      return;
+    }
+    if (sessions_.size() >= max_connections_) {
+      std::string bytes = ipc::Frame(ErrorReply(
+          0, Error(Code::kResourceExhausted,
+                   "too many connections ({}): close idle clients or raise [limits] "
+                   "max_connections",
+                   sessions_.size())));
+      (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      close(fd);
+      continue;
+    }
+    uint64_t id = next_session_++;
+    ipc::Connection::Options options;
+    options.max_frame_bytes = max_frame_bytes_;
+    options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
+    ipc::Connection* conn = ipc::Connection::Open(
+        loop_, fd, options,
+        [this, id](std::string&& body, std::vector<int>&& fds) {
+          for (int f : fds) close(f);  // clients have no business passing descriptors
+          OnFrame(id, std::move(body));
+        },
+        [this, id](const Status& why) {
+          sessions_.erase(id);
+          spdlog::debug("session {} closed: {}", id, why.ToString());
+        });
+    if (conn != nullptr) sessions_[id] = conn;
+  }
+}
+
+void ClientServer::OnFrame(uint64_t session, std::string&& body) {
+  v1::Envelope request;
+  if (!request.ParseFromString(body)) {
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return;
+    spdlog::warn("session {} sent {} bytes that are not a warmpool Envelope; closing it", session,
+                 body.size());
+    ipc::Connection* conn = it->second;
+    std::string bytes = ipc::Frame(ErrorReply(
+        0, Error(Code::kInvalidArgument,
+                 "received a frame that is not a warmpool Envelope: is this a warmpool client "
+                 "of protocol version {}?",
+                 ipc::kProtocolVersion)));
+    (void)::send(conn->fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    conn->Close(Error(Code::kInvalidArgument, "malformed envelope"));
+    return;
+  }
+  on_request_(session, std::move(request));
+}
+
+void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  it->second->Send(ipc::Frame(reply));
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,189 @@
+#include "supervisor/config.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "common/units.h"
+
+namespace warmpool::supervisor {
+
+namespace {
+
+uint64_t PhysicalMemoryBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 4ull << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
+
+// Reads a size given as an integer (bytes) or a string ("512MiB").
+Status ReadSize(const toml::node& node, const std::string& key, uint64_t& out) {
+  if (auto v = node.value<int64_t>()) {
+    if (*v < 0) return Error(Code::kInvalidArgument, "{} must not be negative", key);
+    out = static_cast<uint64_t>(*v);
+    return OkStatus();
+  }
+  if (auto s = node.value<std::string>()) {
+    Result<uint64_t> size = ParseSize(*s);
+    if (!size.ok()) return Error(Code::kInvalidArgument, "{}: {}", key, size.status().message());
+    out = *size;
+    return OkStatus();
+  }
+  return Error(Code::kInvalidArgument, "{} must be a size such as 2GiB or a byte count", key);
+}
+
+template <typename T>
+Status ReadUint(const toml::node& node, const std::string& key, T& out) {
+  auto v = node.value<int64_t>();
+  if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
+    return Error(Code::kInvalidArgument, "{} must be a non-negative integer", key);
+  }
+  out = static_cast<T>(*v);
+  return OkStatus();
+}
+
+Status ReadString(const toml::node& node, const std::string& key, std::string& out) {
+  auto v = node.value<std::string>();
+  if (!v) return Error(Code::kInvalidArgument, "{} must be a string", key);
+  out = *v;
+  return OkStatus();
+}
+
+Status ApplyTable(Config& c, const toml::table& table, const std::string& section) {
+  for (const auto& [k, node] : table) {
+    std::string key = section + "." + std::string(k.str());
+    Status s;
+    if (section == "daemon") {
+      if (k == "socket") s = ReadString(node, key, c.socket_path);
+      else if (k == "models_dir") s = ReadString(node, key, c.models_dir);
+      else if (k == "backend") s = ReadString(node, key, c.backend);
+      else if (k == "instance") s = ReadString(node, key, c.instance);
+      else if (k == "workers_per_device") s = ReadUint(node, key, c.workers_per_device);
+      else if (k == "default_deadline_ms") s = ReadUint(node, key, c.default_deadline_ms);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    } else if (section == "pool") {
+      if (k == "capacity") s = ReadUint(node, key, c.capacity);
+      else if (k == "budget") s = ReadSize(node, key, c.budget_bytes);
+      else if (k == "max_queue") s = ReadUint(node, key, c.max_queue);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    } else if (section == "limits") {
+      uint64_t size = 0;
+      if (k == "max_frame_bytes") {
+        s = ReadSize(node, key, size);
+        if (s.ok() && (size < 1024 || size > (1ull << 31))) {
+          s = Error(Code::kInvalidArgument, "{} must be between 1KiB and 2GiB", key);
+        }
+        c.max_frame_bytes = static_cast<uint32_t>(size);
+      } else if (k == "max_connections") s = ReadUint(node, key, c.max_connections);
+      else if (k == "max_models") s = ReadUint(node, key, c.max_models);
+      else if (k == "max_inflight") s = ReadUint(node, key, c.max_inflight);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    }
+    if (!s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+Status ApplyModels(Config& c, const toml::node& node, const std::string& base_dir) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr) {
+    return Error(Code::kInvalidArgument, "models must be an array of tables ([[models]])");
+  }
+  for (const toml::node& item : *array) {
+    const toml::table* t = item.as_table();
+    if (t == nullptr) return Error(Code::kInvalidArgument, "each [[models]] entry must be a table");
+    ModelConfig m;
+    for (const auto& [k, v] : *t) {
+      std::string key = "models." + std::string(k.str());
+      Status s;
+      if (k == "name") s = ReadString(v, key, m.name);
+      else if (k == "engine") s = ReadString(v, key, m.engine);
+      else if (k == "path") s = ReadString(v, key, m.path);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+      if (!s.ok()) return s;
+    }
+    if (m.name.empty()) return Error(Code::kInvalidArgument, "a [[models]] entry has no name");
+    if (!m.path.empty() && m.path[0] != '/' && !base_dir.empty()) {
+      m.path = (std::filesystem::path(base_dir) / m.path).lexically_normal().string();
+    }
+    c.models.push_back(std::move(m));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime != nullptr && runtime[0] == '/') return std::string(runtime) + "/warmpool.sock";
+  return "/tmp/warmpool-" + std::to_string(getuid()) + ".sock";
+}
+
+Status ApplyToml(Config& config, const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    return Error(Code::kInvalidArgument, "{}:{}:{}: {}", origin, e.source().begin.line,
+                 e.source().begin.column, e.description());
+  }
+  std::string base_dir;
+  if (!origin.empty()) base_dir = std::filesystem::path(origin).parent_path().string();
+  for (const auto& [k, node] : root) {
+    Status s;
+    if (k == "daemon" || k == "pool" || k == "limits") {
+      const toml::table* t = node.as_table();
+      if (t == nullptr) return Error(Code::kInvalidArgument, "{}: [{}] must be a table", origin, k.str());
+      s = ApplyTable(config, *t, std::string(k.str()));
+    } else if (k == "models") {
+      s = ApplyModels(config, node, base_dir);
+    } else {
+      s = Error(Code::kInvalidArgument, "unknown section [{}]", k.str());
+    }
+    if (!s.ok()) return Error(Code::kInvalidArgument, "{}: {}", origin, s.message());
+  }
+  if (config.backend != "auto" && config.backend != "host" && config.backend != "cuda") {
+    return Error(Code::kInvalidArgument, "{}: daemon.backend must be auto, host or cuda, not \"{}\"",
+                 origin, config.backend);
+  }
+  return OkStatus();
+}
+
+Status LoadConfigFile(Config& config, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return Error(Code::kNotFound, "cannot read config file \"{}\": {}", path, std::strerror(errno));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  config.config_path = path;
+  return ApplyToml(config, text.str(), path);
+}
+
+Status CheckInstanceName(const std::string& instance) {
+  bool ok = !instance.empty() && instance.size() <= 32;
+  for (char c : instance) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
+  if (!ok) {
+    return Error(Code::kInvalidArgument,
+                 "instance name \"{}\" must be 1 to 32 letters, digits, '-' or '_'", instance);
+  }
+  return OkStatus();
+}
+
+void FinishDefaults(Config& config) {
+  if (config.socket_path.empty()) config.socket_path = DefaultSocketPath();
+  if (config.budget_bytes == 0) config.budget_bytes = PhysicalMemoryBytes() / 4;
+  if (config.workers_per_device == 0) config.workers_per_device = 1;
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,50 @@
+// Daemon configuration: embedded defaults, then the TOML file, then command-line flags. Every
+// field has a default that works with no file at all.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace warmpool::supervisor {
+
+struct ModelConfig {
+  std::string name;
+  std::string engine = "dense";
+  std::string path;  // relative paths are resolved against the config file's directory
+};
+
+struct Config {
+  std::string socket_path;    // default: DefaultSocketPath()
+  std::string models_dir = "models";
+  std::string backend = "auto";  // auto | host | cuda
+  std::string instance = "default";
+  uint32_t workers_per_device = 2;
+  uint32_t default_deadline_ms = 30000;
+  // pool
+  uint32_t capacity = 0;         // models resident on a device at once; 0 = unlimited
+  uint64_t budget_bytes = 0;     // per device; 0 = a quarter of physical memory (host backend)
+  uint32_t max_queue = 1024;     // requests waiting for a load or for room
+  // limits
+  uint32_t max_frame_bytes = 64u << 20;
+  uint32_t max_connections = 1024;
+  uint32_t max_models = 256;
+  uint32_t max_inflight = 1024;
+  std::vector<ModelConfig> models;
+  std::string config_path;       // the file read, empty when none
+};
+
+// $XDG_RUNTIME_DIR/warmpool.sock, else /tmp/warmpool-$UID.sock. Shared by daemon and clients.
+std::string DefaultSocketPath();
+
+// Applies a TOML document on top of config. Unknown keys are errors (a typo must not be ignored).
+Status ApplyToml(Config& config, const std::string& text, const std::string& origin);
+Status LoadConfigFile(Config& config, const std::string& path);
+// Instance names become part of a /dev/shm name: 1..32 of [A-Za-z0-9_-].
+Status CheckInstanceName(const std::string& instance);
+// Fills the defaults that depend on the machine (socket path, budget).
+void FinishDefaults(Config& config);
+
+}  // namespace warmpool::supervisor

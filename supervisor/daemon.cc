@@ -1,0 +1,138 @@
+#include "supervisor/daemon.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "common/units.h"
+#include "supervisor/registry.h"
+
+namespace warmpool::supervisor {
+
+Daemon::Daemon(Config config, std::string worker_path)
+    : config_(std::move(config)), worker_path_(std::move(worker_path)) {
+  uv_loop_init(&loop_);
+  limits_.capacity = config_.capacity;
+}
+
+Daemon::~Daemon() {
+  server_.reset();
+  workers_.reset();
+  sweep_timer_.Close();
+  sigterm_.Close();
+  sigint_.Close();
+  // Let every close callback run before the loop goes away.
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  uv_loop_close(&loop_);
+}
+
+Status Daemon::Start() {
+  if (config_.backend == "cuda") {
+    return Error(Code::kFailedPrecondition,
+                 "backend \"cuda\" is not available in this build: run with --backend host (or "
+                 "auto)");
+  }
+  shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
+  Result<shm::SharedSegment> segment =
+      shm::SharedSegment::Create(config_.instance, limits, /*device_count=*/1, config_.budget_bytes);
+  if (!segment.ok()) return segment.status();
+  segment_ = std::move(*segment);
+  index_ = std::make_unique<shm::ModelIndex>(segment_.view());
+  inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
+  runtime_.resize(config_.max_models);
+  worker_models_.assign(config_.workers_per_device, 0);
+  worker_outstanding_.assign(config_.workers_per_device, 0);
+
+  RegisterModels();
+
+  server_ = std::make_unique<ClientServer>(
+      &loop_, config_.max_frame_bytes, config_.max_connections,
+      [this](uint64_t session, v1::Envelope&& request) { OnRequest(session, std::move(request)); });
+  if (Status s = server_->Listen(config_.socket_path); !s.ok()) return s;
+
+  WorkerPoolOptions pool;
+  pool.worker_path = worker_path_;
+  pool.instance = config_.instance;
+  pool.count = config_.workers_per_device;
+  pool.budget_bytes = config_.budget_bytes;
+  pool.max_frame_bytes = config_.max_frame_bytes;
+  WorkerEvents events;
+  events.on_ready = [this](uint32_t) { RetryPending(); };
+  events.on_message = [this](uint32_t slot, v1::WorkerEnvelope&& m) {
+    OnWorkerMessage(slot, std::move(m));
+  };
+  events.on_death = [this](uint32_t slot, uint32_t generation, const std::string& why) {
+    OnWorkerDeath(slot, generation, why);
+  };
+  workers_ = std::make_unique<WorkerPool>(&loop_, segment_.view(), pool, std::move(events));
+  workers_->StartAll();
+
+  uv_timer_init(&loop_, sweep_timer_.get());
+  sweep_timer_.MarkInitialized();
+  sweep_timer_.get()->data = this;
+  uv_timer_start(sweep_timer_.get(), [](uv_timer_t* t) {
+    static_cast<Daemon*>(t->data)->SweepDeadlines();
+  }, 50, 50);
+  for (auto* sig : {&sigterm_, &sigint_}) {
+    uv_signal_init(&loop_, sig->get());
+    sig->MarkInitialized();
+    sig->get()->data = this;
+  }
+  auto on_signal = [](uv_signal_t* s, int signum) {
+    spdlog::info("received signal {}; stopping", signum);
+    static_cast<Daemon*>(s->data)->BeginStop();
+  };
+  uv_signal_start(sigterm_.get(), on_signal, SIGTERM);
+  uv_signal_start(sigint_.get(), on_signal, SIGINT);
+
+  spdlog::info("warmpoold {} serving on {} (instance {}, backend host, budget {}, {} workers, {} "
+               "models registered)",
+               kVersion, config_.socket_path, config_.instance, FormatBytes(config_.budget_bytes),
+               config_.workers_per_device, index_->All().size());
+  return OkStatus();
+}
+
+void Daemon::RegisterModels() {
+  std::vector<std::string> warnings;
+  for (const ModelEntry& m : DiscoverModels(config_, warnings)) {
+    Result<uint32_t> index = index_->Register(m.name, m.engine, m.path, m.weight_bytes);
+    if (!index.ok()) {
+      spdlog::warn("model \"{}\" not registered: {}", m.name, index.status().ToString());
+      continue;
+    }
+    runtime_[*index].workspace_bytes = m.workspace_bytes;
+    if (!m.problem.ok()) {
+      spdlog::warn("model \"{}\" registered as failed: {}", m.name, m.problem.ToString());
+      index_->MarkNotResident(*index, shm::ModelState::kFailed, m.problem.message());
+    }
+  }
+  for (const std::string& w : warnings) spdlog::warn("{}", w);
+}
+
+int Daemon::Run() {
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  return exit_code_;
+}
+
+void Daemon::BeginStop() {
+  if (stopping_) return;
+  stopping_ = true;
+  server_->Close();
+  uv_timer_stop(sweep_timer_.get());
+  workers_->Shutdown(/*grace_ms=*/3000, [this] { FinishStop(); });
+}
+
+void Daemon::FinishStop() {
+  if (Status s = shm::Validate(segment_.view()); !s.ok()) {
+    spdlog::error("segment invariant broken at shutdown: {}", s.ToString());
+    exit_code_ = 1;
+  }
+  segment_.Remove();
+  uv_signal_stop(sigterm_.get());
+  uv_signal_stop(sigint_.get());
+  spdlog::info("stopped");
+  uv_stop(&loop_);
+}
+
+}  // namespace warmpool::supervisor

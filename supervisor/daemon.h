@@ -1,0 +1,136 @@
+// warmpoold's state and its reactions: client requests, worker replies, worker deaths, deadlines.
+// One thread, one libuv loop. The model index in the segment is the single source of truth for
+// model state, bytes and LRU order; this class keeps beside it only what is process-local (who is
+// waiting for what, which job went to which worker).
+//
+// Every accepted request is answered exactly once: replies go through Answer(), and each Call is
+// consumed by it (a waiter is removed from its queue, a job is marked answered) before the reply is
+// sent, so a later event for the same request finds nothing to answer.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <uv.h>
+
+#include "common/status.h"
+#include "ipc/uv_handle.h"
+#include "ipc/warmpool.pb.h"
+#include "shm/inflight.h"
+#include "shm/model_index.h"
+#include "shm/segment.h"
+#include "supervisor/client_server.h"
+#include "supervisor/config.h"
+#include "supervisor/scheduler.h"
+#include "supervisor/worker_pool.h"
+
+namespace warmpool::supervisor {
+
+inline constexpr char kVersion[] = "0.1.0";
+
+class Daemon {
+ public:
+  Daemon(Config config, std::string worker_path);
+  ~Daemon();
+
+  // Creates the segment, registers models, starts workers and listens. Errors are fatal.
+  Status Start();
+  // Runs the loop until SIGTERM/SIGINT and a clean stop. Returns the exit code.
+  int Run();
+
+ private:
+  // Who to answer.
+  struct Call {
+    uint64_t session = 0;
+    uint64_t request_id = 0;
+  };
+  // A request waiting for its model to be loaded (or for room to load it).
+  struct Waiter {
+    Call call;
+    bool is_infer = false;
+    v1::InferRequest infer;
+    uint64_t deadline_ms = 0;  // monotonic; 0 = none
+  };
+  struct Job {
+    enum class Kind { kLoad, kInfer, kUnload };
+    Kind kind = Kind::kInfer;
+    uint32_t worker = 0;
+    uint32_t model = 0;
+    Call call;
+    bool answered = false;
+    uint64_t deadline_ms = 0;
+    uint64_t started_ms = 0;
+  };
+  // Process-local companions of a model record.
+  struct ModelRuntime {
+    std::deque<Waiter> waiters;
+    std::vector<Call> unload_waiters;
+    bool unload_when_idle = false;
+    uint64_t workspace_bytes = 0;  // last reported; part of the next admission
+    uint32_t in_features = 0;
+    uint32_t out_features = 0;
+  };
+
+  // requests.cc
+  void OnRequest(uint64_t session, v1::Envelope&& request);
+  void HandleLoad(const Call& call, const std::string& model);
+  void HandleUnload(const Call& call, const std::string& model);
+  void HandleInfer(const Call& call, v1::InferRequest&& request);
+  v1::Envelope ModelsSnapshot() const;
+  v1::Envelope PsSnapshot() const;
+  v1::Envelope StatusSnapshot() const;
+  void Answer(const Call& call, v1::Envelope&& reply);
+  void AnswerError(const Call& call, const Status& status);
+
+  // lifecycle.cc
+  void EnsureLoading(uint32_t model);
+  void TryAdmit(uint32_t model);
+  void RetryPending();
+  void StartLoad(uint32_t model, uint32_t worker, uint64_t bytes);
+  void StartUnload(uint32_t model, bool eviction);
+  void SendUnload(uint32_t model);
+  void Dispatch(uint32_t model, Waiter&& waiter);
+  void FailWaiters(uint32_t model, const Status& status);
+  void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
+  void OnLoadDone(const Job& job, const v1::WorkerLoadDone& done);
+  void OnInferDone(Job& job, v1::WorkerInferDone& done);
+  void OnUnloadDone(const Job& job);
+  void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why);
+  void SweepDeadlines();
+  uint64_t NewJob(Job job);
+
+  void RegisterModels();
+  void BeginStop();
+  void FinishStop();
+
+  Config config_;
+  std::string worker_path_;
+  uv_loop_t loop_{};
+  shm::SharedSegment segment_;
+  std::unique_ptr<shm::ModelIndex> index_;
+  std::unique_ptr<shm::InflightTable> inflight_;
+  std::unique_ptr<WorkerPool> workers_;
+  std::unique_ptr<ClientServer> server_;
+  PoolLimits limits_;
+
+  std::vector<ModelRuntime> runtime_;        // by model index
+  std::deque<uint32_t> pending_admission_;   // models waiting for room or a worker, FIFO
+  std::unordered_map<uint64_t, Job> jobs_;
+  uint64_t next_job_ = 1;
+  std::vector<uint32_t> worker_models_;       // resident models per worker slot
+  std::vector<uint32_t> worker_outstanding_;  // jobs sent and not answered per worker slot
+  uint32_t queued_ = 0;                       // waiters over all models
+  bool retrying_ = false;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+
+  ipc::UvHandle<uv_timer_t> sweep_timer_;
+  ipc::UvHandle<uv_signal_t> sigterm_;
+  ipc::UvHandle<uv_signal_t> sigint_;
+};
+
+}  // namespace warmpool::supervisor

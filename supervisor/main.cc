@@ -1,0 +1,86 @@
+// warmpoold: the warmpool supervisor. Runs in the foreground and logs to stderr.
+#include <limits.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "common/units.h"
+#include "supervisor/config.h"
+#include "supervisor/daemon.h"
+
+namespace {
+
+std::string SelfDirectory() {
+  char buffer[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  if (n <= 0) return ".";
+  buffer[n] = '\0';
+  return std::filesystem::path(buffer).parent_path().string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace warmpool;
+  CLI::App app{
+      "warmpoold: the warmpool supervisor. Loads models on demand into worker processes, keeps "
+      "them warm and evicts the least recently used under a memory budget. Runs in the "
+      "foreground and logs to stderr; SIGTERM or SIGINT stops it."};
+  std::string config_file, socket, models_dir, backend, instance, budget, log_level = "info";
+  std::string worker_path;
+  app.add_option("--config", config_file, "TOML configuration file (optional)");
+  app.add_option("--socket", socket, "client socket path (default $XDG_RUNTIME_DIR/warmpool.sock or /tmp/warmpool-$UID.sock)");
+  app.add_option("--models-dir", models_dir, "directory whose *.safetensors files register by file stem (default ./models)");
+  app.add_option("--backend", backend, "device backend: auto, host or cuda (default auto)")
+      ->check(CLI::IsMember({"auto", "host", "cuda"}));
+  app.add_option("--instance", instance, "instance name: segment /dev/shm/warmpool.NAME (default 'default')");
+  app.add_option("--budget", budget, "device memory budget, e.g. 512MiB or 2GiB (default: a quarter of RAM)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_option("--worker", worker_path, "warmpool-worker binary (default: next to warmpoold)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("warmpoold");
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e warmpoold %^%l%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  supervisor::Config config;
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 2;
+  };
+  if (!config_file.empty()) {
+    if (Status s = supervisor::LoadConfigFile(config, config_file); !s.ok()) return fail(s);
+  }
+  if (!socket.empty()) config.socket_path = socket;
+  if (!models_dir.empty()) config.models_dir = models_dir;
+  if (!backend.empty()) config.backend = backend;
+  if (!instance.empty()) config.instance = instance;
+  if (!budget.empty()) {
+    Result<uint64_t> bytes = ParseSize(budget);
+    if (!bytes.ok()) return fail(bytes.status());
+    config.budget_bytes = *bytes;
+  }
+  supervisor::FinishDefaults(config);
+  if (Status s = supervisor::CheckInstanceName(config.instance); !s.ok()) return fail(s);
+  if (worker_path.empty()) worker_path = SelfDirectory() + "/warmpool-worker";
+  if (access(worker_path.c_str(), X_OK) != 0) {
+    return fail(Error(Code::kFailedPrecondition,
+                      "worker binary {} is missing or not executable: install warmpool-worker "
+                      "next to warmpoold or pass --worker",
+                      worker_path));
+  }
+  signal(SIGPIPE, SIG_IGN);
+
+  supervisor::Daemon daemon(std::move(config), worker_path);
+  if (Status s = daemon.Start(); !s.ok()) return fail(s);
+  return daemon.Run();
+}

@@ -1,0 +1,113 @@
+#include "supervisor/registry.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <system_error>
+
+#include "engines/builtin.h"
+#include "engines/dense_model.h"
+#include "engines/safetensors.h"
+
+namespace warmpool::supervisor {
+
+namespace fs = std::filesystem;
+
+Status CheckModelName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 63 && name[0] != '.';
+  for (char c : name) {
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  }
+  if (!ok) {
+    return Error(Code::kInvalidArgument,
+                 "model name \"{}\" must be 1 to 63 characters of letters, digits, '.', '_' or '-' "
+                 "and not start with '.'",
+                 name);
+  }
+  return OkStatus();
+}
+
+ModelEntry InspectModel(const std::string& name, const std::string& engine,
+                        const std::string& path) {
+  ModelEntry entry{name, engine, path, 0, 0, OkStatus()};
+  if (Status s = CheckModelName(name); !s.ok()) {
+    entry.problem = s;
+    return entry;
+  }
+  if (FindBuiltinEngine(engine) == nullptr) {
+    entry.problem = Error(Code::kInvalidArgument, "model \"{}\" names unknown engine \"{}\" (known: dense, echo)",
+                          name, engine);
+    return entry;
+  }
+  if (path.empty()) {
+    if (engine != "echo") {
+      entry.problem = Error(Code::kInvalidArgument, "model \"{}\" has no path", name);
+    }
+    return entry;
+  }
+  Result<safetensors::Header> header = safetensors::ReadHeader(path);
+  if (!header.ok()) {
+    entry.problem = header.status();
+    return entry;
+  }
+  auto it = header->metadata.find("engine");
+  if (it != header->metadata.end() && it->second != engine) {
+    entry.problem = Error(Code::kInvalidArgument,
+                          "model file \"{}\" is for engine \"{}\" but is configured for \"{}\"",
+                          path, it->second, engine);
+    return entry;
+  }
+  entry.weight_bytes = header->data_bytes;
+  if (engine == "dense") {
+    Result<dense::DenseModel> model = dense::DescribeModel(*header, path);
+    if (!model.ok()) {
+      entry.problem = model.status();
+      return entry;
+    }
+    entry.workspace_bytes = dense::WorkspaceBytes(dense::ScratchFor(*model));
+  }
+  return entry;
+}
+
+std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings) {
+  std::vector<ModelEntry> entries;
+  std::set<std::string> names;
+  for (const ModelConfig& m : config.models) {
+    if (!names.insert(m.name).second) {
+      warnings.push_back(fmt::format("model \"{}\" is configured twice; the first entry wins", m.name));
+      continue;
+    }
+    entries.push_back(InspectModel(m.name, m.engine, m.path));
+  }
+  std::error_code ec;
+  if (config.models_dir.empty() || !fs::is_directory(config.models_dir, ec)) {
+    if (!config.models_dir.empty()) {
+      warnings.push_back(fmt::format("models directory \"{}\" does not exist; only configured models "
+                                     "are registered",
+                                     config.models_dir));
+    }
+    return entries;
+  }
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(config.models_dir, ec)) {
+    if (e.path().extension() == ".safetensors" && e.is_regular_file(ec)) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    std::string name = file.stem().string();
+    if (!names.insert(name).second) {
+      warnings.push_back(fmt::format("{} is shadowed by a configured model of the same name",
+                                     file.string()));
+      continue;
+    }
+    std::string engine = "dense";
+    if (Result<safetensors::Header> h = safetensors::ReadHeader(file.string()); h.ok()) {
+      auto it = h->metadata.find("engine");
+      if (it != h->metadata.end()) engine = it->second;
+    }
+    entries.push_back(InspectModel(name, engine, fs::absolute(file, ec).lexically_normal().string()));
+  }
+  return entries;
+}
+
+}  // namespace warmpool::supervisor

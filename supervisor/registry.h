@@ -1,0 +1,31 @@
+// Which models exist: [[models]] from the config, then every *.safetensors file in the models
+// directory, registered by file stem. Reading a model's safetensors header gives the weight bytes
+// that admission needs; the weights themselves are only ever read by a worker.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "supervisor/config.h"
+
+namespace warmpool::supervisor {
+
+struct ModelEntry {
+  std::string name;
+  std::string engine;
+  std::string path;
+  uint64_t weight_bytes = 0;
+  uint64_t workspace_bytes = 0;  // engine's preflight estimate, known from the header
+  Status problem;  // not ok: the model is registered as failed with this reason
+};
+
+// Names are 1..63 bytes of [A-Za-z0-9._-], not starting with '.'.
+Status CheckModelName(const std::string& name);
+// Inspects one model (header only). Never fails: problems land in entry.problem.
+ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path);
+// Config models first; a file whose stem matches a configured name is skipped with a warning.
+std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings);
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,290 @@
+#include "supervisor/worker_pool.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "common/clock.h"
+#include "ipc/framing.h"
+#include "shm/seqlock.h"
+
+extern char** environ;
+
+namespace warmpool::supervisor {
+
+using shm::WorkerState;
+
+struct WorkerPool::Worker {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  int pid = 0;
+  bool ready = false;      // hello received
+  bool running = false;    // spawned and not yet reaped
+  uint32_t restarts = 0;
+  int32_t last_exit = -1;
+  WorkerState state = WorkerState::kEmpty;
+  ipc::Connection* channel = nullptr;
+  std::unique_ptr<ipc::UvHandle<uv_process_t>> process;
+  ipc::UvHandle<uv_timer_t> respawn_timer;
+  WorkerPool* pool = nullptr;
+};
+
+WorkerPool::WorkerPool(uv_loop_t* loop, shm::SegmentView segment, WorkerPoolOptions options,
+                       WorkerEvents events)
+    : loop_(loop), segment_(segment), options_(std::move(options)), events_(std::move(events)) {
+  for (uint32_t i = 0; i < options_.count; i++) {
+    auto w = std::make_unique<Worker>();
+    w->slot = i;
+    w->pool = this;
+    uv_timer_init(loop_, w->respawn_timer.get());
+    w->respawn_timer.MarkInitialized();
+    w->respawn_timer.get()->data = w.get();
+    workers_.push_back(std::move(w));
+  }
+  uv_timer_init(loop_, kill_timer_.get());
+  kill_timer_.MarkInitialized();
+  kill_timer_.get()->data = this;
+}
+
+WorkerPool::~WorkerPool() {
+  for (auto& w : workers_) {
+    if (w->channel != nullptr) w->channel->Close(OkStatus());
+    if (w->running && w->pid > 0) kill(w->pid, SIGKILL);
+  }
+}
+
+void WorkerPool::StartAll() {
+  for (uint32_t i = 0; i < workers_.size(); i++) Spawn(i);
+}
+
+void WorkerPool::PublishState(uint32_t slot) {
+  const Worker& w = *workers_[slot];
+  shm::SeqWrite(segment_.worker(slot), [&](shm::WorkerRecord& r) {
+    r.state = static_cast<uint32_t>(w.state);
+    r.pid = w.pid;
+    r.generation = w.generation;
+    r.device = options_.device;
+    r.restarts = w.restarts;
+    r.last_exit = w.last_exit;
+    if (w.state == WorkerState::kStarting) r.started_ns = UnixNanos();
+  });
+}
+
+void WorkerPool::Spawn(uint32_t slot) {
+  Worker& w = *workers_[slot];
+  if (shutting_down_ || w.running) return;
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    spdlog::error("worker {}: socketpair: {}; retrying", slot, std::strerror(errno));
+    uv_timer_start(w.respawn_timer.get(), [](uv_timer_t* t) {
+      auto* worker = static_cast<Worker*>(t->data);
+      worker->pool->Spawn(worker->slot);
+    }, 1000, 0);
+    return;
+  }
+  w.generation++;
+  std::vector<std::string> args = {
+      options_.worker_path,
+      "--channel-fd", "3",
+      "--slot", std::to_string(slot),
+      "--generation", std::to_string(w.generation),
+      "--device", std::to_string(options_.device),
+      "--instance", options_.instance,
+      "--budget", std::to_string(options_.budget_bytes),
+      "--max-frame-bytes", std::to_string(options_.max_frame_bytes),
+      "--parent", std::to_string(getpid()),
+  };
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // Workers never inherit the service manager's variables: only the supervisor talks to systemd.
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; e++) {
+    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) == 0 || std::strncmp(*e, "LISTEN_", 7) == 0) continue;
+    env.push_back(*e);
+  }
+  env.push_back(nullptr);
+
+  uv_stdio_container_t stdio[4];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_INHERIT_FD;
+  stdio[1].data.fd = 1;
+  stdio[2].flags = UV_INHERIT_FD;
+  stdio[2].data.fd = 2;
+  stdio[3].flags = UV_INHERIT_FD;
+  stdio[3].data.fd = fds[1];
+  uv_process_options_t options{};
+  options.file = options_.worker_path.c_str();
+  options.args = argv.data();
+  options.env = env.data();
+  options.stdio = stdio;
+  options.stdio_count = 4;
+  options.exit_cb = [](uv_process_t* process, int64_t exit_status, int term_signal) {
+    auto* worker = static_cast<Worker*>(process->data);
+    worker->pool->OnExit(worker->slot, exit_status, term_signal);
+  };
+  w.process = std::make_unique<ipc::UvHandle<uv_process_t>>();
+  w.process->get()->data = &w;
+  int rc = uv_spawn(loop_, w.process->get(), &options);
+  close(fds[1]);
+  if (rc != 0) {
+    // uv_spawn initialises the handle even on failure; it must still be closed.
+    w.process->MarkInitialized();
+    w.process.reset();
+    close(fds[0]);
+    spdlog::critical("cannot start worker {} ({}): {}; not retrying", slot, options_.worker_path,
+                     uv_strerror(rc));
+    w.state = WorkerState::kFatal;
+    PublishState(slot);
+    return;
+  }
+  w.process->MarkInitialized();
+  w.pid = w.process->get()->pid;
+  w.running = true;
+  w.ready = false;
+  w.state = WorkerState::kStarting;
+  PublishState(slot);
+
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  ipc::Connection::Options channel_options;
+  channel_options.max_frame_bytes = options_.max_frame_bytes;
+  uint32_t generation = w.generation;
+  w.channel = ipc::Connection::Open(
+      loop_, fds[0], channel_options,
+      [this, slot, generation](std::string&& body, std::vector<int>&& fds_in) {
+        for (int fd : fds_in) close(fd);
+        Worker& worker = *workers_[slot];
+        if (worker.generation != generation) return;
+        v1::WorkerEnvelope message;
+        if (!message.ParseFromString(body)) {
+          spdlog::error("worker {} sent a malformed message; stopping it", slot);
+          if (worker.pid > 0) kill(worker.pid, SIGKILL);
+          return;
+        }
+        if (message.has_hello()) {
+          if (message.hello().generation() != generation || message.hello().slot() != slot) {
+            spdlog::error("worker {} introduced itself as slot {} generation {}; stopping it", slot,
+                          message.hello().slot(), message.hello().generation());
+            kill(worker.pid, SIGKILL);
+            return;
+          }
+          worker.ready = true;
+          worker.state = WorkerState::kIdle;
+          PublishState(slot);
+          spdlog::info("worker {} ready (pid {}, generation {})", slot, worker.pid, generation);
+          if (events_.on_ready) events_.on_ready(slot);
+          return;
+        }
+        if (events_.on_message) events_.on_message(slot, std::move(message));
+      },
+      [this, slot, generation](const Status& why) {
+        Worker& worker = *workers_[slot];
+        if (worker.generation != generation) return;
+        worker.channel = nullptr;
+        worker.ready = false;
+        // EOF with the process still there (it closed fd 3, or is wedged): make the exit certain.
+        if (worker.running && worker.pid > 0 && !shutting_down_) kill(worker.pid, SIGKILL);
+      });
+}
+
+void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
+  Worker& w = *workers_[slot];
+  std::string why = term_signal != 0 ? fmt::format("killed by signal {} ({})", term_signal, strsignal(term_signal))
+                                     : fmt::format("exited with status {}", exit_status);
+  w.running = false;
+  w.ready = false;
+  w.last_exit = term_signal != 0 ? 128 + term_signal : static_cast<int32_t>(exit_status);
+  if (w.channel != nullptr) {
+    ipc::Connection* channel = w.channel;
+    w.channel = nullptr;
+    channel->Close(OkStatus());
+  }
+  w.process.reset();
+  uint32_t generation = w.generation;
+  bool fatal = term_signal == 0 && exit_status == 2;
+  w.state = fatal ? WorkerState::kFatal : WorkerState::kDead;
+  PublishState(slot);
+  if (!shutting_down_) {
+    if (fatal) {
+      spdlog::critical("worker {} (pid {}) exited with status 2 (fatal configuration); not "
+                       "respawning it: fix the configuration and restart warmpoold",
+                       slot, w.pid);
+    } else {
+      spdlog::warn("worker {} (pid {}) {}; respawning in {} ms", slot, w.pid, why,
+                   options_.respawn_delay_ms);
+    }
+  }
+  if (events_.on_death) events_.on_death(slot, generation, why);
+  if (shutting_down_) {
+    MaybeFinishShutdown();
+    return;
+  }
+  if (!fatal) {
+    w.restarts++;
+    uv_timer_start(w.respawn_timer.get(), [](uv_timer_t* t) {
+      auto* worker = static_cast<Worker*>(t->data);
+      worker->pool->Spawn(worker->slot);
+    }, options_.respawn_delay_ms, 0);
+  }
+}
+
+bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message) {
+  Worker& w = *workers_[slot];
+  if (!w.ready || w.channel == nullptr) return false;
+  w.channel->Send(ipc::Frame(message));
+  return true;
+}
+
+bool WorkerPool::ready(uint32_t slot) const { return workers_[slot]->ready; }
+int WorkerPool::pid(uint32_t slot) const { return workers_[slot]->pid; }
+uint32_t WorkerPool::generation(uint32_t slot) const { return workers_[slot]->generation; }
+
+std::vector<WorkerLoad> WorkerPool::Loads(const std::vector<uint32_t>& models,
+                                          const std::vector<uint32_t>& outstanding) const {
+  std::vector<WorkerLoad> loads;
+  for (const auto& w : workers_) {
+    loads.push_back(WorkerLoad{w->slot, w->ready, models[w->slot], outstanding[w->slot]});
+  }
+  return loads;
+}
+
+void WorkerPool::Shutdown(uint64_t grace_ms, std::function<void()> done) {
+  shutting_down_ = true;
+  shutdown_done_ = std::move(done);
+  for (auto& w : workers_) {
+    uv_timer_stop(w->respawn_timer.get());
+    if (w->channel != nullptr) {
+      ipc::Connection* channel = w->channel;
+      w->channel = nullptr;
+      channel->Close(OkStatus());  // EOF: the worker finishes and exits
+    }
+  }
+  uv_timer_start(kill_timer_.get(), [](uv_timer_t* t) {
+    auto* pool = static_cast<WorkerPool*>(t->data);
+    for (auto& w : pool->workers_) {
+      if (w->running && w->pid > 0) {
+        spdlog::warn("worker {} (pid {}) did not exit in time; killing it", w->slot, w->pid);
+        kill(w->pid, SIGKILL);
+      }
+    }
+  }, grace_ms, 0);
+  MaybeFinishShutdown();
+}
+
+void WorkerPool::MaybeFinishShutdown() {
+  if (!shutting_down_ || !shutdown_done_) return;
+  for (auto& w : workers_) {
+    if (w->running) return;
+  }
+  uv_timer_stop(kill_timer_.get());
+  auto done = std::move(shutdown_done_);
+  shutdown_done_ = nullptr;
+  done();
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,78 @@
+// The worker processes: spawn (fork+exec through uv_spawn, channel on fd 3), hello, death, respawn.
+// Death is learnt from the kernel (the child's exit, via libuv's SIGCHLD handling) and from channel
+// EOF, never by polling; EOF alone gets the process killed so that the exit follows at once.
+// What a death means for requests and models is the daemon's business (Events::on_death).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <uv.h>
+
+#include "common/status.h"
+#include "ipc/connection.h"
+#include "ipc/uv_handle.h"
+#include "ipc/warmpool.pb.h"
+#include "shm/segment.h"
+#include "supervisor/scheduler.h"
+
+namespace warmpool::supervisor {
+
+struct WorkerPoolOptions {
+  std::string worker_path;  // the warmpool-worker binary
+  std::string instance;
+  uint32_t count = 2;
+  uint32_t device = 0;
+  uint64_t budget_bytes = 0;
+  uint32_t max_frame_bytes = 64u << 20;
+  uint64_t respawn_delay_ms = 100;
+};
+
+struct WorkerEvents {
+  std::function<void(uint32_t slot)> on_ready;  // hello received: the worker takes jobs
+  std::function<void(uint32_t slot, v1::WorkerEnvelope&& message)> on_message;
+  // The process is gone (reaped). `why` reads like "killed by signal 9" or "exited with status 1".
+  std::function<void(uint32_t slot, uint32_t generation, const std::string& why)> on_death;
+};
+
+class WorkerPool {
+ public:
+  WorkerPool(uv_loop_t* loop, shm::SegmentView segment, WorkerPoolOptions options,
+             WorkerEvents events);
+  ~WorkerPool();
+
+  void StartAll();
+  // False when the worker is not ready (the caller treats the job as lost with the worker).
+  bool Send(uint32_t slot, const v1::WorkerEnvelope& message);
+  // Closes every channel (workers exit on EOF), SIGKILLs stragglers after grace_ms, then calls done.
+  void Shutdown(uint64_t grace_ms, std::function<void()> done);
+
+  bool ready(uint32_t slot) const;
+  uint32_t size() const { return static_cast<uint32_t>(workers_.size()); }
+  int pid(uint32_t slot) const;
+  uint32_t generation(uint32_t slot) const;
+  // Resident models and outstanding jobs are tracked by the daemon and reported here for choice.
+  std::vector<WorkerLoad> Loads(const std::vector<uint32_t>& models,
+                                const std::vector<uint32_t>& outstanding) const;
+
+ private:
+  struct Worker;
+  void Spawn(uint32_t slot);
+  void OnExit(uint32_t slot, int64_t exit_status, int term_signal);
+  void PublishState(uint32_t slot);
+  void MaybeFinishShutdown();
+
+  uv_loop_t* loop_;
+  shm::SegmentView segment_;
+  WorkerPoolOptions options_;
+  WorkerEvents events_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  bool shutting_down_ = false;
+  std::function<void()> shutdown_done_;
+  ipc::UvHandle<uv_timer_t> kill_timer_;
+};
+
+}  // namespace warmpool::supervisor

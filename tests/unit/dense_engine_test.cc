@@ -1,0 +1,588 @@
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "devmem/host_memory.h"
+#include "engines/builtin.h"
+#include "engines/half.h"
+#include "engines/safetensors.h"
+
+namespace warmpool {
+namespace safetensors {
+void PrintTo(DType dtype, std::ostream* out) { *out << DTypeName(dtype); }
+}  // namespace safetensors
+
+namespace {
+
+using safetensors::DType;
+using safetensors::TensorToWrite;
+
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/dense_engine_test.XXXXXX";
+    path_ = mkdtemp(pattern);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// ---- building models and the reference they are checked against ----
+
+struct LayerSpec {
+  uint64_t index;
+  uint64_t in;
+  uint64_t out;
+  bool has_bias = true;
+  DType weight_dtype = DType::F32;
+  DType bias_dtype = DType::F32;
+};
+
+// What the file holds, as doubles of exactly the stored (rounded) values.
+struct ReferenceLayer {
+  LayerSpec spec;
+  std::vector<double> weight;  // [out, in]
+  std::vector<double> bias;    // [out] or empty
+};
+
+struct ReferenceModel {
+  std::vector<ReferenceLayer> layers;
+  std::string activation = "relu";
+};
+
+std::vector<uint8_t> Encode(const std::vector<float>& values, DType dtype, std::vector<double>& stored) {
+  std::vector<uint8_t> bytes;
+  stored.clear();
+  for (float value : values) {
+    if (dtype == DType::F32) {
+      const auto* raw = reinterpret_cast<const uint8_t*>(&value);
+      bytes.insert(bytes.end(), raw, raw + 4);
+      stored.push_back(value);
+      continue;
+    }
+    const uint16_t bits = dtype == DType::F16 ? safetensors::FloatToHalf(value) : safetensors::FloatToBF16(value);
+    bytes.push_back(static_cast<uint8_t>(bits & 0xff));
+    bytes.push_back(static_cast<uint8_t>(bits >> 8));
+    stored.push_back(dtype == DType::F16 ? safetensors::HalfToFloat(bits) : safetensors::BF16ToFloat(bits));
+  }
+  return bytes;
+}
+
+std::vector<float> RandomValues(size_t count, double bound, std::mt19937& generator) {
+  std::uniform_real_distribution<float> distribution(static_cast<float>(-bound), static_cast<float>(bound));
+  std::vector<float> values(count);
+  for (float& value : values) value = distribution(generator);
+  return values;
+}
+
+// Writes the layers (bias before weight when bias_first, to misalign f32 weights after 16-bit biases).
+ReferenceModel WriteModel(const std::string& path, const std::vector<LayerSpec>& specs, const std::string& activation,
+                          unsigned seed = 1, bool bias_first = false) {
+  std::mt19937 generator(seed);
+  ReferenceModel model;
+  model.activation = activation;
+  std::vector<TensorToWrite> tensors;
+  for (const LayerSpec& spec : specs) {
+    ReferenceLayer layer{spec, {}, {}};
+    const double bound = 1.0 / std::sqrt(static_cast<double>(spec.in));
+    TensorToWrite weight{fmt::format("{}.weight", spec.index), spec.weight_dtype, {spec.out, spec.in},
+                         Encode(RandomValues(spec.out * spec.in, bound, generator), spec.weight_dtype, layer.weight)};
+    std::optional<TensorToWrite> bias;
+    if (spec.has_bias) {
+      bias = TensorToWrite{fmt::format("{}.bias", spec.index), spec.bias_dtype, {spec.out},
+                           Encode(RandomValues(spec.out, bound, generator), spec.bias_dtype, layer.bias)};
+    }
+    if (bias && bias_first) tensors.push_back(*bias);
+    tensors.push_back(weight);
+    if (bias && !bias_first) tensors.push_back(*bias);
+    model.layers.push_back(std::move(layer));
+  }
+  Status written = safetensors::WriteFile(path, tensors, {{"activation", activation}, {"engine", "dense"}});
+  EXPECT_TRUE(written.ok()) << written.ToString();
+  return model;
+}
+
+double ReferenceActivation(const std::string& activation, double x) {
+  if (activation == "relu") return x > 0 ? x : 0;
+  if (activation == "gelu") return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+  if (activation == "tanh") return std::tanh(x);
+  return x;
+}
+
+// Naive triple loop in double precision.
+std::vector<double> ReferenceForward(const ReferenceModel& model, const std::vector<float>& input, size_t rows) {
+  std::vector<double> x(input.begin(), input.end());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const ReferenceLayer& layer = model.layers[l];
+    const size_t in = layer.spec.in;
+    const size_t out = layer.spec.out;
+    std::vector<double> y(rows * out);
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t o = 0; o < out; ++o) {
+        double sum = layer.bias.empty() ? 0.0 : layer.bias[o];
+        for (size_t i = 0; i < in; ++i) sum += x[r * in + i] * layer.weight[o * in + i];
+        y[r * out + o] = l + 1 < model.layers.size() ? ReferenceActivation(model.activation, sum) : sum;
+      }
+    }
+    x = std::move(y);
+  }
+  return x;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double relative, double absolute,
+                 const std::string& context) {
+  ASSERT_EQ(got.size(), want.size()) << context;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], absolute + relative * std::fabs(want[i])) << context << " at element " << i;
+  }
+}
+
+wp_engine_spec Spec(const std::string& path, const char* name = "m") { return wp_engine_spec{name, path.c_str()}; }
+
+Result<Engine> OpenDense(const std::string& path, HostMemory& memory) {
+  return Engine::Open(FindBuiltinEngine("dense"), Spec(path), memory.service());
+}
+
+// Opens and expects an INVALID_ARGUMENT naming the problem.
+void ExpectOpenFails(const std::string& path, const std::string& substring, Code code = Code::kInvalidArgument) {
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), code) << engine.status().ToString();
+  EXPECT_NE(engine.status().message().find(substring), std::string::npos) << engine.status().message();
+}
+
+// ---- numerics against the reference: every dtype x activation ----
+
+class DenseNumerics : public ::testing::TestWithParam<std::tuple<DType, std::string>> {};
+
+TEST_P(DenseNumerics, MatchesNaiveReference) {
+  const auto& [dtype, activation] = GetParam();
+  const std::vector<std::vector<LayerSpec>> configs = {
+      {{0, 8, 4}},
+      {{0, 16, 32}, {2, 32, 8}},
+      {{0, 5, 7, false}, {1, 7, 9}, {2, 9, 3, false}, {3, 3, 2}},
+      // Indices past 9 prove layers are ordered numerically, not as strings.
+      {{0, 6, 5}, {2, 5, 4}, {4, 4, 3}, {6, 3, 4}, {8, 4, 5}, {10, 5, 2}},
+      {{0, 64, 300}, {2, 300, 10}},
+  };
+  TempDir dir;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    std::vector<LayerSpec> specs = configs[c];
+    for (LayerSpec& spec : specs) spec.weight_dtype = spec.bias_dtype = dtype;
+    const std::string path = dir.File(fmt::format("model{}.safetensors", c));
+    ReferenceModel model = WriteModel(path, specs, activation, static_cast<unsigned>(c + 1));
+    HostMemory memory;
+    Result<Engine> engine = OpenDense(path, memory);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    ASSERT_TRUE(engine->Load().ok());
+    EXPECT_EQ(engine->info().in_features, specs.front().in);
+    EXPECT_EQ(engine->info().out_features, specs.back().out);
+
+    std::mt19937 generator(42);
+    for (uint32_t rows : {1u, 7u, 64u}) {
+      const auto cols = static_cast<uint32_t>(specs.front().in);
+      std::vector<float> input = RandomValues(size_t{rows} * cols, 1.0, generator);
+      std::vector<float> output;
+      Status status = engine->Infer(input, rows, cols, output);
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      ExpectClose(output, ReferenceForward(model, input, rows), 1e-4, 1e-5,
+                  fmt::format("{} {} config {} rows {}", safetensors::DTypeName(dtype), activation, c, rows));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypesAndActivations, DenseNumerics,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16),
+                                            ::testing::Values("relu", "gelu", "tanh", "none")),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", safetensors::DTypeName(std::get<0>(info.param)),
+                                              std::get<1>(info.param));
+                         });
+
+TEST(DenseEngine, MixedDTypesAndMisalignedF32) {
+  TempDir dir;
+  const std::string path = dir.File("mixed.safetensors");
+  // Each f16 bias of odd length written first leaves the f32 weight after it off 4-byte alignment.
+  ReferenceModel model = WriteModel(path,
+                                    {{0, 12, 9, true, DType::F32, DType::F16},
+                                     {2, 9, 7, true, DType::BF16, DType::F32},
+                                     {4, 7, 5, true, DType::F16, DType::BF16}},
+                                    "gelu", 7, /*bias_first=*/true);
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(engine->Load().ok());
+  std::mt19937 generator(3);
+  std::vector<float> input = RandomValues(7 * 12, 1.0, generator);
+  std::vector<float> output;
+  ASSERT_TRUE(engine->Infer(input, 7, 12, output).ok());
+  ExpectClose(output, ReferenceForward(model, input, 7), 1e-4, 1e-5, "mixed");
+}
+
+TEST(DenseEngine, BatchLargerThanMaxBatchIsProcessedInSteps) {
+  TempDir dir;
+  const std::string path = dir.File("steps.safetensors");
+  ReferenceModel model = WriteModel(path, {{0, 10, 20}, {2, 20, 3}}, "tanh");
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(engine->Load().ok());
+  const uint32_t rows = engine->info().max_batch * 2 + 13;
+  std::mt19937 generator(5);
+  std::vector<float> input = RandomValues(size_t{rows} * 10, 1.0, generator);
+  std::vector<float> output;
+  ASSERT_TRUE(engine->Infer(input, rows, 10, output).ok());
+  ExpectClose(output, ReferenceForward(model, input, rows), 1e-4, 1e-5, "stepped");
+}
+
+TEST(DenseEngine, InfoReportsSizesFromTheHeader) {
+  TempDir dir;
+  const std::string path = dir.File("info.safetensors");
+  WriteModel(path, {{0, 16, 32, true, DType::F16, DType::F16}, {2, 32, 8, true, DType::F32, DType::F32}}, "relu");
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const wp_engine_info& info = engine->info();
+  EXPECT_EQ(info.weight_bytes, (32u * 16 + 32) * 2 + (8u * 32 + 8) * 4);
+  EXPECT_EQ(info.max_batch, 256u);
+  // Two activation buffers of max_batch x 32 hidden floats, plus the f16 layer widened to f32.
+  EXPECT_EQ(info.workspace_bytes, (2u * 256 * 32 + (32 * 16 + 32)) * 4);
+  EXPECT_EQ(info.in_features, 16u);
+  EXPECT_EQ(info.out_features, 8u);
+  EXPECT_EQ(memory.used_bytes(), 0u) << "open reads no weights";
+  ASSERT_TRUE(engine->Load().ok());
+  EXPECT_EQ(memory.used_bytes(), info.weight_bytes) << "one region of weight_bytes";
+}
+
+TEST(DenseEngine, RegionIsFreedOnClose) {
+  TempDir dir;
+  const std::string path = dir.File("close.safetensors");
+  WriteModel(path, {{0, 4, 4}}, "relu");
+  HostMemory memory;
+  {
+    Result<Engine> engine = OpenDense(path, memory);
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE(engine->Load().ok());
+    EXPECT_GT(memory.used_bytes(), 0u);
+  }
+  EXPECT_EQ(memory.used_bytes(), 0u);
+}
+
+// ---- inputs that are wrong ----
+
+TEST(DenseEngine, WrongInputWidthIsInvalidArgument) {
+  TempDir dir;
+  const std::string path = dir.File("width.safetensors");
+  WriteModel(path, {{0, 4, 3}}, "relu");
+  HostMemory memory;
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(path, "classifier"), memory.service());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE(engine->Load().ok());
+  std::vector<float> input(10, 1.0f);
+  std::vector<float> output;
+  Status status = engine->Infer(input, 2, 5, output);
+  EXPECT_EQ(status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(status.message(), "input has 5 columns but model \"classifier\" expects 4");
+}
+
+TEST(DenseEngine, ZeroRowsIsInvalidArgument) {
+  TempDir dir;
+  const std::string path = dir.File("rows.safetensors");
+  WriteModel(path, {{0, 4, 3}}, "relu");
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE(engine->Load().ok());
+  std::vector<float> output;
+  EXPECT_EQ(engine->Infer({}, 0, 4, output).code(), Code::kInvalidArgument);
+}
+
+TEST(DenseEngine, InferBeforeLoadAndLoadTwiceAreRefused) {
+  TempDir dir;
+  const std::string path = dir.File("order.safetensors");
+  WriteModel(path, {{0, 4, 3}}, "relu");
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  std::vector<float> input(4, 1.0f);
+  std::vector<float> output;
+  EXPECT_EQ(engine->Infer(input, 1, 4, output).code(), Code::kFailedPrecondition);
+  ASSERT_TRUE(engine->Load().ok());
+  EXPECT_EQ(engine->Load().code(), Code::kFailedPrecondition);
+}
+
+// ---- models that are wrong ----
+
+TEST(DenseModelErrors, LayersDoNotChain) {
+  TempDir dir;
+  WriteModel(dir.File("m"), {{0, 4, 6}, {2, 5, 3}}, "relu");
+  ExpectOpenFails(dir.File("m"), "layers do not chain: \"0.weight\" produces 6 features but \"2.weight\" (shape [3, 5]) takes 5");
+}
+
+TEST(DenseModelErrors, TensorNameNotALayer) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"encoder.weight", DType::F32, {1, 1}, std::vector<uint8_t>(4)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"encoder.weight\" is not named <index>.weight or <index>.bias");
+}
+
+TEST(DenseModelErrors, TensorKindNotWeightOrBias) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {1, 1}, std::vector<uint8_t>(4)},
+                                                     {"1.running_mean", DType::F32, {1}, std::vector<uint8_t>(4)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"1.running_mean\" is not named");
+}
+
+TEST(DenseModelErrors, LeadingZeroIndexIsRejected) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"00.weight", DType::F32, {1, 1}, std::vector<uint8_t>(4)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"00.weight\" is not named");
+}
+
+TEST(DenseModelErrors, BiasWithoutWeight) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {1, 1}, std::vector<uint8_t>(4)},
+                                                     {"2.bias", DType::F32, {1}, std::vector<uint8_t>(4)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"2.bias\" has no matching \"2.weight\"");
+}
+
+TEST(DenseModelErrors, BiasOfWrongLength) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {2, 1}, std::vector<uint8_t>(8)},
+                                                     {"0.bias", DType::F32, {3}, std::vector<uint8_t>(12)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"0.bias\" has shape [3] but \"0.weight\" has 2 output features");
+}
+
+TEST(DenseModelErrors, WeightNotTwoDimensional) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {2, 1, 1}, std::vector<uint8_t>(8)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"0.weight\" has shape [2, 1, 1]; a Linear weight is [out_features, in_features]");
+}
+
+TEST(DenseModelErrors, ZeroSizedWeight) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {0, 3}, {}}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "each dimension must be between 1");
+}
+
+TEST(DenseModelErrors, UnknownActivation) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {1, 1}, std::vector<uint8_t>(4)}},
+                                     {{"activation", "swish"}}).ok());
+  ExpectOpenFails(dir.File("m"), "unknown activation \"swish\"");
+}
+
+TEST(DenseModelErrors, UnsupportedDType) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::I32, {1, 1}, std::vector<uint8_t>(4)}}, {}).ok());
+  ExpectOpenFails(dir.File("m"), "tensor \"0.weight\" has dtype I32; the dense engine supports F32, F16 and BF16");
+}
+
+TEST(DenseModelErrors, MetadataNamesAnotherEngine) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {{"0.weight", DType::F32, {1, 1}, std::vector<uint8_t>(4)}},
+                                     {{"engine", "llama"}}).ok());
+  ExpectOpenFails(dir.File("m"), "names engine \"llama\", not \"dense\"");
+}
+
+TEST(DenseModelErrors, NoLayers) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteFile(dir.File("m"), {}, {{"activation", "relu"}}).ok());
+  ExpectOpenFails(dir.File("m"), "no layers");
+}
+
+TEST(DenseModelErrors, MalformedFileIsReportedByTheParser) {
+  TempDir dir;
+  std::ofstream(dir.File("m")) << "not a model";
+  ExpectOpenFails(dir.File("m"), "model file \"" + dir.File("m") + "\"");
+}
+
+TEST(DenseModelErrors, MissingFileIsNotFound) {
+  ExpectOpenFails("/nonexistent/model.safetensors", "cannot open", Code::kNotFound);
+}
+
+TEST(DenseModelErrors, EmptyPathIsInvalid) { ExpectOpenFails("", "needs a model file"); }
+
+TEST(DenseModelErrors, DeviceMemoryMustBeHostAddressable) {
+  TempDir dir;
+  WriteModel(dir.File("m"), {{0, 2, 2}}, "relu");
+  HostMemory memory;
+  wp_device_memory device = *memory.service();
+  device.host_addressable = 0;
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(dir.File("m")), &device);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), Code::kFailedPrecondition);
+}
+
+// ---- loading ----
+
+TEST(DenseLoad, FileTruncatedAfterOpen) {
+  TempDir dir;
+  const std::string path = dir.File("m");
+  WriteModel(path, {{0, 32, 32}, {2, 32, 4}}, "relu");
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 100);
+  Status status = engine->Load();
+  EXPECT_EQ(status.code(), Code::kFailedPrecondition) << status.ToString();
+  EXPECT_NE(status.message().find("changed after it was opened"), std::string::npos) << status.message();
+  EXPECT_EQ(memory.used_bytes(), 0u) << "a failed load frees its region";
+}
+
+TEST(DenseLoad, FileRemovedAfterOpen) {
+  TempDir dir;
+  const std::string path = dir.File("m");
+  WriteModel(path, {{0, 4, 4}}, "relu");
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  std::filesystem::remove(path);
+  EXPECT_EQ(engine->Load().code(), Code::kNotFound);
+  EXPECT_EQ(memory.used_bytes(), 0u);
+}
+
+TEST(DenseLoad, BudgetExhaustedIsResourceExhausted) {
+  TempDir dir;
+  const std::string path = dir.File("m");
+  WriteModel(path, {{0, 64, 64}}, "relu");
+  HostMemory memory(/*budget_bytes=*/1024);
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  Status status = engine->Load();
+  EXPECT_EQ(status.code(), Code::kResourceExhausted) << status.ToString();
+  EXPECT_NE(status.message().find("weights of model \"m\""), std::string::npos) << status.message();
+  EXPECT_EQ(memory.used_bytes(), 0u);
+}
+
+// Big enough (over 8 MiB) that the weights are read in more than one chunk.
+std::string WriteMultiChunkModel(const TempDir& dir) {
+  const std::string path = dir.File("big.safetensors");
+  WriteModel(path, {{0, 1024, 2100}}, "none");
+  return path;
+}
+
+TEST(DenseLoad, ProgressReachesTotal) {
+  TempDir dir;
+  const std::string path = WriteMultiChunkModel(dir);
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  ASSERT_TRUE(engine->Load([&](uint64_t done, uint64_t total) {
+    calls.emplace_back(done, total);
+    return true;
+  }).ok());
+  ASSERT_GE(calls.size(), 2u);
+  for (size_t i = 1; i < calls.size(); ++i) EXPECT_GT(calls[i].first, calls[i - 1].first);
+  EXPECT_EQ(calls.back().first, engine->info().weight_bytes);
+  EXPECT_EQ(calls.back().second, engine->info().weight_bytes);
+}
+
+TEST(DenseLoad, CancelStopsTheLoadAndALaterLoadSucceeds) {
+  TempDir dir;
+  const std::string path = WriteMultiChunkModel(dir);
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(path, memory);
+  ASSERT_TRUE(engine.ok());
+  int calls = 0;
+  Status cancelled = engine->Load([&](uint64_t, uint64_t) {
+    ++calls;
+    return false;
+  });
+  EXPECT_EQ(cancelled.code(), Code::kUnavailable) << cancelled.ToString();
+  EXPECT_NE(cancelled.message().find("cancelled"), std::string::npos);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(memory.used_bytes(), 0u);
+
+  ASSERT_TRUE(engine->Load().ok());
+  std::vector<float> input(1024, 0.5f);
+  std::vector<float> output;
+  EXPECT_TRUE(engine->Infer(input, 1, 1024, output).ok());
+  EXPECT_EQ(output.size(), 2100u);
+}
+
+// ---- the echo engine and the registry ----
+
+TEST(EchoEngine, ReturnsItsInput) {
+  HostMemory memory;
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("echo"), wp_engine_spec{"echo", ""}, memory.service());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(engine->info().weight_bytes, 0u);
+  EXPECT_EQ(engine->info().in_features, 0u);
+  EXPECT_EQ(engine->info().out_features, 0u);
+  ASSERT_TRUE(engine->Load().ok());
+  EXPECT_EQ(memory.used_bytes(), 0u);
+  std::vector<float> input = {1, 2, 3, 4, 5, 6};
+  std::vector<float> output;
+  ASSERT_TRUE(engine->Infer(input, 2, 3, output).ok());
+  EXPECT_EQ(output, input);
+}
+
+TEST(BuiltinEngines, FindByName) {
+  ASSERT_NE(FindBuiltinEngine("dense"), nullptr);
+  EXPECT_STREQ(FindBuiltinEngine("dense")->name, "dense");
+  EXPECT_EQ(FindBuiltinEngine("dense"), warmpool_engine_dense());
+  EXPECT_EQ(FindBuiltinEngine("echo"), warmpool_engine_echo());
+  EXPECT_EQ(FindBuiltinEngine("llama"), nullptr);
+}
+
+TEST(BuiltinEngines, WrongAbiVersionIsRefused) {
+  wp_engine_vtable vtable = *FindBuiltinEngine("echo");
+  vtable.abi_version = 99;
+  HostMemory memory;
+  Result<Engine> engine = Engine::Open(&vtable, wp_engine_spec{"echo", ""}, memory.service());
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), Code::kFailedPrecondition);
+}
+
+TEST(BuiltinEngines, ErrorMessagesAreTruncatedSafely) {
+  char err[8];
+  wp_status status = WpFromStatus(Status(Code::kInvalidArgument, "a long message"), err, sizeof(err));
+  EXPECT_EQ(status, WP_INVALID_ARGUMENT);
+  EXPECT_STREQ(err, "a long ");
+  EXPECT_EQ(StatusFromWp(WP_NOT_FOUND, "gone").code(), Code::kNotFound);
+}
+
+// ---- warmpool-mkmodel writes models this engine runs ----
+
+TEST(MkModel, WritesDeterministicModelsTheEngineLoads) {
+  const std::string tool = std::string(WARMPOOL_BIN_DIR) + "/warmpool-mkmodel";
+  if (!std::filesystem::exists(tool)) GTEST_SKIP() << "build warmpool-mkmodel to run this test";
+  TempDir dir;
+  for (const char* name : {"a", "b"}) {
+    const std::string command = fmt::format("{} {} --layers 8,16,4 --dtype bf16 --activation gelu --seed 9 >/dev/null",
+                                            tool, dir.File(name));
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read(dir.File("a")), read(dir.File("b"))) << "the same seed writes the same model";
+  EXPECT_EQ(std::system(fmt::format("{} {} --layers 8 2>/dev/null", tool, dir.File("c")).c_str()) >> 8, 2);
+  EXPECT_FALSE(std::filesystem::exists(dir.File("c")));
+
+  HostMemory memory;
+  Result<Engine> engine = OpenDense(dir.File("a"), memory);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(engine->Load().ok());
+  std::vector<float> input(8, 0.25f);
+  std::vector<float> output;
+  ASSERT_TRUE(engine->Infer(input, 1, 8, output).ok());
+  EXPECT_EQ(output.size(), 4u);
+}
+
+}  // namespace
+}  // namespace warmpool

@@ -1,0 +1,42 @@
+// warmpool-worker: started by warmpoold, never by hand. Exit status 2 means "fatal configuration,
+// do not respawn"; any other exit is a crash the supervisor recovers from.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "worker/worker.h"
+
+int main(int argc, char** argv) {
+  warmpool::worker::WorkerOptions options;
+  pid_t parent = 0;
+  CLI::App app{"warmpool worker process; started by warmpoold, not meant to be run by hand"};
+  app.add_option("--channel-fd", options.channel_fd, "inherited socketpair end")->required();
+  app.add_option("--slot", options.slot, "worker slot in the segment")->required();
+  app.add_option("--generation", options.generation, "spawn generation of this slot")->required();
+  app.add_option("--device", options.device, "device index");
+  app.add_option("--instance", options.instance, "daemon instance (segment name)");
+  app.add_option("--budget", options.budget_bytes, "device memory budget in bytes (0: unlimited)");
+  app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest frame accepted");
+  app.add_option("--parent", parent, "pid of the supervisor");
+  CLI11_PARSE(app, argc, argv);
+
+  // Die with the supervisor. The parent may have died before prctl took effect: check after.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (parent != 0 && getppid() != parent) return 0;
+  signal(SIGPIPE, SIG_IGN);
+
+  auto logger = spdlog::stderr_color_mt("worker");
+  logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e worker[{}] %^%l%$ %v", options.slot));
+  spdlog::set_default_logger(logger);
+
+  warmpool::worker::Worker worker(options);
+  if (warmpool::Status s = worker.Start(); !s.ok()) {
+    spdlog::critical("cannot start: {}", s.ToString());
+    return 2;
+  }
+  return worker.Run();
+}

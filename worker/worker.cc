@@ -1,0 +1,213 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "common/clock.h"
+
+namespace warmpool::worker {
+
+namespace {
+
+void SetError(v1::Error* error, const Status& status) {
+  error->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
+  error->set_message(status.message());
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options)
+    : options_(options),
+      channel_(options.channel_fd, options.max_frame_bytes),
+      memory_(options.budget_bytes) {}
+
+Worker::~Worker() {
+  {
+    std::lock_guard lock(load_mutex_);
+    stopping_ = true;
+  }
+  load_cv_.notify_all();
+  if (load_thread_.joinable()) load_thread_.join();
+}
+
+Status Worker::Start() {
+  Result<shm::SharedSegment> segment = shm::SharedSegment::Open(options_.instance, false);
+  if (!segment.ok()) return segment.status();
+  segment_ = std::move(*segment);
+  inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
+  if (options_.slot >= segment_.view().max_workers()) {
+    return Error(Code::kInvalidArgument, "worker slot {} is outside the segment's {} slots",
+                 options_.slot, segment_.view().max_workers());
+  }
+  v1::WorkerEnvelope hello;
+  hello.mutable_hello()->set_slot(options_.slot);
+  hello.mutable_hello()->set_generation(options_.generation);
+  hello.mutable_hello()->set_pid(getpid());
+  hello.mutable_hello()->set_backend("host");
+  if (Status s = channel_.Write(hello); !s.ok()) return s;
+  load_thread_ = std::thread([this] { LoadLoop(); });
+  return OkStatus();
+}
+
+int Worker::Run() {
+  for (;;) {
+    v1::WorkerEnvelope message;
+    std::vector<int> fds;
+    Status s = channel_.Read(message, &fds);
+    for (int fd : fds) close(fd);  // no message of this version carries descriptors to a worker
+    if (!s.ok()) {
+      if (s.code() == Code::kUnavailable) return 0;  // supervisor closed the channel: stop
+      spdlog::error("worker {}: bad message from the supervisor: {}", options_.slot, s.ToString());
+      return 1;
+    }
+    switch (message.body_case()) {
+      case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
+      case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
+      case v1::WorkerEnvelope::kLoad: {
+        std::lock_guard lock(load_mutex_);
+        load_queue_.push_back(message.load());
+        load_cv_.notify_one();
+        break;
+      }
+      default:
+        spdlog::error("worker {}: unexpected message {} from the supervisor", options_.slot,
+                      static_cast<int>(message.body_case()));
+        return 1;
+    }
+  }
+}
+
+void Worker::Send(const v1::WorkerEnvelope& message) {
+  if (Status s = channel_.Write(message); !s.ok()) {
+    // The supervisor is gone; PR_SET_PDEATHSIG or the next read ends this process.
+    spdlog::debug("worker {}: reply dropped: {}", options_.slot, s.ToString());
+  }
+}
+
+void Worker::HandleInfer(const v1::WorkerInfer& request) {
+  v1::WorkerEnvelope reply;
+  v1::WorkerInferDone* done = reply.mutable_infer_done();
+  done->set_job(request.job());
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard lock(models_mutex_);
+    auto it = models_.find(request.model());
+    if (it != models_.end()) engine = it->second;
+  }
+  const v1::Tensor& input = request.input();
+  Status status;
+  if (engine == nullptr) {
+    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(),
+                   options_.slot);
+  } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
+    status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+  } else if (input.data().size() != uint64_t{input.rows()} * input.cols() * sizeof(float)) {
+    status = Error(Code::kInvalidArgument, "input holds {} bytes, not rows x cols x 4 = {}",
+                   input.data().size(), uint64_t{input.rows()} * input.cols() * 4);
+  } else {
+    // Take the in-flight marker before touching the engine and clear it after: if this process
+    // dies in between, the supervisor finds the marker tagged with our (slot, generation).
+    Result<uint32_t> slot = inflight_->Take(options_.generation, options_.slot, request.request_id(),
+                                           request.model(), UnixNanos(), options_.slot * 16);
+    if (!slot.ok()) {
+      status = slot.status();
+    } else {
+      std::vector<float> out;
+      // Protobuf bytes are not guaranteed to be aligned for float.
+      std::vector<float> in(input.data().size() / sizeof(float));
+      std::memcpy(in.data(), input.data().data(), input.data().size());
+      status = engine->Infer(in, input.rows(), input.cols(), out);
+      inflight_->Release(*slot, options_.generation, options_.slot);
+      if (status.ok()) {
+        v1::Tensor* output = done->mutable_output();
+        output->set_rows(input.rows());
+        output->set_cols(engine->OutputColumns(input.cols()));
+        output->set_data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+      }
+    }
+  }
+  if (!status.ok()) SetError(done->mutable_error(), status);
+  Send(reply);
+}
+
+void Worker::HandleUnload(const v1::WorkerUnload& request) {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard lock(models_mutex_);
+    auto it = models_.find(request.model());
+    if (it != models_.end()) {
+      engine = std::move(it->second);
+      models_.erase(it);
+    }
+  }
+  engine.reset();  // closes the engine: its regions go back to the memory service
+  v1::WorkerEnvelope reply;
+  reply.mutable_unload_done()->set_job(request.job());
+  Send(reply);
+}
+
+void Worker::LoadLoop() {
+  for (;;) {
+    v1::WorkerLoad request;
+    {
+      std::unique_lock lock(load_mutex_);
+      load_cv_.wait(lock, [&] { return stopping_ || !load_queue_.empty(); });
+      if (stopping_) return;
+      request = std::move(load_queue_.front());
+      load_queue_.pop_front();
+    }
+    RunLoad(request);
+  }
+}
+
+void Worker::RunLoad(const v1::WorkerLoad& request) {
+  v1::WorkerEnvelope reply;
+  v1::WorkerLoadDone* done = reply.mutable_load_done();
+  done->set_job(request.job());
+  const wp_engine_vtable* vtable = FindBuiltinEngine(request.engine());
+  Status status;
+  if (vtable == nullptr) {
+    status = Error(Code::kInvalidArgument, "unknown engine \"{}\"", request.engine());
+  } else {
+    wp_engine_spec spec{request.name().c_str(), request.path().c_str()};
+    Result<Engine> engine = Engine::Open(vtable, spec, memory_.service());
+    if (!engine.ok()) {
+      status = engine.status();
+    } else {
+      auto last_report = std::chrono::steady_clock::now();
+      status = engine->Load([&](uint64_t done_bytes, uint64_t total_bytes) {
+        {
+          std::lock_guard lock(load_mutex_);
+          if (stopping_) return false;
+        }
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_report > std::chrono::milliseconds(100)) {
+          last_report = now;
+          v1::WorkerEnvelope progress;
+          progress.mutable_load_progress()->set_job(request.job());
+          progress.mutable_load_progress()->set_done_bytes(done_bytes);
+          progress.mutable_load_progress()->set_total_bytes(total_bytes);
+          Send(progress);
+        }
+        return true;
+      });
+      if (status.ok()) {
+        const wp_engine_info& info = engine->info();
+        done->set_weight_bytes(info.weight_bytes);
+        done->set_workspace_bytes(info.workspace_bytes);
+        done->set_in_features(info.in_features);
+        done->set_out_features(info.out_features);
+        std::lock_guard lock(models_mutex_);
+        models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
+      }
+    }
+  }
+  if (!status.ok()) SetError(done->mutable_error(), status);
+  Send(reply);
+}
+
+}  // namespace warmpool::worker

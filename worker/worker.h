@@ -1,0 +1,69 @@
+// warmpool-worker: one process per (device, slot), started by warmpoold with fork+exec. It holds
+// engines and executes load / infer / unload for the supervisor over an inherited socketpair.
+//
+// Threads: the main thread reads the channel and serves infer and unload in arrival order; loads
+// run on a load thread so that a long load never stalls inference on the models already here.
+// Both write replies through the channel, whose writes are serialised.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "devmem/host_memory.h"
+#include "engines/builtin.h"
+#include "ipc/blocking_channel.h"
+#include "ipc/warmpool.pb.h"
+#include "shm/inflight.h"
+#include "shm/segment.h"
+
+namespace warmpool::worker {
+
+struct WorkerOptions {
+  int channel_fd = 3;
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  uint32_t device = 0;
+  std::string instance = "default";
+  uint64_t budget_bytes = 0;
+  uint32_t max_frame_bytes = 64u << 20;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();
+  // Attaches the segment and says hello; an error here is fatal configuration (exit code 2).
+  Status Start();
+  // Serves until the supervisor closes the channel. Returns the process exit code.
+  int Run();
+
+ private:
+  void HandleInfer(const v1::WorkerInfer& request);
+  void HandleUnload(const v1::WorkerUnload& request);
+  void LoadLoop();
+  void RunLoad(const v1::WorkerLoad& request);
+  void Send(const v1::WorkerEnvelope& message);
+
+  WorkerOptions options_;
+  ipc::BlockingChannel channel_;
+  HostMemory memory_;
+  shm::SharedSegment segment_;
+  std::unique_ptr<shm::InflightTable> inflight_;
+
+  std::mutex models_mutex_;
+  std::unordered_map<uint32_t, std::shared_ptr<Engine>> models_;
+
+  std::mutex load_mutex_;
+  std::condition_variable load_cv_;
+  std::deque<v1::WorkerLoad> load_queue_;
+  bool stopping_ = false;
+  std::thread load_thread_;
+};
+
+}  // namespace warmpool::worker
