@@ -13,6 +13,7 @@
 
 #include <toml++/toml.h>
 
+#include "common/paths.h"
 #include "common/units.h"
 
 namespace warmpool::supervisor {
@@ -122,12 +123,6 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
 }
 
 }  // namespace
-
-std::string DefaultSocketPath() {
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime != nullptr && runtime[0] == '/') return std::string(runtime) + "/warmpool.sock";
-  return "/tmp/warmpool-" + std::to_string(getuid()) + ".sock";
-}
 
 Status ApplyToml(Config& config, const std::string& text, const std::string& origin) {
   toml::table root;

@@ -17,7 +17,7 @@ struct ModelConfig {
 };
 
 struct Config {
-  std::string socket_path;    // default: DefaultSocketPath()
+  std::string socket_path;    // default: DefaultSocketPath() (common/paths.h)
   std::string models_dir = "models";
   std::string backend = "auto";  // auto | host | cuda
   std::string instance = "default";
@@ -35,9 +35,6 @@ struct Config {
   std::vector<ModelConfig> models;
   std::string config_path;       // the file read, empty when none
 };
-
-// $XDG_RUNTIME_DIR/warmpool.sock, else /tmp/warmpool-$UID.sock. Shared by daemon and clients.
-std::string DefaultSocketPath();
 
 // Applies a TOML document on top of config. Unknown keys are errors (a typo must not be ignored).
 Status ApplyToml(Config& config, const std::string& text, const std::string& origin);

@@ -102,9 +102,12 @@ void Daemon::RegisterModels() {
       continue;
     }
     runtime_[*index].workspace_bytes = m.workspace_bytes;
+    runtime_[*index].in_features = m.in_features;
+    runtime_[*index].out_features = m.out_features;
     if (!m.problem.ok()) {
       spdlog::warn("model \"{}\" registered as failed: {}", m.name, m.problem.ToString());
       index_->MarkNotResident(*index, shm::ModelState::kFailed, m.problem.message());
+      runtime_[*index].last_error = m.problem.message();
     }
   }
   for (const std::string& w : warnings) spdlog::warn("{}", w);

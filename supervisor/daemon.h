@@ -71,6 +71,7 @@ class Daemon {
     std::vector<Call> unload_waiters;
     bool unload_when_idle = false;
     uint64_t workspace_bytes = 0;  // last reported; part of the next admission
+    std::string last_error;        // in full (the segment keeps a truncated copy)
     uint32_t in_features = 0;
     uint32_t out_features = 0;
   };

@@ -193,6 +193,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
   if (done.has_error()) {
     Status cause(CodeFromInt(done.error().code()), done.error().message());
     index_->MarkNotResident(model, ModelState::kFailed, cause.message());
+    rt.last_error = cause.message();
     worker_models_[job.worker]--;
     spdlog::warn("loading \"{}\" failed: {}", name, cause.ToString());
     Code code = cause.code() == Code::kResourceExhausted ? Code::kResourceExhausted
@@ -202,6 +203,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
     RetryPending();
     return;
   }
+  rt.last_error.clear();
   rt.workspace_bytes = done.workspace_bytes();
   rt.in_features = done.in_features();
   rt.out_features = done.out_features();

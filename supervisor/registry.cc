@@ -29,7 +29,10 @@ Status CheckModelName(const std::string& name) {
 
 ModelEntry InspectModel(const std::string& name, const std::string& engine,
                         const std::string& path) {
-  ModelEntry entry{name, engine, path, 0, 0, OkStatus()};
+  ModelEntry entry;
+  entry.name = name;
+  entry.engine = engine;
+  entry.path = path;
   if (Status s = CheckModelName(name); !s.ok()) {
     entry.problem = s;
     return entry;
@@ -65,6 +68,8 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
       return entry;
     }
     entry.workspace_bytes = dense::WorkspaceBytes(dense::ScratchFor(*model));
+    entry.in_features = model->in_features;
+    entry.out_features = model->out_features;
   }
   return entry;
 }

@@ -18,6 +18,8 @@ struct ModelEntry {
   std::string path;
   uint64_t weight_bytes = 0;
   uint64_t workspace_bytes = 0;  // engine's preflight estimate, known from the header
+  uint32_t in_features = 0;
+  uint32_t out_features = 0;
   Status problem;  // not ok: the model is registered as failed with this reason
 };
 

@@ -132,7 +132,9 @@ v1::Envelope Daemon::ModelsSnapshot() const {
     m->set_path(r.path);
     m->set_state(std::string(shm::ModelStateName(static_cast<ModelState>(r.state))));
     m->set_bytes(r.weight_bytes);
-    m->set_last_error(r.last_error);
+    m->set_last_error(runtime_[i].last_error);
+    m->set_in_features(runtime_[i].in_features);
+    m->set_out_features(runtime_[i].out_features);
   }
   return reply;
 }

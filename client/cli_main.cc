@@ -1,0 +1,141 @@
+// warmpool: the command-line client of warmpoold.
+// Exit status: 0 on success, 1 when the daemon answered with an error, 2 on bad usage or input.
+// Errors print one line: "error: CODE: message".
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "client/cli_output.h"
+#include "client/client.h"
+
+namespace {
+
+using warmpool::Code;
+using warmpool::Status;
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return status.code() == Code::kInvalidArgument ? 2 : 1;
+}
+
+void Print(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
+
+warmpool::Result<std::string> ReadInput(const std::string& path) {
+  std::stringstream text;
+  if (path == "-") {
+    text << std::cin.rdbuf();
+  } else {
+    std::ifstream in(path);
+    if (!in) return warmpool::Error(Code::kInvalidArgument, "cannot read input file \"{}\"", path);
+    text << in.rdbuf();
+  }
+  return text.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"warmpool: talk to the warmpool daemon (warmpoold)."};
+  app.require_subcommand(1);
+  std::string socket = warmpool::client::DefaultSocketPath();
+  app.add_option("--socket", socket, "daemon socket (env WARMPOOL_SOCKET; default " + socket + ")");
+
+  bool json = false;
+  auto* models = app.add_subcommand("models", "list every registered model");
+  models->add_flag("--json", json, "print JSON");
+  auto* ps = app.add_subcommand("ps", "list models loaded or loading");
+  ps->add_flag("--json", json, "print JSON");
+  auto* status = app.add_subcommand("status", "daemon, devices and workers");
+  status->add_flag("--json", json, "print JSON");
+
+  std::string model;
+  auto* load = app.add_subcommand("load", "load a model and wait until it is ready");
+  load->add_option("MODEL", model, "model name")->required();
+  auto* unload = app.add_subcommand("unload", "unload a model (after its requests finish)");
+  unload->add_option("MODEL", model, "model name")->required();
+
+  auto* infer = app.add_subcommand("infer", "run inference on a batch of rows");
+  infer->add_option("MODEL", model, "model name")->required();
+  std::string input_path;
+  uint32_t random_rows = 0, cols = 0, deadline_ms = 0;
+  uint64_t seed = 1;
+  auto* input_opt = infer->add_option("--input", input_path, "JSON list of rows, from FILE or - (stdin)");
+  auto* random_opt = infer->add_option("--random", random_rows, "BATCH rows of random input instead")
+                         ->check(CLI::Range(1u, 1u << 20));
+  input_opt->excludes(random_opt);
+  infer->add_option("--cols", cols, "columns of --random input (default: the model's input width)");
+  infer->add_option("--seed", seed, "seed of --random input");
+  infer->add_option("--deadline-ms", deadline_ms, "give up after this many milliseconds");
+  infer->add_flag("--json", json, "print the output rows as JSON");
+
+  CLI11_PARSE(app, argc, argv);
+
+  auto connected = warmpool::client::Client::Connect(socket);
+  if (!connected.ok()) return Fail(connected.status());
+  warmpool::client::Client& client = **connected;
+
+  if (models->parsed()) {
+    auto reply = client.Models();
+    if (!reply.ok()) return Fail(reply.status());
+    Print(json ? warmpool::cli::ModelsJson(*reply).dump(2) + "\n" : warmpool::cli::ModelsTable(*reply));
+  } else if (ps->parsed()) {
+    auto reply = client.Ps();
+    if (!reply.ok()) return Fail(reply.status());
+    Print(json ? warmpool::cli::PsJson(*reply).dump(2) + "\n" : warmpool::cli::PsTable(*reply));
+  } else if (status->parsed()) {
+    auto reply = client.GetStatus();
+    if (!reply.ok()) return Fail(reply.status());
+    Print(json ? warmpool::cli::StatusJson(*reply).dump(2) + "\n" : warmpool::cli::StatusText(*reply));
+  } else if (load->parsed()) {
+    bool tty = isatty(STDERR_FILENO);
+    if (tty) std::fprintf(stderr, "loading %s ...\n", model.c_str());
+    auto reply = client.Load(model);
+    if (!reply.ok()) return Fail(reply.status());
+    if (reply->already_loaded()) {
+      Print(fmt::format("{} is already loaded\n", model));
+    } else {
+      Print(fmt::format("{} ready ({:.1f} MiB in {} ms)\n", model, reply->bytes() / 1048576.0,
+                        reply->load_ms()));
+    }
+  } else if (unload->parsed()) {
+    if (Status s = client.Unload(model); !s.ok()) return Fail(s);
+    Print(fmt::format("{} unloaded\n", model));
+  } else if (infer->parsed()) {
+    warmpool::client::Matrix input;
+    if (random_rows > 0) {
+      if (cols == 0) {
+        auto list = client.Models();
+        if (!list.ok()) return Fail(list.status());
+        for (const auto& m : list->models()) {
+          if (m.name() == model) cols = m.in_features();
+        }
+        if (cols == 0) cols = 8;  // a model that takes any width (echo), or unknown: pick one
+      }
+      std::mt19937_64 rng(seed);
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      input.rows = random_rows;
+      input.cols = cols;
+      input.data.resize(uint64_t{random_rows} * cols);
+      for (float& v : input.data) v = dist(rng);
+    } else if (!input_path.empty()) {
+      auto text = ReadInput(input_path);
+      if (!text.ok()) return Fail(text.status());
+      auto parsed = warmpool::cli::MatrixFromJson(*text);
+      if (!parsed.ok()) return Fail(parsed.status());
+      input = std::move(*parsed);
+    } else {
+      return Fail(warmpool::Error(Code::kInvalidArgument,
+                                  "infer needs --input FILE (or - for stdin) or --random BATCH"));
+    }
+    auto output = client.Infer(model, input, deadline_ms);
+    if (!output.ok()) return Fail(output.status());
+    Print(json ? warmpool::cli::MatrixJson(*output).dump() + "\n" : warmpool::cli::MatrixText(*output));
+  }
+  return 0;
+}

@@ -1,0 +1,185 @@
+#include "client/cli_output.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/units.h"
+
+namespace warmpool::cli {
+
+using nlohmann::json;
+
+namespace {
+
+// Columns padded to their widest cell; the last column is not padded.
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()));
+    for (size_t i = 0; i < row.size(); i++) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); i++) {
+      out += row[i];
+      if (i + 1 < row.size()) out += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+std::string Ago(int64_t unix_seconds) {
+  if (unix_seconds == 0) return "never";
+  int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  int64_t d = std::max<int64_t>(0, now - unix_seconds);
+  if (d < 60) return fmt::format("{}s ago", d);
+  if (d < 3600) return fmt::format("{}m ago", d / 60);
+  return fmt::format("{}h ago", d / 3600);
+}
+
+}  // namespace
+
+json ModelsJson(const v1::ModelsReply& reply) {
+  json out = json::array();
+  for (const v1::ModelInfo& m : reply.models()) {
+    json j = {{"name", m.name()}, {"engine", m.engine()}, {"path", m.path()},
+              {"state", m.state()}, {"bytes", m.bytes()}};
+    j["in_features"] = m.in_features();
+    j["out_features"] = m.out_features();
+    j["error"] = m.last_error().empty() ? json(nullptr) : json(m.last_error());
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+json PsJson(const v1::PsReply& reply) {
+  json out = json::array();
+  for (const v1::PsEntry& e : reply.models()) {
+    out.push_back({{"name", e.name()},
+                   {"state", e.state()},
+                   {"device", e.device()},
+                   {"bytes", e.bytes()},
+                   {"inflight", e.inflight()},
+                   {"replicas", e.replicas()},
+                   {"last_used", e.last_used()},
+                   {"expires_in", e.has_expiry() ? json(e.expires_in()) : json(nullptr)},
+                   {"loaded_bytes", e.loaded_bytes()}});
+  }
+  return out;
+}
+
+json StatusJson(const v1::StatusReply& reply) {
+  json devices = json::array(), workers = json::array();
+  for (const v1::DeviceStatus& d : reply.devices()) {
+    devices.push_back({{"id", d.id()}, {"kind", d.kind()}, {"budget_bytes", d.budget_bytes()},
+                       {"used_bytes", d.used_bytes()}});
+  }
+  for (const v1::WorkerStatus& w : reply.workers()) {
+    workers.push_back({{"slot", w.slot()}, {"pid", w.pid()}, {"device", w.device()},
+                       {"state", w.state()}, {"restarts", w.restarts()}});
+  }
+  return {{"version", reply.version()}, {"backend", reply.backend()}, {"devices", devices},
+          {"workers", workers}, {"inflight", reply.inflight()}, {"queued", reply.queued()}};
+}
+
+json MatrixJson(const client::Matrix& m) {
+  json rows = json::array();
+  for (uint32_t r = 0; r < m.rows; r++) {
+    json row = json::array();
+    for (uint32_t c = 0; c < m.cols; c++) row.push_back(m.data[uint64_t{r} * m.cols + c]);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string ModelsTable(const v1::ModelsReply& reply) {
+  std::vector<std::vector<std::string>> rows = {{"NAME", "ENGINE", "STATE", "SIZE", "PATH"}};
+  for (const v1::ModelInfo& m : reply.models()) {
+    std::string state = m.state();
+    if (!m.last_error().empty()) state += " (" + m.last_error() + ")";
+    rows.push_back({m.name(), m.engine(), state, FormatBytes(m.bytes()), m.path()});
+  }
+  return Table(rows);
+}
+
+std::string PsTable(const v1::PsReply& reply) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "STATE", "DEVICE", "SIZE", "INFLIGHT", "REPLICAS", "LAST USED", "EXPIRES"}};
+  for (const v1::PsEntry& e : reply.models()) {
+    std::string state = e.state();
+    if (e.state() == "loading" && e.bytes() > 0) {
+      state += fmt::format(" {}%", e.loaded_bytes() * 100 / std::max<uint64_t>(1, e.bytes()));
+    }
+    rows.push_back({e.name(), state, std::to_string(e.device()), FormatBytes(e.bytes()),
+                    std::to_string(e.inflight()), std::to_string(e.replicas()), Ago(e.last_used()),
+                    e.has_expiry() ? fmt::format("{}s", e.expires_in()) : "never"});
+  }
+  return Table(rows);
+}
+
+std::string StatusText(const v1::StatusReply& reply) {
+  std::string out = fmt::format("warmpoold {}  backend {}  inflight {}  queued {}\n",
+                                reply.version(), reply.backend(), reply.inflight(), reply.queued());
+  std::vector<std::vector<std::string>> devices = {{"DEVICE", "KIND", "USED", "BUDGET"}};
+  for (const v1::DeviceStatus& d : reply.devices()) {
+    devices.push_back({std::to_string(d.id()), d.kind(), FormatBytes(d.used_bytes()),
+                       FormatBytes(d.budget_bytes())});
+  }
+  std::vector<std::vector<std::string>> workers = {{"WORKER", "PID", "DEVICE", "STATE", "RESTARTS"}};
+  for (const v1::WorkerStatus& w : reply.workers()) {
+    workers.push_back({std::to_string(w.slot()), std::to_string(w.pid()), std::to_string(w.device()),
+                       w.state(), std::to_string(w.restarts())});
+  }
+  return out + "\n" + Table(devices) + "\n" + Table(workers);
+}
+
+std::string MatrixText(const client::Matrix& m) {
+  std::string out;
+  for (uint32_t r = 0; r < m.rows; r++) {
+    for (uint32_t c = 0; c < m.cols; c++) {
+      out += fmt::format("{}{:.6g}", c == 0 ? "" : " ", m.data[uint64_t{r} * m.cols + c]);
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+Result<client::Matrix> MatrixFromJson(const std::string& text) {
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return Error(Code::kInvalidArgument, "input is not valid JSON: expected a list of rows, e.g. [[1, 2], [3, 4]]");
+  }
+  if (!doc.is_array() || doc.empty()) {
+    return Error(Code::kInvalidArgument, "input must be a non-empty list of rows, e.g. [[1, 2], [3, 4]]");
+  }
+  client::Matrix m;
+  m.rows = static_cast<uint32_t>(doc.size());
+  for (size_t r = 0; r < doc.size(); r++) {
+    const json& row = doc[r];
+    if (!row.is_array() || row.empty()) {
+      return Error(Code::kInvalidArgument, "input row {} is not a non-empty list of numbers", r);
+    }
+    if (r == 0) m.cols = static_cast<uint32_t>(row.size());
+    if (row.size() != m.cols) {
+      return Error(Code::kInvalidArgument, "input row {} has {} values but row 0 has {}", r,
+                   row.size(), m.cols);
+    }
+    for (size_t c = 0; c < row.size(); c++) {
+      if (!row[c].is_number()) {
+        return Error(Code::kInvalidArgument, "input row {} column {} is not a number", r, c);
+      }
+      double v = row[c].get<double>();
+      if (!std::isfinite(v)) return Error(Code::kInvalidArgument, "input row {} column {} is not finite", r, c);
+      m.data.push_back(static_cast<float>(v));
+    }
+  }
+  return m;
+}
+
+}  // namespace warmpool::cli

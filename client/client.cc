@@ -1,0 +1,175 @@
+#include "client/client.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "ipc/framing.h"
+#include "common/paths.h"
+
+namespace warmpool::client {
+
+std::string DefaultSocketPath() {
+  const char* env = std::getenv("WARMPOOL_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  return warmpool::DefaultSocketPath();
+}
+
+warmpool::Status StatusOf(const v1::Envelope& reply) {
+  if (!reply.has_error()) return OkStatus();
+  return warmpool::Status(CodeFromInt(reply.error().code()), reply.error().message());
+}
+
+v1::Tensor ToTensor(const Matrix& m) {
+  v1::Tensor t;
+  t.set_rows(m.rows);
+  t.set_cols(m.cols);
+  t.set_data(reinterpret_cast<const char*>(m.data.data()), m.data.size() * sizeof(float));
+  return t;
+}
+
+Result<Matrix> FromTensor(const v1::Tensor& t) {
+  if (t.data().size() != uint64_t{t.rows()} * t.cols() * sizeof(float)) {
+    return Error(Code::kInternal, "reply tensor {} x {} holds {} bytes", t.rows(), t.cols(),
+                 t.data().size());
+  }
+  Matrix m{t.rows(), t.cols(), std::vector<float>(uint64_t{t.rows()} * t.cols())};
+  std::memcpy(m.data.data(), t.data().data(), t.data().size());
+  return m;
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
+                                                uint32_t max_frame_bytes) {
+  sockaddr_un addr{};
+  if (socket_path.size() >= sizeof(addr.sun_path)) {
+    return Error(Code::kInvalidArgument, "socket path \"{}\" is too long", socket_path);
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error(Code::kInternal, "socket: {}", std::strerror(errno));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    close(fd);
+    return Error(Code::kUnavailable,
+                 "cannot connect to warmpoold at {}: {} (is it running? start it with 'warmpoold', "
+                 "or pass --socket / set WARMPOOL_SOCKET)",
+                 socket_path, std::strerror(err));
+  }
+  return std::unique_ptr<Client>(new Client(fd, max_frame_bytes));
+}
+
+Client::Client(int fd, uint32_t max_frame_bytes) : fd_(fd), channel_(fd, max_frame_bytes) {}
+
+Client::~Client() { close(fd_); }
+
+Result<uint64_t> Client::Send(v1::Envelope request) {
+  uint64_t id = next_request_id_++;
+  request.set_request_id(id);
+  if (!sent_version_) {
+    request.set_protocol_version(ipc::kProtocolVersion);
+    sent_version_ = true;
+  }
+  if (warmpool::Status s = channel_.Write(request); !s.ok()) return s;
+  return id;
+}
+
+Result<v1::Envelope> Client::Receive() {
+  if (!stash_.empty()) {
+    v1::Envelope reply = std::move(stash_.begin()->second);
+    stash_.erase(stash_.begin());
+    return reply;
+  }
+  v1::Envelope reply;
+  if (warmpool::Status s = channel_.Read(reply); !s.ok()) {
+    if (s.code() == Code::kUnavailable) {
+      return Error(Code::kUnavailable, "warmpoold closed the connection ({})", s.message());
+    }
+    return s;
+  }
+  return reply;
+}
+
+Result<v1::Envelope> Client::Wait(uint64_t request_id) {
+  if (auto it = stash_.find(request_id); it != stash_.end()) {
+    v1::Envelope reply = std::move(it->second);
+    stash_.erase(it);
+    return reply;
+  }
+  for (;;) {
+    v1::Envelope reply;
+    if (warmpool::Status s = channel_.Read(reply); !s.ok()) {
+      if (s.code() == Code::kUnavailable) {
+        return Error(Code::kUnavailable, "warmpoold closed the connection ({})", s.message());
+      }
+      return s;
+    }
+    if (reply.request_id() == request_id) return reply;
+    // request_id 0 is the daemon's word on the connection itself (e.g. a refused frame).
+    if (reply.request_id() == 0 && reply.has_error()) return StatusOf(reply);
+    stash_.emplace(reply.request_id(), std::move(reply));
+  }
+}
+
+Result<v1::Envelope> Client::Call(v1::Envelope request) {
+  Result<uint64_t> id = Send(std::move(request));
+  if (!id.ok()) return id.status();
+  Result<v1::Envelope> reply = Wait(*id);
+  if (!reply.ok()) return reply;
+  if (warmpool::Status s = StatusOf(*reply); !s.ok()) return s;
+  return reply;
+}
+
+Result<v1::LoadReply> Client::Load(const std::string& model) {
+  v1::Envelope request;
+  request.mutable_load()->set_model(model);
+  Result<v1::Envelope> reply = Call(std::move(request));
+  if (!reply.ok()) return reply.status();
+  return reply->load_reply();
+}
+
+warmpool::Status Client::Unload(const std::string& model) {
+  v1::Envelope request;
+  request.mutable_unload()->set_model(model);
+  return Call(std::move(request)).status();
+}
+
+Result<Matrix> Client::Infer(const std::string& model, const Matrix& input, uint32_t deadline_ms) {
+  v1::Envelope request;
+  request.mutable_infer()->set_model(model);
+  *request.mutable_infer()->mutable_input() = ToTensor(input);
+  request.mutable_infer()->set_deadline_ms(deadline_ms);
+  Result<v1::Envelope> reply = Call(std::move(request));
+  if (!reply.ok()) return reply.status();
+  return FromTensor(reply->infer_reply().output());
+}
+
+Result<v1::ModelsReply> Client::Models() {
+  v1::Envelope request;
+  request.mutable_models();
+  Result<v1::Envelope> reply = Call(std::move(request));
+  if (!reply.ok()) return reply.status();
+  return reply->models_reply();
+}
+
+Result<v1::PsReply> Client::Ps() {
+  v1::Envelope request;
+  request.mutable_ps();
+  Result<v1::Envelope> reply = Call(std::move(request));
+  if (!reply.ok()) return reply.status();
+  return reply->ps_reply();
+}
+
+Result<v1::StatusReply> Client::GetStatus() {
+  v1::Envelope request;
+  request.mutable_status();
+  Result<v1::Envelope> reply = Call(std::move(request));
+  if (!reply.ok()) return reply.status();
+  return reply->status_reply();
+}
+
+}  // namespace warmpool::client
