@@ -50,6 +50,8 @@ class Client {
   Result<v1::StatusReply> GetStatus();
 
   int fd() const { return fd_; }
+  // The raw framed channel, for callers that frame requests themselves (tests, benchmarks).
+  ipc::BlockingChannel& channel() { return channel_; }
 
  private:
   explicit Client(int fd, uint32_t max_frame_bytes);

@@ -1,0 +1,41 @@
+// One benchmark connection: a closed-loop round trip of one `infer` request on the echo model.
+// Both targets do the same client-side work (build the Envelope the client library builds, frame
+// it, write it, read and parse the reply, copy the tensor out), so that their difference is the
+// path between client and echo.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "client/client.h"
+#include "common/status.h"
+#include "ipc/blocking_channel.h"
+
+namespace warmpool::bench {
+
+class Session {
+ public:
+  virtual ~Session() = default;
+  // Sends one request and waits for its reply; checks that the payload came back whole.
+  virtual Status RoundTrip() = 0;
+};
+
+// The Envelope that Client::Infer sends (request_id and protocol_version set as Client::Send does).
+v1::Envelope MakeInferRequest(const std::string& model, const client::Matrix& input,
+                              uint64_t request_id, bool first);
+
+// Through warmpoold with the client library.
+Result<std::unique_ptr<Session>> ConnectWarmpool(const std::string& socket_path,
+                                                 const std::string& model,
+                                                 const client::Matrix& input);
+// Through the baseline relay; the reply is the request echoed back.
+Result<std::unique_ptr<Session>> ConnectRelay(const std::string& socket_path,
+                                              const std::string& model,
+                                              const client::Matrix& input);
+
+// A failsafe against a hung peer (not a measurement bound): a read waiting this long fails.
+inline constexpr int kReceiveTimeoutSeconds = 60;
+void SetReceiveTimeout(int fd);
+
+}  // namespace warmpool::bench
