@@ -16,7 +16,13 @@ Result<uint64_t> ParseSize(std::string_view text) {
     return Error(Code::kInvalidArgument, "size \"{}\" must start with a number, e.g. 512MiB or 2GiB",
                  text);
   }
-  double number = std::strtod(s.substr(0, pos).c_str(), nullptr);
+  std::string digits = s.substr(0, pos);
+  char* end = nullptr;
+  double number = std::strtod(digits.c_str(), &end);
+  if (end != digits.c_str() + digits.size()) {  // "1.2.3", "."
+    return Error(Code::kInvalidArgument, "size \"{}\" is not a number, e.g. 512MiB or 1.5GiB",
+                 text);
+  }
   std::string unit = s.substr(pos);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   double scale = 0;
@@ -38,7 +44,8 @@ Result<uint64_t> ParseSize(std::string_view text) {
   if (!std::isfinite(bytes) || bytes >= 1.8e19) {
     return Error(Code::kInvalidArgument, "size \"{}\" is too large", text);
   }
-  return static_cast<uint64_t>(std::llround(bytes));
+  // Not llround: values above INT64_MAX (up to the 1.8e19 limit) must not go through long long.
+  return static_cast<uint64_t>(std::round(bytes));
 }
 
 std::string FormatBytes(uint64_t bytes) {

@@ -2,6 +2,7 @@
 // and SharedSegment over a real POSIX shared-memory object.
 #include "shm/segment.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -49,7 +50,7 @@ TEST(LayoutTest, SizesAndOffsets) {
   EXPECT_EQ(offsetof(ModelRecord, engine), 72u);
   EXPECT_EQ(offsetof(ModelRecord, path), 88u);
   EXPECT_EQ(offsetof(ModelRecord, weight_bytes), 344u);
-  EXPECT_EQ(offsetof(ModelRecord, lru_prev), 396u);
+  EXPECT_EQ(offsetof(ModelRecord, lru_prev), 392u);
   EXPECT_EQ(offsetof(ModelRecord, last_error), 440u);
   EXPECT_EQ(sizeof(WorkerRecord), 64u);
   EXPECT_EQ(offsetof(WorkerRecord, generation), 12u);
@@ -100,7 +101,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   EXPECT_EQ(std::memcmp(h.magic, "WARMPOOL", 8), 0);
   EXPECT_EQ(h.layout_version, 1u);
   EXPECT_EQ(h.header_size, 192u);
-  EXPECT_EQ(h.segment_size, 2048u);
+  EXPECT_EQ(h.segment_size, 2624u);
   EXPECT_EQ(h.max_models, 4u);
   EXPECT_EQ(h.max_workers, 2u);
   EXPECT_EQ(h.max_inflight, 8u);
@@ -156,3 +157,267 @@ TEST_F(SegmentViewTest, FormatIntoLargerBufferRecordsItsSize) {
   EXPECT_TRUE(SegmentView::Attach(bytes_, "warmpool.test").ok());
 }
 
+TEST_F(SegmentViewTest, FormatRejectsBadLimits) {
+  std::vector<std::byte> big(1 << 16);
+  auto format = [&](Limits l, uint32_t devices = 1) {
+    return SegmentView::Format(big, l, devices, 0, 1).status();
+  };
+  EXPECT_EQ(format({0, 1, 1}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(format({kNil, 1, 1}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(format({1, 0, 1}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(format({1, 1, 0}).code(), Code::kInvalidArgument);
+  Status wide = format({1, 0x10000, 1});
+  EXPECT_EQ(wide.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(wide.message(), "max_workers 65536 (1..65535)")) << wide.message();
+  EXPECT_EQ(format({1, 1, 1}, 0).code(), Code::kInvalidArgument);
+  Status devices = format({1, 1, 1}, kMaxDevices + 1);
+  EXPECT_EQ(devices.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(devices.message(), "device count 9 out of range 1..8")) << devices.message();
+  EXPECT_TRUE(format({1, 1, 1}, kMaxDevices).ok());
+  EXPECT_TRUE(format({1, 1, 1}, 1).ok());
+}
+
+TEST_F(SegmentViewTest, FormatRejectsTooFewBytes) {
+  std::vector<std::byte> small(SegmentSize(kLimits) - 1);
+  Status s = SegmentView::Format(small, kLimits, 1, 0, 1).status();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "2623 bytes is smaller than the 2624 needed")) << s.message();
+}
+
+TEST_F(SegmentViewTest, AttachRefusesBadMagic) {
+  MustFormat();
+  bytes_[3] = std::byte{'X'};
+  Status s = AttachStatus(bytes_);
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(s.message(), "segment warmpool.test is not a warmpool segment (bad magic)"))
+      << s.message();
+  EXPECT_TRUE(Contains(s.message(), "pass another --instance")) << s.message();
+}
+
+TEST_F(SegmentViewTest, AttachRefusesOtherLayoutVersion) {
+  SegmentView v = MustFormat();
+  v.header().layout_version = 2;
+  Status s = AttachStatus(bytes_);
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(s.message(), "made by layout 2, this binary expects 1")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "stop the old daemon or use binaries of the same version"))
+      << s.message();
+
+  v.header().layout_version = kLayoutVersion;
+  v.header().header_size = 200;
+  EXPECT_EQ(AttachStatus(bytes_).code(), Code::kFailedPrecondition);
+  v.header().header_size = sizeof(SegmentHeader);
+  EXPECT_TRUE(AttachStatus(bytes_).ok());
+}
+
+TEST_F(SegmentViewTest, AttachRefusesTruncatedBytes) {
+  MustFormat();
+  for (size_t n : {size_t{0}, size_t{100}, sizeof(SegmentHeader) - 1}) {
+    Status s = AttachStatus(std::span<std::byte>(bytes_.data(), n));
+    EXPECT_EQ(s.code(), Code::kFailedPrecondition) << n;
+    EXPECT_TRUE(Contains(s.message(), "is " + std::to_string(n) + " bytes, too small")) << s.message();
+    EXPECT_TRUE(Contains(s.message(), "rm /dev/shm/warmpool.test")) << s.message();
+  }
+}
+
+TEST_F(SegmentViewTest, AttachRefusesSizeMismatch) {
+  SegmentView v = MustFormat();
+  Status s = AttachStatus(std::span<std::byte>(bytes_.data(), 1024));
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 2624 bytes, mapped 1024)"))
+      << s.message();
+  EXPECT_TRUE(Contains(s.message(), "remove /dev/shm/warmpool.test")) << s.message();
+
+  // A header claiming more tables than the mapping holds.
+  v.header().max_inflight = 1000;
+  EXPECT_EQ(AttachStatus(bytes_).code(), Code::kFailedPrecondition);
+  v.header().max_inflight = 8;
+  v.header().workers_offset += 64;
+  EXPECT_EQ(AttachStatus(bytes_).code(), Code::kFailedPrecondition);
+  v.header().workers_offset -= 64;
+  v.header().device_count = 0;
+  EXPECT_EQ(AttachStatus(bytes_).code(), Code::kFailedPrecondition);
+  v.header().device_count = 2;
+  EXPECT_TRUE(AttachStatus(bytes_).ok());
+}
+
+// SharedSegment over /dev/shm. Every test uses its own instance name and checks at teardown that
+// nothing is left behind.
+class SharedSegmentTest : public ::testing::Test {
+ protected:
+  static constexpr Limits kLimits{4, 2, 8};
+
+  void SetUp() override {
+    instance_ = "ut-" + std::to_string(getpid()) + "-" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    path_ = "/dev/shm/" + SharedSegment::NameFor(instance_);
+    shm_unlink(("/" + SharedSegment::NameFor(instance_)).c_str());
+  }
+  void TearDown() override {
+    bool leftover = Exists();
+    shm_unlink(("/" + SharedSegment::NameFor(instance_)).c_str());
+    EXPECT_FALSE(leftover) << path_ << " left behind";
+  }
+  bool Exists() const {
+    struct stat st;
+    return stat(path_.c_str(), &st) == 0;
+  }
+  unsigned Mode() const {
+    struct stat st;
+    EXPECT_EQ(stat(path_.c_str(), &st), 0) << path_ << ": " << std::strerror(errno);
+    return st.st_mode & 07777;
+  }
+  Result<SharedSegment> Create(unsigned mode = 0600) {
+    return SharedSegment::Create(instance_, kLimits, 1, 1 << 20, mode);
+  }
+
+  std::string instance_;
+  std::string path_;
+};
+
+TEST_F(SharedSegmentTest, CreateMakesA0600ObjectOfTheRightSize) {
+  Result<SharedSegment> seg = Create();
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  EXPECT_EQ(seg->name(), "warmpool." + instance_);
+  ASSERT_TRUE(Exists());
+  EXPECT_EQ(Mode(), 0600u);
+  struct stat st;
+  ASSERT_EQ(stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), SegmentSize(kLimits));
+  EXPECT_EQ(seg->view().header().supervisor_pid, getpid());
+  EXPECT_EQ(seg->view().header().device_budget_bytes, 1u << 20);
+  EXPECT_EQ(seg->view().max_models(), 4u);
+}
+
+TEST_F(SharedSegmentTest, ModeIsExactDespiteUmask) {
+  mode_t old = umask(077);
+  Result<SharedSegment> seg = Create(0640);
+  umask(old);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  EXPECT_EQ(Mode(), 0640u);
+}
+
+TEST_F(SharedSegmentTest, OpenReadOnlySeesTheCreatorsWrites) {
+  Result<SharedSegment> creator = Create();
+  ASSERT_TRUE(creator.ok()) << creator.status().ToString();
+  Result<SharedSegment> observer = SharedSegment::Open(instance_, /*read_only=*/true);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  EXPECT_EQ(observer->view().header().supervisor_pid, getpid());
+  EXPECT_EQ(observer->view().max_inflight(), 8u);
+  EXPECT_NE(observer->view().base(), creator->view().base());  // a separate mapping
+
+  std::strcpy(creator->view().model(1).name, "phi");
+  creator->view().header().lru_length = 3;
+  EXPECT_STREQ(observer->view().model(1).name, "phi");
+  EXPECT_EQ(observer->view().header().lru_length, 3u);
+}
+
+TEST_F(SharedSegmentTest, OpenOfAMissingInstanceSaysWhatToCheck) {
+  Result<SharedSegment> seg = SharedSegment::Open(instance_, true);
+  ASSERT_FALSE(seg.ok());
+  EXPECT_EQ(seg.status().code(), Code::kNotFound);
+  EXPECT_TRUE(Contains(seg.status().message(), "--instance " + instance_)) << seg.status().message();
+}
+
+TEST_F(SharedSegmentTest, GarbageObjectIsRefusedByOpenAndReplacedByCreate) {
+  int fd = shm_open(("/" + SharedSegment::NameFor(instance_)).c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  close(fd);
+  Result<SharedSegment> opened = SharedSegment::Open(instance_, true);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(opened.status().message(), "too small")) << opened.status().message();
+
+  Result<SharedSegment> created = Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_TRUE(SharedSegment::Open(instance_, true).ok());
+}
+
+TEST_F(SharedSegmentTest, DestructorAndRemoveDeleteTheName) {
+  {
+    Result<SharedSegment> seg = Create();
+    ASSERT_TRUE(seg.ok());
+    SharedSegment moved = std::move(*seg);  // ownership moves; the moved-from one removes nothing
+    EXPECT_TRUE(Exists());
+  }
+  EXPECT_FALSE(Exists());
+
+  Result<SharedSegment> seg = Create();
+  ASSERT_TRUE(seg.ok());
+  seg->view().header().lru_length = 5;
+  seg->Remove();
+  EXPECT_FALSE(Exists());
+  EXPECT_EQ(seg->view().header().lru_length, 5u);  // the mapping outlives the name
+}
+
+TEST_F(SharedSegmentTest, ObserverDoesNotRemoveTheSegment) {
+  Result<SharedSegment> creator = Create();
+  ASSERT_TRUE(creator.ok());
+  { ASSERT_TRUE(SharedSegment::Open(instance_, true).ok()); }
+  EXPECT_TRUE(Exists());
+}
+
+// Kills and reaps a forked child when the test ends, whatever happened.
+struct ChildGuard {
+  pid_t pid = -1;
+  ~ChildGuard() { Reap(); }
+  void Reap() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+  }
+};
+
+TEST_F(SharedSegmentTest, CreateRefusesALiveSupervisorAndReplacesADeadOnesSegment) {
+  int ready[2], hold[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(hold), 0);
+  ChildGuard child;
+  child.pid = fork();
+  ASSERT_GE(child.pid, 0);
+  if (child.pid == 0) {
+    // The "other supervisor": creates the segment, then waits until killed.
+    close(ready[0]);
+    close(hold[1]);
+    Result<SharedSegment> seg = Create();
+    char c = seg.ok() ? 'y' : 'n';
+    (void)!write(ready[1], &c, 1);
+    (void)!read(hold[0], &c, 1);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  ASSERT_EQ(c, 'y');
+
+  Result<SharedSegment> refused = Create();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(refused.status().message(),
+                       "is in use by warmpoold pid " + std::to_string(child.pid)))
+      << refused.status().message();
+  EXPECT_TRUE(Contains(refused.status().message(), "--instance")) << refused.status().message();
+  // The live supervisor's segment is untouched.
+  {
+    Result<SharedSegment> observer = SharedSegment::Open(instance_, true);
+    ASSERT_TRUE(observer.ok());
+    EXPECT_EQ(observer->view().header().supervisor_pid, child.pid);
+  }
+
+  // Killed without a chance to clean up: its segment is stale and Create replaces it.
+  child.Reap();
+  close(hold[1]);
+  ASSERT_TRUE(Exists());
+  Result<SharedSegment> created = Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ(created->view().header().supervisor_pid, getpid());
+  EXPECT_EQ(Mode(), 0600u);
+}
+
+}  // namespace
+}  // namespace warmpool::shm

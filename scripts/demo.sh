@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The main job on the embedded defaults: build, start warmpoold, write two demo models, load them,
+# run inference, show what is loaded, stop. Everything happens in a temporary directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)"
+bin=$PWD/build/bin
+
+work=$(mktemp -d)
+daemon=""
+cleanup() {
+  [ -n "$daemon" ] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work"
+mkdir models
+"$bin/warmpool-mkmodel" models/classifier.safetensors --layers 64,256,256,10 --activation relu
+"$bin/warmpool-mkmodel" models/encoder.safetensors --layers 128,512,64 --activation gelu --dtype f16
+
+# The defaults: host backend, ./models, a quarter of RAM. Only the socket is made private here.
+export WARMPOOL_SOCKET=$work/warmpool.sock
+"$bin/warmpoold" --socket "$WARMPOOL_SOCKET" --instance "demo-$$" &
+daemon=$!
+for _ in $(seq 100); do "$bin/warmpool" status >/dev/null 2>&1 && break; sleep 0.05; done
+
+set -x
+"$bin/warmpool" models
+"$bin/warmpool" load classifier
+"$bin/warmpool" load encoder
+"$bin/warmpool" infer classifier --random 2
+echo '[[0.5, -1, 0.25, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]]' \
+  | "$bin/warmpool" infer classifier --input - --json
+"$bin/warmpool" infer encoder --random 1 --json | head -c 200; echo
+"$bin/warmpool" ps
+"$bin/warmpool" status

@@ -1,0 +1,453 @@
+// ModelIndex over a byte vector: registration, the LRU list, per-device byte accounting, and
+// Validate() — both that it passes after every legal step and that it catches injected corruption.
+#include "shm/model_index.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shm/inflight.h"
+#include "shm/segment.h"
+
+namespace warmpool::shm {
+namespace {
+
+using Order = std::vector<uint32_t>;
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+class ModelIndexTest : public ::testing::Test {
+ protected:
+  static constexpr Limits kLimits{8, 4, 16};
+  static constexpr uint64_t kBudget = 1000;
+
+  ModelIndexTest() : bytes_(SegmentSize(kLimits)), view_(FormatOrDie(bytes_)), index_(view_) {
+    for (uint32_t w = 0; w < kLimits.max_workers; w++) {
+      view_.worker(w).state = static_cast<uint32_t>(WorkerState::kIdle);
+      view_.worker(w).generation = 1;
+    }
+  }
+
+  static SegmentView FormatOrDie(std::vector<std::byte>& bytes) {
+    Result<SegmentView> v = SegmentView::Format(bytes, kLimits, 2, kBudget, 1);
+    if (!v.ok()) {
+      ADD_FAILURE() << v.status().ToString();
+      return SegmentView();
+    }
+    return *v;
+  }
+  uint32_t Reg(const std::string& name, uint64_t weight = 100) {
+    Result<uint32_t> r = index_.Register(name, "dense", "/models/" + name, weight);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : kNil;
+  }
+  // Registered, loaded and ready on device 0 with `weight` bytes.
+  uint32_t Ready(const std::string& name, uint64_t weight = 100, uint32_t worker = 0) {
+    uint32_t i = Reg(name, weight);
+    index_.MarkLoading(i, 0, worker, weight);
+    index_.MarkReady(i, weight, 0);
+    return i;
+  }
+  void ExpectValid() {
+    Status s = Validate(view_);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  std::string ValidateMessage() {
+    Status s = Validate(view_);
+    EXPECT_FALSE(s.ok()) << "corruption not detected";
+    EXPECT_EQ(s.code(), Code::kInternal);
+    return s.message();
+  }
+
+  std::vector<std::byte> bytes_;
+  SegmentView view_;
+  ModelIndex index_;
+};
+
+TEST_F(ModelIndexTest, RegisterAndFind) {
+  EXPECT_EQ(Reg("alpha", 111), 0u);
+  EXPECT_EQ(Reg("beta", 222), 1u);
+  EXPECT_EQ(index_.Find("alpha"), 0u);
+  EXPECT_EQ(index_.Find("beta"), 1u);
+  EXPECT_EQ(index_.Find("gamma"), kNil);
+  EXPECT_EQ(index_.Find(""), kNil);
+  const ModelRecord& r = index_.Get(1);
+  EXPECT_STREQ(r.name, "beta");
+  EXPECT_STREQ(r.engine, "dense");
+  EXPECT_STREQ(r.path, "/models/beta");
+  EXPECT_EQ(r.weight_bytes, 222u);
+  EXPECT_EQ(index_.State(1), ModelState::kRegistered);
+  EXPECT_EQ(r.worker_slot, kNil);
+  EXPECT_EQ(r.in_lru, 0u);
+  EXPECT_EQ(r.seq % 2, 0u);
+  EXPECT_EQ(index_.All(), (Order{0, 1}));
+  EXPECT_EQ(index_.ResidentCount(), 0u);
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, NameEngineAndPathLengthsAreChecked) {
+  EXPECT_TRUE(index_.Register(std::string(63, 'n'), "dense", "p", 1).ok());
+  Status too_long = index_.Register(std::string(64, 'n'), "dense", "p", 1).status();
+  EXPECT_EQ(too_long.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(too_long.message(), "must be 1 to 63 bytes")) << too_long.message();
+  EXPECT_EQ(index_.Register("", "dense", "p", 1).status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(index_.Register("e15", std::string(15, 'e'), "p", 1).ok());
+  Status engine = index_.Register("e16", std::string(16, 'e'), "p", 1).status();
+  EXPECT_EQ(engine.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(engine.message(), "longer than 15 bytes")) << engine.message();
+  EXPECT_TRUE(index_.Register("p255", "dense", std::string(255, 'p'), 1).ok());
+  Status path = index_.Register("p256", "dense", std::string(256, 'p'), 1).status();
+  EXPECT_EQ(path.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(path.message(), "longer than 255 bytes")) << path.message();
+  // Refused names take no record.
+  EXPECT_EQ(index_.All().size(), 3u);
+  EXPECT_EQ(index_.Find("e16"), kNil);
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, FullIndexIsRefused) {
+  for (int i = 0; i < 8; i++) Reg("m" + std::to_string(i));
+  Status s = index_.Register("one-more", "dense", "p", 1).status();
+  EXPECT_EQ(s.code(), Code::kResourceExhausted);
+  EXPECT_TRUE(Contains(s.message(), "full (8 models): raise [limits] max_models")) << s.message();
+  // Re-registering a known name still works when full.
+  EXPECT_TRUE(index_.Register("m3", "echo", "q", 5).ok());
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, ReRegisterUpdatesANonResidentModel) {
+  uint32_t a = Reg("a", 100);
+  index_.MarkLoading(a, 0, 0, 100);
+  index_.MarkNotResident(a, ModelState::kFailed, "bad header");
+  EXPECT_EQ(index_.State(a), ModelState::kFailed);
+  Result<uint32_t> again = index_.Register("a", "echo", "/elsewhere", 300);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, a);
+  const ModelRecord& r = index_.Get(a);
+  EXPECT_STREQ(r.engine, "echo");
+  EXPECT_STREQ(r.path, "/elsewhere");
+  EXPECT_EQ(r.weight_bytes, 300u);
+  EXPECT_EQ(index_.State(a), ModelState::kRegistered);
+  EXPECT_STREQ(r.last_error, "");
+  EXPECT_EQ(r.failures, 1u);  // counters survive
+  EXPECT_EQ(r.loads, 1u);
+  EXPECT_EQ(index_.All(), (Order{0}));
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, ReRegisterRefusesAResidentModel) {
+  uint32_t a = Reg("a", 100);
+  index_.MarkLoading(a, 0, 0, 100);
+  for (int step = 0; step < 3; step++) {
+    Status s = index_.Register("a", "echo", "/x", 999).status();
+    EXPECT_EQ(s.code(), Code::kFailedPrecondition) << step;
+    EXPECT_TRUE(Contains(s.message(), "model \"a\" is loaded; unload it")) << s.message();
+    EXPECT_STREQ(index_.Get(a).engine, "dense");
+    EXPECT_EQ(index_.Get(a).weight_bytes, 100u);
+    if (step == 0) index_.MarkReady(a, 100, 0);
+    if (step == 1) index_.MarkUnloading(a);
+  }
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, LruOrderFollowsLoadsTouchesAndUnloads) {
+  uint32_t a = Reg("a"), b = Reg("b"), c = Reg("c"), d = Reg("d"), e = Reg("e");
+  EXPECT_EQ(index_.LruOrder(), Order{});
+  index_.MarkLoading(a, 0, 0, 10);
+  index_.MarkLoading(b, 0, 1, 10);
+  index_.MarkLoading(c, 1, 2, 10);
+  EXPECT_EQ(index_.LruOrder(), (Order{a, b, c}));
+  EXPECT_EQ(view_.header().lru_head, a);
+  EXPECT_EQ(view_.header().lru_tail, c);
+  ExpectValid();
+  index_.Touch(a);
+  EXPECT_EQ(index_.LruOrder(), (Order{b, c, a}));
+  index_.Touch(a);  // already most recent
+  EXPECT_EQ(index_.LruOrder(), (Order{b, c, a}));
+  index_.MarkReady(b, 10, 0);  // readiness does not count as use
+  EXPECT_EQ(index_.LruOrder(), (Order{b, c, a}));
+  ExpectValid();
+  index_.MarkNotResident(c, ModelState::kRegistered, "");  // middle
+  EXPECT_EQ(index_.LruOrder(), (Order{b, a}));
+  index_.MarkLoading(d, 0, 3, 10);
+  EXPECT_EQ(index_.LruOrder(), (Order{b, a, d}));
+  index_.Touch(b);  // head to tail
+  EXPECT_EQ(index_.LruOrder(), (Order{a, d, b}));
+  index_.Touch(e);  // not resident: ignored
+  index_.Touch(c);
+  EXPECT_EQ(index_.LruOrder(), (Order{a, d, b}));
+  EXPECT_EQ(index_.ResidentCount(), 3u);
+  ExpectValid();
+  index_.MarkUnloading(d);  // still resident while unloading
+  EXPECT_EQ(index_.LruOrder(), (Order{a, d, b}));
+  index_.MarkNotResident(b, ModelState::kRegistered, "");  // tail
+  EXPECT_EQ(index_.LruOrder(), (Order{a, d}));
+  EXPECT_EQ(view_.header().lru_tail, d);
+  index_.MarkNotResident(a, ModelState::kRegistered, "");  // head
+  EXPECT_EQ(index_.LruOrder(), (Order{d}));
+  EXPECT_EQ(view_.header().lru_head, d);
+  index_.MarkNotResident(d, ModelState::kRegistered, "");
+  EXPECT_EQ(index_.LruOrder(), Order{});
+  EXPECT_EQ(view_.header().lru_head, kNil);
+  EXPECT_EQ(view_.header().lru_tail, kNil);
+  EXPECT_EQ(index_.ResidentCount(), 0u);
+  // Not resident any more: a second MarkNotResident changes no link and no account.
+  index_.MarkNotResident(d, ModelState::kRegistered, "");
+  EXPECT_EQ(index_.ResidentCount(), 0u);
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, ByteAccountingFollowsTheLifecycle) {
+  uint32_t a = Reg("a", 100), b = Reg("b", 200);
+  index_.MarkLoading(a, 0, 0, 150);  // preflight: 100 weights + 50 workspace
+  EXPECT_EQ(index_.DeviceUsed(0), 150u);
+  EXPECT_EQ(index_.Get(a).workspace_bytes, 50u);
+  EXPECT_EQ(index_.Get(a).loads, 1u);
+  ExpectValid();
+  index_.MarkReady(a, 120, 40);  // the engine reports what it really allocated
+  EXPECT_EQ(index_.DeviceUsed(0), 160u);
+  EXPECT_EQ(index_.Get(a).loaded_bytes, 120u);
+  ExpectValid();
+  index_.MarkLoading(b, 1, 1, 50);  // estimate below the weights: the weights count
+  EXPECT_EQ(index_.DeviceUsed(1), 200u);
+  EXPECT_EQ(index_.DeviceUsed(0), 160u);
+  index_.MarkReady(b, 180, 0);  // correction downwards
+  EXPECT_EQ(index_.DeviceUsed(1), 180u);
+  ExpectValid();
+  index_.MarkUnloading(b);  // bytes stay accounted until the unload is done
+  EXPECT_EQ(index_.DeviceUsed(1), 180u);
+  ExpectValid();
+  index_.MarkNotResident(b, ModelState::kRegistered, "");
+  EXPECT_EQ(index_.DeviceUsed(1), 0u);
+  EXPECT_EQ(index_.DeviceUsed(0), 160u);
+  EXPECT_EQ(index_.Get(b).workspace_bytes, 0u);
+  ExpectValid();
+  std::string long_error(100, 'x');
+  index_.MarkNotResident(a, ModelState::kFailed, long_error);
+  EXPECT_EQ(index_.DeviceUsed(0), 0u);
+  EXPECT_EQ(index_.State(a), ModelState::kFailed);
+  EXPECT_EQ(index_.Get(a).failures, 1u);
+  EXPECT_EQ(std::string(index_.Get(a).last_error), std::string(71, 'x'));  // truncated
+  ExpectValid();
+}
+
+TEST_F(ModelIndexTest, UpdateGoesThroughTheSeqlock) {
+  uint32_t a = Reg("a");
+  uint32_t before = index_.Get(a).seq;
+  index_.Update(a, [](ModelRecord& r) {
+    EXPECT_EQ(r.seq % 2, 1u);  // odd while written
+    r.pinned = 1;
+  });
+  EXPECT_EQ(index_.Get(a).seq, before + 2);
+  std::optional<ModelRecord> copy = SeqRead(index_.Get(a));
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->pinned, 1u);
+  view_.model(a).seq++;  // a writer died mid-write
+  EXPECT_FALSE(SeqRead(index_.Get(a), 100).has_value());
+}
+
+TEST_F(ModelIndexTest, ValidateRunsFromAnotherView) {
+  Ready("a", 300);
+  Ready("b", 300, 1);
+  Result<SegmentView> other = SegmentView::Attach(bytes_, "warmpool.test");
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(Validate(*other).ok());
+  view_.header().device_used_bytes[0] = 1;
+  EXPECT_FALSE(Validate(*other).ok());
+}
+
+// Corruption injected through the raw view must be reported.
+class ValidateCorruptionTest : public ModelIndexTest {
+ protected:
+  void SetUp() override {
+    a_ = Ready("a", 100, 0);
+    b_ = Ready("b", 200, 1);
+    c_ = Ready("c", 300, 2);
+    r_ = Reg("r", 50);
+    ExpectValid();
+  }
+  uint32_t a_, b_, c_, r_;
+};
+
+TEST_F(ValidateCorruptionTest, CycleInLruLinks) {
+  view_.model(c_).lru_next = a_;
+  EXPECT_TRUE(Contains(ValidateMessage(), "LRU list has a cycle at model 0"));
+}
+
+TEST_F(ValidateCorruptionTest, BrokenPrevLink) {
+  view_.model(c_).lru_prev = a_;
+  EXPECT_TRUE(Contains(ValidateMessage(), "LRU prev link of \"c\" is 0, expected 1"));
+}
+
+TEST_F(ValidateCorruptionTest, LinkOutOfRange) {
+  view_.model(b_).lru_next = 77;
+  EXPECT_TRUE(Contains(ValidateMessage(), "LRU link 77 out of range"));
+}
+
+TEST_F(ValidateCorruptionTest, WrongTail) {
+  view_.header().lru_tail = b_;
+  EXPECT_TRUE(Contains(ValidateMessage(), "LRU tail 1 but the walk ended at 2"));
+}
+
+TEST_F(ValidateCorruptionTest, WrongLength) {
+  view_.header().lru_length = 4;
+  EXPECT_TRUE(Contains(ValidateMessage(), "LRU length 4 but the list holds 3"));
+}
+
+TEST_F(ValidateCorruptionTest, AccountMismatch) {
+  view_.header().device_used_bytes[0] += 7;
+  EXPECT_TRUE(Contains(ValidateMessage(), "device 0 accounts 607 bytes but its resident models sum to 600"));
+}
+
+TEST_F(ValidateCorruptionTest, AccountOnAnUnusedDevice) {
+  view_.header().device_used_bytes[5] = 1;
+  EXPECT_TRUE(Contains(ValidateMessage(), "device 5 accounts 1 bytes"));
+}
+
+TEST_F(ValidateCorruptionTest, ResidentButNotInLru) {
+  view_.model(r_).state = static_cast<uint32_t>(ModelState::kReady);
+  view_.model(r_).worker_slot = 0;
+  EXPECT_TRUE(Contains(ValidateMessage(), "model \"r\" is ready but is not in the LRU list (in_lru=0)"));
+}
+
+TEST_F(ValidateCorruptionTest, NotResidentButInLru) {
+  view_.model(b_).state = static_cast<uint32_t>(ModelState::kRegistered);
+  EXPECT_TRUE(Contains(ValidateMessage(), "model \"b\" is registered but is in the LRU list"));
+}
+
+TEST_F(ValidateCorruptionTest, ResidentWithoutWorker) {
+  view_.model(a_).worker_slot = kNil;
+  EXPECT_TRUE(Contains(ValidateMessage(), "resident model \"a\" has no worker"));
+}
+
+TEST_F(ValidateCorruptionTest, OverBudget) {
+  view_.header().device_budget_bytes = 500;
+  EXPECT_TRUE(Contains(ValidateMessage(), "device 0 holds 600 bytes, over its budget of 500"));
+}
+
+TEST_F(ValidateCorruptionTest, DuplicateNameAndUnknownState) {
+  std::strcpy(view_.model(r_).name, "a");
+  EXPECT_TRUE(Contains(ValidateMessage(), "model name \"a\" appears twice"));
+  std::strcpy(view_.model(r_).name, "r");
+  view_.model(r_).state = 9;
+  EXPECT_TRUE(Contains(ValidateMessage(), "model \"r\" has unknown state 9"));
+}
+
+TEST_F(ValidateCorruptionTest, InflightSlotOfAnOldGeneration) {
+  InflightTable table(view_);
+  Result<uint32_t> live = table.Take(1, 2, 7, a_, 0);
+  ASSERT_TRUE(live.ok());
+  ExpectValid();
+  view_.worker(2).generation = 2;  // worker 2 was respawned; its old slot was not reclaimed
+  EXPECT_TRUE(Contains(ValidateMessage(),
+                       "in-flight slot 0 is tagged by worker 2 generation 1, but that worker is at "
+                       "generation 2 (alive)"));
+  ASSERT_EQ(table.Reclaim(2, 1), 1u);
+  ExpectValid();
+}
+
+TEST_F(ValidateCorruptionTest, InflightSlotOfADeadWorker) {
+  InflightTable table(view_);
+  ASSERT_TRUE(table.Take(1, 3, 7, a_, 0).ok());
+  view_.worker(3).state = static_cast<uint32_t>(WorkerState::kDead);
+  EXPECT_TRUE(Contains(ValidateMessage(), "generation 1 (dead)"));
+}
+
+TEST_F(ValidateCorruptionTest, InflightSlotNamingNoWorker) {
+  view_.inflight(4).tag = MakeTag(1, 9, SlotState::kTaken);
+  EXPECT_TRUE(Contains(ValidateMessage(), "in-flight slot 4 names worker 9 of 4"));
+}
+
+// Random lifecycle operations checked against a std::list reference model of the LRU and a plain
+// sum of the accounts, with Validate() after every step.
+TEST(ModelIndexRandomTest, MatchesReferenceModel) {
+  constexpr uint32_t kModels = 32;
+  constexpr Limits limits{kModels, 4, 16};
+  std::vector<std::byte> bytes(SegmentSize(limits));
+  Result<SegmentView> view = SegmentView::Format(bytes, limits, 2, /*budget=*/0, 1);
+  ASSERT_TRUE(view.ok());
+  for (uint32_t w = 0; w < 4; w++) view->worker(w).state = static_cast<uint32_t>(WorkerState::kIdle);
+  ModelIndex index(*view);
+
+  std::mt19937 rng(20240611);
+  auto pick = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
+  struct Ref {
+    ModelState state = ModelState::kRegistered;
+    uint32_t device = 0;
+    uint64_t weight = 0, workspace = 0;
+  };
+  std::vector<Ref> ref(kModels);
+  std::list<uint32_t> lru;
+  for (uint32_t m = 0; m < kModels; m++) {
+    ref[m].weight = 1 + pick(1000);
+    ASSERT_EQ(*index.Register("model-" + std::to_string(m), "dense", "p", ref[m].weight), m);
+  }
+  auto to_tail = [&](uint32_t m) {
+    lru.remove(m);
+    lru.push_back(m);
+  };
+
+  for (int op = 0; op < 2000; op++) {
+    uint32_t m = pick(kModels);
+    Ref& r = ref[m];
+    uint32_t choice = pick(4);
+    if (!IsResident(r.state)) {
+      if (choice == 0) {  // re-register with new bytes
+        r.weight = 1 + pick(1000);
+        ASSERT_TRUE(index.Register("model-" + std::to_string(m), "dense", "q", r.weight).ok());
+        r.state = ModelState::kRegistered;
+      } else {
+        uint64_t estimate = pick(2000);
+        r.device = pick(2);
+        r.workspace = estimate > r.weight ? estimate - r.weight : 0;
+        index.MarkLoading(m, r.device, pick(4), estimate);
+        r.state = ModelState::kLoading;
+        lru.push_back(m);
+      }
+    } else if (choice == 0) {
+      index.Touch(m);
+      to_tail(m);
+    } else if (choice == 1 && r.state == ModelState::kLoading) {
+      r.weight = 1 + pick(1000);
+      r.workspace = pick(100);
+      index.MarkReady(m, r.weight, r.workspace);
+      r.state = ModelState::kReady;
+    } else if (choice == 1 && r.state == ModelState::kReady) {
+      index.MarkUnloading(m);
+      r.state = ModelState::kUnloading;
+    } else if (choice == 2 || r.state == ModelState::kUnloading) {
+      ModelState to = pick(2) ? ModelState::kRegistered : ModelState::kFailed;
+      index.MarkNotResident(m, to, to == ModelState::kFailed ? "boom" : "");
+      r.state = to;
+      r.workspace = 0;
+      lru.remove(m);
+    } else {
+      ASSERT_EQ(index.Register("model-" + std::to_string(m), "dense", "q", 1).status().code(),
+                Code::kFailedPrecondition);
+    }
+
+    ASSERT_EQ(index.LruOrder(), Order(lru.begin(), lru.end())) << "after op " << op;
+    ASSERT_EQ(index.ResidentCount(), lru.size()) << "after op " << op;
+    uint64_t used[2] = {0, 0};
+    for (uint32_t i = 0; i < kModels; i++) {
+      ASSERT_EQ(index.State(i), ref[i].state) << "model " << i << " after op " << op;
+      if (IsResident(ref[i].state)) used[ref[i].device] += ref[i].weight + ref[i].workspace;
+    }
+    ASSERT_EQ(index.DeviceUsed(0), used[0]) << "after op " << op;
+    ASSERT_EQ(index.DeviceUsed(1), used[1]) << "after op " << op;
+    Status s = Validate(*view);
+    ASSERT_TRUE(s.ok()) << "after op " << op << ": " << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace warmpool::shm
