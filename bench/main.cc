@@ -51,11 +51,29 @@ using Sessions = std::vector<std::unique_ptr<Session>>;
 // Children for the signal handler: killed if the benchmark is interrupted.
 std::atomic<pid_t> g_daemon_pid{-1}, g_relay_pid{-1}, g_server_pid{-1};
 
+// The temporary directory's entries, children first, prepared before the handler is installed:
+// unlink(2) and rmdir(2) are async-signal-safe, std::filesystem is not.
+constexpr int kMaxCleanupPaths = 8;
+char g_cleanup_paths[kMaxCleanupPaths][512];
+int g_cleanup_count = 0;
+
+void PrepareSignalCleanup(const std::string& dir) {
+  for (const char* name : {"/warmpool.toml", "/warmpoold.sock", "/warmpoold.log",
+                           "/echo-server.sock", "/relay.sock", "/models", ""}) {
+    std::string path = dir + name;
+    if (path.size() >= sizeof(g_cleanup_paths[0]) || g_cleanup_count >= kMaxCleanupPaths) return;
+    std::memcpy(g_cleanup_paths[g_cleanup_count++], path.c_str(), path.size() + 1);
+  }
+}
+
 void OnSignal(int sig) {
   for (auto* p : {&g_relay_pid, &g_server_pid}) {
     if (pid_t pid = p->load(); pid > 0) kill(pid, SIGKILL);
   }
-  if (pid_t pid = g_daemon_pid.load(); pid > 0) kill(pid, SIGTERM);
+  if (pid_t pid = g_daemon_pid.load(); pid > 0) kill(pid, SIGTERM);  // it drains its workers
+  for (int i = 0; i < g_cleanup_count; ++i) {
+    if (unlink(g_cleanup_paths[i]) != 0) rmdir(g_cleanup_paths[i]);
+  }
   _exit(128 + sig);
 }
 
@@ -160,6 +178,7 @@ class Bench {
     dir_ = pattern;
 
     signal(SIGPIPE, SIG_IGN);
+    PrepareSignalCleanup(dir_);
     signal(SIGINT, OnSignal);
     signal(SIGTERM, OnSignal);
 

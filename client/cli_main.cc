@@ -3,13 +3,18 @@
 // Errors print one line: "error: CODE: message".
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
+
+#include "common/units.h"
 
 #include "client/cli_output.h"
 #include "client/client.h"
@@ -93,9 +98,30 @@ int main(int argc, char** argv) {
     if (!reply.ok()) return Fail(reply.status());
     Print(json ? warmpool::cli::StatusJson(*reply).dump(2) + "\n" : warmpool::cli::StatusText(*reply));
   } else if (load->parsed()) {
-    bool tty = isatty(STDERR_FILENO);
-    if (tty) std::fprintf(stderr, "loading %s ...\n", model.c_str());
+    // On a terminal, a second connection polls `ps` and redraws one progress line meanwhile.
+    std::atomic<bool> done{false};
+    std::thread progress;
+    if (isatty(STDERR_FILENO)) {
+      progress = std::thread([&] {
+        auto watcher = warmpool::client::Client::Connect(socket);
+        while (watcher.ok() && !done.load()) {
+          auto ps = (*watcher)->Ps();
+          if (!ps.ok()) break;
+          for (const auto& e : ps->models()) {
+            if (e.name() != model || e.state() != "loading") continue;
+            std::fprintf(stderr, "\rloading %s: %s of weights read ", model.c_str(),
+                         warmpool::FormatBytes(e.loaded_bytes()).c_str());
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
+    }
     auto reply = client.Load(model);
+    done = true;
+    if (progress.joinable()) {
+      progress.join();
+      std::fprintf(stderr, "\r\033[K");
+    }
     if (!reply.ok()) return Fail(reply.status());
     if (reply->already_loaded()) {
       Print(fmt::format("{} is already loaded\n", model));

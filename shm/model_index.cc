@@ -13,8 +13,6 @@ void CopyName(char* dst, size_t capacity, std::string_view src) {
   std::memset(dst + n, 0, capacity - n);
 }
 
-std::string_view NameOf(const ModelRecord& r) { return {r.name, strnlen(r.name, sizeof(r.name))}; }
-
 }  // namespace
 
 std::string_view ModelStateName(ModelState state) {

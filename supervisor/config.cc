@@ -29,7 +29,8 @@ uint64_t PhysicalMemoryBytes() {
 
 // Reads a size given as an integer (bytes) or a string ("512MiB").
 Status ReadSize(const toml::node& node, const std::string& key, uint64_t& out) {
-  if (auto v = node.value<int64_t>()) {
+  // value_exact: the permissive value<int64_t>() would take `true` as 1 and 2.0 as 2.
+  if (auto v = node.value_exact<int64_t>()) {
     if (*v < 0) return Error(Code::kInvalidArgument, "{} must not be negative", key);
     out = static_cast<uint64_t>(*v);
     return OkStatus();
@@ -45,7 +46,7 @@ Status ReadSize(const toml::node& node, const std::string& key, uint64_t& out) {
 
 template <typename T>
 Status ReadUint(const toml::node& node, const std::string& key, T& out) {
-  auto v = node.value<int64_t>();
+  auto v = node.value_exact<int64_t>();  // not value<>(): `true` must not read as 1
   if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
     return Error(Code::kInvalidArgument, "{} must be a non-negative integer", key);
   }

@@ -1,5 +1,6 @@
 // warmpoold: the warmpool supervisor. Runs in the foreground and logs to stderr.
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -79,6 +80,10 @@ int main(int argc, char** argv) {
                       worker_path));
   }
   signal(SIGPIPE, SIG_IGN);
+  // Requests allocate and free payload-sized buffers; without this glibc hands the heap back to
+  // the kernel after each one and faults fresh pages in for the next.
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts
 
   supervisor::Daemon daemon(std::move(config), worker_path);
   if (Status s = daemon.Start(); !s.ok()) return fail(s);

@@ -175,7 +175,9 @@ v1::Envelope Daemon::StatusSnapshot() const {
     ws->set_pid(w.pid);
     ws->set_device(w.device);
     static const char* kStates[] = {"empty", "starting", "idle", "busy", "dead", "fatal"};
-    ws->set_state(w.state < 6 ? kStates[w.state] : "unknown");
+    std::string state = w.state < 6 ? kStates[w.state] : "unknown";
+    if (state == "idle" && worker_outstanding_[slot] != 0) state = "busy";
+    ws->set_state(state);
     ws->set_restarts(w.restarts);
   }
   uint32_t inflight = 0;

@@ -22,7 +22,9 @@ AdmissionPlan PlanAdmission(const shm::ModelIndex& index, uint32_t model, uint32
   }
 
   uint64_t used = index.DeviceUsed(device);
-  uint32_t resident = index.ResidentCount();
+  // capacity is per device: models resident on other devices take none of this one's slots.
+  uint32_t resident = 0;
+  for (uint32_t i : index.LruOrder()) resident += index.Get(i).device == device ? 1 : 0;
   auto fits = [&](uint64_t used_now, uint32_t resident_now) {
     bool by_bytes = budget == 0 || used_now + bytes <= budget;
     bool by_count = limits.capacity == 0 || resident_now < limits.capacity;

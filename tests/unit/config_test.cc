@@ -1,0 +1,290 @@
+// Daemon configuration: the TOML document on top of the defaults, the errors an operator sees for a
+// typo or a wrong type, instance names, and the machine-dependent defaults.
+#include "supervisor/config.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace warmpool::supervisor {
+namespace {
+
+constexpr char kOrigin[] = "/etc/warmpool/warmpool.toml";
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The message of a document that must be refused with kInvalidArgument.
+std::string Refusal(const std::string& text, const std::string& origin = kOrigin) {
+  Config c;
+  Status s = ApplyToml(c, text, origin);
+  EXPECT_FALSE(s.ok()) << "accepted:\n" << text;
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  return s.message();
+}
+
+constexpr char kFull[] = R"(
+[daemon]
+socket = "/run/wp/test.sock"
+models_dir = "/srv/models"
+backend = "host"
+instance = "ci-1"
+workers_per_device = 3
+default_deadline_ms = 1500
+
+[pool]
+capacity = 4
+budget = "2GiB"
+max_queue = 64
+
+[limits]
+max_frame_bytes = "1MiB"
+max_connections = 10
+max_models = 32
+max_inflight = 128
+
+[[models]]
+name = "mlp"
+engine = "dense"
+path = "weights/mlp.safetensors"
+
+[[models]]
+name = "echo"
+engine = "echo"
+path = "/abs/echo.bin"
+
+[[models]]
+name = "up"
+path = "../shared/./up.safetensors"
+)";
+
+TEST(ApplyTomlTest, FullDocument) {
+  Config c;
+  Status s = ApplyToml(c, kFull, kOrigin);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.socket_path, "/run/wp/test.sock");
+  EXPECT_EQ(c.models_dir, "/srv/models");
+  EXPECT_EQ(c.backend, "host");
+  EXPECT_EQ(c.instance, "ci-1");
+  EXPECT_EQ(c.workers_per_device, 3u);
+  EXPECT_EQ(c.default_deadline_ms, 1500u);
+  EXPECT_EQ(c.capacity, 4u);
+  EXPECT_EQ(c.budget_bytes, 2147483648u);
+  EXPECT_EQ(c.max_queue, 64u);
+  EXPECT_EQ(c.max_frame_bytes, 1048576u);
+  EXPECT_EQ(c.max_connections, 10u);
+  EXPECT_EQ(c.max_models, 32u);
+  EXPECT_EQ(c.max_inflight, 128u);
+  ASSERT_EQ(c.models.size(), 3u);
+  EXPECT_EQ(c.models[0].name, "mlp");
+  EXPECT_EQ(c.models[0].engine, "dense");
+  EXPECT_EQ(c.models[0].path, "/etc/warmpool/weights/mlp.safetensors");
+  EXPECT_EQ(c.models[1].name, "echo");
+  EXPECT_EQ(c.models[1].engine, "echo");
+  EXPECT_EQ(c.models[1].path, "/abs/echo.bin");
+  EXPECT_EQ(c.models[2].name, "up");
+  EXPECT_EQ(c.models[2].engine, "dense");  // the default engine
+  EXPECT_EQ(c.models[2].path, "/etc/shared/up.safetensors");
+}
+
+TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, "", kOrigin).ok());
+  Config d;
+  EXPECT_EQ(c.socket_path, d.socket_path);
+  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.instance, "default");
+  EXPECT_EQ(c.workers_per_device, 2u);
+  EXPECT_EQ(c.budget_bytes, 0u);
+  EXPECT_EQ(c.max_frame_bytes, 64u << 20);
+  EXPECT_TRUE(c.models.empty());
+}
+
+TEST(ApplyTomlTest, LaterDocumentsOverrideOnlyWhatTheySet) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, kFull, kOrigin).ok());
+  ASSERT_TRUE(ApplyToml(c, "[pool]\ncapacity = 9\n", "/other/override.toml").ok());
+  EXPECT_EQ(c.capacity, 9u);
+  EXPECT_EQ(c.budget_bytes, 2147483648u);
+  EXPECT_EQ(c.backend, "host");
+  EXPECT_EQ(c.models.size(), 3u);
+}
+
+TEST(ApplyTomlTest, IntegerSizesAreBytes) {
+  Config c;
+  Status s = ApplyToml(c, "[pool]\nbudget = 2147483648\n[limits]\nmax_frame_bytes = 4096\n", kOrigin);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.budget_bytes, 2147483648u);
+  EXPECT_EQ(c.max_frame_bytes, 4096u);
+  ASSERT_TRUE(ApplyToml(c, "[pool]\nbudget = \"1.5GiB\"\n", kOrigin).ok());
+  EXPECT_EQ(c.budget_bytes, 1610612736u);
+  ASSERT_TRUE(ApplyToml(c, "[limits]\nmax_frame_bytes = \"2GiB\"\n", kOrigin).ok());
+  EXPECT_EQ(c.max_frame_bytes, 2147483648u);
+}
+
+TEST(ApplyTomlTest, RelativeModelPathWithoutADirectoryIsKept) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\npath = \"w/a.bin\"\n", "config.toml").ok());
+  ASSERT_EQ(c.models.size(), 1u);
+  EXPECT_EQ(c.models[0].path, "w/a.bin");
+}
+
+TEST(ApplyTomlTest, UnknownKeysAndSectionsAreNamed) {
+  std::string key = Refusal("[daemon]\nsockte = \"/x\"\n");
+  EXPECT_TRUE(Contains(key, "/etc/warmpool/warmpool.toml: unknown key daemon.sockte")) << key;
+  EXPECT_TRUE(Contains(Refusal("[pool]\nbudgett = 1\n"), "unknown key pool.budgett"));
+  EXPECT_TRUE(Contains(Refusal("[limits]\nmax_model = 1\n"), "unknown key limits.max_model"));
+  std::string section = Refusal("[server]\nport = 1\n");
+  EXPECT_TRUE(Contains(section, "unknown section [server]")) << section;
+  EXPECT_TRUE(Contains(Refusal("verbose = true\n"), "unknown section [verbose]"));
+  EXPECT_TRUE(Contains(Refusal("[[models]]\nname = \"a\"\nsize = 3\n"), "unknown key models.size"));
+}
+
+TEST(ApplyTomlTest, WrongTypesAreRefused) {
+  EXPECT_TRUE(Contains(Refusal("[daemon]\nworkers_per_device = \"two\"\n"),
+                       "daemon.workers_per_device must be a non-negative integer"));
+  EXPECT_TRUE(Contains(Refusal("[daemon]\nworkers_per_device = 2.5\n"),
+                       "daemon.workers_per_device must be a non-negative integer"));
+  EXPECT_TRUE(Contains(Refusal("[daemon]\nsocket = 5\n"), "daemon.socket must be a string"));
+  EXPECT_TRUE(Contains(Refusal("[daemon]\ninstance = [\"a\"]\n"), "daemon.instance must be a string"));
+  EXPECT_TRUE(Contains(Refusal("[pool]\ncapacity = true\n"), "pool.capacity must be a non-negative integer"));
+  EXPECT_TRUE(Contains(Refusal("[pool]\nmax_queue = 8.0\n"), "pool.max_queue must be a non-negative integer"));
+  EXPECT_TRUE(Contains(Refusal("[pool]\nbudget = 2.0\n"), "pool.budget must be a size"));
+  EXPECT_TRUE(Contains(Refusal("[pool]\ncapacity = -1\n"), "pool.capacity must be a non-negative integer"));
+  EXPECT_TRUE(Contains(Refusal("[limits]\nmax_models = 5000000000\n"),
+                       "limits.max_models must be a non-negative integer"));
+  EXPECT_TRUE(Contains(Refusal("[pool]\nbudget = true\n"),
+                       "pool.budget must be a size such as 2GiB or a byte count"));
+  EXPECT_TRUE(Contains(Refusal("[pool]\nbudget = -5\n"), "pool.budget must not be negative"));
+  std::string unit = Refusal("[pool]\nbudget = \"2 furlongs\"\n");
+  EXPECT_TRUE(Contains(unit, "pool.budget: size \"2 furlongs\" has unknown unit")) << unit;
+  EXPECT_TRUE(Contains(Refusal("[limits]\nmax_frame_bytes = 100\n"),
+                       "limits.max_frame_bytes must be between 1KiB and 2GiB"));
+  EXPECT_TRUE(Contains(Refusal("[limits]\nmax_frame_bytes = \"3GiB\"\n"),
+                       "limits.max_frame_bytes must be between 1KiB and 2GiB"));
+  EXPECT_TRUE(Contains(Refusal("daemon = 3\n"), "[daemon] must be a table"));
+  EXPECT_TRUE(Contains(Refusal("models = 3\n"), "models must be an array of tables"));
+  EXPECT_TRUE(Contains(Refusal("models = [1, 2]\n"), "each [[models]] entry must be a table"));
+  EXPECT_TRUE(Contains(Refusal("[[models]]\npath = \"a.bin\"\n"), "a [[models]] entry has no name"));
+  EXPECT_TRUE(Contains(Refusal("[[models]]\nname = 7\n"), "models.name must be a string"));
+}
+
+TEST(ApplyTomlTest, BadBackendIsRefused) {
+  std::string m = Refusal("[daemon]\nbackend = \"gpu\"\n");
+  EXPECT_TRUE(Contains(m, "daemon.backend must be auto, host or cuda, not \"gpu\"")) << m;
+  for (const char* ok : {"auto", "host", "cuda"}) {
+    Config c;
+    EXPECT_TRUE(ApplyToml(c, std::string("[daemon]\nbackend = \"") + ok + "\"\n", kOrigin).ok()) << ok;
+    EXPECT_EQ(c.backend, ok);
+  }
+}
+
+TEST(ApplyTomlTest, SyntaxErrorReportsTheLine) {
+  std::string m = Refusal("[daemon]\nsocket = \"/x\"\nworkers_per_device = = 3\n", "bad.toml");
+  EXPECT_EQ(m.rfind("bad.toml:3:", 0), 0u) << m;
+  std::string unterminated = Refusal("\n\n\n\n[pool]\nbudget = \"2GiB\n", "u.toml");
+  EXPECT_EQ(unterminated.rfind("u.toml:6:", 0), 0u) << unterminated;
+}
+
+TEST(LoadConfigFileTest, ReadsAFileAndResolvesPathsAgainstItsDirectory) {
+  std::string dir_template = (std::filesystem::temp_directory_path() / "wp-config-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir_template.data()), nullptr);
+  std::filesystem::path dir(dir_template);
+  std::filesystem::path file = dir / "warmpool.toml";
+  std::ofstream(file) << "[pool]\ncapacity = 2\n[[models]]\nname = \"m\"\npath = \"m.bin\"\n";
+  Config c;
+  Status s = LoadConfigFile(c, file.string());
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.config_path, file.string());
+  EXPECT_EQ(c.capacity, 2u);
+  ASSERT_EQ(c.models.size(), 1u);
+  EXPECT_EQ(c.models[0].path, (dir / "m.bin").string());
+  std::filesystem::remove_all(dir);
+
+  Config missing;
+  Status m = LoadConfigFile(missing, (dir / "nope.toml").string());
+  EXPECT_EQ(m.code(), Code::kNotFound);
+  EXPECT_TRUE(Contains(m.message(), "cannot read config file")) << m.message();
+}
+
+TEST(CheckInstanceNameTest, AcceptsShortPortableNames) {
+  for (const std::string& ok : {std::string("default"), std::string("a"), std::string("A-b_9"),
+                                std::string(32, 'x')}) {
+    EXPECT_TRUE(CheckInstanceName(ok).ok()) << ok;
+  }
+}
+
+TEST(CheckInstanceNameTest, RefusesEverythingElse) {
+  for (const std::string& bad :
+       {std::string(""), std::string(33, 'x'), std::string("a/b"), std::string("a.b"),
+        std::string("a b"), std::string("../x"), std::string("é"), std::string("a\nb")}) {
+    Status s = CheckInstanceName(bad);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << "\"" << bad << "\"";
+    EXPECT_TRUE(Contains(s.message(), "must be 1 to 32 letters, digits, '-' or '_'")) << s.message();
+  }
+}
+
+// Saves XDG_RUNTIME_DIR and puts it back, so tests may set or unset it freely.
+class FinishDefaultsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* v = std::getenv("XDG_RUNTIME_DIR")) saved_ = v;
+  }
+  void TearDown() override {
+    if (saved_) setenv("XDG_RUNTIME_DIR", saved_->c_str(), 1);
+    else unsetenv("XDG_RUNTIME_DIR");
+  }
+  std::optional<std::string> saved_;
+};
+
+TEST_F(FinishDefaultsTest, SocketUnderXdgRuntimeDir) {
+  ASSERT_EQ(setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1), 0);
+  Config c;
+  FinishDefaults(c);
+  EXPECT_EQ(c.socket_path, "/run/user/4242/warmpool.sock");
+}
+
+TEST_F(FinishDefaultsTest, SocketInTmpWithoutXdgRuntimeDir) {
+  ASSERT_EQ(unsetenv("XDG_RUNTIME_DIR"), 0);
+  Config c;
+  FinishDefaults(c);
+  EXPECT_EQ(c.socket_path, "/tmp/warmpool-" + std::to_string(getuid()) + ".sock");
+  ASSERT_EQ(setenv("XDG_RUNTIME_DIR", "relative/dir", 1), 0);  // not absolute: ignored
+  Config d;
+  FinishDefaults(d);
+  EXPECT_EQ(d.socket_path, "/tmp/warmpool-" + std::to_string(getuid()) + ".sock");
+}
+
+TEST_F(FinishDefaultsTest, ConfiguredValuesAreKept) {
+  ASSERT_EQ(setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1), 0);
+  Config c;
+  c.socket_path = "/srv/wp.sock";
+  c.budget_bytes = 12345;
+  c.workers_per_device = 3;
+  FinishDefaults(c);
+  EXPECT_EQ(c.socket_path, "/srv/wp.sock");
+  EXPECT_EQ(c.budget_bytes, 12345u);
+  EXPECT_EQ(c.workers_per_device, 3u);
+}
+
+TEST_F(FinishDefaultsTest, BudgetIsAQuarterOfPhysicalMemory) {
+  Config c;
+  c.workers_per_device = 0;
+  FinishDefaults(c);
+  uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  EXPECT_GT(c.budget_bytes, 0u);
+  EXPECT_EQ(c.budget_bytes, physical / 4);
+  EXPECT_EQ(c.workers_per_device, 1u);
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor
