@@ -8,7 +8,7 @@
 namespace warmpool::ipc {
 
 Status BlockingChannel::Read(google::protobuf::MessageLite& message, std::vector<int>* fds) {
-  std::string body;
+  std::string_view body;  // points into the decoder until the next Append
   char buffer[64 * 1024];
   while (!decoder_.Next(body)) {
     ssize_t n = RecvWithFds(fd_, buffer, sizeof(buffer), pending_fds_);
@@ -22,7 +22,7 @@ Status BlockingChannel::Read(google::protobuf::MessageLite& message, std::vector
     fds->insert(fds->end(), pending_fds_.begin(), pending_fds_.end());
     pending_fds_.clear();
   }
-  if (!message.ParseFromString(body)) {
+  if (!message.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
     return Error(Code::kInvalidArgument, "received a frame of {} bytes that is not a valid {}",
                  body.size(), message.GetTypeName());
   }

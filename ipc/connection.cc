@@ -81,11 +81,11 @@ void Connection::OnReadable() {
       Close(s);
       return;
     }
-    std::string body;
+    std::string_view body;
     while (!closing_ && decoder_.Next(body)) {
       std::vector<int> fds;
       fds.swap(received_fds_);
-      on_frame_(std::move(body), std::move(fds));
+      on_frame_(body, std::move(fds));
     }
     if (static_cast<size_t>(n) < sizeof(buffer)) return;
   }

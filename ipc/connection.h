@@ -22,8 +22,9 @@ namespace warmpool::ipc {
 
 class Connection {
  public:
-  // body: one complete frame; fds: descriptors that arrived with it (the handler owns them).
-  using FrameHandler = std::function<void(std::string&& body, std::vector<int>&& fds)>;
+  // body: one complete frame, valid only during the call; fds: descriptors that arrived with it
+  // (the handler owns them).
+  using FrameHandler = std::function<void(std::string_view body, std::vector<int>&& fds)>;
   using CloseHandler = std::function<void(const Status& why)>;
 
   struct Options {

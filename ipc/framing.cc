@@ -67,11 +67,18 @@ Status FrameDecoder::Append(std::span<const char> bytes) {
 }
 
 bool FrameDecoder::Next(std::string& body) {
+  std::string_view view;
+  if (!Next(view)) return false;
+  body.assign(view);
+  return true;
+}
+
+bool FrameDecoder::Next(std::string_view& body) {
   if (buffer_.size() - consumed_ < kFramePrefixBytes) return false;
   uint32_t length = ReadPrefix(buffer_.data() + consumed_);
   if (length > max_frame_bytes_) return false;
   if (buffer_.size() - consumed_ - kFramePrefixBytes < length) return false;
-  body.assign(buffer_.data() + consumed_ + kFramePrefixBytes, length);
+  body = std::string_view(buffer_.data() + consumed_ + kFramePrefixBytes, length);
   consumed_ += kFramePrefixBytes + length;
   return true;
 }

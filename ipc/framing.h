@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <google/protobuf/message_lite.h>
 
@@ -31,8 +32,10 @@ class FrameDecoder {
 
   // Buffers bytes. After an error (oversized frame) every call returns that error.
   Status Append(std::span<const char> bytes);
-  // Moves the next complete frame body into body; false when none is complete yet.
+  // Copies the next complete frame body into body; false when none is complete yet.
   bool Next(std::string& body);
+  // The same without a copy: body points into the decoder and stays valid until the next Append.
+  bool Next(std::string_view& body);
   // Bytes of an incomplete frame held (0 at a frame boundary).
   size_t buffered() const { return buffer_.size() - consumed_; }
   const Status& error() const { return error_; }

@@ -120,9 +120,9 @@ void ClientServer::OnAcceptable() {
     options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
-        [this, id](std::string&& body, std::vector<int>&& fds) {
+        [this, id](std::string_view body, std::vector<int>&& fds) {
           for (int f : fds) close(f);  // clients have no business passing descriptors
-          OnFrame(id, std::move(body));
+          OnFrame(id, body);
         },
         [this, id](const Status& why) {
           sessions_.erase(id);
@@ -132,9 +132,9 @@ void ClientServer::OnAcceptable() {
   }
 }
 
-void ClientServer::OnFrame(uint64_t session, std::string&& body) {
+void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   v1::Envelope request;
-  if (!request.ParseFromString(body)) {
+  if (!request.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
     auto it = sessions_.find(session);
     if (it == sessions_.end()) return;
     spdlog::warn("session {} sent {} bytes that are not a warmpool Envelope; closing it", session,

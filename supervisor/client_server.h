@@ -40,7 +40,7 @@ class ClientServer {
 
  private:
   void OnAcceptable();
-  void OnFrame(uint64_t session, std::string&& body);
+  void OnFrame(uint64_t session, std::string_view body);
 
   uv_loop_t* loop_;
   uint32_t max_frame_bytes_;

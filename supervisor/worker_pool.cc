@@ -156,12 +156,12 @@ void WorkerPool::Spawn(uint32_t slot) {
   uint32_t generation = w.generation;
   w.channel = ipc::Connection::Open(
       loop_, fds[0], channel_options,
-      [this, slot, generation](std::string&& body, std::vector<int>&& fds_in) {
+      [this, slot, generation](std::string_view body, std::vector<int>&& fds_in) {
         for (int fd : fds_in) close(fd);
         Worker& worker = *workers_[slot];
         if (worker.generation != generation) return;
         v1::WorkerEnvelope message;
-        if (!message.ParseFromString(body)) {
+        if (!message.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
           spdlog::error("worker {} sent a malformed message; stopping it", slot);
           if (worker.pid > 0) kill(worker.pid, SIGKILL);
           return;

@@ -116,17 +116,17 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
     if (!slot.ok()) {
       status = slot.status();
     } else {
-      std::vector<float> out;
       // Protobuf bytes are not guaranteed to be aligned for float.
-      std::vector<float> in(input.data().size() / sizeof(float));
-      std::memcpy(in.data(), input.data().data(), input.data().size());
-      status = engine->Infer(in, input.rows(), input.cols(), out);
+      input_.resize(input.data().size() / sizeof(float));
+      std::memcpy(input_.data(), input.data().data(), input.data().size());
+      status = engine->Infer(input_, input.rows(), input.cols(), output_);
       inflight_->Release(*slot, options_.generation, options_.slot);
       if (status.ok()) {
         v1::Tensor* output = done->mutable_output();
         output->set_rows(input.rows());
         output->set_cols(engine->OutputColumns(input.cols()));
-        output->set_data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+        output->set_data(reinterpret_cast<const char*>(output_.data()),
+                         output_.size() * sizeof(float));
       }
     }
   }

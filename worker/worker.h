@@ -56,6 +56,10 @@ class Worker {
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
 
+  // Reused by every inference (serving thread only), so requests do not allocate.
+  std::vector<float> input_;
+  std::vector<float> output_;
+
   std::mutex models_mutex_;
   std::unordered_map<uint32_t, std::shared_ptr<Engine>> models_;
 
