@@ -1,5 +1,6 @@
 #include "bench/relay.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -10,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+
+
 #include <vector>
 
 #include "ipc/framing.h"
@@ -81,17 +84,11 @@ void BecomeChild(pid_t parent) {
       continue;
     }
     int server = *upstream;
-    // Downstream: server -> client. Ends when the server closes after our SHUT_WR.
-    std::thread([server, client] {
-      ForwardFrames(server, client);
-      shutdown(client, SHUT_WR);
-    }).detach();
-    // Upstream: client -> server, then the connection is torn down.
     std::thread([client, server] {
-      ForwardFrames(client, server);
-      shutdown(server, SHUT_WR);
+      RelayPair(client, server);
+      close(client);
+      close(server);
     }).detach();
-    // The fds are closed when the process exits; a benchmark opens only a handful of connections.
   }
 }
 
@@ -125,37 +122,67 @@ Result<int> ConnectUnix(const std::string& path) {
   return fd;
 }
 
-void ForwardFrames(int in, int out) {
-  std::vector<char> buffer(256 * 1024);
+namespace {
+
+// One direction of a relayed connection: bytes read from `in`, forwarded to `out` a whole frame at a
+// time (everything up to the end of the last complete frame goes out in one write).
+struct Direction {
+  int in;
+  int out;
+  std::vector<char> buffer = std::vector<char>(256 * 1024);
   size_t have = 0;
+};
+
+// One recv and the writes it allows; false when the connection ended.
+bool Pump(Direction& d) {
+  ssize_t n = recv(d.in, d.buffer.data() + d.have, d.buffer.size() - d.have, 0);
+  if (n < 0 && errno == EINTR) return true;
+  if (n <= 0) return false;
+  d.have += static_cast<size_t>(n);
+  size_t complete = 0;
+  uint32_t pending_length = 0;
+  bool pending = false;
+  while (d.have - complete >= ipc::kFramePrefixBytes) {
+    uint32_t length = ReadPrefix(d.buffer.data() + complete);
+    if (length > ipc::kDefaultMaxFrameBytes) return false;  // hostile or corrupt: drop it
+    if (d.have - complete - ipc::kFramePrefixBytes < length) {
+      pending = true;
+      pending_length = length;
+      break;
+    }
+    complete += ipc::kFramePrefixBytes + length;
+  }
+  if (complete > 0) {
+    if (!WriteAll(d.out, d.buffer.data(), complete)) return false;
+    std::memmove(d.buffer.data(), d.buffer.data() + complete, d.have - complete);
+    d.have -= complete;
+  }
+  // Room for the whole frame being received, so that it is forwarded in one write.
+  size_t need = pending ? ipc::kFramePrefixBytes + pending_length : 0;
+  if (need > d.buffer.size()) d.buffer.resize(need);
+  if (d.have == d.buffer.size()) d.buffer.resize(d.buffer.size() * 2);
+  return true;
+}
+
+}  // namespace
+
+void ForwardFrames(int in, int out) {
+  Direction d{in, out};
+  while (Pump(d)) {
+  }
+}
+
+void RelayPair(int client, int server) {
+  // One thread and one poll over both directions, as warmpoold runs one loop over its sockets.
+  Direction up{client, server}, down{server, client};
+  pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
   for (;;) {
-    ssize_t n = recv(in, buffer.data() + have, buffer.size() - have, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    have += static_cast<size_t>(n);
-    // Everything up to the end of the last complete frame goes out in one write.
-    size_t complete = 0;
-    uint32_t pending_length = 0;
-    bool pending = false;
-    while (have - complete >= ipc::kFramePrefixBytes) {
-      uint32_t length = ReadPrefix(buffer.data() + complete);
-      if (length > ipc::kDefaultMaxFrameBytes) return;  // hostile or corrupt: drop the connection
-      if (have - complete - ipc::kFramePrefixBytes < length) {
-        pending = true;
-        pending_length = length;
-        break;
-      }
-      complete += ipc::kFramePrefixBytes + length;
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
     }
-    if (complete > 0) {
-      if (!WriteAll(out, buffer.data(), complete)) return;
-      std::memmove(buffer.data(), buffer.data() + complete, have - complete);
-      have -= complete;
-    }
-    // Room for the whole frame being received, so that it is forwarded in one write.
-    size_t need = pending ? ipc::kFramePrefixBytes + pending_length : 0;
-    if (need > buffer.size()) buffer.resize(need);
-    if (have == buffer.size()) buffer.resize(buffer.size() * 2);
+    if (fds[0].revents != 0 && !Pump(up)) return;
+    if (fds[1].revents != 0 && !Pump(down)) return;
   }
 }
 

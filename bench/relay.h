@@ -21,6 +21,8 @@ Result<int> ConnectUnix(const std::string& path);
 // Forwards complete frames read from in to out until in reaches EOF or an error occurs; every
 // batch of complete frames read in one go is written in one go. in == out makes an echo.
 void ForwardFrames(int in, int out);
+// Relays frames both ways between a client and the server on one thread until either side ends.
+void RelayPair(int client, int server);
 
 // Forks a process that echoes frames on every connection accepted at socket_path. The socket is
 // listening when this returns, so clients may connect at once.
