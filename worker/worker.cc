@@ -23,7 +23,33 @@ void SetError(v1::Error* error, const Status& status) {
 Worker::Worker(WorkerOptions options)
     : options_(options),
       channel_(options.channel_fd, options.max_frame_bytes),
-      memory_(options.budget_bytes) {}
+      memory_(options.budget_bytes),
+      faults_([this](uint64_t id) {
+        // Written before the action runs, so the supervisor reads it even if we die right after.
+        v1::WorkerEnvelope fired;
+        fired.mutable_fault_fired()->set_id(id);
+        Send(fired);
+      }),
+      memory_service_{this, &Worker::AllocWithFaults, &Worker::FreeRegion, 1} {}
+
+wp_status Worker::AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out) {
+  auto* self = static_cast<Worker*>(ctx);
+  const wp_device_memory* host = self->memory_.service();
+  wp_status status = host->alloc(host->ctx, bytes, out);
+  if (status == WP_OK) self->faults_.Hit("load.after_alloc", self->loading_model_);
+  return status;
+}
+
+void Worker::FreeRegion(void* ctx, wp_region* region) {
+  const wp_device_memory* host = static_cast<Worker*>(ctx)->memory_.service();
+  host->free(host->ctx, region);
+}
+
+std::string Worker::ModelName(uint32_t model) {
+  std::lock_guard lock(models_mutex_);
+  auto it = names_.find(model);
+  return it == names_.end() ? std::string() : it->second;
+}
 
 Worker::~Worker() {
   {
@@ -67,6 +93,7 @@ int Worker::Run() {
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
       case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
+      case v1::WorkerEnvelope::kFaultSet: faults_.Set(message.fault_set()); break;
       case v1::WorkerEnvelope::kLoad: {
         std::lock_guard lock(load_mutex_);
         load_queue_.push_back(message.load());
@@ -116,10 +143,14 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
     if (!slot.ok()) {
       status = slot.status();
     } else {
+      const std::string name = ModelName(request.model());
+      faults_.Hit("infer.after_take", name);
       // Protobuf bytes are not guaranteed to be aligned for float.
       input_.resize(input.data().size() / sizeof(float));
       std::memcpy(input_.data(), input.data().data(), input.data().size());
       status = engine->Infer(input_, input.rows(), input.cols(), output_);
+      faults_.Hit("infer.mid", name);
+      faults_.Hit("infer.before_restore", name);
       inflight_->Release(*slot, options_.generation, options_.slot);
       if (status.ok()) {
         v1::Tensor* output = done->mutable_output();
@@ -143,6 +174,11 @@ void Worker::HandleUnload(const v1::WorkerUnload& request) {
       engine = std::move(it->second);
       models_.erase(it);
     }
+  }
+  faults_.Hit("unload.mid", ModelName(request.model()));
+  {
+    std::lock_guard lock(models_mutex_);
+    names_.erase(request.model());
   }
   engine.reset();  // closes the engine: its regions go back to the memory service
   v1::WorkerEnvelope reply;
@@ -170,16 +206,23 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
   done->set_job(request.job());
   const wp_engine_vtable* vtable = FindBuiltinEngine(request.engine());
   Status status;
+  loading_model_ = request.name();
+  faults_.Hit("load.begin", request.name());
   if (vtable == nullptr) {
     status = Error(Code::kInvalidArgument, "unknown engine \"{}\"", request.engine());
   } else {
     wp_engine_spec spec{request.name().c_str(), request.path().c_str()};
-    Result<Engine> engine = Engine::Open(vtable, spec, memory_.service());
+    Result<Engine> engine = Engine::Open(vtable, spec, &memory_service_);
     if (!engine.ok()) {
       status = engine.status();
     } else {
       auto last_report = std::chrono::steady_clock::now();
+      bool first_progress = true;
       status = engine->Load([&](uint64_t done_bytes, uint64_t total_bytes) {
+        if (first_progress) {
+          first_progress = false;
+          faults_.Hit("load.mid_copy", request.name());
+        }
         {
           std::lock_guard lock(load_mutex_);
           if (stopping_) return false;
@@ -196,6 +239,7 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
         return true;
       });
       if (status.ok()) {
+        faults_.Hit("load.before_ready", request.name());
         const wp_engine_info& info = engine->info();
         done->set_weight_bytes(info.weight_bytes);
         done->set_workspace_bytes(info.workspace_bytes);
@@ -203,6 +247,7 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
         done->set_out_features(info.out_features);
         std::lock_guard lock(models_mutex_);
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
+        names_[request.model()] = request.name();
       }
     }
   }

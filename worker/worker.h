@@ -21,6 +21,7 @@
 #include "ipc/warmpool.pb.h"
 #include "shm/inflight.h"
 #include "shm/segment.h"
+#include "worker/fault_injector.h"
 
 namespace warmpool::worker {
 
@@ -49,10 +50,17 @@ class Worker {
   void LoadLoop();
   void RunLoad(const v1::WorkerLoad& request);
   void Send(const v1::WorkerEnvelope& message);
+  std::string ModelName(uint32_t model);
+  // The engines' memory service: the host backend, plus the load.after_alloc fault point.
+  static wp_status AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out);
+  static void FreeRegion(void* ctx, wp_region* region);
 
   WorkerOptions options_;
   ipc::BlockingChannel channel_;
   HostMemory memory_;
+  FaultInjector faults_;
+  wp_device_memory memory_service_;
+  std::string loading_model_;  // load thread only: the model whose load allocates now
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
 
@@ -62,6 +70,7 @@ class Worker {
 
   std::mutex models_mutex_;
   std::unordered_map<uint32_t, std::shared_ptr<Engine>> models_;
+  std::unordered_map<uint32_t, std::string> names_;
 
   std::mutex load_mutex_;
   std::condition_variable load_cv_;
