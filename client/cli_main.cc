@@ -79,6 +79,22 @@ int main(int argc, char** argv) {
   infer->add_option("--deadline-ms", deadline_ms, "give up after this many milliseconds");
   infer->add_flag("--json", json, "print the output rows as JSON");
 
+  auto* fault = app.add_subcommand(
+      "fault", "arm or clear injected faults (daemon started with --enable-fault-injection only)");
+  fault->require_subcommand(1);
+  std::string point, action;
+  uint32_t after = 0, times = 0;
+  auto* arm = fault->add_subcommand("arm", "arm a fault at a worker fault point");
+  arm->add_option("POINT", point,
+                  "load.begin, load.after_alloc, load.mid_copy, load.before_ready, "
+                  "infer.after_take, infer.mid, infer.before_restore, unload.mid")
+      ->required();
+  arm->add_option("ACTION", action, "kill, segv, abort, hang, exit:N, delay:MS")->required();
+  arm->add_option("--model", model, "only while working for this model");
+  arm->add_option("--after", after, "fire on the Nth matching hit in a worker (default 1)");
+  arm->add_option("--times", times, "disarm after firing this many times in all (default 1)");
+  auto* clear = fault->add_subcommand("clear", "disarm every fault");
+
   CLI11_PARSE(app, argc, argv);
 
   auto connected = warmpool::client::Client::Connect(socket);
@@ -129,6 +145,23 @@ int main(int argc, char** argv) {
       Print(fmt::format("{} ready ({:.1f} MiB in {} ms)\n", model, reply->bytes() / 1048576.0,
                         reply->load_ms()));
     }
+  } else if (arm->parsed()) {
+    warmpool::v1::Envelope request;
+    auto* f = request.mutable_fault_arm();
+    f->set_point(point);
+    f->set_action(action);
+    f->set_model(model);
+    f->set_after(after);
+    f->set_times(times);
+    auto reply = client.Call(std::move(request));
+    if (!reply.ok()) return Fail(reply.status());
+    Print(fmt::format("fault {} armed\n", reply->fault_arm_reply().id()));
+  } else if (clear->parsed()) {
+    warmpool::v1::Envelope request;
+    request.mutable_fault_clear();
+    auto reply = client.Call(std::move(request));
+    if (!reply.ok()) return Fail(reply.status());
+    Print(fmt::format("{} fault(s) cleared\n", reply->fault_clear_reply().cleared()));
   } else if (unload->parsed()) {
     if (Status s = client.Unload(model); !s.ok()) return Fail(s);
     Print(fmt::format("{} unloaded\n", model));

@@ -53,6 +53,7 @@ json ModelsJson(const v1::ModelsReply& reply) {
     j["in_features"] = m.in_features();
     j["out_features"] = m.out_features();
     j["error"] = m.last_error().empty() ? json(nullptr) : json(m.last_error());
+    j["retry_in_ms"] = m.retry_in_ms();
     out.push_back(std::move(j));
   }
   return out;
@@ -69,7 +70,9 @@ json PsJson(const v1::PsReply& reply) {
                    {"replicas", e.replicas()},
                    {"last_used", e.last_used()},
                    {"expires_in", e.has_expiry() ? json(e.expires_in()) : json(nullptr)},
-                   {"loaded_bytes", e.loaded_bytes()}});
+                   {"loaded_bytes", e.loaded_bytes()},
+                   {"error", e.last_error().empty() ? json(nullptr) : json(e.last_error())},
+                   {"retry_in_ms", e.retry_in_ms()}});
   }
   return out;
 }
@@ -82,10 +85,16 @@ json StatusJson(const v1::StatusReply& reply) {
   }
   for (const v1::WorkerStatus& w : reply.workers()) {
     workers.push_back({{"slot", w.slot()}, {"pid", w.pid()}, {"device", w.device()},
-                       {"state", w.state()}, {"restarts", w.restarts()}});
+                       {"state", w.state()}, {"restarts", w.restarts()},
+                       {"last_exit", w.last_exit().empty() ? json(nullptr) : json(w.last_exit())}});
+  }
+  json failed = json::array();
+  for (const v1::ModelInfo& m : reply.failed()) {
+    failed.push_back({{"name", m.name()}, {"error", m.last_error()}, {"retry_in_ms", m.retry_in_ms()}});
   }
   return {{"version", reply.version()}, {"backend", reply.backend()}, {"devices", devices},
-          {"workers", workers}, {"inflight", reply.inflight()}, {"queued", reply.queued()}};
+          {"workers", workers}, {"inflight", reply.inflight()}, {"queued", reply.queued()},
+          {"failed", failed}, {"fault_injection", reply.fault_injection()}};
 }
 
 json MatrixJson(const client::Matrix& m) {
@@ -116,6 +125,9 @@ std::string PsTable(const v1::PsReply& reply) {
     if (e.state() == "loading" && e.bytes() > 0) {
       state += fmt::format(" {}%", e.loaded_bytes() * 100 / std::max<uint64_t>(1, e.bytes()));
     }
+    if (!e.last_error().empty()) {
+      state += fmt::format(" ({}; retry in {:.1f} s)", e.last_error(), e.retry_in_ms() / 1000.0);
+    }
     rows.push_back({e.name(), state, std::to_string(e.device()), FormatBytes(e.bytes()),
                     std::to_string(e.inflight()), std::to_string(e.replicas()), Ago(e.last_used()),
                     e.has_expiry() ? fmt::format("{}s", e.expires_in()) : "never"});
@@ -131,12 +143,22 @@ std::string StatusText(const v1::StatusReply& reply) {
     devices.push_back({std::to_string(d.id()), d.kind(), FormatBytes(d.used_bytes()),
                        FormatBytes(d.budget_bytes())});
   }
-  std::vector<std::vector<std::string>> workers = {{"WORKER", "PID", "DEVICE", "STATE", "RESTARTS"}};
+  std::vector<std::vector<std::string>> workers = {
+      {"WORKER", "PID", "DEVICE", "STATE", "RESTARTS", "LAST EXIT"}};
   for (const v1::WorkerStatus& w : reply.workers()) {
     workers.push_back({std::to_string(w.slot()), std::to_string(w.pid()), std::to_string(w.device()),
-                       w.state(), std::to_string(w.restarts())});
+                       w.state(), std::to_string(w.restarts()), w.last_exit()});
   }
-  return out + "\n" + Table(devices) + "\n" + Table(workers);
+  out += "\n" + Table(devices) + "\n" + Table(workers);
+  if (reply.failed_size() > 0) {
+    std::vector<std::vector<std::string>> failed = {{"FAILED", "RETRY IN", "REASON"}};
+    for (const v1::ModelInfo& m : reply.failed()) {
+      failed.push_back({m.name(), fmt::format("{:.1f} s", m.retry_in_ms() / 1000.0), m.last_error()});
+    }
+    out += "\n" + Table(failed);
+  }
+  if (reply.fault_injection()) out += "\nfault injection is ENABLED\n";
+  return out;
 }
 
 std::string MatrixText(const client::Matrix& m) {

@@ -125,6 +125,17 @@ void Connection::Flush() {
 void Connection::Close(const Status& why) {
   if (closing_) return;
   closing_ = true;
+  // Last replies go out if the socket takes them now (it is non-blocking); the rest is dropped.
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    std::span<const int> fds;
+    if (p.offset == 0) fds = p.fds;
+    ssize_t n = SendWithFds(fd_, p.bytes.data() + p.offset, p.bytes.size() - p.offset, fds);
+    if (n <= 0) break;
+    p.offset += static_cast<size_t>(n);
+    if (p.offset < p.bytes.size()) break;
+    pending_.pop_front();
+  }
   pending_.clear();
   pending_bytes_ = 0;
   // on_frame_ may be the caller of Close: it stays alive until the connection is deleted.

@@ -41,7 +41,7 @@ class Connection {
   // Queues already framed bytes; fds (not taken over: the caller keeps its copies) go with the
   // first byte. Silently dropped once the connection is closing.
   void Send(std::string bytes, std::vector<int> fds = {});
-  // Idempotent. Pending writes are discarded.
+  // Idempotent. Pending writes go out if the socket takes them at once; the rest is discarded.
   void Close(const Status& why);
 
   bool closing() const { return closing_; }

@@ -36,13 +36,17 @@ bool InflightTable::Release(uint32_t index, uint32_t generation, uint16_t worker
                                                                 std::memory_order_acq_rel);
 }
 
-uint32_t InflightTable::Reclaim(uint16_t worker_slot, uint32_t generation) {
+uint32_t InflightTable::Reclaim(uint16_t worker_slot, uint32_t generation,
+                               std::vector<InflightSlot>* reclaimed) {
   uint32_t freed = 0;
   for (uint32_t i = 0; i < view_.max_inflight(); i++) {
     uint64_t tag = TagRef(view_.inflight(i)).load(std::memory_order_acquire);
     if (tag == 0 || TagWorker(tag) != worker_slot || TagGeneration(tag) != generation) continue;
+    // The owner is dead, so the fields are stable: copy them before the slot is free again.
+    InflightSlot copy = view_.inflight(i);
     if (TagRef(view_.inflight(i)).compare_exchange_strong(tag, 0, std::memory_order_acq_rel)) {
       freed++;
+      if (reclaimed != nullptr) reclaimed->push_back(copy);
     }
   }
   return freed;

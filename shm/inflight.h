@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
 #include "shm/layout.h"
@@ -23,8 +24,10 @@ class InflightTable {
   // False when the slot no longer carries this worker's tag (it was reclaimed).
   bool Release(uint32_t index, uint32_t generation, uint16_t worker_slot);
 
-  // Supervisor side: frees every slot of (worker_slot, generation); returns how many it freed.
-  uint32_t Reclaim(uint16_t worker_slot, uint32_t generation);
+  // Supervisor side: frees every slot of (worker_slot, generation); returns how many it freed and,
+  // when asked, what they held (the requests the dead worker was running).
+  uint32_t Reclaim(uint16_t worker_slot, uint32_t generation,
+                   std::vector<InflightSlot>* reclaimed = nullptr);
   uint32_t CountTaken() const;
   uint32_t CountTakenBy(uint16_t worker_slot) const;
   uint64_t Tag(uint32_t index) const;

@@ -78,6 +78,17 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "budget") s = ReadSize(node, key, c.budget_bytes);
       else if (k == "max_queue") s = ReadUint(node, key, c.max_queue);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    } else if (section == "recovery") {
+      if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);
+      else if (k == "load_stall_ms") s = ReadUint(node, key, c.load_stall_ms);
+      else if (k == "crash_loop_crashes") s = ReadUint(node, key, c.crash_loop_crashes);
+      else if (k == "crash_loop_window_ms") s = ReadUint(node, key, c.crash_loop_window_ms);
+      else if (k == "failed_cooldown_ms") s = ReadUint(node, key, c.failed_cooldown_ms);
+      else if (k == "failed_cooldown_max_ms") s = ReadUint(node, key, c.failed_cooldown_max_ms);
+      else if (k == "respawn_min_ms") s = ReadUint(node, key, c.respawn_min_ms);
+      else if (k == "respawn_max_ms") s = ReadUint(node, key, c.respawn_max_ms);
+      else if (k == "respawn_stable_ms") s = ReadUint(node, key, c.respawn_stable_ms);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "limits") {
       uint64_t size = 0;
       if (k == "max_frame_bytes") {
@@ -137,7 +148,7 @@ Status ApplyToml(Config& config, const std::string& text, const std::string& ori
   if (!origin.empty()) base_dir = std::filesystem::path(origin).parent_path().string();
   for (const auto& [k, node] : root) {
     Status s;
-    if (k == "daemon" || k == "pool" || k == "limits") {
+    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery") {
       const toml::table* t = node.as_table();
       if (t == nullptr) return Error(Code::kInvalidArgument, "{}: [{}] must be a table", origin, k.str());
       s = ApplyTable(config, *t, std::string(k.str()));
@@ -180,6 +191,10 @@ void FinishDefaults(Config& config) {
   if (config.socket_path.empty()) config.socket_path = DefaultSocketPath();
   if (config.budget_bytes == 0) config.budget_bytes = PhysicalMemoryBytes() / 4;
   if (config.workers_per_device == 0) config.workers_per_device = 1;
+  if (config.crash_loop_crashes == 0) config.crash_loop_crashes = 1;
+  if (config.respawn_min_ms == 0) config.respawn_min_ms = 1;
+  config.respawn_max_ms = std::max(config.respawn_max_ms, config.respawn_min_ms);
+  config.failed_cooldown_max_ms = std::max(config.failed_cooldown_max_ms, config.failed_cooldown_ms);
 }
 
 }  // namespace warmpool::supervisor

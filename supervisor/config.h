@@ -32,6 +32,17 @@ struct Config {
   uint32_t max_connections = 1024;
   uint32_t max_models = 256;
   uint32_t max_inflight = 1024;
+  // recovery
+  bool enable_fault_injection = false;  // only from the command line, never from a file
+  uint32_t inference_grace_ms = 1000;   // past a request's deadline, a worker still on it is killed
+  uint32_t load_stall_ms = 30000;       // a load (or unload) with no progress this long is killed
+  uint32_t crash_loop_crashes = 3;      // this many worker crashes caused by one model ...
+  uint32_t crash_loop_window_ms = 60000;  // ... within this window mark it failed
+  uint32_t failed_cooldown_ms = 5000;   // first cooldown of a failed model; doubles each time
+  uint32_t failed_cooldown_max_ms = 300000;
+  uint32_t respawn_min_ms = 100;        // worker respawn backoff: doubles per crash ...
+  uint32_t respawn_max_ms = 30000;      // ... up to this, and resets after
+  uint32_t respawn_stable_ms = 60000;   // ... a worker that lived this long
   std::vector<ModelConfig> models;
   std::string config_path;       // the file read, empty when none
 };

@@ -22,6 +22,7 @@ Daemon::~Daemon() {
   sweep_timer_.Close();
   sigterm_.Close();
   sigint_.Close();
+  sighup_.Close();
   // Let every close callback run before the loop goes away.
   uv_run(&loop_, UV_RUN_DEFAULT);
   uv_loop_close(&loop_);
@@ -43,6 +44,7 @@ Status Daemon::Start() {
   runtime_.resize(config_.max_models);
   worker_models_.assign(config_.workers_per_device, 0);
   worker_outstanding_.assign(config_.workers_per_device, 0);
+  worker_pending_bytes_.assign(config_.workers_per_device, 0);
 
   RegisterModels();
 
@@ -57,8 +59,14 @@ Status Daemon::Start() {
   pool.count = config_.workers_per_device;
   pool.budget_bytes = config_.budget_bytes;
   pool.max_frame_bytes = config_.max_frame_bytes;
+  pool.respawn_min_ms = config_.respawn_min_ms;
+  pool.respawn_max_ms = config_.respawn_max_ms;
+  pool.respawn_stable_ms = config_.respawn_stable_ms;
   WorkerEvents events;
-  events.on_ready = [this](uint32_t) { RetryPending(); };
+  events.on_ready = [this](uint32_t slot) {
+    SendFaults(slot);  // before any job, so that a respawned worker is armed like the others
+    RetryPending();
+  };
   events.on_message = [this](uint32_t slot, v1::WorkerEnvelope&& m) {
     OnWorkerMessage(slot, std::move(m));
   };
@@ -74,7 +82,7 @@ Status Daemon::Start() {
   uv_timer_start(sweep_timer_.get(), [](uv_timer_t* t) {
     static_cast<Daemon*>(t->data)->SweepDeadlines();
   }, 50, 50);
-  for (auto* sig : {&sigterm_, &sigint_}) {
+  for (auto* sig : {&sigterm_, &sigint_, &sighup_}) {
     uv_signal_init(&loop_, sig->get());
     sig->MarkInitialized();
     sig->get()->data = this;
@@ -85,11 +93,16 @@ Status Daemon::Start() {
   };
   uv_signal_start(sigterm_.get(), on_signal, SIGTERM);
   uv_signal_start(sigint_.get(), on_signal, SIGINT);
+  uv_signal_start(sighup_.get(), [](uv_signal_t*, int) {
+    spdlog::warn("SIGHUP: reloading the registry is not supported yet; restart warmpoold to pick up "
+                 "new models");
+  }, SIGHUP);
 
   spdlog::info("warmpoold {} serving on {} (instance {}, backend host, budget {}, {} workers, {} "
-               "models registered)",
+               "models registered{})",
                kVersion, config_.socket_path, config_.instance, FormatBytes(config_.budget_bytes),
-               config_.workers_per_device, index_->All().size());
+               config_.workers_per_device, index_->All().size(),
+               config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();
 }
 
@@ -121,6 +134,8 @@ int Daemon::Run() {
 void Daemon::BeginStop() {
   if (stopping_) return;
   stopping_ = true;
+  // Every accepted request is answered, even now; then the sessions close (flushing what they can).
+  FailEverything(Error(Code::kUnavailable, "warmpoold is stopping; retry once it is back"));
   server_->Close();
   uv_timer_stop(sweep_timer_.get());
   workers_->Shutdown(/*grace_ms=*/3000, [this] { FinishStop(); });
@@ -134,6 +149,7 @@ void Daemon::FinishStop() {
   segment_.Remove();
   uv_signal_stop(sigterm_.get());
   uv_signal_stop(sigint_.get());
+  uv_signal_stop(sighup_.get());
   spdlog::info("stopped");
   uv_stop(&loop_);
 }

@@ -48,12 +48,13 @@ class Daemon {
     uint64_t session = 0;
     uint64_t request_id = 0;
   };
-  // A request waiting for its model to be loaded (or for room to load it).
+  // A request waiting for its model to be loaded, for room to load it, or for room in its worker.
   struct Waiter {
     Call call;
     bool is_infer = false;
     v1::InferRequest infer;
     uint64_t deadline_ms = 0;  // monotonic; 0 = none
+    uint32_t crashes = 0;      // workers that died while running this very request
   };
   struct Job {
     enum class Kind { kLoad, kInfer, kUnload };
@@ -62,8 +63,12 @@ class Daemon {
     uint32_t model = 0;
     Call call;
     bool answered = false;
-    uint64_t deadline_ms = 0;
+    uint64_t deadline_ms = 0;   // infer: the request's deadline
     uint64_t started_ms = 0;
+    uint64_t progress_ms = 0;   // load: last sign of progress
+    uint64_t bytes = 0;         // frame bytes sent to the worker
+    uint32_t crashes = 0;
+    v1::InferRequest request;   // infer: kept so that the request can be retried on another worker
   };
   // Process-local companions of a model record.
   struct ModelRuntime {
@@ -74,6 +79,13 @@ class Daemon {
     std::string last_error;        // in full (the segment keeps a truncated copy)
     uint32_t in_features = 0;
     uint32_t out_features = 0;
+    std::deque<uint64_t> crash_ms;  // monotonic times of recent worker crashes caused by it
+    uint64_t failed_until_ms = 0;   // cooldown end; requests before it are refused
+    uint64_t cooldown_ms = 0;       // the next cooldown (doubles, capped)
+  };
+  struct ArmedFault {
+    v1::Fault fault;
+    uint32_t remaining = 1;
   };
 
   // requests.cc
@@ -81,28 +93,48 @@ class Daemon {
   void HandleLoad(const Call& call, const std::string& model);
   void HandleUnload(const Call& call, const std::string& model);
   void HandleInfer(const Call& call, v1::InferRequest&& request);
-  v1::Envelope ModelsSnapshot() const;
-  v1::Envelope PsSnapshot() const;
-  v1::Envelope StatusSnapshot() const;
   void Answer(const Call& call, v1::Envelope&& reply);
   void AnswerError(const Call& call, const Status& status);
 
-  // lifecycle.cc
+  // snapshots.cc
+  v1::Envelope ModelsSnapshot() const;
+  v1::Envelope PsSnapshot() const;
+  v1::Envelope StatusSnapshot() const;
+  int64_t RetryInMs(uint32_t model) const;
+
+  // lifecycle.cc: loads, unloads, admission
   void EnsureLoading(uint32_t model);
   void TryAdmit(uint32_t model);
   void RetryPending();
   void StartLoad(uint32_t model, uint32_t worker, uint64_t bytes);
   void StartUnload(uint32_t model, bool eviction);
   void SendUnload(uint32_t model);
-  void Dispatch(uint32_t model, Waiter&& waiter);
   void FailWaiters(uint32_t model, const Status& status);
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
   void OnLoadDone(const Job& job, const v1::WorkerLoadDone& done);
-  void OnInferDone(Job& job, v1::WorkerInferDone& done);
   void OnUnloadDone(const Job& job);
+  uint64_t NewJob(Job&& job);
+
+  // dispatch.cc: inference
+  void Enqueue(uint32_t model, Waiter&& waiter, bool front = false);
+  void DrainReady(uint32_t model);
+  bool Dispatch(uint32_t model, Waiter& waiter);
+  void OnInferDone(Job& job, v1::WorkerInferDone& done);
+
+  // recovery.cc: worker deaths, crash loops, hangs, deadlines
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why);
+  void RecordCrash(uint32_t model, const std::string& why);
+  void MarkFailed(uint32_t model, const std::string& reason);
+  Status FailedStatus(uint32_t model) const;
   void SweepDeadlines();
-  uint64_t NewJob(Job job);
+  void FailEverything(const Status& status);
+
+  // faults.cc
+  void HandleFaultArm(const Call& call, const v1::FaultArmRequest& request);
+  void HandleFaultClear(const Call& call);
+  void OnFaultFired(uint64_t id);
+  void SendFaults(uint32_t slot);
+  void BroadcastFaults();
 
   void RegisterModels();
   void BeginStop();
@@ -124,6 +156,10 @@ class Daemon {
   uint64_t next_job_ = 1;
   std::vector<uint32_t> worker_models_;       // resident models per worker slot
   std::vector<uint32_t> worker_outstanding_;  // jobs sent and not answered per worker slot
+  std::vector<uint64_t> worker_pending_bytes_;  // their frame bytes: bounded so that one busy
+                                                // worker cannot make the supervisor buffer without end
+  std::vector<ArmedFault> faults_;
+  uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;                       // waiters over all models
   bool retrying_ = false;
   bool stopping_ = false;
@@ -132,6 +168,7 @@ class Daemon {
   ipc::UvHandle<uv_timer_t> sweep_timer_;
   ipc::UvHandle<uv_signal_t> sigterm_;
   ipc::UvHandle<uv_signal_t> sigint_;
+  ipc::UvHandle<uv_signal_t> sighup_;
 };
 
 }  // namespace warmpool::supervisor

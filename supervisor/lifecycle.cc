@@ -5,29 +5,51 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "supervisor/daemon.h"
+#include "supervisor/registry.h"
 
 namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-uint64_t Daemon::NewJob(Job job) {
+uint64_t Daemon::NewJob(Job&& job) {
   uint64_t id = next_job_++;
   job.started_ms = MonotonicMillis();
+  job.progress_ms = job.started_ms;
   worker_outstanding_[job.worker]++;
-  jobs_.emplace(id, job);
+  worker_pending_bytes_[job.worker] += job.bytes;
+  jobs_.emplace(id, std::move(job));
   return id;
 }
 
 void Daemon::EnsureLoading(uint32_t model) {
   ModelState state = index_->State(model);
   if (state == ModelState::kRegistered || state == ModelState::kFailed) TryAdmit(model);
-  // loading: the waiters ride on that load; unloading: reloaded when the unload completes.
+  // loading: the waiters ride on that load; unloading: reloaded when the unload completes;
+  // ready: DrainReady serves them.
 }
 
 void Daemon::TryAdmit(uint32_t model) {
   ModelState state = index_->State(model);
   if (state != ModelState::kRegistered && state != ModelState::kFailed) return;
   if (runtime_[model].waiters.empty()) return;  // everyone gave up meanwhile
+  if (state == ModelState::kFailed) {
+    if (MonotonicMillis() < runtime_[model].failed_until_ms) {
+      FailWaiters(model, FailedStatus(model));
+      return;
+    }
+    // Cooldown over: look at the file again, it may have been fixed (or replaced).
+    const shm::ModelRecord& r = index_->Get(model);
+    ModelEntry entry = InspectModel(r.name, r.engine, r.path);
+    if (!entry.problem.ok()) {
+      MarkFailed(model, entry.problem.message());
+      FailWaiters(model, FailedStatus(model));
+      return;
+    }
+    index_->Update(model, [&](shm::ModelRecord& m) { m.weight_bytes = entry.weight_bytes; });
+    runtime_[model].workspace_bytes = entry.workspace_bytes;
+    runtime_[model].in_features = entry.in_features;
+    runtime_[model].out_features = entry.out_features;
+  }
   const uint64_t bytes = index_->Get(model).weight_bytes + runtime_[model].workspace_bytes;
   AdmissionPlan plan = PlanAdmission(*index_, model, /*device=*/0, bytes, limits_);
   auto wait = [&] {
@@ -39,9 +61,14 @@ void Daemon::TryAdmit(uint32_t model) {
   switch (plan.kind) {
     case AdmissionPlan::Kind::kAdmit: {
       uint32_t worker = PickWorkerForLoad(workers_->Loads(worker_models_, worker_outstanding_));
-      if (worker == shm::kNil) return wait();  // no worker ready yet: on_ready retries
-      StartLoad(model, worker, bytes);
-      return;
+      if (worker != shm::kNil) return StartLoad(model, worker, bytes);
+      if (!workers_->AnyCanServe()) {
+        FailWaiters(model, Error(Code::kUnavailable,
+                                 "no worker is running (they exited with status 2, fatal "
+                                 "configuration): see the daemon log"));
+        return;
+      }
+      return wait();  // workers are (re)starting: on_ready retries
     }
     case AdmissionPlan::Kind::kEvict:
       for (uint32_t victim : plan.victims) {
@@ -76,7 +103,7 @@ void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   job.kind = Job::Kind::kLoad;
   job.worker = worker;
   job.model = model;
-  uint64_t id = NewJob(job);
+  uint64_t id = NewJob(std::move(job));
   v1::WorkerEnvelope message;
   v1::WorkerLoad* load = message.mutable_load();
   load->set_job(id);
@@ -106,43 +133,12 @@ void Daemon::SendUnload(uint32_t model) {
   job.kind = Job::Kind::kUnload;
   job.worker = index_->Get(model).worker_slot;
   job.model = model;
-  uint64_t id = NewJob(job);
+  uint32_t worker = job.worker;
+  uint64_t id = NewJob(std::move(job));
   v1::WorkerEnvelope message;
   message.mutable_unload()->set_job(id);
   message.mutable_unload()->set_model(model);
-  workers_->Send(job.worker, message);
-}
-
-void Daemon::Dispatch(uint32_t model, Waiter&& waiter) {
-  ModelRuntime& rt = runtime_[model];
-  const shm::ModelRecord& r = index_->Get(model);
-  const v1::Tensor& input = waiter.infer.input();
-  if (rt.in_features != 0 && input.cols() != rt.in_features) {
-    AnswerError(waiter.call, Error(Code::kInvalidArgument,
-                                   "input has {} columns but model \"{}\" expects {}",
-                                   input.cols(), r.name, rt.in_features));
-    return;
-  }
-  Job job;
-  job.kind = Job::Kind::kInfer;
-  job.worker = r.worker_slot;
-  job.model = model;
-  job.call = waiter.call;
-  job.deadline_ms = waiter.deadline_ms;
-  uint64_t id = NewJob(job);
-  index_->Update(model, [](shm::ModelRecord& m) {
-    m.inflight++;
-    m.hits++;
-  });
-  index_->Touch(model);
-  v1::WorkerEnvelope message;
-  v1::WorkerInfer* infer = message.mutable_infer();
-  infer->set_job(id);
-  infer->set_model(model);
-  infer->set_request_id(waiter.call.request_id);
-  infer->set_deadline_unix_ms(UnixMillis() + static_cast<int64_t>(waiter.deadline_ms - MonotonicMillis()));
-  infer->set_allocated_input(waiter.infer.release_input());
-  workers_->Send(job.worker, message);
+  workers_->Send(worker, message);
 }
 
 void Daemon::FailWaiters(uint32_t model, const Status& status) {
@@ -158,11 +154,13 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
     case v1::WorkerEnvelope::kLoadProgress: {
       auto it = jobs_.find(message.load_progress().job());
       if (it == jobs_.end()) return;
+      it->second.progress_ms = MonotonicMillis();
       index_->Update(it->second.model, [&](shm::ModelRecord& r) {
         r.loaded_bytes = message.load_progress().done_bytes();
       });
       return;
     }
+    case v1::WorkerEnvelope::kFaultFired: OnFaultFired(message.fault_fired().id()); return;
     case v1::WorkerEnvelope::kLoadDone: id = message.load_done().job(); break;
     case v1::WorkerEnvelope::kInferDone: id = message.infer_done().job(); break;
     case v1::WorkerEnvelope::kUnloadDone: id = message.unload_done().job(); break;
@@ -176,9 +174,10 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
     spdlog::warn("worker {} answered unknown job {}", slot, id);
     return;
   }
-  Job job = it->second;
+  Job job = std::move(it->second);
   jobs_.erase(it);
   worker_outstanding_[slot]--;
+  worker_pending_bytes_[slot] -= job.bytes;
   switch (job.kind) {
     case Job::Kind::kLoad: OnLoadDone(job, message.load_done()); break;
     case Job::Kind::kInfer: OnInferDone(job, *message.mutable_infer_done()); break;
@@ -192,60 +191,54 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
   const std::string name = index_->Get(model).name;
   if (done.has_error()) {
     Status cause(CodeFromInt(done.error().code()), done.error().message());
-    index_->MarkNotResident(model, ModelState::kFailed, cause.message());
-    rt.last_error = cause.message();
     worker_models_[job.worker]--;
     spdlog::warn("loading \"{}\" failed: {}", name, cause.ToString());
-    Code code = cause.code() == Code::kResourceExhausted ? Code::kResourceExhausted
-                                                          : Code::kFailedPrecondition;
-    FailWaiters(model, Error(code, "model \"{}\" failed to load: {} (fix it, then 'warmpool load {}')",
-                             name, cause.message(), name));
+    if (cause.code() == Code::kResourceExhausted) {
+      // Not the model's fault: no cooldown, the next request tries again.
+      index_->MarkNotResident(model, ModelState::kRegistered, cause.message());
+      FailWaiters(model, Error(Code::kResourceExhausted, "model \"{}\" did not fit: {}", name,
+                               cause.message()));
+    } else {
+      index_->MarkNotResident(model, ModelState::kRegistered, "");
+      MarkFailed(model, cause.message());
+      FailWaiters(model, FailedStatus(model));
+    }
     RetryPending();
     return;
   }
-  rt.last_error.clear();
   rt.workspace_bytes = done.workspace_bytes();
   rt.in_features = done.in_features();
   rt.out_features = done.out_features();
   index_->MarkReady(model, done.weight_bytes(), done.workspace_bytes());
   spdlog::info("\"{}\" ready on worker {} ({} weights, {} ms)", name, job.worker,
                FormatBytes(done.weight_bytes()), MonotonicMillis() - job.started_ms);
-  std::deque<Waiter> waiters;
-  waiters.swap(rt.waiters);
-  queued_ -= static_cast<uint32_t>(waiters.size());
-  for (Waiter& w : waiters) {
+  uint64_t budget = index_->DeviceBudget();
+  if (budget != 0 && index_->DeviceUsed(0) > budget) {
+    // The engine allocated more than its header promised (the file changed since registration).
+    FailWaiters(model, Error(Code::kResourceExhausted,
+                             "model \"{}\" took more memory than its header announced and does not "
+                             "fit the budget: unloaded; restart warmpoold if the file changed",
+                             name));
+    StartUnload(model, /*eviction=*/false);
+    return;
+  }
+  // Load waiters are answered; inference waiters go to the worker in arrival order.
+  std::deque<Waiter> rest;
+  for (Waiter& w : rt.waiters) {
     if (w.is_infer) {
-      Dispatch(model, std::move(w));
-    } else {
-      v1::Envelope reply;
-      reply.mutable_load_reply()->set_model(name);
-      reply.mutable_load_reply()->set_bytes(done.weight_bytes());
-      reply.mutable_load_reply()->set_load_ms(MonotonicMillis() - job.started_ms);
-      Answer(w.call, std::move(reply));
+      rest.push_back(std::move(w));
+      continue;
     }
+    queued_--;
+    v1::Envelope reply;
+    reply.mutable_load_reply()->set_model(name);
+    reply.mutable_load_reply()->set_bytes(done.weight_bytes());
+    reply.mutable_load_reply()->set_load_ms(MonotonicMillis() - job.started_ms);
+    Answer(w.call, std::move(reply));
   }
+  rt.waiters.swap(rest);
+  DrainReady(model);
   RetryPending();
-}
-
-void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
-  uint32_t model = job.model;
-  index_->Update(model, [](shm::ModelRecord& r) {
-    r.inflight--;
-    r.last_used_ns = UnixNanos();
-  });
-  if (!job.answered) {
-    if (done.has_error()) {
-      AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));
-    } else {
-      v1::Envelope reply;
-      reply.mutable_infer_reply()->set_allocated_output(done.release_output());
-      Answer(job.call, std::move(reply));
-    }
-  }
-  if (index_->Get(model).inflight == 0) {
-    if (runtime_[model].unload_when_idle) SendUnload(model);
-    else if (!pending_admission_.empty()) RetryPending();  // an idle model may now be evicted
-  }
 }
 
 void Daemon::OnUnloadDone(const Job& job) {
@@ -261,79 +254,6 @@ void Daemon::OnUnloadDone(const Job& job) {
   }
   if (!runtime_[model].waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
   RetryPending();
-}
-
-void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why) {
-  uint32_t reclaimed = inflight_->Reclaim(static_cast<uint16_t>(slot), generation);
-  if (reclaimed != 0) spdlog::info("reclaimed {} in-flight markers of worker {}", reclaimed, slot);
-  const Status lost = Error(Code::kUnavailable, "worker {} {} while serving the request; retry it",
-                            slot, why);
-  // Jobs first (they reference models), in job order so replies keep arrival order.
-  std::vector<uint64_t> ids;
-  for (const auto& [id, job] : jobs_) {
-    if (job.worker == slot) ids.push_back(id);
-  }
-  std::sort(ids.begin(), ids.end());
-  for (uint64_t id : ids) {
-    Job job = jobs_[id];
-    jobs_.erase(id);
-    worker_outstanding_[slot]--;
-    switch (job.kind) {
-      case Job::Kind::kInfer:
-        index_->Update(job.model, [](shm::ModelRecord& r) { r.inflight--; });
-        if (!job.answered) AnswerError(job.call, lost);
-        break;
-      case Job::Kind::kLoad:
-      case Job::Kind::kUnload:
-        break;  // the model is handled below with the others resident there
-    }
-  }
-  for (uint32_t model : index_->LruOrder()) {
-    const shm::ModelRecord& r = index_->Get(model);
-    if (r.worker_slot != slot) continue;
-    bool was_loading = index_->State(model) == ModelState::kLoading;
-    index_->MarkNotResident(model, ModelState::kRegistered,
-                            fmt::format("worker {} {}", slot, why));
-    runtime_[model].unload_when_idle = false;
-    std::vector<Call> unload_waiters;
-    unload_waiters.swap(runtime_[model].unload_waiters);
-    for (const Call& call : unload_waiters) {
-      v1::Envelope reply;  // the memory is gone with the process: the unload happened
-      reply.mutable_unload_reply()->set_model(r.name);
-      Answer(call, std::move(reply));
-    }
-    if (was_loading) FailWaiters(model, lost);
-  }
-  worker_models_[slot] = 0;
-  RetryPending();
-}
-
-void Daemon::SweepDeadlines() {
-  uint64_t now = MonotonicMillis();
-  for (uint32_t model : index_->All()) {
-    std::deque<Waiter>& waiters = runtime_[model].waiters;
-    for (auto it = waiters.begin(); it != waiters.end();) {
-      if (it->deadline_ms != 0 && now > it->deadline_ms) {
-        Call call = it->call;
-        it = waiters.erase(it);
-        queued_--;
-        AnswerError(call, Error(Code::kDeadlineExceeded,
-                                "model \"{}\" was not ready before the request's deadline",
-                                index_->Get(model).name));
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& [id, job] : jobs_) {
-    if (job.kind != Job::Kind::kInfer || job.answered || job.deadline_ms == 0) continue;
-    if (now > job.deadline_ms) {
-      job.answered = true;  // the worker's late reply is dropped
-      AnswerError(job.call, Error(Code::kDeadlineExceeded,
-                                  "inference on \"{}\" did not finish before the deadline",
-                                  index_->Get(job.model).name));
-    }
-  }
 }
 
 }  // namespace warmpool::supervisor

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_option("--worker", worker_path, "warmpool-worker binary (default: next to warmpoold)");
+  bool fault_injection = false;
+  app.add_flag("--enable-fault-injection", fault_injection,
+               "accept 'warmpool fault arm/clear' (for testing and the chaos harness only)");
   CLI11_PARSE(app, argc, argv);
 
   auto logger = spdlog::stderr_color_mt("warmpoold");
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
     if (!bytes.ok()) return fail(bytes.status());
     config.budget_bytes = *bytes;
   }
+  config.enable_fault_injection = fault_injection;
   supervisor::FinishDefaults(config);
   if (Status s = supervisor::CheckInstanceName(config.instance); !s.ok()) return fail(s);
   if (worker_path.empty()) worker_path = SelfDirectory() + "/warmpool-worker";

@@ -1,5 +1,5 @@
-// Client requests: validation, replies, and the read-only snapshots (models, ps, status), which are
-// built from the index itself so that no parallel copy can drift from it.
+// Client requests: validation and replies. What they set in motion lives in lifecycle.cc (loads,
+// unloads, admission) and dispatch.cc (inference).
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
@@ -39,6 +39,8 @@ void Daemon::OnRequest(uint64_t session, v1::Envelope&& request) {
     case v1::Envelope::kModels: Answer(call, ModelsSnapshot()); break;
     case v1::Envelope::kPs: Answer(call, PsSnapshot()); break;
     case v1::Envelope::kStatus: Answer(call, StatusSnapshot()); break;
+    case v1::Envelope::kFaultArm: HandleFaultArm(call, request.fault_arm()); break;
+    case v1::Envelope::kFaultClear: HandleFaultClear(call); break;
     default:
       AnswerError(call, Error(Code::kInvalidArgument,
                               "request {} carries no request this daemon understands (body {})",
@@ -69,9 +71,9 @@ void Daemon::HandleLoad(const Call& call, const std::string& name) {
     return AnswerError(call, Error(Code::kResourceExhausted,
                                    "{} requests are already waiting: retry later", queued_));
   }
-  runtime_[model].waiters.push_back(Waiter{call, false, {}, 0});
-  queued_++;
-  EnsureLoading(model);
+  // An explicit load retries a failed model at once, cooldown or not.
+  runtime_[model].failed_until_ms = 0;
+  Enqueue(model, Waiter{call, false, {}, 0, 0});
 }
 
 void Daemon::HandleUnload(const Call& call, const std::string& name) {
@@ -96,8 +98,10 @@ void Daemon::HandleUnload(const Call& call, const std::string& name) {
 
 void Daemon::HandleInfer(const Call& call, v1::InferRequest&& request) {
   const v1::Tensor& input = request.input();
-  if (input.rows() == 0 || input.cols() == 0 ||
-      input.data().size() != uint64_t{input.rows()} * input.cols() * sizeof(float)) {
+  // Compared by division: rows * cols may overflow for hostile values.
+  if (input.rows() == 0 || input.cols() == 0 || input.data().size() % sizeof(float) != 0 ||
+      input.data().size() / sizeof(float) / input.rows() != input.cols() ||
+      input.data().size() / sizeof(float) % input.rows() != 0) {
     return AnswerError(call, Error(Code::kInvalidArgument,
                                    "input must be a non-empty rows x cols matrix of f32 (got {} x "
                                    "{} with {} bytes)",
@@ -111,80 +115,8 @@ void Daemon::HandleInfer(const Call& call, v1::InferRequest&& request) {
                                    queued_, config_.max_queue));
   }
   uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : config_.default_deadline_ms;
-  Waiter waiter{call, true, std::move(request), MonotonicMillis() + deadline};
-  if (index_->State(model) == ModelState::kReady && !runtime_[model].unload_when_idle) {
-    Dispatch(model, std::move(waiter));
-    return;
-  }
-  runtime_[model].waiters.push_back(std::move(waiter));
-  queued_++;
-  EnsureLoading(model);
-}
-
-v1::Envelope Daemon::ModelsSnapshot() const {
-  v1::Envelope reply;
-  v1::ModelsReply* models = reply.mutable_models_reply();
-  for (uint32_t i : index_->All()) {
-    const shm::ModelRecord& r = index_->Get(i);
-    v1::ModelInfo* m = models->add_models();
-    m->set_name(r.name);
-    m->set_engine(r.engine);
-    m->set_path(r.path);
-    m->set_state(std::string(shm::ModelStateName(static_cast<ModelState>(r.state))));
-    m->set_bytes(r.weight_bytes);
-    m->set_last_error(runtime_[i].last_error);
-    m->set_in_features(runtime_[i].in_features);
-    m->set_out_features(runtime_[i].out_features);
-  }
-  return reply;
-}
-
-v1::Envelope Daemon::PsSnapshot() const {
-  v1::Envelope reply;
-  v1::PsReply* ps = reply.mutable_ps_reply();
-  for (uint32_t i : index_->LruOrder()) {
-    const shm::ModelRecord& r = index_->Get(i);
-    v1::PsEntry* e = ps->add_models();
-    e->set_name(r.name);
-    e->set_state(std::string(shm::ModelStateName(static_cast<ModelState>(r.state))));
-    e->set_device(r.device);
-    e->set_bytes(r.weight_bytes + r.workspace_bytes);
-    e->set_inflight(r.inflight);
-    e->set_replicas(r.replicas);
-    e->set_last_used(static_cast<int64_t>(r.last_used_ns / 1000000000ull));
-    e->set_has_expiry(false);  // no keep_alive yet: kept until evicted
-    e->set_loaded_bytes(r.loaded_bytes);
-  }
-  return reply;
-}
-
-v1::Envelope Daemon::StatusSnapshot() const {
-  v1::Envelope reply;
-  v1::StatusReply* status = reply.mutable_status_reply();
-  status->set_version(kVersion);
-  status->set_backend("host");
-  v1::DeviceStatus* device = status->add_devices();
-  device->set_id(0);
-  device->set_kind("host");
-  device->set_budget_bytes(index_->DeviceBudget());
-  device->set_used_bytes(index_->DeviceUsed(0));
-  for (uint32_t slot = 0; slot < workers_->size(); slot++) {
-    const shm::WorkerRecord& w = segment_.view().worker(slot);
-    v1::WorkerStatus* ws = status->add_workers();
-    ws->set_slot(slot);
-    ws->set_pid(w.pid);
-    ws->set_device(w.device);
-    static const char* kStates[] = {"empty", "starting", "idle", "busy", "dead", "fatal"};
-    std::string state = w.state < 6 ? kStates[w.state] : "unknown";
-    if (state == "idle" && worker_outstanding_[slot] != 0) state = "busy";
-    ws->set_state(state);
-    ws->set_restarts(w.restarts);
-  }
-  uint32_t inflight = 0;
-  for (const auto& [id, job] : jobs_) inflight += job.kind == Job::Kind::kInfer;
-  status->set_inflight(inflight);
-  status->set_queued(queued_);
-  return reply;
+  uint64_t deadline_ms = deadline == 0 ? 0 : MonotonicMillis() + deadline;  // 0: none
+  Enqueue(model, Waiter{call, true, std::move(request), deadline_ms, 0});
 }
 
 }  // namespace warmpool::supervisor

@@ -27,6 +27,10 @@ struct WorkerPool::Worker {
   bool running = false;    // spawned and not yet reaped
   uint32_t restarts = 0;
   int32_t last_exit = -1;
+  std::string last_exit_text;
+  std::string kill_reason;     // set when the supervisor killed it on purpose
+  uint64_t started_ms = 0;
+  uint64_t backoff_ms = 0;
   WorkerState state = WorkerState::kEmpty;
   ipc::Connection* channel = nullptr;
   std::unique_ptr<ipc::UvHandle<uv_process_t>> process;
@@ -96,7 +100,7 @@ void WorkerPool::Spawn(uint32_t slot) {
       "--device", std::to_string(options_.device),
       "--instance", options_.instance,
       "--budget", std::to_string(options_.budget_bytes),
-      "--max-frame-bytes", std::to_string(options_.max_frame_bytes),
+      "--max-frame-bytes", std::to_string(options_.max_frame_bytes + kWorkerFrameHeadroom),
       "--parent", std::to_string(getpid()),
   };
   std::vector<char*> argv;
@@ -146,13 +150,17 @@ void WorkerPool::Spawn(uint32_t slot) {
   w.process->MarkInitialized();
   w.pid = w.process->get()->pid;
   w.running = true;
+  w.kill_reason.clear();
+  w.started_ms = MonotonicMillis();
   w.ready = false;
   w.state = WorkerState::kStarting;
   PublishState(slot);
 
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   ipc::Connection::Options channel_options;
-  channel_options.max_frame_bytes = options_.max_frame_bytes;
+  channel_options.max_frame_bytes = options_.max_frame_bytes + kWorkerFrameHeadroom;
+  // Work for a worker is bounded by the daemon (per-worker pending bytes), never by dropping it.
+  channel_options.max_pending_write_bytes = SIZE_MAX;
   uint32_t generation = w.generation;
   w.channel = ipc::Connection::Open(
       loop_, fds[0], channel_options,
@@ -185,6 +193,9 @@ void WorkerPool::Spawn(uint32_t slot) {
       [this, slot, generation](const Status& why) {
         Worker& worker = *workers_[slot];
         if (worker.generation != generation) return;
+        if (!shutting_down_ && worker.running) {
+          spdlog::warn("worker {} channel closed ({}); stopping the worker", slot, why.ToString());
+        }
         worker.channel = nullptr;
         worker.ready = false;
         // EOF with the process still there (it closed fd 3, or is wedged): make the exit certain.
@@ -196,6 +207,8 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   Worker& w = *workers_[slot];
   std::string why = term_signal != 0 ? fmt::format("killed by signal {} ({})", term_signal, strsignal(term_signal))
                                      : fmt::format("exited with status {}", exit_status);
+  w.last_exit_text = why;
+  if (!w.kill_reason.empty()) why = fmt::format("was killed by the supervisor: {}", w.kill_reason);
   w.running = false;
   w.ready = false;
   w.last_exit = term_signal != 0 ? 128 + term_signal : static_cast<int32_t>(exit_status);
@@ -215,8 +228,7 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
                        "respawning it: fix the configuration and restart warmpoold",
                        slot, w.pid);
     } else {
-      spdlog::warn("worker {} (pid {}) {}; respawning in {} ms", slot, w.pid, why,
-                   options_.respawn_delay_ms);
+      spdlog::warn("worker {} (pid {}) {}; respawning", slot, w.pid, why);
     }
   }
   if (events_.on_death) events_.on_death(slot, generation, why);
@@ -226,10 +238,15 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   }
   if (!fatal) {
     w.restarts++;
+    // Capped exponential backoff; a worker that ran for a stable while starts over.
+    bool stable = MonotonicMillis() - w.started_ms >= options_.respawn_stable_ms;
+    w.backoff_ms = (stable || w.backoff_ms == 0)
+                       ? options_.respawn_min_ms
+                       : std::min(w.backoff_ms * 2, options_.respawn_max_ms);
     uv_timer_start(w.respawn_timer.get(), [](uv_timer_t* t) {
       auto* worker = static_cast<Worker*>(t->data);
       worker->pool->Spawn(worker->slot);
-    }, options_.respawn_delay_ms, 0);
+    }, w.backoff_ms, 0);
   }
 }
 
@@ -241,6 +258,23 @@ bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message) {
 }
 
 bool WorkerPool::ready(uint32_t slot) const { return workers_[slot]->ready; }
+
+void WorkerPool::Kill(uint32_t slot, const std::string& reason) {
+  Worker& w = *workers_[slot];
+  if (!w.running || w.pid <= 0 || !w.kill_reason.empty()) return;
+  spdlog::warn("killing worker {} (pid {}): {}", slot, w.pid, reason);
+  w.kill_reason = reason;
+  kill(w.pid, SIGKILL);
+}
+
+bool WorkerPool::AnyCanServe() const {
+  for (const auto& w : workers_) {
+    if (w->state != WorkerState::kFatal) return true;
+  }
+  return false;
+}
+
+std::string WorkerPool::LastExit(uint32_t slot) const { return workers_[slot]->last_exit_text; }
 int WorkerPool::pid(uint32_t slot) const { return workers_[slot]->pid; }
 uint32_t WorkerPool::generation(uint32_t slot) const { return workers_[slot]->generation; }
 

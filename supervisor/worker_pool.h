@@ -28,8 +28,13 @@ struct WorkerPoolOptions {
   uint32_t device = 0;
   uint64_t budget_bytes = 0;
   uint32_t max_frame_bytes = 64u << 20;
-  uint64_t respawn_delay_ms = 100;
+  uint64_t respawn_min_ms = 100;     // backoff after a crash, doubling per consecutive crash
+  uint64_t respawn_max_ms = 30000;
+  uint64_t respawn_stable_ms = 60000;  // a worker that lived this long resets the backoff
 };
+
+// Frames to a worker carry a few fields more than the client's request they wrap.
+inline constexpr uint32_t kWorkerFrameHeadroom = 64 * 1024;
 
 struct WorkerEvents {
   std::function<void(uint32_t slot)> on_ready;  // hello received: the worker takes jobs
@@ -50,7 +55,13 @@ class WorkerPool {
   // Closes every channel (workers exit on EOF), SIGKILLs stragglers after grace_ms, then calls done.
   void Shutdown(uint64_t grace_ms, std::function<void()> done);
 
+  // SIGKILLs the worker; its death is reported with `reason` instead of the bare signal.
+  void Kill(uint32_t slot, const std::string& reason);
   bool ready(uint32_t slot) const;
+  // False when every worker is dead for good (exit status 2 or cannot be started).
+  bool AnyCanServe() const;
+  // "killed by signal 9", "exited with status 1", or "" for a worker that never died.
+  std::string LastExit(uint32_t slot) const;
   uint32_t size() const { return static_cast<uint32_t>(workers_.size()); }
   int pid(uint32_t slot) const;
   uint32_t generation(uint32_t slot) const;

@@ -224,7 +224,7 @@ TEST_F(FaultsTest, DeadlineExceededWhileQueuedBehindSlowWork) {
   }
 }
 
-TEST_F(FaultsTest, WorkerKilledMidRequestAnswersUnavailableAndRecovers) {
+TEST_F(FaultsTest, WorkersKilledMidRequestAreRetriedAndRecover) {
   std::string path = MakeModel("slow", "256,1024,1024,256");
   MakeModel("other", "8,4");
   StartDaemon();
@@ -244,28 +244,19 @@ TEST_F(FaultsTest, WorkerKilledMidRequestAnswersUnavailableAndRecovers) {
   std::vector<pid_t> before = WorkerPids();
   for (pid_t pid : before) kill(pid, SIGKILL);
 
-  int ok = 1, unavailable = 0;
+  // Inference is pure: the request running when its worker died, and those queued behind it, are
+  // retried on a respawned worker. Every one is answered exactly once, with the right result.
   for (size_t i = 1; i < ids.size(); i++) {
-    auto reply = client->Wait(ids[i]);  // every request gets exactly one reply: none hangs
+    auto reply = client->Wait(ids[i]);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-    if (reply->has_infer_reply()) {
-      ok++;
-      ExpectNear(expected, *client::FromTensor(reply->infer_reply().output()));
-    } else {
-      EXPECT_EQ(reply->error().code(), v1::UNAVAILABLE) << reply->error().message();
-      EXPECT_NE(reply->error().message().find("killed by signal 9"), std::string::npos);
-      unavailable++;
-    }
+    ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
+    ExpectNear(expected, *client::FromTensor(reply->infer_reply().output()));
   }
-  EXPECT_EQ(ok + unavailable, 40);
-  EXPECT_GT(unavailable, 0);
-
-  // Workers come back and the model loads again on demand.
-  auto out = client->Infer("slow", input);
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
-  ExpectNear(expected, *out);
   auto status = client->GetStatus();
-  for (const auto& w : status->workers()) EXPECT_EQ(w.restarts(), 1u);
+  for (const auto& w : status->workers()) {
+    EXPECT_EQ(w.restarts(), 1u);
+    EXPECT_NE(w.last_exit().find("killed by signal 9"), std::string::npos) << w.last_exit();
+  }
   std::vector<pid_t> after = WorkerPids();
   for (pid_t pid : after) EXPECT_EQ(std::count(before.begin(), before.end(), pid), 0);
   ExpectServing(this, *client, "other");

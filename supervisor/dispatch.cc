@@ -1,0 +1,142 @@
+// Inference: requests queue per model (in arrival order) until the model is ready and its worker
+// has room, then go to the worker. The request is kept with its job so that, if the worker dies
+// while holding it, it can be retried once elsewhere (inference is pure).
+#include <spdlog/spdlog.h>
+
+#include "common/clock.h"
+#include "ipc/framing.h"
+#include "supervisor/daemon.h"
+#include "supervisor/worker_pool.h"
+
+namespace warmpool::supervisor {
+
+using shm::ModelState;
+
+namespace {
+
+// Work queued in one worker's channel is bounded: beyond this, requests wait in the daemon (and
+// count against max_queue) instead of piling up in a socket buffer without end.
+constexpr uint64_t kMaxWorkerPendingBytes = 256ull << 20;
+constexpr uint32_t kMaxWorkerPendingJobs = 256;
+
+}  // namespace
+
+void Daemon::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
+  ModelRuntime& rt = runtime_[model];
+  if (front) rt.waiters.push_front(std::move(waiter));
+  else rt.waiters.push_back(std::move(waiter));
+  queued_++;
+  if (index_->State(model) == ModelState::kReady) {
+    DrainReady(model);
+  } else {
+    EnsureLoading(model);
+  }
+}
+
+void Daemon::DrainReady(uint32_t model) {
+  ModelRuntime& rt = runtime_[model];
+  while (!rt.waiters.empty() && index_->State(model) == ModelState::kReady && !rt.unload_when_idle) {
+    uint32_t worker = index_->Get(model).worker_slot;
+    if (worker_outstanding_[worker] >= kMaxWorkerPendingJobs ||
+        worker_pending_bytes_[worker] >= kMaxWorkerPendingBytes) {
+      return;  // OnInferDone drains again as the worker catches up
+    }
+    Waiter waiter = std::move(rt.waiters.front());
+    rt.waiters.pop_front();
+    queued_--;
+    if (!waiter.is_infer) continue;  // load waiters are answered by OnLoadDone
+    Dispatch(model, waiter);
+  }
+}
+
+bool Daemon::Dispatch(uint32_t model, Waiter& waiter) {
+  ModelRuntime& rt = runtime_[model];
+  const shm::ModelRecord& r = index_->Get(model);
+  const v1::Tensor& input = waiter.infer.input();
+  if (rt.in_features != 0 && input.cols() != rt.in_features) {
+    AnswerError(waiter.call, Error(Code::kInvalidArgument,
+                                   "input has {} columns but model \"{}\" expects {}",
+                                   input.cols(), r.name, rt.in_features));
+    return false;
+  }
+  uint64_t out_cols = rt.out_features != 0 ? rt.out_features : input.cols();
+  uint64_t reply_bytes = uint64_t{input.rows()} * out_cols * sizeof(float);
+  if (reply_bytes + 1024 > config_.max_frame_bytes) {
+    AnswerError(waiter.call, Error(Code::kInvalidArgument,
+                                   "the output of {} rows would take {} bytes, over the frame limit "
+                                   "of {}: send fewer rows per request",
+                                   input.rows(), reply_bytes, config_.max_frame_bytes));
+    return false;
+  }
+  Job job;
+  job.kind = Job::Kind::kInfer;
+  job.worker = r.worker_slot;
+  job.model = model;
+  job.call = waiter.call;
+  job.deadline_ms = waiter.deadline_ms;
+  job.crashes = waiter.crashes;
+  job.request = std::move(waiter.infer);
+  job.bytes = job.request.input().data().size() + reply_bytes;
+  uint32_t worker = job.worker;
+  uint64_t id = NewJob(std::move(job));
+  Job& stored = jobs_[id];
+  index_->Update(model, [](shm::ModelRecord& m) {
+    m.inflight++;
+    m.hits++;
+  });
+  index_->Touch(model);
+  // The input moves into the message for serialisation and back into the job afterwards: no copy.
+  v1::WorkerEnvelope message;
+  v1::WorkerInfer* infer = message.mutable_infer();
+  infer->set_job(id);
+  infer->set_model(model);
+  infer->set_request_id(id);
+  if (stored.deadline_ms != 0) {
+    int64_t left = static_cast<int64_t>(stored.deadline_ms) - static_cast<int64_t>(MonotonicMillis());
+    infer->set_deadline_unix_ms(UnixMillis() + std::max<int64_t>(left, 0));
+  }
+  infer->set_allocated_input(stored.request.release_input());
+  workers_->Send(worker, message);
+  stored.request.set_allocated_input(infer->release_input());
+  return true;
+}
+
+void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
+  uint32_t model = job.model;
+  ModelRuntime& rt = runtime_[model];
+  index_->Update(model, [](shm::ModelRecord& r) {
+    r.inflight--;
+    r.last_used_ns = UnixNanos();
+  });
+  if (!job.answered) {
+    if (done.has_error()) {
+      AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));
+    } else {
+      v1::Envelope reply;
+      reply.mutable_infer_reply()->set_allocated_output(done.release_output());
+      Answer(job.call, std::move(reply));
+    }
+  }
+  // A model that served well for a whole crash window has earned its base cooldown back.
+  if (!rt.crash_ms.empty() && MonotonicMillis() - rt.crash_ms.back() > config_.crash_loop_window_ms) {
+    rt.crash_ms.clear();
+    rt.cooldown_ms = 0;
+  }
+  if (index_->Get(model).inflight == 0 && rt.unload_when_idle) {
+    SendUnload(model);
+    return;
+  }
+  DrainReady(model);
+  // Room in this worker again: other models on it may have requests waiting for it.
+  if (worker_outstanding_[job.worker] + 1 >= kMaxWorkerPendingJobs ||
+      worker_pending_bytes_[job.worker] + job.bytes >= kMaxWorkerPendingBytes) {
+    for (uint32_t other : index_->LruOrder()) {
+      if (other != model && index_->Get(other).worker_slot == job.worker) DrainReady(other);
+    }
+  }
+  if (index_->Get(model).inflight == 0 && !pending_admission_.empty()) {
+    RetryPending();  // an idle model may now be evicted
+  }
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,192 @@
+// What happens when things go wrong: a worker dies (crash, kill, hang killed by us), a model keeps
+// crashing its workers, requests and loads overrun their time. The rule throughout: every request
+// is answered exactly once, and nothing but the dead worker's own work is disturbed.
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "common/clock.h"
+#include "supervisor/daemon.h"
+
+namespace warmpool::supervisor {
+
+using shm::ModelState;
+
+void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why) {
+  // The in-flight markers say which requests the worker was running when it died: those requests
+  // (and their models) are the suspects; requests merely queued behind them are innocent.
+  std::vector<shm::InflightSlot> taken;
+  inflight_->Reclaim(static_cast<uint16_t>(slot), generation, &taken);
+  std::vector<uint64_t> killers;
+  for (const shm::InflightSlot& s : taken) killers.push_back(s.request_id);
+  if (!taken.empty()) spdlog::info("reclaimed {} in-flight markers of worker {}", taken.size(), slot);
+
+  std::vector<uint32_t> suspects;  // models that count a crash
+  std::vector<uint64_t> ids;
+  for (const auto& [id, job] : jobs_) {
+    if (job.worker == slot) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());  // job order is arrival order: retries keep it
+  std::vector<std::pair<uint32_t, Waiter>> retries;
+  for (uint64_t id : ids) {
+    Job job = std::move(jobs_[id]);
+    jobs_.erase(id);
+    worker_outstanding_[slot]--;
+    worker_pending_bytes_[slot] -= job.bytes;
+    bool killer = std::find(killers.begin(), killers.end(), id) != killers.end();
+    if (killer || job.kind != Job::Kind::kInfer) suspects.push_back(job.model);
+    if (job.kind != Job::Kind::kInfer) continue;  // loads and unloads: handled with the models below
+    index_->Update(job.model, [](shm::ModelRecord& r) { r.inflight--; });
+    if (job.answered) continue;  // already told DEADLINE_EXCEEDED
+    uint32_t crashes = job.crashes + (killer ? 1 : 0);
+    if (crashes >= 2) {
+      AnswerError(job.call, Error(Code::kInternal,
+                                  "the request crashed its worker twice (last: worker {} {}); it "
+                                  "is not retried again",
+                                  slot, why));
+      continue;
+    }
+    Waiter w{job.call, true, std::move(job.request), job.deadline_ms, crashes};
+    retries.emplace_back(job.model, std::move(w));
+  }
+  std::sort(suspects.begin(), suspects.end());
+  suspects.erase(std::unique(suspects.begin(), suspects.end()), suspects.end());
+
+  for (uint32_t model : index_->LruOrder()) {
+    const shm::ModelRecord& r = index_->Get(model);
+    if (r.worker_slot != slot) continue;
+    index_->MarkNotResident(model, ModelState::kRegistered, fmt::format("worker {} {}", slot, why));
+    runtime_[model].unload_when_idle = false;
+    std::vector<Call> unload_waiters;
+    unload_waiters.swap(runtime_[model].unload_waiters);
+    for (const Call& call : unload_waiters) {
+      v1::Envelope reply;  // the memory went with the process: the unload happened
+      reply.mutable_unload_reply()->set_model(r.name);
+      Answer(call, std::move(reply));
+    }
+  }
+  worker_models_[slot] = 0;
+  for (uint32_t model : suspects) RecordCrash(model, fmt::format("worker {} {}", slot, why));
+
+  // Retried requests go to the front of their model's queue, in their original order; the models
+  // reload on another worker or on the respawned one. A model now failed refuses them.
+  for (auto it = retries.rbegin(); it != retries.rend(); ++it) {
+    runtime_[it->first].waiters.push_front(std::move(it->second));
+    queued_++;
+  }
+  for (uint32_t model : index_->All()) {
+    if (!runtime_[model].waiters.empty()) EnsureLoading(model);
+  }
+  RetryPending();
+}
+
+void Daemon::RecordCrash(uint32_t model, const std::string& why) {
+  ModelRuntime& rt = runtime_[model];
+  uint64_t now = MonotonicMillis();
+  rt.crash_ms.push_back(now);
+  while (!rt.crash_ms.empty() && now - rt.crash_ms.front() > config_.crash_loop_window_ms) {
+    rt.crash_ms.pop_front();
+  }
+  if (rt.crash_ms.size() < config_.crash_loop_crashes) return;
+  MarkFailed(model, fmt::format("crashed its worker {} times within {} s (last: {})",
+                                rt.crash_ms.size(), config_.crash_loop_window_ms / 1000, why));
+  rt.crash_ms.clear();
+}
+
+void Daemon::MarkFailed(uint32_t model, const std::string& reason) {
+  ModelRuntime& rt = runtime_[model];
+  rt.cooldown_ms = rt.cooldown_ms == 0
+                       ? config_.failed_cooldown_ms
+                       : std::min<uint64_t>(rt.cooldown_ms * 2, config_.failed_cooldown_max_ms);
+  rt.failed_until_ms = MonotonicMillis() + rt.cooldown_ms;
+  rt.last_error = reason;
+  ModelState state = index_->State(model);
+  if (state == ModelState::kReady) {
+    // Still resident (it crashed a worker that is not its own): let it go, then fail.
+    StartUnload(model, /*eviction=*/false);
+  } else if (state != ModelState::kLoading && state != ModelState::kUnloading) {
+    index_->MarkNotResident(model, ModelState::kFailed, reason);
+  }
+  spdlog::warn("model \"{}\" failed: {}; retried in {} ms at the earliest", index_->Get(model).name,
+               reason, rt.cooldown_ms);
+  FailWaiters(model, FailedStatus(model));
+}
+
+Status Daemon::FailedStatus(uint32_t model) const {
+  const std::string name = index_->Get(model).name;
+  int64_t retry = RetryInMs(model);
+  return Error(Code::kFailedPrecondition,
+               "model \"{}\" failed: {}; {} (or retry now with 'warmpool load {}')", name,
+               runtime_[model].last_error,
+               retry > 0 ? fmt::format("it will be retried in {:.1f} s", retry / 1000.0)
+                         : std::string("the next request retries it"),
+               name);
+}
+
+void Daemon::SweepDeadlines() {
+  uint64_t now = MonotonicMillis();
+  for (uint32_t model : index_->All()) {
+    std::deque<Waiter>& waiters = runtime_[model].waiters;
+    for (auto it = waiters.begin(); it != waiters.end();) {
+      if (it->deadline_ms != 0 && now > it->deadline_ms) {
+        Call call = it->call;
+        it = waiters.erase(it);
+        queued_--;
+        AnswerError(call, Error(Code::kDeadlineExceeded,
+                                "model \"{}\" was not ready before the request's deadline",
+                                index_->Get(model).name));
+      } else {
+        ++it;
+      }
+    }
+  }
+  std::vector<std::pair<uint32_t, std::string>> to_kill;
+  for (auto& [id, job] : jobs_) {
+    const std::string& name = index_->Get(job.model).name;
+    switch (job.kind) {
+      case Job::Kind::kInfer:
+        if (job.deadline_ms == 0 || now <= job.deadline_ms) break;
+        if (!job.answered) {
+          job.answered = true;  // the worker's late reply is dropped
+          AnswerError(job.call, Error(Code::kDeadlineExceeded,
+                                      "inference on \"{}\" did not finish before the deadline",
+                                      name));
+        }
+        if (now > job.deadline_ms + config_.inference_grace_ms) {
+          to_kill.emplace_back(job.worker,
+                               fmt::format("inference on \"{}\" overran its deadline by {} ms",
+                                           name, now - job.deadline_ms));
+        }
+        break;
+      case Job::Kind::kLoad:
+      case Job::Kind::kUnload:
+        if (now - job.progress_ms > config_.load_stall_ms) {
+          to_kill.emplace_back(job.worker, fmt::format("{} of \"{}\" made no progress for {} ms",
+                                                       job.kind == Job::Kind::kLoad ? "loading"
+                                                                                    : "unloading",
+                                                       name, now - job.progress_ms));
+        }
+        break;
+    }
+  }
+  // Killing only asks the kernel; the death arrives through the loop like any other.
+  for (const auto& [worker, reason] : to_kill) workers_->Kill(worker, reason);
+}
+
+void Daemon::FailEverything(const Status& status) {
+  for (uint32_t model : index_->All()) FailWaiters(model, status);
+  for (auto& [id, job] : jobs_) {
+    if (job.kind == Job::Kind::kInfer && !job.answered) {
+      job.answered = true;
+      AnswerError(job.call, status);
+    }
+  }
+  for (uint32_t model : index_->All()) {
+    std::vector<Call> calls;
+    calls.swap(runtime_[model].unload_waiters);
+    for (const Call& call : calls) AnswerError(call, status);
+  }
+  pending_admission_.clear();
+}
+
+}  // namespace warmpool::supervisor

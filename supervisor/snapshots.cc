@@ -1,0 +1,102 @@
+// The read-only views (models, ps, status), built from the index itself so that no parallel copy
+// can drift from it.
+#include "common/clock.h"
+#include "supervisor/daemon.h"
+
+namespace warmpool::supervisor {
+
+using shm::ModelState;
+
+int64_t Daemon::RetryInMs(uint32_t model) const {
+  if (index_->State(model) != ModelState::kFailed) return 0;
+  uint64_t now = MonotonicMillis();
+  uint64_t until = runtime_[model].failed_until_ms;
+  return until > now ? static_cast<int64_t>(until - now) : 0;
+}
+
+v1::Envelope Daemon::ModelsSnapshot() const {
+  v1::Envelope reply;
+  v1::ModelsReply* models = reply.mutable_models_reply();
+  for (uint32_t i : index_->All()) {
+    const shm::ModelRecord& r = index_->Get(i);
+    v1::ModelInfo* m = models->add_models();
+    m->set_name(r.name);
+    m->set_engine(r.engine);
+    m->set_path(r.path);
+    m->set_state(std::string(shm::ModelStateName(static_cast<ModelState>(r.state))));
+    m->set_bytes(r.weight_bytes);
+    m->set_last_error(runtime_[i].last_error);
+    m->set_retry_in_ms(RetryInMs(i));
+    m->set_in_features(runtime_[i].in_features);
+    m->set_out_features(runtime_[i].out_features);
+  }
+  return reply;
+}
+
+v1::Envelope Daemon::PsSnapshot() const {
+  v1::Envelope reply;
+  v1::PsReply* ps = reply.mutable_ps_reply();
+  std::vector<uint32_t> shown = index_->LruOrder();
+  for (uint32_t i : index_->All()) {
+    if (index_->State(i) == ModelState::kFailed) shown.push_back(i);  // with why and when
+  }
+  for (uint32_t i : shown) {
+    const shm::ModelRecord& r = index_->Get(i);
+    v1::PsEntry* e = ps->add_models();
+    e->set_last_error(runtime_[i].last_error);
+    e->set_retry_in_ms(RetryInMs(i));
+    e->set_name(r.name);
+    e->set_state(std::string(shm::ModelStateName(static_cast<ModelState>(r.state))));
+    e->set_device(r.device);
+    e->set_bytes(r.weight_bytes + r.workspace_bytes);
+    e->set_inflight(r.inflight);
+    e->set_replicas(r.replicas);
+    e->set_last_used(static_cast<int64_t>(r.last_used_ns / 1000000000ull));
+    e->set_has_expiry(false);  // no keep_alive yet: kept until evicted
+    e->set_loaded_bytes(r.loaded_bytes);
+  }
+  return reply;
+}
+
+v1::Envelope Daemon::StatusSnapshot() const {
+  v1::Envelope reply;
+  v1::StatusReply* status = reply.mutable_status_reply();
+  status->set_version(kVersion);
+  status->set_backend("host");
+  v1::DeviceStatus* device = status->add_devices();
+  device->set_id(0);
+  device->set_kind("host");
+  device->set_budget_bytes(index_->DeviceBudget());
+  device->set_used_bytes(index_->DeviceUsed(0));
+  for (uint32_t slot = 0; slot < workers_->size(); slot++) {
+    const shm::WorkerRecord& w = segment_.view().worker(slot);
+    v1::WorkerStatus* ws = status->add_workers();
+    ws->set_slot(slot);
+    ws->set_pid(w.pid);
+    ws->set_device(w.device);
+    static const char* kStates[] = {"empty", "starting", "idle", "busy", "dead", "fatal"};
+    std::string state = w.state < 6 ? kStates[w.state] : "unknown";
+    if (state == "idle" && worker_outstanding_[slot] != 0) state = "busy";
+    ws->set_state(state);
+    ws->set_restarts(w.restarts);
+    ws->set_last_exit(workers_->LastExit(slot));
+  }
+  uint32_t inflight = 0;
+  for (const auto& [id, job] : jobs_) inflight += job.kind == Job::Kind::kInfer;
+  status->set_inflight(inflight);
+  status->set_queued(queued_);
+  status->set_fault_injection(config_.enable_fault_injection);
+  for (uint32_t i : index_->All()) {
+    if (index_->State(i) != ModelState::kFailed) continue;
+    v1::ModelInfo* f = status->add_failed();
+    f->set_name(index_->Get(i).name);
+    f->set_engine(index_->Get(i).engine);
+    f->set_path(index_->Get(i).path);
+    f->set_state("failed");
+    f->set_last_error(runtime_[i].last_error);
+    f->set_retry_in_ms(RetryInMs(i));
+  }
+  return reply;
+}
+
+}  // namespace warmpool::supervisor
