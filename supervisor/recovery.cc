@@ -28,13 +28,21 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
   }
   std::sort(ids.begin(), ids.end());  // job order is arrival order: retries keep it
   std::vector<std::pair<uint32_t, Waiter>> retries;
+  bool saw_load = false, saw_serving = false;
   for (uint64_t id : ids) {
     Job job = std::move(jobs_[id]);
     jobs_.erase(id);
     worker_outstanding_[slot]--;
     worker_pending_bytes_[slot] -= job.bytes;
     bool killer = std::find(killers.begin(), killers.end(), id) != killers.end();
-    if (killer || job.kind != Job::Kind::kInfer) suspects.push_back(job.model);
+    if (killer) suspects.push_back(job.model);
+    // Without a marker, the suspects are what each of the worker's two threads was running: the
+    // oldest load (its load thread takes them one by one) and an unload at the head of its
+    // serving thread's queue. Requests merely queued behind them are not blamed.
+    if (killers.empty() && job.kind == Job::Kind::kLoad && !saw_load) suspects.push_back(job.model);
+    if (killers.empty() && job.kind == Job::Kind::kUnload && !saw_serving) suspects.push_back(job.model);
+    saw_load = saw_load || job.kind == Job::Kind::kLoad;
+    saw_serving = saw_serving || job.kind != Job::Kind::kLoad;
     if (job.kind != Job::Kind::kInfer) continue;  // loads and unloads: handled with the models below
     index_->Update(job.model, [](shm::ModelRecord& r) { r.inflight--; });
     if (job.answered) continue;  // already told DEADLINE_EXCEEDED

@@ -1,0 +1,468 @@
+#include "chaos/harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "common/units.h"
+#include "engines/dense_model.h"
+#include "engines/safetensors.h"
+#include "shm/inflight.h"
+#include "shm/model_index.h"
+#include "shm/segment.h"
+
+namespace warmpool::chaos {
+
+namespace fs = std::filesystem;
+
+void Checks::Expect(bool ok, const std::string& what, const std::string& detail) {
+  if (ok) passed.push_back(what);
+  else failed.push_back(detail.empty() ? what : what + ": " + detail);
+}
+
+namespace {
+
+void Sleep(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+// A dense model with random weights, as warmpool-mkmodel writes them.
+Status WriteDense(const std::string& path, const std::vector<uint64_t>& layers, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<safetensors::TensorToWrite> tensors;
+  for (size_t i = 0; i + 1 < layers.size(); i++) {
+    uint64_t in = layers[i], out = layers[i + 1];
+    float bound = 1.0f / std::sqrt(static_cast<float>(in));
+    std::uniform_real_distribution<float> dist(-bound, bound);
+    auto make = [&](const std::string& name, std::vector<uint64_t> shape, uint64_t n) {
+      std::vector<uint8_t> data(n * 4);
+      for (uint64_t k = 0; k < n; k++) {
+        float v = dist(rng);
+        std::memcpy(data.data() + k * 4, &v, 4);
+      }
+      tensors.push_back({name, safetensors::DType::F32, std::move(shape), std::move(data)});
+    };
+    make(std::to_string(2 * i) + ".weight", {out, in}, out * in);
+    make(std::to_string(2 * i) + ".bias", {out}, out);
+  }
+  return safetensors::WriteFile(path, tensors, {{"activation", "relu"}, {"engine", "dense"}});
+}
+
+uint64_t AccountedBytes(const std::string& path) {
+  auto header = safetensors::ReadHeader(path);
+  if (!header.ok()) return 0;
+  auto model = dense::DescribeModel(*header, path);
+  if (!model.ok()) return 0;
+  return header->data_bytes + dense::WorkspaceBytes(dense::ScratchFor(*model));
+}
+
+}  // namespace
+
+Harness::~Harness() {
+  if (daemon_ > 0) {
+    kill(daemon_, SIGKILL);
+    waitpid(daemon_, nullptr, 0);
+  }
+  if (!dir_.empty() && !keep_dir_) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+}
+
+Status Harness::Start() {
+  if (owns_daemon()) {
+    if (Status s = StartOwnDaemon(); !s.ok()) return s;
+  } else {
+    socket_ = options_.socket;
+    instance_ = options_.instance;
+    if (Status s = DescribeLiveModels(); !s.ok()) return s;
+  }
+  {
+    auto client = Connect();
+    if (!client.ok()) return client.status();
+    auto status = (*client)->GetStatus();
+    if (!status.ok()) return status.status();
+    if (!status->fault_injection()) {
+      return Error(Code::kFailedPrecondition,
+                   "the daemon at {} does not accept faults: start it with "
+                   "--enable-fault-injection",
+                   socket_);
+    }
+  }
+  if (Status s = Quiesce(); !s.ok()) return s;
+  Baseline();
+  return OkStatus();
+}
+
+Status Harness::StartOwnDaemon() {
+  char tmpl[] = "/tmp/warmpool-chaos-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return Error(Code::kInternal, "mkdtemp: {}", std::strerror(errno));
+  dir_ = tmpl;
+  socket_ = dir_ + "/warmpool.sock";
+  instance_ = "chaos-" + std::to_string(getpid());
+  if (Status s = MakeModels(); !s.ok()) return s;
+  return Launch();
+}
+
+Status Harness::MakeModels() {
+  fs::create_directories(dir_ + "/models");
+  auto dense = [&](const std::string& name, std::vector<uint64_t> layers, uint64_t seed,
+                   ModelUnderTest* out) -> Status {
+    std::string path = dir_ + "/models/" + name + ".safetensors";
+    if (Status s = WriteDense(path, layers, seed); !s.ok()) return s;
+    if (out != nullptr) {
+      *out = ModelUnderTest{name, path, static_cast<uint32_t>(layers.front()),
+                            static_cast<uint32_t>(layers.back())};
+    }
+    return OkStatus();
+  };
+  if (Status s = dense("victim", {32, 64, 8}, 1, &victim_); !s.ok()) return s;
+  for (int i = 0; i < 48; i++) {
+    ModelUnderTest m;
+    if (Status s = dense(fmt::format("v{:02}", i), {32, 64, 8}, 100 + i, &m); !s.ok()) return s;
+    victims_.push_back(m);
+  }
+  if (Status s = dense("bystander", {32, 48, 8}, 2, &bystander_); !s.ok()) return s;
+  for (int i = 0; i < 4; i++) {
+    ModelUnderTest m;
+    if (Status s = dense("filler" + std::to_string(i), {64, 512, 64}, 10 + i, &m); !s.ok()) return s;
+    fillers_.push_back(m);
+  }
+  // Malformed files of three kinds: noise, a header promising more data than the file has, and
+  // layers that do not chain.
+  {
+    std::ofstream f(dir_ + "/models/noise.safetensors", std::ios::binary);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 4096; i++) f.put(static_cast<char>(rng()));
+  }
+  if (Status s = dense("truncated", {32, 64, 8}, 3, nullptr); !s.ok()) return s;
+  fs::resize_file(dir_ + "/models/truncated.safetensors",
+                  fs::file_size(dir_ + "/models/truncated.safetensors") - 100);
+  {
+    std::vector<safetensors::TensorToWrite> t = {
+        {"0.weight", safetensors::DType::F32, {4, 8}, std::vector<uint8_t>(128)},
+        {"2.weight", safetensors::DType::F32, {2, 5}, std::vector<uint8_t>(40)}};
+    if (Status s = safetensors::WriteFile(dir_ + "/models/unchained.safetensors", t, {}); !s.ok()) {
+      return s;
+    }
+  }
+  broken_ = {"noise", "truncated", "unchained"};
+
+  // The budget holds the victim, the bystander and two and a half fillers: the budget scenario
+  // forces evictions, the others never need one.
+  uint64_t budget = AccountedBytes(victim_.path) + AccountedBytes(bystander_.path) +
+                    AccountedBytes(fillers_[0].path) * 5 / 2;
+  std::ofstream config(dir_ + "/config.toml");
+  config << "[daemon]\nworkers_per_device = 2\ndefault_deadline_ms = 4000\n"
+         << "[pool]\nbudget = " << budget << "\n"
+         << "[recovery]\ninference_grace_ms = 300\nload_stall_ms = 1000\n"
+         << "crash_loop_crashes = 3\ncrash_loop_window_ms = 20000\n"
+         << "failed_cooldown_ms = 1000\nfailed_cooldown_max_ms = 4000\n"
+         << "respawn_min_ms = 20\nrespawn_max_ms = 400\nrespawn_stable_ms = 5000\n"
+         << "[[models]]\nname = \"echo\"\nengine = \"echo\"\n";
+  return OkStatus();
+}
+
+Status Harness::Launch() {
+  std::vector<std::string> argv = {options_.daemon_path, "--config", dir_ + "/config.toml",
+                                   "--socket", socket_, "--instance", instance_, "--models-dir",
+                                   dir_ + "/models", "--enable-fault-injection"};
+  std::string log = dir_ + "/daemon.log";
+  pid_t pid = fork();
+  if (pid < 0) return Error(Code::kInternal, "fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  daemon_ = pid;
+  return WaitReady(10000);
+}
+
+Status Harness::WaitReady(int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 20) {
+    int status = 0;
+    if (daemon_ > 0 && waitpid(daemon_, &status, WNOHANG) == daemon_) {
+      daemon_ = -1;
+      return Error(Code::kUnavailable, "warmpoold exited at start; see {}/daemon.log", dir_);
+    }
+    auto c = Connect();
+    if (c.ok() && (*c)->GetStatus().ok()) return OkStatus();
+    Sleep(20);
+  }
+  return Error(Code::kDeadlineExceeded, "warmpoold did not answer within {} ms", timeout_ms);
+}
+
+Status Harness::DescribeLiveModels() {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  auto models = (*client)->Models();
+  if (!models.ok()) return models.status();
+  auto find = [&](const std::string& name, ModelUnderTest& out) -> Status {
+    for (const auto& m : models->models()) {
+      if (m.name() != name) continue;
+      if (m.engine() != "dense" && m.engine() != "echo") break;
+      out = ModelUnderTest{m.name(), m.engine() == "echo" ? "" : m.path(), m.in_features(),
+                           m.out_features()};
+      if (out.in_features == 0) out.in_features = 16;
+      return OkStatus();
+    }
+    return Error(Code::kNotFound,
+                 "model \"{}\" is not a registered dense or echo model of the daemon (pass "
+                 "--victim and --bystander)",
+                 name);
+  };
+  if (Status s = find(options_.victim, victim_); !s.ok()) return s;
+  return find(options_.bystander, bystander_);
+}
+
+Result<std::unique_ptr<client::Client>> Harness::Connect() const {
+  return client::Client::Connect(socket_);
+}
+
+client::Matrix Harness::Expected(const ModelUnderTest& model, const client::Matrix& input) {
+  if (model.path.empty()) return input;  // echo
+  std::lock_guard lock(engines_mutex_);
+  auto it = engines_.find(model.path);
+  if (it == engines_.end()) {
+    wp_engine_spec spec{model.name.c_str(), model.path.c_str()};
+    auto engine = Engine::Open(FindBuiltinEngine("dense"), spec, memory_.service());
+    if (!engine.ok() || !engine->Load().ok()) return {};
+    it = engines_.emplace(model.path, std::make_unique<Engine>(std::move(*engine))).first;
+  }
+  client::Matrix out;
+  if (!it->second->Infer(input.data, input.rows, input.cols, out.data).ok()) return {};
+  out.rows = input.rows;
+  out.cols = it->second->OutputColumns(input.cols);
+  return out;
+}
+
+Status Harness::ArmFault(const std::string& point, const std::string& action,
+                         const std::string& model, uint32_t after, uint32_t times) {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  v1::Envelope request;
+  auto* f = request.mutable_fault_arm();
+  f->set_point(point);
+  f->set_action(action);
+  f->set_model(model);
+  f->set_after(after);
+  f->set_times(times);
+  return (*client)->Call(std::move(request)).status();
+}
+
+Status Harness::ClearFaults() {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  v1::Envelope request;
+  request.mutable_fault_clear();
+  return (*client)->Call(std::move(request)).status();
+}
+
+Status Harness::Unload(const std::string& model) {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  Status s = (*client)->Unload(model);
+  if (s.code() == Code::kFailedPrecondition) return OkStatus();  // not loaded: fine
+  return s;
+}
+
+void Harness::RememberWorkers() {
+  auto client = Connect();
+  if (!client.ok()) return;
+  auto status = (*client)->GetStatus();
+  if (!status.ok()) return;
+  for (const auto& w : status->workers()) {
+    if (w.pid() > 0) workers_seen_.insert(w.pid());
+  }
+}
+
+Status Harness::Quiesce(int timeout_ms) {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  std::string last;
+  for (int waited = 0; waited < timeout_ms; waited += 20) {
+    auto status = (*client)->GetStatus();
+    auto ps = (*client)->Ps();
+    if (!status.ok() || !ps.ok()) return status.ok() ? ps.status() : status.status();
+    for (const auto& w : status->workers()) {
+      if (w.pid() > 0) workers_seen_.insert(w.pid());
+    }
+    bool busy = status->inflight() != 0 || status->queued() != 0;
+    for (const auto& m : ps->models()) {
+      busy = busy || m.state() == "loading" || m.state() == "unloading" || m.inflight() != 0;
+    }
+    for (const auto& w : status->workers()) {
+      busy = busy || w.state() == "starting" || w.state() == "dead" || w.state() == "busy";
+    }
+    if (!busy) return OkStatus();
+    last = status->ShortDebugString();
+    Sleep(20);
+  }
+  return Error(Code::kDeadlineExceeded, "the daemon did not become quiescent in {} ms: {}",
+               timeout_ms, last);
+}
+
+pid_t Harness::SupervisorPid() {
+  auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
+  if (!segment.ok()) return -1;
+  return static_cast<pid_t>(segment->view().header().supervisor_pid);
+}
+
+int Harness::CountFds(pid_t pid) {
+  DIR* dir = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+void Harness::Baseline() {
+  // Counted while exactly one harness connection is open, as in CheckQuiescent.
+  auto client = Connect();
+  if (client.ok()) (void)(*client)->GetStatus();
+  Sleep(50);  // let the daemon reap connections closed just before
+  if (client.ok()) (void)(*client)->GetStatus();
+  baseline_fds_ = CountFds(SupervisorPid());
+}
+
+void Harness::CheckQuiescent(Checks& checks) {
+  Status quiet = Quiesce();
+  checks.Expect(quiet.ok(), "quiescent", quiet.message());
+  auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
+  checks.Expect(segment.ok(), "segment readable", segment.status().message());
+  if (!segment.ok()) return;
+  shm::InflightTable inflight(segment->view());
+  uint32_t taken = inflight.CountTaken();
+  checks.Expect(taken == 0, "in-flight table empty", fmt::format("{} slots still taken", taken));
+  Status valid = shm::Validate(segment->view());
+  checks.Expect(valid.ok(), "index valid (LRU, accounting, budget, in-flight tags)",
+                valid.message());
+  auto client = Connect();
+  if (client.ok()) {
+    (void)(*client)->GetStatus();
+    // Connections the harness just closed may not have been reaped by the daemon's loop yet.
+    int fds = CountFds(SupervisorPid());
+    for (int i = 0; i < 50 && fds != baseline_fds_; i++) {
+      Sleep(10);
+      (void)(*client)->GetStatus();
+      fds = CountFds(SupervisorPid());
+    }
+    if (fds >= 0 && baseline_fds_ >= 0) {
+      checks.Expect(fds == baseline_fds_, "no fd leaked by the supervisor",
+                    fmt::format("{} open, {} at the start", fds, baseline_fds_));
+    }
+    auto status = (*client)->GetStatus();
+    std::set<pid_t> live;
+    if (status.ok()) {
+      for (const auto& w : status->workers()) live.insert(w.pid());
+    }
+    std::vector<pid_t> orphans;
+    for (pid_t pid : workers_seen_) {
+      if (live.count(pid) == 0 && kill(pid, 0) == 0) orphans.push_back(pid);
+    }
+    checks.Expect(orphans.empty(), "no orphan worker",
+                  fmt::format("{} dead workers still running", orphans.size()));
+  }
+}
+
+uint32_t Harness::TotalRestarts() {
+  auto client = Connect();
+  if (!client.ok()) return 0;
+  auto status = (*client)->GetStatus();
+  if (!status.ok()) return 0;
+  uint32_t total = 0;
+  for (const auto& w : status->workers()) total += w.restarts();
+  return total;
+}
+
+std::string Harness::SegmentDump() {
+  auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
+  if (!segment.ok()) return "segment: " + segment.status().ToString() + "\n";
+  const shm::SegmentView& v = segment->view();
+  const shm::SegmentHeader& h = v.header();
+  std::string out = fmt::format("segment {}: supervisor {} lru {}..{} ({}) used {} of {}\n",
+                                segment->name(), h.supervisor_pid, h.lru_head, h.lru_tail,
+                                h.lru_length, h.device_used_bytes[0], h.device_budget_bytes);
+  for (uint32_t i = 0; i < h.max_models; i++) {
+    const shm::ModelRecord& m = v.model(i);
+    if (m.state == 0) continue;
+    out += fmt::format("  model {:3} {:12} {:10} worker {:>10} bytes {:>9} inflight {} lru {}<{}> "
+                       "err \"{}\"\n",
+                       i, m.name, shm::ModelStateName(static_cast<shm::ModelState>(m.state)),
+                       m.worker_slot, m.weight_bytes + m.workspace_bytes, m.inflight, m.lru_prev,
+                       m.lru_next, m.last_error);
+  }
+  for (uint32_t i = 0; i < h.max_workers; i++) {
+    const shm::WorkerRecord& w = v.worker(i);
+    out += fmt::format("  worker {} pid {} generation {} state {} restarts {} last_exit {}\n", i,
+                       w.pid, w.generation, w.state, w.restarts, w.last_exit);
+  }
+  shm::InflightTable inflight(v);
+  for (uint32_t i = 0; i < h.max_inflight; i++) {
+    uint64_t tag = inflight.Tag(i);
+    if (tag == 0) continue;
+    out += fmt::format("  inflight {} worker {} generation {} job {} model {}\n", i,
+                       shm::TagWorker(tag), shm::TagGeneration(tag), v.inflight(i).request_id,
+                       v.inflight(i).model);
+  }
+  return out;
+}
+
+void Harness::KillAndRestart(Checks& checks) {
+  RememberWorkers();
+  std::set<pid_t> workers = workers_seen_;
+  kill(daemon_, SIGKILL);
+  waitpid(daemon_, nullptr, 0);
+  daemon_ = -1;
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; i++) {
+    gone = true;
+    for (pid_t pid : workers) gone = gone && kill(pid, 0) != 0;
+    if (!gone) Sleep(10);
+  }
+  checks.Expect(gone, "workers exit with their supervisor (no orphans)");
+  checks.Expect(fs::exists("/dev/shm/warmpool." + instance_),
+                "stale segment left by the killed supervisor (to be cleaned at restart)");
+  Status started = Launch();
+  checks.Expect(started.ok(), "restart on the same instance and socket", started.message());
+  if (started.ok()) {
+    Status quiet = Quiesce();
+    checks.Expect(quiet.ok(), "restarted daemon quiescent", quiet.message());
+    Baseline();
+  }
+}
+
+void Harness::Stop(Checks* checks) {
+  if (daemon_ <= 0) return;
+  RememberWorkers();
+  kill(daemon_, SIGTERM);
+  int status = 0;
+  waitpid(daemon_, &status, 0);
+  daemon_ = -1;
+  if (checks == nullptr) return;
+  checks->Expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                 "daemon stopped cleanly (it validates the segment on exit)",
+                 fmt::format("wait status {}; see {}/daemon.log", status, dir_));
+  checks->Expect(!fs::exists("/dev/shm/warmpool." + instance_), "segment removed at stop");
+  checks->Expect(!fs::exists(socket_), "socket removed at stop");
+  bool orphans = false;
+  for (pid_t pid : workers_seen_) orphans = orphans || kill(pid, 0) == 0;
+  checks->Expect(!orphans, "no worker outlives the daemon");
+}
+
+}  // namespace warmpool::chaos

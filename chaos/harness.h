@@ -1,0 +1,121 @@
+// The fault-injection harness's view of one daemon: it starts one (fresh temporary directory) or
+// attaches to a live one, knows its models and their expected outputs, arms faults, waits for
+// quiescence, and checks the design's invariants — reading the segment read-only where it must.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "common/status.h"
+#include "devmem/host_memory.h"
+#include "engines/builtin.h"
+
+namespace warmpool::chaos {
+
+struct Options {
+  std::string socket;       // live daemon; empty: start our own
+  std::string instance;     // live daemon's instance (for the segment)
+  std::string daemon_path;  // warmpoold to start
+  std::string victim;       // live mode: models to use (own daemon: made by the harness)
+  std::string bystander;
+  bool verbose = false;
+};
+
+struct ModelUnderTest {
+  std::string name;
+  std::string path;   // empty for echo
+  uint32_t in_features = 0;
+  uint32_t out_features = 0;
+};
+
+// One line per invariant checked, for the report.
+struct Checks {
+  std::vector<std::string> passed;
+  std::vector<std::string> failed;
+  void Expect(bool ok, const std::string& what, const std::string& detail = "");
+  bool ok() const { return failed.empty(); }
+};
+
+class Harness {
+ public:
+  explicit Harness(Options options) : options_(std::move(options)) {}
+  ~Harness();
+
+  Status Start();
+  // Own daemon: SIGTERM, then invariant 6 (exit 0, no segment, no socket, no orphan workers).
+  void Stop(Checks* checks);
+  bool owns_daemon() const { return options_.socket.empty(); }
+
+  Result<std::unique_ptr<client::Client>> Connect() const;
+  // A model for faults to hit. With an own daemon each scenario gets a fresh one, so that crash
+  // counts of one scenario do not push the next into a crash loop; a live daemon has one.
+  const ModelUnderTest& victim(size_t index) const {
+    return victims_.empty() ? victim_ : victims_[index % victims_.size()];
+  }
+  const ModelUnderTest& bystander() const { return bystander_; }
+  const std::vector<ModelUnderTest>& fillers() const { return fillers_; }
+  const std::vector<std::string>& broken() const { return broken_; }
+  const Options& options() const { return options_; }
+  const std::string& socket() const { return socket_; }
+
+  // The output the model must give for input (computed here with the same engine code).
+  client::Matrix Expected(const ModelUnderTest& model, const client::Matrix& input);
+
+  Status ArmFault(const std::string& point, const std::string& action, const std::string& model,
+                  uint32_t after = 0, uint32_t times = 1);
+  Status ClearFaults();
+  Status Unload(const std::string& model);
+
+  // Waits until nothing is in flight, queued, loading or unloading and every worker runs.
+  Status Quiesce(int timeout_ms = 15000);
+  // Invariants 2-4 and 6 at quiescence: segment valid, in-flight table empty, byte accounting,
+  // LRU, budget, no fd leaked by the daemon since Baseline(), no orphan worker.
+  void Baseline();
+  void CheckQuiescent(Checks& checks);
+  // Worker restarts summed over the pool.
+  uint32_t TotalRestarts();
+  std::string SegmentDump();
+
+  // Keeps the temporary directory (daemon log, models) for a post-mortem.
+  void KeepDirectory() { keep_dir_ = true; }
+  const std::string& directory() const { return dir_; }
+
+  // Own daemon only: SIGKILL the supervisor, check its workers die and the next start serves.
+  void KillAndRestart(Checks& checks);
+
+ private:
+  Status StartOwnDaemon();
+  Status MakeModels();
+  Status Launch();
+  Status WaitReady(int timeout_ms);
+  Status DescribeLiveModels();
+  void RememberWorkers();
+  pid_t SupervisorPid();
+  int CountFds(pid_t pid);
+
+  Options options_;
+  std::string dir_;
+  std::string socket_;
+  std::string instance_;
+  pid_t daemon_ = -1;
+  ModelUnderTest victim_, bystander_;
+  std::vector<ModelUnderTest> victims_;
+  std::vector<ModelUnderTest> fillers_;
+  std::vector<std::string> broken_;
+  std::set<pid_t> workers_seen_;
+  int baseline_fds_ = -1;
+  bool keep_dir_ = false;
+
+  std::mutex engines_mutex_;
+  HostMemory memory_;
+  std::map<std::string, std::unique_ptr<Engine>> engines_;
+};
+
+}  // namespace warmpool::chaos

@@ -1,0 +1,285 @@
+#include "chaos/scenarios.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "chaos/traffic.h"
+#include "ipc/fault_spec.h"
+
+namespace warmpool::chaos {
+
+namespace {
+
+void Sleep(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+void ExpectTraffic(Checks& checks, const std::string& who, const TrafficResult& r) {
+  std::string detail = r.Summary();
+  for (size_t i = 0; i < r.problems.size() && i < 3; i++) detail += "; " + r.problems[i];
+  checks.Expect(r.problems.empty() && r.sent > 0,
+                fmt::format("{}: {} (one reply each, results correct)", who, r.Summary()), detail);
+}
+
+// A steady client on the bystander, for "other models were served throughout".
+struct Bystander {
+  explicit Bystander(Harness& h, std::set<Code> allowed = {})
+      : traffic(h, TrafficSpec{&h.bystander(), 1, 0, 1, 2, 0, std::move(allowed), false, 99}) {
+    traffic.Start();
+  }
+  void Finish(Checks& checks) {
+    traffic.Stop();
+    ExpectTraffic(checks, "bystander", traffic.Join());
+  }
+  Traffic traffic;
+};
+
+Status Load(Harness& h, const std::string& model) {
+  auto client = h.Connect();
+  if (!client.ok()) return client.status();
+  return (*client)->Load(model).status();
+}
+
+// One fault point x one action, with the victim's requests around it.
+void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& point,
+                   const std::string& action) {
+  const ModelUnderTest& victim = h.victim(index);
+  bool hang = action == "hang";
+  bool is_load = point.starts_with("load.");
+  bool is_unload = point == "unload.mid";
+  uint32_t restarts = h.TotalRestarts();
+  if (!is_load) checks.Expect(Load(h, victim.name).ok(), "victim loaded before the fault");
+  Bystander bystander(h);
+  Status armed = h.ArmFault(point, action, victim.name);
+  checks.Expect(armed.ok(), "fault armed", armed.message());
+
+  TrafficSpec spec{&victim, 2, 6, 2, 4, 0, {}, false, index};
+  if (hang && !is_load) {
+    spec.deadline_ms = 1500;  // the hung request, and those stuck behind it, time out
+    spec.allowed = {Code::kDeadlineExceeded};
+  }
+  if (hang && is_load) spec.allowed = {Code::kDeadlineExceeded};  // a stalled load is slow to retry
+  if (is_unload) {
+    Traffic before(h, spec);
+    before.Start();
+    ExpectTraffic(checks, "victim before the unload", before.Join());
+    auto client = h.Connect();
+    Status unloaded = client.ok() ? (*client)->Unload(victim.name) : client.status();
+    checks.Expect(unloaded.ok(), "unload answered although its worker died", unloaded.ToString());
+  }
+  Traffic traffic(h, spec);
+  traffic.Start();
+  TrafficResult result = traffic.Join();
+  ExpectTraffic(checks, "victim", result);
+  if (hang && !is_load && !is_unload) {
+    checks.Expect(result.errors[Code::kDeadlineExceeded] >= 1, "the hung request got DEADLINE_EXCEEDED");
+  }
+  bystander.Finish(checks);
+  (void)h.ClearFaults();
+  Status quiet = h.Quiesce();
+  checks.Expect(quiet.ok(), "quiescent after the fault", quiet.message());
+  checks.Expect(h.TotalRestarts() > restarts, "the faulted worker was replaced",
+                fmt::format("restarts {} -> {}", restarts, h.TotalRestarts()));
+  // The victim serves again once the fault is gone.
+  TrafficSpec again{&victim, 1, 2, 1, 2, 0, {}, false, index + 1000};
+  Traffic after(h, again);
+  after.Start();
+  ExpectTraffic(checks, "victim after recovery", after.Join());
+}
+
+void CrashLoopScenario(Harness& h, Checks& checks, size_t index) {
+  const ModelUnderTest& victim = h.victim(index);
+  checks.Expect(Load(h, victim.name).ok(), "victim loaded");
+  checks.Expect(h.ArmFault("infer.mid", "kill", victim.name, 0, 1000).ok(), "fault armed");
+  auto client = h.Connect();
+  if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
+  client::Matrix input{1, victim.in_features, std::vector<float>(victim.in_features, 0.5f)};
+  bool failed = false;
+  for (int i = 0; i < 12 && !failed; i++) {
+    auto out = (*client)->Infer(victim.name, input);
+    Code code = out.ok() ? Code::kOk : out.status().code();
+    checks.Expect(code == Code::kInternal || code == Code::kFailedPrecondition,
+                  "each request crashes (INTERNAL) until the model fails (FAILED_PRECONDITION)",
+                  out.status().ToString());
+    failed = code == Code::kFailedPrecondition;
+  }
+  checks.Expect(failed, "crash loop ended in state failed");
+  (void)h.ClearFaults();
+  auto ps = (*client)->Ps();
+  int64_t retry_ms = 0;
+  bool listed = false;
+  for (const auto& m : ps->models()) {
+    if (m.name() != victim.name) continue;
+    listed = m.state() == "failed" && m.last_error().find("crashed its worker") != std::string::npos;
+    retry_ms = m.retry_in_ms();
+  }
+  checks.Expect(listed && retry_ms > 0, "ps shows failed with the reason and a cooldown");
+  auto early = (*client)->Infer(victim.name, input);
+  checks.Expect(!early.ok() && early.status().code() == Code::kFailedPrecondition &&
+                    early.status().message().find("retried in") != std::string::npos,
+                "refused during the cooldown, saying when it retries", early.status().ToString());
+  Sleep(static_cast<int>(retry_ms) + 50);
+  auto late = (*client)->Infer(victim.name, input);
+  checks.Expect(late.ok(), "served again after the cooldown", late.status().ToString());
+}
+
+void MalformedModelsScenario(Harness& h, Checks& checks, size_t) {
+  uint32_t restarts = h.TotalRestarts();
+  Bystander bystander(h);
+  auto client = h.Connect();
+  if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
+  for (const std::string& name : h.broken()) {
+    client::Matrix input{1, 32, std::vector<float>(32, 1.0f)};
+    auto out = (*client)->Infer(name, input);
+    checks.Expect(!out.ok() && out.status().code() == Code::kFailedPrecondition &&
+                      out.status().message().find(name) != std::string::npos,
+                  fmt::format("{}: FAILED_PRECONDITION naming the model", name),
+                  out.status().ToString());
+  }
+  auto models = (*client)->Models();
+  int failed = 0;
+  for (const auto& m : models->models()) {
+    for (const std::string& name : h.broken()) failed += m.name() == name && m.state() == "failed" && !m.last_error().empty();
+  }
+  checks.Expect(failed == static_cast<int>(h.broken().size()), "models lists them failed with the reason");
+  bystander.Finish(checks);
+  checks.Expect(h.TotalRestarts() == restarts, "no worker crashed over a bad file");
+}
+
+void BudgetScenario(Harness& h, Checks& checks, size_t index) {
+  std::vector<std::unique_ptr<Traffic>> traffic;
+  for (const ModelUnderTest& m : h.fillers()) {
+    traffic.push_back(std::make_unique<Traffic>(
+        h, TrafficSpec{&m, 2, 8, 1, 8, 10000, {Code::kDeadlineExceeded}, false, index}));
+    traffic.back()->Start();
+  }
+  auto client = h.Connect();
+  uint64_t worst = 0, budget = 0;
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    auto c = h.Connect();
+    while (c.ok() && !done) {
+      auto s = (*c)->GetStatus();
+      if (s.ok() && s->devices_size() > 0) {
+        worst = std::max(worst, s->devices(0).used_bytes());
+        budget = s->devices(0).budget_bytes();
+      }
+      Sleep(2);
+    }
+  });
+  for (auto& t : traffic) ExpectTraffic(checks, "filler", t->Join());
+  done = true;
+  watcher.join();
+  checks.Expect(budget != 0 && worst <= budget, "the budget was never exceeded",
+                fmt::format("peak {} of {}", worst, budget));
+}
+
+void DisconnectStormScenario(Harness& h, Checks& checks, size_t index) {
+  Bystander bystander(h);
+  const ModelUnderTest& victim = h.victim(index);
+  for (int i = 0; i < 40; i++) {
+    auto c = h.Connect();
+    if (!c.ok()) continue;
+    for (int k = 0; k < 5; k++) {
+      v1::Envelope request;
+      const ModelUnderTest& m = k % 2 ? victim : h.bystander();
+      request.mutable_infer()->set_model(m.name);
+      *request.mutable_infer()->mutable_input() =
+          client::ToTensor(client::Matrix{8, m.in_features, std::vector<float>(8 * m.in_features, 0.25f)});
+      (void)(*c)->Send(std::move(request));
+    }
+    // Destroyed without reading a reply: the connection vanishes mid-request.
+  }
+  bystander.Finish(checks);
+}
+
+void SupervisorKillScenario(Harness& h, Checks& checks, size_t) {
+  Traffic traffic(h, TrafficSpec{&h.bystander(), 2, 0, 2, 2, 0, {Code::kUnavailable}, true, 5});
+  traffic.Start();
+  Sleep(100);
+  h.KillAndRestart(checks);
+  traffic.Stop();
+  traffic.Join();  // replies were lost with the supervisor: only the restart is judged
+  Traffic after(h, TrafficSpec{&h.bystander(), 2, 5, 2, 2, 0, {}, false, 6});
+  after.Start();
+  ExpectTraffic(checks, "served after the restart", after.Join());
+}
+
+}  // namespace
+
+std::vector<Scenario> AllScenarios() {
+  std::vector<Scenario> all;
+  for (const char* point : ipc::kFaultPoints) {
+    for (const char* action : {"kill", "segv", "hang"}) {
+      std::string p = point, a = action;
+      all.push_back({p + " x " + a, false, [p, a](Harness& h, Checks& c, size_t i) {
+                       FaultScenario(h, c, i, p, a);
+                     }});
+    }
+  }
+  all.push_back({"crash loop to failed, cooldown, recovery", false, CrashLoopScenario});
+  all.push_back({"malformed model files", true, MalformedModelsScenario});
+  all.push_back({"budget exhaustion under load", true, BudgetScenario});
+  all.push_back({"client disconnect storm", false, DisconnectStormScenario});
+  all.push_back({"supervisor SIGKILL and restart", true, SupervisorKillScenario});
+  return all;
+}
+
+void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const char* actions[] = {"kill", "segv", "abort", "exit:1", "delay:50", "kill", "hang"};
+  std::set<Code> allowed = {Code::kDeadlineExceeded, Code::kInternal, Code::kFailedPrecondition};
+  auto start = std::chrono::steady_clock::now();
+  size_t round = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(seconds)) {
+    round++;
+    // A few faults on victims of this soak (indices past the scenarios' victims).
+    for (int f = 0; f < 3; f++) {
+      const ModelUnderTest& v = h.victim(40 + pick(8));
+      (void)h.ArmFault(ipc::kFaultPoints[pick(std::size(ipc::kFaultPoints))],
+                       actions[pick(std::size(actions))], v.name, 1 + pick(3), 1);
+    }
+    std::vector<std::unique_ptr<Traffic>> traffic;
+    for (int t = 0; t < 4; t++) {
+      const ModelUnderTest* m = &h.victim(40 + pick(8));
+      if (pick(3) == 0) m = &h.fillers()[pick(h.fillers().size())];
+      traffic.push_back(std::make_unique<Traffic>(
+          h, TrafficSpec{m, 1, 4 + static_cast<int>(pick(6)), 1 + static_cast<int>(pick(3)), 2, 2500,
+                         allowed, false, rng()}));
+      traffic.back()->Start();
+    }
+    Traffic steady(h, TrafficSpec{&h.bystander(), 1, 10, 2, 2, 0, {Code::kDeadlineExceeded}, false, rng()});
+    steady.Start();
+    if (pick(2) == 0) (void)h.Unload(h.victim(40 + pick(8)).name);
+    if (pick(3) == 0) {
+      for (int i = 0; i < 5; i++) {
+        auto c = h.Connect();
+        if (c.ok()) {
+          v1::Envelope request;
+          request.mutable_infer()->set_model(h.bystander().name);
+          *request.mutable_infer()->mutable_input() = client::ToTensor(
+              client::Matrix{1, h.bystander().in_features,
+                             std::vector<float>(h.bystander().in_features, 0.1f)});
+          (void)(*c)->Send(std::move(request));
+        }
+      }
+    }
+    for (auto& t : traffic) {
+      TrafficResult r = t->Join();
+      if (!r.problems.empty()) ExpectTraffic(checks, fmt::format("soak round {} traffic", round), r);
+    }
+    TrafficResult s = steady.Join();
+    if (!s.problems.empty()) ExpectTraffic(checks, fmt::format("soak round {} bystander", round), s);
+    if (round % 4 == 0) {
+      (void)h.ClearFaults();
+      Checks quiet;
+      h.CheckQuiescent(quiet);
+      for (const std::string& f : quiet.failed) checks.failed.push_back(fmt::format("soak round {}: {}", round, f));
+    }
+  }
+  (void)h.ClearFaults();
+  checks.passed.push_back(fmt::format("{} soak rounds", round));
+}
+
+}  // namespace warmpool::chaos

@@ -1,0 +1,55 @@
+// Clients with known inputs and expected outputs. Every request is accounted for: exactly one reply
+// (a second reply to the same request, or a reply to nothing, is a finding), a correct result when
+// it succeeds, and an error code from the scenario's allowed list when it does not.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chaos/harness.h"
+
+namespace warmpool::chaos {
+
+struct TrafficSpec {
+  const ModelUnderTest* model = nullptr;
+  int clients = 2;
+  int requests = 8;       // per client; 0: until Stop(), and at least 3
+  int pipeline = 2;       // requests in flight per connection
+  uint32_t rows = 4;
+  uint32_t deadline_ms = 0;  // 0: the daemon's default
+  std::set<Code> allowed;    // error codes that are acceptable in this scenario
+  bool tolerate_disconnect = false;  // the supervisor itself is killed
+  uint64_t seed = 1;
+};
+
+struct TrafficResult {
+  int sent = 0;
+  int ok = 0;
+  std::map<Code, int> errors;
+  std::vector<std::string> problems;  // wrong results, unexpected codes, duplicates, lost replies
+  std::string Summary() const;
+};
+
+class Traffic {
+ public:
+  Traffic(Harness& harness, TrafficSpec spec);
+  ~Traffic();
+  void Start();
+  void Stop() { stop_ = true; }  // for open-ended traffic
+  TrafficResult Join();
+
+ private:
+  void RunClient(int index);
+
+  Harness& harness_;
+  TrafficSpec spec_;
+  std::vector<std::thread> threads_;
+  std::vector<TrafficResult> results_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace warmpool::chaos
