@@ -72,7 +72,8 @@ json PsJson(const v1::PsReply& reply) {
                    {"expires_in", e.has_expiry() ? json(e.expires_in()) : json(nullptr)},
                    {"loaded_bytes", e.loaded_bytes()},
                    {"error", e.last_error().empty() ? json(nullptr) : json(e.last_error())},
-                   {"retry_in_ms", e.retry_in_ms()}});
+                   {"retry_in_ms", e.retry_in_ms()},
+                   {"worker", e.worker() < 0 ? json(nullptr) : json(e.worker())}});
   }
   return out;
 }

@@ -45,6 +45,7 @@ v1::Envelope Daemon::PsSnapshot() const {
     v1::PsEntry* e = ps->add_models();
     e->set_last_error(runtime_[i].last_error);
     e->set_retry_in_ms(RetryInMs(i));
+    e->set_worker(r.worker_slot == shm::kNil ? -1 : static_cast<int32_t>(r.worker_slot));
     e->set_name(r.name);
     e->set_state(std::string(shm::ModelStateName(static_cast<ModelState>(r.state))));
     e->set_device(r.device);
