@@ -534,5 +534,35 @@ TEST_F(RecoveryTest, RequestsQueuedOnAKilledWorkerAreNotLost) {
   EXPECT_EQ(ClearFaults(), 0);
 }
 
+TEST_F(RecoveryTest, LoadQueuedBehindAnotherLoadIsNotAStall) {
+  // Three loads on two workers: the third waits in a worker behind the first. Each load on its
+  // own is silent for 300 ms, under load_stall_ms; waiting behind another is not stalling.
+  std::string p1 = MakeModel("m1", "8,16,4", "relu", "f32", 1);
+  MakeModel("m2", "8,16,4", "relu", "f32", 2);
+  std::string p3 = MakeModel("m3", "8,16,4", "relu", "f32", 3);
+  StartDaemon(std::string(kFastRespawn) + "load_stall_ms = 450\n", kFaults);
+  Arm({"load.begin", "delay:300", "--model", "m1"});
+  Arm({"load.begin", "delay:300", "--model", "m3"});
+  auto c = Connect();
+  std::vector<uint64_t> ids;
+  for (const char* name : {"m1", "m2", "m3"}) {
+    v1::Envelope request;
+    request.mutable_load()->set_model(name);
+    auto id = c->Send(request);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  for (uint64_t id : ids) {
+    auto reply = c->Wait(id);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    EXPECT_TRUE(reply->has_load_reply()) << reply->DebugString();
+  }
+  v1::StatusReply s = SettledStatus(*c);
+  EXPECT_EQ(TotalRestarts(s), 0u) << "a worker was killed for a load that was only queued:\n"
+                                  << DaemonLog();
+  ExpectInferCorrect(*c, "m1", p1);
+  ExpectInferCorrect(*c, "m3", p3);
+}
+
 }  // namespace
 }  // namespace warmpool::testing
