@@ -18,6 +18,8 @@ struct DaemonOptions {
   std::string instance;
   std::string backend;    // passed as --backend when not empty
   std::string model = "echo";
+  // When not empty, the whole config file instead of the one registering `model` as echo.
+  std::string config_text;
 };
 
 class Daemon {
@@ -36,6 +38,7 @@ class Daemon {
   std::string LogTail(size_t max_bytes = 4000) const;
 
   const std::string& socket_path() const { return socket_path_; }
+  const std::string& log_path() const { return log_path_; }
   pid_t pid() const { return pid_; }
 
  private:

@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/daemon.h"
+#include "bench/recovery.h"
 #include "bench/relay.h"
 #include "bench/session.h"
 #include "bench/stats.h"
@@ -44,6 +45,12 @@ struct Options {
   uint32_t clients = 1;
   uint32_t rounds = 4;
   bool json = false;
+  // --recovery
+  bool recovery = false;
+  uint32_t iterations = 20;
+  uint64_t model_mib = 16;
+  uint32_t inflight = 8;
+  uint32_t rows = 64;
 };
 
 using Sessions = std::vector<std::unique_ptr<Session>>;
@@ -388,6 +395,33 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "host", "cuda"}));
   app.add_flag("--json", options.json, "print one JSON object instead of the table");
+  app.add_flag("--recovery", options.recovery,
+               "instead: recovery after SIGKILL of a busy worker serving a dense model, against a "
+               "warm load from the page cache (see bench/recovery.h)");
+  app.add_option("--iterations", options.iterations, "--recovery: kills (and baseline loads)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--model-mib", options.model_mib, "--recovery: MiB of f32 weights in the model")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--inflight", options.inflight,
+                 "--recovery: requests pipelined on the worker when it is killed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rows", options.rows, "--recovery: rows of each of those requests")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (options.recovery) {
+    warmpool::bench::RecoveryOptions recovery;
+    recovery.daemon = options.daemon;
+    recovery.backend = options.backend;
+    recovery.iterations = options.iterations;
+    recovery.model_mib = options.model_mib;
+    recovery.inflight = options.inflight;
+    recovery.rows = options.rows;
+    recovery.json = options.json;
+    return warmpool::bench::RunRecovery(recovery);
+  }
   return warmpool::bench::Bench(std::move(options)).Run();
 }

@@ -51,6 +51,9 @@ void Connection::UpdateInterest() {
 void Connection::OnPoll(uv_poll_t* handle, int status, int events) {
   auto* c = static_cast<Connection*>(handle->data);
   if (status < 0) {
+    // An error on the socket (e.g. the peer died with data unread) may still leave what the peer
+    // wrote before it went: read that first.
+    c->OnReadable();
     c->Close(Error(Code::kUnavailable, "socket error: {}", uv_strerror(status)));
     return;
   }

@@ -45,6 +45,8 @@ Status Daemon::Start() {
   worker_models_.assign(config_.workers_per_device, 0);
   worker_outstanding_.assign(config_.workers_per_device, 0);
   worker_pending_bytes_.assign(config_.workers_per_device, 0);
+  worker_load_done_ms_.assign(config_.workers_per_device, 0);
+  worker_serving_done_ms_.assign(config_.workers_per_device, 0);
 
   RegisterModels();
 

@@ -158,6 +158,8 @@ class Daemon {
   std::vector<uint32_t> worker_outstanding_;  // jobs sent and not answered per worker slot
   std::vector<uint64_t> worker_pending_bytes_;  // their frame bytes: bounded so that one busy
                                                 // worker cannot make the supervisor buffer without end
+  std::vector<uint64_t> worker_load_done_ms_;     // when each worker last finished a load
+  std::vector<uint64_t> worker_serving_done_ms_;  // ... an infer or an unload
   std::vector<ArmedFault> faults_;
   uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;                       // waiters over all models

@@ -178,6 +178,8 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   jobs_.erase(it);
   worker_outstanding_[slot]--;
   worker_pending_bytes_[slot] -= job.bytes;
+  (job.kind == Job::Kind::kLoad ? worker_load_done_ms_ : worker_serving_done_ms_)[slot] =
+      MonotonicMillis();
   switch (job.kind) {
     case Job::Kind::kLoad: OnLoadDone(job, message.load_done()); break;
     case Job::Kind::kInfer: OnInferDone(job, *message.mutable_infer_done()); break;
@@ -206,6 +208,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
     RetryPending();
     return;
   }
+  rt.last_error.clear();
   rt.workspace_bytes = done.workspace_bytes();
   rt.in_features = done.in_features();
   rt.out_features = done.out_features();

@@ -149,8 +149,20 @@ void Daemon::SweepDeadlines() {
     }
   }
   std::vector<std::pair<uint32_t, std::string>> to_kill;
+  // A worker runs one load at a time (its load thread) and its infers and unloads one at a time in
+  // order (its serving thread): only the job at the head of each may be judged as stalled, and its
+  // clock starts no earlier than the moment the job before it finished.
+  std::vector<uint64_t> head_load(workers_->size(), UINT64_MAX), head_serving(workers_->size(), UINT64_MAX);
+  for (const auto& [id, job] : jobs_) {
+    uint64_t& head = job.kind == Job::Kind::kLoad ? head_load[job.worker] : head_serving[job.worker];
+    head = std::min(head, id);
+  }
   for (auto& [id, job] : jobs_) {
     const std::string& name = index_->Get(job.model).name;
+    uint64_t since = std::max(job.progress_ms, job.kind == Job::Kind::kLoad
+                                                   ? worker_load_done_ms_[job.worker]
+                                                   : worker_serving_done_ms_[job.worker]);
+    bool head = id == (job.kind == Job::Kind::kLoad ? head_load[job.worker] : head_serving[job.worker]);
     switch (job.kind) {
       case Job::Kind::kInfer:
         if (job.deadline_ms == 0 || now <= job.deadline_ms) break;
@@ -168,11 +180,11 @@ void Daemon::SweepDeadlines() {
         break;
       case Job::Kind::kLoad:
       case Job::Kind::kUnload:
-        if (now - job.progress_ms > config_.load_stall_ms) {
+        if (head && now - since > config_.load_stall_ms) {
           to_kill.emplace_back(job.worker, fmt::format("{} of \"{}\" made no progress for {} ms",
                                                        job.kind == Job::Kind::kLoad ? "loading"
                                                                                     : "unloading",
-                                                       name, now - job.progress_ms));
+                                                       name, now - since));
         }
         break;
     }

@@ -221,6 +221,7 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   uint32_t generation = w.generation;
   bool fatal = term_signal == 0 && exit_status == 2;
   w.state = fatal ? WorkerState::kFatal : WorkerState::kDead;
+  if (!fatal && !shutting_down_) w.restarts++;  // counted at once, not when the respawn happens
   PublishState(slot);
   if (!shutting_down_) {
     if (fatal) {
@@ -237,7 +238,6 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
     return;
   }
   if (!fatal) {
-    w.restarts++;
     // Capped exponential backoff; a worker that ran for a stable while starts over.
     bool stable = MonotonicMillis() - w.started_ms >= options_.respawn_stable_ms;
     w.backoff_ms = (stable || w.backoff_ms == 0)
