@@ -43,14 +43,6 @@ bool WaitFor(pid_t pid, int timeout_ms, int& status) {
 
 }  // namespace
 
-std::string NextToSelf(const std::string& name) {
-  char buffer[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
-  if (n <= 0) return name;
-  buffer[n] = '\0';
-  return (std::filesystem::path(buffer).parent_path() / name).string();
-}
-
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   socket_path_ = options_.directory + "/warmpoold.sock";
   config_path_ = options_.directory + "/warmpool.toml";

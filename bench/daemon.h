@@ -2,6 +2,8 @@
 // that registers the echo engine, waited for until it answers, and stopped with SIGTERM.
 #pragma once
 
+#include "common/paths.h"
+
 #include <sys/types.h>
 
 #include <memory>
@@ -49,7 +51,5 @@ class Daemon {
   pid_t pid_ = -1;
 };
 
-// "/proc/self/exe"'s directory + "/" + name.
-std::string NextToSelf(const std::string& name);
 
 }  // namespace warmpool::bench

@@ -10,18 +10,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/paths.h"
+
 #include "chaos/harness.h"
 #include "chaos/scenarios.h"
 
 namespace {
-
-std::string SelfDirectory() {
-  char buffer[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
-  if (n <= 0) return ".";
-  buffer[n] = '\0';
-  return std::filesystem::path(buffer).parent_path().string();
-}
 
 // "90", "90s", "2m", "1h" -> seconds; -1 when malformed.
 int ParseDuration(const std::string& text) {
@@ -89,7 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: INVALID_ARGUMENT: with --socket also pass --instance, --victim and --bystander\n");
     return 2;
   }
-  if (options.daemon_path.empty()) options.daemon_path = SelfDirectory() + "/warmpoold";
+  if (options.daemon_path.empty()) options.daemon_path = warmpool::NextToSelf("warmpoold");
   signal(SIGPIPE, SIG_IGN);
 
   Harness harness(options);

@@ -8,4 +8,8 @@ namespace warmpool {
 // clients' (which WARMPOOL_SOCKET overrides).
 std::string DefaultSocketPath();
 
+// `name` in the directory of the running executable: how the binaries find each other
+// (warmpoold its worker, the harness and the benchmark their daemon).
+std::string NextToSelf(const std::string& name);
+
 }  // namespace warmpool

@@ -9,24 +9,14 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "common/paths.h"
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "common/units.h"
 #include "supervisor/config.h"
 #include "supervisor/daemon.h"
-
-namespace {
-
-std::string SelfDirectory() {
-  char buffer[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
-  if (n <= 0) return ".";
-  buffer[n] = '\0';
-  return std::filesystem::path(buffer).parent_path().string();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using namespace warmpool;
@@ -76,7 +66,7 @@ int main(int argc, char** argv) {
   config.enable_fault_injection = fault_injection;
   supervisor::FinishDefaults(config);
   if (Status s = supervisor::CheckInstanceName(config.instance); !s.ok()) return fail(s);
-  if (worker_path.empty()) worker_path = SelfDirectory() + "/warmpool-worker";
+  if (worker_path.empty()) worker_path = NextToSelf("warmpool-worker");
   if (access(worker_path.c_str(), X_OK) != 0) {
     return fail(Error(Code::kFailedPrecondition,
                       "worker binary {} is missing or not executable: install warmpool-worker "
