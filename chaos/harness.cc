@@ -322,13 +322,32 @@ pid_t Harness::SupervisorPid() {
   return static_cast<pid_t>(segment->view().header().supervisor_pid);
 }
 
-int Harness::CountFds(pid_t pid) {
-  DIR* dir = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+int Harness::CountFds(pid_t pid, int* memfds) {
+  std::string base = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* dir = opendir(base.c_str());
   if (dir == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  int n = 0, memfd = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    n++;
+    char target[256];
+    ssize_t len = readlink((base + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+    if (len > 0 && std::string_view(target, len).starts_with("/memfd:")) memfd++;
+  }
   closedir(dir);
-  return n;
+  if (memfds != nullptr) *memfds = memfd;
+  return n - memfd;
+}
+
+int Harness::HeldWeights() {
+  auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
+  if (!segment.ok()) return -1;
+  int held = 0;
+  for (uint32_t i = 0; i < segment->view().max_models(); i++) {
+    const shm::ModelRecord& m = segment->view().model(i);
+    held += static_cast<shm::ModelState>(m.state) == shm::ModelState::kReady && m.weight_bytes > 0;
+  }
+  return held;
 }
 
 void Harness::Baseline() {
@@ -356,15 +375,19 @@ void Harness::CheckQuiescent(Checks& checks) {
   if (client.ok()) {
     (void)(*client)->GetStatus();
     // Connections the harness just closed may not have been reaped by the daemon's loop yet.
-    int fds = CountFds(SupervisorPid());
+    int memfds = 0;
+    int fds = CountFds(SupervisorPid(), &memfds);
     for (int i = 0; i < 50 && fds != baseline_fds_; i++) {
       Sleep(10);
       (void)(*client)->GetStatus();
-      fds = CountFds(SupervisorPid());
+      fds = CountFds(SupervisorPid(), &memfds);
     }
     if (fds >= 0 && baseline_fds_ >= 0) {
       checks.Expect(fds == baseline_fds_, "no fd leaked by the supervisor",
-                    fmt::format("{} open, {} at the start", fds, baseline_fds_));
+                    fmt::format("{} open besides weights, {} at the start", fds, baseline_fds_));
+      int held = HeldWeights();
+      checks.Expect(memfds == held, "the supervisor holds the weights of exactly the ready models",
+                    fmt::format("{} weight regions held, {} ready models with weights", memfds, held));
     }
     auto status = (*client)->GetStatus();
     std::set<pid_t> live;

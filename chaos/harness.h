@@ -98,7 +98,10 @@ class Harness {
   Status DescribeLiveModels();
   void RememberWorkers();
   pid_t SupervisorPid();
-  int CountFds(pid_t pid);
+  // Open fds of pid, and how many of them are memfd regions (weights the supervisor holds).
+  int CountFds(pid_t pid, int* memfds = nullptr);
+  // Resident models whose weights the supervisor should hold (ready, with weights).
+  int HeldWeights();
 
   Options options_;
   std::string dir_;

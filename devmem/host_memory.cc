@@ -2,7 +2,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace warmpool {
@@ -40,10 +42,35 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
   return HostRegion{ptr, bytes, fd};
 }
 
+Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
+  if (bytes == 0) return Error(Code::kInvalidArgument, "cannot import a region of 0 bytes");
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+    return Error(Code::kInvalidArgument, "shared region of {} bytes is smaller than the {} expected",
+                 static_cast<uint64_t>(st.st_size), bytes);
+  }
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return Error(Code::kInternal, "dup: {}", std::strerror(errno));
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
+  if (ptr == MAP_FAILED) {
+    int err = errno;
+    close(own);
+    return Error(Code::kInternal, "cannot map a shared {}-byte region: {}", bytes, std::strerror(err));
+  }
+  std::lock_guard lock(imported_mutex_);
+  imported_.insert(ptr);
+  return HostRegion{ptr, bytes, own};
+}
+
 void HostMemory::Free(HostRegion& region) {
+  bool imported = false;
+  if (region.ptr != nullptr) {
+    std::lock_guard lock(imported_mutex_);
+    imported = imported_.erase(region.ptr) != 0;
+  }
   if (region.ptr != nullptr) munmap(region.ptr, region.bytes);
   if (region.fd >= 0) close(region.fd);
-  if (region.bytes != 0) used_.fetch_sub(region.bytes, std::memory_order_relaxed);
+  if (region.bytes != 0 && !imported) used_.fetch_sub(region.bytes, std::memory_order_relaxed);
   region = HostRegion{};
 }
 
@@ -52,6 +79,15 @@ wp_status HostMemory::CAlloc(void* ctx, uint64_t bytes, wp_region* out) {
   Result<HostRegion> region = self->Allocate(bytes, "warmpool-weights");
   if (!region.ok()) {
     return region.status().code() == Code::kResourceExhausted ? WP_RESOURCE_EXHAUSTED : WP_INTERNAL;
+  }
+  *out = wp_region{region->ptr, region->bytes, region->fd};
+  return WP_OK;
+}
+
+wp_status HostMemory::CImport(void* ctx, int handle, uint64_t bytes, wp_region* out) {
+  Result<HostRegion> region = static_cast<HostMemory*>(ctx)->Import(handle, bytes);
+  if (!region.ok()) {
+    return region.status().code() == Code::kInvalidArgument ? WP_INVALID_ARGUMENT : WP_INTERNAL;
   }
   *out = wp_region{region->ptr, region->bytes, region->fd};
   return WP_OK;

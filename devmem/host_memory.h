@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_set>
 
 #include "common/status.h"
 #include "warmpool/engine.h"
@@ -25,6 +27,9 @@ class HostMemory {
   HostMemory& operator=(const HostMemory&) = delete;
 
   Result<HostRegion> Allocate(uint64_t bytes, const char* label);
+  // Maps a region exported by another process: a dup of its fd, mapped shared. Not counted against
+  // this process's budget: the supervisor accounts shared weights once, where it holds them.
+  Result<HostRegion> Import(int fd, uint64_t bytes);
   void Free(HostRegion& region);
 
   uint64_t used_bytes() const { return used_.load(std::memory_order_relaxed); }
@@ -36,10 +41,13 @@ class HostMemory {
  private:
   static wp_status CAlloc(void* ctx, uint64_t bytes, wp_region* out);
   static void CFree(void* ctx, wp_region* region);
+  static wp_status CImport(void* ctx, int handle, uint64_t bytes, wp_region* out);
 
   uint64_t budget_;
   std::atomic<uint64_t> used_{0};
-  wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1};
+  std::mutex imported_mutex_;
+  std::unordered_set<void*> imported_;  // mappings made by Import: freed without touching used_
+  wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1, &HostMemory::CImport};
 };
 
 }  // namespace warmpool

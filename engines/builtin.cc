@@ -58,7 +58,7 @@ Result<Engine> Engine::Open(const wp_engine_vtable* vtable, const wp_engine_spec
                  engine_name, vtable->abi_version, WP_ENGINE_ABI_VERSION);
   }
   if (vtable->open == nullptr || vtable->load == nullptr || vtable->infer == nullptr ||
-      vtable->close == nullptr) {
+      vtable->close == nullptr || vtable->export_weights == nullptr || vtable->attach == nullptr) {
     return Error(Code::kFailedPrecondition, "engine \"{}\" leaves an entry point of its vtable empty",
                  engine_name);
   }
@@ -100,6 +100,20 @@ Status Engine::Load(const ProgressFn& progress) {
   wp_status status = progress ? vtable_->load(instance_, &ProgressTrampoline, &bridge, err, sizeof(err))
                               : vtable_->load(instance_, nullptr, nullptr, err, sizeof(err));
   return StatusFromWp(status, err);
+}
+
+Result<wp_region> Engine::ExportWeights() {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  wp_region region{nullptr, 0, -1};
+  wp_status status = vtable_->export_weights(instance_, &region);
+  if (status != WP_OK) return StatusFromWp(status, "the engine has no weights to share");
+  return region;
+}
+
+Status Engine::Attach(const wp_region& weights) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  char err[kErrorBufferBytes] = {};
+  return StatusFromWp(vtable_->attach(instance_, &weights, err, sizeof(err)), err);
 }
 
 Status Engine::Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::vector<float>& output) {

@@ -38,6 +38,11 @@ class Engine {
   ~Engine();
 
   Status Load(const ProgressFn& progress = nullptr);
+  // After Load: the region holding the weights (its handle is shareable). NOT_FOUND: none (echo).
+  Result<wp_region> ExportWeights();
+  // Instead of Load: weights another process loaded, imported here; the engine takes the region
+  // over. Fails if it does not fit the model (the region is then still the caller's).
+  Status Attach(const wp_region& weights);
   // input holds rows x cols floats, row-major; output is resized to rows x OutputColumns(cols).
   Status Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::vector<float>& output);
 

@@ -220,7 +220,11 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
   engine.name = spec->name != nullptr ? spec->name : "";
   engine.path = spec->path;
   engine.memory = memory;
-  Result<safetensors::Header> header = safetensors::ReadHeader(engine.path);
+  // Re-attaching: the description comes from the header bytes kept since registration.
+  Result<safetensors::Header> header =
+      spec->header != nullptr
+          ? safetensors::ParseHeader({spec->header, spec->header_bytes}, spec->file_size, engine.path)
+          : safetensors::ReadHeader(engine.path);
   if (!header.ok()) return header.status();
   Result<DenseModel> model = dense::DescribeModel(*header, engine.path);
   if (!model.ok()) return model.status();
@@ -236,6 +240,8 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
   UseSingleThreadedBlas();
   return OkStatus();
 }
+
+Status PrepareScratch(DenseEngine& engine);
 
 Status Load(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
   if (engine.loaded) return Error(Code::kFailedPrecondition, "model \"{}\" is already loaded", engine.name);
@@ -253,6 +259,21 @@ Status Load(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
     FreeWeights(engine);
     return read;
   }
+  return PrepareScratch(engine);
+}
+
+Status Attach(DenseEngine& engine, const wp_region& weights) {
+  if (engine.loaded) return Error(Code::kFailedPrecondition, "model \"{}\" is already loaded", engine.name);
+  if (weights.ptr == nullptr || weights.bytes < engine.header.data_bytes) {
+    return Error(Code::kInvalidArgument,
+                 "the shared weights of model \"{}\" hold {} bytes but its header needs {}",
+                 engine.name, weights.bytes, engine.header.data_bytes);
+  }
+  engine.weights = weights;  // taken over: close releases this mapping
+  return PrepareScratch(engine);
+}
+
+Status PrepareScratch(DenseEngine& engine) {
   const dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
   try {
     for (auto& buffer : engine.activations) buffer.assign(scratch.activation_floats, 0.0f);
@@ -320,6 +341,23 @@ wp_status DenseInfer(wp_engine* engine, const float* input, uint32_t rows, uint3
   }
 }
 
+wp_status DenseExport(wp_engine* engine, wp_region* out) {
+  if (engine == nullptr || out == nullptr || !AsDense(engine)->loaded) return WP_FAILED_PRECONDITION;
+  *out = AsDense(engine)->weights;
+  return WP_OK;
+}
+
+wp_status DenseAttach(wp_engine* engine, const wp_region* weights, char* err, size_t err_len) {
+  if (engine == nullptr || weights == nullptr) {
+    return WpFromStatus(Error(Code::kInvalidArgument, "dense: attach needs an engine and weights"), err, err_len);
+  }
+  try {
+    return WpFromStatus(Attach(*AsDense(engine), *weights), err, err_len);
+  } catch (const std::exception& e) {
+    return WpFromStatus(Error(Code::kInternal, "dense: attach failed: {}", e.what()), err, err_len);
+  }
+}
+
 void DenseClose(wp_engine* engine) {
   if (engine == nullptr) return;
   DenseEngine* dense = AsDense(engine);
@@ -327,8 +365,9 @@ void DenseClose(wp_engine* engine) {
   delete dense;
 }
 
-const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense", &DenseOpen, &DenseLoad, &DenseInfer,
-                                       &DenseClose};
+const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense",      &DenseOpen,
+                                       &DenseLoad,            &DenseInfer,  &DenseClose,
+                                       &DenseExport,          &DenseAttach};
 
 }  // namespace
 }  // namespace warmpool

@@ -48,7 +48,12 @@ wp_status EchoInfer(wp_engine* engine, const float* input, uint32_t rows, uint32
 
 void EchoClose(wp_engine* engine) { delete AsEcho(engine); }
 
-const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION, "echo", &EchoOpen, &EchoLoad, &EchoInfer, &EchoClose};
+// Echo holds no weights: nothing to export, and attaching needs none.
+wp_status EchoExport(wp_engine*, wp_region*) { return WP_NOT_FOUND; }
+wp_status EchoAttach(wp_engine*, const wp_region*, char*, size_t) { return WP_OK; }
+
+const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION, "echo",     &EchoOpen,   &EchoLoad,
+                                      &EchoInfer,            &EchoClose, &EchoExport, &EchoAttach};
 
 }  // namespace
 }  // namespace warmpool

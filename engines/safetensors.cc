@@ -342,7 +342,7 @@ Result<Header> ParseHeader(std::span<const uint8_t> file_prefix, uint64_t file_s
   return header;
 }
 
-Result<Header> ReadHeader(const std::string& path) {
+Result<Header> ReadHeader(const std::string& path, std::vector<uint8_t>* raw) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -370,7 +370,9 @@ Result<Header> ReadHeader(const std::string& path) {
     prefix.resize(8 + header_len);
     if (Status read = PreadFully(fd, prefix.data() + 8, header_len, 8, path); !read.ok()) return read;
   }
-  return ParseHeader(prefix, file_size, path);
+  Result<Header> header = ParseHeader(prefix, file_size, path);
+  if (header.ok() && raw != nullptr) *raw = std::move(prefix);
+  return header;
 }
 
 Status WriteFile(const std::string& path, const std::vector<TensorToWrite>& tensors,

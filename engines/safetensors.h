@@ -57,7 +57,9 @@ Result<Header> ParseHeader(std::span<const uint8_t> file_prefix, uint64_t file_s
                            std::string_view source = "<memory>");
 
 // Opens path and reads only its header, never the tensor data.
-Result<Header> ReadHeader(const std::string& path);
+// raw, when given, receives the bytes the header was parsed from (length prefix included), so that
+// the model can be described again later without the file.
+Result<Header> ReadHeader(const std::string& path, std::vector<uint8_t>* raw = nullptr);
 
 struct TensorToWrite {
   std::string name;

@@ -1,5 +1,7 @@
 #include "ipc/blocking_channel.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -7,20 +9,29 @@
 
 namespace warmpool::ipc {
 
-Status BlockingChannel::Read(google::protobuf::MessageLite& message, std::vector<int>* fds) {
+BlockingChannel::~BlockingChannel() {
+  for (int fd : pending_fds_) close(fd);
+}
+
+int BlockingChannel::TakeFd() {
+  if (pending_fds_.empty()) return -1;
+  int fd = pending_fds_.front();
+  pending_fds_.pop_front();
+  return fd;
+}
+
+Status BlockingChannel::Read(google::protobuf::MessageLite& message) {
   std::string_view body;  // points into the decoder until the next Append
   char buffer[64 * 1024];
   while (!decoder_.Next(body)) {
-    ssize_t n = RecvWithFds(fd_, buffer, sizeof(buffer), pending_fds_);
+    std::vector<int> fds;
+    ssize_t n = RecvWithFds(fd_, buffer, sizeof(buffer), fds);
+    pending_fds_.insert(pending_fds_.end(), fds.begin(), fds.end());
     if (n == 0) return Error(Code::kUnavailable, "the peer closed the connection");
     if (n < 0) {
       return Error(Code::kUnavailable, "reading from the peer failed: {}", std::strerror(errno));
     }
     if (Status s = decoder_.Append({buffer, static_cast<size_t>(n)}); !s.ok()) return s;
-  }
-  if (fds != nullptr) {
-    fds->insert(fds->end(), pending_fds_.begin(), pending_fds_.end());
-    pending_fds_.clear();
   }
   if (!message.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
     return Error(Code::kInvalidArgument, "received a frame of {} bytes that is not a valid {}",

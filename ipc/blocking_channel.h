@@ -2,6 +2,7 @@
 // (one reader thread, several writer threads) and the C++ client library.
 #pragma once
 
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -16,10 +17,14 @@ namespace warmpool::ipc {
 class BlockingChannel {
  public:
   BlockingChannel(int fd, uint32_t max_frame_bytes) : fd_(fd), decoder_(max_frame_bytes) {}
+  ~BlockingChannel();  // closes received descriptors nobody took (not the socket)
 
   // Reads the next frame into message. UNAVAILABLE when the peer closed the channel, INVALID_ARGUMENT
   // on a message that does not parse, RESOURCE_EXHAUSTED on an oversized frame. One reader at a time.
-  Status Read(google::protobuf::MessageLite& message, std::vector<int>* fds = nullptr);
+  Status Read(google::protobuf::MessageLite& message);
+  // The oldest received descriptor not yet taken (the caller owns it), or -1. Descriptors are
+  // queued in arrival order: a message that says it carries one takes it here.
+  int TakeFd();
   // Writes one frame whole; safe from several threads (frames never interleave).
   Status Write(const google::protobuf::MessageLite& message, const std::vector<int>& fds = {});
   // Writes bytes that are already framed (pipelining several frames in one call).
@@ -32,7 +37,7 @@ class BlockingChannel {
 
   int fd_;
   FrameDecoder decoder_;
-  std::vector<int> pending_fds_;
+  std::deque<int> pending_fds_;
   std::mutex write_mutex_;
 };
 

@@ -65,7 +65,12 @@ void Connection::OnReadable() {
   char buffer[64 * 1024];
   // Bounded rounds so that one busy peer cannot starve the rest of the loop.
   for (int round = 0; round < 16 && !closing_; round++) {
-    ssize_t n = RecvWithFds(fd_, buffer, sizeof(buffer), received_fds_);
+    std::vector<int> fds;
+    ssize_t n = RecvWithFds(fd_, buffer, sizeof(buffer), fds);
+    for (int fd : fds) {
+      if (options_.accept_fds) received_fds_.push_back(fd);
+      else ::close(fd);
+    }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       Close(Error(Code::kUnavailable, "read failed: {}", std::strerror(errno)));
@@ -86,12 +91,17 @@ void Connection::OnReadable() {
     }
     std::string_view body;
     while (!closing_ && decoder_.Next(body)) {
-      std::vector<int> fds;
-      fds.swap(received_fds_);
-      on_frame_(body, std::move(fds));
+      on_frame_(body);
     }
     if (static_cast<size_t>(n) < sizeof(buffer)) return;
   }
+}
+
+int Connection::TakeFd() {
+  if (received_fds_.empty()) return -1;
+  int fd = received_fds_.front();
+  received_fds_.pop_front();
+  return fd;
 }
 
 void Connection::Send(std::string bytes, std::vector<int> fds) {

@@ -22,9 +22,11 @@ namespace warmpool::ipc {
 
 class Connection {
  public:
-  // body: one complete frame, valid only during the call; fds: descriptors that arrived with it
-  // (the handler owns them).
-  using FrameHandler = std::function<void(std::string_view body, std::vector<int>&& fds)>;
+  // body: one complete frame, valid only during the call. Descriptors that arrive are queued in
+  // arrival order; a handler whose message says it carries one takes it with TakeFd(). (A stream
+  // socket does not say which frame a descriptor came with: recvmsg may return it together with
+  // the bytes of earlier frames.)
+  using FrameHandler = std::function<void(std::string_view body)>;
   using CloseHandler = std::function<void(const Status& why)>;
 
   struct Options {
@@ -33,6 +35,7 @@ class Connection {
     size_t max_pending_write_bytes = 256u << 20;
     // Framed bytes sent (best effort) before closing on a framing error, e.g. an error envelope.
     std::function<std::string(const Status&)> farewell;
+    bool accept_fds = false;  // false: descriptors a peer sends are closed on arrival
   };
 
   static Connection* Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
@@ -41,6 +44,12 @@ class Connection {
   // Queues already framed bytes; fds (not taken over: the caller keeps its copies) go with the
   // first byte. Silently dropped once the connection is closing.
   void Send(std::string bytes, std::vector<int> fds = {});
+  // The oldest received descriptor not yet taken (the caller owns it), or -1.
+  int TakeFd();
+  // Reads and dispatches whatever the peer has already written (e.g. before it died).
+  void Drain() {
+    if (!closing_) OnReadable();
+  }
   // Idempotent. Pending writes go out if the socket takes them at once; the rest is discarded.
   void Close(const Status& why);
 
@@ -68,7 +77,7 @@ class Connection {
   CloseHandler on_close_;
   uv_poll_t* poll_ = nullptr;
   FrameDecoder decoder_;
-  std::vector<int> received_fds_;
+  std::deque<int> received_fds_;
   std::deque<Pending> pending_;
   size_t pending_bytes_ = 0;
   int interest_ = 0;

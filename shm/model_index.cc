@@ -122,6 +122,23 @@ void ModelIndex::MarkReady(uint32_t index, uint64_t weight_bytes, uint64_t works
   AddToAccount(r.device, delta);
 }
 
+void ModelIndex::MarkDetached(uint32_t index) {
+  Update(index, [](ModelRecord& r) {
+    r.state = static_cast<uint32_t>(ModelState::kReady);
+    r.worker_slot = kNil;
+    r.replicas = 0;
+  });
+}
+
+void ModelIndex::MarkAttaching(uint32_t index, uint32_t worker_slot) {
+  Update(index, [&](ModelRecord& r) {
+    r.state = static_cast<uint32_t>(ModelState::kLoading);
+    r.worker_slot = worker_slot;
+    r.replicas = 1;
+    r.last_error[0] = '\0';
+  });
+}
+
 void ModelIndex::MarkUnloading(uint32_t index) {
   Update(index, [&](ModelRecord& r) { r.state = static_cast<uint32_t>(ModelState::kUnloading); });
 }

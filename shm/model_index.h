@@ -44,6 +44,11 @@ class ModelIndex {
   // Corrects the account to the bytes the engine actually allocated.
   void MarkReady(uint32_t index, uint64_t weight_bytes, uint64_t workspace_bytes);
   void MarkUnloading(uint32_t index);
+  // The weights stay resident (held by the supervisor) but no worker serves them: after the
+  // worker that held them died. State ready, no worker, no replica; bytes stay accounted.
+  void MarkDetached(uint32_t index);
+  // A worker attaches resident weights: state loading on that worker, bytes unchanged.
+  void MarkAttaching(uint32_t index, uint32_t worker_slot);
   // Leaves residency: bytes released, unlinked from the LRU, state registered or failed.
   void MarkNotResident(uint32_t index, ModelState state, std::string_view error);
 

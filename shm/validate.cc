@@ -88,7 +88,10 @@ Status Validate(const SegmentView& view) {
       return Error(Code::kInternal, "model \"{}\" is on device {} of {}", m.name, m.device,
                    h.device_count);
     }
-    if (m.worker_slot >= h.max_workers) {
+    // A ready model with no replica is detached: its weights are held by the supervisor.
+    bool detached = static_cast<ModelState>(m.state) == ModelState::kReady && m.replicas == 0 &&
+                    m.worker_slot == kNil;
+    if (m.worker_slot >= h.max_workers && !detached) {
       return Error(Code::kInternal, "resident model \"{}\" has no worker", m.name);
     }
     accounted[m.device] += m.weight_bytes + m.workspace_bytes;

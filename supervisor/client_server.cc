@@ -120,10 +120,8 @@ void ClientServer::OnAcceptable() {
     options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
-        [this, id](std::string_view body, std::vector<int>&& fds) {
-          for (int f : fds) close(f);  // clients have no business passing descriptors
-          OnFrame(id, body);
-        },
+        // Clients have no business passing descriptors: the connection closes any on arrival.
+        [this, id](std::string_view body) { OnFrame(id, body); },
         [this, id](const Status& why) {
           sessions_.erase(id);
           spdlog::debug("session {} closed: {}", id, why.ToString());

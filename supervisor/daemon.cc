@@ -17,6 +17,9 @@ Daemon::Daemon(Config config, std::string worker_path)
 }
 
 Daemon::~Daemon() {
+  for (ModelRuntime& rt : runtime_) {
+    if (rt.weights_fd >= 0) close(rt.weights_fd);
+  }
   server_.reset();
   workers_.reset();
   sweep_timer_.Close();
@@ -117,6 +120,8 @@ void Daemon::RegisterModels() {
       continue;
     }
     runtime_[*index].workspace_bytes = m.workspace_bytes;
+    runtime_[*index].header = m.header;
+    runtime_[*index].file_size = m.file_size;
     runtime_[*index].in_features = m.in_features;
     runtime_[*index].out_features = m.out_features;
     if (!m.problem.ok()) {

@@ -66,6 +66,7 @@ class Daemon {
     uint64_t deadline_ms = 0;   // infer: the request's deadline
     uint64_t started_ms = 0;
     uint64_t progress_ms = 0;   // load: last sign of progress
+    bool attach = false;        // load: attaching held weights rather than reading the file
     uint64_t bytes = 0;         // frame bytes sent to the worker
     uint32_t crashes = 0;
     v1::InferRequest request;   // infer: kept so that the request can be retried on another worker
@@ -82,6 +83,11 @@ class Daemon {
     std::deque<uint64_t> crash_ms;  // monotonic times of recent worker crashes caused by it
     uint64_t failed_until_ms = 0;   // cooldown end; requests before it are refused
     uint64_t cooldown_ms = 0;       // the next cooldown (doubles, capped)
+    // Shared weights: the region's handle, held while the model is resident so that a worker's
+    // death frees nothing; and the header bytes that let a worker attach them without the file.
+    int weights_fd = -1;
+    std::string header;
+    uint64_t file_size = 0;
   };
   struct ArmedFault {
     v1::Fault fault;
@@ -111,8 +117,12 @@ class Daemon {
   void SendUnload(uint32_t model);
   void FailWaiters(uint32_t model, const Status& status);
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
-  void OnLoadDone(const Job& job, const v1::WorkerLoadDone& done);
+  void OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weights_fd);
   void OnUnloadDone(const Job& job);
+  void StartAttach(uint32_t model, uint32_t worker);
+  // The model leaves residency: its weights are released, unload waiters answered.
+  void FinishUnload(uint32_t model);
+  void DropWeights(uint32_t model);
   uint64_t NewJob(Job&& job);
 
   // dispatch.cc: inference

@@ -26,16 +26,17 @@ void Daemon::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
   if (front) rt.waiters.push_front(std::move(waiter));
   else rt.waiters.push_back(std::move(waiter));
   queued_++;
-  if (index_->State(model) == ModelState::kReady) {
+  if (index_->State(model) == ModelState::kReady && index_->Get(model).worker_slot != shm::kNil) {
     DrainReady(model);
   } else {
-    EnsureLoading(model);
+    EnsureLoading(model);  // loads, or attaches held weights to a worker
   }
 }
 
 void Daemon::DrainReady(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
-  while (!rt.waiters.empty() && index_->State(model) == ModelState::kReady && !rt.unload_when_idle) {
+  while (!rt.waiters.empty() && index_->State(model) == ModelState::kReady && !rt.unload_when_idle &&
+         index_->Get(model).worker_slot != shm::kNil) {
     uint32_t worker = index_->Get(model).worker_slot;
     if (worker_outstanding_[worker] >= kMaxWorkerPendingJobs ||
         worker_pending_bytes_[worker] >= kMaxWorkerPendingBytes) {

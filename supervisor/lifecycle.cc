@@ -1,5 +1,7 @@
 // Model lifecycle driven by the daemon: registered -> loading -> ready -> unloading -> registered,
 // plus failed. Each transition is one call on the index (the single writer), made here.
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
@@ -23,15 +25,28 @@ uint64_t Daemon::NewJob(Job&& job) {
 
 void Daemon::EnsureLoading(uint32_t model) {
   ModelState state = index_->State(model);
-  if (state == ModelState::kRegistered || state == ModelState::kFailed) TryAdmit(model);
+  bool detached = state == ModelState::kReady && index_->Get(model).worker_slot == shm::kNil;
+  if (state == ModelState::kRegistered || state == ModelState::kFailed || detached) TryAdmit(model);
   // loading: the waiters ride on that load; unloading: reloaded when the unload completes;
   // ready: DrainReady serves them.
 }
 
 void Daemon::TryAdmit(uint32_t model) {
   ModelState state = index_->State(model);
-  if (state != ModelState::kRegistered && state != ModelState::kFailed) return;
   if (runtime_[model].waiters.empty()) return;  // everyone gave up meanwhile
+  auto wait = [&] {
+    for (uint32_t m : pending_admission_) {
+      if (m == model) return;
+    }
+    pending_admission_.push_back(model);
+  };
+  if (state == ModelState::kReady && index_->Get(model).worker_slot == shm::kNil) {
+    // Resident weights, no worker serving them: attach them to one, no file read.
+    uint32_t worker = PickWorkerForLoad(workers_->Loads(worker_models_, worker_outstanding_));
+    if (worker == shm::kNil) return wait();
+    return StartAttach(model, worker);
+  }
+  if (state != ModelState::kRegistered && state != ModelState::kFailed) return;
   if (state == ModelState::kFailed) {
     if (MonotonicMillis() < runtime_[model].failed_until_ms) {
       FailWaiters(model, FailedStatus(model));
@@ -47,17 +62,13 @@ void Daemon::TryAdmit(uint32_t model) {
     }
     index_->Update(model, [&](shm::ModelRecord& m) { m.weight_bytes = entry.weight_bytes; });
     runtime_[model].workspace_bytes = entry.workspace_bytes;
+    runtime_[model].header = entry.header;
+    runtime_[model].file_size = entry.file_size;
     runtime_[model].in_features = entry.in_features;
     runtime_[model].out_features = entry.out_features;
   }
   const uint64_t bytes = index_->Get(model).weight_bytes + runtime_[model].workspace_bytes;
   AdmissionPlan plan = PlanAdmission(*index_, model, /*device=*/0, bytes, limits_);
-  auto wait = [&] {
-    for (uint32_t m : pending_admission_) {
-      if (m == model) return;
-    }
-    pending_admission_.push_back(model);
-  };
   switch (plan.kind) {
     case AdmissionPlan::Kind::kAdmit: {
       uint32_t worker = PickWorkerForLoad(workers_->Loads(worker_models_, worker_outstanding_));
@@ -70,13 +81,18 @@ void Daemon::TryAdmit(uint32_t model) {
       }
       return wait();  // workers are (re)starting: on_ready retries
     }
-    case AdmissionPlan::Kind::kEvict:
+    case AdmissionPlan::Kind::kEvict: {
+      bool freed_now = false;
       for (uint32_t victim : plan.victims) {
         spdlog::info("evicting \"{}\" to make room for \"{}\"", index_->Get(victim).name,
                      index_->Get(model).name);
         StartUnload(victim, /*eviction=*/true);
+        freed_now = freed_now || index_->State(victim) != ModelState::kUnloading;
       }
+      // Detached victims are released at once (no worker to ask): plan again with the room made.
+      if (freed_now) return TryAdmit(model);
       return wait();
+    }
     case AdmissionPlan::Kind::kWait:
       return wait();
     case AdmissionPlan::Kind::kReject:
@@ -116,10 +132,61 @@ void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   workers_->Send(worker, message);
 }
 
+void Daemon::StartAttach(uint32_t model, uint32_t worker) {
+  const shm::ModelRecord& r = index_->Get(model);
+  const ModelRuntime& rt = runtime_[model];
+  index_->MarkAttaching(model, worker);
+  worker_models_[worker]++;
+  Job job;
+  job.kind = Job::Kind::kLoad;
+  job.attach = true;
+  job.worker = worker;
+  job.model = model;
+  uint64_t id = NewJob(std::move(job));
+  v1::WorkerEnvelope message;
+  v1::WorkerAttach* attach = message.mutable_attach();
+  attach->set_job(id);
+  attach->set_model(model);
+  attach->set_name(r.name);
+  attach->set_engine(r.engine);
+  attach->set_path(r.path);
+  attach->set_header(rt.header);
+  attach->set_file_size(rt.file_size);
+  attach->set_weight_bytes(rt.weights_fd >= 0 ? r.weight_bytes : 0);
+  spdlog::info("attaching the resident weights of \"{}\" to worker {}", r.name, worker);
+  workers_->Send(worker, message, rt.weights_fd >= 0 ? std::vector<int>{rt.weights_fd} : std::vector<int>{});
+}
+
+void Daemon::DropWeights(uint32_t model) {
+  if (runtime_[model].weights_fd >= 0) close(runtime_[model].weights_fd);
+  runtime_[model].weights_fd = -1;
+}
+
+void Daemon::FinishUnload(uint32_t model) {
+  DropWeights(model);
+  ModelRuntime& rt = runtime_[model];
+  // A model failed while its unload was under way ends failed, not registered.
+  bool failed = rt.failed_until_ms > MonotonicMillis();
+  index_->MarkNotResident(model, failed ? ModelState::kFailed : ModelState::kRegistered,
+                          failed ? rt.last_error : "");
+  std::vector<Call> waiters;
+  waiters.swap(rt.unload_waiters);
+  for (const Call& call : waiters) {
+    v1::Envelope reply;
+    reply.mutable_unload_reply()->set_model(index_->Get(model).name);
+    Answer(call, std::move(reply));
+  }
+  if (!rt.waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
+}
+
 void Daemon::StartUnload(uint32_t model, bool eviction) {
   if (index_->State(model) != ModelState::kReady) return;
-  index_->MarkUnloading(model);
   if (eviction) index_->Update(model, [](shm::ModelRecord& r) { r.evictions++; });
+  if (index_->Get(model).worker_slot == shm::kNil) {
+    FinishUnload(model);  // detached: no worker to ask, the weights are ours to release
+    return;
+  }
+  index_->MarkUnloading(model);
   if (index_->Get(model).inflight == 0) {
     SendUnload(model);
   } else {
@@ -149,6 +216,12 @@ void Daemon::FailWaiters(uint32_t model, const Status& status) {
 }
 
 void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
+  // Only a successful load carries a descriptor: the weights region.
+  int weights_fd = -1;
+  if (message.has_load_done() && message.load_done().weights_shared()) {
+    weights_fd = workers_->TakeFd(slot);
+    if (weights_fd < 0) spdlog::error("worker {} announced shared weights but sent none", slot);
+  }
   uint64_t id = 0;
   switch (message.body_case()) {
     case v1::WorkerEnvelope::kLoadProgress: {
@@ -172,6 +245,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.worker != slot) {
     spdlog::warn("worker {} answered unknown job {}", slot, id);
+    if (weights_fd >= 0) close(weights_fd);
     return;
   }
   Job job = std::move(it->second);
@@ -181,16 +255,26 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   (job.kind == Job::Kind::kLoad ? worker_load_done_ms_ : worker_serving_done_ms_)[slot] =
       MonotonicMillis();
   switch (job.kind) {
-    case Job::Kind::kLoad: OnLoadDone(job, message.load_done()); break;
+    case Job::Kind::kLoad: OnLoadDone(job, message.load_done(), weights_fd); break;
     case Job::Kind::kInfer: OnInferDone(job, *message.mutable_infer_done()); break;
     case Job::Kind::kUnload: OnUnloadDone(job); break;
   }
 }
 
-void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
+void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weights_fd) {
   uint32_t model = job.model;
   ModelRuntime& rt = runtime_[model];
   const std::string name = index_->Get(model).name;
+  if (done.has_error() && job.attach) {
+    // The held weights could not be attached: let them go and load from the file instead.
+    spdlog::warn("attaching \"{}\" failed ({}); loading it from its file", name, done.error().message());
+    worker_models_[job.worker]--;
+    DropWeights(model);
+    index_->MarkNotResident(model, ModelState::kRegistered, done.error().message());
+    EnsureLoading(model);
+    RetryPending();
+    return;
+  }
   if (done.has_error()) {
     Status cause(CodeFromInt(done.error().code()), done.error().message());
     worker_models_[job.worker]--;
@@ -208,13 +292,18 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
     RetryPending();
     return;
   }
+  if (weights_fd >= 0) {
+    DropWeights(model);
+    rt.weights_fd = weights_fd;
+  }
   rt.last_error.clear();
   rt.workspace_bytes = done.workspace_bytes();
   rt.in_features = done.in_features();
   rt.out_features = done.out_features();
   index_->MarkReady(model, done.weight_bytes(), done.workspace_bytes());
-  spdlog::info("\"{}\" ready on worker {} ({} weights, {} ms)", name, job.worker,
-               FormatBytes(done.weight_bytes()), MonotonicMillis() - job.started_ms);
+  spdlog::info("\"{}\" ready on worker {} ({} weights {}, {} ms)", name, job.worker,
+               FormatBytes(done.weight_bytes()), job.attach ? "attached" : "loaded",
+               MonotonicMillis() - job.started_ms);
   uint64_t budget = index_->DeviceBudget();
   if (budget != 0 && index_->DeviceUsed(0) > budget) {
     // The engine allocated more than its header promised (the file changed since registration).
@@ -245,17 +334,8 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done) {
 }
 
 void Daemon::OnUnloadDone(const Job& job) {
-  uint32_t model = job.model;
-  index_->MarkNotResident(model, ModelState::kRegistered, "");
   worker_models_[job.worker]--;
-  std::vector<Call> waiters;
-  waiters.swap(runtime_[model].unload_waiters);
-  for (const Call& call : waiters) {
-    v1::Envelope reply;
-    reply.mutable_unload_reply()->set_model(index_->Get(model).name);
-    Answer(call, std::move(reply));
-  }
-  if (!runtime_[model].waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
+  FinishUnload(job.model);
   RetryPending();
 }
 

@@ -63,14 +63,18 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
   for (uint32_t model : index_->LruOrder()) {
     const shm::ModelRecord& r = index_->Get(model);
     if (r.worker_slot != slot) continue;
-    index_->MarkNotResident(model, ModelState::kRegistered, fmt::format("worker {} {}", slot, why));
-    runtime_[model].unload_when_idle = false;
-    std::vector<Call> unload_waiters;
-    unload_waiters.swap(runtime_[model].unload_waiters);
-    for (const Call& call : unload_waiters) {
-      v1::Envelope reply;  // the memory went with the process: the unload happened
-      reply.mutable_unload_reply()->set_model(r.name);
-      Answer(call, std::move(reply));
+    ModelRuntime& rt = runtime_[model];
+    ModelState state = index_->State(model);
+    if (state == ModelState::kUnloading) {
+      rt.unload_when_idle = false;
+      FinishUnload(model);  // the unload happened: the worker's mappings went with it
+    } else if (rt.weights_fd >= 0) {
+      // The supervisor holds the weights: nothing is lost, the next request attaches them.
+      rt.unload_when_idle = false;
+      index_->MarkDetached(model);
+    } else {
+      rt.unload_when_idle = false;
+      index_->MarkNotResident(model, ModelState::kRegistered, fmt::format("worker {} {}", slot, why));
     }
   }
   worker_models_[slot] = 0;
@@ -108,11 +112,10 @@ void Daemon::MarkFailed(uint32_t model, const std::string& reason) {
                        : std::min<uint64_t>(rt.cooldown_ms * 2, config_.failed_cooldown_max_ms);
   rt.failed_until_ms = MonotonicMillis() + rt.cooldown_ms;
   rt.last_error = reason;
+  // Still resident (its weights survived the crash): let them go; FinishUnload marks it failed.
+  if (index_->State(model) == ModelState::kReady) StartUnload(model, /*eviction=*/false);
   ModelState state = index_->State(model);
-  if (state == ModelState::kReady) {
-    // Still resident (it crashed a worker that is not its own): let it go, then fail.
-    StartUnload(model, /*eviction=*/false);
-  } else if (state != ModelState::kLoading && state != ModelState::kUnloading) {
+  if (state == ModelState::kRegistered || state == ModelState::kFailed) {
     index_->MarkNotResident(model, ModelState::kFailed, reason);
   }
   spdlog::warn("model \"{}\" failed: {}; retried in {} ms at the earliest", index_->Get(model).name,

@@ -48,11 +48,14 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
     }
     return entry;
   }
-  Result<safetensors::Header> header = safetensors::ReadHeader(path);
+  std::vector<uint8_t> raw;
+  Result<safetensors::Header> header = safetensors::ReadHeader(path, &raw);
   if (!header.ok()) {
     entry.problem = header.status();
     return entry;
   }
+  entry.header.assign(raw.begin(), raw.end());
+  entry.file_size = header->file_size;
   auto it = header->metadata.find("engine");
   if (it != header->metadata.end() && it->second != engine) {
     entry.problem = Error(Code::kInvalidArgument,

@@ -20,6 +20,8 @@ struct ModelEntry {
   uint64_t workspace_bytes = 0;  // engine's preflight estimate, known from the header
   uint32_t in_features = 0;
   uint32_t out_features = 0;
+  std::string header;       // raw header bytes (length prefix included), for attaching later
+  uint64_t file_size = 0;
   Status problem;  // not ok: the model is registered as failed with this reason
 };
 

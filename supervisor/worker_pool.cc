@@ -161,11 +161,11 @@ void WorkerPool::Spawn(uint32_t slot) {
   channel_options.max_frame_bytes = options_.max_frame_bytes + kWorkerFrameHeadroom;
   // Work for a worker is bounded by the daemon (per-worker pending bytes), never by dropping it.
   channel_options.max_pending_write_bytes = SIZE_MAX;
+  channel_options.accept_fds = true;  // weights regions
   uint32_t generation = w.generation;
   w.channel = ipc::Connection::Open(
       loop_, fds[0], channel_options,
-      [this, slot, generation](std::string_view body, std::vector<int>&& fds_in) {
-        for (int fd : fds_in) close(fd);
+      [this, slot, generation](std::string_view body) {
         Worker& worker = *workers_[slot];
         if (worker.generation != generation) return;
         v1::WorkerEnvelope message;
@@ -212,6 +212,9 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   w.running = false;
   w.ready = false;
   w.last_exit = term_signal != 0 ? 128 + term_signal : static_cast<int32_t>(exit_status);
+  // The exit can be reported before the channel was read: take what the worker said before it
+  // died (finished replies, a fault's firing) so that nothing it completed is lost or redone.
+  if (w.channel != nullptr) w.channel->Drain();
   if (w.channel != nullptr) {
     ipc::Connection* channel = w.channel;
     w.channel = nullptr;
@@ -250,14 +253,19 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   }
 }
 
-bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message) {
+bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds) {
   Worker& w = *workers_[slot];
   if (!w.ready || w.channel == nullptr) return false;
-  w.channel->Send(ipc::Frame(message));
+  w.channel->Send(ipc::Frame(message), fds);
   return true;
 }
 
 bool WorkerPool::ready(uint32_t slot) const { return workers_[slot]->ready; }
+
+int WorkerPool::TakeFd(uint32_t slot) {
+  Worker& w = *workers_[slot];
+  return w.channel != nullptr ? w.channel->TakeFd() : -1;
+}
 
 void WorkerPool::Kill(uint32_t slot, const std::string& reason) {
   Worker& w = *workers_[slot];

@@ -38,6 +38,7 @@ inline constexpr uint32_t kWorkerFrameHeadroom = 64 * 1024;
 
 struct WorkerEvents {
   std::function<void(uint32_t slot)> on_ready;  // hello received: the worker takes jobs
+  // A message that says it carries a descriptor gets it with WorkerPool::TakeFd.
   std::function<void(uint32_t slot, v1::WorkerEnvelope&& message)> on_message;
   // The process is gone (reaped). `why` reads like "killed by signal 9" or "exited with status 1".
   std::function<void(uint32_t slot, uint32_t generation, const std::string& why)> on_death;
@@ -51,13 +52,16 @@ class WorkerPool {
 
   void StartAll();
   // False when the worker is not ready (the caller treats the job as lost with the worker).
-  bool Send(uint32_t slot, const v1::WorkerEnvelope& message);
+  // fds go with the frame (the caller keeps its copies).
+  bool Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
   // Closes every channel (workers exit on EOF), SIGKILLs stragglers after grace_ms, then calls done.
   void Shutdown(uint64_t grace_ms, std::function<void()> done);
 
   // SIGKILLs the worker; its death is reported with `reason` instead of the bare signal.
   void Kill(uint32_t slot, const std::string& reason);
   bool ready(uint32_t slot) const;
+  // The oldest descriptor received from the worker and not yet taken (caller owns it), or -1.
+  int TakeFd(uint32_t slot);
   // False when every worker is dead for good (exit status 2 or cannot be started).
   bool AnyCanServe() const;
   // "killed by signal 9", "exited with status 1", or "" for a worker that never died.

@@ -30,7 +30,13 @@ Worker::Worker(WorkerOptions options)
         fired.mutable_fault_fired()->set_id(id);
         Send(fired);
       }),
-      memory_service_{this, &Worker::AllocWithFaults, &Worker::FreeRegion, 1} {}
+      memory_service_{this, &Worker::AllocWithFaults, &Worker::FreeRegion, 1,
+                      &Worker::ImportRegion} {}
+
+wp_status Worker::ImportRegion(void* ctx, int handle, uint64_t bytes, wp_region* out) {
+  const wp_device_memory* host = static_cast<Worker*>(ctx)->memory_.service();
+  return host->import(host->ctx, handle, bytes, out);
+}
 
 wp_status Worker::AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out) {
   auto* self = static_cast<Worker*>(ctx);
@@ -82,9 +88,12 @@ Status Worker::Start() {
 int Worker::Run() {
   for (;;) {
     v1::WorkerEnvelope message;
-    std::vector<int> fds;
-    Status s = channel_.Read(message, &fds);
-    for (int fd : fds) close(fd);  // no message of this version carries descriptors to a worker
+    Status s = channel_.Read(message);
+    // Only an attach of a model with weights carries a descriptor (the weights region).
+    int weights_fd = -1;
+    if (s.ok() && message.has_attach() && message.attach().weight_bytes() > 0) {
+      weights_fd = channel_.TakeFd();
+    }
     if (!s.ok()) {
       if (s.code() == Code::kUnavailable) return 0;  // supervisor closed the channel: stop
       spdlog::error("worker {}: bad message from the supervisor: {}", options_.slot, s.ToString());
@@ -94,6 +103,7 @@ int Worker::Run() {
       case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
       case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
       case v1::WorkerEnvelope::kFaultSet: faults_.Set(message.fault_set()); break;
+      case v1::WorkerEnvelope::kAttach: HandleAttach(message.attach(), weights_fd); break;
       case v1::WorkerEnvelope::kLoad: {
         std::lock_guard lock(load_mutex_);
         load_queue_.push_back(message.load());
@@ -108,8 +118,8 @@ int Worker::Run() {
   }
 }
 
-void Worker::Send(const v1::WorkerEnvelope& message) {
-  if (Status s = channel_.Write(message); !s.ok()) {
+void Worker::Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds) {
+  if (Status s = channel_.Write(message, fds); !s.ok()) {
     // The supervisor is gone; PR_SET_PDEATHSIG or the next read ends this process.
     spdlog::debug("worker {}: reply dropped: {}", options_.slot, s.ToString());
   }
@@ -206,6 +216,7 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
   done->set_job(request.job());
   const wp_engine_vtable* vtable = FindBuiltinEngine(request.engine());
   Status status;
+  int shared = -1;
   loading_model_ = request.name();
   faults_.Hit("load.begin", request.name());
   if (vtable == nullptr) {
@@ -245,12 +256,66 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
         done->set_workspace_bytes(info.workspace_bytes);
         done->set_in_features(info.in_features);
         done->set_out_features(info.out_features);
+        // The weights' handle goes to the supervisor, which keeps them alive past this process.
+        Result<wp_region> weights = engine->ExportWeights();
+        if (weights.ok() && weights->handle >= 0) {
+          shared = weights->handle;
+          done->set_weights_shared(true);
+        }
         std::lock_guard lock(models_mutex_);
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
         names_[request.model()] = request.name();
       }
     }
   }
+  if (!status.ok()) SetError(done->mutable_error(), status);
+  // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
+  Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+}
+
+void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
+  v1::WorkerEnvelope reply;
+  v1::WorkerLoadDone* done = reply.mutable_load_done();
+  done->set_job(request.job());
+  Status status;
+  const wp_engine_vtable* vtable = FindBuiltinEngine(request.engine());
+  const std::string& header = request.header();
+  wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
+                      reinterpret_cast<const uint8_t*>(header.data()), header.size(),
+                      request.file_size()};
+  if (vtable == nullptr) {
+    status = Error(Code::kInvalidArgument, "unknown engine \"{}\"", request.engine());
+  } else {
+    Result<Engine> engine = Engine::Open(vtable, spec, &memory_service_);
+    if (!engine.ok()) {
+      status = engine.status();
+    } else {
+      wp_region region{nullptr, 0, -1};
+      if (request.weight_bytes() > 0) {
+        if (weights_fd < 0) {
+          status = Error(Code::kInternal, "attach of \"{}\" came without its weights", request.name());
+        } else if (memory_service_.import(memory_service_.ctx, weights_fd, request.weight_bytes(),
+                                          &region) != WP_OK) {
+          status = Error(Code::kInternal, "cannot map the shared weights of \"{}\"", request.name());
+        }
+      }
+      if (status.ok()) {
+        status = engine->Attach(region);
+        if (!status.ok() && region.ptr != nullptr) memory_service_.free(memory_service_.ctx, &region);
+      }
+      if (status.ok()) {
+        const wp_engine_info& info = engine->info();
+        done->set_weight_bytes(info.weight_bytes);
+        done->set_workspace_bytes(info.workspace_bytes);
+        done->set_in_features(info.in_features);
+        done->set_out_features(info.out_features);
+        std::lock_guard lock(models_mutex_);
+        models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
+        names_[request.model()] = request.name();
+      }
+    }
+  }
+  if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
   if (!status.ok()) SetError(done->mutable_error(), status);
   Send(reply);
 }

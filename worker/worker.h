@@ -47,13 +47,16 @@ class Worker {
  private:
   void HandleInfer(const v1::WorkerInfer& request);
   void HandleUnload(const v1::WorkerUnload& request);
+  // Serves a model from weights another worker loaded (the supervisor kept their handle).
+  void HandleAttach(const v1::WorkerAttach& request, int weights_fd);
   void LoadLoop();
   void RunLoad(const v1::WorkerLoad& request);
-  void Send(const v1::WorkerEnvelope& message);
+  void Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
   std::string ModelName(uint32_t model);
   // The engines' memory service: the host backend, plus the load.after_alloc fault point.
   static wp_status AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out);
   static void FreeRegion(void* ctx, wp_region* region);
+  static wp_status ImportRegion(void* ctx, int handle, uint64_t bytes, wp_region* out);
 
   WorkerOptions options_;
   ipc::BlockingChannel channel_;

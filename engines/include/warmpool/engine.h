@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 1.
+/* warmpool engine ABI, version 2.
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
  * so that engines can be built outside this repository and loaded from a configured directory.
@@ -9,6 +9,11 @@
  *
  * Threads: the worker calls open/load for one engine instance on its load thread and infer on its
  * serving thread, never both at once for the same instance. Different instances are independent.
+ *
+ * Shared weights: after load, export_weights names the region holding the weights; the worker
+ * passes its handle to the supervisor, which keeps it while the model is resident. A later worker
+ * (a respawn after a crash, or a replica) opens the model from the header bytes alone and attaches
+ * that region instead of loading: no file read, no copy.
  *
  * Errors: every call returns a wp_status; on failure it writes a NUL-terminated message of at most
  * err_len bytes into err that says what is wrong with the model or the input.
@@ -23,7 +28,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 1u
+#define WP_ENGINE_ABI_VERSION 2u
 
 /* Values match warmpool.v1.Code. */
 typedef enum wp_status {
@@ -51,12 +56,20 @@ typedef struct wp_device_memory {
   void (*free)(void* ctx, wp_region* region);
   /* 1 when ptr is host-addressable (host backend), 0 when it is device memory. */
   int host_addressable;
+  /* Maps a region another process exported (its shareable handle and size). The region is owned
+   * by the caller like an allocated one: free releases this mapping only. */
+  wp_status (*import)(void* ctx, int handle, uint64_t bytes, wp_region* out);
 } wp_device_memory;
 
 /* What the worker knows about the model it asks an engine to open. */
 typedef struct wp_engine_spec {
   const char* name;  /* registered model name */
   const char* path;  /* model file, may be empty for engines that need none (echo) */
+  /* When set, the model's header as read when it was registered: open must take the model's
+   * description from these bytes and not touch the file (it may be gone). */
+  const uint8_t* header;
+  uint64_t header_bytes;
+  uint64_t file_size;
 } wp_engine_spec;
 
 /* Sizes an engine reports after open (from headers only, before any weight is read). */
@@ -89,6 +102,11 @@ typedef struct wp_engine_vtable {
                      float* output, char* err, size_t err_len);
   /* Frees every region and the instance. Safe after a failed open or load. */
   void (*close)(wp_engine* engine);
+  /* After load: the region holding the weights. WP_NOT_FOUND when the engine has none (echo). */
+  wp_status (*export_weights)(wp_engine* engine, wp_region* out);
+  /* Instead of load: use weights already in device memory (an imported region, taken over by the
+   * engine). WP_INVALID_ARGUMENT when the region does not fit the model. */
+  wp_status (*attach)(wp_engine* engine, const wp_region* weights, char* err, size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
