@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <fstream>
 #include <iostream>
@@ -60,8 +61,15 @@ int main(int argc, char** argv) {
   status->add_flag("--json", json, "print JSON");
 
   std::string model;
+  std::string keep_alive;
   auto* load = app.add_subcommand("load", "load a model and wait until it is ready");
   load->add_option("MODEL", model, "model name")->required();
+  load->add_option("--keep-alive", keep_alive,
+                   "keep it warm this long after its last request (5m, 30s, 0, -1 = until evicted)");
+  auto* pin = app.add_subcommand("pin", "never evict or expire a model");
+  pin->add_option("MODEL", model, "model name")->required();
+  auto* unpin = app.add_subcommand("unpin", "let a pinned model be evicted again");
+  unpin->add_option("MODEL", model, "model name")->required();
   auto* unload = app.add_subcommand("unload", "unload a model (after its requests finish)");
   unload->add_option("MODEL", model, "model name")->required();
 
@@ -78,6 +86,7 @@ int main(int argc, char** argv) {
   infer->add_option("--seed", seed, "seed of --random input");
   infer->add_option("--deadline-ms", deadline_ms, "give up after this many milliseconds");
   infer->add_flag("--json", json, "print the output rows as JSON");
+  infer->add_option("--keep-alive", keep_alive, "keep the model warm this long after this request");
 
   auto* fault = app.add_subcommand(
       "fault", "arm or clear injected faults (daemon started with --enable-fault-injection only)");
@@ -97,6 +106,12 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  std::optional<int64_t> keep_alive_ms;
+  if (!keep_alive.empty()) {
+    auto ms = warmpool::ParseDurationMs(keep_alive);
+    if (!ms.ok()) return Fail(ms.status());
+    keep_alive_ms = *ms;
+  }
   auto connected = warmpool::client::Client::Connect(socket);
   if (!connected.ok()) return Fail(connected.status());
   warmpool::client::Client& client = **connected;
@@ -114,30 +129,46 @@ int main(int argc, char** argv) {
     if (!reply.ok()) return Fail(reply.status());
     Print(json ? warmpool::cli::StatusJson(*reply).dump(2) + "\n" : warmpool::cli::StatusText(*reply));
   } else if (load->parsed()) {
-    // On a terminal, a second connection polls `ps` and redraws one progress line meanwhile.
+    // A second connection polls `ps` meanwhile: a redrawn bar on a terminal, a line per second
+    // otherwise (logs and scripts).
     std::atomic<bool> done{false};
-    std::thread progress;
-    if (isatty(STDERR_FILENO)) {
-      progress = std::thread([&] {
-        auto watcher = warmpool::client::Client::Connect(socket);
-        while (watcher.ok() && !done.load()) {
-          auto ps = (*watcher)->Ps();
-          if (!ps.ok()) break;
-          for (const auto& e : ps->models()) {
-            if (e.name() != model || e.state() != "loading") continue;
-            std::fprintf(stderr, "\rloading %s: %s of weights read ", model.c_str(),
-                         warmpool::FormatBytes(e.loaded_bytes()).c_str());
+    std::thread progress([&] {
+      bool tty = isatty(STDERR_FILENO);
+      auto watcher = warmpool::client::Client::Connect(socket);
+      int ticks = 0;
+      while (watcher.ok() && !done.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (done.load() || (!tty && ++ticks % 10 != 0)) continue;
+        auto ps = (*watcher)->Ps();
+        if (!ps.ok()) break;
+        for (const auto& e : ps->models()) {
+          if (e.name() != model || e.state() != "loading" || e.weight_bytes() == 0) continue;
+          double part = static_cast<double>(e.loaded_bytes()) / e.weight_bytes();
+          if (tty) {
+            int filled = static_cast<int>(part * 30);
+            std::fprintf(stderr, "\rloading %s [%s%s] %3.0f%% %s of %s ", model.c_str(),
+                         std::string(filled, '#').c_str(), std::string(30 - filled, ' ').c_str(),
+                         part * 100, warmpool::FormatBytes(e.loaded_bytes()).c_str(),
+                         warmpool::FormatBytes(e.weight_bytes()).c_str());
+          } else {
+            std::fprintf(stderr, "loading %s: %.0f%% (%s of %s)\n", model.c_str(), part * 100,
+                         warmpool::FormatBytes(e.loaded_bytes()).c_str(),
+                         warmpool::FormatBytes(e.weight_bytes()).c_str());
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
-      });
-    }
-    auto reply = client.Load(model);
+      }
+    });
+    bool tty = isatty(STDERR_FILENO);
+    warmpool::v1::Envelope request;
+    request.mutable_load()->set_model(model);
+    if (keep_alive_ms) request.mutable_load()->set_keep_alive_ms(*keep_alive_ms);
+    auto envelope = client.Call(std::move(request));
+    warmpool::Result<warmpool::v1::LoadReply> reply =
+        envelope.ok() ? warmpool::Result<warmpool::v1::LoadReply>(envelope->load_reply())
+                      : warmpool::Result<warmpool::v1::LoadReply>(envelope.status());
     done = true;
-    if (progress.joinable()) {
-      progress.join();
-      std::fprintf(stderr, "\r\033[K");
-    }
+    progress.join();
+    if (tty) std::fprintf(stderr, "\r\033[K");
     if (!reply.ok()) return Fail(reply.status());
     if (reply->already_loaded()) {
       Print(fmt::format("{} is already loaded\n", model));
@@ -145,6 +176,13 @@ int main(int argc, char** argv) {
       Print(fmt::format("{} ready ({:.1f} MiB in {} ms)\n", model, reply->bytes() / 1048576.0,
                         reply->load_ms()));
     }
+  } else if (pin->parsed() || unpin->parsed()) {
+    warmpool::v1::Envelope request;
+    request.mutable_pin()->set_model(model);
+    request.mutable_pin()->set_pin(pin->parsed());
+    auto reply = client.Call(std::move(request));
+    if (!reply.ok()) return Fail(reply.status());
+    Print(fmt::format("{} {}\n", model, pin->parsed() ? "pinned" : "unpinned"));
   } else if (arm->parsed()) {
     warmpool::v1::Envelope request;
     auto* f = request.mutable_fault_arm();
@@ -192,7 +230,14 @@ int main(int argc, char** argv) {
       return Fail(warmpool::Error(Code::kInvalidArgument,
                                   "infer needs --input FILE (or - for stdin) or --random BATCH"));
     }
-    auto output = client.Infer(model, input, deadline_ms);
+    warmpool::v1::Envelope request;
+    request.mutable_infer()->set_model(model);
+    request.mutable_infer()->set_deadline_ms(deadline_ms);
+    if (keep_alive_ms) request.mutable_infer()->set_keep_alive_ms(*keep_alive_ms);
+    *request.mutable_infer()->mutable_input() = warmpool::client::ToTensor(input);
+    auto reply = client.Call(std::move(request));
+    if (!reply.ok()) return Fail(reply.status());
+    auto output = warmpool::client::FromTensor(reply->infer_reply().output());
     if (!output.ok()) return Fail(output.status());
     Print(json ? warmpool::cli::MatrixJson(*output).dump() + "\n" : warmpool::cli::MatrixText(*output));
   }

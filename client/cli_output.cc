@@ -73,7 +73,9 @@ json PsJson(const v1::PsReply& reply) {
                    {"loaded_bytes", e.loaded_bytes()},
                    {"error", e.last_error().empty() ? json(nullptr) : json(e.last_error())},
                    {"retry_in_ms", e.retry_in_ms()},
-                   {"worker", e.worker() < 0 ? json(nullptr) : json(e.worker())}});
+                   {"worker", e.worker() < 0 ? json(nullptr) : json(e.worker())},
+                   {"weight_bytes", e.weight_bytes()},
+                   {"pinned", e.pinned()}});
   }
   return out;
 }

@@ -48,6 +48,32 @@ Result<uint64_t> ParseSize(std::string_view text) {
   return static_cast<uint64_t>(std::round(bytes));
 }
 
+Result<int64_t> ParseDurationMs(std::string_view text) {
+  std::string s(text);
+  if (s == "-1") return int64_t{-1};
+  size_t pos = 0;
+  while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) || s[pos] == '.')) pos++;
+  std::string digits = s.substr(0, pos);
+  char* end = nullptr;
+  double number = pos == 0 ? -1 : std::strtod(digits.c_str(), &end);
+  if (pos == 0 || end != digits.c_str() + digits.size()) {
+    return Error(Code::kInvalidArgument, "duration \"{}\" must be a number with an optional unit "
+                 "(ms, s, m, h), e.g. 5m, or -1 for forever", text);
+  }
+  std::string unit = s.substr(pos);
+  double scale = 0;
+  if (unit.empty() || unit == "s") scale = 1000;
+  else if (unit == "ms") scale = 1;
+  else if (unit == "m") scale = 60000;
+  else if (unit == "h") scale = 3600000;
+  if (scale == 0) {
+    return Error(Code::kInvalidArgument, "duration \"{}\" has unknown unit \"{}\" (ms, s, m, h)", text, unit);
+  }
+  double ms = number * scale;
+  if (!std::isfinite(ms) || ms > 1e15) return Error(Code::kInvalidArgument, "duration \"{}\" is too long", text);
+  return static_cast<int64_t>(std::llround(ms));
+}
+
 std::string FormatBytes(uint64_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);

@@ -61,6 +61,33 @@ Status ReadString(const toml::node& node, const std::string& key, std::string& o
   return OkStatus();
 }
 
+// "5m", "30s", "1h", "250ms", an integer of seconds, or -1 (until evicted).
+Status ReadKeepAlive(const toml::node& node, const std::string& key, int64_t& out) {
+  if (auto v = node.value_exact<int64_t>()) {
+    out = *v < 0 ? kKeepAliveForever : *v * 1000;
+    return OkStatus();
+  }
+  if (auto s = node.value<std::string>()) {
+    Result<int64_t> ms = ParseDurationMs(*s);
+    if (!ms.ok()) return Error(Code::kInvalidArgument, "{}: {}", key, ms.status().message());
+    out = *ms;
+    return OkStatus();
+  }
+  return Error(Code::kInvalidArgument, "{} must be a duration such as \"5m\" or -1 (until evicted)", key);
+}
+
+Status ReadStrings(const toml::node& node, const std::string& key, std::vector<std::string>& out) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr) return Error(Code::kInvalidArgument, "{} must be a list of model names", key);
+  out.clear();
+  for (const toml::node& item : *array) {
+    auto v = item.value<std::string>();
+    if (!v) return Error(Code::kInvalidArgument, "{} must be a list of model names", key);
+    out.push_back(*v);
+  }
+  return OkStatus();
+}
+
 Status ApplyTable(Config& c, const toml::table& table, const std::string& section) {
   for (const auto& [k, node] : table) {
     std::string key = section + "." + std::string(k.str());
@@ -77,6 +104,8 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       if (k == "capacity") s = ReadUint(node, key, c.capacity);
       else if (k == "budget") s = ReadSize(node, key, c.budget_bytes);
       else if (k == "max_queue") s = ReadUint(node, key, c.max_queue);
+      else if (k == "keep_alive") s = ReadKeepAlive(node, key, c.keep_alive_ms);
+      else if (k == "preload") s = ReadStrings(node, key, c.preload);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "recovery") {
       if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);
@@ -122,6 +151,7 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       if (k == "name") s = ReadString(v, key, m.name);
       else if (k == "engine") s = ReadString(v, key, m.engine);
       else if (k == "path") s = ReadString(v, key, m.path);
+      else if (k == "keep_alive") s = ReadKeepAlive(v, key, m.keep_alive_ms);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
       if (!s.ok()) return s;
     }

@@ -10,10 +10,15 @@
 
 namespace warmpool::supervisor {
 
+// keep_alive values: milliseconds after a model's last request ends; < 0 keeps it until evicted.
+inline constexpr int64_t kKeepAliveForever = -1;
+inline constexpr int64_t kKeepAliveDefault = INT64_MIN;
+
 struct ModelConfig {
   std::string name;
   std::string engine = "dense";
   std::string path;  // relative paths are resolved against the config file's directory
+  int64_t keep_alive_ms = kKeepAliveDefault;  // kKeepAliveDefault: the pool's
 };
 
 struct Config {
@@ -27,6 +32,8 @@ struct Config {
   uint32_t capacity = 0;         // models resident on a device at once; 0 = unlimited
   uint64_t budget_bytes = 0;     // per device; 0 = a quarter of physical memory (host backend)
   uint32_t max_queue = 1024;     // requests waiting for a load or for room
+  int64_t keep_alive_ms = kKeepAliveForever;  // default of every model
+  std::vector<std::string> preload;  // loaded at start
   // limits
   uint32_t max_frame_bytes = 64u << 20;
   uint32_t max_connections = 1024;

@@ -80,6 +80,7 @@ Status Daemon::Start() {
   };
   workers_ = std::make_unique<WorkerPool>(&loop_, segment_.view(), pool, std::move(events));
   workers_->StartAll();
+  Preload();
 
   uv_timer_init(&loop_, sweep_timer_.get());
   sweep_timer_.MarkInitialized();
@@ -121,6 +122,12 @@ void Daemon::RegisterModels() {
     }
     runtime_[*index].workspace_bytes = m.workspace_bytes;
     runtime_[*index].header = m.header;
+    runtime_[*index].keep_alive_ms = config_.keep_alive_ms;
+    for (const ModelConfig& c : config_.models) {
+      if (c.name == m.name && c.keep_alive_ms != kKeepAliveDefault) {
+        runtime_[*index].keep_alive_ms = c.keep_alive_ms;
+      }
+    }
     runtime_[*index].file_size = m.file_size;
     runtime_[*index].in_features = m.in_features;
     runtime_[*index].out_features = m.out_features;
@@ -131,6 +138,20 @@ void Daemon::RegisterModels() {
     }
   }
   for (const std::string& w : warnings) spdlog::warn("{}", w);
+}
+
+void Daemon::Preload() {
+  for (const std::string& name : config_.preload) {
+    uint32_t model = index_->Find(name);
+    if (model == shm::kNil) {
+      spdlog::warn("preload: model \"{}\" is not registered; skipped", name);
+      continue;
+    }
+    preloading_.push_back(model);
+    // A load with nobody to answer (session 0): it starts as soon as a worker is up.
+    Enqueue(model, Waiter{Call{0, 0}, false, {}, 0, 0});
+  }
+  if (!preloading_.empty()) spdlog::info("preloading {} model(s)", preloading_.size());
 }
 
 int Daemon::Run() {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -88,6 +89,10 @@ class Daemon {
     int weights_fd = -1;
     std::string header;
     uint64_t file_size = 0;
+    // keep_alive: the configured one, a request's override, and when the model expires (0: never).
+    int64_t keep_alive_ms = -1;
+    std::optional<int64_t> keep_alive_override_ms;
+    uint64_t expires_at_ms = 0;
   };
   struct ArmedFault {
     v1::Fault fault;
@@ -96,9 +101,10 @@ class Daemon {
 
   // requests.cc
   void OnRequest(uint64_t session, v1::Envelope&& request);
-  void HandleLoad(const Call& call, const std::string& model);
+  void HandleLoad(const Call& call, const v1::LoadRequest& request);
   void HandleUnload(const Call& call, const std::string& model);
   void HandleInfer(const Call& call, v1::InferRequest&& request);
+  void HandlePin(const Call& call, const v1::PinRequest& request);
   void Answer(const Call& call, v1::Envelope&& reply);
   void AnswerError(const Call& call, const Status& status);
 
@@ -137,6 +143,10 @@ class Daemon {
   void MarkFailed(uint32_t model, const std::string& reason);
   Status FailedStatus(uint32_t model) const;
   void SweepDeadlines();
+  // keep_alive: restart the model's clock when it becomes idle; release expired idle models.
+  void StartKeepAlive(uint32_t model);
+  void ExpireIdle(uint64_t now);
+  void Preload();
   void FailEverything(const Status& status);
 
   // faults.cc
@@ -170,6 +180,7 @@ class Daemon {
                                                 // worker cannot make the supervisor buffer without end
   std::vector<uint64_t> worker_load_done_ms_;     // when each worker last finished a load
   std::vector<uint64_t> worker_serving_done_ms_;  // ... an infer or an unload
+  std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   std::vector<ArmedFault> faults_;
   uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;                       // waiters over all models

@@ -50,6 +50,31 @@ void Daemon::DrainReady(uint32_t model) {
   }
 }
 
+void Daemon::StartKeepAlive(uint32_t model) {
+  ModelRuntime& rt = runtime_[model];
+  int64_t keep = rt.keep_alive_override_ms.value_or(rt.keep_alive_ms);
+  rt.expires_at_ms = keep < 0 ? 0 : MonotonicMillis() + static_cast<uint64_t>(keep);
+}
+
+void Daemon::ExpireIdle(uint64_t now) {
+  // Never the only warm model, never the most recently used one, never one with work in flight
+  // or pinned: keep_alive trims the idle tail, it does not empty the pool.
+  std::vector<uint32_t> lru = index_->LruOrder();
+  if (lru.size() <= 1) return;
+  for (uint32_t model : lru) {
+    if (model == lru.back()) break;
+    const shm::ModelRecord& r = index_->Get(model);
+    uint64_t expires = runtime_[model].expires_at_ms;
+    if (expires == 0 || now < expires || r.inflight != 0 || r.pinned ||
+        index_->State(model) != ModelState::kReady || !runtime_[model].waiters.empty()) {
+      continue;
+    }
+    spdlog::info("\"{}\" idle past its keep_alive; releasing it", r.name);
+    runtime_[model].expires_at_ms = 0;
+    StartUnload(model, /*eviction=*/false);
+  }
+}
+
 bool Daemon::Dispatch(uint32_t model, Waiter& waiter) {
   ModelRuntime& rt = runtime_[model];
   const shm::ModelRecord& r = index_->Get(model);
@@ -85,6 +110,7 @@ bool Daemon::Dispatch(uint32_t model, Waiter& waiter) {
     m.inflight++;
     m.hits++;
   });
+  rt.expires_at_ms = 0;  // busy: the clock restarts when it is idle again
   index_->Touch(model);
   // The input moves into the message for serialisation and back into the job afterwards: no copy.
   v1::WorkerEnvelope message;
@@ -127,6 +153,7 @@ void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
     SendUnload(model);
     return;
   }
+  if (index_->Get(model).inflight == 0) StartKeepAlive(model);
   DrainReady(model);
   // Room in this worker again: other models on it may have requests waiting for it.
   if (worker_outstanding_[job.worker] + 1 >= kMaxWorkerPendingJobs ||

@@ -2,6 +2,8 @@
 // plus failed. Each transition is one call on the index (the single writer), made here.
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
@@ -279,6 +281,9 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
     Status cause(CodeFromInt(done.error().code()), done.error().message());
     worker_models_[job.worker]--;
     spdlog::warn("loading \"{}\" failed: {}", name, cause.ToString());
+    if (auto it = std::find(preloading_.begin(), preloading_.end(), model); it != preloading_.end()) {
+      preloading_.erase(it);  // reported above; the others keep loading
+    }
     if (cause.code() == Code::kResourceExhausted) {
       // Not the model's fault: no cooldown, the next request tries again.
       index_->MarkNotResident(model, ModelState::kRegistered, cause.message());
@@ -301,6 +306,11 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   rt.in_features = done.in_features();
   rt.out_features = done.out_features();
   index_->MarkReady(model, done.weight_bytes(), done.workspace_bytes());
+  StartKeepAlive(model);
+  if (auto it = std::find(preloading_.begin(), preloading_.end(), model); it != preloading_.end()) {
+    preloading_.erase(it);
+    if (preloading_.empty()) spdlog::info("preload complete: every preloaded model is ready");
+  }
   spdlog::info("\"{}\" ready on worker {} ({} weights {}, {} ms)", name, job.worker,
                FormatBytes(done.weight_bytes()), job.attach ? "attached" : "loaded",
                MonotonicMillis() - job.started_ms);

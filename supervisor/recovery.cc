@@ -136,6 +136,7 @@ Status Daemon::FailedStatus(uint32_t model) const {
 
 void Daemon::SweepDeadlines() {
   uint64_t now = MonotonicMillis();
+  ExpireIdle(now);
   for (uint32_t model : index_->All()) {
     std::deque<Waiter>& waiters = runtime_[model].waiters;
     for (auto it = waiters.begin(); it != waiters.end();) {

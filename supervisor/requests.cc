@@ -33,7 +33,7 @@ void Daemon::OnRequest(uint64_t session, v1::Envelope&& request) {
     return;
   }
   switch (request.body_case()) {
-    case v1::Envelope::kLoad: HandleLoad(call, request.load().model()); break;
+    case v1::Envelope::kLoad: HandleLoad(call, request.load()); break;
     case v1::Envelope::kUnload: HandleUnload(call, request.unload().model()); break;
     case v1::Envelope::kInfer: HandleInfer(call, std::move(*request.mutable_infer())); break;
     case v1::Envelope::kModels: Answer(call, ModelsSnapshot()); break;
@@ -41,6 +41,7 @@ void Daemon::OnRequest(uint64_t session, v1::Envelope&& request) {
     case v1::Envelope::kStatus: Answer(call, StatusSnapshot()); break;
     case v1::Envelope::kFaultArm: HandleFaultArm(call, request.fault_arm()); break;
     case v1::Envelope::kFaultClear: HandleFaultClear(call); break;
+    case v1::Envelope::kPin: HandlePin(call, request.pin()); break;
     default:
       AnswerError(call, Error(Code::kInvalidArgument,
                               "request {} carries no request this daemon understands (body {})",
@@ -56,11 +57,25 @@ Status UnknownModel(const std::string& name) {
 
 }  // namespace
 
-void Daemon::HandleLoad(const Call& call, const std::string& name) {
+void Daemon::HandlePin(const Call& call, const v1::PinRequest& request) {
+  uint32_t model = index_->Find(request.model());
+  if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
+  index_->Update(model, [&](shm::ModelRecord& r) { r.pinned = request.pin() ? 1 : 0; });
+  if (!request.pin()) RetryPending();  // room may have been waiting for this one
+  v1::Envelope reply;
+  reply.mutable_pin_reply()->set_model(request.model());
+  reply.mutable_pin_reply()->set_pinned(request.pin());
+  Answer(call, std::move(reply));
+}
+
+void Daemon::HandleLoad(const Call& call, const v1::LoadRequest& request) {
+  const std::string& name = request.model();
   uint32_t model = index_->Find(name);
   if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
+  if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
   if (index_->State(model) == ModelState::kReady) {
     index_->Touch(model);
+    if (index_->Get(model).inflight == 0) StartKeepAlive(model);
     v1::Envelope reply;
     reply.mutable_load_reply()->set_model(name);
     reply.mutable_load_reply()->set_bytes(index_->Get(model).weight_bytes);
@@ -109,6 +124,7 @@ void Daemon::HandleInfer(const Call& call, v1::InferRequest&& request) {
   }
   uint32_t model = index_->Find(request.model());
   if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
+  if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
   if (queued_ >= config_.max_queue) {
     return AnswerError(call, Error(Code::kResourceExhausted,
                                    "{} requests are already waiting (limit {}): retry later",

@@ -53,7 +53,14 @@ v1::Envelope Daemon::PsSnapshot() const {
     e->set_inflight(r.inflight);
     e->set_replicas(r.replicas);
     e->set_last_used(static_cast<int64_t>(r.last_used_ns / 1000000000ull));
-    e->set_has_expiry(false);  // no keep_alive yet: kept until evicted
+    uint64_t expires = runtime_[i].expires_at_ms;
+    if (expires != 0 && static_cast<ModelState>(r.state) == ModelState::kReady) {
+      uint64_t now = MonotonicMillis();
+      e->set_has_expiry(true);
+      e->set_expires_in(expires > now ? static_cast<int64_t>((expires - now + 999) / 1000) : 0);
+    }
+    e->set_weight_bytes(r.weight_bytes);
+    e->set_pinned(r.pinned != 0);
     e->set_loaded_bytes(r.loaded_bytes);
   }
   return reply;

@@ -288,3 +288,31 @@ TEST_F(FinishDefaultsTest, BudgetIsAQuarterOfPhysicalMemory) {
 
 }  // namespace
 }  // namespace warmpool::supervisor
+
+namespace warmpool::supervisor {
+namespace {
+
+TEST(ApplyTomlTest, KeepAliveAndPreload) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c,
+                        "[pool]\nkeep_alive = \"5m\"\npreload = [\"a\", \"b\"]\n"
+                        "[[models]]\nname = \"a\"\nkeep_alive = -1\n"
+                        "[[models]]\nname = \"b\"\nkeep_alive = 30\n"
+                        "[[models]]\nname = \"c\"\n",
+                        "")
+                  .ok());
+  EXPECT_EQ(c.keep_alive_ms, 300000);
+  EXPECT_EQ(c.preload, (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(c.models.size(), 3u);
+  EXPECT_EQ(c.models[0].keep_alive_ms, kKeepAliveForever);
+  EXPECT_EQ(c.models[1].keep_alive_ms, 30000);
+  EXPECT_EQ(c.models[2].keep_alive_ms, kKeepAliveDefault);
+  Config bad;
+  Status s = ApplyToml(bad, "[pool]\nkeep_alive = \"soon\"\n", "x.toml");
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("pool.keep_alive"), std::string::npos) << s.message();
+  EXPECT_FALSE(ApplyToml(bad, "[pool]\npreload = \"a\"\n", "x.toml").ok());
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor

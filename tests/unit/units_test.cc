@@ -127,3 +127,27 @@ TEST(FormatBytesTest, RoundTripsThroughParseSize) {
 
 }  // namespace
 }  // namespace warmpool
+
+namespace warmpool {
+namespace {
+
+TEST(ParseDurationMs, UnitsAndForever) {
+  EXPECT_EQ(*ParseDurationMs("250ms"), 250);
+  EXPECT_EQ(*ParseDurationMs("30s"), 30000);
+  EXPECT_EQ(*ParseDurationMs("90"), 90000);
+  EXPECT_EQ(*ParseDurationMs("5m"), 300000);
+  EXPECT_EQ(*ParseDurationMs("1.5h"), 5400000);
+  EXPECT_EQ(*ParseDurationMs("0"), 0);
+  EXPECT_EQ(*ParseDurationMs("-1"), -1);
+}
+
+TEST(ParseDurationMs, RejectsWhatIsNotADuration) {
+  for (const char* bad : {"", "m", "5 minutes", "1.2.3s", "-5s", "5d", "abc"}) {
+    auto r = ParseDurationMs(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace warmpool
