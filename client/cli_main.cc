@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   load->add_option("MODEL", model, "model name")->required();
   load->add_option("--keep-alive", keep_alive,
                    "keep it warm this long after its last request (5m, 30s, 0, -1 = until evicted)");
+  uint32_t replicas = 0;
+  load->add_option("--replicas", replicas, "workers serving it from one copy of its weights");
   auto* pin = app.add_subcommand("pin", "never evict or expire a model");
   pin->add_option("MODEL", model, "model name")->required();
   auto* unpin = app.add_subcommand("unpin", "let a pinned model be evicted again");
@@ -162,6 +164,7 @@ int main(int argc, char** argv) {
     warmpool::v1::Envelope request;
     request.mutable_load()->set_model(model);
     if (keep_alive_ms) request.mutable_load()->set_keep_alive_ms(*keep_alive_ms);
+    request.mutable_load()->set_replicas(replicas);
     auto envelope = client.Call(std::move(request));
     warmpool::Result<warmpool::v1::LoadReply> reply =
         envelope.ok() ? warmpool::Result<warmpool::v1::LoadReply>(envelope->load_reply())

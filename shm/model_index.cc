@@ -139,6 +139,26 @@ void ModelIndex::MarkAttaching(uint32_t index, uint32_t worker_slot) {
   });
 }
 
+void ModelIndex::AddReplica(uint32_t index, uint64_t workspace_bytes) {
+  Update(index, [&](ModelRecord& r) {
+    r.replicas++;
+    r.workspace_bytes += workspace_bytes;
+  });
+  AddToAccount(Get(index).device, static_cast<int64_t>(workspace_bytes));
+}
+
+void ModelIndex::RemoveReplica(uint32_t index, uint64_t workspace_bytes, uint32_t primary) {
+  uint64_t drop = std::min(workspace_bytes, Get(index).workspace_bytes);
+  // The last replica keeps its workspace accounted: the model is still resident (detached).
+  if (Get(index).replicas <= 1) drop = 0;
+  Update(index, [&](ModelRecord& r) {
+    if (r.replicas > 0) r.replicas--;
+    r.workspace_bytes -= drop;
+    r.worker_slot = primary;
+  });
+  AddToAccount(Get(index).device, -static_cast<int64_t>(drop));
+}
+
 void ModelIndex::MarkUnloading(uint32_t index) {
   Update(index, [&](ModelRecord& r) { r.state = static_cast<uint32_t>(ModelState::kUnloading); });
 }

@@ -49,6 +49,10 @@ class ModelIndex {
   void MarkDetached(uint32_t index);
   // A worker attaches resident weights: state loading on that worker, bytes unchanged.
   void MarkAttaching(uint32_t index, uint32_t worker_slot);
+  // Replicas of a ready model share its weights; each brings its own workspace to the account.
+  void AddReplica(uint32_t index, uint64_t workspace_bytes);
+  // primary: the slot now named in the record (kNil with no replica left: detached).
+  void RemoveReplica(uint32_t index, uint64_t workspace_bytes, uint32_t primary);
   // Leaves residency: bytes released, unlinked from the LRU, state registered or failed.
   void MarkNotResident(uint32_t index, ModelState state, std::string_view error);
 

@@ -152,6 +152,7 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       else if (k == "engine") s = ReadString(v, key, m.engine);
       else if (k == "path") s = ReadString(v, key, m.path);
       else if (k == "keep_alive") s = ReadKeepAlive(v, key, m.keep_alive_ms);
+      else if (k == "replicas") s = ReadUint(v, key, m.replicas);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
       if (!s.ok()) return s;
     }

@@ -19,6 +19,7 @@ struct ModelConfig {
   std::string engine = "dense";
   std::string path;  // relative paths are resolved against the config file's directory
   int64_t keep_alive_ms = kKeepAliveDefault;  // kKeepAliveDefault: the pool's
+  uint32_t replicas = 1;  // workers serving it from one copy of the weights
 };
 
 struct Config {

@@ -71,6 +71,7 @@ Status Daemon::Start() {
   events.on_ready = [this](uint32_t slot) {
     SendFaults(slot);  // before any job, so that a respawned worker is armed like the others
     RetryPending();
+    for (uint32_t model : index_->All()) GrowReplicas(model);
   };
   events.on_message = [this](uint32_t slot, v1::WorkerEnvelope&& m) {
     OnWorkerMessage(slot, std::move(m));
@@ -124,9 +125,9 @@ void Daemon::RegisterModels() {
     runtime_[*index].header = m.header;
     runtime_[*index].keep_alive_ms = config_.keep_alive_ms;
     for (const ModelConfig& c : config_.models) {
-      if (c.name == m.name && c.keep_alive_ms != kKeepAliveDefault) {
-        runtime_[*index].keep_alive_ms = c.keep_alive_ms;
-      }
+      if (c.name != m.name) continue;
+      if (c.keep_alive_ms != kKeepAliveDefault) runtime_[*index].keep_alive_ms = c.keep_alive_ms;
+      runtime_[*index].target_replicas = std::max<uint32_t>(1, c.replicas);
     }
     runtime_[*index].file_size = m.file_size;
     runtime_[*index].in_features = m.in_features;

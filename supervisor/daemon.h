@@ -33,6 +33,11 @@ namespace warmpool::supervisor {
 
 inline constexpr char kVersion[] = "0.1.0";
 
+// Work queued in one worker's channel is bounded: beyond this, requests wait in the daemon (and
+// count against max_queue) instead of piling up in a socket buffer without end.
+inline constexpr uint64_t kMaxWorkerPendingBytes = 256ull << 20;
+inline constexpr uint32_t kMaxWorkerPendingJobs = 256;
+
 class Daemon {
  public:
   Daemon(Config config, std::string worker_path);
@@ -68,6 +73,7 @@ class Daemon {
     uint64_t started_ms = 0;
     uint64_t progress_ms = 0;   // load: last sign of progress
     bool attach = false;        // load: attaching held weights rather than reading the file
+    bool extra_replica = false; // attach: one more replica of a ready model
     uint64_t bytes = 0;         // frame bytes sent to the worker
     uint32_t crashes = 0;
     v1::InferRequest request;   // infer: kept so that the request can be retried on another worker
@@ -90,6 +96,10 @@ class Daemon {
     std::string header;
     uint64_t file_size = 0;
     // keep_alive: the configured one, a request's override, and when the model expires (0: never).
+    // Workers serving the model from the one copy of its weights; the first is the record's.
+    std::vector<uint32_t> replica_slots;
+    uint32_t target_replicas = 1;
+    uint32_t unloads_pending = 0;
     int64_t keep_alive_ms = -1;
     std::optional<int64_t> keep_alive_override_ms;
     uint64_t expires_at_ms = 0;
@@ -125,7 +135,11 @@ class Daemon {
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
   void OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weights_fd);
   void OnUnloadDone(const Job& job);
-  void StartAttach(uint32_t model, uint32_t worker);
+  void StartAttach(uint32_t model, uint32_t worker, bool extra_replica = false);
+  // Attaches more workers until the model has its target number of replicas (as room allows).
+  void GrowReplicas(uint32_t model);
+  // The replica with the least outstanding work, or kNil when none has room.
+  uint32_t PickReplica(uint32_t model) const;
   // The model leaves residency: its weights are released, unload waiters answered.
   void FinishUnload(uint32_t model);
   void DropWeights(uint32_t model);

@@ -12,15 +12,6 @@ namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-namespace {
-
-// Work queued in one worker's channel is bounded: beyond this, requests wait in the daemon (and
-// count against max_queue) instead of piling up in a socket buffer without end.
-constexpr uint64_t kMaxWorkerPendingBytes = 256ull << 20;
-constexpr uint32_t kMaxWorkerPendingJobs = 256;
-
-}  // namespace
-
 void Daemon::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
   ModelRuntime& rt = runtime_[model];
   if (front) rt.waiters.push_front(std::move(waiter));
@@ -33,15 +24,23 @@ void Daemon::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
   }
 }
 
+uint32_t Daemon::PickReplica(uint32_t model) const {
+  uint32_t best = shm::kNil;
+  for (uint32_t slot : runtime_[model].replica_slots) {
+    if (worker_outstanding_[slot] >= kMaxWorkerPendingJobs ||
+        worker_pending_bytes_[slot] >= kMaxWorkerPendingBytes) {
+      continue;
+    }
+    if (best == shm::kNil || worker_outstanding_[slot] < worker_outstanding_[best]) best = slot;
+  }
+  return best;
+}
+
 void Daemon::DrainReady(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   while (!rt.waiters.empty() && index_->State(model) == ModelState::kReady && !rt.unload_when_idle &&
          index_->Get(model).worker_slot != shm::kNil) {
-    uint32_t worker = index_->Get(model).worker_slot;
-    if (worker_outstanding_[worker] >= kMaxWorkerPendingJobs ||
-        worker_pending_bytes_[worker] >= kMaxWorkerPendingBytes) {
-      return;  // OnInferDone drains again as the worker catches up
-    }
+    if (PickReplica(model) == shm::kNil) return;  // OnInferDone drains again as workers catch up
     Waiter waiter = std::move(rt.waiters.front());
     rt.waiters.pop_front();
     queued_--;
@@ -96,7 +95,7 @@ bool Daemon::Dispatch(uint32_t model, Waiter& waiter) {
   }
   Job job;
   job.kind = Job::Kind::kInfer;
-  job.worker = r.worker_slot;
+  job.worker = PickReplica(model);  // the least busy replica (DrainReady made sure one has room)
   job.model = model;
   job.call = waiter.call;
   job.deadline_ms = waiter.deadline_ms;

@@ -134,14 +134,15 @@ void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   workers_->Send(worker, message);
 }
 
-void Daemon::StartAttach(uint32_t model, uint32_t worker) {
+void Daemon::StartAttach(uint32_t model, uint32_t worker, bool extra_replica) {
   const shm::ModelRecord& r = index_->Get(model);
   const ModelRuntime& rt = runtime_[model];
-  index_->MarkAttaching(model, worker);
+  if (!extra_replica) index_->MarkAttaching(model, worker);  // an extra replica: still ready
   worker_models_[worker]++;
   Job job;
   job.kind = Job::Kind::kLoad;
   job.attach = true;
+  job.extra_replica = extra_replica;
   job.worker = worker;
   job.model = model;
   uint64_t id = NewJob(std::move(job));
@@ -159,6 +160,31 @@ void Daemon::StartAttach(uint32_t model, uint32_t worker) {
   workers_->Send(worker, message, rt.weights_fd >= 0 ? std::vector<int>{rt.weights_fd} : std::vector<int>{});
 }
 
+void Daemon::GrowReplicas(uint32_t model) {
+  ModelRuntime& rt = runtime_[model];
+  if (index_->State(model) != ModelState::kReady || rt.replica_slots.empty() || stopping_) return;
+  std::vector<uint32_t> busy = rt.replica_slots;  // serving it, or attaching it now
+  for (const auto& [id, job] : jobs_) {
+    if (job.model == model && job.extra_replica) busy.push_back(job.worker);
+  }
+  while (busy.size() < rt.target_replicas) {
+    std::vector<WorkerLoad> loads = workers_->Loads(worker_models_, worker_outstanding_);
+    for (WorkerLoad& w : loads) {
+      if (std::find(busy.begin(), busy.end(), w.slot) != busy.end()) w.alive = false;
+    }
+    uint32_t worker = PickWorkerForLoad(loads);
+    if (worker == shm::kNil) return;  // fewer workers than replicas: on_ready grows it later
+    uint64_t budget = index_->DeviceBudget();
+    if (budget != 0 && index_->DeviceUsed(0) + rt.workspace_bytes > budget) {
+      spdlog::info("\"{}\": no room for the workspace of another replica ({} of {})",
+                   index_->Get(model).name, busy.size(), rt.target_replicas);
+      return;
+    }
+    StartAttach(model, worker, /*extra_replica=*/true);
+    busy.push_back(worker);
+  }
+}
+
 void Daemon::DropWeights(uint32_t model) {
   if (runtime_[model].weights_fd >= 0) close(runtime_[model].weights_fd);
   runtime_[model].weights_fd = -1;
@@ -167,6 +193,8 @@ void Daemon::DropWeights(uint32_t model) {
 void Daemon::FinishUnload(uint32_t model) {
   DropWeights(model);
   ModelRuntime& rt = runtime_[model];
+  rt.replica_slots.clear();
+  rt.unloads_pending = 0;
   // A model failed while its unload was under way ends failed, not registered.
   bool failed = rt.failed_until_ms > MonotonicMillis();
   index_->MarkNotResident(model, failed ? ModelState::kFailed : ModelState::kRegistered,
@@ -184,7 +212,7 @@ void Daemon::FinishUnload(uint32_t model) {
 void Daemon::StartUnload(uint32_t model, bool eviction) {
   if (index_->State(model) != ModelState::kReady) return;
   if (eviction) index_->Update(model, [](shm::ModelRecord& r) { r.evictions++; });
-  if (index_->Get(model).worker_slot == shm::kNil) {
+  if (runtime_[model].replica_slots.empty()) {
     FinishUnload(model);  // detached: no worker to ask, the weights are ours to release
     return;
   }
@@ -197,17 +225,22 @@ void Daemon::StartUnload(uint32_t model, bool eviction) {
 }
 
 void Daemon::SendUnload(uint32_t model) {
-  runtime_[model].unload_when_idle = false;
-  Job job;
-  job.kind = Job::Kind::kUnload;
-  job.worker = index_->Get(model).worker_slot;
-  job.model = model;
-  uint32_t worker = job.worker;
-  uint64_t id = NewJob(std::move(job));
-  v1::WorkerEnvelope message;
-  message.mutable_unload()->set_job(id);
-  message.mutable_unload()->set_model(model);
-  workers_->Send(worker, message);
+  ModelRuntime& rt = runtime_[model];
+  rt.unload_when_idle = false;
+  // Every replica lets go of its mapping; the weights go when the last one has.
+  for (uint32_t worker : rt.replica_slots) {
+    Job job;
+    job.kind = Job::Kind::kUnload;
+    job.worker = worker;
+    job.model = model;
+    uint64_t id = NewJob(std::move(job));
+    v1::WorkerEnvelope message;
+    message.mutable_unload()->set_job(id);
+    message.mutable_unload()->set_model(model);
+    workers_->Send(worker, message);
+    rt.unloads_pending++;
+  }
+  if (rt.unloads_pending == 0) FinishUnload(model);
 }
 
 void Daemon::FailWaiters(uint32_t model, const Status& status) {
@@ -267,6 +300,36 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   uint32_t model = job.model;
   ModelRuntime& rt = runtime_[model];
   const std::string name = index_->Get(model).name;
+  if (job.extra_replica) {
+    worker_models_[job.worker]--;
+    if (done.has_error()) {
+      spdlog::warn("replica of \"{}\" on worker {} failed: {}", name, job.worker, done.error().message());
+      return;
+    }
+    if (index_->State(model) != ModelState::kReady) {
+      // Unloading (or gone) meanwhile: this replica lets go at once.
+      Job unload;
+      unload.kind = Job::Kind::kUnload;
+      unload.worker = job.worker;
+      unload.model = model;
+      worker_models_[job.worker]++;
+      rt.replica_slots.push_back(job.worker);
+      index_->AddReplica(model, rt.workspace_bytes);
+      uint64_t id = NewJob(std::move(unload));
+      v1::WorkerEnvelope message;
+      message.mutable_unload()->set_job(id);
+      message.mutable_unload()->set_model(model);
+      workers_->Send(job.worker, message);
+      rt.unloads_pending++;
+      return;
+    }
+    worker_models_[job.worker]++;
+    rt.replica_slots.push_back(job.worker);
+    index_->AddReplica(model, rt.workspace_bytes);
+    spdlog::info("\"{}\" has {} replicas", name, rt.replica_slots.size());
+    DrainReady(model);
+    return;
+  }
   if (done.has_error() && job.attach) {
     // The held weights could not be attached: let them go and load from the file instead.
     spdlog::warn("attaching \"{}\" failed ({}); loading it from its file", name, done.error().message());
@@ -306,6 +369,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   rt.in_features = done.in_features();
   rt.out_features = done.out_features();
   index_->MarkReady(model, done.weight_bytes(), done.workspace_bytes());
+  rt.replica_slots = {job.worker};
   StartKeepAlive(model);
   if (auto it = std::find(preloading_.begin(), preloading_.end(), model); it != preloading_.end()) {
     preloading_.erase(it);
@@ -340,12 +404,16 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   }
   rt.waiters.swap(rest);
   DrainReady(model);
+  GrowReplicas(model);
   RetryPending();
 }
 
 void Daemon::OnUnloadDone(const Job& job) {
   worker_models_[job.worker]--;
-  FinishUnload(job.model);
+  ModelRuntime& rt = runtime_[job.model];
+  std::erase(rt.replica_slots, job.worker);
+  if (rt.unloads_pending > 0) rt.unloads_pending--;
+  if (rt.unloads_pending == 0) FinishUnload(job.model);
   RetryPending();
 }
 

@@ -2,6 +2,7 @@
 // crashing its workers, requests and loads overrun their time. The rule throughout: every request
 // is answered exactly once, and nothing but the dead worker's own work is disturbed.
 #include <algorithm>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -29,12 +30,14 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
   std::sort(ids.begin(), ids.end());  // job order is arrival order: retries keep it
   std::vector<std::pair<uint32_t, Waiter>> retries;
   bool saw_load = false, saw_serving = false;
+  std::map<uint32_t, uint32_t> unloads_lost;  // unload jobs that died with the worker, per model
   for (uint64_t id : ids) {
     Job job = std::move(jobs_[id]);
     jobs_.erase(id);
     worker_outstanding_[slot]--;
     worker_pending_bytes_[slot] -= job.bytes;
     bool killer = std::find(killers.begin(), killers.end(), id) != killers.end();
+    if (job.kind == Job::Kind::kUnload) unloads_lost[job.model]++;
     if (killer) suspects.push_back(job.model);
     // Without a marker, the suspects are what each of the worker's two threads was running: the
     // oldest load (its load thread takes them one by one) and an unload at the head of its
@@ -62,12 +65,20 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
 
   for (uint32_t model : index_->LruOrder()) {
     const shm::ModelRecord& r = index_->Get(model);
-    if (r.worker_slot != slot) continue;
     ModelRuntime& rt = runtime_[model];
     ModelState state = index_->State(model);
+    bool replica = std::find(rt.replica_slots.begin(), rt.replica_slots.end(), slot) !=
+                   rt.replica_slots.end();
+    bool loading_here = state == ModelState::kLoading && r.worker_slot == slot;
+    if (!replica && !loading_here) continue;
+    std::erase(rt.replica_slots, slot);
     if (state == ModelState::kUnloading) {
-      rt.unload_when_idle = false;
-      FinishUnload(model);  // the unload happened: the worker's mappings went with it
+      // Its unload there went with the process (the mapping too).
+      rt.unloads_pending -= std::min(rt.unloads_pending, unloads_lost[model]);
+      if (rt.unloads_pending == 0) FinishUnload(model);
+    } else if (!rt.replica_slots.empty()) {
+      // Other replicas still serve it from the same weights.
+      index_->RemoveReplica(model, rt.workspace_bytes, rt.replica_slots.front());
     } else if (rt.weights_fd >= 0) {
       // The supervisor holds the weights: nothing is lost, the next request attaches them.
       rt.unload_when_idle = false;

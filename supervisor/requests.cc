@@ -73,7 +73,11 @@ void Daemon::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   uint32_t model = index_->Find(name);
   if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
   if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
+  if (request.replicas() != 0) {
+    runtime_[model].target_replicas = std::min(request.replicas(), workers_->size());
+  }
   if (index_->State(model) == ModelState::kReady) {
+    GrowReplicas(model);
     index_->Touch(model);
     if (index_->Get(model).inflight == 0) StartKeepAlive(model);
     v1::Envelope reply;

@@ -98,5 +98,38 @@ TEST_F(WeightsTest, UnloadReleasesHeldWeightsAndEvictionPrefersNothingSpecial) {
   EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), 0u);
 }
 
+TEST_F(WeightsTest, ReplicasShareOneCopyAndSurviveEachOther) {
+  std::string path = MakeModel("m", "64,256,64", "relu", "f32", 3);
+  StartDaemon("[[models]]\nname = \"m\"\npath = \"models/m.safetensors\"\nreplicas = 2\n");
+  auto client = Connect();
+  ASSERT_TRUE(client->Load("m").ok());
+  auto replicas = [&] {
+    auto ps = client->Ps();
+    return ps.ok() && ps->models_size() == 1 ? ps->models(0).replicas() : 0u;
+  };
+  for (int i = 0; i < 300 && replicas() != 2; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(replicas(), 2u);
+  // One copy of the weights, a workspace per replica.
+  uint64_t weights = (64 * 256 + 256 + 256 * 64 + 64) * 4;
+  uint64_t workspace = AccountedBytes(path) - weights;
+  EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), weights + 2 * workspace);
+
+  // A replica's worker dies: the other keeps serving, without any attach or load.
+  client::Matrix input = RandomMatrix(4, 64, 3);
+  client::Matrix expected = ReferenceInfer(path, input);
+  pid_t victim = client->GetStatus()->workers(0).pid();
+  kill(victim, SIGKILL);
+  for (int i = 0; i < 20; i++) {
+    auto out = client->Infer("m", input);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectNear(expected, *out);
+  }
+  // The respawned worker becomes a replica again.
+  for (int i = 0; i < 300 && replicas() != 2; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(replicas(), 2u);
+  ASSERT_TRUE(client->Unload("m").ok());
+  EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace warmpool::testing
