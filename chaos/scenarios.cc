@@ -1,5 +1,7 @@
 #include "chaos/scenarios.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -34,6 +36,31 @@ struct Bystander {
   Traffic traffic;
 };
 
+// SIGKILLs the worker serving model (the record's worker); with wait_detached, waits until the
+// model is ready with no replica (its weights held by the supervisor alone).
+bool KillWorkerOf(Harness& h, const std::string& model, bool wait_detached = true) {
+  auto client = h.Connect();
+  if (!client.ok()) return false;
+  auto ps = (*client)->Ps();
+  if (!ps.ok()) return false;
+  int slot = -1;
+  for (const auto& m : ps->models()) {
+    if (m.name() == model) slot = m.worker();
+  }
+  auto status = (*client)->GetStatus();
+  if (slot < 0 || !status.ok() || slot >= status->workers_size()) return false;
+  kill(status->workers(slot).pid(), SIGKILL);
+  if (!wait_detached) return true;
+  for (int i = 0; i < 300; i++) {
+    auto now = (*client)->Ps();
+    for (const auto& m : now->models()) {
+      if (m.name() == model && m.state() == "ready" && m.replicas() == 0) return true;
+    }
+    Sleep(10);
+  }
+  return false;
+}
+
 Status Load(Harness& h, const std::string& model) {
   auto client = h.Connect();
   if (!client.ok()) return client.status();
@@ -47,8 +74,15 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
   bool hang = action == "hang";
   bool is_load = point.starts_with("load.");
   bool is_unload = point == "unload.mid";
+  bool is_attach = point.starts_with("attach.");
   uint32_t restarts = h.TotalRestarts();
   if (!is_load) checks.Expect(Load(h, victim.name).ok(), "victim loaded before the fault");
+  if (is_attach) {
+    // Kill the worker serving the victim: its weights stay with the supervisor, and the next
+    // request attaches them to a worker, where the fault waits.
+    checks.Expect(KillWorkerOf(h, victim.name), "victim detached from its dead worker");
+    restarts = h.TotalRestarts();
+  }
   Bystander bystander(h);
   Status armed = h.ArmFault(point, action, victim.name);
   checks.Expect(armed.ok(), "fault armed", armed.message());
@@ -71,7 +105,7 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
   traffic.Start();
   TrafficResult result = traffic.Join();
   ExpectTraffic(checks, "victim", result);
-  if (hang && !is_load && !is_unload) {
+  if (hang && point.starts_with("infer.")) {
     checks.Expect(result.errors[Code::kDeadlineExceeded] >= 1, "the hung request got DEADLINE_EXCEEDED");
   }
   bystander.Finish(checks);
@@ -85,6 +119,37 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
   Traffic after(h, again);
   after.Start();
   ExpectTraffic(checks, "victim after recovery", after.Join());
+}
+
+void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
+  const ModelUnderTest& victim = h.victim(index);
+  auto client = h.Connect();
+  if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
+  v1::Envelope load;
+  load.mutable_load()->set_model(victim.name);
+  load.mutable_load()->set_replicas(2);
+  checks.Expect((*client)->Call(std::move(load)).ok(), "victim loaded with 2 replicas");
+  auto replicas = [&] {
+    auto ps = (*client)->Ps();
+    if (!ps.ok()) return 0u;
+    for (const auto& m : ps->models()) {
+      if (m.name() == victim.name) return m.replicas();
+    }
+    return 0u;
+  };
+  for (int i = 0; i < 300 && replicas() != 2; i++) Sleep(10);
+  checks.Expect(replicas() == 2, "two replicas attached");
+  Bystander bystander(h);
+  Traffic traffic(h, TrafficSpec{&victim, 2, 20, 2, 4, 0, {}, false, index});
+  traffic.Start();
+  Sleep(20);
+  checks.Expect(KillWorkerOf(h, victim.name, /*wait_detached=*/false), "one replica's worker killed");
+  ExpectTraffic(checks, "victim while a sibling replica died", traffic.Join());
+  bystander.Finish(checks);
+  Status quiet = h.Quiesce();
+  checks.Expect(quiet.ok(), "quiescent", quiet.message());
+  for (int i = 0; i < 300 && replicas() != 2; i++) Sleep(10);
+  checks.Expect(replicas() == 2, "the respawned worker is a replica again");
 }
 
 void CrashLoopScenario(Harness& h, Checks& checks, size_t index) {
@@ -217,6 +282,7 @@ std::vector<Scenario> AllScenarios() {
                      }});
     }
   }
+  all.push_back({"replica crash while its sibling serves", false, ReplicaCrashScenario});
   all.push_back({"crash loop to failed, cooldown, recovery", false, CrashLoopScenario});
   all.push_back({"malformed model files", true, MalformedModelsScenario});
   all.push_back({"budget exhaustion under load", true, BudgetScenario});

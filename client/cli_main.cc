@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   auto* arm = fault->add_subcommand("arm", "arm a fault at a worker fault point");
   arm->add_option("POINT", point,
                   "load.begin, load.after_alloc, load.mid_copy, load.before_ready, "
-                  "infer.after_take, infer.mid, infer.before_restore, unload.mid")
+                  "infer.after_take, infer.mid, infer.before_restore, unload.mid, attach.mid")
       ->required();
   arm->add_option("ACTION", action, "kill, segv, abort, hang, exit:N, delay:MS")->required();
   arm->add_option("--model", model, "only while working for this model");

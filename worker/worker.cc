@@ -300,6 +300,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
         }
       }
       if (status.ok()) {
+        faults_.Hit("attach.mid", request.name());  // weights mapped, engine not yet serving
         status = engine->Attach(region);
         if (!status.ok() && region.ptr != nullptr) memory_service_.free(memory_service_.ctx, &region);
       }
