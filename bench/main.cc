@@ -25,6 +25,7 @@
 #include "bench/recovery.h"
 #include "bench/relay.h"
 #include "bench/session.h"
+#include "bench/sharing.h"
 #include "bench/stats.h"
 #include "ipc/framing.h"
 
@@ -51,6 +52,11 @@ struct Options {
   uint64_t model_mib = 16;
   uint32_t inflight = 8;
   uint32_t rows = 64;
+  // --sharing
+  bool sharing = false;
+  std::vector<uint64_t> sizes_mib = {16, 1024};
+  uint32_t poll_us = 50;
+  uint32_t features = 0;
 };
 
 using Sessions = std::vector<std::unique_ptr<Session>>;
@@ -398,9 +404,26 @@ int main(int argc, char** argv) {
   app.add_flag("--recovery", options.recovery,
                "instead: recovery after SIGKILL of a busy worker serving a dense model, against a "
                "warm load from the page cache (see bench/recovery.h)");
-  app.add_option("--iterations", options.iterations, "--recovery: kills (and baseline loads)")
+  app.add_flag("--sharing", options.sharing,
+               "instead: supervisor-held weights: cold load vs cat, replica attach time and PSS of "
+               "4 replicas, per model size (see bench/sharing.h)");
+  app.add_option("--sizes-mib", options.sizes_mib, "--sharing: model sizes, MiB of f32 weights")
+      ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--poll-us", options.poll_us,
+                 "--sharing: sleep between two ps polls while waiting for a replica")
+      ->capture_default_str();
+  app.add_option("--features", options.features,
+                 "--sharing: input and output width of the generated MLPs (0: square, in = out ~ "
+                 "hidden; the per-replica workspace grows with the hidden width)")
+      ->capture_default_str();
+  CLI::Option* iterations =
+      app.add_option("--iterations", options.iterations,
+                     "--recovery: kills (and baseline loads); --sharing: cat + load pairs and "
+                     "attach sequences per size (default 10 there)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
   app.add_option("--model-mib", options.model_mib, "--recovery: MiB of f32 weights in the model")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -411,7 +434,19 @@ int main(int argc, char** argv) {
   app.add_option("--rows", options.rows, "--recovery: rows of each of those requests")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.get_option("--recovery")->excludes("--sharing");
   CLI11_PARSE(app, argc, argv);
+  if (options.sharing) {
+    warmpool::bench::SharingOptions sharing;
+    sharing.daemon = options.daemon;
+    sharing.backend = options.backend;
+    if (iterations->count() > 0) sharing.iterations = options.iterations;
+    sharing.sizes_mib = options.sizes_mib;
+    sharing.poll_us = options.poll_us;
+    sharing.features = options.features;
+    sharing.json = options.json;
+    return warmpool::bench::RunSharing(sharing);
+  }
   if (options.recovery) {
     warmpool::bench::RecoveryOptions recovery;
     recovery.daemon = options.daemon;

@@ -58,6 +58,8 @@ RecoveryLogEvents ParseRecoveryLog(const std::string& text,
   const std::string death = fmt::format("worker {} (pid {})", slot, pid);
   const std::string markers = "in-flight markers of worker " + std::to_string(slot);
   const std::string loading = fmt::format("loading \"{}\"", model);
+  // With the weights held by the supervisor, the "reload" is an attach of them to another worker.
+  const std::string attaching = fmt::format("attaching the resident weights of \"{}\"", model);
   const std::string ready = fmt::format("\"{}\" ready on worker", model);
   const std::string respawned = fmt::format("worker {} ready (pid", slot);
   std::istringstream lines(text);
@@ -71,7 +73,9 @@ RecoveryLogEvents ParseRecoveryLog(const std::string& text,
       size_t p = line.find("reclaimed ");
       if (p != std::string::npos) e.markers = std::stoul(line.substr(p + 10));
     }
-    if (!e.reload_start_ms && Contains(line, loading)) e.reload_start_ms = at;
+    if (!e.reload_start_ms && (Contains(line, loading) || Contains(line, attaching))) {
+      e.reload_start_ms = at;
+    }
     if (!e.reload_done_ms && Contains(line, ready)) {
       e.reload_done_ms = at;
       size_t close = line.rfind(" ms)");

@@ -15,7 +15,8 @@ namespace warmpool::bench {
 
 struct RecoveryLogEvents {
   std::optional<double> death_ms;            // "worker S (pid P) ... respawning"
-  std::optional<double> reload_start_ms;     // "loading \"model\" (...) on worker W"
+  std::optional<double> reload_start_ms;     // "loading \"model\" (...) on worker W", or
+                                             // "attaching the resident weights of \"model\" ..."
   std::optional<double> reload_done_ms;      // "\"model\" ready on worker W (..., N ms)"
   std::optional<double> reload_reported_ms;  // that N
   std::optional<double> respawn_ms;          // "worker S ready (pid ...)"

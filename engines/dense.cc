@@ -49,8 +49,11 @@ struct DenseEngine {
   wp_region weights{nullptr, 0, -1};
   bool loaded = false;
   // Scratch for infer, sized at load for kMaxBatch rows.
-  std::vector<float> activations[2];
-  std::vector<float> conversion;
+  // Left uninitialised on purpose: every element is written before it is read, and pages that a
+  // small batch never reaches are never touched, so a replica's attach and its resident memory
+  // do not pay for the whole workspace.
+  std::unique_ptr<float[]> activations[2];
+  std::unique_ptr<float[]> conversion;
 };
 
 DenseEngine* AsDense(wp_engine* engine) { return reinterpret_cast<DenseEngine*>(engine); }
@@ -176,7 +179,7 @@ void Activate(Activation activation, float* values, uint64_t count) {
 
 // output (rows x out) = input (rows x in) * W^T + b
 void RunLayer(DenseEngine& engine, const LinearLayer& layer, const float* input, uint32_t rows, float* output) {
-  float* scratch = engine.conversion.data();
+  float* scratch = engine.conversion.get();
   const float* weight = TensorAsFloat(engine, layer.weight, scratch);
   if (dense::NeedsConversion(layer.weight)) scratch += layer.weight.numel();
   const int in = static_cast<int>(layer.in_features);
@@ -198,7 +201,7 @@ void RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* out
     const float* x = input + static_cast<size_t>(first) * engine.model.in_features;
     for (size_t i = 0; i < layers.size(); ++i) {
       const bool last = i + 1 == layers.size();
-      float* y = last ? output + static_cast<size_t>(first) * engine.model.out_features : engine.activations[i % 2].data();
+      float* y = last ? output + static_cast<size_t>(first) * engine.model.out_features : engine.activations[i % 2].get();
       RunLayer(engine, layers[i], x, step, y);
       if (!last) Activate(engine.model.activation, y, static_cast<uint64_t>(step) * layers[i].out_features);
       x = y;
@@ -276,8 +279,8 @@ Status Attach(DenseEngine& engine, const wp_region& weights) {
 Status PrepareScratch(DenseEngine& engine) {
   const dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
   try {
-    for (auto& buffer : engine.activations) buffer.assign(scratch.activation_floats, 0.0f);
-    engine.conversion.assign(scratch.conversion_floats, 0.0f);
+    for (auto& buffer : engine.activations) buffer.reset(new float[scratch.activation_floats]);
+    engine.conversion.reset(new float[scratch.conversion_floats]);
   } catch (const std::bad_alloc&) {
     FreeWeights(engine);
     return Error(Code::kResourceExhausted, "cannot allocate the inference workspace of model \"{}\"", engine.name);

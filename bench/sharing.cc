@@ -1,0 +1,732 @@
+#include "bench/sharing.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/daemon.h"
+#include "bench/model_file.h"
+#include "bench/session.h"
+#include "bench/stats.h"
+
+namespace warmpool::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kStartupTimeoutMs = 10000;
+constexpr int kStopTimeoutMs = 20000;
+constexpr int kReplicaTimeoutMs = 10000;  // a replica not shown by ps this long after the request
+constexpr uint32_t kWorkers = 4;
+constexpr uint32_t kPipelined = 8;        // inferences sent at once per round of the PSS phase
+constexpr uint32_t kMaxTouchRounds = 30;
+constexpr double kTouchedFraction = 0.9;  // a worker whose Rss holds this much of the weights
+constexpr double kTargetLoadRatio = 0.7;
+constexpr double kTargetAttachMs = 1.0;
+constexpr double kTargetPssRatio = 1.1;
+constexpr const char* kCat = "/bin/cat";
+
+uint64_t Ns(Clock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+}
+
+// ---- interruption: stop the daemon, remove the private directory (and its large model files) ----
+
+std::atomic<pid_t> g_daemon_pid{-1};
+constexpr int kMaxCleanupPaths = 24;
+char g_cleanup_paths[kMaxCleanupPaths][512];
+int g_cleanup_count = 0;
+
+void PrepareSignalCleanup(const std::string& dir, const std::vector<std::string>& files) {
+  std::vector<std::string> paths = files;
+  for (const char* name : {"/warmpool.toml", "/warmpoold.sock", "/warmpoold.log", "/models", ""}) {
+    paths.push_back(dir + name);
+  }
+  for (const std::string& path : paths) {
+    if (path.size() >= sizeof(g_cleanup_paths[0]) || g_cleanup_count >= kMaxCleanupPaths) return;
+    std::memcpy(g_cleanup_paths[g_cleanup_count++], path.c_str(), path.size() + 1);
+  }
+}
+
+void OnSignal(int sig) {
+  if (pid_t pid = g_daemon_pid.load(); pid > 0) kill(pid, SIGTERM);  // it drains its workers
+  for (int i = 0; i < g_cleanup_count; ++i) {
+    if (unlink(g_cleanup_paths[i]) != 0) rmdir(g_cleanup_paths[i]);
+  }
+  _exit(128 + sig);
+}
+
+// ---- helpers ----
+
+struct Spread {
+  uint64_t count = 0;
+  double median_ms = 0;
+  double p90_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+};
+
+Spread SpreadOf(std::vector<uint64_t> ns) {
+  Spread s;
+  s.count = ns.size();
+  if (ns.empty()) return s;
+  std::sort(ns.begin(), ns.end());
+  s.median_ms = Percentile(ns, 50) / 1e6;
+  s.p90_ms = Percentile(ns, 90) / 1e6;
+  s.min_ms = ns.front() / 1e6;
+  s.max_ms = ns.back() / 1e6;
+  return s;
+}
+
+std::string SpreadJson(const Spread& s) {
+  return fmt::format(
+      "{{\"count\": {}, \"median_ms\": {:.4f}, \"p90_ms\": {:.4f}, \"min_ms\": {:.4f}, "
+      "\"max_ms\": {:.4f}}}",
+      s.count, s.median_ms, s.p90_ms, s.min_ms, s.max_ms);
+}
+
+// GB/s (10^9 bytes per second) of bytes moved in ms.
+double Throughput(uint64_t bytes, double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0; }
+
+double MiB(uint64_t bytes) { return bytes / 1048576.0; }
+
+// Fork + exec of `/bin/cat path` with stdout on /dev/null; wall time from fork to reap.
+Result<uint64_t> TimeCat(const std::string& path) {
+  auto t0 = Clock::now();
+  pid_t pid = fork();
+  if (pid < 0) return Error(Code::kInternal, "fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    int null_fd = open("/dev/null", O_WRONLY);
+    if (null_fd < 0) _exit(126);
+    dup2(null_fd, STDOUT_FILENO);
+    char* const argv[] = {const_cast<char*>("cat"), const_cast<char*>(path.c_str()), nullptr};
+    execv(kCat, argv);
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return Error(Code::kInternal, "waitpid: {}", std::strerror(errno));
+  }
+  auto t1 = Clock::now();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Error(Code::kInternal, "{} {} failed (wait status {})", kCat, path, status);
+  }
+  return Ns(t1 - t0);
+}
+
+struct MemoryUse {
+  uint64_t pss_bytes = 0;
+  uint64_t rss_bytes = 0;
+  uint64_t pss_shmem_bytes = 0;  // 0 where the kernel does not break it out
+};
+
+// /proc/PID/smaps_rollup: Pss, Rss and Pss_Shmem (kB in the file).
+Result<MemoryUse> ReadMemoryUse(pid_t pid) {
+  std::string path = fmt::format("/proc/{}/smaps_rollup", pid);
+  std::ifstream in(path);
+  if (!in) return Error(Code::kInternal, "cannot read {}", path);
+  MemoryUse use;
+  bool pss_seen = false;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto field = [&](const char* name, uint64_t& out) {
+      size_t n = std::strlen(name);
+      if (line.compare(0, n, name) != 0) return false;
+      out = std::strtoull(line.c_str() + n, nullptr, 10) * 1024;
+      return true;
+    };
+    if (field("Pss:", use.pss_bytes)) pss_seen = true;
+    field("Rss:", use.rss_bytes);
+    field("Pss_Shmem:", use.pss_shmem_bytes);
+  }
+  if (!pss_seen) return Error(Code::kInternal, "no Pss: line in {}", path);
+  return use;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// ---- per-size results ----
+
+struct WorkerMemory {
+  uint32_t slot = 0;
+  pid_t pid = 0;
+  MemoryUse before;  // right after the last attach, before any inference
+  MemoryUse after;   // once every replica has served (touched the weights)
+};
+
+struct SizeResult {
+  uint64_t size_mib = 0;
+  std::string model;
+  DenseModelFile file;
+  uint64_t workspace_bytes = 0;  // per replica: ps bytes - weight_bytes with one replica
+  uint64_t file_bytes = 0;
+  uint32_t iterations = 0;
+  // 1. cold load vs cat
+  Spread cat, cat_empty, load, load_reported;
+  double cat_gbps = 0, load_gbps = 0, load_ratio = 0;
+  // cat less the median fork+exec+wait of an empty cat (the reading alone)
+  double cat_read_ms = 0, cat_read_gbps = 0, load_ratio_read = 0;
+  // 2. attach: index 0 = 1 -> 2, 1 = 2 -> 3, 2 = 3 -> 4
+  Spread attach[kWorkers - 1], attach_reply[kWorkers - 1];
+  Spread attach_all;
+  uint64_t polls = 0;
+  Spread poll_rtt;  // one ps round trip, measured while polling
+  // 3. PSS
+  std::vector<WorkerMemory> workers;
+  MemoryUse supervisor;
+  uint32_t touch_rounds = 0;
+  bool all_touched = false;
+  uint64_t pss_sum = 0, rss_sum = 0, pss_before_sum = 0, rss_before_sum = 0;
+  uint64_t pss_shmem_sum = 0;  // Pss of shared memory: the weights' memfd (and the daemon's segment)
+  uint64_t pss_idle_sum = 0;   // the same workers idle, before any model was loaded
+  double pss_ratio = 0, rss_ratio = 0, pss_shmem_ratio = 0, pss_above_idle_ratio = 0;
+};
+
+class Sharing {
+ public:
+  explicit Sharing(SharingOptions options) : options_(std::move(options)) {}
+  ~Sharing() { Cleanup(); }
+
+  int Run() {
+    Status s = RunAll();
+    if (!s.ok()) {
+      std::fprintf(stderr, "warmpool-bench --sharing: error: %s\n", s.ToString().c_str());
+      Cleanup();
+      return 1;
+    }
+    return 0;
+  }
+
+ private:
+  static std::string ModelName(uint64_t mib) { return fmt::format("w{}mib", mib); }
+
+  Status RunAll() {
+    if (options_.iterations == 0) return Error(Code::kInvalidArgument, "--iterations must be >= 1");
+    if (options_.sizes_mib.empty()) return Error(Code::kInvalidArgument, "--sizes-mib is empty");
+    std::vector<uint64_t> sizes;
+    for (uint64_t s : options_.sizes_mib) {
+      if (s == 0) return Error(Code::kInvalidArgument, "--sizes-mib: sizes must be >= 1");
+      if (std::find(sizes.begin(), sizes.end(), s) == sizes.end()) sizes.push_back(s);
+    }
+    if (access(kCat, X_OK) != 0) {
+      return Error(Code::kFailedPrecondition, "{} is missing: the baseline needs it", kCat);
+    }
+
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") +
+                          "/warmpool-bench-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return Error(Code::kInternal, "mkdtemp {}: {}", pattern, std::strerror(errno));
+    }
+    dir_ = pattern;
+    std::vector<std::string> files;
+    for (uint64_t s : sizes) files.push_back(fmt::format("{}/{}.safetensors", dir_, ModelName(s)));
+    signal(SIGPIPE, SIG_IGN);
+    PrepareSignalCleanup(dir_, files);
+    signal(SIGINT, OnSignal);
+    signal(SIGTERM, OnSignal);
+
+    // One daemon, one model per size (registered up front, written to disk size by size).
+    uint64_t largest = *std::max_element(sizes.begin(), sizes.end()) << 20;
+    uint64_t budget = std::max<uint64_t>(8ull << 30, 2 * largest + (4ull << 30));
+    std::string config = fmt::format(
+        "# generated by warmpool-bench --sharing\n"
+        "[daemon]\n"
+        "workers_per_device = {}\n"
+        "[pool]\n"
+        "budget = {}\n",
+        kWorkers, budget);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      config += fmt::format(
+          "[[models]]\n"
+          "name = \"{}\"\n"
+          "engine = \"dense\"\n"
+          "path = \"{}\"\n",
+          ModelName(sizes[i]), files[i]);
+    }
+    budget_ = budget;
+    DaemonOptions daemon_options;
+    daemon_options.binary = options_.daemon.empty() ? NextToSelf("warmpoold") : options_.daemon;
+    daemon_options.directory = dir_;
+    daemon_options.instance = fmt::format("bench-{}", getpid());
+    daemon_options.backend = options_.backend;
+    daemon_options.config_text = config;
+    daemon_ = std::make_unique<Daemon>(daemon_options);
+    if (Status s = daemon_->Spawn(); !s.ok()) return s;
+    g_daemon_pid = daemon_->pid();
+    if (Status s = daemon_->WaitReady(kStartupTimeoutMs); !s.ok()) return s;
+
+    Result<std::unique_ptr<client::Client>> admin = Connect();
+    if (!admin.ok()) return admin.status();
+    admin_ = std::move(*admin);
+    Result<std::unique_ptr<client::Client>> poller = Connect();
+    if (!poller.ok()) return poller.status();
+    poller_ = std::move(*poller);
+    Result<std::unique_ptr<client::Client>> infer = Connect();
+    if (!infer.ok()) return infer.status();
+    infer_ = std::move(*infer);
+
+    // The workers idle, before any model: their own Pss, to tell the weights from the processes.
+    Result<v1::StatusReply> idle = admin_->GetStatus();
+    if (!idle.ok()) return WithLog(idle.status());
+    for (const v1::WorkerStatus& w : idle->workers()) {
+      if (w.pid() <= 0) continue;
+      if (Result<MemoryUse> use = ReadMemoryUse(static_cast<pid_t>(w.pid())); use.ok()) {
+        idle_pss_[static_cast<pid_t>(w.pid())] = use->pss_bytes;
+      }
+    }
+
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Result<SizeResult> r = RunSize(sizes[i], files[i]);
+      if (!r.ok()) return r.status();
+      results_.push_back(std::move(*r));
+    }
+
+    admin_.reset();
+    poller_.reset();
+    infer_.reset();
+    Status stopped = daemon_->Stop(kStopTimeoutMs);
+    g_daemon_pid = -1;
+    Report();
+    if (!stopped.ok()) return stopped;
+    RemoveDir();
+    return OkStatus();
+  }
+
+  Result<std::unique_ptr<client::Client>> Connect() {
+    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(daemon_->socket_path());
+    if (!c.ok()) return c.status();
+    SetReceiveTimeout((*c)->fd());
+    return c;
+  }
+
+  Status WithLog(const Status& s) {
+    return Error(s.code(), "{}; warmpoold log:\n{}", s.ToString(), daemon_->LogTail());
+  }
+
+  // LoadRequest with an explicit replica count (Client::Load leaves it 0: as configured).
+  Result<v1::LoadReply> Load(client::Client& c, const std::string& model, uint32_t replicas) {
+    v1::Envelope request;
+    request.mutable_load()->set_model(model);
+    request.mutable_load()->set_replicas(replicas);
+    Result<v1::Envelope> reply = c.Call(std::move(request));
+    if (!reply.ok()) return reply.status();
+    return reply->load_reply();
+  }
+
+  // The model's ps entry (state, replicas), through the given connection.
+  Result<v1::PsEntry> PsOf(client::Client& c, const std::string& model) {
+    Result<v1::PsReply> ps = c.Ps();
+    if (!ps.ok()) return ps.status();
+    for (const v1::PsEntry& e : ps->models()) {
+      if (e.name() == model) return e;
+    }
+    v1::PsEntry none;
+    none.set_name(model);
+    none.set_state("registered");
+    return none;
+  }
+
+  // Polls ps on the poller connection until the model shows at least `replicas` replicas; returns
+  // when it did (steady clock). Each poll's round trip goes to poll_rtt_ns_.
+  Result<Clock::time_point> WaitReplicas(const std::string& model, uint32_t replicas) {
+    auto deadline = Clock::now() + std::chrono::milliseconds(kReplicaTimeoutMs);
+    for (;;) {
+      auto t0 = Clock::now();
+      Result<v1::PsEntry> e = PsOf(*poller_, model);
+      auto t1 = Clock::now();
+      if (!e.ok()) return e.status();
+      poll_rtt_ns_.push_back(Ns(t1 - t0));
+      polls_++;
+      if (e->replicas() >= replicas) return t1;
+      if (t1 >= deadline) {
+        return WithLog(Error(Code::kDeadlineExceeded,
+                             "\"{}\" still shows {} replica(s) (state {}) {} ms after asking for {}",
+                             model, e->replicas(), e->state(), kReplicaTimeoutMs, replicas));
+      }
+      if (options_.poll_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(options_.poll_us));
+    }
+  }
+
+  Status UnloadIfResident(const std::string& model) {
+    Result<v1::PsEntry> e = PsOf(*admin_, model);
+    if (!e.ok()) return e.status();
+    if (e->state() == "registered") return OkStatus();
+    if (Status s = admin_->Unload(model); !s.ok()) return WithLog(s);
+    return OkStatus();
+  }
+
+  Result<SizeResult> RunSize(uint64_t size_mib, const std::string& path) {
+    SizeResult r;
+    r.size_mib = size_mib;
+    r.model = ModelName(size_mib);
+    r.iterations = options_.iterations;
+    // The model: written now, so the file is in the page cache for what follows.
+    uint32_t features = options_.features;
+    if (features == 0) {  // in = out = hidden: 2 f^2 + 2 f floats
+      features = static_cast<uint32_t>(std::max(1.0, std::round(std::sqrt((size_mib << 20) / 8.0))));
+    }
+    Result<DenseModelFile> file = WriteDenseModel(path, size_mib << 20, features, features);
+    if (!file.ok()) return file.status();
+    r.file = *file;
+    struct stat file_stat {};
+    if (stat(path.c_str(), &file_stat) != 0) {
+      return Error(Code::kInternal, "stat {}: {}", path, std::strerror(errno));
+    }
+    r.file_bytes = static_cast<uint64_t>(file_stat.st_size);
+
+    // ---- 1. cold load (page cache warm) vs cat, interleaved per iteration ----
+    if (Result<uint64_t> c = TimeCat(path); !c.ok()) return c.status();  // warm-up read
+    {
+      std::vector<uint64_t> empty_ns;
+      for (uint32_t i = 0; i < options_.iterations; ++i) {
+        Result<uint64_t> c = TimeCat("/dev/null");
+        if (!c.ok()) return c.status();
+        empty_ns.push_back(*c);
+      }
+      r.cat_empty = SpreadOf(empty_ns);
+    }
+    // A first load (not measured), so that every measured one follows an unload.
+    if (Result<v1::LoadReply> l = Load(*admin_, r.model, 1); !l.ok()) return WithLog(l.status());
+    std::vector<uint64_t> cat_ns, load_ns, reported_ns;
+    for (uint32_t i = 0; i < options_.iterations; ++i) {
+      Result<uint64_t> c = TimeCat(path);
+      if (!c.ok()) return c.status();
+      cat_ns.push_back(*c);
+      if (Status s = UnloadIfResident(r.model); !s.ok()) return s;
+      auto t0 = Clock::now();
+      Result<v1::LoadReply> l = Load(*admin_, r.model, 1);
+      auto t1 = Clock::now();
+      if (!l.ok()) return WithLog(l.status());
+      if (l->already_loaded()) {
+        return Error(Code::kInternal, "\"{}\" was still loaded after its unload", r.model);
+      }
+      load_ns.push_back(Ns(t1 - t0));
+      reported_ns.push_back(l->load_ms() * 1000000ull);
+    }
+    r.cat = SpreadOf(cat_ns);
+    r.load = SpreadOf(load_ns);
+    r.load_reported = SpreadOf(reported_ns);
+    r.cat_gbps = Throughput(r.file_bytes, r.cat.median_ms);
+    r.load_gbps = Throughput(r.file_bytes, r.load.median_ms);
+    r.load_ratio = r.cat_gbps > 0 ? r.load_gbps / r.cat_gbps : 0;
+    r.cat_read_ms = std::max(0.0, r.cat.median_ms - r.cat_empty.median_ms);
+    r.cat_read_gbps = Throughput(r.file_bytes, r.cat_read_ms);
+    r.load_ratio_read = r.cat_read_gbps > 0 ? r.load_gbps / r.cat_read_gbps : 0;
+    {
+      Result<v1::PsEntry> e = PsOf(*admin_, r.model);
+      if (!e.ok()) return e.status();
+      r.workspace_bytes = e->bytes() > e->weight_bytes() ? e->bytes() - e->weight_bytes() : 0;
+    }
+
+    // ---- 2. replica attach: 1 -> 2 -> 3 -> 4, from a fresh single-replica load each time ----
+    polls_ = 0;
+    poll_rtt_ns_.clear();
+    std::vector<uint64_t> attach_ns[kWorkers - 1], reply_ns[kWorkers - 1], all_ns;
+    for (uint32_t i = 0; i < options_.iterations; ++i) {
+      if (Status s = UnloadIfResident(r.model); !s.ok()) return s;
+      if (Result<v1::LoadReply> l = Load(*admin_, r.model, 1); !l.ok()) return WithLog(l.status());
+      if (Result<Clock::time_point> w = WaitReplicas(r.model, 1); !w.ok()) return w.status();
+      for (uint32_t n = 2; n <= kWorkers; ++n) {
+        auto t0 = Clock::now();
+        Result<v1::LoadReply> l = Load(*admin_, r.model, n);
+        auto t_reply = Clock::now();
+        if (!l.ok()) return WithLog(l.status());
+        Result<Clock::time_point> shown = WaitReplicas(r.model, n);
+        if (!shown.ok()) return shown.status();
+        attach_ns[n - 2].push_back(Ns(*shown - t0));
+        reply_ns[n - 2].push_back(Ns(t_reply - t0));
+        all_ns.push_back(Ns(*shown - t0));
+      }
+    }
+    for (uint32_t k = 0; k + 1 < kWorkers; ++k) {
+      r.attach[k] = SpreadOf(attach_ns[k]);
+      r.attach_reply[k] = SpreadOf(reply_ns[k]);
+    }
+    r.attach_all = SpreadOf(all_ns);
+    r.polls = polls_;
+    r.poll_rtt = SpreadOf(poll_rtt_ns_);
+
+    // ---- 3. PSS of the four replicas once each has served (touched the weights) ----
+    Result<v1::StatusReply> st = admin_->GetStatus();
+    if (!st.ok()) return WithLog(st.status());
+    for (const v1::WorkerStatus& w : st->workers()) {
+      if (w.pid() <= 0) continue;
+      WorkerMemory m;
+      m.slot = w.slot();
+      m.pid = static_cast<pid_t>(w.pid());
+      Result<MemoryUse> use = ReadMemoryUse(m.pid);
+      if (!use.ok()) return use.status();
+      m.before = *use;
+      r.workers.push_back(m);
+    }
+    if (r.workers.size() != kWorkers) {
+      return WithLog(Error(Code::kInternal, "status shows {} live workers, expected {}",
+                           r.workers.size(), kWorkers));
+    }
+    client::Matrix input;
+    input.rows = 1;
+    input.cols = r.file.in_features;
+    input.data.assign(input.cols, 0.25f);
+    const uint64_t touched_bytes = static_cast<uint64_t>(r.file.weight_bytes * kTouchedFraction);
+    for (r.touch_rounds = 1; r.touch_rounds <= kMaxTouchRounds; ++r.touch_rounds) {
+      std::vector<uint64_t> ids;
+      for (uint32_t k = 0; k < kPipelined; ++k) {
+        Result<uint64_t> id = infer_->Send(MakeInferRequest(r.model, input, 0, false));
+        if (!id.ok()) return WithLog(id.status());
+        ids.push_back(*id);
+      }
+      for (uint64_t id : ids) {
+        Result<v1::Envelope> reply = infer_->Wait(id);
+        if (!reply.ok()) return WithLog(reply.status());
+        if (Status s = client::StatusOf(*reply); !s.ok()) return WithLog(s);
+      }
+      bool all = true;
+      for (WorkerMemory& m : r.workers) {
+        Result<MemoryUse> use = ReadMemoryUse(m.pid);
+        if (!use.ok()) return use.status();
+        m.after = *use;
+        if (m.after.rss_bytes < touched_bytes) all = false;
+      }
+      if (all) {
+        r.all_touched = true;
+        break;
+      }
+    }
+    r.touch_rounds = std::min(r.touch_rounds, kMaxTouchRounds);
+    for (const WorkerMemory& m : r.workers) {
+      r.pss_sum += m.after.pss_bytes;
+      r.rss_sum += m.after.rss_bytes;
+      r.pss_before_sum += m.before.pss_bytes;
+      r.rss_before_sum += m.before.rss_bytes;
+      r.pss_shmem_sum += m.after.pss_shmem_bytes;
+      if (auto it = idle_pss_.find(m.pid); it != idle_pss_.end()) r.pss_idle_sum += it->second;
+    }
+    if (Result<MemoryUse> sup = ReadMemoryUse(daemon_->pid()); sup.ok()) r.supervisor = *sup;
+    r.pss_ratio = static_cast<double>(r.pss_sum) / r.file_bytes;
+    r.rss_ratio = static_cast<double>(r.rss_sum) / r.file_bytes;
+    r.pss_shmem_ratio = static_cast<double>(r.pss_shmem_sum) / r.file_bytes;
+    r.pss_above_idle_ratio =
+        static_cast<double>(r.pss_sum - std::min(r.pss_sum, r.pss_idle_sum)) / r.file_bytes;
+
+    // Room for the next size: let the weights and the file go.
+    if (Status s = UnloadIfResident(r.model); !s.ok()) return s;
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    return r;
+  }
+
+  void Report() {
+    if (options_.json) {
+      std::string sizes;
+      for (const SizeResult& r : results_) {
+        if (!sizes.empty()) sizes += ", ";
+        std::string attach;
+        for (uint32_t k = 0; k + 1 < kWorkers; ++k) {
+          if (!attach.empty()) attach += ", ";
+          attach += fmt::format("{{\"from\": {}, \"to\": {}, \"until_ps_shows\": {}, \"reply\": {}}}",
+                                k + 1, k + 2, SpreadJson(r.attach[k]), SpreadJson(r.attach_reply[k]));
+        }
+        std::string workers;
+        for (const WorkerMemory& m : r.workers) {
+          if (!workers.empty()) workers += ", ";
+          workers += fmt::format(
+              "{{\"slot\": {}, \"pid\": {}, \"pss_bytes\": {}, \"rss_bytes\": {}, "
+              "\"pss_shmem_bytes\": {}, \"pss_bytes_before_infer\": {}, "
+              "\"rss_bytes_before_infer\": {}}}",
+              m.slot, m.pid, m.after.pss_bytes, m.after.rss_bytes, m.after.pss_shmem_bytes,
+              m.before.pss_bytes, m.before.rss_bytes);
+        }
+        sizes += fmt::format(
+            "{{\"size_mib\": {}, \"model\": \"{}\", \"layers\": \"{},{},{}\", \"file_bytes\": {}, "
+            "\"weight_bytes\": {}, \"workspace_bytes_per_replica\": {}, \"iterations\": {}, "
+            "\"cold_load\": {{\"cat\": {}, \"cat_empty_file\": {}, \"load\": {}, "
+            "\"load_reported\": {}, \"cat_gb_per_s\": {:.3f}, \"load_gb_per_s\": {:.3f}, "
+            "\"ratio\": {:.3f}, \"cat_read_only_ms\": {:.4f}, \"ratio_vs_read_only\": {:.3f}, "
+            "\"target\": {}, \"target_met\": {}}}, "
+            "\"attach\": {{\"steps\": [{}], \"all\": {}, \"polls\": {}, \"poll_sleep_us\": {}, "
+            "\"poll_round_trip\": {}, \"target_ms\": {}, \"target_met\": {}}}, "
+            "\"pss\": {{\"replicas\": {}, \"touch_rounds\": {}, \"requests_per_round\": {}, "
+            "\"all_touched\": {}, \"workers\": [{}], \"pss_sum_bytes\": {}, \"rss_sum_bytes\": {}, "
+            "\"pss_sum_before_infer_bytes\": {}, \"rss_sum_before_infer_bytes\": {}, "
+            "\"pss_shmem_sum_bytes\": {}, \"pss_sum_idle_workers_bytes\": {}, "
+            "\"supervisor_pss_bytes\": {}, \"supervisor_rss_bytes\": {}, \"pss_ratio\": {:.3f}, "
+            "\"rss_ratio\": {:.3f}, \"pss_shmem_ratio\": {:.3f}, \"pss_above_idle_ratio\": {:.3f}, "
+            "\"target\": {}, \"target_met\": {}}}}}",
+            r.size_mib, r.model, r.file.in_features, r.file.hidden, r.file.out_features,
+            r.file_bytes, r.file.weight_bytes, r.workspace_bytes, r.iterations, SpreadJson(r.cat),
+            SpreadJson(r.cat_empty), SpreadJson(r.load), SpreadJson(r.load_reported), r.cat_gbps,
+            r.load_gbps, r.load_ratio, r.cat_read_ms, r.load_ratio_read, kTargetLoadRatio, r.load_ratio >= kTargetLoadRatio, attach,
+            SpreadJson(r.attach_all), r.polls, options_.poll_us, SpreadJson(r.poll_rtt),
+            kTargetAttachMs, r.attach_all.median_ms < kTargetAttachMs, kWorkers, r.touch_rounds,
+            kPipelined, r.all_touched, workers, r.pss_sum, r.rss_sum, r.pss_before_sum,
+            r.rss_before_sum, r.pss_shmem_sum, r.pss_idle_sum, r.supervisor.pss_bytes,
+            r.supervisor.rss_bytes, r.pss_ratio, r.rss_ratio, r.pss_shmem_ratio,
+            r.pss_above_idle_ratio, kTargetPssRatio, r.pss_ratio <= kTargetPssRatio);
+      }
+      std::printf("%s\n",
+                  fmt::format("{{\"mode\": \"sharing\", \"backend\": \"{}\", \"workers\": {}, "
+                              "\"budget_bytes\": {}, \"attach_measured_by\": \"ps polling\", "
+                              "\"sizes\": [{}]}}",
+                              JsonEscape(options_.backend), kWorkers, budget_, sizes)
+                      .c_str());
+      return;
+    }
+
+    std::string out = fmt::format(
+        "warmpool-bench --sharing: dense f32 models (random weights) served by {} workers, backend "
+        "{}, [pool] budget {:.1f} GiB; {} iteration(s) per size\n",
+        kWorkers, options_.backend, budget_ / 1073741824.0, options_.iterations);
+    for (const SizeResult& r : results_) {
+      out += fmt::format(
+          "\n=== {} MiB: \"{}\" (dense {},{},{}), file {} bytes ({:.1f} MiB), weights {} bytes, "
+          "workspace {:.1f} MiB per replica ===\n",
+          r.size_mib, r.model, r.file.in_features, r.file.hidden, r.file.out_features,
+          r.file_bytes, MiB(r.file_bytes), r.file.weight_bytes, MiB(r.workspace_bytes));
+      out += fmt::format(
+          "1. cold load from the page cache vs cat (interleaved, {} each)\n"
+          "   {:<44} {:>10} {:>10} {:>10}\n",
+          r.iterations, "", "median ms", "p90 ms", "GB/s");
+      out += fmt::format("   {:<44} {:>10.3f} {:>10.3f} {:>10.2f}\n",
+                         "cat FILE > /dev/null (fork+exec /bin/cat)", r.cat.median_ms,
+                         r.cat.p90_ms, r.cat_gbps);
+      out += fmt::format("   {:<44} {:>10.3f} {:>10.3f} {:>10.2f}\n",
+                         "unload, then load (load timed, replicas 1)", r.load.median_ms,
+                         r.load.p90_ms, r.load_gbps);
+      out += fmt::format(
+          "   (cat of an empty file, i.e. fork+exec+wait alone: median {:.3f} ms; daemon-reported "
+          "load_ms median {:.0f})\n",
+          r.cat_empty.median_ms, r.load_reported.median_ms);
+      out += fmt::format(
+          "   throughput ratio load/cat {:.2f}x (target >= {}x): {}   [against cat less its "
+          "fork+exec ({:.3f} ms, {:.2f} GB/s): {:.2f}x]\n",
+          r.load_ratio, kTargetLoadRatio, r.load_ratio >= kTargetLoadRatio ? "met" : "NOT met",
+          r.cat_read_ms, r.cat_read_gbps, r.load_ratio_read);
+
+      out += fmt::format(
+          "2. replica attach: LoadRequest replicas=N -> ps shows N (ps polled: {} us sleep + one "
+          "ps round trip, median {:.1f} us, so ~{:.0f} us granularity; {} polls)\n"
+          "   {:<44} {:>10} {:>10} {:>10}\n",
+          options_.poll_us, r.poll_rtt.median_ms * 1e3,
+          options_.poll_us + r.poll_rtt.median_ms * 1e3, r.polls, "", "median ms", "p90 ms",
+          "reply ms");
+      for (uint32_t k = 0; k + 1 < kWorkers; ++k) {
+        out += fmt::format("   {:<44} {:>10.3f} {:>10.3f} {:>10.3f}\n",
+                           fmt::format("{} -> {} replicas", k + 1, k + 2), r.attach[k].median_ms,
+                           r.attach[k].p90_ms, r.attach_reply[k].median_ms);
+      }
+      out += fmt::format("   {:<44} {:>10.3f} {:>10.3f}\n", "all attaches", r.attach_all.median_ms,
+                         r.attach_all.p90_ms);
+      out += fmt::format("   attach median {:.3f} ms (target < {} ms): {}\n",
+                         r.attach_all.median_ms, kTargetAttachMs,
+                         r.attach_all.median_ms < kTargetAttachMs ? "met" : "NOT met");
+
+      out += fmt::format(
+          "3. memory with {} replicas, after {} round(s) of {} pipelined 1-row inferences ({})\n"
+          "   {:<8} {:>8} {:>12} {:>12} {:>12} {:>14} {:>14}\n",
+          kWorkers, r.touch_rounds, kPipelined,
+          r.all_touched ? "every worker's Rss holds the weights: all touched them"
+                        : "NOT every worker touched the weights",
+          "slot", "pid", "Pss MiB", "Pss_Shmem", "Rss MiB", "Pss MiB before", "Rss MiB before");
+      for (const WorkerMemory& m : r.workers) {
+        out += fmt::format("   {:<8} {:>8} {:>12.1f} {:>12.1f} {:>12.1f} {:>14.1f} {:>14.1f}\n",
+                           m.slot, m.pid, MiB(m.after.pss_bytes), MiB(m.after.pss_shmem_bytes),
+                           MiB(m.after.rss_bytes), MiB(m.before.pss_bytes),
+                           MiB(m.before.rss_bytes));
+      }
+      out += fmt::format("   {:<8} {:>8} {:>12.1f} {:>12} {:>12.1f} {:>14.1f} {:>14.1f}\n", "sum",
+                         "", MiB(r.pss_sum), "", MiB(r.rss_sum), MiB(r.pss_before_sum),
+                         MiB(r.rss_before_sum));
+      out += fmt::format(
+          "   (\"before\": right after the last attach, before any inference; supervisor, which "
+          "holds the memfd: Pss {:.1f} MiB, Rss {:.1f} MiB)\n",
+          MiB(r.supervisor.pss_bytes), MiB(r.supervisor.rss_bytes));
+      out += fmt::format(
+          "   sum of Pss / one copy (file size) {:.3f}x (target <= {}x): {}; sum of Rss {:.2f}x\n"
+          "   of which shared (sum of Pss_Shmem: the weights' memfd) {:.3f}x; sum of Pss above the "
+          "same workers idle before any model ({:.1f} MiB) {:.3f}x\n",
+          r.pss_ratio, kTargetPssRatio, r.pss_ratio <= kTargetPssRatio ? "met" : "NOT met",
+          r.rss_ratio, r.pss_shmem_ratio, MiB(r.pss_idle_sum), r.pss_above_idle_ratio);
+    }
+
+    out += fmt::format("\n{:<10} {:>12} {:>14} {:>14} {:>14}\n", "size", "load/cat",
+                       "attach med ms", "attach p90 ms", "Pss/1 copy");
+    for (const SizeResult& r : results_) {
+      out += fmt::format("{:<10} {:>11.2f}x {:>14.3f} {:>14.3f} {:>13.3f}x\n",
+                         fmt::format("{} MiB", r.size_mib), r.load_ratio, r.attach_all.median_ms,
+                         r.attach_all.p90_ms, r.pss_ratio);
+    }
+    out += fmt::format("{:<10} {:>11}x {:>14} {:>14} {:>13}x\n", "target", ">= 0.7", "< 1", "",
+                       "<= 1.1");
+    out +=
+        "attach time: from sending the LoadRequest to the first ps reply showing the new count "
+        "(daemon log stamps have 1 ms resolution, too coarse for a sub-millisecond target)\n";
+    std::fputs(out.c_str(), stdout);
+  }
+
+  void RemoveDir() {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    dir_.clear();
+  }
+
+  void Cleanup() {
+    admin_.reset();
+    poller_.reset();
+    infer_.reset();
+    if (daemon_ != nullptr && daemon_->pid() > 0) (void)daemon_->Stop(kStopTimeoutMs);
+    g_daemon_pid = -1;
+    daemon_.reset();
+    RemoveDir();
+  }
+
+  SharingOptions options_;
+  std::string dir_;
+  uint64_t budget_ = 0;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<client::Client> admin_, poller_, infer_;
+  std::vector<SizeResult> results_;
+  uint64_t polls_ = 0;
+  std::vector<uint64_t> poll_rtt_ns_;
+  std::map<pid_t, uint64_t> idle_pss_;
+};
+
+}  // namespace
+
+int RunSharing(const SharingOptions& options) { return Sharing(options).Run(); }
+
+}  // namespace warmpool::bench
