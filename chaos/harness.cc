@@ -162,7 +162,7 @@ Status Harness::MakeModels() {
                     AccountedBytes(fillers_[0].path) * 5 / 2;
   std::ofstream config(dir_ + "/config.toml");
   config << "[daemon]\nworkers_per_device = 2\ndefault_deadline_ms = 4000\n"
-         << "[pool]\nbudget = " << budget << "\n"
+         << "[pool]\nbudget = " << budget << "\npark_budget = \"64MiB\"\n"
          << "[recovery]\ninference_grace_ms = 300\nload_stall_ms = 1000\n"
          << "crash_loop_crashes = 3\ncrash_loop_window_ms = 20000\n"
          << "failed_cooldown_ms = 1000\nfailed_cooldown_max_ms = 4000\n"
@@ -322,32 +322,39 @@ pid_t Harness::SupervisorPid() {
   return static_cast<pid_t>(segment->view().header().supervisor_pid);
 }
 
-int Harness::CountFds(pid_t pid, int* memfds) {
+int Harness::CountFds(pid_t pid, int* weights, int* parked) {
   std::string base = "/proc/" + std::to_string(pid) + "/fd";
   DIR* dir = opendir(base.c_str());
   if (dir == nullptr) return -1;
-  int n = 0, memfd = 0;
+  int n = 0, memfd = 0, weight = 0, park = 0;
   while (dirent* e = readdir(dir)) {
     if (e->d_name[0] == '.') continue;
     n++;
     char target[256];
     ssize_t len = readlink((base + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
-    if (len > 0 && std::string_view(target, len).starts_with("/memfd:")) memfd++;
+    std::string_view link(target, len > 0 ? static_cast<size_t>(len) : 0);
+    if (!link.starts_with("/memfd:")) continue;
+    memfd++;
+    weight += link.starts_with("/memfd:warmpool-weights");
+    park += link.starts_with("/memfd:warmpool-parked");
   }
   closedir(dir);
-  if (memfds != nullptr) *memfds = memfd;
+  if (weights != nullptr) *weights = weight;
+  if (parked != nullptr) *parked = park;
   return n - memfd;
 }
 
-int Harness::HeldWeights() {
+void Harness::HeldRegions(int* ready, int* parked) {
+  *ready = *parked = -1;
   auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
-  if (!segment.ok()) return -1;
-  int held = 0;
+  if (!segment.ok()) return;
+  *ready = *parked = 0;
   for (uint32_t i = 0; i < segment->view().max_models(); i++) {
     const shm::ModelRecord& m = segment->view().model(i);
-    held += static_cast<shm::ModelState>(m.state) == shm::ModelState::kReady && m.weight_bytes > 0;
+    auto state = static_cast<shm::ModelState>(m.state);
+    *ready += state == shm::ModelState::kReady && m.weight_bytes > 0;
+    *parked += state == shm::ModelState::kParked && m.weight_bytes > 0;
   }
-  return held;
 }
 
 void Harness::Baseline() {
@@ -375,19 +382,23 @@ void Harness::CheckQuiescent(Checks& checks) {
   if (client.ok()) {
     (void)(*client)->GetStatus();
     // Connections the harness just closed may not have been reaped by the daemon's loop yet.
-    int memfds = 0;
-    int fds = CountFds(SupervisorPid(), &memfds);
+    int weights = 0, parked = 0;
+    int fds = CountFds(SupervisorPid(), &weights, &parked);
     for (int i = 0; i < 50 && fds != baseline_fds_; i++) {
       Sleep(10);
       (void)(*client)->GetStatus();
-      fds = CountFds(SupervisorPid(), &memfds);
+      fds = CountFds(SupervisorPid(), &weights, &parked);
     }
     if (fds >= 0 && baseline_fds_ >= 0) {
       checks.Expect(fds == baseline_fds_, "no fd leaked by the supervisor",
                     fmt::format("{} open besides weights, {} at the start", fds, baseline_fds_));
-      int held = HeldWeights();
-      checks.Expect(memfds == held, "the supervisor holds the weights of exactly the ready models",
-                    fmt::format("{} weight regions held, {} ready models with weights", memfds, held));
+      int ready_models = 0, parked_models = 0;
+      HeldRegions(&ready_models, &parked_models);
+      checks.Expect(weights == ready_models && parked == parked_models,
+                    "the supervisor holds the weights of exactly the ready models and one host copy "
+                    "per parked model",
+                    fmt::format("{} weight regions for {} ready models, {} host copies for {} parked",
+                                weights, ready_models, parked, parked_models));
     }
     auto status = (*client)->GetStatus();
     std::set<pid_t> live;

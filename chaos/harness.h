@@ -98,10 +98,10 @@ class Harness {
   Status DescribeLiveModels();
   void RememberWorkers();
   pid_t SupervisorPid();
-  // Open fds of pid, and how many of them are memfd regions (weights the supervisor holds).
-  int CountFds(pid_t pid, int* memfds = nullptr);
-  // Resident models whose weights the supervisor should hold (ready, with weights).
-  int HeldWeights();
+  // Open fds of pid besides memfd regions, and how many of those are weights and parked copies.
+  int CountFds(pid_t pid, int* weights = nullptr, int* parked = nullptr);
+  // Models whose regions the supervisor should hold: ready with weights, and parked.
+  void HeldRegions(int* ready, int* parked);
 
   Options options_;
   std::string dir_;

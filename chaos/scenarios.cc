@@ -93,6 +93,16 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
     spec.allowed = {Code::kDeadlineExceeded};
   }
   if (hang && is_load) spec.allowed = {Code::kDeadlineExceeded};  // a stalled load is slow to retry
+  if (point == "park.mid") {
+    // The fault fires while the worker copies the weights out: the park fails, the model is
+    // dropped instead, and the traffic below loads it again from its file.
+    auto client = h.Connect();
+    v1::Envelope park;
+    park.mutable_unload()->set_model(victim.name);
+    park.mutable_unload()->set_park(true);
+    Status parked = client.ok() ? (*client)->Call(std::move(park)).status() : client.status();
+    checks.Expect(parked.ok(), "the park was answered although its worker died", parked.ToString());
+  }
   if (is_unload) {
     Traffic before(h, spec);
     before.Start();

@@ -73,7 +73,11 @@ int main(int argc, char** argv) {
   auto* unpin = app.add_subcommand("unpin", "let a pinned model be evicted again");
   unpin->add_option("MODEL", model, "model name")->required();
   auto* unload = app.add_subcommand("unload", "unload a model (after its requests finish)");
-  unload->add_option("MODEL", model, "model name")->required();
+  bool park = false, all = false;
+  auto* unload_model = unload->add_option("MODEL", model, "model name");
+  unload->add_flag("--park", park, "keep a host copy so that the next load is a memory copy");
+  auto* unload_all = unload->add_flag("--all", all, "every loaded model (parked where the park budget allows)");
+  unload_all->excludes(unload_model);
 
   auto* infer = app.add_subcommand("infer", "run inference on a batch of rows");
   infer->add_option("MODEL", model, "model name")->required();
@@ -204,8 +208,17 @@ int main(int argc, char** argv) {
     if (!reply.ok()) return Fail(reply.status());
     Print(fmt::format("{} fault(s) cleared\n", reply->fault_clear_reply().cleared()));
   } else if (unload->parsed()) {
-    if (Status s = client.Unload(model); !s.ok()) return Fail(s);
-    Print(fmt::format("{} unloaded\n", model));
+    if (!all && model.empty()) {
+      return Fail(warmpool::Error(Code::kInvalidArgument, "unload needs MODEL or --all"));
+    }
+    warmpool::v1::Envelope request;
+    request.mutable_unload()->set_model(model);
+    request.mutable_unload()->set_park(park);
+    request.mutable_unload()->set_all(all);
+    auto reply = client.Call(std::move(request));
+    if (!reply.ok()) return Fail(reply.status());
+    if (all) Print(fmt::format("unloaded {}\n", reply->unload_reply().model()));
+    else Print(fmt::format("{} {}\n", model, park ? "parked" : "unloaded"));
   } else if (infer->parsed()) {
     warmpool::client::Matrix input;
     if (random_rows > 0) {

@@ -42,6 +42,25 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
   return HostRegion{ptr, bytes, fd};
 }
 
+Result<int> HostMemory::CopyToHost(const void* source, uint64_t bytes) {
+  int fd = memfd_create("warmpool-parked", MFD_CLOEXEC);
+  if (fd < 0) return Error(Code::kInternal, "memfd_create: {}", std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    return Error(Code::kResourceExhausted, "cannot size a {}-byte host copy: {}", bytes, std::strerror(err));
+  }
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (ptr == MAP_FAILED) {
+    int err = errno;
+    close(fd);
+    return Error(Code::kResourceExhausted, "cannot map a {}-byte host copy: {}", bytes, std::strerror(err));
+  }
+  std::memcpy(ptr, source, bytes);
+  munmap(ptr, bytes);
+  return fd;
+}
+
 Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
   if (bytes == 0) return Error(Code::kInvalidArgument, "cannot import a region of 0 bytes");
   struct stat st {};

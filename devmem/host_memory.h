@@ -27,6 +27,9 @@ class HostMemory {
   HostMemory& operator=(const HostMemory&) = delete;
 
   Result<HostRegion> Allocate(uint64_t bytes, const char* label);
+  // Host memory outside the device budget (parked copies): a memfd of bytes, filled from source.
+  // Returns its fd; nothing stays mapped here.
+  static Result<int> CopyToHost(const void* source, uint64_t bytes);
   // Maps a region exported by another process: a dup of its fd, mapped shared. Not counted against
   // this process's budget: the supervisor accounts shared weights once, where it holds them.
   Result<HostRegion> Import(int fd, uint64_t bytes);

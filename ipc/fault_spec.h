@@ -12,7 +12,7 @@ namespace warmpool::ipc {
 inline constexpr const char* kFaultPoints[] = {
     "load.begin",       "load.after_alloc", "load.mid_copy",        "load.before_ready",
     "infer.after_take", "infer.mid",        "infer.before_restore", "unload.mid",
-    "attach.mid",
+    "attach.mid",       "park.mid",
 };
 
 Status CheckFaultPoint(std::string_view point);

@@ -16,8 +16,8 @@
 namespace warmpool::shm {
 
 // Bump on any change below; the layout test pins the string so an accidental change fails CI.
-inline constexpr uint32_t kLayoutVersion = 1;
-inline constexpr char kLayoutString[] = "warmpool-shm-v1:hdr192:model512:worker64:inflight32";
+inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr char kLayoutString[] = "warmpool-shm-v2:hdr192:model512:worker64:inflight32:park";
 inline constexpr char kMagic[8] = {'W', 'A', 'R', 'M', 'P', 'O', 'O', 'L'};
 inline constexpr uint32_t kNil = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxDevices = 8;
@@ -60,7 +60,9 @@ struct SegmentHeader {
   uint32_t lru_length;
   uint64_t device_budget_bytes;  // per device; 0 = unlimited
   uint64_t device_used_bytes[kMaxDevices];  // accounted; equals the sum over resident records
-  uint64_t reserved[4];
+  uint64_t park_used_bytes;    // host copies of parked models; equals the sum over parked records
+  uint64_t park_budget_bytes;  // 0: parking disabled
+  uint64_t reserved[2];
 };
 
 struct ModelRecord {
@@ -130,6 +132,7 @@ static_assert(offsetof(SegmentHeader, segment_size) == 16);
 static_assert(offsetof(SegmentHeader, supervisor_pid) == 64);  // read across versions
 static_assert(offsetof(SegmentHeader, seq) == 72);
 static_assert(offsetof(SegmentHeader, device_used_bytes) == 96);
+static_assert(offsetof(SegmentHeader, park_used_bytes) == 160);
 static_assert(sizeof(ModelRecord) == 512);
 static_assert(offsetof(ModelRecord, name) == 8);
 static_assert(offsetof(ModelRecord, weight_bytes) == 344);

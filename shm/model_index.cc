@@ -28,9 +28,11 @@ std::string_view ModelStateName(ModelState state) {
   return "unknown";
 }
 
-bool IsResident(ModelState state) {
+bool IsResident(ModelState state) { return OnDevice(state) || state == ModelState::kParked; }
+
+bool OnDevice(ModelState state) {
   return state == ModelState::kLoading || state == ModelState::kReady ||
-         state == ModelState::kUnloading || state == ModelState::kParked;
+         state == ModelState::kUnloading;
 }
 
 Result<uint32_t> ModelIndex::Register(std::string_view name, std::string_view engine,
@@ -139,6 +141,41 @@ void ModelIndex::MarkAttaching(uint32_t index, uint32_t worker_slot) {
   });
 }
 
+void ModelIndex::AddToParkAccount(int64_t delta) {
+  SeqWrite(view_.header(), [&](SegmentHeader& h) {
+    h.park_used_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.park_used_bytes) + delta);
+  });
+}
+
+void ModelIndex::SetParkBudget(uint64_t bytes) {
+  SeqWrite(view_.header(), [&](SegmentHeader& h) { h.park_budget_bytes = bytes; });
+}
+
+void ModelIndex::MarkParked(uint32_t index) {
+  const ModelRecord& r = Get(index);
+  AddToAccount(r.device, -static_cast<int64_t>(r.weight_bytes + r.workspace_bytes));
+  AddToParkAccount(static_cast<int64_t>(r.weight_bytes));
+  Update(index, [](ModelRecord& m) {
+    m.state = static_cast<uint32_t>(ModelState::kParked);
+    m.worker_slot = kNil;
+    m.replicas = 0;
+    m.workspace_bytes = 0;
+  });
+}
+
+void ModelIndex::MarkUnparking(uint32_t index, uint32_t worker_slot, uint64_t bytes) {
+  const ModelRecord& r = Get(index);
+  AddToParkAccount(-static_cast<int64_t>(r.weight_bytes));
+  Update(index, [&](ModelRecord& m) {
+    m.state = static_cast<uint32_t>(ModelState::kLoading);
+    m.worker_slot = worker_slot;
+    m.replicas = 1;
+    m.workspace_bytes = bytes > m.weight_bytes ? bytes - m.weight_bytes : 0;
+    m.loaded_bytes = 0;
+  });
+  AddToAccount(Get(index).device, static_cast<int64_t>(Get(index).weight_bytes + Get(index).workspace_bytes));
+}
+
 void ModelIndex::AddReplica(uint32_t index, uint64_t workspace_bytes) {
   Update(index, [&](ModelRecord& r) {
     r.replicas++;
@@ -165,10 +202,10 @@ void ModelIndex::MarkUnloading(uint32_t index) {
 
 void ModelIndex::MarkNotResident(uint32_t index, ModelState state, std::string_view error) {
   const ModelRecord& r = Get(index);
-  if (IsResident(static_cast<ModelState>(r.state))) {
-    AddToAccount(r.device, -static_cast<int64_t>(r.weight_bytes + r.workspace_bytes));
-    Unlink(index);
-  }
+  auto was = static_cast<ModelState>(r.state);
+  if (OnDevice(was)) AddToAccount(r.device, -static_cast<int64_t>(r.weight_bytes + r.workspace_bytes));
+  if (was == ModelState::kParked) AddToParkAccount(-static_cast<int64_t>(r.weight_bytes));
+  if (IsResident(was)) Unlink(index);
   Update(index, [&](ModelRecord& m) {
     m.state = static_cast<uint32_t>(state);
     m.worker_slot = kNil;

@@ -17,8 +17,10 @@
 namespace warmpool::shm {
 
 std::string_view ModelStateName(ModelState state);
-// True for the states whose bytes are accounted on a device and that sit in the LRU list.
+// True for the states that sit in the LRU list (cached: on a device, or parked).
 bool IsResident(ModelState state);
+// True for the states whose bytes are accounted on a device (not parked).
+bool OnDevice(ModelState state);
 
 class ModelIndex {
  public:
@@ -49,6 +51,15 @@ class ModelIndex {
   void MarkDetached(uint32_t index);
   // A worker attaches resident weights: state loading on that worker, bytes unchanged.
   void MarkAttaching(uint32_t index, uint32_t worker_slot);
+  // Device memory released, a host copy kept: weight bytes move from the device account to the
+  // park account; the model stays in the LRU list.
+  void MarkParked(uint32_t index);
+  // Parked -> loading on a worker: the copy goes back to the device (bytes: weights + workspace).
+  void MarkUnparking(uint32_t index, uint32_t worker_slot, uint64_t bytes);
+  uint64_t ParkUsed() const { return view_.header().park_used_bytes; }
+  uint64_t ParkBudget() const { return view_.header().park_budget_bytes; }
+  void SetParkBudget(uint64_t bytes);
+
   // Replicas of a ready model share its weights; each brings its own workspace to the account.
   void AddReplica(uint32_t index, uint64_t workspace_bytes);
   // primary: the slot now named in the record (kNil with no replica left: detached).
@@ -70,6 +81,7 @@ class ModelIndex {
   void LinkTail(uint32_t index);
   void Unlink(uint32_t index);
   void AddToAccount(uint32_t device, int64_t delta);
+  void AddToParkAccount(int64_t delta);
 
   SegmentView view_;
   std::unordered_map<std::string, uint32_t> by_name_;

@@ -74,6 +74,7 @@ Status Validate(const SegmentView& view) {
   }
 
   std::vector<uint64_t> accounted(kMaxDevices, 0);
+  uint64_t parked = 0;
   for (uint32_t i = 0; i < h.max_models; i++) {
     const ModelRecord& m = models[i];
     bool resident = IsResident(static_cast<ModelState>(m.state));
@@ -84,6 +85,10 @@ Status Validate(const SegmentView& view) {
                    m.in_lru);
     }
     if (!resident) continue;
+    if (static_cast<ModelState>(m.state) == ModelState::kParked) {
+      parked += m.weight_bytes;
+      continue;
+    }
     if (m.device >= h.device_count) {
       return Error(Code::kInternal, "model \"{}\" is on device {} of {}", m.name, m.device,
                    h.device_count);
@@ -105,6 +110,15 @@ Status Validate(const SegmentView& view) {
       return Error(Code::kInternal, "device {} holds {} bytes, over its budget of {}", d,
                    accounted[d], h.device_budget_bytes);
     }
+  }
+
+  if (parked != h.park_used_bytes) {
+    return Error(Code::kInternal, "the park accounts {} bytes but parked models sum to {}",
+                 h.park_used_bytes, parked);
+  }
+  if (parked > h.park_budget_bytes) {
+    return Error(Code::kInternal, "parked copies hold {} bytes, over the park budget of {}", parked,
+                 h.park_budget_bytes);
   }
 
   // In-flight: every taken slot belongs to the live generation of a live worker.

@@ -106,6 +106,13 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "max_queue") s = ReadUint(node, key, c.max_queue);
       else if (k == "keep_alive") s = ReadKeepAlive(node, key, c.keep_alive_ms);
       else if (k == "preload") s = ReadStrings(node, key, c.preload);
+      else if (k == "park_budget") s = ReadSize(node, key, c.park_budget_bytes);
+      else if (k == "max_cached") s = ReadUint(node, key, c.max_cached);
+      else if (k == "single_active") {
+        auto v = node.value_exact<bool>();
+        if (!v) s = Error(Code::kInvalidArgument, "{} must be true or false", key);
+        else c.single_active = *v;
+      }
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "recovery") {
       if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);

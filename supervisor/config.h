@@ -34,6 +34,9 @@ struct Config {
   uint64_t budget_bytes = 0;     // per device; 0 = a quarter of physical memory (host backend)
   uint32_t max_queue = 1024;     // requests waiting for a load or for room
   int64_t keep_alive_ms = kKeepAliveForever;  // default of every model
+  uint64_t park_budget_bytes = 0;  // host copies of parked models; 0: no parking
+  bool single_active = false;      // at most one model on the device; switching parks it
+  uint32_t max_cached = 0;         // models on the device plus parked; 0 = unlimited
   std::vector<std::string> preload;  // loaded at start
   // limits
   uint32_t max_frame_bytes = 64u << 20;

@@ -19,6 +19,7 @@ Daemon::Daemon(Config config, std::string worker_path)
 Daemon::~Daemon() {
   for (ModelRuntime& rt : runtime_) {
     if (rt.weights_fd >= 0) close(rt.weights_fd);
+    if (rt.park_fd >= 0) close(rt.park_fd);
   }
   server_.reset();
   workers_.reset();
@@ -44,6 +45,8 @@ Status Daemon::Start() {
   segment_ = std::move(*segment);
   index_ = std::make_unique<shm::ModelIndex>(segment_.view());
   inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
+  index_->SetParkBudget(config_.park_budget_bytes);
+  if (config_.single_active) limits_.capacity = 1;  // switching releases (parks) the active one
   runtime_.resize(config_.max_models);
   worker_models_.assign(config_.workers_per_device, 0);
   worker_outstanding_.assign(config_.workers_per_device, 0);

@@ -63,7 +63,7 @@ class Daemon {
     uint32_t crashes = 0;      // workers that died while running this very request
   };
   struct Job {
-    enum class Kind { kLoad, kInfer, kUnload };
+    enum class Kind { kLoad, kInfer, kUnload, kPark };
     Kind kind = Kind::kInfer;
     uint32_t worker = 0;
     uint32_t model = 0;
@@ -74,6 +74,7 @@ class Daemon {
     uint64_t progress_ms = 0;   // load: last sign of progress
     bool attach = false;        // load: attaching held weights rather than reading the file
     bool extra_replica = false; // attach: one more replica of a ready model
+    bool unpark = false;        // attach: from the parked host copy
     uint64_t bytes = 0;         // frame bytes sent to the worker
     uint32_t crashes = 0;
     v1::InferRequest request;   // infer: kept so that the request can be retried on another worker
@@ -100,6 +101,10 @@ class Daemon {
     std::vector<uint32_t> replica_slots;
     uint32_t target_replicas = 1;
     uint32_t unloads_pending = 0;
+    // Parking: the unload under way keeps a host copy (park_fd) when the worker has made it.
+    bool parking = false;
+    int park_fd = -1;
+    std::vector<uint64_t> bulk;  // `unload --all` requests waiting for this model
     int64_t keep_alive_ms = -1;
     std::optional<int64_t> keep_alive_override_ms;
     uint64_t expires_at_ms = 0;
@@ -112,7 +117,7 @@ class Daemon {
   // requests.cc
   void OnRequest(uint64_t session, v1::Envelope&& request);
   void HandleLoad(const Call& call, const v1::LoadRequest& request);
-  void HandleUnload(const Call& call, const std::string& model);
+  void HandleUnload(const Call& call, const v1::UnloadRequest& request);
   void HandleInfer(const Call& call, v1::InferRequest&& request);
   void HandlePin(const Call& call, const v1::PinRequest& request);
   void Answer(const Call& call, v1::Envelope&& reply);
@@ -143,6 +148,14 @@ class Daemon {
   // The model leaves residency: its weights are released, unload waiters answered.
   void FinishUnload(uint32_t model);
   void DropWeights(uint32_t model);
+  // Releases the device memory of a ready model: parked when the park budget allows, else dropped.
+  void Release(uint32_t model, bool eviction);
+  bool CanPark(uint32_t model) const;
+  void StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes);
+  void OnParkDone(const Job& job, const v1::WorkerParkDone& done, int copy_fd);
+  // Drops the least recently used parked (then idle) entries beyond max_cached.
+  void EnforceMaxCached(uint32_t keep);
+  void AnswerBulk(uint32_t model);
   uint64_t NewJob(Job&& job);
 
   // dispatch.cc: inference
@@ -194,7 +207,15 @@ class Daemon {
                                                 // worker cannot make the supervisor buffer without end
   std::vector<uint64_t> worker_load_done_ms_;     // when each worker last finished a load
   std::vector<uint64_t> worker_serving_done_ms_;  // ... an infer or an unload
-  std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
+  std::vector<uint32_t> preloading_;
+  struct BulkUnload {
+    Call call;
+    uint32_t remaining = 0;
+    uint32_t parked = 0;
+    uint32_t total = 0;
+  };
+  std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;
+  uint64_t next_bulk_ = 1;  // preload models not yet ready (or failed)
   std::vector<ArmedFault> faults_;
   uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;                       // waiters over all models

@@ -70,7 +70,7 @@ void Daemon::ExpireIdle(uint64_t now) {
     }
     spdlog::info("\"{}\" idle past its keep_alive; releasing it", r.name);
     runtime_[model].expires_at_ms = 0;
-    StartUnload(model, /*eviction=*/false);
+    Release(model, /*eviction=*/false);
   }
 }
 

@@ -28,7 +28,10 @@ uint64_t Daemon::NewJob(Job&& job) {
 void Daemon::EnsureLoading(uint32_t model) {
   ModelState state = index_->State(model);
   bool detached = state == ModelState::kReady && index_->Get(model).worker_slot == shm::kNil;
-  if (state == ModelState::kRegistered || state == ModelState::kFailed || detached) TryAdmit(model);
+  if (state == ModelState::kRegistered || state == ModelState::kFailed || detached ||
+      state == ModelState::kParked) {
+    TryAdmit(model);
+  }
   // loading: the waiters ride on that load; unloading: reloaded when the unload completes;
   // ready: DrainReady serves them.
 }
@@ -48,7 +51,10 @@ void Daemon::TryAdmit(uint32_t model) {
     if (worker == shm::kNil) return wait();
     return StartAttach(model, worker);
   }
-  if (state != ModelState::kRegistered && state != ModelState::kFailed) return;
+  if (state != ModelState::kRegistered && state != ModelState::kFailed &&
+      state != ModelState::kParked) {
+    return;
+  }
   if (state == ModelState::kFailed) {
     if (MonotonicMillis() < runtime_[model].failed_until_ms) {
       FailWaiters(model, FailedStatus(model));
@@ -74,6 +80,7 @@ void Daemon::TryAdmit(uint32_t model) {
   switch (plan.kind) {
     case AdmissionPlan::Kind::kAdmit: {
       uint32_t worker = PickWorkerForLoad(workers_->Loads(worker_models_, worker_outstanding_));
+      if (worker != shm::kNil && state == ModelState::kParked) return StartUnpark(model, worker, bytes);
       if (worker != shm::kNil) return StartLoad(model, worker, bytes);
       if (!workers_->AnyCanServe()) {
         FailWaiters(model, Error(Code::kUnavailable,
@@ -88,8 +95,8 @@ void Daemon::TryAdmit(uint32_t model) {
       for (uint32_t victim : plan.victims) {
         spdlog::info("evicting \"{}\" to make room for \"{}\"", index_->Get(victim).name,
                      index_->Get(model).name);
-        StartUnload(victim, /*eviction=*/true);
-        freed_now = freed_now || index_->State(victim) != ModelState::kUnloading;
+        Release(victim, /*eviction=*/true);
+        freed_now = freed_now || !shm::OnDevice(index_->State(victim));
       }
       // Detached victims are released at once (no worker to ask): plan again with the room made.
       if (freed_now) return TryAdmit(model);
@@ -111,6 +118,9 @@ void Daemon::RetryPending() {
   pending.swap(pending_admission_);
   for (uint32_t model : pending) TryAdmit(model);
   retrying_ = false;
+  for (uint32_t model : index_->LruOrder()) {
+    if (runtime_[model].replica_slots.size() < runtime_[model].target_replicas) GrowReplicas(model);
+  }
 }
 
 void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
@@ -176,9 +186,13 @@ void Daemon::GrowReplicas(uint32_t model) {
     if (worker == shm::kNil) return;  // fewer workers than replicas: on_ready grows it later
     uint64_t budget = index_->DeviceBudget();
     if (budget != 0 && index_->DeviceUsed(0) + rt.workspace_bytes > budget) {
-      spdlog::info("\"{}\": no room for the workspace of another replica ({} of {})",
-                   index_->Get(model).name, busy.size(), rt.target_replicas);
-      return;
+      // Room for the replica's workspace comes like room for a load: idle models LRU first.
+      PoolLimits bytes_only;
+      AdmissionPlan plan = PlanAdmission(*index_, model, /*device=*/0, rt.workspace_bytes, bytes_only);
+      if (plan.kind == AdmissionPlan::Kind::kEvict) {
+        for (uint32_t victim : plan.victims) Release(victim, /*eviction=*/true);
+      }
+      if (index_->DeviceUsed(0) + rt.workspace_bytes > budget) return;  // RetryPending grows it
     }
     StartAttach(model, worker, /*extra_replica=*/true);
     busy.push_back(worker);
@@ -195,6 +209,27 @@ void Daemon::FinishUnload(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   rt.replica_slots.clear();
   rt.unloads_pending = 0;
+  bool parked = rt.parking && rt.park_fd >= 0 && index_->State(model) == ModelState::kUnloading;
+  rt.parking = false;
+  if (parked) {
+    index_->MarkParked(model);
+    spdlog::info("\"{}\" parked ({} in host memory)", index_->Get(model).name,
+                 FormatBytes(index_->Get(model).weight_bytes));
+    std::vector<Call> waiters;
+    waiters.swap(rt.unload_waiters);
+    for (const Call& call : waiters) {
+      v1::Envelope reply;
+      reply.mutable_unload_reply()->set_model(index_->Get(model).name);
+      Answer(call, std::move(reply));
+    }
+    AnswerBulk(model);
+    if (!rt.waiters.empty()) EnsureLoading(model);
+    return;
+  }
+  if (rt.park_fd >= 0) {
+    close(rt.park_fd);
+    rt.park_fd = -1;
+  }
   // A model failed while its unload was under way ends failed, not registered.
   bool failed = rt.failed_until_ms > MonotonicMillis();
   index_->MarkNotResident(model, failed ? ModelState::kFailed : ModelState::kRegistered,
@@ -206,7 +241,101 @@ void Daemon::FinishUnload(uint32_t model) {
     reply.mutable_unload_reply()->set_model(index_->Get(model).name);
     Answer(call, std::move(reply));
   }
+  AnswerBulk(model);
   if (!rt.waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
+}
+
+void Daemon::AnswerBulk(uint32_t model) {
+  std::vector<uint64_t> ids;
+  ids.swap(runtime_[model].bulk);
+  bool parked = index_->State(model) == ModelState::kParked;
+  for (uint64_t id : ids) {
+    auto it = bulk_unloads_.find(id);
+    if (it == bulk_unloads_.end()) continue;
+    it->second.parked += parked ? 1 : 0;
+    if (--it->second.remaining > 0) continue;
+    v1::Envelope reply;
+    reply.mutable_unload_reply()->set_model(fmt::format("{} model(s), {} parked", it->second.total,
+                                                        it->second.parked));
+    Answer(it->second.call, std::move(reply));
+    bulk_unloads_.erase(it);
+  }
+}
+
+bool Daemon::CanPark(uint32_t model) const {
+  const ModelRuntime& rt = runtime_[model];
+  uint64_t weights = index_->Get(model).weight_bytes;
+  return rt.weights_fd >= 0 && weights > 0 && index_->ParkBudget() != 0 &&
+         index_->ParkUsed() + weights <= index_->ParkBudget();
+}
+
+void Daemon::Release(uint32_t model, bool eviction) {
+  if (index_->State(model) != ModelState::kReady) return;
+  runtime_[model].parking = CanPark(model) && !runtime_[model].replica_slots.empty();
+  StartUnload(model, eviction);
+}
+
+void Daemon::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
+  const shm::ModelRecord& r = index_->Get(model);
+  ModelRuntime& rt = runtime_[model];
+  index_->MarkUnparking(model, worker, bytes);
+  worker_models_[worker]++;
+  Job job;
+  job.kind = Job::Kind::kLoad;
+  job.attach = true;
+  job.unpark = true;
+  job.worker = worker;
+  job.model = model;
+  uint64_t id = NewJob(std::move(job));
+  v1::WorkerEnvelope message;
+  v1::WorkerAttach* attach = message.mutable_attach();
+  attach->set_job(id);
+  attach->set_model(model);
+  attach->set_name(r.name);
+  attach->set_engine(r.engine);
+  attach->set_path(r.path);
+  attach->set_header(rt.header);
+  attach->set_file_size(rt.file_size);
+  attach->set_weight_bytes(r.weight_bytes);
+  attach->set_copy(true);
+  spdlog::info("unparking \"{}\" on worker {}", r.name, worker);
+  workers_->Send(worker, message, {rt.park_fd});
+}
+
+void Daemon::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int copy_fd) {
+  ModelRuntime& rt = runtime_[job.model];
+  if (done.has_error() || copy_fd < 0) {
+    spdlog::warn("parking \"{}\" failed ({}); dropping it instead", index_->Get(job.model).name,
+                 done.error().message());
+    rt.parking = false;
+    if (copy_fd >= 0) close(copy_fd);
+    return;
+  }
+  if (rt.park_fd >= 0) close(rt.park_fd);
+  rt.park_fd = copy_fd;
+}
+
+void Daemon::EnforceMaxCached(uint32_t keep) {
+  if (config_.max_cached == 0) return;
+  std::vector<uint32_t> lru = index_->LruOrder();
+  size_t cached = lru.size();
+  // Parked entries first, least recently used first, never the one just (re)loaded.
+  for (uint32_t model : lru) {
+    if (cached <= config_.max_cached) return;
+    if (model == keep || index_->State(model) != ModelState::kParked || index_->Get(model).pinned) continue;
+    if (runtime_[model].park_fd >= 0) close(runtime_[model].park_fd);
+    runtime_[model].park_fd = -1;
+    index_->MarkNotResident(model, ModelState::kRegistered, "");
+    cached--;
+  }
+  for (uint32_t model : lru) {
+    if (cached <= config_.max_cached) return;
+    const shm::ModelRecord& r = index_->Get(model);
+    if (model == keep || index_->State(model) != ModelState::kReady || r.inflight != 0 || r.pinned) continue;
+    runtime_[model].parking = false;  // max_cached counts parked copies too: drop
+    StartUnload(model, /*eviction=*/true);
+    cached--;
+  }
 }
 
 void Daemon::StartUnload(uint32_t model, bool eviction) {
@@ -227,6 +356,20 @@ void Daemon::StartUnload(uint32_t model, bool eviction) {
 void Daemon::SendUnload(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   rt.unload_when_idle = false;
+  if (rt.parking && !rt.replica_slots.empty()) {
+    // The primary copies the weights to host memory before it lets go of them: its channel
+    // carries the park ahead of its unload.
+    Job job;
+    job.kind = Job::Kind::kPark;
+    job.worker = rt.replica_slots.front();
+    job.model = model;
+    uint32_t worker = job.worker;
+    uint64_t id = NewJob(std::move(job));
+    v1::WorkerEnvelope message;
+    message.mutable_park()->set_job(id);
+    message.mutable_park()->set_model(model);
+    workers_->Send(worker, message);
+  }
   // Every replica lets go of its mapping; the weights go when the last one has.
   for (uint32_t worker : rt.replica_slots) {
     Job job;
@@ -272,6 +415,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
     case v1::WorkerEnvelope::kLoadDone: id = message.load_done().job(); break;
     case v1::WorkerEnvelope::kInferDone: id = message.infer_done().job(); break;
     case v1::WorkerEnvelope::kUnloadDone: id = message.unload_done().job(); break;
+    case v1::WorkerEnvelope::kParkDone: id = message.park_done().job(); break;
     default:
       spdlog::warn("worker {} sent an unexpected message ({})", slot,
                    static_cast<int>(message.body_case()));
@@ -293,6 +437,10 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
     case Job::Kind::kLoad: OnLoadDone(job, message.load_done(), weights_fd); break;
     case Job::Kind::kInfer: OnInferDone(job, *message.mutable_infer_done()); break;
     case Job::Kind::kUnload: OnUnloadDone(job); break;
+    case Job::Kind::kPark:
+      OnParkDone(job, message.park_done(),
+                 message.park_done().copy_shared() ? workers_->TakeFd(slot) : -1);
+      break;
   }
 }
 
@@ -335,6 +483,8 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
     spdlog::warn("attaching \"{}\" failed ({}); loading it from its file", name, done.error().message());
     worker_models_[job.worker]--;
     DropWeights(model);
+    if (rt.park_fd >= 0) close(rt.park_fd);
+    rt.park_fd = -1;
     index_->MarkNotResident(model, ModelState::kRegistered, done.error().message());
     EnsureLoading(model);
     RetryPending();
@@ -363,6 +513,10 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   if (weights_fd >= 0) {
     DropWeights(model);
     rt.weights_fd = weights_fd;
+  }
+  if (job.unpark && rt.park_fd >= 0) {
+    close(rt.park_fd);  // back on the device: the host copy goes
+    rt.park_fd = -1;
   }
   rt.last_error.clear();
   rt.workspace_bytes = done.workspace_bytes();
@@ -405,6 +559,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   rt.waiters.swap(rest);
   DrainReady(model);
   GrowReplicas(model);
+  EnforceMaxCached(model);
   RetryPending();
 }
 

@@ -43,7 +43,10 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
     // oldest load (its load thread takes them one by one) and an unload at the head of its
     // serving thread's queue. Requests merely queued behind them are not blamed.
     if (killers.empty() && job.kind == Job::Kind::kLoad && !saw_load) suspects.push_back(job.model);
-    if (killers.empty() && job.kind == Job::Kind::kUnload && !saw_serving) suspects.push_back(job.model);
+    if (killers.empty() && (job.kind == Job::Kind::kUnload || job.kind == Job::Kind::kPark) &&
+        !saw_serving) {
+      suspects.push_back(job.model);
+    }
     saw_load = saw_load || job.kind == Job::Kind::kLoad;
     saw_serving = saw_serving || job.kind != Job::Kind::kLoad;
     if (job.kind != Job::Kind::kInfer) continue;  // loads and unloads: handled with the models below
@@ -76,6 +79,8 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
       // Its unload there went with the process (the mapping too).
       rt.unloads_pending -= std::min(rt.unloads_pending, unloads_lost[model]);
       if (rt.unloads_pending == 0) FinishUnload(model);
+    } else if (state == ModelState::kLoading && rt.park_fd >= 0) {
+      index_->MarkParked(model);  // an unpark that died: the host copy is still ours
     } else if (!rt.replica_slots.empty()) {
       // Other replicas still serve it from the same weights.
       index_->RemoveReplica(model, rt.workspace_bytes, rt.replica_slots.front());
@@ -195,10 +200,12 @@ void Daemon::SweepDeadlines() {
         break;
       case Job::Kind::kLoad:
       case Job::Kind::kUnload:
+      case Job::Kind::kPark:
         if (head && now - since > config_.load_stall_ms) {
           to_kill.emplace_back(job.worker, fmt::format("{} of \"{}\" made no progress for {} ms",
-                                                       job.kind == Job::Kind::kLoad ? "loading"
-                                                                                    : "unloading",
+                                                       job.kind == Job::Kind::kLoad     ? "loading"
+                                                       : job.kind == Job::Kind::kPark ? "parking"
+                                                                                        : "unloading",
                                                        name, now - since));
         }
         break;

@@ -34,7 +34,7 @@ void Daemon::OnRequest(uint64_t session, v1::Envelope&& request) {
   }
   switch (request.body_case()) {
     case v1::Envelope::kLoad: HandleLoad(call, request.load()); break;
-    case v1::Envelope::kUnload: HandleUnload(call, request.unload().model()); break;
+    case v1::Envelope::kUnload: HandleUnload(call, request.unload()); break;
     case v1::Envelope::kInfer: HandleInfer(call, std::move(*request.mutable_infer())); break;
     case v1::Envelope::kModels: Answer(call, ModelsSnapshot()); break;
     case v1::Envelope::kPs: Answer(call, PsSnapshot()); break;
@@ -95,13 +95,66 @@ void Daemon::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   Enqueue(model, Waiter{call, false, {}, 0, 0});
 }
 
-void Daemon::HandleUnload(const Call& call, const std::string& name) {
+void Daemon::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
+  if (request.all()) {
+    // Every ready model, parked where the park budget allows; one reply when all are done.
+    uint64_t id = next_bulk_++;
+    BulkUnload bulk{call, 0, 0, 0};
+    for (uint32_t model : index_->LruOrder()) {
+      if (index_->State(model) != ModelState::kReady) continue;
+      runtime_[model].bulk.push_back(id);
+      bulk.remaining++;
+      bulk.total++;
+    }
+    if (bulk.total == 0) {
+      v1::Envelope reply;
+      reply.mutable_unload_reply()->set_model("0 model(s), 0 parked");
+      return Answer(call, std::move(reply));
+    }
+    bulk_unloads_.emplace(id, bulk);
+    for (uint32_t model : index_->LruOrder()) {
+      if (index_->State(model) == ModelState::kReady) Release(model, /*eviction=*/false);
+    }
+    return;
+  }
+  const std::string& name = request.model();
   uint32_t model = index_->Find(name);
   if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
   switch (index_->State(model)) {
     case ModelState::kReady:
       runtime_[model].unload_waiters.push_back(call);
-      StartUnload(model, /*eviction=*/false);
+      if (request.park()) {
+        if (!CanPark(model) || runtime_[model].replica_slots.empty()) {
+          runtime_[model].unload_waiters.pop_back();
+          return AnswerError(call, Error(Code::kFailedPrecondition,
+                                         "model \"{}\" cannot be parked: {} (set [pool] park_budget, "
+                                         "or unload without --park)",
+                                         name,
+                                         index_->ParkBudget() == 0 ? "parking is disabled"
+                                         : runtime_[model].weights_fd < 0
+                                             ? "it has no weights to park"
+                                             : "the park budget is full"));
+        }
+        Release(model, /*eviction=*/false);
+      } else {
+        StartUnload(model, /*eviction=*/false);
+      }
+      return;
+    case ModelState::kParked:
+      if (request.park()) {
+        v1::Envelope reply;
+        reply.mutable_unload_reply()->set_model(name);
+        return Answer(call, std::move(reply));
+      }
+      // Dropping the parked copy.
+      if (runtime_[model].park_fd >= 0) close(runtime_[model].park_fd);
+      runtime_[model].park_fd = -1;
+      index_->MarkNotResident(model, ModelState::kRegistered, "");
+      {
+        v1::Envelope reply;
+        reply.mutable_unload_reply()->set_model(name);
+        Answer(call, std::move(reply));
+      }
       return;
     case ModelState::kUnloading:
       runtime_[model].unload_waiters.push_back(call);

@@ -24,7 +24,9 @@ AdmissionPlan PlanAdmission(const shm::ModelIndex& index, uint32_t model, uint32
   uint64_t used = index.DeviceUsed(device);
   // capacity is per device: models resident on other devices take none of this one's slots.
   uint32_t resident = 0;
-  for (uint32_t i : index.LruOrder()) resident += index.Get(i).device == device ? 1 : 0;
+  for (uint32_t i : index.LruOrder()) {
+    resident += index.Get(i).device == device && shm::OnDevice(index.State(i)) ? 1 : 0;
+  }
   auto fits = [&](uint64_t used_now, uint32_t resident_now) {
     bool by_bytes = budget == 0 || used_now + bytes <= budget;
     bool by_count = limits.capacity == 0 || resident_now < limits.capacity;
@@ -55,7 +57,7 @@ AdmissionPlan PlanAdmission(const shm::ModelIndex& index, uint32_t model, uint32
     const shm::ModelRecord& r = index.Get(i);
     if (i == model || r.device != device) continue;
     auto state = static_cast<ModelState>(r.state);
-    if (state == ModelState::kUnloading) continue;
+    if (state == ModelState::kUnloading || state == ModelState::kParked) continue;  // no device bytes
     if (r.pinned) {
       pinned.push_back(r.name);
       continue;

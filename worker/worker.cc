@@ -104,6 +104,7 @@ int Worker::Run() {
       case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
       case v1::WorkerEnvelope::kFaultSet: faults_.Set(message.fault_set()); break;
       case v1::WorkerEnvelope::kAttach: HandleAttach(message.attach(), weights_fd); break;
+      case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
       case v1::WorkerEnvelope::kLoad: {
         std::lock_guard lock(load_mutex_);
         load_queue_.push_back(message.load());
@@ -299,26 +300,84 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
           status = Error(Code::kInternal, "cannot map the shared weights of \"{}\"", request.name());
         }
       }
+      if (status.ok() && request.copy() && region.ptr != nullptr) status = CopyToDevice(region);
       if (status.ok()) {
         faults_.Hit("attach.mid", request.name());  // weights mapped, engine not yet serving
         status = engine->Attach(region);
         if (!status.ok() && region.ptr != nullptr) memory_service_.free(memory_service_.ctx, &region);
       }
+      int shared = -1;
       if (status.ok()) {
         const wp_engine_info& info = engine->info();
         done->set_weight_bytes(info.weight_bytes);
         done->set_workspace_bytes(info.workspace_bytes);
         done->set_in_features(info.in_features);
         done->set_out_features(info.out_features);
+        // Unparked weights live in a new device region: the supervisor holds that one now.
+        if (request.copy() && region.handle >= 0) {
+          shared = region.handle;
+          done->set_weights_shared(true);
+        }
         std::lock_guard lock(models_mutex_);
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
         names_[request.model()] = request.name();
       }
+      if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
+      if (!status.ok()) SetError(done->mutable_error(), status);
+      Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+      return;
     }
   }
-  if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
+  if (weights_fd >= 0) close(weights_fd);
   if (!status.ok()) SetError(done->mutable_error(), status);
   Send(reply);
+}
+
+Status Worker::CopyToDevice(wp_region& region) {
+  wp_region device{nullptr, 0, -1};
+  if (memory_service_.alloc(memory_service_.ctx, region.bytes, &device) != WP_OK) {
+    memory_service_.free(memory_service_.ctx, &region);
+    return Error(Code::kResourceExhausted, "cannot allocate {} bytes of device memory to unpark",
+                 region.bytes);
+  }
+  std::memcpy(device.ptr, region.ptr, region.bytes);
+  memory_service_.free(memory_service_.ctx, &region);  // the host copy's mapping
+  region = device;
+  return OkStatus();
+}
+
+void Worker::HandlePark(const v1::WorkerPark& request) {
+  v1::WorkerEnvelope reply;
+  v1::WorkerParkDone* done = reply.mutable_park_done();
+  done->set_job(request.job());
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard lock(models_mutex_);
+    auto it = models_.find(request.model());
+    if (it != models_.end()) engine = it->second;
+  }
+  int copy = -1;
+  Status status;
+  if (engine == nullptr) {
+    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
+  } else {
+    Result<wp_region> weights = engine->ExportWeights();
+    if (!weights.ok() || weights->ptr == nullptr) {
+      status = Error(Code::kFailedPrecondition, "the model has no weights to park");
+    } else {
+      Result<int> host = HostMemory::CopyToHost(weights->ptr, weights->bytes);
+      if (!host.ok()) status = host.status();
+      else {
+        copy = *host;
+        done->set_bytes(weights->bytes);
+        done->set_copy_shared(true);
+      }
+    }
+  }
+  faults_.Hit("park.mid", ModelName(request.model()));
+  if (!status.ok()) SetError(done->mutable_error(), status);
+  Send(reply, copy >= 0 ? std::vector<int>{copy} : std::vector<int>{});
+  if (copy >= 0) close(copy);  // the supervisor got its own descriptor
 }
 
 }  // namespace warmpool::worker

@@ -49,6 +49,10 @@ class Worker {
   void HandleUnload(const v1::WorkerUnload& request);
   // Serves a model from weights another worker loaded (the supervisor kept their handle).
   void HandleAttach(const v1::WorkerAttach& request, int weights_fd);
+  // Copies a model's weights into host memory (the parked copy) and hands it to the supervisor.
+  void HandlePark(const v1::WorkerPark& request);
+  // Unpark: a fresh device region filled from the imported host copy (which is then unmapped).
+  Status CopyToDevice(wp_region& region);
   void LoadLoop();
   void RunLoad(const v1::WorkerLoad& request);
   void Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});

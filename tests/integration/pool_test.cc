@@ -1,4 +1,6 @@
 // Pool policies: pinning, keep_alive expiry and its exceptions, preload.
+#include <filesystem>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -88,6 +90,81 @@ TEST_F(PoolTest, PreloadLoadsAtStart) {
   EXPECT_EQ(Resident(*client), std::vector<std::string>{"b"});
   EXPECT_NE(DaemonLog().find("preload: model \"missing\" is not registered"), std::string::npos);
   EXPECT_NE(DaemonLog().find("preload complete"), std::string::npos);
+}
+
+std::map<std::string, std::string> States(client::Client& c) {
+  std::map<std::string, std::string> states;
+  auto ps = c.Ps();
+  if (ps.ok()) {
+    for (const auto& m : ps->models()) states[m.name()] = m.state();
+  }
+  return states;
+}
+
+TEST_F(PoolTest, ParkKeepsAHostCopyAndUnparkServesFromIt) {
+  std::string path = MakeModel("m", "32,128,8", "gelu", "bf16", 4);
+  StartDaemon("[pool]\npark_budget = \"64MiB\"\n");
+  auto client = Connect();
+  client::Matrix input = RandomMatrix(2, 32, 4);
+  client::Matrix expected = ReferenceInfer(path, input);
+  ASSERT_TRUE(client->Load("m").ok());
+  std::string out, err;
+  ASSERT_EQ(Cli({"unload", "--park", "m"}, &out, &err), 0) << err;
+  EXPECT_EQ(out, "m parked\n");
+  EXPECT_EQ(States(*client)["m"], "parked");
+  EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), 0u);
+  std::filesystem::remove(path);  // unpark is a memory copy: the file is not needed
+  auto result = client->Infer("m", input);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ExpectNear(expected, *result);
+  EXPECT_EQ(States(*client)["m"], "ready");
+  EXPECT_NE(DaemonLog().find("unparking \"m\""), std::string::npos);
+  // Without a park budget, --park says what to do.
+  ASSERT_EQ(Cli({"unload", "m"}, &out, &err), 0) << err;
+}
+
+TEST_F(PoolTest, ParkWithoutABudgetIsRefusedWithAHint) {
+  MakeModel("m", "8,8");
+  StartDaemon();
+  std::string out, err;
+  ASSERT_EQ(Cli({"load", "m"}, &out, &err), 0) << err;
+  EXPECT_EQ(Cli({"unload", "--park", "m"}, &out, &err), 1);
+  EXPECT_NE(err.find("FAILED_PRECONDITION: model \"m\" cannot be parked: parking is disabled"), std::string::npos) << err;
+}
+
+TEST_F(PoolTest, EvictionParksAndSingleActiveSwitchesByParking) {
+  std::string a = MakeModel("a", "64,256,64", "relu", "f32", 1);
+  std::string b = MakeModel("b", "64,256,64", "relu", "f32", 2);
+  StartDaemon("[pool]\nsingle_active = true\npark_budget = \"64MiB\"\n");
+  auto client = Connect();
+  client::Matrix input = RandomMatrix(1, 64, 9);
+  for (int i = 0; i < 4; i++) {
+    const std::string& path = i % 2 ? b : a;
+    auto out = client->Infer(i % 2 ? "b" : "a", input);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectNear(ReferenceInfer(path, input), *out);
+    auto states = States(*client);
+    EXPECT_EQ(states[i % 2 ? "b" : "a"], "ready");
+    if (i > 0) EXPECT_EQ(states[i % 2 ? "a" : "b"], "parked");
+  }
+  EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), AccountedBytes(b));
+}
+
+TEST_F(PoolTest, UnloadAllParksAndMaxCachedDropsTheOldestParked) {
+  MakeModel("a", "8,8", "none", "f32", 1);
+  MakeModel("b", "8,8", "none", "f32", 2);
+  MakeModel("c", "8,8", "none", "f32", 3);
+  StartDaemon("[pool]\npark_budget = \"64MiB\"\nmax_cached = 2\n");
+  auto client = Connect();
+  ASSERT_TRUE(client->Load("a").ok());
+  ASSERT_TRUE(client->Load("b").ok());
+  std::string out, err;
+  ASSERT_EQ(Cli({"unload", "--all"}, &out, &err), 0) << err;
+  EXPECT_EQ(out, "unloaded 2 model(s), 2 parked\n");
+  EXPECT_EQ(States(*client), (std::map<std::string, std::string>{{"a", "parked"}, {"b", "parked"}}));
+  // A third cached entry: the least recently used parked one (a) goes.
+  ASSERT_TRUE(client->Load("c").ok());
+  EXPECT_EQ(States(*client), (std::map<std::string, std::string>{{"b", "parked"}, {"c", "ready"}}));
 }
 
 }  // namespace

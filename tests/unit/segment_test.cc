@@ -28,8 +28,8 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
-  EXPECT_STREQ(kLayoutString, "warmpool-shm-v1:hdr192:model512:worker64:inflight32");
-  EXPECT_EQ(kLayoutVersion, 1u);
+  EXPECT_STREQ(kLayoutString, "warmpool-shm-v2:hdr192:model512:worker64:inflight32:park");
+  EXPECT_EQ(kLayoutVersion, 2u);
   EXPECT_EQ(std::string(kMagic, 8), "WARMPOOL");
   EXPECT_EQ(kNil, 0xFFFFFFFFu);
 }
@@ -99,7 +99,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   ASSERT_TRUE(v.valid());
   const SegmentHeader& h = v.header();
   EXPECT_EQ(std::memcmp(h.magic, "WARMPOOL", 8), 0);
-  EXPECT_EQ(h.layout_version, 1u);
+  EXPECT_EQ(h.layout_version, kLayoutVersion);
   EXPECT_EQ(h.header_size, 192u);
   EXPECT_EQ(h.segment_size, 2624u);
   EXPECT_EQ(h.max_models, 4u);
@@ -196,10 +196,12 @@ TEST_F(SegmentViewTest, AttachRefusesBadMagic) {
 
 TEST_F(SegmentViewTest, AttachRefusesOtherLayoutVersion) {
   SegmentView v = MustFormat();
-  v.header().layout_version = 2;
+  v.header().layout_version = kLayoutVersion + 1;
   Status s = AttachStatus(bytes_);
   EXPECT_EQ(s.code(), Code::kFailedPrecondition);
-  EXPECT_TRUE(Contains(s.message(), "made by layout 2, this binary expects 1")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), fmt::format("made by layout {}, this binary expects {}",
+                                                kLayoutVersion + 1, kLayoutVersion)))
+      << s.message();
   EXPECT_TRUE(Contains(s.message(), "stop the old daemon or use binaries of the same version"))
       << s.message();
 
