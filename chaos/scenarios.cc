@@ -162,6 +162,28 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
   checks.Expect(replicas() == 2, "the respawned worker is a replica again");
 }
 
+void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
+  const ModelUnderTest& victim = h.victim(index);
+  uint32_t restarts = h.TotalRestarts();
+  checks.Expect(Load(h, victim.name).ok(), "victim loaded");
+  auto client = h.Connect();
+  if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
+  v1::Envelope park;
+  park.mutable_unload()->set_model(victim.name);
+  park.mutable_unload()->set_park(true);
+  checks.Expect((*client)->Call(std::move(park)).ok(), "victim parked");
+  // The unpark copies the host copy into device memory on a worker, which dies before serving:
+  // the host copy is still the supervisor's, and the retry unparks again.
+  checks.Expect(h.ArmFault("attach.mid", "kill", victim.name).ok(), "fault armed");
+  Bystander bystander(h);
+  Traffic traffic(h, TrafficSpec{&victim, 2, 6, 2, 4, 0, {}, false, index});
+  traffic.Start();
+  ExpectTraffic(checks, "victim through a crashed unpark", traffic.Join());
+  bystander.Finish(checks);
+  (void)h.ClearFaults();
+  checks.Expect(h.TotalRestarts() > restarts, "the worker that crashed mid-unpark was replaced");
+}
+
 void CrashLoopScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   checks.Expect(Load(h, victim.name).ok(), "victim loaded");
@@ -293,6 +315,7 @@ std::vector<Scenario> AllScenarios() {
     }
   }
   all.push_back({"replica crash while its sibling serves", false, ReplicaCrashScenario});
+  all.push_back({"crash during unpark", true, UnparkCrashScenario});
   all.push_back({"crash loop to failed, cooldown, recovery", false, CrashLoopScenario});
   all.push_back({"malformed model files", true, MalformedModelsScenario});
   all.push_back({"budget exhaustion under load", true, BudgetScenario});
