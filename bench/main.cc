@@ -405,8 +405,8 @@ int main(int argc, char** argv) {
                "instead: recovery after SIGKILL of a busy worker serving a dense model, against a "
                "warm load from the page cache (see bench/recovery.h)");
   app.add_flag("--sharing", options.sharing,
-               "instead: supervisor-held weights: cold load vs cat, replica attach time and PSS of "
-               "4 replicas, per model size (see bench/sharing.h)");
+               "instead: supervisor-held weights: cold load vs cat, replica attach time, PSS of "
+               "4 replicas and unpark vs memcpy, per model size (see bench/sharing.h)");
   app.add_option("--sizes-mib", options.sizes_mib, "--sharing: model sizes, MiB of f32 weights")
       ->delimiter(',')
       ->capture_default_str()
@@ -420,8 +420,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI::Option* iterations =
       app.add_option("--iterations", options.iterations,
-                     "--recovery: kills (and baseline loads); --sharing: cat + load pairs and "
-                     "attach sequences per size (default 10 there)")
+                     "--recovery: kills (and baseline loads); --sharing: cat + load pairs, attach "
+                     "sequences and unparks per size (default 10 there)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
   app.add_option("--model-mib", options.model_mib, "--recovery: MiB of f32 weights in the model")

@@ -6,7 +6,12 @@
 //   2. replica attach: LoadRequest with replicas = 2, 3, 4 on a model with one replica, timed from
 //      the request until `ps` shows the new replica count (ps polled in a tight loop);
 //   3. the proportional set size (smaps_rollup Pss) of the four workers once all four replicas have
-//      served inferences (so every worker has touched the weights), against one copy of the file.
+//      served inferences (so every worker has touched the weights), against one copy of the file;
+//   4. unpark: with [pool] park_budget set (twice the largest model), a load (replicas = 1) of the
+//      model after `unload --park`, timed request to reply and confirmed by the daemon's
+//      'unparking "NAME"' log line, against memcpy of the weight bytes into a freshly mapped buffer
+//      (the copy faults its pages in), into a fresh memfd region, and into a reused, faulted
+//      buffer, as throughput ratios.
 // Like the other modes it reports numbers against the targets of issue 4 and asserts nothing.
 #pragma once
 
@@ -20,7 +25,7 @@ struct SharingOptions {
   std::string daemon;                       // warmpoold binary; empty: next to warmpool-bench
   std::string backend = "host";             // warmpoold --backend
   std::vector<uint64_t> sizes_mib = {16, 1024};  // f32 weights of each generated model
-  uint32_t iterations = 10;                 // cat + load pairs, and attach sequences, per size
+  uint32_t iterations = 10;                 // per size: cat + load pairs, attaches, unparks
   uint32_t poll_us = 50;                    // sleep between two ps polls while waiting for a replica
   // Input and output width of the generated MLP (in -> hidden -> out, hidden sized to the file);
   // 0: square, in = out ~ hidden. The dense engine's per-replica workspace is two buffers of

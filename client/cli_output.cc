@@ -91,13 +91,18 @@ json StatusJson(const v1::StatusReply& reply) {
                        {"state", w.state()}, {"restarts", w.restarts()},
                        {"last_exit", w.last_exit().empty() ? json(nullptr) : json(w.last_exit())}});
   }
+  json loading = json::array();
+  for (const v1::PsEntry& e : reply.loading()) {
+    loading.push_back({{"name", e.name()}, {"loaded_bytes", e.loaded_bytes()},
+                       {"weight_bytes", e.weight_bytes()}});
+  }
   json failed = json::array();
   for (const v1::ModelInfo& m : reply.failed()) {
     failed.push_back({{"name", m.name()}, {"error", m.last_error()}, {"retry_in_ms", m.retry_in_ms()}});
   }
   return {{"version", reply.version()}, {"backend", reply.backend()}, {"devices", devices},
           {"workers", workers}, {"inflight", reply.inflight()}, {"queued", reply.queued()},
-          {"failed", failed}, {"fault_injection", reply.fault_injection()}};
+          {"failed", failed}, {"fault_injection", reply.fault_injection()}, {"loading", loading}};
 }
 
 json MatrixJson(const client::Matrix& m) {
@@ -160,6 +165,11 @@ std::string StatusText(const v1::StatusReply& reply) {
     }
     out += "\n" + Table(failed);
   }
+  for (const v1::PsEntry& e : reply.loading()) {
+    out += fmt::format("\nloading {}: {} of {}", e.name(), FormatBytes(e.loaded_bytes()),
+                       FormatBytes(e.weight_bytes()));
+  }
+  if (reply.loading_size() > 0) out += "\n";
   if (reply.fault_injection()) out += "\nfault injection is ENABLED\n";
   return out;
 }

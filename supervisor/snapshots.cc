@@ -94,6 +94,14 @@ v1::Envelope Daemon::StatusSnapshot() const {
   status->set_inflight(inflight);
   status->set_queued(queued_);
   status->set_fault_injection(config_.enable_fault_injection);
+  for (uint32_t i : index_->LruOrder()) {
+    if (index_->State(i) != ModelState::kLoading) continue;
+    v1::PsEntry* e = status->add_loading();
+    e->set_name(index_->Get(i).name);
+    e->set_state("loading");
+    e->set_loaded_bytes(index_->Get(i).loaded_bytes);
+    e->set_weight_bytes(index_->Get(i).weight_bytes);
+  }
   for (uint32_t i : index_->All()) {
     if (index_->State(i) != ModelState::kFailed) continue;
     v1::ModelInfo* f = status->add_failed();
