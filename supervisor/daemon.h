@@ -141,6 +141,7 @@ class Daemon {
   void OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weights_fd);
   void OnUnloadDone(const Job& job);
   void StartAttach(uint32_t model, uint32_t worker, bool extra_replica = false);
+  void SendAttach(uint32_t model, uint32_t worker, bool extra_replica, bool unpark);
   // Attaches more workers until the model has its target number of replicas (as room allows).
   void GrowReplicas(uint32_t model);
   // The replica with the least outstanding work, or kNil when none has room.

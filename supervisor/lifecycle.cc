@@ -145,17 +145,25 @@ void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
 }
 
 void Daemon::StartAttach(uint32_t model, uint32_t worker, bool extra_replica) {
+  if (!extra_replica) index_->MarkAttaching(model, worker);  // an extra replica: still ready
+  spdlog::info("attaching the resident weights of \"{}\" to worker {}", index_->Get(model).name, worker);
+  SendAttach(model, worker, extra_replica, /*unpark=*/false);
+}
+
+void Daemon::SendAttach(uint32_t model, uint32_t worker, bool extra_replica, bool unpark) {
   const shm::ModelRecord& r = index_->Get(model);
   const ModelRuntime& rt = runtime_[model];
-  if (!extra_replica) index_->MarkAttaching(model, worker);  // an extra replica: still ready
   worker_models_[worker]++;
   Job job;
   job.kind = Job::Kind::kLoad;
   job.attach = true;
   job.extra_replica = extra_replica;
+  job.unpark = unpark;
   job.worker = worker;
   job.model = model;
   uint64_t id = NewJob(std::move(job));
+  // The region travels with the frame: the device weights, or for an unpark the host copy.
+  int region = unpark ? rt.park_fd : rt.weights_fd;
   v1::WorkerEnvelope message;
   v1::WorkerAttach* attach = message.mutable_attach();
   attach->set_job(id);
@@ -165,9 +173,9 @@ void Daemon::StartAttach(uint32_t model, uint32_t worker, bool extra_replica) {
   attach->set_path(r.path);
   attach->set_header(rt.header);
   attach->set_file_size(rt.file_size);
-  attach->set_weight_bytes(rt.weights_fd >= 0 ? r.weight_bytes : 0);
-  spdlog::info("attaching the resident weights of \"{}\" to worker {}", r.name, worker);
-  workers_->Send(worker, message, rt.weights_fd >= 0 ? std::vector<int>{rt.weights_fd} : std::vector<int>{});
+  attach->set_weight_bytes(region >= 0 ? r.weight_bytes : 0);
+  attach->set_copy(unpark);
+  workers_->Send(worker, message, region >= 0 ? std::vector<int>{region} : std::vector<int>{});
 }
 
 void Daemon::GrowReplicas(uint32_t model) {
@@ -276,30 +284,9 @@ void Daemon::Release(uint32_t model, bool eviction) {
 }
 
 void Daemon::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
-  const shm::ModelRecord& r = index_->Get(model);
-  ModelRuntime& rt = runtime_[model];
   index_->MarkUnparking(model, worker, bytes);
-  worker_models_[worker]++;
-  Job job;
-  job.kind = Job::Kind::kLoad;
-  job.attach = true;
-  job.unpark = true;
-  job.worker = worker;
-  job.model = model;
-  uint64_t id = NewJob(std::move(job));
-  v1::WorkerEnvelope message;
-  v1::WorkerAttach* attach = message.mutable_attach();
-  attach->set_job(id);
-  attach->set_model(model);
-  attach->set_name(r.name);
-  attach->set_engine(r.engine);
-  attach->set_path(r.path);
-  attach->set_header(rt.header);
-  attach->set_file_size(rt.file_size);
-  attach->set_weight_bytes(r.weight_bytes);
-  attach->set_copy(true);
-  spdlog::info("unparking \"{}\" on worker {}", r.name, worker);
-  workers_->Send(worker, message, {rt.park_fd});
+  spdlog::info("unparking \"{}\" on worker {}", index_->Get(model).name, worker);
+  SendAttach(model, worker, /*extra_replica=*/false, /*unpark=*/true);
 }
 
 void Daemon::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int copy_fd) {
