@@ -79,6 +79,8 @@ class Daemon {
     uint32_t crashes = 0;
     v1::InferRequest request;   // infer: kept so that the request can be retried on another worker
   };
+  // A worker runs file loads on its load thread, everything else in order on its serving thread.
+  static bool OnLoadThread(const Job& job) { return job.kind == Job::Kind::kLoad && !job.attach; }
   // Process-local companions of a model record.
   struct ModelRuntime {
     std::deque<Waiter> waiters;

@@ -418,8 +418,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   jobs_.erase(it);
   worker_outstanding_[slot]--;
   worker_pending_bytes_[slot] -= job.bytes;
-  (job.kind == Job::Kind::kLoad ? worker_load_done_ms_ : worker_serving_done_ms_)[slot] =
-      MonotonicMillis();
+  (OnLoadThread(job) ? worker_load_done_ms_ : worker_serving_done_ms_)[slot] = MonotonicMillis();
   switch (job.kind) {
     case Job::Kind::kLoad: OnLoadDone(job, message.load_done(), weights_fd); break;
     case Job::Kind::kInfer: OnInferDone(job, *message.mutable_infer_done()); break;

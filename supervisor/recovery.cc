@@ -14,8 +14,8 @@ namespace warmpool::supervisor {
 using shm::ModelState;
 
 void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why) {
-  // The in-flight markers say which requests the worker was running when it died: those requests
-  // (and their models) are the suspects; requests merely queued behind them are innocent.
+  // The in-flight markers say which jobs the worker was running when it died: those jobs (and
+  // their models) are the suspects; jobs merely queued behind them are innocent.
   std::vector<shm::InflightSlot> taken;
   inflight_->Reclaim(static_cast<uint16_t>(slot), generation, &taken);
   std::vector<uint64_t> killers;
@@ -29,26 +29,18 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
   }
   std::sort(ids.begin(), ids.end());  // job order is arrival order: retries keep it
   std::vector<std::pair<uint32_t, Waiter>> retries;
-  bool saw_load = false, saw_serving = false;
   std::map<uint32_t, uint32_t> unloads_lost;  // unload jobs that died with the worker, per model
   for (uint64_t id : ids) {
     Job job = std::move(jobs_[id]);
     jobs_.erase(id);
     worker_outstanding_[slot]--;
     worker_pending_bytes_[slot] -= job.bytes;
+    // Workers mark every job they run (inference, load, attach, unload, park) in the in-flight
+    // table: a marked job was running when the process died, and only its model is blamed. Jobs
+    // merely queued behind it are innocent.
     bool killer = std::find(killers.begin(), killers.end(), id) != killers.end();
     if (job.kind == Job::Kind::kUnload) unloads_lost[job.model]++;
     if (killer) suspects.push_back(job.model);
-    // Without a marker, the suspects are what each of the worker's two threads was running: the
-    // oldest load (its load thread takes them one by one) and an unload at the head of its
-    // serving thread's queue. Requests merely queued behind them are not blamed.
-    if (killers.empty() && job.kind == Job::Kind::kLoad && !saw_load) suspects.push_back(job.model);
-    if (killers.empty() && (job.kind == Job::Kind::kUnload || job.kind == Job::Kind::kPark) &&
-        !saw_serving) {
-      suspects.push_back(job.model);
-    }
-    saw_load = saw_load || job.kind == Job::Kind::kLoad;
-    saw_serving = saw_serving || job.kind != Job::Kind::kLoad;
     if (job.kind != Job::Kind::kInfer) continue;  // loads and unloads: handled with the models below
     index_->Update(job.model, [](shm::ModelRecord& r) { r.inflight--; });
     if (job.answered) continue;  // already told DEADLINE_EXCEEDED
@@ -174,15 +166,14 @@ void Daemon::SweepDeadlines() {
   // clock starts no earlier than the moment the job before it finished.
   std::vector<uint64_t> head_load(workers_->size(), UINT64_MAX), head_serving(workers_->size(), UINT64_MAX);
   for (const auto& [id, job] : jobs_) {
-    uint64_t& head = job.kind == Job::Kind::kLoad ? head_load[job.worker] : head_serving[job.worker];
+    uint64_t& head = OnLoadThread(job) ? head_load[job.worker] : head_serving[job.worker];
     head = std::min(head, id);
   }
   for (auto& [id, job] : jobs_) {
     const std::string& name = index_->Get(job.model).name;
-    uint64_t since = std::max(job.progress_ms, job.kind == Job::Kind::kLoad
-                                                   ? worker_load_done_ms_[job.worker]
-                                                   : worker_serving_done_ms_[job.worker]);
-    bool head = id == (job.kind == Job::Kind::kLoad ? head_load[job.worker] : head_serving[job.worker]);
+    uint64_t since = std::max(job.progress_ms, OnLoadThread(job) ? worker_load_done_ms_[job.worker]
+                                                                 : worker_serving_done_ms_[job.worker]);
+    bool head = id == (OnLoadThread(job) ? head_load[job.worker] : head_serving[job.worker]);
     switch (job.kind) {
       case Job::Kind::kInfer:
         if (job.deadline_ms == 0 || now <= job.deadline_ms) break;

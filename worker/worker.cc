@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -176,7 +177,17 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
   Send(reply);
 }
 
+Worker::JobMark::JobMark(Worker& worker, uint64_t job, uint32_t model)
+    : worker_(worker),
+      slot_(worker.inflight_->Take(worker.options_.generation, worker.options_.slot, job, model,
+                                   UnixNanos(), worker.options_.slot * 16)) {}
+
+Worker::JobMark::~JobMark() {
+  if (slot_.ok()) worker_.inflight_->Release(*slot_, worker_.options_.generation, worker_.options_.slot);
+}
+
 void Worker::HandleUnload(const v1::WorkerUnload& request) {
+  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard lock(models_mutex_);
@@ -192,6 +203,7 @@ void Worker::HandleUnload(const v1::WorkerUnload& request) {
     names_.erase(request.model());
   }
   engine.reset();  // closes the engine: its regions go back to the memory service
+  mark.reset();
   v1::WorkerEnvelope reply;
   reply.mutable_unload_done()->set_job(request.job());
   Send(reply);
@@ -212,6 +224,7 @@ void Worker::LoadLoop() {
 }
 
 void Worker::RunLoad(const v1::WorkerLoad& request) {
+  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
@@ -270,11 +283,13 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
     }
   }
   if (!status.ok()) SetError(done->mutable_error(), status);
+  mark.reset();
   // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
   Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
 }
 
 void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
+  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
@@ -324,12 +339,14 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
       }
       if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
       if (!status.ok()) SetError(done->mutable_error(), status);
+      mark.reset();
       Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
       return;
     }
   }
   if (weights_fd >= 0) close(weights_fd);
   if (!status.ok()) SetError(done->mutable_error(), status);
+  mark.reset();
   Send(reply);
 }
 
@@ -347,6 +364,7 @@ Status Worker::CopyToDevice(wp_region& region) {
 }
 
 void Worker::HandlePark(const v1::WorkerPark& request) {
+  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
   v1::WorkerEnvelope reply;
   v1::WorkerParkDone* done = reply.mutable_park_done();
   done->set_job(request.job());
@@ -376,6 +394,7 @@ void Worker::HandlePark(const v1::WorkerPark& request) {
   }
   faults_.Hit("park.mid", ModelName(request.model()));
   if (!status.ok()) SetError(done->mutable_error(), status);
+  mark.reset();
   Send(reply, copy >= 0 ? std::vector<int>{copy} : std::vector<int>{});
   if (copy >= 0) close(copy);  // the supervisor got its own descriptor
 }

@@ -56,6 +56,16 @@ class Worker {
   void LoadLoop();
   void RunLoad(const v1::WorkerLoad& request);
   void Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
+  // An in-flight marker for a job other than inference (load, attach, unload, park), held while
+  // the job runs: if this process dies, the marker tells the supervisor which job was running.
+  class JobMark {
+   public:
+    JobMark(Worker& worker, uint64_t job, uint32_t model);
+    ~JobMark();
+   private:
+    Worker& worker_;
+    Result<uint32_t> slot_;
+  };
   std::string ModelName(uint32_t model);
   // The engines' memory service: the host backend, plus the load.after_alloc fault point.
   static wp_status AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out);
