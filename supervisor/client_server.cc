@@ -92,7 +92,9 @@ void ClientServer::Close() {
   }
   auto sessions = std::move(sessions_);
   sessions_.clear();
-  for (auto& [id, conn] : sessions) conn->Close(Error(Code::kUnavailable, "daemon stopping"));
+  for (auto& [id, session] : sessions) {
+    session.connection->Close(Error(Code::kUnavailable, "daemon stopping"));
+  }
 }
 
 void ClientServer::OnAcceptable() {
@@ -114,6 +116,15 @@ void ClientServer::OnAcceptable() {
       close(fd);
       continue;
     }
+    Peer peer;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      peer = Peer{cred.pid, cred.uid, cred.gid};
+    } else {
+      peer.uid = static_cast<uid_t>(-1);  // unknown: treated as the least privileged
+      peer.gid = static_cast<gid_t>(-1);
+    }
     uint64_t id = next_session_++;
     ipc::Connection::Options options;
     options.max_frame_bytes = max_frame_bytes_;
@@ -126,7 +137,7 @@ void ClientServer::OnAcceptable() {
           sessions_.erase(id);
           spdlog::debug("session {} closed: {}", id, why.ToString());
         });
-    if (conn != nullptr) sessions_[id] = conn;
+    if (conn != nullptr) sessions_[id] = Session{conn, peer};
   }
 }
 
@@ -137,7 +148,7 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
     if (it == sessions_.end()) return;
     spdlog::warn("session {} sent {} bytes that are not a warmpool Envelope; closing it", session,
                  body.size());
-    ipc::Connection* conn = it->second;
+    ipc::Connection* conn = it->second.connection;
     std::string bytes = ipc::Frame(ErrorReply(
         0, Error(Code::kInvalidArgument,
                  "received a frame that is not a warmpool Envelope: is this a warmpool client "
@@ -147,13 +158,16 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
     conn->Close(Error(Code::kInvalidArgument, "malformed envelope"));
     return;
   }
-  on_request_(session, std::move(request));
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  Peer peer = it->second.peer;  // the handler may close (and erase) the session
+  on_request_(session, peer, std::move(request));
 }
 
 void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  it->second->Send(ipc::Frame(reply));
+  it->second.connection->Send(ipc::Frame(reply));
 }
 
 }  // namespace warmpool::supervisor

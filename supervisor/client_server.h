@@ -20,9 +20,17 @@
 
 namespace warmpool::supervisor {
 
+// Who is on the other end of a session, from the kernel (SO_PEERCRED) at accept time.
+struct Peer {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
 class ClientServer {
  public:
-  using RequestHandler = std::function<void(uint64_t session, v1::Envelope&& request)>;
+  using RequestHandler =
+      std::function<void(uint64_t session, const Peer& peer, v1::Envelope&& request)>;
 
   ClientServer(uv_loop_t* loop, uint32_t max_frame_bytes, uint32_t max_connections,
                RequestHandler on_request);
@@ -50,7 +58,11 @@ class ClientServer {
   std::string path_;
   ipc::UvHandle<uv_poll_t> listen_poll_;
   uint64_t next_session_ = 1;
-  std::unordered_map<uint64_t, ipc::Connection*> sessions_;
+  struct Session {
+    ipc::Connection* connection;
+    Peer peer;
+  };
+  std::unordered_map<uint64_t, Session> sessions_;
 };
 
 // An error reply envelope.

@@ -114,6 +114,9 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
         else c.single_active = *v;
       }
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    } else if (section == "access") {
+      if (k == "admin_group") s = ReadString(node, key, c.admin_group);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "recovery") {
       if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);
       else if (k == "load_stall_ms") s = ReadUint(node, key, c.load_stall_ms);
@@ -186,7 +189,7 @@ Status ApplyToml(Config& config, const std::string& text, const std::string& ori
   if (!origin.empty()) base_dir = std::filesystem::path(origin).parent_path().string();
   for (const auto& [k, node] : root) {
     Status s;
-    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery") {
+    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery" || k == "access") {
       const toml::table* t = node.as_table();
       if (t == nullptr) return Error(Code::kInvalidArgument, "{}: [{}] must be a table", origin, k.str());
       s = ApplyTable(config, *t, std::string(k.str()));

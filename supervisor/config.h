@@ -43,6 +43,9 @@ struct Config {
   uint32_t max_connections = 1024;
   uint32_t max_models = 256;
   uint32_t max_inflight = 1024;
+  // access: root, the daemon's own user and members of admin_group may load, unload, pin and arm
+  // faults; every other local user may infer and read status.
+  std::string admin_group;
   // recovery
   bool enable_fault_injection = false;  // only from the command line, never from a file
   uint32_t inference_grace_ms = 1000;   // past a request's deadline, a worker still on it is killed

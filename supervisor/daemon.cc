@@ -1,5 +1,6 @@
 #include "supervisor/daemon.h"
 
+#include <grp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,6 +39,16 @@ Status Daemon::Start() {
                  "backend \"cuda\" is not available in this build: run with --backend host (or "
                  "auto)");
   }
+  if (!config_.admin_group.empty()) {
+    group* g = getgrnam(config_.admin_group.c_str());
+    if (g == nullptr) {
+      return Error(Code::kFailedPrecondition,
+                   "[access] admin_group \"{}\" is not a group on this machine: create it "
+                   "(groupadd {}) or fix the name",
+                   config_.admin_group, config_.admin_group);
+    }
+    admin_gid_ = g->gr_gid;
+  }
   shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
   Result<shm::SharedSegment> segment =
       shm::SharedSegment::Create(config_.instance, limits, /*device_count=*/1, config_.budget_bytes);
@@ -58,7 +69,9 @@ Status Daemon::Start() {
 
   server_ = std::make_unique<ClientServer>(
       &loop_, config_.max_frame_bytes, config_.max_connections,
-      [this](uint64_t session, v1::Envelope&& request) { OnRequest(session, std::move(request)); });
+      [this](uint64_t session, const Peer& peer, v1::Envelope&& request) {
+        OnRequest(session, peer, std::move(request));
+      });
   if (Status s = server_->Listen(config_.socket_path); !s.ok()) return s;
 
   WorkerPoolOptions pool;

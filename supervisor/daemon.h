@@ -117,7 +117,9 @@ class Daemon {
   };
 
   // requests.cc
-  void OnRequest(uint64_t session, v1::Envelope&& request);
+  void OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request);
+  // Root, the daemon's own user, or a member of [access] admin_group.
+  bool IsAdmin(const Peer& peer) const;
   void HandleLoad(const Call& call, const v1::LoadRequest& request);
   void HandleUnload(const Call& call, const v1::UnloadRequest& request);
   void HandleInfer(const Call& call, v1::InferRequest&& request);
@@ -199,6 +201,7 @@ class Daemon {
   std::unique_ptr<WorkerPool> workers_;
   std::unique_ptr<ClientServer> server_;
   PoolLimits limits_;
+  std::optional<gid_t> admin_gid_;
 
   std::vector<ModelRuntime> runtime_;        // by model index
   std::deque<uint32_t> pending_admission_;   // models waiting for room or a worker, FIFO

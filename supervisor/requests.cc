@@ -1,5 +1,12 @@
 // Client requests: validation and replies. What they set in motion lives in lifecycle.cc (loads,
 // unloads, admission) and dispatch.cc (inference).
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
@@ -19,8 +26,39 @@ void Daemon::AnswerError(const Call& call, const Status& status) {
   Answer(call, ErrorReply(call.request_id, status));
 }
 
-void Daemon::OnRequest(uint64_t session, v1::Envelope&& request) {
+bool Daemon::IsAdmin(const Peer& peer) const {
+  if (peer.uid == 0 || peer.uid == geteuid()) return true;
+  if (!admin_gid_) return false;
+  if (peer.gid == *admin_gid_) return true;
+  // Supplementary groups of the peer's user.
+  passwd pw{};
+  passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(peer.uid, &pw, buffer, sizeof(buffer), &found) != 0 || found == nullptr) return false;
+  int count = 64;
+  std::vector<gid_t> groups(count);
+  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
+    groups.resize(count);
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
+  }
+  groups.resize(count);
+  return std::find(groups.begin(), groups.end(), *admin_gid_) != groups.end();
+}
+
+void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request) {
   Call call{session, request.request_id()};
+  bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
+                       request.has_fault_arm() || request.has_fault_clear();
+  if (admin_request && !IsAdmin(peer)) {
+    AnswerError(call, Error(Code::kPermissionDenied,
+                            "uid {} may infer and read status, not load, unload, pin or arm faults: "
+                            "run as root or the daemon's user{}",
+                            peer.uid,
+                            config_.admin_group.empty()
+                                ? std::string(", or set [access] admin_group")
+                                : fmt::format(", or join group {}", config_.admin_group)));
+    return;
+  }
   if (request.protocol_version() != 0 && request.protocol_version() != ipc::kProtocolVersion) {
     AnswerError(call, Error(Code::kFailedPrecondition,
                             "client speaks protocol version {}, this daemon speaks {}: use a "
