@@ -78,11 +78,11 @@ Status ReadKeepAlive(const toml::node& node, const std::string& key, int64_t& ou
 
 Status ReadStrings(const toml::node& node, const std::string& key, std::vector<std::string>& out) {
   const toml::array* array = node.as_array();
-  if (array == nullptr) return Error(Code::kInvalidArgument, "{} must be a list of model names", key);
+  if (array == nullptr) return Error(Code::kInvalidArgument, "{} must be a list of strings", key);
   out.clear();
   for (const toml::node& item : *array) {
     auto v = item.value<std::string>();
-    if (!v) return Error(Code::kInvalidArgument, "{} must be a list of model names", key);
+    if (!v) return Error(Code::kInvalidArgument, "{} must be a list of strings", key);
     out.push_back(*v);
   }
   return OkStatus();
@@ -99,6 +99,9 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "instance") s = ReadString(node, key, c.instance);
       else if (k == "workers_per_device") s = ReadUint(node, key, c.workers_per_device);
       else if (k == "default_deadline_ms") s = ReadUint(node, key, c.default_deadline_ms);
+      else if (k == "engine_dir") s = ReadString(node, key, c.engine_dir);
+      else if (k == "drain_timeout_ms") s = ReadUint(node, key, c.drain_timeout_ms);
+      else if (k == "stop_kill_ms") s = ReadUint(node, key, c.stop_kill_ms);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "pool") {
       if (k == "capacity") s = ReadUint(node, key, c.capacity);
@@ -116,6 +119,9 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "access") {
       if (k == "admin_group") s = ReadString(node, key, c.admin_group);
+      else if (k == "socket_group") s = ReadString(node, key, c.socket_group);
+      else if (k == "observer_group") s = ReadString(node, key, c.observer_group);
+      else if (k == "model_roots") s = ReadStrings(node, key, c.model_roots);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "recovery") {
       if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);
@@ -139,6 +145,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       } else if (k == "max_connections") s = ReadUint(node, key, c.max_connections);
       else if (k == "max_models") s = ReadUint(node, key, c.max_models);
       else if (k == "max_inflight") s = ReadUint(node, key, c.max_inflight);
+      else if (k == "max_requests_per_connection") s = ReadUint(node, key, c.max_requests_per_connection);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     }
     if (!s.ok()) return s;

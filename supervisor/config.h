@@ -29,6 +29,13 @@ struct Config {
   std::string instance = "default";
   uint32_t workers_per_device = 2;
   uint32_t default_deadline_ms = 30000;
+  // Engine plugins: an engine name that is not built in loads from <engine_dir>/<name>.so (the
+  // resolved file must lie inside engine_dir). Empty: built-in engines only.
+  std::string engine_dir;
+  // SIGTERM: requests in flight get this long to finish before workers are stopped (TERM, then
+  // KILL after stop_kill_ms).
+  uint32_t drain_timeout_ms = 10000;
+  uint32_t stop_kill_ms = 3000;
   // pool
   uint32_t capacity = 0;         // models resident on a device at once; 0 = unlimited
   uint64_t budget_bytes = 0;     // per device; 0 = a quarter of physical memory (host backend)
@@ -43,9 +50,15 @@ struct Config {
   uint32_t max_connections = 1024;
   uint32_t max_models = 256;
   uint32_t max_inflight = 1024;
+  uint32_t max_requests_per_connection = 256;  // unanswered requests one client may have
   // access: root, the daemon's own user and members of admin_group may load, unload, pin and arm
   // faults; every other local user may infer and read status.
   std::string admin_group;
+  std::string socket_group;    // the client socket is 0660 to this group (else 0600)
+  std::string observer_group;  // the segment is 0640 to this group (else 0600)
+  // Model files must resolve (symlinks followed) inside one of these directories. Empty: the
+  // models directory and the directory of the config file.
+  std::vector<std::string> model_roots;
   // recovery
   bool enable_fault_injection = false;  // only from the command line, never from a file
   uint32_t inference_grace_ms = 1000;   // past a request's deadline, a worker still on it is killed

@@ -77,6 +77,7 @@ Status Daemon::Start() {
   WorkerPoolOptions pool;
   pool.worker_path = worker_path_;
   pool.instance = config_.instance;
+  pool.engine_dir = config_.engine_dir;
   pool.count = config_.workers_per_device;
   pool.budget_bytes = config_.budget_bytes;
   pool.max_frame_bytes = config_.max_frame_bytes;

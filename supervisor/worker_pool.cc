@@ -102,6 +102,7 @@ void WorkerPool::Spawn(uint32_t slot) {
       "--budget", std::to_string(options_.budget_bytes),
       "--max-frame-bytes", std::to_string(options_.max_frame_bytes + kWorkerFrameHeadroom),
       "--parent", std::to_string(getpid()),
+      "--engine-dir", options_.engine_dir,
   };
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

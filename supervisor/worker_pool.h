@@ -24,6 +24,7 @@ namespace warmpool::supervisor {
 struct WorkerPoolOptions {
   std::string worker_path;  // the warmpool-worker binary
   std::string instance;
+  std::string engine_dir;  // where workers may dlopen engine plugins; empty: built-ins only
   uint32_t count = 2;
   uint32_t device = 0;
   uint64_t budget_bytes = 0;

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   app.add_option("--budget", options.budget_bytes, "device memory budget in bytes (0: unlimited)");
   app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest frame accepted");
   app.add_option("--parent", parent, "pid of the supervisor");
+  app.add_option("--engine-dir", options.engine_dir, "directory of engine plugins (empty: built-ins only)");
   CLI11_PARSE(app, argc, argv);
 
   // Die with the supervisor. The parent may have died before prctl took effect: check after.

@@ -33,6 +33,7 @@ struct WorkerOptions {
   std::string instance = "default";
   uint64_t budget_bytes = 0;
   uint32_t max_frame_bytes = 64u << 20;
+  std::string engine_dir;  // engine plugins: <engine_dir>/<engine>.so; empty: built-ins only
 };
 
 class Worker {
