@@ -15,3 +15,6 @@ cmake --build build-asan -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+# libFuzzer targets (fuzz/README.md): a short bounded run of each; fails on any crash or sanitizer report.
+./scripts/fuzz.sh

@@ -64,6 +64,8 @@ Status ReadString(const toml::node& node, const std::string& key, std::string& o
 // "5m", "30s", "1h", "250ms", an integer of seconds, or -1 (until evicted).
 Status ReadKeepAlive(const toml::node& node, const std::string& key, int64_t& out) {
   if (auto v = node.value_exact<int64_t>()) {
+    // The bound of the string form ("duration is too long" past 1e15 ms); * 1000 must not overflow.
+    if (*v > 1'000'000'000'000) return Error(Code::kInvalidArgument, "{}: {} seconds is too long", key, *v);
     out = *v < 0 ? kKeepAliveForever : *v * 1000;
     return OkStatus();
   }

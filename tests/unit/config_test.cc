@@ -314,5 +314,35 @@ TEST(ApplyTomlTest, KeepAliveAndPreload) {
   EXPECT_FALSE(ApplyToml(bad, "[pool]\npreload = \"a\"\n", "x.toml").ok());
 }
 
+// Found by fuzzing: an integer keep_alive is seconds, and times 1000 it overflowed int64 (undefined
+// behaviour) for values above 9.2e15. Integers now have the bound of the string form (1e15 ms).
+TEST(ApplyTomlTest, HugeIntegerKeepAliveIsRefusedNotOverflowed) {
+  EXPECT_NE(Refusal("[pool]\nkeep_alive = 9223372036854775807\n").find("pool.keep_alive: "
+                                                                       "9223372036854775807 seconds is too long"),
+            std::string::npos);
+  EXPECT_NE(Refusal("[[models]]\nname = \"a\"\nkeep_alive = 1000000000001\n").find("models.keep_alive"),
+            std::string::npos);
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, "[pool]\nkeep_alive = 1000000000000\n", kOrigin).ok());
+  EXPECT_EQ(c.keep_alive_ms, 1'000'000'000'000'000);
+  ASSERT_TRUE(ApplyToml(c, "[pool]\nkeep_alive = -9223372036854775808\n", kOrigin).ok());
+  EXPECT_EQ(c.keep_alive_ms, kKeepAliveForever);
+}
+
+// Found by fuzzing, in toml++ 3.3.0 itself: asking whether U+00A1..U+0499 (and a few other ranges)
+// is whitespace reaches __builtin_unreachable() (upstream marzer/tomlplusplus issues 190 and 295).
+// The daemon links Debian's build of the library; these pin what it does with such documents: a
+// stray character at a token boundary is a syntax error, and the one valid place the parser asks,
+// after a line-ending backslash in a multi-line string, keeps the character.
+TEST(ApplyTomlTest, NonAsciiWhereTomlExpectsWhitespace) {
+  std::string message = Refusal("\xcf\xa5");
+  EXPECT_NE(message.find(std::string(kOrigin) + ":1:1:"), std::string::npos) << message;
+  Refusal("[daemon]\nsocket = \"/tmp/a.sock\" \xc3\xa9\n");
+  Config c;
+  Status s = ApplyToml(c, "[daemon]\nsocket = \"\"\"\\\n  \xc3\xa9t\xc3\xa9.sock\"\"\"\n", kOrigin);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.socket_path, "\xc3\xa9t\xc3\xa9.sock");
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

@@ -421,5 +421,50 @@ TEST(BF16, RoundsToNearestEven) {
   }
 }
 
+// Strict UTF-8, as protobuf checks string fields when it parses them.
+bool IsValidUtf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    uint32_t cp = n == 1 ? lead : n == 2 ? lead & 0x1Fu : n == 3 ? lead & 0x0Fu : lead & 0x07u;
+    for (size_t k = 1; k < n; k++) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      if ((c >> 6) != 0x2) return false;
+      cp = cp << 6 | (c & 0x3Fu);
+    }
+    const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+// Found by fuzz_safetensors: the JSON parser's message quotes the bytes it stopped at, here a lone
+// 0x84 in a key. Refusals become a model's last_error, which clients receive in protobuf strings;
+// one invalid byte there made every models, ps and status reply unreadable.
+TEST(SafetensorsParse, InvalidUtf8InHeaderGivesAValidUtf8Message) {
+  const std::string json = "{\"0.weight\":{\"dtype\":\"F8\",\"sh\x84pe\":[1],\"data_offsets\":[0,1]}}";
+  Result<Header> header = Parse(json, 1);
+  EXPECT_INVALID(header, "header is not valid JSON");
+  EXPECT_TRUE(IsValidUtf8(header.status().message())) << header.status().message();
+  EXPECT_NE(header.status().message().find("last read: '\"sh?'"), std::string::npos)
+      << header.status().message();
+}
+
+// Shortening a long value must not cut a character in two.
+TEST(SafetensorsParse, ShortenedValuesStayValidUtf8) {
+  std::string e_acute = "\xc3\xa9";
+  std::string dtype = "x";  // puts the 61-byte cut in the middle of an e-acute
+  for (int i = 0; i < 100; i++) dtype += e_acute;
+  Result<Header> header = Parse(R"({"t": {"dtype": ")" + dtype + R"(", "shape": [1], "data_offsets": [0, 4]}})", 4);
+  EXPECT_INVALID(header, "unknown dtype");
+  EXPECT_TRUE(IsValidUtf8(header.status().message())) << header.status().message();
+  EXPECT_NE(header.status().message().find(e_acute + "?..."), std::string::npos) << header.status().message();
+  // Valid UTF-8 in names is quoted as it is.
+  header = Parse("{\"\xc3\xa9t\xc3\xa9\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4);
+  EXPECT_INVALID(header, "tensor \"\xc3\xa9t\xc3\xa9\": data_offsets [0, 4) hold 4 bytes");
+}
+
 }  // namespace
 }  // namespace warmpool::safetensors

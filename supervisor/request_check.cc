@@ -1,0 +1,87 @@
+#include "supervisor/request_check.h"
+
+#include "ipc/fault_spec.h"
+#include "ipc/framing.h"
+#include "supervisor/registry.h"
+
+namespace warmpool::supervisor {
+
+namespace {
+
+// Compared by division: rows * cols may overflow for hostile values.
+Status CheckInferInput(const v1::Tensor& input) {
+  if (input.rows() == 0 || input.cols() == 0 || input.data().size() % sizeof(float) != 0 ||
+      input.data().size() / sizeof(float) / input.rows() != input.cols() ||
+      input.data().size() / sizeof(float) % input.rows() != 0) {
+    return Error(Code::kInvalidArgument,
+                 "input must be a non-empty rows x cols matrix of f32 (got {} x {} with {} bytes)",
+                 input.rows(), input.cols(), input.data().size());
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckRequest(const v1::Envelope& request) {
+  if (request.protocol_version() != 0 && request.protocol_version() != ipc::kProtocolVersion) {
+    return Error(Code::kFailedPrecondition,
+                 "client speaks protocol version {}, this daemon speaks {}: use a client of the "
+                 "same release",
+                 request.protocol_version(), ipc::kProtocolVersion);
+  }
+  switch (request.body_case()) {
+    case v1::Envelope::kLoad: {
+      const v1::LoadRequest& load = request.load();
+      if (Status s = CheckModelName(load.model()); !s.ok()) return s;
+      if (load.replicas() > kMaxRequestReplicas) {
+        return Error(Code::kInvalidArgument,
+                     "replicas {} is more than {}: ask for at most one per worker (0: as "
+                     "configured)",
+                     load.replicas(), kMaxRequestReplicas);
+      }
+      return OkStatus();
+    }
+    case v1::Envelope::kUnload:
+      if (request.unload().all()) return OkStatus();  // the model is ignored
+      return CheckModelName(request.unload().model());
+    case v1::Envelope::kInfer:
+      // The shape first, as the daemon has always judged it.
+      if (Status s = CheckInferInput(request.infer().input()); !s.ok()) return s;
+      return CheckModelName(request.infer().model());
+    case v1::Envelope::kPin:
+      return CheckModelName(request.pin().model());
+    case v1::Envelope::kFaultArm: {
+      const v1::FaultArmRequest& arm = request.fault_arm();
+      if (Status s = ipc::CheckFaultPoint(arm.point()); !s.ok()) return s;
+      if (Status s = ipc::CheckFaultAction(arm.action()); !s.ok()) return s;
+      if (!arm.model().empty()) return CheckModelName(arm.model());  // empty: any model
+      return OkStatus();
+    }
+    case v1::Envelope::kModels:
+    case v1::Envelope::kPs:
+    case v1::Envelope::kStatus:
+    case v1::Envelope::kFaultClear:
+      return OkStatus();
+    // No body, or one that only a daemon sends.
+    case v1::Envelope::BODY_NOT_SET:
+    case v1::Envelope::kError:
+    case v1::Envelope::kLoadReply:
+    case v1::Envelope::kUnloadReply:
+    case v1::Envelope::kInferReply:
+    case v1::Envelope::kModelsReply:
+    case v1::Envelope::kPsReply:
+    case v1::Envelope::kStatusReply:
+    case v1::Envelope::kFaultArmReply:
+    case v1::Envelope::kFaultClearReply:
+    case v1::Envelope::kPinReply:
+      return Error(Code::kInvalidArgument,
+                   "request {} carries no request this daemon understands (body {})",
+                   request.request_id(), static_cast<int>(request.body_case()));
+    default:
+      // A body added to the protocol after this list: its handler judges it, and the daemon's
+      // dispatch refuses a body it has no handler for.
+      return OkStatus();
+  }
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,25 @@
+// Every check a client request can fail on its own, before it touches any daemon state: the
+// protocol version, a body the daemon understands, well-formed model names, an infer input that is
+// a rows x cols f32 matrix, a sane replica count and a known fault point and action. A pure function
+// of the envelope, so that it can be unit-tested and fuzzed without a daemon.
+//
+// What it does not judge: who is asking (PERMISSION_DENIED comes first, from the peer's
+// credentials), whether a well-formed model name is registered (NOT_FOUND comes later, from the
+// index), whether fault injection is enabled, and anything else that depends on the daemon's state.
+// A body this function does not know (added to the protocol later) passes; its handler judges it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "ipc/warmpool.pb.h"
+
+namespace warmpool::supervisor {
+
+// Replicas a load may ask for; the daemon further caps it to its worker count.
+inline constexpr uint32_t kMaxRequestReplicas = 1024;
+
+// OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
+Status CheckRequest(const v1::Envelope& request);
+
+}  // namespace warmpool::supervisor
