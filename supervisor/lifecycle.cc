@@ -62,7 +62,7 @@ void Daemon::TryAdmit(uint32_t model) {
     }
     // Cooldown over: look at the file again, it may have been fixed (or replaced).
     const shm::ModelRecord& r = index_->Get(model);
-    ModelEntry entry = InspectModel(r.name, r.engine, r.path);
+    ModelEntry entry = InspectModel(r.name, r.engine, r.path, config_.engine_dir);
     if (!entry.problem.ok()) {
       MarkFailed(model, entry.problem.message());
       FailWaiters(model, FailedStatus(model));

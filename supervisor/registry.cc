@@ -7,6 +7,7 @@
 
 #include "engines/builtin.h"
 #include "engines/dense_model.h"
+#include "engines/plugin_loader.h"
 #include "engines/safetensors.h"
 
 namespace warmpool::supervisor {
@@ -28,7 +29,7 @@ Status CheckModelName(const std::string& name) {
 }
 
 ModelEntry InspectModel(const std::string& name, const std::string& engine,
-                        const std::string& path) {
+                        const std::string& path, const std::string& engine_dir) {
   ModelEntry entry;
   entry.name = name;
   entry.engine = engine;
@@ -37,13 +38,17 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
     entry.problem = s;
     return entry;
   }
-  if (FindBuiltinEngine(engine) == nullptr) {
-    entry.problem = Error(Code::kInvalidArgument, "model \"{}\" names unknown engine \"{}\" (known: dense, echo)",
-                          name, engine);
+  // Built in, or a plugin file in engine_dir that passes the file checks. Never dlopen here: plugin
+  // code runs in workers only. A plugin's workspace is unknown until a worker opens it (0 here);
+  // the worker's load_done report corrects the account.
+  Result<EngineSource> source = CheckEngine(engine, engine_dir);
+  if (!source.ok()) {
+    entry.problem = Status(source.status().code(),
+                           fmt::format("model \"{}\": {}", name, source.status().message()));
     return entry;
   }
   if (path.empty()) {
-    if (engine != "echo") {
+    if (source->builtin && engine != "echo") {
       entry.problem = Error(Code::kInvalidArgument, "model \"{}\" has no path", name);
     }
     return entry;
@@ -85,7 +90,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
       warnings.push_back(fmt::format("model \"{}\" is configured twice; the first entry wins", m.name));
       continue;
     }
-    entries.push_back(InspectModel(m.name, m.engine, m.path));
+    entries.push_back(InspectModel(m.name, m.engine, m.path, config.engine_dir));
   }
   std::error_code ec;
   if (config.models_dir.empty() || !fs::is_directory(config.models_dir, ec)) {
@@ -113,7 +118,8 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
       auto it = h->metadata.find("engine");
       if (it != h->metadata.end()) engine = it->second;
     }
-    entries.push_back(InspectModel(name, engine, fs::absolute(file, ec).lexically_normal().string()));
+    entries.push_back(InspectModel(name, engine, fs::absolute(file, ec).lexically_normal().string(),
+                                   config.engine_dir));
   }
   return entries;
 }

@@ -27,8 +27,11 @@ struct ModelEntry {
 
 // Names are 1..63 bytes of [A-Za-z0-9._-], not starting with '.'.
 Status CheckModelName(const std::string& name);
-// Inspects one model (header only). Never fails: problems land in entry.problem.
-ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path);
+// Inspects one model (header only). Never fails: problems land in entry.problem. An engine that is
+// not built in must be <engine_dir>/<engine>.so and pass CheckEngine (engines/plugin_loader.h); it is
+// never loaded here.
+ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
+                        const std::string& engine_dir = {});
 // Config models first; a file whose stem matches a configured name is skipped with a warning.
 std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings);
 

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "engines/plugin_loader.h"
 
 namespace warmpool::worker {
 
@@ -228,16 +229,16 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
-  const wp_engine_vtable* vtable = FindBuiltinEngine(request.engine());
+  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
   Status status;
   int shared = -1;
   loading_model_ = request.name();
   faults_.Hit("load.begin", request.name());
-  if (vtable == nullptr) {
-    status = Error(Code::kInvalidArgument, "unknown engine \"{}\"", request.engine());
+  if (!vtable.ok()) {
+    status = vtable.status();
   } else {
     wp_engine_spec spec{request.name().c_str(), request.path().c_str()};
-    Result<Engine> engine = Engine::Open(vtable, spec, &memory_service_);
+    Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
     if (!engine.ok()) {
       status = engine.status();
     } else {
@@ -294,15 +295,15 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
   Status status;
-  const wp_engine_vtable* vtable = FindBuiltinEngine(request.engine());
+  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
   const std::string& header = request.header();
   wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
                       reinterpret_cast<const uint8_t*>(header.data()), header.size(),
                       request.file_size()};
-  if (vtable == nullptr) {
-    status = Error(Code::kInvalidArgument, "unknown engine \"{}\"", request.engine());
+  if (!vtable.ok()) {
+    status = vtable.status();
   } else {
-    Result<Engine> engine = Engine::Open(vtable, spec, &memory_service_);
+    Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
     if (!engine.ok()) {
       status = engine.status();
     } else {
