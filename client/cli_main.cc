@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/paths.h"
 #include "common/units.h"
 
 #include "client/cli_output.h"
@@ -50,7 +52,10 @@ int main(int argc, char** argv) {
   CLI::App app{"warmpool: talk to the warmpool daemon (warmpoold)."};
   app.require_subcommand(1);
   std::string socket = warmpool::client::DefaultSocketPath();
-  app.add_option("--socket", socket, "daemon socket (env WARMPOOL_SOCKET; default " + socket + ")");
+  app.add_option("--socket", socket,
+                 "daemon socket (env WARMPOOL_SOCKET; default $XDG_RUNTIME_DIR/warmpool.sock or "
+                 "/tmp/warmpool-$UID.sock, else the service's " + std::string(warmpool::kSystemSocketPath) +
+                     "; here " + socket + ")");
 
   bool json = false;
   auto* models = app.add_subcommand("models", "list every registered model");
@@ -68,6 +73,15 @@ int main(int argc, char** argv) {
                    "keep it warm this long after its last request (5m, 30s, 0, -1 = until evicted)");
   uint32_t replicas = 0;
   load->add_option("--replicas", replicas, "workers serving it from one copy of its weights");
+  std::string path, engine;
+  bool remove = false;
+  auto* reg = app.add_subcommand(
+      "register", "add a model while the daemon runs (its file must lie under a model root)");
+  reg->add_option("MODEL", model, "model name")->required();
+  auto* reg_path = reg->add_option("PATH", path, "safetensors file (made absolute here)");
+  reg->add_option("--engine", engine, "engine (default: the file's metadata, else dense)");
+  reg->add_flag("--remove", remove, "forget a model registered this way, once its work ends")
+      ->excludes(reg_path);
   auto* pin = app.add_subcommand("pin", "never evict or expire a model");
   pin->add_option("MODEL", model, "model name")->required();
   auto* unpin = app.add_subcommand("unpin", "let a pinned model be evicted again");
@@ -182,6 +196,28 @@ int main(int argc, char** argv) {
     } else {
       Print(fmt::format("{} ready ({:.1f} MiB in {} ms)\n", model, reply->bytes() / 1048576.0,
                         reply->load_ms()));
+    }
+  } else if (reg->parsed()) {
+    if (!remove && path.empty()) {
+      return Fail(warmpool::Error(Code::kInvalidArgument, "register needs PATH (or --remove)"));
+    }
+    warmpool::v1::Envelope request;
+    auto* r = request.mutable_register_model();
+    r->set_model(model);
+    r->set_remove(remove);
+    r->set_engine(engine);
+    // The daemon has its own working directory: send the path absolute, symlinks unresolved
+    // (the daemon resolves them against its model roots).
+    if (!path.empty()) r->set_path(std::filesystem::absolute(path).lexically_normal().string());
+    auto reply = client.Call(std::move(request));
+    if (!reply.ok()) return Fail(reply.status());
+    const auto& out = reply->register_model_reply();
+    if (out.removed()) {
+      Print(fmt::format("{} will be removed once its work ends\n", model));
+    } else {
+      Print(fmt::format("{} registered from {} ({:.1f} MiB of weights){}\n", model, out.path(),
+                        out.weight_bytes() / 1048576.0,
+                        out.replaced() ? "; the previous version goes once its work ends" : ""));
     }
   } else if (pin->parsed() || unpin->parsed()) {
     warmpool::v1::Envelope request;

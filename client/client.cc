@@ -16,7 +16,10 @@ namespace warmpool::client {
 std::string DefaultSocketPath() {
   const char* env = std::getenv("WARMPOOL_SOCKET");
   if (env != nullptr && env[0] != '\0') return env;
-  return warmpool::DefaultSocketPath();
+  // A daemon of this user's own first; else the system service's socket (warmpool.socket).
+  std::string own = warmpool::DefaultSocketPath();
+  if (access(own.c_str(), F_OK) != 0 && access(kSystemSocketPath, F_OK) == 0) return kSystemSocketPath;
+  return own;
 }
 
 warmpool::Status StatusOf(const v1::Envelope& reply) {
@@ -74,7 +77,16 @@ Result<uint64_t> Client::Send(v1::Envelope request) {
     request.set_protocol_version(ipc::kProtocolVersion);
     sent_version_ = true;
   }
-  if (warmpool::Status s = channel_.Write(request); !s.ok()) return s;
+  if (warmpool::Status s = channel_.Write(request); !s.ok()) {
+    // The daemon may have said why it closed the connection (too many connections, a refused
+    // frame) before closing it: that reason beats "broken pipe". After the peer closed, the read
+    // finds the bytes it left or end-of-file; it does not block.
+    v1::Envelope farewell;
+    if (s.code() == Code::kUnavailable && channel_.Read(farewell).ok() && farewell.request_id() == 0 && farewell.has_error()) {
+      return StatusOf(farewell);
+    }
+    return s;
+  }
   return id;
 }
 

@@ -13,6 +13,16 @@ void CopyName(char* dst, size_t capacity, std::string_view src) {
   std::memset(dst + n, 0, capacity - n);
 }
 
+// Every field but the seqlock, which the writer in progress owns.
+void Clear(ModelRecord& r) {
+  uint32_t seq = r.seq;
+  r = ModelRecord{};
+  r.seq = seq;
+  r.state = static_cast<uint32_t>(ModelState::kEmpty);
+  r.worker_slot = kNil;
+  r.lru_prev = r.lru_next = kNil;
+}
+
 }  // namespace
 
 std::string_view ModelStateName(ModelState state) {
@@ -55,6 +65,11 @@ Result<uint32_t> ModelIndex::Register(std::string_view name, std::string_view en
       return Error(Code::kFailedPrecondition, "model \"{}\" is loaded; unload it before changing it",
                    name);
     }
+  } else if (!free_.empty()) {
+    index = free_.back();
+    free_.pop_back();
+    by_name_.emplace(std::string(name), index);
+    Update(index, [](ModelRecord& r) { Clear(r); });  // counters start afresh
   } else {
     if (next_free_ >= view_.max_models()) {
       return Error(Code::kResourceExhausted,
@@ -82,9 +97,18 @@ uint32_t ModelIndex::Find(std::string_view name) const {
   return it == by_name_.end() ? kNil : it->second;
 }
 
+void ModelIndex::Unregister(uint32_t index) {
+  by_name_.erase(std::string(Get(index).name));
+  Update(index, [](ModelRecord& r) { Clear(r); });
+  free_.push_back(index);
+}
+
 std::vector<uint32_t> ModelIndex::All() const {
-  std::vector<uint32_t> all(next_free_);
-  for (uint32_t i = 0; i < next_free_; i++) all[i] = i;
+  std::vector<uint32_t> all;
+  all.reserve(next_free_);
+  for (uint32_t i = 0; i < next_free_; i++) {
+    if (State(i) != ModelState::kEmpty) all.push_back(i);
+  }
   return all;
 }
 

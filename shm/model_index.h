@@ -31,6 +31,8 @@ class ModelIndex {
                             uint64_t weight_bytes);
   // kNil when unknown.
   uint32_t Find(std::string_view name) const;
+  // Forgets a model that is not resident; its record is reused by a later Register.
+  void Unregister(uint32_t index);
   // Direct reads are safe in the writer's own process.
   const ModelRecord& Get(uint32_t index) const { return view_.model(index); }
   ModelState State(uint32_t index) const { return static_cast<ModelState>(Get(index).state); }
@@ -86,6 +88,7 @@ class ModelIndex {
   SegmentView view_;
   std::unordered_map<std::string, uint32_t> by_name_;
   uint32_t next_free_ = 0;
+  std::vector<uint32_t> free_;  // unregistered records below next_free_
 };
 
 // Every invariant of the segment that a reader can check: LRU consistency (exactly the resident

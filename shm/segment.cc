@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -160,7 +161,8 @@ void SharedSegment::Remove() {
 
 Result<SharedSegment> SharedSegment::Create(const std::string& instance, const Limits& limits,
                                             uint32_t device_count, uint64_t device_budget_bytes,
-                                            unsigned mode) {
+                                            std::optional<gid_t> observer_group) {
+  const unsigned mode = observer_group ? 0640 : 0600;
   std::string name = NameFor(instance);
   // A segment already there is either stale (its supervisor was killed) or in use.
   {
@@ -181,8 +183,18 @@ Result<SharedSegment> SharedSegment::Create(const std::string& instance, const L
   try {
     bip::permissions perms(mode);
     mapping->object = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perms);
-    // The umask may have narrowed the mode given to shm_open; set it exactly.
-    fchmod(mapping->object.get_mapping_handle().handle, mode);
+    // The umask may have narrowed the mode given to shm_open; set it exactly. The group gets
+    // read access only once the object is theirs, and before it holds anything.
+    int fd = mapping->object.get_mapping_handle().handle;
+    if (observer_group && fchown(fd, static_cast<uid_t>(-1), *observer_group) != 0) {
+      int err = errno;
+      bip::shared_memory_object::remove(name.c_str());
+      return Error(Code::kFailedPrecondition,
+                   "cannot give segment /dev/shm/{} to group {}: {} (the daemon's user must be a "
+                   "member of [access] observer_group)",
+                   name, *observer_group, std::strerror(err));
+    }
+    fchmod(fd, mode);
     mapping->object.truncate(static_cast<bip::offset_t>(size));
     mapping->region = bip::mapped_region(mapping->object, bip::read_write);
   } catch (const bip::interprocess_exception& e) {

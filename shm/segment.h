@@ -3,9 +3,12 @@
 // SharedSegment owns the POSIX object and its mapping.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -50,11 +53,12 @@ class SharedSegment {
   SharedSegment(SharedSegment&&) noexcept;
   SharedSegment& operator=(SharedSegment&&) noexcept;
 
-  // Creates the segment with the given mode (0600 by default). A stale segment left by a killed
-  // supervisor is removed first; one whose supervisor is still alive is refused.
+  // Creates the segment, mode 0600, or 0640 owned by observer_group so that its members can
+  // watch the pool read-only. A stale segment left by a killed supervisor is removed first; one
+  // whose supervisor is still alive is refused.
   static Result<SharedSegment> Create(const std::string& instance, const Limits& limits,
                                       uint32_t device_count, uint64_t device_budget_bytes,
-                                      unsigned mode = 0600);
+                                      std::optional<gid_t> observer_group = std::nullopt);
   // Maps an existing segment (read-only for observers such as the chaos harness).
   static Result<SharedSegment> Open(const std::string& instance, bool read_only);
   // Removes the name (the mapping stays valid until this object dies).

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -23,16 +24,12 @@ v1::Envelope ErrorReply(uint64_t request_id, const Status& status) {
   return reply;
 }
 
-ClientServer::ClientServer(uv_loop_t* loop, uint32_t max_frame_bytes, uint32_t max_connections,
-                           RequestHandler on_request)
-    : loop_(loop),
-      max_frame_bytes_(max_frame_bytes),
-      max_connections_(max_connections),
-      on_request_(std::move(on_request)) {}
+ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandler on_request)
+    : loop_(loop), options_(options), on_request_(std::move(on_request)) {}
 
 ClientServer::~ClientServer() { Close(); }
 
-Status ClientServer::Listen(const std::string& path) {
+Status ClientServer::Listen(const std::string& path, std::optional<gid_t> group) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return Error(Code::kInvalidArgument, "socket path \"{}\" is longer than {} bytes", path,
@@ -64,23 +61,70 @@ Status ClientServer::Listen(const std::string& path) {
   mode_t old_umask = umask(0177);
   int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old_umask);
-  if (rc != 0 || listen(fd, 512) != 0) {
+  if (rc != 0) {
     int err = errno;
     close(fd);
+    return Error(Code::kFailedPrecondition, "cannot bind {}: {}", path, std::strerror(err));
+  }
+  // The group gets in only after the file belongs to it: chown first, then widen the mode.
+  if (group && (chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0 ||
+                chmod(path.c_str(), 0660) != 0)) {
+    int err = errno;
+    close(fd);
+    unlink(path.c_str());
+    return Error(Code::kFailedPrecondition,
+                 "cannot give socket {} to group {}: {} (the daemon's user must be a member of "
+                 "[access] socket_group)",
+                 path, *group, std::strerror(err));
+  }
+  if (listen(fd, 512) != 0) {
+    int err = errno;
+    close(fd);
+    unlink(path.c_str());
     return Error(Code::kFailedPrecondition, "cannot listen on {}: {}", path, std::strerror(err));
   }
-  listen_fd_ = fd;
   path_ = path;
+  owns_path_ = true;
+  StartPolling(fd);
+  return OkStatus();
+}
+
+Status ClientServer::Adopt(int fd) {
+  int type = 0;
+  socklen_t len = sizeof(type);
+  int listening = 0;
+  socklen_t len2 = sizeof(listening);
+  sockaddr_un addr{};
+  socklen_t addr_len = sizeof(addr);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM ||
+      getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len2) != 0 || !listening ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0 ||
+      addr.sun_family != AF_UNIX) {
+    return Error(Code::kFailedPrecondition,
+                 "the socket passed by the service manager (fd {}) is not a listening Unix stream "
+                 "socket: use ListenStream=/path/to/socket in warmpool.socket",
+                 fd);
+  }
+  // Nonblocking for the accept loop, close-on-exec so that workers never inherit it.
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  path_ = addr_len > offsetof(sockaddr_un, sun_path) ? std::string(addr.sun_path) : "";
+  owns_path_ = false;
+  StartPolling(fd);
+  return OkStatus();
+}
+
+void ClientServer::StartPolling(int fd) {
+  listen_fd_ = fd;
   uv_poll_init(loop_, listen_poll_.get(), fd);
   listen_poll_.MarkInitialized();
   listen_poll_.get()->data = this;
   uv_poll_start(listen_poll_.get(), UV_READABLE, [](uv_poll_t* h, int status, int) {
     if (status == 0) static_cast<ClientServer*>(h->data)->OnAcceptable();
   });
-  return OkStatus();
 }
 
-void ClientServer::Close() {
+void ClientServer::StopAccepting() {
   if (listen_poll_.active()) {
     uv_poll_stop(listen_poll_.get());
     listen_poll_.Close();
@@ -88,8 +132,13 @@ void ClientServer::Close() {
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     listen_fd_ = -1;
-    unlink(path_.c_str());
+    if (owns_path_) unlink(path_.c_str());
   }
+}
+
+void ClientServer::Close() {
+  StopAccepting();
+  unanswered_ = 0;
   auto sessions = std::move(sessions_);
   sessions_.clear();
   for (auto& [id, session] : sessions) {
@@ -106,7 +155,7 @@ void ClientServer::OnAcceptable() {
       }
       return;
     }
-    if (sessions_.size() >= max_connections_) {
+    if (sessions_.size() >= options_.max_connections) {
       std::string bytes = ipc::Frame(ErrorReply(
           0, Error(Code::kResourceExhausted,
                    "too many connections ({}): close idle clients or raise [limits] "
@@ -127,14 +176,17 @@ void ClientServer::OnAcceptable() {
     }
     uint64_t id = next_session_++;
     ipc::Connection::Options options;
-    options.max_frame_bytes = max_frame_bytes_;
+    options.max_frame_bytes = options_.max_frame_bytes;
     options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
         // Clients have no business passing descriptors: the connection closes any on arrival.
         [this, id](std::string_view body) { OnFrame(id, body); },
         [this, id](const Status& why) {
-          sessions_.erase(id);
+          auto it = sessions_.find(id);
+          if (it == sessions_.end()) return;
+          unanswered_ -= it->second.outstanding;  // nobody is left to answer
+          sessions_.erase(it);
           spdlog::debug("session {} closed: {}", id, why.ToString());
         });
     if (conn != nullptr) sessions_[id] = Session{conn, peer};
@@ -160,13 +212,31 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  Peer peer = it->second.peer;  // the handler may close (and erase) the session
+  Session& s = it->second;
+  if (s.outstanding >= options_.max_requests_per_connection) {
+    // Answered here and never handed on: the daemon keeps serving this client's earlier requests
+    // and everybody else.
+    s.connection->Send(ipc::Frame(ErrorReply(
+        request.request_id(),
+        Error(Code::kResourceExhausted,
+              "this connection already has {} requests unanswered: wait for replies before "
+              "sending more, or raise [limits] max_requests_per_connection",
+              s.outstanding))));
+    return;
+  }
+  s.outstanding++;
+  unanswered_++;
+  Peer peer = s.peer;  // the handler may close (and erase) the session
   on_request_(session, peer, std::move(request));
 }
 
 void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
+  if (it->second.outstanding > 0) {
+    it->second.outstanding--;
+    unanswered_--;
+  }
   it->second.connection->Send(ipc::Frame(reply));
 }
 

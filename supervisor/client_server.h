@@ -1,13 +1,19 @@
 // The client socket: accepts connections, turns frames into Envelopes and hands them to the daemon,
 // and sends replies back to the session that asked. A session that vanished simply stops receiving:
 // replies to it are dropped, and nothing else is disturbed. Bad input (a frame over the limit, bytes
-// that are not an Envelope) gets one error reply and the connection is closed.
+// that are not an Envelope) gets one error reply and the connection is closed. Each limit (frame
+// size, connections, unanswered requests per connection) answers RESOURCE_EXHAUSTED or
+// INVALID_ARGUMENT to the one client over it.
+//
+// Every request handed to the daemon is answered exactly once through Send(), so the requests a
+// session has outstanding are counted as handed minus answered.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -32,37 +38,53 @@ class ClientServer {
   using RequestHandler =
       std::function<void(uint64_t session, const Peer& peer, v1::Envelope&& request)>;
 
-  ClientServer(uv_loop_t* loop, uint32_t max_frame_bytes, uint32_t max_connections,
-               RequestHandler on_request);
+  struct Options {
+    uint32_t max_frame_bytes = 64u << 20;
+    uint32_t max_connections = 1024;
+    uint32_t max_requests_per_connection = 256;
+  };
+  ClientServer(uv_loop_t* loop, const Options& options, RequestHandler on_request);
   ~ClientServer();
 
-  // Binds path (mode 0600), removing a stale socket; refuses one that a live daemon answers on.
-  Status Listen(const std::string& path);
-  // Stops accepting and closes every session; removes the socket file.
+  // Binds path, removing a stale socket; refuses one that a live daemon answers on. The socket is
+  // 0600, or 0660 owned by `group` when one is given.
+  Status Listen(const std::string& path, std::optional<gid_t> group = std::nullopt);
+  // Serves on a listening socket somebody else bound (systemd socket activation). Its file is
+  // theirs: it is never unlinked here.
+  Status Adopt(int fd);
+  // Stops accepting new connections; sessions stay open for the replies they wait for.
+  void StopAccepting();
+  // StopAccepting, and closes every session (flushing what the kernel takes).
   void Close();
 
   // Dropped when the session is gone.
   void Send(uint64_t session, const v1::Envelope& reply);
   bool HasSession(uint64_t session) const { return sessions_.count(session) != 0; }
   size_t session_count() const { return sessions_.size(); }
+  // Requests handed to the daemon and not yet answered, over every open session.
+  uint64_t unanswered() const { return unanswered_; }
+  const std::string& path() const { return path_; }
 
  private:
+  void StartPolling(int fd);
   void OnAcceptable();
   void OnFrame(uint64_t session, std::string_view body);
 
   uv_loop_t* loop_;
-  uint32_t max_frame_bytes_;
-  uint32_t max_connections_;
+  Options options_;
   RequestHandler on_request_;
   int listen_fd_ = -1;
   std::string path_;
+  bool owns_path_ = false;  // false for an activated socket
   ipc::UvHandle<uv_poll_t> listen_poll_;
   uint64_t next_session_ = 1;
   struct Session {
     ipc::Connection* connection;
     Peer peer;
+    uint32_t outstanding = 0;  // handed to the daemon, not yet answered
   };
   std::unordered_map<uint64_t, Session> sessions_;
+  uint64_t unanswered_ = 0;
 };
 
 // An error reply envelope.

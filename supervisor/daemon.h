@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,7 +27,9 @@
 #include "shm/segment.h"
 #include "supervisor/client_server.h"
 #include "supervisor/config.h"
+#include "supervisor/registry.h"
 #include "supervisor/scheduler.h"
+#include "supervisor/service_manager.h"
 #include "supervisor/worker_pool.h"
 
 namespace warmpool::supervisor {
@@ -40,7 +43,9 @@ inline constexpr uint32_t kMaxWorkerPendingJobs = 256;
 
 class Daemon {
  public:
-  Daemon(Config config, std::string worker_path);
+  // Reads the configuration again (file, then flags) for SIGHUP.
+  using ConfigLoader = std::function<Result<Config>()>;
+  Daemon(Config config, std::string worker_path, ConfigLoader reload_config = nullptr);
   ~Daemon();
 
   // Creates the segment, registers models, starts workers and listens. Errors are fatal.
@@ -110,6 +115,12 @@ class Daemon {
     int64_t keep_alive_ms = -1;
     std::optional<int64_t> keep_alive_override_ms;
     uint64_t expires_at_ms = 0;
+    // Reload: the model left the registry (or changed while loaded) and goes once idle; `next`
+    // is what replaces it then (a changed model), empty for a removed one.
+    bool retiring = false;
+    std::optional<ModelEntry> next;
+    bool registered_by_client = false;  // `warmpool register`: a reload leaves it alone
+    Status refused;  // its path was refused at registration: requests get this, no worker loads it
   };
   struct ArmedFault {
     v1::Fault fault;
@@ -124,6 +135,10 @@ class Daemon {
   void HandleUnload(const Call& call, const v1::UnloadRequest& request);
   void HandleInfer(const Call& call, v1::InferRequest&& request);
   void HandlePin(const Call& call, const v1::PinRequest& request);
+  // reload.cc
+  void HandleRegister(const Call& call, const v1::RegisterRequest& request);
+  // A registered model that new requests may use (kNil for one removed and on its way out).
+  uint32_t FindServing(const std::string& name) const;
   void Answer(const Call& call, v1::Envelope&& reply);
   void AnswerError(const Call& call, const Status& status);
 
@@ -188,12 +203,30 @@ class Daemon {
   void SendFaults(uint32_t slot);
   void BroadcastFaults();
 
+  // daemon.cc: start, systemd, reload, stop
   void RegisterModels();
+  // Registers (or re-registers) one model found by the registry; false when it was refused.
+  bool RegisterModel(const ModelEntry& entry);
+  void InstallSignals();
+  // READY=1 once every preloaded model is ready or has failed.
+  void CheckPreload();
+  std::string StatusLine() const;
+  void OnStatusTick();
+  // SIGHUP: the registry again from the config file and the models directory. New and changed
+  // models apply, removed ones go once their work ends, loaded unchanged ones keep serving.
+  void Reload();
+  // A model leaving the registry: unloaded once idle, then forgotten.
+  void RetireWhenIdle(uint32_t model);
+  void MaybeRetire(uint32_t model);
+  // SIGTERM: stop accepting, let accepted requests finish within drain_timeout_ms, then EndDrain.
   void BeginStop();
+  void CheckDrained();
+  void EndDrain(const std::string& why);
   void FinishStop();
 
   Config config_;
   std::string worker_path_;
+  ConfigLoader reload_config_;
   uv_loop_t loop_{};
   shm::SharedSegment segment_;
   std::unique_ptr<shm::ModelIndex> index_;
@@ -202,6 +235,10 @@ class Daemon {
   std::unique_ptr<ClientServer> server_;
   PoolLimits limits_;
   std::optional<gid_t> admin_gid_;
+  std::optional<gid_t> socket_gid_;
+  std::optional<gid_t> observer_gid_;
+  std::unique_ptr<ServiceManager> service_;
+  bool ready_sent_ = false;
 
   std::vector<ModelRuntime> runtime_;        // by model index
   std::deque<uint32_t> pending_admission_;   // models waiting for room or a worker, FIFO
@@ -213,7 +250,7 @@ class Daemon {
                                                 // worker cannot make the supervisor buffer without end
   std::vector<uint64_t> worker_load_done_ms_;     // when each worker last finished a load
   std::vector<uint64_t> worker_serving_done_ms_;  // ... an infer or an unload
-  std::vector<uint32_t> preloading_;
+  std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   struct BulkUnload {
     Call call;
     uint32_t remaining = 0;
@@ -221,15 +258,18 @@ class Daemon {
     uint32_t total = 0;
   };
   std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;
-  uint64_t next_bulk_ = 1;  // preload models not yet ready (or failed)
+  uint64_t next_bulk_ = 1;
   std::vector<ArmedFault> faults_;
   uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;                       // waiters over all models
   bool retrying_ = false;
-  bool stopping_ = false;
+  bool stopping_ = false;     // no new requests; accepted ones drain
+  bool drain_ended_ = false;  // workers are being stopped
   int exit_code_ = 0;
 
   ipc::UvHandle<uv_timer_t> sweep_timer_;
+  ipc::UvHandle<uv_timer_t> status_timer_;
+  ipc::UvHandle<uv_timer_t> drain_timer_;
   ipc::UvHandle<uv_signal_t> sigterm_;
   ipc::UvHandle<uv_signal_t> sigint_;
   ipc::UvHandle<uv_signal_t> sighup_;

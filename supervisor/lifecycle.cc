@@ -39,6 +39,9 @@ void Daemon::EnsureLoading(uint32_t model) {
 void Daemon::TryAdmit(uint32_t model) {
   ModelState state = index_->State(model);
   if (runtime_[model].waiters.empty()) return;  // everyone gave up meanwhile
+  // A path refused at registration (outside the model roots, not a regular file) never reaches a
+  // worker: only a reload can fix it.
+  if (!runtime_[model].refused.ok()) return FailWaiters(model, runtime_[model].refused);
   auto wait = [&] {
     for (uint32_t m : pending_admission_) {
       if (m == model) return;
@@ -250,6 +253,7 @@ void Daemon::FinishUnload(uint32_t model) {
     Answer(call, std::move(reply));
   }
   AnswerBulk(model);
+  if (rt.retiring) return MaybeRetire(model);  // re-registered (loading for waiters) or forgotten
   if (!rt.waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
 }
 
@@ -480,9 +484,6 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
     Status cause(CodeFromInt(done.error().code()), done.error().message());
     worker_models_[job.worker]--;
     spdlog::warn("loading \"{}\" failed: {}", name, cause.ToString());
-    if (auto it = std::find(preloading_.begin(), preloading_.end(), model); it != preloading_.end()) {
-      preloading_.erase(it);  // reported above; the others keep loading
-    }
     if (cause.code() == Code::kResourceExhausted) {
       // Not the model's fault: no cooldown, the next request tries again.
       index_->MarkNotResident(model, ModelState::kRegistered, cause.message());
@@ -511,10 +512,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   index_->MarkReady(model, done.weight_bytes(), done.workspace_bytes());
   rt.replica_slots = {job.worker};
   StartKeepAlive(model);
-  if (auto it = std::find(preloading_.begin(), preloading_.end(), model); it != preloading_.end()) {
-    preloading_.erase(it);
-    if (preloading_.empty()) spdlog::info("preload complete: every preloaded model is ready");
-  }
+  CheckPreload();
   spdlog::info("\"{}\" ready on worker {} ({} weights {}, {} ms)", name, job.worker,
                FormatBytes(done.weight_bytes()), job.attach ? "attached" : "loaded",
                MonotonicMillis() - job.started_ms);

@@ -10,9 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/logging.h"
 #include "common/paths.h"
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "common/units.h"
 #include "supervisor/config.h"
@@ -23,7 +22,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "warmpoold: the warmpool supervisor. Loads models on demand into worker processes, keeps "
       "them warm and evicts the least recently used under a memory budget. Runs in the "
-      "foreground and logs to stderr; SIGTERM or SIGINT stops it."};
+      "foreground and logs to stderr (with syslog priorities under systemd). SIGHUP reloads the "
+      "model registry; SIGTERM or SIGINT stops accepting, lets accepted requests finish within "
+      "[daemon] drain_timeout_ms and stops (a second signal stops at once)."};
   std::string config_file, socket, models_dir, backend, instance, budget, log_level = "info";
   std::string worker_path;
   app.add_option("--config", config_file, "TOML configuration file (optional)");
@@ -41,31 +42,34 @@ int main(int argc, char** argv) {
                "accept 'warmpool fault arm/clear' (for testing and the chaos harness only)");
   CLI11_PARSE(app, argc, argv);
 
-  auto logger = spdlog::stderr_color_mt("warmpoold");
-  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e warmpoold %^%l%$ %v");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  SetupLogging("warmpoold", "warmpoold", log_level);
 
-  supervisor::Config config;
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 2;
   };
-  if (!config_file.empty()) {
-    if (Status s = supervisor::LoadConfigFile(config, config_file); !s.ok()) return fail(s);
-  }
-  if (!socket.empty()) config.socket_path = socket;
-  if (!models_dir.empty()) config.models_dir = models_dir;
-  if (!backend.empty()) config.backend = backend;
-  if (!instance.empty()) config.instance = instance;
-  if (!budget.empty()) {
-    Result<uint64_t> bytes = ParseSize(budget);
-    if (!bytes.ok()) return fail(bytes.status());
-    config.budget_bytes = *bytes;
-  }
-  config.enable_fault_injection = fault_injection;
-  supervisor::FinishDefaults(config);
-  if (Status s = supervisor::CheckInstanceName(config.instance); !s.ok()) return fail(s);
+  // The file, then the flags over it: at start and again at every SIGHUP.
+  auto assemble = [&]() -> Result<supervisor::Config> {
+    supervisor::Config config;
+    if (!config_file.empty()) {
+      if (Status s = supervisor::LoadConfigFile(config, config_file); !s.ok()) return s;
+    }
+    if (!socket.empty()) config.socket_path = socket;
+    if (!models_dir.empty()) config.models_dir = models_dir;
+    if (!backend.empty()) config.backend = backend;
+    if (!instance.empty()) config.instance = instance;
+    if (!budget.empty()) {
+      Result<uint64_t> bytes = ParseSize(budget);
+      if (!bytes.ok()) return bytes.status();
+      config.budget_bytes = *bytes;
+    }
+    config.enable_fault_injection = fault_injection;
+    supervisor::FinishDefaults(config);
+    if (Status s = supervisor::CheckInstanceName(config.instance); !s.ok()) return s;
+    return config;
+  };
+  Result<supervisor::Config> config = assemble();
+  if (!config.ok()) return fail(config.status());
   if (worker_path.empty()) worker_path = NextToSelf("warmpool-worker");
   if (access(worker_path.c_str(), X_OK) != 0) {
     return fail(Error(Code::kFailedPrecondition,
@@ -79,7 +83,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts
 
-  supervisor::Daemon daemon(std::move(config), worker_path);
+  supervisor::Daemon daemon(std::move(*config), worker_path, assemble);
   if (Status s = daemon.Start(); !s.ok()) return fail(s);
   return daemon.Run();
 }

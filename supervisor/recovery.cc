@@ -143,6 +143,12 @@ Status Daemon::FailedStatus(uint32_t model) const {
 }
 
 void Daemon::SweepDeadlines() {
+  // Checked here, on its own turn of the loop, rather than after each reply: ending the drain
+  // closes the sessions and the workers' channels, which no handler half-way through expects.
+  if (stopping_) {
+    CheckDrained();
+    if (drain_ended_) return;
+  }
   uint64_t now = MonotonicMillis();
   ExpireIdle(now);
   for (uint32_t model : index_->All()) {

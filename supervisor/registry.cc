@@ -8,7 +8,9 @@
 #include "engines/builtin.h"
 #include "engines/dense_model.h"
 #include "engines/plugin_loader.h"
+#include "common/utf8.h"
 #include "engines/safetensors.h"
+#include "supervisor/model_roots.h"
 
 namespace warmpool::supervisor {
 
@@ -83,6 +85,31 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
 }
 
 std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings) {
+  const std::vector<std::string> roots = EffectiveModelRoots(config);
+  // Every path is resolved under the model roots before anything reads it: a symlink or `..`
+  // leading out of them registers the model as failed and the file is never opened. The
+  // registered path is the resolved one, so a symlink switched to a new file is a changed model.
+  auto inspect = [&](const std::string& name, std::string engine, const std::string& path,
+                     bool engine_from_file) {
+    if (path.empty()) return InspectModel(name, engine, path, config.engine_dir);  // echo
+    Result<std::string> real = ResolveModelPath(path, roots);
+    if (!real.ok()) {
+      ModelEntry entry;
+      entry.name = name;
+      entry.engine = engine;
+      entry.path = path;
+      entry.problem = real.status();
+      entry.path_refused = true;
+      return entry;
+    }
+    if (engine_from_file) {
+      if (Result<safetensors::Header> h = safetensors::ReadHeader(*real); h.ok()) {
+        auto it = h->metadata.find("engine");
+        if (it != h->metadata.end()) engine = it->second;
+      }
+    }
+    return InspectModel(name, engine, *real, config.engine_dir);
+  };
   std::vector<ModelEntry> entries;
   std::set<std::string> names;
   for (const ModelConfig& m : config.models) {
@@ -90,7 +117,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
       warnings.push_back(fmt::format("model \"{}\" is configured twice; the first entry wins", m.name));
       continue;
     }
-    entries.push_back(InspectModel(m.name, m.engine, m.path, config.engine_dir));
+    entries.push_back(inspect(m.name, m.engine, m.path, /*engine_from_file=*/false));
   }
   std::error_code ec;
   if (config.models_dir.empty() || !fs::is_directory(config.models_dir, ec)) {
@@ -103,23 +130,27 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
   }
   std::vector<fs::path> files;
   for (const fs::directory_entry& e : fs::directory_iterator(config.models_dir, ec)) {
+    // Symlinks too (is_regular_file follows them): where they lead is checked against the roots.
     if (e.path().extension() == ".safetensors" && e.is_regular_file(ec)) files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
   for (const fs::path& file : files) {
     std::string name = file.stem().string();
+    if (Status s = CheckModelName(name); !s.ok()) {
+      // Not registered at all, not even as failed: a file name is not necessarily UTF-8, and the
+      // index's names travel in every status reply.
+      warnings.push_back(fmt::format("{} skipped: its file name is not a model name (1 to 63 of "
+                                     "A-Z a-z 0-9 . _ -, not starting with '.')",
+                                     ValidUtf8(file.string())));
+      continue;
+    }
     if (!names.insert(name).second) {
       warnings.push_back(fmt::format("{} is shadowed by a configured model of the same name",
                                      file.string()));
       continue;
     }
-    std::string engine = "dense";
-    if (Result<safetensors::Header> h = safetensors::ReadHeader(file.string()); h.ok()) {
-      auto it = h->metadata.find("engine");
-      if (it != h->metadata.end()) engine = it->second;
-    }
-    entries.push_back(InspectModel(name, engine, fs::absolute(file, ec).lexically_normal().string(),
-                                   config.engine_dir));
+    entries.push_back(inspect(name, "dense", fs::absolute(file, ec).lexically_normal().string(),
+                              /*engine_from_file=*/true));
   }
   return entries;
 }

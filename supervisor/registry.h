@@ -23,6 +23,9 @@ struct ModelEntry {
   std::string header;       // raw header bytes (length prefix included), for attaching later
   uint64_t file_size = 0;
   Status problem;  // not ok: the model is registered as failed with this reason
+  // The path is refused (outside the model roots, not a regular file): no worker may open it,
+  // not even to retry after a cooldown. Other problems are retried like failed loads.
+  bool path_refused = false;
 };
 
 // Names are 1..63 bytes of [A-Za-z0-9._-], not starting with '.'.

@@ -57,6 +57,20 @@ Status CheckRequest(const v1::Envelope& request) {
       if (!arm.model().empty()) return CheckModelName(arm.model());  // empty: any model
       return OkStatus();
     }
+    case v1::Envelope::kRegisterModel: {
+      const v1::RegisterRequest& r = request.register_model();
+      if (Status s = CheckModelName(r.model()); !s.ok()) return s;
+      if (r.remove()) return OkStatus();
+      // Relative paths would mean the daemon's working directory, which the client does not know;
+      // where an absolute path leads is judged against the model roots later.
+      if (r.path().empty() || r.path()[0] != '/' || r.path().find('\0') != std::string::npos) {
+        return Error(Code::kInvalidArgument,
+                     "model path \"{}\" must be absolute (the daemon does not share the "
+                     "client's working directory)",
+                     r.path());
+      }
+      return OkStatus();
+    }
     case v1::Envelope::kModels:
     case v1::Envelope::kPs:
     case v1::Envelope::kStatus:
@@ -74,6 +88,7 @@ Status CheckRequest(const v1::Envelope& request) {
     case v1::Envelope::kFaultArmReply:
     case v1::Envelope::kFaultClearReply:
     case v1::Envelope::kPinReply:
+    case v1::Envelope::kRegisterModelReply:
       return Error(Code::kInvalidArgument,
                    "request {} carries no request this daemon understands (body {})",
                    request.request_id(), static_cast<int>(request.body_case()));

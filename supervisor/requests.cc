@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "ipc/framing.h"
 #include "supervisor/daemon.h"
+#include "supervisor/request_check.h"
 
 namespace warmpool::supervisor {
 
@@ -48,10 +49,12 @@ bool Daemon::IsAdmin(const Peer& peer) const {
 void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request) {
   Call call{session, request.request_id()};
   bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
-                       request.has_fault_arm() || request.has_fault_clear();
+                       request.has_fault_arm() || request.has_fault_clear() ||
+                       request.has_register_model();
   if (admin_request && !IsAdmin(peer)) {
     AnswerError(call, Error(Code::kPermissionDenied,
-                            "uid {} may infer and read status, not load, unload, pin or arm faults: "
+                            "uid {} may infer and read status, not register, load, unload, pin or "
+                            "arm faults: "
                             "run as root or the daemon's user{}",
                             peer.uid,
                             config_.admin_group.empty()
@@ -59,13 +62,7 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
                                 : fmt::format(", or join group {}", config_.admin_group)));
     return;
   }
-  if (request.protocol_version() != 0 && request.protocol_version() != ipc::kProtocolVersion) {
-    AnswerError(call, Error(Code::kFailedPrecondition,
-                            "client speaks protocol version {}, this daemon speaks {}: use a "
-                            "client of the same release",
-                            request.protocol_version(), ipc::kProtocolVersion));
-    return;
-  }
+  if (Status s = CheckRequest(request); !s.ok()) return AnswerError(call, s);
   if (stopping_) {
     AnswerError(call, Error(Code::kUnavailable, "the daemon is stopping; retry after it restarts"));
     return;
@@ -80,6 +77,7 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
     case v1::Envelope::kFaultArm: HandleFaultArm(call, request.fault_arm()); break;
     case v1::Envelope::kFaultClear: HandleFaultClear(call); break;
     case v1::Envelope::kPin: HandlePin(call, request.pin()); break;
+    case v1::Envelope::kRegisterModel: HandleRegister(call, request.register_model()); break;
     default:
       AnswerError(call, Error(Code::kInvalidArgument,
                               "request {} carries no request this daemon understands (body {})",
@@ -95,8 +93,14 @@ Status UnknownModel(const std::string& name) {
 
 }  // namespace
 
+uint32_t Daemon::FindServing(const std::string& name) const {
+  uint32_t model = index_->Find(name);
+  if (model == shm::kNil || (runtime_[model].retiring && !runtime_[model].next)) return shm::kNil;
+  return model;
+}
+
 void Daemon::HandlePin(const Call& call, const v1::PinRequest& request) {
-  uint32_t model = index_->Find(request.model());
+  uint32_t model = FindServing(request.model());
   if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
   index_->Update(model, [&](shm::ModelRecord& r) { r.pinned = request.pin() ? 1 : 0; });
   if (!request.pin()) RetryPending();  // room may have been waiting for this one
@@ -108,7 +112,7 @@ void Daemon::HandlePin(const Call& call, const v1::PinRequest& request) {
 
 void Daemon::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   const std::string& name = request.model();
-  uint32_t model = index_->Find(name);
+  uint32_t model = FindServing(name);
   if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
   if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
   if (request.replicas() != 0) {
@@ -207,17 +211,8 @@ void Daemon::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
 }
 
 void Daemon::HandleInfer(const Call& call, v1::InferRequest&& request) {
-  const v1::Tensor& input = request.input();
-  // Compared by division: rows * cols may overflow for hostile values.
-  if (input.rows() == 0 || input.cols() == 0 || input.data().size() % sizeof(float) != 0 ||
-      input.data().size() / sizeof(float) / input.rows() != input.cols() ||
-      input.data().size() / sizeof(float) % input.rows() != 0) {
-    return AnswerError(call, Error(Code::kInvalidArgument,
-                                   "input must be a non-empty rows x cols matrix of f32 (got {} x "
-                                   "{} with {} bytes)",
-                                   input.rows(), input.cols(), input.data().size()));
-  }
-  uint32_t model = index_->Find(request.model());
+  // The input's shape was checked with the rest of the request (request_check.cc).
+  uint32_t model = FindServing(request.model());
   if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
   if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
   if (queued_ >= config_.max_queue) {

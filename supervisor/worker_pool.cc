@@ -110,7 +110,10 @@ void WorkerPool::Spawn(uint32_t slot) {
   // Workers never inherit the service manager's variables: only the supervisor talks to systemd.
   std::vector<char*> env;
   for (char** e = environ; *e != nullptr; e++) {
-    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) == 0 || std::strncmp(*e, "LISTEN_", 7) == 0) continue;
+    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) == 0 || std::strncmp(*e, "LISTEN_", 7) == 0 ||
+        std::strncmp(*e, "WATCHDOG_", 9) == 0) {
+      continue;
+    }
     env.push_back(*e);
   }
   env.push_back(nullptr);
@@ -304,8 +307,10 @@ void WorkerPool::Shutdown(uint64_t grace_ms, std::function<void()> done) {
     if (w->channel != nullptr) {
       ipc::Connection* channel = w->channel;
       w->channel = nullptr;
-      channel->Close(OkStatus());  // EOF: the worker finishes and exits
+      channel->Close(OkStatus());  // EOF: an idle worker exits on its own
     }
+    // The drain is over: whatever a worker still does is abandoned. TERM now, KILL at grace_ms.
+    if (w->running && w->pid > 0) kill(w->pid, SIGTERM);
   }
   uv_timer_start(kill_timer_.get(), [](uv_timer_t* t) {
     auto* pool = static_cast<WorkerPool*>(t->data);

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "common/logging.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -35,9 +35,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts
 
-  auto logger = spdlog::stderr_color_mt("worker");
-  logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e worker[{}] %^%l%$ %v", options.slot));
-  spdlog::set_default_logger(logger);
+  warmpool::SetupLogging("worker", fmt::format("worker[{}]", options.slot), "info");
 
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {

@@ -19,13 +19,14 @@ constexpr uid_t kNobody = 65534;
 class AccessTest : public DaemonTest {
  protected:
   // Runs the warmpool CLI as nobody; returns its exit status and what it wrote to stderr.
-  int CliAsNobody(const std::vector<std::string>& args, std::string* err) {
+  // open_socket: make the socket connectable by anyone first (as if nobody were in its group).
+  int CliAsNobody(const std::vector<std::string>& args, std::string* err, bool open_socket = true) {
     std::string cli = dir_ + "/warmpool-cli";
     std::filesystem::copy_file(BinDir() + "/warmpool", cli,
                                std::filesystem::copy_options::overwrite_existing);
     chmod(cli.c_str(), 0755);
     chmod(dir_.c_str(), 0711);
-    chmod(socket_.c_str(), 0666);
+    if (open_socket) chmod(socket_.c_str(), 0666);
     std::string err_path = dir_ + "/nobody.err";
     pid_t pid = fork();
     if (pid == 0) {
@@ -65,6 +66,33 @@ TEST_F(AccessTest, OtherUsersMayInferButNotAdminister) {
   EXPECT_EQ(CliAsNobody({"unload", "m"}, &err), 1);
   std::string out;
   EXPECT_EQ(Cli({"unload", "m"}, &out, &err), 0) << err;  // root administers
+}
+
+TEST_F(AccessTest, TheSocketGroupMayConnectAndNobodyElse) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as a second user";
+  MakeModel("m", "8,4");
+  StartDaemon();
+  struct stat st{};
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string err;
+  EXPECT_EQ(CliAsNobody({"status"}, &err, /*open_socket=*/false), 1);
+  EXPECT_NE(err.find("Permission denied"), std::string::npos) << err;
+  ExpectQuiescentAndValid();
+  ASSERT_EQ(StopDaemon(), 0);
+
+  // nobody's primary group is nogroup: with the socket given to it, nobody gets in (to infer).
+  StartDaemon("[access]\nsocket_group = \"nogroup\"\nobserver_group = \"nogroup\"\n");
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, kNobody);
+  EXPECT_EQ(CliAsNobody({"infer", "m", "--random", "1"}, &err, /*open_socket=*/false), 0) << err;
+  EXPECT_EQ(CliAsNobody({"load", "m"}, &err, /*open_socket=*/false), 1);
+  EXPECT_NE(err.find("PERMISSION_DENIED"), std::string::npos) << err;
+  // The observer group may read the segment, not write it.
+  ASSERT_EQ(stat(("/dev/shm/warmpool." + instance_).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+  EXPECT_EQ(st.st_gid, kNobody);
 }
 
 TEST_F(AccessTest, UnknownAdminGroupIsRefusedAtStart) {

@@ -126,6 +126,7 @@ void DaemonTest::Launch(std::vector<std::string> argv) {
     dup2(fd, 1);
     dup2(fd, 2);
     (void)!chdir(dir_.c_str());
+    for (std::string& kv : launch_env_) putenv(kv.data());
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());
     args.push_back(nullptr);

@@ -58,6 +58,8 @@ class DaemonTest : public ::testing::Test {
   std::string instance_;
   pid_t daemon_ = -1;
   std::vector<pid_t> seen_workers_;
+  // KEY=VALUE set in the daemon's environment by Launch (e.g. NOTIFY_SOCKET).
+  std::vector<std::string> launch_env_;
 };
 
 // The expected output of a dense model computed in this process with the same engine library.

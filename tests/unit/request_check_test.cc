@@ -235,3 +235,30 @@ TEST(CheckRequest, FaultPointAndAction) {
 
 }  // namespace
 }  // namespace warmpool::supervisor
+
+namespace warmpool::supervisor {
+namespace {
+
+v1::Envelope Register(const std::string& model, const std::string& path, bool remove = false) {
+  v1::Envelope e;
+  e.mutable_register_model()->set_model(model);
+  e.mutable_register_model()->set_path(path);
+  e.mutable_register_model()->set_remove(remove);
+  return e;
+}
+
+TEST(CheckRequestTest, RegisterNeedsAGoodNameAndAnAbsolutePath) {
+  EXPECT_ACCEPTED(Register("m", "/var/lib/warmpool/models/m.safetensors"));
+  EXPECT_ACCEPTED(Register("m", "", /*remove=*/true));
+  EXPECT_REFUSED(Register("m", "models/m.safetensors"), Code::kInvalidArgument, "must be absolute");
+  EXPECT_REFUSED(Register("m", ""), Code::kInvalidArgument, "must be absolute");
+  EXPECT_REFUSED(Register("m", std::string("/a\0b", 4)), Code::kInvalidArgument, "must be absolute");
+  EXPECT_REFUSED(Register("../x", "/m.safetensors"), Code::kInvalidArgument, "model name");
+  EXPECT_REFUSED(Register("", "", /*remove=*/true), Code::kInvalidArgument, "model name");
+  v1::Envelope reply;
+  reply.mutable_register_model_reply()->set_model("m");
+  EXPECT_REFUSED(reply, Code::kInvalidArgument, "no request this daemon understands");
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor

@@ -269,8 +269,13 @@ class SharedSegmentTest : public ::testing::Test {
     EXPECT_EQ(stat(path_.c_str(), &st), 0) << path_ << ": " << std::strerror(errno);
     return st.st_mode & 07777;
   }
-  Result<SharedSegment> Create(unsigned mode = 0600) {
-    return SharedSegment::Create(instance_, kLimits, 1, 1 << 20, mode);
+  Result<SharedSegment> Create(std::optional<gid_t> observer_group = std::nullopt) {
+    return SharedSegment::Create(instance_, kLimits, 1, 1 << 20, observer_group);
+  }
+  gid_t Group() const {
+    struct stat st;
+    EXPECT_EQ(stat(path_.c_str(), &st), 0) << path_ << ": " << std::strerror(errno);
+    return st.st_gid;
   }
 
   std::string instance_;
@@ -291,11 +296,21 @@ TEST_F(SharedSegmentTest, CreateMakesA0600ObjectOfTheRightSize) {
   EXPECT_EQ(seg->view().max_models(), 4u);
 }
 
-TEST_F(SharedSegmentTest, ModeIsExactDespiteUmask) {
+TEST_F(SharedSegmentTest, AnObserverGroupGetsReadAccessDespiteUmask) {
   mode_t old = umask(077);
-  Result<SharedSegment> seg = Create(0640);
+  Result<SharedSegment> seg = Create(getgid());
   umask(old);
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  EXPECT_EQ(Mode(), 0640u);
+  EXPECT_EQ(Group(), getgid());
+}
+
+TEST_F(SharedSegmentTest, TheObserverGroupOwnsTheSegment) {
+  if (geteuid() != 0) GTEST_SKIP() << "giving a file to another group needs root";
+  const gid_t other = 65534;  // nogroup
+  Result<SharedSegment> seg = Create(other);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  EXPECT_EQ(Group(), other);
   EXPECT_EQ(Mode(), 0640u);
 }
 
