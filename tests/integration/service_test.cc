@@ -124,6 +124,24 @@ TEST_F(ServiceTest, ReadyAfterPreloadThenWatchdogPingsThenStopping) {
   EXPECT_EQ(Count(stop, "STOPPING=1"), 1u) << ::testing::PrintToString(stop);
 }
 
+TEST_F(ServiceTest, LogsCarrySyslogPrioritiesWhenStderrIsTheJournal) {
+  MakeModel("m", "8,4");
+  // systemd tells a service that stderr is the journal by naming that stream's device and inode.
+  std::string log = dir_ + "/daemon.log";
+  std::ofstream(log).close();
+  struct stat st{};
+  ASSERT_EQ(stat(log.c_str(), &st), 0);
+  launch_env_.push_back(fmt::format("JOURNAL_STREAM={}:{}", st.st_dev, st.st_ino));
+  StartDaemon("[[models]]\nname = \"bad\"\nengine = \"nonesuch\"\n");
+  std::string out;
+  EXPECT_EQ(Cli({"infer", "m", "--random", "1"}, &out), 0);
+  std::string text = DaemonLog();
+  EXPECT_NE(text.find("<6>warmpoold: warmpoold "), std::string::npos) << text;  // info
+  EXPECT_NE(text.find("<4>warmpoold: model \"bad\""), std::string::npos) << text;  // warning
+  // No timestamps: the journal has its own.
+  EXPECT_EQ(text.find("\n20"), std::string::npos) << text;
+}
+
 TEST_F(ServiceTest, SocketActivationServesOnThePassedSocket) {
   const std::string activate = "/usr/bin/systemd-socket-activate";
   ASSERT_TRUE(fs::exists(activate)) << "systemd-socket-activate is part of the systemd package";
