@@ -233,10 +233,12 @@ void Daemon::Preload() {
 }
 
 void Daemon::CheckPreload() {
-  // Settled: ready, failed, or nothing left that would load it (its load was refused for room).
+  // Settled: ready, failed, gone (a reload removed it), or nothing left that would load it (its
+  // load was refused for room).
   std::erase_if(preloading_, [&](uint32_t model) {
     ModelState state = index_->State(model);
     return state == ModelState::kReady || state == ModelState::kFailed ||
+           state == ModelState::kEmpty ||
            (state == ModelState::kRegistered && runtime_[model].waiters.empty());
   });
   if (ready_sent_ || !preloading_.empty() || stopping_) return;
@@ -274,7 +276,8 @@ std::string Daemon::StatusLine() const {
 void Daemon::OnStatusTick() {
   CheckPreload();
   for (uint32_t model : index_->All()) {
-    if (runtime_[model].retiring) MaybeRetire(model);  // a safety net; the events do it first
+    // Re-registering or forgetting a retiring model happens here, on a clean stack.
+    if (runtime_[model].retiring) MaybeRetire(model);
   }
   if (ready_sent_) service_->Status(StatusLine());
 }

@@ -154,7 +154,11 @@ void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
   }
   if (index_->Get(model).inflight == 0) StartKeepAlive(model);
   DrainReady(model);
-  if (index_->Get(model).inflight == 0) MaybeRetire(model);
+  // Leaving the registry: its last request ended, so its unload can start (never more than that
+  // from here: see MaybeRetire).
+  if (index_->Get(model).inflight == 0 && index_->State(model) == ModelState::kReady) {
+    MaybeRetire(model);
+  }
   // Room in this worker again: other models on it may have requests waiting for it.
   if (worker_outstanding_[job.worker] + 1 >= kMaxWorkerPendingJobs ||
       worker_pending_bytes_[job.worker] + job.bytes >= kMaxWorkerPendingBytes) {

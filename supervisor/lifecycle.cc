@@ -220,6 +220,9 @@ void Daemon::FinishUnload(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   rt.replica_slots.clear();
   rt.unloads_pending = 0;
+  // An unload that was waiting for the last request ends here too when a worker's death ended it
+  // first; left set, it would keep the next load's requests from ever being dispatched.
+  rt.unload_when_idle = false;
   bool parked = rt.parking && rt.park_fd >= 0 && index_->State(model) == ModelState::kUnloading;
   rt.parking = false;
   if (parked) {
@@ -253,7 +256,10 @@ void Daemon::FinishUnload(uint32_t model) {
     Answer(call, std::move(reply));
   }
   AnswerBulk(model);
-  if (rt.retiring) return MaybeRetire(model);  // re-registered (loading for waiters) or forgotten
+  // Leaving the registry (or changing): the status tick re-registers or forgets it, from a clean
+  // stack. Callers up this one (a worker's death, an unload reply) may still use the index, and
+  // requests retried after a death may yet be queued for it.
+  if (rt.retiring) return;
   if (!rt.waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
 }
 

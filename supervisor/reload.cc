@@ -146,6 +146,8 @@ void Daemon::RetireWhenIdle(uint32_t model) {
   MaybeRetire(model);
 }
 
+// Called from clean stacks only (the status tick, a reload, a request, the end of a request):
+// forgetting a model frees its index for reuse, which nothing further up may still hold.
 void Daemon::MaybeRetire(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   if (!rt.retiring) return;

@@ -232,6 +232,37 @@ TEST_F(ServiceTest, SighupAppliesAddedChangedAndRemovedModels) {
       << DaemonLog();
 }
 
+TEST_F(ServiceTest, AModelRemovedByReloadWhoseWorkerCrashesStillAnswersItsRequest) {
+  fs::create_directories(dir_ + "/v1");
+  std::string path = dir_ + "/v1/gone.safetensors";
+  ASSERT_EQ(RunProgram({BinDir() + "/warmpool-mkmodel", path, "--layers", "8,4"}), 0);
+  StartDaemon("[[models]]\nname = \"gone\"\npath = \"v1/gone.safetensors\"\n",
+              {"--enable-fault-injection"});
+  ASSERT_EQ(Cli({"load", "gone"}), 0);
+  // In the worker: a pause (the reload lands in it), then the worker dies before it answers.
+  ASSERT_EQ(Cli({"fault", "arm", "infer.mid", "delay:600", "--model", "gone"}), 0);
+  ASSERT_EQ(Cli({"fault", "arm", "infer.before_restore", "kill", "--model", "gone"}), 0);
+  auto c = Connect();
+  client::Matrix input = RandomMatrix(2, 8, 4);
+  v1::Envelope request;
+  *request.mutable_infer()->mutable_input() = client::ToTensor(input);
+  request.mutable_infer()->set_model("gone");
+  auto id = c->Send(request);
+  ASSERT_TRUE(id.ok());
+  std::this_thread::sleep_for(200ms);
+  std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n";
+  ASSERT_EQ(kill(daemon_, SIGHUP), 0);
+  // The request was accepted before the reload: it is retried on the old version and answered.
+  auto reply = c->Wait(*id);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
+  auto out = client::FromTensor(reply->infer_reply().output());
+  ASSERT_TRUE(out.ok());
+  ExpectNear(ReferenceInfer(path, input), *out);
+  EXPECT_TRUE(WaitForState("gone", "absent")) << ModelState("gone");
+  EXPECT_EQ(c->Infer("gone", input).status().code(), Code::kNotFound);
+}
+
 TEST_F(ServiceTest, SighupWithABrokenConfigKeepsTheRegistry) {
   MakeModel("m", "8,4");
   StartDaemon();
