@@ -89,6 +89,8 @@ class Harness {
 
   // Own daemon only: SIGKILL the supervisor, check its workers die and the next start serves.
   void KillAndRestart(Checks& checks);
+  // From the segment's header; -1 when there is no segment.
+  pid_t SupervisorPid();
 
  private:
   Status StartOwnDaemon();
@@ -97,7 +99,6 @@ class Harness {
   Status WaitReady(int timeout_ms);
   Status DescribeLiveModels();
   void RememberWorkers();
-  pid_t SupervisorPid();
   // Open fds of pid besides memfd regions, and how many of those are weights and parked copies.
   int CountFds(pid_t pid, int* weights = nullptr, int* parked = nullptr);
   // Models whose regions the supervisor should hold: ready with weights, and parked.

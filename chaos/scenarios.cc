@@ -305,6 +305,35 @@ void SupervisorKillScenario(Harness& h, Checks& checks, size_t) {
   ExpectTraffic(checks, "served after the restart", after.Join());
 }
 
+// SIGHUP after SIGHUP under traffic, with a registry that did not change: nothing is unloaded or
+// re-registered, nothing is lost, no worker restarts.
+void ReloadStormScenario(Harness& h, Checks& checks, size_t index) {
+  const ModelUnderTest& victim = h.victim(index);
+  uint32_t restarts = h.TotalRestarts();
+  checks.Expect(Load(h, victim.name).ok(), "victim loaded before the reloads");
+  Bystander bystander(h);
+  Traffic traffic(h, TrafficSpec{&victim, 2, 0, 2, 4, 0, {}, false, index});
+  traffic.Start();
+  pid_t supervisor = h.SupervisorPid();
+  checks.Expect(supervisor > 0, "supervisor pid from the segment");
+  for (int i = 0; i < 10 && supervisor > 0; i++) {
+    kill(supervisor, SIGHUP);
+    Sleep(20);
+  }
+  Sleep(300);  // the status tick retires what a reload marked: here, nothing
+  traffic.Stop();
+  ExpectTraffic(checks, "victim", traffic.Join());
+  bystander.Finish(checks);
+  bool ready = false;
+  if (auto client = h.Connect(); client.ok()) {
+    if (auto ps = (*client)->Ps(); ps.ok()) {
+      for (const auto& m : ps->models()) ready = ready || (m.name() == victim.name && m.state() == "ready");
+    }
+  }
+  checks.Expect(ready, "the victim stayed loaded through every reload");
+  checks.Expect(h.TotalRestarts() == restarts, "no worker restarted");
+}
+
 }  // namespace
 
 std::vector<Scenario> AllScenarios() {
@@ -324,6 +353,7 @@ std::vector<Scenario> AllScenarios() {
   all.push_back({"budget exhaustion under load", true, BudgetScenario});
   all.push_back({"client disconnect storm", false, DisconnectStormScenario});
   all.push_back({"supervisor SIGKILL and restart", true, SupervisorKillScenario});
+  all.push_back({"SIGHUP storm under traffic", true, ReloadStormScenario});
   return all;
 }
 

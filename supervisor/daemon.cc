@@ -194,6 +194,7 @@ bool Daemon::RegisterModel(const ModelEntry& m) {
   rt.failed_until_ms = 0;
   rt.crash_ms.clear();
   rt.cooldown_ms = 0;
+  rt.registration_problem = m.problem.message();
   rt.refused = !m.path_refused ? OkStatus()
                               : Error(Code::kFailedPrecondition,
                                       "model \"{}\" cannot be loaded: {} (fix it, then reload: "

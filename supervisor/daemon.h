@@ -121,6 +121,7 @@ class Daemon {
     std::optional<ModelEntry> next;
     bool registered_by_client = false;  // `warmpool register`: a reload leaves it alone
     Status refused;  // its path was refused at registration: requests get this, no worker loads it
+    std::string registration_problem;  // what was wrong at registration (empty: nothing)
   };
   struct ArmedFault {
     v1::Fault fault;

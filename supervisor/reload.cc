@@ -16,11 +16,12 @@ using shm::ModelState;
 
 namespace {
 
-// Same model, as far as serving it goes: the same engine, file and bytes in the header.
+// Same model, as far as serving it goes: the same engine, file and bytes in the header, and the
+// same problem if it had one (a broken file that stays broken is left as it is).
 bool SameModel(const shm::ModelRecord& record, const std::string& header, uint64_t file_size,
-               const ModelEntry& entry) {
-  return entry.problem.ok() && entry.engine == record.engine && entry.path == record.path &&
-         entry.header == header && entry.file_size == file_size;
+               const std::string& problem, const ModelEntry& entry) {
+  return entry.problem.message() == problem && entry.engine == record.engine &&
+         entry.path == record.path && entry.header == header && entry.file_size == file_size;
 }
 
 }  // namespace
@@ -65,7 +66,8 @@ void Daemon::Reload() {
                    entry.name);
       continue;
     }
-    if (SameModel(index_->Get(model), rt.header, rt.file_size, entry) && !rt.retiring) {
+    if (SameModel(index_->Get(model), rt.header, rt.file_size, rt.registration_problem, entry) &&
+        !rt.retiring) {
       // Settings only: they apply to the next request.
       rt.keep_alive_ms = config_.keep_alive_ms;
       for (const ModelConfig& c : config_.models) {
