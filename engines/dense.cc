@@ -87,7 +87,8 @@ Result<uint64_t> CurrentFileSize(int fd, const DenseEngine& engine) {
 // Copies the data area of the file into the weights region. pread, not mmap: a file truncated
 // under us must give an error, not SIGBUS.
 Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
-  int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC);
+  // As in safetensors::ReadHeader: no symlink swapped in since registration, no blocking open.
+  int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const Code code = err == ENOENT ? Code::kNotFound : err == EACCES ? Code::kPermissionDenied : Code::kInternal;

@@ -346,9 +346,12 @@ Result<Header> ParseHeader(std::span<const uint8_t> file_prefix, uint64_t file_s
 }
 
 Result<Header> ReadHeader(const std::string& path, std::vector<uint8_t>* raw) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Registered paths are resolved already: a symlink here is one swapped in since, and a FIFO must
+  // not block the caller (the supervisor's loop) in open; fstat below refuses it.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
+    if (err == ELOOP) return FileError(path, "is a symlink now; reload to resolve it again");
     return Status(CodeForErrno(err), fmt::format("model file \"{}\": cannot open: {}", path, std::strerror(err)));
   }
   struct FdCloser {

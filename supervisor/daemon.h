@@ -216,6 +216,7 @@ class Daemon {
   // SIGHUP: the registry again from the config file and the models directory. New and changed
   // models apply, removed ones go once their work ends, loaded unchanged ones keep serving.
   void Reload();
+  void ReloadDone(const std::string& status);
   // A model leaving the registry: unloaded once idle, then forgotten.
   void RetireWhenIdle(uint32_t model);
   void MaybeRetire(uint32_t model);

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "supervisor/daemon.h"
+#include "supervisor/model_roots.h"
 #include "supervisor/registry.h"
 
 namespace warmpool::supervisor {
@@ -63,8 +64,20 @@ void Daemon::TryAdmit(uint32_t model) {
       FailWaiters(model, FailedStatus(model));
       return;
     }
-    // Cooldown over: look at the file again, it may have been fixed (or replaced).
+    // Cooldown over: look at the file again, it may have been fixed (or replaced). Through the
+    // model roots again first: what is there now may be a symlink leading out, or a FIFO.
     const shm::ModelRecord& r = index_->Get(model);
+    if (r.path[0] != '\0') {
+      Result<std::string> real = ResolveModelPath(r.path, EffectiveModelRoots(config_));
+      if (!real.ok() || *real != r.path) {
+        MarkFailed(model, real.ok() ? fmt::format("model path {} leads to {} now; reload to register "
+                                                  "it again",
+                                                  r.path, *real)
+                                    : real.status().message());
+        FailWaiters(model, FailedStatus(model));
+        return;
+      }
+    }
     ModelEntry entry = InspectModel(r.name, r.engine, r.path, config_.engine_dir);
     if (!entry.problem.ok()) {
       MarkFailed(model, entry.problem.message());
@@ -115,7 +128,8 @@ void Daemon::TryAdmit(uint32_t model) {
 
 void Daemon::RetryPending() {
   // Admission may start unloads whose completion calls back here; one pass at a time.
-  if (retrying_ || stopping_) return;
+  // During the drain too: accepted requests waiting for room still get it. Not once it has ended.
+  if (retrying_ || drain_ended_) return;
   retrying_ = true;
   std::deque<uint32_t> pending;
   pending.swap(pending_admission_);

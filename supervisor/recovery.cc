@@ -67,7 +67,15 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
     bool loading_here = state == ModelState::kLoading && r.worker_slot == slot;
     if (!replica && !loading_here) continue;
     std::erase(rt.replica_slots, slot);
-    if (state == ModelState::kUnloading) {
+    bool retried = std::any_of(retries.begin(), retries.end(),
+                               [&](const auto& r) { return r.first == model; });
+    if (state == ModelState::kUnloading && rt.retiring && retried && rt.replica_slots.empty() &&
+        rt.unloads_pending == 0 && rt.weights_fd >= 0) {
+      // Leaving the registry, but it still owes these requests: keep the weights held (its file
+      // may be gone) and let the retries attach them; it leaves once they are answered.
+      rt.unload_when_idle = false;
+      index_->MarkDetached(model);
+    } else if (state == ModelState::kUnloading) {
       // Its unload there went with the process (the mapping too).
       rt.unloads_pending -= std::min(rt.unloads_pending, unloads_lost[model]);
       if (rt.unloads_pending == 0) FinishUnload(model);
@@ -224,7 +232,11 @@ void Daemon::FailEverything(const Status& status) {
     std::vector<Call> calls;
     calls.swap(runtime_[model].unload_waiters);
     for (const Call& call : calls) AnswerError(call, status);
+    runtime_[model].bulk.clear();
   }
+  auto bulk = std::move(bulk_unloads_);
+  bulk_unloads_.clear();
+  for (auto& [id, b] : bulk) AnswerError(b.call, status);
   pending_admission_.clear();
 }
 

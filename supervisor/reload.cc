@@ -28,13 +28,13 @@ bool SameModel(const shm::ModelRecord& record, const std::string& header, uint64
 
 void Daemon::Reload() {
   if (stopping_) return;
-  service_->Reloading();
+  if (ready_sent_) service_->Reloading();
   spdlog::info("SIGHUP: reloading the model registry");
   if (reload_config_) {
     Result<Config> fresh = reload_config_();
     if (!fresh.ok()) {
       spdlog::error("reload refused, the registry is unchanged: {}", fresh.status().ToString());
-      service_->Ready("reload failed: " + fresh.status().message());
+      ReloadDone("reload failed: " + fresh.status().message());
       return;
     }
     // Only what makes up the registry changes here; the rest needs a restart.
@@ -89,7 +89,17 @@ void Daemon::Reload() {
   }
   spdlog::info("reload: {} model(s) added, {} changed, {} removed; {} registered", added, changed,
                removed, index_->All().size());
-  service_->Ready(StatusLine());
+  ReloadDone(StatusLine());
+}
+
+void Daemon::ReloadDone(const std::string& status) {
+  // READY=1 ends the reload; before the first READY (preload still running) it would announce
+  // readiness early: then only the status changes.
+  if (ready_sent_) {
+    service_->Ready(status);
+  } else {
+    service_->Status(status);
+  }
 }
 
 void Daemon::HandleRegister(const Call& call, const v1::RegisterRequest& request) {
@@ -153,14 +163,20 @@ void Daemon::RetireWhenIdle(uint32_t model) {
 void Daemon::MaybeRetire(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   if (!rt.retiring) return;
+  if (index_->State(model) == ModelState::kReady) {
+    // A removed model first serves the requests it has queued; a changed one stops taking new
+    // ones (they wait for the new version) and goes as soon as its in-flight work ends.
+    if (!rt.next && !rt.waiters.empty()) return;
+    if (!rt.unload_waiters.empty() || !rt.bulk.empty()) return;  // an unload is under way
+    StartUnload(model, /*eviction=*/false);  // waits for in-flight requests; comes back here
+    return;
+  }
+  // A reply still on its way (a replica's attach, an unload) names this index: forgetting the
+  // model now would hand that reply to whatever model reuses the record.
+  for (const auto& [id, job] : jobs_) {
+    if (job.model == model) return;
+  }
   switch (index_->State(model)) {
-    case ModelState::kReady:
-      // A removed model first serves the requests it has queued; a changed one stops taking new
-      // ones (they wait for the new version) and goes as soon as its in-flight work ends.
-      if (!rt.next && !rt.waiters.empty()) return;
-      if (!rt.unload_waiters.empty() || !rt.bulk.empty()) return;  // an unload is under way
-      StartUnload(model, /*eviction=*/false);  // waits for in-flight requests; comes back here
-      return;
     case ModelState::kParked:
       if (rt.park_fd >= 0) close(rt.park_fd);
       rt.park_fd = -1;

@@ -75,6 +75,32 @@ TEST_F(HostileInputTest, PathsOutsideTheModelRootsAreNeverRegisteredOrRead) {
   EXPECT_EQ(Cli({"infer", "fine", "--random", "2"}, &out, &err), 0) << err;
 }
 
+TEST_F(HostileInputTest, AFifoOrSymlinkSwappedInAfterRegistrationIsNeverOpened) {
+  MakeModel("good", "8,4");
+  std::string outside = OutsideModel("x");
+  std::ofstream(models_dir_ + "/bad.safetensors") << "garbage: registered as failed";
+  std::ofstream(models_dir_ + "/worse.safetensors") << "garbage: registered as failed";
+  StartDaemon("[recovery]\nfailed_cooldown_ms = 100\n");
+  // Swapped in after registration: a FIFO (whose open would block) and a symlink leading out.
+  fs::remove(models_dir_ + "/bad.safetensors");
+  ASSERT_EQ(mkfifo((models_dir_ + "/bad.safetensors").c_str(), 0600), 0);
+  fs::remove(models_dir_ + "/worse.safetensors");
+  fs::create_symlink(outside, models_dir_ + "/worse.safetensors");
+  std::this_thread::sleep_for(300ms);  // past the cooldown: the next request looks again
+  auto c = Connect();
+  client::Matrix input = RandomMatrix(1, 8, 1);
+  auto bad = c->Infer("bad", input);
+  EXPECT_EQ(bad.status().code(), Code::kFailedPrecondition) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("not a regular file"), std::string::npos)
+      << bad.status().ToString();
+  auto worse = c->Infer("worse", input);
+  EXPECT_EQ(worse.status().code(), Code::kFailedPrecondition) << worse.status().ToString();
+  EXPECT_NE(worse.status().message().find("outside the model roots"), std::string::npos)
+      << worse.status().ToString();
+  EXPECT_TRUE(c->GetStatus().ok());
+  EXPECT_TRUE(c->Infer("good", input).ok());
+}
+
 TEST_F(HostileInputTest, FileNamesThatAreNotModelNamesAreSkipped) {
   std::string good = MakeModel("good", "8,4");
   // Not UTF-8, and not a model name: registered even as failed, it would put bytes that no

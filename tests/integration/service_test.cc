@@ -251,14 +251,16 @@ TEST_F(ServiceTest, AModelRemovedByReloadWhoseWorkerCrashesStillAnswersItsReques
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);
   std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n";
+  client::Matrix expected = ReferenceInfer(path, input);
+  fs::remove(path);  // gone with the registration: only the weights the supervisor holds remain
   ASSERT_EQ(kill(daemon_, SIGHUP), 0);
-  // The request was accepted before the reload: it is retried on the old version and answered.
+  // The request was accepted before the reload: it is retried on the held weights and answered.
   auto reply = c->Wait(*id);
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
   auto out = client::FromTensor(reply->infer_reply().output());
   ASSERT_TRUE(out.ok());
-  ExpectNear(ReferenceInfer(path, input), *out);
+  ExpectNear(expected, *out);
   EXPECT_TRUE(WaitForState("gone", "absent")) << ModelState("gone");
   EXPECT_EQ(c->Infer("gone", input).status().code(), Code::kNotFound);
 }
@@ -313,6 +315,41 @@ TEST_F(ServiceTest, SigtermDrainsRequestsInFlightAndRefusesNewOnes) {
       << DaemonLog();
 }
 
+TEST_F(ServiceTest, TheDrainStillAdmitsRequestsThatWaitForRoom) {
+  std::string a = MakeModel("a", "8,4");
+  std::string b = MakeModel("b", "8,4", "relu", "f32", 2);
+  StartDaemon("[pool]\ncapacity = 1\n", {"--enable-fault-injection"});
+  ASSERT_EQ(Cli({"load", "a"}), 0);
+  ASSERT_EQ(Cli({"fault", "arm", "infer.mid", "delay:800", "--model", "a"}), 0);
+  auto c = Connect();
+  client::Matrix input = RandomMatrix(1, 8, 2);
+  v1::Envelope on_a, on_b;
+  *on_a.mutable_infer()->mutable_input() = client::ToTensor(input);
+  on_a.mutable_infer()->set_model("a");
+  *on_b.mutable_infer()->mutable_input() = client::ToTensor(input);
+  on_b.mutable_infer()->set_model("b");
+  auto id_a = c->Send(on_a);
+  std::this_thread::sleep_for(150ms);
+  auto id_b = c->Send(on_b);  // needs a's room, which a's request holds
+  ASSERT_TRUE(id_a.ok() && id_b.ok());
+  std::this_thread::sleep_for(100ms);
+  ASSERT_EQ(kill(daemon_, SIGTERM), 0);
+  auto reply_a = c->Wait(*id_a);
+  auto reply_b = c->Wait(*id_b);
+  ASSERT_TRUE(reply_a.ok() && reply_b.ok());
+  ASSERT_TRUE(reply_a->has_infer_reply()) << reply_a->DebugString();
+  ASSERT_TRUE(reply_b->has_infer_reply()) << reply_b->DebugString();
+  auto out_b = client::FromTensor(reply_b->infer_reply().output());
+  ASSERT_TRUE(out_b.ok());
+  ExpectNear(ReferenceInfer(b, input), *out_b);
+  int status = 0;
+  ASSERT_EQ(waitpid(daemon_, &status, 0), daemon_);
+  daemon_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DaemonLog();
+  EXPECT_NE(DaemonLog().find("drain ended by every request answered"), std::string::npos)
+      << DaemonLog();
+}
+
 TEST_F(ServiceTest, DrainIsBoundedThenRequestsAreAnsweredUnavailable) {
   MakeModel("m", "8,4");
   StartDaemon("drain_timeout_ms = 300\nstop_kill_ms = 500\n", {"--enable-fault-injection"});
@@ -327,16 +364,24 @@ TEST_F(ServiceTest, DrainIsBoundedThenRequestsAreAnsweredUnavailable) {
   auto id = c->Send(request);
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);
+  v1::Envelope unload_all;  // waits for the hung request's model, so for the end of the drain
+  unload_all.mutable_unload()->set_all(true);
+  auto unload_id = c->Send(unload_all);
+  ASSERT_TRUE(unload_id.ok());
+  std::this_thread::sleep_for(50ms);
   ASSERT_EQ(kill(daemon_, SIGTERM), 0);
   auto reply = c->Wait(*id);
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   ASSERT_TRUE(reply->has_error()) << reply->DebugString();
   EXPECT_EQ(reply->error().code(), v1::UNAVAILABLE) << reply->DebugString();
+  auto unloaded = c->Wait(*unload_id);
+  ASSERT_TRUE(unloaded.ok()) << unloaded.status().ToString();
+  EXPECT_EQ(unloaded->error().code(), v1::UNAVAILABLE) << unloaded->DebugString();
   int status = 0;
   ASSERT_EQ(waitpid(daemon_, &status, 0), daemon_);
   daemon_ = -1;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DaemonLog();
-  EXPECT_NE(DaemonLog().find("drain ended by the drain timeout (1 requests answered UNAVAILABLE)"),
+  EXPECT_NE(DaemonLog().find("drain ended by the drain timeout (2 requests answered UNAVAILABLE)"),
             std::string::npos)
       << DaemonLog();
 }
