@@ -95,6 +95,17 @@ TEST_F(AccessTest, TheSocketGroupMayConnectAndNobodyElse) {
   EXPECT_EQ(st.st_gid, kNobody);
 }
 
+TEST_F(AccessTest, MembersOfTheAdminGroupAdminister) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as a second user";
+  MakeModel("m", "8,4");
+  StartDaemon("[access]\nadmin_group = \"nogroup\"\nsocket_group = \"nogroup\"\n");
+  std::string err;
+  EXPECT_EQ(CliAsNobody({"load", "m"}, &err, /*open_socket=*/false), 0) << err;
+  EXPECT_EQ(CliAsNobody({"pin", "m"}, &err, /*open_socket=*/false), 0) << err;
+  EXPECT_EQ(CliAsNobody({"unpin", "m"}, &err, /*open_socket=*/false), 0) << err;
+  EXPECT_EQ(CliAsNobody({"unload", "m"}, &err, /*open_socket=*/false), 0) << err;
+}
+
 TEST_F(AccessTest, UnknownAdminGroupIsRefusedAtStart) {
   std::ofstream(dir_ + "/bad.toml") << "[access]\nadmin_group = \"no-such-group-xyz\"\n";
   std::string out, err;
