@@ -134,21 +134,10 @@ Status Daemon::Start() {
   workers_->StartAll();
   Preload();
 
-  uv_timer_init(&loop_, sweep_timer_.get());
-  sweep_timer_.MarkInitialized();
-  sweep_timer_.get()->data = this;
-  uv_timer_start(sweep_timer_.get(), [](uv_timer_t* t) {
-    static_cast<Daemon*>(t->data)->SweepDeadlines();
-  }, 50, 50);
+  StartTimer(sweep_timer_, 50, 50, [](Daemon* d) { d->SweepDeadlines(); });
   InstallSignals();
-
   service_->StartWatchdog();
-  uv_timer_init(&loop_, status_timer_.get());
-  status_timer_.MarkInitialized();
-  status_timer_.get()->data = this;
-  uv_timer_start(status_timer_.get(), [](uv_timer_t* t) {
-    static_cast<Daemon*>(t->data)->OnStatusTick();
-  }, 250, 250);
+  StartTimer(status_timer_, 250, 250, [](Daemon* d) { d->OnStatusTick(); });
 
   spdlog::info("warmpoold {} serving on {}{} (instance {}, backend host, budget {}, {} workers, {} "
                "models registered{})",
@@ -158,6 +147,18 @@ Status Daemon::Start() {
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   CheckPreload();
   return OkStatus();
+}
+
+void Daemon::StartTimer(ipc::UvHandle<uv_timer_t>& timer, uint64_t first_ms, uint64_t repeat_ms,
+                        void (*fire)(Daemon*)) {
+  uv_timer_init(&loop_, timer.get());
+  timer.MarkInitialized();
+  timer.get()->data = this;
+  timer_actions_[timer.get()] = fire;
+  uv_timer_start(timer.get(), [](uv_timer_t* t) {
+    auto* daemon = static_cast<Daemon*>(t->data);
+    daemon->timer_actions_.at(t)(daemon);
+  }, first_ms, repeat_ms);
 }
 
 void Daemon::InstallSignals() {
@@ -300,12 +301,8 @@ void Daemon::BeginStop() {
   service_->Stopping(StatusLine());
   server_->StopAccepting();
   preloading_.clear();
-  uv_timer_init(&loop_, drain_timer_.get());
-  drain_timer_.MarkInitialized();
-  drain_timer_.get()->data = this;
-  uv_timer_start(drain_timer_.get(), [](uv_timer_t* t) {
-    static_cast<Daemon*>(t->data)->EndDrain("the drain timeout");
-  }, config_.drain_timeout_ms, 0);
+  StartTimer(drain_timer_, config_.drain_timeout_ms, 0,
+             [](Daemon* d) { d->EndDrain("the drain timeout"); });
   CheckDrained();
 }
 

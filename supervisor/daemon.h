@@ -209,6 +209,8 @@ class Daemon {
   // Registers (or re-registers) one model found by the registry; false when it was refused.
   bool RegisterModel(const ModelEntry& entry);
   void InstallSignals();
+  void StartTimer(ipc::UvHandle<uv_timer_t>& timer, uint64_t first_ms, uint64_t repeat_ms,
+                  void (*fire)(Daemon*));
   // READY=1 once every preloaded model is ready or has failed.
   void CheckPreload();
   std::string StatusLine() const;
@@ -272,6 +274,7 @@ class Daemon {
   ipc::UvHandle<uv_timer_t> sweep_timer_;
   ipc::UvHandle<uv_timer_t> status_timer_;
   ipc::UvHandle<uv_timer_t> drain_timer_;
+  std::unordered_map<uv_timer_t*, void (*)(Daemon*)> timer_actions_;  // StartTimer's callbacks
   ipc::UvHandle<uv_signal_t> sigterm_;
   ipc::UvHandle<uv_signal_t> sigint_;
   ipc::UvHandle<uv_signal_t> sighup_;
