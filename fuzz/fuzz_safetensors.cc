@@ -2,19 +2,22 @@
 //
 // Input: the bytes of a model file. Each run parses it
 //   1. in memory, as a file of exactly these bytes (safetensors::ParseHeader);
-//   2. from a file holding these bytes (safetensors::ReadHeader on a memfd), which must agree;
+//   2. from a file holding these bytes (safetensors::ReadHeader on a file in /dev/shm: a real path,
+//      since the reader refuses symlinks such as /proc/self/fd/N), which must agree;
 //   3. with only the first half of the bytes read, which must never read past them;
 //   4. as the header of a larger (sparse) file whose size the header's largest data offset implies,
 //      so that headers of huge tensors get past the layout check without huge inputs.
 // On success the header's invariants are checked and dense::DescribeModel and ScratchFor run on
 // it. Every refusal is INVALID_ARGUMENT with a message that is valid UTF-8: the daemon forwards
 // these messages to clients in protobuf strings, which must hold valid UTF-8.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -31,7 +34,8 @@ namespace {
 
 using namespace warmpool;
 
-int g_memfd = -1;
+int g_file = -1;
+std::string g_path;
 
 bool ValidUtf8(std::string_view text) {
   size_t i = 0;
@@ -135,7 +139,12 @@ bool ImpliedFileSize(std::span<const uint8_t> input, uint64_t& file_size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  g_memfd = memfd_create("fuzz_safetensors", MFD_CLOEXEC);
+  char path[] = "/dev/shm/fuzz_safetensors.XXXXXX";
+  g_file = mkostemp(path, O_CLOEXEC);
+  if (g_file >= 0) {
+    g_path = path;
+    std::atexit([] { unlink(g_path.c_str()); });
+  }
   return 0;
 }
 
@@ -146,11 +155,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Result<safetensors::Header> in_memory = Parse(input, size);
 
   // 2. The same bytes as a file.
-  if (g_memfd >= 0 && ftruncate(g_memfd, 0) == 0 &&
-      pwrite(g_memfd, data, size, 0) == static_cast<ssize_t>(size)) {
+  if (g_file >= 0 && ftruncate(g_file, 0) == 0 &&
+      pwrite(g_file, data, size, 0) == static_cast<ssize_t>(size)) {
     std::vector<uint8_t> raw;
-    Result<safetensors::Header> from_file =
-        safetensors::ReadHeader("/proc/self/fd/" + std::to_string(g_memfd), &raw);
+    Result<safetensors::Header> from_file = safetensors::ReadHeader(g_path, &raw);
     FUZZ_CHECK(from_file.ok() == in_memory.ok());
     if (from_file.ok()) {
       FUZZ_CHECK(from_file->data_offset == in_memory->data_offset);

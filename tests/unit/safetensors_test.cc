@@ -1,5 +1,7 @@
 #include "engines/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -464,6 +466,21 @@ TEST(SafetensorsParse, ShortenedValuesStayValidUtf8) {
   // Valid UTF-8 in names is quoted as it is.
   header = Parse("{\"\xc3\xa9t\xc3\xa9\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4);
   EXPECT_INVALID(header, "tensor \"\xc3\xa9t\xc3\xa9\": data_offsets [0, 4) hold 4 bytes");
+}
+
+// Registered paths are resolved once: what is found there later must be the file itself. A
+// symlink swapped in is refused, and a FIFO neither blocks the reader in open nor is read.
+TEST(SafetensorsRead, RefusesASymlinkAndAFifoWithoutBlocking) {
+  TempDir dir;
+  WriteBytes(dir.File("real.safetensors"), RawFile("{}", 0));
+  ASSERT_TRUE(ReadHeader(dir.File("real.safetensors")).ok());
+  std::filesystem::create_symlink(dir.File("real.safetensors"), dir.File("link.safetensors"));
+  auto link = ReadHeader(dir.File("link.safetensors"));
+  ASSERT_FALSE(link.ok());
+  EXPECT_NE(link.status().message().find("is a symlink now"), std::string::npos)
+      << link.status().ToString();
+  ASSERT_EQ(mkfifo(dir.File("fifo").c_str(), 0600), 0);
+  EXPECT_INVALID(ReadHeader(dir.File("fifo")), "not a regular file");
 }
 
 }  // namespace
