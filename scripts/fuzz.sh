@@ -5,6 +5,8 @@
 # out-of-memory or a sanitizer report; the input that did it is copied to fuzz/crashes/<target>/.
 #   scripts/fuzz.sh [SECONDS]            every target
 #   FUZZ_TARGETS="fuzz_config" scripts/fuzz.sh 300
+#   FUZZ_SEED=0 scripts/fuzz.sh 600     a random seed (default 1: the test command's runs follow one
+#                                       sequence of mutations, so a failure there can be replayed)
 # Targets run side by side, as many at a time as there are CPUs. See fuzz/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,7 @@ run_one() {
   local target=$1 dir=$work/$1
   mkdir -p "$dir/corpus" "$dir/artifacts"
   cp -R "fuzz/corpus/$target/." "$dir/corpus/"
-  local args=(-max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len="$(max_len "$target")"
+  local args=(-max_total_time="$seconds" -seed="${FUZZ_SEED:-1}" -rss_limit_mb=2048 -timeout=10 -max_len="$(max_len "$target")"
               -artifact_prefix="$dir/artifacts/" -print_final_stats=1)
   [ -f "fuzz/$target.dict" ] && args+=(-dict="fuzz/$target.dict")
   # New inputs go to the first directory (the copy); the seed directory is only read.
