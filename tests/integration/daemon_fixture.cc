@@ -161,6 +161,11 @@ void DaemonTest::Launch(std::vector<std::string> argv) {
 int DaemonTest::StopDaemon() {
   if (daemon_ <= 0) return -1;
   kill(daemon_, SIGTERM);
+  return WaitForExit();
+}
+
+int DaemonTest::WaitForExit() {
+  if (daemon_ <= 0) return -1;
   int status = 0;
   waitpid(daemon_, &status, 0);
   daemon_ = -1;
@@ -271,6 +276,23 @@ void ExpectNear(const client::Matrix& expected, const client::Matrix& actual, fl
     ASSERT_NEAR(expected.data[i], actual.data[i], tolerance * (1 + std::fabs(expected.data[i])))
         << "element " << i;
   }
+}
+
+Result<uint64_t> SendInfer(client::Client& c, const std::string& model, const client::Matrix& input,
+                           uint32_t deadline_ms) {
+  v1::Envelope request;
+  *request.mutable_infer()->mutable_input() = client::ToTensor(input);
+  request.mutable_infer()->set_model(model);
+  request.mutable_infer()->set_deadline_ms(deadline_ms);
+  return c.Send(std::move(request));
+}
+
+void ExpectInferReply(const Result<v1::Envelope>& reply, const client::Matrix& expected) {
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
+  auto out = client::FromTensor(reply->infer_reply().output());
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(expected, *out);
 }
 
 }  // namespace warmpool::testing

@@ -36,6 +36,8 @@ class DaemonTest : public ::testing::Test {
   void Launch(std::vector<std::string> argv);
   // Sends SIGTERM and waits; returns the exit status (the daemon validates the segment on exit).
   int StopDaemon();
+  // Waits for a daemon already told to stop; returns its exit status as StopDaemon does.
+  int WaitForExit();
   // A dense model under models/ via warmpool-mkmodel; returns its path.
   std::string MakeModel(const std::string& name, const std::string& layers,
                         const std::string& activation = "relu", const std::string& dtype = "f32",
@@ -65,6 +67,11 @@ class DaemonTest : public ::testing::Test {
 // The expected output of a dense model computed in this process with the same engine library.
 client::Matrix ReferenceInfer(const std::string& path, const client::Matrix& input);
 client::Matrix RandomMatrix(uint32_t rows, uint32_t cols, uint64_t seed);
+// Sends an infer request without waiting for its reply (pipelined); returns its request id.
+Result<uint64_t> SendInfer(client::Client& c, const std::string& model, const client::Matrix& input,
+                           uint32_t deadline_ms = 0);
+// The reply is a successful inference whose output matches expected.
+void ExpectInferReply(const Result<v1::Envelope>& reply, const client::Matrix& expected);
 void ExpectNear(const client::Matrix& expected, const client::Matrix& actual, float tolerance = 1e-5f);
 
 }  // namespace warmpool::testing

@@ -170,10 +170,7 @@ TEST_F(HostileInputTest, OneConnectionOverItsRequestLimitDoesNotDisturbOthers) {
   client::Matrix input = RandomMatrix(1, 8, 9);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 5; i++) {
-    v1::Envelope request;
-    *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-    request.mutable_infer()->set_model("m");
-    auto id = greedy->Send(request);
+    auto id = SendInfer(*greedy, "m", input);
     ASSERT_TRUE(id.ok());
     ids.push_back(*id);
   }

@@ -640,23 +640,14 @@ TEST_F(RecoveryTest, UnloadWaitingForARequestWhoseWorkerDiesLeavesTheModelServab
   ASSERT_EQ(Cli({"fault", "arm", "infer.before_restore", "kill", "--model", "m"}), 0);
   auto c = Connect();
   client::Matrix input = RandomMatrix(2, 8, 6);
-  v1::Envelope request;
-  *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-  request.mutable_infer()->set_model("m");
-  request.mutable_infer()->set_deadline_ms(10000);
-  auto id = c->Send(request);
+  auto id = SendInfer(*c, "m", input, /*deadline_ms=*/10000);
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   // The unload waits for the request; the worker dies first and ends the unload itself.
   std::string out, err;
   EXPECT_EQ(Cli({"unload", "m"}, &out, &err), 0) << err;
   // The request is retried (the model loads again for it) and answered, not left to its deadline.
-  auto reply = c->Wait(*id);
-  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-  ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
-  auto result = client::FromTensor(reply->infer_reply().output());
-  ASSERT_TRUE(result.ok());
-  ExpectNear(ReferenceInfer(path, input), *result);
+  ExpectInferReply(c->Wait(*id), ReferenceInfer(path, input));
   auto again = c->Infer("m", input, /*deadline_ms=*/5000);
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -189,10 +188,7 @@ TEST_F(ServiceTest, SighupAppliesAddedChangedAndRemovedModels) {
   ASSERT_EQ(Cli({"fault", "arm", "infer.mid", "delay:800", "--model", "gone"}), 0);
   auto busy = Connect();
   ASSERT_NE(busy, nullptr);
-  v1::Envelope slow;
-  *slow.mutable_infer()->mutable_input() = client::ToTensor(input);
-  slow.mutable_infer()->set_model("gone");
-  auto slow_id = busy->Send(slow);
+  auto slow_id = SendInfer(*busy, "gone", input);
   ASSERT_TRUE(slow_id.ok());
   std::this_thread::sleep_for(200ms);
 
@@ -244,10 +240,7 @@ TEST_F(ServiceTest, AModelRemovedByReloadWhoseWorkerCrashesStillAnswersItsReques
   ASSERT_EQ(Cli({"fault", "arm", "infer.before_restore", "kill", "--model", "gone"}), 0);
   auto c = Connect();
   client::Matrix input = RandomMatrix(2, 8, 4);
-  v1::Envelope request;
-  *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-  request.mutable_infer()->set_model("gone");
-  auto id = c->Send(request);
+  auto id = SendInfer(*c, "gone", input);
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);
   std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n";
@@ -255,12 +248,7 @@ TEST_F(ServiceTest, AModelRemovedByReloadWhoseWorkerCrashesStillAnswersItsReques
   fs::remove(path);  // gone with the registration: only the weights the supervisor holds remain
   ASSERT_EQ(kill(daemon_, SIGHUP), 0);
   // The request was accepted before the reload: it is retried on the held weights and answered.
-  auto reply = c->Wait(*id);
-  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-  ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
-  auto out = client::FromTensor(reply->infer_reply().output());
-  ASSERT_TRUE(out.ok());
-  ExpectNear(expected, *out);
+  ExpectInferReply(c->Wait(*id), expected);
   EXPECT_TRUE(WaitForState("gone", "absent")) << ModelState("gone");
   EXPECT_EQ(c->Infer("gone", input).status().code(), Code::kNotFound);
 }
@@ -286,10 +274,7 @@ TEST_F(ServiceTest, SigtermDrainsRequestsInFlightAndRefusesNewOnes) {
   auto c = Connect();
   ASSERT_NE(c, nullptr);
   client::Matrix input = RandomMatrix(2, 8, 5);
-  v1::Envelope request;
-  *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-  request.mutable_infer()->set_model("m");
-  auto id = c->Send(request);
+  auto id = SendInfer(*c, "m", input);
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);  // in the worker, inside the delay
 
@@ -301,16 +286,8 @@ TEST_F(ServiceTest, SigtermDrainsRequestsInFlightAndRefusesNewOnes) {
     if (!refused) std::this_thread::sleep_for(5ms);
   }
   EXPECT_TRUE(refused);
-  auto reply = c->Wait(*id);
-  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-  ASSERT_TRUE(reply->has_infer_reply()) << reply->DebugString();
-  auto out = client::FromTensor(reply->infer_reply().output());
-  ASSERT_TRUE(out.ok());
-  ExpectNear(ReferenceInfer(model, input), *out);
-  int status = 0;
-  ASSERT_EQ(waitpid(daemon_, &status, 0), daemon_);
-  daemon_ = -1;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DaemonLog();
+  ExpectInferReply(c->Wait(*id), ReferenceInfer(model, input));
+  EXPECT_EQ(WaitForExit(), 0) << DaemonLog();
   EXPECT_NE(DaemonLog().find("drain ended by every request answered"), std::string::npos)
       << DaemonLog();
 }
@@ -323,29 +300,15 @@ TEST_F(ServiceTest, TheDrainStillAdmitsRequestsThatWaitForRoom) {
   ASSERT_EQ(Cli({"fault", "arm", "infer.mid", "delay:800", "--model", "a"}), 0);
   auto c = Connect();
   client::Matrix input = RandomMatrix(1, 8, 2);
-  v1::Envelope on_a, on_b;
-  *on_a.mutable_infer()->mutable_input() = client::ToTensor(input);
-  on_a.mutable_infer()->set_model("a");
-  *on_b.mutable_infer()->mutable_input() = client::ToTensor(input);
-  on_b.mutable_infer()->set_model("b");
-  auto id_a = c->Send(on_a);
+  auto id_a = SendInfer(*c, "a", input);
   std::this_thread::sleep_for(150ms);
-  auto id_b = c->Send(on_b);  // needs a's room, which a's request holds
+  auto id_b = SendInfer(*c, "b", input);  // needs a's room, which a's request holds
   ASSERT_TRUE(id_a.ok() && id_b.ok());
   std::this_thread::sleep_for(100ms);
   ASSERT_EQ(kill(daemon_, SIGTERM), 0);
-  auto reply_a = c->Wait(*id_a);
-  auto reply_b = c->Wait(*id_b);
-  ASSERT_TRUE(reply_a.ok() && reply_b.ok());
-  ASSERT_TRUE(reply_a->has_infer_reply()) << reply_a->DebugString();
-  ASSERT_TRUE(reply_b->has_infer_reply()) << reply_b->DebugString();
-  auto out_b = client::FromTensor(reply_b->infer_reply().output());
-  ASSERT_TRUE(out_b.ok());
-  ExpectNear(ReferenceInfer(b, input), *out_b);
-  int status = 0;
-  ASSERT_EQ(waitpid(daemon_, &status, 0), daemon_);
-  daemon_ = -1;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DaemonLog();
+  ExpectInferReply(c->Wait(*id_a), ReferenceInfer(a, input));
+  ExpectInferReply(c->Wait(*id_b), ReferenceInfer(b, input));
+  EXPECT_EQ(WaitForExit(), 0) << DaemonLog();
   EXPECT_NE(DaemonLog().find("drain ended by every request answered"), std::string::npos)
       << DaemonLog();
 }
@@ -357,11 +320,7 @@ TEST_F(ServiceTest, DrainIsBoundedThenRequestsAreAnsweredUnavailable) {
   ASSERT_EQ(Cli({"fault", "arm", "infer.mid", "hang", "--model", "m"}), 0);
   auto c = Connect();
   ASSERT_NE(c, nullptr);
-  v1::Envelope request;
-  *request.mutable_infer()->mutable_input() = client::ToTensor(RandomMatrix(1, 8, 5));
-  request.mutable_infer()->set_model("m");
-  request.mutable_infer()->set_deadline_ms(60000);
-  auto id = c->Send(request);
+  auto id = SendInfer(*c, "m", RandomMatrix(1, 8, 5), /*deadline_ms=*/60000);
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);
   v1::Envelope unload_all;  // waits for the hung request's model, so for the end of the drain
@@ -377,10 +336,7 @@ TEST_F(ServiceTest, DrainIsBoundedThenRequestsAreAnsweredUnavailable) {
   auto unloaded = c->Wait(*unload_id);
   ASSERT_TRUE(unloaded.ok()) << unloaded.status().ToString();
   EXPECT_EQ(unloaded->error().code(), v1::UNAVAILABLE) << unloaded->DebugString();
-  int status = 0;
-  ASSERT_EQ(waitpid(daemon_, &status, 0), daemon_);
-  daemon_ = -1;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DaemonLog();
+  EXPECT_EQ(WaitForExit(), 0) << DaemonLog();
   EXPECT_NE(DaemonLog().find("drain ended by the drain timeout (2 requests answered UNAVAILABLE)"),
             std::string::npos)
       << DaemonLog();
