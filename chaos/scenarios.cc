@@ -76,7 +76,10 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
   bool is_unload = point == "unload.mid";
   bool is_attach = point.starts_with("attach.");
   uint32_t restarts = h.TotalRestarts();
-  if (!is_load) checks.Expect(Load(h, victim.name).ok(), "victim loaded before the fault");
+  if (!is_load) {
+    Status loaded = Load(h, victim.name);
+    checks.Expect(loaded.ok(), "victim loaded before the fault", loaded.ToString());
+  }
   if (is_attach) {
     // Kill the worker serving the victim: its weights stay with the supervisor, and the next
     // request attaches them to a worker, where the fault waits.
@@ -168,7 +171,10 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
 void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   uint32_t restarts = h.TotalRestarts();
-  checks.Expect(Load(h, victim.name).ok(), "victim loaded");
+  {
+    Status loaded = Load(h, victim.name);
+    checks.Expect(loaded.ok(), "victim loaded", loaded.ToString());
+  }
   auto client = h.Connect();
   if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
   v1::Envelope park;
@@ -189,7 +195,10 @@ void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
 
 void CrashLoopScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
-  checks.Expect(Load(h, victim.name).ok(), "victim loaded");
+  {
+    Status loaded = Load(h, victim.name);
+    checks.Expect(loaded.ok(), "victim loaded", loaded.ToString());
+  }
   checks.Expect(h.ArmFault("infer.mid", "kill", victim.name, 0, 1000).ok(), "fault armed");
   auto client = h.Connect();
   if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
@@ -310,7 +319,10 @@ void SupervisorKillScenario(Harness& h, Checks& checks, size_t) {
 void ReloadStormScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   uint32_t restarts = h.TotalRestarts();
-  checks.Expect(Load(h, victim.name).ok(), "victim loaded before the reloads");
+  {
+    Status loaded = Load(h, victim.name);
+    checks.Expect(loaded.ok(), "victim loaded before the reloads", loaded.ToString());
+  }
   Bystander bystander(h);
   Traffic traffic(h, TrafficSpec{&victim, 2, 0, 2, 4, 0, {}, false, index});
   traffic.Start();

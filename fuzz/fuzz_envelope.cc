@@ -17,8 +17,8 @@
 #include "fuzz/fuzz_check.h"
 #include "ipc/framing.h"
 #include "ipc/warmpool.pb.h"
-#include "supervisor/client_server.h"
-#include "supervisor/request_check.h"
+#include "supervisor/core/request_check.h"
+#include "supervisor/core/request_check.h"
 
 namespace {
 

@@ -16,16 +16,12 @@
 
 namespace warmpool::supervisor {
 
-v1::Envelope ErrorReply(uint64_t request_id, const Status& status) {
-  v1::Envelope reply;
-  reply.set_request_id(request_id);
-  reply.mutable_error()->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
-  reply.mutable_error()->set_message(status.message());
-  return reply;
-}
-
-ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandler on_request)
-    : loop_(loop), options_(options), on_request_(std::move(on_request)) {}
+ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandler on_request,
+                           ClosedHandler on_closed)
+    : loop_(loop),
+      options_(options),
+      on_request_(std::move(on_request)),
+      on_closed_(std::move(on_closed)) {}
 
 ClientServer::~ClientServer() { Close(); }
 
@@ -188,6 +184,7 @@ void ClientServer::OnAcceptable() {
           unanswered_ -= it->second.outstanding;  // nobody is left to answer
           sessions_.erase(it);
           spdlog::debug("session {} closed: {}", id, why.ToString());
+          if (on_closed_) on_closed_(id);
         });
     if (conn != nullptr) sessions_[id] = Session{conn, peer};
   }

@@ -23,6 +23,7 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
+#include "supervisor/core/request_check.h"
 
 namespace warmpool::supervisor {
 
@@ -43,7 +44,10 @@ class ClientServer {
     uint32_t max_connections = 1024;
     uint32_t max_requests_per_connection = 256;
   };
-  ClientServer(uv_loop_t* loop, const Options& options, RequestHandler on_request);
+  using ClosedHandler = std::function<void(uint64_t session)>;
+  // on_closed: a session that handed requests on is gone; nothing sent to it arrives.
+  ClientServer(uv_loop_t* loop, const Options& options, RequestHandler on_request,
+               ClosedHandler on_closed = nullptr);
   ~ClientServer();
 
   // Binds path, removing a stale socket; refuses one that a live daemon answers on. The socket is
@@ -73,6 +77,7 @@ class ClientServer {
   uv_loop_t* loop_;
   Options options_;
   RequestHandler on_request_;
+  ClosedHandler on_closed_;
   int listen_fd_ = -1;
   std::string path_;
   bool owns_path_ = false;  // false for an activated socket
@@ -86,8 +91,5 @@ class ClientServer {
   std::unordered_map<uint64_t, Session> sessions_;
   uint64_t unanswered_ = 0;
 };
-
-// An error reply envelope.
-v1::Envelope ErrorReply(uint64_t request_id, const Status& status);
 
 }  // namespace warmpool::supervisor

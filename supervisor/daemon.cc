@@ -1,6 +1,7 @@
 #include "supervisor/daemon.h"
 
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,12 +9,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
 #include "common/units.h"
+#include "engines/safetensors.h"
+#include "supervisor/model_roots.h"
 #include "supervisor/registry.h"
 
 namespace warmpool::supervisor {
-
-using shm::ModelState;
 
 namespace {
 
@@ -28,6 +30,17 @@ Result<gid_t> LookupGroup(const std::string& name, const std::string& key) {
   return g->gr_gid;
 }
 
+spdlog::level::level_enum SpdlogLevel(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return spdlog::level::debug;
+    case LogLevel::kInfo: return spdlog::level::info;
+    case LogLevel::kWarn: return spdlog::level::warn;
+    case LogLevel::kError: return spdlog::level::err;
+    case LogLevel::kCritical: return spdlog::level::critical;
+  }
+  return spdlog::level::info;
+}
+
 }  // namespace
 
 Daemon::Daemon(Config config, std::string worker_path, ConfigLoader reload_config)
@@ -35,20 +48,14 @@ Daemon::Daemon(Config config, std::string worker_path, ConfigLoader reload_confi
       worker_path_(std::move(worker_path)),
       reload_config_(std::move(reload_config)) {
   uv_loop_init(&loop_);
-  limits_.capacity = config_.capacity;
 }
 
 Daemon::~Daemon() {
-  for (ModelRuntime& rt : runtime_) {
-    if (rt.weights_fd >= 0) close(rt.weights_fd);
-    if (rt.park_fd >= 0) close(rt.park_fd);
-  }
+  // The handles the core still holds die with the process; nothing else needs them.
   server_.reset();
   workers_.reset();
   service_.reset();
-  sweep_timer_.Close();
-  status_timer_.Close();
-  drain_timer_.Close();
+  tick_timer_.Close();
   sigterm_.Close();
   sigint_.Close();
   sighup_.Close();
@@ -56,6 +63,8 @@ Daemon::~Daemon() {
   uv_run(&loop_, UV_RUN_DEFAULT);
   uv_loop_close(&loop_);
 }
+
+Time Daemon::Now() const { return Time{MonotonicMillis(), UnixNanos()}; }
 
 Status Daemon::Start() {
   if (config_.backend == "cuda") {
@@ -81,27 +90,19 @@ Status Daemon::Start() {
       config_.instance, limits, /*device_count=*/1, config_.budget_bytes, observer_gid_);
   if (!segment.ok()) return segment.status();
   segment_ = std::move(*segment);
-  index_ = std::make_unique<shm::ModelIndex>(segment_.view());
   inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
-  index_->SetParkBudget(config_.park_budget_bytes);
-  if (config_.single_active) limits_.capacity = 1;  // switching releases (parks) the active one
-  runtime_.resize(config_.max_models);
-  worker_models_.assign(config_.workers_per_device, 0);
-  worker_outstanding_.assign(config_.workers_per_device, 0);
-  worker_pending_bytes_.assign(config_.workers_per_device, 0);
-  worker_load_done_ms_.assign(config_.workers_per_device, 0);
-  worker_serving_done_ms_.assign(config_.workers_per_device, 0);
-
-  RegisterModels();
+  core_ = std::make_unique<Core>(config_, segment_.view());
 
   ClientServer::Options server_options;
   server_options.max_frame_bytes = config_.max_frame_bytes;
   server_options.max_connections = config_.max_connections;
   server_options.max_requests_per_connection = config_.max_requests_per_connection;
   server_ = std::make_unique<ClientServer>(
-      &loop_, server_options, [this](uint64_t session, const Peer& peer, v1::Envelope&& request) {
+      &loop_, server_options,
+      [this](uint64_t session, const Peer& peer, v1::Envelope&& request) {
         OnRequest(session, peer, std::move(request));
-      });
+      },
+      [this](uint64_t session) { Dispatch(event::ClientGone{session}); });
   if (*activated >= 0) {
     if (Status s = server_->Adopt(*activated); !s.ok()) return s;
   } else if (Status s = server_->Listen(config_.socket_path, socket_gid_); !s.ok()) {
@@ -120,45 +121,44 @@ Status Daemon::Start() {
   pool.respawn_stable_ms = config_.respawn_stable_ms;
   WorkerEvents events;
   events.on_ready = [this](uint32_t slot) {
-    SendFaults(slot);  // before any job, so that a respawned worker is armed like the others
-    RetryPending();
-    for (uint32_t model : index_->All()) GrowReplicas(model);
+    Dispatch(event::WorkerUp{slot, workers_->generation(slot)});
   };
   events.on_message = [this](uint32_t slot, v1::WorkerEnvelope&& m) {
     OnWorkerMessage(slot, std::move(m));
   };
-  events.on_death = [this](uint32_t slot, uint32_t generation, const std::string& why) {
-    OnWorkerDeath(slot, generation, why);
+  events.on_death = [this](uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
+    OnWorkerDeath(slot, generation, why, fatal);
   };
   workers_ = std::make_unique<WorkerPool>(&loop_, segment_.view(), pool, std::move(events));
-  workers_->StartAll();
-  Preload();
 
-  StartTimer(sweep_timer_, 50, 50, [](Daemon* d) { d->SweepDeadlines(); });
+  std::vector<std::string> warnings;
+  std::vector<ModelEntry> entries = DiscoverModels(config_, warnings);
+  dispatching_ = true;
+  Execute(core_->Start(std::move(entries), std::move(warnings), Now()));
+  dispatching_ = false;
+  RunPending();
+  workers_->StartAll();
+
+  StartTimers();
   InstallSignals();
   service_->StartWatchdog();
-  StartTimer(status_timer_, 250, 250, [](Daemon* d) { d->OnStatusTick(); });
 
   spdlog::info("warmpoold {} serving on {}{} (instance {}, backend host, budget {}, {} workers, {} "
                "models registered{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
                config_.instance, FormatBytes(config_.budget_bytes), config_.workers_per_device,
-               index_->All().size(),
+               core_->index().All().size(),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
-  CheckPreload();
   return OkStatus();
 }
 
-void Daemon::StartTimer(ipc::UvHandle<uv_timer_t>& timer, uint64_t first_ms, uint64_t repeat_ms,
-                        void (*fire)(Daemon*)) {
-  uv_timer_init(&loop_, timer.get());
-  timer.MarkInitialized();
-  timer.get()->data = this;
-  timer_actions_[timer.get()] = fire;
-  uv_timer_start(timer.get(), [](uv_timer_t* t) {
-    auto* daemon = static_cast<Daemon*>(t->data);
-    daemon->timer_actions_.at(t)(daemon);
-  }, first_ms, repeat_ms);
+void Daemon::StartTimers() {
+  uv_timer_init(&loop_, tick_timer_.get());
+  tick_timer_.MarkInitialized();
+  tick_timer_.get()->data = this;
+  uv_timer_start(tick_timer_.get(), [](uv_timer_t* t) {
+    static_cast<Daemon*>(t->data)->Dispatch(event::Tick{});
+  }, kTickMs, kTickMs);
 }
 
 void Daemon::InstallSignals() {
@@ -167,121 +167,13 @@ void Daemon::InstallSignals() {
     sig->MarkInitialized();
     sig->get()->data = this;
   }
-  auto on_stop = [](uv_signal_t* s, int signum) {
-    static_cast<Daemon*>(s->data)->BeginStop();
-  };
+  auto on_stop = [](uv_signal_t* s, int) { static_cast<Daemon*>(s->data)->Dispatch(event::Stop{}); };
   uv_signal_start(sigterm_.get(), on_stop, SIGTERM);
   uv_signal_start(sigint_.get(), on_stop, SIGINT);
   uv_signal_start(sighup_.get(), [](uv_signal_t* s, int) {
-    static_cast<Daemon*>(s->data)->Reload();
+    auto* daemon = static_cast<Daemon*>(s->data);
+    daemon->Dispatch(daemon->ReadRegistry());
   }, SIGHUP);
-}
-
-bool Daemon::RegisterModel(const ModelEntry& m) {
-  Result<uint32_t> index = index_->Register(m.name, m.engine, m.path, m.weight_bytes);
-  if (!index.ok()) {
-    spdlog::warn("model \"{}\" not registered: {}", m.name, index.status().ToString());
-    return false;
-  }
-  ModelRuntime& rt = runtime_[*index];
-  rt.workspace_bytes = m.workspace_bytes;
-  rt.header = m.header;
-  rt.file_size = m.file_size;
-  rt.in_features = m.in_features;
-  rt.out_features = m.out_features;
-  rt.keep_alive_ms = config_.keep_alive_ms;
-  rt.target_replicas = 1;
-  rt.last_error.clear();
-  rt.failed_until_ms = 0;
-  rt.crash_ms.clear();
-  rt.cooldown_ms = 0;
-  rt.registration_problem = m.problem.message();
-  rt.refused = !m.path_refused ? OkStatus()
-                              : Error(Code::kFailedPrecondition,
-                                      "model \"{}\" cannot be loaded: {} (fix it, then reload: "
-                                      "systemctl reload warmpool, or SIGHUP)",
-                                      m.name, m.problem.message());
-  for (const ModelConfig& c : config_.models) {
-    if (c.name != m.name) continue;
-    if (c.keep_alive_ms != kKeepAliveDefault) rt.keep_alive_ms = c.keep_alive_ms;
-    rt.target_replicas = std::max<uint32_t>(1, c.replicas);
-  }
-  if (!m.problem.ok()) {
-    spdlog::warn("model \"{}\" registered as failed: {}", m.name, m.problem.ToString());
-    index_->MarkNotResident(*index, shm::ModelState::kFailed, m.problem.message());
-    rt.last_error = m.problem.message();
-  }
-  return true;
-}
-
-void Daemon::RegisterModels() {
-  std::vector<std::string> warnings;
-  for (const ModelEntry& m : DiscoverModels(config_, warnings)) RegisterModel(m);
-  for (const std::string& w : warnings) spdlog::warn("{}", w);
-}
-
-void Daemon::Preload() {
-  for (const std::string& name : config_.preload) {
-    uint32_t model = index_->Find(name);
-    if (model == shm::kNil) {
-      spdlog::warn("preload: model \"{}\" is not registered; skipped", name);
-      continue;
-    }
-    preloading_.push_back(model);
-    // A load with nobody to answer (session 0): it starts as soon as a worker is up.
-    Enqueue(model, Waiter{Call{0, 0}, false, {}, 0, 0});
-  }
-  if (!preloading_.empty()) spdlog::info("preloading {} model(s)", preloading_.size());
-}
-
-void Daemon::CheckPreload() {
-  // Settled: ready, failed, gone (a reload removed it), or nothing left that would load it (its
-  // load was refused for room).
-  std::erase_if(preloading_, [&](uint32_t model) {
-    ModelState state = index_->State(model);
-    return state == ModelState::kReady || state == ModelState::kFailed ||
-           state == ModelState::kEmpty ||
-           (state == ModelState::kRegistered && runtime_[model].waiters.empty());
-  });
-  if (ready_sent_ || !preloading_.empty() || stopping_) return;
-  ready_sent_ = true;
-  uint32_t ready = 0;
-  for (uint32_t model : index_->All()) ready += index_->State(model) == ModelState::kReady;
-  if (!config_.preload.empty()) {
-    spdlog::info("preload complete: {} of {} preloaded model(s) ready", ready, config_.preload.size());
-  }
-  service_->Ready(StatusLine());
-}
-
-std::string Daemon::StatusLine() const {
-  uint32_t ready = 0, loading = 0, parked = 0, failed = 0, registered = 0;
-  for (uint32_t model : index_->All()) {
-    registered++;
-    switch (index_->State(model)) {
-      case ModelState::kReady: ready++; break;
-      case ModelState::kLoading: loading++; break;
-      case ModelState::kParked: parked++; break;
-      case ModelState::kFailed: failed++; break;
-      default: break;
-    }
-  }
-  uint32_t up = 0;
-  for (uint32_t slot = 0; slot < workers_->size(); slot++) up += workers_->ready(slot);
-  std::string line = fmt::format("{} models: {} ready, {} loading, {} parked, {} failed; workers "
-                                 "{}/{} up; {} requests open",
-                                 registered, ready, loading, parked, failed, up, workers_->size(),
-                                 server_->unanswered());
-  if (stopping_) line = "stopping: " + line;
-  return line;
-}
-
-void Daemon::OnStatusTick() {
-  CheckPreload();
-  for (uint32_t model : index_->All()) {
-    // Re-registering or forgetting a retiring model happens here, on a clean stack.
-    if (runtime_[model].retiring) MaybeRetire(model);
-  }
-  if (ready_sent_) service_->Status(StatusLine());
 }
 
 int Daemon::Run() {
@@ -289,39 +181,170 @@ int Daemon::Run() {
   return exit_code_;
 }
 
-void Daemon::BeginStop() {
-  if (stopping_) {
-    // A second signal: the operator does not want to wait for the drain.
-    if (!drain_ended_) EndDrain("a second stop signal");
-    return;
+void Daemon::Dispatch(Event event) {
+  pending_.push_back(std::move(event));
+  RunPending();
+}
+
+void Daemon::RunPending() {
+  if (dispatching_) return;  // the loop below takes it after the current batch
+  dispatching_ = true;
+  while (!pending_.empty()) {
+    Event next = std::move(pending_.front());
+    pending_.pop_front();
+    Execute(core_->Handle(std::move(next), Now()));
   }
-  stopping_ = true;
-  spdlog::info("stopping: no new requests; {} accepted ones get up to {} ms to finish",
-               server_->unanswered(), config_.drain_timeout_ms);
-  service_->Stopping(StatusLine());
-  server_->StopAccepting();
-  preloading_.clear();
-  StartTimer(drain_timer_, config_.drain_timeout_ms, 0,
-             [](Daemon* d) { d->EndDrain("the drain timeout"); });
-  CheckDrained();
+  dispatching_ = false;
 }
 
-void Daemon::CheckDrained() {
-  if (stopping_ && !drain_ended_ && server_->unanswered() == 0) EndDrain("every request answered");
+void Daemon::Execute(std::vector<Action>&& actions) {
+  for (Action& a : actions) Execute(a);
 }
 
-void Daemon::EndDrain(const std::string& why) {
-  drain_ended_ = true;
-  if (drain_timer_.active()) uv_timer_stop(drain_timer_.get());
-  uint64_t left = server_->unanswered();
-  spdlog::info("drain ended by {}{}; stopping workers", why,
-               left == 0 ? std::string() : fmt::format(" ({} requests answered UNAVAILABLE)", left));
-  // Every accepted request is answered, even now; then the sessions close (flushing what they can).
-  FailEverything(Error(Code::kUnavailable, "warmpoold is stopping; retry once it is back"));
-  server_->Close();
-  uv_timer_stop(sweep_timer_.get());
-  uv_timer_stop(status_timer_.get());
-  workers_->Shutdown(config_.stop_kill_ms, [this] { FinishStop(); });
+void Daemon::Execute(Action& a) {
+  std::visit(
+      [&](auto&& act) {
+        using A = std::decay_t<decltype(act)>;
+        if constexpr (std::is_same_v<A, action::SendToWorker>) {
+          // A worker that is not ready is dying: its death fails the job.
+          workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
+        } else if constexpr (std::is_same_v<A, action::Reply>) {
+          server_->Send(act.session, act.envelope);
+        } else if constexpr (std::is_same_v<A, action::KillWorker>) {
+          workers_->Kill(act.slot, act.reason);
+        } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
+          close(act.handle);
+        } else if constexpr (std::is_same_v<A, action::InspectModel>) {
+          pending_.push_back(Inspect(act));
+        } else if constexpr (std::is_same_v<A, action::Notify>) {
+          switch (act.kind) {
+            case action::Notify::Kind::kReady: service_->Ready(act.status); break;
+            case action::Notify::Kind::kReloading: service_->Reloading(); break;
+            case action::Notify::Kind::kStopping: service_->Stopping(act.status); break;
+            case action::Notify::Kind::kStatus: service_->Status(act.status); break;
+          }
+        } else if constexpr (std::is_same_v<A, action::Log>) {
+          spdlog::log(SpdlogLevel(act.level), "{}", act.text);
+        } else if constexpr (std::is_same_v<A, action::StopAccepting>) {
+          server_->StopAccepting();
+        } else if constexpr (std::is_same_v<A, action::CloseSessions>) {
+          server_->Close();
+        } else if constexpr (std::is_same_v<A, action::StopWorkers>) {
+          uv_timer_stop(tick_timer_.get());
+          workers_->Shutdown(act.kill_after_ms, [this] {
+            Dispatch(event::WorkersStopped{});
+            FinishStop();
+          });
+        }
+      },
+      a);
+}
+
+bool Daemon::IsAdmin(const Peer& peer) const {
+  if (peer.uid == 0 || peer.uid == geteuid()) return true;
+  if (!admin_gid_) return false;
+  if (peer.gid == *admin_gid_) return true;
+  // Supplementary groups of the peer's user.
+  passwd pw{};
+  passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(peer.uid, &pw, buffer, sizeof(buffer), &found) != 0 || found == nullptr) return false;
+  int count = 64;
+  std::vector<gid_t> groups(count);
+  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
+    groups.resize(count);
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
+  }
+  groups.resize(count);
+  return std::find(groups.begin(), groups.end(), *admin_gid_) != groups.end();
+}
+
+void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request) {
+  event::ClientRequest e;
+  e.session = session;
+  e.uid = peer.uid;
+  bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
+                       request.has_fault_arm() || request.has_fault_clear() ||
+                       request.has_register_model();
+  e.admin = admin_request && IsAdmin(peer);
+  // Only an admin's well-formed register request makes the daemon look at a file.
+  if (e.admin && request.has_register_model() && !request.register_model().remove() &&
+      CheckRequest(request).ok()) {
+    e.registration = LookAtRegistration(request.register_model());
+  }
+  e.envelope = std::move(request);
+  Dispatch(std::move(e));
+}
+
+Result<ModelEntry> Daemon::LookAtRegistration(const v1::RegisterRequest& request) const {
+  Result<std::string> path = ResolveModelPath(request.path(), EffectiveModelRoots(config_));
+  if (!path.ok()) return path.status();
+  std::string engine = request.engine();
+  if (engine.empty()) {
+    engine = "dense";
+    if (Result<safetensors::Header> h = safetensors::ReadHeader(*path); h.ok()) {
+      if (auto it = h->metadata.find("engine"); it != h->metadata.end()) engine = it->second;
+    }
+  }
+  return InspectModel(request.model(), engine, *path, config_.engine_dir);
+}
+
+event::ModelInspected Daemon::Inspect(const action::InspectModel& inspect) const {
+  event::ModelInspected e;
+  e.model = inspect.model;
+  e.path = inspect.path;
+  if (!inspect.path.empty()) e.resolved = ResolveModelPath(inspect.path, EffectiveModelRoots(config_));
+  else e.resolved = std::string();
+  e.entry = InspectModel(inspect.name, inspect.engine, inspect.path, config_.engine_dir);
+  return e;
+}
+
+event::Reload Daemon::ReadRegistry() const {
+  event::Reload e;
+  Config fresh = config_;
+  if (reload_config_) {
+    Result<Config> read = reload_config_();
+    if (!read.ok()) {
+      e.config = read.status();
+      return e;
+    }
+    // Only what makes up the registry changes on a reload; the rest needs a restart.
+    fresh.models = read->models;
+    fresh.models_dir = read->models_dir;
+    fresh.model_roots = read->model_roots;
+    fresh.keep_alive_ms = read->keep_alive_ms;
+  }
+  e.entries = DiscoverModels(fresh, e.warnings);
+  e.config = std::move(fresh);
+  return e;
+}
+
+void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
+  event::WorkerMessage e;
+  e.slot = slot;
+  // A successful load carries the weights region, a park its host copy: one descriptor each.
+  bool carries = (message.has_load_done() && message.load_done().weights_shared()) ||
+                 (message.has_park_done() && message.park_done().copy_shared());
+  if (carries) {
+    int fd = workers_->TakeFd(slot);
+    if (fd >= 0) e.handles.push_back(fd);
+  }
+  e.message = std::move(message);
+  Dispatch(std::move(e));
+}
+
+void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
+  event::WorkerDown e;
+  e.slot = slot;
+  e.generation = generation;
+  e.why = why;
+  e.exit_text = workers_->LastExit(slot);
+  e.fatal = fatal;
+  // The in-flight markers it still held say what it was doing when it died.
+  std::vector<shm::InflightSlot> taken;
+  inflight_->Reclaim(static_cast<uint16_t>(slot), generation, &taken);
+  for (const shm::InflightSlot& s : taken) e.running_jobs.push_back(s.request_id);
+  Dispatch(std::move(e));
 }
 
 void Daemon::FinishStop() {

@@ -149,6 +149,10 @@ void WorkerPool::Spawn(uint32_t slot) {
                      uv_strerror(rc));
     w.state = WorkerState::kFatal;
     PublishState(slot);
+    if (events_.on_death) {
+      events_.on_death(slot, w.generation, fmt::format("could not be started: {}", uv_strerror(rc)),
+                       /*fatal=*/true);
+    }
     return;
   }
   w.process->MarkInitialized();
@@ -239,7 +243,7 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
       spdlog::warn("worker {} (pid {}) {}; respawning", slot, w.pid, why);
     }
   }
-  if (events_.on_death) events_.on_death(slot, generation, why);
+  if (events_.on_death) events_.on_death(slot, generation, why, fatal);
   if (shutting_down_) {
     MaybeFinishShutdown();
     return;
@@ -258,9 +262,13 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
 }
 
 bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds) {
+  return SendFrame(slot, ipc::Frame(message), fds);
+}
+
+bool WorkerPool::SendFrame(uint32_t slot, std::string frame, const std::vector<int>& fds) {
   Worker& w = *workers_[slot];
   if (!w.ready || w.channel == nullptr) return false;
-  w.channel->Send(ipc::Frame(message), fds);
+  w.channel->Send(std::move(frame), fds);
   return true;
 }
 
@@ -289,15 +297,6 @@ bool WorkerPool::AnyCanServe() const {
 std::string WorkerPool::LastExit(uint32_t slot) const { return workers_[slot]->last_exit_text; }
 int WorkerPool::pid(uint32_t slot) const { return workers_[slot]->pid; }
 uint32_t WorkerPool::generation(uint32_t slot) const { return workers_[slot]->generation; }
-
-std::vector<WorkerLoad> WorkerPool::Loads(const std::vector<uint32_t>& models,
-                                          const std::vector<uint32_t>& outstanding) const {
-  std::vector<WorkerLoad> loads;
-  for (const auto& w : workers_) {
-    loads.push_back(WorkerLoad{w->slot, w->ready, models[w->slot], outstanding[w->slot]});
-  }
-  return loads;
-}
 
 void WorkerPool::Shutdown(uint64_t grace_ms, std::function<void()> done) {
   shutting_down_ = true;

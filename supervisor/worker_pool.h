@@ -17,7 +17,6 @@
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
 #include "shm/segment.h"
-#include "supervisor/scheduler.h"
 
 namespace warmpool::supervisor {
 
@@ -41,8 +40,9 @@ struct WorkerEvents {
   std::function<void(uint32_t slot)> on_ready;  // hello received: the worker takes jobs
   // A message that says it carries a descriptor gets it with WorkerPool::TakeFd.
   std::function<void(uint32_t slot, v1::WorkerEnvelope&& message)> on_message;
-  // The process is gone (reaped). `why` reads like "killed by signal 9" or "exited with status 1".
-  std::function<void(uint32_t slot, uint32_t generation, const std::string& why)> on_death;
+  // The process is gone (reaped), or could not be started. `why` reads like "killed by signal 9"
+  // or "exited with status 1"; fatal: exit status 2 or no start, so it is not respawned.
+  std::function<void(uint32_t slot, uint32_t generation, const std::string& why, bool fatal)> on_death;
 };
 
 class WorkerPool {
@@ -55,6 +55,8 @@ class WorkerPool {
   // False when the worker is not ready (the caller treats the job as lost with the worker).
   // fds go with the frame (the caller keeps its copies).
   bool Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
+  // The same with a frame already made.
+  bool SendFrame(uint32_t slot, std::string frame, const std::vector<int>& fds = {});
   // Closes every channel (workers exit on EOF), SIGKILLs stragglers after grace_ms, then calls done.
   void Shutdown(uint64_t grace_ms, std::function<void()> done);
 
@@ -70,9 +72,6 @@ class WorkerPool {
   uint32_t size() const { return static_cast<uint32_t>(workers_.size()); }
   int pid(uint32_t slot) const;
   uint32_t generation(uint32_t slot) const;
-  // Resident models and outstanding jobs are tracked by the daemon and reported here for choice.
-  std::vector<WorkerLoad> Loads(const std::vector<uint32_t>& models,
-                                const std::vector<uint32_t>& outstanding) const;
 
  private:
   struct Worker;

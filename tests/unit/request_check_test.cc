@@ -1,6 +1,6 @@
 // CheckRequest: every check a client request can fail before it touches daemon state, judged from
 // the envelope alone.
-#include "supervisor/request_check.h"
+#include "supervisor/core/request_check.h"
 
 #include <cstdint>
 #include <string>

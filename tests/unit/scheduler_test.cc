@@ -1,6 +1,6 @@
 // PlanAdmission and PickWorkerForLoad asked of a ModelIndex laid over a byte vector: no processes,
 // no sockets. Sizes are in MiB against a 1 GiB per-device budget.
-#include "supervisor/scheduler.h"
+#include "supervisor/core/scheduler.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,62 +1,44 @@
 // Client requests: validation and replies. What they set in motion lives in lifecycle.cc (loads,
 // unloads, admission) and dispatch.cc (inference).
-#include <grp.h>
-#include <pwd.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <vector>
 
-#include <spdlog/spdlog.h>
-
-#include "common/clock.h"
-#include "ipc/framing.h"
-#include "supervisor/daemon.h"
-#include "supervisor/request_check.h"
+#include "supervisor/core/core.h"
+#include "supervisor/core/request_check.h"
 
 namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-void Daemon::Answer(const Call& call, v1::Envelope&& reply) {
+void Core::Answer(const Call& call, v1::Envelope&& reply) {
   reply.set_request_id(call.request_id);
-  server_->Send(call.session, reply);
+  auto it = sessions_.find(call.session);
+  if (it == sessions_.end()) return;  // gone (or the preload, session 0): nobody to tell
+  if (it->second > 0) {
+    it->second--;
+    unanswered_--;
+  }
+  actions_.push_back(action::Reply{call.session, std::move(reply)});
 }
 
-void Daemon::AnswerError(const Call& call, const Status& status) {
+void Core::AnswerError(const Call& call, const Status& status) {
   Answer(call, ErrorReply(call.request_id, status));
 }
 
-bool Daemon::IsAdmin(const Peer& peer) const {
-  if (peer.uid == 0 || peer.uid == geteuid()) return true;
-  if (!admin_gid_) return false;
-  if (peer.gid == *admin_gid_) return true;
-  // Supplementary groups of the peer's user.
-  passwd pw{};
-  passwd* found = nullptr;
-  char buffer[4096];
-  if (getpwuid_r(peer.uid, &pw, buffer, sizeof(buffer), &found) != 0 || found == nullptr) return false;
-  int count = 64;
-  std::vector<gid_t> groups(count);
-  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
-    groups.resize(count);
-    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
-  }
-  groups.resize(count);
-  return std::find(groups.begin(), groups.end(), *admin_gid_) != groups.end();
-}
-
-void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request) {
-  Call call{session, request.request_id()};
+void Core::OnRequest(event::ClientRequest&& event) {
+  v1::Envelope& request = event.envelope;
+  Call call{event.session, request.request_id()};
+  sessions_[event.session]++;
+  unanswered_++;
   bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
                        request.has_fault_arm() || request.has_fault_clear() ||
                        request.has_register_model();
-  if (admin_request && !IsAdmin(peer)) {
+  if (admin_request && !event.admin) {
     AnswerError(call, Error(Code::kPermissionDenied,
                             "uid {} may infer and read status, not register, load, unload, pin or "
                             "arm faults: "
                             "run as root or the daemon's user{}",
-                            peer.uid,
+                            event.uid,
                             config_.admin_group.empty()
                                 ? std::string(", or set [access] admin_group")
                                 : fmt::format(", or join group {}", config_.admin_group)));
@@ -77,7 +59,9 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
     case v1::Envelope::kFaultArm: HandleFaultArm(call, request.fault_arm()); break;
     case v1::Envelope::kFaultClear: HandleFaultClear(call); break;
     case v1::Envelope::kPin: HandlePin(call, request.pin()); break;
-    case v1::Envelope::kRegisterModel: HandleRegister(call, request.register_model()); break;
+    case v1::Envelope::kRegisterModel:
+      HandleRegister(call, request.register_model(), std::move(event.registration));
+      break;
     default:
       AnswerError(call, Error(Code::kInvalidArgument,
                               "request {} carries no request this daemon understands (body {})",
@@ -93,13 +77,13 @@ Status UnknownModel(const std::string& name) {
 
 }  // namespace
 
-uint32_t Daemon::FindServing(const std::string& name) const {
+uint32_t Core::FindServing(const std::string& name) const {
   uint32_t model = index_->Find(name);
   if (model == shm::kNil || (runtime_[model].retiring && !runtime_[model].next)) return shm::kNil;
   return model;
 }
 
-void Daemon::HandlePin(const Call& call, const v1::PinRequest& request) {
+void Core::HandlePin(const Call& call, const v1::PinRequest& request) {
   uint32_t model = FindServing(request.model());
   if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
   index_->Update(model, [&](shm::ModelRecord& r) { r.pinned = request.pin() ? 1 : 0; });
@@ -110,13 +94,14 @@ void Daemon::HandlePin(const Call& call, const v1::PinRequest& request) {
   Answer(call, std::move(reply));
 }
 
-void Daemon::HandleLoad(const Call& call, const v1::LoadRequest& request) {
+void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   const std::string& name = request.model();
   uint32_t model = FindServing(name);
   if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
   if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
   if (request.replicas() != 0) {
-    runtime_[model].target_replicas = std::min(request.replicas(), workers_->size());
+    runtime_[model].target_replicas =
+        std::min(request.replicas(), static_cast<uint32_t>(workers_.size()));
   }
   if (index_->State(model) == ModelState::kReady) {
     GrowReplicas(model);
@@ -137,7 +122,7 @@ void Daemon::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   Enqueue(model, Waiter{call, false, {}, 0, 0});
 }
 
-void Daemon::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
+void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
   if (request.all()) {
     // Every ready model, parked where the park budget allows; one reply when all are done.
     uint64_t id = next_bulk_++;
@@ -189,7 +174,7 @@ void Daemon::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
         return Answer(call, std::move(reply));
       }
       // Dropping the parked copy.
-      if (runtime_[model].park_fd >= 0) close(runtime_[model].park_fd);
+      CloseHandle(runtime_[model].park_fd);
       runtime_[model].park_fd = -1;
       index_->MarkNotResident(model, ModelState::kRegistered, "");
       {
@@ -210,7 +195,7 @@ void Daemon::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
   }
 }
 
-void Daemon::HandleInfer(const Call& call, v1::InferRequest&& request) {
+void Core::HandleInfer(const Call& call, v1::InferRequest&& request) {
   // The input's shape was checked with the rest of the request (request_check.cc).
   uint32_t model = FindServing(request.model());
   if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
@@ -221,7 +206,7 @@ void Daemon::HandleInfer(const Call& call, v1::InferRequest&& request) {
                                    queued_, config_.max_queue));
   }
   uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : config_.default_deadline_ms;
-  uint64_t deadline_ms = deadline == 0 ? 0 : MonotonicMillis() + deadline;  // 0: none
+  uint64_t deadline_ms = deadline == 0 ? 0 : MonoMs() + deadline;  // 0: none
   Enqueue(model, Waiter{call, true, std::move(request), deadline_ms, 0});
 }
 

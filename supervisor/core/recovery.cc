@@ -4,23 +4,25 @@
 #include <algorithm>
 #include <map>
 
-#include <spdlog/spdlog.h>
-
-#include "common/clock.h"
-#include "supervisor/daemon.h"
+#include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why) {
+void Core::OnWorkerDown(const event::WorkerDown& down) {
+  const uint32_t slot = down.slot;
+  const std::string& why = down.why;
+  WorkerSlot& w = workers_[slot];
+  w.ready = false;
+  w.fatal = w.fatal || down.fatal;
+  if (!down.exit_text.empty()) w.last_exit = down.exit_text;
   // The in-flight markers say which jobs the worker was running when it died: those jobs (and
   // their models) are the suspects; jobs merely queued behind them are innocent.
-  std::vector<shm::InflightSlot> taken;
-  inflight_->Reclaim(static_cast<uint16_t>(slot), generation, &taken);
-  std::vector<uint64_t> killers;
-  for (const shm::InflightSlot& s : taken) killers.push_back(s.request_id);
-  if (!taken.empty()) spdlog::info("reclaimed {} in-flight markers of worker {}", taken.size(), slot);
+  const std::vector<uint64_t>& killers = down.running_jobs;
+  if (!killers.empty()) {
+    Log(LogLevel::kInfo, "reclaimed {} in-flight markers of worker {}", killers.size(), slot);
+  }
 
   std::vector<uint32_t> suspects;  // models that count a crash
   std::vector<uint64_t> ids;
@@ -33,8 +35,8 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
   for (uint64_t id : ids) {
     Job job = std::move(jobs_[id]);
     jobs_.erase(id);
-    worker_outstanding_[slot]--;
-    worker_pending_bytes_[slot] -= job.bytes;
+    workers_[slot].outstanding--;
+    workers_[slot].pending_bytes -= job.bytes;
     // Workers mark every job they run (inference, load, attach, unload, park) in the in-flight
     // table: a marked job was running when the process died, and only its model is blamed. Jobs
     // merely queued behind it are innocent.
@@ -93,7 +95,7 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
       index_->MarkNotResident(model, ModelState::kRegistered, fmt::format("worker {} {}", slot, why));
     }
   }
-  worker_models_[slot] = 0;
+  workers_[slot].models = 0;
   for (uint32_t model : suspects) RecordCrash(model, fmt::format("worker {} {}", slot, why));
 
   // Retried requests go to the front of their model's queue, in their original order; the models
@@ -108,9 +110,9 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
   RetryPending();
 }
 
-void Daemon::RecordCrash(uint32_t model, const std::string& why) {
+void Core::RecordCrash(uint32_t model, const std::string& why) {
   ModelRuntime& rt = runtime_[model];
-  uint64_t now = MonotonicMillis();
+  uint64_t now = MonoMs();
   rt.crash_ms.push_back(now);
   while (!rt.crash_ms.empty() && now - rt.crash_ms.front() > config_.crash_loop_window_ms) {
     rt.crash_ms.pop_front();
@@ -121,25 +123,26 @@ void Daemon::RecordCrash(uint32_t model, const std::string& why) {
   rt.crash_ms.clear();
 }
 
-void Daemon::MarkFailed(uint32_t model, const std::string& reason) {
+void Core::MarkFailed(uint32_t model, const std::string& reason) {
   ModelRuntime& rt = runtime_[model];
   rt.cooldown_ms = rt.cooldown_ms == 0
                        ? config_.failed_cooldown_ms
                        : std::min<uint64_t>(rt.cooldown_ms * 2, config_.failed_cooldown_max_ms);
-  rt.failed_until_ms = MonotonicMillis() + rt.cooldown_ms;
+  rt.failed_until_ms = MonoMs() + rt.cooldown_ms;
   rt.last_error = reason;
+  rt.inspected = false;
   // Still resident (its weights survived the crash): let them go; FinishUnload marks it failed.
   if (index_->State(model) == ModelState::kReady) StartUnload(model, /*eviction=*/false);
   ModelState state = index_->State(model);
   if (state == ModelState::kRegistered || state == ModelState::kFailed) {
     index_->MarkNotResident(model, ModelState::kFailed, reason);
   }
-  spdlog::warn("model \"{}\" failed: {}; retried in {} ms at the earliest", index_->Get(model).name,
-               reason, rt.cooldown_ms);
+  Log(LogLevel::kWarn, "model \"{}\" failed: {}; retried in {} ms at the earliest",
+      index_->Get(model).name, reason, rt.cooldown_ms);
   FailWaiters(model, FailedStatus(model));
 }
 
-Status Daemon::FailedStatus(uint32_t model) const {
+Status Core::FailedStatus(uint32_t model) const {
   const std::string name = index_->Get(model).name;
   int64_t retry = RetryInMs(model);
   return Error(Code::kFailedPrecondition,
@@ -150,14 +153,14 @@ Status Daemon::FailedStatus(uint32_t model) const {
                name);
 }
 
-void Daemon::SweepDeadlines() {
+void Core::SweepDeadlines() {
   // Checked here, on its own turn of the loop, rather than after each reply: ending the drain
   // closes the sessions and the workers' channels, which no handler half-way through expects.
   if (stopping_) {
     CheckDrained();
     if (drain_ended_) return;
   }
-  uint64_t now = MonotonicMillis();
+  uint64_t now = MonoMs();
   ExpireIdle(now);
   for (uint32_t model : index_->All()) {
     std::deque<Waiter>& waiters = runtime_[model].waiters;
@@ -178,15 +181,15 @@ void Daemon::SweepDeadlines() {
   // A worker runs one load at a time (its load thread) and its infers and unloads one at a time in
   // order (its serving thread): only the job at the head of each may be judged as stalled, and its
   // clock starts no earlier than the moment the job before it finished.
-  std::vector<uint64_t> head_load(workers_->size(), UINT64_MAX), head_serving(workers_->size(), UINT64_MAX);
+  std::vector<uint64_t> head_load(workers_.size(), UINT64_MAX), head_serving(workers_.size(), UINT64_MAX);
   for (const auto& [id, job] : jobs_) {
     uint64_t& head = OnLoadThread(job) ? head_load[job.worker] : head_serving[job.worker];
     head = std::min(head, id);
   }
   for (auto& [id, job] : jobs_) {
     const std::string& name = index_->Get(job.model).name;
-    uint64_t since = std::max(job.progress_ms, OnLoadThread(job) ? worker_load_done_ms_[job.worker]
-                                                                 : worker_serving_done_ms_[job.worker]);
+    uint64_t since = std::max(job.progress_ms, OnLoadThread(job) ? workers_[job.worker].load_done_ms
+                                                                 : workers_[job.worker].serving_done_ms);
     bool head = id == (OnLoadThread(job) ? head_load[job.worker] : head_serving[job.worker]);
     switch (job.kind) {
       case Job::Kind::kInfer:
@@ -217,10 +220,12 @@ void Daemon::SweepDeadlines() {
     }
   }
   // Killing only asks the kernel; the death arrives through the loop like any other.
-  for (const auto& [worker, reason] : to_kill) workers_->Kill(worker, reason);
+  for (const auto& [worker, reason] : to_kill) {
+    actions_.push_back(action::KillWorker{worker, reason});
+  }
 }
 
-void Daemon::FailEverything(const Status& status) {
+void Core::FailEverything(const Status& status) {
   for (uint32_t model : index_->All()) FailWaiters(model, status);
   for (auto& [id, job] : jobs_) {
     if (job.kind == Job::Kind::kInfer && !job.answered) {

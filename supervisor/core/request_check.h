@@ -22,4 +22,7 @@ inline constexpr uint32_t kMaxRequestReplicas = 1024;
 // OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
 Status CheckRequest(const v1::Envelope& request);
 
+// An error reply envelope.
+v1::Envelope ErrorReply(uint64_t request_id, const Status& status);
+
 }  // namespace warmpool::supervisor

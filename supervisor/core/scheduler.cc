@@ -1,4 +1,4 @@
-#include "supervisor/scheduler.h"
+#include "supervisor/core/scheduler.h"
 
 #include <string>
 

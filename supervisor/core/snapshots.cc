@@ -1,20 +1,19 @@
 // The read-only views (models, ps, status), built from the index itself so that no parallel copy
 // can drift from it.
-#include "common/clock.h"
-#include "supervisor/daemon.h"
+#include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-int64_t Daemon::RetryInMs(uint32_t model) const {
+int64_t Core::RetryInMs(uint32_t model) const {
   if (index_->State(model) != ModelState::kFailed) return 0;
-  uint64_t now = MonotonicMillis();
+  uint64_t now = MonoMs();
   uint64_t until = runtime_[model].failed_until_ms;
   return until > now ? static_cast<int64_t>(until - now) : 0;
 }
 
-v1::Envelope Daemon::ModelsSnapshot() const {
+v1::Envelope Core::ModelsSnapshot() const {
   v1::Envelope reply;
   v1::ModelsReply* models = reply.mutable_models_reply();
   for (uint32_t i : index_->All()) {
@@ -33,7 +32,7 @@ v1::Envelope Daemon::ModelsSnapshot() const {
   return reply;
 }
 
-v1::Envelope Daemon::PsSnapshot() const {
+v1::Envelope Core::PsSnapshot() const {
   v1::Envelope reply;
   v1::PsReply* ps = reply.mutable_ps_reply();
   std::vector<uint32_t> shown = index_->LruOrder();
@@ -55,7 +54,7 @@ v1::Envelope Daemon::PsSnapshot() const {
     e->set_last_used(static_cast<int64_t>(r.last_used_ns / 1000000000ull));
     uint64_t expires = runtime_[i].expires_at_ms;
     if (expires != 0 && static_cast<ModelState>(r.state) == ModelState::kReady) {
-      uint64_t now = MonotonicMillis();
+      uint64_t now = MonoMs();
       e->set_has_expiry(true);
       e->set_expires_in(expires > now ? static_cast<int64_t>((expires - now + 999) / 1000) : 0);
     }
@@ -66,7 +65,7 @@ v1::Envelope Daemon::PsSnapshot() const {
   return reply;
 }
 
-v1::Envelope Daemon::StatusSnapshot() const {
+v1::Envelope Core::StatusSnapshot() const {
   v1::Envelope reply;
   v1::StatusReply* status = reply.mutable_status_reply();
   status->set_version(kVersion);
@@ -76,18 +75,18 @@ v1::Envelope Daemon::StatusSnapshot() const {
   device->set_kind("host");
   device->set_budget_bytes(index_->DeviceBudget());
   device->set_used_bytes(index_->DeviceUsed(0));
-  for (uint32_t slot = 0; slot < workers_->size(); slot++) {
-    const shm::WorkerRecord& w = segment_.view().worker(slot);
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+    const shm::WorkerRecord& w = index_->view().worker(slot);
     v1::WorkerStatus* ws = status->add_workers();
     ws->set_slot(slot);
     ws->set_pid(w.pid);
     ws->set_device(w.device);
     static const char* kStates[] = {"empty", "starting", "idle", "busy", "dead", "fatal"};
     std::string state = w.state < 6 ? kStates[w.state] : "unknown";
-    if (state == "idle" && worker_outstanding_[slot] != 0) state = "busy";
+    if (state == "idle" && workers_[slot].outstanding != 0) state = "busy";
     ws->set_state(state);
     ws->set_restarts(w.restarts);
-    ws->set_last_exit(workers_->LastExit(slot));
+    ws->set_last_exit(workers_[slot].last_exit);
   }
   uint32_t inflight = 0;
   for (const auto& [id, job] : jobs_) inflight += job.kind == Job::Kind::kInfer;

@@ -1,32 +1,25 @@
 // Model lifecycle driven by the daemon: registered -> loading -> ready -> unloading -> registered,
 // plus failed. Each transition is one call on the index (the single writer), made here.
-#include <unistd.h>
-
 #include <algorithm>
 
-#include <spdlog/spdlog.h>
-
-#include "common/clock.h"
 #include "common/units.h"
-#include "supervisor/daemon.h"
-#include "supervisor/model_roots.h"
-#include "supervisor/registry.h"
+#include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-uint64_t Daemon::NewJob(Job&& job) {
+uint64_t Core::NewJob(Job&& job) {
   uint64_t id = next_job_++;
-  job.started_ms = MonotonicMillis();
+  job.started_ms = MonoMs();
   job.progress_ms = job.started_ms;
-  worker_outstanding_[job.worker]++;
-  worker_pending_bytes_[job.worker] += job.bytes;
+  workers_[job.worker].outstanding++;
+  workers_[job.worker].pending_bytes += job.bytes;
   jobs_.emplace(id, std::move(job));
   return id;
 }
 
-void Daemon::EnsureLoading(uint32_t model) {
+void Core::EnsureLoading(uint32_t model) {
   ModelState state = index_->State(model);
   bool detached = state == ModelState::kReady && index_->Get(model).worker_slot == shm::kNil;
   if (state == ModelState::kRegistered || state == ModelState::kFailed || detached ||
@@ -37,7 +30,7 @@ void Daemon::EnsureLoading(uint32_t model) {
   // ready: DrainReady serves them.
 }
 
-void Daemon::TryAdmit(uint32_t model) {
+void Core::TryAdmit(uint32_t model) {
   ModelState state = index_->State(model);
   if (runtime_[model].waiters.empty()) return;  // everyone gave up meanwhile
   // A path refused at registration (outside the model roots, not a regular file) never reaches a
@@ -51,7 +44,7 @@ void Daemon::TryAdmit(uint32_t model) {
   };
   if (state == ModelState::kReady && index_->Get(model).worker_slot == shm::kNil) {
     // Resident weights, no worker serving them: attach them to one, no file read.
-    uint32_t worker = PickWorkerForLoad(workers_->Loads(worker_models_, worker_outstanding_));
+    uint32_t worker = PickWorkerForLoad(Loads());
     if (worker == shm::kNil) return wait();
     return StartAttach(model, worker);
   }
@@ -60,45 +53,29 @@ void Daemon::TryAdmit(uint32_t model) {
     return;
   }
   if (state == ModelState::kFailed) {
-    if (MonotonicMillis() < runtime_[model].failed_until_ms) {
+    if (MonoMs() < runtime_[model].failed_until_ms) {
       FailWaiters(model, FailedStatus(model));
       return;
     }
     // Cooldown over: look at the file again, it may have been fixed (or replaced). Through the
-    // model roots again first: what is there now may be a symlink leading out, or a FIFO.
-    const shm::ModelRecord& r = index_->Get(model);
-    if (r.path[0] != '\0') {
-      Result<std::string> real = ResolveModelPath(r.path, EffectiveModelRoots(config_));
-      if (!real.ok() || *real != r.path) {
-        MarkFailed(model, real.ok() ? fmt::format("model path {} leads to {} now; reload to register "
-                                                  "it again",
-                                                  r.path, *real)
-                                    : real.status().message());
-        FailWaiters(model, FailedStatus(model));
-        return;
-      }
-    }
-    ModelEntry entry = InspectModel(r.name, r.engine, r.path, config_.engine_dir);
-    if (!entry.problem.ok()) {
-      MarkFailed(model, entry.problem.message());
-      FailWaiters(model, FailedStatus(model));
+    // model roots again first: what is there now may be a symlink leading out, or a FIFO. Looking
+    // is I/O: the shell does it and answers with event::ModelInspected.
+    ModelRuntime& rt = runtime_[model];
+    if (!rt.inspected) {
+      const shm::ModelRecord& r = index_->Get(model);
+      if (!rt.inspecting) actions_.push_back(action::InspectModel{model, r.name, r.engine, r.path});
+      rt.inspecting = true;
       return;
     }
-    index_->Update(model, [&](shm::ModelRecord& m) { m.weight_bytes = entry.weight_bytes; });
-    runtime_[model].workspace_bytes = entry.workspace_bytes;
-    runtime_[model].header = entry.header;
-    runtime_[model].file_size = entry.file_size;
-    runtime_[model].in_features = entry.in_features;
-    runtime_[model].out_features = entry.out_features;
   }
   const uint64_t bytes = index_->Get(model).weight_bytes + runtime_[model].workspace_bytes;
   AdmissionPlan plan = PlanAdmission(*index_, model, /*device=*/0, bytes, limits_);
   switch (plan.kind) {
     case AdmissionPlan::Kind::kAdmit: {
-      uint32_t worker = PickWorkerForLoad(workers_->Loads(worker_models_, worker_outstanding_));
+      uint32_t worker = PickWorkerForLoad(Loads());
       if (worker != shm::kNil && state == ModelState::kParked) return StartUnpark(model, worker, bytes);
       if (worker != shm::kNil) return StartLoad(model, worker, bytes);
-      if (!workers_->AnyCanServe()) {
+      if (!AnyCanServe()) {
         FailWaiters(model, Error(Code::kUnavailable,
                                  "no worker is running (they exited with status 2, fatal "
                                  "configuration): see the daemon log"));
@@ -109,8 +86,8 @@ void Daemon::TryAdmit(uint32_t model) {
     case AdmissionPlan::Kind::kEvict: {
       bool freed_now = false;
       for (uint32_t victim : plan.victims) {
-        spdlog::info("evicting \"{}\" to make room for \"{}\"", index_->Get(victim).name,
-                     index_->Get(model).name);
+        Log(LogLevel::kInfo, "evicting \"{}\" to make room for \"{}\"", index_->Get(victim).name,
+            index_->Get(model).name);
         Release(victim, /*eviction=*/true);
         freed_now = freed_now || !shm::OnDevice(index_->State(victim));
       }
@@ -126,7 +103,43 @@ void Daemon::TryAdmit(uint32_t model) {
   }
 }
 
-void Daemon::RetryPending() {
+void Core::OnModelInspected(const event::ModelInspected& inspected) {
+  uint32_t model = inspected.model;
+  ModelRuntime& rt = runtime_[model];
+  if (!rt.inspecting || index_->State(model) != ModelState::kFailed ||
+      inspected.path != index_->Get(model).path) {
+    return;  // the model changed meanwhile (re-registered, forgotten): the answer is stale
+  }
+  rt.inspecting = false;
+  const shm::ModelRecord& r = index_->Get(model);
+  if (r.path[0] != '\0') {
+    if (!inspected.resolved.ok() || *inspected.resolved != r.path) {
+      MarkFailed(model, inspected.resolved.ok()
+                            ? fmt::format("model path {} leads to {} now; reload to register it "
+                                          "again",
+                                          r.path, *inspected.resolved)
+                            : inspected.resolved.status().message());
+      FailWaiters(model, FailedStatus(model));
+      return;
+    }
+  }
+  const ModelEntry& entry = inspected.entry;
+  if (!entry.problem.ok()) {
+    MarkFailed(model, entry.problem.message());
+    FailWaiters(model, FailedStatus(model));
+    return;
+  }
+  index_->Update(model, [&](shm::ModelRecord& m) { m.weight_bytes = entry.weight_bytes; });
+  rt.workspace_bytes = entry.workspace_bytes;
+  rt.header = entry.header;
+  rt.file_size = entry.file_size;
+  rt.in_features = entry.in_features;
+  rt.out_features = entry.out_features;
+  rt.inspected = true;  // admission may go on: the next load uses what was found
+  TryAdmit(model);
+}
+
+void Core::RetryPending() {
   // Admission may start unloads whose completion calls back here; one pass at a time.
   // During the drain too: accepted requests waiting for room still get it. Not once it has ended.
   if (retrying_ || drain_ended_) return;
@@ -140,10 +153,11 @@ void Daemon::RetryPending() {
   }
 }
 
-void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
+void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   const shm::ModelRecord& r = index_->Get(model);
+  runtime_[model].inspected = false;
   index_->MarkLoading(model, /*device=*/0, worker, bytes);
-  worker_models_[worker]++;
+  workers_[worker].models++;
   Job job;
   job.kind = Job::Kind::kLoad;
   job.worker = worker;
@@ -156,21 +170,22 @@ void Daemon::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   load->set_name(r.name);
   load->set_engine(r.engine);
   load->set_path(r.path);
-  spdlog::info("loading \"{}\" ({}) on worker {}", r.name, FormatBytes(bytes), worker);
+  Log(LogLevel::kInfo, "loading \"{}\" ({}) on worker {}", r.name, FormatBytes(bytes), worker);
   // A worker that is not ready is dying: its death handler fails this job.
-  workers_->Send(worker, message);
+  SendToWorker(worker, message);
 }
 
-void Daemon::StartAttach(uint32_t model, uint32_t worker, bool extra_replica) {
+void Core::StartAttach(uint32_t model, uint32_t worker, bool extra_replica) {
   if (!extra_replica) index_->MarkAttaching(model, worker);  // an extra replica: still ready
-  spdlog::info("attaching the resident weights of \"{}\" to worker {}", index_->Get(model).name, worker);
+  Log(LogLevel::kInfo, "attaching the resident weights of \"{}\" to worker {}",
+      index_->Get(model).name, worker);
   SendAttach(model, worker, extra_replica, /*unpark=*/false);
 }
 
-void Daemon::SendAttach(uint32_t model, uint32_t worker, bool extra_replica, bool unpark) {
+void Core::SendAttach(uint32_t model, uint32_t worker, bool extra_replica, bool unpark) {
   const shm::ModelRecord& r = index_->Get(model);
   const ModelRuntime& rt = runtime_[model];
-  worker_models_[worker]++;
+  workers_[worker].models++;
   Job job;
   job.kind = Job::Kind::kLoad;
   job.attach = true;
@@ -192,10 +207,10 @@ void Daemon::SendAttach(uint32_t model, uint32_t worker, bool extra_replica, boo
   attach->set_file_size(rt.file_size);
   attach->set_weight_bytes(region >= 0 ? r.weight_bytes : 0);
   attach->set_copy(unpark);
-  workers_->Send(worker, message, region >= 0 ? std::vector<int>{region} : std::vector<int>{});
+  SendToWorker(worker, message, region >= 0 ? std::vector<int>{region} : std::vector<int>{});
 }
 
-void Daemon::GrowReplicas(uint32_t model) {
+void Core::GrowReplicas(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   if (index_->State(model) != ModelState::kReady || rt.replica_slots.empty() || stopping_) return;
   std::vector<uint32_t> busy = rt.replica_slots;  // serving it, or attaching it now
@@ -203,7 +218,7 @@ void Daemon::GrowReplicas(uint32_t model) {
     if (job.model == model && job.extra_replica) busy.push_back(job.worker);
   }
   while (busy.size() < rt.target_replicas) {
-    std::vector<WorkerLoad> loads = workers_->Loads(worker_models_, worker_outstanding_);
+    std::vector<WorkerLoad> loads = Loads();
     for (WorkerLoad& w : loads) {
       if (std::find(busy.begin(), busy.end(), w.slot) != busy.end()) w.alive = false;
     }
@@ -224,12 +239,12 @@ void Daemon::GrowReplicas(uint32_t model) {
   }
 }
 
-void Daemon::DropWeights(uint32_t model) {
-  if (runtime_[model].weights_fd >= 0) close(runtime_[model].weights_fd);
+void Core::DropWeights(uint32_t model) {
+  CloseHandle(runtime_[model].weights_fd);
   runtime_[model].weights_fd = -1;
 }
 
-void Daemon::FinishUnload(uint32_t model) {
+void Core::FinishUnload(uint32_t model) {
   DropWeights(model);
   ModelRuntime& rt = runtime_[model];
   rt.replica_slots.clear();
@@ -241,8 +256,8 @@ void Daemon::FinishUnload(uint32_t model) {
   rt.parking = false;
   if (parked) {
     index_->MarkParked(model);
-    spdlog::info("\"{}\" parked ({} in host memory)", index_->Get(model).name,
-                 FormatBytes(index_->Get(model).weight_bytes));
+    Log(LogLevel::kInfo, "\"{}\" parked ({} in host memory)", index_->Get(model).name,
+        FormatBytes(index_->Get(model).weight_bytes));
     std::vector<Call> waiters;
     waiters.swap(rt.unload_waiters);
     for (const Call& call : waiters) {
@@ -254,12 +269,10 @@ void Daemon::FinishUnload(uint32_t model) {
     if (!rt.waiters.empty()) EnsureLoading(model);
     return;
   }
-  if (rt.park_fd >= 0) {
-    close(rt.park_fd);
-    rt.park_fd = -1;
-  }
+  CloseHandle(rt.park_fd);
+  rt.park_fd = -1;
   // A model failed while its unload was under way ends failed, not registered.
-  bool failed = rt.failed_until_ms > MonotonicMillis();
+  bool failed = rt.failed_until_ms > MonoMs();
   index_->MarkNotResident(model, failed ? ModelState::kFailed : ModelState::kRegistered,
                           failed ? rt.last_error : "");
   std::vector<Call> waiters;
@@ -277,7 +290,7 @@ void Daemon::FinishUnload(uint32_t model) {
   if (!rt.waiters.empty()) EnsureLoading(model);  // requests came in meanwhile
 }
 
-void Daemon::AnswerBulk(uint32_t model) {
+void Core::AnswerBulk(uint32_t model) {
   std::vector<uint64_t> ids;
   ids.swap(runtime_[model].bulk);
   bool parked = index_->State(model) == ModelState::kParked;
@@ -294,39 +307,39 @@ void Daemon::AnswerBulk(uint32_t model) {
   }
 }
 
-bool Daemon::CanPark(uint32_t model) const {
+bool Core::CanPark(uint32_t model) const {
   const ModelRuntime& rt = runtime_[model];
   uint64_t weights = index_->Get(model).weight_bytes;
   return rt.weights_fd >= 0 && weights > 0 && index_->ParkBudget() != 0 &&
          index_->ParkUsed() + weights <= index_->ParkBudget();
 }
 
-void Daemon::Release(uint32_t model, bool eviction) {
+void Core::Release(uint32_t model, bool eviction) {
   if (index_->State(model) != ModelState::kReady) return;
   runtime_[model].parking = CanPark(model) && !runtime_[model].replica_slots.empty();
   StartUnload(model, eviction);
 }
 
-void Daemon::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
+void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   index_->MarkUnparking(model, worker, bytes);
-  spdlog::info("unparking \"{}\" on worker {}", index_->Get(model).name, worker);
+  Log(LogLevel::kInfo, "unparking \"{}\" on worker {}", index_->Get(model).name, worker);
   SendAttach(model, worker, /*extra_replica=*/false, /*unpark=*/true);
 }
 
-void Daemon::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int copy_fd) {
+void Core::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int copy_fd) {
   ModelRuntime& rt = runtime_[job.model];
   if (done.has_error() || copy_fd < 0) {
-    spdlog::warn("parking \"{}\" failed ({}); dropping it instead", index_->Get(job.model).name,
-                 done.error().message());
+    Log(LogLevel::kWarn, "parking \"{}\" failed ({}); dropping it instead",
+        index_->Get(job.model).name, done.error().message());
     rt.parking = false;
-    if (copy_fd >= 0) close(copy_fd);
+    CloseHandle(copy_fd);
     return;
   }
-  if (rt.park_fd >= 0) close(rt.park_fd);
+  CloseHandle(rt.park_fd);
   rt.park_fd = copy_fd;
 }
 
-void Daemon::EnforceMaxCached(uint32_t keep) {
+void Core::EnforceMaxCached(uint32_t keep) {
   if (config_.max_cached == 0) return;
   std::vector<uint32_t> lru = index_->LruOrder();
   size_t cached = lru.size();
@@ -334,7 +347,7 @@ void Daemon::EnforceMaxCached(uint32_t keep) {
   for (uint32_t model : lru) {
     if (cached <= config_.max_cached) return;
     if (model == keep || index_->State(model) != ModelState::kParked || index_->Get(model).pinned) continue;
-    if (runtime_[model].park_fd >= 0) close(runtime_[model].park_fd);
+    CloseHandle(runtime_[model].park_fd);
     runtime_[model].park_fd = -1;
     index_->MarkNotResident(model, ModelState::kRegistered, "");
     cached--;
@@ -349,7 +362,7 @@ void Daemon::EnforceMaxCached(uint32_t keep) {
   }
 }
 
-void Daemon::StartUnload(uint32_t model, bool eviction) {
+void Core::StartUnload(uint32_t model, bool eviction) {
   if (index_->State(model) != ModelState::kReady) return;
   if (eviction) index_->Update(model, [](shm::ModelRecord& r) { r.evictions++; });
   if (runtime_[model].replica_slots.empty()) {
@@ -364,7 +377,7 @@ void Daemon::StartUnload(uint32_t model, bool eviction) {
   }
 }
 
-void Daemon::SendUnload(uint32_t model) {
+void Core::SendUnload(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   rt.unload_when_idle = false;
   if (rt.parking && !rt.replica_slots.empty()) {
@@ -379,7 +392,7 @@ void Daemon::SendUnload(uint32_t model) {
     v1::WorkerEnvelope message;
     message.mutable_park()->set_job(id);
     message.mutable_park()->set_model(model);
-    workers_->Send(worker, message);
+    SendToWorker(worker, message);
   }
   // Every replica lets go of its mapping; the weights go when the last one has.
   for (uint32_t worker : rt.replica_slots) {
@@ -391,32 +404,37 @@ void Daemon::SendUnload(uint32_t model) {
     v1::WorkerEnvelope message;
     message.mutable_unload()->set_job(id);
     message.mutable_unload()->set_model(model);
-    workers_->Send(worker, message);
+    SendToWorker(worker, message);
     rt.unloads_pending++;
   }
   if (rt.unloads_pending == 0) FinishUnload(model);
 }
 
-void Daemon::FailWaiters(uint32_t model, const Status& status) {
+void Core::FailWaiters(uint32_t model, const Status& status) {
   std::deque<Waiter> waiters;
   waiters.swap(runtime_[model].waiters);
   queued_ -= static_cast<uint32_t>(waiters.size());
   for (Waiter& w : waiters) AnswerError(w.call, status);
 }
 
-void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
-  // Only a successful load carries a descriptor: the weights region.
+void Core::OnWorkerMessage(event::WorkerMessage&& event) {
+  uint32_t slot = event.slot;
+  v1::WorkerEnvelope& message = event.message;
+  // A successful load carries the weights region, a park its host copy: one handle each.
   int weights_fd = -1;
+  int copy_fd = -1;
   if (message.has_load_done() && message.load_done().weights_shared()) {
-    weights_fd = workers_->TakeFd(slot);
-    if (weights_fd < 0) spdlog::error("worker {} announced shared weights but sent none", slot);
+    if (!event.handles.empty()) weights_fd = event.handles.front();
+    if (weights_fd < 0) Log(LogLevel::kError, "worker {} announced shared weights but sent none", slot);
+  } else if (message.has_park_done() && message.park_done().copy_shared()) {
+    if (!event.handles.empty()) copy_fd = event.handles.front();
   }
   uint64_t id = 0;
   switch (message.body_case()) {
     case v1::WorkerEnvelope::kLoadProgress: {
       auto it = jobs_.find(message.load_progress().job());
       if (it == jobs_.end()) return;
-      it->second.progress_ms = MonotonicMillis();
+      it->second.progress_ms = MonoMs();
       index_->Update(it->second.model, [&](shm::ModelRecord& r) {
         r.loaded_bytes = message.load_progress().done_bytes();
       });
@@ -428,40 +446,41 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
     case v1::WorkerEnvelope::kUnloadDone: id = message.unload_done().job(); break;
     case v1::WorkerEnvelope::kParkDone: id = message.park_done().job(); break;
     default:
-      spdlog::warn("worker {} sent an unexpected message ({})", slot,
-                   static_cast<int>(message.body_case()));
+      Log(LogLevel::kWarn, "worker {} sent an unexpected message ({})", slot,
+          static_cast<int>(message.body_case()));
       return;
   }
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.worker != slot) {
-    spdlog::warn("worker {} answered unknown job {}", slot, id);
-    if (weights_fd >= 0) close(weights_fd);
+    Log(LogLevel::kWarn, "worker {} answered unknown job {}", slot, id);
+    CloseHandle(weights_fd);
+    CloseHandle(copy_fd);
     return;
   }
   Job job = std::move(it->second);
   jobs_.erase(it);
-  worker_outstanding_[slot]--;
-  worker_pending_bytes_[slot] -= job.bytes;
-  (OnLoadThread(job) ? worker_load_done_ms_ : worker_serving_done_ms_)[slot] = MonotonicMillis();
+  workers_[slot].outstanding--;
+  workers_[slot].pending_bytes -= job.bytes;
+  (OnLoadThread(job) ? workers_[slot].load_done_ms : workers_[slot].serving_done_ms) = MonoMs();
   switch (job.kind) {
     case Job::Kind::kLoad: OnLoadDone(job, message.load_done(), weights_fd); break;
     case Job::Kind::kInfer: OnInferDone(job, *message.mutable_infer_done()); break;
     case Job::Kind::kUnload: OnUnloadDone(job); break;
     case Job::Kind::kPark:
-      OnParkDone(job, message.park_done(),
-                 message.park_done().copy_shared() ? workers_->TakeFd(slot) : -1);
+      OnParkDone(job, message.park_done(), copy_fd);
       break;
   }
 }
 
-void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weights_fd) {
+void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weights_fd) {
   uint32_t model = job.model;
   ModelRuntime& rt = runtime_[model];
   const std::string name = index_->Get(model).name;
   if (job.extra_replica) {
-    worker_models_[job.worker]--;
+    workers_[job.worker].models--;
     if (done.has_error()) {
-      spdlog::warn("replica of \"{}\" on worker {} failed: {}", name, job.worker, done.error().message());
+      Log(LogLevel::kWarn, "replica of \"{}\" on worker {} failed: {}", name, job.worker,
+          done.error().message());
       return;
     }
     if (index_->State(model) != ModelState::kReady) {
@@ -470,30 +489,31 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
       unload.kind = Job::Kind::kUnload;
       unload.worker = job.worker;
       unload.model = model;
-      worker_models_[job.worker]++;
+      workers_[job.worker].models++;
       rt.replica_slots.push_back(job.worker);
       index_->AddReplica(model, rt.workspace_bytes);
       uint64_t id = NewJob(std::move(unload));
       v1::WorkerEnvelope message;
       message.mutable_unload()->set_job(id);
       message.mutable_unload()->set_model(model);
-      workers_->Send(job.worker, message);
+      SendToWorker(job.worker, message);
       rt.unloads_pending++;
       return;
     }
-    worker_models_[job.worker]++;
+    workers_[job.worker].models++;
     rt.replica_slots.push_back(job.worker);
     index_->AddReplica(model, rt.workspace_bytes);
-    spdlog::info("\"{}\" has {} replicas", name, rt.replica_slots.size());
+    Log(LogLevel::kInfo, "\"{}\" has {} replicas", name, rt.replica_slots.size());
     DrainReady(model);
     return;
   }
   if (done.has_error() && job.attach) {
     // The held weights could not be attached: let them go and load from the file instead.
-    spdlog::warn("attaching \"{}\" failed ({}); loading it from its file", name, done.error().message());
-    worker_models_[job.worker]--;
+    Log(LogLevel::kWarn, "attaching \"{}\" failed ({}); loading it from its file", name,
+        done.error().message());
+    workers_[job.worker].models--;
     DropWeights(model);
-    if (rt.park_fd >= 0) close(rt.park_fd);
+    CloseHandle(rt.park_fd);
     rt.park_fd = -1;
     index_->MarkNotResident(model, ModelState::kRegistered, done.error().message());
     EnsureLoading(model);
@@ -502,8 +522,8 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   }
   if (done.has_error()) {
     Status cause(CodeFromInt(done.error().code()), done.error().message());
-    worker_models_[job.worker]--;
-    spdlog::warn("loading \"{}\" failed: {}", name, cause.ToString());
+    workers_[job.worker].models--;
+    Log(LogLevel::kWarn, "loading \"{}\" failed: {}", name, cause.ToString());
     if (cause.code() == Code::kResourceExhausted) {
       // Not the model's fault: no cooldown, the next request tries again.
       index_->MarkNotResident(model, ModelState::kRegistered, cause.message());
@@ -522,7 +542,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
     rt.weights_fd = weights_fd;
   }
   if (job.unpark && rt.park_fd >= 0) {
-    close(rt.park_fd);  // back on the device: the host copy goes
+    CloseHandle(rt.park_fd);  // back on the device: the host copy goes
     rt.park_fd = -1;
   }
   rt.last_error.clear();
@@ -533,9 +553,9 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   rt.replica_slots = {job.worker};
   StartKeepAlive(model);
   CheckPreload();
-  spdlog::info("\"{}\" ready on worker {} ({} weights {}, {} ms)", name, job.worker,
-               FormatBytes(done.weight_bytes()), job.attach ? "attached" : "loaded",
-               MonotonicMillis() - job.started_ms);
+  Log(LogLevel::kInfo, "\"{}\" ready on worker {} ({} weights {}, {} ms)", name, job.worker,
+      FormatBytes(done.weight_bytes()), job.attach ? "attached" : "loaded",
+      MonoMs() - job.started_ms);
   uint64_t budget = index_->DeviceBudget();
   if (budget != 0 && index_->DeviceUsed(0) > budget) {
     // The engine allocated more than its header promised (the file changed since registration).
@@ -557,7 +577,7 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
     v1::Envelope reply;
     reply.mutable_load_reply()->set_model(name);
     reply.mutable_load_reply()->set_bytes(done.weight_bytes());
-    reply.mutable_load_reply()->set_load_ms(MonotonicMillis() - job.started_ms);
+    reply.mutable_load_reply()->set_load_ms(MonoMs() - job.started_ms);
     Answer(w.call, std::move(reply));
   }
   rt.waiters.swap(rest);
@@ -567,13 +587,33 @@ void Daemon::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int weig
   RetryPending();
 }
 
-void Daemon::OnUnloadDone(const Job& job) {
-  worker_models_[job.worker]--;
+void Core::OnUnloadDone(const Job& job) {
+  workers_[job.worker].models--;
   ModelRuntime& rt = runtime_[job.model];
   std::erase(rt.replica_slots, job.worker);
   if (rt.unloads_pending > 0) rt.unloads_pending--;
   if (rt.unloads_pending == 0) FinishUnload(job.model);
   RetryPending();
+}
+
+}  // namespace warmpool::supervisor
+
+namespace warmpool::supervisor {
+
+std::vector<WorkerLoad> Core::Loads() const {
+  std::vector<WorkerLoad> loads;
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+    const WorkerSlot& w = workers_[slot];
+    loads.push_back(WorkerLoad{slot, w.ready, w.models, w.outstanding});
+  }
+  return loads;
+}
+
+bool Core::AnyCanServe() const {
+  for (const WorkerSlot& w : workers_) {
+    if (!w.fatal) return true;
+  }
+  return false;
 }
 
 }  // namespace warmpool::supervisor

@@ -1,8 +1,8 @@
-#include "supervisor/request_check.h"
+#include "supervisor/core/request_check.h"
 
 #include "ipc/fault_spec.h"
 #include "ipc/framing.h"
-#include "supervisor/registry.h"
+#include "supervisor/core/model_entry.h"
 
 namespace warmpool::supervisor {
 
@@ -21,6 +21,14 @@ Status CheckInferInput(const v1::Tensor& input) {
 }
 
 }  // namespace
+
+v1::Envelope ErrorReply(uint64_t request_id, const Status& status) {
+  v1::Envelope reply;
+  reply.set_request_id(request_id);
+  reply.mutable_error()->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
+  reply.mutable_error()->set_message(status.message());
+  return reply;
+}
 
 Status CheckRequest(const v1::Envelope& request) {
   if (request.protocol_version() != 0 && request.protocol_version() != ipc::kProtocolVersion) {

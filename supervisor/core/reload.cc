@@ -4,11 +4,7 @@
 // one is unloaded when its in-flight work ends, and requests that arrive meanwhile wait and then
 // load the new version); removed ones finish the work they have, are unloaded and forgotten
 // (new requests for them get NOT_FOUND); loaded unchanged ones keep serving untouched.
-#include <spdlog/spdlog.h>
-
-#include "engines/safetensors.h"
-#include "supervisor/daemon.h"
-#include "supervisor/model_roots.h"
+#include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
@@ -26,14 +22,15 @@ bool SameModel(const shm::ModelRecord& record, const std::string& header, uint64
 
 }  // namespace
 
-void Daemon::Reload() {
+void Core::Reload(event::Reload&& reload) {
   if (stopping_) return;
-  if (ready_sent_) service_->Reloading();
-  spdlog::info("SIGHUP: reloading the model registry");
-  if (reload_config_) {
-    Result<Config> fresh = reload_config_();
+  if (ready_sent_) actions_.push_back(action::Notify{action::Notify::Kind::kReloading, ""});
+  Log(LogLevel::kInfo, "SIGHUP: reloading the model registry");
+  {
+    Result<Config>& fresh = reload.config;
     if (!fresh.ok()) {
-      spdlog::error("reload refused, the registry is unchanged: {}", fresh.status().ToString());
+      Log(LogLevel::kError, "reload refused, the registry is unchanged: {}",
+          fresh.status().ToString());
       ReloadDone("reload failed: " + fresh.status().message());
       return;
     }
@@ -43,9 +40,8 @@ void Daemon::Reload() {
     config_.model_roots = fresh->model_roots;
     config_.keep_alive_ms = fresh->keep_alive_ms;
   }
-  std::vector<std::string> warnings;
-  std::vector<ModelEntry> entries = DiscoverModels(config_, warnings);
-  for (const std::string& w : warnings) spdlog::warn("{}", w);
+  std::vector<ModelEntry>& entries = reload.entries;
+  for (const std::string& w : reload.warnings) Log(LogLevel::kWarn, "{}", w);
 
   uint32_t added = 0, changed = 0, removed = 0;
   std::vector<bool> listed(runtime_.size(), false);
@@ -61,9 +57,10 @@ void Daemon::Reload() {
     listed[model] = true;
     ModelRuntime& rt = runtime_[model];
     if (rt.registered_by_client) {
-      spdlog::warn("model \"{}\" was registered by a client; the configured one is ignored until "
-                   "it is unregistered",
-                   entry.name);
+      Log(LogLevel::kWarn,
+          "model \"{}\" was registered by a client; the configured one is ignored until it is "
+          "unregistered",
+          entry.name);
       continue;
     }
     if (SameModel(index_->Get(model), rt.header, rt.file_size, rt.registration_problem, entry) &&
@@ -87,22 +84,20 @@ void Daemon::Reload() {
     runtime_[model].next.reset();
     RetireWhenIdle(model);
   }
-  spdlog::info("reload: {} model(s) added, {} changed, {} removed; {} registered", added, changed,
-               removed, index_->All().size());
+  Log(LogLevel::kInfo, "reload: {} model(s) added, {} changed, {} removed; {} registered", added,
+      changed, removed, index_->All().size());
   ReloadDone(StatusLine());
 }
 
-void Daemon::ReloadDone(const std::string& status) {
+void Core::ReloadDone(const std::string& status) {
   // READY=1 ends the reload; before the first READY (preload still running) it would announce
   // readiness early: then only the status changes.
-  if (ready_sent_) {
-    service_->Ready(status);
-  } else {
-    service_->Status(status);
-  }
+  actions_.push_back(action::Notify{
+      ready_sent_ ? action::Notify::Kind::kReady : action::Notify::Kind::kStatus, status});
 }
 
-void Daemon::HandleRegister(const Call& call, const v1::RegisterRequest& request) {
+void Core::HandleRegister(const Call& call, const v1::RegisterRequest& request,
+                          std::optional<Result<ModelEntry>>&& registration) {
   const std::string& name = request.model();  // name and path form: checked by CheckRequest
   uint32_t model = index_->Find(name);
   if (model != shm::kNil && !runtime_[model].registered_by_client) {
@@ -123,16 +118,13 @@ void Daemon::HandleRegister(const Call& call, const v1::RegisterRequest& request
     out->set_removed(true);
     return Answer(call, std::move(reply));
   }
-  Result<std::string> path = ResolveModelPath(request.path(), EffectiveModelRoots(config_));
-  if (!path.ok()) return AnswerError(call, path.status());
-  std::string engine = request.engine();
-  if (engine.empty()) {
-    engine = "dense";
-    if (Result<safetensors::Header> h = safetensors::ReadHeader(*path); h.ok()) {
-      if (auto it = h->metadata.find("engine"); it != h->metadata.end()) engine = it->second;
-    }
+  // The shell looked at the file (resolved under the model roots, header read) before handing
+  // the request on.
+  if (!registration) {
+    return AnswerError(call, Error(Code::kInternal, "register of \"{}\" came without its file", name));
   }
-  ModelEntry entry = InspectModel(name, engine, *path, config_.engine_dir);
+  if (!registration->ok()) return AnswerError(call, registration->status());
+  ModelEntry entry = std::move(registration->value());
   // A client's bad file is refused, not registered as failed: nothing changes on bad input.
   if (!entry.problem.ok()) return AnswerError(call, entry.problem);
   out->set_path(entry.path);
@@ -149,18 +141,18 @@ void Daemon::HandleRegister(const Call& call, const v1::RegisterRequest& request
                                    index_->All().size()));
   }
   runtime_[index_->Find(name)].registered_by_client = true;
-  spdlog::info("model \"{}\" registered by a client from {}", name, entry.path);
+  Log(LogLevel::kInfo, "model \"{}\" registered by a client from {}", name, entry.path);
   Answer(call, std::move(reply));
 }
 
-void Daemon::RetireWhenIdle(uint32_t model) {
+void Core::RetireWhenIdle(uint32_t model) {
   runtime_[model].retiring = true;
   MaybeRetire(model);
 }
 
 // Called from clean stacks only (the status tick, a reload, a request, the end of a request):
 // forgetting a model frees its index for reuse, which nothing further up may still hold.
-void Daemon::MaybeRetire(uint32_t model) {
+void Core::MaybeRetire(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   if (!rt.retiring) return;
   if (index_->State(model) == ModelState::kReady) {
@@ -178,7 +170,7 @@ void Daemon::MaybeRetire(uint32_t model) {
   }
   switch (index_->State(model)) {
     case ModelState::kParked:
-      if (rt.park_fd >= 0) close(rt.park_fd);
+      CloseHandle(rt.park_fd);
       rt.park_fd = -1;
       index_->MarkNotResident(model, ModelState::kRegistered, "");
       break;
@@ -194,13 +186,13 @@ void Daemon::MaybeRetire(uint32_t model) {
   if (rt.next) {
     ModelEntry entry = std::move(*rt.next);
     rt.next.reset();
-    spdlog::info("model \"{}\" re-registered from {}", entry.name, entry.path);
+    Log(LogLevel::kInfo, "model \"{}\" re-registered from {}", entry.name, entry.path);
     RegisterModel(entry);
     if (!rt.waiters.empty()) EnsureLoading(model);
     return;
   }
   std::string name = index_->Get(model).name;
-  spdlog::info("model \"{}\" left the registry", name);
+  Log(LogLevel::kInfo, "model \"{}\" left the registry", name);
   FailWaiters(model, Error(Code::kNotFound, "model \"{}\" was removed from the registry", name));
   index_->Unregister(model);
   runtime_[model] = ModelRuntime{};

@@ -1,14 +1,12 @@
 // Fault injection: armed through the client protocol only when the daemon runs with
 // --enable-fault-injection. The daemon keeps the armed set and its remaining shots; every worker
 // holds a copy (sent again to each respawned worker) and reports each firing before it acts.
-#include <spdlog/spdlog.h>
-
 #include "ipc/fault_spec.h"
-#include "supervisor/daemon.h"
+#include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
-void Daemon::HandleFaultArm(const Call& call, const v1::FaultArmRequest& request) {
+void Core::HandleFaultArm(const Call& call, const v1::FaultArmRequest& request) {
   if (!config_.enable_fault_injection) {
     return AnswerError(call, Error(Code::kFailedPrecondition,
                                    "fault injection is disabled: start warmpoold with "
@@ -27,10 +25,10 @@ void Daemon::HandleFaultArm(const Call& call, const v1::FaultArmRequest& request
   armed.fault.set_model(request.model());
   armed.fault.set_after(request.after());
   armed.remaining = request.times() == 0 ? 1 : request.times();
-  spdlog::warn("fault {} armed: {} at {}{} (after {}, {} time(s))", armed.fault.id(),
-               request.action(), request.point(),
-               request.model().empty() ? "" : " for model " + request.model(),
-               std::max<uint32_t>(1, request.after()), armed.remaining);
+  Log(LogLevel::kWarn, "fault {} armed: {} at {}{} (after {}, {} time(s))", armed.fault.id(),
+      request.action(), request.point(),
+      request.model().empty() ? "" : " for model " + request.model(),
+      std::max<uint32_t>(1, request.after()), armed.remaining);
   v1::Envelope reply;
   reply.mutable_fault_arm_reply()->set_id(armed.fault.id());
   faults_.push_back(std::move(armed));
@@ -38,7 +36,7 @@ void Daemon::HandleFaultArm(const Call& call, const v1::FaultArmRequest& request
   Answer(call, std::move(reply));
 }
 
-void Daemon::HandleFaultClear(const Call& call) {
+void Core::HandleFaultClear(const Call& call) {
   if (!config_.enable_fault_injection) {
     return AnswerError(call, Error(Code::kFailedPrecondition,
                                    "fault injection is disabled: start warmpoold with "
@@ -51,10 +49,10 @@ void Daemon::HandleFaultClear(const Call& call) {
   Answer(call, std::move(reply));
 }
 
-void Daemon::OnFaultFired(uint64_t id) {
+void Core::OnFaultFired(uint64_t id) {
   for (auto it = faults_.begin(); it != faults_.end(); ++it) {
     if (it->fault.id() != id) continue;
-    spdlog::warn("fault {} fired: {} at {}", id, it->fault.action(), it->fault.point());
+    Log(LogLevel::kWarn, "fault {} fired: {} at {}", id, it->fault.action(), it->fault.point());
     if (--it->remaining == 0) {
       faults_.erase(it);
       BroadcastFaults();
@@ -63,16 +61,16 @@ void Daemon::OnFaultFired(uint64_t id) {
   }
 }
 
-void Daemon::SendFaults(uint32_t slot) {
+void Core::SendFaults(uint32_t slot) {
   if (!config_.enable_fault_injection) return;
   v1::WorkerEnvelope message;
   v1::WorkerFaultSet* set = message.mutable_fault_set();
   for (const ArmedFault& f : faults_) *set->add_faults() = f.fault;
-  workers_->Send(slot, message);
+  SendToWorker(slot, message);
 }
 
-void Daemon::BroadcastFaults() {
-  for (uint32_t slot = 0; slot < workers_->size(); slot++) SendFaults(slot);
+void Core::BroadcastFaults() {
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) SendFaults(slot);
 }
 
 }  // namespace warmpool::supervisor

@@ -1,18 +1,14 @@
 // Inference: requests queue per model (in arrival order) until the model is ready and its worker
 // has room, then go to the worker. The request is kept with its job so that, if the worker dies
 // while holding it, it can be retried once elsewhere (inference is pure).
-#include <spdlog/spdlog.h>
-
-#include "common/clock.h"
 #include "ipc/framing.h"
-#include "supervisor/daemon.h"
-#include "supervisor/worker_pool.h"
+#include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
 using shm::ModelState;
 
-void Daemon::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
+void Core::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
   ModelRuntime& rt = runtime_[model];
   if (front) rt.waiters.push_front(std::move(waiter));
   else rt.waiters.push_back(std::move(waiter));
@@ -24,19 +20,19 @@ void Daemon::Enqueue(uint32_t model, Waiter&& waiter, bool front) {
   }
 }
 
-uint32_t Daemon::PickReplica(uint32_t model) const {
+uint32_t Core::PickReplica(uint32_t model) const {
   uint32_t best = shm::kNil;
   for (uint32_t slot : runtime_[model].replica_slots) {
-    if (worker_outstanding_[slot] >= kMaxWorkerPendingJobs ||
-        worker_pending_bytes_[slot] >= kMaxWorkerPendingBytes) {
+    if (workers_[slot].outstanding >= kMaxWorkerPendingJobs ||
+        workers_[slot].pending_bytes >= kMaxWorkerPendingBytes) {
       continue;
     }
-    if (best == shm::kNil || worker_outstanding_[slot] < worker_outstanding_[best]) best = slot;
+    if (best == shm::kNil || workers_[slot].outstanding < workers_[best].outstanding) best = slot;
   }
   return best;
 }
 
-void Daemon::DrainReady(uint32_t model) {
+void Core::DrainReady(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   while (!rt.waiters.empty() && index_->State(model) == ModelState::kReady && !rt.unload_when_idle &&
          index_->Get(model).worker_slot != shm::kNil) {
@@ -49,13 +45,13 @@ void Daemon::DrainReady(uint32_t model) {
   }
 }
 
-void Daemon::StartKeepAlive(uint32_t model) {
+void Core::StartKeepAlive(uint32_t model) {
   ModelRuntime& rt = runtime_[model];
   int64_t keep = rt.keep_alive_override_ms.value_or(rt.keep_alive_ms);
-  rt.expires_at_ms = keep < 0 ? 0 : MonotonicMillis() + static_cast<uint64_t>(keep);
+  rt.expires_at_ms = keep < 0 ? 0 : MonoMs() + static_cast<uint64_t>(keep);
 }
 
-void Daemon::ExpireIdle(uint64_t now) {
+void Core::ExpireIdle(uint64_t now) {
   // Never the only warm model, never the most recently used one, never one with work in flight
   // or pinned: keep_alive trims the idle tail, it does not empty the pool.
   std::vector<uint32_t> lru = index_->LruOrder();
@@ -68,13 +64,13 @@ void Daemon::ExpireIdle(uint64_t now) {
         index_->State(model) != ModelState::kReady || !runtime_[model].waiters.empty()) {
       continue;
     }
-    spdlog::info("\"{}\" idle past its keep_alive; releasing it", r.name);
+    Log(LogLevel::kInfo, "\"{}\" idle past its keep_alive; releasing it", r.name);
     runtime_[model].expires_at_ms = 0;
     Release(model, /*eviction=*/false);
   }
 }
 
-bool Daemon::Dispatch(uint32_t model, Waiter& waiter) {
+bool Core::Dispatch(uint32_t model, Waiter& waiter) {
   ModelRuntime& rt = runtime_[model];
   const shm::ModelRecord& r = index_->Get(model);
   const v1::Tensor& input = waiter.infer.input();
@@ -104,35 +100,36 @@ bool Daemon::Dispatch(uint32_t model, Waiter& waiter) {
   job.bytes = job.request.input().data().size() + reply_bytes;
   uint32_t worker = job.worker;
   uint64_t id = NewJob(std::move(job));
-  Job& stored = jobs_[id];
+  const Job& stored = jobs_[id];
   index_->Update(model, [](shm::ModelRecord& m) {
     m.inflight++;
     m.hits++;
   });
   rt.expires_at_ms = 0;  // busy: the clock restarts when it is idle again
   index_->Touch(model);
-  // The input moves into the message for serialisation and back into the job afterwards: no copy.
+  // The input is borrowed by the message for serialisation (one copy, into the frame) and stays
+  // with the job for a retry.
   v1::WorkerEnvelope message;
   v1::WorkerInfer* infer = message.mutable_infer();
   infer->set_job(id);
   infer->set_model(model);
   infer->set_request_id(id);
   if (stored.deadline_ms != 0) {
-    int64_t left = static_cast<int64_t>(stored.deadline_ms) - static_cast<int64_t>(MonotonicMillis());
-    infer->set_deadline_unix_ms(UnixMillis() + std::max<int64_t>(left, 0));
+    int64_t left = static_cast<int64_t>(stored.deadline_ms) - static_cast<int64_t>(MonoMs());
+    infer->set_deadline_unix_ms(UnixMs() + std::max<int64_t>(left, 0));
   }
-  infer->set_allocated_input(stored.request.release_input());
-  workers_->Send(worker, message);
-  stored.request.set_allocated_input(infer->release_input());
+  infer->unsafe_arena_set_allocated_input(const_cast<v1::Tensor*>(&stored.request.input()));
+  SendToWorker(worker, message);
+  (void)infer->unsafe_arena_release_input();
   return true;
 }
 
-void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
+void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
   uint32_t model = job.model;
   ModelRuntime& rt = runtime_[model];
-  index_->Update(model, [](shm::ModelRecord& r) {
+  index_->Update(model, [&](shm::ModelRecord& r) {
     r.inflight--;
-    r.last_used_ns = UnixNanos();
+    r.last_used_ns = now_.unix_ns;
   });
   if (!job.answered) {
     if (done.has_error()) {
@@ -144,7 +141,7 @@ void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
     }
   }
   // A model that served well for a whole crash window has earned its base cooldown back.
-  if (!rt.crash_ms.empty() && MonotonicMillis() - rt.crash_ms.back() > config_.crash_loop_window_ms) {
+  if (!rt.crash_ms.empty() && MonoMs() - rt.crash_ms.back() > config_.crash_loop_window_ms) {
     rt.crash_ms.clear();
     rt.cooldown_ms = 0;
   }
@@ -160,8 +157,8 @@ void Daemon::OnInferDone(Job& job, v1::WorkerInferDone& done) {
     MaybeRetire(model);
   }
   // Room in this worker again: other models on it may have requests waiting for it.
-  if (worker_outstanding_[job.worker] + 1 >= kMaxWorkerPendingJobs ||
-      worker_pending_bytes_[job.worker] + job.bytes >= kMaxWorkerPendingBytes) {
+  if (workers_[job.worker].outstanding + 1 >= kMaxWorkerPendingJobs ||
+      workers_[job.worker].pending_bytes + job.bytes >= kMaxWorkerPendingBytes) {
     for (uint32_t other : index_->LruOrder()) {
       if (other != model && index_->Get(other).worker_slot == job.worker) DrainReady(other);
     }

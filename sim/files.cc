@@ -1,0 +1,42 @@
+#include "sim/files.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+namespace warmpool::sim {
+
+std::string HeaderOf(const SimFile& file) {
+  return fmt::format("simheader {} {} {}", file.id, file.version, file.WeightBytes());
+}
+
+std::optional<Described> ParseHeader(const std::string& header) {
+  Described d;
+  unsigned long long bytes = 0;
+  if (std::sscanf(header.c_str(), "simheader %u %u %llu", &d.file, &d.version, &bytes) != 3) {
+    return std::nullopt;
+  }
+  d.weight_bytes = bytes;
+  return d;
+}
+
+supervisor::ModelEntry EntryOf(const SimFile& file) {
+  supervisor::ModelEntry e;
+  e.name = file.name;
+  e.engine = file.echo ? "echo" : "dense";
+  e.path = file.path;
+  if (file.echo) return e;
+  e.in_features = 4;
+  e.out_features = 4;
+  if (file.broken) {
+    e.problem = Error(Code::kInvalidArgument, "model file \"{}\": header is not valid JSON", file.path);
+    return e;
+  }
+  e.weight_bytes = file.WeightBytes();
+  e.workspace_bytes = file.workspace_bytes;
+  e.header = HeaderOf(file);
+  e.file_size = e.header.size() + e.weight_bytes;
+  return e;
+}
+
+}  // namespace warmpool::sim

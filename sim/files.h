@@ -1,0 +1,39 @@
+// The simulated file system: one versioned file per model. A file's header names the file and its
+// version, so that an engine built from a header and a weights region can tell whether both came
+// from the same version of the same file (the check "every answer from one consistent version").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "supervisor/core/model_entry.h"
+
+namespace warmpool::sim {
+
+struct SimFile {
+  uint32_t id = 0;
+  std::string name;         // the model registered from it
+  std::string path;         // "/sim/models/<name>.safetensors"; empty for an echo model
+  uint32_t version = 1;
+  uint64_t base_bytes = 0;  // weights grow a little with each version
+  uint64_t workspace_bytes = 0;
+  bool broken = false;      // garbage: every load fails
+  bool echo = false;
+  uint64_t WeightBytes() const { return echo ? 0 : base_bytes + 4096ull * (version % 4); }
+};
+
+// What a header says.
+struct Described {
+  uint32_t file = 0;
+  uint32_t version = 0;
+  uint64_t weight_bytes = 0;
+};
+
+std::string HeaderOf(const SimFile& file);
+std::optional<Described> ParseHeader(const std::string& header);
+// The registry's view of the file now (what InspectModel would find).
+supervisor::ModelEntry EntryOf(const SimFile& file);
+
+}  // namespace warmpool::sim

@@ -1,0 +1,346 @@
+#include "sim/simulator.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "shm/layout.h"
+
+namespace warmpool::sim {
+
+using supervisor::Action;
+using supervisor::Event;
+namespace event = supervisor::event;
+namespace action = supervisor::action;
+
+namespace {
+
+constexpr size_t kTraceLines = 400;
+constexpr uint64_t kUnixBaseNs = 1'760'000'000'000'000'000ull;
+
+}  // namespace
+
+Outcome Run(const Options& options) {
+  Simulator simulator(options);
+  return simulator.Run();
+}
+
+Simulator::Simulator(const Options& options) : options_(options), rng_(options.seed) {}
+
+Simulator::~Simulator() = default;
+
+supervisor::Time Simulator::Now() const { return supervisor::Time{now_, kUnixBaseNs + now_ * 1000000}; }
+
+void Simulator::At(uint64_t time, std::function<void()> fn) {
+  queue_.push(Scheduled{std::max(time, now_), seq_++, std::move(fn)});
+}
+
+void Simulator::Trace(const std::string& line) {
+  std::string stamped = fmt::format("{:>8} {}", now_, line);
+  if (options_.trace) std::printf("%s\n", stamped.c_str());
+  trace_.push_back(std::move(stamped));
+  if (trace_.size() > kTraceLines) trace_.pop_front();
+}
+
+void Simulator::Fail(const std::string& what) {
+  if (failed_) return;
+  failed_ = true;
+  outcome_.ok = false;
+  outcome_.failure = fmt::format("at {} ms, after {} events: {}", now_, outcome_.events, what);
+  Trace("INVARIANT BROKEN: " + what);
+}
+
+supervisor::Config Simulator::MakeConfig() const {
+  supervisor::Config c;
+  c.socket_path = "/sim/warmpool.sock";
+  c.models_dir = "";
+  c.instance = "sim";
+  c.max_models = 16;
+  c.max_inflight = 64;
+  c.max_frame_bytes = 1u << 20;
+  c.max_queue = 64;
+  c.max_requests_per_connection = 32;
+  c.default_deadline_ms = 2000;
+  c.inference_grace_ms = 100;
+  c.load_stall_ms = 400;
+  c.crash_loop_crashes = 3;
+  c.crash_loop_window_ms = 2000;
+  c.failed_cooldown_ms = 200;
+  c.failed_cooldown_max_ms = 1600;
+  c.respawn_min_ms = 20;
+  c.respawn_max_ms = 400;
+  c.respawn_stable_ms = 3000;
+  c.drain_timeout_ms = 1000;
+  c.stop_kill_ms = 300;
+  c.enable_fault_injection = false;
+  return c;
+}
+
+void Simulator::MakeWorld() {
+  config_ = MakeConfig();
+  config_.workers_per_device = static_cast<uint32_t>(rng_.Range(2, 3));
+  uint64_t largest = 0;
+  for (uint32_t i = 0; i < 5; i++) {
+    SimFile f;
+    f.id = i;
+    f.name = fmt::format("m{}", i);
+    f.path = fmt::format("/sim/models/m{}.safetensors", i);
+    f.base_bytes = rng_.Range(16, 64) * 4096;
+    f.workspace_bytes = rng_.Range(1, 8) * 4096;
+    largest = std::max(largest, f.base_bytes + 3 * 4096 + 2 * f.workspace_bytes);
+    files_.push_back(f);
+  }
+  SimFile echo;
+  echo.id = 5;
+  echo.name = "echo";
+  echo.echo = true;
+  files_.push_back(echo);
+  for (uint32_t i = 0; i < 2; i++) {  // registered by clients, never configured
+    SimFile f;
+    f.id = 6 + i;
+    f.name = fmt::format("c{}", i);
+    f.path = fmt::format("/sim/models/c{}.safetensors", i);
+    f.base_bytes = rng_.Range(16, 48) * 4096;
+    f.workspace_bytes = rng_.Range(1, 4) * 4096;
+    files_.push_back(f);
+  }
+  configured_.assign(files_.size(), false);
+  for (uint32_t i = 0; i <= 5; i++) configured_[i] = true;
+
+  // Room for two to four of the models at once.
+  config_.budget_bytes = largest * rng_.Range(2, 4);
+  config_.park_budget_bytes = rng_.Chance(500) ? 0 : largest * rng_.Range(1, 3);
+  if (rng_.Chance(100)) config_.single_active = true;
+  if (rng_.Chance(200)) config_.max_cached = static_cast<uint32_t>(rng_.Range(2, 4));
+  if (rng_.Chance(200)) config_.capacity = static_cast<uint32_t>(rng_.Range(1, 3));
+  config_.keep_alive_ms = rng_.Chance(500) ? -1 : static_cast<int64_t>(rng_.Range(100, 2000));
+  for (const SimFile& f : files_) {
+    if (!configured_[f.id]) continue;
+    supervisor::ModelConfig m;
+    m.name = f.name;
+    m.engine = f.echo ? "echo" : "dense";
+    m.path = f.path;
+    m.replicas = rng_.Chance(150) ? 2 : 1;
+    config_.models.push_back(m);
+  }
+  if (rng_.Chance(300)) {
+    config_.preload = {files_[rng_.Below(5)].name, files_[rng_.Below(5)].name};
+  }
+  crash_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 20));
+  hang_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 5));
+  slow_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 40));
+  congestion_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 200));
+
+  shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
+  segment_bytes_.assign(shm::SegmentSize(limits), std::byte{0});
+  auto view = shm::SegmentView::Format(segment_bytes_, limits, 1, config_.budget_bytes, 1);
+  segment_ = *view;
+  core_ = std::make_unique<supervisor::Core>(config_, segment_);
+
+  workers_.resize(config_.workers_per_device);
+  for (uint32_t i = 0; i < workers_.size(); i++) workers_[i].slot = i;
+  clients_.resize(rng_.Range(2, 6));
+  for (uint32_t i = 0; i < clients_.size(); i++) {
+    clients_[i].index = i;
+    clients_[i].admin = i != 0 || rng_.Chance(500);  // client 0 is often a plain user
+  }
+  Trace(fmt::format("world: seed {} workers {} clients {} budget {} park {} single_active {} "
+                    "max_cached {} capacity {} keep_alive {} chaos crash {} hang {} slow {} "
+                    "congestion {}",
+                    options_.seed, workers_.size(), clients_.size(), config_.budget_bytes,
+                    config_.park_budget_bytes, config_.single_active, config_.max_cached,
+                    config_.capacity, config_.keep_alive_ms, crash_per_mille_, hang_per_mille_,
+                    slow_per_mille_, congestion_per_mille_));
+}
+
+std::vector<supervisor::ModelEntry> Simulator::Registry() const {
+  std::vector<supervisor::ModelEntry> entries;
+  for (const SimFile& f : files_) {
+    if (configured_[f.id]) entries.push_back(EntryOf(f));
+  }
+  return entries;
+}
+
+void Simulator::Deliver(Event event, const std::string& what) {
+  if (failed_ || workers_stopped_) return;
+  outcome_.events++;
+  Trace("-> " + what);
+  std::vector<Action> actions = core_->Handle(std::move(event), Now());
+  for (Action& a : actions) Execute(a);
+  CheckAfterEvent();
+}
+
+void Simulator::Execute(Action& a) {
+  std::visit(
+      [&](auto&& act) {
+        using A = std::decay_t<decltype(act)>;
+        if constexpr (std::is_same_v<A, action::SendToWorker>) {
+          SendToWorker(act.slot, std::move(act.frame), act.handles);
+        } else if constexpr (std::is_same_v<A, action::Reply>) {
+          Trace(fmt::format("<- reply session {} request {}: {}", act.session,
+                            act.envelope.request_id(),
+                            act.envelope.has_error() ? act.envelope.error().message()
+                                                     : std::string("ok")));
+          if (gone_sessions_.count(act.session) != 0) {
+            Fail(fmt::format("replied to request {} of session {} after the client was gone",
+                             act.envelope.request_id(), act.session));
+            return;
+          }
+          for (Client& c : clients_) {
+            if (c.session != act.session) continue;
+            uint64_t at = std::max(now_ + rng_.Range(0, 2), c.last_delivery_ms);
+            c.last_delivery_ms = at;
+            At(at, [this, session = act.session, reply = std::move(act.envelope)] {
+              ClientReceives(session, reply);
+            });
+          }
+        } else if constexpr (std::is_same_v<A, action::KillWorker>) {
+          Trace(fmt::format("<- kill worker {}: {}", act.slot, act.reason));
+          Kill(act.slot, act.reason);
+        } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
+          Trace(fmt::format("<- close handle {}", act.handle));
+          if (supervisor_handles_.erase(act.handle) == 0) {
+            Fail(fmt::format("closed handle {}, which the supervisor does not hold", act.handle));
+          }
+        } else if constexpr (std::is_same_v<A, action::InspectModel>) {
+          Trace(fmt::format("<- inspect model {} ({})", act.model, act.path));
+          After(rng_.Range(0, 5), [this, inspect = act] {
+            event::ModelInspected e;
+            e.model = inspect.model;
+            e.path = inspect.path;
+            e.resolved = inspect.path;
+            for (const SimFile& f : files_) {
+              if (f.path == inspect.path && f.name == inspect.name) e.entry = EntryOf(f);
+            }
+            Deliver(std::move(e), fmt::format("model {} inspected", inspect.model));
+          });
+        } else if constexpr (std::is_same_v<A, action::Log>) {
+          Trace("   log: " + act.text);
+        } else if constexpr (std::is_same_v<A, action::Notify>) {
+          Trace("   notify: " + act.status);
+        } else if constexpr (std::is_same_v<A, action::StopAccepting>) {
+          Trace("<- stop accepting");
+        } else if constexpr (std::is_same_v<A, action::CloseSessions>) {
+          Trace("<- close sessions");
+          for (Client& c : clients_) {
+            if (!c.connected) continue;
+            for (const auto& [id, p] : c.outstanding) {
+              if (p.accepted) {
+                Fail(fmt::format("session {} closed with request {} ({}) unanswered", c.session,
+                                 id, p.model));
+              }
+            }
+            c.connected = false;
+            gone_sessions_.insert(c.session);
+          }
+        } else if constexpr (std::is_same_v<A, action::StopWorkers>) {
+          Trace("<- stop workers");
+          for (Worker& w : workers_) {
+            if (w.state == Worker::State::kDown) continue;
+            uint32_t slot = w.slot, generation = w.generation;
+            After(rng_.Range(0, act.kill_after_ms), [this, slot, generation] {
+              Die(slot, generation, "exited with status 0", false);
+            });
+          }
+          After(act.kill_after_ms + 1, [this] {
+            for (Worker& w : workers_) {
+              if (w.state != Worker::State::kDown) return Fail("a worker outlived the stop");
+            }
+            Deliver(event::WorkersStopped{}, "workers stopped");
+            workers_stopped_ = true;
+          });
+        }
+      },
+      a);
+}
+
+void Simulator::Tick() {
+  if (workers_stopped_ || failed_) return;
+  Deliver(event::Tick{}, "tick");
+  CheckPeriodic();
+  After(supervisor::kTickMs, [this] { Tick(); });
+}
+
+void Simulator::EnvironmentAct() {
+  if (stopping_ || failed_) return;
+  uint64_t roll = rng_.Below(1000);
+  if (roll < 300) {
+    // A model file replaced on disk, with no reload.
+    SimFile& f = files_[rng_.Below(files_.size())];
+    if (!f.echo) {
+      f.version++;
+      Trace(fmt::format("== file {} now at version {}", f.path, f.version));
+    }
+  } else if (roll < 500) {
+    // The operator edits the configuration and reloads: a model leaves or comes back.
+    if (rng_.Chance(500)) {
+      uint32_t id = static_cast<uint32_t>(rng_.Below(6));
+      configured_[id] = !configured_[id];
+      Trace(fmt::format("== {} {} the configuration", files_[id].name,
+                        configured_[id] ? "back in" : "removed from"));
+    }
+    event::Reload e;
+    supervisor::Config c = config_;
+    c.models.clear();
+    for (const supervisor::ModelConfig& m : config_.models) {
+      for (const SimFile& f : files_) {
+        if (f.name == m.name && configured_[f.id]) c.models.push_back(m);
+      }
+    }
+    e.config = c;
+    e.entries = Registry();
+    Deliver(std::move(e), "SIGHUP");
+  } else if (roll < 560) {
+    SimFile& f = files_[rng_.Below(5)];
+    f.broken = !f.broken;
+    Trace(fmt::format("== file {} {}", f.path, f.broken ? "broken" : "fixed"));
+  } else if (roll < 700) {
+    uint32_t slot = static_cast<uint32_t>(rng_.Below(workers_.size()));
+    if (workers_[slot].state == Worker::State::kUp) {
+      Trace(fmt::format("== worker {} killed from outside", slot));
+      Kill(slot, "");
+    }
+  }
+  After(rng_.Range(100, 800), [this] { EnvironmentAct(); });
+}
+
+Outcome Simulator::Run() {
+  MakeWorld();
+  std::vector<Action> actions = core_->Start(Registry(), {}, Now());
+  for (Action& a : actions) Execute(a);
+  CheckAfterEvent();
+  for (uint32_t i = 0; i < workers_.size(); i++) {
+    uint32_t slot = i;
+    After(rng_.Range(0, 30), [this, slot] { Spawn(slot); });
+  }
+  for (uint32_t i = 0; i < clients_.size(); i++) {
+    uint32_t index = i;
+    After(rng_.Range(0, 50), [this, index] { ClientAct(index); });
+  }
+  After(supervisor::kTickMs, [this] { Tick(); });
+  After(rng_.Range(100, 500), [this] { EnvironmentAct(); });
+
+  while (!queue_.empty() && !failed_) {
+    if (!stopping_ && outcome_.events >= options_.events) {
+      stopping_ = true;
+      Deliver(event::Stop{}, "SIGTERM");
+    }
+    Scheduled next = queue_.top();
+    queue_.pop();
+    now_ = next.time;
+    next.fn();
+    if (stopping_ && workers_stopped_) break;
+    if (now_ > 24ull * 3600 * 1000) {
+      Fail("a day of simulated time passed without the stop completing");
+    }
+  }
+  if (!failed_) {
+    if (!workers_stopped_) Fail("the simulation ran out of events before the daemon stopped");
+    else CheckFinal();
+  }
+  outcome_.sim_ms = now_;
+  if (!outcome_.ok) outcome_.trace.assign(trace_.begin(), trace_.end());
+  return outcome_;
+}
+
+}  // namespace warmpool::sim

@@ -1,0 +1,223 @@
+// A deterministic simulator for the supervisor's core (after FoundationDB's simulation testing
+// and TigerBeetle's VOPR). From a seed it builds a world around the real core: clients that
+// pipeline, disconnect and come back; workers that follow the worker protocol (two threads, the
+// in-flight markers, handles passed with frames) and crash, hang, stall or answer late at any
+// step; model files that change on disk; reloads; the stop. Time is simulated and every choice
+// comes from the seed, so a failure replays exactly with the same seed.
+//
+// After every event handed to the core it checks the invariants: every accepted request answered
+// exactly once and never after its client is gone; every successful answer computed from the
+// weights of one consistent version of its model; the segment valid (LRU, accounting, budget);
+// the core's own invariants; the handles the core holds are exactly the open ones, and none was
+// closed while a frame queued for a worker still named it; no two file loads of one model at once;
+// the requests' bytes the daemon holds within its bounds; no request of a departed client run;
+// no worker left idle while another holds several models.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <queue>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ipc/warmpool.pb.h"
+#include "shm/segment.h"
+#include "sim/files.h"
+#include "sim/rng.h"
+#include "supervisor/core/core.h"
+
+namespace warmpool::sim {
+
+struct Options {
+  uint64_t seed = 1;
+  uint64_t events = 10000;  // core events before the stop
+  bool trace = false;       // print every event and action as it happens
+};
+
+struct Outcome {
+  bool ok = true;
+  std::string failure;             // the first invariant broken
+  uint64_t events = 0;             // core events handled
+  uint64_t sim_ms = 0;             // simulated time
+  uint64_t requests = 0;           // client requests sent
+  uint64_t replies_ok = 0;         // successful infer replies checked
+  uint64_t worker_deaths = 0;
+  std::vector<std::string> trace;  // the last lines before a failure
+};
+
+Outcome Run(const Options& options);
+
+class Simulator {
+ public:
+  explicit Simulator(const Options& options);
+  ~Simulator();
+  Outcome Run();
+
+ private:
+  // A region of memory behind a handle: the weights of one version of one file (on the device,
+  // or a host copy).
+  struct Region {
+    uint32_t file = 0;
+    uint32_t version = 0;
+    uint64_t bytes = 0;
+    bool host = false;
+  };
+  struct WorkerJob {
+    v1::WorkerEnvelope message;
+    int region = -1;  // the region a frame brought (attach)
+  };
+  struct Engine {
+    std::string name;
+    bool weights = false;
+    Region region;           // what the weights are
+    Described described{};   // what the engine was told they are
+    int region_id = -1;
+  };
+  struct Worker {
+    uint32_t slot = 0;
+    uint32_t generation = 0;
+    enum class State { kDown, kStarting, kUp } state = State::kDown;
+    int pid = 0;
+    bool fatal = false;
+    std::string kill_reason;
+    uint64_t started_ms = 0;
+    uint64_t backoff_ms = 0;
+    std::deque<WorkerJob> serving;  // frames read, in order; loads move to `loads` when reached
+    std::deque<WorkerJob> loads;
+    uint64_t serving_job = 0;       // running (its in-flight marker is taken); 0: idle
+    uint64_t load_job = 0;
+    std::string load_name;
+    std::map<uint32_t, Engine> engines;  // by model index
+    // Frames for the worker: the supervisor's channel writes them in order; a frame waiting
+    // behind others is written (and its handles looked up) only when its turn comes.
+    uint32_t unwritten = 0;
+    uint64_t last_delivery_ms = 0;
+    // Messages for the supervisor, in order.
+    std::deque<std::pair<v1::WorkerEnvelope, std::vector<int>>> to_core;
+    uint64_t last_reply_ms = 0;
+  };
+  struct Pending {
+    enum class Kind { kInfer, kLoad, kOther } kind = Kind::kOther;
+    std::string model;
+    uint64_t sent_ms = 0;
+    uint64_t deadline_ms = 0;  // infer: 0 = the daemon's default
+    uint32_t token = 0;
+    uint64_t bytes = 0;
+    bool accepted = false;     // handed to the core
+  };
+  struct Client {
+    uint32_t index = 0;
+    uint64_t session = 0;
+    bool connected = false;
+    bool admin = true;
+    uint64_t next_request = 1;
+    std::map<uint64_t, Pending> outstanding;
+    uint64_t last_delivery_ms = 0;
+  };
+
+  // Scheduling.
+  void At(uint64_t time, std::function<void()> fn);
+  void After(uint64_t delay, std::function<void()> fn) { At(now_ + delay, std::move(fn)); }
+  supervisor::Time Now() const;
+  void Deliver(supervisor::Event event, const std::string& what);
+  void Execute(supervisor::Action& action);
+  void Trace(const std::string& line);
+  void Fail(const std::string& what);
+
+  // World set-up.
+  void MakeWorld();
+  supervisor::Config MakeConfig() const;
+  std::vector<supervisor::ModelEntry> Registry() const;
+
+  // Workers (workers.cc).
+  void Spawn(uint32_t slot);
+  void PublishWorker(const Worker& w);
+  void SendToWorker(uint32_t slot, std::string frame, std::vector<int> handles);
+  void WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
+                  const std::vector<int>& handles);
+  void WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message, int region);
+  void StartServing(Worker& w);
+  void StartLoad(Worker& w);
+  void FinishJob(uint32_t slot, uint32_t generation, uint64_t job, bool load_thread,
+                 WorkerJob work);
+  void ReplyToCore(Worker& w, v1::WorkerEnvelope message, std::vector<int> regions = {});
+  void DeliverToCore(uint32_t slot, uint32_t generation);
+  void Kill(uint32_t slot, const std::string& reason);
+  void Die(uint32_t slot, uint32_t generation, const std::string& why, bool fatal);
+  // Decides how a job goes: its duration, or that the worker dies (or hangs) in the middle of it.
+  void Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob work);
+  v1::WorkerEnvelope RunJob(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  int NewSupervisorHandle(const Region& region);
+
+  // Clients (clients.cc).
+  void ClientAct(uint32_t index);
+  void SendRequest(Client& c, v1::Envelope request, Pending pending);
+  void ClientReceives(uint64_t session, const v1::Envelope& reply);
+  void CheckInferReply(const Pending& p, const v1::Envelope& reply);
+  std::string PickModel();
+
+  // The world outside (files, reloads, operators).
+  void EnvironmentAct();
+  void Tick();
+
+  // Checks (checks.cc).
+  void CheckAfterEvent();
+  void CheckPeriodic();
+  void CheckFinal();
+
+  Options options_;
+  Rng rng_;
+  Outcome outcome_;
+  uint64_t now_ = 0;
+  uint64_t seq_ = 0;
+  struct Scheduled {
+    uint64_t time;
+    uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const Scheduled& o) const { return time != o.time ? time > o.time : seq > o.seq; }
+  };
+  std::priority_queue<Scheduled, std::vector<Scheduled>, std::greater<>> queue_;
+  std::deque<std::string> trace_;
+  bool failed_ = false;
+  bool stopping_ = false;
+  bool workers_stopped_ = false;
+
+  // The core and what it runs on.
+  supervisor::Config config_;
+  std::vector<std::byte> segment_bytes_;
+  shm::SegmentView segment_;
+  std::unique_ptr<supervisor::Core> core_;
+  std::vector<supervisor::Action> pending_actions_;
+
+  // Chaos levels of this seed (per mille).
+  uint32_t crash_per_mille_ = 0;
+  uint32_t hang_per_mille_ = 0;
+  uint32_t slow_per_mille_ = 0;
+  uint32_t congestion_per_mille_ = 0;
+
+  std::vector<SimFile> files_;
+  std::vector<bool> configured_;     // by file: listed in the configuration now
+  std::vector<Worker> workers_;
+  std::vector<Client> clients_;
+  uint64_t next_session_ = 1;
+  std::set<uint64_t> gone_sessions_;  // told to the core as gone
+  uint32_t next_token_ = 1;
+  int next_pid_ = 1000;
+
+  // Handles: every region a handle names, and which of them the supervisor holds open.
+  int next_handle_ = 100;
+  std::map<int, Region> regions_;
+  std::set<int> supervisor_handles_;
+  // File loads running now, per model name.
+  std::map<std::string, int> loads_running_;
+  // Tokens of infer requests by session, to tell whose request a worker runs.
+  std::map<uint32_t, uint64_t> token_session_;
+  // The stack check: since when a worker has idled while another holds several models.
+  uint64_t stacked_since_ms_ = 0;
+};
+
+}  // namespace warmpool::sim

@@ -1,0 +1,385 @@
+// Simulated workers. They follow worker/worker.cc: frames are read in order by the serving
+// thread, which runs infer, attach, park and unload one after another and hands loads to the load
+// thread; every job holds an in-flight marker while it runs, so a worker that dies is reported
+// with exactly the jobs it was running. Handles travel with frames and are looked up when the
+// frame is written, as the kernel does with SCM_RIGHTS.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ipc/framing.h"
+#include "shm/seqlock.h"
+#include "sim/simulator.h"
+
+namespace warmpool::sim {
+
+namespace event = supervisor::event;
+
+void Simulator::PublishWorker(const Worker& w) {
+  shm::SeqWrite(segment_.worker(w.slot), [&](shm::WorkerRecord& r) {
+    r.state = static_cast<uint32_t>(w.fatal                              ? shm::WorkerState::kFatal
+                                    : w.state == Worker::State::kUp       ? shm::WorkerState::kIdle
+                                    : w.state == Worker::State::kStarting ? shm::WorkerState::kStarting
+                                                                          : shm::WorkerState::kDead);
+    r.pid = w.pid;
+    r.generation = w.generation;
+  });
+}
+
+void Simulator::Spawn(uint32_t slot) {
+  Worker& w = workers_[slot];
+  if (stopping_ || w.state != Worker::State::kDown || w.fatal) return;
+  w.generation++;
+  w.pid = next_pid_++;
+  w.state = Worker::State::kStarting;
+  w.started_ms = now_;
+  w.kill_reason.clear();
+  w.serving.clear();
+  w.loads.clear();
+  w.engines.clear();
+  w.serving_job = w.load_job = 0;
+  w.unwritten = 0;
+  w.to_core.clear();
+  PublishWorker(w);
+  Trace(fmt::format("== worker {} starting (generation {})", slot, w.generation));
+  uint32_t generation = w.generation;
+  After(rng_.Range(2, 40), [this, slot, generation] {
+    Worker& w = workers_[slot];
+    if (w.generation != generation || w.state != Worker::State::kStarting) return;
+    w.state = Worker::State::kUp;
+    PublishWorker(w);
+    Deliver(event::WorkerUp{slot, generation}, fmt::format("worker {} up", slot));
+  });
+}
+
+void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> handles) {
+  v1::WorkerEnvelope message;
+  if (!message.ParseFromArray(frame.data() + ipc::kFramePrefixBytes,
+                              static_cast<int>(frame.size() - ipc::kFramePrefixBytes))) {
+    return Fail("the core sent a frame that does not parse");
+  }
+  Trace(fmt::format("<- worker {}: {}", slot, message.ShortDebugString().substr(0, 120)));
+  if (message.has_infer() && message.infer().input().data().size() >= sizeof(float)) {
+    float token = 0;
+    std::memcpy(&token, message.infer().input().data().data(), sizeof(float));
+    auto it = token_session_.find(static_cast<uint32_t>(token));
+    if (it != token_session_.end() && gone_sessions_.count(it->second) != 0) {
+      return Fail(fmt::format("a request of session {}, which is gone, was sent to worker {} to run",
+                              it->second, slot));
+    }
+  }
+  Worker& w = workers_[slot];
+  if (w.state != Worker::State::kUp) return;  // the shell drops frames for a worker not up
+  // Written now, unless frames wait before it (a full socket buffer): then when its turn comes.
+  bool waits = w.unwritten > 0 || rng_.Chance(congestion_per_mille_);
+  uint64_t at = std::max(now_ + (waits ? rng_.Range(1, 30) : rng_.Range(0, 1)), w.last_delivery_ms);
+  w.last_delivery_ms = at;
+  uint32_t generation = w.generation;
+  if (!waits) {
+    WriteFrame(slot, generation, std::move(message), handles);
+    return;
+  }
+  w.unwritten++;
+  At(at, [this, slot, generation, message = std::move(message), handles = std::move(handles)]() mutable {
+    Worker& w = workers_[slot];
+    if (w.generation != generation) return;
+    w.unwritten--;
+    if (w.state != Worker::State::kUp) return;
+    WriteFrame(slot, generation, std::move(message), handles);
+  });
+}
+
+void Simulator::WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
+                           const std::vector<int>& handles) {
+  int region = -1;
+  for (int h : handles) {
+    if (supervisor_handles_.count(h) == 0) {
+      // The kernel refuses the frame (EBADF): the shell's channel fails and the worker is killed.
+      Fail(fmt::format("handle {} was closed while a frame for worker {} still named it ({})", h,
+                       slot, message.ShortDebugString().substr(0, 80)));
+      return;
+    }
+    region = h;
+  }
+  Worker& w = workers_[slot];
+  uint64_t at = std::max(now_ + rng_.Range(0, 1), w.last_delivery_ms);
+  w.last_delivery_ms = at;
+  Region copy = region >= 0 ? regions_[region] : Region{};
+  int worker_region = -1;
+  if (region >= 0) {  // the worker's own descriptor for the same memory
+    worker_region = next_handle_++;
+    regions_[worker_region] = copy;
+  }
+  At(at, [this, slot, generation, message = std::move(message), worker_region]() mutable {
+    WorkerReads(slot, generation, std::move(message), worker_region);
+  });
+}
+
+void Simulator::WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
+                            int region) {
+  Worker& w = workers_[slot];
+  if (w.generation != generation || w.state != Worker::State::kUp) return;
+  if (message.has_fault_set()) return;  // the simulator brings its own faults
+  w.serving.push_back(WorkerJob{std::move(message), region});
+  StartServing(w);
+}
+
+void Simulator::StartServing(Worker& w) {
+  while (w.serving_job == 0 && !w.serving.empty()) {
+    WorkerJob work = std::move(w.serving.front());
+    w.serving.pop_front();
+    if (work.message.has_load()) {  // read by the serving thread, run by the load thread
+      w.loads.push_back(std::move(work));
+      StartLoad(w);
+      continue;
+    }
+    uint64_t job = 0;
+    switch (work.message.body_case()) {
+      case v1::WorkerEnvelope::kInfer: job = work.message.infer().job(); break;
+      case v1::WorkerEnvelope::kUnload: job = work.message.unload().job(); break;
+      case v1::WorkerEnvelope::kAttach: job = work.message.attach().job(); break;
+      case v1::WorkerEnvelope::kPark: job = work.message.park().job(); break;
+      default: return Fail("a worker got a frame it does not know");
+    }
+    w.serving_job = job;
+    Schedule(w, job, /*load_thread=*/false, std::move(work));
+  }
+}
+
+void Simulator::StartLoad(Worker& w) {
+  if (w.load_job != 0 || w.loads.empty()) return;
+  WorkerJob work = std::move(w.loads.front());
+  w.loads.pop_front();
+  w.load_job = work.message.load().job();
+  w.load_name = work.message.load().name();
+  const std::string& name = w.load_name;
+  if (++loads_running_[name] > 1) {
+    return Fail(fmt::format("two file loads of \"{}\" run at once", name));
+  }
+  Schedule(w, w.load_job, /*load_thread=*/true, std::move(work));
+}
+
+void Simulator::Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob work) {
+  uint64_t duration = load_thread ? rng_.Range(2, 60) : rng_.Range(0, 15);
+  if (rng_.Chance(slow_per_mille_)) duration *= 20;
+  uint32_t slot = w.slot, generation = w.generation;
+  if (rng_.Chance(crash_per_mille_)) {
+    After(rng_.Range(0, duration), [this, slot, generation] {
+      Kill(slot, "");  // a crash in the middle of the job: its marker is still taken
+    });
+    return;
+  }
+  if (rng_.Chance(hang_per_mille_)) {
+    Trace(fmt::format("== worker {} hangs in job {}", slot, job));
+    return;  // never finishes: the core's deadline or stall check must kill it
+  }
+  After(duration, [this, slot, generation, job, load_thread, work = std::move(work)]() mutable {
+    FinishJob(slot, generation, job, load_thread, std::move(work));
+  });
+}
+
+int Simulator::NewSupervisorHandle(const Region& region) {
+  int h = next_handle_++;  // the supervisor's descriptor once the frame carrying it is read
+  regions_[h] = region;
+  return h;
+}
+
+void Simulator::FinishJob(uint32_t slot, uint32_t generation, uint64_t job, bool load_thread,
+                          WorkerJob work) {
+  Worker& w = workers_[slot];
+  if (w.generation != generation || w.state != Worker::State::kUp) return;
+  if (work.message.has_load()) loads_running_[work.message.load().name()]--;
+  std::vector<int> regions;
+  v1::WorkerEnvelope reply = RunJob(w, work, regions);
+  (load_thread ? w.load_job : w.serving_job) = 0;
+  ReplyToCore(w, std::move(reply), std::move(regions));
+  if (load_thread) StartLoad(w);
+  else StartServing(w);
+}
+
+v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vector<int>& out) {
+  v1::WorkerEnvelope reply;
+  const v1::WorkerEnvelope& m = work.message;
+  auto set_error = [](v1::Error* e, Code code, const std::string& text) {
+    e->set_code(static_cast<v1::Code>(static_cast<int>(code)));
+    e->set_message(text);
+  };
+  if (m.has_load()) {
+    v1::WorkerLoadDone* done = reply.mutable_load_done();
+    done->set_job(m.load().job());
+    const SimFile* file = nullptr;
+    for (const SimFile& f : files_) {
+      if (f.name == m.load().name() || (!f.path.empty() && f.path == m.load().path())) file = &f;
+    }
+    if (file == nullptr || file->broken) {
+      set_error(done->mutable_error(), Code::kInvalidArgument, "model file is not a model");
+      return reply;
+    }
+    Engine e;
+    e.name = m.load().name();
+    if (!file->echo) {
+      e.weights = true;
+      e.region = Region{file->id, file->version, file->WeightBytes(), false};
+      e.described = Described{file->id, file->version, file->WeightBytes()};
+      done->set_weights_shared(true);
+      out.push_back(NewSupervisorHandle(e.region));
+    }
+    done->set_weight_bytes(file->WeightBytes());
+    done->set_workspace_bytes(file->echo ? 0 : file->workspace_bytes);
+    done->set_in_features(file->echo ? 0 : 6);
+    done->set_out_features(file->echo ? 0 : 6);
+    w.engines[m.load().model()] = e;
+    return reply;
+  }
+  if (m.has_attach()) {
+    const v1::WorkerAttach& a = m.attach();
+    v1::WorkerLoadDone* done = reply.mutable_load_done();
+    done->set_job(a.job());
+    Engine e;
+    e.name = a.name();
+    if (a.weight_bytes() > 0) {
+      if (work.region < 0) {
+        set_error(done->mutable_error(), Code::kInternal, "attach came without its weights");
+        return reply;
+      }
+      std::optional<Described> described = ParseHeader(a.header());
+      if (!described) {
+        set_error(done->mutable_error(), Code::kInvalidArgument, "attach with a header that does not parse");
+        return reply;
+      }
+      e.weights = true;
+      e.region = regions_[work.region];
+      e.described = *described;
+      if (a.copy()) {  // unpark: into new device memory, which the supervisor holds from now on
+        e.region.host = false;
+        done->set_weights_shared(true);
+        out.push_back(NewSupervisorHandle(e.region));
+      }
+      done->set_weight_bytes(described->weight_bytes);
+      for (const SimFile& f : files_) {
+        if (f.id == described->file) done->set_workspace_bytes(f.workspace_bytes);
+      }
+      done->set_in_features(6);
+      done->set_out_features(6);
+    }
+    w.engines[a.model()] = e;
+    return reply;
+  }
+  if (m.has_infer()) {
+    const v1::WorkerInfer& in = m.infer();
+    v1::WorkerInferDone* done = reply.mutable_infer_done();
+    done->set_job(in.job());
+    auto it = w.engines.find(in.model());
+    if (it == w.engines.end()) {
+      set_error(done->mutable_error(), Code::kUnavailable,
+                fmt::format("model {} is not loaded in worker {}", in.model(), w.slot));
+      return reply;
+    }
+    if (in.deadline_unix_ms() != 0 && Now().unix_ns / 1000000 > static_cast<uint64_t>(in.deadline_unix_ms())) {
+      set_error(done->mutable_error(), Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+      return reply;
+    }
+    const Engine& e = it->second;
+    v1::Tensor* out_t = done->mutable_output();
+    out_t->set_rows(in.input().rows());
+    if (!e.weights) {  // echo
+      *out_t = in.input();
+      return reply;
+    }
+    out_t->set_cols(6);
+    std::vector<float> values(uint64_t{in.input().rows()} * 6, 0.0f);
+    float token = 0;
+    std::memcpy(&token, in.input().data().data(), sizeof(float));
+    values[0] = token;
+    values[1] = static_cast<float>(e.region.file);
+    values[2] = static_cast<float>(e.region.version);
+    values[3] = static_cast<float>(e.described.file);
+    values[4] = static_cast<float>(e.described.version);
+    out_t->set_data(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    return reply;
+  }
+  if (m.has_unload()) {
+    reply.mutable_unload_done()->set_job(m.unload().job());
+    w.engines.erase(m.unload().model());
+    return reply;
+  }
+  if (m.has_park()) {
+    v1::WorkerParkDone* done = reply.mutable_park_done();
+    done->set_job(m.park().job());
+    auto it = w.engines.find(m.park().model());
+    if (it == w.engines.end()) {
+      set_error(done->mutable_error(), Code::kUnavailable, "model is not loaded in this worker");
+    } else if (!it->second.weights) {
+      set_error(done->mutable_error(), Code::kFailedPrecondition, "the model has no weights to park");
+    } else {
+      Region host = it->second.region;
+      host.host = true;
+      done->set_bytes(host.bytes);
+      done->set_copy_shared(true);
+      out.push_back(NewSupervisorHandle(host));
+    }
+    return reply;
+  }
+  return reply;
+}
+
+void Simulator::ReplyToCore(Worker& w, v1::WorkerEnvelope message, std::vector<int> regions) {
+  w.to_core.emplace_back(std::move(message), std::move(regions));
+  uint64_t at = std::max(now_ + rng_.Range(0, 2), w.last_reply_ms);
+  w.last_reply_ms = at;
+  uint32_t slot = w.slot, generation = w.generation;
+  At(at, [this, slot, generation] { DeliverToCore(slot, generation); });
+}
+
+void Simulator::DeliverToCore(uint32_t slot, uint32_t generation) {
+  Worker& w = workers_[slot];
+  if (w.generation != generation || w.to_core.empty()) return;
+  auto [message, handles] = std::move(w.to_core.front());
+  w.to_core.pop_front();
+  for (int h : handles) supervisor_handles_.insert(h);
+  std::string what = fmt::format("worker {}: {}", slot, message.ShortDebugString().substr(0, 120));
+  Deliver(event::WorkerMessage{slot, std::move(message), std::move(handles)}, what);
+}
+
+void Simulator::Kill(uint32_t slot, const std::string& reason) {
+  Worker& w = workers_[slot];
+  if (w.state == Worker::State::kDown) return;
+  if (!w.kill_reason.empty()) return;  // already dying
+  w.kill_reason = reason.empty() ? "killed by signal 9 (Killed)" : reason;
+  uint32_t generation = w.generation;
+  std::string why = reason.empty() ? "killed by signal 9 (Killed)"
+                                   : "was killed by the supervisor: " + reason;
+  // The process stops now; the kernel reports the death a moment later.
+  w.state = Worker::State::kStarting;  // neither up nor down: takes no frames, runs nothing more
+  w.serving.clear();
+  w.loads.clear();
+  After(rng_.Range(0, 3), [this, slot, generation, why] { Die(slot, generation, why, false); });
+}
+
+void Simulator::Die(uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
+  Worker& w = workers_[slot];
+  if (w.generation != generation || w.state == Worker::State::kDown) return;
+  outcome_.worker_deaths++;
+  // What it wrote before it died is read first, as the shell drains the channel at the exit.
+  while (!w.to_core.empty() && !failed_) DeliverToCore(slot, generation);
+  event::WorkerDown down;
+  down.slot = slot;
+  down.generation = generation;
+  down.why = why;
+  down.exit_text = why;
+  down.fatal = fatal;
+  if (w.serving_job != 0) down.running_jobs.push_back(w.serving_job);
+  if (w.load_job != 0) down.running_jobs.push_back(w.load_job);
+  if (w.load_job != 0) loads_running_[w.load_name]--;  // the load it was running ends with it
+  w.load_job = w.serving_job = 0;
+  w.state = Worker::State::kDown;
+  PublishWorker(w);
+  Deliver(std::move(down), fmt::format("worker {} died: {}", slot, why));
+  if (stopping_) return;
+  bool stable = now_ - w.started_ms >= config_.respawn_stable_ms;
+  w.backoff_ms = (stable || w.backoff_ms == 0) ? config_.respawn_min_ms
+                                               : std::min<uint64_t>(w.backoff_ms * 2, config_.respawn_max_ms);
+  After(w.backoff_ms, [this, slot] { Spawn(slot); });
+}
+
+}  // namespace warmpool::sim

@@ -1,0 +1,73 @@
+// What the core asks the shell to do, in order. The shell carries each out and reports what comes
+// of it as later events; nothing here returns a result to the core.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ipc/warmpool.pb.h"
+
+namespace warmpool::supervisor {
+
+enum class LogLevel { kDebug, kInfo, kWarn, kError, kCritical };
+
+namespace action {
+
+// One frame for a worker's channel (already serialised: the core keeps what it needs for a
+// retry and hands the bytes over), with handles that travel with its first byte.
+struct SendToWorker {
+  uint32_t slot = 0;
+  std::string frame;
+  std::vector<int> handles;
+};
+// A reply to a client. Replies to a session that is gone are dropped by the shell.
+struct Reply {
+  uint64_t session = 0;
+  v1::Envelope envelope;
+};
+// SIGKILL the worker; its death comes back as event::WorkerDown carrying `reason`.
+struct KillWorker {
+  uint32_t slot = 0;
+  std::string reason;
+};
+// The core no longer needs this handle (a weights region or a parked copy).
+struct CloseHandle {
+  int handle = -1;
+};
+// Look at a model's file again (after a failed model's cooldown); answered by
+// event::ModelInspected.
+struct InspectModel {
+  uint32_t model = 0;
+  std::string name;
+  std::string engine;
+  std::string path;
+};
+// For the service manager (sd_notify).
+struct Notify {
+  enum class Kind { kReady, kReloading, kStopping, kStatus };
+  Kind kind = Kind::kStatus;
+  std::string status;
+};
+struct Log {
+  LogLevel level = LogLevel::kInfo;
+  std::string text;
+};
+// SIGTERM: no new connections.
+struct StopAccepting {};
+// The drain is over: every session is closed (after what was answered is flushed).
+struct CloseSessions {};
+// Stop every worker: close their channels, TERM, KILL after kill_after_ms; then
+// event::WorkersStopped.
+struct StopWorkers {
+  uint64_t kill_after_ms = 0;
+};
+
+}  // namespace action
+
+using Action = std::variant<action::SendToWorker, action::Reply, action::KillWorker,
+                            action::CloseHandle, action::InspectModel, action::Notify, action::Log,
+                            action::StopAccepting, action::CloseSessions, action::StopWorkers>;
+
+}  // namespace warmpool::supervisor

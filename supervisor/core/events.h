@@ -1,0 +1,90 @@
+// What the core is told. The shell (supervisor/daemon.cc) turns libuv callbacks into these: a
+// client's request or departure, a worker's hello, message or death, the passing of time, a
+// reload, a stop. The simulator (sim/) makes the same events from a seed. Every event comes with
+// the time it happened (Time): the core never reads a clock.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/warmpool.pb.h"
+#include "supervisor/config.h"
+#include "supervisor/core/model_entry.h"
+
+namespace warmpool::supervisor {
+
+struct Time {
+  uint64_t mono_ms = 0;  // monotonic: timeouts, deadlines, cooldowns
+  uint64_t unix_ns = 0;  // wall clock: values shown to users and sent to workers
+};
+
+namespace event {
+
+// A request a client sent (already past the connection's own limits). `admin`: root, the
+// daemon's user or a member of [access] admin_group. A register request of an admin comes with
+// its file already looked at (`registration`), since looking is I/O.
+struct ClientRequest {
+  uint64_t session = 0;
+  bool admin = false;
+  uint32_t uid = 0;
+  v1::Envelope envelope;
+  std::optional<Result<ModelEntry>> registration;
+};
+// The client's connection closed: nothing more can be sent to it.
+struct ClientGone {
+  uint64_t session = 0;
+};
+// A worker said hello and takes jobs.
+struct WorkerUp {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+};
+// A message from a worker, with the handles (descriptors) that came with it: the weights region of
+// a load, the host copy of a park.
+struct WorkerMessage {
+  uint32_t slot = 0;
+  v1::WorkerEnvelope message;
+  std::vector<int> handles;
+};
+// A worker process is gone. `running_jobs`: the jobs whose in-flight markers it still held (what
+// it was doing when it died). `why` names the cause for messages ("killed by signal 9", or the
+// supervisor's own reason), `exit_text` the bare exit. fatal: exit status 2 or could not start.
+struct WorkerDown {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  std::string why;
+  std::string exit_text;
+  bool fatal = false;
+  std::vector<uint64_t> running_jobs;
+};
+// Time passes (the shell ticks every 50 ms).
+struct Tick {};
+// SIGHUP: the configuration read again (or why it could not be) and the registry it describes.
+struct Reload {
+  Result<Config> config = Status();
+  std::vector<ModelEntry> entries;
+  std::vector<std::string> warnings;
+};
+// The answer to action::InspectModel: the model's file looked at again.
+struct ModelInspected {
+  uint32_t model = 0;
+  std::string path;           // the path that was inspected
+  Result<std::string> resolved = Status();  // where it leads now, under the model roots
+  ModelEntry entry;           // the file's description (problem set when it is not loadable)
+};
+// SIGTERM or SIGINT.
+struct Stop {};
+// The workers are all gone after action::StopWorkers.
+struct WorkersStopped {};
+
+}  // namespace event
+
+using Event = std::variant<event::ClientRequest, event::ClientGone, event::WorkerUp,
+                           event::WorkerMessage, event::WorkerDown, event::Tick, event::Reload,
+                           event::ModelInspected, event::Stop, event::WorkersStopped>;
+
+}  // namespace warmpool::supervisor
