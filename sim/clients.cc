@@ -14,10 +14,11 @@ namespace event = supervisor::event;
 
 std::string Simulator::PickModel() {
   uint64_t roll = rng_.Below(100);
+  if (models_in_use_ <= 2) return files_[rng_.Below(models_in_use_)].name;
   if (roll < 2) return "nope";                        // not registered
   if (roll < 8) return files_[6 + rng_.Below(2)].name;  // registered by a client, or not
-  if (roll < 14) return "echo";
-  return files_[rng_.Below(5)].name;
+  if (roll < 14 && models_in_use_ > 2) return "echo";
+  return files_[rng_.Below(models_in_use_)].name;
 }
 
 void Simulator::ClientAct(uint32_t index) {
@@ -43,16 +44,17 @@ void Simulator::ClientAct(uint32_t index) {
     });
     return;
   }
-  if (c.outstanding.size() >= 8) return;
+  if (c.outstanding.size() >= (c.greedy ? 30u : 8u)) return;
   v1::Envelope request;
   Pending p;
-  uint64_t roll = rng_.Below(1000);
+  uint64_t roll = c.greedy ? 0 : rng_.Below(1000);
+  if (calm_ && roll >= 700 && roll < 890) roll = 900;  // a read instead of a load, unload or pin
   if (roll < 700) {
     p.kind = Pending::Kind::kInfer;
     p.model = PickModel();
     v1::InferRequest* infer = request.mutable_infer();
     infer->set_model(p.model);
-    uint32_t rows = rng_.Chance(30) ? static_cast<uint32_t>(rng_.Range(500, 4000)) : 1;
+    uint32_t rows = rng_.Chance(c.greedy ? 900 : 30) ? static_cast<uint32_t>(rng_.Range(500, 4000)) : 1;
     std::vector<float> values(uint64_t{rows} * 6, 0.5f);
     p.token = next_token_++;
     values[0] = static_cast<float>(p.token);

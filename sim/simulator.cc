@@ -123,13 +123,16 @@ void Simulator::MakeWorld() {
     m.replicas = rng_.Chance(150) ? 2 : 1;
     config_.models.push_back(m);
   }
+  models_in_use_ = static_cast<uint32_t>(rng_.Chance(300) ? rng_.Range(1, 2) : 5);
+  calm_ = rng_.Chance(250);
   if (rng_.Chance(300)) {
-    config_.preload = {files_[rng_.Below(5)].name, files_[rng_.Below(5)].name};
+    config_.preload = {files_[rng_.Below(models_in_use_)].name, files_[rng_.Below(models_in_use_)].name};
   }
   crash_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 20));
   hang_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 5));
   slow_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 40));
   congestion_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 200));
+  if (calm_) crash_per_mille_ = hang_per_mille_ = 0;
 
   shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
   segment_bytes_.assign(shm::SegmentSize(limits), std::byte{0});
@@ -144,13 +147,14 @@ void Simulator::MakeWorld() {
     clients_[i].index = i;
     clients_[i].admin = i != 0 || rng_.Chance(500);  // client 0 is often a plain user
   }
+  if (rng_.Chance(200)) clients_.back().greedy = true;
   Trace(fmt::format("world: seed {} workers {} clients {} budget {} park {} single_active {} "
                     "max_cached {} capacity {} keep_alive {} chaos crash {} hang {} slow {} "
-                    "congestion {}",
+                    "congestion {} models in use {} greedy client {} calm {}",
                     options_.seed, workers_.size(), clients_.size(), config_.budget_bytes,
                     config_.park_budget_bytes, config_.single_active, config_.max_cached,
                     config_.capacity, config_.keep_alive_ms, crash_per_mille_, hang_per_mille_,
-                    slow_per_mille_, congestion_per_mille_));
+                    slow_per_mille_, congestion_per_mille_, models_in_use_, clients_.back().greedy, calm_));
 }
 
 std::vector<supervisor::ModelEntry> Simulator::Registry() const {
@@ -188,6 +192,14 @@ void Simulator::Execute(Action& a) {
           }
           for (Client& c : clients_) {
             if (c.session != act.session) continue;
+            auto it = c.outstanding.find(act.envelope.request_id());
+            if (it != c.outstanding.end()) {
+              if (it->second.replied) {
+                Fail(fmt::format("request {} of session {} answered twice",
+                                 act.envelope.request_id(), act.session));
+              }
+              it->second.replied = true;
+            }
             uint64_t at = std::max(now_ + rng_.Range(0, 2), c.last_delivery_ms);
             c.last_delivery_ms = at;
             At(at, [this, session = act.session, reply = std::move(act.envelope)] {
@@ -225,7 +237,7 @@ void Simulator::Execute(Action& a) {
           for (Client& c : clients_) {
             if (!c.connected) continue;
             for (const auto& [id, p] : c.outstanding) {
-              if (p.accepted) {
+              if (p.accepted && !p.replied) {
                 Fail(fmt::format("session {} closed with request {} ({}) unanswered", c.session,
                                  id, p.model));
               }
@@ -264,6 +276,7 @@ void Simulator::Tick() {
 void Simulator::EnvironmentAct() {
   if (stopping_ || failed_) return;
   uint64_t roll = rng_.Below(1000);
+  if (calm_ && roll >= 300) roll = 999;  // files change, nothing else happens
   if (roll < 300) {
     // A model file replaced on disk, with no reload.
     SimFile& f = files_[rng_.Below(files_.size())];

@@ -108,6 +108,7 @@ class Simulator {
     uint32_t token = 0;
     uint64_t bytes = 0;
     bool accepted = false;     // handed to the core
+    bool replied = false;      // the core emitted its reply (on its way)
   };
   struct Client {
     uint32_t index = 0;
@@ -117,6 +118,8 @@ class Simulator {
     uint64_t next_request = 1;
     std::map<uint64_t, Pending> outstanding;
     uint64_t last_delivery_ms = 0;
+    // A greedy client pipelines large inputs and never reads its replies.
+    bool greedy = false;
   };
 
   // Scheduling.
@@ -198,6 +201,11 @@ class Simulator {
   uint32_t hang_per_mille_ = 0;
   uint32_t slow_per_mille_ = 0;
   uint32_t congestion_per_mille_ = 0;
+  // How many of the configured models the clients use in this seed (few: placement matters).
+  uint32_t models_in_use_ = 5;
+  // Calm seeds: clients only infer and read (nothing unloads or loads by hand), so that what the
+  // daemon decides on its own (placement, keep_alive) shows.
+  bool calm_ = false;
 
   std::vector<SimFile> files_;
   std::vector<bool> configured_;     // by file: listed in the configuration now
