@@ -16,8 +16,9 @@
 namespace warmpool::shm {
 
 // Bump on any change below; the layout test pins the string so an accidental change fails CI.
-inline constexpr uint32_t kLayoutVersion = 2;
-inline constexpr char kLayoutString[] = "warmpool-shm-v2:hdr192:model512:worker64:inflight32:park";
+inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr char kLayoutString[] =
+    "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16";
 inline constexpr char kMagic[8] = {'W', 'A', 'R', 'M', 'P', 'O', 'O', 'L'};
 inline constexpr uint32_t kNil = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxDevices = 8;
@@ -62,7 +63,10 @@ struct SegmentHeader {
   uint64_t device_used_bytes[kMaxDevices];  // accounted; equals the sum over resident records
   uint64_t park_used_bytes;    // host copies of parked models; equals the sum over parked records
   uint64_t park_budget_bytes;  // 0: parking disabled
-  uint64_t reserved[2];
+  // When the supervisor process started (clock ticks since boot, /proc/PID/stat field 22): with
+  // the pid, it tells a live supervisor from a new process that reused the pid.
+  uint64_t supervisor_start_ticks;
+  uint64_t reserved[1];
 };
 
 struct ModelRecord {
@@ -90,18 +94,23 @@ struct ModelRecord {
   char last_error[72];
 };
 
+inline constexpr uint32_t kWorkerModelsShown = 16;
+
 struct WorkerRecord {
   uint32_t seq;
-  uint32_t state;             // WorkerState
+  uint32_t state;             // WorkerState; busy while jobs are outstanding
   int32_t pid;
   uint32_t generation;        // bumped at every spawn of this slot; never 0 for a live worker
   uint32_t device;
   uint32_t restarts;
-  int32_t last_exit;          // wait status of the last death, -1 if none
-  uint32_t models;            // models resident in this worker
-  uint64_t started_ns;
-  uint64_t served;
-  uint64_t reserved[2];
+  int32_t last_exit;          // exit status of the last death (128 + signal), -1 if none
+  uint32_t models;            // models this worker serves, loads or attaches
+  uint64_t started_ns;        // CLOCK_REALTIME of the spawn
+  uint64_t served;            // jobs it answered
+  uint32_t outstanding;       // jobs sent to it and not answered
+  uint32_t reserved0;
+  uint32_t held[kWorkerModelsShown];  // the first of those models (indices; kNil-filled)
+  uint64_t reserved[1];
 };
 
 // tag = generation << 32 | worker_slot << 16 | state. 0 = free.
@@ -137,7 +146,10 @@ static_assert(sizeof(ModelRecord) == 512);
 static_assert(offsetof(ModelRecord, name) == 8);
 static_assert(offsetof(ModelRecord, weight_bytes) == 344);
 static_assert(offsetof(ModelRecord, last_error) == 440);
-static_assert(sizeof(WorkerRecord) == 64);
+static_assert(offsetof(SegmentHeader, supervisor_start_ticks) == 176);
+static_assert(sizeof(WorkerRecord) == 128);
+static_assert(offsetof(WorkerRecord, outstanding) == 48);
+static_assert(offsetof(WorkerRecord, held) == 56);
 static_assert(sizeof(InflightSlot) == 32);
 static_assert(offsetof(InflightSlot, request_id) == 8);
 

@@ -119,6 +119,37 @@ void ModelIndex::AddToAccount(uint32_t device, int64_t delta) {
   });
 }
 
+void ModelIndex::Publish(uint32_t index, const Residency& next) {
+  const ModelRecord& r = Get(index);
+  auto was = static_cast<ModelState>(r.state);
+  int64_t device_before = OnDevice(was) ? static_cast<int64_t>(r.weight_bytes + r.workspace_bytes) : 0;
+  int64_t parked_before = was == ModelState::kParked ? static_cast<int64_t>(r.weight_bytes) : 0;
+  int64_t device_after = OnDevice(next.state) ? static_cast<int64_t>(next.weight_bytes + next.workspace_bytes) : 0;
+  int64_t parked_after = next.state == ModelState::kParked ? static_cast<int64_t>(next.weight_bytes) : 0;
+  uint32_t old_device = r.device;
+  if (device_before != 0) AddToAccount(old_device, -device_before);
+  if (IsResident(was) && !IsResident(next.state)) Unlink(index);
+  Update(index, [&](ModelRecord& m) {
+    if (next.state == ModelState::kLoading && was != ModelState::kLoading) {
+      m.loads++;
+      m.loaded_bytes = 0;
+    }
+    if (next.state == ModelState::kFailed && was != ModelState::kFailed) m.failures++;
+    if (next.state == ModelState::kReady) m.loaded_bytes = next.weight_bytes;
+    if (!OnDevice(next.state)) m.loaded_bytes = 0;
+    m.state = static_cast<uint32_t>(next.state);
+    m.device = next.device;
+    m.worker_slot = next.worker_slot;
+    m.replicas = next.replicas;
+    m.weight_bytes = next.weight_bytes;
+    m.workspace_bytes = next.workspace_bytes;
+    CopyName(m.last_error, sizeof(m.last_error), next.error);
+  });
+  if (device_after != 0) AddToAccount(next.device, device_after);
+  if (parked_after != parked_before) AddToParkAccount(parked_after - parked_before);
+  if (!IsResident(was) && IsResident(next.state)) LinkTail(index);
+}
+
 void ModelIndex::MarkLoading(uint32_t index, uint32_t device, uint32_t worker_slot,
                              uint64_t bytes) {
   Update(index, [&](ModelRecord& r) {

@@ -43,6 +43,20 @@ class ModelIndex {
     SeqWrite(view_.model(index), std::forward<Fn>(fn));
   }
 
+  // What a record shows of a model's residency. Publish() writes it and moves the bytes between
+  // the accounts (device, park) and the record in or out of the LRU list to match: the record is
+  // derived from the owner's state, never kept beside it.
+  struct Residency {
+    ModelState state = ModelState::kRegistered;
+    uint32_t device = 0;
+    uint32_t worker_slot = kNil;
+    uint32_t replicas = 0;
+    uint64_t weight_bytes = 0;
+    uint64_t workspace_bytes = 0;
+    std::string_view error;
+  };
+  void Publish(uint32_t index, const Residency& residency);
+
   // Lifecycle transitions that move bytes between the device account and nothing.
   void MarkLoading(uint32_t index, uint32_t device, uint32_t worker_slot, uint64_t bytes);
   // Corrects the account to the bytes the engine actually allocated.

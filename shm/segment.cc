@@ -6,6 +6,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include <boost/interprocess/exceptions.hpp>
 #include <boost/interprocess/mapped_region.hpp>
@@ -37,9 +41,52 @@ bool ProcessAlive(int64_t pid) {
   return kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
+// The supervisor a segment names: its pid and start time, read from the raw header so that a
+// segment of another layout version (an older daemon still running) is judged too.
+struct Owner {
+  int64_t pid = 0;
+  uint64_t start_ticks = 0;  // 0: not recorded (layout before 3)
+};
+std::optional<Owner> ReadOwner(const std::string& name) {
+  try {
+    bip::shared_memory_object object(bip::open_only, name.c_str(), bip::read_only);
+    bip::mapped_region region(object, bip::read_only);
+    if (region.get_size() < sizeof(SegmentHeader)) return std::nullopt;
+    const auto* h = static_cast<const SegmentHeader*>(region.get_address());
+    if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) return std::nullopt;
+    Owner owner;
+    owner.pid = h->supervisor_pid;
+    if (h->layout_version >= 3) owner.start_ticks = h->supervisor_start_ticks;
+    return owner;
+  } catch (const bip::interprocess_exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 uint64_t SegmentSize(const Limits& limits) { return ComputeOffsets(limits).total; }
+
+uint64_t ProcessStartTicks(int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // "pid (comm) state ppid ..." where comm may hold spaces and parentheses: fields count from the
+  // last ')'. starttime is field 22, the 20th after it.
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; i++) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+bool SupervisorAlive(int64_t pid, uint64_t start_ticks) {
+  if (!ProcessAlive(pid)) return false;
+  // The pid may belong to another process by now: the start time tells them apart.
+  return start_ticks == 0 || ProcessStartTicks(pid) == start_ticks;
+}
 
 Result<SegmentView> SegmentView::Format(std::span<std::byte> bytes, const Limits& limits,
                                         uint32_t device_count, uint64_t device_budget_bytes,
@@ -164,20 +211,17 @@ Result<SharedSegment> SharedSegment::Create(const std::string& instance, const L
                                             std::optional<gid_t> observer_group) {
   const unsigned mode = observer_group ? 0640 : 0600;
   std::string name = NameFor(instance);
-  // A segment already there is either stale (its supervisor was killed) or in use.
-  {
-    Result<SharedSegment> existing = Open(instance, /*read_only=*/true);
-    if (existing.ok()) {
-      int64_t pid = existing->view().header().supervisor_pid;
-      if (ProcessAlive(pid) && pid != getpid()) {
-        return Error(Code::kFailedPrecondition,
-                     "instance \"{}\" is in use by warmpoold pid {} (segment /dev/shm/{}): stop it "
-                     "or pass --instance NAME",
-                     instance, pid, name);
-      }
+  // A segment already there is either stale (its supervisor was killed, or its pid now names
+  // another process) or in use.
+  if (std::optional<Owner> owner = ReadOwner(name)) {
+    if (owner->pid != getpid() && SupervisorAlive(owner->pid, owner->start_ticks)) {
+      return Error(Code::kFailedPrecondition,
+                   "instance \"{}\" is in use by warmpoold pid {} (segment /dev/shm/{}): stop it "
+                   "or pass --instance NAME",
+                   instance, owner->pid, name);
     }
-    bip::shared_memory_object::remove(name.c_str());
   }
+  bip::shared_memory_object::remove(name.c_str());
   auto mapping = std::make_unique<Mapping>();
   uint64_t size = SegmentSize(limits);
   try {
@@ -210,6 +254,7 @@ Result<SharedSegment> SharedSegment::Create(const std::string& instance, const L
     bip::shared_memory_object::remove(name.c_str());
     return view.status();
   }
+  view->header().supervisor_start_ticks = ProcessStartTicks(getpid());
   SharedSegment segment;
   segment.mapping_ = std::move(mapping);
   segment.view_ = *view;

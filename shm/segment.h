@@ -45,6 +45,12 @@ class SegmentView {
   uint64_t size_ = 0;
 };
 
+// When the process started (clock ticks since boot, /proc/PID/stat field 22); 0 if unknown.
+uint64_t ProcessStartTicks(int64_t pid);
+// The supervisor that made a segment still runs: its pid is alive and, when recorded, started when
+// the segment says (a pid reused by another process is not the supervisor).
+bool SupervisorAlive(int64_t pid, uint64_t start_ticks);
+
 // A named POSIX shared-memory object ("/warmpool.<instance>") mapped into this process.
 class SharedSegment {
  public:

@@ -11,10 +11,6 @@ namespace warmpool::sim {
 
 namespace {
 
-// What the daemon may hold of requests it has accepted and not answered. The simulated clients
-// can pipeline more than this in large inputs; the daemon must refuse what does not fit.
-constexpr uint64_t kMaxHeldBytes = 2u << 20;
-constexpr uint64_t kMaxHeldBytesPerSession = 1u << 20;
 // An idle worker next to one holding several models, for this long: placement failed to spread.
 constexpr uint64_t kStackedLimitMs = 3000;
 // An inference is answered by its deadline; this much later it is overdue.
@@ -46,12 +42,15 @@ void Simulator::CheckAfterEvent() {
     }
   }
 
-  // Bytes of accepted, unanswered requests.
+  // Bytes of accepted, unanswered requests: the simulated clients can pipeline more than the
+  // daemon may hold in large inputs; it must refuse what does not fit.
+  const uint64_t kMaxHeldBytes = config_.max_queued_bytes;
+  const uint64_t kMaxHeldBytesPerSession = config_.max_queued_bytes_per_connection;
   uint64_t total = 0;
   for (const Client& c : clients_) {
     if (!c.connected) continue;
     uint64_t mine = 0;
-    for (const auto& [id, p] : c.outstanding) mine += p.accepted ? p.bytes : 0;
+    for (const auto& [id, p] : c.outstanding) mine += p.accepted && !p.replied ? p.bytes : 0;
     if (mine > kMaxHeldBytesPerSession) {
       return Fail(fmt::format("session {} has {} bytes of requests held by the daemon (bound {})",
                               c.session, mine, kMaxHeldBytesPerSession));

@@ -73,6 +73,8 @@ supervisor::Config Simulator::MakeConfig() const {
   c.drain_timeout_ms = 1000;
   c.stop_kill_ms = 300;
   c.enable_fault_injection = false;
+  c.max_queued_bytes = 2u << 20;
+  c.max_queued_bytes_per_connection = 1u << 20;
   return c;
 }
 
@@ -172,6 +174,15 @@ void Simulator::Deliver(Event event, const std::string& what) {
   std::vector<Action> actions = core_->Handle(std::move(event), Now());
   for (Action& a : actions) Execute(a);
   CheckAfterEvent();
+  RunPendingEvents();
+}
+
+void Simulator::RunPendingEvents() {
+  while (!pending_events_.empty() && !failed_) {
+    std::vector<std::function<void()>> events;
+    events.swap(pending_events_);
+    for (auto& e : events) e();
+  }
 }
 
 void Simulator::Execute(Action& a) {
@@ -180,6 +191,10 @@ void Simulator::Execute(Action& a) {
         using A = std::decay_t<decltype(act)>;
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
           SendToWorker(act.slot, std::move(act.frame), act.handles);
+        } else if constexpr (std::is_same_v<A, action::SpawnWorker>) {
+          Trace(fmt::format("<- spawn worker {} generation {}", act.slot, act.generation));
+          if (stop_workers_sent_) return Fail("a worker was started after the workers were stopped");
+          Spawn(act.slot, act.generation);
         } else if constexpr (std::is_same_v<A, action::Reply>) {
           Trace(fmt::format("<- reply session {} request {}: {}", act.session,
                             act.envelope.request_id(),
@@ -247,6 +262,7 @@ void Simulator::Execute(Action& a) {
           }
         } else if constexpr (std::is_same_v<A, action::StopWorkers>) {
           Trace("<- stop workers");
+          stop_workers_sent_ = true;
           for (Worker& w : workers_) {
             if (w.state == Worker::State::kDown) continue;
             uint32_t slot = w.slot, generation = w.generation;
@@ -322,10 +338,7 @@ Outcome Simulator::Run() {
   std::vector<Action> actions = core_->Start(Registry(), {}, Now());
   for (Action& a : actions) Execute(a);
   CheckAfterEvent();
-  for (uint32_t i = 0; i < workers_.size(); i++) {
-    uint32_t slot = i;
-    After(rng_.Range(0, 30), [this, slot] { Spawn(slot); });
-  }
+  RunPendingEvents();
   for (uint32_t i = 0; i < clients_.size(); i++) {
     uint32_t index = i;
     After(rng_.Range(0, 50), [this, index] { ClientAct(index); });

@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <queue>
 #include <set>
@@ -69,6 +70,7 @@ class Simulator {
   struct WorkerJob {
     v1::WorkerEnvelope message;
     int region = -1;  // the region a frame brought (attach)
+    std::optional<SimFile> read;  // load: the file as it was when the load began
   };
   struct Engine {
     std::string name;
@@ -127,6 +129,7 @@ class Simulator {
   void After(uint64_t delay, std::function<void()> fn) { At(now_ + delay, std::move(fn)); }
   supervisor::Time Now() const;
   void Deliver(supervisor::Event event, const std::string& what);
+  void RunPendingEvents();
   void Execute(supervisor::Action& action);
   void Trace(const std::string& line);
   void Fail(const std::string& what);
@@ -137,8 +140,8 @@ class Simulator {
   std::vector<supervisor::ModelEntry> Registry() const;
 
   // Workers (workers.cc).
-  void Spawn(uint32_t slot);
-  void PublishWorker(const Worker& w);
+  void Spawn(uint32_t slot, uint32_t generation);
+  const SimFile* FileOf(const std::string& name, const std::string& path) const;
   void SendToWorker(uint32_t slot, std::string frame, std::vector<int> handles);
   void WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
                   const std::vector<int>& handles);
@@ -188,13 +191,15 @@ class Simulator {
   bool failed_ = false;
   bool stopping_ = false;
   bool workers_stopped_ = false;
+  bool stop_workers_sent_ = false;
 
   // The core and what it runs on.
   supervisor::Config config_;
   std::vector<std::byte> segment_bytes_;
   shm::SegmentView segment_;
   std::unique_ptr<supervisor::Core> core_;
-  std::vector<supervisor::Action> pending_actions_;
+  // Events the shell would hand to the core right after the current batch (WorkerSpawned).
+  std::vector<std::function<void()>> pending_events_;
 
   // Chaos levels of this seed (per mille).
   uint32_t crash_per_mille_ = 0;

@@ -15,21 +15,10 @@ namespace warmpool::sim {
 
 namespace event = supervisor::event;
 
-void Simulator::PublishWorker(const Worker& w) {
-  shm::SeqWrite(segment_.worker(w.slot), [&](shm::WorkerRecord& r) {
-    r.state = static_cast<uint32_t>(w.fatal                              ? shm::WorkerState::kFatal
-                                    : w.state == Worker::State::kUp       ? shm::WorkerState::kIdle
-                                    : w.state == Worker::State::kStarting ? shm::WorkerState::kStarting
-                                                                          : shm::WorkerState::kDead);
-    r.pid = w.pid;
-    r.generation = w.generation;
-  });
-}
-
-void Simulator::Spawn(uint32_t slot) {
+void Simulator::Spawn(uint32_t slot, uint32_t generation) {
   Worker& w = workers_[slot];
-  if (stopping_ || w.state != Worker::State::kDown || w.fatal) return;
-  w.generation++;
+  if (w.state != Worker::State::kDown) return Fail(fmt::format("worker {} spawned while it runs", slot));
+  w.generation = generation;
   w.pid = next_pid_++;
   w.state = Worker::State::kStarting;
   w.started_ms = now_;
@@ -40,14 +29,14 @@ void Simulator::Spawn(uint32_t slot) {
   w.serving_job = w.load_job = 0;
   w.unwritten = 0;
   w.to_core.clear();
-  PublishWorker(w);
   Trace(fmt::format("== worker {} starting (generation {})", slot, w.generation));
-  uint32_t generation = w.generation;
+  pending_events_.push_back([this, slot, generation, pid = w.pid] {
+    Deliver(event::WorkerSpawned{slot, generation, pid}, fmt::format("worker {} spawned", slot));
+  });
   After(rng_.Range(2, 40), [this, slot, generation] {
     Worker& w = workers_[slot];
     if (w.generation != generation || w.state != Worker::State::kStarting) return;
     w.state = Worker::State::kUp;
-    PublishWorker(w);
     Deliver(event::WorkerUp{slot, generation}, fmt::format("worker {} up", slot));
   });
 }
@@ -119,7 +108,6 @@ void Simulator::WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelo
                             int region) {
   Worker& w = workers_[slot];
   if (w.generation != generation || w.state != Worker::State::kUp) return;
-  if (message.has_fault_set()) return;  // the simulator brings its own faults
   w.serving.push_back(WorkerJob{std::move(message), region});
   StartServing(w);
 }
@@ -152,6 +140,10 @@ void Simulator::StartLoad(Worker& w) {
   w.loads.pop_front();
   w.load_job = work.message.load().job();
   w.load_name = work.message.load().name();
+  if (const SimFile* f = FileOf(work.message.load().name(), work.message.load().path());
+      f != nullptr && !f->broken) {
+    work.read = *f;  // the header as it is when the load begins
+  }
   const std::string& name = w.load_name;
   if (++loads_running_[name] > 1) {
     return Fail(fmt::format("two file loads of \"{}\" run at once", name));
@@ -176,6 +168,13 @@ void Simulator::Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob wo
   After(duration, [this, slot, generation, job, load_thread, work = std::move(work)]() mutable {
     FinishJob(slot, generation, job, load_thread, std::move(work));
   });
+}
+
+const SimFile* Simulator::FileOf(const std::string& name, const std::string& path) const {
+  for (const SimFile& f : files_) {
+    if (f.name == name || (!f.path.empty() && f.path == path)) return &f;
+  }
+  return nullptr;
 }
 
 int Simulator::NewSupervisorHandle(const Region& region) {
@@ -205,29 +204,45 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     e->set_message(text);
   };
   if (m.has_load()) {
+    // As worker.cc: the header read when the load began describes the weights; a file that needs
+    // more than admitted, or that changed while it was read, is reported and not loaded.
     v1::WorkerLoadDone* done = reply.mutable_load_done();
     done->set_job(m.load().job());
-    const SimFile* file = nullptr;
-    for (const SimFile& f : files_) {
-      if (f.name == m.load().name() || (!f.path.empty() && f.path == m.load().path())) file = &f;
-    }
-    if (file == nullptr || file->broken) {
+    const SimFile* file = FileOf(m.load().name(), m.load().path());
+    if (file == nullptr || file->broken || !work.read) {
       set_error(done->mutable_error(), Code::kInvalidArgument, "model file is not a model");
+      return reply;
+    }
+    const SimFile& read = *work.read;
+    done->set_weight_bytes(read.WeightBytes());
+    done->set_workspace_bytes(read.echo ? 0 : read.workspace_bytes);
+    done->set_in_features(read.echo ? 0 : 6);
+    done->set_out_features(read.echo ? 0 : 6);
+    if (!read.echo) {
+      done->set_header(HeaderOf(read));
+      done->set_file_size(HeaderOf(read).size() + read.WeightBytes());
+    }
+    uint64_t needs = read.WeightBytes() + (read.echo ? 0 : read.workspace_bytes);
+    if (m.load().admitted_bytes() != 0 && needs > m.load().admitted_bytes()) {
+      done->set_file_changed(true);
+      return reply;
+    }
+    if (!read.echo && (file->version != read.version)) {
+      done->set_header(HeaderOf(*file));
+      done->set_file_size(HeaderOf(*file).size() + file->WeightBytes());
+      done->set_weight_bytes(file->WeightBytes());
+      done->set_file_changed(true);
       return reply;
     }
     Engine e;
     e.name = m.load().name();
-    if (!file->echo) {
+    if (!read.echo) {
       e.weights = true;
-      e.region = Region{file->id, file->version, file->WeightBytes(), false};
-      e.described = Described{file->id, file->version, file->WeightBytes()};
+      e.region = Region{read.id, read.version, read.WeightBytes(), false};
+      e.described = Described{read.id, read.version, read.WeightBytes()};
       done->set_weights_shared(true);
       out.push_back(NewSupervisorHandle(e.region));
     }
-    done->set_weight_bytes(file->WeightBytes());
-    done->set_workspace_bytes(file->echo ? 0 : file->workspace_bytes);
-    done->set_in_features(file->echo ? 0 : 6);
-    done->set_out_features(file->echo ? 0 : 6);
     w.engines[m.load().model()] = e;
     return reply;
   }
@@ -261,6 +276,8 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       }
       done->set_in_features(6);
       done->set_out_features(6);
+      done->set_header(a.header());
+      done->set_file_size(a.file_size());
     }
     w.engines[a.model()] = e;
     return reply;
@@ -367,19 +384,14 @@ void Simulator::Die(uint32_t slot, uint32_t generation, const std::string& why, 
   down.generation = generation;
   down.why = why;
   down.exit_text = why;
+  down.exit_code = why.starts_with("exited") ? 0 : 137;
   down.fatal = fatal;
   if (w.serving_job != 0) down.running_jobs.push_back(w.serving_job);
   if (w.load_job != 0) down.running_jobs.push_back(w.load_job);
   if (w.load_job != 0) loads_running_[w.load_name]--;  // the load it was running ends with it
   w.load_job = w.serving_job = 0;
   w.state = Worker::State::kDown;
-  PublishWorker(w);
   Deliver(std::move(down), fmt::format("worker {} died: {}", slot, why));
-  if (stopping_) return;
-  bool stable = now_ - w.started_ms >= config_.respawn_stable_ms;
-  w.backoff_ms = (stable || w.backoff_ms == 0) ? config_.respawn_min_ms
-                                               : std::min<uint64_t>(w.backoff_ms * 2, config_.respawn_max_ms);
-  After(w.backoff_ms, [this, slot] { Spawn(slot); });
 }
 
 }  // namespace warmpool::sim

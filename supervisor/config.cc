@@ -78,6 +78,25 @@ Status ReadKeepAlive(const toml::node& node, const std::string& key, int64_t& ou
   return Error(Code::kInvalidArgument, "{} must be a duration such as \"5m\" or -1 (until evicted)", key);
 }
 
+// "10m", "30s", "250ms", an integer of seconds, or 0 (never).
+Status ReadDurationMs(const toml::node& node, const std::string& key, uint64_t& out) {
+  if (auto v = node.value_exact<int64_t>()) {
+    if (*v < 0 || *v > 1'000'000'000'000) {
+      return Error(Code::kInvalidArgument, "{} must be 0 (never) or a positive number of seconds", key);
+    }
+    out = static_cast<uint64_t>(*v) * 1000;
+    return OkStatus();
+  }
+  if (auto s = node.value<std::string>()) {
+    Result<int64_t> ms = ParseDurationMs(*s);
+    if (!ms.ok()) return Error(Code::kInvalidArgument, "{}: {}", key, ms.status().message());
+    if (*ms < 0) return Error(Code::kInvalidArgument, "{} must not be negative", key);
+    out = static_cast<uint64_t>(*ms);
+    return OkStatus();
+  }
+  return Error(Code::kInvalidArgument, "{} must be a duration such as \"10m\" or 0 (never)", key);
+}
+
 Status ReadStrings(const toml::node& node, const std::string& key, std::vector<std::string>& out) {
   const toml::array* array = node.as_array();
   if (array == nullptr) return Error(Code::kInvalidArgument, "{} must be a list of strings", key);
@@ -148,6 +167,10 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "max_models") s = ReadUint(node, key, c.max_models);
       else if (k == "max_inflight") s = ReadUint(node, key, c.max_inflight);
       else if (k == "max_requests_per_connection") s = ReadUint(node, key, c.max_requests_per_connection);
+      else if (k == "max_queued_bytes") s = ReadSize(node, key, c.max_queued_bytes);
+      else if (k == "max_queued_bytes_per_connection") s = ReadSize(node, key, c.max_queued_bytes_per_connection);
+      else if (k == "max_unread_reply_bytes") s = ReadSize(node, key, c.max_unread_reply_bytes);
+      else if (k == "idle_timeout") s = ReadDurationMs(node, key, c.idle_timeout_ms);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     }
     if (!s.ok()) return s;
@@ -245,6 +268,12 @@ void FinishDefaults(Config& config) {
   if (config.respawn_min_ms == 0) config.respawn_min_ms = 1;
   config.respawn_max_ms = std::max(config.respawn_max_ms, config.respawn_min_ms);
   config.failed_cooldown_max_ms = std::max(config.failed_cooldown_max_ms, config.failed_cooldown_ms);
+  // A request as large as a frame may always be held, and its reply be unread.
+  config.max_queued_bytes_per_connection =
+      std::max<uint64_t>(config.max_queued_bytes_per_connection, config.max_frame_bytes);
+  config.max_queued_bytes = std::max(config.max_queued_bytes, config.max_queued_bytes_per_connection);
+  config.max_unread_reply_bytes =
+      std::max<uint64_t>(config.max_unread_reply_bytes, uint64_t{config.max_frame_bytes} + (64u << 10));
 }
 
 }  // namespace warmpool::supervisor

@@ -51,6 +51,14 @@ struct Config {
   uint32_t max_models = 256;
   uint32_t max_inflight = 1024;
   uint32_t max_requests_per_connection = 256;  // unanswered requests one client may have
+  // Bytes of requests the daemon holds (waiting or running): in all, and for one connection.
+  // Beyond them a request is answered RESOURCE_EXHAUSTED. At least max_frame_bytes each.
+  uint64_t max_queued_bytes = 1ull << 30;
+  uint64_t max_queued_bytes_per_connection = 256ull << 20;
+  // Replies a client has not read: past this it is cut off (at least max_frame_bytes + 64 KiB).
+  uint64_t max_unread_reply_bytes = 128ull << 20;
+  // A connection with no request outstanding for this long is closed; 0: never.
+  uint64_t idle_timeout_ms = 0;
   // access: root, the daemon's own user and members of admin_group may load, unload, pin and arm
   // faults; every other local user may infer and read status.
   std::string admin_group;

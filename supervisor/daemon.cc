@@ -116,9 +116,6 @@ Status Daemon::Start() {
   pool.count = config_.workers_per_device;
   pool.budget_bytes = config_.budget_bytes;
   pool.max_frame_bytes = config_.max_frame_bytes;
-  pool.respawn_min_ms = config_.respawn_min_ms;
-  pool.respawn_max_ms = config_.respawn_max_ms;
-  pool.respawn_stable_ms = config_.respawn_stable_ms;
   WorkerEvents events;
   events.on_ready = [this](uint32_t slot) {
     Dispatch(event::WorkerUp{slot, workers_->generation(slot)});
@@ -126,10 +123,11 @@ Status Daemon::Start() {
   events.on_message = [this](uint32_t slot, v1::WorkerEnvelope&& m) {
     OnWorkerMessage(slot, std::move(m));
   };
-  events.on_death = [this](uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
-    OnWorkerDeath(slot, generation, why, fatal);
+  events.on_death = [this](uint32_t slot, uint32_t generation, const std::string& why,
+                           int exit_code, bool fatal) {
+    OnWorkerDeath(slot, generation, why, exit_code, fatal);
   };
-  workers_ = std::make_unique<WorkerPool>(&loop_, segment_.view(), pool, std::move(events));
+  workers_ = std::make_unique<WorkerPool>(&loop_, pool, std::move(events));
 
   std::vector<std::string> warnings;
   std::vector<ModelEntry> entries = DiscoverModels(config_, warnings);
@@ -137,7 +135,6 @@ Status Daemon::Start() {
   Execute(core_->Start(std::move(entries), std::move(warnings), Now()));
   dispatching_ = false;
   RunPending();
-  workers_->StartAll();
 
   StartTimers();
   InstallSignals();
@@ -208,6 +205,9 @@ void Daemon::Execute(Action& a) {
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
           // A worker that is not ready is dying: its death fails the job.
           workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
+        } else if constexpr (std::is_same_v<A, action::SpawnWorker>) {
+          int pid = workers_->Spawn(act.slot, act.generation);
+          if (pid > 0) pending_.push_back(event::WorkerSpawned{act.slot, act.generation, pid});
         } else if constexpr (std::is_same_v<A, action::Reply>) {
           server_->Send(act.session, act.envelope);
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
@@ -333,12 +333,14 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   Dispatch(std::move(e));
 }
 
-void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
+void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why,
+                           int exit_code, bool fatal) {
   event::WorkerDown e;
   e.slot = slot;
   e.generation = generation;
   e.why = why;
   e.exit_text = workers_->LastExit(slot);
+  e.exit_code = exit_code;
   e.fatal = fatal;
   // The in-flight markers it still held say what it was doing when it died.
   std::vector<shm::InflightSlot> taken;

@@ -58,7 +58,8 @@ class Daemon {
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;
   event::Reload ReadRegistry() const;
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
-  void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, bool fatal);
+  void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
+                     bool fatal);
   void InstallSignals();
   void StartTimers();
   void FinishStop();

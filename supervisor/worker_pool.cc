@@ -9,15 +9,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include "common/clock.h"
 #include "ipc/framing.h"
-#include "shm/seqlock.h"
 
 extern char** environ;
 
 namespace warmpool::supervisor {
-
-using shm::WorkerState;
 
 struct WorkerPool::Worker {
   uint32_t slot = 0;
@@ -25,29 +21,19 @@ struct WorkerPool::Worker {
   int pid = 0;
   bool ready = false;      // hello received
   bool running = false;    // spawned and not yet reaped
-  uint32_t restarts = 0;
-  int32_t last_exit = -1;
   std::string last_exit_text;
   std::string kill_reason;     // set when the supervisor killed it on purpose
-  uint64_t started_ms = 0;
-  uint64_t backoff_ms = 0;
-  WorkerState state = WorkerState::kEmpty;
   ipc::Connection* channel = nullptr;
   std::unique_ptr<ipc::UvHandle<uv_process_t>> process;
-  ipc::UvHandle<uv_timer_t> respawn_timer;
   WorkerPool* pool = nullptr;
 };
 
-WorkerPool::WorkerPool(uv_loop_t* loop, shm::SegmentView segment, WorkerPoolOptions options,
-                       WorkerEvents events)
-    : loop_(loop), segment_(segment), options_(std::move(options)), events_(std::move(events)) {
+WorkerPool::WorkerPool(uv_loop_t* loop, WorkerPoolOptions options, WorkerEvents events)
+    : loop_(loop), options_(std::move(options)), events_(std::move(events)) {
   for (uint32_t i = 0; i < options_.count; i++) {
     auto w = std::make_unique<Worker>();
     w->slot = i;
     w->pool = this;
-    uv_timer_init(loop_, w->respawn_timer.get());
-    w->respawn_timer.MarkInitialized();
-    w->respawn_timer.get()->data = w.get();
     workers_.push_back(std::move(w));
   }
   uv_timer_init(loop_, kill_timer_.get());
@@ -62,41 +48,26 @@ WorkerPool::~WorkerPool() {
   }
 }
 
-void WorkerPool::StartAll() {
-  for (uint32_t i = 0; i < workers_.size(); i++) Spawn(i);
-}
-
-void WorkerPool::PublishState(uint32_t slot) {
-  const Worker& w = *workers_[slot];
-  shm::SeqWrite(segment_.worker(slot), [&](shm::WorkerRecord& r) {
-    r.state = static_cast<uint32_t>(w.state);
-    r.pid = w.pid;
-    r.generation = w.generation;
-    r.device = options_.device;
-    r.restarts = w.restarts;
-    r.last_exit = w.last_exit;
-    if (w.state == WorkerState::kStarting) r.started_ns = UnixNanos();
-  });
-}
-
-void WorkerPool::Spawn(uint32_t slot) {
+int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
   Worker& w = *workers_[slot];
-  if (shutting_down_ || w.running) return;
+  if (shutting_down_ || w.running) return -1;
+  w.generation = generation;
+  auto refuse = [&](const std::string& why) {
+    spdlog::critical("cannot start worker {} ({}): {}", slot, options_.worker_path, why);
+    if (events_.on_death) {
+      events_.on_death(slot, generation, "could not be started: " + why, -1, /*fatal=*/true);
+    }
+    return -1;
+  };
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    spdlog::error("worker {}: socketpair: {}; retrying", slot, std::strerror(errno));
-    uv_timer_start(w.respawn_timer.get(), [](uv_timer_t* t) {
-      auto* worker = static_cast<Worker*>(t->data);
-      worker->pool->Spawn(worker->slot);
-    }, 1000, 0);
-    return;
+    return refuse(std::string("socketpair: ") + std::strerror(errno));
   }
-  w.generation++;
   std::vector<std::string> args = {
       options_.worker_path,
       "--channel-fd", "3",
       "--slot", std::to_string(slot),
-      "--generation", std::to_string(w.generation),
+      "--generation", std::to_string(generation),
       "--device", std::to_string(options_.device),
       "--instance", options_.instance,
       "--budget", std::to_string(options_.budget_bytes),
@@ -145,32 +116,20 @@ void WorkerPool::Spawn(uint32_t slot) {
     w.process->MarkInitialized();
     w.process.reset();
     close(fds[0]);
-    spdlog::critical("cannot start worker {} ({}): {}; not retrying", slot, options_.worker_path,
-                     uv_strerror(rc));
-    w.state = WorkerState::kFatal;
-    PublishState(slot);
-    if (events_.on_death) {
-      events_.on_death(slot, w.generation, fmt::format("could not be started: {}", uv_strerror(rc)),
-                       /*fatal=*/true);
-    }
-    return;
+    return refuse(uv_strerror(rc));
   }
   w.process->MarkInitialized();
   w.pid = w.process->get()->pid;
   w.running = true;
   w.kill_reason.clear();
-  w.started_ms = MonotonicMillis();
   w.ready = false;
-  w.state = WorkerState::kStarting;
-  PublishState(slot);
 
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   ipc::Connection::Options channel_options;
   channel_options.max_frame_bytes = options_.max_frame_bytes + kWorkerFrameHeadroom;
-  // Work for a worker is bounded by the daemon (per-worker pending bytes), never by dropping it.
+  // Work for a worker is bounded by the core (its window), never by dropping it here.
   channel_options.max_pending_write_bytes = SIZE_MAX;
   channel_options.accept_fds = true;  // weights regions
-  uint32_t generation = w.generation;
   w.channel = ipc::Connection::Open(
       loop_, fds[0], channel_options,
       [this, slot, generation](std::string_view body) {
@@ -190,9 +149,6 @@ void WorkerPool::Spawn(uint32_t slot) {
             return;
           }
           worker.ready = true;
-          worker.state = WorkerState::kIdle;
-          PublishState(slot);
-          spdlog::info("worker {} ready (pid {}, generation {})", slot, worker.pid, generation);
           if (events_.on_ready) events_.on_ready(slot);
           return;
         }
@@ -209,6 +165,7 @@ void WorkerPool::Spawn(uint32_t slot) {
         // EOF with the process still there (it closed fd 3, or is wedged): make the exit certain.
         if (worker.running && worker.pid > 0 && !shutting_down_) kill(worker.pid, SIGKILL);
       });
+  return w.pid;
 }
 
 void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
@@ -219,7 +176,7 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   if (!w.kill_reason.empty()) why = fmt::format("was killed by the supervisor: {}", w.kill_reason);
   w.running = false;
   w.ready = false;
-  w.last_exit = term_signal != 0 ? 128 + term_signal : static_cast<int32_t>(exit_status);
+  int exit_code = term_signal != 0 ? 128 + term_signal : static_cast<int32_t>(exit_status);
   // The exit can be reported before the channel was read: take what the worker said before it
   // died (finished replies, a fault's firing) so that nothing it completed is lost or redone.
   if (w.channel != nullptr) w.channel->Drain();
@@ -229,36 +186,9 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
     channel->Close(OkStatus());
   }
   w.process.reset();
-  uint32_t generation = w.generation;
   bool fatal = term_signal == 0 && exit_status == 2;
-  w.state = fatal ? WorkerState::kFatal : WorkerState::kDead;
-  if (!fatal && !shutting_down_) w.restarts++;  // counted at once, not when the respawn happens
-  PublishState(slot);
-  if (!shutting_down_) {
-    if (fatal) {
-      spdlog::critical("worker {} (pid {}) exited with status 2 (fatal configuration); not "
-                       "respawning it: fix the configuration and restart warmpoold",
-                       slot, w.pid);
-    } else {
-      spdlog::warn("worker {} (pid {}) {}; respawning", slot, w.pid, why);
-    }
-  }
-  if (events_.on_death) events_.on_death(slot, generation, why, fatal);
-  if (shutting_down_) {
-    MaybeFinishShutdown();
-    return;
-  }
-  if (!fatal) {
-    // Capped exponential backoff; a worker that ran for a stable while starts over.
-    bool stable = MonotonicMillis() - w.started_ms >= options_.respawn_stable_ms;
-    w.backoff_ms = (stable || w.backoff_ms == 0)
-                       ? options_.respawn_min_ms
-                       : std::min(w.backoff_ms * 2, options_.respawn_max_ms);
-    uv_timer_start(w.respawn_timer.get(), [](uv_timer_t* t) {
-      auto* worker = static_cast<Worker*>(t->data);
-      worker->pool->Spawn(worker->slot);
-    }, w.backoff_ms, 0);
-  }
+  if (events_.on_death) events_.on_death(slot, w.generation, why, exit_code, fatal);
+  if (shutting_down_) MaybeFinishShutdown();
 }
 
 bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds) {
@@ -282,16 +212,8 @@ int WorkerPool::TakeFd(uint32_t slot) {
 void WorkerPool::Kill(uint32_t slot, const std::string& reason) {
   Worker& w = *workers_[slot];
   if (!w.running || w.pid <= 0 || !w.kill_reason.empty()) return;
-  spdlog::warn("killing worker {} (pid {}): {}", slot, w.pid, reason);
-  w.kill_reason = reason;
+  w.kill_reason = reason.empty() ? "asked to" : reason;
   kill(w.pid, SIGKILL);
-}
-
-bool WorkerPool::AnyCanServe() const {
-  for (const auto& w : workers_) {
-    if (w->state != WorkerState::kFatal) return true;
-  }
-  return false;
 }
 
 std::string WorkerPool::LastExit(uint32_t slot) const { return workers_[slot]->last_exit_text; }
@@ -302,7 +224,6 @@ void WorkerPool::Shutdown(uint64_t grace_ms, std::function<void()> done) {
   shutting_down_ = true;
   shutdown_done_ = std::move(done);
   for (auto& w : workers_) {
-    uv_timer_stop(w->respawn_timer.get());
     if (w->channel != nullptr) {
       ipc::Connection* channel = w->channel;
       w->channel = nullptr;

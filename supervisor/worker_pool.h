@@ -1,7 +1,8 @@
-// The worker processes: spawn (fork+exec through uv_spawn, channel on fd 3), hello, death, respawn.
-// Death is learnt from the kernel (the child's exit, via libuv's SIGCHLD handling) and from channel
-// EOF, never by polling; EOF alone gets the process killed so that the exit follows at once.
-// What a death means for requests and models is the daemon's business (Events::on_death).
+// The worker processes: spawn (fork+exec through uv_spawn, channel on fd 3) when the core asks,
+// hello, death. Death is learnt from the kernel (the child's exit, via libuv's SIGCHLD handling)
+// and from channel EOF, never by polling; EOF alone gets the process killed so that the exit
+// follows at once. When to start a worker again, and what a death means for requests and models,
+// is the core's business; so are the worker records in the segment.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,6 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
-#include "shm/segment.h"
 
 namespace warmpool::supervisor {
 
@@ -28,9 +28,6 @@ struct WorkerPoolOptions {
   uint32_t device = 0;
   uint64_t budget_bytes = 0;
   uint32_t max_frame_bytes = 64u << 20;
-  uint64_t respawn_min_ms = 100;     // backoff after a crash, doubling per consecutive crash
-  uint64_t respawn_max_ms = 30000;
-  uint64_t respawn_stable_ms = 60000;  // a worker that lived this long resets the backoff
 };
 
 // Frames to a worker carry a few fields more than the client's request they wrap.
@@ -41,17 +38,20 @@ struct WorkerEvents {
   // A message that says it carries a descriptor gets it with WorkerPool::TakeFd.
   std::function<void(uint32_t slot, v1::WorkerEnvelope&& message)> on_message;
   // The process is gone (reaped), or could not be started. `why` reads like "killed by signal 9"
-  // or "exited with status 1"; fatal: exit status 2 or no start, so it is not respawned.
-  std::function<void(uint32_t slot, uint32_t generation, const std::string& why, bool fatal)> on_death;
+  // or "exited with status 1" (or the reason it was killed); exit_code is 128 + signal or the
+  // status, -1 for no start; fatal: exit status 2 or no start.
+  std::function<void(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
+                     bool fatal)>
+      on_death;
 };
 
 class WorkerPool {
  public:
-  WorkerPool(uv_loop_t* loop, shm::SegmentView segment, WorkerPoolOptions options,
-             WorkerEvents events);
+  WorkerPool(uv_loop_t* loop, WorkerPoolOptions options, WorkerEvents events);
   ~WorkerPool();
 
-  void StartAll();
+  // Starts the slot's process as this generation; its pid, or -1 (on_death has been called).
+  int Spawn(uint32_t slot, uint32_t generation);
   // False when the worker is not ready (the caller treats the job as lost with the worker).
   // fds go with the frame (the caller keeps its copies).
   bool Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
@@ -65,8 +65,6 @@ class WorkerPool {
   bool ready(uint32_t slot) const;
   // The oldest descriptor received from the worker and not yet taken (caller owns it), or -1.
   int TakeFd(uint32_t slot);
-  // False when every worker is dead for good (exit status 2 or cannot be started).
-  bool AnyCanServe() const;
   // "killed by signal 9", "exited with status 1", or "" for a worker that never died.
   std::string LastExit(uint32_t slot) const;
   uint32_t size() const { return static_cast<uint32_t>(workers_.size()); }
@@ -75,13 +73,10 @@ class WorkerPool {
 
  private:
   struct Worker;
-  void Spawn(uint32_t slot);
   void OnExit(uint32_t slot, int64_t exit_status, int term_signal);
-  void PublishState(uint32_t slot);
   void MaybeFinishShutdown();
 
   uv_loop_t* loop_;
-  shm::SegmentView segment_;
   WorkerPoolOptions options_;
   WorkerEvents events_;
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -4,51 +4,26 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <charconv>
 #include <cstdlib>
 #include <thread>
 
 namespace warmpool::worker {
 
-void FaultInjector::Set(const v1::WorkerFaultSet& set) {
-  std::lock_guard lock(mutex_);
-  std::vector<Armed> next;
-  for (const v1::Fault& f : set.faults()) {
-    Armed a{f, 0, false};
-    for (const Armed& old : armed_) {
-      if (old.fault.id() == f.id()) {
-        a.hits = old.hits;
-        a.fired = old.fired;
-      }
-    }
-    next.push_back(std::move(a));
+JobFaults::JobFaults(const google::protobuf::RepeatedPtrField<v1::Fault>& faults, FiredFn on_fired)
+    : faults_(faults.begin(), faults.end()),
+      fired_(faults_.size(), false),
+      on_fired_(std::move(on_fired)) {}
+
+void JobFaults::Hit(std::string_view point) {
+  for (size_t i = 0; i < faults_.size(); i++) {
+    if (fired_[i] || faults_[i].point() != point) continue;
+    fired_[i] = true;
+    if (on_fired_) on_fired_(faults_[i].id());
+    Execute(faults_[i]);
   }
-  armed_ = std::move(next);
 }
 
-void FaultInjector::Hit(std::string_view point, std::string_view model) {
-  v1::Fault fire;
-  {
-    std::lock_guard lock(mutex_);
-    if (armed_.empty()) return;
-    bool found = false;
-    for (Armed& a : armed_) {
-      if (a.fired || a.fault.point() != point) continue;
-      if (!a.fault.model().empty() && a.fault.model() != model) continue;
-      uint32_t after = a.fault.after() == 0 ? 1 : a.fault.after();
-      if (++a.hits < after) continue;
-      a.fired = true;
-      fire = a.fault;
-      found = true;
-      break;
-    }
-    if (!found) return;
-  }
-  on_fired_(fire.id());
-  Execute(fire);
-}
-
-void FaultInjector::Execute(const v1::Fault& fault) {
+void JobFaults::Execute(const v1::Fault& fault) {
   const std::string& action = fault.action();
   uint32_t n = 0;
   if (action == "kill") {

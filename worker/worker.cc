@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "engines/plugin_loader.h"
+#include "engines/safetensors.h"
 
 namespace warmpool::worker {
 
@@ -26,12 +27,6 @@ Worker::Worker(WorkerOptions options)
     : options_(options),
       channel_(options.channel_fd, options.max_frame_bytes),
       memory_(options.budget_bytes),
-      faults_([this](uint64_t id) {
-        // Written before the action runs, so the supervisor reads it even if we die right after.
-        v1::WorkerEnvelope fired;
-        fired.mutable_fault_fired()->set_id(id);
-        Send(fired);
-      }),
       memory_service_{this, &Worker::AllocWithFaults, &Worker::FreeRegion, 1,
                       &Worker::ImportRegion} {}
 
@@ -44,8 +39,20 @@ wp_status Worker::AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out) {
   auto* self = static_cast<Worker*>(ctx);
   const wp_device_memory* host = self->memory_.service();
   wp_status status = host->alloc(host->ctx, bytes, out);
-  if (status == WP_OK) self->faults_.Hit("load.after_alloc", self->loading_model_);
+  if (status == WP_OK && self->load_faults_ != nullptr) self->load_faults_->Hit("load.after_alloc");
   return status;
+}
+
+JobFaults Worker::FaultsFor(uint64_t job,
+                            const google::protobuf::RepeatedPtrField<v1::Fault>& faults) {
+  if (faults.empty()) return JobFaults();
+  return JobFaults(faults, [this, job](uint64_t id) {
+    // Written before the action runs, so the supervisor reads it even if we die right after.
+    v1::WorkerEnvelope fired;
+    fired.mutable_fault_fired()->set_id(id);
+    fired.mutable_fault_fired()->set_job(job);
+    Send(fired);
+  });
 }
 
 void Worker::FreeRegion(void* ctx, wp_region* region) {
@@ -104,7 +111,6 @@ int Worker::Run() {
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
       case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
-      case v1::WorkerEnvelope::kFaultSet: faults_.Set(message.fault_set()); break;
       case v1::WorkerEnvelope::kAttach: HandleAttach(message.attach(), weights_fd); break;
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
       case v1::WorkerEnvelope::kLoad: {
@@ -156,14 +162,14 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
     if (!slot.ok()) {
       status = slot.status();
     } else {
-      const std::string name = ModelName(request.model());
-      faults_.Hit("infer.after_take", name);
+      JobFaults faults = FaultsFor(request.job(), request.faults());
+      faults.Hit("infer.after_take");
       // Protobuf bytes are not guaranteed to be aligned for float.
       input_.resize(input.data().size() / sizeof(float));
       std::memcpy(input_.data(), input.data().data(), input.data().size());
       status = engine->Infer(input_, input.rows(), input.cols(), output_);
-      faults_.Hit("infer.mid", name);
-      faults_.Hit("infer.before_restore", name);
+      faults.Hit("infer.mid");
+      faults.Hit("infer.before_restore");
       inflight_->Release(*slot, options_.generation, options_.slot);
       if (status.ok()) {
         v1::Tensor* output = done->mutable_output();
@@ -198,7 +204,7 @@ void Worker::HandleUnload(const v1::WorkerUnload& request) {
       models_.erase(it);
     }
   }
-  faults_.Hit("unload.mid", ModelName(request.model()));
+  FaultsFor(request.job(), request.faults()).Hit("unload.mid");
   {
     std::lock_guard lock(models_mutex_);
     names_.erase(request.model());
@@ -229,64 +235,98 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
-  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
-  Status status;
+  JobFaults faults = FaultsFor(request.job(), request.faults());
+  load_faults_ = &faults;
+  faults.Hit("load.begin");
   int shared = -1;
-  loading_model_ = request.name();
-  faults_.Hit("load.begin", request.name());
-  if (!vtable.ok()) {
-    status = vtable.status();
-  } else {
-    wp_engine_spec spec{request.name().c_str(), request.path().c_str()};
-    Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
-    if (!engine.ok()) {
-      status = engine.status();
-    } else {
-      auto last_report = std::chrono::steady_clock::now();
-      bool first_progress = true;
-      status = engine->Load([&](uint64_t done_bytes, uint64_t total_bytes) {
-        if (first_progress) {
-          first_progress = false;
-          faults_.Hit("load.mid_copy", request.name());
-        }
-        {
-          std::lock_guard lock(load_mutex_);
-          if (stopping_) return false;
-        }
-        auto now = std::chrono::steady_clock::now();
-        if (now - last_report > std::chrono::milliseconds(100)) {
-          last_report = now;
-          v1::WorkerEnvelope progress;
-          progress.mutable_load_progress()->set_job(request.job());
-          progress.mutable_load_progress()->set_done_bytes(done_bytes);
-          progress.mutable_load_progress()->set_total_bytes(total_bytes);
-          Send(progress);
-        }
-        return true;
-      });
-      if (status.ok()) {
-        faults_.Hit("load.before_ready", request.name());
-        const wp_engine_info& info = engine->info();
-        done->set_weight_bytes(info.weight_bytes);
-        done->set_workspace_bytes(info.workspace_bytes);
-        done->set_in_features(info.in_features);
-        done->set_out_features(info.out_features);
-        // The weights' handle goes to the supervisor, which keeps them alive past this process.
-        Result<wp_region> weights = engine->ExportWeights();
-        if (weights.ok() && weights->handle >= 0) {
-          shared = weights->handle;
-          done->set_weights_shared(true);
-        }
-        std::lock_guard lock(models_mutex_);
-        models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
-        names_[request.model()] = request.name();
-      }
-    }
-  }
+  Status status = Load(request, faults, *done, shared);
+  load_faults_ = nullptr;
   if (!status.ok()) SetError(done->mutable_error(), status);
   mark.reset();
   // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
   Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+}
+
+Status Worker::Load(const v1::WorkerLoad& request, JobFaults& faults, v1::WorkerLoadDone& done,
+                    int& shared) {
+  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
+  if (!vtable.ok()) return vtable.status();
+  // The header is read here, once, and the engine is opened from these very bytes: what the
+  // supervisor records with the weights is exactly what they were loaded by, whatever the file
+  // on disk says later.
+  std::vector<uint8_t> header;
+  uint64_t file_size = 0;
+  if (!request.path().empty()) {
+    Result<safetensors::Header> read = safetensors::ReadHeader(request.path(), &header);
+    if (!read.ok()) return read.status();
+    file_size = read->file_size;
+    done.set_header(header.data(), header.size());
+    done.set_file_size(file_size);
+  }
+  wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
+                      header.empty() ? nullptr : header.data(), header.size(), file_size};
+  Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
+  if (!engine.ok()) return engine.status();
+  const wp_engine_info& info = engine->info();
+  done.set_weight_bytes(info.weight_bytes);
+  done.set_workspace_bytes(info.workspace_bytes);
+  done.set_in_features(info.in_features);
+  done.set_out_features(info.out_features);
+  if (request.admitted_bytes() != 0 &&
+      info.weight_bytes + info.workspace_bytes > request.admitted_bytes()) {
+    // The file changed since it was registered (or its engine's workspace was unknown): room was
+    // made for less than it needs. Nothing is allocated; the supervisor admits it again.
+    done.set_file_changed(true);
+    return OkStatus();
+  }
+  auto last_report = std::chrono::steady_clock::now();
+  bool first_progress = true;
+  Status status = engine->Load([&](uint64_t done_bytes, uint64_t total_bytes) {
+    if (first_progress) {
+      first_progress = false;
+      faults.Hit("load.mid_copy");
+    }
+    {
+      std::lock_guard lock(load_mutex_);
+      if (stopping_) return false;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_report > std::chrono::milliseconds(100)) {
+      last_report = now;
+      v1::WorkerEnvelope progress;
+      progress.mutable_load_progress()->set_job(request.job());
+      progress.mutable_load_progress()->set_done_bytes(done_bytes);
+      progress.mutable_load_progress()->set_total_bytes(total_bytes);
+      Send(progress);
+    }
+    return true;
+  });
+  if (!status.ok()) return status;
+  if (!request.path().empty()) {
+    // Replaced while it was read (same size, so the engine did not notice)? Then these weights
+    // are of neither version: the supervisor loads the file again as it is now.
+    std::vector<uint8_t> after;
+    Result<safetensors::Header> again = safetensors::ReadHeader(request.path(), &after);
+    if (!again.ok() || after != header) {
+      if (again.ok()) {
+        done.set_header(after.data(), after.size());
+        done.set_file_size(again->file_size);
+      }
+      done.set_file_changed(true);
+      return OkStatus();
+    }
+  }
+  faults.Hit("load.before_ready");
+  // The weights' handle goes to the supervisor, which keeps them alive past this process.
+  Result<wp_region> weights = engine->ExportWeights();
+  if (weights.ok() && weights->handle >= 0) {
+    shared = weights->handle;
+    done.set_weights_shared(true);
+  }
+  std::lock_guard lock(models_mutex_);
+  models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
+  names_[request.model()] = request.name();
+  return OkStatus();
 }
 
 void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
@@ -294,6 +334,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
+  JobFaults faults = FaultsFor(request.job(), request.faults());
   Status status;
   Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
   const std::string& header = request.header();
@@ -318,7 +359,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
       }
       if (status.ok() && request.copy() && region.ptr != nullptr) status = CopyToDevice(region);
       if (status.ok()) {
-        faults_.Hit("attach.mid", request.name());  // weights mapped, engine not yet serving
+        faults.Hit("attach.mid");  // weights mapped, engine not yet serving
         status = engine->Attach(region);
         if (!status.ok() && region.ptr != nullptr) memory_service_.free(memory_service_.ctx, &region);
       }
@@ -329,6 +370,8 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
         done->set_workspace_bytes(info.workspace_bytes);
         done->set_in_features(info.in_features);
         done->set_out_features(info.out_features);
+        done->set_header(request.header());  // what it was told the weights are
+        done->set_file_size(request.file_size());
         // Unparked weights live in a new device region: the supervisor holds that one now.
         if (request.copy() && region.handle >= 0) {
           shared = region.handle;
@@ -393,7 +436,7 @@ void Worker::HandlePark(const v1::WorkerPark& request) {
       }
     }
   }
-  faults_.Hit("park.mid", ModelName(request.model()));
+  FaultsFor(request.job(), request.faults()).Hit("park.mid");
   if (!status.ok()) SetError(done->mutable_error(), status);
   mark.reset();
   Send(reply, copy >= 0 ? std::vector<int>{copy} : std::vector<int>{});

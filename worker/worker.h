@@ -56,6 +56,9 @@ class Worker {
   Status CopyToDevice(wp_region& region);
   void LoadLoop();
   void RunLoad(const v1::WorkerLoad& request);
+  // The load itself: fills done (and shared, the weights' handle) or says why not.
+  Status Load(const v1::WorkerLoad& request, JobFaults& faults, v1::WorkerLoadDone& done,
+              int& shared);
   void Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
   // An in-flight marker for a job other than inference (load, attach, unload, park), held while
   // the job runs: if this process dies, the marker tells the supervisor which job was running.
@@ -68,6 +71,8 @@ class Worker {
     Result<uint32_t> slot_;
   };
   std::string ModelName(uint32_t model);
+  // The faults granted to a job, reporting their firing for it.
+  JobFaults FaultsFor(uint64_t job, const google::protobuf::RepeatedPtrField<v1::Fault>& faults);
   // The engines' memory service: the host backend, plus the load.after_alloc fault point.
   static wp_status AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out);
   static void FreeRegion(void* ctx, wp_region* region);
@@ -76,9 +81,8 @@ class Worker {
   WorkerOptions options_;
   ipc::BlockingChannel channel_;
   HostMemory memory_;
-  FaultInjector faults_;
   wp_device_memory memory_service_;
-  std::string loading_model_;  // load thread only: the model whose load allocates now
+  JobFaults* load_faults_ = nullptr;  // load thread only: the faults of the load that allocates now
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
 

@@ -27,6 +27,12 @@ struct Reply {
   uint64_t session = 0;
   v1::Envelope envelope;
 };
+// Start the worker process of a slot (fork+exec) as this generation; event::WorkerSpawned, then
+// event::WorkerUp at its hello (or event::WorkerDown when it could not start).
+struct SpawnWorker {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+};
 // SIGKILL the worker; its death comes back as event::WorkerDown carrying `reason`.
 struct KillWorker {
   uint32_t slot = 0;
@@ -59,14 +65,14 @@ struct StopAccepting {};
 // The drain is over: every session is closed (after what was answered is flushed).
 struct CloseSessions {};
 // Stop every worker: close their channels, TERM, KILL after kill_after_ms; then
-// event::WorkersStopped.
+// event::WorkersStopped. No worker is started after this.
 struct StopWorkers {
   uint64_t kill_after_ms = 0;
 };
 
 }  // namespace action
 
-using Action = std::variant<action::SendToWorker, action::Reply, action::KillWorker,
+using Action = std::variant<action::SendToWorker, action::Reply, action::SpawnWorker, action::KillWorker,
                             action::CloseHandle, action::InspectModel, action::Notify, action::Log,
                             action::StopAccepting, action::CloseSessions, action::StopWorkers>;
 

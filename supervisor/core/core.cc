@@ -1,3 +1,4 @@
+// Events in, actions out; the start, the tick, the status line and the stop.
 #include "supervisor/core/core.h"
 
 #include <algorithm>
@@ -7,14 +8,13 @@
 
 namespace warmpool::supervisor {
 
-using shm::ModelState;
-
-Core::Core(Config config, shm::SegmentView segment) : config_(std::move(config)) {
-  limits_.capacity = config_.capacity;
+Core::Core(Config config, shm::SegmentView segment)
+    : config_(std::move(config)), segment_(segment) {
   index_ = std::make_unique<shm::ModelIndex>(segment);
   index_->SetParkBudget(config_.park_budget_bytes);
-  if (config_.single_active) limits_.capacity = 1;  // switching releases (parks) the active one
-  runtime_.resize(config_.max_models);
+  if (config_.single_active) config_.capacity = 1;  // switching releases (parks) the active one
+  models_.resize(config_.max_models);
+  for (uint32_t i = 0; i < models_.size(); i++) models_[i].machine.Bind(index_.get(), i);
   workers_.resize(config_.workers_per_device);
 }
 
@@ -23,11 +23,13 @@ Core::~Core() = default;
 std::vector<Action> Core::Start(std::vector<ModelEntry> entries, std::vector<std::string> warnings,
                                 Time now) {
   now_ = now;
-  RegisterModels(entries);
+  for (const ModelEntry& m : entries) RegisterModel(m);
   for (const std::string& w : warnings) Log(LogLevel::kWarn, "{}", w);
+  SpawnDue();
   Preload();
   next_status_ms_ = MonoMs() + kStatusPeriodMs;
   CheckPreload();
+  PublishWorkers();
   return std::move(actions_);
 }
 
@@ -36,110 +38,91 @@ std::vector<Action> Core::Handle(Event event, Time now) {
   std::visit(
       [&](auto&& e) {
         using E = std::decay_t<decltype(e)>;
-        if constexpr (std::is_same_v<E, event::ClientRequest>) {
-          OnRequest(std::move(e));
-        } else if constexpr (std::is_same_v<E, event::ClientGone>) {
-          auto it = sessions_.find(e.session);
-          if (it != sessions_.end()) {
-            unanswered_ -= it->second;  // nobody is left to answer
-            sessions_.erase(it);
-          }
-          CheckDrained();
-        } else if constexpr (std::is_same_v<E, event::WorkerUp>) {
-          OnWorkerUp(e);
-        } else if constexpr (std::is_same_v<E, event::WorkerMessage>) {
-          OnWorkerMessage(std::move(e));
-        } else if constexpr (std::is_same_v<E, event::WorkerDown>) {
-          OnWorkerDown(e);
-        } else if constexpr (std::is_same_v<E, event::Tick>) {
-          OnTick();
-        } else if constexpr (std::is_same_v<E, event::Reload>) {
-          Reload(std::move(e));
-        } else if constexpr (std::is_same_v<E, event::ModelInspected>) {
-          OnModelInspected(e);
-        } else if constexpr (std::is_same_v<E, event::Stop>) {
-          BeginStop();
-        } else if constexpr (std::is_same_v<E, event::WorkersStopped>) {
-          stopped_ = true;
-        }
+        if constexpr (std::is_same_v<E, event::ClientRequest>) OnRequest(std::move(e));
+        else if constexpr (std::is_same_v<E, event::ClientGone>) OnClientGone(e.session);
+        else if constexpr (std::is_same_v<E, event::WorkerSpawned>) OnWorkerSpawned(e);
+        else if constexpr (std::is_same_v<E, event::WorkerUp>) OnWorkerUp(e);
+        else if constexpr (std::is_same_v<E, event::WorkerMessage>) OnWorkerMessage(std::move(e));
+        else if constexpr (std::is_same_v<E, event::WorkerDown>) OnWorkerDown(e);
+        else if constexpr (std::is_same_v<E, event::Tick>) OnTick();
+        else if constexpr (std::is_same_v<E, event::Reload>) Reload(std::move(e));
+        else if constexpr (std::is_same_v<E, event::ModelInspected>) OnModelInspected(e);
+        else if constexpr (std::is_same_v<E, event::Stop>) BeginStop();
+        else if constexpr (std::is_same_v<E, event::WorkersStopped>) stopped_ = true;
       },
       std::move(event));
+  // Forgetting a model frees its record for reuse: done here, when nothing up the stack holds it.
+  if (!drain_ended_) ProcessRetirements();
+  CheckDrained();
+  PublishWorkers();
   return std::move(actions_);
 }
 
-void Core::SendToWorker(uint32_t slot, const v1::WorkerEnvelope& message, std::vector<int> handles) {
-  actions_.push_back(action::SendToWorker{slot, ipc::Frame(message), std::move(handles)});
+void Core::Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<int> handles) {
+  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles)});
 }
 
-void Core::CloseHandle(int handle) {
+void Core::Close(int handle) {
   if (handle >= 0) actions_.push_back(action::CloseHandle{handle});
+}
+
+void Core::Close(const std::vector<int>& handles) {
+  for (int h : handles) Close(h);
+}
+
+policy::Limits Core::Limits() const {
+  return policy::Limits{config_.budget_bytes, config_.capacity, config_.max_cached,
+                        config_.park_budget_bytes};
+}
+
+policy::RetrySettings Core::RetrySettings() const {
+  return policy::RetrySettings{config_.crash_loop_crashes,  config_.crash_loop_window_ms,
+                               config_.failed_cooldown_ms,  config_.failed_cooldown_max_ms,
+                               config_.respawn_min_ms,      config_.respawn_max_ms,
+                               config_.respawn_stable_ms};
+}
+
+uint64_t Core::NewJob(Job&& job) {
+  uint64_t id = next_job_++;
+  job.started_ms = MonoMs();
+  job.progress_ms = job.started_ms;
+  job.epoch = models_[job.model].epoch;
+  WorkerSlot& w = workers_[job.worker];
+  w.outstanding++;
+  w.pending_bytes += job.frame_bytes;
+  jobs_.emplace(id, std::move(job));
+  return id;
+}
+
+Core::Job* Core::FindJob(uint64_t id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
 }
 
 std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
   std::vector<std::pair<uint32_t, int>> held;
-  for (uint32_t model = 0; model < runtime_.size(); model++) {
-    if (runtime_[model].weights_fd >= 0) held.emplace_back(model, runtime_[model].weights_fd);
-    if (runtime_[model].park_fd >= 0) held.emplace_back(model, runtime_[model].park_fd);
+  for (uint32_t model = 0; model < models_.size(); model++) {
+    for (int h : models_[model].machine.Handles()) held.emplace_back(model, h);
   }
   return held;
 }
 
-void Core::OnWorkerUp(const event::WorkerUp& up) {
-  WorkerSlot& w = workers_[up.slot];
-  w.ready = true;
-  w.generation = up.generation;
-  SendFaults(up.slot);  // before any job, so that a respawned worker is armed like the others
-  RetryPending();
-  for (uint32_t model : index_->All()) GrowReplicas(model);
-}
-
 void Core::OnTick() {
+  if (drain_ended_) return;
+  SpawnDue();
   SweepDeadlines();
-  if (stopping_ && !drain_ended_ && MonoMs() >= drain_deadline_ms_) EndDrain("the drain timeout");
-  if (drain_ended_ || MonoMs() < next_status_ms_) return;
+  SweepStalls();
+  ExpireIdle();
+  Rebalance();
+  if (stopping_ && MonoMs() >= drain_deadline_ms_) return EndDrain("the drain timeout");
+  if (MonoMs() < next_status_ms_) return;
   next_status_ms_ = MonoMs() + kStatusPeriodMs;
   OnStatusTick();
 }
 
-bool Core::RegisterModel(const ModelEntry& m) {
-  Result<uint32_t> index = index_->Register(m.name, m.engine, m.path, m.weight_bytes);
-  if (!index.ok()) {
-    Log(LogLevel::kWarn, "model \"{}\" not registered: {}", m.name, index.status().ToString());
-    return false;
-  }
-  ModelRuntime& rt = runtime_[*index];
-  rt.workspace_bytes = m.workspace_bytes;
-  rt.header = m.header;
-  rt.file_size = m.file_size;
-  rt.in_features = m.in_features;
-  rt.out_features = m.out_features;
-  rt.keep_alive_ms = config_.keep_alive_ms;
-  rt.target_replicas = 1;
-  rt.last_error.clear();
-  rt.failed_until_ms = 0;
-  rt.crash_ms.clear();
-  rt.cooldown_ms = 0;
-  rt.registration_problem = m.problem.message();
-  rt.refused = !m.path_refused ? OkStatus()
-                              : Error(Code::kFailedPrecondition,
-                                      "model \"{}\" cannot be loaded: {} (fix it, then reload: "
-                                      "systemctl reload warmpool, or SIGHUP)",
-                                      m.name, m.problem.message());
-  for (const ModelConfig& c : config_.models) {
-    if (c.name != m.name) continue;
-    if (c.keep_alive_ms != kKeepAliveDefault) rt.keep_alive_ms = c.keep_alive_ms;
-    rt.target_replicas = std::max<uint32_t>(1, c.replicas);
-  }
-  if (!m.problem.ok()) {
-    Log(LogLevel::kWarn, "model \"{}\" registered as failed: {}", m.name, m.problem.ToString());
-    index_->MarkNotResident(*index, shm::ModelState::kFailed, m.problem.message());
-    rt.last_error = m.problem.message();
-  }
-  return true;
-}
-
-void Core::RegisterModels(const std::vector<ModelEntry>& entries) {
-  for (const ModelEntry& m : entries) RegisterModel(m);
+void Core::OnStatusTick() {
+  CheckPreload();
+  if (ready_sent_) actions_.push_back(action::Notify{action::Notify::Kind::kStatus, StatusLine()});
 }
 
 void Core::Preload() {
@@ -151,7 +134,7 @@ void Core::Preload() {
     }
     preloading_.push_back(model);
     // A load with nobody to answer (session 0): it starts as soon as a worker is up.
-    Enqueue(model, Waiter{Call{0, 0}, false, {}, 0, 0});
+    Enqueue(model, Waiter{Call{0, 0, 0}, false, {}, 0, 0});
   }
   if (!preloading_.empty()) Log(LogLevel::kInfo, "preloading {} model(s)", preloading_.size());
 }
@@ -160,15 +143,15 @@ void Core::CheckPreload() {
   // Settled: ready, failed, gone (a reload removed it), or nothing left that would load it (its
   // load was refused for room).
   std::erase_if(preloading_, [&](uint32_t model) {
-    ModelState state = index_->State(model);
-    return state == ModelState::kReady || state == ModelState::kFailed ||
-           state == ModelState::kEmpty ||
-           (state == ModelState::kRegistered && runtime_[model].waiters.empty());
+    const Model& m = models_[model];
+    return m.machine.Is<residency::Ready>() || m.machine.Is<residency::Failed>() ||
+           index_->State(model) == shm::ModelState::kEmpty ||
+           (m.machine.Is<residency::Absent>() && m.waiters.empty());
   });
   if (ready_sent_ || !preloading_.empty() || stopping_) return;
   ready_sent_ = true;
   uint32_t ready = 0;
-  for (uint32_t model : index_->All()) ready += index_->State(model) == ModelState::kReady;
+  for (uint32_t model : index_->All()) ready += models_[model].machine.Is<residency::Ready>();
   if (!config_.preload.empty()) {
     Log(LogLevel::kInfo, "preload complete: {} of {} preloaded model(s) ready", ready,
         config_.preload.size());
@@ -181,30 +164,20 @@ std::string Core::StatusLine() const {
   for (uint32_t model : index_->All()) {
     registered++;
     switch (index_->State(model)) {
-      case ModelState::kReady: ready++; break;
-      case ModelState::kLoading: loading++; break;
-      case ModelState::kParked: parked++; break;
-      case ModelState::kFailed: failed++; break;
+      case shm::ModelState::kReady: ready++; break;
+      case shm::ModelState::kLoading: loading++; break;
+      case shm::ModelState::kParked: parked++; break;
+      case shm::ModelState::kFailed: failed++; break;
       default: break;
     }
   }
   uint32_t up = 0;
-  for (const WorkerSlot& w : workers_) up += w.ready;
+  for (const WorkerSlot& w : workers_) up += w.state == WorkerSlot::State::kUp;
   std::string line = fmt::format("{} models: {} ready, {} loading, {} parked, {} failed; workers "
                                  "{}/{} up; {} requests open",
                                  registered, ready, loading, parked, failed, up, workers_.size(),
                                  unanswered_);
-  if (stopping_) line = "stopping: " + line;
-  return line;
-}
-
-void Core::OnStatusTick() {
-  CheckPreload();
-  for (uint32_t model : index_->All()) {
-    // Re-registering or forgetting a retiring model happens here, on a clean stack.
-    if (runtime_[model].retiring) MaybeRetire(model);
-  }
-  if (ready_sent_) actions_.push_back(action::Notify{action::Notify::Kind::kStatus, StatusLine()});
+  return stopping_ ? "stopping: " + line : line;
 }
 
 void Core::BeginStop() {
@@ -220,7 +193,6 @@ void Core::BeginStop() {
   actions_.push_back(action::StopAccepting{});
   preloading_.clear();
   drain_deadline_ms_ = MonoMs() + config_.drain_timeout_ms;
-  CheckDrained();
 }
 
 void Core::CheckDrained() {
@@ -237,6 +209,7 @@ void Core::EndDrain(const std::string& why) {
   actions_.push_back(action::CloseSessions{});
   sessions_.clear();
   unanswered_ = 0;
+  held_bytes_ = 0;
   actions_.push_back(action::StopWorkers{config_.stop_kill_ms});
 }
 

@@ -38,6 +38,12 @@ struct ClientRequest {
 struct ClientGone {
   uint64_t session = 0;
 };
+// The shell started a worker process as action::SpawnWorker asked (its hello comes later).
+struct WorkerSpawned {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  int pid = 0;
+};
 // A worker said hello and takes jobs.
 struct WorkerUp {
   uint32_t slot = 0;
@@ -50,14 +56,16 @@ struct WorkerMessage {
   v1::WorkerEnvelope message;
   std::vector<int> handles;
 };
-// A worker process is gone. `running_jobs`: the jobs whose in-flight markers it still held (what
-// it was doing when it died). `why` names the cause for messages ("killed by signal 9", or the
-// supervisor's own reason), `exit_text` the bare exit. fatal: exit status 2 or could not start.
+// A worker process is gone (or could not be started). `running_jobs`: the jobs whose in-flight
+// markers it still held (what it was doing when it died). `why` names the cause for messages
+// ("killed by signal 9", or the supervisor's own reason), `exit_text` the bare exit, exit_code
+// the wait status as a shell shows it (128 + signal). fatal: exit status 2, or no start at all.
 struct WorkerDown {
   uint32_t slot = 0;
   uint32_t generation = 0;
   std::string why;
   std::string exit_text;
+  int32_t exit_code = -1;
   bool fatal = false;
   std::vector<uint64_t> running_jobs;
 };
@@ -83,7 +91,7 @@ struct WorkersStopped {};
 
 }  // namespace event
 
-using Event = std::variant<event::ClientRequest, event::ClientGone, event::WorkerUp,
+using Event = std::variant<event::ClientRequest, event::ClientGone, event::WorkerSpawned, event::WorkerUp,
                            event::WorkerMessage, event::WorkerDown, event::Tick, event::Reload,
                            event::ModelInspected, event::Stop, event::WorkersStopped>;
 

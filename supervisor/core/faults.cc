@@ -1,10 +1,24 @@
 // Fault injection: armed through the client protocol only when the daemon runs with
-// --enable-fault-injection. The daemon keeps the armed set and its remaining shots; every worker
-// holds a copy (sent again to each respawned worker) and reports each firing before it acts.
+// --enable-fault-injection. The daemon keeps the armed faults and grants their shots to jobs: a
+// job whose kind holds the fault's point (a load holds load.*, an inference infer.*, ...) carries
+// the fault to its worker, which can fire it only within that job. A shot is spent when granted
+// and given back if the job ends without firing it, so a fault armed for N shots fires at most N
+// times, however retries race.
+#include <algorithm>
+
 #include "ipc/fault_spec.h"
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
+
+bool Core::PointInJob(std::string_view point, Job::Kind kind) {
+  if (point.starts_with("load.")) return kind == Job::Kind::kLoad;
+  if (point.starts_with("infer.")) return kind == Job::Kind::kInfer;
+  if (point == "unload.mid") return kind == Job::Kind::kUnload;
+  if (point == "attach.mid") return kind == Job::Kind::kAttach || kind == Job::Kind::kUnpark;
+  if (point == "park.mid") return kind == Job::Kind::kPark;
+  return false;
+}
 
 void Core::HandleFaultArm(const Call& call, const v1::FaultArmRequest& request) {
   if (!config_.enable_fault_injection) {
@@ -32,7 +46,6 @@ void Core::HandleFaultArm(const Call& call, const v1::FaultArmRequest& request) 
   v1::Envelope reply;
   reply.mutable_fault_arm_reply()->set_id(armed.fault.id());
   faults_.push_back(std::move(armed));
-  BroadcastFaults();
   Answer(call, std::move(reply));
 }
 
@@ -42,35 +55,50 @@ void Core::HandleFaultClear(const Call& call) {
                                    "fault injection is disabled: start warmpoold with "
                                    "--enable-fault-injection"));
   }
+  // Shots already granted stay with their jobs; nothing more is granted.
   v1::Envelope reply;
   reply.mutable_fault_clear_reply()->set_cleared(static_cast<uint32_t>(faults_.size()));
   faults_.clear();
-  BroadcastFaults();
   Answer(call, std::move(reply));
 }
 
-void Core::OnFaultFired(uint64_t id) {
-  for (auto it = faults_.begin(); it != faults_.end(); ++it) {
-    if (it->fault.id() != id) continue;
-    Log(LogLevel::kWarn, "fault {} fired: {} at {}", id, it->fault.action(), it->fault.point());
-    if (--it->remaining == 0) {
-      faults_.erase(it);
-      BroadcastFaults();
-    }
-    return;
+std::vector<v1::Fault> Core::GrantFaults(Job& job) {
+  std::vector<v1::Fault> granted;
+  if (faults_.empty()) return granted;
+  const std::string& model = models_[job.model].entry.name;
+  for (ArmedFault& f : faults_) {
+    if (f.remaining == 0 || !PointInJob(f.fault.point(), job.kind)) continue;
+    if (!f.fault.model().empty() && f.fault.model() != model) continue;
+    if (++f.matched < std::max<uint32_t>(1, f.fault.after())) continue;
+    f.remaining--;
+    f.granted++;
+    job.faults.push_back(f.fault.id());
+    granted.push_back(f.fault);
   }
+  return granted;
 }
 
-void Core::SendFaults(uint32_t slot) {
-  if (!config_.enable_fault_injection) return;
-  v1::WorkerEnvelope message;
-  v1::WorkerFaultSet* set = message.mutable_fault_set();
-  for (const ArmedFault& f : faults_) *set->add_faults() = f.fault;
-  SendToWorker(slot, message);
+void Core::OnFaultFired(const v1::WorkerFaultFired& fired) {
+  auto armed = std::find_if(faults_.begin(), faults_.end(),
+                            [&](const ArmedFault& f) { return f.fault.id() == fired.id(); });
+  if (armed != faults_.end()) {
+    Log(LogLevel::kWarn, "fault {} fired: {} at {}", fired.id(), armed->fault.action(),
+        armed->fault.point());
+    armed->granted -= std::min<uint32_t>(armed->granted, 1);
+    if (armed->remaining == 0 && armed->granted == 0) faults_.erase(armed);
+  }
+  // The shot is spent: the job's end does not give it back.
+  if (Job* job = FindJob(fired.job())) std::erase(job->faults, fired.id());
 }
 
-void Core::BroadcastFaults() {
-  for (uint32_t slot = 0; slot < workers_.size(); slot++) SendFaults(slot);
+void Core::ReturnFaults(const Job& job) {
+  for (uint64_t id : job.faults) {
+    auto armed = std::find_if(faults_.begin(), faults_.end(),
+                              [&](const ArmedFault& f) { return f.fault.id() == id; });
+    if (armed == faults_.end()) continue;  // cleared meanwhile
+    armed->granted -= std::min<uint32_t>(armed->granted, 1);
+    armed->remaining++;
+  }
 }
 
 }  // namespace warmpool::supervisor

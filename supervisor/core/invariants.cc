@@ -1,5 +1,5 @@
-// The core's own invariants, across the index, the per-model runtime and the jobs: what the
-// simulator checks after every event (the segment's invariants are shm::Validate's).
+// The core's own invariants, across the machines, the jobs, the workers and the sessions: what
+// the simulator checks after every event (the segment's invariants are shm::Validate's).
 #include <algorithm>
 #include <map>
 
@@ -7,54 +7,108 @@
 
 namespace warmpool::supervisor {
 
-using shm::ModelState;
+using namespace residency;
 
 Status Core::CheckInvariants() const {
-  std::map<uint32_t, uint32_t> file_loads;
+  std::map<uint32_t, uint32_t> file_loads, infers;
+  std::vector<uint32_t> outstanding(workers_.size(), 0);
+  std::vector<uint64_t> pending(workers_.size(), 0);
   for (const auto& [id, job] : jobs_) {
-    if (job.kind == Job::Kind::kLoad && !job.attach && ++file_loads[job.model] > 1) {
-      return Error(Code::kInternal, "two file loads of \"{}\" at once", index_->Get(job.model).name);
+    outstanding[job.worker]++;
+    pending[job.worker] += job.frame_bytes;
+    bool current = job.epoch == models_[job.model].epoch;
+    if (!current) continue;
+    if (job.kind == Job::Kind::kLoad && ++file_loads[job.model] > 1) {
+      return Error(Code::kInternal, "two file loads of \"{}\" at once", models_[job.model].entry.name);
+    }
+    if (job.kind == Job::Kind::kInfer) infers[job.model]++;
+  }
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+    if (workers_[slot].outstanding != outstanding[slot] || workers_[slot].pending_bytes != pending[slot]) {
+      return Error(Code::kInternal, "worker {} counts {} jobs ({} bytes) but has {} ({} bytes)", slot,
+                   workers_[slot].outstanding, workers_[slot].pending_bytes, outstanding[slot],
+                   pending[slot]);
     }
   }
+  auto job_is = [&](uint64_t id, Job::Kind kind, uint32_t worker, uint32_t model) {
+    auto it = jobs_.find(id);
+    return it != jobs_.end() && it->second.kind == kind && it->second.worker == worker &&
+           it->second.model == model && it->second.epoch == models_[model].epoch;
+  };
+  uint32_t queued = 0;
   for (uint32_t model : index_->All()) {
-    const ModelRuntime& rt = runtime_[model];
-    const shm::ModelRecord& r = index_->Get(model);
-    ModelState state = index_->State(model);
-    const std::string name = r.name;
-    if (r.replicas > workers_.size()) {
-      return Error(Code::kInternal, "\"{}\" has {} replicas on {} workers", name, r.replicas,
-                   workers_.size());
+    const Model& m = models_[model];
+    const std::string& name = m.entry.name;
+    queued += static_cast<uint32_t>(m.waiters.size());
+    if (m.inflight != infers[model]) {
+      return Error(Code::kInternal, "\"{}\" counts {} requests in flight but has {}", name,
+                   m.inflight, infers[model]);
     }
-    std::vector<uint32_t> slots = rt.replica_slots;
-    std::sort(slots.begin(), slots.end());
-    if (std::adjacent_find(slots.begin(), slots.end()) != slots.end()) {
-      return Error(Code::kInternal, "\"{}\" counts one worker twice among its replicas", name);
+    const ModelMachine& machine = m.machine;
+    if (const Loading* l = machine.As<Loading>(); l && !job_is(l->job, Job::Kind::kLoad, l->worker, model)) {
+      return Error(Code::kInternal, "\"{}\" is loading on worker {} with no such job", name, l->worker);
     }
-    if (state == ModelState::kReady && !rt.replica_slots.empty()) {
-      if (r.replicas != rt.replica_slots.size()) {
-        return Error(Code::kInternal, "\"{}\" shows {} replicas but {} workers serve it", name,
-                     r.replicas, rt.replica_slots.size());
+    if (const Unparking* u = machine.As<Unparking>(); u && !job_is(u->job, Job::Kind::kUnpark, u->worker, model)) {
+      return Error(Code::kInternal, "\"{}\" is unparking on worker {} with no such job", name, u->worker);
+    }
+    if (const Releasing* r = machine.As<Releasing>(); r && r->park_job != 0 &&
+        std::none_of(r->replicas.begin(), r->replicas.end(), [&](const Replica& x) {
+          return job_is(r->park_job, Job::Kind::kPark, x.worker, model);
+        })) {
+      return Error(Code::kInternal, "\"{}\" waits for a park job that no replica runs", name);
+    }
+    if (const std::vector<Replica>* replicas = machine.Replicas()) {
+      if (replicas->size() > workers_.size()) {
+        return Error(Code::kInternal, "\"{}\" has {} replicas on {} workers", name, replicas->size(),
+                     workers_.size());
       }
-      uint64_t workspace = rt.workspace_bytes * rt.replica_slots.size();
-      if (r.workspace_bytes != workspace) {
-        return Error(Code::kInternal, "\"{}\" accounts {} bytes of workspace for {} replicas of {}",
-                     name, r.workspace_bytes, rt.replica_slots.size(), rt.workspace_bytes);
+      std::vector<uint32_t> seen;
+      for (const Replica& r : *replicas) {
+        if (std::find(seen.begin(), seen.end(), r.worker) != seen.end()) {
+          return Error(Code::kInternal, "\"{}\" counts worker {} twice among its replicas", name, r.worker);
+        }
+        seen.push_back(r.worker);
+        if (workers_[r.worker].state != WorkerSlot::State::kUp) {
+          return Error(Code::kInternal, "\"{}\" has a replica on worker {}, which is not up", name, r.worker);
+        }
+        if (r.attach_job != 0 && !job_is(r.attach_job, Job::Kind::kAttach, r.worker, model)) {
+          return Error(Code::kInternal, "\"{}\" attaches on worker {} with no such job", name, r.worker);
+        }
+        if (r.leave_job != 0 && !job_is(r.leave_job, Job::Kind::kUnload, r.worker, model)) {
+          return Error(Code::kInternal, "\"{}\" leaves worker {} with no such job", name, r.worker);
+        }
       }
     }
-    if (state == ModelState::kReady && r.weight_bytes > 0 && rt.weights_fd < 0) {
-      return Error(Code::kInternal, "\"{}\" is ready with no weights held", name);
+    if (const Weights* w = machine.DeviceWeights(); w && w->weight_bytes > 0 && w->handle < 0) {
+      return Error(Code::kInternal, "\"{}\" is resident with no weights held", name);
     }
-    if (state == ModelState::kParked && r.weight_bytes > 0 && rt.park_fd < 0) {
+    if (const Parked* p = machine.As<Parked>(); p && p->copy.handle < 0) {
       return Error(Code::kInternal, "\"{}\" is parked with no host copy held", name);
     }
-    if (!shm::IsResident(state) && rt.weights_fd >= 0) {
-      return Error(Code::kInternal, "weights of \"{}\" held while it is {}", name,
-                   shm::ModelStateName(state));
+    if (machine.Is<Ready>() && m.inflight > 0 && machine.ServingWorkers().empty() &&
+        std::none_of(machine.Replicas()->begin(), machine.Replicas()->end(),
+                     [](const Replica& r) { return r.leave_job != 0; })) {
+      return Error(Code::kInternal, "\"{}\" has requests in flight and no replica", name);
     }
-    if (!shm::IsResident(state) && rt.park_fd >= 0) {
-      return Error(Code::kInternal, "a host copy of \"{}\" held while it is {}", name,
-                   shm::ModelStateName(state));
+  }
+  if (queued != queued_) {
+    return Error(Code::kInternal, "{} requests counted as waiting, {} waiting", queued_, queued);
+  }
+  uint32_t unanswered = 0;
+  uint64_t held = 0;
+  for (const auto& [id, s] : sessions_) {
+    unanswered += s.outstanding;
+    held += s.held_bytes;
+    if (s.held_bytes > config_.max_queued_bytes_per_connection) {
+      return Error(Code::kInternal, "session {} holds {} bytes, over its budget", id, s.held_bytes);
     }
+  }
+  if (unanswered != unanswered_ || held != held_bytes_) {
+    return Error(Code::kInternal, "sessions hold {} requests ({} bytes), counted {} ({} bytes)",
+                 unanswered, held, unanswered_, held_bytes_);
+  }
+  if (held_bytes_ > config_.max_queued_bytes) {
+    return Error(Code::kInternal, "{} bytes of requests held, over the budget", held_bytes_);
   }
   return OkStatus();
 }

@@ -1,51 +1,129 @@
 // Changes to the registry while serving. `warmpool register` adds (or replaces, or removes) one
-// model; SIGHUP reads the model registry again, from the config file and the models directory. Models that
-// are new register at once; changed ones re-register once they are no longer resident (a loaded
-// one is unloaded when its in-flight work ends, and requests that arrive meanwhile wait and then
-// load the new version); removed ones finish the work they have, are unloaded and forgotten
-// (new requests for them get NOT_FOUND); loaded unchanged ones keep serving untouched.
+// model; SIGHUP reads the registry again (the shell reads the files and hands the entries over).
+// New models register at once; changed ones stop taking requests (they wait) and are let go as
+// soon as their requests in flight end, then the new version registers; removed ones finish the
+// requests they have, are let go and forgotten (new requests get NOT_FOUND); loaded unchanged
+// ones keep serving untouched. Re-registering or forgetting happens after the event
+// (ProcessRetirements), when nothing up the stack still holds the model.
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
 
-using shm::ModelState;
+using namespace residency;
 
 namespace {
 
 // Same model, as far as serving it goes: the same engine, file and bytes in the header, and the
 // same problem if it had one (a broken file that stays broken is left as it is).
-bool SameModel(const shm::ModelRecord& record, const std::string& header, uint64_t file_size,
-               const std::string& problem, const ModelEntry& entry) {
-  return entry.problem.message() == problem && entry.engine == record.engine &&
-         entry.path == record.path && entry.header == header && entry.file_size == file_size;
+bool SameModel(const ModelEntry& registered, const std::string& problem, const ModelEntry& entry) {
+  return entry.problem.message() == problem && entry.engine == registered.engine &&
+         entry.path == registered.path && entry.header == registered.header &&
+         entry.file_size == registered.file_size;
 }
 
 }  // namespace
+
+void Core::ApplySettings(Model& m) {
+  m.keep_alive_ms = config_.keep_alive_ms;
+  m.target_replicas = 1;
+  for (const ModelConfig& c : config_.models) {
+    if (c.name != m.entry.name) continue;
+    if (c.keep_alive_ms != kKeepAliveDefault) m.keep_alive_ms = c.keep_alive_ms;
+    m.target_replicas = std::max<uint32_t>(1, c.replicas);
+  }
+}
+
+bool Core::RegisterModel(const ModelEntry& entry) {
+  Result<uint32_t> index = index_->Register(entry.name, entry.engine, entry.path, entry.weight_bytes);
+  if (!index.ok()) {
+    Log(LogLevel::kWarn, "model \"{}\" not registered: {}", entry.name, index.status().ToString());
+    std::erase_if(refused_, [&](const auto& r) { return r.first == entry.name; });
+    refused_.emplace_back(entry.name, index.status().message());
+    return false;
+  }
+  std::erase_if(refused_, [&](const auto& r) { return r.first == entry.name; });
+  Model& m = models_[*index];
+  m.epoch = ++epochs_;
+  m.entry = entry;
+  m.registration_problem = entry.problem.message();
+  m.refused = !entry.path_refused ? OkStatus()
+                                  : Error(Code::kFailedPrecondition,
+                                          "model \"{}\" cannot be loaded: {} (fix it, then reload: "
+                                          "systemctl reload warmpool, or SIGHUP)",
+                                          entry.name, entry.problem.message());
+  m.crashes = {};
+  m.last_error.clear();
+  m.inspected = false;
+  ApplySettings(m);
+  m.machine.SetRegisteredBytes(entry.weight_bytes);
+  if (!entry.problem.ok()) {
+    Log(LogLevel::kWarn, "model \"{}\" registered as failed: {}", entry.name, entry.problem.ToString());
+    m.last_error = entry.problem.message();
+    m.machine.Fail(0, entry.problem.message());  // the next request looks at the file again
+  } else if (m.machine.Is<Failed>()) {
+    m.machine.Recover();
+  }
+  return true;
+}
+
+void Core::Retire(uint32_t model, std::optional<ModelEntry> next) {
+  models_[model].retiring = std::move(next);
+}
+
+void Core::ProcessRetirements() {
+  for (uint32_t model : index_->All()) {
+    Model& m = models_[model];
+    if (!m.retiring) continue;
+    const bool removed = !m.retiring->has_value();
+    if (m.machine.Is<Ready>()) {
+      // A removed model first serves the requests it has; a changed one stops taking new ones
+      // (they wait for the new version) and goes as soon as its in-flight work ends.
+      if (removed && (!m.waiters.empty() || m.inflight != 0)) continue;
+      Release(model, /*eviction=*/false, /*allow_park=*/false);
+      continue;
+    }
+    if (m.machine.Is<Parked>()) DropParked(model);  // a copy of what is leaving
+    if (!m.machine.Is<Absent>() && !m.machine.Is<Failed>()) continue;  // its end comes back here
+    // Requests queued for a removed model that is not loaded: it loads for them first.
+    if (removed && !m.waiters.empty()) continue;
+    if (!removed) {
+      ModelEntry entry = std::move(**m.retiring);
+      m.retiring.reset();
+      Log(LogLevel::kInfo, "model \"{}\" re-registered from {}", entry.name, entry.path);
+      RegisterModel(entry);
+      if (!m.waiters.empty()) TryAdmit(model);
+      continue;
+    }
+    std::string name = m.entry.name;
+    Log(LogLevel::kInfo, "model \"{}\" left the registry", name);
+    FailWaiters(model, Error(Code::kNotFound, "model \"{}\" was removed from the registry", name));
+    std::erase(pending_admission_, model);
+    std::erase(preloading_, model);
+    index_->Unregister(model);
+    models_[model] = Model{};
+    models_[model].machine.Bind(index_.get(), model);
+  }
+}
 
 void Core::Reload(event::Reload&& reload) {
   if (stopping_) return;
   if (ready_sent_) actions_.push_back(action::Notify{action::Notify::Kind::kReloading, ""});
   Log(LogLevel::kInfo, "SIGHUP: reloading the model registry");
-  {
-    Result<Config>& fresh = reload.config;
-    if (!fresh.ok()) {
-      Log(LogLevel::kError, "reload refused, the registry is unchanged: {}",
-          fresh.status().ToString());
-      ReloadDone("reload failed: " + fresh.status().message());
-      return;
-    }
-    // Only what makes up the registry changes here; the rest needs a restart.
-    config_.models = fresh->models;
-    config_.models_dir = fresh->models_dir;
-    config_.model_roots = fresh->model_roots;
-    config_.keep_alive_ms = fresh->keep_alive_ms;
+  if (!reload.config.ok()) {
+    Log(LogLevel::kError, "reload refused, the registry is unchanged: {}",
+        reload.config.status().ToString());
+    return ReloadDone("reload failed: " + reload.config.status().message());
   }
-  std::vector<ModelEntry>& entries = reload.entries;
+  // Only what makes up the registry changes here; the rest needs a restart.
+  config_.models = reload.config->models;
+  config_.models_dir = reload.config->models_dir;
+  config_.model_roots = reload.config->model_roots;
+  config_.keep_alive_ms = reload.config->keep_alive_ms;
   for (const std::string& w : reload.warnings) Log(LogLevel::kWarn, "{}", w);
 
   uint32_t added = 0, changed = 0, removed = 0;
-  std::vector<bool> listed(runtime_.size(), false);
-  for (const ModelEntry& entry : entries) {
+  std::vector<bool> listed(models_.size(), false);
+  for (const ModelEntry& entry : reload.entries) {
     uint32_t model = index_->Find(entry.name);
     if (model == shm::kNil) {
       if (RegisterModel(entry)) {
@@ -55,34 +133,25 @@ void Core::Reload(event::Reload&& reload) {
       continue;
     }
     listed[model] = true;
-    ModelRuntime& rt = runtime_[model];
-    if (rt.registered_by_client) {
+    Model& m = models_[model];
+    if (m.registered_by_client) {
       Log(LogLevel::kWarn,
           "model \"{}\" was registered by a client; the configured one is ignored until it is "
           "unregistered",
           entry.name);
       continue;
     }
-    if (SameModel(index_->Get(model), rt.header, rt.file_size, rt.registration_problem, entry) &&
-        !rt.retiring) {
-      // Settings only: they apply to the next request.
-      rt.keep_alive_ms = config_.keep_alive_ms;
-      for (const ModelConfig& c : config_.models) {
-        if (c.name != entry.name) continue;
-        if (c.keep_alive_ms != kKeepAliveDefault) rt.keep_alive_ms = c.keep_alive_ms;
-        rt.target_replicas = std::max<uint32_t>(1, c.replicas);
-      }
+    if (SameModel(m.entry, m.registration_problem, entry) && !m.retiring) {
+      ApplySettings(m);  // settings only: they apply to the next request
       continue;
     }
     changed++;
-    rt.next = entry;
-    RetireWhenIdle(model);
+    Retire(model, entry);
   }
   for (uint32_t model : index_->All()) {
-    if (listed[model] || runtime_[model].registered_by_client) continue;
+    if (listed[model] || models_[model].registered_by_client) continue;
     removed++;
-    runtime_[model].next.reset();
-    RetireWhenIdle(model);
+    Retire(model, std::nullopt);
   }
   Log(LogLevel::kInfo, "reload: {} model(s) added, {} changed, {} removed; {} registered", added,
       changed, removed, index_->All().size());
@@ -100,7 +169,7 @@ void Core::HandleRegister(const Call& call, const v1::RegisterRequest& request,
                           std::optional<Result<ModelEntry>>&& registration) {
   const std::string& name = request.model();  // name and path form: checked by CheckRequest
   uint32_t model = index_->Find(name);
-  if (model != shm::kNil && !runtime_[model].registered_by_client) {
+  if (model != shm::kNil && !models_[model].registered_by_client) {
     return AnswerError(call, Error(Code::kFailedPrecondition,
                                    "model \"{}\" comes from the configuration; change it there and "
                                    "reload (systemctl reload warmpool, or SIGHUP)",
@@ -110,11 +179,10 @@ void Core::HandleRegister(const Call& call, const v1::RegisterRequest& request,
   v1::RegisterReply* out = reply.mutable_register_model_reply();
   out->set_model(name);
   if (request.remove()) {
-    if (model == shm::kNil || runtime_[model].retiring) {
+    if (model == shm::kNil || (models_[model].retiring && !*models_[model].retiring)) {
       return AnswerError(call, Error(Code::kNotFound, "model \"{}\" is not registered", name));
     }
-    runtime_[model].next.reset();
-    RetireWhenIdle(model);
+    Retire(model, std::nullopt);
     out->set_removed(true);
     return Answer(call, std::move(reply));
   }
@@ -130,9 +198,8 @@ void Core::HandleRegister(const Call& call, const v1::RegisterRequest& request,
   out->set_path(entry.path);
   out->set_weight_bytes(entry.weight_bytes);
   if (model != shm::kNil) {
-    runtime_[model].next = entry;
+    Retire(model, entry);  // registered_by_client stays: the model is kept, not reset
     out->set_replaced(true);
-    RetireWhenIdle(model);  // registered_by_client survives: the runtime is kept, not reset
     return Answer(call, std::move(reply));
   }
   if (!RegisterModel(entry)) {
@@ -140,62 +207,9 @@ void Core::HandleRegister(const Call& call, const v1::RegisterRequest& request,
                                    "the model index is full ({} models): raise [limits] max_models",
                                    index_->All().size()));
   }
-  runtime_[index_->Find(name)].registered_by_client = true;
+  models_[index_->Find(name)].registered_by_client = true;
   Log(LogLevel::kInfo, "model \"{}\" registered by a client from {}", name, entry.path);
   Answer(call, std::move(reply));
-}
-
-void Core::RetireWhenIdle(uint32_t model) {
-  runtime_[model].retiring = true;
-  MaybeRetire(model);
-}
-
-// Called from clean stacks only (the status tick, a reload, a request, the end of a request):
-// forgetting a model frees its index for reuse, which nothing further up may still hold.
-void Core::MaybeRetire(uint32_t model) {
-  ModelRuntime& rt = runtime_[model];
-  if (!rt.retiring) return;
-  if (index_->State(model) == ModelState::kReady) {
-    // A removed model first serves the requests it has queued; a changed one stops taking new
-    // ones (they wait for the new version) and goes as soon as its in-flight work ends.
-    if (!rt.next && !rt.waiters.empty()) return;
-    if (!rt.unload_waiters.empty() || !rt.bulk.empty()) return;  // an unload is under way
-    StartUnload(model, /*eviction=*/false);  // waits for in-flight requests; comes back here
-    return;
-  }
-  // A reply still on its way (a replica's attach, an unload) names this index: forgetting the
-  // model now would hand that reply to whatever model reuses the record.
-  for (const auto& [id, job] : jobs_) {
-    if (job.model == model) return;
-  }
-  switch (index_->State(model)) {
-    case ModelState::kParked:
-      CloseHandle(rt.park_fd);
-      rt.park_fd = -1;
-      index_->MarkNotResident(model, ModelState::kRegistered, "");
-      break;
-    case ModelState::kRegistered:
-    case ModelState::kFailed:
-      // Queued requests of a removed model that is not loaded yet: it loads for them first.
-      if (!rt.next && !rt.waiters.empty()) return;
-      break;
-    default:
-      return;  // loading or unloading: the end of that comes back here
-  }
-  rt.retiring = false;
-  if (rt.next) {
-    ModelEntry entry = std::move(*rt.next);
-    rt.next.reset();
-    Log(LogLevel::kInfo, "model \"{}\" re-registered from {}", entry.name, entry.path);
-    RegisterModel(entry);
-    if (!rt.waiters.empty()) EnsureLoading(model);
-    return;
-  }
-  std::string name = index_->Get(model).name;
-  Log(LogLevel::kInfo, "model \"{}\" left the registry", name);
-  FailWaiters(model, Error(Code::kNotFound, "model \"{}\" was removed from the registry", name));
-  index_->Unregister(model);
-  runtime_[model] = ModelRuntime{};
 }
 
 }  // namespace warmpool::supervisor

@@ -1,23 +1,27 @@
-// Client requests: validation and replies. What they set in motion lives in lifecycle.cc (loads,
-// unloads, admission) and dispatch.cc (inference).
+// Client requests: who may ask what, the budgets a request is held against, and the replies.
+// What a request sets in motion lives in admission.cc (loads, unloads) and dispatch.cc
+// (inference).
 #include <algorithm>
-#include <vector>
 
+#include "common/units.h"
 #include "supervisor/core/core.h"
 #include "supervisor/core/request_check.h"
 
 namespace warmpool::supervisor {
 
-using shm::ModelState;
+using namespace residency;
 
 void Core::Answer(const Call& call, v1::Envelope&& reply) {
-  reply.set_request_id(call.request_id);
   auto it = sessions_.find(call.session);
   if (it == sessions_.end()) return;  // gone (or the preload, session 0): nobody to tell
-  if (it->second > 0) {
-    it->second--;
+  Session& s = it->second;
+  if (s.outstanding > 0) {
+    s.outstanding--;
     unanswered_--;
   }
+  s.held_bytes -= std::min(s.held_bytes, call.bytes);
+  held_bytes_ -= std::min(held_bytes_, call.bytes);
+  reply.set_request_id(call.request_id);
   actions_.push_back(action::Reply{call.session, std::move(reply)});
 }
 
@@ -27,66 +31,88 @@ void Core::AnswerError(const Call& call, const Status& status) {
 
 void Core::OnRequest(event::ClientRequest&& event) {
   v1::Envelope& request = event.envelope;
-  Call call{event.session, request.request_id()};
-  sessions_[event.session]++;
+  Call call{event.session, request.request_id(), 0};
+  Session& session = sessions_[event.session];
+  session.outstanding++;
   unanswered_++;
   bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
                        request.has_fault_arm() || request.has_fault_clear() ||
                        request.has_register_model();
   if (admin_request && !event.admin) {
-    AnswerError(call, Error(Code::kPermissionDenied,
-                            "uid {} may infer and read status, not register, load, unload, pin or "
-                            "arm faults: "
-                            "run as root or the daemon's user{}",
-                            event.uid,
-                            config_.admin_group.empty()
-                                ? std::string(", or set [access] admin_group")
-                                : fmt::format(", or join group {}", config_.admin_group)));
-    return;
+    return AnswerError(call, Error(Code::kPermissionDenied,
+                                   "uid {} may infer and read status, not register, load, unload, "
+                                   "pin or arm faults: run as root or the daemon's user{}",
+                                   event.uid,
+                                   config_.admin_group.empty()
+                                       ? std::string(", or set [access] admin_group")
+                                       : fmt::format(", or join group {}", config_.admin_group)));
   }
   if (Status s = CheckRequest(request); !s.ok()) return AnswerError(call, s);
   if (stopping_) {
-    AnswerError(call, Error(Code::kUnavailable, "the daemon is stopping; retry after it restarts"));
-    return;
+    return AnswerError(call, Error(Code::kUnavailable, "the daemon is stopping; retry after it restarts"));
   }
   switch (request.body_case()) {
-    case v1::Envelope::kLoad: HandleLoad(call, request.load()); break;
-    case v1::Envelope::kUnload: HandleUnload(call, request.unload()); break;
-    case v1::Envelope::kInfer: HandleInfer(call, std::move(*request.mutable_infer())); break;
-    case v1::Envelope::kModels: Answer(call, ModelsSnapshot()); break;
-    case v1::Envelope::kPs: Answer(call, PsSnapshot()); break;
-    case v1::Envelope::kStatus: Answer(call, StatusSnapshot()); break;
-    case v1::Envelope::kFaultArm: HandleFaultArm(call, request.fault_arm()); break;
-    case v1::Envelope::kFaultClear: HandleFaultClear(call); break;
-    case v1::Envelope::kPin: HandlePin(call, request.pin()); break;
+    case v1::Envelope::kLoad: return HandleLoad(call, request.load());
+    case v1::Envelope::kUnload: return HandleUnload(call, request.unload());
+    case v1::Envelope::kInfer: return HandleInfer(call, std::move(*request.mutable_infer()));
+    case v1::Envelope::kModels: return Answer(call, ModelsSnapshot());
+    case v1::Envelope::kPs: return Answer(call, PsSnapshot());
+    case v1::Envelope::kStatus: return Answer(call, StatusSnapshot());
+    case v1::Envelope::kFaultArm: return HandleFaultArm(call, request.fault_arm());
+    case v1::Envelope::kFaultClear: return HandleFaultClear(call);
+    case v1::Envelope::kPin: return HandlePin(call, request.pin());
     case v1::Envelope::kRegisterModel:
-      HandleRegister(call, request.register_model(), std::move(event.registration));
-      break;
+      return HandleRegister(call, request.register_model(), std::move(event.registration));
     default:
-      AnswerError(call, Error(Code::kInvalidArgument,
-                              "request {} carries no request this daemon understands (body {})",
-                              request.request_id(), static_cast<int>(request.body_case())));
+      return AnswerError(call, Error(Code::kInvalidArgument,
+                                     "request {} carries no request this daemon understands (body {})",
+                                     request.request_id(), static_cast<int>(request.body_case())));
   }
 }
 
-namespace {
-
-Status UnknownModel(const std::string& name) {
-  return Error(Code::kNotFound, "model \"{}\" is not registered (see 'warmpool models')", name);
+void Core::OnClientGone(uint64_t session) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  unanswered_ -= it->second.outstanding;
+  held_bytes_ -= std::min(held_bytes_, it->second.held_bytes);
+  sessions_.erase(it);
+  // Nobody waits for its requests any more: those still queued never run, those running are
+  // answered into the void and not retried (their inputs are let go now).
+  for (Model& m : models_) {
+    size_t before = m.waiters.size();
+    std::erase_if(m.waiters, [&](const Waiter& w) { return w.call.session == session; });
+    queued_ -= static_cast<uint32_t>(before - m.waiters.size());
+    std::erase_if(m.unload_waiters, [&](const Call& c) { return c.session == session; });
+  }
+  for (auto& [id, job] : jobs_) {
+    if (job.kind != Job::Kind::kInfer || job.call.session != session) continue;
+    job.answered = true;
+    job.request.Clear();
+  }
+  for (auto& [id, bulk] : bulk_unloads_) {
+    if (bulk.call.session == session) bulk.call.session = 0;  // finishes, answers nobody
+  }
 }
 
-}  // namespace
-
-uint32_t Core::FindServing(const std::string& name) const {
+Result<uint32_t> Core::FindServing(const std::string& name) const {
   uint32_t model = index_->Find(name);
-  if (model == shm::kNil || (runtime_[model].retiring && !runtime_[model].next)) return shm::kNil;
+  const Model* m = model == shm::kNil ? nullptr : &models_[model];
+  if (m == nullptr || (m->retiring && !*m->retiring)) {
+    for (const auto& [refused, why] : refused_) {
+      if (refused == name) {
+        return Error(Code::kResourceExhausted, "model \"{}\" is not registered: {}", name, why);
+      }
+    }
+    return Error(Code::kNotFound, "model \"{}\" is not registered (see 'warmpool models')", name);
+  }
   return model;
 }
 
 void Core::HandlePin(const Call& call, const v1::PinRequest& request) {
-  uint32_t model = FindServing(request.model());
-  if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
-  index_->Update(model, [&](shm::ModelRecord& r) { r.pinned = request.pin() ? 1 : 0; });
+  Result<uint32_t> model = FindServing(request.model());
+  if (!model.ok()) return AnswerError(call, model.status());
+  models_[*model].pinned = request.pin();
+  index_->Update(*model, [&](shm::ModelRecord& r) { r.pinned = request.pin() ? 1 : 0; });
   if (!request.pin()) RetryPending();  // room may have been waiting for this one
   v1::Envelope reply;
   reply.mutable_pin_reply()->set_model(request.model());
@@ -95,21 +121,21 @@ void Core::HandlePin(const Call& call, const v1::PinRequest& request) {
 }
 
 void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
-  const std::string& name = request.model();
-  uint32_t model = FindServing(name);
-  if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
-  if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
+  Result<uint32_t> found = FindServing(request.model());
+  if (!found.ok()) return AnswerError(call, found.status());
+  uint32_t model = *found;
+  Model& m = models_[model];
+  if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   if (request.replicas() != 0) {
-    runtime_[model].target_replicas =
-        std::min(request.replicas(), static_cast<uint32_t>(workers_.size()));
+    m.target_replicas = std::min(request.replicas(), static_cast<uint32_t>(workers_.size()));
   }
-  if (index_->State(model) == ModelState::kReady) {
-    GrowReplicas(model);
+  if (const Ready* ready = m.machine.As<Ready>(); ready != nullptr && !ready->replicas.empty()) {
+    AdjustReplicas(model);
     index_->Touch(model);
-    if (index_->Get(model).inflight == 0) StartKeepAlive(model);
+    if (m.inflight == 0) StartKeepAlive(model);
     v1::Envelope reply;
-    reply.mutable_load_reply()->set_model(name);
-    reply.mutable_load_reply()->set_bytes(index_->Get(model).weight_bytes);
+    reply.mutable_load_reply()->set_model(request.model());
+    reply.mutable_load_reply()->set_bytes(ready->weights.weight_bytes);
     reply.mutable_load_reply()->set_already_loaded(true);
     return Answer(call, std::move(reply));
   }
@@ -118,96 +144,141 @@ void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
                                    "{} requests are already waiting: retry later", queued_));
   }
   // An explicit load retries a failed model at once, cooldown or not.
-  runtime_[model].failed_until_ms = 0;
+  if (Failed* f = m.machine.As<Failed>()) f->until_ms = 0;
   Enqueue(model, Waiter{call, false, {}, 0, 0});
 }
 
-void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
-  if (request.all()) {
-    // Every ready model, parked where the park budget allows; one reply when all are done.
-    uint64_t id = next_bulk_++;
-    BulkUnload bulk{call, 0, 0, 0};
-    for (uint32_t model : index_->LruOrder()) {
-      if (index_->State(model) != ModelState::kReady) continue;
-      runtime_[model].bulk.push_back(id);
-      bulk.remaining++;
-      bulk.total++;
-    }
-    if (bulk.total == 0) {
-      v1::Envelope reply;
-      reply.mutable_unload_reply()->set_model("0 model(s), 0 parked");
-      return Answer(call, std::move(reply));
-    }
-    bulk_unloads_.emplace(id, bulk);
-    for (uint32_t model : index_->LruOrder()) {
-      if (index_->State(model) == ModelState::kReady) Release(model, /*eviction=*/false);
-    }
-    return;
+void Core::HandleUnloadAll(const Call& call) {
+  // Every ready model, parked where the park budget allows; one reply when all are done.
+  uint64_t id = next_bulk_++;
+  BulkUnload bulk{call, 0, 0, 0};
+  std::vector<uint32_t> ready;
+  for (uint32_t model : index_->LruOrder()) {
+    if (!models_[model].machine.Is<Ready>()) continue;
+    models_[model].bulk.push_back(id);
+    ready.push_back(model);
   }
-  const std::string& name = request.model();
-  uint32_t model = index_->Find(name);
-  if (model == shm::kNil) return AnswerError(call, UnknownModel(name));
-  switch (index_->State(model)) {
-    case ModelState::kReady:
-      runtime_[model].unload_waiters.push_back(call);
-      if (request.park()) {
-        if (!CanPark(model) || runtime_[model].replica_slots.empty()) {
-          runtime_[model].unload_waiters.pop_back();
-          return AnswerError(call, Error(Code::kFailedPrecondition,
-                                         "model \"{}\" cannot be parked: {} (set [pool] park_budget, "
-                                         "or unload without --park)",
-                                         name,
-                                         index_->ParkBudget() == 0 ? "parking is disabled"
-                                         : runtime_[model].weights_fd < 0
-                                             ? "it has no weights to park"
-                                             : "the park budget is full"));
-        }
-        Release(model, /*eviction=*/false);
-      } else {
-        StartUnload(model, /*eviction=*/false);
-      }
-      return;
-    case ModelState::kParked:
-      if (request.park()) {
-        v1::Envelope reply;
-        reply.mutable_unload_reply()->set_model(name);
-        return Answer(call, std::move(reply));
-      }
-      // Dropping the parked copy.
-      CloseHandle(runtime_[model].park_fd);
-      runtime_[model].park_fd = -1;
-      index_->MarkNotResident(model, ModelState::kRegistered, "");
-      {
-        v1::Envelope reply;
-        reply.mutable_unload_reply()->set_model(name);
-        Answer(call, std::move(reply));
-      }
-      return;
-    case ModelState::kUnloading:
-      runtime_[model].unload_waiters.push_back(call);
-      return;
-    case ModelState::kLoading:
-      return AnswerError(call, Error(Code::kFailedPrecondition,
-                                     "model \"{}\" is loading; unload it once it is ready", name));
-    default:
-      return AnswerError(call, Error(Code::kFailedPrecondition,
-                                     "model \"{}\" is not loaded (see 'warmpool ps')", name));
+  bulk.remaining = bulk.total = static_cast<uint32_t>(ready.size());
+  if (ready.empty()) {
+    v1::Envelope reply;
+    reply.mutable_unload_reply()->set_model("0 model(s), 0 parked");
+    return Answer(call, std::move(reply));
   }
+  bulk_unloads_.emplace(id, bulk);
+  for (uint32_t model : ready) Release(model, /*eviction=*/false, /*allow_park=*/true);
 }
 
-void Core::HandleInfer(const Call& call, v1::InferRequest&& request) {
+void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
+  if (request.all()) return HandleUnloadAll(call);
+  const std::string& name = request.model();
+  uint32_t model = index_->Find(name);
+  if (model == shm::kNil) {
+    return AnswerError(call, Error(Code::kNotFound, "model \"{}\" is not registered (see 'warmpool "
+                                                    "models')", name));
+  }
+  Model& m = models_[model];
+  auto done = [&] {
+    v1::Envelope reply;
+    reply.mutable_unload_reply()->set_model(name);
+    Answer(call, std::move(reply));
+  };
+  if (const Ready* ready = m.machine.As<Ready>()) {
+    if (request.park()) {
+      bool attached = std::any_of(ready->replicas.begin(), ready->replicas.end(),
+                                  [](const Replica& r) { return r.serving(); });
+      uint64_t weights = ready->weights.weight_bytes;
+      if (!policy::ShouldPark(weights, ready->weights.handle >= 0 && attached, ParkCommitted(),
+                              Limits())) {
+        return AnswerError(call, Error(Code::kFailedPrecondition,
+                                       "model \"{}\" cannot be parked: {} (set [pool] park_budget, "
+                                       "or unload without --park)",
+                                       name,
+                                       index_->ParkBudget() == 0      ? "parking is disabled"
+                                       : ready->weights.handle < 0    ? "it has no weights to park"
+                                       : !attached ? "no worker serves it to copy its weights"
+                                                   : "the park budget is full"));
+      }
+    }
+    m.unload_waiters.push_back(call);
+    return Release(model, /*eviction=*/false, /*allow_park=*/request.park());
+  }
+  if (m.machine.Is<Parked>()) {
+    if (!request.park()) DropParked(model);  // dropping the parked copy
+    return done();
+  }
+  if (m.machine.Is<Releasing>()) {
+    m.unload_waiters.push_back(call);
+    return;
+  }
+  if (m.machine.Is<Loading>() || m.machine.Is<Unparking>()) {
+    return AnswerError(call, Error(Code::kFailedPrecondition,
+                                   "model \"{}\" is loading; unload it once it is ready", name));
+  }
+  AnswerError(call, Error(Code::kFailedPrecondition, "model \"{}\" is not loaded (see 'warmpool ps')",
+                          name));
+}
+
+void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   // The input's shape was checked with the rest of the request (request_check.cc).
-  uint32_t model = FindServing(request.model());
-  if (model == shm::kNil) return AnswerError(call, UnknownModel(request.model()));
-  if (request.has_keep_alive_ms()) runtime_[model].keep_alive_override_ms = request.keep_alive_ms();
+  Result<uint32_t> found = FindServing(request.model());
+  if (!found.ok()) return AnswerError(call, found.status());
+  uint32_t model = *found;
+  Model& m = models_[model];
+  if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   if (queued_ >= config_.max_queue) {
     return AnswerError(call, Error(Code::kResourceExhausted,
                                    "{} requests are already waiting (limit {}): retry later",
                                    queued_, config_.max_queue));
   }
+  // What the daemon holds of requests is bounded, per connection and in all: a client that
+  // pipelines large inputs is told to wait for its replies instead of growing the daemon.
+  uint64_t bytes = request.input().data().size();
+  Session& session = sessions_[call.session];
+  if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection) {
+    return AnswerError(call, Error(Code::kResourceExhausted,
+                                   "this connection already has {} of requests in the daemon "
+                                   "(limit {}): wait for replies before sending more, or raise "
+                                   "[limits] max_queued_bytes_per_connection",
+                                   FormatBytes(session.held_bytes),
+                                   FormatBytes(config_.max_queued_bytes_per_connection)));
+  }
+  if (held_bytes_ + bytes > config_.max_queued_bytes) {
+    return AnswerError(call, Error(Code::kResourceExhausted,
+                                   "the daemon holds {} of requests (limit {}): retry later, or "
+                                   "raise [limits] max_queued_bytes",
+                                   FormatBytes(held_bytes_), FormatBytes(config_.max_queued_bytes)));
+  }
+  call.bytes = bytes;
+  session.held_bytes += bytes;
+  held_bytes_ += bytes;
   uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : config_.default_deadline_ms;
   uint64_t deadline_ms = deadline == 0 ? 0 : MonoMs() + deadline;  // 0: none
   Enqueue(model, Waiter{call, true, std::move(request), deadline_ms, 0});
+}
+
+void Core::AnswerUnloads(uint32_t model) {
+  Model& m = models_[model];
+  std::vector<Call> waiters;
+  waiters.swap(m.unload_waiters);
+  for (const Call& call : waiters) {
+    v1::Envelope reply;
+    reply.mutable_unload_reply()->set_model(index_->Get(model).name);
+    Answer(call, std::move(reply));
+  }
+  std::vector<uint64_t> ids;
+  ids.swap(m.bulk);
+  bool parked = m.machine.Is<Parked>();
+  for (uint64_t id : ids) {
+    auto it = bulk_unloads_.find(id);
+    if (it == bulk_unloads_.end()) continue;
+    it->second.parked += parked ? 1 : 0;
+    if (--it->second.remaining > 0) continue;
+    v1::Envelope reply;
+    reply.mutable_unload_reply()->set_model(
+        fmt::format("{} model(s), {} parked", it->second.total, it->second.parked));
+    Answer(it->second.call, std::move(reply));
+    bulk_unloads_.erase(it);
+  }
 }
 
 }  // namespace warmpool::supervisor

@@ -28,8 +28,9 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
-  EXPECT_STREQ(kLayoutString, "warmpool-shm-v2:hdr192:model512:worker64:inflight32:park");
-  EXPECT_EQ(kLayoutVersion, 2u);
+  EXPECT_STREQ(kLayoutString,
+               "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16");
+  EXPECT_EQ(kLayoutVersion, 3u);
   EXPECT_EQ(std::string(kMagic, 8), "WARMPOOL");
   EXPECT_EQ(kNil, 0xFFFFFFFFu);
 }
@@ -44,6 +45,7 @@ TEST(LayoutTest, SizesAndOffsets) {
   EXPECT_EQ(offsetof(SegmentHeader, lru_head), 76u);
   EXPECT_EQ(offsetof(SegmentHeader, device_budget_bytes), 88u);
   EXPECT_EQ(offsetof(SegmentHeader, device_used_bytes), 96u);
+  EXPECT_EQ(offsetof(SegmentHeader, supervisor_start_ticks), 176u);
   EXPECT_EQ(sizeof(ModelRecord), 512u);
   EXPECT_EQ(offsetof(ModelRecord, state), 4u);
   EXPECT_EQ(offsetof(ModelRecord, name), 8u);
@@ -52,8 +54,11 @@ TEST(LayoutTest, SizesAndOffsets) {
   EXPECT_EQ(offsetof(ModelRecord, weight_bytes), 344u);
   EXPECT_EQ(offsetof(ModelRecord, lru_prev), 392u);
   EXPECT_EQ(offsetof(ModelRecord, last_error), 440u);
-  EXPECT_EQ(sizeof(WorkerRecord), 64u);
+  EXPECT_EQ(sizeof(WorkerRecord), 128u);
   EXPECT_EQ(offsetof(WorkerRecord, generation), 12u);
+  EXPECT_EQ(offsetof(WorkerRecord, models), 28u);
+  EXPECT_EQ(offsetof(WorkerRecord, outstanding), 48u);
+  EXPECT_EQ(offsetof(WorkerRecord, held), 56u);
   EXPECT_EQ(sizeof(InflightSlot), 32u);
   EXPECT_EQ(offsetof(InflightSlot, request_id), 8u);
   EXPECT_EQ(offsetof(InflightSlot, model), 16u);
@@ -70,9 +75,9 @@ TEST(LayoutTest, TagPacking) {
 }
 
 TEST(SegmentSizeTest, RegionsAre64ByteAligned) {
-  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 832u);    // 192 | 704 | 768 | 800 -> 832
-  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 2048u);   // 192 | 1728 | 1920 | 2016 -> 2048
-  EXPECT_EQ(SegmentSize(Limits{}), 165056u);        // 256 models, 16 workers, 1024 slots
+  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 896u);    // 192 | 704 | 832 | 864 -> 896
+  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 2240u);   // 192 | 1728 | 2112 | 2208 -> 2240
+  EXPECT_EQ(SegmentSize(Limits{}), 166080u);        // 256 models, 16 workers, 1024 slots
   for (uint32_t n : {1u, 2u, 5u, 7u, 33u}) {
     EXPECT_EQ(SegmentSize(Limits{n, n, n}) % 64, 0u) << n;
   }
@@ -101,14 +106,14 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   EXPECT_EQ(std::memcmp(h.magic, "WARMPOOL", 8), 0);
   EXPECT_EQ(h.layout_version, kLayoutVersion);
   EXPECT_EQ(h.header_size, 192u);
-  EXPECT_EQ(h.segment_size, 2624u);
+  EXPECT_EQ(h.segment_size, 2752u);
   EXPECT_EQ(h.max_models, 4u);
   EXPECT_EQ(h.max_workers, 2u);
   EXPECT_EQ(h.max_inflight, 8u);
   EXPECT_EQ(h.device_count, 2u);
   EXPECT_EQ(h.models_offset, 192u);
   EXPECT_EQ(h.workers_offset, 192u + 4 * 512);
-  EXPECT_EQ(h.inflight_offset, 192u + 4 * 512 + 2 * 64);
+  EXPECT_EQ(h.inflight_offset, 192u + 4 * 512 + 2 * 128);
   EXPECT_EQ(h.supervisor_pid, 4242);
   EXPECT_EQ(h.lru_head, kNil);
   EXPECT_EQ(h.lru_tail, kNil);
@@ -125,7 +130,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   for (uint32_t i = 0; i < 2; i++) EXPECT_EQ(v.worker(i).last_exit, -1);
   for (uint32_t i = 0; i < 8; i++) EXPECT_EQ(v.inflight(i).tag, 0u);
   EXPECT_EQ(reinterpret_cast<std::byte*>(&v.inflight(7)) + sizeof(InflightSlot),
-            bytes_.data() + 192 + 4 * 512 + 2 * 64 + 8 * 32);
+            bytes_.data() + 192 + 4 * 512 + 2 * 128 + 8 * 32);
 }
 
 TEST_F(SegmentViewTest, SecondViewSeesWritesOfTheFirst) {
@@ -181,7 +186,7 @@ TEST_F(SegmentViewTest, FormatRejectsTooFewBytes) {
   std::vector<std::byte> small(SegmentSize(kLimits) - 1);
   Status s = SegmentView::Format(small, kLimits, 1, 0, 1).status();
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_TRUE(Contains(s.message(), "2623 bytes is smaller than the 2624 needed")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "2751 bytes is smaller than the 2752 needed")) << s.message();
 }
 
 TEST_F(SegmentViewTest, AttachRefusesBadMagic) {
@@ -226,7 +231,7 @@ TEST_F(SegmentViewTest, AttachRefusesSizeMismatch) {
   SegmentView v = MustFormat();
   Status s = AttachStatus(std::span<std::byte>(bytes_.data(), 1024));
   EXPECT_EQ(s.code(), Code::kFailedPrecondition);
-  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 2624 bytes, mapped 1024)"))
+  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 2752 bytes, mapped 1024)"))
       << s.message();
   EXPECT_TRUE(Contains(s.message(), "remove /dev/shm/warmpool.test")) << s.message();
 
@@ -292,6 +297,8 @@ TEST_F(SharedSegmentTest, CreateMakesA0600ObjectOfTheRightSize) {
   ASSERT_EQ(stat(path_.c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), SegmentSize(kLimits));
   EXPECT_EQ(seg->view().header().supervisor_pid, getpid());
+  EXPECT_EQ(seg->view().header().supervisor_start_ticks, ProcessStartTicks(getpid()));
+  EXPECT_NE(seg->view().header().supervisor_start_ticks, 0u);
   EXPECT_EQ(seg->view().header().device_budget_bytes, 1u << 20);
   EXPECT_EQ(seg->view().max_models(), 4u);
 }
@@ -434,6 +441,44 @@ TEST_F(SharedSegmentTest, CreateRefusesALiveSupervisorAndReplacesADeadOnesSegmen
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   EXPECT_EQ(created->view().header().supervisor_pid, getpid());
   EXPECT_EQ(Mode(), 0600u);
+}
+
+TEST_F(SharedSegmentTest, APidReusedByAnotherProcessIsNotALiveSupervisor) {
+  // A supervisor killed long ago, whose pid now names some other live process (here: a child
+  // that never made a segment). kill(pid, 0) says alive; the start time says it is not the one.
+  int hold[2];
+  ASSERT_EQ(pipe(hold), 0);
+  ChildGuard child;
+  child.pid = fork();
+  ASSERT_GE(child.pid, 0);
+  if (child.pid == 0) {
+    close(hold[1]);
+    char c;
+    (void)!read(hold[0], &c, 1);
+    _exit(0);
+  }
+  close(hold[0]);
+  pid_t creator = fork();  // makes the segment and dies without cleaning up, as under SIGKILL
+  ASSERT_GE(creator, 0);
+  if (creator == 0) _exit(Create().ok() ? 0 : 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(creator, &status, 0), creator);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(Exists());
+  {
+    Result<SharedSegment> stale = SharedSegment::Open(instance_, /*read_only=*/false);
+    ASSERT_TRUE(stale.ok()) << stale.status().ToString();
+    SegmentHeader& h = stale->view().header();
+    h.supervisor_pid = child.pid;
+    h.supervisor_start_ticks = ProcessStartTicks(child.pid) + 12345;  // another process's start
+  }
+  EXPECT_TRUE(SupervisorAlive(child.pid, ProcessStartTicks(child.pid)));
+  EXPECT_FALSE(SupervisorAlive(child.pid, ProcessStartTicks(child.pid) + 12345));
+  Result<SharedSegment> created = Create();
+  ASSERT_TRUE(created.ok()) << "the stale segment of a reused pid blocks the start: "
+                            << created.status().ToString();
+  EXPECT_EQ(created->view().header().supervisor_pid, getpid());
+  close(hold[1]);
 }
 
 }  // namespace

@@ -1,0 +1,269 @@
+// What workers report: a job's end (load, attach, unpark, unload, park; inference is in
+// dispatch.cc), progress, a fault's firing. A reply is matched to its job, and the job to the
+// model's state: a reply that the state no longer expects (the model moved on meanwhile) changes
+// nothing but the handles it brought, which are closed.
+#include <algorithm>
+
+#include "common/units.h"
+#include "supervisor/core/core.h"
+
+namespace warmpool::supervisor {
+
+using namespace residency;
+
+void Core::OnWorkerMessage(event::WorkerMessage&& e) {
+  const uint32_t slot = e.slot;
+  v1::WorkerEnvelope& message = e.message;
+  int handle = e.handles.empty() ? -1 : e.handles.front();
+  for (size_t i = 1; i < e.handles.size(); i++) Close(e.handles[i]);
+  uint64_t id = 0;
+  switch (message.body_case()) {
+    case v1::WorkerEnvelope::kLoadProgress: {
+      Close(handle);
+      Job* job = FindJob(message.load_progress().job());
+      if (job == nullptr || job->worker != slot || job->epoch != models_[job->model].epoch) return;
+      job->progress_ms = MonoMs();
+      index_->Update(job->model, [&](shm::ModelRecord& r) {
+        r.loaded_bytes = message.load_progress().done_bytes();
+      });
+      return;
+    }
+    case v1::WorkerEnvelope::kFaultFired: Close(handle); return OnFaultFired(message.fault_fired());
+    case v1::WorkerEnvelope::kLoadDone: id = message.load_done().job(); break;
+    case v1::WorkerEnvelope::kInferDone: id = message.infer_done().job(); break;
+    case v1::WorkerEnvelope::kUnloadDone: id = message.unload_done().job(); break;
+    case v1::WorkerEnvelope::kParkDone: id = message.park_done().job(); break;
+    default:
+      Close(handle);
+      Log(LogLevel::kWarn, "worker {} sent an unexpected message ({})", slot,
+          static_cast<int>(message.body_case()));
+      return;
+  }
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() || it->second.worker != slot) {
+    Log(LogLevel::kWarn, "worker {} answered unknown job {}", slot, id);
+    return Close(handle);
+  }
+  Job job = std::move(it->second);
+  jobs_.erase(it);
+  JobDone(job);
+  bool load_like = job.kind == Job::Kind::kLoad || job.kind == Job::Kind::kAttach ||
+                   job.kind == Job::Kind::kUnpark;
+  bool expected = (load_like && message.has_load_done()) ||
+                  (job.kind == Job::Kind::kInfer && message.has_infer_done()) ||
+                  (job.kind == Job::Kind::kUnload && message.has_unload_done()) ||
+                  (job.kind == Job::Kind::kPark && message.has_park_done());
+  if (!expected) {
+    Close(handle);
+    return KillWorker(slot, fmt::format("answered job {} with the wrong kind of message", id));
+  }
+  if (job.kind == Job::Kind::kInfer) return OnInferDone(job, *message.mutable_infer_done());
+  if (job.epoch != models_[job.model].epoch) return Close(handle);  // the model was re-registered
+  switch (job.kind) {
+    case Job::Kind::kLoad: return OnLoadDone(job, message.load_done(), handle);
+    case Job::Kind::kAttach: Close(handle); return OnAttachDone(job, message.load_done());
+    case Job::Kind::kUnpark: return OnUnparkDone(job, message.load_done(), handle);
+    case Job::Kind::kUnload: Close(handle); return OnUnloadDone(job);
+    case Job::Kind::kPark: return OnParkDone(job, message.park_done(), handle);
+    case Job::Kind::kInfer: return;
+  }
+}
+
+void Core::FollowFile(uint32_t model, const v1::WorkerLoadDone& done) {
+  Model& m = models_[model];
+  m.entry.header = done.header();
+  m.entry.file_size = done.file_size();
+  m.entry.weight_bytes = done.weight_bytes();
+  m.entry.workspace_bytes = done.workspace_bytes();
+  m.entry.in_features = done.in_features();
+  m.entry.out_features = done.out_features();
+  m.machine.SetRegisteredBytes(done.weight_bytes());
+}
+
+void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle) {
+  const uint32_t model = job.model;
+  Model& m = models_[model];
+  const Loading* loading = m.machine.As<Loading>();
+  if (loading == nullptr || loading->job != done.job()) return Close(handle);
+  const std::string name = m.entry.name;
+  if (done.file_changed()) {
+    // The file is not what admission counted (it changed since it was registered, or while it was
+    // read): it is registered as it is now and admitted again, for what it really needs.
+    Close(handle);
+    FollowFile(model, done);
+    m.machine.AbandonLoad("");
+    Log(LogLevel::kInfo, "the file of \"{}\" changed: it needs {} now; admitting it again", name,
+        FormatBytes(done.weight_bytes() + done.workspace_bytes()));
+    TryAdmit(model);
+    return RetryPending();
+  }
+  if (done.has_error()) {
+    Close(handle);
+    Status cause(CodeFromInt(done.error().code()), done.error().message());
+    m.machine.AbandonLoad(cause.message());
+    Log(LogLevel::kWarn, "loading \"{}\" failed: {}", name, cause.ToString());
+    if (cause.code() == Code::kResourceExhausted) {
+      // Not the model's fault: no cooldown, the next request tries again.
+      FailWaiters(model, Error(Code::kResourceExhausted, "model \"{}\" did not fit: {}", name,
+                               cause.message()));
+    } else {
+      MarkFailed(model, cause.message());
+    }
+    return RetryPending();
+  }
+  Weights w;
+  w.handle = done.weights_shared() ? handle : -1;
+  if (!done.weights_shared()) Close(handle);
+  if (done.weights_shared() && handle < 0) {
+    Log(LogLevel::kError, "worker {} announced shared weights but sent none", job.worker);
+  }
+  // The weights are described by what the worker read, not by the registration: if the file
+  // changed since, this is the version now served (and registered).
+  if (!done.header().empty() && done.header() != m.entry.header) {
+    Log(LogLevel::kInfo, "\"{}\" loaded a newer version of its file than was registered", name);
+    FollowFile(model, done);
+  }
+  w.header = done.header().empty() ? m.entry.header : done.header();
+  w.file_size = done.header().empty() ? m.entry.file_size : done.file_size();
+  w.weight_bytes = done.weight_bytes();
+  w.workspace_bytes = done.workspace_bytes();
+  w.in_features = done.in_features();
+  w.out_features = done.out_features();
+  m.entry.workspace_bytes = w.workspace_bytes;  // what the next admission counts
+  m.machine.FinishLoad(std::move(w));
+  OnReady(model, job.started_ms, "loaded");
+}
+
+void Core::OnAttachDone(const Job& job, const v1::WorkerLoadDone& done) {
+  const uint32_t model = job.model;
+  Model& m = models_[model];
+  const std::vector<Replica>* replicas = m.machine.Replicas();
+  bool expected = replicas != nullptr &&
+                  std::any_of(replicas->begin(), replicas->end(), [&](const Replica& r) {
+                    return r.worker == job.worker && r.attach_job == done.job();
+                  });
+  if (!expected) return;
+  if (done.has_error()) {
+    Log(LogLevel::kWarn, "attaching \"{}\" to worker {} failed: {}", m.entry.name, job.worker,
+        done.error().message());
+    m.machine.DropReplica(job.worker);
+    if (const Ready* ready = m.machine.As<Ready>(); ready != nullptr && ready->replicas.empty()) {
+      // The held weights cannot be attached: let them go and load from the file instead.
+      Release(model, /*eviction=*/false, /*allow_park=*/false);
+    } else if (const Releasing* r = m.machine.As<Releasing>();
+               r != nullptr && r->replicas.empty() && r->park_job == 0 && !r->draining) {
+      FinishRelease(model);
+    }
+    return RetryPending();
+  }
+  m.machine.ReplicaAttached(job.worker);
+  if (!m.machine.Is<Ready>()) return;  // releasing: its unload follows in the same channel
+  std::vector<uint32_t> serving = m.machine.ServingWorkers();
+  if (job.moving_from != shm::kNil &&
+      std::find(serving.begin(), serving.end(), job.moving_from) != serving.end()) {
+    SendLeave(model, job.moving_from);  // the move is done: the crowded worker lets it go
+  }
+  if (serving.size() == 1) return OnReady(model, job.started_ms, "attached");
+  Log(LogLevel::kInfo, "\"{}\" weights attached on worker {}: {} replicas serve it", m.entry.name,
+      job.worker, serving.size());
+  DrainReady(model);
+}
+
+void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int handle) {
+  const uint32_t model = job.model;
+  Model& m = models_[model];
+  const Unparking* u = m.machine.As<Unparking>();
+  if (u == nullptr || u->job != done.job()) return Close(handle);
+  if (done.has_error() || !done.weights_shared() || handle < 0) {
+    Close(handle);
+    Log(LogLevel::kWarn, "unparking \"{}\" failed ({}); loading it from its file", m.entry.name,
+        done.has_error() ? done.error().message() : std::string("no device copy came back"));
+    Close(m.machine.FailUnpark(done.error().message()));
+    TryAdmit(model);
+    return RetryPending();
+  }
+  Weights w = u->copy;  // the copy's description is the weights' (whatever the file says now)
+  w.handle = handle;
+  w.weight_bytes = done.weight_bytes();
+  w.workspace_bytes = done.workspace_bytes();
+  w.in_features = done.in_features();
+  w.out_features = done.out_features();
+  Close(m.machine.FinishUnpark(std::move(w)));  // back on the device: the host copy goes
+  OnReady(model, job.started_ms, "unparked");
+}
+
+void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
+  Model& m = models_[model];
+  const Ready* ready = m.machine.As<Ready>();
+  m.last_error.clear();
+  StartKeepAlive(model);
+  CheckPreload();
+  Log(LogLevel::kInfo, "\"{}\" ready on worker {} ({} weights {}, {} ms)", m.entry.name,
+      m.machine.ServingWorkers().front(), FormatBytes(ready->weights.weight_bytes), how,
+      MonoMs() - started_ms);
+  uint64_t budget = config_.budget_bytes;
+  if (budget != 0 && index_->DeviceUsed(0) > budget) {
+    // An engine allocated more than it said it would (a plugin's workspace, say).
+    FailWaiters(model, Error(Code::kResourceExhausted,
+                             "model \"{}\" took more memory than it announced and does not fit the "
+                             "budget: unloaded",
+                             m.entry.name));
+    return Release(model, /*eviction=*/false, /*allow_park=*/false);
+  }
+  // Load waiters are answered; inference waiters go to the workers in arrival order.
+  std::deque<Waiter> rest;
+  for (Waiter& w : m.waiters) {
+    if (w.is_infer) {
+      rest.push_back(std::move(w));
+      continue;
+    }
+    queued_--;
+    v1::Envelope reply;
+    reply.mutable_load_reply()->set_model(m.entry.name);
+    reply.mutable_load_reply()->set_bytes(ready->weights.weight_bytes);
+    reply.mutable_load_reply()->set_load_ms(MonoMs() - started_ms);
+    Answer(w.call, std::move(reply));
+  }
+  m.waiters.swap(rest);
+  DrainReady(model);
+  AdjustReplicas(model);
+  EnforceMaxCached(model);
+  RetryPending();
+}
+
+void Core::OnUnloadDone(const Job& job) {
+  const uint32_t model = job.model;
+  Model& m = models_[model];
+  const std::vector<Replica>* replicas = m.machine.Replicas();
+  bool expected = replicas != nullptr &&
+                  std::any_of(replicas->begin(), replicas->end(), [&](const Replica& r) {
+                    return r.worker == job.worker && r.leave_job != 0;
+                  });
+  if (!expected) return;
+  m.machine.DropReplica(job.worker);
+  if (const Releasing* r = m.machine.As<Releasing>();
+      r != nullptr && r->replicas.empty() && r->park_job == 0 && !r->draining) {
+    FinishRelease(model);
+  }
+  RetryPending();
+}
+
+void Core::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle) {
+  const uint32_t model = job.model;
+  Model& m = models_[model];
+  Releasing* r = m.machine.As<Releasing>();
+  if (r == nullptr || r->park_job != done.job()) return Close(handle);
+  r->park_job = 0;
+  if (done.has_error() || !done.copy_shared() || handle < 0) {
+    Close(handle);
+    Log(LogLevel::kWarn, "parking \"{}\" failed ({}); dropping it instead", m.entry.name,
+        done.error().message());
+  } else {
+    Weights copy = r->weights;  // the host copy is described like the weights it copies
+    copy.handle = handle;
+    r->copy = std::move(copy);
+  }
+  if (r->replicas.empty()) FinishRelease(model);
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,115 @@
+// The worker processes as the core sees them: started on its word (action::SpawnWorker), up at
+// their hello, down at their death, started again after a backoff (policy::RespawnDelay) unless
+// they exited with status 2 (fatal configuration). Their records in the segment are written here
+// and only here: state (busy while jobs are outstanding), pid, generation, restarts, the models
+// each holds.
+#include <algorithm>
+
+#include "shm/seqlock.h"
+#include "supervisor/core/core.h"
+
+namespace warmpool::supervisor {
+
+using namespace residency;
+
+void Core::SpawnDue() {
+  if (stopping_) return;
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+    WorkerSlot& w = workers_[slot];
+    if (w.state != WorkerSlot::State::kDown || MonoMs() < w.respawn_at_ms) continue;
+    w.generation++;
+    w.state = WorkerSlot::State::kStarting;
+    w.started_ms = MonoMs();
+    w.pid = 0;
+    actions_.push_back(action::SpawnWorker{slot, w.generation});
+  }
+}
+
+void Core::OnWorkerSpawned(const event::WorkerSpawned& spawned) {
+  WorkerSlot& w = workers_[spawned.slot];
+  if (w.generation != spawned.generation) return;
+  w.pid = spawned.pid;
+}
+
+void Core::OnWorkerUp(const event::WorkerUp& up) {
+  WorkerSlot& w = workers_[up.slot];
+  if (w.generation != up.generation || w.state != WorkerSlot::State::kStarting) return;
+  w.state = WorkerSlot::State::kUp;
+  w.outstanding = 0;
+  w.pending_bytes = 0;
+  Log(LogLevel::kInfo, "worker {} ready (pid {}, generation {})", up.slot, w.pid, up.generation);
+  // Models that wait for a worker (or for room a worker brings), replicas short of their target,
+  // and models stacked on another worker.
+  RetryPending();
+  for (uint32_t model : index_->All()) {
+    if (!models_[model].waiters.empty()) TryAdmit(model);
+  }
+  Rebalance();
+}
+
+void Core::KillWorker(uint32_t slot, const std::string& reason) {
+  WorkerSlot& w = workers_[slot];
+  if (w.killing || (w.state != WorkerSlot::State::kUp && w.state != WorkerSlot::State::kStarting)) {
+    return;
+  }
+  w.killing = true;
+  Log(LogLevel::kWarn, "killing worker {} (pid {}): {}", slot, w.pid, reason);
+  actions_.push_back(action::KillWorker{slot, reason});
+}
+
+bool Core::AnyCanServe() const {
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [](const WorkerSlot& w) { return w.state != WorkerSlot::State::kFatal; });
+}
+
+void Core::JobDone(Job& job) {
+  WorkerSlot& w = workers_[job.worker];
+  w.outstanding -= std::min<uint32_t>(w.outstanding, 1);
+  w.pending_bytes -= std::min(w.pending_bytes, job.frame_bytes);
+  w.served++;
+  (OnLoadThread(job) ? w.load_done_ms : w.serving_done_ms) = MonoMs();
+  ReturnFaults(job);
+}
+
+void Core::PublishWorkers() {
+  std::vector<std::vector<uint32_t>> held(workers_.size());
+  for (uint32_t model : index_->LruOrder()) {
+    const ModelMachine& machine = models_[model].machine;
+    for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+      if (machine.HasWorker(slot)) held[slot].push_back(model);
+    }
+  }
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+    const WorkerSlot& w = workers_[slot];
+    shm::WorkerState state = shm::WorkerState::kEmpty;
+    switch (w.state) {
+      case WorkerSlot::State::kDown:
+        state = w.generation == 0 ? shm::WorkerState::kEmpty : shm::WorkerState::kDead;
+        break;
+      case WorkerSlot::State::kStarting: state = shm::WorkerState::kStarting; break;
+      case WorkerSlot::State::kUp:
+        state = w.outstanding > 0 ? shm::WorkerState::kBusy : shm::WorkerState::kIdle;
+        break;
+      case WorkerSlot::State::kFatal: state = shm::WorkerState::kFatal; break;
+    }
+    uint64_t age_ns = (MonoMs() - std::min(MonoMs(), w.started_ms)) * 1000000;
+    uint64_t started_ns = w.generation == 0 ? 0 : now_.unix_ns - std::min(now_.unix_ns, age_ns);
+    shm::SeqWrite(segment_.worker(slot), [&](shm::WorkerRecord& r) {
+      r.state = static_cast<uint32_t>(state);
+      r.pid = w.pid;
+      r.generation = w.generation;
+      r.device = 0;
+      r.restarts = w.restarts;
+      r.last_exit = w.last_exit_code;
+      r.models = static_cast<uint32_t>(held[slot].size());
+      r.started_ns = started_ns;
+      r.served = w.served;
+      r.outstanding = w.outstanding;
+      for (uint32_t i = 0; i < shm::kWorkerModelsShown; i++) {
+        r.held[i] = i < held[slot].size() ? held[slot][i] : shm::kNil;
+      }
+    });
+  }
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,72 @@
+// Admission and eviction as pure functions: which models make room for a load, which are parked
+// or dropped, which go beyond max_cached, which expire by keep_alive. The core describes the pool
+// (Resident, in LRU order) and acts on the answer; nothing here touches the core or the segment
+// (Ray's eviction policy returns victims, the caller evicts them). A new engineer changes the
+// eviction policy here, and only here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace warmpool::supervisor::policy {
+
+// One cached model as admission sees it.
+struct Resident {
+  uint32_t model = 0;
+  std::string name;
+  enum class Where {
+    kDevice,   // ready (or detached): its device bytes can be released
+    kSettling, // loading, attaching or unparking: busy for now, evictable later
+    kLeaving,  // its release is under way: its bytes come back without a decision of ours
+    kParked,   // only a host copy: no device bytes
+  };
+  Where where = Where::kDevice;
+  uint64_t device_bytes = 0;  // accounted on the device
+  uint64_t parked_bytes = 0;  // the host copy (parked)
+  bool pinned = false;
+  bool busy = false;          // requests in flight or waiting: not released now
+  uint64_t expires_at_ms = 0; // keep_alive: 0 never
+};
+
+struct Limits {
+  uint64_t budget_bytes = 0;      // device budget; 0 unlimited
+  uint32_t capacity = 0;          // models on the device at once; 0 unlimited
+  uint32_t max_cached = 0;        // on the device plus parked; 0 unlimited
+  uint64_t park_budget_bytes = 0; // 0: parking is off
+};
+
+struct AdmissionPlan {
+  enum class Kind {
+    kAdmit,   // start the load now
+    kEvict,   // release `victims` (idle, unpinned, LRU first), then ask again
+    kWait,    // room comes back when busy, settling or leaving models finish: ask again then
+    kReject,  // cannot ever fit, or everything in the way is pinned: `reason`
+  };
+  Kind kind = Kind::kReject;
+  std::vector<uint32_t> victims;
+  Status reason;
+};
+
+// May `model` (needing `bytes` on the device, which holds `used` now) be loaded? `lru` lists the
+// cached models, least recently used first (the model itself may be among them, parked).
+AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
+                            const std::string& name, uint64_t bytes, uint64_t used,
+                            const Limits& limits);
+
+// A model leaving the device keeps a host copy when its weights fit what is left of the park
+// budget (and it has weights and a worker to copy them); otherwise it is dropped.
+bool ShouldPark(uint64_t weight_bytes, bool can_copy, uint64_t park_used, const Limits& limits);
+
+// Beyond max_cached: the least recently used parked copies first, then idle device models; never
+// `keep` (just loaded), pinned or busy ones.
+std::vector<uint32_t> PlanMaxCached(const std::vector<Resident>& lru, uint32_t keep,
+                                    const Limits& limits);
+
+// keep_alive: idle device models past their expiry, never the only cached model, never the most
+// recently used one, never busy or pinned.
+std::vector<uint32_t> PlanExpiry(const std::vector<Resident>& lru, uint64_t now_ms);
+
+}  // namespace warmpool::supervisor::policy

@@ -1,0 +1,61 @@
+// Placement as pure functions: which worker loads a model, which replica serves a request, and
+// when a model moves to spread the pool over the workers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace warmpool::supervisor::policy {
+
+struct WorkerView {
+  uint32_t slot = 0;
+  bool up = false;            // said hello, not dead
+  uint32_t models = 0;        // models it holds or is taking (loading, attaching)
+  uint32_t outstanding = 0;   // jobs sent and not answered
+  uint64_t pending_bytes = 0; // their frame bytes
+};
+
+// How much work may wait in one worker's channel: beyond it, requests wait in the daemon, where
+// they can still go to another replica, time out, or be dropped when their client leaves.
+struct Window {
+  uint32_t jobs = 16;
+  uint64_t bytes = 64ull << 20;
+};
+// A worker with nothing outstanding always has room, whatever the size of the job.
+bool HasRoom(const WorkerView& worker, const Window& window);
+
+// The up worker with the fewest models, then the fewest outstanding jobs (kNone if none), leaving
+// out `busy` (workers that already serve the model).
+inline constexpr uint32_t kNone = 0xFFFFFFFFu;
+uint32_t PickWorkerForLoad(const std::vector<WorkerView>& workers,
+                           const std::vector<uint32_t>& busy = {});
+
+// Of the model's serving replicas, the one with room and the least outstanding work; kNone when
+// every one is full.
+uint32_t PickReplica(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& replicas,
+                     const Window& window);
+
+// When a model has more replicas than it should: the one on the worker with the most models, then
+// the most work.
+uint32_t PickReplicaToDrop(const std::vector<WorkerView>& workers,
+                           const std::vector<uint32_t>& replicas);
+
+struct PlacedModel {
+  uint32_t model = 0;
+  std::vector<uint32_t> workers;  // its serving replicas
+  bool movable = false;           // ready, idle enough to move, at its target replica count
+  uint32_t waiting = 0;           // requests waiting for room in its workers
+};
+struct Move {
+  uint32_t model = 0;
+  uint32_t from = 0;
+  uint32_t to = 0;
+};
+// Spreading: a worker that holds nothing and runs nothing, next to one that holds several models,
+// takes one of them (the one with the most requests waiting, else the first). The move attaches
+// the weights there (no copy) and then lets the old replica go.
+std::optional<Move> PlanRebalance(const std::vector<WorkerView>& workers,
+                                  const std::vector<PlacedModel>& models);
+
+}  // namespace warmpool::supervisor::policy

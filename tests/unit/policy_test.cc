@@ -1,0 +1,352 @@
+// The policies as tables: a pool described as plain values (policy::Resident, WorkerView), the
+// decision asked, and checked. No core, no segment, no process. Sizes are in MiB against a 1 GiB
+// device budget.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "supervisor/policy/admission.h"
+#include "supervisor/policy/placement.h"
+#include "supervisor/policy/retry.h"
+
+namespace warmpool::supervisor::policy {
+namespace {
+
+using Kind = AdmissionPlan::Kind;
+using Where = Resident::Where;
+using Victims = std::vector<uint32_t>;
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A pool in LRU order (least recently used first): each Add puts a model at the MRU end.
+class Pool {
+ public:
+  uint32_t Add(const std::string& name, uint64_t mib, Where where = Where::kDevice) {
+    Resident r;
+    r.model = static_cast<uint32_t>(lru_.size() + 100);
+    r.name = name;
+    r.where = where;
+    if (where == Where::kParked) r.parked_bytes = mib * kMiB;
+    else r.device_bytes = mib * kMiB;
+    lru_.push_back(r);
+    return r.model;
+  }
+  Resident& Get(uint32_t model) {
+    for (Resident& r : lru_) {
+      if (r.model == model) return r;
+    }
+    static Resident none;
+    return none;
+  }
+  void Touch(uint32_t model) {
+    Resident r = Get(model);
+    std::erase_if(lru_, [&](const Resident& x) { return x.model == model; });
+    lru_.push_back(r);
+  }
+  uint64_t Used() const {
+    uint64_t used = 0;
+    for (const Resident& r : lru_) used += r.device_bytes;
+    return used;
+  }
+  AdmissionPlan Plan(uint32_t model, uint64_t mib, uint32_t capacity = 0, uint64_t budget_mib = 1024) {
+    Limits limits{budget_mib * kMiB, capacity, 0, 0};
+    return PlanAdmission(lru_, model, model == kNew ? "x" : Get(model).name, mib * kMiB, Used(), limits);
+  }
+  const std::vector<Resident>& lru() const { return lru_; }
+  static constexpr uint32_t kNew = 1;  // a model not cached yet
+
+ private:
+  std::vector<Resident> lru_;
+};
+
+constexpr uint32_t x = Pool::kNew;
+
+TEST(AdmissionTest, AdmitsWhenItFits) {
+  Pool pool;
+  pool.Add("a", 300);
+  EXPECT_EQ(pool.Plan(x, 500).kind, Kind::kAdmit);
+  EXPECT_TRUE(pool.Plan(x, 500).reason.ok());
+  EXPECT_EQ(pool.Plan(x, 724).kind, Kind::kAdmit);  // 300 + 724 = the budget exactly
+  EXPECT_EQ(pool.Plan(x, 725).kind, Kind::kEvict);
+}
+
+TEST(AdmissionTest, RejectsAModelBiggerThanTheBudget) {
+  Pool pool;
+  AdmissionPlan plan = pool.Plan(x, 1536);
+  EXPECT_EQ(plan.kind, Kind::kReject);
+  EXPECT_EQ(plan.reason.code(), Code::kResourceExhausted);
+  EXPECT_TRUE(Contains(plan.reason.message(), "model \"x\" needs 1.5 GiB but the device budget is 1.0 GiB"))
+      << plan.reason.message();
+  EXPECT_TRUE(Contains(plan.reason.message(), "raise --budget or [pool] budget"));
+}
+
+TEST(AdmissionTest, EvictsLeastRecentlyUsedFirstAndJustEnough) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 300), b = pool.Add("b", 300), c = pool.Add("c", 300);
+  EXPECT_EQ(pool.Plan(x, 400).victims, (Victims{a}));  // 900 + 400 > 1024; without a: 1000
+  EXPECT_EQ(pool.Plan(x, 600).kind, Kind::kEvict);
+  EXPECT_EQ(pool.Plan(x, 600).victims, (Victims{a, b}));
+  pool.Touch(a);  // now b, c, a
+  EXPECT_EQ(pool.Plan(x, 600).victims, (Victims{b, c}));
+  EXPECT_EQ(pool.Plan(x, 1000).victims, (Victims{b, c, a}));
+}
+
+TEST(AdmissionTest, NeverEvictsTheModelBeingAdmitted) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 300, Where::kParked), b = pool.Add("b", 300), c = pool.Add("c", 300);
+  pool.Add("d", 300);
+  AdmissionPlan plan = pool.Plan(a, 600);  // a (parked, least recently used) is the one asked for
+  EXPECT_EQ(plan.kind, Kind::kEvict);
+  EXPECT_EQ(plan.victims, (Victims{b, c}));
+}
+
+TEST(AdmissionTest, WaitsWhenOnlyBusyOrSettlingModelsAreInTheWay) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 600);
+  pool.Get(a).busy = true;
+  pool.Add("b", 300, Where::kSettling);
+  AdmissionPlan plan = pool.Plan(x, 400);
+  EXPECT_EQ(plan.kind, Kind::kWait);
+  EXPECT_TRUE(plan.victims.empty());
+  EXPECT_TRUE(plan.reason.ok());
+}
+
+TEST(AdmissionTest, SkipsBusyModelsAndEvictsIdleOnesBehindThem) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 300);
+  pool.Get(a).busy = true;  // least recently used, but busy
+  uint32_t b = pool.Add("b", 300);
+  pool.Add("c", 300);
+  EXPECT_EQ(pool.Plan(x, 400).victims, (Victims{b}));
+}
+
+TEST(AdmissionTest, EvictsWhatItCanWhenBusyModelsMustStillFinish) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 500);
+  pool.Get(a).busy = true;
+  uint32_t b = pool.Add("b", 300);
+  AdmissionPlan plan = pool.Plan(x, 600);  // even without b: 500 + 600 > 1024
+  EXPECT_EQ(plan.kind, Kind::kEvict);
+  EXPECT_EQ(plan.victims, (Victims{b}));
+}
+
+TEST(AdmissionTest, CapacityForcesEvictionWithBytesFree) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 100), b = pool.Add("b", 100);
+  EXPECT_EQ(pool.Plan(x, 100, /*capacity=*/3).kind, Kind::kAdmit);
+  EXPECT_EQ(pool.Plan(x, 100, /*capacity=*/2).victims, (Victims{a}));
+  EXPECT_EQ(pool.Plan(x, 100, /*capacity=*/1).victims, (Victims{a, b}));
+  pool.Get(a).busy = true;
+  EXPECT_EQ(pool.Plan(x, 100, /*capacity=*/2).victims, (Victims{b}));
+}
+
+TEST(AdmissionTest, ParkedModelsTakeNoDeviceRoom) {
+  Pool pool;
+  pool.Add("a", 600, Where::kParked);
+  pool.Add("b", 100);
+  EXPECT_EQ(pool.Plan(x, 900, /*capacity=*/2).kind, Kind::kAdmit);
+}
+
+TEST(AdmissionTest, LeavingBytesCountAsComingBack) {
+  Pool pool;
+  pool.Add("a", 500, Where::kLeaving);
+  pool.Add("b", 300);
+  AdmissionPlan plan = pool.Plan(x, 500);  // 800 + 500 > 1024, but 300 + 500 fits once a is gone
+  EXPECT_EQ(plan.kind, Kind::kWait);
+  EXPECT_TRUE(plan.victims.empty());
+}
+
+TEST(AdmissionTest, LeavingBytesReduceTheVictimsNeeded) {
+  Pool pool;
+  pool.Add("a", 300, Where::kLeaving);
+  uint32_t b = pool.Add("b", 300);
+  pool.Add("c", 300);
+  AdmissionPlan plan = pool.Plan(x, 600);  // 900 - 300 leaving = 600; + 600 needs b gone too
+  EXPECT_EQ(plan.kind, Kind::kEvict);
+  EXPECT_EQ(plan.victims, (Victims{b}));
+}
+
+TEST(AdmissionTest, LeavingModelsFreeCapacityToo) {
+  Pool pool;
+  pool.Add("a", 100, Where::kLeaving);
+  pool.Add("b", 100);
+  EXPECT_EQ(pool.Plan(x, 100, /*capacity=*/2).kind, Kind::kWait);
+}
+
+TEST(AdmissionTest, RejectsNamingPinnedModelsWhenEverythingIsPinned) {
+  Pool pool;
+  pool.Get(pool.Add("alpha", 500)).pinned = true;
+  pool.Get(pool.Add("beta", 500)).pinned = true;
+  AdmissionPlan plan = pool.Plan(x, 500);
+  EXPECT_EQ(plan.kind, Kind::kReject);
+  EXPECT_EQ(plan.reason.code(), Code::kResourceExhausted);
+  EXPECT_TRUE(Contains(plan.reason.message(), "no room for model \"x\" (500.0 MiB)")) << plan.reason.message();
+  EXPECT_TRUE(Contains(plan.reason.message(), "1000.0 MiB of 1.0 GiB in use, pinned: alpha, beta"))
+      << plan.reason.message();
+  EXPECT_TRUE(Contains(plan.reason.message(), "unpin or unload a model"));
+}
+
+TEST(AdmissionTest, PinnedModelsAreSkippedNotEvicted) {
+  Pool pool;
+  pool.Get(pool.Add("a", 400)).pinned = true;
+  uint32_t b = pool.Add("b", 400);
+  EXPECT_EQ(pool.Plan(x, 400).victims, (Victims{b}));
+}
+
+TEST(AdmissionTest, PinnedAndBusyMeansWait) {
+  Pool pool;
+  pool.Get(pool.Add("a", 500)).pinned = true;
+  pool.Get(pool.Add("b", 500)).busy = true;
+  EXPECT_EQ(pool.Plan(x, 500).kind, Kind::kWait);
+}
+
+TEST(AdmissionTest, UnlimitedBudgetOnlyCapacityLimits) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 100000);
+  EXPECT_EQ(pool.Plan(x, 1 << 20, 0, /*budget_mib=*/0).kind, Kind::kAdmit);
+  AdmissionPlan plan = pool.Plan(x, 1, /*capacity=*/1, /*budget_mib=*/0);
+  EXPECT_EQ(plan.kind, Kind::kEvict);
+  EXPECT_EQ(plan.victims, (Victims{a}));
+}
+
+TEST(ParkTest, ParksOnlyWhatFitsTheParkBudget) {
+  Limits limits{0, 0, 0, 1000};
+  EXPECT_TRUE(ShouldPark(400, true, 600, limits));
+  EXPECT_FALSE(ShouldPark(401, true, 600, limits));
+  EXPECT_FALSE(ShouldPark(400, false, 0, limits)) << "no worker to copy the weights";
+  EXPECT_FALSE(ShouldPark(0, true, 0, limits)) << "no weights";
+  EXPECT_FALSE(ShouldPark(1, true, 0, Limits{})) << "parking off";
+}
+
+TEST(MaxCachedTest, DropsParkedCopiesFirstThenIdleModels) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 10), p = pool.Add("p", 10, Where::kParked), b = pool.Add("b", 10);
+  uint32_t q = pool.Add("q", 10, Where::kParked), c = pool.Add("c", 10);
+  Limits limits{0, 0, 3, 0};
+  EXPECT_EQ(PlanMaxCached(pool.lru(), c, limits), (Victims{p, q}));
+  limits.max_cached = 2;
+  EXPECT_EQ(PlanMaxCached(pool.lru(), c, limits), (Victims{p, q, a}));
+  pool.Get(a).busy = true;
+  pool.Get(b).pinned = true;
+  limits.max_cached = 1;
+  EXPECT_EQ(PlanMaxCached(pool.lru(), c, limits), (Victims{p, q})) << "never busy, pinned or kept";
+  EXPECT_TRUE(PlanMaxCached(pool.lru(), c, Limits{}).empty()) << "0: unlimited";
+}
+
+TEST(ExpiryTest, IdleModelsPastTheirKeepAliveButNeverTheMostRecentOrTheOnly) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 10), b = pool.Add("b", 10), c = pool.Add("c", 10);
+  pool.Get(a).expires_at_ms = 100;
+  pool.Get(b).expires_at_ms = 300;
+  pool.Get(c).expires_at_ms = 100;  // the most recently used
+  EXPECT_EQ(PlanExpiry(pool.lru(), 200), (Victims{a}));
+  EXPECT_EQ(PlanExpiry(pool.lru(), 300), (Victims{a, b}));
+  pool.Get(a).busy = true;
+  pool.Get(b).pinned = true;
+  EXPECT_TRUE(PlanExpiry(pool.lru(), 1000).empty());
+  Pool one;
+  one.Get(one.Add("only", 10)).expires_at_ms = 1;
+  EXPECT_TRUE(PlanExpiry(one.lru(), 1000).empty());
+}
+
+TEST(RetryTest, ARequestIsRetriedAfterOneCrashNotTwo) {
+  EXPECT_TRUE(RetryAfterCrash(0));
+  EXPECT_TRUE(RetryAfterCrash(1));
+  EXPECT_FALSE(RetryAfterCrash(2));
+}
+
+TEST(RetryTest, CrashesWithinTheWindowMakeACrashLoop) {
+  RetrySettings s;
+  s.crash_loop_crashes = 3;
+  s.crash_loop_window_ms = 1000;
+  CrashRecord r;
+  EXPECT_FALSE(ChargeCrash(r, 0, s));
+  EXPECT_FALSE(ChargeCrash(r, 500, s));
+  EXPECT_FALSE(ChargeCrash(r, 1600, s)) << "the first two crashes fell out of the window";
+  EXPECT_FALSE(ChargeCrash(r, 1700, s));
+  EXPECT_TRUE(ChargeCrash(r, 1800, s));
+  EXPECT_TRUE(r.times_ms.empty()) << "a crash loop starts the count over";
+}
+
+TEST(RetryTest, CooldownsDoubleUpToTheMaximumAndAreForgivenAfterAWindow) {
+  RetrySettings s;
+  s.cooldown_ms = 100;
+  s.cooldown_max_ms = 350;
+  s.crash_loop_window_ms = 1000;
+  CrashRecord r;
+  EXPECT_EQ(NextCooldown(r, s), 100u);
+  EXPECT_EQ(NextCooldown(r, s), 200u);
+  EXPECT_EQ(NextCooldown(r, s), 350u);
+  EXPECT_EQ(NextCooldown(r, s), 350u);
+  r.times_ms = {5000};
+  Forgive(r, 5500, s);
+  EXPECT_EQ(r.cooldown_ms, 350u) << "not a whole window yet";
+  Forgive(r, 6001, s);
+  EXPECT_EQ(NextCooldown(r, s), 100u);
+}
+
+TEST(RetryTest, RespawnBackoffDoublesAndStartsOverAfterAStableRun) {
+  RetrySettings s;
+  s.respawn_min_ms = 10;
+  s.respawn_max_ms = 35;
+  s.respawn_stable_ms = 1000;
+  EXPECT_EQ(RespawnDelay(0, 5, s), 10u);
+  EXPECT_EQ(RespawnDelay(10, 5, s), 20u);
+  EXPECT_EQ(RespawnDelay(20, 5, s), 35u);
+  EXPECT_EQ(RespawnDelay(35, 5, s), 35u);
+  EXPECT_EQ(RespawnDelay(35, 1000, s), 10u);
+}
+
+TEST(PlacementTest, LoadsGoToTheWorkerWithFewestModelsThenLeastWork) {
+  EXPECT_EQ(PickWorkerForLoad({{0, true, 2, 0}, {1, true, 1, 5}, {2, true, 1, 3}}), 2u);
+  EXPECT_EQ(PickWorkerForLoad({{0, true, 0, 9}, {1, true, 1, 0}}), 0u);
+  EXPECT_EQ(PickWorkerForLoad({{3, true, 1, 0}, {1, true, 1, 0}}), 3u) << "ties: the first listed";
+  EXPECT_EQ(PickWorkerForLoad({{0, false, 0, 0}, {1, true, 4, 4}, {2, false, 0, 0}}), 1u);
+  EXPECT_EQ(PickWorkerForLoad({{0, true, 0, 0}, {1, true, 1, 0}}, {0}), 1u) << "busy ones left out";
+  EXPECT_EQ(PickWorkerForLoad({}), kNone);
+  EXPECT_EQ(PickWorkerForLoad({{0, false, 0, 0}}), kNone);
+}
+
+TEST(PlacementTest, RequestsGoToTheReplicaWithRoomAndLeastWork) {
+  Window window{4, 1000};
+  std::vector<WorkerView> w = {{0, true, 1, 3, 10}, {1, true, 1, 1, 10}, {2, true, 1, 0, 0}};
+  EXPECT_EQ(PickReplica(w, {0, 1}, window), 1u);
+  w[1].outstanding = 4;  // full
+  EXPECT_EQ(PickReplica(w, {0, 1}, window), 0u);
+  w[0].pending_bytes = 1000;  // full by bytes
+  EXPECT_EQ(PickReplica(w, {0, 1}, window), kNone);
+  w[2].pending_bytes = 5000;
+  EXPECT_EQ(PickReplica(w, {2}, window), 2u) << "a worker with nothing outstanding always has room";
+}
+
+TEST(PlacementTest, TheReplicaOnTheMostCrowdedWorkerLeavesFirst) {
+  std::vector<WorkerView> w = {{0, true, 1, 0, 0}, {1, true, 3, 0, 0}, {2, true, 3, 2, 0}};
+  EXPECT_EQ(PickReplicaToDrop(w, {0, 1, 2}), 2u);
+  EXPECT_EQ(PickReplicaToDrop(w, {0, 1}), 1u);
+}
+
+TEST(PlacementTest, AnIdleWorkerTakesAModelFromOneHoldingSeveral) {
+  std::vector<WorkerView> w = {{0, true, 2, 1, 0}, {1, true, 0, 0, 0}};
+  std::vector<PlacedModel> models = {{7, {0}, true, 0}, {8, {0}, true, 3}};
+  std::optional<Move> move = PlanRebalance(w, models);
+  ASSERT_TRUE(move.has_value());
+  EXPECT_EQ(move->model, 8u) << "the one with requests waiting";
+  EXPECT_EQ(move->from, 0u);
+  EXPECT_EQ(move->to, 1u);
+  models[1].movable = false;
+  EXPECT_EQ(PlanRebalance(w, models)->model, 7u);
+  w[1].up = false;
+  EXPECT_FALSE(PlanRebalance(w, models)) << "no idle worker up";
+  w[1].up = true;
+  w[0].models = 1;
+  EXPECT_FALSE(PlanRebalance(w, models)) << "nobody holds several";
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor::policy
