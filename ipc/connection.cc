@@ -1,5 +1,6 @@
 #include "ipc/connection.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@ Connection::Connection(int fd, Options options, FrameHandler on_frame, CloseHand
 
 Connection::~Connection() {
   for (int fd : received_fds_) ::close(fd);
+  for (Pending& p : pending_) CloseFds(p);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -104,10 +106,28 @@ int Connection::TakeFd() {
   return fd;
 }
 
+void Connection::CloseFds(Pending& p) {
+  for (int fd : p.fds) ::close(fd);
+  p.fds.clear();
+}
+
 void Connection::Send(std::string bytes, std::vector<int> fds) {
   if (closing_) return;
+  // The frame owns what it carries: a descriptor named by number here could be closed (and its
+  // number reused) by the caller before the frame's turn comes.
+  std::vector<int> owned;
+  for (int fd : fds) {
+    int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) {
+      int err = errno;
+      for (int d : owned) ::close(d);
+      Close(Error(Code::kInternal, "cannot keep descriptor {} for a frame: {}", fd, std::strerror(err)));
+      return;
+    }
+    owned.push_back(dup);
+  }
   pending_bytes_ += bytes.size();
-  pending_.push_back(Pending{std::move(bytes), 0, std::move(fds)});
+  pending_.push_back(Pending{std::move(bytes), 0, std::move(owned)});
   if (pending_bytes_ > options_.max_pending_write_bytes) {
     Close(Error(Code::kResourceExhausted,
                 "peer does not read its replies ({} bytes pending): disconnected", pending_bytes_));
@@ -128,6 +148,7 @@ void Connection::Flush() {
       Close(Error(Code::kUnavailable, "write failed: {}", std::strerror(errno)));
       return;
     }
+    CloseFds(p);  // the kernel holds its own references once the first byte is sent
     p.offset += static_cast<size_t>(n);
     pending_bytes_ -= static_cast<size_t>(n);
     if (p.offset == p.bytes.size()) pending_.pop_front();
@@ -145,10 +166,12 @@ void Connection::Close(const Status& why) {
     if (p.offset == 0) fds = p.fds;
     ssize_t n = SendWithFds(fd_, p.bytes.data() + p.offset, p.bytes.size() - p.offset, fds);
     if (n <= 0) break;
+    CloseFds(p);
     p.offset += static_cast<size_t>(n);
     if (p.offset < p.bytes.size()) break;
     pending_.pop_front();
   }
+  for (Pending& p : pending_) CloseFds(p);
   pending_.clear();
   pending_bytes_ = 0;
   // on_frame_ may be the caller of Close: it stays alive until the connection is deleted.

@@ -41,8 +41,10 @@ class Connection {
   static Connection* Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
                           CloseHandler on_close);
 
-  // Queues already framed bytes; fds (not taken over: the caller keeps its copies) go with the
-  // first byte. Silently dropped once the connection is closing.
+  // Queues already framed bytes; fds go with the first byte. The connection sends duplicates it
+  // makes now and closes once the frame is written (or dropped): the caller may close its own
+  // descriptors at once, even while the frame waits behind others. Silently dropped once the
+  // connection is closing; a descriptor that cannot be duplicated closes the connection.
   void Send(std::string bytes, std::vector<int> fds = {});
   // The oldest received descriptor not yet taken (the caller owns it), or -1.
   int TakeFd();
@@ -68,8 +70,9 @@ class Connection {
   struct Pending {
     std::string bytes;
     size_t offset = 0;
-    std::vector<int> fds;
+    std::vector<int> fds;  // owned duplicates, closed once the first byte went out
   };
+  static void CloseFds(Pending& p);
 
   int fd_;
   Options options_;

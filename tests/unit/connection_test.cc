@@ -1,0 +1,114 @@
+// The evented connection with descriptors in flight: a frame queued behind others keeps the
+// descriptors it names alive until it is written, whatever the sender does with its own.
+#include "ipc/connection.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ipc/socket_io.h"
+
+namespace warmpool::ipc {
+namespace {
+
+std::string RawFrame(const std::string& body) {
+  std::string frame(4, '\0');
+  uint32_t n = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; i++) frame[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return frame + body;
+}
+
+TEST(ConnectionTest, ADescriptorClosedByTheSenderStillGoesWithItsQueuedFrame) {
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
+  int small = 4096;
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  bool closed = false;
+  Status why;
+  Connection* c = Connection::Open(&loop, sv[0], {}, [](std::string_view) {},
+                                   [&](const Status& s) {
+                                     closed = true;
+                                     why = s;
+                                   });
+  ASSERT_NE(c, nullptr);
+  // Frames queue up: the peer reads nothing yet.
+  std::string filler(64 * 1024, 'x');
+  size_t sent = 0;
+  for (int i = 0; i < 8 && c->pending_write_bytes() == 0; i++) {
+    c->Send(RawFrame(filler));
+    sent += 4 + filler.size();
+  }
+  ASSERT_GT(c->pending_write_bytes(), 0u) << "the frames did not queue";
+  int region = memfd_create("payload", MFD_CLOEXEC);
+  ASSERT_GE(region, 0);
+  ASSERT_EQ(write(region, "weights", 7), 7);
+  c->Send(RawFrame("with the region"), {region});
+  sent += 4 + 15;
+  // The sender lets go of its descriptor at once, and the number goes to something else.
+  ASSERT_EQ(close(region), 0);
+  int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+
+  size_t received = 0;
+  std::vector<int> fds;
+  std::vector<char> buffer(64 * 1024);
+  for (int round = 0; round < 10000 && received < sent && !closed; round++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ssize_t n = RecvWithFds(sv[1], buffer.data(), buffer.size(), fds);
+    if (n > 0) received += static_cast<size_t>(n);
+  }
+  EXPECT_FALSE(closed) << "the connection failed: " << why.ToString();
+  EXPECT_EQ(received, sent);
+  ASSERT_EQ(fds.size(), 1u);
+  char content[8] = {};
+  EXPECT_EQ(pread(fds[0], content, 7, 0), 7);
+  EXPECT_STREQ(content, "weights") << "the frame carried another descriptor than the one it named";
+  for (int fd : fds) close(fd);
+  close(other);
+  c->Close(OkStatus());
+  uv_run(&loop, UV_RUN_DEFAULT);
+  close(sv[1]);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(ConnectionTest, DescriptorsOfFramesNeverWrittenAreClosed) {
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  int small = 4096;
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  Connection* c = Connection::Open(&loop, sv[0], {}, [](std::string_view) {}, [](const Status&) {});
+  std::string filler(64 * 1024, 'x');
+  for (int i = 0; i < 8 && c->pending_write_bytes() == 0; i++) c->Send(RawFrame(filler));
+  int region = memfd_create("payload", MFD_CLOEXEC);
+  c->Send(RawFrame("never written"), {region});
+  close(region);
+  // Count open descriptors before and after the connection drops its queue.
+  auto open_fds = [] {
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++) n += fcntl(fd, F_GETFD) != -1;
+    return n;
+  };
+  int before = open_fds();
+  c->Close(OkStatus());
+  uv_run(&loop, UV_RUN_DEFAULT);
+  EXPECT_EQ(open_fds(), before - 2) << "the socket and the frame's duplicate are both closed";
+  close(sv[1]);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+}  // namespace
+}  // namespace warmpool::ipc
