@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -115,12 +116,41 @@ void ClientServer::StartPolling(int fd) {
   uv_poll_init(loop_, listen_poll_.get(), fd);
   listen_poll_.MarkInitialized();
   listen_poll_.get()->data = this;
+  for (auto* timer : {&resume_timer_, &idle_timer_}) {
+    uv_timer_init(loop_, timer->get());
+    timer->MarkInitialized();
+    timer->get()->data = this;
+  }
+  reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ResumeAccepting();
+  if (options_.idle_timeout_ms != 0) {
+    uint64_t period = std::clamp<uint64_t>(options_.idle_timeout_ms / 4, 10, 1000);
+    uv_timer_start(idle_timer_.get(), [](uv_timer_t* t) {
+      static_cast<ClientServer*>(t->data)->CloseIdle();
+    }, period, period);
+  }
+}
+
+void ClientServer::ResumeAccepting() {
+  if (listen_fd_ < 0 || accepting_) return;
+  accepting_ = true;
   uv_poll_start(listen_poll_.get(), UV_READABLE, [](uv_poll_t* h, int status, int) {
     if (status == 0) static_cast<ClientServer*>(h->data)->OnAcceptable();
   });
 }
 
+void ClientServer::PauseAccepting(uint64_t ms) {
+  if (!accepting_) return;
+  accepting_ = false;
+  uv_poll_stop(listen_poll_.get());
+  uv_timer_start(resume_timer_.get(), [](uv_timer_t* t) {
+    static_cast<ClientServer*>(t->data)->ResumeAccepting();
+  }, ms, 0);
+}
+
 void ClientServer::StopAccepting() {
+  accepting_ = false;
+  if (resume_timer_.active()) uv_timer_stop(resume_timer_.get());
   if (listen_poll_.active()) {
     uv_poll_stop(listen_poll_.get());
     listen_poll_.Close();
@@ -130,10 +160,15 @@ void ClientServer::StopAccepting() {
     listen_fd_ = -1;
     if (owns_path_) unlink(path_.c_str());
   }
+  if (reserve_fd_ >= 0) {
+    close(reserve_fd_);
+    reserve_fd_ = -1;
+  }
 }
 
 void ClientServer::Close() {
   StopAccepting();
+  if (idle_timer_.active()) uv_timer_stop(idle_timer_.get());
   unanswered_ = 0;
   auto sessions = std::move(sessions_);
   sessions_.clear();
@@ -142,23 +177,65 @@ void ClientServer::Close() {
   }
 }
 
+namespace {
+
+void SendAndClose(int fd, const Status& why) {
+  std::string bytes = ipc::Frame(ErrorReply(0, why));
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  close(fd);
+}
+
+}  // namespace
+
+void ClientServer::OnOutOfDescriptors(int err) {
+  // Each client waiting in the backlog is told why, through the one descriptor kept for it; the
+  // ones that come later wait in the backlog until a session closes or the pause ends.
+  uint32_t answered = 0;
+  while (reserve_fd_ >= 0) {
+    close(reserve_fd_);
+    reserve_fd_ = -1;
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      SendAndClose(fd, Error(Code::kResourceExhausted,
+                             "warmpoold is out of file descriptors ({}): retry later; the operator "
+                             "should raise its limit (LimitNOFILE=) or lower [limits] "
+                             "max_connections",
+                             std::strerror(err)));
+      answered++;
+    }
+    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;
+  }
+  refused_since_log_ += answered;
+  uint64_t now = uv_now(loop_);
+  if (now - last_refusal_log_ms_ >= 1000 || last_refusal_log_ms_ == 0) {
+    spdlog::warn("out of file descriptors ({}, {} sessions open): {} clients refused since the last "
+                 "report; accepting again when a session closes. Raise the limit (LimitNOFILE=) "
+                 "or lower [limits] max_connections",
+                 std::strerror(err), sessions_.size(), refused_since_log_);
+    refused_since_log_ = 0;
+    last_refusal_log_ms_ = now;
+  }
+  PauseAccepting(250);
+}
+
 void ClientServer::OnAcceptable() {
-  for (int i = 0; i < 64; i++) {
+  for (int i = 0; i < 64 && accepting_; i++) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        spdlog::warn("accept: {}", std::strerror(errno));
+      int err = errno;
+      if (err == EMFILE || err == ENFILE) return OnOutOfDescriptors(err);
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED) {
+        spdlog::warn("accept: {}", std::strerror(err));
+        PauseAccepting(100);  // whatever it is, not in a tight loop
       }
       return;
     }
     if (sessions_.size() >= options_.max_connections) {
-      std::string bytes = ipc::Frame(ErrorReply(
-          0, Error(Code::kResourceExhausted,
-                   "too many connections ({}): close idle clients or raise [limits] "
-                   "max_connections",
-                   sessions_.size())));
-      (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      close(fd);
+      SendAndClose(fd, Error(Code::kResourceExhausted,
+                             "too many connections ({}): close idle clients or raise [limits] "
+                             "max_connections",
+                             sessions_.size()));
       continue;
     }
     Peer peer;
@@ -173,6 +250,7 @@ void ClientServer::OnAcceptable() {
     uint64_t id = next_session_++;
     ipc::Connection::Options options;
     options.max_frame_bytes = options_.max_frame_bytes;
+    options.max_pending_write_bytes = options_.max_unread_reply_bytes;
     options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
@@ -184,9 +262,45 @@ void ClientServer::OnAcceptable() {
           unanswered_ -= it->second.outstanding;  // nobody is left to answer
           sessions_.erase(it);
           spdlog::debug("session {} closed: {}", id, why.ToString());
+          ResumeAccepting();  // a descriptor came back
           if (on_closed_) on_closed_(id);
         });
-    if (conn != nullptr) sessions_[id] = Session{conn, peer};
+    if (conn != nullptr) sessions_[id] = Session{conn, peer, 0, uv_now(loop_)};
+  }
+}
+
+void ClientServer::CloseIdle() {
+  uint64_t now = uv_now(loop_);
+  std::vector<ipc::Connection*> idle;
+  for (auto& [id, s] : sessions_) {
+    if (s.outstanding == 0 && s.connection->pending_write_bytes() == 0 &&
+        now - s.last_active_ms >= options_.idle_timeout_ms) {
+      idle.push_back(s.connection);
+    }
+  }
+  for (ipc::Connection* c : idle) {
+    std::string bytes = ipc::Frame(ErrorReply(
+        0, Error(Code::kUnavailable, "closed after {} s without requests ([limits] idle_timeout)",
+                 options_.idle_timeout_ms / 1000)));
+    (void)::send(c->fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    c->Close(Error(Code::kUnavailable, "idle"));
+  }
+}
+
+void ClientServer::CheckUnreadTotal() {
+  for (;;) {
+    uint64_t total = 0;
+    ipc::Connection* worst = nullptr;
+    for (auto& [id, s] : sessions_) {
+      size_t unread = s.connection->pending_write_bytes();
+      total += unread;
+      if (worst == nullptr || unread > worst->pending_write_bytes()) worst = s.connection;
+    }
+    if (total <= options_.max_unread_reply_bytes_total || worst == nullptr) return;
+    worst->Close(Error(Code::kResourceExhausted,
+                       "this client leaves {} bytes of replies unread while the daemon holds {} "
+                       "for all clients: disconnected",
+                       worst->pending_write_bytes(), total));
   }
 }
 
@@ -210,6 +324,7 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   Session& s = it->second;
+  s.last_active_ms = uv_now(loop_);
   if (s.outstanding >= options_.max_requests_per_connection) {
     // Answered here and never handed on: the daemon keeps serving this client's earlier requests
     // and everybody else.
@@ -234,7 +349,13 @@ void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
     it->second.outstanding--;
     unanswered_--;
   }
-  it->second.connection->Send(ipc::Frame(reply));
+  it->second.last_active_ms = uv_now(loop_);
+  ipc::Connection* connection = it->second.connection;
+  connection->Send(ipc::Frame(reply));  // may close it: a client past its unread bound
+  // Only a client that leaves a lot unread can make the total large: look then.
+  if (sessions_.count(session) != 0 && connection->pending_write_bytes() > (1u << 20)) {
+    CheckUnreadTotal();
+  }
 }
 
 }  // namespace warmpool::supervisor

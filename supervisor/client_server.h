@@ -2,8 +2,14 @@
 // and sends replies back to the session that asked. A session that vanished simply stops receiving:
 // replies to it are dropped, and nothing else is disturbed. Bad input (a frame over the limit, bytes
 // that are not an Envelope) gets one error reply and the connection is closed. Each limit (frame
-// size, connections, unanswered requests per connection) answers RESOURCE_EXHAUSTED or
-// INVALID_ARGUMENT to the one client over it.
+// size, connections, unanswered requests per connection, replies left unread) answers
+// RESOURCE_EXHAUSTED or INVALID_ARGUMENT to the one client over it.
+//
+// Out of file descriptors (EMFILE, ENFILE), accepting stops instead of spinning: the clients
+// waiting are told why with a descriptor kept in reserve for that, accepting resumes when a
+// session closes or after a pause, and the log says so at most once a second. Connections idle
+// longer than idle_timeout_ms (nothing outstanding) are closed, so that idle clients cannot hold
+// every one of max_connections.
 //
 // Every request handed to the daemon is answered exactly once through Send(), so the requests a
 // session has outstanding are counted as handed minus answered.
@@ -43,6 +49,11 @@ class ClientServer {
     uint32_t max_frame_bytes = 64u << 20;
     uint32_t max_connections = 1024;
     uint32_t max_requests_per_connection = 256;
+    // Replies one client has not read, and all clients together: past the first the client is
+    // cut off; past the second, the client with the most unread.
+    uint64_t max_unread_reply_bytes = 128ull << 20;
+    uint64_t max_unread_reply_bytes_total = 1ull << 30;
+    uint64_t idle_timeout_ms = 0;  // 0: never
   };
   using ClosedHandler = std::function<void(uint64_t session)>;
   // on_closed: a session that handed requests on is gone; nothing sent to it arrives.
@@ -72,6 +83,13 @@ class ClientServer {
  private:
   void StartPolling(int fd);
   void OnAcceptable();
+  // EMFILE/ENFILE: tell the waiting clients why (through the reserve descriptor) and pause.
+  void OnOutOfDescriptors(int err);
+  void PauseAccepting(uint64_t ms);
+  void ResumeAccepting();
+  void CloseIdle();
+  // Cuts off the client with the most unread replies while all of them are over the total.
+  void CheckUnreadTotal();
   void OnFrame(uint64_t session, std::string_view body);
 
   uv_loop_t* loop_;
@@ -82,11 +100,18 @@ class ClientServer {
   std::string path_;
   bool owns_path_ = false;  // false for an activated socket
   ipc::UvHandle<uv_poll_t> listen_poll_;
+  bool accepting_ = false;
+  int reserve_fd_ = -1;           // spent to answer clients when the descriptors run out
+  ipc::UvHandle<uv_timer_t> resume_timer_;
+  ipc::UvHandle<uv_timer_t> idle_timer_;
+  uint64_t refused_since_log_ = 0;
+  uint64_t last_refusal_log_ms_ = 0;
   uint64_t next_session_ = 1;
   struct Session {
     ipc::Connection* connection;
     Peer peer;
     uint32_t outstanding = 0;  // handed to the daemon, not yet answered
+    uint64_t last_active_ms = 0;
   };
   std::unordered_map<uint64_t, Session> sessions_;
   uint64_t unanswered_ = 0;

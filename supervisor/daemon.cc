@@ -97,6 +97,9 @@ Status Daemon::Start() {
   server_options.max_frame_bytes = config_.max_frame_bytes;
   server_options.max_connections = config_.max_connections;
   server_options.max_requests_per_connection = config_.max_requests_per_connection;
+  server_options.max_unread_reply_bytes = config_.max_unread_reply_bytes;
+  server_options.max_unread_reply_bytes_total = config_.max_queued_bytes;
+  server_options.idle_timeout_ms = config_.idle_timeout_ms;
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
       [this](uint64_t session, const Peer& peer, v1::Envelope&& request) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -127,6 +128,10 @@ void DaemonTest::Launch(std::vector<std::string> argv) {
     dup2(fd, 2);
     (void)!chdir(dir_.c_str());
     for (std::string& kv : launch_env_) putenv(kv.data());
+    if (launch_nofile_ != 0) {
+      rlimit limit{launch_nofile_, launch_nofile_};
+      setrlimit(RLIMIT_NOFILE, &limit);
+    }
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());
     args.push_back(nullptr);

@@ -62,6 +62,8 @@ class DaemonTest : public ::testing::Test {
   std::vector<pid_t> seen_workers_;
   // KEY=VALUE set in the daemon's environment by Launch (e.g. NOTIFY_SOCKET).
   std::vector<std::string> launch_env_;
+  // When not 0, the daemon's limit of open files (RLIMIT_NOFILE), set before it starts.
+  uint64_t launch_nofile_ = 0;
 };
 
 // The expected output of a dense model computed in this process with the same engine library.

@@ -122,6 +122,10 @@ TEST(ShippedConfigTest, CommentedValuesAreTheDefaults) {
   EXPECT_EQ(a.max_models, b.max_models);
   EXPECT_EQ(a.max_inflight, b.max_inflight);
   EXPECT_EQ(a.max_requests_per_connection, b.max_requests_per_connection);
+  EXPECT_EQ(a.max_queued_bytes, b.max_queued_bytes);
+  EXPECT_EQ(a.max_queued_bytes_per_connection, b.max_queued_bytes_per_connection);
+  EXPECT_EQ(a.max_unread_reply_bytes, b.max_unread_reply_bytes);
+  EXPECT_EQ(a.idle_timeout_ms, b.idle_timeout_ms);
   EXPECT_EQ(a.admin_group, b.admin_group);
   EXPECT_EQ(a.socket_group, b.socket_group);
   EXPECT_EQ(a.observer_group, b.observer_group);
@@ -147,7 +151,8 @@ TEST(ShippedConfigTest, EveryKeyIsDocumented) {
       {"pool", {"capacity", "budget", "max_queue", "keep_alive", "preload", "park_budget",
                 "max_cached", "single_active"}},
       {"limits", {"max_frame_bytes", "max_connections", "max_models", "max_inflight",
-                  "max_requests_per_connection"}},
+                  "max_requests_per_connection", "max_queued_bytes",
+                  "max_queued_bytes_per_connection", "max_unread_reply_bytes", "idle_timeout"}},
       {"access", {"admin_group", "socket_group", "observer_group", "model_roots"}},
       {"recovery", {"inference_grace_ms", "load_stall_ms", "crash_loop_crashes",
                     "crash_loop_window_ms", "failed_cooldown_ms", "failed_cooldown_max_ms",
