@@ -21,6 +21,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
+
 #include "bench/daemon.h"
 #include "bench/recovery.h"
 #include "bench/relay.h"
@@ -435,7 +437,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.get_option("--recovery")->excludes("--sharing");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (options.sharing) {
     warmpool::bench::SharingOptions sharing;
     sharing.daemon = options.daemon;

@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
+
 #include "common/paths.h"
 
 #include "chaos/harness.h"
@@ -66,7 +68,7 @@ int main(int argc, char** argv) {
   app.add_option("--soak", soak, "after the scenarios, run randomized faults and traffic this long (e.g. 60s, 5m)");
   app.add_option("--seed", seed, "seed of the soak (printed with any failure)");
   app.add_flag("--verbose", options.verbose, "print every check, not only failures");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   std::vector<Scenario> scenarios = AllScenarios();
   if (list) {

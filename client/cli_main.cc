@@ -16,6 +16,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
+
 #include "common/paths.h"
 #include "common/units.h"
 
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
   arm->add_option("--times", times, "disarm after firing this many times in all (default 1)");
   auto* clear = fault->add_subcommand("clear", "disarm every fault");
 
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   std::optional<int64_t> keep_alive_ms;
   if (!keep_alive.empty()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -87,9 +88,12 @@ json StatusJson(const v1::StatusReply& reply) {
                        {"used_bytes", d.used_bytes()}});
   }
   for (const v1::WorkerStatus& w : reply.workers()) {
+    json models = json::array();
+    for (const std::string& m : w.models()) models.push_back(m);
     workers.push_back({{"slot", w.slot()}, {"pid", w.pid()}, {"device", w.device()},
                        {"state", w.state()}, {"restarts", w.restarts()},
-                       {"last_exit", w.last_exit().empty() ? json(nullptr) : json(w.last_exit())}});
+                       {"last_exit", w.last_exit().empty() ? json(nullptr) : json(w.last_exit())},
+                       {"models", models}, {"outstanding", w.outstanding()}});
   }
   json loading = json::array();
   for (const v1::PsEntry& e : reply.loading()) {
@@ -152,10 +156,13 @@ std::string StatusText(const v1::StatusReply& reply) {
                        FormatBytes(d.budget_bytes())});
   }
   std::vector<std::vector<std::string>> workers = {
-      {"WORKER", "PID", "DEVICE", "STATE", "RESTARTS", "LAST EXIT"}};
+      {"WORKER", "PID", "DEVICE", "STATE", "JOBS", "MODELS", "RESTARTS", "LAST EXIT"}};
   for (const v1::WorkerStatus& w : reply.workers()) {
+    std::string models;
+    for (const std::string& m : w.models()) models += (models.empty() ? "" : ",") + m;
     workers.push_back({std::to_string(w.slot()), std::to_string(w.pid()), std::to_string(w.device()),
-                       w.state(), std::to_string(w.restarts()), w.last_exit()});
+                       w.state(), std::to_string(w.outstanding()), models.empty() ? "-" : models,
+                       std::to_string(w.restarts()), w.last_exit()});
   }
   out += "\n" + Table(devices) + "\n" + Table(workers);
   if (reply.failed_size() > 0) {
@@ -211,6 +218,10 @@ Result<client::Matrix> MatrixFromJson(const std::string& text) {
       }
       double v = row[c].get<double>();
       if (!std::isfinite(v)) return Error(Code::kInvalidArgument, "input row {} column {} is not finite", r, c);
+      if (std::fabs(v) > std::numeric_limits<float>::max()) {
+        return Error(Code::kInvalidArgument,
+                     "input row {} column {} is {}, outside the range of f32 (about ±3.4e38)", r, c, v);
+      }
       m.data.push_back(static_cast<float>(v));
     }
   }

@@ -27,8 +27,10 @@ struct Matrix {
 
 class Client {
  public:
+  // max_frame_bytes bounds the replies read. By default none but the protocol's (4 GiB): the
+  // daemon bounds what it sends by its own [limits] max_frame_bytes.
   static Result<std::unique_ptr<Client>> Connect(const std::string& socket_path,
-                                                 uint32_t max_frame_bytes = 64u << 20);
+                                                 uint32_t max_frame_bytes = UINT32_MAX);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -145,7 +145,11 @@ void Connection::Flush() {
     ssize_t n = SendWithFds(fd_, p.bytes.data() + p.offset, p.bytes.size() - p.offset, fds);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      Close(Error(Code::kUnavailable, "write failed: {}", std::strerror(errno)));
+      int err = errno;
+      // The peer is gone (EPIPE, ECONNRESET), but what it wrote before it went is still in our
+      // receive queue: a worker's last replies and its fault report come first.
+      OnReadable();
+      Close(Error(Code::kUnavailable, "write failed: {}", std::strerror(err)));
       return;
     }
     CloseFds(p);  // the kernel holds its own references once the first byte is sent

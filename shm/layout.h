@@ -18,7 +18,7 @@ namespace warmpool::shm {
 // Bump on any change below; the layout test pins the string so an accidental change fails CI.
 inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr char kLayoutString[] =
-    "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16";
+    "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16:changes";
 inline constexpr char kMagic[8] = {'W', 'A', 'R', 'M', 'P', 'O', 'O', 'L'};
 inline constexpr uint32_t kNil = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxDevices = 8;
@@ -66,7 +66,10 @@ struct SegmentHeader {
   // When the supervisor process started (clock ticks since boot, /proc/PID/stat field 22): with
   // the pid, it tells a live supervisor from a new process that reused the pid.
   uint64_t supervisor_start_ticks;
-  uint64_t reserved[1];
+  // The writer's batches: odd while the supervisor changes several records that belong together
+  // (one event's worth), even between. An observer reads everything between two equal even
+  // values for a snapshot in which the accounts and the records agree.
+  uint64_t changes;
 };
 
 struct ModelRecord {
@@ -147,6 +150,7 @@ static_assert(offsetof(ModelRecord, name) == 8);
 static_assert(offsetof(ModelRecord, weight_bytes) == 344);
 static_assert(offsetof(ModelRecord, last_error) == 440);
 static_assert(offsetof(SegmentHeader, supervisor_start_ticks) == 176);
+static_assert(offsetof(SegmentHeader, changes) == 184);
 static_assert(sizeof(WorkerRecord) == 128);
 static_assert(offsetof(WorkerRecord, outstanding) == 48);
 static_assert(offsetof(WorkerRecord, held) == 56);

@@ -1,6 +1,7 @@
 #include "shm/model_index.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace warmpool::shm {
@@ -117,6 +118,18 @@ void ModelIndex::AddToAccount(uint32_t device, int64_t delta) {
     h.device_used_bytes[device] = static_cast<uint64_t>(
         static_cast<int64_t>(h.device_used_bytes[device]) + delta);
   });
+}
+
+void ModelIndex::BeginChanges() {
+  std::atomic_ref<uint64_t> changes(view_.header().changes);
+  changes.store(changes.load(std::memory_order_relaxed) | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void ModelIndex::EndChanges() {
+  std::atomic_ref<uint64_t> changes(view_.header().changes);
+  uint64_t now = changes.load(std::memory_order_relaxed);
+  if (now & 1) changes.store(now + 1, std::memory_order_release);
 }
 
 void ModelIndex::Publish(uint32_t index, const Residency& next) {

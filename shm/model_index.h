@@ -43,6 +43,10 @@ class ModelIndex {
     SeqWrite(view_.model(index), std::forward<Fn>(fn));
   }
 
+  // Brackets a batch of writes that belong together (SegmentHeader::changes).
+  void BeginChanges();
+  void EndChanges();
+
   // What a record shows of a model's residency. Publish() writes it and moves the bytes between
   // the accounts (device, park) and the record in or out of the LRU list to match: the record is
   // derived from the owner's state, never kept beside it.

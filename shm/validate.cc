@@ -1,7 +1,10 @@
 // Validate() reads every record under its seqlock into a private copy and checks the copies, so it
 // can run in any process. A supervisor mutating the index while an outside reader validates can make
 // two records disagree for an instant; the harness validates at quiescence.
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <optional>
 #include <set>
 #include <string>
@@ -21,7 +24,33 @@ bool WorkerAlive(WorkerState state) {
 
 }  // namespace
 
+namespace {
+
+Status ValidateOnce(const SegmentView& view);
+
+}  // namespace
+
 Status Validate(const SegmentView& view) {
+  // A snapshot between two of the writer's batches, so that accounts and records agree; a
+  // supervisor busy for that long (or killed mid-batch) gets the last reading judged as it is.
+  std::atomic_ref<uint64_t> changes(view.header().changes);
+  Status last;
+  for (int attempt = 0; attempt < 1000; attempt++) {
+    uint64_t before = changes.load(std::memory_order_acquire);
+    if (before & 1) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      continue;
+    }
+    last = ValidateOnce(view);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (changes.load(std::memory_order_relaxed) == before) return last;
+  }
+  return last.ok() ? ValidateOnce(view) : last;
+}
+
+namespace {
+
+Status ValidateOnce(const SegmentView& view) {
   std::optional<SegmentHeader> header = SeqRead(view.header());
   if (!header) return Error(Code::kInternal, "segment header is being written and never settles");
   const SegmentHeader& h = *header;
@@ -142,5 +171,7 @@ Status Validate(const SegmentView& view) {
   }
   return OkStatus();
 }
+
+}  // namespace
 
 }  // namespace warmpool::shm

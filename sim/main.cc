@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
+
 #include "sim/simulator.h"
 
 int main(int argc, char** argv) {
@@ -22,12 +24,7 @@ int main(int argc, char** argv) {
   auto* seeds_opt = app.add_option("--seeds", seeds, "how many seeds, from --seed on (default 200)");
   app.add_option("--events", events, "core events per seed before the stop (default 5000)");
   app.add_flag("--trace", trace, "print every event and action");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return e.get_exit_code() == 0 ? rc : 2;
-  }
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (seed_opt->count() > 0 && seeds_opt->count() == 0) seeds = 1;
 
   auto start = std::chrono::steady_clock::now();

@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
+
 #include "common/logging.h"
 #include "common/paths.h"
 
@@ -40,7 +42,7 @@ int main(int argc, char** argv) {
   bool fault_injection = false;
   app.add_flag("--enable-fault-injection", fault_injection,
                "accept 'warmpool fault arm/clear' (for testing and the chaos harness only)");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   SetupLogging("warmpoold", "warmpoold", log_level);
 

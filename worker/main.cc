@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+
+#include "common/command_line.h"
 #include <spdlog/spdlog.h>
 
 #include "common/logging.h"
@@ -24,7 +26,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest frame accepted");
   app.add_option("--parent", parent, "pid of the supervisor");
   app.add_option("--engine-dir", options.engine_dir, "directory of engine plugins (empty: built-ins only)");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   // Die with the supervisor. The parent may have died before prctl took effect: check after.
   prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -23,6 +23,7 @@ Core::~Core() = default;
 std::vector<Action> Core::Start(std::vector<ModelEntry> entries, std::vector<std::string> warnings,
                                 Time now) {
   now_ = now;
+  index_->BeginChanges();
   for (const ModelEntry& m : entries) RegisterModel(m);
   for (const std::string& w : warnings) Log(LogLevel::kWarn, "{}", w);
   SpawnDue();
@@ -30,11 +31,14 @@ std::vector<Action> Core::Start(std::vector<ModelEntry> entries, std::vector<std
   next_status_ms_ = MonoMs() + kStatusPeriodMs;
   CheckPreload();
   PublishWorkers();
+  index_->EndChanges();
   return std::move(actions_);
 }
 
 std::vector<Action> Core::Handle(Event event, Time now) {
   now_ = now;
+  // Everything one event changes in the segment is one batch for observers (Validate).
+  index_->BeginChanges();
   std::visit(
       [&](auto&& e) {
         using E = std::decay_t<decltype(e)>;
@@ -55,6 +59,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
   if (!drain_ended_) ProcessRetirements();
   CheckDrained();
   PublishWorkers();
+  index_->EndChanges();
   return std::move(actions_);
 }
 

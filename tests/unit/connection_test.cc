@@ -110,5 +110,32 @@ TEST(ConnectionTest, DescriptorsOfFramesNeverWrittenAreClosed) {
   EXPECT_EQ(uv_loop_close(&loop), 0);
 }
 
+TEST(ConnectionTest, WhatAPeerWroteBeforeItDiedIsReadEvenWhenAWriteFindsItGone) {
+  // A worker writes its last reply (or its fault report) and dies; the supervisor writes to it
+  // before its loop has read that: the write fails, and the reply must still be handed on.
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  std::vector<std::string> frames;
+  bool closed = false;
+  Connection* c = Connection::Open(
+      &loop, sv[0], {}, [&](std::string_view body) {
+        EXPECT_FALSE(closed) << "a frame after the close";
+        frames.emplace_back(body);
+      },
+      [&](const Status&) { closed = true; });
+  std::string last = RawFrame("last words");
+  ASSERT_EQ(write(sv[1], last.data(), last.size()), static_cast<ssize_t>(last.size()));
+  close(sv[1]);
+  c->Send(RawFrame("too late"));  // EPIPE, before the loop ever polled
+  EXPECT_TRUE(closed);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0], "last words");
+  uv_run(&loop, UV_RUN_DEFAULT);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
 }  // namespace
 }  // namespace warmpool::ipc

@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -445,6 +446,70 @@ TEST(ModelIndexRandomTest, MatchesReferenceModel) {
     Status s = Validate(*view);
     ASSERT_TRUE(s.ok()) << "after op " << op << ": " << s.ToString();
   }
+}
+
+}  // namespace
+}  // namespace warmpool::shm
+
+namespace warmpool::shm {
+namespace {
+
+// An observer validating while the supervisor is half-way through one event's writes (an account
+// moved, the record not yet) waits for the batch to end instead of reporting what is only a torn
+// read.
+TEST_F(ModelIndexTest, ValidateReadsBetweenTheWritersBatches) {
+  uint32_t a = Ready("a", 100);
+  index_.BeginChanges();
+  view_.header().device_used_bytes[0] += 50;  // the account first, as Publish does ...
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    index_.Update(a, [](ModelRecord& r) { r.workspace_bytes += 50; });  // ... then the record
+    index_.EndChanges();
+  });
+  Status s = Validate(view_);
+  finisher.join();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  // Outside a batch the same disagreement is reported at once.
+  view_.header().device_used_bytes[0] += 1;
+  EXPECT_FALSE(Validate(view_).ok());
+  view_.header().device_used_bytes[0] -= 1;
+}
+
+// Publish derives the accounts and the LRU membership from the state it is given.
+TEST_F(ModelIndexTest, PublishMovesBytesBetweenTheAccountsAndTheLruList) {
+  uint32_t a = Reg("a", 100);
+  ModelIndex::Residency r;
+  r.state = ModelState::kLoading;
+  r.worker_slot = 1;
+  r.replicas = 1;
+  r.weight_bytes = 100;
+  r.workspace_bytes = 20;
+  index_.Publish(a, r);
+  EXPECT_EQ(index_.DeviceUsed(0), 120u);
+  EXPECT_EQ(index_.LruOrder(), (Order{a}));
+  r.state = ModelState::kReady;
+  r.workspace_bytes = 40;  // two replicas
+  r.replicas = 2;
+  index_.Publish(a, r);
+  EXPECT_EQ(index_.DeviceUsed(0), 140u);
+  EXPECT_TRUE(Validate(view_).ok()) << Validate(view_).ToString();
+  index_.SetParkBudget(1000);
+  r = ModelIndex::Residency{};
+  r.state = ModelState::kParked;
+  r.weight_bytes = 100;
+  index_.Publish(a, r);
+  EXPECT_EQ(index_.DeviceUsed(0), 0u);
+  EXPECT_EQ(index_.ParkUsed(), 100u);
+  EXPECT_EQ(index_.LruOrder(), (Order{a}));
+  r = ModelIndex::Residency{};
+  r.state = ModelState::kFailed;
+  r.error = "broken";
+  index_.Publish(a, r);
+  EXPECT_EQ(index_.ParkUsed(), 0u);
+  EXPECT_TRUE(index_.LruOrder().empty());
+  EXPECT_STREQ(index_.Get(a).last_error, "broken");
+  EXPECT_EQ(index_.Get(a).failures, 1u);
+  EXPECT_TRUE(Validate(view_).ok()) << Validate(view_).ToString();
 }
 
 }  // namespace

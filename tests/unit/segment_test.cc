@@ -29,7 +29,7 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
   EXPECT_STREQ(kLayoutString,
-               "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16");
+               "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16:changes");
   EXPECT_EQ(kLayoutVersion, 3u);
   EXPECT_EQ(std::string(kMagic, 8), "WARMPOOL");
   EXPECT_EQ(kNil, 0xFFFFFFFFu);
@@ -46,6 +46,7 @@ TEST(LayoutTest, SizesAndOffsets) {
   EXPECT_EQ(offsetof(SegmentHeader, device_budget_bytes), 88u);
   EXPECT_EQ(offsetof(SegmentHeader, device_used_bytes), 96u);
   EXPECT_EQ(offsetof(SegmentHeader, supervisor_start_ticks), 176u);
+  EXPECT_EQ(offsetof(SegmentHeader, changes), 184u);
   EXPECT_EQ(sizeof(ModelRecord), 512u);
   EXPECT_EQ(offsetof(ModelRecord, state), 4u);
   EXPECT_EQ(offsetof(ModelRecord, name), 8u);
