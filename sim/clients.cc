@@ -133,7 +133,7 @@ void Simulator::SendRequest(Client& c, v1::Envelope request, Pending pending) {
       }
     }
     std::string what = fmt::format("session {} request {}: {}", session, id,
-                                   request.ShortDebugString().substr(0, 100));
+                                   Brief(request));
     e.envelope = std::move(request);
     Deliver(std::move(e), what);
   });

@@ -39,4 +39,29 @@ supervisor::ModelEntry EntryOf(const SimFile& file) {
   return e;
 }
 
+namespace {
+
+std::string Shape(const v1::Tensor& t) { return fmt::format("{}x{}", t.rows(), t.cols()); }
+
+}  // namespace
+
+std::string Brief(const v1::Envelope& message) {
+  if (message.has_infer()) {
+    v1::Envelope copy = message;
+    copy.mutable_infer()->mutable_input()->clear_data();
+    return copy.ShortDebugString() + " (" + Shape(message.infer().input()) + ")";
+  }
+  return message.ShortDebugString().substr(0, 160);
+}
+
+std::string Brief(const v1::WorkerEnvelope& message) {
+  if (message.has_infer() || message.has_infer_done()) {
+    v1::WorkerEnvelope copy = message;
+    if (copy.has_infer()) copy.mutable_infer()->mutable_input()->clear_data();
+    if (copy.has_infer_done()) copy.mutable_infer_done()->mutable_output()->clear_data();
+    return copy.ShortDebugString();
+  }
+  return message.ShortDebugString().substr(0, 160);
+}
+
 }  // namespace warmpool::sim

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ipc/warmpool.pb.h"
 #include "supervisor/core/model_entry.h"
 
 namespace warmpool::sim {
@@ -35,5 +36,9 @@ std::string HeaderOf(const SimFile& file);
 std::optional<Described> ParseHeader(const std::string& header);
 // The registry's view of the file now (what InspectModel would find).
 supervisor::ModelEntry EntryOf(const SimFile& file);
+
+// One line for the trace, without tensor payloads (printing those would cost more than the core).
+std::string Brief(const v1::Envelope& message);
+std::string Brief(const v1::WorkerEnvelope& message);
 
 }  // namespace warmpool::sim

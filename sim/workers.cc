@@ -47,7 +47,7 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               static_cast<int>(frame.size() - ipc::kFramePrefixBytes))) {
     return Fail("the core sent a frame that does not parse");
   }
-  Trace(fmt::format("<- worker {}: {}", slot, message.ShortDebugString().substr(0, 120)));
+  Trace(fmt::format("<- worker {}: {}", slot, Brief(message)));
   if (message.has_infer() && message.infer().input().data().size() >= sizeof(float)) {
     float token = 0;
     std::memcpy(&token, message.infer().input().data().data(), sizeof(float));
@@ -85,7 +85,7 @@ void Simulator::WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelop
     if (supervisor_handles_.count(h) == 0) {
       // The kernel refuses the frame (EBADF): the shell's channel fails and the worker is killed.
       Fail(fmt::format("handle {} was closed while a frame for worker {} still named it ({})", h,
-                       slot, message.ShortDebugString().substr(0, 80)));
+                       slot, Brief(message)));
       return;
     }
     region = h;
@@ -354,7 +354,7 @@ void Simulator::DeliverToCore(uint32_t slot, uint32_t generation) {
   auto [message, handles] = std::move(w.to_core.front());
   w.to_core.pop_front();
   for (int h : handles) supervisor_handles_.insert(h);
-  std::string what = fmt::format("worker {}: {}", slot, message.ShortDebugString().substr(0, 120));
+  std::string what = fmt::format("worker {}: {}", slot, Brief(message));
   Deliver(event::WorkerMessage{slot, std::move(message), std::move(handles)}, what);
 }
 

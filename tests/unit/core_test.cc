@@ -1,0 +1,272 @@
+// The core's answers to the races the simulator found, each written down as the exact sequence of
+// events that used to break it (tests/unit/core_rig.h checks the segment and the core's own
+// invariants after every event).
+#include <algorithm>
+
+#include "tests/unit/core_rig.h"
+
+namespace warmpool::supervisor::testing {
+namespace {
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+Config WithReplicas(Config c, const std::string& name, uint32_t replicas) {
+  ModelConfig m;
+  m.name = name;
+  m.path = "/models/" + name + ".safetensors";
+  m.replicas = replicas;
+  c.models.push_back(m);
+  return c;
+}
+
+// The file changed on disk between registration and load: every attach, replica and unpark must
+// describe the weights as the loading worker read them.
+TEST(CoreTest, LoadedWeightsAreDescribedByWhatTheWorkerRead) {
+  CoreRig rig(WithReplicas(CoreRig::SmallConfig(), "m", 2));
+  ModelEntry registered = Entry("m", 100, 10, 1), on_disk = Entry("m", 100, 10, 2);
+  rig.Start({registered});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_load());
+  EXPECT_EQ(sent[0].load().admitted_bytes(), 110u);
+  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), on_disk), {100});
+  sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u) << "the second replica attaches";
+  ASSERT_TRUE(sent[0].has_attach());
+  EXPECT_EQ(sent[0].attach().header(), on_disk.header) << "not the registration's header";
+  rig.Reply(1, CoreRig::LoadDone(sent[0].attach().job(), on_disk, /*shared=*/false));
+  // The worker that loaded it dies; its replacement attaches the same weights, same description.
+  rig.Down(0);
+  rig.Advance(200);
+  rig.Up(0);
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_attach());
+  EXPECT_EQ(sent[0].attach().header(), on_disk.header);
+  EXPECT_TRUE(rig.Closed().empty()) << "the weights are held through the death";
+}
+
+// A file that needs more than admission made room for is not loaded over the budget: it is
+// registered as it is now and admitted again, room made first.
+TEST(CoreTest, AFileThatGrewIsAdmittedAgainForWhatItNeedsNow) {
+  CoreRig rig(CoreRig::SmallConfig());  // budget 1000
+  ModelEntry a = Entry("a", 400, 0), m = Entry("m", 300, 0, 1), grown = Entry("m", 700, 0, 2);
+  rig.Start({a, m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "a");
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), a), {100});
+  rig.Load(1, "m");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(1);
+  ASSERT_EQ(sent[0].load().admitted_bytes(), 300u);
+  v1::WorkerEnvelope changed = CoreRig::LoadDone(sent[0].load().job(), grown, /*shared=*/false);
+  changed.mutable_load_done()->set_file_changed(true);
+  rig.Reply(1, changed);
+  // 400 + 700 > 1000: the idle "a" makes room first; nothing is loaded over the budget meanwhile.
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_unload());
+  EXPECT_TRUE(rig.Sent(1).empty());
+  rig.Reply(0, CoreRig::UnloadDone(sent[0].unload().job()));
+  sent = rig.Sent(0);
+  if (sent.empty()) sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_load());
+  EXPECT_EQ(sent[0].load().admitted_bytes(), 700u);
+  EXPECT_EQ(rig.index().Get(rig.index().Find("m")).weight_bytes, 700u) << "registered as it is now";
+}
+
+// An extra replica still attaching when its model is unloaded: its unload follows its attach in
+// the same channel; the model leaves residency once both replicas have let go, the weights are
+// closed exactly once and only then, and nothing stays in the account.
+TEST(CoreTest, AReplicaAttachingWhenItsModelIsUnloadedLeavesNothingBehind) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m", /*replicas=*/2);
+  uint64_t load = rig.Sent(0)[0].load().job();
+  rig.Reply(0, CoreRig::LoadDone(load, m), {100});
+  std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);
+  ASSERT_EQ(to1.size(), 1u);
+  uint64_t attach = to1[0].attach().job();
+  EXPECT_EQ(rig.Used(), 120u) << "weights once, a workspace per replica (attaching too)";
+  rig.Forget();
+  rig.Unload(2, "m");
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
+  to1 = rig.Sent(1);
+  ASSERT_EQ(to0.size(), 1u);
+  ASSERT_EQ(to1.size(), 1u) << "the attaching replica is told to let go too";
+  EXPECT_TRUE(to1[0].has_unload());
+  rig.Reply(1, CoreRig::LoadDone(attach, m, /*shared=*/false));  // the attach lands late
+  EXPECT_TRUE(rig.Closed().empty()) << "no handle closed while a worker may still map it";
+  rig.Reply(0, CoreRig::UnloadDone(to0[0].unload().job()));
+  EXPECT_TRUE(rig.Closed().empty());
+  rig.Reply(1, CoreRig::UnloadDone(to1[0].unload().job()));
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{100}));
+  EXPECT_EQ(rig.State("m"), shm::ModelState::kRegistered);
+  EXPECT_EQ(rig.Used(), 0u);
+  std::vector<v1::Envelope> replies = rig.Replies(2);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].has_unload_reply());
+}
+
+// A client that left: its requests still waiting are never sent to a worker, and one that was
+// running is not run again when its worker dies.
+TEST(CoreTest, RequestsOfADepartedClientNeverRun) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Infer(7, "m");  // waits for the load
+  rig.Infer(8, "m");
+  uint64_t load = rig.Sent(0)[0].load().job();
+  rig.Handle(event::ClientGone{7});
+  rig.Reply(0, CoreRig::LoadDone(load, m), {100});
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u) << "only session 8's request runs";
+  uint64_t job8 = sent[0].infer().job();
+  // Now session 8 leaves while its request runs, and the worker dies running it.
+  rig.Handle(event::ClientGone{8});
+  rig.Down(0, {job8});
+  rig.Advance(200);
+  rig.Up(0);
+  for (uint32_t slot : {0u, 1u}) {
+    for (const v1::WorkerEnvelope& w : rig.Sent(slot)) EXPECT_FALSE(w.has_infer()) << w.DebugString();
+  }
+  EXPECT_TRUE(rig.Replies(7).empty());
+  EXPECT_TRUE(rig.Replies(8).empty());
+  EXPECT_EQ(rig.core().unanswered(), 0u);
+  EXPECT_EQ(rig.core().held_bytes(), 0u);
+}
+
+// The bytes of requests the daemon holds are bounded per connection and in all.
+TEST(CoreTest, RequestBytesAreBoundedPerConnectionAndInAll) {
+  Config c = CoreRig::SmallConfig();
+  c.max_queued_bytes_per_connection = 1000;
+  c.max_queued_bytes = 1500;
+  CoreRig rig(c);
+  rig.Start({Entry("m", 100, 10)});
+  // Nothing is up: every request waits (25 rows x 4 columns x 4 bytes = 400 bytes each).
+  rig.Infer(1, "m", 25);
+  rig.Infer(1, "m", 25);
+  rig.Infer(1, "m", 25);
+  std::vector<v1::Envelope> r = rig.Replies(1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].error().code(), v1::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(Contains(r[0].error().message(), "max_queued_bytes_per_connection")) << r[0].DebugString();
+  rig.Infer(2, "m", 25);
+  rig.Infer(2, "m", 25);  // 800 + 400 + 400 > 1500
+  r = rig.Replies(2);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(Contains(r[0].error().message(), "raise [limits] max_queued_bytes")) << r[0].DebugString();
+  EXPECT_EQ(rig.core().held_bytes(), 1200u);
+  rig.Handle(event::ClientGone{1});
+  EXPECT_EQ(rig.core().held_bytes(), 400u) << "a departed client's requests are let go";
+}
+
+// Two models preloaded while only one worker is up both land on it; the second worker, once up,
+// takes one of them (attached from the held weights, then let go by the first).
+TEST(CoreTest, ModelsStackedOnOneWorkerSpreadWhenAnotherComesUp) {
+  Config c = CoreRig::SmallConfig();
+  c.preload = {"a", "b"};
+  CoreRig rig(c);
+  ModelEntry a = Entry("a", 100, 10), b = Entry("b", 100, 10);
+  rig.Start({a, b});
+  rig.Up(0);
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 2u);
+  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), a), {100});
+  rig.Reply(0, CoreRig::LoadDone(sent[1].load().job(), b), {101});
+  EXPECT_EQ(rig.view().worker(0).models, 2u);
+  rig.Up(1);
+  sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u) << "the idle worker takes one model";
+  ASSERT_TRUE(sent[0].has_attach());
+  uint32_t moved = sent[0].attach().model();
+  rig.Reply(1, CoreRig::LoadDone(sent[0].attach().job(), moved == 0 ? a : b, false));
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u) << "and the crowded one lets it go";
+  ASSERT_TRUE(sent[0].has_unload());
+  EXPECT_EQ(sent[0].unload().model(), moved);
+  rig.Reply(0, CoreRig::UnloadDone(sent[0].unload().job()));
+  EXPECT_EQ(rig.view().worker(0).models, 1u);
+  EXPECT_EQ(rig.view().worker(1).models, 1u);
+  EXPECT_EQ(rig.view().worker(1).held[0], moved);
+  EXPECT_TRUE(rig.Closed().empty()) << "moving copies nothing and frees nothing";
+}
+
+// A request waiting only for room in a busy worker is not told its model was not ready.
+TEST(CoreTest, WaitingForABusyWorkerIsNotCalledNotReady) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m");
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Forget();
+  for (uint32_t i = 0; i <= kWorkerWindowJobs; i++) rig.Infer(2, "m");
+  EXPECT_EQ(rig.Sent(0).size(), kWorkerWindowJobs) << "one window's worth goes to the worker";
+  rig.Advance(1100);  // past the default deadline of 1 s
+  bool found = false;
+  for (const v1::Envelope& r : rig.Replies(2)) {
+    if (!r.has_error()) continue;
+    EXPECT_EQ(r.error().code(), v1::DEADLINE_EXCEEDED);
+    if (Contains(r.error().message(), "had room")) found = true;
+    EXPECT_FALSE(Contains(r.error().message(), "was not ready")) << r.error().message();
+  }
+  EXPECT_TRUE(found);
+}
+
+// A fault's shot goes to one job at a time; a job that ends without firing it gives it back, and
+// once fired it is spent (a retried request does not get it again).
+TEST(CoreTest, AOneShotFaultIsGrantedToOneJobAndSpentWhenFired) {
+  Config c = CoreRig::SmallConfig();
+  c.enable_fault_injection = true;
+  CoreRig rig(c);
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m");
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  v1::Envelope arm;
+  arm.mutable_fault_arm()->set_point("infer.mid");
+  arm.mutable_fault_arm()->set_action("kill");
+  rig.Request(1, arm);
+  rig.Infer(2, "m");
+  rig.Infer(2, "m");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].infer().faults_size(), 1);
+  EXPECT_EQ(sent[1].infer().faults_size(), 0) << "one shot, one job";
+  rig.Reply(0, CoreRig::InferDone(sent[0].infer().job()));  // ended without firing
+  rig.Reply(0, CoreRig::InferDone(sent[1].infer().job()));
+  rig.Infer(2, "m");
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_EQ(sent[0].infer().faults_size(), 1) << "the shot came back";
+  v1::WorkerEnvelope fired;
+  fired.mutable_fault_fired()->set_id(sent[0].infer().faults(0).id());
+  fired.mutable_fault_fired()->set_job(sent[0].infer().job());
+  rig.Reply(0, fired);
+  rig.Down(0, {sent[0].infer().job()});
+  rig.Advance(200);
+  rig.Up(0);
+  for (uint32_t slot : {0u, 1u}) {
+    for (const v1::WorkerEnvelope& w : rig.Sent(slot)) {
+      if (w.has_infer()) EXPECT_EQ(w.infer().faults_size(), 0) << "the retry gets no second shot";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor::testing
