@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/daemon.h"
+#include "bench/skeleton.h"
 #include "bench/model_file.h"
 #include "bench/session.h"
 #include "bench/sharing_probes.h"
@@ -34,8 +34,6 @@
 namespace warmpool::bench {
 namespace {
 
-constexpr int kStartupTimeoutMs = 10000;
-constexpr int kStopTimeoutMs = 20000;
 constexpr int kReplicaTimeoutMs = 10000;  // a replica not shown by ps this long after the request
 constexpr uint32_t kWorkers = 4;
 constexpr uint32_t kPipelined = 8;        // inferences sent at once per round of the PSS phase
@@ -46,32 +44,6 @@ constexpr double kTargetAttachMs = 1.0;
 constexpr double kTargetPssRatio = 1.1;
 constexpr double kTargetUnparkRatio = 0.7;
 
-
-// ---- interruption: stop the daemon, remove the private directory (and its large model files) ----
-
-std::atomic<pid_t> g_daemon_pid{-1};
-constexpr int kMaxCleanupPaths = 24;
-char g_cleanup_paths[kMaxCleanupPaths][512];
-int g_cleanup_count = 0;
-
-void PrepareSignalCleanup(const std::string& dir, const std::vector<std::string>& files) {
-  std::vector<std::string> paths = files;
-  for (const char* name : {"/warmpool.toml", "/warmpoold.sock", "/warmpoold.log", "/models", ""}) {
-    paths.push_back(dir + name);
-  }
-  for (const std::string& path : paths) {
-    if (path.size() >= sizeof(g_cleanup_paths[0]) || g_cleanup_count >= kMaxCleanupPaths) return;
-    std::memcpy(g_cleanup_paths[g_cleanup_count++], path.c_str(), path.size() + 1);
-  }
-}
-
-void OnSignal(int sig) {
-  if (pid_t pid = g_daemon_pid.load(); pid > 0) kill(pid, SIGTERM);  // it drains its workers
-  for (int i = 0; i < g_cleanup_count; ++i) {
-    if (unlink(g_cleanup_paths[i]) != 0) rmdir(g_cleanup_paths[i]);
-  }
-  _exit(128 + sig);
-}
 
 // ---- helpers ----
 
@@ -120,23 +92,11 @@ struct SizeResult {
 
 class Sharing {
  public:
-  explicit Sharing(SharingOptions options) : options_(std::move(options)) {}
-  ~Sharing() { Cleanup(); }
+  Sharing(SharingOptions options, BenchRun& run) : options_(std::move(options)), run_(run) {}
 
-  int Run() {
-    Status s = RunAll();
-    if (!s.ok()) {
-      std::fprintf(stderr, "warmpool-bench --sharing: error: %s\n", s.ToString().c_str());
-      Cleanup();
-      return 1;
-    }
-    return 0;
-  }
-
- private:
   static std::string ModelName(uint64_t mib) { return fmt::format("w{}mib", mib); }
 
-  Status RunAll() {
+  Status Run() {
     if (options_.iterations == 0) return Error(Code::kInvalidArgument, "--iterations must be >= 1");
     if (options_.sizes_mib.empty()) return Error(Code::kInvalidArgument, "--sizes-mib is empty");
     std::vector<uint64_t> sizes;
@@ -147,22 +107,10 @@ class Sharing {
     if (access(kCat, X_OK) != 0) {
       return Error(Code::kFailedPrecondition, "{} is missing: the baseline needs it", kCat);
     }
-
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") +
-                          "/warmpool-bench-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) {
-      return Error(Code::kInternal, "mkdtemp {}: {}", pattern, std::strerror(errno));
-    }
-    dir_ = pattern;
     std::vector<std::string> files;
-    for (uint64_t s : sizes) files.push_back(fmt::format("{}/{}.safetensors", dir_, ModelName(s)));
-    signal(SIGPIPE, SIG_IGN);
-    PrepareSignalCleanup(dir_, files);
-    signal(SIGINT, OnSignal);
-    signal(SIGTERM, OnSignal);
+    for (uint64_t s : sizes) files.push_back(run_.File(ModelName(s) + ".safetensors"));
 
-    // One daemon, one model per size (registered up front, written to disk size by size).
+    // One daemon; each size's model is written, then registered (`warmpool register`), in turn.
     uint64_t largest = *std::max_element(sizes.begin(), sizes.end()) << 20;
     uint64_t budget = std::max<uint64_t>(8ull << 30, 2 * largest + (4ull << 30));
     uint64_t park_budget = 2 * largest;  // one parked copy of any size fits, twice over
@@ -174,34 +122,17 @@ class Sharing {
         "budget = {}\n"
         "park_budget = {}\n",
         kWorkers, budget, park_budget);
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      config += fmt::format(
-          "[[models]]\n"
-          "name = \"{}\"\n"
-          "engine = \"dense\"\n"
-          "path = \"{}\"\n",
-          ModelName(sizes[i]), files[i]);
-    }
     budget_ = budget;
     park_budget_ = park_budget;
-    DaemonOptions daemon_options;
-    daemon_options.binary = options_.daemon.empty() ? NextToSelf("warmpoold") : options_.daemon;
-    daemon_options.directory = dir_;
-    daemon_options.instance = fmt::format("bench-{}", getpid());
-    daemon_options.backend = options_.backend;
-    daemon_options.config_text = config;
-    daemon_ = std::make_unique<Daemon>(daemon_options);
-    if (Status s = daemon_->Spawn(); !s.ok()) return s;
-    g_daemon_pid = daemon_->pid();
-    if (Status s = daemon_->WaitReady(kStartupTimeoutMs); !s.ok()) return s;
+    if (Status s = run_.StartDaemon(options_.daemon, options_.backend, config); !s.ok()) return s;
 
-    Result<std::unique_ptr<client::Client>> admin = Connect();
+    Result<std::unique_ptr<client::Client>> admin = run_.Connect();
     if (!admin.ok()) return admin.status();
     admin_ = std::move(*admin);
-    Result<std::unique_ptr<client::Client>> poller = Connect();
+    Result<std::unique_ptr<client::Client>> poller = run_.Connect();
     if (!poller.ok()) return poller.status();
     poller_ = std::move(*poller);
-    Result<std::unique_ptr<client::Client>> infer = Connect();
+    Result<std::unique_ptr<client::Client>> infer = run_.Connect();
     if (!infer.ok()) return infer.status();
     infer_ = std::move(*infer);
 
@@ -224,33 +155,15 @@ class Sharing {
     admin_.reset();
     poller_.reset();
     infer_.reset();
-    Status stopped = daemon_->Stop(kStopTimeoutMs);
-    g_daemon_pid = -1;
+    Status stopped = run_.StopDaemon();
     Report();
-    if (!stopped.ok()) return stopped;
-    RemoveDir();
-    return OkStatus();
+    return stopped;
   }
 
-  Result<std::unique_ptr<client::Client>> Connect() {
-    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(daemon_->socket_path());
-    if (!c.ok()) return c.status();
-    SetReceiveTimeout((*c)->fd());
-    return c;
-  }
+  Status WithLog(const Status& s) { return run_.WithLog(s); }
 
-  Status WithLog(const Status& s) {
-    return Error(s.code(), "{}; warmpoold log:\n{}", s.ToString(), daemon_->LogTail());
-  }
-
-  // LoadRequest with an explicit replica count (Client::Load leaves it 0: as configured).
   Result<v1::LoadReply> Load(client::Client& c, const std::string& model, uint32_t replicas) {
-    v1::Envelope request;
-    request.mutable_load()->set_model(model);
-    request.mutable_load()->set_replicas(replicas);
-    Result<v1::Envelope> reply = c.Call(std::move(request));
-    if (!reply.ok()) return reply.status();
-    return reply->load_reply();
+    return c.Load(model, client::LoadOptions{replicas, std::nullopt});
   }
 
   // The model's ps entry (state, replicas), through the given connection.
@@ -298,11 +211,7 @@ class Sharing {
   // UnloadRequest with park = true; the reply comes once the host copy is made (or, where the
   // worker could not make one, once the model was dropped instead: the caller checks ps).
   Status UnloadPark(const std::string& model) {
-    v1::Envelope request;
-    request.mutable_unload()->set_model(model);
-    request.mutable_unload()->set_park(true);
-    Result<v1::Envelope> reply = admin_->Call(std::move(request));
-    if (!reply.ok()) return WithLog(reply.status());
+    if (Status s = admin_->Unload(model, /*park=*/true); !s.ok()) return WithLog(s);
     return OkStatus();
   }
 
@@ -328,7 +237,7 @@ class Sharing {
     }
     (void)TimeMemcpyReused(reused.ptr, source.ptr, bytes);  // warm-up copy
     const std::string needle = fmt::format("unparking \"{}\"", r.model);
-    const uint64_t lines_before = CountInFile(daemon_->log_path(), needle);
+    const uint64_t lines_before = CountInFile(run_.daemon().spec().log, needle);
     std::vector<uint64_t> unpark_ns, reported_ns, park_ns, fresh_ns, memfd_ns, reused_ns;
     for (uint32_t i = 0; i < options_.iterations; ++i) {
       // Loaded with one replica (after the first iteration, the previous unpark left it so).
@@ -361,7 +270,7 @@ class Sharing {
       memfd_ns.push_back(*memfd);
       reused_ns.push_back(TimeMemcpyReused(reused.ptr, source.ptr, bytes));
     }
-    r.unpark_log_lines = CountInFile(daemon_->log_path(), needle) - lines_before;
+    r.unpark_log_lines = CountInFile(run_.daemon().spec().log, needle) - lines_before;
     if (r.unpark_log_lines < options_.iterations) {
       return WithLog(Error(Code::kInternal,
                            "the daemon logged '{}' {} time(s) for {} timed load(s) of the parked "
@@ -398,6 +307,9 @@ class Sharing {
     Result<DenseModelFile> file = WriteDenseModel(path, size_mib << 20, features, features);
     if (!file.ok()) return file.status();
     r.file = *file;
+    if (Result<v1::RegisterReply> reg = admin_->Register(r.model, path, "dense"); !reg.ok()) {
+      return WithLog(reg.status());
+    }
     struct stat file_stat {};
     if (stat(path.c_str(), &file_stat) != 0) {
       return Error(Code::kInternal, "stat {}: {}", path, std::strerror(errno));
@@ -531,7 +443,7 @@ class Sharing {
       r.pss_shmem_sum += m.after.pss_shmem_bytes;
       if (auto it = idle_pss_.find(m.pid); it != idle_pss_.end()) r.pss_idle_sum += it->second;
     }
-    if (Result<MemoryUse> sup = ReadMemoryUse(daemon_->pid()); sup.ok()) r.supervisor = *sup;
+    if (Result<MemoryUse> sup = ReadMemoryUse(run_.daemon().pid()); sup.ok()) r.supervisor = *sup;
     r.pss_ratio = static_cast<double>(r.pss_sum) / r.file_bytes;
     r.rss_ratio = static_cast<double>(r.rss_sum) / r.file_bytes;
     r.pss_shmem_ratio = static_cast<double>(r.pss_shmem_sum) / r.file_bytes;
@@ -743,28 +655,10 @@ class Sharing {
     std::fputs(out.c_str(), stdout);
   }
 
-  void RemoveDir() {
-    if (dir_.empty()) return;
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    dir_.clear();
-  }
-
-  void Cleanup() {
-    admin_.reset();
-    poller_.reset();
-    infer_.reset();
-    if (daemon_ != nullptr && daemon_->pid() > 0) (void)daemon_->Stop(kStopTimeoutMs);
-    g_daemon_pid = -1;
-    daemon_.reset();
-    RemoveDir();
-  }
-
   SharingOptions options_;
-  std::string dir_;
+  BenchRun& run_;
   uint64_t budget_ = 0;
   uint64_t park_budget_ = 0;
-  std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<client::Client> admin_, poller_, infer_;
   std::vector<SizeResult> results_;
   uint64_t polls_ = 0;
@@ -774,6 +668,8 @@ class Sharing {
 
 }  // namespace
 
-int RunSharing(const SharingOptions& options) { return Sharing(options).Run(); }
+int RunSharing(const SharingOptions& options) {
+  return BenchRun::Main(" --sharing", [&](BenchRun& run) { return Sharing(options, run).Run(); });
+}
 
 }  // namespace warmpool::bench

@@ -67,10 +67,7 @@ uint64_t AccountedBytes(const std::string& path) {
 }  // namespace
 
 Harness::~Harness() {
-  if (daemon_ > 0) {
-    kill(daemon_, SIGKILL);
-    waitpid(daemon_, nullptr, 0);
-  }
+  daemon_.reset();  // a daemon still running is killed
   if (!dir_.empty() && !keep_dir_) {
     std::error_code ec;
     fs::remove_all(dir_, ec);
@@ -172,38 +169,17 @@ Status Harness::MakeModels() {
 }
 
 Status Harness::Launch() {
-  std::vector<std::string> argv = {options_.daemon_path, "--config", dir_ + "/config.toml",
-                                   "--socket", socket_, "--instance", instance_, "--models-dir",
-                                   dir_ + "/models", "--enable-fault-injection"};
-  std::string log = dir_ + "/daemon.log";
-  pid_t pid = fork();
-  if (pid < 0) return Error(Code::kInternal, "fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  daemon_ = pid;
-  return WaitReady(10000);
-}
-
-Status Harness::WaitReady(int timeout_ms) {
-  for (int waited = 0; waited < timeout_ms; waited += 20) {
-    int status = 0;
-    if (daemon_ > 0 && waitpid(daemon_, &status, WNOHANG) == daemon_) {
-      daemon_ = -1;
-      return Error(Code::kUnavailable, "warmpoold exited at start; see {}/daemon.log", dir_);
-    }
-    auto c = Connect();
-    if (c.ok() && (*c)->GetStatus().ok()) return OkStatus();
-    Sleep(20);
-  }
-  return Error(Code::kDeadlineExceeded, "warmpoold did not answer within {} ms", timeout_ms);
+  launch::DaemonSpec spec;
+  spec.binary = options_.daemon_path;
+  spec.directory = dir_;
+  spec.socket = socket_;
+  spec.instance = instance_;
+  spec.config = dir_ + "/config.toml";
+  spec.models_dir = dir_ + "/models";
+  spec.args = {"--enable-fault-injection"};
+  daemon_ = std::make_unique<launch::DaemonProcess>(spec);
+  if (Status s = daemon_->Start(); !s.ok()) return s;
+  return daemon_->WaitReady(10000);
 }
 
 Status Harness::DescribeLiveModels() {
@@ -254,22 +230,13 @@ Status Harness::ArmFault(const std::string& point, const std::string& action,
                          const std::string& model, uint32_t after, uint32_t times) {
   auto client = Connect();
   if (!client.ok()) return client.status();
-  v1::Envelope request;
-  auto* f = request.mutable_fault_arm();
-  f->set_point(point);
-  f->set_action(action);
-  f->set_model(model);
-  f->set_after(after);
-  f->set_times(times);
-  return (*client)->Call(std::move(request)).status();
+  return (*client)->ArmFault(client::FaultSpec{point, action, model, after, times}).status();
 }
 
 Status Harness::ClearFaults() {
   auto client = Connect();
   if (!client.ok()) return client.status();
-  v1::Envelope request;
-  request.mutable_fault_clear();
-  return (*client)->Call(std::move(request)).status();
+  return (*client)->ClearFaults().status();
 }
 
 Status Harness::Unload(const std::string& model) {
@@ -460,9 +427,7 @@ std::string Harness::SegmentDump() {
 void Harness::KillAndRestart(Checks& checks) {
   RememberWorkers();
   std::set<pid_t> workers = workers_seen_;
-  kill(daemon_, SIGKILL);
-  waitpid(daemon_, nullptr, 0);
-  daemon_ = -1;
+  daemon_->Kill();
   bool gone = false;
   for (int i = 0; i < 200 && !gone; i++) {
     gone = true;
@@ -482,16 +447,12 @@ void Harness::KillAndRestart(Checks& checks) {
 }
 
 void Harness::Stop(Checks* checks) {
-  if (daemon_ <= 0) return;
+  if (!daemon_ || !daemon_->running()) return;
   RememberWorkers();
-  kill(daemon_, SIGTERM);
-  int status = 0;
-  waitpid(daemon_, &status, 0);
-  daemon_ = -1;
+  int exit = daemon_->Stop();
   if (checks == nullptr) return;
-  checks->Expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                 "daemon stopped cleanly (it validates the segment on exit)",
-                 fmt::format("wait status {}; see {}/daemon.log", status, dir_));
+  checks->Expect(exit == 0, "daemon stopped cleanly (it validates the segment on exit)",
+                 fmt::format("exit status {}; see {}/daemon.log", exit, dir_));
   checks->Expect(!fs::exists("/dev/shm/warmpool." + instance_), "segment removed at stop");
   checks->Expect(!fs::exists(socket_), "socket removed at stop");
   bool orphans = false;

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "launch/daemon_process.h"
 
 namespace warmpool::chaos {
 
@@ -96,7 +97,6 @@ class Harness {
   Status StartOwnDaemon();
   Status MakeModels();
   Status Launch();
-  Status WaitReady(int timeout_ms);
   Status DescribeLiveModels();
   void RememberWorkers();
   // Open fds of pid besides memfd regions, and how many of those are weights and parked copies.
@@ -108,7 +108,7 @@ class Harness {
   std::string dir_;
   std::string socket_;
   std::string instance_;
-  pid_t daemon_ = -1;
+  std::unique_ptr<launch::DaemonProcess> daemon_;  // own daemon only
   ModelUnderTest victim_, bystander_;
   std::vector<ModelUnderTest> victims_;
   std::vector<ModelUnderTest> fillers_;

@@ -102,10 +102,7 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
     // The fault fires while the worker copies the weights out: the park fails, the model is
     // dropped instead, and the traffic below loads it again from its file.
     auto client = h.Connect();
-    v1::Envelope park;
-    park.mutable_unload()->set_model(victim.name);
-    park.mutable_unload()->set_park(true);
-    Status parked = client.ok() ? (*client)->Call(std::move(park)).status() : client.status();
+    Status parked = client.ok() ? (*client)->Unload(victim.name, /*park=*/true) : client.status();
     checks.Expect(parked.ok(), "the park was answered although its worker died", parked.ToString());
   }
   if (is_unload) {
@@ -140,10 +137,8 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   auto client = h.Connect();
   if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
-  v1::Envelope load;
-  load.mutable_load()->set_model(victim.name);
-  load.mutable_load()->set_replicas(2);
-  checks.Expect((*client)->Call(std::move(load)).ok(), "victim loaded with 2 replicas");
+  checks.Expect((*client)->Load(victim.name, client::LoadOptions{2, std::nullopt}).ok(),
+                "victim loaded with 2 replicas");
   auto replicas = [&] {
     auto ps = (*client)->Ps();
     if (!ps.ok()) return 0u;
@@ -176,10 +171,7 @@ void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
   }
   auto client = h.Connect();
   if (!client.ok()) return checks.Expect(false, "connect", client.status().ToString());
-  v1::Envelope park;
-  park.mutable_unload()->set_model(victim.name);
-  park.mutable_unload()->set_park(true);
-  checks.Expect((*client)->Call(std::move(park)).ok(), "victim parked");
+  checks.Expect((*client)->Unload(victim.name, /*park=*/true).ok(), "victim parked");
   // The unpark copies the host copy into device memory on a worker, which dies before serving:
   // the host copy is still the supervisor's, and the retry unparks again.
   checks.Expect(h.ArmFault("attach.mid", "kill", victim.name).ok(), "fault armed");
@@ -289,12 +281,9 @@ void DisconnectStormScenario(Harness& h, Checks& checks, size_t index) {
     auto c = h.Connect();
     if (!c.ok()) continue;
     for (int k = 0; k < 5; k++) {
-      v1::Envelope request;
       const ModelUnderTest& m = k % 2 ? victim : h.bystander();
-      request.mutable_infer()->set_model(m.name);
-      *request.mutable_infer()->mutable_input() =
-          client::ToTensor(client::Matrix{8, m.in_features, std::vector<float>(8 * m.in_features, 0.25f)});
-      (void)(*c)->Send(std::move(request));
+      (void)(*c)->SendInfer(
+          m.name, client::Matrix{8, m.in_features, std::vector<float>(8 * m.in_features, 0.25f)});
     }
     // Destroyed without reading a reply: the connection vanishes mid-request.
   }
@@ -399,12 +388,9 @@ void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
       for (int i = 0; i < 5; i++) {
         auto c = h.Connect();
         if (c.ok()) {
-          v1::Envelope request;
-          request.mutable_infer()->set_model(h.bystander().name);
-          *request.mutable_infer()->mutable_input() = client::ToTensor(
-              client::Matrix{1, h.bystander().in_features,
-                             std::vector<float>(h.bystander().in_features, 0.1f)});
-          (void)(*c)->Send(std::move(request));
+          (void)(*c)->SendInfer(h.bystander().name,
+                                client::Matrix{1, h.bystander().in_features,
+                                               std::vector<float>(h.bystander().in_features, 0.1f)});
         }
       }
     }

@@ -76,11 +76,7 @@ void Traffic::RunClient(int index) {
       client::Matrix input{spec_.rows, model.in_features,
                            std::vector<float>(uint64_t{spec_.rows} * model.in_features)};
       for (float& v : input.data) v = dist(rng);
-      v1::Envelope request;
-      request.mutable_infer()->set_model(model.name);
-      request.mutable_infer()->set_deadline_ms(spec_.deadline_ms);
-      *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-      auto id = client.Send(std::move(request));
+      auto id = client.SendInfer(model.name, input, client::InferOptions{spec_.deadline_ms, std::nullopt});
       if (!id.ok()) {
         if (!spec_.tolerate_disconnect) result.problems.push_back("send: " + id.status().ToString());
         return;
@@ -119,9 +115,7 @@ void Traffic::RunClient(int index) {
   }
   // Exactly once: the daemon answers in order of completion, so a stray or duplicate reply would
   // arrive before the reply to this last probe.
-  v1::Envelope probe;
-  probe.mutable_status();
-  auto id = client.Send(std::move(probe));
+  auto id = client.Send(client::StatusRequest());
   if (!id.ok()) return;
   auto reply = client.Receive();
   if (reply.ok() && reply->request_id() != *id) {

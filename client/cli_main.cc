@@ -181,14 +181,8 @@ int main(int argc, char** argv) {
       }
     });
     bool tty = isatty(STDERR_FILENO);
-    warmpool::v1::Envelope request;
-    request.mutable_load()->set_model(model);
-    if (keep_alive_ms) request.mutable_load()->set_keep_alive_ms(*keep_alive_ms);
-    request.mutable_load()->set_replicas(replicas);
-    auto envelope = client.Call(std::move(request));
     warmpool::Result<warmpool::v1::LoadReply> reply =
-        envelope.ok() ? warmpool::Result<warmpool::v1::LoadReply>(envelope->load_reply())
-                      : warmpool::Result<warmpool::v1::LoadReply>(envelope.status());
+        client.Load(model, warmpool::client::LoadOptions{replicas, keep_alive_ms});
     done = true;
     progress.join();
     if (tty) std::fprintf(stderr, "\r\033[K");
@@ -203,17 +197,13 @@ int main(int argc, char** argv) {
     if (!remove && path.empty()) {
       return Fail(warmpool::Error(Code::kInvalidArgument, "register needs PATH (or --remove)"));
     }
-    warmpool::v1::Envelope request;
-    auto* r = request.mutable_register_model();
-    r->set_model(model);
-    r->set_remove(remove);
-    r->set_engine(engine);
     // The daemon has its own working directory: send the path absolute, symlinks unresolved
     // (the daemon resolves them against its model roots).
-    if (!path.empty()) r->set_path(std::filesystem::absolute(path).lexically_normal().string());
-    auto reply = client.Call(std::move(request));
+    auto reply = remove ? client.Unregister(model)
+                        : client.Register(model, std::filesystem::absolute(path).lexically_normal().string(),
+                                          engine);
     if (!reply.ok()) return Fail(reply.status());
-    const auto& out = reply->register_model_reply();
+    const auto& out = *reply;
     if (out.removed()) {
       Print(fmt::format("{} will be removed once its work ends\n", model));
     } else {
@@ -222,41 +212,29 @@ int main(int argc, char** argv) {
                         out.replaced() ? "; the previous version goes once its work ends" : ""));
     }
   } else if (pin->parsed() || unpin->parsed()) {
-    warmpool::v1::Envelope request;
-    request.mutable_pin()->set_model(model);
-    request.mutable_pin()->set_pin(pin->parsed());
-    auto reply = client.Call(std::move(request));
+    auto reply = client.Pin(model, pin->parsed());
     if (!reply.ok()) return Fail(reply.status());
     Print(fmt::format("{} {}\n", model, pin->parsed() ? "pinned" : "unpinned"));
   } else if (arm->parsed()) {
-    warmpool::v1::Envelope request;
-    auto* f = request.mutable_fault_arm();
-    f->set_point(point);
-    f->set_action(action);
-    f->set_model(model);
-    f->set_after(after);
-    f->set_times(times);
-    auto reply = client.Call(std::move(request));
+    auto reply = client.ArmFault(warmpool::client::FaultSpec{point, action, model, after, times});
     if (!reply.ok()) return Fail(reply.status());
-    Print(fmt::format("fault {} armed\n", reply->fault_arm_reply().id()));
+    Print(fmt::format("fault {} armed\n", *reply));
   } else if (clear->parsed()) {
-    warmpool::v1::Envelope request;
-    request.mutable_fault_clear();
-    auto reply = client.Call(std::move(request));
+    auto reply = client.ClearFaults();
     if (!reply.ok()) return Fail(reply.status());
-    Print(fmt::format("{} fault(s) cleared\n", reply->fault_clear_reply().cleared()));
+    Print(fmt::format("{} fault(s) cleared\n", *reply));
   } else if (unload->parsed()) {
     if (!all && model.empty()) {
       return Fail(warmpool::Error(Code::kInvalidArgument, "unload needs MODEL or --all"));
     }
-    warmpool::v1::Envelope request;
-    request.mutable_unload()->set_model(model);
-    request.mutable_unload()->set_park(park);
-    request.mutable_unload()->set_all(all);
-    auto reply = client.Call(std::move(request));
-    if (!reply.ok()) return Fail(reply.status());
-    if (all) Print(fmt::format("unloaded {}\n", reply->unload_reply().model()));
-    else Print(fmt::format("{} {}\n", model, park ? "parked" : "unloaded"));
+    if (all) {
+      auto reply = client.UnloadAll();
+      if (!reply.ok()) return Fail(reply.status());
+      Print(fmt::format("unloaded {}\n", reply->model()));
+    } else {
+      if (Status s = client.Unload(model, park); !s.ok()) return Fail(s);
+      Print(fmt::format("{} {}\n", model, park ? "parked" : "unloaded"));
+    }
   } else if (infer->parsed()) {
     warmpool::client::Matrix input;
     if (random_rows > 0) {
@@ -284,14 +262,7 @@ int main(int argc, char** argv) {
       return Fail(warmpool::Error(Code::kInvalidArgument,
                                   "infer needs --input FILE (or - for stdin) or --random BATCH"));
     }
-    warmpool::v1::Envelope request;
-    request.mutable_infer()->set_model(model);
-    request.mutable_infer()->set_deadline_ms(deadline_ms);
-    if (keep_alive_ms) request.mutable_infer()->set_keep_alive_ms(*keep_alive_ms);
-    *request.mutable_infer()->mutable_input() = warmpool::client::ToTensor(input);
-    auto reply = client.Call(std::move(request));
-    if (!reply.ok()) return Fail(reply.status());
-    auto output = warmpool::client::FromTensor(reply->infer_reply().output());
+    auto output = client.Infer(model, input, warmpool::client::InferOptions{deadline_ms, keep_alive_ms});
     if (!output.ok()) return Fail(output.status());
     Print(json ? warmpool::cli::MatrixJson(*output).dump() + "\n" : warmpool::cli::MatrixText(*output));
   }

@@ -27,24 +27,6 @@ warmpool::Status StatusOf(const v1::Envelope& reply) {
   return warmpool::Status(CodeFromInt(reply.error().code()), reply.error().message());
 }
 
-v1::Tensor ToTensor(const Matrix& m) {
-  v1::Tensor t;
-  t.set_rows(m.rows);
-  t.set_cols(m.cols);
-  t.set_data(reinterpret_cast<const char*>(m.data.data()), m.data.size() * sizeof(float));
-  return t;
-}
-
-Result<Matrix> FromTensor(const v1::Tensor& t) {
-  if (t.data().size() != uint64_t{t.rows()} * t.cols() * sizeof(float)) {
-    return Error(Code::kInternal, "reply tensor {} x {} holds {} bytes", t.rows(), t.cols(),
-                 t.data().size());
-  }
-  Matrix m{t.rows(), t.cols(), std::vector<float>(uint64_t{t.rows()} * t.cols())};
-  std::memcpy(m.data.data(), t.data().data(), t.data().size());
-  return m;
-}
-
 Result<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
                                                 uint32_t max_frame_bytes) {
   sockaddr_un addr{};
@@ -136,50 +118,79 @@ Result<v1::Envelope> Client::Call(v1::Envelope request) {
   return reply;
 }
 
-Result<v1::LoadReply> Client::Load(const std::string& model) {
-  v1::Envelope request;
-  request.mutable_load()->set_model(model);
-  Result<v1::Envelope> reply = Call(std::move(request));
+Result<uint64_t> Client::SendInfer(const std::string& model, const Matrix& input,
+                                   const InferOptions& options) {
+  return Send(InferRequest(model, input, options));
+}
+
+Result<v1::LoadReply> Client::Load(const std::string& model, const LoadOptions& options) {
+  Result<v1::Envelope> reply = Call(LoadRequest(model, options));
   if (!reply.ok()) return reply.status();
   return reply->load_reply();
 }
 
-warmpool::Status Client::Unload(const std::string& model) {
-  v1::Envelope request;
-  request.mutable_unload()->set_model(model);
-  return Call(std::move(request)).status();
+warmpool::Status Client::Unload(const std::string& model, bool park) {
+  return Call(UnloadRequest(model, park)).status();
 }
 
-Result<Matrix> Client::Infer(const std::string& model, const Matrix& input, uint32_t deadline_ms) {
-  v1::Envelope request;
-  request.mutable_infer()->set_model(model);
-  *request.mutable_infer()->mutable_input() = ToTensor(input);
-  request.mutable_infer()->set_deadline_ms(deadline_ms);
-  Result<v1::Envelope> reply = Call(std::move(request));
+Result<v1::UnloadReply> Client::UnloadAll() {
+  Result<v1::Envelope> reply = Call(UnloadAllRequest());
+  if (!reply.ok()) return reply.status();
+  return reply->unload_reply();
+}
+
+Result<Matrix> Client::Infer(const std::string& model, const Matrix& input,
+                             const InferOptions& options) {
+  Result<v1::Envelope> reply = Call(InferRequest(model, input, options));
   if (!reply.ok()) return reply.status();
   return FromTensor(reply->infer_reply().output());
 }
 
+Result<v1::PinReply> Client::Pin(const std::string& model, bool pin) {
+  Result<v1::Envelope> reply = Call(PinRequest(model, pin));
+  if (!reply.ok()) return reply.status();
+  return reply->pin_reply();
+}
+
+Result<v1::RegisterReply> Client::Register(const std::string& model, const std::string& path,
+                                           const std::string& engine) {
+  Result<v1::Envelope> reply = Call(RegisterRequest(model, path, engine));
+  if (!reply.ok()) return reply.status();
+  return reply->register_model_reply();
+}
+
+Result<v1::RegisterReply> Client::Unregister(const std::string& model) {
+  Result<v1::Envelope> reply = Call(UnregisterRequest(model));
+  if (!reply.ok()) return reply.status();
+  return reply->register_model_reply();
+}
+
+Result<uint64_t> Client::ArmFault(const FaultSpec& fault) {
+  Result<v1::Envelope> reply = Call(FaultArmRequest(fault));
+  if (!reply.ok()) return reply.status();
+  return reply->fault_arm_reply().id();
+}
+
+Result<uint32_t> Client::ClearFaults() {
+  Result<v1::Envelope> reply = Call(FaultClearRequest());
+  if (!reply.ok()) return reply.status();
+  return reply->fault_clear_reply().cleared();
+}
+
 Result<v1::ModelsReply> Client::Models() {
-  v1::Envelope request;
-  request.mutable_models();
-  Result<v1::Envelope> reply = Call(std::move(request));
+  Result<v1::Envelope> reply = Call(ModelsRequest());
   if (!reply.ok()) return reply.status();
   return reply->models_reply();
 }
 
 Result<v1::PsReply> Client::Ps() {
-  v1::Envelope request;
-  request.mutable_ps();
-  Result<v1::Envelope> reply = Call(std::move(request));
+  Result<v1::Envelope> reply = Call(PsRequest());
   if (!reply.ok()) return reply.status();
   return reply->ps_reply();
 }
 
 Result<v1::StatusReply> Client::GetStatus() {
-  v1::Envelope request;
-  request.mutable_status();
-  Result<v1::Envelope> reply = Call(std::move(request));
+  Result<v1::Envelope> reply = Call(StatusRequest());
   if (!reply.ok()) return reply.status();
   return reply->status_reply();
 }

@@ -1,6 +1,6 @@
-// The C++ client library: one connection to warmpoold, blocking calls, and pipelining for callers
-// that want several requests in flight (Send several, then Receive replies in any order, matched by
-// request_id). Not thread-safe: use one Client per thread.
+// The C++ client library: one connection to warmpoold, blocking calls for every request of the
+// protocol, and pipelining for callers that want several requests in flight (Send several, then
+// Receive replies in any order, matched by request_id). Not thread-safe: one Client per thread.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "client/matrix.h"
+#include "client/requests.h"
 #include "common/status.h"
 #include "ipc/blocking_channel.h"
 #include "ipc/warmpool.pb.h"
@@ -17,13 +19,6 @@ namespace warmpool::client {
 
 // The default socket path shared with the daemon; WARMPOOL_SOCKET overrides it.
 std::string DefaultSocketPath();
-
-// A row-major f32 matrix.
-struct Matrix {
-  uint32_t rows = 0;
-  uint32_t cols = 0;
-  std::vector<float> data;
-};
 
 class Client {
  public:
@@ -37,6 +32,8 @@ class Client {
 
   // Assigns a request_id (returned) and sends the request without waiting.
   Result<uint64_t> Send(v1::Envelope request);
+  Result<uint64_t> SendInfer(const std::string& model, const Matrix& input,
+                             const InferOptions& options = {});
   // Next reply, whatever its request_id (stashed replies first).
   Result<v1::Envelope> Receive();
   // The reply to one request, stashing replies to others that arrive first.
@@ -44,9 +41,21 @@ class Client {
   // Send + Wait; an error envelope becomes its Status.
   Result<v1::Envelope> Call(v1::Envelope request);
 
-  Result<v1::LoadReply> Load(const std::string& model);
-  warmpool::Status Unload(const std::string& model);
-  Result<Matrix> Infer(const std::string& model, const Matrix& input, uint32_t deadline_ms = 0);
+  Result<v1::LoadReply> Load(const std::string& model, const LoadOptions& options = {});
+  // park: keep a host copy (the daemon's park budget) so that the next load is a copy back.
+  warmpool::Status Unload(const std::string& model, bool park = false);
+  // Every loaded model, parked where the park budget allows; "N model(s), M parked".
+  Result<v1::UnloadReply> UnloadAll();
+  Result<Matrix> Infer(const std::string& model, const Matrix& input,
+                       const InferOptions& options = {});
+  Result<v1::PinReply> Pin(const std::string& model, bool pin = true);
+  Result<v1::RegisterReply> Register(const std::string& model, const std::string& path,
+                                     const std::string& engine = "");
+  Result<v1::RegisterReply> Unregister(const std::string& model);
+  // The fault's id. Only a daemon started with --enable-fault-injection accepts faults.
+  Result<uint64_t> ArmFault(const FaultSpec& fault);
+  // How many armed faults were cleared.
+  Result<uint32_t> ClearFaults();
   Result<v1::ModelsReply> Models();
   Result<v1::PsReply> Ps();
   Result<v1::StatusReply> GetStatus();
@@ -67,7 +76,5 @@ class Client {
 
 // Status of an error envelope (ok for any other reply).
 warmpool::Status StatusOf(const v1::Envelope& reply);
-v1::Tensor ToTensor(const Matrix& m);
-Result<Matrix> FromTensor(const v1::Tensor& t);
 
 }  // namespace warmpool::client

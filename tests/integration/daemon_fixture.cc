@@ -91,7 +91,7 @@ void DaemonTest::SetUp() {
 }
 
 void DaemonTest::TearDown() {
-  if (daemon_ > 0) {
+  if (daemon_ && daemon_->running()) {
     ExpectQuiescentAndValid();
     EXPECT_EQ(StopDaemon(), 0) << DaemonLog();
   }
@@ -108,73 +108,43 @@ void DaemonTest::StartDaemon(const std::string& extra_toml, std::vector<std::str
     std::ofstream config(dir_ + "/config.toml");
     config << "[daemon]\nworkers_per_device = 2\n" << extra_toml << "\n";
   }
-  std::vector<std::string> argv = {BinDir() + "/warmpoold", "--config", dir_ + "/config.toml",
-                                   "--socket", socket_, "--instance", instance_,
-                                   "--models-dir", models_dir_};
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  Launch(std::move(argv));
+  std::vector<std::string> args = {"--config", dir_ + "/config.toml", "--models-dir", models_dir_};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  Launch(std::move(args));
 }
 
-void DaemonTest::StartDaemonWithDefaults() {
-  Launch({BinDir() + "/warmpoold", "--socket", socket_, "--instance", instance_});
+void DaemonTest::StartDaemonWithDefaults() { Launch({}); }
+
+void DaemonTest::Launch(std::vector<std::string> args) {
+  args.insert(args.begin(), {"--instance", instance_});
+  args.insert(args.begin(), BinDir() + "/warmpoold");
+  LaunchCommand(std::move(args));
 }
 
-void DaemonTest::Launch(std::vector<std::string> argv) {
-  std::string log = dir_ + "/daemon.log";
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    (void)!chdir(dir_.c_str());
-    for (std::string& kv : launch_env_) putenv(kv.data());
-    if (launch_nofile_ != 0) {
-      rlimit limit{launch_nofile_, launch_nofile_};
-      setrlimit(RLIMIT_NOFILE, &limit);
-    }
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  daemon_ = pid;
-  // Ready when it answers status with every worker up.
-  for (int i = 0; i < 400; i++) {
-    int status = 0;
-    if (waitpid(daemon_, &status, WNOHANG) == daemon_) {
-      daemon_ = -1;
-      FAIL() << "warmpoold exited at start:\n" << DaemonLog();
-    }
-    auto c = client::Client::Connect(socket_);
-    if (c.ok()) {
-      auto s = (*c)->GetStatus();
-      if (s.ok()) {
-        bool all_up = s->workers_size() > 0;
-        for (const auto& w : s->workers()) all_up = all_up && w.state() == "idle";
-        if (all_up) {
-          WorkerPids();
-          return;
-        }
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  FAIL() << "warmpoold did not become ready:\n" << DaemonLog();
+void DaemonTest::LaunchCommand(std::vector<std::string> argv) {
+  launch::DaemonSpec spec;
+  spec.binary = argv.front();
+  spec.directory = dir_;
+  spec.socket = socket_;
+  spec.socket_passed = spec.binary == BinDir() + "/warmpoold";
+  spec.args.assign(argv.begin() + 1, argv.end());
+  spec.env = launch_env_;
+  spec.nofile = launch_nofile_;
+  daemon_ = std::make_unique<launch::DaemonProcess>(spec);
+  Status started = daemon_->Start();
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  Status ready = daemon_->WaitReady(10000, /*workers_idle=*/true);
+  if (!ready.ok()) daemon_.reset();
+  ASSERT_TRUE(ready.ok()) << ready.ToString();
+  WorkerPids();
 }
 
-int DaemonTest::StopDaemon() {
-  if (daemon_ <= 0) return -1;
-  kill(daemon_, SIGTERM);
-  return WaitForExit();
-}
+int DaemonTest::StopDaemon() { return daemon_ ? daemon_->Stop() : -1; }
 
-int DaemonTest::WaitForExit() {
-  if (daemon_ <= 0) return -1;
-  int status = 0;
-  waitpid(daemon_, &status, 0);
-  daemon_ = -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+int DaemonTest::WaitForExit() { return daemon_ ? daemon_->Wait() : -1; }
+
+void DaemonTest::KillDaemon() {
+  if (daemon_) daemon_->Kill();
 }
 
 std::string DaemonTest::MakeModel(const std::string& name, const std::string& layers,
@@ -285,11 +255,7 @@ void ExpectNear(const client::Matrix& expected, const client::Matrix& actual, fl
 
 Result<uint64_t> SendInfer(client::Client& c, const std::string& model, const client::Matrix& input,
                            uint32_t deadline_ms) {
-  v1::Envelope request;
-  *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-  request.mutable_infer()->set_model(model);
-  request.mutable_infer()->set_deadline_ms(deadline_ms);
-  return c.Send(std::move(request));
+  return c.SendInfer(model, input, client::InferOptions{deadline_ms, std::nullopt});
 }
 
 void ExpectInferReply(const Result<v1::Envelope>& reply, const client::Matrix& expected) {

@@ -14,6 +14,7 @@
 
 #include "client/client.h"
 #include "common/status.h"
+#include "launch/daemon_process.h"
 
 namespace warmpool::testing {
 
@@ -33,11 +34,18 @@ class DaemonTest : public ::testing::Test {
   // Starts warmpoold with no config file and no flags but the socket and instance (which a test
   // must isolate): the embedded defaults, with ./models of the working directory.
   void StartDaemonWithDefaults();
-  void Launch(std::vector<std::string> argv);
+  // Starts warmpoold with these flags besides --socket and --instance, and waits until it answers
+  // with every worker idle.
+  void Launch(std::vector<std::string> args);
+  // Starts a whole command line instead (a program that starts warmpoold on socket_ itself).
+  void LaunchCommand(std::vector<std::string> argv);
   // Sends SIGTERM and waits; returns the exit status (the daemon validates the segment on exit).
   int StopDaemon();
   // Waits for a daemon already told to stop; returns its exit status as StopDaemon does.
   int WaitForExit();
+  // SIGKILL, as a crash would: the segment and the socket stay behind.
+  void KillDaemon();
+  pid_t DaemonPid() const { return daemon_ ? daemon_->pid() : -1; }
   // A dense model under models/ via warmpool-mkmodel; returns its path.
   std::string MakeModel(const std::string& name, const std::string& layers,
                         const std::string& activation = "relu", const std::string& dtype = "f32",
@@ -58,7 +66,7 @@ class DaemonTest : public ::testing::Test {
   std::string models_dir_;
   std::string socket_;
   std::string instance_;
-  pid_t daemon_ = -1;
+  std::unique_ptr<launch::DaemonProcess> daemon_;
   std::vector<pid_t> seen_workers_;
   // KEY=VALUE set in the daemon's environment by Launch (e.g. NOTIFY_SOCKET).
   std::vector<std::string> launch_env_;

@@ -148,10 +148,7 @@ TEST_F(DaemonTest, FiftyConcurrentClientsPipelining) {
       std::vector<std::pair<uint64_t, bool>> sent;
       for (int i = 0; i < kPerClient; i++) {
         bool use_a = (t + i) % 2 == 0;
-        v1::Envelope request;
-        request.mutable_infer()->set_model(use_a ? "a" : "b");
-        *request.mutable_infer()->mutable_input() = client::ToTensor(use_a ? input_a : input_b);
-        auto id = (*c)->Send(std::move(request));
+        auto id = (*c)->SendInfer(use_a ? "a" : "b", use_a ? input_a : input_b);
         ASSERT_TRUE(id.ok());
         sent.emplace_back(*id, use_a);
       }

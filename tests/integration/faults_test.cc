@@ -111,10 +111,8 @@ TEST_F(FaultsTest, ClientDisconnectingMidRequestLeavesNothingBehind) {
   StartDaemon();
   for (int i = 0; i < 5; i++) {
     auto c = Connect();
-    v1::Envelope request;
-    request.mutable_infer()->set_model("m");
-    *request.mutable_infer()->mutable_input() = client::ToTensor(RandomMatrix(64, 8, i));
-    for (int k = 0; k < 4; k++) ASSERT_TRUE(c->Send(request).ok());
+    client::Matrix input = RandomMatrix(64, 8, i);
+    for (int k = 0; k < 4; k++) ASSERT_TRUE(c->SendInfer("m", input).ok());
     // Gone before any reply.
   }
   auto client = Connect();
@@ -175,9 +173,7 @@ TEST_F(FaultsTest, QueueIsBoundedWithResourceExhausted) {
   StartDaemon("[pool]\nmax_queue = 4\n");
   auto client = Connect();
   std::vector<uint64_t> ids;
-  v1::Envelope request;
-  request.mutable_infer()->set_model("m");
-  *request.mutable_infer()->mutable_input() = client::ToTensor(RandomMatrix(1, 8, 1));
+  v1::Envelope request = client::InferRequest("m", RandomMatrix(1, 8, 1));
   // All sent before the load can finish: they arrive while "m" is loading.
   std::string burst;
   for (int i = 1; i <= 10; i++) {
@@ -203,16 +199,10 @@ TEST_F(FaultsTest, DeadlineExceededWhileQueuedBehindSlowWork) {
   ASSERT_TRUE(client->Load("slow").ok());
   std::vector<uint64_t> ids;
   for (int i = 0; i < 6; i++) {
-    v1::Envelope request;
-    request.mutable_infer()->set_model("slow");
-    *request.mutable_infer()->mutable_input() = client::ToTensor(RandomMatrix(256, 512, i));
-    ids.push_back(*client->Send(request));
+    ids.push_back(*client->SendInfer("slow", RandomMatrix(256, 512, i)));
   }
-  v1::Envelope hurried;
-  hurried.mutable_infer()->set_model("slow");
-  hurried.mutable_infer()->set_deadline_ms(1);
-  *hurried.mutable_infer()->mutable_input() = client::ToTensor(RandomMatrix(1, 512, 9));
-  uint64_t hurried_id = *client->Send(hurried);
+  uint64_t hurried_id =
+      *client->SendInfer("slow", RandomMatrix(1, 512, 9), client::InferOptions{1, std::nullopt});
   auto reply = client->Wait(hurried_id);
   ASSERT_TRUE(reply.ok());
   ASSERT_TRUE(reply->has_error());
@@ -234,10 +224,7 @@ TEST_F(FaultsTest, WorkersKilledMidRequestAreRetriedAndRecover) {
   client::Matrix expected = ReferenceInfer(path, input);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 40; i++) {
-    v1::Envelope request;
-    request.mutable_infer()->set_model("slow");
-    *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-    ids.push_back(*client->Send(request));
+    ids.push_back(*client->SendInfer("slow", input));
   }
   auto first = client->Wait(ids[0]);
   ASSERT_TRUE(first.ok() && first->has_infer_reply());
@@ -268,9 +255,7 @@ TEST_F(FaultsTest, SupervisorKilledLeavesNoOrphansAndTheNextStartServes) {
   auto client = Connect();
   ExpectServing(this, *client, "m");
   std::vector<pid_t> workers = WorkerPids();
-  kill(daemon_, SIGKILL);
-  waitpid(daemon_, nullptr, 0);
-  daemon_ = -1;
+  KillDaemon();
   // Workers die with their parent (PR_SET_PDEATHSIG); allow the kernel a moment to deliver it.
   for (int i = 0; i < 200; i++) {
     bool any = false;

@@ -78,7 +78,7 @@ TEST_F(LimitsTest, OutOfFileDescriptorsClientsAreToldWhyAndTheDaemonDoesNotSpin)
 
   // Clients keep knocking for two seconds: each is told, the loop does not spin, the log says so
   // about once a second, and the connections held are served throughout.
-  uint64_t before = CpuTicks(daemon_);
+  uint64_t before = CpuTicks(DaemonPid());
   auto until = std::chrono::steady_clock::now() + 2s;
   int knocks = 0;
   while (std::chrono::steady_clock::now() < until) {
@@ -88,7 +88,7 @@ TEST_F(LimitsTest, OutOfFileDescriptorsClientsAreToldWhyAndTheDaemonDoesNotSpin)
     ASSERT_TRUE(held[knocks % held.size()]->GetStatus().ok());
     std::this_thread::sleep_for(20ms);
   }
-  uint64_t used = CpuTicks(daemon_) - before;
+  uint64_t used = CpuTicks(DaemonPid()) - before;
   long hz = sysconf(_SC_CLK_TCK);
   EXPECT_LT(used, static_cast<uint64_t>(hz)) << "the daemon burnt " << used << " ticks of CPU in 2 s";
   size_t lines = Count(DaemonLog(), "out of file descriptors");

@@ -389,9 +389,7 @@ TEST_F(RecoveryTest, LoadQueuedBehindAnotherLoadIsNotAStall) {
   auto c = Connect();
   std::vector<uint64_t> ids;
   for (const char* name : {"m1", "m2", "m3"}) {
-    v1::Envelope request;
-    request.mutable_load()->set_model(name);
-    auto id = c->Send(request);
+    auto id = c->Send(client::LoadRequest(name));
     ASSERT_TRUE(id.ok());
     ids.push_back(*id);
   }
@@ -422,15 +420,10 @@ TEST_F(RecoveryTest, UnloadQueuedBehindInferenceIsNotAStall) {
   for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(c->Load(name).ok());
   Arm({"infer.mid", "delay:400", "--model", "a"});
   client::Matrix input = RandomMatrix(2, 8, 3);
-  v1::Envelope infer;
-  infer.mutable_infer()->set_model("a");
-  *infer.mutable_infer()->mutable_input() = client::ToTensor(input);
-  auto infer_id = c->Send(infer);
+  auto infer_id = c->SendInfer("a", input);
   ASSERT_TRUE(infer_id.ok());
   std::this_thread::sleep_for(milliseconds(50));
-  v1::Envelope unload;
-  unload.mutable_unload()->set_model("c");
-  auto unload_id = c->Send(unload);
+  auto unload_id = c->Send(client::UnloadRequest("c"));
   ASSERT_TRUE(unload_id.ok());
   auto r1 = c->Wait(*infer_id);
   ASSERT_TRUE(r1.ok());
@@ -562,10 +555,7 @@ TEST_F(RecoveryTest, RequestsQueuedOnAKilledWorkerAreNotLost) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 20; i++) {
     inputs.push_back(RandomMatrix(4, 64, 100 + i));
-    v1::Envelope request;
-    request.mutable_infer()->set_model("m");
-    *request.mutable_infer()->mutable_input() = client::ToTensor(inputs.back());
-    auto id = c->Send(request);
+    auto id = c->SendInfer("m", inputs.back());
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     ids.push_back(*id);
   }
@@ -614,10 +604,7 @@ TEST_F(RecoveryTest, OneShotKillWithRequestsPipelinedFiresOnce) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 20; i++) {
     inputs.push_back(RandomMatrix(4, 64, 200 + i));
-    v1::Envelope request;
-    request.mutable_infer()->set_model("m");
-    *request.mutable_infer()->mutable_input() = client::ToTensor(inputs.back());
-    auto id = c->Send(request);
+    auto id = c->SendInfer("m", inputs.back());
     ASSERT_TRUE(id.ok());
     ids.push_back(*id);
   }
@@ -648,7 +635,7 @@ TEST_F(RecoveryTest, UnloadWaitingForARequestWhoseWorkerDiesLeavesTheModelServab
   EXPECT_EQ(Cli({"unload", "m"}, &out, &err), 0) << err;
   // The request is retried (the model loads again for it) and answered, not left to its deadline.
   ExpectInferReply(c->Wait(*id), ReferenceInfer(path, input));
-  auto again = c->Infer("m", input, /*deadline_ms=*/5000);
+  auto again = c->Infer("m", input, client::InferOptions{/*deadline_ms=*/5000, std::nullopt});
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 

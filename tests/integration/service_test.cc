@@ -148,8 +148,8 @@ TEST_F(ServiceTest, SocketActivationServesOnThePassedSocket) {
   std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n";
   // The activator binds the socket and execs warmpoold on the first connection (Launch's probe),
   // with LISTEN_FDS=1; warmpoold is told no --socket at all.
-  Launch({activate, "-l", socket_, BinDir() + "/warmpoold", "--config", dir_ + "/config.toml",
-          "--instance", instance_, "--models-dir", models_dir_});
+  LaunchCommand({activate, "-l", socket_, BinDir() + "/warmpoold", "--config",
+                 dir_ + "/config.toml", "--instance", instance_, "--models-dir", models_dir_});
   EXPECT_NE(DaemonLog().find("(socket activation)"), std::string::npos) << DaemonLog();
 
   auto c = Connect();
@@ -197,7 +197,7 @@ TEST_F(ServiceTest, SighupAppliesAddedChangedAndRemovedModels) {
                                        << "[[models]]\nname = \"change\"\npath = \"v2/change.safetensors\"\n";
   fs::remove(models_dir_ + "/gone.safetensors");
   std::string fresh = MakeModel("fresh", "8,2");
-  ASSERT_EQ(kill(daemon_, SIGHUP), 0);
+  ASSERT_EQ(kill(DaemonPid(), SIGHUP), 0);
 
   // Removed: its accepted work still finishes, new requests get NOT_FOUND, then it is gone.
   auto reply = busy->Wait(*slow_id);
@@ -246,7 +246,7 @@ TEST_F(ServiceTest, AModelRemovedByReloadWhoseWorkerCrashesStillAnswersItsReques
   std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n";
   client::Matrix expected = ReferenceInfer(path, input);
   fs::remove(path);  // gone with the registration: only the weights the supervisor holds remain
-  ASSERT_EQ(kill(daemon_, SIGHUP), 0);
+  ASSERT_EQ(kill(DaemonPid(), SIGHUP), 0);
   // The request was accepted before the reload: it is retried on the held weights and answered.
   ExpectInferReply(c->Wait(*id), expected);
   EXPECT_TRUE(WaitForState("gone", "absent")) << ModelState("gone");
@@ -257,7 +257,7 @@ TEST_F(ServiceTest, SighupWithABrokenConfigKeepsTheRegistry) {
   MakeModel("m", "8,4");
   StartDaemon();
   std::ofstream(dir_ + "/config.toml") << "[daemon\nbroken";
-  ASSERT_EQ(kill(daemon_, SIGHUP), 0);
+  ASSERT_EQ(kill(DaemonPid(), SIGHUP), 0);
   for (int i = 0; i < 100 && DaemonLog().find("reload refused") == std::string::npos; i++) {
     std::this_thread::sleep_for(20ms);
   }
@@ -278,7 +278,7 @@ TEST_F(ServiceTest, SigtermDrainsRequestsInFlightAndRefusesNewOnes) {
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);  // in the worker, inside the delay
 
-  ASSERT_EQ(kill(daemon_, SIGTERM), 0);
+  ASSERT_EQ(kill(DaemonPid(), SIGTERM), 0);
   // The listening socket goes at once: nobody new gets in while the drain runs.
   bool refused = false;
   for (int i = 0; i < 100 && !refused; i++) {
@@ -305,7 +305,7 @@ TEST_F(ServiceTest, TheDrainStillAdmitsRequestsThatWaitForRoom) {
   auto id_b = SendInfer(*c, "b", input);  // needs a's room, which a's request holds
   ASSERT_TRUE(id_a.ok() && id_b.ok());
   std::this_thread::sleep_for(100ms);
-  ASSERT_EQ(kill(daemon_, SIGTERM), 0);
+  ASSERT_EQ(kill(DaemonPid(), SIGTERM), 0);
   ExpectInferReply(c->Wait(*id_a), ReferenceInfer(a, input));
   ExpectInferReply(c->Wait(*id_b), ReferenceInfer(b, input));
   EXPECT_EQ(WaitForExit(), 0) << DaemonLog();
@@ -323,12 +323,11 @@ TEST_F(ServiceTest, DrainIsBoundedThenRequestsAreAnsweredUnavailable) {
   auto id = SendInfer(*c, "m", RandomMatrix(1, 8, 5), /*deadline_ms=*/60000);
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(200ms);
-  v1::Envelope unload_all;  // waits for the hung request's model, so for the end of the drain
-  unload_all.mutable_unload()->set_all(true);
-  auto unload_id = c->Send(unload_all);
+  // Waits for the hung request's model, so for the end of the drain.
+  auto unload_id = c->Send(client::UnloadAllRequest());
   ASSERT_TRUE(unload_id.ok());
   std::this_thread::sleep_for(50ms);
-  ASSERT_EQ(kill(daemon_, SIGTERM), 0);
+  ASSERT_EQ(kill(DaemonPid(), SIGTERM), 0);
   auto reply = c->Wait(*id);
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   ASSERT_TRUE(reply->has_error()) << reply->DebugString();

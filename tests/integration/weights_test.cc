@@ -61,10 +61,7 @@ TEST_F(WeightsTest, RequestsInFlightWhenTheWorkerDiesAreServedFromTheHeldWeights
   client::Matrix input = RandomMatrix(64, 256, 2);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 10; i++) {
-    v1::Envelope request;
-    request.mutable_infer()->set_model("slow");
-    *request.mutable_infer()->mutable_input() = client::ToTensor(input);
-    ids.push_back(*client->Send(request));
+    ids.push_back(*client->SendInfer("slow", input));
   }
   ASSERT_TRUE(client->Wait(ids[0]).ok());
   int slot = client->Ps()->models(0).worker();

@@ -1,0 +1,180 @@
+#include "launch/daemon_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "client/client.h"
+
+namespace warmpool::launch {
+
+namespace {
+
+// waitpid with a deadline (-1: none); true when the child was reaped (status filled).
+bool WaitFor(pid_t pid, int timeout_ms, int& status) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    pid_t r = waitpid(pid, &status, timeout_ms < 0 ? 0 : WNOHANG);
+    if (r == pid) return true;
+    if (r < 0 && errno != EINTR) return true;  // not our child any more
+    if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {}", WTERMSIG(status));
+  return fmt::format("ended with wait status {}", status);
+}
+
+DaemonProcess::DaemonProcess(DaemonSpec spec) : spec_(std::move(spec)) {
+  if (spec_.log.empty()) spec_.log = spec_.directory + "/daemon.log";
+}
+
+DaemonProcess::~DaemonProcess() { Kill(); }
+
+Status DaemonProcess::Start() {
+  if (access(spec_.binary.c_str(), X_OK) != 0) {
+    return Error(Code::kFailedPrecondition, "warmpoold binary {} is missing or not executable",
+                 spec_.binary);
+  }
+  std::vector<std::string> args = {spec_.binary};
+  if (spec_.socket_passed) args.insert(args.end(), {"--socket", spec_.socket});
+  if (!spec_.instance.empty()) args.insert(args.end(), {"--instance", spec_.instance});
+  if (!spec_.config.empty()) args.insert(args.end(), {"--config", spec_.config});
+  if (!spec_.models_dir.empty()) args.insert(args.end(), {"--models-dir", spec_.models_dir});
+  args.insert(args.end(), spec_.args.begin(), spec_.args.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env = spec_.env;  // copied before fork: the child only putenv()s
+  int log = open(spec_.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) return Error(Code::kInternal, "cannot open {}: {}", spec_.log, std::strerror(errno));
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(log);
+    return Error(Code::kInternal, "fork: {}", std::strerror(err));
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec, or close to it.
+    if (spec_.die_with_parent) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(127);
+    }
+    int null = open("/dev/null", O_RDONLY);
+    if (null >= 0) dup2(null, STDIN_FILENO);
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    if (!spec_.directory.empty() && chdir(spec_.directory.c_str()) != 0) _exit(127);
+    for (std::string& kv : env) putenv(kv.data());
+    if (spec_.nofile != 0) {
+      rlimit limit{spec_.nofile, spec_.nofile};
+      setrlimit(RLIMIT_NOFILE, &limit);
+    }
+    execv(argv[0], argv.data());
+    const char msg[] = "exec of warmpoold failed\n";
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(127);
+  }
+  close(log);
+  pid_ = pid;
+  return OkStatus();
+}
+
+Status DaemonProcess::WaitReady(int timeout_ms, bool workers_idle) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string last = "no attempt made";
+  for (;;) {
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return Error(Code::kUnavailable, "warmpoold {} at start; its log:\n{}", DescribeExit(status),
+                   LogTail());
+    }
+    auto c = client::Client::Connect(spec_.socket);
+    if (c.ok()) {
+      timeval one{1, 0};
+      setsockopt((*c)->fd(), SOL_SOCKET, SO_RCVTIMEO, &one, sizeof(one));
+      auto s = (*c)->GetStatus();
+      if (s.ok()) {
+        bool idle = s->workers_size() > 0;
+        for (const auto& w : s->workers()) idle = idle && w.state() == "idle";
+        if (!workers_idle || idle) return OkStatus();
+        last = "workers still starting";
+      } else {
+        last = s.status().ToString();
+      }
+    } else {
+      last = c.status().ToString();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Error(Code::kDeadlineExceeded,
+                   "warmpoold did not answer on {} within {} ms ({}); its log:\n{}", spec_.socket,
+                   timeout_ms, last, LogTail());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int DaemonProcess::Stop(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  return Wait(timeout_ms);
+}
+
+int DaemonProcess::Wait(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  if (!WaitFor(pid_, timeout_ms, status)) {
+    Kill();
+    return -1;
+  }
+  pid_ = -1;
+  return ExitCode(status);
+}
+
+void DaemonProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  WaitFor(pid_, 5000, status);
+  pid_ = -1;
+}
+
+std::string DaemonProcess::Log() const {
+  std::ifstream in(spec_.log, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string DaemonProcess::LogTail(size_t max_bytes) const {
+  std::string text = Log();
+  if (text.empty()) return "(empty log)";
+  if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
+  return text;
+}
+
+}  // namespace warmpool::launch
