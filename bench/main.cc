@@ -24,6 +24,7 @@
 #include "common/command_line.h"
 
 #include "bench/skeleton.h"
+#include "bench/abuse.h"
 #include "bench/recovery.h"
 #include "bench/relay.h"
 #include "bench/session.h"
@@ -52,6 +53,11 @@ struct Options {
   uint64_t model_mib = 16;
   uint32_t inflight = 8;
   uint32_t rows = 64;
+  // --abuse
+  bool abuse = false;
+  uint32_t greedy = 4;
+  uint32_t payload_mib = 4;
+  uint32_t seconds = 5;
   // --sharing
   bool sharing = false;
   std::vector<uint64_t> sizes_mib = {16, 1024};
@@ -324,8 +330,28 @@ int main(int argc, char** argv) {
   app.add_option("--rows", options.rows, "--recovery: rows of each of those requests")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_flag("--abuse", options.abuse,
+               "instead: the daemon's memory under clients that pipeline large inputs and never "
+               "read their replies, with the default limits and with them raised (see "
+               "bench/abuse.h)");
+  app.add_option("--greedy", options.greedy, "--abuse: greedy clients")->capture_default_str();
+  app.add_option("--payload-mib", options.payload_mib, "--abuse: MiB of each greedy request")
+      ->capture_default_str();
+  app.add_option("--seconds", options.seconds, "--abuse: how long the greedy clients push")
+      ->capture_default_str();
   app.get_option("--recovery")->excludes("--sharing");
+  app.get_option("--abuse")->excludes("--sharing")->excludes("--recovery");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (options.abuse) {
+    warmpool::bench::AbuseOptions abuse;
+    abuse.daemon = options.daemon;
+    abuse.backend = options.backend;
+    abuse.greedy = options.greedy;
+    abuse.payload_mib = options.payload_mib;
+    abuse.seconds = options.seconds;
+    abuse.json = options.json;
+    return warmpool::bench::RunAbuse(abuse);
+  }
   if (options.sharing) {
     warmpool::bench::SharingOptions sharing;
     sharing.daemon = options.daemon;

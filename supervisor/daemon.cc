@@ -1,6 +1,7 @@
 #include "supervisor/daemon.h"
 
 #include <grp.h>
+#include <malloc.h>
 #include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
@@ -157,8 +158,24 @@ void Daemon::StartTimers() {
   tick_timer_.MarkInitialized();
   tick_timer_.get()->data = this;
   uv_timer_start(tick_timer_.get(), [](uv_timer_t* t) {
-    static_cast<Daemon*>(t->data)->Dispatch(event::Tick{});
+    auto* daemon = static_cast<Daemon*>(t->data);
+    daemon->Dispatch(event::Tick{});
+    daemon->TrimWhenIdle();
   }, kTickMs, kTickMs);
+}
+
+void Daemon::TrimWhenIdle() {
+  // After a burst of large requests the heap keeps its high-water mark: glibc returns memory to
+  // the kernel only from the top of the heap. Once nothing is open, give back what is free.
+  if (core_->unanswered() != 0) {
+    busy_since_trim_ = true;
+    return;
+  }
+  uint64_t now = MonotonicMillis();
+  if (!busy_since_trim_ || now - last_trim_ms_ < 1000) return;
+  busy_since_trim_ = false;
+  last_trim_ms_ = now;
+  malloc_trim(0);
 }
 
 void Daemon::InstallSignals() {

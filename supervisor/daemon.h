@@ -62,6 +62,7 @@ class Daemon {
                      bool fatal);
   void InstallSignals();
   void StartTimers();
+  void TrimWhenIdle();
   void FinishStop();
 
   Config config_;
@@ -80,6 +81,8 @@ class Daemon {
 
   std::deque<Event> pending_;
   bool dispatching_ = false;
+  bool busy_since_trim_ = false;
+  uint64_t last_trim_ms_ = 0;
   int exit_code_ = 0;
 
   ipc::UvHandle<uv_timer_t> tick_timer_;

@@ -10,10 +10,10 @@
 // requests are dropped before they run.
 //
 // Files: core.cc (events, start, ticks, stop), requests.cc (client requests, sessions, budgets),
-// admission.cc (room, release, eviction, replicas, placement), jobs.cc (what workers report),
-// dispatch.cc (inference), recovery.cc (deaths, crash loops, deadlines, stalls), workers.cc
-// (worker processes), reload.cc (reload, register, retirement), faults.cc, snapshots.cc,
-// invariants.cc.
+// admission.cc (room, loads, releases, eviction), replicas.cc (replicas, placement), jobs.cc
+// (what workers report), dispatch.cc (inference), recovery.cc (deaths, crash loops, deadlines,
+// stalls), workers.cc (worker processes), reload.cc (reload, register, retirement), faults.cc,
+// snapshots.cc, invariants.cc.
 #pragma once
 
 #include <cstdint>
@@ -200,7 +200,7 @@ class Core {
   void AnswerError(const Call& call, const Status& status);
   void AnswerUnloads(uint32_t model);
 
-  // admission.cc: room, loads, releases, replicas, placement
+  // admission.cc and replicas.cc: room, loads, releases, replicas, placement
   std::vector<policy::Resident> Residents() const;
   std::vector<policy::WorkerView> WorkerViews() const;
   // The park account plus the host copies already decided (being made).
@@ -211,6 +211,9 @@ class Core {
   void StartLoad(uint32_t model, uint32_t worker, uint64_t bytes);
   void StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes);
   void AttachReplica(uint32_t model, uint32_t worker, uint32_t moving_from = shm::kNil);
+  // What an attach or unpark tells the worker: the weights' own description, not the file's.
+  static void DescribeAttach(v1::WorkerAttach* attach, uint32_t model, const ModelEntry& entry,
+                             const Weights& weights);
   // Releases the device memory of a ready model (parked when allowed and the budget has room).
   void Release(uint32_t model, bool eviction, bool allow_park);
   void SendRelease(uint32_t model);

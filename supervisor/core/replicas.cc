@@ -1,0 +1,141 @@
+// Replicas and placement: a model's replicas attach (the held weights, no file read), leave, and
+// grow or shrink to the model's target; policy::PlanRebalance moves a model from a worker holding
+// several to one holding none. What each worker holds is derived from the machines (WorkerViews).
+#include <algorithm>
+
+#include "supervisor/core/core.h"
+
+namespace warmpool::supervisor {
+
+using namespace residency;
+
+void Core::DescribeAttach(v1::WorkerAttach* attach, uint32_t model, const ModelEntry& entry,
+                    const Weights& w) {
+  attach->set_model(model);
+  attach->set_name(entry.name);
+  attach->set_engine(entry.engine);
+  attach->set_path(entry.path);
+  attach->set_header(w.header);
+  attach->set_file_size(w.file_size);
+  attach->set_weight_bytes(w.handle >= 0 ? w.weight_bytes : 0);
+}
+
+std::vector<policy::WorkerView> Core::WorkerViews() const {
+  std::vector<policy::WorkerView> views(workers_.size());
+  for (uint32_t slot = 0; slot < workers_.size(); slot++) {
+    const WorkerSlot& w = workers_[slot];
+    views[slot] = policy::WorkerView{slot, w.state == WorkerSlot::State::kUp, 0, w.outstanding,
+                                     w.pending_bytes};
+  }
+  for (uint32_t model : index_->LruOrder()) {
+    const ModelMachine& machine = models_[model].machine;
+    if (const Loading* l = machine.As<Loading>()) views[l->worker].models++;
+    if (const Unparking* u = machine.As<Unparking>()) views[u->worker].models++;
+    if (const std::vector<Replica>* replicas = machine.Replicas()) {
+      for (const Replica& r : *replicas) views[r.worker].models++;
+    }
+  }
+  return views;
+}
+
+void Core::AttachReplica(uint32_t model, uint32_t worker, uint32_t moving_from) {
+  Model& m = models_[model];
+  const Weights& weights = m.machine.As<Ready>()->weights;
+  Job job;
+  job.kind = Job::Kind::kAttach;
+  job.worker = worker;
+  job.model = model;
+  job.moving_from = moving_from;
+  v1::WorkerEnvelope message;
+  v1::WorkerAttach* attach = message.mutable_attach();
+  DescribeAttach(attach, model, m.entry, weights);
+  for (const v1::Fault& f : GrantFaults(job)) *attach->add_faults() = f;
+  uint64_t id = NewJob(std::move(job));
+  attach->set_job(id);
+  int handle = weights.handle;
+  m.machine.AddReplica(worker, id);
+  Log(LogLevel::kInfo, "attaching the resident weights of \"{}\" to worker {}", m.entry.name, worker);
+  Send(worker, message, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
+}
+
+void Core::SendLeave(uint32_t model, uint32_t worker) {
+  Job job;
+  job.kind = Job::Kind::kUnload;
+  job.worker = worker;
+  job.model = model;
+  v1::WorkerEnvelope message;
+  message.mutable_unload()->set_model(model);
+  for (const v1::Fault& f : GrantFaults(job)) *message.mutable_unload()->add_faults() = f;
+  uint64_t id = NewJob(std::move(job));
+  message.mutable_unload()->set_job(id);
+  models_[model].machine.ReplicaLeaving(worker, id);
+  Send(worker, message);
+}
+
+void Core::AdjustReplicas(uint32_t model) {
+  Model& m = models_[model];
+  const Ready* ready = m.machine.As<Ready>();
+  if (ready == nullptr || ready->replicas.empty() || stopping_) return;
+  uint32_t target = std::min<uint32_t>(m.target_replicas, static_cast<uint32_t>(workers_.size()));
+  size_t staying = std::count_if(ready->replicas.begin(), ready->replicas.end(),
+                                 [](const Replica& r) { return r.leave_job == 0; });
+  if (staying > target) {
+    std::vector<uint32_t> serving = m.machine.ServingWorkers();
+    if (serving.size() < 2) return;  // only serving replicas leave, and never the last
+    SendLeave(model, policy::PickReplicaToDrop(WorkerViews(), serving));
+    return;
+  }
+  for (;;) {
+    // Everything is looked up again each time round: making room may release models, and their
+    // release may have grown this one already (RetryPending).
+    ready = m.machine.As<Ready>();
+    if (ready == nullptr || ready->replicas.empty()) return;
+    std::vector<uint32_t> busy;
+    for (const Replica& r : ready->replicas) busy.push_back(r.worker);
+    size_t staying_now = std::count_if(ready->replicas.begin(), ready->replicas.end(),
+                                       [](const Replica& r) { return r.leave_job == 0; });
+    if (staying_now >= target) return;
+    uint32_t worker = policy::PickWorkerForLoad(WorkerViews(), busy);
+    if (worker == policy::kNone) return;  // fewer workers up than replicas: a hello grows it
+    uint64_t workspace = ready->weights.workspace_bytes;
+    uint64_t budget = config_.budget_bytes;
+    if (budget != 0 && index_->DeviceUsed(0) + workspace > budget) {
+      // Room for the replica's workspace comes like room for a load: idle models, LRU first.
+      policy::Limits bytes_only{budget, 0, 0, 0};
+      policy::AdmissionPlan plan = policy::PlanAdmission(Residents(), model, m.entry.name,
+                                                         workspace, index_->DeviceUsed(0), bytes_only);
+      if (plan.kind != policy::AdmissionPlan::Kind::kEvict) return;  // RetryPending grows it later
+      for (uint32_t victim : plan.victims) Release(victim, /*eviction=*/true, /*allow_park=*/true);
+      if (index_->DeviceUsed(0) + workspace > budget) return;
+      continue;
+    }
+    AttachReplica(model, worker);
+  }
+}
+
+void Core::Rebalance() {
+  if (stopping_) return;
+  std::vector<policy::WorkerView> views = WorkerViews();
+  std::vector<policy::PlacedModel> placed;
+  for (uint32_t model : index_->LruOrder()) {
+    const Model& m = models_[model];
+    const Ready* ready = m.machine.As<Ready>();
+    if (ready == nullptr) continue;
+    policy::PlacedModel p;
+    p.model = model;
+    p.workers = m.machine.ServingWorkers();
+    p.movable = p.workers.size() == ready->replicas.size() && m.target_replicas <= 1;
+    p.waiting = static_cast<uint32_t>(m.waiters.size());
+    placed.push_back(std::move(p));
+  }
+  std::optional<policy::Move> move = policy::PlanRebalance(views, placed);
+  if (!move) return;
+  const Model& m = models_[move->model];
+  uint64_t workspace = m.machine.As<Ready>()->weights.workspace_bytes;
+  if (config_.budget_bytes != 0 && index_->DeviceUsed(0) + workspace > config_.budget_bytes) return;
+  Log(LogLevel::kInfo, "moving \"{}\" from worker {}, which holds several models, to idle worker {}",
+      m.entry.name, move->from, move->to);
+  AttachReplica(move->model, move->to, move->from);
+}
+
+}  // namespace warmpool::supervisor
