@@ -10,7 +10,7 @@ namespace {
 
 void CopyName(char* dst, size_t capacity, std::string_view src) {
   size_t n = std::min(src.size(), capacity - 1);
-  std::memcpy(dst, src.data(), n);
+  if (n != 0) std::memcpy(dst, src.data(), n);  // an empty view may have a null data()
   std::memset(dst + n, 0, capacity - n);
 }
 

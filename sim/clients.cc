@@ -120,6 +120,9 @@ void Simulator::SendRequest(Client& c, v1::Envelope request, Pending pending) {
     auto it = c.outstanding.find(id);
     if (it == c.outstanding.end()) return;
     it->second.accepted = true;
+    for (const SimFile& f : files_) {
+      if (f.name == it->second.model) it->second.min_version = registered_version_[f.id];
+    }
     event::ClientRequest e;
     e.session = session;
     e.admin = c.admin;
@@ -198,6 +201,11 @@ void Simulator::CheckInferReply(const Pending& p, const v1::Envelope& reply) {
     return Fail(fmt::format("\"{}\" answered from weights of version {} described as version {}: "
                             "the result matches neither",
                             p.model, weights_version, described_version));
+  }
+  if (weights_version < p.min_version) {
+    return Fail(fmt::format("\"{}\" answered from version {}, though a reload had registered "
+                            "version {} before the request came",
+                            p.model, weights_version, p.min_version));
   }
   outcome_.replies_ok++;
 }

@@ -159,6 +159,13 @@ void Simulator::MakeWorld() {
                     slow_per_mille_, congestion_per_mille_, models_in_use_, clients_.back().greedy, calm_));
 }
 
+void Simulator::NoteRegisteredVersions() {
+  registered_version_.resize(files_.size(), 0);
+  for (const SimFile& f : files_) {
+    if (configured_[f.id] && !f.echo) registered_version_[f.id] = f.version;
+  }
+}
+
 std::vector<supervisor::ModelEntry> Simulator::Registry() const {
   std::vector<supervisor::ModelEntry> entries;
   for (const SimFile& f : files_) {
@@ -318,6 +325,7 @@ void Simulator::EnvironmentAct() {
     }
     e.config = c;
     e.entries = Registry();
+    NoteRegisteredVersions();
     Deliver(std::move(e), "SIGHUP");
   } else if (roll < 560) {
     SimFile& f = files_[rng_.Below(5)];
@@ -335,6 +343,7 @@ void Simulator::EnvironmentAct() {
 
 Outcome Simulator::Run() {
   MakeWorld();
+  NoteRegisteredVersions();
   std::vector<Action> actions = core_->Start(Registry(), {}, Now());
   for (Action& a : actions) Execute(a);
   CheckAfterEvent();

@@ -7,7 +7,8 @@
 //
 // After every event handed to the core it checks the invariants: every accepted request answered
 // exactly once and never after its client is gone; every successful answer computed from the
-// weights of one consistent version of its model; the segment valid (LRU, accounting, budget);
+// weights of one consistent version of its model, and never from a version older than the one a
+// reload had registered when the request came; the segment valid (LRU, accounting, budget);
 // the core's own invariants; the handles the core holds are exactly the open ones, and none was
 // closed while a frame queued for a worker still named it; no two file loads of one model at once;
 // the requests' bytes the daemon holds within its bounds; no request of a departed client run;
@@ -110,6 +111,9 @@ class Simulator {
     uint32_t token = 0;
     uint64_t bytes = 0;
     bool accepted = false;     // handed to the core
+    // infer: the version of its file that the registry held when the core took the request; the
+    // answer must come from it or a later one (a reload that saw a new version stops the old).
+    uint32_t min_version = 0;
     bool replied = false;      // the core emitted its reply (on its way)
   };
   struct Client {
@@ -138,6 +142,7 @@ class Simulator {
   void MakeWorld();
   supervisor::Config MakeConfig() const;
   std::vector<supervisor::ModelEntry> Registry() const;
+  void NoteRegisteredVersions();
 
   // Workers (workers.cc).
   void Spawn(uint32_t slot, uint32_t generation);
@@ -214,6 +219,7 @@ class Simulator {
 
   std::vector<SimFile> files_;
   std::vector<bool> configured_;     // by file: listed in the configuration now
+  std::vector<uint32_t> registered_version_;  // by file: the version the last start or reload saw
   std::vector<Worker> workers_;
   std::vector<Client> clients_;
   uint64_t next_session_ = 1;

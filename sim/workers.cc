@@ -108,7 +108,7 @@ void Simulator::WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelo
                             int region) {
   Worker& w = workers_[slot];
   if (w.generation != generation || w.state != Worker::State::kUp) return;
-  w.serving.push_back(WorkerJob{std::move(message), region});
+  w.serving.push_back(WorkerJob{std::move(message), region, std::nullopt});
   StartServing(w);
 }
 

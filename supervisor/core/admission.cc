@@ -71,7 +71,7 @@ void Core::FailWaiters(uint32_t model, const Status& status) {
 
 void Core::TryAdmit(uint32_t model) {
   Model& m = models_[model];
-  if (m.waiters.empty() || drain_ended_) return;
+  if (m.waiters.empty() || drain_ended_ || m.changing()) return;
   // A path refused at registration (outside the model roots, not a regular file) never reaches a
   // worker: only a reload can fix it.
   if (!m.refused.ok()) return FailWaiters(model, m.refused);

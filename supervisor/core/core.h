@@ -127,6 +127,9 @@ class Core {
     // Leaving the registry (a reload, `register --remove`) or changing: `retiring` set; the inner
     // value is what replaces it once it is idle and not resident (empty: it is forgotten).
     std::optional<std::optional<ModelEntry>> retiring;
+    // A new version replaces it: nothing more of the old one is started (no load, attach,
+    // replica, move or dispatch); requests wait until ProcessRetirements registers the new one.
+    bool changing() const { return retiring.has_value() && retiring->has_value(); }
   };
   struct Session {
     uint32_t outstanding = 0;

@@ -21,7 +21,7 @@ void Core::Enqueue(uint32_t model, Waiter&& waiter) {
 void Core::DrainReady(uint32_t model) {
   Model& m = models_[model];
   std::vector<uint32_t> serving = m.machine.ServingWorkers();
-  if (serving.empty()) return;
+  if (serving.empty() || m.changing()) return;
   std::vector<policy::WorkerView> views;
   const policy::Window window{kWorkerWindowJobs, kWorkerWindowBytes};
   while (!m.waiters.empty()) {

@@ -210,6 +210,9 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
                              m.entry.name));
     return Release(model, /*eviction=*/false, /*allow_park=*/false);
   }
+  // A version that was replaced while it loaded: let go after this event (ProcessRetirements);
+  // its waiters wait for the new one.
+  if (m.changing()) return;
   // Load waiters are answered; inference waiters go to the workers in arrival order.
   std::deque<Waiter> rest;
   for (Waiter& w : m.waiters) {

@@ -75,7 +75,7 @@ void Core::SendLeave(uint32_t model, uint32_t worker) {
 void Core::AdjustReplicas(uint32_t model) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
-  if (ready == nullptr || ready->replicas.empty() || stopping_) return;
+  if (ready == nullptr || ready->replicas.empty() || stopping_ || m.changing()) return;
   uint32_t target = std::min<uint32_t>(m.target_replicas, static_cast<uint32_t>(workers_.size()));
   size_t staying = std::count_if(ready->replicas.begin(), ready->replicas.end(),
                                  [](const Replica& r) { return r.leave_job == 0; });
@@ -124,7 +124,8 @@ void Core::Rebalance() {
     policy::PlacedModel p;
     p.model = model;
     p.workers = m.machine.ServingWorkers();
-    p.movable = p.workers.size() == ready->replicas.size() && m.target_replicas <= 1;
+    p.movable = p.workers.size() == ready->replicas.size() && m.target_replicas <= 1 &&
+                !m.changing();
     p.waiting = static_cast<uint32_t>(m.waiters.size());
     placed.push_back(std::move(p));
   }

@@ -117,6 +117,91 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsUnloadedLeavesNothingBehind) {
   EXPECT_TRUE(replies[0].has_unload_reply());
 }
 
+// The same race with park: the late attach neither brings the model back to the device nor loses
+// the parked copy; the device weights are closed once both replicas have let go.
+TEST(CoreTest, AReplicaAttachingWhenItsModelIsParkedLeavesOneParkedCopy) {
+  Config c = CoreRig::SmallConfig();
+  c.park_budget_bytes = 1000;
+  CoreRig rig(c);
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m", /*replicas=*/2);
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  uint64_t attach = rig.Sent(1)[0].attach().job();
+  rig.Forget();
+  rig.Unload(2, "m", /*park=*/true);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
+  ASSERT_EQ(to0.size(), 2u);
+  ASSERT_TRUE(to0[0].has_park()) << "the serving replica copies the weights out ...";
+  ASSERT_TRUE(to0[1].has_unload()) << "... then lets them go";
+  ASSERT_EQ(to1.size(), 1u);
+  ASSERT_TRUE(to1[0].has_unload()) << "the attaching one is told to let go";
+  rig.Reply(1, CoreRig::LoadDone(attach, m, /*shared=*/false));  // the attach lands late
+  EXPECT_NE(rig.State("m"), shm::ModelState::kReady);
+  v1::WorkerEnvelope parked;
+  parked.mutable_park_done()->set_job(to0[0].park().job());
+  parked.mutable_park_done()->set_bytes(100);
+  parked.mutable_park_done()->set_copy_shared(true);
+  rig.Reply(0, parked, {200});
+  rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
+  EXPECT_TRUE(rig.Closed().empty()) << "worker 1 may still map the device weights";
+  rig.Reply(1, CoreRig::UnloadDone(to1[0].unload().job()));
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "the device weights, not the parked copy";
+  EXPECT_EQ(rig.State("m"), shm::ModelState::kParked);
+  EXPECT_EQ(rig.Used(), 0u);
+  EXPECT_EQ(rig.index().ParkUsed(), 100u);
+  std::vector<v1::Envelope> replies = rig.Replies(2);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].has_unload_reply());
+}
+
+// And with a reload that changed the file: the late attach serves nothing of the old version,
+// the new version is loaded once, after the old one has let go, and requests get the new one.
+TEST(CoreTest, AReplicaAttachingWhenItsModelIsReloadedServesNothingOld) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry old_version = Entry("m", 100, 10, 1), new_version = Entry("m", 200, 10, 2);
+  rig.Start({old_version});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m", /*replicas=*/2);
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), old_version), {100});
+  uint64_t attach = rig.Sent(1)[0].attach().job();
+  rig.Forget();
+  event::Reload reload;
+  reload.config = CoreRig::SmallConfig();
+  reload.entries = {new_version};
+  rig.Handle(std::move(reload));
+  rig.Reply(1, CoreRig::LoadDone(attach, old_version, /*shared=*/false));  // the old version, late
+  rig.Infer(3, "m");
+  bool loaded = false, ran = false;
+  for (int round = 0; round < 4; round++) {
+    for (uint32_t slot : {0u, 1u}) {
+      for (const v1::WorkerEnvelope& w : rig.Sent(slot)) {
+        if (w.has_infer()) {
+          EXPECT_TRUE(loaded) << "nothing runs before the new version is loaded";
+          ran = true;
+        }
+        if (w.has_attach()) {  // a replica for the waiting request: the new version's
+          EXPECT_EQ(w.attach().header(), new_version.header) << "the old weights go nowhere new";
+          rig.Reply(slot, CoreRig::LoadDone(w.attach().job(), new_version, /*shared=*/false));
+        }
+        if (w.has_unload()) rig.Reply(slot, CoreRig::UnloadDone(w.unload().job()));
+        if (w.has_load()) {
+          EXPECT_FALSE(loaded) << "one load of the new version";
+          EXPECT_EQ(w.load().admitted_bytes(), 210u) << "admitted as the new file";
+          EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "the old weights went first";
+          rig.Reply(slot, CoreRig::LoadDone(w.load().job(), new_version), {101});
+          loaded = true;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rig.State("m"), shm::ModelState::kReady);
+  EXPECT_TRUE(ran) << "the waiting request runs on the new version";
+}
+
 // A client that left: its requests still waiting are never sent to a worker, and one that was
 // running is not run again when its worker dies.
 TEST(CoreTest, RequestsOfADepartedClientNeverRun) {
@@ -263,7 +348,9 @@ TEST(CoreTest, AOneShotFaultIsGrantedToOneJobAndSpentWhenFired) {
   rig.Up(0);
   for (uint32_t slot : {0u, 1u}) {
     for (const v1::WorkerEnvelope& w : rig.Sent(slot)) {
-      if (w.has_infer()) EXPECT_EQ(w.infer().faults_size(), 0) << "the retry gets no second shot";
+      if (w.has_infer()) {
+        EXPECT_EQ(w.infer().faults_size(), 0) << "the retry gets no second shot";
+      }
     }
   }
 }
