@@ -148,10 +148,7 @@ void Core::RetryPending() {
 void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   Model& m = models_[model];
   m.inspected = false;
-  Job job;
-  job.kind = Job::Kind::kLoad;
-  job.worker = worker;
-  job.model = model;
+  Job job{.kind = Job::Kind::kLoad, .worker = worker, .model = model};
   v1::WorkerEnvelope message;
   v1::WorkerLoad* load = message.mutable_load();
   load->set_model(model);
@@ -170,10 +167,7 @@ void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
 void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   Model& m = models_[model];
   const Weights& copy = m.machine.As<Parked>()->copy;
-  Job job;
-  job.kind = Job::Kind::kUnpark;
-  job.worker = worker;
-  job.model = model;
+  Job job{.kind = Job::Kind::kUnpark, .worker = worker, .model = model};
   v1::WorkerEnvelope message;
   v1::WorkerAttach* attach = message.mutable_attach();
   DescribeAttach(attach, model, m.entry, copy);  // the copy's own description, not the file's
@@ -213,10 +207,7 @@ void Core::SendRelease(uint32_t model) {
     r->park = false;
     for (const Replica& replica : r->replicas) {
       if (!replica.serving()) continue;
-      Job job;
-      job.kind = Job::Kind::kPark;
-      job.worker = replica.worker;
-      job.model = model;
+      Job job{.kind = Job::Kind::kPark, .worker = replica.worker, .model = model};
       v1::WorkerEnvelope message;
       message.mutable_park()->set_model(model);
       for (const v1::Fault& f : GrantFaults(job)) *message.mutable_park()->add_faults() = f;
@@ -231,17 +222,7 @@ void Core::SendRelease(uint32_t model) {
   // keeps the order); the weights go when the last one has.
   for (Replica& replica : r->replicas) {
     if (replica.leave_job != 0) continue;  // already leaving (a move)
-    Job job;
-    job.kind = Job::Kind::kUnload;
-    job.worker = replica.worker;
-    job.model = model;
-    v1::WorkerEnvelope message;
-    message.mutable_unload()->set_model(model);
-    for (const v1::Fault& f : GrantFaults(job)) *message.mutable_unload()->add_faults() = f;
-    uint64_t id = NewJob(std::move(job));
-    message.mutable_unload()->set_job(id);
-    replica.leave_job = id;
-    Send(replica.worker, message);
+    replica.leave_job = SendUnload(model, replica.worker);
   }
   if (r->replicas.empty() && r->park_job == 0) FinishRelease(model);
 }

@@ -93,15 +93,15 @@ class Core {
     uint32_t worker = 0;
     uint32_t model = 0;
     uint64_t epoch = 0;         // of the model's registration: a reply for an older one is stale
-    Call call;                  // infer
+    Call call{};                // infer
     bool answered = false;
     uint64_t deadline_ms = 0;   // infer: the request's deadline
     uint64_t started_ms = 0;
     uint64_t progress_ms = 0;   // last sign of progress
     uint64_t frame_bytes = 0;   // in the worker's channel
     uint32_t crashes = 0;
-    v1::InferRequest request;   // infer: kept to retry on another worker if this one dies
-    std::vector<uint64_t> faults;  // faults granted to this job (fault injection)
+    v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
+    std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
     uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
   };
   static bool OnLoadThread(const Job& job) { return job.kind == Job::Kind::kLoad; }
@@ -222,6 +222,9 @@ class Core {
   void SendRelease(uint32_t model);
   void FinishRelease(uint32_t model);
   void DropParked(uint32_t model);
+  // Tells a worker to let go of its replica of the model; the job's id.
+  uint64_t SendUnload(uint32_t model, uint32_t worker);
+  // A replica of a ready model leaves (fewer replicas, or a move).
   void SendLeave(uint32_t model, uint32_t worker);
   void FailWaiters(uint32_t model, const Status& status);
   // Replicas up to the target (as room allows), down to it (the most crowded worker's goes).

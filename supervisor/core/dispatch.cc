@@ -66,10 +66,7 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
                                           "frame limit of {}: send fewer rows per request",
                                           input.rows(), reply_bytes, config_.max_frame_bytes));
   }
-  Job job;
-  job.kind = Job::Kind::kInfer;
-  job.worker = worker;
-  job.model = model;
+  Job job{.kind = Job::Kind::kInfer, .worker = worker, .model = model};
   job.call = waiter.call;
   job.deadline_ms = waiter.deadline_ms;
   job.crashes = waiter.crashes;

@@ -41,10 +41,7 @@ std::vector<policy::WorkerView> Core::WorkerViews() const {
 void Core::AttachReplica(uint32_t model, uint32_t worker, uint32_t moving_from) {
   Model& m = models_[model];
   const Weights& weights = m.machine.As<Ready>()->weights;
-  Job job;
-  job.kind = Job::Kind::kAttach;
-  job.worker = worker;
-  job.model = model;
+  Job job{.kind = Job::Kind::kAttach, .worker = worker, .model = model};
   job.moving_from = moving_from;
   v1::WorkerEnvelope message;
   v1::WorkerAttach* attach = message.mutable_attach();
@@ -58,18 +55,19 @@ void Core::AttachReplica(uint32_t model, uint32_t worker, uint32_t moving_from) 
   Send(worker, message, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
 }
 
-void Core::SendLeave(uint32_t model, uint32_t worker) {
-  Job job;
-  job.kind = Job::Kind::kUnload;
-  job.worker = worker;
-  job.model = model;
+uint64_t Core::SendUnload(uint32_t model, uint32_t worker) {
+  Job job{.kind = Job::Kind::kUnload, .worker = worker, .model = model};
   v1::WorkerEnvelope message;
   message.mutable_unload()->set_model(model);
   for (const v1::Fault& f : GrantFaults(job)) *message.mutable_unload()->add_faults() = f;
   uint64_t id = NewJob(std::move(job));
   message.mutable_unload()->set_job(id);
-  models_[model].machine.ReplicaLeaving(worker, id);
   Send(worker, message);
+  return id;
+}
+
+void Core::SendLeave(uint32_t model, uint32_t worker) {
+  models_[model].machine.ReplicaLeaving(worker, SendUnload(model, worker));
 }
 
 void Core::AdjustReplicas(uint32_t model) {

@@ -21,6 +21,21 @@ Config WithReplicas(Config c, const std::string& name, uint32_t replicas) {
   return c;
 }
 
+// Two workers up; `m` loaded by worker 0 (weights handle 100) with a second replica asked for:
+// the attach on worker 1 is sent and not yet answered. Its job id.
+uint64_t ReadyWithAReplicaAttaching(CoreRig& rig, const ModelEntry& m) {
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, m.name, /*replicas=*/2);
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);
+  EXPECT_EQ(to1.size(), 1u);
+  if (to1.empty()) return 0;
+  EXPECT_TRUE(to1[0].has_attach());
+  return to1[0].attach().job();
+}
+
 // The file changed on disk between registration and load: every attach, replica and unpark must
 // describe the weights as the loading worker read them.
 TEST(CoreTest, LoadedWeightsAreDescribedByWhatTheWorkerRead) {
@@ -87,20 +102,11 @@ TEST(CoreTest, AFileThatGrewIsAdmittedAgainForWhatItNeedsNow) {
 TEST(CoreTest, AReplicaAttachingWhenItsModelIsUnloadedLeavesNothingBehind) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry m = Entry("m", 100, 10);
-  rig.Start({m});
-  rig.Up(0);
-  rig.Up(1);
-  rig.Load(1, "m", /*replicas=*/2);
-  uint64_t load = rig.Sent(0)[0].load().job();
-  rig.Reply(0, CoreRig::LoadDone(load, m), {100});
-  std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);
-  ASSERT_EQ(to1.size(), 1u);
-  uint64_t attach = to1[0].attach().job();
+  uint64_t attach = ReadyWithAReplicaAttaching(rig, m);
   EXPECT_EQ(rig.Used(), 120u) << "weights once, a workspace per replica (attaching too)";
   rig.Forget();
   rig.Unload(2, "m");
-  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
-  to1 = rig.Sent(1);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
   ASSERT_EQ(to0.size(), 1u);
   ASSERT_EQ(to1.size(), 1u) << "the attaching replica is told to let go too";
   EXPECT_TRUE(to1[0].has_unload());
@@ -124,12 +130,7 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsParkedLeavesOneParkedCopy) {
   c.park_budget_bytes = 1000;
   CoreRig rig(c);
   ModelEntry m = Entry("m", 100, 10);
-  rig.Start({m});
-  rig.Up(0);
-  rig.Up(1);
-  rig.Load(1, "m", /*replicas=*/2);
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
-  uint64_t attach = rig.Sent(1)[0].attach().job();
+  uint64_t attach = ReadyWithAReplicaAttaching(rig, m);
   rig.Forget();
   rig.Unload(2, "m", /*park=*/true);
   std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
@@ -162,12 +163,7 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsParkedLeavesOneParkedCopy) {
 TEST(CoreTest, AReplicaAttachingWhenItsModelIsReloadedServesNothingOld) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry old_version = Entry("m", 100, 10, 1), new_version = Entry("m", 200, 10, 2);
-  rig.Start({old_version});
-  rig.Up(0);
-  rig.Up(1);
-  rig.Load(1, "m", /*replicas=*/2);
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), old_version), {100});
-  uint64_t attach = rig.Sent(1)[0].attach().job();
+  uint64_t attach = ReadyWithAReplicaAttaching(rig, old_version);
   rig.Forget();
   event::Reload reload;
   reload.config = CoreRig::SmallConfig();
