@@ -13,6 +13,8 @@ namespace {
 
 // An idle worker next to one holding several models, for this long: placement failed to spread.
 constexpr uint64_t kStackedLimitMs = 3000;
+// How long a request may wait for a resident model while nothing serves it and a worker idles.
+constexpr uint64_t kStarvedLimitMs = 1000;
 // An inference is answered by its deadline; this much later it is overdue.
 constexpr uint64_t kDeadlineSlackMs = 500;
 
@@ -76,12 +78,44 @@ void Simulator::CheckPeriodic() {
     }
   }
   // Placement: a worker with nothing to do next to one holding several models.
-  bool idle = false, crowded = false;
+  auto busy = [](const Worker& w) {
+    return w.serving_job != 0 || w.load_job != 0 || !w.serving.empty() || !w.loads.empty() ||
+           w.unwritten != 0 || !w.to_core.empty();
+  };
+  bool idle = false, crowded = false, any_idle = false;
   for (const Worker& w : workers_) {
     if (w.state != Worker::State::kUp) continue;
-    bool busy = w.serving_job != 0 || w.load_job != 0 || !w.serving.empty() || !w.loads.empty();
-    if (w.engines.empty() && !busy) idle = true;
+    if (w.engines.empty() && !busy(w)) idle = true;
+    if (!busy(w)) any_idle = true;
     if (w.engines.size() >= 2) crowded = true;
+  }
+  // Liveness: a request waits for a resident model while no worker holding it has anything to do
+  // and some worker idles (a replica that is gone but never replaced, say). Requests carry
+  // deadlines, so this would otherwise end as DEADLINE_EXCEEDED and pass for load.
+  std::string starved;
+  for (const Client& c : clients_) {
+    if (!c.connected || !any_idle || !starved.empty()) continue;
+    for (const auto& [id, p] : c.outstanding) {
+      if (p.kind != Pending::Kind::kInfer || !p.accepted || p.replied) continue;
+      uint32_t model = core_->index().Find(p.model);
+      if (model == shm::kNil || core_->index().State(model) != shm::ModelState::kReady) continue;
+      bool served = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+        return w.state == Worker::State::kUp && busy(w) && w.engines.count(model) != 0;
+      });
+      if (!served) {
+        starved = fmt::format("session {} request {} (infer \"{}\")", c.session, id, p.model);
+        break;
+      }
+    }
+  }
+  if (starved.empty()) {
+    starved_since_ms_ = 0;
+  } else if (starved_since_ms_ == 0) {
+    starved_since_ms_ = now_;
+  } else if (now_ - starved_since_ms_ > kStarvedLimitMs) {
+    return Fail(fmt::format("{} has waited {} ms for a resident model that no busy worker holds, "
+                            "while a worker idles",
+                            starved, now_ - starved_since_ms_));
   }
   if (!(idle && crowded)) {
     stacked_since_ms_ = 0;

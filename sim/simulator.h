@@ -237,6 +237,7 @@ class Simulator {
   std::map<uint32_t, uint64_t> token_session_;
   // The stack check: since when a worker has idled while another holds several models.
   uint64_t stacked_since_ms_ = 0;
+  uint64_t starved_since_ms_ = 0;
 };
 
 }  // namespace warmpool::sim

@@ -89,5 +89,14 @@ Status LoadConfigFile(Config& config, const std::string& path);
 Status CheckInstanceName(const std::string& instance);
 // Fills the defaults that depend on the machine (socket path, budget).
 void FinishDefaults(Config& config);
+// What a reload (SIGHUP) takes from a config file read again: the registry's settings (models,
+// models_dir, model_roots, keep_alive). Everything else needs a restart. Inline: the core, which
+// does not link the config parser, applies it too.
+inline void TakeRegistrySettings(Config& config, const Config& from) {
+  config.models = from.models;
+  config.models_dir = from.models_dir;
+  config.model_roots = from.model_roots;
+  config.keep_alive_ms = from.keep_alive_ms;
+}
 
 }  // namespace warmpool::supervisor

@@ -319,23 +319,19 @@ event::ModelInspected Daemon::Inspect(const action::InspectModel& inspect) const
   return e;
 }
 
-event::Reload Daemon::ReadRegistry() const {
+event::Reload Daemon::ReadRegistry() {
   event::Reload e;
-  Config fresh = config_;
   if (reload_config_) {
     Result<Config> read = reload_config_();
     if (!read.ok()) {
       e.config = read.status();
       return e;
     }
-    // Only what makes up the registry changes on a reload; the rest needs a restart.
-    fresh.models = read->models;
-    fresh.models_dir = read->models_dir;
-    fresh.model_roots = read->model_roots;
-    fresh.keep_alive_ms = read->keep_alive_ms;
+    // The shell resolves `register` paths and inspects files under the same roots as the core.
+    TakeRegistrySettings(config_, *read);
   }
-  e.entries = DiscoverModels(fresh, e.warnings);
-  e.config = std::move(fresh);
+  e.entries = DiscoverModels(config_, e.warnings);
+  e.config = config_;
   return e;
 }
 

@@ -56,7 +56,7 @@ class Daemon {
   // `warmpool register`: where the path leads and what its header says.
   Result<ModelEntry> LookAtRegistration(const v1::RegisterRequest& request) const;
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;
-  event::Reload ReadRegistry() const;
+  event::Reload ReadRegistry();
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);

@@ -52,16 +52,21 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
   Worker& w = *workers_[slot];
   if (shutting_down_ || w.running) return -1;
   w.generation = generation;
-  auto refuse = [&](const std::string& why) {
-    spdlog::critical("cannot start worker {} ({}): {}", slot, options_.worker_path, why);
-    if (events_.on_death) {
-      events_.on_death(slot, generation, "could not be started: " + why, -1, /*fatal=*/true);
+  // A worker that cannot start is reported like one that died: fatal (never respawned) only when
+  // trying again cannot help, the binary missing or not executable; out of descriptors, processes
+  // or memory it is respawned with the usual backoff.
+  auto refuse = [&](const std::string& why, bool fatal) {
+    if (fatal) {
+      spdlog::critical("cannot start worker {} ({}): {}; not retrying", slot, options_.worker_path, why);
+    } else {
+      spdlog::error("cannot start worker {}: {}; retrying", slot, why);
     }
+    if (events_.on_death) events_.on_death(slot, generation, "could not be started: " + why, -1, fatal);
     return -1;
   };
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    return refuse(std::string("socketpair: ") + std::strerror(errno));
+    return refuse(std::string("socketpair: ") + std::strerror(errno), /*fatal=*/false);
   }
   std::vector<std::string> args = {
       options_.worker_path,
@@ -116,7 +121,8 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
     w.process->MarkInitialized();
     w.process.reset();
     close(fds[0]);
-    return refuse(uv_strerror(rc));
+    bool hopeless = rc == UV_ENOENT || rc == UV_EACCES || rc == UV_ENOTDIR || rc == UV_ELOOP;
+    return refuse(uv_strerror(rc), hopeless);
   }
   w.process->MarkInitialized();
   w.pid = w.process->get()->pid;

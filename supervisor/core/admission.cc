@@ -76,26 +76,31 @@ void Core::TryAdmit(uint32_t model) {
   // worker: only a reload can fix it.
   if (!m.refused.ok()) return FailWaiters(model, m.refused);
   if (Ready* ready = m.machine.As<Ready>()) {
-    if (!ready->replicas.empty()) return DrainReady(model);  // serving, or attaching: wait for it
-    // Detached: resident weights, no worker serving them. A worker attaches them, no file read.
-    uint32_t worker = policy::PickWorkerForLoad(WorkerViews());
-    if (worker == policy::kNone) return Wait(model);
+    std::vector<uint32_t> holding;  // every replica, leaving ones too: one per worker
+    bool coming = false;            // serving, or attaching: it drains the waiters
+    for (const Replica& r : ready->replicas) {
+      holding.push_back(r.worker);
+      coming = coming || r.leave_job == 0;
+    }
+    if (coming) return DrainReady(model);
+    // Detached, or only leaving replicas left (the serving one died during a move or a shrink):
+    // resident weights that nobody will serve. Another worker attaches them, no file read.
+    uint32_t worker = policy::PickWorkerForLoad(WorkerViews(), holding);
+    if (worker == policy::kNone) return Wait(model);  // a leaving replica's end comes back here
     return AttachReplica(model, worker);
   }
   if (Failed* failed = m.machine.As<Failed>()) {
     if (MonoMs() < failed->until_ms) return FailWaiters(model, FailedStatus(model));
-    if (!m.inspected) {
-      // Cooldown over: look at the file again, it may have been fixed (or replaced). Looking is
-      // I/O: the shell does it and answers with event::ModelInspected.
-      if (!failed->inspecting) {
-        failed->inspecting = true;
-        actions_.push_back(action::InspectModel{model, m.entry.name, m.entry.engine, m.entry.path});
-      }
-      return;
+    // Cooldown over: look at the file again, it may have been fixed (or replaced). Looking is I/O:
+    // the shell does it and answers with event::ModelInspected, which recovers it to Absent.
+    if (!failed->inspecting) {
+      failed->inspecting = true;
+      actions_.push_back(action::InspectModel{model, m.entry.name, m.entry.engine, m.entry.path});
     }
+    return;
   }
   bool parked = m.machine.Is<Parked>();
-  if (!parked && !m.machine.Is<Absent>() && !m.machine.Is<Failed>()) return;  // on its way
+  if (!parked && !m.machine.Is<Absent>()) return;  // on its way
   uint64_t bytes = parked ? m.machine.As<Parked>()->copy.weight_bytes +
                                 m.machine.As<Parked>()->copy.workspace_bytes
                           : m.entry.weight_bytes + m.entry.workspace_bytes;
@@ -147,7 +152,6 @@ void Core::RetryPending() {
 
 void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   Model& m = models_[model];
-  m.inspected = false;
   Job job{.kind = Job::Kind::kLoad, .worker = worker, .model = model};
   v1::WorkerEnvelope message;
   v1::WorkerLoad* load = message.mutable_load();

@@ -115,7 +115,6 @@ class Core {
     uint32_t inflight = 0;
     policy::CrashRecord crashes;
     std::string last_error;  // in full (the segment keeps a truncated copy)
-    bool inspected = false;  // failed, cooldown over, file looked at and loadable
     int64_t keep_alive_ms = -1;
     std::optional<int64_t> keep_alive_override_ms;
     uint64_t expires_at_ms = 0;
@@ -239,7 +238,7 @@ class Core {
   void OnAttachDone(const Job& job, const v1::WorkerLoadDone& done);
   void OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int handle);
   void OnReady(uint32_t model, uint64_t started_ms, const char* how);
-  void OnUnloadDone(const Job& job);
+  void OnUnloadDone(const Job& job, uint64_t id);
   void OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle);
   // A load reported what the file says now: the registration follows the file.
   void FollowFile(uint32_t model, const v1::WorkerLoadDone& done);

@@ -63,7 +63,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
     case Job::Kind::kLoad: return OnLoadDone(job, message.load_done(), handle);
     case Job::Kind::kAttach: Close(handle); return OnAttachDone(job, message.load_done());
     case Job::Kind::kUnpark: return OnUnparkDone(job, message.load_done(), handle);
-    case Job::Kind::kUnload: Close(handle); return OnUnloadDone(job);
+    case Job::Kind::kUnload: Close(handle); return OnUnloadDone(job, id);
     case Job::Kind::kPark: return OnParkDone(job, message.park_done(), handle);
     case Job::Kind::kInfer: return;
   }
@@ -102,6 +102,8 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
     Status cause(CodeFromInt(done.error().code()), done.error().message());
     m.machine.AbandonLoad(cause.message());
     Log(LogLevel::kWarn, "loading \"{}\" failed: {}", name, cause.ToString());
+    // The version that failed was replaced meanwhile: its waiters wait for the new one.
+    if (m.changing()) return RetryPending();
     if (cause.code() == Code::kResourceExhausted) {
       // Not the model's fault: no cooldown, the next request tries again.
       FailWaiters(model, Error(Code::kResourceExhausted, "model \"{}\" did not fit: {}", name,
@@ -196,11 +198,14 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
   m.last_error.clear();
-  StartKeepAlive(model);
-  CheckPreload();
   Log(LogLevel::kInfo, "\"{}\" ready on worker {} ({} weights {}, {} ms)", m.entry.name,
       m.machine.ServingWorkers().front(), FormatBytes(ready->weights.weight_bytes), how,
       MonoMs() - started_ms);
+  // A version that was replaced while it loaded: let go after this event (ProcessRetirements);
+  // its waiters, a preload among them, wait for the new one.
+  if (m.changing()) return;
+  StartKeepAlive(model);
+  CheckPreload();
   uint64_t budget = config_.budget_bytes;
   if (budget != 0 && index_->DeviceUsed(0) > budget) {
     // An engine allocated more than it said it would (a plugin's workspace, say).
@@ -210,9 +215,6 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
                              m.entry.name));
     return Release(model, /*eviction=*/false, /*allow_park=*/false);
   }
-  // A version that was replaced while it loaded: let go after this event (ProcessRetirements);
-  // its waiters wait for the new one.
-  if (m.changing()) return;
   // Load waiters are answered; inference waiters go to the workers in arrival order.
   std::deque<Waiter> rest;
   for (Waiter& w : m.waiters) {
@@ -234,16 +236,23 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
   RetryPending();
 }
 
-void Core::OnUnloadDone(const Job& job) {
+void Core::OnUnloadDone(const Job& job, uint64_t id) {
   const uint32_t model = job.model;
   Model& m = models_[model];
   const std::vector<Replica>* replicas = m.machine.Replicas();
+  // The replica's own unload: one sent before its replica was dropped (an attach that failed
+  // during a release) must not take a later replica on the same worker with it.
   bool expected = replicas != nullptr &&
                   std::any_of(replicas->begin(), replicas->end(), [&](const Replica& r) {
-                    return r.worker == job.worker && r.leave_job != 0;
+                    return r.worker == job.worker && r.leave_job == id;
                   });
   if (!expected) return;
   m.machine.DropReplica(job.worker);
+  if (m.machine.Is<Ready>() && m.machine.Replicas()->empty()) {
+    // Its last replica left (a move or a shrink whose other replica died meanwhile): the weights
+    // are held, nobody serves them; requests waiting for it get a worker to attach them.
+    TryAdmit(model);
+  }
   if (const Releasing* r = m.machine.As<Releasing>();
       r != nullptr && r->replicas.empty() && r->park_job == 0 && !r->draining) {
     FinishRelease(model);

@@ -133,11 +133,14 @@ void Core::MarkFailed(uint32_t model, const std::string& reason) {
   m.last_error = reason;
   Log(LogLevel::kWarn, "model \"{}\" failed: {}; retried in {} ms at the earliest", m.entry.name,
       reason, cooldown);
-  // Those waiting are told first: nothing must load it again on their behalf.
-  FailWaiters(model, Error(Code::kFailedPrecondition,
-                           "model \"{}\" failed: {}; it will be retried in {:.1f} s (or retry now "
-                           "with 'warmpool load {}')",
-                           m.entry.name, reason, cooldown / 1000.0, m.entry.name));
+  // Those waiting are told first: nothing must load it again on their behalf. Unless a reload
+  // replaced the version that failed: they wait for the new one, registered after this event.
+  if (!m.changing()) {
+    FailWaiters(model, Error(Code::kFailedPrecondition,
+                             "model \"{}\" failed: {}; it will be retried in {:.1f} s (or retry "
+                             "now with 'warmpool load {}')",
+                             m.entry.name, reason, cooldown / 1000.0, m.entry.name));
+  }
   // Still resident (its weights survived the crash): let them go; it ends failed.
   if (m.machine.Is<Ready>()) Release(model, /*eviction=*/false, /*allow_park=*/false);
   if (m.machine.Is<Parked>()) DropParked(model);

@@ -53,7 +53,6 @@ bool Core::RegisterModel(const ModelEntry& entry) {
                                           entry.name, entry.problem.message());
   m.crashes = {};
   m.last_error.clear();
-  m.inspected = false;
   ApplySettings(m);
   m.machine.SetRegisteredBytes(entry.weight_bytes);
   if (!entry.problem.ok()) {
@@ -114,11 +113,7 @@ void Core::Reload(event::Reload&& reload) {
         reload.config.status().ToString());
     return ReloadDone("reload failed: " + reload.config.status().message());
   }
-  // Only what makes up the registry changes here; the rest needs a restart.
-  config_.models = reload.config->models;
-  config_.models_dir = reload.config->models_dir;
-  config_.model_roots = reload.config->model_roots;
-  config_.keep_alive_ms = reload.config->keep_alive_ms;
+  TakeRegistrySettings(config_, *reload.config);  // the rest needs a restart
   for (const std::string& w : reload.warnings) Log(LogLevel::kWarn, "{}", w);
 
   uint32_t added = 0, changed = 0, removed = 0;

@@ -1,6 +1,7 @@
 // Hostile input that is not malformed bytes (faults_test.cc has those): paths leading out of the
 // model roots, files that are not files, limits pushed by one client. Each gets a typed error and
 // the daemon keeps serving everybody else.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -158,6 +159,30 @@ TEST_F(HostileInputTest, RegisterChecksTheRootsAndTheFile) {
   EXPECT_FALSE(Models().count("r"));
   EXPECT_EQ(c->Infer("r", input).status().code(), Code::kNotFound);
   EXPECT_TRUE(c->Infer("seed", input).ok());
+}
+
+// The roots a reload sets are the ones `register` checks from then on (the shell resolves paths
+// with the same settings as the core).
+TEST_F(HostileInputTest, RegisterFollowsTheModelRootsOfTheLastReload) {
+  std::string outside = OutsideModel("x");
+  StartDaemon();
+  std::string out, err;
+  EXPECT_EQ(Cli({"register", "r", outside}, &out, &err), 1);
+  EXPECT_NE(err.find("PERMISSION_DENIED"), std::string::npos) << err;
+  {
+    std::ofstream config(dir_ + "/config.toml");
+    config << fmt::format("[daemon]\nworkers_per_device = 2\n[access]\nmodel_roots = [\"{}\", \"{}\"]\n",
+                          models_dir_, outside_);
+  }
+  ASSERT_EQ(kill(DaemonPid(), SIGHUP), 0);
+  for (int i = 0; i < 200 && DaemonLog().find("reload: ") == std::string::npos; i++) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(Cli({"register", "r", outside}, &out, &err), 0) << err;
+  client::Matrix input = RandomMatrix(1, 8, 5);
+  auto result = Connect()->Infer("r", input);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ExpectNear(ReferenceInfer(outside, input), *result);
 }
 
 TEST_F(HostileInputTest, OneConnectionOverItsRequestLimitDoesNotDisturbOthers) {

@@ -107,6 +107,44 @@ TEST_F(LimitsTest, OutOfFileDescriptorsClientsAreToldWhyAndTheDaemonDoesNotSpin)
   EXPECT_TRUE(served);
 }
 
+// A worker that dies while the daemon has no descriptor to spare cannot be started again at once
+// (its channel is a socketpair): it is retried with the usual backoff, not given up as fatal, and
+// comes back once descriptors are free.
+TEST_F(LimitsTest, AWorkerThatCannotStartForWantOfDescriptorsComesBackLater) {
+  MakeModel("m", "8,4");
+  launch_nofile_ = 64;
+  StartDaemon("[recovery]\nrespawn_max_ms = 400\n");
+  std::vector<pid_t> workers = WorkerPids();
+  ASSERT_FALSE(workers.empty());
+  std::vector<std::unique_ptr<client::Client>> held;
+  for (int i = 0; i < 100; i++) {
+    auto c = Impatient(socket_);
+    ASSERT_TRUE(c.ok());
+    if (!(*c)->GetStatus().ok()) break;
+    held.push_back(std::move(*c));
+  }
+  ASSERT_EQ(kill(workers[0], SIGKILL), 0);
+  for (int i = 0; i < 100 && !Contains(DaemonLog(), "cannot start worker"); i++) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(Contains(DaemonLog(), "; retrying")) << DaemonLog();
+  EXPECT_FALSE(Contains(DaemonLog(), "not retrying")) << DaemonLog();
+  held.clear();
+  bool both_up = false;
+  for (int i = 0; i < 200 && !both_up; i++) {
+    auto c = client::Client::Connect(socket_);
+    auto status = c.ok() ? (*c)->GetStatus() : Result<v1::StatusReply>(c.status());
+    both_up = status.ok() && status->workers_size() == 2;
+    for (int w = 0; both_up && w < status->workers_size(); w++) {
+      const std::string& state = status->workers(w).state();
+      both_up = state == "idle" || state == "busy";
+    }
+    if (!both_up) std::this_thread::sleep_for(25ms);
+  }
+  EXPECT_TRUE(both_up) << DaemonLog();
+  EXPECT_EQ(Cli({"infer", "m", "--random", "1"}), 0);
+}
+
 TEST_F(LimitsTest, IdleConnectionsAreClosedButNotOnesWaitingForAReply) {
   MakeModel("m", "8,4");
   StartDaemon("[limits]\nidle_timeout = \"300ms\"\n", {"--enable-fault-injection"});

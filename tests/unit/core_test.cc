@@ -198,6 +198,40 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsReloadedServesNothingOld) {
   EXPECT_TRUE(ran) << "the waiting request runs on the new version";
 }
 
+// A shrink to one replica sends the other away; the one that stays dies with a request before the
+// leaving one has let go. The request is not left waiting: once the leaving replica is gone, a
+// worker attaches the held weights and serves it.
+TEST(CoreTest, ARequestIsServedWhenTheOnlyReplicaLeftIsLeaving) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  uint64_t attach = ReadyWithAReplicaAttaching(rig, m);
+  rig.Reply(1, CoreRig::LoadDone(attach, m, /*shared=*/false));
+  rig.Forget();
+  rig.Load(1, "m", /*replicas=*/1);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
+  ASSERT_EQ(to0.size() + to1.size(), 1u) << "one replica is sent away";
+  uint32_t leaving = to0.empty() ? 1 : 0, staying = 1 - leaving;
+  uint64_t unload = (to0.empty() ? to1 : to0)[0].unload().job();
+  rig.Infer(2, "m");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(staying);
+  ASSERT_EQ(sent.size(), 1u);
+  rig.Down(staying, {sent[0].infer().job()});
+  EXPECT_TRUE(rig.Sent(leaving).empty()) << "nothing goes to the replica that is leaving";
+  rig.Reply(leaving, CoreRig::UnloadDone(unload));
+  sent = rig.Sent(leaving);
+  ASSERT_EQ(sent.size(), 1u) << "the held weights are attached again, without waiting for a respawn";
+  ASSERT_TRUE(sent[0].has_attach());
+  rig.Reply(leaving, CoreRig::LoadDone(sent[0].attach().job(), m, /*shared=*/false));
+  sent = rig.Sent(leaving);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_infer()) << "the request that was running is retried";
+  rig.Reply(leaving, CoreRig::InferDone(sent[0].infer().job()));
+  std::vector<v1::Envelope> replies = rig.Replies(2);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].has_infer_reply()) << replies[0].DebugString();
+  EXPECT_TRUE(rig.Closed().empty()) << "the weights stayed held throughout";
+}
+
 // A client that left: its requests still waiting are never sent to a worker, and one that was
 // running is not run again when its worker dies.
 TEST(CoreTest, RequestsOfADepartedClientNeverRun) {
