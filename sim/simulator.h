@@ -12,7 +12,8 @@
 // the core's own invariants; the handles the core holds are exactly the open ones, and none was
 // closed while a frame queued for a worker still named it; no two file loads of one model at once;
 // the requests' bytes the daemon holds within its bounds; no request of a departed client run;
-// no worker left idle while another holds several models.
+// no worker left idle while another holds several models; no request waiting long for a resident
+// model that no busy worker holds while a worker idles.
 #pragma once
 
 #include <cstdint>

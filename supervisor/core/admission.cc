@@ -76,17 +76,39 @@ void Core::TryAdmit(uint32_t model) {
   // worker: only a reload can fix it.
   if (!m.refused.ok()) return FailWaiters(model, m.refused);
   if (Ready* ready = m.machine.As<Ready>()) {
+    std::vector<policy::WorkerView> views = WorkerViews();
     std::vector<uint32_t> holding;  // every replica, leaving ones too: one per worker
-    bool coming = false;            // serving, or attaching: it drains the waiters
+    bool serving = false, attaching = false, attach_blocked = true;
     for (const Replica& r : ready->replicas) {
       holding.push_back(r.worker);
-      coming = coming || r.leave_job == 0;
+      serving = serving || r.serving();
+      if (r.attach_job != 0 && r.leave_job == 0) {
+        attaching = true;
+        attach_blocked = attach_blocked && views[r.worker].outstanding > 1;
+      }
     }
-    if (coming) return DrainReady(model);
-    // Detached, or only leaving replicas left (the serving one died during a move or a shrink):
-    // resident weights that nobody will serve. Another worker attaches them, no file read.
-    uint32_t worker = policy::PickWorkerForLoad(WorkerViews(), holding);
-    if (worker == policy::kNone) return Wait(model);  // a leaving replica's end comes back here
+    if (serving) return DrainReady(model);
+    // A detached model keeps one workspace reserved (model.h): its first attach needs no room.
+    // Any other replica does: its workspace must fit (a leaving one still holds its own).
+    uint64_t budget = config_.budget_bytes;
+    bool room = ready->replicas.empty() || budget == 0 ||
+                index_->DeviceUsed(0) + ready->weights.workspace_bytes <= budget;
+    uint32_t worker = policy::kNone;
+    if (attaching) {
+      // Nobody serves it yet. When every attach sits behind other work in its worker's channel
+      // (sent to the only worker up, which runs a long request, say), a worker with nothing to
+      // do attaches it too; the first to finish serves, the surplus leaves (AdjustReplicas). An
+      // attach that runs but hangs is the stall check's (SweepStalls).
+      if (attach_blocked) worker = policy::PickIdleWorker(views, holding);
+    } else {
+      // Detached, or only leaving replicas left (the serving one died during a move or a
+      // shrink): resident weights that nobody will serve. Another worker attaches them, no file
+      // read.
+      worker = policy::PickWorkerForLoad(views, holding);
+    }
+    // Otherwise looked at again when a job ends (a leaving replica's among them) or a worker
+    // comes up.
+    if (worker == policy::kNone || !room) return Wait(model);
     return AttachReplica(model, worker);
   }
   if (Failed* failed = m.machine.As<Failed>()) {

@@ -169,6 +169,7 @@ void Core::OnAttachDone(const Job& job, const v1::WorkerLoadDone& done) {
   Log(LogLevel::kInfo, "\"{}\" weights attached on worker {}: {} replicas serve it", m.entry.name,
       job.worker, serving.size());
   DrainReady(model);
+  AdjustReplicas(model);  // more than its target when a second attach raced a slow first one
 }
 
 void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int handle) {

@@ -22,6 +22,17 @@ uint32_t PickWorkerForLoad(const std::vector<WorkerView>& workers,
   return best == nullptr ? kNone : best->slot;
 }
 
+uint32_t PickIdleWorker(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& busy) {
+  const WorkerView* best = nullptr;
+  for (const WorkerView& w : workers) {
+    if (!w.up || w.outstanding != 0 || std::find(busy.begin(), busy.end(), w.slot) != busy.end()) {
+      continue;
+    }
+    if (best == nullptr || w.models < best->models) best = &w;
+  }
+  return best == nullptr ? kNone : best->slot;
+}
+
 uint32_t PickReplica(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& replicas,
                      const Window& window) {
   const WorkerView* best = nullptr;

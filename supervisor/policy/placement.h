@@ -31,6 +31,10 @@ inline constexpr uint32_t kNone = 0xFFFFFFFFu;
 uint32_t PickWorkerForLoad(const std::vector<WorkerView>& workers,
                            const std::vector<uint32_t>& busy = {});
 
+// An up worker with nothing outstanding and the fewest models (kNone if none), leaving out `busy`.
+uint32_t PickIdleWorker(const std::vector<WorkerView>& workers,
+                        const std::vector<uint32_t>& busy = {});
+
 // Of the model's serving replicas, the one with room and the least outstanding work; kNone when
 // every one is full.
 uint32_t PickReplica(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& replicas,

@@ -232,6 +232,84 @@ TEST(CoreTest, ARequestIsServedWhenTheOnlyReplicaLeftIsLeaving) {
   EXPECT_TRUE(rig.Closed().empty()) << "the weights stayed held throughout";
 }
 
+// The same, with the room the dead replica freed taken by another model before a worker comes
+// back: the new attach waits for the leaving replica's workspace instead of going over the budget
+// (the rig validates the segment, budget included, after every event).
+TEST(CoreTest, ReplacingALeavingReplicaWaitsForItsRoom) {
+  CoreRig rig(CoreRig::SmallConfig());  // budget 1000
+  ModelEntry m = Entry("m", 100, 10), filler = Entry("f", 890, 0);
+  rig.Start({m, filler});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m", /*replicas=*/2);
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Reply(1, CoreRig::LoadDone(rig.Sent(1)[0].attach().job(), m, /*shared=*/false));
+  rig.Load(1, "m", /*replicas=*/1);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
+  ASSERT_EQ(to0.size() + to1.size(), 1u);
+  uint32_t leaving = to0.empty() ? 1 : 0, staying = 1 - leaving;
+  uint64_t unload = (to0.empty() ? to1 : to0)[0].unload().job();
+  rig.Infer(2, "m");
+  rig.Down(staying, {rig.Sent(staying)[0].infer().job()});
+  EXPECT_EQ(rig.Used(), 110u) << "the weights and the leaving replica's workspace";
+  rig.Load(3, "f");  // exactly the room the dead replica left
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(leaving);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_load());
+  rig.Reply(leaving, CoreRig::LoadDone(sent[0].load().job(), filler), {101});
+  EXPECT_EQ(rig.Used(), 1000u);
+  rig.Advance(200);
+  rig.Up(staying);
+  EXPECT_TRUE(rig.Sent(staying).empty()) << "no room for a second workspace yet";
+  rig.Reply(leaving, CoreRig::UnloadDone(unload));
+  sent = rig.Sent(staying);
+  if (sent.empty()) sent = rig.Sent(leaving);
+  ASSERT_EQ(sent.size(), 1u) << "the leaving replica's room goes to the new attach";
+  EXPECT_TRUE(sent[0].has_attach());
+  EXPECT_EQ(rig.Used(), 1000u);
+}
+
+// Held weights attached to the only worker up, behind a long request there; a worker that comes
+// up idle attaches them too and serves, instead of the request waiting for the long one.
+TEST(CoreTest, AnAttachStuckBehindLongWorkIsOvertakenByAnIdleWorker) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10), n = Entry("n", 100, 10);
+  rig.Start({m, n});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "m");
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Load(1, "n");
+  rig.Reply(1, CoreRig::LoadDone(rig.Sent(1)[0].load().job(), n), {101});
+  rig.Infer(2, "n");  // runs long on worker 1: never answered here
+  ASSERT_EQ(rig.Sent(1).size(), 1u);
+  rig.Down(0);
+  rig.Infer(3, "m");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_attach()) << "the only worker up attaches the held weights";
+  uint64_t slow_attach = sent[0].attach().job();
+  rig.Advance(200);
+  rig.Up(0);
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u) << "the idle worker attaches them too";
+  ASSERT_TRUE(sent[0].has_attach());
+  rig.Reply(0, CoreRig::LoadDone(sent[0].attach().job(), m, /*shared=*/false));
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_infer());
+  rig.Reply(0, CoreRig::InferDone(sent[0].infer().job()));
+  std::vector<v1::Envelope> replies = rig.Replies(3);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].has_infer_reply()) << replies[0].DebugString();
+  // The slow attach lands at last: one replica too many, and the busier one lets go.
+  rig.Reply(1, CoreRig::LoadDone(slow_attach, m, /*shared=*/false));
+  sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].has_unload());
+  EXPECT_TRUE(rig.Sent(0).empty());
+}
+
 // A client that left: its requests still waiting are never sent to a worker, and one that was
 // running is not run again when its worker dies.
 TEST(CoreTest, RequestsOfADepartedClientNeverRun) {

@@ -313,6 +313,13 @@ TEST(PlacementTest, LoadsGoToTheWorkerWithFewestModelsThenLeastWork) {
   EXPECT_EQ(PickWorkerForLoad({{0, false, 0, 0}}), kNone);
 }
 
+TEST(PlacementTest, AnIdleWorkerHasNothingOutstandingAndFewestModels) {
+  EXPECT_EQ(PickIdleWorker({{0, true, 0, 1}, {1, true, 2, 0}, {2, true, 1, 0}}), 2u);
+  EXPECT_EQ(PickIdleWorker({{0, true, 0, 1}, {1, false, 0, 0}}), kNone) << "busy or down";
+  EXPECT_EQ(PickIdleWorker({{0, true, 0, 0}, {1, true, 1, 0}}, {0}), 1u) << "busy ones left out";
+  EXPECT_EQ(PickIdleWorker({}), kNone);
+}
+
 TEST(PlacementTest, RequestsGoToTheReplicaWithRoomAndLeastWork) {
   Window window{4, 1000};
   std::vector<WorkerView> w = {{0, true, 1, 3, 10}, {1, true, 1, 1, 10}, {2, true, 1, 0, 0}};
