@@ -163,52 +163,6 @@ void ModelIndex::Publish(uint32_t index, const Residency& next) {
   if (!IsResident(was) && IsResident(next.state)) LinkTail(index);
 }
 
-void ModelIndex::MarkLoading(uint32_t index, uint32_t device, uint32_t worker_slot,
-                             uint64_t bytes) {
-  Update(index, [&](ModelRecord& r) {
-    r.state = static_cast<uint32_t>(ModelState::kLoading);
-    r.device = device;
-    r.worker_slot = worker_slot;
-    r.workspace_bytes = bytes > r.weight_bytes ? bytes - r.weight_bytes : 0;
-    r.loaded_bytes = 0;
-    r.replicas = 1;
-    r.loads++;
-    r.last_error[0] = '\0';
-  });
-  AddToAccount(device, static_cast<int64_t>(Get(index).weight_bytes + Get(index).workspace_bytes));
-  LinkTail(index);
-}
-
-void ModelIndex::MarkReady(uint32_t index, uint64_t weight_bytes, uint64_t workspace_bytes) {
-  const ModelRecord& r = Get(index);
-  int64_t delta = static_cast<int64_t>(weight_bytes + workspace_bytes) -
-                  static_cast<int64_t>(r.weight_bytes + r.workspace_bytes);
-  Update(index, [&](ModelRecord& m) {
-    m.state = static_cast<uint32_t>(ModelState::kReady);
-    m.weight_bytes = weight_bytes;
-    m.workspace_bytes = workspace_bytes;
-    m.loaded_bytes = weight_bytes;
-  });
-  AddToAccount(r.device, delta);
-}
-
-void ModelIndex::MarkDetached(uint32_t index) {
-  Update(index, [](ModelRecord& r) {
-    r.state = static_cast<uint32_t>(ModelState::kReady);
-    r.worker_slot = kNil;
-    r.replicas = 0;
-  });
-}
-
-void ModelIndex::MarkAttaching(uint32_t index, uint32_t worker_slot) {
-  Update(index, [&](ModelRecord& r) {
-    r.state = static_cast<uint32_t>(ModelState::kLoading);
-    r.worker_slot = worker_slot;
-    r.replicas = 1;
-    r.last_error[0] = '\0';
-  });
-}
-
 void ModelIndex::AddToParkAccount(int64_t delta) {
   SeqWrite(view_.header(), [&](SegmentHeader& h) {
     h.park_used_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.park_used_bytes) + delta);
@@ -217,72 +171,6 @@ void ModelIndex::AddToParkAccount(int64_t delta) {
 
 void ModelIndex::SetParkBudget(uint64_t bytes) {
   SeqWrite(view_.header(), [&](SegmentHeader& h) { h.park_budget_bytes = bytes; });
-}
-
-void ModelIndex::MarkParked(uint32_t index) {
-  const ModelRecord& r = Get(index);
-  AddToAccount(r.device, -static_cast<int64_t>(r.weight_bytes + r.workspace_bytes));
-  AddToParkAccount(static_cast<int64_t>(r.weight_bytes));
-  Update(index, [](ModelRecord& m) {
-    m.state = static_cast<uint32_t>(ModelState::kParked);
-    m.worker_slot = kNil;
-    m.replicas = 0;
-    m.workspace_bytes = 0;
-  });
-}
-
-void ModelIndex::MarkUnparking(uint32_t index, uint32_t worker_slot, uint64_t bytes) {
-  const ModelRecord& r = Get(index);
-  AddToParkAccount(-static_cast<int64_t>(r.weight_bytes));
-  Update(index, [&](ModelRecord& m) {
-    m.state = static_cast<uint32_t>(ModelState::kLoading);
-    m.worker_slot = worker_slot;
-    m.replicas = 1;
-    m.workspace_bytes = bytes > m.weight_bytes ? bytes - m.weight_bytes : 0;
-    m.loaded_bytes = 0;
-  });
-  AddToAccount(Get(index).device, static_cast<int64_t>(Get(index).weight_bytes + Get(index).workspace_bytes));
-}
-
-void ModelIndex::AddReplica(uint32_t index, uint64_t workspace_bytes) {
-  Update(index, [&](ModelRecord& r) {
-    r.replicas++;
-    r.workspace_bytes += workspace_bytes;
-  });
-  AddToAccount(Get(index).device, static_cast<int64_t>(workspace_bytes));
-}
-
-void ModelIndex::RemoveReplica(uint32_t index, uint64_t workspace_bytes, uint32_t primary) {
-  uint64_t drop = std::min(workspace_bytes, Get(index).workspace_bytes);
-  // The last replica keeps its workspace accounted: the model is still resident (detached).
-  if (Get(index).replicas <= 1) drop = 0;
-  Update(index, [&](ModelRecord& r) {
-    if (r.replicas > 0) r.replicas--;
-    r.workspace_bytes -= drop;
-    r.worker_slot = primary;
-  });
-  AddToAccount(Get(index).device, -static_cast<int64_t>(drop));
-}
-
-void ModelIndex::MarkUnloading(uint32_t index) {
-  Update(index, [&](ModelRecord& r) { r.state = static_cast<uint32_t>(ModelState::kUnloading); });
-}
-
-void ModelIndex::MarkNotResident(uint32_t index, ModelState state, std::string_view error) {
-  const ModelRecord& r = Get(index);
-  auto was = static_cast<ModelState>(r.state);
-  if (OnDevice(was)) AddToAccount(r.device, -static_cast<int64_t>(r.weight_bytes + r.workspace_bytes));
-  if (was == ModelState::kParked) AddToParkAccount(-static_cast<int64_t>(r.weight_bytes));
-  if (IsResident(was)) Unlink(index);
-  Update(index, [&](ModelRecord& m) {
-    m.state = static_cast<uint32_t>(state);
-    m.worker_slot = kNil;
-    m.replicas = 0;
-    m.workspace_bytes = 0;
-    m.loaded_bytes = 0;
-    if (state == ModelState::kFailed) m.failures++;
-    CopyName(m.last_error, sizeof(m.last_error), error);
-  });
 }
 
 void ModelIndex::Touch(uint32_t index) {

@@ -61,31 +61,9 @@ class ModelIndex {
   };
   void Publish(uint32_t index, const Residency& residency);
 
-  // Lifecycle transitions that move bytes between the device account and nothing.
-  void MarkLoading(uint32_t index, uint32_t device, uint32_t worker_slot, uint64_t bytes);
-  // Corrects the account to the bytes the engine actually allocated.
-  void MarkReady(uint32_t index, uint64_t weight_bytes, uint64_t workspace_bytes);
-  void MarkUnloading(uint32_t index);
-  // The weights stay resident (held by the supervisor) but no worker serves them: after the
-  // worker that held them died. State ready, no worker, no replica; bytes stay accounted.
-  void MarkDetached(uint32_t index);
-  // A worker attaches resident weights: state loading on that worker, bytes unchanged.
-  void MarkAttaching(uint32_t index, uint32_t worker_slot);
-  // Device memory released, a host copy kept: weight bytes move from the device account to the
-  // park account; the model stays in the LRU list.
-  void MarkParked(uint32_t index);
-  // Parked -> loading on a worker: the copy goes back to the device (bytes: weights + workspace).
-  void MarkUnparking(uint32_t index, uint32_t worker_slot, uint64_t bytes);
   uint64_t ParkUsed() const { return view_.header().park_used_bytes; }
   uint64_t ParkBudget() const { return view_.header().park_budget_bytes; }
   void SetParkBudget(uint64_t bytes);
-
-  // Replicas of a ready model share its weights; each brings its own workspace to the account.
-  void AddReplica(uint32_t index, uint64_t workspace_bytes);
-  // primary: the slot now named in the record (kNil with no replica left: detached).
-  void RemoveReplica(uint32_t index, uint64_t workspace_bytes, uint32_t primary);
-  // Leaves residency: bytes released, unlinked from the LRU, state registered or failed.
-  void MarkNotResident(uint32_t index, ModelState state, std::string_view error);
 
   // Most recently used moves to the tail.
   void Touch(uint32_t index);

@@ -86,10 +86,7 @@ class Simulator {
     uint32_t generation = 0;
     enum class State { kDown, kStarting, kUp } state = State::kDown;
     int pid = 0;
-    bool fatal = false;
     std::string kill_reason;
-    uint64_t started_ms = 0;
-    uint64_t backoff_ms = 0;
     std::deque<WorkerJob> serving;  // frames read, in order; loads move to `loads` when reached
     std::deque<WorkerJob> loads;
     uint64_t serving_job = 0;       // running (its in-flight marker is taken); 0: idle

@@ -21,7 +21,6 @@ void Simulator::Spawn(uint32_t slot, uint32_t generation) {
   w.generation = generation;
   w.pid = next_pid_++;
   w.state = Worker::State::kStarting;
-  w.started_ms = now_;
   w.kill_reason.clear();
   w.serving.clear();
   w.loads.clear();

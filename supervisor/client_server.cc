@@ -169,7 +169,6 @@ void ClientServer::StopAccepting() {
 void ClientServer::Close() {
   StopAccepting();
   if (idle_timer_.active()) uv_timer_stop(idle_timer_.get());
-  unanswered_ = 0;
   auto sessions = std::move(sessions_);
   sessions_.clear();
   for (auto& [id, session] : sessions) {
@@ -259,7 +258,6 @@ void ClientServer::OnAcceptable() {
         [this, id](const Status& why) {
           auto it = sessions_.find(id);
           if (it == sessions_.end()) return;
-          unanswered_ -= it->second.outstanding;  // nobody is left to answer
           sessions_.erase(it);
           spdlog::debug("session {} closed: {}", id, why.ToString());
           ResumeAccepting();  // a descriptor came back
@@ -337,7 +335,6 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
     return;
   }
   s.outstanding++;
-  unanswered_++;
   Peer peer = s.peer;  // the handler may close (and erase) the session
   on_request_(session, peer, std::move(request));
 }
@@ -345,10 +342,7 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
 void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  if (it->second.outstanding > 0) {
-    it->second.outstanding--;
-    unanswered_--;
-  }
+  if (it->second.outstanding > 0) it->second.outstanding--;
   it->second.last_active_ms = uv_now(loop_);
   ipc::Connection* connection = it->second.connection;
   connection->Send(ipc::Frame(reply));  // may close it: a client past its unread bound

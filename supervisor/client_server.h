@@ -76,8 +76,6 @@ class ClientServer {
   void Send(uint64_t session, const v1::Envelope& reply);
   bool HasSession(uint64_t session) const { return sessions_.count(session) != 0; }
   size_t session_count() const { return sessions_.size(); }
-  // Requests handed to the daemon and not yet answered, over every open session.
-  uint64_t unanswered() const { return unanswered_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -114,7 +112,6 @@ class ClientServer {
     uint64_t last_active_ms = 0;
   };
   std::unordered_map<uint64_t, Session> sessions_;
-  uint64_t unanswered_ = 0;
 };
 
 }  // namespace warmpool::supervisor

@@ -12,7 +12,7 @@
 
 #include "common/clock.h"
 #include "common/units.h"
-#include "engines/safetensors.h"
+#include "supervisor/core/request_check.h"
 #include "supervisor/model_roots.h"
 #include "supervisor/registry.h"
 
@@ -283,10 +283,7 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
   event::ClientRequest e;
   e.session = session;
   e.uid = peer.uid;
-  bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
-                       request.has_fault_arm() || request.has_fault_clear() ||
-                       request.has_register_model();
-  e.admin = admin_request && IsAdmin(peer);
+  e.admin = IsAdminRequest(request) && IsAdmin(peer);
   // Only an admin's well-formed register request makes the daemon look at a file.
   if (e.admin && request.has_register_model() && !request.register_model().remove() &&
       CheckRequest(request).ok()) {
@@ -299,13 +296,7 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
 Result<ModelEntry> Daemon::LookAtRegistration(const v1::RegisterRequest& request) const {
   Result<std::string> path = ResolveModelPath(request.path(), EffectiveModelRoots(config_));
   if (!path.ok()) return path.status();
-  std::string engine = request.engine();
-  if (engine.empty()) {
-    engine = "dense";
-    if (Result<safetensors::Header> h = safetensors::ReadHeader(*path); h.ok()) {
-      if (auto it = h->metadata.find("engine"); it != h->metadata.end()) engine = it->second;
-    }
-  }
+  std::string engine = request.engine().empty() ? EngineNamedBy(*path) : request.engine();
   return InspectModel(request.model(), engine, *path, config_.engine_dir);
 }
 

@@ -70,6 +70,13 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
   return entry;
 }
 
+std::string EngineNamedBy(const std::string& path) {
+  if (Result<safetensors::Header> h = safetensors::ReadHeader(path); h.ok()) {
+    if (auto it = h->metadata.find("engine"); it != h->metadata.end()) return it->second;
+  }
+  return "dense";
+}
+
 std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings) {
   const std::vector<std::string> roots = EffectiveModelRoots(config);
   // Every path is resolved under the model roots before anything reads it: a symlink or `..`
@@ -88,12 +95,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
       entry.path_refused = true;
       return entry;
     }
-    if (engine_from_file) {
-      if (Result<safetensors::Header> h = safetensors::ReadHeader(*real); h.ok()) {
-        auto it = h->metadata.find("engine");
-        if (it != h->metadata.end()) engine = it->second;
-      }
-    }
+    if (engine_from_file) engine = EngineNamedBy(*real);
     return InspectModel(name, engine, *real, config.engine_dir);
   };
   std::vector<ModelEntry> entries;

@@ -18,6 +18,9 @@ namespace warmpool::supervisor {
 // never loaded here.
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
                         const std::string& engine_dir = {});
+// The engine a model file names in its metadata ("engine"), else "dense" (also when the header
+// cannot be read: InspectModel then says why).
+std::string EngineNamedBy(const std::string& path);
 // Config models first; a file whose stem matches a configured name is skipped with a warning.
 std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings);
 

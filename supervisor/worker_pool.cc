@@ -197,10 +197,6 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
   if (shutting_down_) MaybeFinishShutdown();
 }
 
-bool WorkerPool::Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds) {
-  return SendFrame(slot, ipc::Frame(message), fds);
-}
-
 bool WorkerPool::SendFrame(uint32_t slot, std::string frame, const std::vector<int>& fds) {
   Worker& w = *workers_[slot];
   if (!w.ready || w.channel == nullptr) return false;
@@ -208,7 +204,6 @@ bool WorkerPool::SendFrame(uint32_t slot, std::string frame, const std::vector<i
   return true;
 }
 
-bool WorkerPool::ready(uint32_t slot) const { return workers_[slot]->ready; }
 
 int WorkerPool::TakeFd(uint32_t slot) {
   Worker& w = *workers_[slot];
@@ -223,7 +218,6 @@ void WorkerPool::Kill(uint32_t slot, const std::string& reason) {
 }
 
 std::string WorkerPool::LastExit(uint32_t slot) const { return workers_[slot]->last_exit_text; }
-int WorkerPool::pid(uint32_t slot) const { return workers_[slot]->pid; }
 uint32_t WorkerPool::generation(uint32_t slot) const { return workers_[slot]->generation; }
 
 void WorkerPool::Shutdown(uint64_t grace_ms, std::function<void()> done) {

@@ -54,21 +54,16 @@ class WorkerPool {
   int Spawn(uint32_t slot, uint32_t generation);
   // False when the worker is not ready (the caller treats the job as lost with the worker).
   // fds go with the frame (the caller keeps its copies).
-  bool Send(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
-  // The same with a frame already made.
   bool SendFrame(uint32_t slot, std::string frame, const std::vector<int>& fds = {});
   // Closes every channel (workers exit on EOF), SIGKILLs stragglers after grace_ms, then calls done.
   void Shutdown(uint64_t grace_ms, std::function<void()> done);
 
   // SIGKILLs the worker; its death is reported with `reason` instead of the bare signal.
   void Kill(uint32_t slot, const std::string& reason);
-  bool ready(uint32_t slot) const;
   // The oldest descriptor received from the worker and not yet taken (caller owns it), or -1.
   int TakeFd(uint32_t slot);
   // "killed by signal 9", "exited with status 1", or "" for a worker that never died.
   std::string LastExit(uint32_t slot) const;
-  uint32_t size() const { return static_cast<uint32_t>(workers_.size()); }
-  int pid(uint32_t slot) const;
   uint32_t generation(uint32_t slot) const;
 
  private:

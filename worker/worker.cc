@@ -60,12 +60,6 @@ void Worker::FreeRegion(void* ctx, wp_region* region) {
   host->free(host->ctx, region);
 }
 
-std::string Worker::ModelName(uint32_t model) {
-  std::lock_guard lock(models_mutex_);
-  auto it = names_.find(model);
-  return it == names_.end() ? std::string() : it->second;
-}
-
 Worker::~Worker() {
   {
     std::lock_guard lock(load_mutex_);
@@ -205,10 +199,6 @@ void Worker::HandleUnload(const v1::WorkerUnload& request) {
     }
   }
   FaultsFor(request.job(), request.faults()).Hit("unload.mid");
-  {
-    std::lock_guard lock(models_mutex_);
-    names_.erase(request.model());
-  }
   engine.reset();  // closes the engine: its regions go back to the memory service
   mark.reset();
   v1::WorkerEnvelope reply;
@@ -325,7 +315,6 @@ Status Worker::Load(const v1::WorkerLoad& request, JobFaults& faults, v1::Worker
   }
   std::lock_guard lock(models_mutex_);
   models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
-  names_[request.model()] = request.name();
   return OkStatus();
 }
 
@@ -379,7 +368,6 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
         }
         std::lock_guard lock(models_mutex_);
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
-        names_[request.model()] = request.name();
       }
       if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
       if (!status.ok()) SetError(done->mutable_error(), status);

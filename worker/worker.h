@@ -70,7 +70,6 @@ class Worker {
     Worker& worker_;
     Result<uint32_t> slot_;
   };
-  std::string ModelName(uint32_t model);
   // The faults granted to a job, reporting their firing for it.
   JobFaults FaultsFor(uint64_t job, const google::protobuf::RepeatedPtrField<v1::Fault>& faults);
   // The engines' memory service: the host backend, plus the load.after_alloc fault point.
@@ -92,7 +91,6 @@ class Worker {
 
   std::mutex models_mutex_;
   std::unordered_map<uint32_t, std::shared_ptr<Engine>> models_;
-  std::unordered_map<uint32_t, std::string> names_;
 
   std::mutex load_mutex_;
   std::condition_variable load_cv_;

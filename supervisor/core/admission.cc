@@ -212,8 +212,7 @@ void Core::Release(uint32_t model, bool eviction, bool allow_park) {
   const Ready* ready = m.machine.As<Ready>();
   if (ready == nullptr) return;
   if (eviction) index_->Update(model, [](shm::ModelRecord& r) { r.evictions++; });
-  bool attached = std::any_of(ready->replicas.begin(), ready->replicas.end(),
-                              [](const Replica& r) { return r.serving(); });
+  bool attached = m.machine.Serving();
   bool park = allow_park && policy::ShouldPark(ready->weights.weight_bytes,
                                                ready->weights.handle >= 0 && attached,
                                                ParkCommitted(), Limits());

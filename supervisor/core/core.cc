@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "common/units.h"
 #include "ipc/framing.h"
 
 namespace warmpool::supervisor {

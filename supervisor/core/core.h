@@ -20,7 +20,6 @@
 #include <deque>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -122,7 +121,6 @@ class Core {
     bool pinned = false;
     bool registered_by_client = false;  // `warmpool register`: a reload leaves it alone
     Status refused;  // its path was refused at registration: requests get this, no worker loads it
-    std::string registration_problem;
     // Leaving the registry (a reload, `register --remove`) or changing: `retiring` set; the inner
     // value is what replaces it once it is idle and not resident (empty: it is forgotten).
     std::optional<std::optional<ModelEntry>> retiring;
@@ -143,6 +141,7 @@ class Core {
     int32_t last_exit_code = -1;
     std::string last_exit;
     uint64_t started_ms = 0;
+    uint64_t started_unix_ns = 0;  // for the segment's record
     uint64_t respawn_at_ms = 0;
     uint64_t backoff_ms = 0;
     bool killing = false;
@@ -204,7 +203,10 @@ class Core {
 
   // admission.cc and replicas.cc: room, loads, releases, replicas, placement
   std::vector<policy::Resident> Residents() const;
+  // The workers as the placement policy sees them; WorkerLoads leaves `models` at 0 (enough for
+  // PickReplica, and cheap enough for every request).
   std::vector<policy::WorkerView> WorkerViews() const;
+  std::vector<policy::WorkerView> WorkerLoads() const;
   // The park account plus the host copies already decided (being made).
   uint64_t ParkCommitted() const;
   void TryAdmit(uint32_t model);
@@ -241,6 +243,9 @@ class Core {
   void OnUnloadDone(const Job& job, uint64_t id);
   void OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle);
   // A load reported what the file says now: the registration follows the file.
+  // The registration follows the file as a worker or the shell found it (not the problem it was
+  // registered with).
+  void FollowFile(uint32_t model, const ModelEntry& now);
   void FollowFile(uint32_t model, const v1::WorkerLoadDone& done);
 
   // dispatch.cc: inference

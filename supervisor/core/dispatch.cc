@@ -14,7 +14,7 @@ void Core::Enqueue(uint32_t model, Waiter&& waiter) {
   Model& m = models_[model];
   m.waiters.push_back(std::move(waiter));
   queued_++;
-  if (!m.machine.ServingWorkers().empty()) return DrainReady(model);
+  if (m.machine.Serving()) return DrainReady(model);
   TryAdmit(model);  // loads, unparks, or attaches held weights to a worker
 }
 
@@ -36,7 +36,7 @@ void Core::DrainReady(uint32_t model) {
       Answer(w.call, std::move(reply));
       continue;
     }
-    if (views.empty()) views = WorkerViews();
+    if (views.empty()) views = WorkerLoads();
     uint32_t worker = policy::PickReplica(views, serving, window);
     if (worker == policy::kNone) return;  // a finished job drains it again
     Waiter w = std::move(m.waiters.front());
@@ -123,7 +123,7 @@ void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
   }
   DrainReady(model);
   // Room in this worker again: other models it serves may have requests waiting for it.
-  for (uint32_t other : index_->LruOrder()) {
+  for (uint32_t other : index_->LruOrder()) {  // the least recently used first
     if (other != model && !models_[other].waiters.empty() && models_[other].machine.HasWorker(job.worker)) {
       DrainReady(other);
     }

@@ -85,7 +85,7 @@ Status Core::CheckInvariants() const {
     if (const Parked* p = machine.As<Parked>(); p && p->copy.handle < 0) {
       return Error(Code::kInternal, "\"{}\" is parked with no host copy held", name);
     }
-    if (machine.Is<Ready>() && m.inflight > 0 && machine.ServingWorkers().empty() &&
+    if (machine.Is<Ready>() && m.inflight > 0 && !machine.Serving() &&
         std::none_of(machine.Replicas()->begin(), machine.Replicas()->end(),
                      [](const Replica& r) { return r.leave_job != 0; })) {
       return Error(Code::kInternal, "\"{}\" has requests in flight and no replica", name);

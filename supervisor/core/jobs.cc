@@ -69,15 +69,26 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   }
 }
 
-void Core::FollowFile(uint32_t model, const v1::WorkerLoadDone& done) {
+void Core::FollowFile(uint32_t model, const ModelEntry& now) {
   Model& m = models_[model];
-  m.entry.header = done.header();
-  m.entry.file_size = done.file_size();
-  m.entry.weight_bytes = done.weight_bytes();
-  m.entry.workspace_bytes = done.workspace_bytes();
-  m.entry.in_features = done.in_features();
-  m.entry.out_features = done.out_features();
-  m.machine.SetRegisteredBytes(done.weight_bytes());
+  m.entry.header = now.header;
+  m.entry.file_size = now.file_size;
+  m.entry.weight_bytes = now.weight_bytes;
+  m.entry.workspace_bytes = now.workspace_bytes;
+  m.entry.in_features = now.in_features;
+  m.entry.out_features = now.out_features;
+  m.machine.SetRegisteredBytes(now.weight_bytes);
+}
+
+void Core::FollowFile(uint32_t model, const v1::WorkerLoadDone& done) {
+  ModelEntry now;
+  now.header = done.header();
+  now.file_size = done.file_size();
+  now.weight_bytes = done.weight_bytes();
+  now.workspace_bytes = done.workspace_bytes();
+  now.in_features = done.in_features();
+  now.out_features = done.out_features();
+  FollowFile(model, now);
 }
 
 void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle) {
@@ -91,7 +102,7 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
     // read): it is registered as it is now and admitted again, for what it really needs.
     Close(handle);
     FollowFile(model, done);
-    m.machine.AbandonLoad("");
+    m.machine.AbandonLoad();
     Log(LogLevel::kInfo, "the file of \"{}\" changed: it needs {} now; admitting it again", name,
         FormatBytes(done.weight_bytes() + done.workspace_bytes()));
     TryAdmit(model);
@@ -100,7 +111,7 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
   if (done.has_error()) {
     Close(handle);
     Status cause(CodeFromInt(done.error().code()), done.error().message());
-    m.machine.AbandonLoad(cause.message());
+    m.machine.AbandonLoad();
     Log(LogLevel::kWarn, "loading \"{}\" failed: {}", name, cause.ToString());
     // The version that failed was replaced meanwhile: its waiters wait for the new one.
     if (m.changing()) return RetryPending();
@@ -181,7 +192,7 @@ void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int hand
     Close(handle);
     Log(LogLevel::kWarn, "unparking \"{}\" failed ({}); loading it from its file", m.entry.name,
         done.has_error() ? done.error().message() : std::string("no device copy came back"));
-    Close(m.machine.FailUnpark(done.error().message()));
+    Close(m.machine.FailUnpark());
     TryAdmit(model);
     return RetryPending();
   }

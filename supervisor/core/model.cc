@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace warmpool::supervisor {
 
@@ -31,6 +32,10 @@ const std::vector<Replica>* ModelMachine::Replicas() const {
   return nullptr;
 }
 
+std::vector<Replica>* ModelMachine::MutableReplicas() {
+  return const_cast<std::vector<Replica>*>(std::as_const(*this).Replicas());
+}
+
 std::vector<uint32_t> ModelMachine::ServingWorkers() const {
   std::vector<uint32_t> workers;
   if (const Ready* r = As<Ready>()) {
@@ -41,15 +46,16 @@ std::vector<uint32_t> ModelMachine::ServingWorkers() const {
   return workers;
 }
 
+bool ModelMachine::Serving() const {
+  const Ready* r = As<Ready>();
+  return r != nullptr && std::any_of(r->replicas.begin(), r->replicas.end(),
+                                     [](const Replica& replica) { return replica.serving(); });
+}
+
 bool ModelMachine::HasWorker(uint32_t worker) const {
-  if (const Loading* l = As<Loading>()) return l->worker == worker;
-  if (const Unparking* u = As<Unparking>()) return u->worker == worker;
-  if (const std::vector<Replica>* replicas = Replicas()) {
-    for (const Replica& r : *replicas) {
-      if (r.worker == worker) return true;
-    }
-  }
-  return false;
+  bool found = false;
+  ForEachWorker([&](uint32_t w) { found = found || w == worker; });
+  return found;
 }
 
 std::vector<int> ModelMachine::Handles() const {
@@ -152,7 +158,7 @@ int ModelMachine::FinishUnpark(Weights weights) {
   return copy;
 }
 
-void ModelMachine::AbandonLoad(std::string_view) {
+void ModelMachine::AbandonLoad() {
   WARMPOOL_CHECK(Is<Loading>());
   To(Absent{});
 }
@@ -164,7 +170,7 @@ void ModelMachine::AbandonUnpark() {
   To(Parked{std::move(copy)});
 }
 
-int ModelMachine::FailUnpark(std::string_view) {
+int ModelMachine::FailUnpark() {
   Unparking* u = As<Unparking>();
   WARMPOOL_CHECK(u != nullptr);
   int copy = u->copy.handle;
@@ -180,9 +186,7 @@ void ModelMachine::AddReplica(uint32_t worker, uint64_t job) {
 }
 
 void ModelMachine::ReplicaAttached(uint32_t worker) {
-  std::vector<Replica>* replicas = Is<Ready>() ? &As<Ready>()->replicas
-                                  : Is<Releasing>() ? &As<Releasing>()->replicas
-                                                    : nullptr;
+  std::vector<Replica>* replicas = MutableReplicas();
   WARMPOOL_CHECK(replicas != nullptr);
   for (Replica& r : *replicas) {
     if (r.worker == worker) r.attach_job = 0;
@@ -200,9 +204,7 @@ void ModelMachine::ReplicaLeaving(uint32_t worker, uint64_t job) {
 }
 
 void ModelMachine::DropReplica(uint32_t worker) {
-  std::vector<Replica>* replicas = Is<Ready>() ? &As<Ready>()->replicas
-                                  : Is<Releasing>() ? &As<Releasing>()->replicas
-                                                    : nullptr;
+  std::vector<Replica>* replicas = MutableReplicas();
   WARMPOOL_CHECK(replicas != nullptr);
   std::erase_if(*replicas, [&](const Replica& r) { return r.worker == worker; });
   Publish();

@@ -122,6 +122,11 @@ class ModelMachine {
   const std::vector<Replica>* Replicas() const;
   // Replicas that take requests now (Ready only).
   std::vector<uint32_t> ServingWorkers() const;
+  bool Serving() const;
+  // Calls f(worker) for each worker that holds the model or is taking it (loading, unparking, a
+  // replica attaching, serving or leaving): at most once per worker.
+  template <typename F>
+  void ForEachWorker(F&& f) const;
   bool HasWorker(uint32_t worker) const;
   // Handles this model holds: weights on the device, a host copy, or both while unparking.
   std::vector<int> Handles() const;
@@ -135,11 +140,11 @@ class ModelMachine {
   // Unparking -> Ready with the new device weights. Returns the host copy's handle (to close).
   int FinishUnpark(Weights weights);
   // Loading -> Absent (a failure of the file or the worker; see Fail for the cooldown).
-  void AbandonLoad(std::string_view error);
+  void AbandonLoad();
   // Unparking -> Parked: the worker died, the host copy is still held.
   void AbandonUnpark();
   // Unparking -> Absent: the copy could not be attached. Returns the host copy's handle.
-  int FailUnpark(std::string_view error);
+  int FailUnpark();
   // Ready: one more replica, attaching on worker (its workspace is accounted from now).
   void AddReplica(uint32_t worker, uint64_t job);
   // Ready or Releasing: the replica's attach is done.
@@ -166,11 +171,21 @@ class ModelMachine {
 
  private:
   void To(Residency next);
+  std::vector<Replica>* MutableReplicas();
 
   shm::ModelIndex* index_ = nullptr;
   uint32_t model_ = 0;
   Residency state_ = residency::Absent{};
   uint64_t registered_bytes_ = 0;
 };
+
+template <typename F>
+void ModelMachine::ForEachWorker(F&& f) const {
+  if (const auto* l = As<residency::Loading>()) return f(l->worker);
+  if (const auto* u = As<residency::Unparking>()) return f(u->worker);
+  if (const std::vector<Replica>* replicas = Replicas()) {
+    for (const Replica& r : *replicas) f(r.worker);
+  }
+}
 
 }  // namespace warmpool::supervisor

@@ -13,6 +13,8 @@ using namespace residency;
 void Core::OnWorkerDown(const event::WorkerDown& down) {
   const uint32_t slot = down.slot;
   WorkerSlot& w = workers_[slot];
+  bool alive = w.state == WorkerSlot::State::kStarting || w.state == WorkerSlot::State::kUp;
+  if (down.generation != w.generation || !alive) return;  // an earlier life of the slot: done with
   w.state = down.fatal ? WorkerSlot::State::kFatal : WorkerSlot::State::kDown;
   w.killing = false;
   w.last_exit = down.exit_text;
@@ -73,7 +75,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
       }
       case Job::Kind::kLoad:
         if (const Loading* l = m.machine.As<Loading>(); current && l != nullptr && l->job == id) {
-          m.machine.AbandonLoad("");  // nothing was held yet: the next request loads again
+          m.machine.AbandonLoad();  // nothing was held yet: the next request loads again
         }
         break;
       case Job::Kind::kUnpark:
@@ -174,13 +176,7 @@ void Core::OnModelInspected(const event::ModelInspected& inspected) {
   }
   const ModelEntry& entry = inspected.entry;
   if (!entry.problem.ok()) return MarkFailed(model, entry.problem.message());
-  m.entry.weight_bytes = entry.weight_bytes;
-  m.entry.workspace_bytes = entry.workspace_bytes;
-  m.entry.header = entry.header;
-  m.entry.file_size = entry.file_size;
-  m.entry.in_features = entry.in_features;
-  m.entry.out_features = entry.out_features;
-  m.machine.SetRegisteredBytes(entry.weight_bytes);
+  FollowFile(model, entry);
   m.machine.Recover();  // loadable again: through admission like any other
   TryAdmit(model);
 }
@@ -189,7 +185,7 @@ void Core::SweepDeadlines() {
   const uint64_t now = MonoMs();
   for (uint32_t model : index_->All()) {
     Model& m = models_[model];
-    bool ready = !m.machine.ServingWorkers().empty();
+    bool ready = m.machine.Serving();
     for (auto it = m.waiters.begin(); it != m.waiters.end();) {
       if (it->deadline_ms == 0 || now <= it->deadline_ms) {
         ++it;

@@ -14,9 +14,11 @@ using namespace residency;
 namespace {
 
 // Same model, as far as serving it goes: the same engine, file and bytes in the header, and the
-// same problem if it had one (a broken file that stays broken is left as it is).
-bool SameModel(const ModelEntry& registered, const std::string& problem, const ModelEntry& entry) {
-  return entry.problem.message() == problem && entry.engine == registered.engine &&
+// same problem if it had one (a broken file that stays broken is left as it is). The registered
+// entry keeps the problem it was registered with; only its file's description follows the file.
+bool SameModel(const ModelEntry& registered, const ModelEntry& entry) {
+  return entry.problem.message() == registered.problem.message() &&
+         entry.engine == registered.engine &&
          entry.path == registered.path && entry.header == registered.header &&
          entry.file_size == registered.file_size;
 }
@@ -45,7 +47,6 @@ bool Core::RegisterModel(const ModelEntry& entry) {
   Model& m = models_[*index];
   m.epoch = ++epochs_;
   m.entry = entry;
-  m.registration_problem = entry.problem.message();
   m.refused = !entry.path_refused ? OkStatus()
                                   : Error(Code::kFailedPrecondition,
                                           "model \"{}\" cannot be loaded: {} (fix it, then reload: "
@@ -136,7 +137,7 @@ void Core::Reload(event::Reload&& reload) {
           entry.name);
       continue;
     }
-    if (SameModel(m.entry, m.registration_problem, entry) && !m.retiring) {
+    if (SameModel(m.entry, entry) && !m.retiring) {
       ApplySettings(m);  // settings only: they apply to the next request
       continue;
     }

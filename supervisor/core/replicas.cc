@@ -20,20 +20,20 @@ void Core::DescribeAttach(v1::WorkerAttach* attach, uint32_t model, const ModelE
   attach->set_weight_bytes(w.handle >= 0 ? w.weight_bytes : 0);
 }
 
-std::vector<policy::WorkerView> Core::WorkerViews() const {
+std::vector<policy::WorkerView> Core::WorkerLoads() const {
   std::vector<policy::WorkerView> views(workers_.size());
   for (uint32_t slot = 0; slot < workers_.size(); slot++) {
     const WorkerSlot& w = workers_[slot];
     views[slot] = policy::WorkerView{slot, w.state == WorkerSlot::State::kUp, 0, w.outstanding,
                                      w.pending_bytes};
   }
+  return views;
+}
+
+std::vector<policy::WorkerView> Core::WorkerViews() const {
+  std::vector<policy::WorkerView> views = WorkerLoads();
   for (uint32_t model : index_->LruOrder()) {
-    const ModelMachine& machine = models_[model].machine;
-    if (const Loading* l = machine.As<Loading>()) views[l->worker].models++;
-    if (const Unparking* u = machine.As<Unparking>()) views[u->worker].models++;
-    if (const std::vector<Replica>* replicas = machine.Replicas()) {
-      for (const Replica& r : *replicas) views[r.worker].models++;
-    }
+    models_[model].machine.ForEachWorker([&](uint32_t worker) { views[worker].models++; });
   }
   return views;
 }

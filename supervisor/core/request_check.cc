@@ -107,4 +107,9 @@ Status CheckRequest(const v1::Envelope& request) {
   }
 }
 
+bool IsAdminRequest(const v1::Envelope& request) {
+  return request.has_load() || request.has_unload() || request.has_pin() ||
+         request.has_fault_arm() || request.has_fault_clear() || request.has_register_model();
+}
+
 }  // namespace warmpool::supervisor

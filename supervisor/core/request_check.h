@@ -21,6 +21,8 @@ inline constexpr uint32_t kMaxRequestReplicas = 1024;
 
 // OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
 Status CheckRequest(const v1::Envelope& request);
+// Requests only administrators may make: register, load, unload, pin, arm or clear faults.
+bool IsAdminRequest(const v1::Envelope& request);
 
 // An error reply envelope.
 v1::Envelope ErrorReply(uint64_t request_id, const Status& status);

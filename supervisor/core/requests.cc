@@ -35,10 +35,7 @@ void Core::OnRequest(event::ClientRequest&& event) {
   Session& session = sessions_[event.session];
   session.outstanding++;
   unanswered_++;
-  bool admin_request = request.has_load() || request.has_unload() || request.has_pin() ||
-                       request.has_fault_arm() || request.has_fault_clear() ||
-                       request.has_register_model();
-  if (admin_request && !event.admin) {
+  if (IsAdminRequest(request) && !event.admin) {
     return AnswerError(call, Error(Code::kPermissionDenied,
                                    "uid {} may infer and read status, not register, load, unload, "
                                    "pin or arm faults: run as root or the daemon's user{}",
@@ -184,8 +181,7 @@ void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
   };
   if (const Ready* ready = m.machine.As<Ready>()) {
     if (request.park()) {
-      bool attached = std::any_of(ready->replicas.begin(), ready->replicas.end(),
-                                  [](const Replica& r) { return r.serving(); });
+      bool attached = m.machine.Serving();
       uint64_t weights = ready->weights.weight_bytes;
       if (!policy::ShouldPark(weights, ready->weights.handle >= 0 && attached, ParkCommitted(),
                               Limits())) {

@@ -4,6 +4,8 @@
 // and only here: state (busy while jobs are outstanding), pid, generation, restarts, the models
 // each holds.
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "shm/seqlock.h"
 #include "supervisor/core/core.h"
@@ -20,6 +22,7 @@ void Core::SpawnDue() {
     w.generation++;
     w.state = WorkerSlot::State::kStarting;
     w.started_ms = MonoMs();
+    w.started_unix_ns = now_.unix_ns;
     w.pid = 0;
     actions_.push_back(action::SpawnWorker{slot, w.generation});
   }
@@ -74,10 +77,7 @@ void Core::JobDone(Job& job) {
 void Core::PublishWorkers() {
   std::vector<std::vector<uint32_t>> held(workers_.size());
   for (uint32_t model : index_->LruOrder()) {
-    const ModelMachine& machine = models_[model].machine;
-    for (uint32_t slot = 0; slot < workers_.size(); slot++) {
-      if (machine.HasWorker(slot)) held[slot].push_back(model);
-    }
+    models_[model].machine.ForEachWorker([&](uint32_t worker) { held[worker].push_back(model); });
   }
   for (uint32_t slot = 0; slot < workers_.size(); slot++) {
     const WorkerSlot& w = workers_[slot];
@@ -92,22 +92,29 @@ void Core::PublishWorkers() {
         break;
       case WorkerSlot::State::kFatal: state = shm::WorkerState::kFatal; break;
     }
-    uint64_t age_ns = (MonoMs() - std::min(MonoMs(), w.started_ms)) * 1000000;
-    uint64_t started_ns = w.generation == 0 ? 0 : now_.unix_ns - std::min(now_.unix_ns, age_ns);
+    // This runs after every event: a record is rewritten (and its readers made to retry) only
+    // when something in it changed. The core is the segment's only writer.
+    shm::WorkerRecord next = segment_.worker(slot);
+    next.state = static_cast<uint32_t>(state);
+    next.pid = w.pid;
+    next.generation = w.generation;
+    next.device = 0;
+    next.restarts = w.restarts;
+    next.last_exit = w.last_exit_code;
+    next.models = static_cast<uint32_t>(held[slot].size());
+    next.started_ns = w.started_unix_ns;
+    next.served = w.served;
+    next.outstanding = w.outstanding;
+    for (uint32_t i = 0; i < shm::kWorkerModelsShown; i++) {
+      next.held[i] = i < held[slot].size() ? held[slot][i] : shm::kNil;
+    }
+    if (std::memcmp(&next, &segment_.worker(slot), sizeof(next)) == 0) continue;
+    static_assert(offsetof(shm::WorkerRecord, seq) == 0);
+    constexpr size_t kAfterSeq = sizeof(shm::WorkerRecord::seq);
     shm::SeqWrite(segment_.worker(slot), [&](shm::WorkerRecord& r) {
-      r.state = static_cast<uint32_t>(state);
-      r.pid = w.pid;
-      r.generation = w.generation;
-      r.device = 0;
-      r.restarts = w.restarts;
-      r.last_exit = w.last_exit_code;
-      r.models = static_cast<uint32_t>(held[slot].size());
-      r.started_ns = started_ns;
-      r.served = w.served;
-      r.outstanding = w.outstanding;
-      for (uint32_t i = 0; i < shm::kWorkerModelsShown; i++) {
-        r.held[i] = i < held[slot].size() ? held[slot][i] : shm::kNil;
-      }
+      // Everything but the sequence, which SeqWrite owns.
+      std::memcpy(reinterpret_cast<char*>(&r) + kAfterSeq,
+                  reinterpret_cast<const char*>(&next) + kAfterSeq, sizeof(r) - kAfterSeq);
     });
   }
 }

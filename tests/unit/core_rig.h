@@ -121,6 +121,15 @@ class CoreRig {
   void Reply(uint32_t slot, v1::WorkerEnvelope message, std::vector<int> handles = {}) {
     Handle(event::WorkerMessage{slot, std::move(message), std::move(handles)});
   }
+  // An admin asks for the model and the worker of `slot`, which the core picks, loads it (its
+  // weights region: `handle`).
+  void Loaded(uint32_t slot, const ModelEntry& entry, int handle, uint32_t replicas = 0) {
+    Load(1, entry.name, replicas);
+    std::vector<v1::WorkerEnvelope> sent = Sent(slot);
+    ASSERT_EQ(sent.size(), 1u) << "the load goes to worker " << slot;
+    ASSERT_TRUE(sent[0].has_load());
+    Reply(slot, LoadDone(sent[0].load().job(), entry), {handle});
+  }
   // A load or attach done, as the worker would say it.
   static v1::WorkerEnvelope LoadDone(uint64_t job, const ModelEntry& as_read, bool shared = true) {
     v1::WorkerEnvelope m;

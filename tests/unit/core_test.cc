@@ -27,8 +27,7 @@ uint64_t ReadyWithAReplicaAttaching(CoreRig& rig, const ModelEntry& m) {
   rig.Start({m});
   rig.Up(0);
   rig.Up(1);
-  rig.Load(1, m.name, /*replicas=*/2);
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Loaded(0, m, 100, /*replicas=*/2);
   std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);
   EXPECT_EQ(to1.size(), 1u);
   if (to1.empty()) return 0;
@@ -74,8 +73,7 @@ TEST(CoreTest, AFileThatGrewIsAdmittedAgainForWhatItNeedsNow) {
   rig.Start({a, m});
   rig.Up(0);
   rig.Up(1);
-  rig.Load(1, "a");
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), a), {100});
+  rig.Loaded(0, a, 100);
   rig.Load(1, "m");
   std::vector<v1::WorkerEnvelope> sent = rig.Sent(1);
   ASSERT_EQ(sent[0].load().admitted_bytes(), 300u);
@@ -241,8 +239,7 @@ TEST(CoreTest, ReplacingALeavingReplicaWaitsForItsRoom) {
   rig.Start({m, filler});
   rig.Up(0);
   rig.Up(1);
-  rig.Load(1, "m", /*replicas=*/2);
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Loaded(0, m, 100, /*replicas=*/2);
   rig.Reply(1, CoreRig::LoadDone(rig.Sent(1)[0].attach().job(), m, /*shared=*/false));
   rig.Load(1, "m", /*replicas=*/1);
   std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
@@ -277,10 +274,8 @@ TEST(CoreTest, AnAttachStuckBehindLongWorkIsOvertakenByAnIdleWorker) {
   rig.Start({m, n});
   rig.Up(0);
   rig.Up(1);
-  rig.Load(1, "m");
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
-  rig.Load(1, "n");
-  rig.Reply(1, CoreRig::LoadDone(rig.Sent(1)[0].load().job(), n), {101});
+  rig.Loaded(0, m, 100);
+  rig.Loaded(1, n, 101);
   rig.Infer(2, "n");  // runs long on worker 1: never answered here
   ASSERT_EQ(rig.Sent(1).size(), 1u);
   rig.Down(0);
@@ -403,8 +398,7 @@ TEST(CoreTest, WaitingForABusyWorkerIsNotCalledNotReady) {
   rig.Start({m});
   rig.Up(0);
   rig.Up(1);
-  rig.Load(1, "m");
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Loaded(0, m, 100);
   rig.Forget();
   for (uint32_t i = 0; i <= kWorkerWindowJobs; i++) rig.Infer(2, "m");
   EXPECT_EQ(rig.Sent(0).size(), kWorkerWindowJobs) << "one window's worth goes to the worker";
@@ -429,8 +423,7 @@ TEST(CoreTest, AOneShotFaultIsGrantedToOneJobAndSpentWhenFired) {
   rig.Start({m});
   rig.Up(0);
   rig.Up(1);
-  rig.Load(1, "m");
-  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  rig.Loaded(0, m, 100);
   v1::Envelope arm;
   arm.mutable_fault_arm()->set_point("infer.mid");
   arm.mutable_fault_arm()->set_action("kill");

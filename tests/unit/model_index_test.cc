@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,49 @@ using Order = std::vector<uint32_t>;
 
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// The lifecycle steps the tests walk a record through, published the way an owner of the model's
+// state does it (ModelIndex::Publish): the record's bytes and device are carried over.
+ModelIndex::Residency Current(const ModelIndex& index, uint32_t i, ModelState state) {
+  const ModelRecord& r = index.Get(i);
+  ModelIndex::Residency next;
+  next.state = state;
+  next.device = r.device;
+  next.worker_slot = r.worker_slot;
+  next.replicas = r.replicas;
+  next.weight_bytes = r.weight_bytes;
+  next.workspace_bytes = r.workspace_bytes;
+  return next;
+}
+// Loading on a worker, `bytes` admitted: the registered weights count, and what is above them is
+// workspace.
+void MarkLoading(ModelIndex& index, uint32_t i, uint32_t device, uint32_t worker, uint64_t bytes) {
+  ModelIndex::Residency next = Current(index, i, ModelState::kLoading);
+  next.device = device;
+  next.worker_slot = worker;
+  next.replicas = 1;
+  next.workspace_bytes = bytes > next.weight_bytes ? bytes - next.weight_bytes : 0;
+  index.Publish(i, next);
+}
+// Ready with what the engine really allocated.
+void MarkReady(ModelIndex& index, uint32_t i, uint64_t weight_bytes, uint64_t workspace_bytes) {
+  ModelIndex::Residency next = Current(index, i, ModelState::kReady);
+  next.weight_bytes = weight_bytes;
+  next.workspace_bytes = workspace_bytes;
+  index.Publish(i, next);
+}
+void MarkUnloading(ModelIndex& index, uint32_t i) {
+  index.Publish(i, Current(index, i, ModelState::kUnloading));
+}
+// Out of residency, registered or failed.
+void MarkNotResident(ModelIndex& index, uint32_t i, ModelState state, std::string_view error) {
+  ModelIndex::Residency next = Current(index, i, state);
+  next.worker_slot = kNil;
+  next.replicas = 0;
+  next.workspace_bytes = 0;
+  next.error = error;
+  index.Publish(i, next);
 }
 
 class ModelIndexTest : public ::testing::Test {
@@ -54,8 +98,8 @@ class ModelIndexTest : public ::testing::Test {
   // Registered, loaded and ready on device 0 with `weight` bytes.
   uint32_t Ready(const std::string& name, uint64_t weight = 100, uint32_t worker = 0) {
     uint32_t i = Reg(name, weight);
-    index_.MarkLoading(i, 0, worker, weight);
-    index_.MarkReady(i, weight, 0);
+    MarkLoading(index_, i, 0, worker, weight);
+    MarkReady(index_, i, weight, 0);
     return i;
   }
   void ExpectValid() {
@@ -127,8 +171,8 @@ TEST_F(ModelIndexTest, FullIndexIsRefused) {
 
 TEST_F(ModelIndexTest, ReRegisterUpdatesANonResidentModel) {
   uint32_t a = Reg("a", 100);
-  index_.MarkLoading(a, 0, 0, 100);
-  index_.MarkNotResident(a, ModelState::kFailed, "bad header");
+  MarkLoading(index_, a, 0, 0, 100);
+  MarkNotResident(index_, a, ModelState::kFailed, "bad header");
   EXPECT_EQ(index_.State(a), ModelState::kFailed);
   Result<uint32_t> again = index_.Register("a", "echo", "/elsewhere", 300);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -147,15 +191,15 @@ TEST_F(ModelIndexTest, ReRegisterUpdatesANonResidentModel) {
 
 TEST_F(ModelIndexTest, ReRegisterRefusesAResidentModel) {
   uint32_t a = Reg("a", 100);
-  index_.MarkLoading(a, 0, 0, 100);
+  MarkLoading(index_, a, 0, 0, 100);
   for (int step = 0; step < 3; step++) {
     Status s = index_.Register("a", "echo", "/x", 999).status();
     EXPECT_EQ(s.code(), Code::kFailedPrecondition) << step;
     EXPECT_TRUE(Contains(s.message(), "model \"a\" is loaded; unload it")) << s.message();
     EXPECT_STREQ(index_.Get(a).engine, "dense");
     EXPECT_EQ(index_.Get(a).weight_bytes, 100u);
-    if (step == 0) index_.MarkReady(a, 100, 0);
-    if (step == 1) index_.MarkUnloading(a);
+    if (step == 0) MarkReady(index_, a, 100, 0);
+    if (step == 1) MarkUnloading(index_, a);
   }
   ExpectValid();
 }
@@ -163,9 +207,9 @@ TEST_F(ModelIndexTest, ReRegisterRefusesAResidentModel) {
 TEST_F(ModelIndexTest, LruOrderFollowsLoadsTouchesAndUnloads) {
   uint32_t a = Reg("a"), b = Reg("b"), c = Reg("c"), d = Reg("d"), e = Reg("e");
   EXPECT_EQ(index_.LruOrder(), Order{});
-  index_.MarkLoading(a, 0, 0, 10);
-  index_.MarkLoading(b, 0, 1, 10);
-  index_.MarkLoading(c, 1, 2, 10);
+  MarkLoading(index_, a, 0, 0, 10);
+  MarkLoading(index_, b, 0, 1, 10);
+  MarkLoading(index_, c, 1, 2, 10);
   EXPECT_EQ(index_.LruOrder(), (Order{a, b, c}));
   EXPECT_EQ(view_.header().lru_head, a);
   EXPECT_EQ(view_.header().lru_tail, c);
@@ -174,12 +218,12 @@ TEST_F(ModelIndexTest, LruOrderFollowsLoadsTouchesAndUnloads) {
   EXPECT_EQ(index_.LruOrder(), (Order{b, c, a}));
   index_.Touch(a);  // already most recent
   EXPECT_EQ(index_.LruOrder(), (Order{b, c, a}));
-  index_.MarkReady(b, 10, 0);  // readiness does not count as use
+  MarkReady(index_, b, 10, 0);  // readiness does not count as use
   EXPECT_EQ(index_.LruOrder(), (Order{b, c, a}));
   ExpectValid();
-  index_.MarkNotResident(c, ModelState::kRegistered, "");  // middle
+  MarkNotResident(index_, c, ModelState::kRegistered, "");  // middle
   EXPECT_EQ(index_.LruOrder(), (Order{b, a}));
-  index_.MarkLoading(d, 0, 3, 10);
+  MarkLoading(index_, d, 0, 3, 10);
   EXPECT_EQ(index_.LruOrder(), (Order{b, a, d}));
   index_.Touch(b);  // head to tail
   EXPECT_EQ(index_.LruOrder(), (Order{a, d, b}));
@@ -188,52 +232,52 @@ TEST_F(ModelIndexTest, LruOrderFollowsLoadsTouchesAndUnloads) {
   EXPECT_EQ(index_.LruOrder(), (Order{a, d, b}));
   EXPECT_EQ(index_.ResidentCount(), 3u);
   ExpectValid();
-  index_.MarkUnloading(d);  // still resident while unloading
+  MarkUnloading(index_, d);  // still resident while unloading
   EXPECT_EQ(index_.LruOrder(), (Order{a, d, b}));
-  index_.MarkNotResident(b, ModelState::kRegistered, "");  // tail
+  MarkNotResident(index_, b, ModelState::kRegistered, "");  // tail
   EXPECT_EQ(index_.LruOrder(), (Order{a, d}));
   EXPECT_EQ(view_.header().lru_tail, d);
-  index_.MarkNotResident(a, ModelState::kRegistered, "");  // head
+  MarkNotResident(index_, a, ModelState::kRegistered, "");  // head
   EXPECT_EQ(index_.LruOrder(), (Order{d}));
   EXPECT_EQ(view_.header().lru_head, d);
-  index_.MarkNotResident(d, ModelState::kRegistered, "");
+  MarkNotResident(index_, d, ModelState::kRegistered, "");
   EXPECT_EQ(index_.LruOrder(), Order{});
   EXPECT_EQ(view_.header().lru_head, kNil);
   EXPECT_EQ(view_.header().lru_tail, kNil);
   EXPECT_EQ(index_.ResidentCount(), 0u);
   // Not resident any more: a second MarkNotResident changes no link and no account.
-  index_.MarkNotResident(d, ModelState::kRegistered, "");
+  MarkNotResident(index_, d, ModelState::kRegistered, "");
   EXPECT_EQ(index_.ResidentCount(), 0u);
   ExpectValid();
 }
 
 TEST_F(ModelIndexTest, ByteAccountingFollowsTheLifecycle) {
   uint32_t a = Reg("a", 100), b = Reg("b", 200);
-  index_.MarkLoading(a, 0, 0, 150);  // preflight: 100 weights + 50 workspace
+  MarkLoading(index_, a, 0, 0, 150);  // preflight: 100 weights + 50 workspace
   EXPECT_EQ(index_.DeviceUsed(0), 150u);
   EXPECT_EQ(index_.Get(a).workspace_bytes, 50u);
   EXPECT_EQ(index_.Get(a).loads, 1u);
   ExpectValid();
-  index_.MarkReady(a, 120, 40);  // the engine reports what it really allocated
+  MarkReady(index_, a, 120, 40);  // the engine reports what it really allocated
   EXPECT_EQ(index_.DeviceUsed(0), 160u);
   EXPECT_EQ(index_.Get(a).loaded_bytes, 120u);
   ExpectValid();
-  index_.MarkLoading(b, 1, 1, 50);  // estimate below the weights: the weights count
+  MarkLoading(index_, b, 1, 1, 50);  // estimate below the weights: the weights count
   EXPECT_EQ(index_.DeviceUsed(1), 200u);
   EXPECT_EQ(index_.DeviceUsed(0), 160u);
-  index_.MarkReady(b, 180, 0);  // correction downwards
+  MarkReady(index_, b, 180, 0);  // correction downwards
   EXPECT_EQ(index_.DeviceUsed(1), 180u);
   ExpectValid();
-  index_.MarkUnloading(b);  // bytes stay accounted until the unload is done
+  MarkUnloading(index_, b);  // bytes stay accounted until the unload is done
   EXPECT_EQ(index_.DeviceUsed(1), 180u);
   ExpectValid();
-  index_.MarkNotResident(b, ModelState::kRegistered, "");
+  MarkNotResident(index_, b, ModelState::kRegistered, "");
   EXPECT_EQ(index_.DeviceUsed(1), 0u);
   EXPECT_EQ(index_.DeviceUsed(0), 160u);
   EXPECT_EQ(index_.Get(b).workspace_bytes, 0u);
   ExpectValid();
   std::string long_error(100, 'x');
-  index_.MarkNotResident(a, ModelState::kFailed, long_error);
+  MarkNotResident(index_, a, ModelState::kFailed, long_error);
   EXPECT_EQ(index_.DeviceUsed(0), 0u);
   EXPECT_EQ(index_.State(a), ModelState::kFailed);
   EXPECT_EQ(index_.Get(a).failures, 1u);
@@ -408,7 +452,7 @@ TEST(ModelIndexRandomTest, MatchesReferenceModel) {
         uint64_t estimate = pick(2000);
         r.device = pick(2);
         r.workspace = estimate > r.weight ? estimate - r.weight : 0;
-        index.MarkLoading(m, r.device, pick(4), estimate);
+        MarkLoading(index, m, r.device, pick(4), estimate);
         r.state = ModelState::kLoading;
         lru.push_back(m);
       }
@@ -418,14 +462,14 @@ TEST(ModelIndexRandomTest, MatchesReferenceModel) {
     } else if (choice == 1 && r.state == ModelState::kLoading) {
       r.weight = 1 + pick(1000);
       r.workspace = pick(100);
-      index.MarkReady(m, r.weight, r.workspace);
+      MarkReady(index, m, r.weight, r.workspace);
       r.state = ModelState::kReady;
     } else if (choice == 1 && r.state == ModelState::kReady) {
-      index.MarkUnloading(m);
+      MarkUnloading(index, m);
       r.state = ModelState::kUnloading;
     } else if (choice == 2 || r.state == ModelState::kUnloading) {
       ModelState to = pick(2) ? ModelState::kRegistered : ModelState::kFailed;
-      index.MarkNotResident(m, to, to == ModelState::kFailed ? "boom" : "");
+      MarkNotResident(index, m, to, to == ModelState::kFailed ? "boom" : "");
       r.state = to;
       r.workspace = 0;
       lru.remove(m);
