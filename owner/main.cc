@@ -1,0 +1,61 @@
+// warmpool-owner: the allocation owner of one CUDA device, started by warmpoold (see owner.h); or,
+// with --probe, a short-lived child that prints the machine's CUDA devices as JSON and exits, so
+// that warmpoold learns about devices without ever loading the driver itself.
+// Exit status: 0 on a clean stop or a successful probe, 2 on fatal configuration (no driver, no
+// such device, a sharing mode the device lacks), 1 otherwise.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/command_line.h"
+#include "common/logging.h"
+#include "owner/owner.h"
+
+int main(int argc, char** argv) {
+  warmpool::owner::OwnerOptions options;
+  std::string sharing = "auto";
+  pid_t parent = 0;
+  bool probe = false;
+  CLI::App app{"warmpool device owner; started by warmpoold, not meant to be run by hand"};
+  app.add_flag("--probe", probe, "print this machine's CUDA devices as JSON and exit");
+  app.add_option("--channel-fd", options.channel_fd, "inherited socketpair end");
+  app.add_option("--device", options.device, "CUDA device ordinal");
+  app.add_option("--sharing", sharing, "auto, vmm or legacy");
+  app.add_option("--parent", parent, "pid of the supervisor");
+  if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+
+  if (probe) {
+    warmpool::Result<std::string> devices = warmpool::owner::ProbeDevices();
+    if (!devices.ok()) {
+      std::printf("%s\n", nlohmann::json{{"error", devices.status().message()}}.dump().c_str());
+      return 2;
+    }
+    std::printf("%s\n", devices->c_str());
+    return 0;
+  }
+
+  // Die with the supervisor; it may have died before prctl took effect: check after.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (parent != 0 && getppid() != parent) return 0;
+  signal(SIGPIPE, SIG_IGN);
+  warmpool::SetupLogging("owner", fmt::format("owner[{}]", options.device), "info");
+  warmpool::Result<warmpool::owner::Sharing> mode = warmpool::owner::ParseSharing(sharing);
+  if (!mode.ok()) {
+    spdlog::critical("{}", mode.status().message());
+    return 2;
+  }
+  options.sharing = *mode;
+  warmpool::owner::DeviceOwner owner(options);
+  if (warmpool::Status s = owner.Start(); !s.ok()) {
+    spdlog::critical("cannot start: {}", s.ToString());
+    return 2;
+  }
+  return owner.Run();
+}
