@@ -8,6 +8,7 @@ packages=(
   libboost-dev libuv1-dev libprotobuf-dev protobuf-compiler libfmt-dev libspdlog-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libgtest-dev
   libsystemd-dev systemd clang libclang-rt-14-dev
+  python3  # scripts/gpu-check.sh writes its summary with it
 )
 
 missing=()

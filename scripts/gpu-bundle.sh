@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds what a GPU machine needs to run scripts/gpu-check.sh and puts it in one folder: the
+# binaries and tests of a Release build with the cuda backend, and every shared library they need
+# that a bare CUDA machine lacks (libuv, protobuf, fmt, spdlog, OpenBLAS, ...). Not bundled: libc
+# and its loader, libstdc++/libgcc_s (a newer system's serve), the NVIDIA driver and the CUDA
+# toolkit's own libraries. The driver test double goes along under double/, used only when
+# gpu-check.sh is asked to (--double), so that the check can be tried where there is no GPU.
+#
+#   scripts/gpu-bundle.sh [--build-dir DIR] BUNDLE
+#     --build-dir DIR  take the binaries of an existing build (debug info is stripped) instead of
+#                      making a Release build in build-gpu/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: $0 [--build-dir DIR] BUNDLE" >&2; exit 2; }
+build=""
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in
+    --build-dir) [[ $# -ge 2 ]] || usage; build=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
+[[ $# -eq 1 ]] || usage
+bundle=$1
+
+targets=(warmpoold warmpool-worker warmpool-owner warmpool warmpool-mkmodel warmpool-driver-check
+         cuda_memory_test owner_test warmpool_fake_cuda)
+if [[ -z $build ]]; then
+  build=build-gpu
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMPOOL_CUDA=ON >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+fi
+[[ -x $build/bin/warmpool-owner ]] || { echo "$build has no cuda backend (configure with -DWARMPOOL_CUDA=ON)" >&2; exit 1; }
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/double"
+for t in "${targets[@]}"; do
+  [[ $t == warmpool_fake_cuda ]] && continue
+  strip --strip-debug -o "$bundle/bin/$t" "$build/bin/$t"
+done
+cp "$build/tests/cuda_double/libcuda.so.1" "$bundle/double/"
+
+# Shared libraries the binaries resolve here, less those every CUDA machine has.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libnvidia)'
+for f in "$bundle"/bin/*; do
+  ldd "$f" | awk '/=> \// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  [[ $name =~ $skip ]] && continue
+  cp -L "$path" "$bundle/lib/$name"
+done
+strip --strip-unneeded "$bundle"/lib/*.so* 2>/dev/null || true
+cp scripts/gpu-check.sh "$bundle/"
+{
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) from $build"
+} >"$bundle/MANIFEST"
+
+size=$(du -sm "$bundle" | cut -f1)
+echo "bundle $bundle: ${size} MiB ($(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc -l) libraries)"
+if ((size >= 60)); then
+  echo "the bundle is ${size} MiB, over the 60 MiB it must fit in" >&2
+  exit 1
+fi
