@@ -42,7 +42,8 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
   return HostRegion{ptr, bytes, fd};
 }
 
-Result<int> HostMemory::CopyToHost(const void* source, uint64_t bytes) {
+Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_region& region) {
+  const uint64_t bytes = region.bytes;
   int fd = memfd_create("warmpool-parked", MFD_CLOEXEC);
   if (fd < 0) return Error(Code::kInternal, "memfd_create: {}", std::strerror(errno));
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -56,8 +57,12 @@ Result<int> HostMemory::CopyToHost(const void* source, uint64_t bytes) {
     close(fd);
     return Error(Code::kResourceExhausted, "cannot map a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  std::memcpy(ptr, source, bytes);
+  wp_status read = device.read(device.ctx, &region, 0, ptr, bytes);
   munmap(ptr, bytes);
+  if (read != WP_OK) {
+    close(fd);
+    return Error(Code::kInternal, "cannot copy {} bytes of weights out of device memory", bytes);
+  }
   return fd;
 }
 
@@ -109,6 +114,18 @@ wp_status HostMemory::CImport(void* ctx, int handle, uint64_t bytes, wp_region* 
     return region.status().code() == Code::kInvalidArgument ? WP_INVALID_ARGUMENT : WP_INTERNAL;
   }
   *out = wp_region{region->ptr, region->bytes, region->fd};
+  return WP_OK;
+}
+
+wp_status HostMemory::CWrite(void*, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes) {
+  if (region == nullptr || offset > region->bytes || bytes > region->bytes - offset) return WP_INVALID_ARGUMENT;
+  if (bytes != 0) std::memcpy(static_cast<uint8_t*>(region->ptr) + offset, source, bytes);
+  return WP_OK;
+}
+
+wp_status HostMemory::CRead(void*, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes) {
+  if (region == nullptr || offset > region->bytes || bytes > region->bytes - offset) return WP_INVALID_ARGUMENT;
+  if (bytes != 0) std::memcpy(destination, static_cast<const uint8_t*>(region->ptr) + offset, bytes);
   return WP_OK;
 }
 

@@ -27,9 +27,10 @@ class HostMemory {
   HostMemory& operator=(const HostMemory&) = delete;
 
   Result<HostRegion> Allocate(uint64_t bytes, const char* label);
-  // Host memory outside the device budget (parked copies): a memfd of bytes, filled from source.
-  // Returns its fd; nothing stays mapped here.
-  static Result<int> CopyToHost(const void* source, uint64_t bytes);
+  // Host memory outside the device budget (parked copies): a memfd of the region's bytes, read
+  // from it through its device's service (a memcpy on the host backend, a copy from the GPU on
+  // cuda). Returns its fd; nothing stays mapped here.
+  static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region);
   // Maps a region exported by another process: a dup of its fd, mapped shared. Not counted against
   // this process's budget: the supervisor accounts shared weights once, where it holds them.
   Result<HostRegion> Import(int fd, uint64_t bytes);
@@ -45,12 +46,15 @@ class HostMemory {
   static wp_status CAlloc(void* ctx, uint64_t bytes, wp_region* out);
   static void CFree(void* ctx, wp_region* region);
   static wp_status CImport(void* ctx, int handle, uint64_t bytes, wp_region* out);
+  static wp_status CWrite(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes);
+  static wp_status CRead(void* ctx, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes);
 
   uint64_t budget_;
   std::atomic<uint64_t> used_{0};
   std::mutex imported_mutex_;
   std::unordered_set<void*> imported_;  // mappings made by Import: freed without touching used_
-  wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1, &HostMemory::CImport};
+  wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1, &HostMemory::CImport,
+                            &HostMemory::CWrite, &HostMemory::CRead};
 };
 
 }  // namespace warmpool

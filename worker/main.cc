@@ -26,6 +26,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest frame accepted");
   app.add_option("--parent", parent, "pid of the supervisor");
   app.add_option("--engine-dir", options.engine_dir, "directory of engine plugins (empty: built-ins only)");
+  app.add_option("--backend", options.backend, "device memory: host or cuda")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--sharing", options.sharing, "cuda: how the device's owner shares memory")
+      ->check(CLI::IsMember({"vmm", "legacy"}));
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   // Die with the supervisor. The parent may have died before prctl took effect: check after.

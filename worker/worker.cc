@@ -26,21 +26,103 @@ void SetError(v1::Error* error, const Status& status) {
 Worker::Worker(WorkerOptions options)
     : options_(options),
       channel_(options.channel_fd, options.max_frame_bytes),
-      memory_(options.budget_bytes),
-      memory_service_{this, &Worker::AllocWithFaults, &Worker::FreeRegion, 1,
-                      &Worker::ImportRegion} {}
+      host_memory_(options.backend == "host" ? options.budget_bytes : 0),
+      device_(host_memory_.service()),
+      memory_service_{this, &Worker::AllocWithFaults, &Worker::FreeRegion, 1, &Worker::ImportRegion,
+                      &Worker::WriteRegion, &Worker::ReadRegion} {}
 
 wp_status Worker::ImportRegion(void* ctx, int handle, uint64_t bytes, wp_region* out) {
-  const wp_device_memory* host = static_cast<Worker*>(ctx)->memory_.service();
-  return host->import(host->ctx, handle, bytes, out);
+  const wp_device_memory* device = static_cast<Worker*>(ctx)->device_;
+  return device->import(device->ctx, handle, bytes, out);
 }
 
 wp_status Worker::AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out) {
   auto* self = static_cast<Worker*>(ctx);
-  const wp_device_memory* host = self->memory_.service();
-  wp_status status = host->alloc(host->ctx, bytes, out);
+  wp_status status = self->device_->alloc(self->device_->ctx, bytes, out);
   if (status == WP_OK && self->load_faults_ != nullptr) self->load_faults_->Hit("load.after_alloc");
   return status;
+}
+
+wp_status Worker::WriteRegion(void* ctx, const wp_region* region, uint64_t offset, const void* source,
+                              uint64_t bytes) {
+  const wp_device_memory* device = static_cast<Worker*>(ctx)->device_;
+  return device->write(device->ctx, region, offset, source, bytes);
+}
+
+wp_status Worker::ReadRegion(void* ctx, const wp_region* region, uint64_t offset, void* destination,
+                             uint64_t bytes) {
+  const wp_device_memory* device = static_cast<Worker*>(ctx)->device_;
+  return device->read(device->ctx, region, offset, destination, bytes);
+}
+
+uint64_t Worker::GrantOf(const wp_region& region) const {
+#ifdef WARMPOOL_HAVE_CUDA
+  if (cuda_memory_ != nullptr) return cuda_memory_->GrantOf(region);
+#endif
+  return 0;
+}
+
+Status Worker::OpenDeviceMemory() {
+  if (options_.backend == "host") return OkStatus();
+#ifdef WARMPOOL_HAVE_CUDA
+  if (options_.backend == "cuda") {
+    const CudaSharing sharing = options_.sharing == "legacy" ? CudaSharing::kLegacy : CudaSharing::kVmm;
+    Result<std::unique_ptr<CudaMemory>> opened = CudaMemory::Open(
+        static_cast<int>(options_.device), sharing,
+        [this](uint64_t bytes) -> Result<OwnerGrant> {
+          OwnerGrantReply reply = RequestGrant(bytes);
+          if (!reply.status.ok()) return reply.status;
+          return OwnerGrant{reply.grant, reply.fd, reply.bytes};
+        },
+        [this](uint64_t grant) {
+          v1::WorkerEnvelope freed;
+          freed.mutable_free()->set_grant(grant);
+          Send(freed);
+        });
+    if (!opened.ok()) return opened.status();
+    cuda_memory_ = std::move(*opened);
+    device_ = cuda_memory_->service();
+    memory_service_.host_addressable = device_->host_addressable;
+    return OkStatus();
+  }
+#endif
+  return Error(Code::kInvalidArgument, "backend \"{}\" is not built into this worker", options_.backend);
+}
+
+OwnerGrantReply Worker::RequestGrant(uint64_t bytes) {
+  uint64_t request = 0;
+  {
+    std::lock_guard lock(grant_mutex_);
+    request = next_grant_request_++;
+  }
+  v1::WorkerEnvelope ask;
+  ask.mutable_allocate()->set_request(request);
+  ask.mutable_allocate()->set_bytes(bytes);
+  Send(ask);
+  std::unique_lock lock(grant_mutex_);
+  grant_cv_.wait(lock, [&] { return grants_closed_ || grants_.count(request) != 0; });
+  auto it = grants_.find(request);
+  if (it == grants_.end()) {
+    return OwnerGrantReply{Error(Code::kUnavailable, "the supervisor went away before granting device memory")};
+  }
+  OwnerGrantReply reply = std::move(it->second);
+  grants_.erase(it);
+  return reply;
+}
+
+void Worker::OnGrant(const v1::WorkerAllocated& reply, int fd) {
+  OwnerGrantReply grant;
+  if (reply.has_error()) {
+    grant.status = Status(CodeFromInt(reply.error().code()), reply.error().message());
+  } else if (fd < 0) {
+    grant.status = Error(Code::kInternal, "device memory was granted without its descriptor");
+  }
+  grant.grant = reply.grant();
+  grant.fd = fd;
+  grant.bytes = reply.bytes();
+  std::lock_guard lock(grant_mutex_);
+  grants_[reply.request()] = std::move(grant);
+  grant_cv_.notify_all();
 }
 
 JobFaults Worker::FaultsFor(uint64_t job,
@@ -56,8 +138,8 @@ JobFaults Worker::FaultsFor(uint64_t job,
 }
 
 void Worker::FreeRegion(void* ctx, wp_region* region) {
-  const wp_device_memory* host = static_cast<Worker*>(ctx)->memory_.service();
-  host->free(host->ctx, region);
+  const wp_device_memory* device = static_cast<Worker*>(ctx)->device_;
+  device->free(device->ctx, region);
 }
 
 Worker::~Worker() {
@@ -66,13 +148,26 @@ Worker::~Worker() {
     stopping_ = true;
   }
   load_cv_.notify_all();
+  {
+    // A load waiting for device memory will get none now.
+    std::lock_guard lock(grant_mutex_);
+    grants_closed_ = true;
+  }
+  grant_cv_.notify_all();
   if (load_thread_.joinable()) load_thread_.join();
+  for (LoadJob& job : load_queue_) {
+    if (job.weights_fd >= 0) close(job.weights_fd);
+  }
+  for (auto& [request, grant] : grants_) {
+    if (grant.fd >= 0) close(grant.fd);
+  }
 }
 
 Status Worker::Start() {
   Result<shm::SharedSegment> segment = shm::SharedSegment::Open(options_.instance, false);
   if (!segment.ok()) return segment.status();
   segment_ = std::move(*segment);
+  if (Status s = OpenDeviceMemory(); !s.ok()) return s;
   inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
   if (options_.slot >= segment_.view().max_workers()) {
     return Error(Code::kInvalidArgument, "worker slot {} is outside the segment's {} slots",
@@ -82,7 +177,7 @@ Status Worker::Start() {
   hello.mutable_hello()->set_slot(options_.slot);
   hello.mutable_hello()->set_generation(options_.generation);
   hello.mutable_hello()->set_pid(getpid());
-  hello.mutable_hello()->set_backend("host");
+  hello.mutable_hello()->set_backend(options_.backend);
   if (Status s = channel_.Write(hello); !s.ok()) return s;
   load_thread_ = std::thread([this] { LoadLoop(); });
   return OkStatus();
@@ -92,9 +187,11 @@ int Worker::Run() {
   for (;;) {
     v1::WorkerEnvelope message;
     Status s = channel_.Read(message);
-    // Only an attach of a model with weights carries a descriptor (the weights region).
+    // Only an attach of a model with weights carries a descriptor (the weights region), and a
+    // grant of device memory.
     int weights_fd = -1;
-    if (s.ok() && message.has_attach() && message.attach().weight_bytes() > 0) {
+    if (s.ok() && ((message.has_attach() && message.attach().weight_bytes() > 0) ||
+                   (message.has_allocated() && !message.allocated().has_error()))) {
       weights_fd = channel_.TakeFd();
     }
     if (!s.ok()) {
@@ -105,11 +202,16 @@ int Worker::Run() {
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
       case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
-      case v1::WorkerEnvelope::kAttach: HandleAttach(message.attach(), weights_fd); break;
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
-      case v1::WorkerEnvelope::kLoad: {
+      case v1::WorkerEnvelope::kAllocated: OnGrant(message.allocated(), weights_fd); break;
+      case v1::WorkerEnvelope::kLoad:
+      case v1::WorkerEnvelope::kAttach: {
+        LoadJob job;
+        if (message.has_load()) job.load = std::move(*message.mutable_load());
+        else job.attach = std::move(*message.mutable_attach());
+        job.weights_fd = message.has_attach() ? weights_fd : -1;
         std::lock_guard lock(load_mutex_);
-        load_queue_.push_back(message.load());
+        load_queue_.push_back(std::move(job));
         load_cv_.notify_one();
         break;
       }
@@ -208,15 +310,16 @@ void Worker::HandleUnload(const v1::WorkerUnload& request) {
 
 void Worker::LoadLoop() {
   for (;;) {
-    v1::WorkerLoad request;
+    LoadJob job;
     {
       std::unique_lock lock(load_mutex_);
       load_cv_.wait(lock, [&] { return stopping_ || !load_queue_.empty(); });
       if (stopping_) return;
-      request = std::move(load_queue_.front());
+      job = std::move(load_queue_.front());
       load_queue_.pop_front();
     }
-    RunLoad(request);
+    if (job.load) RunLoad(*job.load);
+    else HandleAttach(*job.attach, job.weights_fd);
   }
 }
 
@@ -312,6 +415,7 @@ Status Worker::Load(const v1::WorkerLoad& request, JobFaults& faults, v1::Worker
   if (weights.ok() && weights->handle >= 0) {
     shared = weights->handle;
     done.set_weights_shared(true);
+    done.set_grant(GrantOf(*weights));
   }
   std::lock_guard lock(models_mutex_);
   models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
@@ -341,12 +445,15 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
       if (request.weight_bytes() > 0) {
         if (weights_fd < 0) {
           status = Error(Code::kInternal, "attach of \"{}\" came without its weights", request.name());
+        } else if (request.copy()) {
+          Result<wp_region> copied = CopyToDevice(weights_fd, request.weight_bytes());
+          if (copied.ok()) region = *copied;
+          else status = copied.status();
         } else if (memory_service_.import(memory_service_.ctx, weights_fd, request.weight_bytes(),
                                           &region) != WP_OK) {
           status = Error(Code::kInternal, "cannot map the shared weights of \"{}\"", request.name());
         }
       }
-      if (status.ok() && request.copy() && region.ptr != nullptr) status = CopyToDevice(region);
       if (status.ok()) {
         faults.Hit("attach.mid");  // weights mapped, engine not yet serving
         status = engine->Attach(region);
@@ -365,6 +472,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
         if (request.copy() && region.handle >= 0) {
           shared = region.handle;
           done->set_weights_shared(true);
+          done->set_grant(GrantOf(region));
         }
         std::lock_guard lock(models_mutex_);
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
@@ -382,17 +490,21 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
   Send(reply);
 }
 
-Status Worker::CopyToDevice(wp_region& region) {
+Result<wp_region> Worker::CopyToDevice(int host_fd, uint64_t bytes) {
+  Result<HostRegion> host = host_memory_.Import(host_fd, bytes);
+  if (!host.ok()) return host.status();
   wp_region device{nullptr, 0, -1};
-  if (memory_service_.alloc(memory_service_.ctx, region.bytes, &device) != WP_OK) {
-    memory_service_.free(memory_service_.ctx, &region);
-    return Error(Code::kResourceExhausted, "cannot allocate {} bytes of device memory to unpark",
-                 region.bytes);
+  if (memory_service_.alloc(memory_service_.ctx, bytes, &device) != WP_OK) {
+    host_memory_.Free(*host);
+    return Error(Code::kResourceExhausted, "cannot allocate {} bytes of device memory to unpark", bytes);
   }
-  std::memcpy(device.ptr, region.ptr, region.bytes);
-  memory_service_.free(memory_service_.ctx, &region);  // the host copy's mapping
-  region = device;
-  return OkStatus();
+  const wp_status copied = memory_service_.write(memory_service_.ctx, &device, 0, host->ptr, bytes);
+  host_memory_.Free(*host);  // the host copy's mapping; the supervisor keeps the copy itself
+  if (copied != WP_OK) {
+    memory_service_.free(memory_service_.ctx, &device);
+    return Error(Code::kInternal, "cannot copy {} parked bytes into device memory", bytes);
+  }
+  return device;
 }
 
 void Worker::HandlePark(const v1::WorkerPark& request) {
@@ -415,7 +527,7 @@ void Worker::HandlePark(const v1::WorkerPark& request) {
     if (!weights.ok() || weights->ptr == nullptr) {
       status = Error(Code::kFailedPrecondition, "the model has no weights to park");
     } else {
-      Result<int> host = HostMemory::CopyToHost(weights->ptr, weights->bytes);
+      Result<int> host = HostMemory::CopyToHost(memory_service_, *weights);
       if (!host.ok()) status = host.status();
       else {
         copy = *host;

@@ -11,11 +11,15 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
 #include "devmem/host_memory.h"
+#ifdef WARMPOOL_HAVE_CUDA
+#include "devmem/cuda_service.h"
+#endif
 #include "engines/builtin.h"
 #include "ipc/blocking_channel.h"
 #include "ipc/warmpool.pb.h"
@@ -24,6 +28,14 @@
 #include "worker/fault_injector.h"
 
 namespace warmpool::worker {
+
+// The supervisor's answer to a WorkerAllocate: the grant, or why there is none.
+struct OwnerGrantReply {
+  Status status;
+  uint64_t grant = 0;
+  int fd = -1;
+  uint64_t bytes = 0;
+};
 
 struct WorkerOptions {
   int channel_fd = 3;
@@ -34,6 +46,8 @@ struct WorkerOptions {
   uint64_t budget_bytes = 0;
   uint32_t max_frame_bytes = 64u << 20;
   std::string engine_dir;  // engine plugins: <engine_dir>/<engine>.so; empty: built-ins only
+  std::string backend = "host";  // host | cuda
+  std::string sharing = "vmm";   // cuda: how the device's owner shares memory (vmm | legacy)
 };
 
 class Worker {
@@ -46,14 +60,26 @@ class Worker {
   int Run();
 
  private:
+  // A job for the load thread: a load, or an attach (which may copy a parked model into device
+  // memory, and on cuda waits for device memory from the owner: never on the channel's reader).
+  struct LoadJob {
+    std::optional<v1::WorkerLoad> load;
+    std::optional<v1::WorkerAttach> attach;
+    int weights_fd = -1;  // the attach's region, owned by the job
+  };
+  // Picks the device memory engines allocate from: the host backend, or (cuda) the device.
+  Status OpenDeviceMemory();
   void HandleInfer(const v1::WorkerInfer& request);
   void HandleUnload(const v1::WorkerUnload& request);
   // Serves a model from weights another worker loaded (the supervisor kept their handle).
   void HandleAttach(const v1::WorkerAttach& request, int weights_fd);
   // Copies a model's weights into host memory (the parked copy) and hands it to the supervisor.
   void HandlePark(const v1::WorkerPark& request);
-  // Unpark: a fresh device region filled from the imported host copy (which is then unmapped).
-  Status CopyToDevice(wp_region& region);
+  // Unpark: a fresh device region filled from the host copy in host_fd.
+  Result<wp_region> CopyToDevice(int host_fd, uint64_t bytes);
+  // cuda: device memory from the device's owner, through the supervisor (load thread only).
+  OwnerGrantReply RequestGrant(uint64_t bytes);
+  void OnGrant(const v1::WorkerAllocated& reply, int fd);
   void LoadLoop();
   void RunLoad(const v1::WorkerLoad& request);
   // The load itself: fills done (and shared, the weights' handle) or says why not.
@@ -76,11 +102,26 @@ class Worker {
   static wp_status AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out);
   static void FreeRegion(void* ctx, wp_region* region);
   static wp_status ImportRegion(void* ctx, int handle, uint64_t bytes, wp_region* out);
+  static wp_status WriteRegion(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes);
+  static wp_status ReadRegion(void* ctx, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes);
+  // The grant holding a region (cuda), 0 on the host backend.
+  uint64_t GrantOf(const wp_region& region) const;
 
   WorkerOptions options_;
   ipc::BlockingChannel channel_;
-  HostMemory memory_;
+  HostMemory host_memory_;  // the device on the host backend; parked copies on both
+#ifdef WARMPOOL_HAVE_CUDA
+  std::unique_ptr<CudaMemory> cuda_memory_;
+#endif
+  const wp_device_memory* device_ = nullptr;  // what the engines' service forwards to
   wp_device_memory memory_service_;
+
+  // cuda: device memory asked of the supervisor and not yet granted, by request id.
+  std::mutex grant_mutex_;
+  std::condition_variable grant_cv_;
+  uint64_t next_grant_request_ = 1;
+  std::unordered_map<uint64_t, OwnerGrantReply> grants_;
+  bool grants_closed_ = false;  // the channel is gone: no grant will come
   JobFaults* load_faults_ = nullptr;  // load thread only: the faults of the load that allocates now
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
@@ -94,7 +135,7 @@ class Worker {
 
   std::mutex load_mutex_;
   std::condition_variable load_cv_;
-  std::deque<v1::WorkerLoad> load_queue_;
+  std::deque<LoadJob> load_queue_;
   bool stopping_ = false;
   std::thread load_thread_;
 };

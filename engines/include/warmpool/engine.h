@@ -59,6 +59,12 @@ typedef struct wp_device_memory {
   /* Maps a region another process exported (its shareable handle and size). The region is owned
    * by the caller like an allocated one: free releases this mapping only. */
   wp_status (*import)(void* ctx, int handle, uint64_t bytes, wp_region* out);
+  /* Copies bytes between host memory and a region, at offset bytes into it; complete when the call
+   * returns. On the host backend a memcpy; on CUDA a copy through the driver. Engines that may
+   * run on device memory (host_addressable 0) move weights and data only through these. Added
+   * after the first release of ABI version 2: older engines never read them. */
+  wp_status (*write)(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes);
+  wp_status (*read)(void* ctx, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes);
 } wp_device_memory;
 
 /* What the worker knows about the model it asks an engine to open. */

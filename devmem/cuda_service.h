@@ -1,0 +1,86 @@
+// The cuda backend's device-memory service, as a worker hands it to engines (wp_device_memory).
+//
+// A worker never creates shareable device memory itself: `alloc` asks the device's owner process
+// (through the supervisor, which tracks every grant) and maps what it is granted; `free` unmaps
+// and tells the supervisor the grant is no longer needed here. `import` maps weights another
+// process loaded, read-only where the driver allows. Every region's handle is a descriptor: the
+// exported allocation (vmm), or a small memfd holding the 64-byte CUDA IPC handle (legacy), so the
+// supervisor holds either kind as it holds a memfd on the host backend.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <variant>
+
+#include "common/status.h"
+#include "devmem/cuda_memory.h"
+#include "warmpool/engine.h"
+
+namespace warmpool {
+
+enum class CudaSharing { kVmm, kLegacy };
+
+// What the owner granted for one alloc: a descriptor (the caller's to keep; the service takes it
+// over) naming bytes of device memory, and the grant's id for releasing it.
+struct OwnerGrant {
+  uint64_t id = 0;
+  int fd = -1;
+  uint64_t bytes = 0;
+};
+
+// A legacy IPC handle and its size as a descriptor (a sealed memfd), and back.
+Result<int> LegacyHandleToFd(const std::string& handle, uint64_t bytes);
+Result<std::string> LegacyHandleFromFd(int fd);
+
+class CudaMemory {
+ public:
+  using Allocator = std::function<Result<OwnerGrant>(uint64_t bytes)>;
+  using Releaser = std::function<void(uint64_t grant)>;
+
+  // Opens the device (its context current on the calling thread; other threads call
+  // MakeCurrent). allocate and release are called from whichever thread allocates or frees.
+  static Result<std::unique_ptr<CudaMemory>> Open(int device, CudaSharing sharing, Allocator allocate,
+                                                  Releaser release);
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+
+  const wp_device_memory* service() { return &service_; }
+  Status MakeCurrent() const { return device_.MakeCurrent(); }
+  const CudaDevice& device() const { return device_; }
+  // Regions mapped now (allocated and imported).
+  size_t regions() const;
+  // The grant behind a region this worker allocated; 0 for an import or an unknown region.
+  uint64_t GrantOf(const wp_region& region) const;
+
+ private:
+  struct Region {
+    std::variant<std::monostate, DeviceMapping, LegacyMapping> mapping;
+    int fd = -1;         // the shareable handle, closed with the region
+    uint64_t grant = 0;  // non-zero when this worker was granted it (alloc), 0 for an import
+  };
+  CudaMemory(CudaDevice device, CudaSharing sharing, Allocator allocate, Releaser release);
+  // Maps fd (taken over on success) as a region of bytes.
+  Result<wp_region> Map(int fd, uint64_t bytes, DeviceAccess access, uint64_t grant);
+  void Free(wp_region& region);
+
+  static wp_status CAlloc(void* ctx, uint64_t bytes, wp_region* out);
+  static void CFree(void* ctx, wp_region* region);
+  static wp_status CImport(void* ctx, int handle, uint64_t bytes, wp_region* out);
+  static wp_status CWrite(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes);
+  static wp_status CRead(void* ctx, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes);
+
+  CudaDevice device_;
+  CudaSharing sharing_;
+  Allocator allocate_;
+  Releaser release_;
+  mutable std::mutex mutex_;
+  std::unordered_map<CUdeviceptr, Region> regions_;
+  wp_device_memory service_{this, &CudaMemory::CAlloc, &CudaMemory::CFree, 0, &CudaMemory::CImport,
+                            &CudaMemory::CWrite, &CudaMemory::CRead};
+};
+
+}  // namespace warmpool
