@@ -337,6 +337,13 @@ void Simulator::EnvironmentAct() {
       Trace(fmt::format("== worker {} killed from outside", slot));
       Kill(slot, "");
     }
+  } else if (roll < 715) {
+    // cuda: the device's memory owner dies, and every device region with it (host copies live).
+    for (int h : supervisor_handles_) {
+      if (!regions_[h].host) lost_handles_.insert(h);
+    }
+    Trace(fmt::format("== the memory owner of device 0 killed ({} device regions lost)", lost_handles_.size()));
+    Deliver(event::DeviceLost{0, "killed by signal 9"}, "device 0 lost");
   }
   After(rng_.Range(100, 800), [this] { EnvironmentAct(); });
 }

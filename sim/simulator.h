@@ -229,6 +229,7 @@ class Simulator {
   int next_handle_ = 100;
   std::map<int, Region> regions_;
   std::set<int> supervisor_handles_;
+  std::set<int> lost_handles_;  // device regions whose owner died: never to be attached again
   // File loads running now, per model name.
   std::map<std::string, int> loads_running_;
   // Tokens of infer requests by session, to tell whose request a worker runs.

@@ -47,6 +47,12 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
     return Fail("the core sent a frame that does not parse");
   }
   Trace(fmt::format("<- worker {}: {}", slot, Brief(message)));
+  for (int h : handles) {
+    if (lost_handles_.count(h) != 0) {
+      return Fail(fmt::format("handle {}, device memory lost with its owner, was sent to worker {} ({})", h,
+                              slot, Brief(message)));
+    }
+  }
   if (message.has_infer() && message.infer().input().data().size() >= sizeof(float)) {
     float token = 0;
     std::memcpy(&token, message.infer().input().data().data(), sizeof(float));

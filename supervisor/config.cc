@@ -155,6 +155,14 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "respawn_max_ms") s = ReadUint(node, key, c.respawn_max_ms);
       else if (k == "respawn_stable_ms") s = ReadUint(node, key, c.respawn_stable_ms);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    } else if (section == "cuda") {
+      if (k == "sharing") {
+        s = ReadString(node, key, c.cuda_sharing);
+        if (s.ok() && c.cuda_sharing != "auto" && c.cuda_sharing != "vmm" && c.cuda_sharing != "legacy") {
+          s = Error(Code::kInvalidArgument, "{} must be auto, vmm or legacy, not \"{}\"", key, c.cuda_sharing);
+        }
+      } else if (k == "reserve") s = ReadSize(node, key, c.cuda_reserve_bytes);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "limits") {
       uint64_t size = 0;
       if (k == "max_frame_bytes") {
@@ -221,7 +229,7 @@ Status ApplyToml(Config& config, const std::string& text, const std::string& ori
   if (!origin.empty()) base_dir = std::filesystem::path(origin).parent_path().string();
   for (const auto& [k, node] : root) {
     Status s;
-    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery" || k == "access") {
+    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery" || k == "access" || k == "cuda") {
       const toml::table* t = node.as_table();
       if (t == nullptr) return Error(Code::kInvalidArgument, "{}: [{}] must be a table", origin, k.str());
       s = ApplyTable(config, *t, std::string(k.str()));
@@ -262,7 +270,10 @@ Status CheckInstanceName(const std::string& instance) {
 
 void FinishDefaults(Config& config) {
   if (config.socket_path.empty()) config.socket_path = DefaultSocketPath();
-  if (config.budget_bytes == 0) config.budget_bytes = PhysicalMemoryBytes() / 4;
+  if (config.budget_bytes == 0) {
+    config.budget_bytes = PhysicalMemoryBytes() / 4;  // the host backend's; cuda picks its own
+    config.budget_is_default = true;
+  }
   if (config.workers_per_device == 0) config.workers_per_device = 1;
   if (config.crash_loop_crashes == 0) config.crash_loop_crashes = 1;
   if (config.respawn_min_ms == 0) config.respawn_min_ms = 1;

@@ -38,13 +38,19 @@ struct Config {
   uint32_t stop_kill_ms = 3000;
   // pool
   uint32_t capacity = 0;         // models resident on a device at once; 0 = unlimited
-  uint64_t budget_bytes = 0;     // per device; 0 = a quarter of physical memory (host backend)
+  // Per device; 0 = the default: a quarter of physical memory (host backend), or the device's free
+  // memory at start less cuda_reserve_bytes (cuda). budget_is_default says which it was.
+  uint64_t budget_bytes = 0;
+  bool budget_is_default = false;
   uint32_t max_queue = 1024;     // requests waiting for a load or for room
   int64_t keep_alive_ms = kKeepAliveForever;  // default of every model
   uint64_t park_budget_bytes = 0;  // host copies of parked models; 0: no parking
   bool single_active = false;      // at most one model on the device; switching parks it
   uint32_t max_cached = 0;         // models on the device plus parked; 0 = unlimited
   std::vector<std::string> preload;  // loaded at start
+  // cuda backend
+  std::string cuda_sharing = "auto";          // [cuda] sharing: auto | vmm | legacy
+  uint64_t cuda_reserve_bytes = 1ull << 30;   // [cuda] reserve: left free on each device
   // limits
   uint32_t max_frame_bytes = 64u << 20;
   uint32_t max_connections = 1024;

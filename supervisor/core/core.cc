@@ -52,6 +52,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
         else if constexpr (std::is_same_v<E, event::ModelInspected>) OnModelInspected(e);
         else if constexpr (std::is_same_v<E, event::Stop>) BeginStop();
         else if constexpr (std::is_same_v<E, event::WorkersStopped>) stopped_ = true;
+        else if constexpr (std::is_same_v<E, event::DeviceLost>) OnDeviceLost(e);
       },
       std::move(event));
   // Forgetting a model frees its record for reuse: done here, when nothing up the stack holds it.

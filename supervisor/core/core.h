@@ -145,6 +145,9 @@ class Core {
     uint64_t respawn_at_ms = 0;
     uint64_t backoff_ms = 0;
     bool killing = false;
+    // Killed because its device's memory died (event::DeviceLost): what it says from then on is
+    // not believed, and its death is no model's fault.
+    bool device_lost = false;
     uint32_t outstanding = 0;
     uint64_t pending_bytes = 0;
     uint64_t load_done_ms = 0;     // when it last finished a load
@@ -257,6 +260,7 @@ class Core {
 
   // recovery.cc: worker deaths, crash loops, hangs, deadlines
   void OnWorkerDown(const event::WorkerDown& down);
+  void OnDeviceLost(const event::DeviceLost& lost);
   void ChargeCrash(uint32_t model, const std::string& why);
   void MarkFailed(uint32_t model, const std::string& reason);
   Status FailedStatus(uint32_t model) const;

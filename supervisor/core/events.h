@@ -69,6 +69,14 @@ struct WorkerDown {
   bool fatal = false;
   std::vector<uint64_t> running_jobs;
 };
+// cuda: the process that owned the device's memory died, and every weight it held with it. The
+// device's workers map dead memory: the core kills them, believes nothing more they say, and
+// charges no model for their deaths; models whose weights lived there load again on demand
+// (parked copies live in host memory and survive).
+struct DeviceLost {
+  uint32_t device = 0;
+  std::string why;
+};
 // Time passes (the shell ticks every 50 ms).
 struct Tick {};
 // SIGHUP: the configuration read again (or why it could not be) and the registry it describes.
@@ -93,6 +101,7 @@ struct WorkersStopped {};
 
 using Event = std::variant<event::ClientRequest, event::ClientGone, event::WorkerSpawned, event::WorkerUp,
                            event::WorkerMessage, event::WorkerDown, event::Tick, event::Reload,
-                           event::ModelInspected, event::Stop, event::WorkersStopped>;
+                           event::ModelInspected, event::Stop, event::WorkersStopped,
+                           event::DeviceLost>;
 
 }  // namespace warmpool::supervisor

@@ -14,6 +14,11 @@ using namespace residency;
 void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   const uint32_t slot = e.slot;
   v1::WorkerEnvelope& message = e.message;
+  if (workers_[slot].device_lost) {
+    // Killed because its device's memory died: whatever it loaded lives in dead memory.
+    for (int h : e.handles) Close(h);
+    return;
+  }
   int handle = e.handles.empty() ? -1 : e.handles.front();
   for (size_t i = 1; i < e.handles.size(); i++) Close(e.handles[i]);
   uint64_t id = 0;

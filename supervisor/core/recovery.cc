@@ -61,7 +61,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
           index_->Update(job.model, [&](shm::ModelRecord& r) { r.inflight = m.inflight; });
         }
         if (job.answered) break;  // already told DEADLINE_EXCEEDED, or its client is gone
-        uint32_t crashes = job.crashes + (killer ? 1 : 0);
+        uint32_t crashes = job.crashes + (killer && !w.device_lost ? 1 : 0);
         if (!policy::RetryAfterCrash(crashes) || !current) {
           AnswerError(job.call, Error(Code::kInternal,
                                       "the request crashed its worker twice (last: worker {} {}); "
@@ -106,7 +106,11 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
     if (r->draining && models_[model].inflight == 0) SendRelease(model);
     else if (!r->draining && r->replicas.empty() && r->park_job == 0) FinishRelease(model);
   }
-  for (uint32_t model : suspects) ChargeCrash(model, fmt::format("worker {} {}", slot, down.why));
+  // A worker killed because its device's memory died crashed through no model's fault.
+  if (!w.device_lost) {
+    for (uint32_t model : suspects) ChargeCrash(model, fmt::format("worker {} {}", slot, down.why));
+  }
+  w.device_lost = false;
   // Retried requests go to the front of their model's queue, in their original order; the models
   // reload (or re-attach their held weights) on another worker or the respawned one. A model now
   // failed refuses them.
@@ -118,6 +122,27 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
     if (!models_[model].waiters.empty()) TryAdmit(model);
   }
   RetryPending();
+}
+
+void Core::OnDeviceLost(const event::DeviceLost& lost) {
+  if (stopping_) return;
+  Log(LogLevel::kError, "the memory of device {} is gone ({}): its workers are restarted, and its "
+      "models load again on demand", lost.device, lost.why);
+  // The workers map memory that no longer exists: nothing they report from now on is believed,
+  // and their deaths (below, as the kills land) retry their requests without charging a model.
+  for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
+    WorkerSlot& w = workers_[slot];
+    if (w.state != WorkerSlot::State::kUp && w.state != WorkerSlot::State::kStarting) continue;
+    w.device_lost = true;
+    KillWorker(slot, fmt::format("the memory owner of device {} died", lost.device));
+  }
+  // Resident weights are gone: let them go without a parked copy (nothing can be read from
+  // them). Their replicas go with their workers; the handles close when the last has.
+  for (uint32_t model : index_->All()) {
+    Model& m = models_[model];
+    if (m.machine.Is<Ready>()) Release(model, /*eviction=*/false, /*allow_park=*/false);
+    if (Releasing* r = m.machine.As<Releasing>()) r->park = false;  // a copy already made survives
+  }
 }
 
 void Core::ChargeCrash(uint32_t model, const std::string& why) {

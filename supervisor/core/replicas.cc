@@ -24,7 +24,8 @@ std::vector<policy::WorkerView> Core::WorkerLoads() const {
   std::vector<policy::WorkerView> views(workers_.size());
   for (uint32_t slot = 0; slot < workers_.size(); slot++) {
     const WorkerSlot& w = workers_[slot];
-    views[slot] = policy::WorkerView{slot, w.state == WorkerSlot::State::kUp, 0, w.outstanding,
+    // A worker being killed finishes nothing more: it takes no new work.
+    views[slot] = policy::WorkerView{slot, w.state == WorkerSlot::State::kUp && !w.killing, 0, w.outstanding,
                                      w.pending_bytes};
   }
   return views;

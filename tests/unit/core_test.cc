@@ -456,5 +456,61 @@ TEST(CoreTest, AOneShotFaultIsGrantedToOneJobAndSpentWhenFired) {
   }
 }
 
+// cuda: the process that owned the device's memory died. Every worker maps dead memory and is
+// killed; a request in flight is retried without charging its model; the dead weights are closed
+// and never attached again (the model loads from its file once a worker is back); a parked copy,
+// in host memory, survives; a load that finishes after the loss is not believed.
+TEST(CoreTest, ALostDeviceReloadsItsModelsFromTheirFiles) {
+  Config config = CoreRig::SmallConfig();
+  config.park_budget_bytes = 1000;
+  CoreRig rig(config);
+  ModelEntry m = Entry("m", 100, 10), p = Entry("p", 100, 10);
+  rig.Start({m, p});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, p, 200);
+  rig.Unload(1, "p", /*park=*/true);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
+  ASSERT_EQ(to0.size(), 2u);
+  ASSERT_TRUE(to0[0].has_park());
+  v1::WorkerEnvelope parked;
+  parked.mutable_park_done()->set_job(to0[0].park().job());
+  parked.mutable_park_done()->set_bytes(100);
+  parked.mutable_park_done()->set_copy_shared(true);
+  rig.Reply(0, parked, {201});
+  rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
+  ASSERT_EQ(rig.State("p"), shm::ModelState::kParked);
+  rig.Loaded(0, m, 100);
+  uint64_t infer = rig.Infer(2, "m");
+  to0 = rig.Sent(0);
+  ASSERT_EQ(to0.size(), 1u);
+  ASSERT_TRUE(to0[0].has_infer());
+  rig.Forget();
+
+  rig.Handle(event::DeviceLost{0, "killed by signal 9"});
+  EXPECT_EQ(rig.Count<action::KillWorker>(), 2u) << "both workers map the dead memory";
+  // A load that lands now describes memory that no longer exists: not believed.
+  rig.Reply(0, CoreRig::InferDone(to0[0].infer().job()));
+  EXPECT_TRUE(rig.Replies(2).empty()) << "nothing from a worker of a lost device is believed";
+  rig.Down(0, {to0[0].infer().job()});
+  rig.Down(1);
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "the dead weights are let go, the parked copy is not";
+  EXPECT_EQ(rig.State("m"), shm::ModelState::kRegistered);
+  EXPECT_EQ(rig.State("p"), shm::ModelState::kParked);
+  EXPECT_EQ(rig.Used(), 0u);
+  // Back up: the retried request loads "m" from its file (no attach of the old weights).
+  rig.Advance(500);
+  rig.Up(0);
+  rig.Up(1);
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);
+  sent.insert(sent.end(), to1.begin(), to1.end());
+  ASSERT_EQ(sent.size(), 1u) << sent[0].DebugString() << sent.back().DebugString();
+  EXPECT_TRUE(sent[0].has_load()) << "loaded from the file, not attached";
+  EXPECT_NE(rig.State("m"), shm::ModelState::kFailed)
+      << "no model is charged for a lost device";
+  (void)infer;
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor::testing
