@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "devmem/cuda_memory.h"
+#include "devmem/legacy_handle_fd.h"
 #include "warmpool/engine.h"
 
 namespace warmpool {
@@ -31,10 +32,6 @@ struct OwnerGrant {
   int fd = -1;
   uint64_t bytes = 0;
 };
-
-// A legacy IPC handle and its size as a descriptor (a sealed memfd), and back.
-Result<int> LegacyHandleToFd(const std::string& handle, uint64_t bytes);
-Result<std::string> LegacyHandleFromFd(int fd);
 
 class CudaMemory {
  public:

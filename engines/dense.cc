@@ -1,9 +1,15 @@
 // The dense engine: an MLP stored as a safetensors file of nn.Sequential Linear layers, run on the
 // CPU with BLAS. Weights stay in their stored dtype in one device-memory region; f16/bf16 layers
 // are widened to f32 per call, which trades compute for half the resident memory.
+//
+// On memory the CPU cannot address (the cuda backend) the weights live on the GPU and are shared
+// there; each call copies a layer's weights to host scratch through the memory service and runs
+// it with BLAS. That is correct but slow: the GPU kernels (cuBLAS) that belong here are not
+// written yet, and the log says so once per worker.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <memory>
@@ -48,6 +54,8 @@ struct DenseEngine {
   DenseModel model;
   wp_region weights{nullptr, 0, -1};
   bool loaded = false;
+  bool on_device = false;  // weights in memory the CPU cannot address: read through the service
+  std::unique_ptr<uint8_t[]> staged;  // on_device: one layer's stored bytes, copied from the device
   // Scratch for infer, sized at load for kMaxBatch rows.
   // Left uninitialised on purpose: every element is written before it is read, and pages that a
   // small batch never reaches are never touched, so a replica's attach and its resident memory
@@ -87,6 +95,9 @@ Result<uint64_t> CurrentFileSize(int fd, const DenseEngine& engine) {
 // Copies the data area of the file into the weights region. pread, not mmap: a file truncated
 // under us must give an error, not SIGBUS.
 Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
+  // On device memory each chunk goes through host staging, then to the device.
+  std::unique_ptr<uint8_t[]> staging;
+  if (engine.on_device) staging.reset(new uint8_t[kReadChunkBytes]);
   // As in safetensors::ReadHeader: no symlink swapped in since registration, no blocking open.
   int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
@@ -107,9 +118,11 @@ Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_
   const uint64_t total = engine.header.data_bytes;
   uint64_t done = 0;
   while (done < total) {
+    const uint64_t chunk_start = done;
     const uint64_t chunk_end = std::min(total, done + kReadChunkBytes);
+    uint8_t* chunk = engine.on_device ? staging.get() : destination + chunk_start;
     while (done < chunk_end) {
-      ssize_t n = pread(fd, destination + done, chunk_end - done,
+      ssize_t n = pread(fd, chunk + (done - chunk_start), chunk_end - done,
                         static_cast<off_t>(engine.header.data_offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return Error(Code::kInternal, "model file \"{}\": read failed: {}", engine.path, std::strerror(errno));
@@ -118,6 +131,10 @@ Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_
         return FileChanged(engine, now.ok() ? *now : engine.header.data_offset + done);
       }
       done += static_cast<uint64_t>(n);
+    }
+    if (engine.on_device && engine.memory->write(engine.memory->ctx, &engine.weights, chunk_start, chunk,
+                                                 chunk_end - chunk_start) != WP_OK) {
+      return Error(Code::kInternal, "model \"{}\": cannot copy its weights into device memory", engine.name);
     }
     if (progress != nullptr && progress(progress_ctx, done, total) != 0) {
       return Error(Code::kUnavailable, "loading model \"{}\" was cancelled after {} of {} bytes", engine.name,
@@ -152,10 +169,24 @@ void WidenToFloat(const uint8_t* source, DType dtype, uint64_t count, float* des
   }
 }
 
-// The tensor as f32: in place in the region when possible, else widened into scratch.
+// Whether a tensor is used from scratch rather than in place in the region.
+bool UsedFromScratch(const DenseEngine& engine, const TensorInfo& tensor) {
+  return engine.on_device || dense::NeedsConversion(tensor);
+}
+
+// The tensor as f32: in place in the region when possible, else widened into scratch (on device
+// memory, after a copy of its stored bytes to the host). Null when the copy fails.
 const float* TensorAsFloat(const DenseEngine& engine, const TensorInfo& tensor, float* scratch) {
   const uint8_t* stored = static_cast<const uint8_t*>(engine.weights.ptr) + tensor.begin;
-  if (!dense::NeedsConversion(tensor)) return reinterpret_cast<const float*>(stored);
+  if (engine.on_device) {
+    if (engine.memory->read(engine.memory->ctx, &engine.weights, tensor.begin, engine.staged.get(),
+                            tensor.bytes()) != WP_OK) {
+      return nullptr;
+    }
+    stored = engine.staged.get();
+  } else if (!dense::NeedsConversion(tensor)) {
+    return reinterpret_cast<const float*>(stored);
+  }
   WidenToFloat(stored, tensor.dtype, tensor.numel(), scratch);
   return scratch;
 }
@@ -179,23 +210,26 @@ void Activate(Activation activation, float* values, uint64_t count) {
 }
 
 // output (rows x out) = input (rows x in) * W^T + b
-void RunLayer(DenseEngine& engine, const LinearLayer& layer, const float* input, uint32_t rows, float* output) {
+Status RunLayer(DenseEngine& engine, const LinearLayer& layer, const float* input, uint32_t rows, float* output) {
   float* scratch = engine.conversion.get();
   const float* weight = TensorAsFloat(engine, layer.weight, scratch);
-  if (dense::NeedsConversion(layer.weight)) scratch += layer.weight.numel();
+  if (weight == nullptr) return Error(Code::kInternal, "model \"{}\": cannot read its weights from the device", engine.name);
+  if (UsedFromScratch(engine, layer.weight)) scratch += layer.weight.numel();
   const int in = static_cast<int>(layer.in_features);
   const int out = static_cast<int>(layer.out_features);
   float beta = 0.0f;
   if (layer.bias) {
     const float* bias = TensorAsFloat(engine, *layer.bias, scratch);
+    if (bias == nullptr) return Error(Code::kInternal, "model \"{}\": cannot read its weights from the device", engine.name);
     for (uint32_t row = 0; row < rows; ++row) std::memcpy(output + static_cast<size_t>(row) * out, bias, out * sizeof(float));
     beta = 1.0f;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), out, in, 1.0f, input, in,
               weight, in, beta, output, out);
+  return OkStatus();
 }
 
-void RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* output) {
+Status RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* output) {
   const auto& layers = engine.model.layers;
   for (uint32_t first = 0; first < rows; first += dense::kMaxBatch) {
     const uint32_t step = std::min(dense::kMaxBatch, rows - first);
@@ -203,11 +237,12 @@ void RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* out
     for (size_t i = 0; i < layers.size(); ++i) {
       const bool last = i + 1 == layers.size();
       float* y = last ? output + static_cast<size_t>(first) * engine.model.out_features : engine.activations[i % 2].get();
-      RunLayer(engine, layers[i], x, step, y);
+      if (Status s = RunLayer(engine, layers[i], x, step, y); !s.ok()) return s;
       if (!last) Activate(engine.model.activation, y, static_cast<uint64_t>(step) * layers[i].out_features);
       x = y;
     }
   }
+  return OkStatus();
 }
 
 Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEngine& engine, wp_engine_info& info) {
@@ -217,9 +252,16 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
   if (memory == nullptr || memory->alloc == nullptr || memory->free == nullptr) {
     return Error(Code::kInvalidArgument, "the dense engine needs a device-memory service");
   }
-  if (memory->host_addressable == 0) {
-    return Error(Code::kFailedPrecondition, "the dense engine computes on the CPU and needs host-addressable "
-                 "memory; use the host memory backend");
+  if (memory->host_addressable == 0 && (memory->write == nullptr || memory->read == nullptr)) {
+    return Error(Code::kFailedPrecondition, "the dense engine needs a memory service that copies to and from "
+                 "device memory (write and read)");
+  }
+  engine.on_device = memory->host_addressable == 0;
+  if (engine.on_device) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      std::fprintf(stderr, "dense engine: weights on the GPU, computed on the CPU (no GPU kernels yet)\n");
+    });
   }
   engine.name = spec->name != nullptr ? spec->name : "";
   engine.path = spec->path;
@@ -278,10 +320,21 @@ Status Attach(DenseEngine& engine, const wp_region& weights) {
 }
 
 Status PrepareScratch(DenseEngine& engine) {
-  const dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
+  dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
+  uint64_t staged_bytes = 0;
+  if (engine.on_device) {
+    // Every layer is used from host scratch; its stored bytes pass through `staged`. Host memory,
+    // so not in the workspace the engine reports (that is device memory).
+    for (const LinearLayer& layer : engine.model.layers) {
+      const uint64_t floats = layer.weight.numel() + (layer.bias ? layer.bias->numel() : 0);
+      scratch.conversion_floats = std::max(scratch.conversion_floats, floats);
+      staged_bytes = std::max(staged_bytes, std::max(layer.weight.bytes(), layer.bias ? layer.bias->bytes() : 0));
+    }
+  }
   try {
     for (auto& buffer : engine.activations) buffer.reset(new float[scratch.activation_floats]);
     engine.conversion.reset(new float[scratch.conversion_floats]);
+    if (staged_bytes != 0) engine.staged.reset(new uint8_t[staged_bytes]);
   } catch (const std::bad_alloc&) {
     FreeWeights(engine);
     return Error(Code::kResourceExhausted, "cannot allocate the inference workspace of model \"{}\"", engine.name);
@@ -298,8 +351,7 @@ Status Infer(DenseEngine& engine, const float* input, uint32_t rows, uint32_t co
   }
   if (rows == 0) return Error(Code::kInvalidArgument, "input has no rows");
   if (input == nullptr || output == nullptr) return Error(Code::kInvalidArgument, "input and output must not be null");
-  RunModel(engine, input, rows, output);
-  return OkStatus();
+  return RunModel(engine, input, rows, output);
 }
 
 // The C entry points: no exception may leave them.

@@ -48,6 +48,10 @@ struct Config {
   bool single_active = false;      // at most one model on the device; switching parks it
   uint32_t max_cached = 0;         // models on the device plus parked; 0 = unlimited
   std::vector<std::string> preload;  // loaded at start
+  // What serves, as the daemon found it at start (never read from a file): the backend ("host"
+  // or "cuda" once resolved) and, on cuda, the device's name and memory.
+  std::string device_name;
+  uint64_t device_total_bytes = 0;
   // cuda backend
   std::string cuda_sharing = "auto";          // [cuda] sharing: auto | vmm | legacy
   uint64_t cuda_reserve_bytes = 1ull << 30;   // [cuda] reserve: left free on each device

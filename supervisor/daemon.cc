@@ -55,6 +55,8 @@ Daemon::~Daemon() {
   // The handles the core still holds die with the process; nothing else needs them.
   server_.reset();
   workers_.reset();
+  owners_.reset();
+  owner_restart_timer_.Close();
   service_.reset();
   tick_timer_.Close();
   sigterm_.Close();
@@ -68,11 +70,6 @@ Daemon::~Daemon() {
 Time Daemon::Now() const { return Time{MonotonicMillis(), UnixNanos()}; }
 
 Status Daemon::Start() {
-  if (config_.backend == "cuda") {
-    return Error(Code::kFailedPrecondition,
-                 "backend \"cuda\" is not available in this build: run with --backend host (or "
-                 "auto)");
-  }
   for (auto [name, key, gid] : {std::tuple{&config_.admin_group, "admin_group", &admin_gid_},
                                 std::tuple{&config_.socket_group, "socket_group", &socket_gid_},
                                 std::tuple{&config_.observer_group, "observer_group", &observer_gid_}}) {
@@ -85,6 +82,18 @@ Status Daemon::Start() {
   // Before anything else can fail half-way: a bad activation environment is a fatal error.
   Result<int> activated = ActivatedSocket();
   if (!activated.ok()) return activated.status();
+
+  // Which backend serves, asked of a probe child (this process never loads the CUDA driver).
+  const std::string owner_path = worker_path_.substr(0, worker_path_.rfind('/') + 1) + "warmpool-owner";
+  Result<BackendChoice> choice = ChooseBackend(config_.backend, owner_path);
+  if (!choice.ok()) return choice.status();
+  WorkerPoolOptions pool;
+  if (choice->cuda) {
+    if (Status s = StartCuda(*choice, owner_path, pool); !s.ok()) return s;
+  } else {
+    config_.backend = "host";
+    spdlog::info("backend host ({})", choice->why);
+  }
 
   shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
   Result<shm::SharedSegment> segment = shm::SharedSegment::Create(
@@ -113,7 +122,6 @@ Status Daemon::Start() {
     return s;
   }
 
-  WorkerPoolOptions pool;
   pool.worker_path = worker_path_;
   pool.instance = config_.instance;
   pool.engine_dir = config_.engine_dir;
@@ -132,6 +140,13 @@ Status Daemon::Start() {
     OnWorkerDeath(slot, generation, why, exit_code, fatal);
   };
   workers_ = std::make_unique<WorkerPool>(&loop_, pool, std::move(events));
+  if (owners_ != nullptr) {
+    if (!owners_->Start(cuda_device_)) {
+      return Error(Code::kFailedPrecondition, "cannot start the memory owner of CUDA device {} ({})",
+                   cuda_device_, owner_path);
+    }
+    owner_started_ms_ = MonotonicMillis();
+  }
 
   std::vector<std::string> warnings;
   std::vector<ModelEntry> entries = DiscoverModels(config_, warnings);
@@ -144,10 +159,10 @@ Status Daemon::Start() {
   InstallSignals();
   service_->StartWatchdog();
 
-  spdlog::info("warmpoold {} serving on {}{} (instance {}, backend host, budget {}, {} workers, {} "
+  spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers, {} "
                "models registered{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
-               config_.instance, FormatBytes(config_.budget_bytes), config_.workers_per_device,
+               config_.instance, backend_, FormatBytes(config_.budget_bytes), config_.workers_per_device,
                core_->index().All().size(),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();
@@ -233,7 +248,7 @@ void Daemon::Execute(Action& a) {
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
           workers_->Kill(act.slot, act.reason);
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
-          close(act.handle);
+          CloseHandle(act.handle);
         } else if constexpr (std::is_same_v<A, action::InspectModel>) {
           pending_.push_back(Inspect(act));
         } else if constexpr (std::is_same_v<A, action::Notify>) {
@@ -327,6 +342,12 @@ event::Reload Daemon::ReadRegistry() {
 }
 
 void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
+  // Device memory (cuda) is the shell's business: the core only ever sees the weights' handles.
+  if (message.has_allocate()) return OnWorkerAllocate(slot, message.allocate());
+  if (message.has_free()) {
+    if (std::optional<GrantRelease> r = grants_.Freed(message.free().grant())) ReleaseGrant(*r);
+    return;
+  }
   event::WorkerMessage e;
   e.slot = slot;
   // A successful load carries the weights region, a park its host copy: one descriptor each.
@@ -335,6 +356,12 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   if (carries) {
     int fd = workers_->TakeFd(slot);
     if (fd >= 0) e.handles.push_back(fd);
+    // The weights of a cuda load live in a grant: it is released when the core lets them go.
+    if (fd >= 0 && message.has_load_done() && message.load_done().grant() != 0 &&
+        !grants_.Kept(message.load_done().grant(), slot, fd)) {
+      spdlog::warn("worker {} named grant {} for its weights, which it was not given", slot,
+                   message.load_done().grant());
+    }
   }
   e.message = std::move(message);
   Dispatch(std::move(e));
@@ -342,6 +369,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
 
 void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why,
                            int exit_code, bool fatal) {
+  for (const GrantRelease& r : grants_.WorkerGone(slot, generation)) ReleaseGrant(r);
   event::WorkerDown e;
   e.slot = slot;
   e.generation = generation;
@@ -362,6 +390,8 @@ void Daemon::FinishStop() {
     exit_code_ = 1;
   }
   segment_.Remove();
+  if (owners_ != nullptr) owners_->Shutdown();
+  if (owner_restart_timer_.active()) uv_timer_stop(owner_restart_timer_.get());
   uv_signal_stop(sigterm_.get());
   uv_signal_stop(sigint_.get());
   uv_signal_stop(sighup_.get());

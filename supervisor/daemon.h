@@ -27,6 +27,9 @@
 #include "supervisor/client_server.h"
 #include "supervisor/config.h"
 #include "supervisor/core/core.h"
+#include "supervisor/device_owners.h"
+#include "supervisor/device_probe.h"
+#include "supervisor/grants.h"
 #include "supervisor/service_manager.h"
 #include "supervisor/worker_pool.h"
 
@@ -58,6 +61,15 @@ class Daemon {
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;
   event::Reload ReadRegistry();
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
+  // cuda: picks the device, its budget and how memory is shared; starts its owner.
+  Status StartCuda(const BackendChoice& choice, const std::string& owner_path, WorkerPoolOptions& pool);
+  // cuda: a worker asks for device memory; the owner answers; grants are released.
+  void OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request);
+  void OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocated, int fd);
+  void OnOwnerDeath(uint32_t device, const std::string& why);
+  void RestartOwner();
+  void ReleaseGrant(const GrantRelease& release);
+  void CloseHandle(int fd);
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);
   void InstallSignals();
@@ -73,6 +85,14 @@ class Daemon {
   std::unique_ptr<shm::InflightTable> inflight_;
   std::unique_ptr<Core> core_;
   std::unique_ptr<WorkerPool> workers_;
+  std::string backend_ = "host";             // the backend serving: host or cuda
+  std::unique_ptr<DeviceOwners> owners_;     // cuda only
+  GrantTable grants_;                        // cuda only
+  uint32_t cuda_device_ = 0;
+  ipc::UvHandle<uv_timer_t> owner_restart_timer_;
+  uint64_t owner_started_ms_ = 0;
+  uint64_t owner_restart_delay_ms_ = 0;
+  std::vector<v1::OwnerEnvelope> waiting_for_owner_;  // allocations asked while it restarts
   std::unique_ptr<ClientServer> server_;
   std::unique_ptr<ServiceManager> service_;
   std::optional<gid_t> admin_gid_;

@@ -79,6 +79,8 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
       "--max-frame-bytes", std::to_string(options_.max_frame_bytes + kWorkerFrameHeadroom),
       "--parent", std::to_string(getpid()),
       "--engine-dir", options_.engine_dir,
+      "--backend", options_.backend,
+      "--sharing", options_.sharing,
   };
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -28,6 +28,8 @@ struct WorkerPoolOptions {
   uint32_t device = 0;
   uint64_t budget_bytes = 0;
   uint32_t max_frame_bytes = 64u << 20;
+  std::string backend = "host";  // host | cuda
+  std::string sharing = "vmm";   // cuda: vmm | legacy, as the device's owner shares memory
 };
 
 // Frames to a worker carry a few fields more than the client's request they wrap.

@@ -78,10 +78,13 @@ v1::Envelope Core::StatusSnapshot() const {
   v1::Envelope reply;
   v1::StatusReply* status = reply.mutable_status_reply();
   status->set_version(kVersion);
-  status->set_backend("host");
+  const std::string backend = config_.backend == "cuda" ? "cuda" : "host";
+  status->set_backend(backend);
   v1::DeviceStatus* device = status->add_devices();
   device->set_id(0);
-  device->set_kind("host");
+  device->set_kind(backend);
+  device->set_name(config_.device_name);
+  device->set_total_bytes(config_.device_total_bytes);
   device->set_budget_bytes(index_->DeviceBudget());
   device->set_used_bytes(index_->DeviceUsed(0));
   for (uint32_t slot = 0; slot < workers_.size(); slot++) {

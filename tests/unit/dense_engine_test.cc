@@ -1,7 +1,9 @@
 #include <cmath>
+#include <sys/mman.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -414,15 +416,90 @@ TEST(DenseModelErrors, MissingFileIsNotFound) {
 
 TEST(DenseModelErrors, EmptyPathIsInvalid) { ExpectOpenFails("", "needs a model file"); }
 
-TEST(DenseModelErrors, DeviceMemoryMustBeHostAddressable) {
+TEST(DenseModelErrors, DeviceMemoryWithoutCopiesIsRefused) {
   TempDir dir;
   WriteModel(dir.File("m"), {{0, 2, 2}}, "relu");
   HostMemory memory;
   wp_device_memory device = *memory.service();
   device.host_addressable = 0;
+  device.write = nullptr;
+  device.read = nullptr;
   Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(dir.File("m")), &device);
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), Code::kFailedPrecondition);
+}
+
+// Device memory as the cuda backend hands it out: pointers the CPU must not touch (each stands
+// for a PROT_NONE range, so a direct access crashes the test), reached only through write/read.
+class OpaqueDevice {
+ public:
+  OpaqueDevice() : service_{this, &Alloc, &Free, 0, &Import, &Write, &Read} {}
+  const wp_device_memory* service() { return &service_; }
+
+ private:
+  static wp_status Alloc(void* ctx, uint64_t bytes, wp_region* out) {
+    auto* self = static_cast<OpaqueDevice*>(ctx);
+    Result<HostRegion> real = self->host_.Allocate(bytes, "opaque");
+    if (!real.ok()) return WP_RESOURCE_EXHAUSTED;
+    void* opaque = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    self->regions_[opaque] = *real;
+    *out = wp_region{opaque, bytes, real->fd};
+    return WP_OK;
+  }
+  static void Free(void* ctx, wp_region* region) {
+    auto* self = static_cast<OpaqueDevice*>(ctx);
+    auto it = self->regions_.find(region->ptr);
+    if (it == self->regions_.end()) return;
+    munmap(region->ptr, region->bytes);
+    self->host_.Free(it->second);
+    self->regions_.erase(it);
+    *region = wp_region{nullptr, 0, -1};
+  }
+  static wp_status Import(void*, int, uint64_t, wp_region*) { return WP_INTERNAL; }
+  static uint8_t* Real(void* ctx, const wp_region* region, uint64_t offset, uint64_t bytes) {
+    auto* self = static_cast<OpaqueDevice*>(ctx);
+    auto it = self->regions_.find(region->ptr);
+    if (it == self->regions_.end() || offset + bytes > it->second.bytes) return nullptr;
+    return static_cast<uint8_t*>(it->second.ptr) + offset;
+  }
+  static wp_status Write(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes) {
+    uint8_t* real = Real(ctx, region, offset, bytes);
+    if (real == nullptr) return WP_INVALID_ARGUMENT;
+    std::memcpy(real, source, bytes);
+    return WP_OK;
+  }
+  static wp_status Read(void* ctx, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes) {
+    uint8_t* real = Real(ctx, region, offset, bytes);
+    if (real == nullptr) return WP_INVALID_ARGUMENT;
+    std::memcpy(destination, real, bytes);
+    return WP_OK;
+  }
+
+  HostMemory host_;
+  std::map<void*, HostRegion> regions_;
+  wp_device_memory service_;
+};
+
+TEST(DenseEngine, DeviceMemoryIsReachedOnlyThroughTheService) {
+  TempDir dir;
+  const std::string path = dir.File("mixed.safetensors");
+  ReferenceModel model = WriteModel(path,
+                                    {{0, 12, 9, true, DType::F32, DType::F16},
+                                     {2, 9, 7, true, DType::BF16, DType::F32},
+                                     {4, 7, 5, true, DType::F16, DType::BF16}},
+                                    "gelu", 7, /*bias_first=*/true);
+  OpaqueDevice device;
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(path), device.service());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(engine->Load().ok());
+  std::mt19937 generator(3);
+  for (uint32_t rows : {1u, 7u, 300u}) {
+    std::vector<float> input = RandomValues(size_t{rows} * 12, 1.0, generator);
+    std::vector<float> output;
+    Status status = engine->Infer(input, rows, 12, output);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    ExpectClose(output, ReferenceForward(model, input, rows), 1e-4, 1e-5, fmt::format("rows {}", rows));
+  }
 }
 
 // ---- loading ----
