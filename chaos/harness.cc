@@ -177,6 +177,7 @@ Status Harness::Launch() {
   spec.config = dir_ + "/config.toml";
   spec.models_dir = dir_ + "/models";
   spec.args = {"--enable-fault-injection"};
+  if (!options_.backend.empty()) spec.args.insert(spec.args.end(), {"--backend", options_.backend});
   daemon_ = std::make_unique<launch::DaemonProcess>(spec);
   if (Status s = daemon_->Start(); !s.ok()) return s;
   return daemon_->WaitReady(10000);
@@ -289,6 +290,35 @@ pid_t Harness::SupervisorPid() {
   return static_cast<pid_t>(segment->view().header().supervisor_pid);
 }
 
+std::string Harness::Backend() {
+  auto client = Connect();
+  if (!client.ok()) return "";
+  auto status = (*client)->GetStatus();
+  return status.ok() ? status->backend() : "";
+}
+
+pid_t Harness::OwnerPid() {
+  const pid_t supervisor = SupervisorPid();
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr || supervisor <= 0) {
+    if (proc != nullptr) closedir(proc);
+    return -1;
+  }
+  pid_t found = -1;
+  while (dirent* e = readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos || line.find("(warmpool-owner)") == std::string::npos) continue;
+    if (static_cast<pid_t>(std::atoi(line.c_str() + close + 4)) == supervisor) found = pid;
+  }
+  closedir(proc);
+  return found;
+}
+
 int Harness::CountFds(pid_t pid, int* weights, int* parked) {
   std::string base = "/proc/" + std::to_string(pid) + "/fd";
   DIR* dir = opendir(base.c_str());
@@ -302,7 +332,11 @@ int Harness::CountFds(pid_t pid, int* weights, int* parked) {
     std::string_view link(target, len > 0 ? static_cast<size_t>(len) : 0);
     if (!link.starts_with("/memfd:")) continue;
     memfd++;
-    weight += link.starts_with("/memfd:warmpool-weights");
+    // Weights: host regions; on cuda through the driver test double, exported allocations (the
+    // double's memfds) and legacy IPC handles. (A real driver's exported descriptors are not
+    // memfds: this count is for the host backend and the double.)
+    weight += link.starts_with("/memfd:warmpool-weights") || link.starts_with("/memfd:fake-cuda") ||
+              link.starts_with("/memfd:warmpool-cuda-ipc");
     park += link.starts_with("/memfd:warmpool-parked");
   }
   closedir(dir);

@@ -26,6 +26,7 @@ struct Options {
   std::string daemon_path;  // warmpoold to start
   std::string victim;       // live mode: models to use (own daemon: made by the harness)
   std::string bystander;
+  std::string backend;      // own daemon: warmpoold --backend (empty: its default, auto)
   bool verbose = false;
 };
 
@@ -92,6 +93,10 @@ class Harness {
   void KillAndRestart(Checks& checks);
   // From the segment's header; -1 when there is no segment.
   pid_t SupervisorPid();
+  // The backend serving ("host" or "cuda"), as the daemon's status says.
+  std::string Backend();
+  // cuda: the supervisor's child that owns device 0's memory (warmpool-owner), or -1.
+  pid_t OwnerPid();
 
  private:
   Status StartOwnDaemon();

@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--victim", options.victim, "live daemon: model to inject faults into");
   app.add_option("--bystander", options.bystander, "live daemon: model that must keep serving");
   app.add_option("--daemon", options.daemon_path, "warmpoold to start (default: next to this binary)");
+  app.add_option("--backend", options.backend, "own daemon: warmpoold --backend (auto, host or cuda)")
+      ->check(CLI::IsMember({"auto", "host", "cuda"}));
   app.add_option("--scenario", only, "run scenarios whose name contains this (repeatable)");
   app.add_flag("--list", list, "list the scenarios and exit");
   app.add_option("--soak", soak, "after the scenarios, run randomized faults and traffic this long (e.g. 60s, 5m)");
@@ -121,6 +123,10 @@ int main(int argc, char** argv) {
     if (!selected) continue;
     if (scenario.needs_own_daemon && !harness.owns_daemon()) {
       std::printf("SKIP  %-44s (needs its own daemon)\n", scenario.name.c_str());
+      continue;
+    }
+    if (scenario.cuda_only && harness.Backend() != "cuda") {
+      std::printf("SKIP  %-44s (cuda backend only)\n", scenario.name.c_str());
       continue;
     }
     auto start = std::chrono::steady_clock::now();

@@ -162,6 +162,37 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
   checks.Expect(replicas() == 2, "the respawned worker is a replica again");
 }
 
+// cuda: the process owning device 0's memory is SIGKILLed under traffic. Every weight on the device
+// dies with it: the supervisor kills the device's workers, retries their requests (no model is
+// charged: nothing failed, nothing is refused), starts the owner again and loads the models from
+// their files. A parked copy lives in host memory and survives.
+void OwnerKillScenario(Harness& h, Checks& checks, size_t index) {
+  const ModelUnderTest& victim = h.victim(index);
+  Status loaded = Load(h, victim.name);
+  checks.Expect(loaded.ok(), "victim loaded", loaded.ToString());
+  const pid_t owner = h.OwnerPid();
+  checks.Expect(owner > 0, "the device's memory owner runs");
+  if (owner <= 0) return;
+  Bystander bystander(h);
+  Traffic traffic(h, TrafficSpec{&victim, 2, 20, 2, 4, 0, {}, false, index});
+  traffic.Start();
+  Sleep(20);
+  kill(owner, SIGKILL);
+  ExpectTraffic(checks, "victim while its device's memory owner died", traffic.Join());
+  bystander.Finish(checks);
+  pid_t again = -1;
+  for (int i = 0; i < 500 && (again <= 0 || again == owner); i++) {
+    Sleep(10);
+    again = h.OwnerPid();
+  }
+  checks.Expect(again > 0 && again != owner, "the owner was started again");
+  Status quiet = h.Quiesce();
+  checks.Expect(quiet.ok(), "quiescent", quiet.message());
+  Traffic after(h, TrafficSpec{&victim, 1, 4, 1, 2, 0, {}, false, index});
+  after.Start();
+  ExpectTraffic(checks, "victim served again from its file", after.Join());
+}
+
 void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   uint32_t restarts = h.TotalRestarts();
@@ -348,6 +379,7 @@ std::vector<Scenario> AllScenarios() {
   }
   all.push_back({"replica crash while its sibling serves", false, ReplicaCrashScenario});
   all.push_back({"crash during unpark", true, UnparkCrashScenario});
+  all.push_back({"device memory owner SIGKILL", true, OwnerKillScenario, /*cuda_only=*/true});
   all.push_back({"crash loop to failed, cooldown, recovery", false, CrashLoopScenario});
   all.push_back({"malformed model files", true, MalformedModelsScenario});
   all.push_back({"budget exhaustion under load", true, BudgetScenario});

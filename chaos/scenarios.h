@@ -15,6 +15,7 @@ struct Scenario {
   std::string name;
   bool needs_own_daemon = false;
   std::function<void(Harness&, Checks&, size_t index)> run;
+  bool cuda_only = false;  // skipped on the host backend
 };
 
 std::vector<Scenario> AllScenarios();
