@@ -22,7 +22,12 @@ namespace warmpool::owner {
 namespace {
 
 constexpr uint64_t kMiB = 1u << 20;
-const std::string kOwner = std::string(WARMPOOL_BIN_DIR) + "/warmpool-owner";
+// The binaries of this build, or of a bundle moved elsewhere (scripts/gpu-check.sh sets it).
+std::string BinDir() {
+  const char* dir = std::getenv("WARMPOOL_BIN_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : WARMPOOL_BIN_DIR;
+}
+const std::string kOwner = BinDir() + "/warmpool-owner";
 
 // Runs argv with extra environment entries; stdout captured when out is given.
 pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env, int channel,
