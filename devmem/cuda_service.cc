@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -20,7 +21,61 @@ wp_status WpCode(const Status& status) {
   }
 }
 
+// Copies of at least this many bytes are chunked over streams; a chunk is this large.
+constexpr uint64_t kChunkedCopyMin = 32ull << 20;
+constexpr uint64_t kCopyChunk = 16ull << 20;
+constexpr size_t kCopyStreams = 4;
+
 }  // namespace
+
+CudaMemory::~CudaMemory() {
+  if (streams_.empty()) return;
+  device_.MakeCurrent();
+  for (CUstream stream : streams_) device_.driver().cuStreamDestroy(stream);
+}
+
+Status CudaMemory::CopyToDevice(const wp_region& region, uint64_t offset, const void* source, uint64_t bytes) {
+  if (offset > region.bytes || bytes > region.bytes - offset) {
+    return Error(Code::kInvalidArgument, "a copy of {} bytes at {} does not fit a region of {}", bytes, offset,
+                 region.bytes);
+  }
+  if (bytes == 0) return OkStatus();
+  const CudaDriver& cu = device_.driver();
+  if (Status s = device_.MakeCurrent(); !s.ok()) return s;
+  const CUdeviceptr destination = reinterpret_cast<CUdeviceptr>(region.ptr) + offset;
+  if (bytes < kChunkedCopyMin) return cu.Check(cu.cuMemcpyHtoD(destination, source, bytes), "cuMemcpyHtoD");
+
+  std::lock_guard lock(streams_mutex_);
+  while (streams_.size() < kCopyStreams) {
+    CUstream stream = nullptr;
+    if (Status s = cu.Check(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate"); !s.ok()) return s;
+    streams_.push_back(stream);
+  }
+  // Pinned for the copy: from pageable memory the driver stages every byte through its own
+  // buffer, one copy at a time. Registration can be refused (a sandbox, a range already
+  // registered): the chunks then still overlap, only slower.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(source) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(source) + bytes + page - 1) / page * page;
+  void* pinned = reinterpret_cast<void*>(begin);
+  const bool registered = cu.cuMemHostRegister(pinned, end - begin, 0) == CUDA_SUCCESS;
+  Status status;
+  size_t next = 0;
+  for (uint64_t done = 0; done < bytes && status.ok(); done += kCopyChunk) {
+    const uint64_t n = std::min(kCopyChunk, bytes - done);
+    status = cu.Check(cu.cuMemcpyHtoDAsync(destination + done, static_cast<const uint8_t*>(source) + done, n,
+                                           streams_[next++ % streams_.size()]),
+                      "cuMemcpyHtoDAsync");
+  }
+  // Every stream is waited for, even after a failure: the host range must not be unregistered
+  // (or unmapped by the caller) while a copy may still read it.
+  for (CUstream stream : streams_) {
+    Status synced = cu.Check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    if (status.ok()) status = synced;
+  }
+  if (registered) cu.cuMemHostUnregister(pinned);
+  return status;
+}
 
 CudaMemory::CudaMemory(CudaDevice device, CudaSharing sharing, Allocator allocate, Releaser release)
     : device_(std::move(device)), sharing_(sharing), allocate_(std::move(allocate)), release_(std::move(release)) {}
@@ -130,13 +185,10 @@ wp_status CudaMemory::CImport(void* ctx, int handle, uint64_t bytes, wp_region* 
 
 wp_status CudaMemory::CWrite(void* ctx, const wp_region* region, uint64_t offset, const void* source,
                              uint64_t bytes) {
-  auto* self = static_cast<CudaMemory*>(ctx);
-  if (region == nullptr || offset > region->bytes || bytes > region->bytes - offset) return WP_INVALID_ARGUMENT;
-  if (bytes == 0) return WP_OK;
-  const CudaDriver& cu = self->device_.driver();
-  self->device_.MakeCurrent();
-  CUresult r = cu.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(region->ptr) + offset, source, bytes);
-  return r == CUDA_SUCCESS ? WP_OK : WpCode(cu.Check(r, "cuMemcpyHtoD"));
+  if (region == nullptr) return WP_INVALID_ARGUMENT;
+  Status s = static_cast<CudaMemory*>(ctx)->CopyToDevice(*region, offset, source, bytes);
+  if (!s.ok()) spdlog::error("copy into device memory: {}", s.ToString());
+  return s.ok() ? WP_OK : WpCode(s);
 }
 
 wp_status CudaMemory::CRead(void* ctx, const wp_region* region, uint64_t offset, void* destination,

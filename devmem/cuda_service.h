@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 #include <variant>
+#include <vector>
 
 #include "common/status.h"
 #include "devmem/cuda_memory.h"
@@ -42,10 +43,15 @@ class CudaMemory {
   // MakeCurrent). allocate and release are called from whichever thread allocates or frees.
   static Result<std::unique_ptr<CudaMemory>> Open(int device, CudaSharing sharing, Allocator allocate,
                                                   Releaser release);
+  ~CudaMemory();
   CudaMemory(const CudaMemory&) = delete;
   CudaMemory& operator=(const CudaMemory&) = delete;
 
   const wp_device_memory* service() { return &service_; }
+  // Copies host memory into a region: large copies (an unpark) go in chunks over several streams
+  // from the host range pinned for the copy, so that they run at the link's speed; small ones are
+  // one plain copy. Complete when it returns.
+  Status CopyToDevice(const wp_region& region, uint64_t offset, const void* source, uint64_t bytes);
   Status MakeCurrent() const { return device_.MakeCurrent(); }
   const CudaDevice& device() const { return device_; }
   // Regions mapped now (allocated and imported).
@@ -72,6 +78,8 @@ class CudaMemory {
 
   CudaDevice device_;
   CudaSharing sharing_;
+  std::mutex streams_mutex_;       // one large copy at a time uses the streams
+  std::vector<CUstream> streams_;  // created at the first large copy
   Allocator allocate_;
   Releaser release_;
   mutable std::mutex mutex_;

@@ -537,6 +537,17 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr destination, unsigned char value, size_t
   return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuMemHostRegister(void* pointer, size_t bytes, unsigned int) {
+  FAKE_ENTER("cuMemHostRegister");
+  if (pointer == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;  // host memory is what the double copies from anyway
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void* pointer) {
+  FAKE_ENTER("cuMemHostUnregister");
+  return pointer != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult CUDAAPI cuStreamCreate(CUstream* stream, unsigned int) {
   FAKE_ENTER("cuStreamCreate");
   *stream = reinterpret_cast<CUstream>(new int(0));

@@ -13,6 +13,11 @@
 //   warmpool-driver-check attach [--bytes N] [--repeat R]
 //     Time to import, map and set access of an exported allocation (a replica's attach, without
 //     the engine), median of R.
+//   warmpool-driver-check unpark [--bytes N] [--repeat R]
+//     An unpark's copy as a worker makes it (CudaMemory: the parked copy's memfd mapping pinned for
+//     the copy, chunks over several streams) against a plain cuMemcpyHtoD from a buffer that is
+//     pinned already (cuMemHostAlloc), the same bytes in the same run; medians of R, the ratio
+//     of their throughputs (goal >= 0.8), and the copied bytes verified.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -31,6 +36,8 @@
 
 #include "common/command_line.h"
 #include "devmem/cuda_memory.h"
+#include "devmem/cuda_service.h"
+#include "devmem/host_memory.h"
 #include "ipc/blocking_channel.h"
 #include "ipc/warmpool.pb.h"
 
@@ -195,6 +202,87 @@ int Attach(uint64_t bytes, int repeat) {
   return 0;
 }
 
+double MedianMs(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int Unpark(uint64_t bytes, int repeat) {
+  nlohmann::json out{{"check", "unpark"}, {"bytes", bytes}, {"repeat", repeat}};
+  auto fail = [&](const Status& s) {
+    out["error"] = s.message();
+    std::printf("%s\n", out.dump().c_str());
+    return 1;
+  };
+  // The device memory a worker would be granted (created here: one process plays both parts).
+  std::vector<DeviceAllocation> allocations;
+  std::unique_ptr<CudaMemory> memory;
+  Result<std::unique_ptr<CudaMemory>> opened = CudaMemory::Open(
+      0, CudaSharing::kVmm,
+      [&](uint64_t n) -> Result<OwnerGrant> {
+        Result<DeviceAllocation> a = DeviceAllocation::Create(memory->device(), n);
+        if (!a.ok()) return a.status();
+        Result<int> fd = a->Export();
+        if (!fd.ok()) return fd.status();
+        allocations.push_back(std::move(*a));
+        return OwnerGrant{allocations.size(), *fd, n};
+      },
+      [](uint64_t) {});
+  if (!opened.ok()) return fail(opened.status());
+  memory = std::move(*opened);
+  const wp_device_memory* service = memory->service();
+  wp_region region{nullptr, 0, -1};
+  if (service->alloc(service->ctx, bytes, &region) != WP_OK) return fail(Error(Code::kResourceExhausted, "cannot allocate {} bytes", bytes));
+  // The parked copy: a memfd as the supervisor holds it, mapped as a worker maps it.
+  Result<int> parked = [&]() -> Result<int> {
+    HostMemory host;
+    Result<HostRegion> r = host.Allocate(bytes, "warmpool-parked");
+    if (!r.ok()) return r.status();
+    for (uint64_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(r->ptr)[i] = PatternByte(i);
+    int fd = dup(r->fd);
+    host.Free(*r);
+    return fd;
+  }();
+  if (!parked.ok()) return fail(parked.status());
+  HostMemory host;
+  Result<HostRegion> mapped = host.Import(*parked, bytes);
+  if (!mapped.ok()) return fail(mapped.status());
+  void* pinned = nullptr;
+  const CudaDriver& cu = memory->device().driver();
+  if (Status s = cu.Check(cu.cuMemHostAlloc(&pinned, bytes, 0), "cuMemHostAlloc"); !s.ok()) return fail(s);
+  std::memcpy(pinned, mapped->ptr, bytes);
+  std::vector<double> plain_ms, unpark_ms;
+  for (int i = 0; i < repeat; ++i) {  // interleaved, so that drift hits both alike
+    auto t0 = std::chrono::steady_clock::now();
+    if (Status s = cu.Check(cu.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(region.ptr), pinned, bytes), "cuMemcpyHtoD");
+        !s.ok()) {
+      return fail(s);
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    if (Status s = memory->CopyToDevice(region, 0, mapped->ptr, bytes); !s.ok()) return fail(s);
+    auto t2 = std::chrono::steady_clock::now();
+    plain_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    unpark_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  std::vector<uint8_t> check(bytes);
+  bool intact = cu.cuMemcpyDtoH(check.data(), reinterpret_cast<CUdeviceptr>(region.ptr), bytes) == CUDA_SUCCESS;
+  for (uint64_t i = 0; intact && i < bytes; ++i) intact = check[i] == PatternByte(i);
+  cu.cuMemFreeHost(pinned);
+  host.Free(*mapped);
+  close(*parked);
+  service->free(service->ctx, &region);
+  const double plain = MedianMs(plain_ms), unpark = MedianMs(unpark_ms);
+  out["pinned_memcpy_median_ms"] = plain;
+  out["unpark_median_ms"] = unpark;
+  out["pinned_memcpy_gbps"] = bytes / plain / 1e6;
+  out["unpark_gbps"] = bytes / unpark / 1e6;
+  out["unpark_over_pinned_memcpy"] = plain / unpark;
+  out["goal"] = ">= 0.8";
+  out["bytes_intact"] = intact;
+  std::printf("%s\n", out.dump().c_str());
+  return intact ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace warmpool
 
@@ -211,6 +299,9 @@ int main(int argc, char** argv) {
   CLI::App* attach = app.add_subcommand("attach", "time to import and map an exported allocation");
   attach->add_option("--bytes", bytes, "allocation size");
   attach->add_option("--repeat", repeat, "imports to time")->check(CLI::Range(1, 100000));
+  CLI::App* unpark = app.add_subcommand("unpark", "an unpark's copy against a plain pinned cuMemcpyHtoD");
+  unpark->add_option("--bytes", bytes, "bytes copied");
+  unpark->add_option("--repeat", repeat, "copies of each kind")->check(CLI::Range(1, 100000));
   CLI::App* child = app.add_subcommand("child", "internal: import descriptor 3 and write or read the pattern");
   child->add_option("--role", role)->required()->check(CLI::IsMember({"write", "read"}));
   child->add_option("--bytes", bytes);
@@ -221,5 +312,6 @@ int main(int argc, char** argv) {
   }
   if (*child) return warmpool::ChildRole(role, bytes);
   if (*lifetime) return warmpool::Lifetime(owner, bytes);
+  if (*unpark) return warmpool::Unpark(bytes, repeat);
   return warmpool::Attach(bytes, repeat);
 }
