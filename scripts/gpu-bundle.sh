@@ -24,7 +24,7 @@ done
 bundle=$1
 
 targets=(warmpoold warmpool-worker warmpool-owner warmpool warmpool-mkmodel warmpool-driver-check
-         warmpool-chaos cuda_memory_test owner_test warmpool_fake_cuda)
+         warmpool-chaos warmpool-bench cuda_memory_test owner_test warmpool_fake_cuda)
 if [[ -z $build ]]; then
   build=build-gpu
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMPOOL_CUDA=ON >/dev/null

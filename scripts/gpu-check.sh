@@ -68,6 +68,9 @@ step owner_test 120 "$bin/owner_test"
 step lifetime 120 "$bin/warmpool-driver-check" lifetime --bytes $((256 << 20))
 step attach 120 "$bin/warmpool-driver-check" attach --bytes $((1 << 30)) --repeat 20
 step unpark 120 "$bin/warmpool-driver-check" unpark --bytes $((1 << 30)) --repeat 5
+# Cold load vs cat, replica attach and unpark through warmpoold (the dense engine still computes on
+# the CPU on this backend: the bench's Pss figures describe that, not the GPU).
+step sharing 180 "$bin/warmpool-bench" --sharing --backend cuda --sizes-mib 256 --iterations 3 --json
 # The whole backend under faults: warmpoold, owner and workers on the GPU.
 step chaos_cuda 240 "$bin/warmpool-chaos" --backend cuda --scenario "device memory owner" \
   --scenario "replica crash" --scenario "crash during unpark" --scenario "attach.mid x kill" \
@@ -87,7 +90,7 @@ for line in open(steps_file):
     summary["steps"][name] = entry
 summary["passed"] = all(s["exit"] == 0 for s in summary["steps"].values())
 summary["not_yet"] = ["dense engine on cuBLAS vs the CPU reference (it computes on the CPU from device memory)",
-                      "cold load vs cat through warmpoold", "several GPUs"]
+                      "several GPUs"]
 json.dump(summary, open(summary_file, "w"), indent=2)
 print(json.dumps({"passed": summary["passed"], "steps": {k: v["exit"] for k, v in summary["steps"].items()}}))
 sys.exit(0 if summary["passed"] else 1)
