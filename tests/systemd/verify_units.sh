@@ -52,8 +52,12 @@ check_file() {  # check_file TEST PATH
 for program in warmpoold warmpool-worker warmpool warmpool-mkmodel; do
   check_file -x "$WARMPOOL_BINDIR/$program"
 done
+# The cuda backend's device owner, where this build has it.
+if [ -x "$build_dir/bin/warmpool-owner" ]; then
+  check_file -x "$WARMPOOL_BINDIR/warmpool-owner"
+fi
 # Test and measurement tools stay in the build tree.
-for program in warmpool-chaos warmpool-bench; do
+for program in warmpool-chaos warmpool-bench warmpool-driver-check; do
   if [ -e "$root$WARMPOOL_BINDIR/$program" ]; then fail "$program must not be installed"; fi
 done
 unit_dir=$root$WARMPOOL_SYSTEMD_UNIT_DIR
