@@ -5,16 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ipc/error_proto.h"
+
 namespace warmpool::owner {
-
-namespace {
-
-void SetError(v1::Error* error, const Status& status) {
-  error->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
-  error->set_message(status.message());
-}
-
-}  // namespace
 
 Result<Sharing> ParseSharing(const std::string& text) {
   if (text == "auto") return Sharing::kAuto;
@@ -106,7 +99,7 @@ void DeviceOwner::Allocate(const v1::OwnerAllocate& request) {
       status = handle.status();
     }
   }
-  if (!status.ok()) SetError(done->mutable_error(), status);
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   if (Status s = channel_.Write(reply, exported >= 0 ? std::vector<int>{exported} : std::vector<int>{});
       !s.ok()) {
     spdlog::debug("owner of device {}: reply dropped: {}", options_.device, s.ToString());

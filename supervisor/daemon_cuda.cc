@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "devmem/legacy_handle_fd.h"
+#include "ipc/error_proto.h"
 #include "ipc/framing.h"
 #include "supervisor/daemon.h"
 
@@ -82,8 +83,7 @@ void Daemon::OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request) 
     v1::WorkerEnvelope reply;
     v1::WorkerAllocated* a = reply.mutable_allocated();
     a->set_request(request.request());
-    a->mutable_error()->set_code(static_cast<v1::Code>(static_cast<int>(why.code())));
-    a->mutable_error()->set_message(why.message());
+    ipc::SetError(a->mutable_error(), why);
     workers_->SendFrame(slot, ipc::Frame(reply));
   };
   if (owners_ == nullptr) {
@@ -110,7 +110,7 @@ void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocat
   a->set_request(asker->request);
   Status failed;
   if (allocated.has_error()) {
-    failed = Status(CodeFromInt(allocated.error().code()), allocated.error().message());
+    failed = ipc::StatusFromError(allocated.error());
     grants_.Refused(allocated.id());
   } else if (!allocated.ipc_handle().empty()) {
     Result<int> named = LegacyHandleToFd(allocated.ipc_handle(), allocated.bytes());
@@ -123,8 +123,7 @@ void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocat
     if (std::optional<GrantRelease> r = grants_.Freed(allocated.id())) ReleaseGrant(*r);
   }
   if (!failed.ok()) {
-    a->mutable_error()->set_code(static_cast<v1::Code>(static_cast<int>(failed.code())));
-    a->mutable_error()->set_message(failed.message());
+    ipc::SetError(a->mutable_error(), failed);
     if (fd >= 0) close(fd);
     workers_->SendFrame(asker->slot, ipc::Frame(reply));
     return;

@@ -11,8 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ipc/framing.h"
-
-extern char** environ;
+#include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {
 
@@ -70,40 +69,13 @@ bool DeviceOwners::Start(uint32_t device) {
   }
   std::vector<std::string> args = {options_.owner_path, "--channel-fd", "3", "--device", std::to_string(device),
                                    "--sharing", options_.sharing, "--parent", std::to_string(getpid())};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  // Like workers, owners never inherit the service manager's variables.
-  std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; e++) {
-    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) == 0 || std::strncmp(*e, "LISTEN_", 7) == 0 ||
-        std::strncmp(*e, "WATCHDOG_", 9) == 0) {
-      continue;
-    }
-    env.push_back(*e);
-  }
-  env.push_back(nullptr);
-  uv_stdio_container_t stdio[4];
-  stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_INHERIT_FD;
-  stdio[1].data.fd = 1;
-  stdio[2].flags = UV_INHERIT_FD;
-  stdio[2].data.fd = 2;
-  stdio[3].flags = UV_INHERIT_FD;
-  stdio[3].data.fd = fds[1];
-  uv_process_options_t options{};
-  options.file = options_.owner_path.c_str();
-  options.args = argv.data();
-  options.env = env.data();
-  options.stdio = stdio;
-  options.stdio_count = 4;
-  options.exit_cb = [](uv_process_t* process, int64_t exit_status, int term_signal) {
-    auto* owner = static_cast<Owner*>(process->data);
-    owner->owners->OnExit(*owner, exit_status, term_signal);
-  };
   o.process = std::make_unique<ipc::UvHandle<uv_process_t>>();
   o.process->get()->data = &o;
-  int rc = uv_spawn(loop_, o.process->get(), &options);
+  int rc = SpawnChild(loop_, o.process->get(), args, fds[1], [](uv_process_t* process, int64_t exit_status,
+                                                               int term_signal) {
+    auto* owner = static_cast<Owner*>(process->data);
+    owner->owners->OnExit(*owner, exit_status, term_signal);
+  });
   close(fds[1]);
   o.process->MarkInitialized();
   if (rc != 0) {

@@ -10,8 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ipc/framing.h"
-
-extern char** environ;
+#include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {
 
@@ -82,41 +81,13 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
       "--backend", options_.backend,
       "--sharing", options_.sharing,
   };
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  // Workers never inherit the service manager's variables: only the supervisor talks to systemd.
-  std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; e++) {
-    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) == 0 || std::strncmp(*e, "LISTEN_", 7) == 0 ||
-        std::strncmp(*e, "WATCHDOG_", 9) == 0) {
-      continue;
-    }
-    env.push_back(*e);
-  }
-  env.push_back(nullptr);
-
-  uv_stdio_container_t stdio[4];
-  stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_INHERIT_FD;
-  stdio[1].data.fd = 1;
-  stdio[2].flags = UV_INHERIT_FD;
-  stdio[2].data.fd = 2;
-  stdio[3].flags = UV_INHERIT_FD;
-  stdio[3].data.fd = fds[1];
-  uv_process_options_t options{};
-  options.file = options_.worker_path.c_str();
-  options.args = argv.data();
-  options.env = env.data();
-  options.stdio = stdio;
-  options.stdio_count = 4;
-  options.exit_cb = [](uv_process_t* process, int64_t exit_status, int term_signal) {
-    auto* worker = static_cast<Worker*>(process->data);
-    worker->pool->OnExit(worker->slot, exit_status, term_signal);
-  };
   w.process = std::make_unique<ipc::UvHandle<uv_process_t>>();
   w.process->get()->data = &w;
-  int rc = uv_spawn(loop_, w.process->get(), &options);
+  int rc = SpawnChild(loop_, w.process->get(), args, fds[1], [](uv_process_t* process, int64_t exit_status,
+                                                               int term_signal) {
+    auto* worker = static_cast<Worker*>(process->data);
+    worker->pool->OnExit(worker->slot, exit_status, term_signal);
+  });
   close(fds[1]);
   if (rc != 0) {
     // uv_spawn initialises the handle even on failure; it must still be closed.

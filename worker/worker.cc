@@ -11,17 +11,9 @@
 #include "common/clock.h"
 #include "engines/plugin_loader.h"
 #include "engines/safetensors.h"
+#include "ipc/error_proto.h"
 
 namespace warmpool::worker {
-
-namespace {
-
-void SetError(v1::Error* error, const Status& status) {
-  error->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
-  error->set_message(status.message());
-}
-
-}  // namespace
 
 Worker::Worker(WorkerOptions options)
     : options_(options),
@@ -113,7 +105,7 @@ OwnerGrantReply Worker::RequestGrant(uint64_t bytes) {
 void Worker::OnGrant(const v1::WorkerAllocated& reply, int fd) {
   OwnerGrantReply grant;
   if (reply.has_error()) {
-    grant.status = Status(CodeFromInt(reply.error().code()), reply.error().message());
+    grant.status = ipc::StatusFromError(reply.error());
   } else if (fd < 0) {
     grant.status = Error(Code::kInternal, "device memory was granted without its descriptor");
   }
@@ -276,7 +268,7 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
       }
     }
   }
-  if (!status.ok()) SetError(done->mutable_error(), status);
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   Send(reply);
 }
 
@@ -334,7 +326,7 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
   int shared = -1;
   Status status = Load(request, faults, *done, shared);
   load_faults_ = nullptr;
-  if (!status.ok()) SetError(done->mutable_error(), status);
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
   // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
   Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
@@ -478,14 +470,14 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
       }
       if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
-      if (!status.ok()) SetError(done->mutable_error(), status);
+      if (!status.ok()) ipc::SetError(done->mutable_error(), status);
       mark.reset();
       Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
       return;
     }
   }
   if (weights_fd >= 0) close(weights_fd);
-  if (!status.ok()) SetError(done->mutable_error(), status);
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
   Send(reply);
 }
@@ -537,7 +529,7 @@ void Worker::HandlePark(const v1::WorkerPark& request) {
     }
   }
   FaultsFor(request.job(), request.faults()).Hit("park.mid");
-  if (!status.ok()) SetError(done->mutable_error(), status);
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
   Send(reply, copy >= 0 ? std::vector<int>{copy} : std::vector<int>{});
   if (copy >= 0) close(copy);  // the supervisor got its own descriptor

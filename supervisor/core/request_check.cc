@@ -1,5 +1,6 @@
 #include "supervisor/core/request_check.h"
 
+#include "ipc/error_proto.h"
 #include "ipc/fault_spec.h"
 #include "ipc/framing.h"
 #include "supervisor/core/model_entry.h"
@@ -25,8 +26,7 @@ Status CheckInferInput(const v1::Tensor& input) {
 v1::Envelope ErrorReply(uint64_t request_id, const Status& status) {
   v1::Envelope reply;
   reply.set_request_id(request_id);
-  reply.mutable_error()->set_code(static_cast<v1::Code>(static_cast<int>(status.code())));
-  reply.mutable_error()->set_message(status.message());
+  ipc::SetError(reply.mutable_error(), status);
   return reply;
 }
 
