@@ -7,6 +7,8 @@
 #include "shm/model_index.h"
 #include "sim/simulator.h"
 
+#include <algorithm>
+
 namespace warmpool::sim {
 
 namespace {
@@ -116,6 +118,20 @@ void Simulator::CheckPeriodic() {
     return Fail(fmt::format("{} has waited {} ms for a resident model that no busy worker holds, "
                             "while a worker idles",
                             starved, now_ - starved_since_ms_));
+  }
+  // Every model a quiet worker holds is one the supervisor knows it holds: anything else is memory
+  // nobody will ever tell it to let go (an unload that overtook its attach, say).
+  for (const Worker& w : workers_) {
+    if (w.state != Worker::State::kUp || busy(w)) continue;
+    const shm::WorkerRecord& record = segment_.worker(w.slot);
+    if (record.outstanding != 0 || record.models > shm::kWorkerModelsShown) continue;
+    for (const auto& [model, engine] : w.engines) {
+      if (std::find(record.held, record.held + record.models, model) == record.held + record.models) {
+        return Fail(fmt::format("worker {} holds model {}, which the supervisor does not know it holds: "
+                                "nothing will ever let it go",
+                                w.slot, model));
+      }
+    }
   }
   if (!(idle && crowded)) {
     stacked_since_ms_ = 0;

@@ -91,7 +91,8 @@ class Simulator {
     std::deque<WorkerJob> loads;
     uint64_t serving_job = 0;       // running (its in-flight marker is taken); 0: idle
     uint64_t load_job = 0;
-    std::string load_name;
+    uint32_t load_model = 0;
+    std::string load_name;  // of a file load; empty for an attach or unload on the load thread
     std::map<uint32_t, Engine> engines;  // by model index
     // Frames for the worker: the supervisor's channel writes them in order; a frame waiting
     // behind others is written (and its handles looked up) only when its turn comes.
@@ -151,6 +152,8 @@ class Simulator {
   void WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message, int region);
   void StartServing(Worker& w);
   void StartLoad(Worker& w);
+  // Whether the worker has a job of this model on its load thread, running or queued.
+  bool OnLoadThread(const Worker& w, uint32_t model) const;
   void FinishJob(uint32_t slot, uint32_t generation, uint64_t job, bool load_thread,
                  WorkerJob work);
   void ReplyToCore(Worker& w, v1::WorkerEnvelope message, std::vector<int> regions = {});

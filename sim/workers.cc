@@ -121,7 +121,10 @@ void Simulator::StartServing(Worker& w) {
   while (w.serving_job == 0 && !w.serving.empty()) {
     WorkerJob work = std::move(w.serving.front());
     w.serving.pop_front();
-    if (work.message.has_load()) {  // read by the serving thread, run by the load thread
+    // Read by the serving thread, run by the load thread: loads and attaches, and an unload of a
+    // model with one of those still there before it (as warmpool-worker keeps a model's order).
+    if (work.message.has_load() || work.message.has_attach() ||
+        (work.message.has_unload() && OnLoadThread(w, work.message.unload().model()))) {
       w.loads.push_back(std::move(work));
       StartLoad(w);
       continue;
@@ -139,11 +142,31 @@ void Simulator::StartServing(Worker& w) {
   }
 }
 
+bool Simulator::OnLoadThread(const Worker& w, uint32_t model) const {
+  auto model_of = [](const v1::WorkerEnvelope& m) {
+    return m.has_load() ? m.load().model() : m.has_attach() ? m.attach().model() : m.unload().model();
+  };
+  if (w.load_job != 0 && w.load_model == model) return true;
+  for (const WorkerJob& job : w.loads) {
+    if (model_of(job.message) == model) return true;
+  }
+  return false;
+}
+
 void Simulator::StartLoad(Worker& w) {
   if (w.load_job != 0 || w.loads.empty()) return;
   WorkerJob work = std::move(w.loads.front());
   w.loads.pop_front();
+  if (!work.message.has_load()) {
+    const bool attach = work.message.has_attach();
+    w.load_job = attach ? work.message.attach().job() : work.message.unload().job();
+    w.load_model = attach ? work.message.attach().model() : work.message.unload().model();
+    w.load_name.clear();  // not a file load
+    Schedule(w, w.load_job, /*load_thread=*/true, std::move(work));
+    return;
+  }
   w.load_job = work.message.load().job();
+  w.load_model = work.message.load().model();
   w.load_name = work.message.load().name();
   if (const SimFile* f = FileOf(work.message.load().name(), work.message.load().path());
       f != nullptr && !f->broken) {
@@ -393,7 +416,7 @@ void Simulator::Die(uint32_t slot, uint32_t generation, const std::string& why, 
   down.fatal = fatal;
   if (w.serving_job != 0) down.running_jobs.push_back(w.serving_job);
   if (w.load_job != 0) down.running_jobs.push_back(w.load_job);
-  if (w.load_job != 0) loads_running_[w.load_name]--;  // the load it was running ends with it
+  if (w.load_job != 0 && !w.load_name.empty()) loads_running_[w.load_name]--;  // its load ends with it
   w.load_job = w.serving_job = 0;
   w.state = Worker::State::kDown;
   Deliver(std::move(down), fmt::format("worker {} died: {}", slot, why));

@@ -193,7 +193,21 @@ int Worker::Run() {
     }
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
-      case v1::WorkerEnvelope::kUnload: HandleUnload(message.unload()); break;
+      case v1::WorkerEnvelope::kUnload: {
+        std::unique_lock lock(load_mutex_);
+        auto pending = load_thread_jobs_.find(message.unload().model());
+        if (pending == load_thread_jobs_.end()) {
+          lock.unlock();
+          HandleUnload(message.unload(), /*on_load_thread=*/false);
+          break;
+        }
+        pending->second++;
+        LoadJob job;
+        job.unload = std::move(*message.mutable_unload());
+        load_queue_.push_back(std::move(job));
+        load_cv_.notify_one();
+        break;
+      }
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
       case v1::WorkerEnvelope::kAllocated: OnGrant(message.allocated(), weights_fd); break;
       case v1::WorkerEnvelope::kLoad:
@@ -203,6 +217,7 @@ int Worker::Run() {
         else job.attach = std::move(*message.mutable_attach());
         job.weights_fd = message.has_attach() ? weights_fd : -1;
         std::lock_guard lock(load_mutex_);
+        load_thread_jobs_[job.load ? job.load->model() : job.attach->model()]++;
         load_queue_.push_back(std::move(job));
         load_cv_.notify_one();
         break;
@@ -281,7 +296,13 @@ Worker::JobMark::~JobMark() {
   if (slot_.ok()) worker_.inflight_->Release(*slot_, worker_.options_.generation, worker_.options_.slot);
 }
 
-void Worker::HandleUnload(const v1::WorkerUnload& request) {
+void Worker::LoadThreadJobDone(uint32_t model) {
+  std::lock_guard lock(load_mutex_);
+  auto it = load_thread_jobs_.find(model);
+  if (it != load_thread_jobs_.end() && --it->second == 0) load_thread_jobs_.erase(it);
+}
+
+void Worker::HandleUnload(const v1::WorkerUnload& request, bool on_load_thread) {
   std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
   std::shared_ptr<Engine> engine;
   {
@@ -297,6 +318,7 @@ void Worker::HandleUnload(const v1::WorkerUnload& request) {
   mark.reset();
   v1::WorkerEnvelope reply;
   reply.mutable_unload_done()->set_job(request.job());
+  if (on_load_thread) LoadThreadJobDone(request.model());
   Send(reply);
 }
 
@@ -311,7 +333,8 @@ void Worker::LoadLoop() {
       load_queue_.pop_front();
     }
     if (job.load) RunLoad(*job.load);
-    else HandleAttach(*job.attach, job.weights_fd);
+    else if (job.attach) HandleAttach(*job.attach, job.weights_fd);
+    else HandleUnload(*job.unload, /*on_load_thread=*/true);
   }
 }
 
@@ -328,6 +351,7 @@ void Worker::RunLoad(const v1::WorkerLoad& request) {
   load_faults_ = nullptr;
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
+  LoadThreadJobDone(request.model());
   // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
   Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
 }
@@ -472,6 +496,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
       if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
       if (!status.ok()) ipc::SetError(done->mutable_error(), status);
       mark.reset();
+      LoadThreadJobDone(request.model());
       Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
       return;
     }
@@ -479,6 +504,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
   if (weights_fd >= 0) close(weights_fd);
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
+  LoadThreadJobDone(request.model());
   Send(reply);
 }
 

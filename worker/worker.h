@@ -62,15 +62,22 @@ class Worker {
  private:
   // A job for the load thread: a load, or an attach (which may copy a parked model into device
   // memory, and on cuda waits for device memory from the owner: never on the channel's reader).
+  // An unload goes there too when a load or attach of its model is still there before it: one
+  // model's jobs run in the order they came (the supervisor relies on it).
   struct LoadJob {
     std::optional<v1::WorkerLoad> load;
     std::optional<v1::WorkerAttach> attach;
+    std::optional<v1::WorkerUnload> unload;
     int weights_fd = -1;  // the attach's region, owned by the job
   };
   // Picks the device memory engines allocate from: the host backend, or (cuda) the device.
   Status OpenDeviceMemory();
   void HandleInfer(const v1::WorkerInfer& request);
-  void HandleUnload(const v1::WorkerUnload& request);
+  // on_load_thread: queued behind its model's load or attach (see LoadJob).
+  void HandleUnload(const v1::WorkerUnload& request, bool on_load_thread);
+  // A load-thread job of the model is done: called just before its reply is sent, so that an
+  // unload the supervisor sends after reading the reply is never queued behind nothing.
+  void LoadThreadJobDone(uint32_t model);
   // Serves a model from weights another worker loaded (the supervisor kept their handle).
   void HandleAttach(const v1::WorkerAttach& request, int weights_fd);
   // Copies a model's weights into host memory (the parked copy) and hands it to the supervisor.
@@ -136,6 +143,7 @@ class Worker {
   std::mutex load_mutex_;
   std::condition_variable load_cv_;
   std::deque<LoadJob> load_queue_;
+  std::unordered_map<uint32_t, uint32_t> load_thread_jobs_;  // model -> its jobs queued or running there
   bool stopping_ = false;
   std::thread load_thread_;
 };

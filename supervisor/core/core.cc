@@ -92,6 +92,9 @@ uint64_t Core::NewJob(Job&& job) {
   job.started_ms = MonoMs();
   job.progress_ms = job.started_ms;
   job.epoch = models_[job.model].epoch;
+  if (job.kind == Job::Kind::kLoad || job.kind == Job::Kind::kAttach || job.kind == Job::Kind::kUnpark) {
+    job.load_thread = true;
+  }
   WorkerSlot& w = workers_[job.worker];
   w.outstanding++;
   w.pending_bytes += job.frame_bytes;

@@ -102,8 +102,11 @@ class Core {
     v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
     std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
     uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
+    // Runs on the worker's load thread: loads, attaches and unparks, and an unload of a model
+    // with one of those still before it there (the worker keeps one model's jobs in order).
+    bool load_thread = false;
   };
-  static bool OnLoadThread(const Job& job) { return job.kind == Job::Kind::kLoad; }
+  static bool OnLoadThread(const Job& job) { return job.load_thread; }
   struct Model {
     uint64_t epoch = 0;
     ModelEntry entry;  // as registered; updated when a load finds the file changed

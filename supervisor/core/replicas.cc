@@ -58,6 +58,11 @@ void Core::AttachReplica(uint32_t model, uint32_t worker, uint32_t moving_from) 
 
 uint64_t Core::SendUnload(uint32_t model, uint32_t worker) {
   Job job{.kind = Job::Kind::kUnload, .worker = worker, .model = model};
+  // Behind the model's attach (or load) on the worker's load thread, as the worker queues it.
+  job.load_thread = std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
+    const Job& other = entry.second;
+    return other.worker == worker && other.model == model && other.load_thread;
+  });
   v1::WorkerEnvelope message;
   message.mutable_unload()->set_model(model);
   for (const v1::Fault& f : GrantFaults(job)) *message.mutable_unload()->add_faults() = f;
