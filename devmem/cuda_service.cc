@@ -43,7 +43,12 @@ Status CudaMemory::CopyToDevice(const wp_region& region, uint64_t offset, const 
   const CudaDriver& cu = device_.driver();
   if (Status s = device_.MakeCurrent(); !s.ok()) return s;
   const CUdeviceptr destination = reinterpret_cast<CUdeviceptr>(region.ptr) + offset;
-  if (bytes < kChunkedCopyMin) return cu.Check(cu.cuMemcpyHtoD(destination, source, bytes), "cuMemcpyHtoD");
+  if (bytes < kChunkedCopyMin) {
+    // From pageable memory the call returns once the bytes are staged, not landed: wait, so that
+    // weights reported loaded are in device memory for every process that maps them.
+    if (Status s = cu.Check(cu.cuMemcpyHtoD(destination, source, bytes), "cuMemcpyHtoD"); !s.ok()) return s;
+    return cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
+  }
 
   std::lock_guard lock(streams_mutex_);
   while (streams_.size() < kCopyStreams) {
@@ -156,7 +161,10 @@ wp_status CudaMemory::CAlloc(void* ctx, uint64_t bytes, wp_region* out) {
   }
   // Zero-filled, as the ABI promises (fresh device memory holds whatever was there before).
   const CudaDriver& cu = self->device_.driver();
-  if (cu.cuMemsetD8(reinterpret_cast<CUdeviceptr>(region->ptr), 0, bytes) != CUDA_SUCCESS) {
+  // cuMemsetD8 is asynchronous on the legacy stream, which the copy streams (non-blocking) do not
+  // wait for: finish it before anything is copied in.
+  if (cu.cuMemsetD8(reinterpret_cast<CUdeviceptr>(region->ptr), 0, bytes) != CUDA_SUCCESS ||
+      cu.cuCtxSynchronize() != CUDA_SUCCESS) {
     self->Free(*region);
     return WP_INTERNAL;
   }

@@ -345,7 +345,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   // Device memory (cuda) is the shell's business: the core only ever sees the weights' handles.
   if (message.has_allocate()) return OnWorkerAllocate(slot, message.allocate());
   if (message.has_free()) {
-    if (std::optional<GrantRelease> r = grants_.Freed(message.free().grant())) ReleaseGrant(*r);
+    if (std::optional<GrantRelease> r = grants_.Freed(message.free().grant(), slot)) ReleaseGrant(*r);
     return;
   }
   event::WorkerMessage e;

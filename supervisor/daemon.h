@@ -66,7 +66,7 @@ class Daemon {
   // cuda: a worker asks for device memory; the owner answers; grants are released.
   void OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request);
   void OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocated, int fd);
-  void OnOwnerDeath(uint32_t device, const std::string& why);
+  void OnOwnerDeath(uint32_t device, const std::string& why, bool fatal);
   void RestartOwner();
   void ReleaseGrant(const GrantRelease& release);
   void CloseHandle(int fd);
@@ -92,6 +92,7 @@ class Daemon {
   ipc::UvHandle<uv_timer_t> owner_restart_timer_;
   uint64_t owner_started_ms_ = 0;
   uint64_t owner_restart_delay_ms_ = 0;
+  bool owner_fatal_ = false;  // exited with status 2: not started again
   std::vector<v1::OwnerEnvelope> waiting_for_owner_;  // allocations asked while it restarts
   std::unique_ptr<ClientServer> server_;
   std::unique_ptr<ServiceManager> service_;

@@ -66,7 +66,7 @@ Status Daemon::StartCuda(const BackendChoice& choice, const std::string& owner_p
   events.on_allocated = [this](uint32_t d, const v1::OwnerAllocated& allocated, int fd) {
     OnOwnerAllocated(d, allocated, fd);
   };
-  events.on_death = [this](uint32_t d, const std::string& why) { OnOwnerDeath(d, why); };
+  events.on_death = [this](uint32_t d, const std::string& why, bool fatal) { OnOwnerDeath(d, why, fatal); };
   owners_ = std::make_unique<DeviceOwners>(&loop_, options, std::move(events));
   uv_timer_init(&loop_, owner_restart_timer_.get());
   owner_restart_timer_.MarkInitialized();
@@ -89,6 +89,15 @@ void Daemon::OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request) 
   if (owners_ == nullptr) {
     return refuse(Error(Code::kFailedPrecondition, "device memory is granted on the cuda backend only"));
   }
+  if (owner_fatal_) {
+    return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} cannot run (see the log): fix "
+                                            "the driver or configuration and restart warmpoold", cuda_device_));
+  }
+  if (!owners_->running(cuda_device_) && owner_restart_delay_ms_ != 0) {
+    // It keeps dying: a load waiting for it would only stall. It fails now, and says why.
+    return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} keeps dying; it is started "
+                                            "again in {} ms", cuda_device_, owner_restart_delay_ms_));
+  }
   const uint64_t grant = grants_.Ask(cuda_device_, slot, workers_->generation(slot), request.request());
   v1::OwnerEnvelope ask;
   ask.mutable_allocate()->set_id(grant);
@@ -99,10 +108,12 @@ void Daemon::OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request) 
 }
 
 void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocated, int fd) {
-  std::optional<GrantTable::Asker> asker = grants_.Answered(allocated.id());
+  bool release = false;
+  std::optional<GrantTable::Asker> asker = grants_.Answered(allocated.id(), &release);
   if (!asker) {
-    // Its worker died meanwhile, and the release is already on its way to the owner.
+    // Its worker died or freed it meanwhile (release it now), or its owner is another by now.
     if (fd >= 0) close(fd);
+    if (release && !allocated.has_error()) ReleaseGrant(GrantRelease{device, allocated.id()});
     return;
   }
   v1::WorkerEnvelope reply;
@@ -120,7 +131,7 @@ void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocat
     failed = Error(Code::kInternal, "the owner of CUDA device {} granted memory without its descriptor", device);
   }
   if (!failed.ok() && !allocated.has_error()) {
-    if (std::optional<GrantRelease> r = grants_.Freed(allocated.id())) ReleaseGrant(*r);
+    if (std::optional<GrantRelease> r = grants_.Freed(allocated.id(), asker->slot)) ReleaseGrant(*r);
   }
   if (!failed.ok()) {
     ipc::SetError(a->mutable_error(), failed);
@@ -134,15 +145,21 @@ void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocat
                     workers_->SendFrame(asker->slot, ipc::Frame(reply), {fd});
   close(fd);  // the channel keeps its own copy until the frame is written
   if (!sent) {
-    if (std::optional<GrantRelease> r = grants_.Freed(allocated.id())) ReleaseGrant(*r);
+    if (std::optional<GrantRelease> r = grants_.Freed(allocated.id(), asker->slot)) ReleaseGrant(*r);
   }
 }
 
-void Daemon::OnOwnerDeath(uint32_t device, const std::string& why) {
+void Daemon::OnOwnerDeath(uint32_t device, const std::string& why, bool fatal) {
   spdlog::error("the memory owner of CUDA device {} {}: the weights it held are gone", device, why);
   grants_.OwnerGone(device);
   waiting_for_owner_.clear();  // their grants went with the owner; the workers are killed below
   Dispatch(event::DeviceLost{device, why});
+  if (fatal) {
+    owner_fatal_ = true;
+    spdlog::critical("the memory owner of CUDA device {} cannot run (exit status 2, fatal configuration); "
+                     "not starting it again: fix the driver or configuration and restart warmpoold", device);
+    return;
+  }
   // Started again at once, unless it dies young (a broken driver): then after a growing pause.
   const uint64_t lived_ms = MonotonicMillis() - owner_started_ms_;
   owner_restart_delay_ms_ = lived_ms < kOwnerStableMs

@@ -133,7 +133,7 @@ void DeviceOwners::OnExit(Owner& o, int64_t exit_status, int term_signal) {
     if (channel != nullptr) channel->Close(OkStatus());
   }
   o.process.reset();
-  if (!shutting_down_ && events_.on_death) events_.on_death(o.device, why);
+  if (!shutting_down_ && events_.on_death) events_.on_death(o.device, why, term_signal == 0 && exit_status == 2);
 }
 
 bool DeviceOwners::Send(uint32_t device, const v1::OwnerEnvelope& message) {

@@ -28,8 +28,9 @@ struct DeviceOwnerEvents {
   std::function<void(uint32_t device, const v1::OwnerHello& hello)> on_ready;
   // An allocation's answer; fd is its exported descriptor (vmm) or -1.
   std::function<void(uint32_t device, const v1::OwnerAllocated& allocated, int fd)> on_allocated;
-  // The owner is gone: every allocation it held went with it.
-  std::function<void(uint32_t device, const std::string& why)> on_death;
+  // The owner is gone: every allocation it held went with it. fatal: it exited with status 2
+  // (no driver, no such device, a sharing mode the device lacks): starting it again cannot help.
+  std::function<void(uint32_t device, const std::string& why, bool fatal)> on_death;
 };
 
 class DeviceOwners {

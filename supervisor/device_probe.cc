@@ -33,7 +33,14 @@ Result<std::vector<ProbedDevice>> ProbeDevices(const std::string& owner_path, ui
     return Error(Code::kUnavailable, "fork: {}", std::strerror(errno));
   }
   if (pid == 0) {
+    // Like every helper: stdout to us, no inherited descriptor beyond stderr (a socket-activated
+    // listener, say), none of the service manager's variables. (The daemon is one thread here.)
     dup2(out[1], 1);
+    close_range(3, ~0u, 0);
+    for (const char* name : {"NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_PID",
+                             "WATCHDOG_USEC"}) {
+      unsetenv(name);
+    }
     execl(owner_path.c_str(), owner_path.c_str(), "--probe", nullptr);
     _exit(127);
   }

@@ -8,17 +8,28 @@ uint64_t GrantTable::Ask(uint32_t device, uint32_t slot, uint32_t generation, ui
   return id;
 }
 
-std::optional<GrantTable::Asker> GrantTable::Answered(uint64_t grant) const {
+std::optional<GrantTable::Asker> GrantTable::Answered(uint64_t grant, bool* release) {
+  *release = false;
   auto it = grants_.find(grant);
   if (it == grants_.end()) return std::nullopt;
+  if (it->second.abandoned) {
+    *release = true;
+    grants_.erase(it);
+    return std::nullopt;
+  }
+  it->second.answered = true;
   return it->second.asker;
 }
 
 void GrantTable::Refused(uint64_t grant) { grants_.erase(grant); }
 
-std::optional<GrantRelease> GrantTable::Freed(uint64_t grant) {
+std::optional<GrantRelease> GrantTable::Freed(uint64_t grant, uint32_t slot) {
   auto it = grants_.find(grant);
-  if (it == grants_.end() || it->second.kept_fd >= 0) return std::nullopt;
+  if (it == grants_.end() || it->second.kept_fd >= 0 || it->second.asker.slot != slot) return std::nullopt;
+  if (!it->second.answered) {
+    it->second.abandoned = true;
+    return std::nullopt;
+  }
   GrantRelease release{it->second.asker.device, grant};
   grants_.erase(it);
   return release;
@@ -48,11 +59,14 @@ std::vector<GrantRelease> GrantTable::WorkerGone(uint32_t slot, uint32_t generat
   std::vector<GrantRelease> released;
   for (auto it = grants_.begin(); it != grants_.end();) {
     const Asker& a = it->second.asker;
-    if (it->second.kept_fd < 0 && a.slot == slot && a.generation == generation) {
+    if (it->second.kept_fd >= 0 || a.slot != slot || a.generation != generation) {
+      ++it;
+    } else if (!it->second.answered) {
+      it->second.abandoned = true;
+      ++it;
+    } else {
       released.push_back({a.device, it->first});
       it = grants_.erase(it);
-    } else {
-      ++it;
     }
   }
   return released;

@@ -3,7 +3,9 @@
 // the owner and hands the worker what the owner made. A grant is released to its owner when
 // nobody needs it any more:
 //
-//   - a worker's grant that never became a model's weights: when the worker frees it, or dies;
+//   - a worker's grant that never became a model's weights: when the worker frees it, or dies
+//     (a grant the owner has not answered yet is released when it answers: a release sent before
+//     would find nothing, and the allocation would stay with the owner for good);
 //   - a model's weights (the grant named by a load's reply, whose descriptor the core now holds):
 //     when the core closes that descriptor — never because a worker died, which is the point;
 //   - all of a device's grants when its owner dies: they died with it.
@@ -28,19 +30,21 @@ class GrantTable {
   // A worker asks for memory: the new grant's id (to send to the owner as the allocation id).
   uint64_t Ask(uint32_t device, uint32_t slot, uint32_t generation, uint64_t request);
 
-  // Who asked for a grant the owner answered, or nullopt (unknown, or its device's owner died).
   struct Asker {
     uint32_t device = 0;
     uint32_t slot = 0;
     uint32_t generation = 0;
     uint64_t request = 0;
   };
-  std::optional<Asker> Answered(uint64_t grant) const;
+  // The owner answered. Its asker, to hand the grant to; nullopt when nobody wants it any more:
+  // release it then if it was allocated (`release` says so) — unless it is unknown (its owner died).
+  std::optional<Asker> Answered(uint64_t grant, bool* release);
   // The owner could not allocate: the grant is forgotten.
   void Refused(uint64_t grant);
 
-  // The worker no longer maps the grant: released unless it holds a model's weights.
-  std::optional<GrantRelease> Freed(uint64_t grant);
+  // Worker `slot` no longer maps the grant: released unless it holds a model's weights (or is not
+  // that worker's to free).
+  std::optional<GrantRelease> Freed(uint64_t grant, uint32_t slot);
   // A load's reply named the grant as the model's weights, now held by the core as descriptor fd.
   // False when the grant is unknown (its owner died, or the worker that asked for it is not the
   // one replying): the weights are not backed by anything this table will release.
@@ -57,7 +61,9 @@ class GrantTable {
  private:
   struct Grant {
     Asker asker;
-    int kept_fd = -1;  // >= 0 once it holds a model's weights
+    int kept_fd = -1;        // >= 0 once it holds a model's weights
+    bool answered = false;   // the owner said whether it allocated
+    bool abandoned = false;  // nobody wants it; released when the owner answers
   };
   uint64_t next_ = 1;
   std::unordered_map<uint64_t, Grant> grants_;

@@ -1,5 +1,6 @@
 // warmpool-worker: started by warmpoold, never by hand. Exit status 2 means "fatal configuration,
-// do not respawn"; any other exit is a crash the supervisor recovers from.
+// do not respawn"; any other exit (1 for a start that may succeed later) is a crash the supervisor
+// recovers from.
 #include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -46,7 +47,10 @@ int main(int argc, char** argv) {
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());
-    return 2;
+    // Out of device memory for a context, or a driver error, may pass: the supervisor starts it
+    // again later. Anything else is configuration, which starting again cannot fix.
+    const bool transient = s.code() == warmpool::Code::kResourceExhausted || s.code() == warmpool::Code::kInternal;
+    return transient ? 1 : 2;
   }
   return worker.Run();
 }

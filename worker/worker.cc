@@ -82,6 +82,12 @@ Status Worker::OpenDeviceMemory() {
 }
 
 OwnerGrantReply Worker::RequestGrant(uint64_t bytes) {
+  if (std::this_thread::get_id() == reader_thread_) {
+    // The grant would arrive on the channel this thread reads: it would wait for itself.
+    return OwnerGrantReply{Error(Code::kFailedPrecondition,
+                                 "device memory can be allocated only while loading (an engine asked for "
+                                 "it while serving)")};
+  }
   uint64_t request = 0;
   {
     std::lock_guard lock(grant_mutex_);
@@ -176,6 +182,7 @@ Status Worker::Start() {
 }
 
 int Worker::Run() {
+  reader_thread_ = std::this_thread::get_id();
   for (;;) {
     v1::WorkerEnvelope message;
     Status s = channel_.Read(message);

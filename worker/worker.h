@@ -129,6 +129,7 @@ class Worker {
   uint64_t next_grant_request_ = 1;
   std::unordered_map<uint64_t, OwnerGrantReply> grants_;
   bool grants_closed_ = false;  // the channel is gone: no grant will come
+  std::thread::id reader_thread_;  // reads the channel: must never wait for a grant
   JobFaults* load_faults_ = nullptr;  // load thread only: the faults of the load that allocates now
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;

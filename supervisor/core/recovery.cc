@@ -125,7 +125,6 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
 }
 
 void Core::OnDeviceLost(const event::DeviceLost& lost) {
-  if (stopping_) return;
   Log(LogLevel::kError, "the memory of device {} is gone ({}): its workers are restarted, and its "
       "models load again on demand", lost.device, lost.why);
   // The workers map memory that no longer exists: nothing they report from now on is believed,
@@ -140,7 +139,7 @@ void Core::OnDeviceLost(const event::DeviceLost& lost) {
   // them). Their replicas go with their workers; the handles close when the last has.
   for (uint32_t model : index_->All()) {
     Model& m = models_[model];
-    if (m.machine.Is<Ready>()) Release(model, /*eviction=*/false, /*allow_park=*/false);
+    if (m.machine.Is<Ready>() && !stopping_) Release(model, /*eviction=*/false, /*allow_park=*/false);
     if (Releasing* r = m.machine.As<Releasing>()) r->park = false;  // a copy already made survives
   }
 }
