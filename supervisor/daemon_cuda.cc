@@ -18,6 +18,7 @@ namespace {
 
 constexpr uint64_t kOwnerStableMs = 10000;       // an owner that lived this long died of something else
 constexpr uint64_t kOwnerRestartMaxMs = 30000;
+constexpr uint64_t kOwnerPatienceMs = 1000;  // allocations wait for an owner started again within this
 
 }  // namespace
 
@@ -93,8 +94,8 @@ void Daemon::OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request) 
     return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} cannot run (see the log): fix "
                                             "the driver or configuration and restart warmpoold", cuda_device_));
   }
-  if (!owners_->running(cuda_device_) && owner_restart_delay_ms_ != 0) {
-    // It keeps dying: a load waiting for it would only stall. It fails now, and says why.
+  if (!owners_->running(cuda_device_) && owner_restart_delay_ms_ > kOwnerPatienceMs) {
+    // It keeps dying young: a load waiting for it would only stall. It fails now, and says why.
     return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} keeps dying; it is started "
                                             "again in {} ms", cuda_device_, owner_restart_delay_ms_));
   }
