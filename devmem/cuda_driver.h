@@ -31,7 +31,8 @@ namespace warmpool {
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle)               \
   X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemHostAlloc) X(cuMemFreeHost)              \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8) X(cuStreamCreate) X(cuStreamDestroy)           \
-  X(cuStreamSynchronize) X(cuMemcpyHtoDAsync) X(cuMemHostRegister) X(cuMemHostUnregister)
+  X(cuStreamSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async)             \
+  X(cuMemHostRegister) X(cuMemHostUnregister)
 
 class CudaDriver {
  public:

@@ -44,10 +44,15 @@ Status CudaMemory::CopyToDevice(const wp_region& region, uint64_t offset, const 
   if (Status s = device_.MakeCurrent(); !s.ok()) return s;
   const CUdeviceptr destination = reinterpret_cast<CUdeviceptr>(region.ptr) + offset;
   if (bytes < kChunkedCopyMin) {
-    // From pageable memory the call returns once the bytes are staged, not landed: wait, so that
-    // weights reported loaded are in device memory for every process that maps them.
-    if (Status s = cu.Check(cu.cuMemcpyHtoD(destination, source, bytes), "cuMemcpyHtoD"); !s.ok()) return s;
-    return cu.Check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
+    // On this thread's default stream, and waited for: from pageable memory a copy may return once
+    // the bytes are staged, and weights reported loaded must be in device memory for every process
+    // that maps them.
+    if (Status s = cu.Check(cu.cuMemcpyHtoDAsync(destination, source, bytes, CU_STREAM_PER_THREAD),
+                            "cuMemcpyHtoDAsync");
+        !s.ok()) {
+      return s;
+    }
+    return cu.Check(cu.cuStreamSynchronize(CU_STREAM_PER_THREAD), "cuStreamSynchronize");
   }
 
   std::lock_guard lock(streams_mutex_);
@@ -161,10 +166,11 @@ wp_status CudaMemory::CAlloc(void* ctx, uint64_t bytes, wp_region* out) {
   }
   // Zero-filled, as the ABI promises (fresh device memory holds whatever was there before).
   const CudaDriver& cu = self->device_.driver();
-  // cuMemsetD8 is asynchronous on the legacy stream, which the copy streams (non-blocking) do not
-  // wait for: finish it before anything is copied in.
-  if (cu.cuMemsetD8(reinterpret_cast<CUdeviceptr>(region->ptr), 0, bytes) != CUDA_SUCCESS ||
-      cu.cuCtxSynchronize() != CUDA_SUCCESS) {
+  // On this thread's own default stream (not the legacy one, which would serialise it with every
+  // other thread's copies), and finished before anything is copied in by the copy streams.
+  if (cu.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(region->ptr), 0, bytes, CU_STREAM_PER_THREAD) !=
+          CUDA_SUCCESS ||
+      cu.cuStreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS) {
     self->Free(*region);
     return WP_INTERNAL;
   }
@@ -206,8 +212,11 @@ wp_status CudaMemory::CRead(void* ctx, const wp_region* region, uint64_t offset,
   if (bytes == 0) return WP_OK;
   const CudaDriver& cu = self->device_.driver();
   self->device_.MakeCurrent();
-  CUresult r = cu.cuMemcpyDtoH(destination, reinterpret_cast<CUdeviceptr>(region->ptr) + offset, bytes);
-  return r == CUDA_SUCCESS ? WP_OK : WpCode(cu.Check(r, "cuMemcpyDtoH"));
+  // On this thread's default stream: an inference's reads do not queue behind a load's copies.
+  CUresult r = cu.cuMemcpyDtoHAsync(destination, reinterpret_cast<CUdeviceptr>(region->ptr) + offset, bytes,
+                                    CU_STREAM_PER_THREAD);
+  if (r == CUDA_SUCCESS) r = cu.cuStreamSynchronize(CU_STREAM_PER_THREAD);
+  return r == CUDA_SUCCESS ? WP_OK : WpCode(cu.Check(r, "cuMemcpyDtoHAsync"));
 }
 
 }  // namespace warmpool

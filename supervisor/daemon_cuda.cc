@@ -99,7 +99,15 @@ void Daemon::OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request) 
     return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} keeps dying; it is started "
                                             "again in {} ms", cuda_device_, owner_restart_delay_ms_));
   }
-  const uint64_t grant = grants_.Ask(cuda_device_, slot, workers_->generation(slot), request.request());
+  // Admission counted what a load needs; an engine asking for more than the whole budget is broken
+  // (or hostile), and must not take the device from everyone else.
+  const uint32_t generation = workers_->generation(slot);
+  if (grants_.Unkept(slot, generation) + request.bytes() > config_.budget_bytes) {
+    return refuse(Error(Code::kResourceExhausted,
+                        "worker {} asked for {} of device memory, beyond the budget ({}) with what it holds "
+                        "already", slot, FormatBytes(request.bytes()), FormatBytes(config_.budget_bytes)));
+  }
+  const uint64_t grant = grants_.Ask(cuda_device_, slot, generation, request.request(), request.bytes());
   v1::OwnerEnvelope ask;
   ask.mutable_allocate()->set_id(grant);
   ask.mutable_allocate()->set_bytes(request.bytes());

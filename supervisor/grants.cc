@@ -2,10 +2,23 @@
 
 namespace warmpool::supervisor {
 
-uint64_t GrantTable::Ask(uint32_t device, uint32_t slot, uint32_t generation, uint64_t request) {
+uint64_t GrantTable::Ask(uint32_t device, uint32_t slot, uint32_t generation, uint64_t request, uint64_t bytes) {
   const uint64_t id = next_++;
-  grants_[id] = Grant{Asker{device, slot, generation, request}, -1};
+  Grant grant;
+  grant.asker = Asker{device, slot, generation, request};
+  grant.bytes = bytes;
+  grants_[id] = grant;
   return id;
+}
+
+uint64_t GrantTable::Unkept(uint32_t slot, uint32_t generation) const {
+  uint64_t bytes = 0;
+  for (const auto& [id, grant] : grants_) {
+    if (grant.kept_fd < 0 && !grant.abandoned && grant.asker.slot == slot && grant.asker.generation == generation) {
+      bytes += grant.bytes;
+    }
+  }
+  return bytes;
 }
 
 std::optional<GrantTable::Asker> GrantTable::Answered(uint64_t grant, bool* release) {

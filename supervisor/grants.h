@@ -28,7 +28,9 @@ struct GrantRelease {
 class GrantTable {
  public:
   // A worker asks for memory: the new grant's id (to send to the owner as the allocation id).
-  uint64_t Ask(uint32_t device, uint32_t slot, uint32_t generation, uint64_t request);
+  uint64_t Ask(uint32_t device, uint32_t slot, uint32_t generation, uint64_t request, uint64_t bytes = 0);
+  // Bytes asked for by a worker and not (yet) a model's weights: what it holds for itself.
+  uint64_t Unkept(uint32_t slot, uint32_t generation) const;
 
   struct Asker {
     uint32_t device = 0;
@@ -64,6 +66,7 @@ class GrantTable {
     int kept_fd = -1;        // >= 0 once it holds a model's weights
     bool answered = false;   // the owner said whether it allocated
     bool abandoned = false;  // nobody wants it; released when the owner answers
+    uint64_t bytes = 0;
   };
   uint64_t next_ = 1;
   std::unordered_map<uint64_t, Grant> grants_;

@@ -528,6 +528,22 @@ CUresult CUDAAPI cuMemcpyDtoH(void* destination, CUdeviceptr source, size_t byte
   return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t bytes, CUstream) {
+  FAKE_ENTER("cuMemcpyDtoHAsync");
+  if (Find(s, source, bytes) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(destination, reinterpret_cast<const void*>(source), bytes);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr destination, unsigned char value, size_t bytes, CUstream) {
+  FAKE_ENTER("cuMemsetD8Async");
+  Mapping* mapping = Find(s, destination, bytes);
+  if (mapping == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!mapping->writable) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::memset(reinterpret_cast<void*>(destination), value, bytes);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr destination, unsigned char value, size_t bytes) {
   FAKE_ENTER("cuMemsetD8");
   Mapping* mapping = Find(s, destination, bytes);

@@ -83,6 +83,19 @@ TEST(GrantTable, AnOwnersDeathForgetsItsGrantsWithoutReleasing) {
   EXPECT_TRUE(t.Answered(elsewhere, &release));
 }
 
+TEST(GrantTable, AWorkersOwnBytesAreThoseNotYetWeights) {
+  GrantTable t;
+  uint64_t weights = t.Ask(kDevice, kSlot, kGeneration, 1, 100);
+  t.Ask(kDevice, kSlot, kGeneration, 2, 20);
+  t.Ask(kDevice, kSlot + 1, 1, 3, 5);
+  EXPECT_EQ(t.Unkept(kSlot, kGeneration), 120u);
+  bool release = false;
+  ASSERT_TRUE(t.Answered(weights, &release));
+  ASSERT_TRUE(t.Kept(weights, kSlot, 9));
+  EXPECT_EQ(t.Unkept(kSlot, kGeneration), 20u);
+  EXPECT_EQ(t.Unkept(kSlot, kGeneration + 1), 0u);
+}
+
 TEST(GrantTable, ARefusedGrantIsForgotten) {
   GrantTable t;
   uint64_t g = t.Ask(kDevice, kSlot, kGeneration, 1);
