@@ -40,6 +40,18 @@ class CudaTest : public DaemonTest {
     closedir(proc);
     return found;
   }
+  // SIGKILLs the worker serving `model`, waits for its replacement, and expects the model to answer
+  // as before (from the held weights: nothing else is left to serve it from).
+  void KillItsWorkerAndExpectTheSameAnswer(client::Client& client, const std::string& model,
+                                           const client::Matrix& input, const client::Matrix& expected) {
+    int slot = client.Ps()->models(0).worker();
+    ASSERT_GE(slot, 0);
+    kill(client.GetStatus()->workers(slot).pid(), SIGKILL);
+    WaitForIdleWorkers(client);
+    auto out = client.Infer(model, input);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectNear(expected, *out);
+  }
   void WaitForIdleWorkers(client::Client& client) {
     for (int i = 0; i < 300; i++) {
       auto s = client.GetStatus();
@@ -84,12 +96,7 @@ TEST_F(CudaTest, AWorkersDeathFreesNothingAndTheFileIsNotReadAgain) {
   client::Matrix expected = ReferenceInfer(path, input);
   ASSERT_TRUE(client->Load("m").ok());
   std::filesystem::remove(path);  // only an attach of the held weights can serve from now on
-  int slot = client->Ps()->models(0).worker();
-  kill(client->GetStatus()->workers(slot).pid(), SIGKILL);
-  WaitForIdleWorkers(*client);
-  auto out = client->Infer("m", input);
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
-  ExpectNear(expected, *out);
+  KillItsWorkerAndExpectTheSameAnswer(*client, "m", input, expected);
   EXPECT_NE(DaemonLog().find("attaching the resident weights of \"m\""), std::string::npos);
 }
 
@@ -141,12 +148,7 @@ TEST_F(CudaTest, LegacyIpcSharingServesAndSurvivesAWorker) {
   client::Matrix input = RandomMatrix(2, 16, 5);
   client::Matrix expected = ReferenceInfer(path, input);
   ASSERT_TRUE(client->Load("m").ok());
-  int slot = client->Ps()->models(0).worker();
-  kill(client->GetStatus()->workers(slot).pid(), SIGKILL);
-  WaitForIdleWorkers(*client);
-  auto out = client->Infer("m", input);
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
-  ExpectNear(expected, *out);
+  KillItsWorkerAndExpectTheSameAnswer(*client, "m", input, expected);
   EXPECT_NE(DaemonLog().find("sharing legacy"), std::string::npos);
 }
 

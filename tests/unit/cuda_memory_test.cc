@@ -2,6 +2,7 @@
 // same code runs against libcuda on a GPU (scripts/gpu-check.sh). The double is configured before
 // the driver is loaded: two devices of 64 MiB.
 #include "devmem/cuda_memory.h"
+#include "tests/unit/cuda_device_fixture.h"
 
 #include <unistd.h>
 
@@ -17,20 +18,7 @@ namespace {
 
 constexpr uint64_t kMiB = 1u << 20;
 
-class CudaMemoryTest : public testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    // Only the double reads these; a real driver ignores them.
-    setenv("WARMPOOL_FAKE_CUDA_DEVICES", "2", 0);
-    setenv("WARMPOOL_FAKE_CUDA_MEMORY", "67108864", 0);
-  }
-  void SetUp() override {
-    Result<CudaDevice> device = CudaDevice::Open(0);
-    ASSERT_TRUE(device.ok()) << device.status().ToString();
-    device_.emplace(std::move(*device));
-  }
-  std::optional<CudaDevice> device_;
-};
+using CudaMemoryTest = testing::CudaDeviceTest;
 
 std::vector<uint8_t> Pattern(uint64_t bytes, uint8_t seed) {
   std::vector<uint8_t> data(bytes);

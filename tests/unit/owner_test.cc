@@ -17,6 +17,7 @@
 
 #include "devmem/cuda_memory.h"
 #include "ipc/blocking_channel.h"
+#include "tests/unit/cuda_device_fixture.h"
 
 namespace warmpool::owner {
 namespace {
@@ -113,19 +114,7 @@ class OwnerProcess {
 
 const std::vector<std::string> kTwoDevices = {"WARMPOOL_FAKE_CUDA_DEVICES=2", "WARMPOOL_FAKE_CUDA_MEMORY=67108864"};
 
-class OwnerTest : public testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    setenv("WARMPOOL_FAKE_CUDA_DEVICES", "2", 0);
-    setenv("WARMPOOL_FAKE_CUDA_MEMORY", "67108864", 0);
-  }
-  void SetUp() override {
-    Result<CudaDevice> device = CudaDevice::Open(0);
-    ASSERT_TRUE(device.ok()) << device.status().ToString();
-    device_.emplace(std::move(*device));
-  }
-  std::optional<CudaDevice> device_;
-};
+using OwnerTest = warmpool::testing::CudaDeviceTest;
 
 TEST_F(OwnerTest, SaysHelloWithItsDevice) {
   OwnerProcess owner(kTwoDevices);
