@@ -395,6 +395,11 @@ void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
   const char* actions[] = {"kill", "segv", "abort", "exit:1", "delay:50", "kill", "hang"};
   std::set<Code> allowed = {Code::kDeadlineExceeded, Code::kInternal, Code::kFailedPrecondition};
   auto start = std::chrono::steady_clock::now();
+  // cuda: the device's memory owner dies now and then too (never twice within 15 s: an owner that
+  // keeps dying young has its allocations refused, by design).
+  const bool cuda = h.Backend() == "cuda";
+  auto owner_killed = start - std::chrono::seconds(15);
+  size_t owner_kills = 0;
   size_t round = 0;
   while (std::chrono::steady_clock::now() - start < std::chrono::seconds(seconds)) {
     round++;
@@ -416,6 +421,13 @@ void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
     Traffic steady(h, TrafficSpec{&h.bystander(), 1, 10, 2, 2, 0, {Code::kDeadlineExceeded}, false, rng()});
     steady.Start();
     if (pick(2) == 0) (void)h.Unload(h.victim(40 + pick(8)).name);
+    if (cuda && pick(3) == 0 && std::chrono::steady_clock::now() - owner_killed > std::chrono::seconds(15)) {
+      if (pid_t owner = h.OwnerPid(); owner > 0) {
+        kill(owner, SIGKILL);
+        owner_killed = std::chrono::steady_clock::now();
+        owner_kills++;
+      }
+    }
     if (pick(3) == 0) {
       for (int i = 0; i < 5; i++) {
         auto c = h.Connect();
@@ -440,7 +452,8 @@ void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
     }
   }
   (void)h.ClearFaults();
-  checks.passed.push_back(fmt::format("{} soak rounds", round));
+  checks.passed.push_back(fmt::format("{} soak rounds{}", round,
+                                      cuda ? fmt::format(", {} owner kills", owner_kills) : std::string()));
 }
 
 }  // namespace warmpool::chaos
