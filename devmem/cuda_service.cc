@@ -129,7 +129,14 @@ Result<wp_region> CudaMemory::Map(int fd, uint64_t bytes, DeviceAccess access, u
   region.fd = fd;
   region.grant = grant;
   std::lock_guard lock(mutex_);
-  regions_.emplace(ptr, std::move(region));
+  auto [it, fresh] = regions_.try_emplace(ptr, std::move(region));
+  if (!fresh) {
+    // A legacy handle opened again: the same pointer, counted by the driver (the second open's
+    // mapping object, released with `region` here, closes its own count). One descriptor serves.
+    it->second.refs++;
+    close(fd);
+    return wp_region{reinterpret_cast<void*>(ptr), bytes, it->second.fd};
+  }
   return wp_region{reinterpret_cast<void*>(ptr), bytes, fd};
 }
 
@@ -138,6 +145,11 @@ void CudaMemory::Free(wp_region& region) {
   {
     std::lock_guard lock(mutex_);
     auto it = regions_.find(reinterpret_cast<CUdeviceptr>(region.ptr));
+    if (it != regions_.end() && it->second.refs > 1) {
+      it->second.refs--;
+      region = wp_region{nullptr, 0, -1};
+      return;
+    }
     if (it != regions_.end()) {
       gone.emplace(std::move(it->second));
       regions_.erase(it);

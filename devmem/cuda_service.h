@@ -64,6 +64,7 @@ class CudaMemory {
     std::variant<std::monostate, DeviceMapping, LegacyMapping> mapping;
     int fd = -1;         // the shareable handle, closed with the region
     uint64_t grant = 0;  // non-zero when this worker was granted it (alloc), 0 for an import
+    int refs = 1;        // legacy: the driver hands out one pointer per handle and counts opens
   };
   CudaMemory(CudaDevice device, CudaSharing sharing, Allocator allocate, Releaser release);
   // Maps fd (taken over on success) as a region of bytes.

@@ -83,6 +83,9 @@ struct State {
   std::map<uintptr_t, Mapping> mappings;       // base -> mapping (VMM, legacy and IPC-opened)
   std::map<uintptr_t, int> legacy_fds;         // cuMemAlloc base -> its memfd
   std::map<void*, size_t> host;                // cuMemHostAlloc
+  // Legacy handles opened here, by (exporter pid, its fd): opening one again returns the same
+  // pointer and counts, as the driver does.
+  std::map<std::pair<int32_t, int32_t>, std::pair<uintptr_t, int>> ipc_opened;
 };
 
 State& S() {
@@ -464,6 +467,12 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* ptr, CUipcMemHandle handle, uns
   std::memcpy(&named, handle.reserved, sizeof named);
   if (named.magic != kIpcMagic) return CUDA_ERROR_INVALID_VALUE;
   if (named.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;  // as the driver: not in the exporter
+  auto opened = s.ipc_opened.find({named.pid, named.fd});
+  if (opened != s.ipc_opened.end()) {
+    opened->second.second++;
+    *ptr = opened->second.first;
+    return CUDA_SUCCESS;
+  }
   const std::string path = "/proc/" + std::to_string(named.pid) + "/fd/" + std::to_string(named.fd);
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporter freed it or died
@@ -472,6 +481,7 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* ptr, CUipcMemHandle handle, uns
   if (at == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   *ptr = reinterpret_cast<uintptr_t>(at);
   s.mappings[*ptr] = Mapping{named.size, true, true, true};
+  s.ipc_opened[{named.pid, named.fd}] = {*ptr, 1};
   return CUDA_SUCCESS;
 }
 
@@ -479,6 +489,12 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr ptr) {
   FAKE_ENTER("cuIpcCloseMemHandle");
   auto it = s.mappings.find(ptr);
   if (it == s.mappings.end() || !it->second.legacy || s.legacy_fds.count(ptr) != 0) return CUDA_ERROR_INVALID_VALUE;
+  for (auto opened = s.ipc_opened.begin(); opened != s.ipc_opened.end(); ++opened) {
+    if (opened->second.first != ptr) continue;
+    if (--opened->second.second > 0) return CUDA_SUCCESS;  // still open elsewhere in this process
+    s.ipc_opened.erase(opened);
+    break;
+  }
   munmap(reinterpret_cast<void*>(ptr), it->second.size);
   s.mappings.erase(it);
   return CUDA_SUCCESS;

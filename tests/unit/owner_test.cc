@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "devmem/cuda_memory.h"
+#include "devmem/cuda_service.h"
 #include "ipc/blocking_channel.h"
 #include "tests/unit/cuda_device_fixture.h"
 
@@ -193,10 +194,52 @@ TEST_F(OwnerTest, LegacySharingNamesMemoryByAnIpcHandleThatDiesWithTheOwner) {
     ASSERT_TRUE(mapping.ok()) << mapping.status().ToString();
     std::vector<uint8_t> pattern(2 * kMiB, 0x5a);
     ASSERT_EQ(device_->driver().cuMemcpyHtoD(mapping->ptr(), pattern.data(), pattern.size()), CUDA_SUCCESS);
+    // Opened again in the same process: the same pointer, counted; closing one leaves the other.
+    std::optional<LegacyMapping> again;
+    {
+      Result<LegacyMapping> second = LegacyMapping::Open(*device_, done.ipc_handle(), 2 * kMiB);
+      ASSERT_TRUE(second.ok()) << second.status().ToString();
+      EXPECT_EQ(second->ptr(), mapping->ptr());
+      again.emplace(std::move(*second));
+    }
+    again.reset();
+    std::vector<uint8_t> read(pattern.size());
+    ASSERT_EQ(device_->driver().cuMemcpyDtoH(read.data(), mapping->ptr(), read.size()), CUDA_SUCCESS);
+    EXPECT_EQ(read, pattern);
   }
   kill(owner.pid(), SIGKILL);
   owner.Stop();
   EXPECT_FALSE(LegacyMapping::Open(*device_, done.ipc_handle(), 2 * kMiB).ok());
+}
+
+TEST_F(OwnerTest, AWorkerImportingALegacyHandleTwiceKeepsItUntilBothLetGo) {
+  OwnerProcess owner(kTwoDevices, "legacy");
+  v1::OwnerEnvelope hello;
+  ASSERT_TRUE(owner.channel().Read(hello).ok());
+  v1::OwnerAllocated done = owner.Allocate(1, 2 * kMiB);
+  ASSERT_FALSE(done.has_error()) << done.error().message();
+  Result<int> named = LegacyHandleToFd(done.ipc_handle(), done.bytes());
+  ASSERT_TRUE(named.ok());
+  device_.reset();  // CudaMemory opens its own
+  Result<std::unique_ptr<CudaMemory>> memory = CudaMemory::Open(
+      0, CudaSharing::kLegacy, [](uint64_t) -> Result<OwnerGrant> { return Status(Code::kInternal, "none"); },
+      [](uint64_t) {});
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  const wp_device_memory* service = (*memory)->service();
+  wp_region first{}, second{};
+  ASSERT_EQ(service->import(service->ctx, *named, 2 * kMiB, &first), WP_OK);
+  ASSERT_EQ(service->import(service->ctx, *named, 2 * kMiB, &second), WP_OK);
+  EXPECT_EQ(first.ptr, second.ptr) << "the driver hands out one pointer per handle";
+  std::vector<uint8_t> pattern(4096, 0x3c);
+  ASSERT_EQ(service->write(service->ctx, &first, 0, pattern.data(), pattern.size()), WP_OK);
+  service->free(service->ctx, &first);
+  EXPECT_EQ((*memory)->regions(), 1u);
+  std::vector<uint8_t> read(pattern.size());
+  ASSERT_EQ(service->read(service->ctx, &second, 0, read.data(), read.size()), WP_OK) << "still mapped";
+  EXPECT_EQ(read, pattern);
+  service->free(service->ctx, &second);
+  EXPECT_EQ((*memory)->regions(), 0u);
+  close(*named);
 }
 
 TEST_F(OwnerTest, VmmAskedOfADeviceWithoutDescriptorsIsFatalConfiguration) {
