@@ -297,27 +297,7 @@ std::string Harness::Backend() {
   return status.ok() ? status->backend() : "";
 }
 
-pid_t Harness::OwnerPid() {
-  const pid_t supervisor = SupervisorPid();
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr || supervisor <= 0) {
-    if (proc != nullptr) closedir(proc);
-    return -1;
-  }
-  pid_t found = -1;
-  while (dirent* e = readdir(proc)) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos || line.find("(warmpool-owner)") == std::string::npos) continue;
-    if (static_cast<pid_t>(std::atoi(line.c_str() + close + 4)) == supervisor) found = pid;
-  }
-  closedir(proc);
-  return found;
-}
+pid_t Harness::OwnerPid() { return launch::ChildNamed(SupervisorPid(), "warmpool-owner"); }
 
 int Harness::CountFds(pid_t pid, int* weights, int* parked) {
   std::string base = "/proc/" + std::to_string(pid) + "/fd";

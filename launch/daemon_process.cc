@@ -1,5 +1,6 @@
 #include "launch/daemon_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -175,6 +177,31 @@ std::string DaemonProcess::LogTail(size_t max_bytes) const {
   if (text.empty()) return "(empty log)";
   if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
   return text;
+}
+
+pid_t ChildNamed(pid_t parent, const std::string& name) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr || parent <= 0) {
+    if (proc != nullptr) closedir(proc);
+    return -1;
+  }
+  pid_t found = -1;
+  while (dirent* e = readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    // /proc/PID/stat: "pid (comm) state ppid ...", comm may itself hold spaces and parentheses.
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t open = line.find('(');
+    const size_t close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || line.compare(open + 1, close - open - 1, name) != 0) {
+      continue;
+    }
+    if (static_cast<pid_t>(std::atoi(line.c_str() + close + 4)) == parent) found = pid;
+  }
+  closedir(proc);
+  return found;
 }
 
 }  // namespace warmpool::launch

@@ -61,4 +61,8 @@ class DaemonProcess {
 // "exited with status 1", "was killed by signal 9".
 std::string DescribeExit(int wait_status);
 
+// A child of `parent` whose command name (/proc/PID/comm, at most 15 characters) is `name`, such as
+// the daemon's "warmpool-owner"; -1 when there is none.
+pid_t ChildNamed(pid_t parent, const std::string& name);
+
 }  // namespace warmpool::launch

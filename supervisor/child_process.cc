@@ -6,12 +6,7 @@ extern char** environ;
 
 namespace warmpool::supervisor {
 
-int SpawnChild(uv_loop_t* loop, uv_process_t* process, const std::vector<std::string>& args, int channel_fd,
-               uv_exit_cb on_exit) {
-  std::vector<std::string> owned = args;
-  std::vector<char*> argv;
-  for (std::string& a : owned) argv.push_back(a.data());
-  argv.push_back(nullptr);
+std::vector<char*> ChildEnvironment() {
   std::vector<char*> env;
   for (char** e = environ; *e != nullptr; e++) {
     if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) == 0 || std::strncmp(*e, "LISTEN_", 7) == 0 ||
@@ -21,6 +16,16 @@ int SpawnChild(uv_loop_t* loop, uv_process_t* process, const std::vector<std::st
     env.push_back(*e);
   }
   env.push_back(nullptr);
+  return env;
+}
+
+int SpawnChild(uv_loop_t* loop, uv_process_t* process, const std::vector<std::string>& args, int channel_fd,
+               uv_exit_cb on_exit) {
+  std::vector<std::string> owned = args;
+  std::vector<char*> argv;
+  for (std::string& a : owned) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> env = ChildEnvironment();
   uv_stdio_container_t stdio[4];
   stdio[0].flags = UV_IGNORE;
   stdio[1].flags = UV_INHERIT_FD;

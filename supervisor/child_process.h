@@ -11,6 +11,9 @@
 
 namespace warmpool::supervisor {
 
+// This process's environment less the service manager's variables, null-terminated for exec.
+std::vector<char*> ChildEnvironment();
+
 // uv_spawn's result: 0, or a libuv error (the handle is initialised either way and must be closed).
 int SpawnChild(uv_loop_t* loop, uv_process_t* process, const std::vector<std::string>& args, int channel_fd,
                uv_exit_cb on_exit);

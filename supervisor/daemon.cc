@@ -162,7 +162,7 @@ Status Daemon::Start() {
   spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers, {} "
                "models registered{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
-               config_.instance, backend_, FormatBytes(config_.budget_bytes), config_.workers_per_device,
+               config_.instance, config_.backend, FormatBytes(config_.budget_bytes), config_.workers_per_device,
                core_->index().All().size(),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();

@@ -85,7 +85,6 @@ class Daemon {
   std::unique_ptr<shm::InflightTable> inflight_;
   std::unique_ptr<Core> core_;
   std::unique_ptr<WorkerPool> workers_;
-  std::string backend_ = "host";             // the backend serving: host or cuda
   std::unique_ptr<DeviceOwners> owners_;     // cuda only
   GrantTable grants_;                        // cuda only
   uint32_t cuda_device_ = 0;

@@ -50,8 +50,7 @@ Status Daemon::StartCuda(const BackendChoice& choice, const std::string& owner_p
     spdlog::warn("the budget ({}) is more than CUDA device {} has free ({}): loads may run out of memory",
                  FormatBytes(config_.budget_bytes), cuda_device_, FormatBytes(device.free_bytes));
   }
-  backend_ = "cuda";
-  config_.backend = "cuda";
+  config_.backend = "cuda";  // resolved: what status and the log report
   config_.device_name = device.name;
   config_.device_total_bytes = device.total_bytes;
   pool.backend = "cuda";

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "supervisor/child_process.h"
+
 namespace warmpool::supervisor {
 
 namespace {
@@ -26,6 +28,7 @@ Result<std::vector<ProbedDevice>> ProbeDevices(const std::string& owner_path, ui
   }
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return Error(Code::kUnavailable, "pipe: {}", std::strerror(errno));
+  std::vector<char*> env = ChildEnvironment();  // built before fork: the child only execs
   pid_t pid = fork();
   if (pid < 0) {
     close(out[0]);
@@ -34,14 +37,11 @@ Result<std::vector<ProbedDevice>> ProbeDevices(const std::string& owner_path, ui
   }
   if (pid == 0) {
     // Like every helper: stdout to us, no inherited descriptor beyond stderr (a socket-activated
-    // listener, say), none of the service manager's variables. (The daemon is one thread here.)
+    // listener, say), none of the service manager's variables.
     dup2(out[1], 1);
     close_range(3, ~0u, 0);
-    for (const char* name : {"NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_PID",
-                             "WATCHDOG_USEC"}) {
-      unsetenv(name);
-    }
-    execl(owner_path.c_str(), owner_path.c_str(), "--probe", nullptr);
+    const char* argv[] = {owner_path.c_str(), "--probe", nullptr};
+    execve(argv[0], const_cast<char* const*>(argv), env.data());
     _exit(127);
   }
   close(out[1]);

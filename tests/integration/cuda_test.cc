@@ -3,12 +3,10 @@
 // share it by descriptor, a worker's SIGKILL frees nothing, an owner's SIGKILL makes the models
 // load again from their files. What the double cannot show (GPU kernels, real device memory
 // limits, timing) scripts/gpu-check.sh measures on a GPU.
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "tests/integration/daemon_fixture.h"
@@ -22,24 +20,7 @@ class CudaTest : public DaemonTest {
     DaemonTest::SetUp();
     launch_env_ = {std::string("LD_LIBRARY_PATH=") + WARMPOOL_FAKE_CUDA_DIR, "WARMPOOL_FAKE_CUDA_MEMORY=4294967296"};
   }
-  // The daemon's child running warmpool-owner, or -1.
-  pid_t OwnerPid() {
-    DIR* proc = opendir("/proc");
-    pid_t found = -1;
-    while (dirent* e = readdir(proc)) {
-      pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-      if (pid <= 0) continue;
-      std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
-      std::string line;
-      std::getline(stat, line);
-      size_t close = line.rfind(')');
-      if (close == std::string::npos || line.find("(warmpool-owner)") == std::string::npos) continue;
-      pid_t ppid = static_cast<pid_t>(std::atoi(line.c_str() + close + 4));
-      if (ppid == DaemonPid()) found = pid;
-    }
-    closedir(proc);
-    return found;
-  }
+  pid_t OwnerPid() { return launch::ChildNamed(DaemonPid(), "warmpool-owner"); }
   // SIGKILLs the worker serving `model`, waits for its replacement, and expects the model to answer
   // as before (from the held weights: nothing else is left to serve it from).
   void KillItsWorkerAndExpectTheSameAnswer(client::Client& client, const std::string& model,

@@ -213,15 +213,20 @@ INSTANTIATE_TEST_SUITE_P(AllDTypesAndActivations, DenseNumerics,
                                               std::get<1>(info.param));
                          });
 
+// Every dtype for weights and biases, 12 -> 9 -> 7 -> 5 with gelu. Each f16 bias of odd length
+// written first leaves the f32 weight after it off 4-byte alignment.
+ReferenceModel WriteMixedModel(const std::string& path) {
+  return WriteModel(path,
+                    {{0, 12, 9, true, DType::F32, DType::F16},
+                     {2, 9, 7, true, DType::BF16, DType::F32},
+                     {4, 7, 5, true, DType::F16, DType::BF16}},
+                    "gelu", 7, /*bias_first=*/true);
+}
+
 TEST(DenseEngine, MixedDTypesAndMisalignedF32) {
   TempDir dir;
   const std::string path = dir.File("mixed.safetensors");
-  // Each f16 bias of odd length written first leaves the f32 weight after it off 4-byte alignment.
-  ReferenceModel model = WriteModel(path,
-                                    {{0, 12, 9, true, DType::F32, DType::F16},
-                                     {2, 9, 7, true, DType::BF16, DType::F32},
-                                     {4, 7, 5, true, DType::F16, DType::BF16}},
-                                    "gelu", 7, /*bias_first=*/true);
+  ReferenceModel model = WriteMixedModel(path);
   HostMemory memory;
   Result<Engine> engine = OpenDense(path, memory);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
@@ -483,11 +488,7 @@ class OpaqueDevice {
 TEST(DenseEngine, DeviceMemoryIsReachedOnlyThroughTheService) {
   TempDir dir;
   const std::string path = dir.File("mixed.safetensors");
-  ReferenceModel model = WriteModel(path,
-                                    {{0, 12, 9, true, DType::F32, DType::F16},
-                                     {2, 9, 7, true, DType::BF16, DType::F32},
-                                     {4, 7, 5, true, DType::F16, DType::BF16}},
-                                    "gelu", 7, /*bias_first=*/true);
+  ReferenceModel model = WriteMixedModel(path);
   OpaqueDevice device;
   Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(path), device.service());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
