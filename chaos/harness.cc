@@ -410,9 +410,12 @@ std::string Harness::SegmentDump() {
   if (!segment.ok()) return "segment: " + segment.status().ToString() + "\n";
   const shm::SegmentView& v = segment->view();
   const shm::SegmentHeader& h = v.header();
-  std::string out = fmt::format("segment {}: supervisor {} lru {}..{} ({}) used {} of {}\n",
-                                segment->name(), h.supervisor_pid, h.lru_head, h.lru_tail,
-                                h.lru_length, h.device_used_bytes[0], h.device_budget_bytes);
+  std::string out = fmt::format("segment {}: supervisor {} lru {}..{} ({})", segment->name(),
+                                h.supervisor_pid, h.lru_head, h.lru_tail, h.lru_length);
+  for (uint32_t d = 0; d < h.device_count && d < shm::kMaxDevices; d++) {
+    out += fmt::format(" device {} used {} of {}", d, h.device_used_bytes[d], h.device_budget_bytes[d]);
+  }
+  out += "\n";
   for (uint32_t i = 0; i < h.max_models; i++) {
     const shm::ModelRecord& m = v.model(i);
     if (m.state == 0) continue;

@@ -16,9 +16,9 @@
 namespace warmpool::shm {
 
 // Bump on any change below; the layout test pins the string so an accidental change fails CI.
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr char kLayoutString[] =
-    "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16:changes";
+    "warmpool-shm-v4:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8";
 inline constexpr char kMagic[8] = {'W', 'A', 'R', 'M', 'P', 'O', 'O', 'L'};
 inline constexpr uint32_t kNil = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxDevices = 8;
@@ -59,8 +59,6 @@ struct SegmentHeader {
   uint32_t lru_head;          // least recently used
   uint32_t lru_tail;          // most recently used
   uint32_t lru_length;
-  uint64_t device_budget_bytes;  // per device; 0 = unlimited
-  uint64_t device_used_bytes[kMaxDevices];  // accounted; equals the sum over resident records
   uint64_t park_used_bytes;    // host copies of parked models; equals the sum over parked records
   uint64_t park_budget_bytes;  // 0: parking disabled
   // When the supervisor process started (clock ticks since boot, /proc/PID/stat field 22): with
@@ -70,6 +68,12 @@ struct SegmentHeader {
   // (one event's worth), even between. An observer reads everything between two equal even
   // values for a snapshot in which the accounts and the records agree.
   uint64_t changes;
+  // Per device (the first device_count are used): accounted bytes, which equal the sum over the
+  // device's resident records, and the budget (0 = unlimited). Devices differ (free memory at
+  // start less the reserve), so each has its own.
+  uint64_t device_used_bytes[kMaxDevices];
+  uint64_t device_budget_bytes[kMaxDevices];
+  uint64_t reserved0;
 };
 
 struct ModelRecord {
@@ -138,19 +142,20 @@ constexpr SlotState TagState(uint64_t tag) { return static_cast<SlotState>(tag &
 template <typename T>
 constexpr bool kPod = std::is_standard_layout_v<T> && std::is_trivially_copyable_v<T>;
 static_assert(kPod<SegmentHeader> && kPod<ModelRecord> && kPod<WorkerRecord> && kPod<InflightSlot>);
-static_assert(sizeof(SegmentHeader) == 192);
+static_assert(sizeof(SegmentHeader) == 256);
 static_assert(offsetof(SegmentHeader, layout_version) == 8);
 static_assert(offsetof(SegmentHeader, segment_size) == 16);
 static_assert(offsetof(SegmentHeader, supervisor_pid) == 64);  // read across versions
 static_assert(offsetof(SegmentHeader, seq) == 72);
-static_assert(offsetof(SegmentHeader, device_used_bytes) == 96);
-static_assert(offsetof(SegmentHeader, park_used_bytes) == 160);
+static_assert(offsetof(SegmentHeader, park_used_bytes) == 88);
+static_assert(offsetof(SegmentHeader, device_used_bytes) == 120);
+static_assert(offsetof(SegmentHeader, device_budget_bytes) == 184);
 static_assert(sizeof(ModelRecord) == 512);
 static_assert(offsetof(ModelRecord, name) == 8);
 static_assert(offsetof(ModelRecord, weight_bytes) == 344);
 static_assert(offsetof(ModelRecord, last_error) == 440);
-static_assert(offsetof(SegmentHeader, supervisor_start_ticks) == 176);
-static_assert(offsetof(SegmentHeader, changes) == 184);
+static_assert(offsetof(SegmentHeader, supervisor_start_ticks) == 104);
+static_assert(offsetof(SegmentHeader, changes) == 112);
 static_assert(sizeof(WorkerRecord) == 128);
 static_assert(offsetof(WorkerRecord, outstanding) == 48);
 static_assert(offsetof(WorkerRecord, held) == 56);

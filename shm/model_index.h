@@ -71,7 +71,7 @@ class ModelIndex {
   uint32_t ResidentCount() const { return view_.header().lru_length; }
 
   uint64_t DeviceUsed(uint32_t device) const { return view_.header().device_used_bytes[device]; }
-  uint64_t DeviceBudget() const { return view_.header().device_budget_bytes; }
+  uint64_t DeviceBudget(uint32_t device) const { return view_.header().device_budget_bytes[device]; }
   uint32_t DeviceCount() const { return view_.header().device_count; }
   const SegmentView& view() const { return view_; }
 

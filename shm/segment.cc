@@ -89,8 +89,9 @@ bool SupervisorAlive(int64_t pid, uint64_t start_ticks) {
 }
 
 Result<SegmentView> SegmentView::Format(std::span<std::byte> bytes, const Limits& limits,
-                                        uint32_t device_count, uint64_t device_budget_bytes,
+                                        const std::vector<uint64_t>& device_budgets,
                                         int64_t supervisor_pid) {
+  const size_t device_count = device_budgets.size();
   if (limits.max_models == 0 || limits.max_models >= kNil || limits.max_workers == 0 ||
       limits.max_workers > 0xFFFF || limits.max_inflight == 0) {
     return Error(Code::kInvalidArgument,
@@ -117,14 +118,14 @@ Result<SegmentView> SegmentView::Format(std::span<std::byte> bytes, const Limits
   h.max_models = limits.max_models;
   h.max_workers = limits.max_workers;
   h.max_inflight = limits.max_inflight;
-  h.device_count = device_count;
+  h.device_count = static_cast<uint32_t>(device_count);
   h.models_offset = o.models;
   h.workers_offset = o.workers;
   h.inflight_offset = o.inflight;
   h.supervisor_pid = supervisor_pid;
   h.lru_head = kNil;
   h.lru_tail = kNil;
-  h.device_budget_bytes = device_budget_bytes;
+  for (size_t d = 0; d < device_count; d++) h.device_budget_bytes[d] = device_budgets[d];
   for (uint32_t i = 0; i < limits.max_models; i++) {
     ModelRecord& m = view.model(i);
     m.worker_slot = kNil;
@@ -207,7 +208,7 @@ void SharedSegment::Remove() {
 }
 
 Result<SharedSegment> SharedSegment::Create(const std::string& instance, const Limits& limits,
-                                            uint32_t device_count, uint64_t device_budget_bytes,
+                                            const std::vector<uint64_t>& device_budgets,
                                             std::optional<gid_t> observer_group) {
   const unsigned mode = observer_group ? 0640 : 0600;
   std::string name = NameFor(instance);
@@ -248,8 +249,7 @@ Result<SharedSegment> SharedSegment::Create(const std::string& instance, const L
   }
   std::span<std::byte> bytes(static_cast<std::byte*>(mapping->region.get_address()),
                              mapping->region.get_size());
-  Result<SegmentView> view = SegmentView::Format(bytes, limits, device_count, device_budget_bytes,
-                                                 getpid());
+  Result<SegmentView> view = SegmentView::Format(bytes, limits, device_budgets, getpid());
   if (!view.ok()) {
     bip::shared_memory_object::remove(name.c_str());
     return view.status();

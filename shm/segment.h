@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "shm/layout.h"
@@ -22,9 +23,10 @@ class SegmentView {
   SegmentView() = default;
   SegmentView(void* base, uint64_t size) : base_(static_cast<std::byte*>(base)), size_(size) {}
 
-  // Writes a fresh header and zeroed tables for limits into bytes of at least SegmentSize(limits).
+  // Writes a fresh header and zeroed tables for limits into bytes of at least SegmentSize(limits);
+  // one device per budget (0 = unlimited), 1..kMaxDevices of them.
   static Result<SegmentView> Format(std::span<std::byte> bytes, const Limits& limits,
-                                    uint32_t device_count, uint64_t device_budget_bytes,
+                                    const std::vector<uint64_t>& device_budgets,
                                     int64_t supervisor_pid);
   // Checks magic, layout version and sizes; the error tells the operator what to do.
   static Result<SegmentView> Attach(std::span<std::byte> bytes, const std::string& name);
@@ -63,7 +65,7 @@ class SharedSegment {
   // watch the pool read-only. A stale segment left by a killed supervisor is removed first; one
   // whose supervisor is still alive is refused.
   static Result<SharedSegment> Create(const std::string& instance, const Limits& limits,
-                                      uint32_t device_count, uint64_t device_budget_bytes,
+                                      const std::vector<uint64_t>& device_budgets,
                                       std::optional<gid_t> observer_group = std::nullopt);
   // Maps an existing segment (read-only for observers such as the chaos harness).
   static Result<SharedSegment> Open(const std::string& instance, bool read_only);

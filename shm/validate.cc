@@ -135,9 +135,9 @@ Status ValidateOnce(const SegmentView& view) {
       return Error(Code::kInternal, "device {} accounts {} bytes but its resident models sum to {}",
                    d, h.device_used_bytes[d], accounted[d]);
     }
-    if (h.device_budget_bytes != 0 && accounted[d] > h.device_budget_bytes) {
+    if (h.device_budget_bytes[d] != 0 && accounted[d] > h.device_budget_bytes[d]) {
       return Error(Code::kInternal, "device {} holds {} bytes, over its budget of {}", d,
-                   accounted[d], h.device_budget_bytes);
+                   accounted[d], h.device_budget_bytes[d]);
     }
   }
 

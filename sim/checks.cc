@@ -79,28 +79,33 @@ void Simulator::CheckPeriodic() {
       }
     }
   }
-  // Placement: a worker with nothing to do next to one holding several models.
+  // Placement: a worker with nothing to do next to one of the same device holding several models
+  // (weights move within their device only).
   auto busy = [](const Worker& w) {
     return w.serving_job != 0 || w.load_job != 0 || !w.serving.empty() || !w.loads.empty() ||
            w.unwritten != 0 || !w.to_core.empty();
   };
-  bool idle = false, crowded = false, any_idle = false;
+  const uint32_t devices = static_cast<uint32_t>(config_.devices.size());
+  std::vector<bool> idle_on(devices, false), crowded_on(devices, false), any_idle_on(devices, false);
   for (const Worker& w : workers_) {
     if (w.state != Worker::State::kUp) continue;
-    if (w.engines.empty() && !busy(w)) idle = true;
-    if (!busy(w)) any_idle = true;
-    if (w.engines.size() >= 2) crowded = true;
+    if (w.engines.empty() && !busy(w)) idle_on[w.device] = true;
+    if (!busy(w)) any_idle_on[w.device] = true;
+    if (w.engines.size() >= 2) crowded_on[w.device] = true;
   }
+  bool stacked = false;
+  for (uint32_t d = 0; d < devices; d++) stacked = stacked || (idle_on[d] && crowded_on[d]);
   // Liveness: a request waits for a resident model while no worker holding it has anything to do
-  // and some worker idles (a replica that is gone but never replaced, say). Requests carry
-  // deadlines, so this would otherwise end as DEADLINE_EXCEEDED and pass for load.
+  // and some worker of its device idles (a replica that is gone but never replaced, say).
+  // Requests carry deadlines, so this would otherwise end as DEADLINE_EXCEEDED and pass for load.
   std::string starved;
   for (const Client& c : clients_) {
-    if (!c.connected || !any_idle || !starved.empty()) continue;
+    if (!c.connected || !starved.empty()) continue;
     for (const auto& [id, p] : c.outstanding) {
       if (p.kind != Pending::Kind::kInfer || !p.accepted || p.replied) continue;
       uint32_t model = core_->index().Find(p.model);
       if (model == shm::kNil || core_->index().State(model) != shm::ModelState::kReady) continue;
+      if (!any_idle_on[core_->index().Get(model).device]) continue;
       bool served = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
         return w.state == Worker::State::kUp && busy(w) && w.engines.count(model) != 0;
       });
@@ -133,7 +138,7 @@ void Simulator::CheckPeriodic() {
       }
     }
   }
-  if (!(idle && crowded)) {
+  if (!stacked) {
     stacked_since_ms_ = 0;
   } else if (stacked_since_ms_ == 0) {
     stacked_since_ms_ = now_;

@@ -109,8 +109,13 @@ void Simulator::MakeWorld() {
   configured_.assign(files_.size(), false);
   for (uint32_t i = 0; i <= 5; i++) configured_[i] = true;
 
-  // Room for two to four of the models at once.
-  config_.budget_bytes = largest * rng_.Range(2, 4);
+  // One to three devices, each with room for two to four of the models at once (and a budget
+  // of its own).
+  const uint32_t devices = rng_.Chance(400) ? 1 : static_cast<uint32_t>(rng_.Range(2, 3));
+  for (uint32_t d = 0; d < devices; d++) {
+    config_.devices.push_back(supervisor::DeviceConfig{fmt::format("sim{}", d), 0, largest * rng_.Range(2, 4)});
+  }
+  config_.budget_bytes = config_.devices.front().budget_bytes;
   config_.park_budget_bytes = rng_.Chance(500) ? 0 : largest * rng_.Range(1, 3);
   if (rng_.Chance(100)) config_.single_active = true;
   if (rng_.Chance(200)) config_.max_cached = static_cast<uint32_t>(rng_.Range(2, 4));
@@ -136,24 +141,29 @@ void Simulator::MakeWorld() {
   congestion_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 200));
   if (calm_) crash_per_mille_ = hang_per_mille_ = 0;
 
-  shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
+  std::vector<uint64_t> budgets;
+  for (const supervisor::DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
+  shm::Limits limits{config_.max_models, config_.workers_per_device * devices, config_.max_inflight};
   segment_bytes_.assign(shm::SegmentSize(limits), std::byte{0});
-  auto view = shm::SegmentView::Format(segment_bytes_, limits, 1, config_.budget_bytes, 1);
+  auto view = shm::SegmentView::Format(segment_bytes_, limits, budgets, 1);
   segment_ = *view;
   core_ = std::make_unique<supervisor::Core>(config_, segment_);
 
-  workers_.resize(config_.workers_per_device);
-  for (uint32_t i = 0; i < workers_.size(); i++) workers_[i].slot = i;
+  workers_.resize(config_.workers_per_device * devices);
+  for (uint32_t i = 0; i < workers_.size(); i++) {
+    workers_[i].slot = i;
+    workers_[i].device = i / config_.workers_per_device;
+  }
   clients_.resize(rng_.Range(2, 6));
   for (uint32_t i = 0; i < clients_.size(); i++) {
     clients_[i].index = i;
     clients_[i].admin = i != 0 || rng_.Chance(500);  // client 0 is often a plain user
   }
   if (rng_.Chance(200)) clients_.back().greedy = true;
-  Trace(fmt::format("world: seed {} workers {} clients {} budget {} park {} single_active {} "
+  Trace(fmt::format("world: seed {} devices {} workers {} clients {} budget {} park {} single_active {} "
                     "max_cached {} capacity {} keep_alive {} chaos crash {} hang {} slow {} "
                     "congestion {} models in use {} greedy client {} calm {}",
-                    options_.seed, workers_.size(), clients_.size(), config_.budget_bytes,
+                    options_.seed, devices, workers_.size(), clients_.size(), fmt::join(budgets, "/"),
                     config_.park_budget_bytes, config_.single_active, config_.max_cached,
                     config_.capacity, config_.keep_alive_ms, crash_per_mille_, hang_per_mille_,
                     slow_per_mille_, congestion_per_mille_, models_in_use_, clients_.back().greedy, calm_));
@@ -338,12 +348,15 @@ void Simulator::EnvironmentAct() {
       Kill(slot, "");
     }
   } else if (roll < 715) {
-    // cuda: the device's memory owner dies, and every device region with it (host copies live).
+    // cuda: a device's memory owner dies, and every region on that device with it (host copies
+    // and other devices live).
+    const uint32_t device = static_cast<uint32_t>(rng_.Below(config_.devices.size()));
+    size_t lost = 0;
     for (int h : supervisor_handles_) {
-      if (!regions_[h].host) lost_handles_.insert(h);
+      if (!regions_[h].host && regions_[h].device == device) lost += lost_handles_.insert(h).second;
     }
-    Trace(fmt::format("== the memory owner of device 0 killed ({} device regions lost)", lost_handles_.size()));
-    Deliver(event::DeviceLost{0, "killed by signal 9"}, "device 0 lost");
+    Trace(fmt::format("== the memory owner of device {} killed ({} device regions lost)", device, lost));
+    Deliver(event::DeviceLost{device, "killed by signal 9"}, fmt::format("device {} lost", device));
   }
   After(rng_.Range(100, 800), [this] { EnvironmentAct(); });
 }

@@ -68,6 +68,7 @@ class Simulator {
     uint32_t version = 0;
     uint64_t bytes = 0;
     bool host = false;
+    uint32_t device = 0;  // where device memory is (not a host copy)
   };
   struct WorkerJob {
     v1::WorkerEnvelope message;
@@ -83,6 +84,7 @@ class Simulator {
   };
   struct Worker {
     uint32_t slot = 0;
+    uint32_t device = 0;  // slot / workers_per_device
     uint32_t generation = 0;
     enum class State { kDown, kStarting, kUp } state = State::kDown;
     int pid = 0;

@@ -266,7 +266,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     e.name = m.load().name();
     if (!read.echo) {
       e.weights = true;
-      e.region = Region{read.id, read.version, read.WeightBytes(), false};
+      e.region = Region{read.id, read.version, read.WeightBytes(), false, w.device};
       e.described = Described{read.id, read.version, read.WeightBytes()};
       done->set_weights_shared(true);
       out.push_back(NewSupervisorHandle(e.region));
@@ -293,8 +293,15 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       e.weights = true;
       e.region = regions_[work.region];
       e.described = *described;
+      // A replica maps the weights where they are: memory of another device is not its own.
+      if (!a.copy() && e.region.device != w.device) {
+        Fail(fmt::format("worker {} of device {} was told to attach \"{}\", whose weights are on device {}",
+                         w.slot, w.device, a.name(), e.region.device));
+        return reply;
+      }
       if (a.copy()) {  // unpark: into new device memory, which the supervisor holds from now on
         e.region.host = false;
+        e.region.device = w.device;
         done->set_weights_shared(true);
         out.push_back(NewSupervisorHandle(e.region));
       }

@@ -22,6 +22,13 @@ struct ModelConfig {
   uint32_t replicas = 1;  // workers serving it from one copy of the weights
 };
 
+// One device as the daemon found it at start (never read from a file).
+struct DeviceConfig {
+  std::string name;          // empty on the host backend
+  uint64_t total_bytes = 0;  // 0: not known (host)
+  uint64_t budget_bytes = 0; // resolved: the configured budget or the device's default; 0 unlimited
+};
+
 struct Config {
   std::string socket_path;    // default: DefaultSocketPath() (common/paths.h)
   std::string models_dir = "models";
@@ -38,8 +45,9 @@ struct Config {
   uint32_t stop_kill_ms = 3000;
   // pool
   uint32_t capacity = 0;         // models resident on a device at once; 0 = unlimited
-  // Per device; 0 = the default: a quarter of physical memory (host backend), or the device's free
-  // memory at start less cuda_reserve_bytes (cuda). budget_is_default says which it was.
+  // Per device; 0 = the default: a quarter of physical memory (host backend), or each device's free
+  // memory at start less cuda_reserve_bytes (cuda). budget_is_default says which it was; the
+  // budget each device got is in `devices`.
   uint64_t budget_bytes = 0;
   bool budget_is_default = false;
   uint32_t max_queue = 1024;     // requests waiting for a load or for room
@@ -49,9 +57,9 @@ struct Config {
   uint32_t max_cached = 0;         // models on the device plus parked; 0 = unlimited
   std::vector<std::string> preload;  // loaded at start
   // What serves, as the daemon found it at start (never read from a file): the backend ("host"
-  // or "cuda" once resolved) and, on cuda, the device's name and memory.
-  std::string device_name;
-  uint64_t device_total_bytes = 0;
+  // or "cuda" once resolved) and its devices, workers_per_device workers each (worker slot s
+  // serves device s / workers_per_device). Empty: one device of budget_bytes.
+  std::vector<DeviceConfig> devices;
   // cuda backend
   std::string cuda_sharing = "auto";          // [cuda] sharing: auto | vmm | legacy
   uint64_t cuda_reserve_bytes = 1ull << 30;   // [cuda] reserve: left free on each device

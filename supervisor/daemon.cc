@@ -56,7 +56,7 @@ Daemon::~Daemon() {
   server_.reset();
   workers_.reset();
   owners_.reset();
-  owner_restart_timer_.Close();
+  for (auto& o : owner_states_) o->restart_timer.Close();
   service_.reset();
   tick_timer_.Close();
   sigterm_.Close();
@@ -92,12 +92,17 @@ Status Daemon::Start() {
     if (Status s = StartCuda(*choice, owner_path, pool); !s.ok()) return s;
   } else {
     config_.backend = "host";
+    config_.devices = {DeviceConfig{"", 0, config_.budget_bytes}};
     spdlog::info("backend host ({})", choice->why);
   }
+  std::vector<uint64_t> budgets;
+  for (const DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
 
-  shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
-  Result<shm::SharedSegment> segment = shm::SharedSegment::Create(
-      config_.instance, limits, /*device_count=*/1, config_.budget_bytes, observer_gid_);
+  shm::Limits limits{config_.max_models,
+                     config_.workers_per_device * static_cast<uint32_t>(budgets.size()),
+                     config_.max_inflight};
+  Result<shm::SharedSegment> segment =
+      shm::SharedSegment::Create(config_.instance, limits, budgets, observer_gid_);
   if (!segment.ok()) return segment.status();
   segment_ = std::move(*segment);
   inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
@@ -125,8 +130,8 @@ Status Daemon::Start() {
   pool.worker_path = worker_path_;
   pool.instance = config_.instance;
   pool.engine_dir = config_.engine_dir;
-  pool.count = config_.workers_per_device;
-  pool.budget_bytes = config_.budget_bytes;
+  pool.workers_per_device = config_.workers_per_device;
+  pool.device_budgets = budgets;
   pool.max_frame_bytes = config_.max_frame_bytes;
   WorkerEvents events;
   events.on_ready = [this](uint32_t slot) {
@@ -141,11 +146,7 @@ Status Daemon::Start() {
   };
   workers_ = std::make_unique<WorkerPool>(&loop_, pool, std::move(events));
   if (owners_ != nullptr) {
-    if (!owners_->Start(cuda_device_)) {
-      return Error(Code::kFailedPrecondition, "cannot start the memory owner of CUDA device {} ({})",
-                   cuda_device_, owner_path);
-    }
-    owner_started_ms_ = MonotonicMillis();
+    if (Status s = StartOwners(owner_path); !s.ok()) return s;
   }
 
   std::vector<std::string> warnings;
@@ -159,10 +160,12 @@ Status Daemon::Start() {
   InstallSignals();
   service_->StartWatchdog();
 
+  std::string budget_text;  // per device
+  for (uint64_t b : budgets) budget_text += (budget_text.empty() ? "" : " + ") + FormatBytes(b);
   spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers, {} "
                "models registered{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
-               config_.instance, config_.backend, FormatBytes(config_.budget_bytes), config_.workers_per_device,
+               config_.instance, config_.backend, budget_text, config_.workers_per_device * budgets.size(),
                core_->index().All().size(),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();
@@ -391,7 +394,9 @@ void Daemon::FinishStop() {
   }
   segment_.Remove();
   if (owners_ != nullptr) owners_->Shutdown();
-  if (owner_restart_timer_.active()) uv_timer_stop(owner_restart_timer_.get());
+  for (auto& o : owner_states_) {
+    if (o->restart_timer.active()) uv_timer_stop(o->restart_timer.get());
+  }
   uv_signal_stop(sigterm_.get());
   uv_signal_stop(sigint_.get());
   uv_signal_stop(sighup_.get());

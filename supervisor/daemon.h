@@ -61,13 +61,14 @@ class Daemon {
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;
   event::Reload ReadRegistry();
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
-  // cuda: picks the device, its budget and how memory is shared; starts its owner.
+  // cuda: the devices, their budgets and how memory is shared; one owner per device.
   Status StartCuda(const BackendChoice& choice, const std::string& owner_path, WorkerPoolOptions& pool);
-  // cuda: a worker asks for device memory; the owner answers; grants are released.
+  Status StartOwners(const std::string& owner_path);
+  // cuda: a worker asks for device memory; its device's owner answers; grants are released.
   void OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request);
   void OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocated, int fd);
   void OnOwnerDeath(uint32_t device, const std::string& why, bool fatal);
-  void RestartOwner();
+  void RestartOwner(uint32_t device);
   void ReleaseGrant(const GrantRelease& release);
   void CloseHandle(int fd);
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
@@ -87,12 +88,18 @@ class Daemon {
   std::unique_ptr<WorkerPool> workers_;
   std::unique_ptr<DeviceOwners> owners_;     // cuda only
   GrantTable grants_;                        // cuda only
-  uint32_t cuda_device_ = 0;
-  ipc::UvHandle<uv_timer_t> owner_restart_timer_;
-  uint64_t owner_started_ms_ = 0;
-  uint64_t owner_restart_delay_ms_ = 0;
-  bool owner_fatal_ = false;  // exited with status 2: not started again
-  std::vector<v1::OwnerEnvelope> waiting_for_owner_;  // allocations asked while it restarts
+  // cuda: what the shell keeps of each device's owner (index = device = CUDA ordinal).
+  struct OwnerState {
+    Daemon* daemon = nullptr;
+    uint32_t device = 0;
+    ipc::UvHandle<uv_timer_t> restart_timer;
+    uint64_t started_ms = 0;
+    uint64_t restart_delay_ms = 0;
+    bool fatal = false;  // exited with status 2: not started again
+    std::vector<v1::OwnerEnvelope> waiting;  // allocations asked while it restarts
+  };
+  std::vector<std::unique_ptr<OwnerState>> owner_states_;
+  void ScheduleOwnerRestart(OwnerState& owner);
   std::unique_ptr<ClientServer> server_;
   std::unique_ptr<ServiceManager> service_;
   std::optional<gid_t> admin_gid_;

@@ -1,7 +1,9 @@
-// The cuda backend's part of the shell: the device's memory owner, and the grants of device memory
-// between workers and that owner (supervisor/grants.h). The core sees none of it but the weights'
-// handles, and event::DeviceLost when the owner dies.
+// The cuda backend's part of the shell: one memory owner per device, and the grants of device
+// memory between workers and their device's owner (supervisor/grants.h). The core sees none of it
+// but the weights' handles, and event::DeviceLost when an owner dies.
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <spdlog/spdlog.h>
 
@@ -23,41 +25,53 @@ constexpr uint64_t kOwnerPatienceMs = 1000;  // allocations wait for an owner st
 }  // namespace
 
 Status Daemon::StartCuda(const BackendChoice& choice, const std::string& owner_path, WorkerPoolOptions& pool) {
-  const ProbedDevice& device = choice.devices.front();
-  cuda_device_ = device.ordinal;
-  if (choice.devices.size() > 1) {
-    spdlog::warn("{} CUDA devices found; this version serves from device {} only", choice.devices.size(),
-                 cuda_device_);
+  // Devices are numbered as CUDA numbers them (CUDA_VISIBLE_DEVICES picks which, and their
+  // order): device d is CUDA ordinal d, served by its own owner and workers.
+  std::vector<ProbedDevice> devices = choice.devices;
+  if (devices.size() > shm::kMaxDevices) {
+    spdlog::warn("{} CUDA devices found; serving from the first {} (choose with CUDA_VISIBLE_DEVICES)",
+                 devices.size(), shm::kMaxDevices);
+    devices.resize(shm::kMaxDevices);
   }
+  // One way of sharing for every device: vmm when each can export memory as descriptors.
+  const bool all_fds = std::all_of(devices.begin(), devices.end(), [](const ProbedDevice& d) { return d.fd_handles; });
   std::string sharing = config_.cuda_sharing;
-  if (sharing == "auto") sharing = device.fd_handles ? "vmm" : "legacy";
-  if (sharing == "vmm" && !device.fd_handles) {
-    return Error(Code::kFailedPrecondition,
-                 "[cuda] sharing = \"vmm\", but CUDA device {} ({}) cannot export memory as file "
-                 "descriptors: set sharing = \"auto\" or \"legacy\"",
-                 cuda_device_, device.name);
-  }
-  if (config_.budget_is_default) {
-    if (device.free_bytes <= config_.cuda_reserve_bytes) {
+  if (sharing == "auto") sharing = all_fds ? "vmm" : "legacy";
+  config_.devices.clear();
+  std::vector<uint32_t> ordinals;
+  for (const ProbedDevice& device : devices) {
+    if (sharing == "vmm" && !device.fd_handles) {
       return Error(Code::kFailedPrecondition,
-                   "CUDA device {} ({}) has {} free, no more than [cuda] reserve ({}): free memory "
-                   "on the device, lower the reserve or set [pool] budget",
-                   cuda_device_, device.name, FormatBytes(device.free_bytes),
-                   FormatBytes(config_.cuda_reserve_bytes));
+                   "[cuda] sharing = \"vmm\", but CUDA device {} ({}) cannot export memory as file "
+                   "descriptors: set sharing = \"auto\" or \"legacy\"",
+                   device.ordinal, device.name);
     }
-    config_.budget_bytes = device.free_bytes - config_.cuda_reserve_bytes;
-  } else if (config_.budget_bytes > device.free_bytes) {
-    spdlog::warn("the budget ({}) is more than CUDA device {} has free ({}): loads may run out of memory",
-                 FormatBytes(config_.budget_bytes), cuda_device_, FormatBytes(device.free_bytes));
+    uint64_t budget = config_.budget_bytes;
+    if (config_.budget_is_default) {
+      if (device.free_bytes <= config_.cuda_reserve_bytes) {
+        return Error(Code::kFailedPrecondition,
+                     "CUDA device {} ({}) has {} free, no more than [cuda] reserve ({}): free memory "
+                     "on the device, lower the reserve, set [pool] budget, or leave the device out "
+                     "with CUDA_VISIBLE_DEVICES",
+                     device.ordinal, device.name, FormatBytes(device.free_bytes),
+                     FormatBytes(config_.cuda_reserve_bytes));
+      }
+      budget = device.free_bytes - config_.cuda_reserve_bytes;
+    } else if (budget > device.free_bytes) {
+      spdlog::warn("the budget ({}) is more than CUDA device {} has free ({}): loads may run out of memory",
+                   FormatBytes(budget), device.ordinal, FormatBytes(device.free_bytes));
+    }
+    config_.devices.push_back(DeviceConfig{device.name, device.total_bytes, budget});
+    ordinals.push_back(device.ordinal);
+    spdlog::info("CUDA device {}: {} ({} free of {}), budget {}{}", device.ordinal, device.name,
+                 FormatBytes(device.free_bytes), FormatBytes(device.total_bytes), FormatBytes(budget),
+                 config_.budget_is_default ? " (free less [cuda] reserve)" : "");
   }
   config_.backend = "cuda";  // resolved: what status and the log report
-  config_.device_name = device.name;
-  config_.device_total_bytes = device.total_bytes;
   pool.backend = "cuda";
   pool.sharing = sharing;
-  pool.device = cuda_device_;
 
-  DeviceOwnersOptions options{owner_path, sharing, {cuda_device_}};
+  DeviceOwnersOptions options{owner_path, sharing, ordinals};
   DeviceOwnerEvents events;
   events.on_ready = [](uint32_t d, const v1::OwnerHello& hello) {
     spdlog::info("memory owner of CUDA device {} ({}) up: pid {}, {} free of {}, sharing {}", d, hello.name(),
@@ -68,13 +82,28 @@ Status Daemon::StartCuda(const BackendChoice& choice, const std::string& owner_p
   };
   events.on_death = [this](uint32_t d, const std::string& why, bool fatal) { OnOwnerDeath(d, why, fatal); };
   owners_ = std::make_unique<DeviceOwners>(&loop_, options, std::move(events));
-  uv_timer_init(&loop_, owner_restart_timer_.get());
-  owner_restart_timer_.MarkInitialized();
-  owner_restart_timer_.get()->data = this;
-  spdlog::info("backend cuda ({}): device {} {} ({} free of {}), budget {}{}, sharing {}", choice.why,
-               cuda_device_, device.name, FormatBytes(device.free_bytes), FormatBytes(device.total_bytes),
-               FormatBytes(config_.budget_bytes), config_.budget_is_default ? " (free less [cuda] reserve)" : "",
-               sharing);
+  for (uint32_t d = 0; d < ordinals.size(); d++) {
+    auto state = std::make_unique<OwnerState>();
+    state->daemon = this;
+    state->device = d;
+    uv_timer_init(&loop_, state->restart_timer.get());
+    state->restart_timer.MarkInitialized();
+    state->restart_timer.get()->data = state.get();
+    owner_states_.push_back(std::move(state));
+  }
+  spdlog::info("backend cuda ({}): {} device{}, sharing {}", choice.why, ordinals.size(),
+               ordinals.size() == 1 ? "" : "s", sharing);
+  return OkStatus();
+}
+
+Status Daemon::StartOwners(const std::string& owner_path) {
+  for (auto& o : owner_states_) {
+    if (!owners_->Start(o->device)) {
+      return Error(Code::kFailedPrecondition, "cannot start the memory owner of CUDA device {} ({})",
+                   o->device, owner_path);
+    }
+    o->started_ms = MonotonicMillis();
+  }
   return OkStatus();
 }
 
@@ -89,30 +118,34 @@ void Daemon::OnWorkerAllocate(uint32_t slot, const v1::WorkerAllocate& request) 
   if (owners_ == nullptr) {
     return refuse(Error(Code::kFailedPrecondition, "device memory is granted on the cuda backend only"));
   }
-  if (owner_fatal_) {
+  // A worker gets memory on its own device only.
+  const uint32_t device = slot / config_.workers_per_device;
+  OwnerState& owner = *owner_states_[device];
+  if (owner.fatal) {
     return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} cannot run (see the log): fix "
-                                            "the driver or configuration and restart warmpoold", cuda_device_));
+                                            "the driver or configuration and restart warmpoold", device));
   }
-  if (!owners_->running(cuda_device_) && owner_restart_delay_ms_ > kOwnerPatienceMs) {
+  if (!owners_->running(device) && owner.restart_delay_ms > kOwnerPatienceMs) {
     // It keeps dying young: a load waiting for it would only stall. It fails now, and says why.
     return refuse(Error(Code::kUnavailable, "the memory owner of CUDA device {} keeps dying; it is started "
-                                            "again in {} ms", cuda_device_, owner_restart_delay_ms_));
+                                            "again in {} ms", device, owner.restart_delay_ms));
   }
   // Admission counted what a load needs; an engine asking for more than the whole budget is broken
   // (or hostile), and must not take the device from everyone else.
   const uint32_t generation = workers_->generation(slot);
-  if (grants_.Unkept(slot, generation) + request.bytes() > config_.budget_bytes) {
+  const uint64_t budget = config_.devices[device].budget_bytes;
+  if (budget != 0 && grants_.Unkept(slot, generation) + request.bytes() > budget) {
     return refuse(Error(Code::kResourceExhausted,
-                        "worker {} asked for {} of device memory, beyond the budget ({}) with what it holds "
-                        "already", slot, FormatBytes(request.bytes()), FormatBytes(config_.budget_bytes)));
+                        "worker {} asked for {} of device memory, beyond the budget of device {} ({}) with "
+                        "what it holds already", slot, FormatBytes(request.bytes()), device, FormatBytes(budget)));
   }
-  const uint64_t grant = grants_.Ask(cuda_device_, slot, generation, request.request(), request.bytes());
+  const uint64_t grant = grants_.Ask(device, slot, generation, request.request(), request.bytes());
   v1::OwnerEnvelope ask;
   ask.mutable_allocate()->set_id(grant);
   ask.mutable_allocate()->set_bytes(request.bytes());
   // While the owner is being restarted the request waits for it (a load waits, it does not fail;
   // a worker that dies meanwhile has its grant released with the rest).
-  if (!owners_->Send(cuda_device_, ask)) waiting_for_owner_.push_back(std::move(ask));
+  if (!owners_->Send(device, ask)) owner.waiting.push_back(std::move(ask));
 }
 
 void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocated, int fd) {
@@ -159,37 +192,41 @@ void Daemon::OnOwnerAllocated(uint32_t device, const v1::OwnerAllocated& allocat
 
 void Daemon::OnOwnerDeath(uint32_t device, const std::string& why, bool fatal) {
   spdlog::error("the memory owner of CUDA device {} {}: the weights it held are gone", device, why);
+  OwnerState& owner = *owner_states_[device];
   grants_.OwnerGone(device);
-  waiting_for_owner_.clear();  // their grants went with the owner; the workers are killed below
-  Dispatch(event::DeviceLost{device, why});
+  owner.waiting.clear();  // their grants went with the owner; the workers are killed below
   if (fatal) {
-    owner_fatal_ = true;
+    owner.fatal = true;
     spdlog::critical("the memory owner of CUDA device {} cannot run (exit status 2, fatal configuration); "
                      "not starting it again: fix the driver or configuration and restart warmpoold", device);
-    return;
   }
+  Dispatch(event::DeviceLost{device, why, fatal});
+  if (fatal) return;
   // Started again at once, unless it dies young (a broken driver): then after a growing pause.
-  const uint64_t lived_ms = MonotonicMillis() - owner_started_ms_;
-  owner_restart_delay_ms_ = lived_ms < kOwnerStableMs
-                                ? std::min<uint64_t>(std::max<uint64_t>(2 * owner_restart_delay_ms_, 100), kOwnerRestartMaxMs)
-                                : 0;
-  uv_timer_start(owner_restart_timer_.get(), [](uv_timer_t* t) {
-    static_cast<Daemon*>(t->data)->RestartOwner();
-  }, owner_restart_delay_ms_, 0);
+  const uint64_t lived_ms = MonotonicMillis() - owner.started_ms;
+  owner.restart_delay_ms = lived_ms < kOwnerStableMs
+                               ? std::min<uint64_t>(std::max<uint64_t>(2 * owner.restart_delay_ms, 100), kOwnerRestartMaxMs)
+                               : 0;
+  ScheduleOwnerRestart(owner);
 }
 
-void Daemon::RestartOwner() {
-  if (owners_ == nullptr || owners_->running(cuda_device_)) return;
-  if (!owners_->Start(cuda_device_)) {
-    owner_restart_delay_ms_ = kOwnerRestartMaxMs;
-    uv_timer_start(owner_restart_timer_.get(), [](uv_timer_t* t) {
-      static_cast<Daemon*>(t->data)->RestartOwner();
-    }, owner_restart_delay_ms_, 0);
-    return;
+void Daemon::ScheduleOwnerRestart(OwnerState& owner) {
+  uv_timer_start(owner.restart_timer.get(), [](uv_timer_t* t) {
+    auto* o = static_cast<OwnerState*>(t->data);
+    o->daemon->RestartOwner(o->device);
+  }, owner.restart_delay_ms, 0);
+}
+
+void Daemon::RestartOwner(uint32_t device) {
+  OwnerState& owner = *owner_states_[device];
+  if (owners_ == nullptr || owners_->running(device)) return;
+  if (!owners_->Start(device)) {
+    owner.restart_delay_ms = kOwnerRestartMaxMs;
+    return ScheduleOwnerRestart(owner);
   }
-  owner_started_ms_ = MonotonicMillis();
-  for (v1::OwnerEnvelope& ask : waiting_for_owner_) owners_->Send(cuda_device_, ask);
-  waiting_for_owner_.clear();
+  owner.started_ms = MonotonicMillis();
+  for (v1::OwnerEnvelope& ask : owner.waiting) owners_->Send(device, ask);
+  owner.waiting.clear();
 }
 
 void Daemon::ReleaseGrant(const GrantRelease& release) {

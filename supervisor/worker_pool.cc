@@ -29,7 +29,7 @@ struct WorkerPool::Worker {
 
 WorkerPool::WorkerPool(uv_loop_t* loop, WorkerPoolOptions options, WorkerEvents events)
     : loop_(loop), options_(std::move(options)), events_(std::move(events)) {
-  for (uint32_t i = 0; i < options_.count; i++) {
+  for (uint32_t i = 0; i < options_.workers_per_device * options_.device_budgets.size(); i++) {
     auto w = std::make_unique<Worker>();
     w->slot = i;
     w->pool = this;
@@ -67,14 +67,15 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return refuse(std::string("socketpair: ") + std::strerror(errno), /*fatal=*/false);
   }
+  const uint32_t device = slot / options_.workers_per_device;
   std::vector<std::string> args = {
       options_.worker_path,
       "--channel-fd", "3",
       "--slot", std::to_string(slot),
       "--generation", std::to_string(generation),
-      "--device", std::to_string(options_.device),
+      "--device", std::to_string(device),
       "--instance", options_.instance,
-      "--budget", std::to_string(options_.budget_bytes),
+      "--budget", std::to_string(options_.device_budgets[device]),
       "--max-frame-bytes", std::to_string(options_.max_frame_bytes + kWorkerFrameHeadroom),
       "--parent", std::to_string(getpid()),
       "--engine-dir", options_.engine_dir,

@@ -24,9 +24,10 @@ struct WorkerPoolOptions {
   std::string worker_path;  // the warmpool-worker binary
   std::string instance;
   std::string engine_dir;  // where workers may dlopen engine plugins; empty: built-ins only
-  uint32_t count = 2;
-  uint32_t device = 0;
-  uint64_t budget_bytes = 0;
+  // workers_per_device workers for each device; slot s serves device s / workers_per_device
+  // with that device's budget (0: unlimited).
+  uint32_t workers_per_device = 2;
+  std::vector<uint64_t> device_budgets = {0};
   uint32_t max_frame_bytes = 64u << 20;
   std::string backend = "host";  // host | cuda
   std::string sharing = "vmm";   // cuda: vmm | legacy, as the device's owner shares memory

@@ -21,6 +21,7 @@ std::vector<policy::Resident> Core::Residents() const {
     p.name = r.name;
     p.device_bytes = r.weight_bytes + r.workspace_bytes;
     p.pinned = m.pinned;
+    p.device = m.machine.Device() == shm::kNil ? 0 : m.machine.Device();
     p.busy = m.inflight != 0 || !m.waiters.empty() || !m.unload_waiters.empty();
     p.expires_at_ms = m.expires_at_ms;
     if (m.machine.Is<Parked>()) {
@@ -76,7 +77,9 @@ void Core::TryAdmit(uint32_t model) {
   // worker: only a reload can fix it.
   if (!m.refused.ok()) return FailWaiters(model, m.refused);
   if (Ready* ready = m.machine.As<Ready>()) {
-    std::vector<policy::WorkerView> views = WorkerViews();
+    // Every replica is on the weights' device.
+    const uint32_t device = ready->weights.device;
+    std::vector<policy::WorkerView> views = WorkerViewsOn(device);
     std::vector<uint32_t> holding;  // every replica, leaving ones too: one per worker
     bool serving = false, attaching = false, attach_blocked = true;
     for (const Replica& r : ready->replicas) {
@@ -90,9 +93,7 @@ void Core::TryAdmit(uint32_t model) {
     if (serving) return DrainReady(model);
     // A detached model keeps one workspace reserved (model.h): its first attach needs no room.
     // Any other replica does: its workspace must fit (a leaving one still holds its own).
-    uint64_t budget = config_.budget_bytes;
-    bool room = ready->replicas.empty() || budget == 0 ||
-                index_->DeviceUsed(0) + ready->weights.workspace_bytes <= budget;
+    bool room = ready->replicas.empty() || Fits(device, ready->weights.workspace_bytes);
     uint32_t worker = policy::kNone;
     if (attaching) {
       // Nobody serves it yet. When every attach sits behind other work in its worker's channel
@@ -126,11 +127,12 @@ void Core::TryAdmit(uint32_t model) {
   uint64_t bytes = parked ? m.machine.As<Parked>()->copy.weight_bytes +
                                 m.machine.As<Parked>()->copy.workspace_bytes
                           : m.entry.weight_bytes + m.entry.workspace_bytes;
-  policy::AdmissionPlan plan = policy::PlanAdmission(Residents(), model, m.entry.name, bytes,
-                                                     index_->DeviceUsed(0), Limits());
+  policy::PlacementPlan placed =
+      policy::PlanPlacement(Residents(), model, m.entry.name, bytes, DeviceRooms(), Limits());
+  const policy::AdmissionPlan& plan = placed.plan;
   switch (plan.kind) {
     case policy::AdmissionPlan::Kind::kAdmit: {
-      uint32_t worker = policy::PickWorkerForLoad(WorkerViews());
+      uint32_t worker = policy::PickWorkerForLoad(WorkerViewsOn(placed.device));
       if (worker != policy::kNone) {
         return parked ? StartUnpark(model, worker, bytes) : StartLoad(model, worker, bytes);
       }
@@ -144,8 +146,8 @@ void Core::TryAdmit(uint32_t model) {
     case policy::AdmissionPlan::Kind::kEvict: {
       bool freed_now = false;
       for (uint32_t victim : plan.victims) {
-        Log(LogLevel::kInfo, "evicting \"{}\" to make room for \"{}\"", models_[victim].entry.name,
-            m.entry.name);
+        Log(LogLevel::kInfo, "evicting \"{}\" to make room for \"{}\"{}", models_[victim].entry.name,
+            m.entry.name, DeviceCount() > 1 ? fmt::format(" on device {}", placed.device) : "");
         Release(victim, /*eviction=*/true, /*allow_park=*/true);
         freed_now = freed_now || !models_[victim].machine.Is<Releasing>();
       }
@@ -154,6 +156,11 @@ void Core::TryAdmit(uint32_t model) {
       return Wait(model);
     }
     case policy::AdmissionPlan::Kind::kWait:
+      if (placed.device == policy::kNoDevice && !AnyCanServe()) {
+        return FailWaiters(model, Error(Code::kUnavailable,
+                                        "no worker is running (they exited with status 2, fatal "
+                                        "configuration): see the daemon log"));
+      }
       return Wait(model);
     case policy::AdmissionPlan::Kind::kReject:
       return FailWaiters(model, plan.reason);
@@ -185,8 +192,9 @@ void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   for (const v1::Fault& f : GrantFaults(job)) *load->add_faults() = f;
   uint64_t id = NewJob(std::move(job));
   load->set_job(id);
-  m.machine.StartLoad(worker, id, bytes, m.entry.weight_bytes);
-  Log(LogLevel::kInfo, "loading \"{}\" ({}) on worker {}", m.entry.name, FormatBytes(bytes), worker);
+  m.machine.StartLoad(DeviceOf(worker), worker, id, bytes, m.entry.weight_bytes);
+  Log(LogLevel::kInfo, "loading \"{}\" ({}) on worker {}{}", m.entry.name, FormatBytes(bytes), worker,
+      DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
   Send(worker, message);
 }
 
@@ -202,8 +210,9 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   uint64_t id = NewJob(std::move(job));
   attach->set_job(id);
   int handle = copy.handle;
-  m.machine.StartUnpark(worker, id, bytes);
-  Log(LogLevel::kInfo, "unparking \"{}\" on worker {}", m.entry.name, worker);
+  m.machine.StartUnpark(DeviceOf(worker), worker, id, bytes);
+  Log(LogLevel::kInfo, "unparking \"{}\" on worker {}{}", m.entry.name, worker,
+      DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
   Send(worker, message, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
 }
 

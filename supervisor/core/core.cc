@@ -14,7 +14,10 @@ Core::Core(Config config, shm::SegmentView segment)
   if (config_.single_active) config_.capacity = 1;  // switching releases (parks) the active one
   models_.resize(config_.max_models);
   for (uint32_t i = 0; i < models_.size(); i++) models_[i].machine.Bind(index_.get(), i);
-  workers_.resize(config_.workers_per_device);
+  if (config_.devices.empty()) config_.devices.push_back(DeviceConfig{"", 0, config_.budget_bytes});
+  WARMPOOL_CHECK(config_.workers_per_device > 0 && DeviceCount() == index_->DeviceCount());
+  workers_.resize(config_.workers_per_device * DeviceCount());
+  devices_down_.resize(DeviceCount(), false);
 }
 
 Core::~Core() = default;
@@ -76,8 +79,11 @@ void Core::Close(const std::vector<int>& handles) {
 }
 
 policy::Limits Core::Limits() const {
-  return policy::Limits{config_.budget_bytes, config_.capacity, config_.max_cached,
-                        config_.park_budget_bytes};
+  return policy::Limits{0, config_.capacity, config_.max_cached, config_.park_budget_bytes};
+}
+
+bool Core::Fits(uint32_t device, uint64_t bytes) const {
+  return Budget(device) == 0 || index_->DeviceUsed(device) + bytes <= Budget(device);
 }
 
 policy::RetrySettings Core::RetrySettings() const {

@@ -188,7 +188,13 @@ class Core {
   void EndDrain(const std::string& why);
   uint64_t MonoMs() const { return now_.mono_ms; }
   int64_t UnixMs() const { return static_cast<int64_t>(now_.unix_ns / 1000000); }
+  // The pool's limits; budget_bytes is 0 here, each device has its own (Budget).
   policy::Limits Limits() const;
+  uint32_t DeviceCount() const { return static_cast<uint32_t>(config_.devices.size()); }
+  uint64_t Budget(uint32_t device) const { return config_.devices[device].budget_bytes; }
+  uint32_t DeviceOf(uint32_t worker) const { return worker / config_.workers_per_device; }
+  // Room for `bytes` more on the device (within its budget).
+  bool Fits(uint32_t device, uint64_t bytes) const;
   policy::RetrySettings RetrySettings() const;
   uint64_t NewJob(Job&& job);
   Job* FindJob(uint64_t id);
@@ -213,6 +219,9 @@ class Core {
   // PickReplica, and cheap enough for every request).
   std::vector<policy::WorkerView> WorkerViews() const;
   std::vector<policy::WorkerView> WorkerLoads() const;
+  // WorkerViews with only the device's workers up: what placement on that device may pick.
+  std::vector<policy::WorkerView> WorkerViewsOn(uint32_t device) const;
+  std::vector<policy::DeviceRoom> DeviceRooms() const;
   // The park account plus the host copies already decided (being made).
   uint64_t ParkCommitted() const;
   void TryAdmit(uint32_t model);
@@ -239,6 +248,7 @@ class Core {
   void EnforceMaxCached(uint32_t keep);
   void ExpireIdle();
   void Rebalance();
+  void Rebalance(uint32_t device);
 
   // jobs.cc: what workers report
   void OnWorkerMessage(event::WorkerMessage&& message);
@@ -323,6 +333,8 @@ class Core {
   std::unordered_map<uint64_t, Job> jobs_;
   uint64_t next_job_ = 1;
   std::vector<WorkerSlot> workers_;
+  // Devices whose memory can never come back (their owner cannot run): nothing is placed there.
+  std::vector<bool> devices_down_;
   std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;
   uint64_t next_bulk_ = 1;

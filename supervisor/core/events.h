@@ -76,6 +76,8 @@ struct WorkerDown {
 struct DeviceLost {
   uint32_t device = 0;
   std::string why;
+  // It will not come back (its owner cannot run): nothing is placed on the device any more.
+  bool for_good = false;
 };
 // Time passes (the shell ticks every 50 ms).
 struct Tick {};

@@ -45,6 +45,12 @@ Status Core::CheckInvariants() const {
                    m.inflight, infers[model]);
     }
     const ModelMachine& machine = m.machine;
+    if (const Loading* l = machine.As<Loading>(); l && DeviceOf(l->worker) != l->device) {
+      return Error(Code::kInternal, "\"{}\" loads for device {} on worker {}", name, l->device, l->worker);
+    }
+    if (const Unparking* u = machine.As<Unparking>(); u && DeviceOf(u->worker) != u->device) {
+      return Error(Code::kInternal, "\"{}\" unparks for device {} on worker {}", name, u->device, u->worker);
+    }
     if (const Loading* l = machine.As<Loading>(); l && !job_is(l->job, Job::Kind::kLoad, l->worker, model)) {
       return Error(Code::kInternal, "\"{}\" is loading on worker {} with no such job", name, l->worker);
     }
@@ -63,7 +69,12 @@ Status Core::CheckInvariants() const {
                      workers_.size());
       }
       std::vector<uint32_t> seen;
+      const uint32_t device = machine.DeviceWeights()->device;
       for (const Replica& r : *replicas) {
+        if (DeviceOf(r.worker) != device) {
+          return Error(Code::kInternal, "\"{}\" is on device {} with a replica on worker {} of device {}",
+                       name, device, r.worker, DeviceOf(r.worker));
+        }
         if (std::find(seen.begin(), seen.end(), r.worker) != seen.end()) {
           return Error(Code::kInternal, "\"{}\" counts worker {} twice among its replicas", name, r.worker);
         }

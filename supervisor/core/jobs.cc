@@ -223,8 +223,7 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
   if (m.changing()) return;
   StartKeepAlive(model);
   CheckPreload();
-  uint64_t budget = config_.budget_bytes;
-  if (budget != 0 && index_->DeviceUsed(0) > budget) {
+  if (!Fits(ready->weights.device, 0)) {
     // An engine allocated more than it said it would (a plugin's workspace, say).
     FailWaiters(model, Error(Code::kResourceExhausted,
                              "model \"{}\" took more memory than it announced and does not fit the "

@@ -36,6 +36,13 @@ std::vector<Replica>* ModelMachine::MutableReplicas() {
   return const_cast<std::vector<Replica>*>(std::as_const(*this).Replicas());
 }
 
+uint32_t ModelMachine::Device() const {
+  if (const Loading* l = As<Loading>()) return l->device;
+  if (const Unparking* u = As<Unparking>()) return u->device;
+  if (const Weights* w = DeviceWeights()) return w->device;
+  return shm::kNil;
+}
+
 std::vector<uint32_t> ModelMachine::ServingWorkers() const {
   std::vector<uint32_t> workers;
   if (const Ready* r = As<Ready>()) {
@@ -95,18 +102,21 @@ void ModelMachine::Publish() {
           error = s.reason;
         } else if constexpr (std::is_same_v<S, Loading>) {
           r.state = shm::ModelState::kLoading;
+          r.device = s.device;
           r.worker_slot = s.worker;
           r.replicas = 1;
           r.weight_bytes = std::min(registered_bytes_, s.admitted_bytes);
           r.workspace_bytes = s.admitted_bytes - r.weight_bytes;
         } else if constexpr (std::is_same_v<S, Unparking>) {
           r.state = shm::ModelState::kLoading;
+          r.device = s.device;
           r.worker_slot = s.worker;
           r.replicas = 1;
           r.weight_bytes = std::min(s.copy.weight_bytes, s.admitted_bytes);
           r.workspace_bytes = s.admitted_bytes - r.weight_bytes;
         } else if constexpr (std::is_same_v<S, Ready> || std::is_same_v<S, Releasing>) {
           r.state = std::is_same_v<S, Ready> ? shm::ModelState::kReady : shm::ModelState::kUnloading;
+          r.device = s.weights.device;
           r.weight_bytes = s.weights.weight_bytes;
           // One workspace stays reserved for a detached model: re-attaching needs no admission.
           r.workspace_bytes = s.weights.workspace_bytes * std::max<size_t>(1, s.replicas.size());
@@ -128,24 +138,26 @@ void ModelMachine::Publish() {
   index_->Publish(model_, r);
 }
 
-void ModelMachine::StartLoad(uint32_t worker, uint64_t job, uint64_t admitted_bytes,
-                             uint64_t weight_bytes) {
+void ModelMachine::StartLoad(uint32_t device, uint32_t worker, uint64_t job,
+                             uint64_t admitted_bytes, uint64_t weight_bytes) {
   WARMPOOL_CHECK(Is<Absent>() || Is<Failed>());
   registered_bytes_ = weight_bytes;
-  To(Loading{worker, job, admitted_bytes});
+  To(Loading{device, worker, job, admitted_bytes});
 }
 
-void ModelMachine::StartUnpark(uint32_t worker, uint64_t job, uint64_t admitted_bytes) {
+void ModelMachine::StartUnpark(uint32_t device, uint32_t worker, uint64_t job,
+                               uint64_t admitted_bytes) {
   Parked* p = As<Parked>();
   WARMPOOL_CHECK(p != nullptr);
   Weights copy = std::move(p->copy);
-  To(Unparking{worker, job, admitted_bytes, std::move(copy)});
+  To(Unparking{device, worker, job, admitted_bytes, std::move(copy)});
 }
 
 void ModelMachine::FinishLoad(Weights weights) {
   Loading* l = As<Loading>();
   WARMPOOL_CHECK(l != nullptr);
   uint32_t worker = l->worker;
+  weights.device = l->device;
   To(Ready{std::move(weights), {Replica{worker, 0, 0}}});
 }
 
@@ -154,6 +166,7 @@ int ModelMachine::FinishUnpark(Weights weights) {
   WARMPOOL_CHECK(u != nullptr);
   int copy = u->copy.handle;
   uint32_t worker = u->worker;
+  weights.device = u->device;
   To(Ready{std::move(weights), {Replica{worker, 0, 0}}});
   return copy;
 }

@@ -41,6 +41,9 @@ namespace warmpool::supervisor {
 [[noreturn]] void CheckFailed(const char* file, int line, const char* what);
 
 struct Weights {
+  // Where they are: the device the model was loaded or unparked on (a host copy keeps the device
+  // it came from, which means nothing for it).
+  uint32_t device = 0;
   int handle = -1;  // the region (held while resident); -1 for engines without weights (echo)
   std::string header;
   uint64_t file_size = 0;
@@ -66,11 +69,13 @@ struct Failed {
   bool inspecting = false;  // after the cooldown: its file is being looked at again
 };
 struct Loading {  // a worker reads the file
+  uint32_t device = 0;  // the worker's
   uint32_t worker = 0;
   uint64_t job = 0;
   uint64_t admitted_bytes = 0;
 };
 struct Unparking {  // a worker copies the parked host copy into device memory
+  uint32_t device = 0;  // the worker's
   uint32_t worker = 0;
   uint64_t job = 0;
   uint64_t admitted_bytes = 0;
@@ -120,6 +125,9 @@ class ModelMachine {
   const Weights* DeviceWeights() const;
   // The replicas (Ready or Releasing); empty otherwise.
   const std::vector<Replica>* Replicas() const;
+  // The device whose budget the model counts against now (loading, unparking, ready, releasing);
+  // shm::kNil when it holds no device memory.
+  uint32_t Device() const;
   // Replicas that take requests now (Ready only).
   std::vector<uint32_t> ServingWorkers() const;
   bool Serving() const;
@@ -131,13 +139,15 @@ class ModelMachine {
   // Handles this model holds: weights on the device, a host copy, or both while unparking.
   std::vector<int> Handles() const;
 
-  // Absent or Failed -> Loading.
-  void StartLoad(uint32_t worker, uint64_t job, uint64_t admitted_bytes, uint64_t weight_bytes);
-  // Parked -> Unparking.
-  void StartUnpark(uint32_t worker, uint64_t job, uint64_t admitted_bytes);
-  // Loading -> Ready, served by the loading worker.
+  // Absent or Failed -> Loading on the worker's device.
+  void StartLoad(uint32_t device, uint32_t worker, uint64_t job, uint64_t admitted_bytes,
+                 uint64_t weight_bytes);
+  // Parked -> Unparking on the worker's device.
+  void StartUnpark(uint32_t device, uint32_t worker, uint64_t job, uint64_t admitted_bytes);
+  // Loading -> Ready, served by the loading worker; the weights are on its device.
   void FinishLoad(Weights weights);
-  // Unparking -> Ready with the new device weights. Returns the host copy's handle (to close).
+  // Unparking -> Ready with the new device weights (on the unparking worker's device). Returns
+  // the host copy's handle (to close).
   int FinishUnpark(Weights weights);
   // Loading -> Absent (a failure of the file or the worker; see Fail for the cooldown).
   void AbandonLoad();

@@ -125,11 +125,16 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
 }
 
 void Core::OnDeviceLost(const event::DeviceLost& lost) {
+  if (lost.device >= DeviceCount()) return;
   Log(LogLevel::kError, "the memory of device {} is gone ({}): its workers are restarted, and its "
-      "models load again on demand", lost.device, lost.why);
-  // The workers map memory that no longer exists: nothing they report from now on is believed,
-  // and their deaths (below, as the kills land) retry their requests without charging a model.
+      "models load again on demand{}", lost.device, lost.why,
+      lost.for_good ? "; nothing is placed on it any more" : "");
+  if (lost.for_good) devices_down_[lost.device] = true;
+  // The device's workers map memory that no longer exists: nothing they report from now on is
+  // believed, and their deaths (below, as the kills land) retry their requests without charging
+  // a model. Other devices' workers and models are not touched.
   for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
+    if (DeviceOf(slot) != lost.device) continue;
     WorkerSlot& w = workers_[slot];
     if (w.state != WorkerSlot::State::kUp && w.state != WorkerSlot::State::kStarting) continue;
     w.device_lost = true;
@@ -139,9 +144,12 @@ void Core::OnDeviceLost(const event::DeviceLost& lost) {
   // them). Their replicas go with their workers; the handles close when the last has.
   for (uint32_t model : index_->All()) {
     Model& m = models_[model];
+    if (m.machine.Device() != lost.device) continue;
     if (m.machine.Is<Ready>() && !stopping_) Release(model, /*eviction=*/false, /*allow_park=*/false);
     if (Releasing* r = m.machine.As<Releasing>()) r->park = false;  // a copy already made survives
   }
+  // Waiting requests may go to another device now.
+  RetryPending();
 }
 
 void Core::ChargeCrash(uint32_t model, const std::string& why) {

@@ -39,9 +39,32 @@ std::vector<policy::WorkerView> Core::WorkerViews() const {
   return views;
 }
 
+std::vector<policy::WorkerView> Core::WorkerViewsOn(uint32_t device) const {
+  std::vector<policy::WorkerView> views = WorkerViews();
+  for (policy::WorkerView& v : views) v.up = v.up && DeviceOf(v.slot) == device;
+  return views;
+}
+
+std::vector<policy::DeviceRoom> Core::DeviceRooms() const {
+  std::vector<policy::DeviceRoom> rooms;
+  for (uint32_t d = 0; d < DeviceCount(); d++) {
+    policy::DeviceRoom room{d, index_->DeviceUsed(d), Budget(d), false, false};
+    // A worker up, or on its way up (a respawn).
+    for (uint32_t slot = d * config_.workers_per_device; slot < (d + 1) * config_.workers_per_device; slot++) {
+      const WorkerSlot& w = workers_[slot];
+      room.can_load = room.can_load || w.state != WorkerSlot::State::kFatal;
+      room.up = room.up || (w.state == WorkerSlot::State::kUp && !w.killing);
+    }
+    room.can_load = room.can_load && !devices_down_[d];
+    rooms.push_back(room);
+  }
+  return rooms;
+}
+
 void Core::AttachReplica(uint32_t model, uint32_t worker, uint32_t moving_from) {
   Model& m = models_[model];
   const Weights& weights = m.machine.As<Ready>()->weights;
+  WARMPOOL_CHECK(DeviceOf(worker) == weights.device);
   Job job{.kind = Job::Kind::kAttach, .worker = worker, .model = model};
   job.moving_from = moving_from;
   v1::WorkerEnvelope message;
@@ -80,7 +103,9 @@ void Core::AdjustReplicas(uint32_t model) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
   if (ready == nullptr || ready->replicas.empty() || stopping_ || m.changing()) return;
-  uint32_t target = std::min<uint32_t>(m.target_replicas, static_cast<uint32_t>(workers_.size()));
+  // Replicas share the weights where they are: at most one per worker of their device.
+  const uint32_t device = ready->weights.device;
+  uint32_t target = std::min<uint32_t>(m.target_replicas, config_.workers_per_device);
   size_t staying = std::count_if(ready->replicas.begin(), ready->replicas.end(),
                                  [](const Replica& r) { return r.leave_job == 0; });
   if (staying > target) {
@@ -99,18 +124,19 @@ void Core::AdjustReplicas(uint32_t model) {
     size_t staying_now = std::count_if(ready->replicas.begin(), ready->replicas.end(),
                                        [](const Replica& r) { return r.leave_job == 0; });
     if (staying_now >= target) return;
-    uint32_t worker = policy::PickWorkerForLoad(WorkerViews(), busy);
+    uint32_t worker = policy::PickWorkerForLoad(WorkerViewsOn(device), busy);
     if (worker == policy::kNone) return;  // fewer workers up than replicas: a hello grows it
     uint64_t workspace = ready->weights.workspace_bytes;
-    uint64_t budget = config_.budget_bytes;
-    if (budget != 0 && index_->DeviceUsed(0) + workspace > budget) {
-      // Room for the replica's workspace comes like room for a load: idle models, LRU first.
-      policy::Limits bytes_only{budget, 0, 0, 0};
-      policy::AdmissionPlan plan = policy::PlanAdmission(Residents(), model, m.entry.name,
-                                                         workspace, index_->DeviceUsed(0), bytes_only);
+    if (!Fits(device, workspace)) {
+      // Room for the replica's workspace comes like room for a load: idle models of its device,
+      // LRU first.
+      policy::Limits bytes_only{Budget(device), 0, 0, 0};
+      policy::AdmissionPlan plan =
+          policy::PlanAdmission(policy::OnDevice(Residents(), device), model, m.entry.name,
+                                workspace, index_->DeviceUsed(device), bytes_only);
       if (plan.kind != policy::AdmissionPlan::Kind::kEvict) return;  // RetryPending grows it later
       for (uint32_t victim : plan.victims) Release(victim, /*eviction=*/true, /*allow_park=*/true);
-      if (index_->DeviceUsed(0) + workspace > budget) return;
+      if (!Fits(device, workspace)) return;
       continue;
     }
     AttachReplica(model, worker);
@@ -119,12 +145,17 @@ void Core::AdjustReplicas(uint32_t model) {
 
 void Core::Rebalance() {
   if (stopping_) return;
-  std::vector<policy::WorkerView> views = WorkerViews();
+  // A move attaches the weights where they are: within one device.
+  for (uint32_t device = 0; device < DeviceCount(); device++) Rebalance(device);
+}
+
+void Core::Rebalance(uint32_t device) {
+  std::vector<policy::WorkerView> views = WorkerViewsOn(device);
   std::vector<policy::PlacedModel> placed;
   for (uint32_t model : index_->LruOrder()) {
     const Model& m = models_[model];
     const Ready* ready = m.machine.As<Ready>();
-    if (ready == nullptr) continue;
+    if (ready == nullptr || ready->weights.device != device) continue;
     policy::PlacedModel p;
     p.model = model;
     p.workers = m.machine.ServingWorkers();
@@ -137,7 +168,7 @@ void Core::Rebalance() {
   if (!move) return;
   const Model& m = models_[move->model];
   uint64_t workspace = m.machine.As<Ready>()->weights.workspace_bytes;
-  if (config_.budget_bytes != 0 && index_->DeviceUsed(0) + workspace > config_.budget_bytes) return;
+  if (!Fits(device, workspace)) return;
   Log(LogLevel::kInfo, "moving \"{}\" from worker {}, which holds several models, to idle worker {}",
       m.entry.name, move->from, move->to);
   AttachReplica(move->model, move->to, move->from);

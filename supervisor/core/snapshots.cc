@@ -80,20 +80,22 @@ v1::Envelope Core::StatusSnapshot() const {
   status->set_version(kVersion);
   const std::string backend = config_.backend == "cuda" ? "cuda" : "host";
   status->set_backend(backend);
-  v1::DeviceStatus* device = status->add_devices();
-  device->set_id(0);
-  device->set_kind(backend);
-  device->set_name(config_.device_name);
-  device->set_total_bytes(config_.device_total_bytes);
-  device->set_budget_bytes(index_->DeviceBudget());
-  device->set_used_bytes(index_->DeviceUsed(0));
+  for (uint32_t d = 0; d < DeviceCount(); d++) {
+    v1::DeviceStatus* device = status->add_devices();
+    device->set_id(d);
+    device->set_kind(backend);
+    device->set_name(config_.devices[d].name);
+    device->set_total_bytes(config_.devices[d].total_bytes);
+    device->set_budget_bytes(index_->DeviceBudget(d));
+    device->set_used_bytes(index_->DeviceUsed(d));
+  }
   for (uint32_t slot = 0; slot < workers_.size(); slot++) {
     const WorkerSlot& w = workers_[slot];
     const shm::WorkerRecord& record = segment_.worker(slot);
     v1::WorkerStatus* ws = status->add_workers();
     ws->set_slot(slot);
     ws->set_pid(w.pid);
-    ws->set_device(0);
+    ws->set_device(DeviceOf(slot));
     static const char* kStates[] = {"empty", "starting", "idle", "busy", "dead", "fatal"};
     ws->set_state(record.state < 6 ? kStates[record.state] : "unknown");
     ws->set_restarts(w.restarts);

@@ -98,7 +98,7 @@ void Core::PublishWorkers() {
     next.state = static_cast<uint32_t>(state);
     next.pid = w.pid;
     next.generation = w.generation;
-    next.device = 0;
+    next.device = DeviceOf(slot);
     next.restarts = w.restarts;
     next.last_exit = w.last_exit_code;
     next.models = static_cast<uint32_t>(held[slot].size());

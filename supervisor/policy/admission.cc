@@ -1,5 +1,8 @@
 #include "supervisor/policy/admission.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "common/units.h"
 
 namespace warmpool::supervisor::policy {
@@ -55,6 +58,8 @@ AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
     after -= r.device_bytes;
     count_after--;
   }
+  // It did not fit before the releases under way were counted: if it fits now, they make room.
+  plan.room_coming = plan.victims.empty() && fits(after, count_after);
   if (fits(after, count_after) || something_busy || after != used) {
     // Enough once the victims are released; or busy models become evictable when their requests
     // finish: release what we can now and ask again when something changes.
@@ -71,6 +76,78 @@ AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
                       name, FormatBytes(bytes), FormatBytes(used), FormatBytes(budget),
                       pinned.empty() ? "" : ", pinned: ", names);
   return plan;
+}
+
+std::vector<Resident> OnDevice(const std::vector<Resident>& lru, uint32_t device) {
+  std::vector<Resident> mine;
+  for (const Resident& r : lru) {
+    if (r.where == Where::kParked || r.device == device) mine.push_back(r);
+  }
+  return mine;
+}
+
+PlacementPlan PlanPlacement(const std::vector<Resident>& lru, uint32_t model,
+                            const std::string& name, uint64_t bytes,
+                            const std::vector<DeviceRoom>& devices, const Limits& limits) {
+  // How recently each model was used: the position in the LRU list.
+  std::vector<std::pair<uint32_t, size_t>> age;
+  for (size_t i = 0; i < lru.size(); i++) age.emplace_back(lru[i].model, i);
+  auto position = [&](uint32_t m) {
+    for (const auto& [id, at] : age) {
+      if (id == m) return at;
+    }
+    return lru.size();
+  };
+  // Each candidate's rank: lower is better, then the lower key.
+  struct Candidate {
+    int rank = 0;
+    uint64_t key = 0;
+    PlacementPlan placed;
+  };
+  std::optional<Candidate> best;
+  const DeviceRoom* widest = nullptr;
+  AdmissionPlan widest_reject;
+  for (const DeviceRoom& d : devices) {
+    if (!d.can_load) continue;
+    Limits own = limits;
+    own.budget_bytes = d.budget;
+    AdmissionPlan plan = PlanAdmission(OnDevice(lru, d.device), model, name, bytes, d.used, own);
+    Candidate c;
+    switch (plan.kind) {
+      case AdmissionPlan::Kind::kAdmit:
+        // The most room left after (unlimited: the least used). With no worker up yet, it waits
+        // for one: better than evicting elsewhere, worse than loading now elsewhere.
+        c.rank = d.up ? 0 : 1;
+        c.key = d.budget == 0 ? d.used : UINT64_MAX - (d.budget - d.used - bytes);
+        break;
+      case AdmissionPlan::Kind::kWait:
+        c.rank = plan.room_coming ? 1 : 3;
+        break;
+      case AdmissionPlan::Kind::kEvict: {
+        c.rank = 2;  // the victims whose most recent use is oldest
+        size_t newest = 0;
+        for (uint32_t v : plan.victims) newest = std::max(newest, position(v));
+        c.key = newest;
+        break;
+      }
+      case AdmissionPlan::Kind::kReject:
+        if (widest == nullptr || (widest->budget != 0 && (d.budget == 0 || d.budget > widest->budget))) {
+          widest = &d;
+          widest_reject = plan;
+        }
+        continue;
+    }
+    c.placed = PlacementPlan{d.device, std::move(plan)};
+    if (!best || c.rank < best->rank || (c.rank == best->rank && c.key < best->key)) best = std::move(c);
+  }
+  if (best) return std::move(best->placed);
+  PlacementPlan none;
+  if (widest != nullptr) {
+    none.plan = std::move(widest_reject);
+  } else {
+    none.plan.kind = AdmissionPlan::Kind::kWait;  // no device can load now
+  }
+  return none;
 }
 
 bool ShouldPark(uint64_t weight_bytes, bool can_copy, uint64_t park_used, const Limits& limits) {

@@ -24,6 +24,7 @@ struct Resident {
     kParked,   // only a host copy: no device bytes
   };
   Where where = Where::kDevice;
+  uint32_t device = 0;        // where its device bytes are (not parked)
   uint64_t device_bytes = 0;  // accounted on the device
   uint64_t parked_bytes = 0;  // the host copy (parked)
   bool pinned = false;
@@ -32,8 +33,8 @@ struct Resident {
 };
 
 struct Limits {
-  uint64_t budget_bytes = 0;      // device budget; 0 unlimited
-  uint32_t capacity = 0;          // models on the device at once; 0 unlimited
+  uint64_t budget_bytes = 0;      // device budget; 0 unlimited (PlanPlacement: each device's own)
+  uint32_t capacity = 0;          // models on one device at once; 0 unlimited
   uint32_t max_cached = 0;        // on the device plus parked; 0 unlimited
   uint64_t park_budget_bytes = 0; // 0: parking is off
 };
@@ -48,13 +49,41 @@ struct AdmissionPlan {
   Kind kind = Kind::kReject;
   std::vector<uint32_t> victims;
   Status reason;
+  bool room_coming = false;  // kWait: the releases under way alone make room
 };
 
 // May `model` (needing `bytes` on the device, which holds `used` now) be loaded? `lru` lists the
-// cached models, least recently used first (the model itself may be among them, parked).
+// cached models of that device and the parked ones, least recently used first (the model itself
+// may be among them, parked).
 AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
                             const std::string& name, uint64_t bytes, uint64_t used,
                             const Limits& limits);
+
+// One device as placement sees it.
+inline constexpr uint32_t kNoDevice = 0xFFFFFFFFu;
+struct DeviceRoom {
+  uint32_t device = 0;
+  uint64_t used = 0;
+  uint64_t budget = 0;   // 0 unlimited
+  bool can_load = false; // it has a worker (up, or on its way up)
+  bool up = false;       // ... up now
+};
+struct PlacementPlan {
+  uint32_t device = kNoDevice;  // where the plan applies (kAdmit, kEvict, kWait on one device)
+  AdmissionPlan plan;
+};
+// Where a model that holds no device memory goes (a load, an unpark), over every device that can
+// load: PlanAdmission on each, with its own residents and budget. Admit on the device with a worker
+// up that keeps the most room after; else wait where room comes without a decision (releases under
+// way: no second eviction for the same load; or a worker coming up on a device with room); else evict on the device whose victims were used least recently; else wait while
+// anything can change; reject only when every device rejects (the reason of the device with the
+// largest budget). `lru` is every cached model, each with its device. With no device that can
+// load: kWait on kNoDevice.
+PlacementPlan PlanPlacement(const std::vector<Resident>& lru, uint32_t model,
+                            const std::string& name, uint64_t bytes,
+                            const std::vector<DeviceRoom>& devices, const Limits& limits);
+// The residents that PlanAdmission weighs for one device: its own and the parked ones.
+std::vector<Resident> OnDevice(const std::vector<Resident>& lru, uint32_t device);
 
 // A model leaving the device keeps a host copy when its weights fit what is left of the park
 // budget (and it has weights and a worker to copy them); otherwise it is dropped.

@@ -37,9 +37,14 @@ inline ModelEntry Entry(const std::string& name, uint64_t weight_bytes, uint64_t
 class CoreRig {
  public:
   explicit CoreRig(Config config) : config_(std::move(config)) {
-    shm::Limits limits{config_.max_models, config_.workers_per_device, config_.max_inflight};
+    std::vector<uint64_t> budgets;
+    for (const DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
+    if (budgets.empty()) budgets.push_back(config_.budget_bytes);
+    shm::Limits limits{config_.max_models,
+                       config_.workers_per_device * static_cast<uint32_t>(budgets.size()),
+                       config_.max_inflight};
     bytes_.assign(shm::SegmentSize(limits), std::byte{0});
-    view_ = *shm::SegmentView::Format(bytes_, limits, 1, config_.budget_bytes, 1);
+    view_ = *shm::SegmentView::Format(bytes_, limits, budgets, 1);
     core_ = std::make_unique<Core>(config_, view_);
   }
 
@@ -206,7 +211,9 @@ class CoreRig {
   Core& core() { return *core_; }
   const shm::ModelIndex& index() const { return core_->index(); }
   const shm::SegmentView& view() const { return view_; }
-  uint64_t Used() const { return core_->index().DeviceUsed(0); }
+  uint64_t Used(uint32_t device = 0) const { return core_->index().DeviceUsed(device); }
+  // The device a model's record says it is on.
+  uint32_t DeviceOf(const std::string& name) const { return index().Get(index().Find(name)).device; }
   shm::ModelState State(const std::string& name) const {
     return index().State(index().Find(name));
   }

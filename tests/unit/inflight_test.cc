@@ -22,7 +22,7 @@ class InflightTest : public ::testing::Test {
       : limits_{4, 8, slots}, bytes_(SegmentSize(limits_)), view_(FormatOrDie()), table_(view_) {}
 
   SegmentView FormatOrDie() {
-    Result<SegmentView> v = SegmentView::Format(bytes_, limits_, 1, 0, 1);
+    Result<SegmentView> v = SegmentView::Format(bytes_, limits_, {0}, 1);
     if (!v.ok()) {
       ADD_FAILURE() << v.status().ToString();
       return SegmentView();

@@ -83,7 +83,7 @@ class ModelIndexTest : public ::testing::Test {
   }
 
   static SegmentView FormatOrDie(std::vector<std::byte>& bytes) {
-    Result<SegmentView> v = SegmentView::Format(bytes, kLimits, 2, kBudget, 1);
+    Result<SegmentView> v = SegmentView::Format(bytes, kLimits, {kBudget, kBudget}, 1);
     if (!v.ok()) {
       ADD_FAILURE() << v.status().ToString();
       return SegmentView();
@@ -373,7 +373,7 @@ TEST_F(ValidateCorruptionTest, ResidentWithoutWorker) {
 }
 
 TEST_F(ValidateCorruptionTest, OverBudget) {
-  view_.header().device_budget_bytes = 500;
+  view_.header().device_budget_bytes[0] = 500;
   EXPECT_TRUE(Contains(ValidateMessage(), "device 0 holds 600 bytes, over its budget of 500"));
 }
 
@@ -416,7 +416,7 @@ TEST(ModelIndexRandomTest, MatchesReferenceModel) {
   constexpr uint32_t kModels = 32;
   constexpr Limits limits{kModels, 4, 16};
   std::vector<std::byte> bytes(SegmentSize(limits));
-  Result<SegmentView> view = SegmentView::Format(bytes, limits, 2, /*budget=*/0, 1);
+  Result<SegmentView> view = SegmentView::Format(bytes, limits, {0, 0}, 1);
   ASSERT_TRUE(view.ok());
   for (uint32_t w = 0; w < 4; w++) view->worker(w).state = static_cast<uint32_t>(WorkerState::kIdle);
   ModelIndex index(*view);

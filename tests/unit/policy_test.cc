@@ -27,11 +27,13 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 // A pool in LRU order (least recently used first): each Add puts a model at the MRU end.
 class Pool {
  public:
-  uint32_t Add(const std::string& name, uint64_t mib, Where where = Where::kDevice) {
+  uint32_t Add(const std::string& name, uint64_t mib, Where where = Where::kDevice,
+               uint32_t device = 0) {
     Resident r;
     r.model = static_cast<uint32_t>(lru_.size() + 100);
     r.name = name;
     r.where = where;
+    r.device = device;
     if (where == Where::kParked) r.parked_bytes = mib * kMiB;
     else r.device_bytes = mib * kMiB;
     lru_.push_back(r);
@@ -213,6 +215,84 @@ TEST(AdmissionTest, UnlimitedBudgetOnlyCapacityLimits) {
   AdmissionPlan plan = pool.Plan(x, 1, /*capacity=*/1, /*budget_mib=*/0);
   EXPECT_EQ(plan.kind, Kind::kEvict);
   EXPECT_EQ(plan.victims, (Victims{a}));
+}
+
+// Several devices: each weighs its own residents against its own budget.
+std::vector<DeviceRoom> Rooms(const Pool& pool, std::vector<uint64_t> budgets_mib,
+                              std::vector<bool> up = {}) {
+  std::vector<DeviceRoom> rooms;
+  for (uint32_t d = 0; d < budgets_mib.size(); d++) {
+    uint64_t used = 0;
+    for (const Resident& r : pool.lru()) used += r.where != Where::kParked && r.device == d ? r.device_bytes : 0;
+    bool is_up = up.empty() || up[d];
+    rooms.push_back(DeviceRoom{d, used, budgets_mib[d] * kMiB, true, is_up});
+  }
+  return rooms;
+}
+
+PlacementPlan Place(const Pool& pool, uint64_t mib, const std::vector<DeviceRoom>& rooms) {
+  return PlanPlacement(pool.lru(), x, "x", mib * kMiB, rooms, Limits{});
+}
+
+TEST(PlacementAcrossDevicesTest, AdmitsWhereTheMostRoomIsLeft) {
+  Pool pool;
+  pool.Add("a", 600, Where::kDevice, 0);
+  pool.Add("b", 200, Where::kDevice, 1);
+  PlacementPlan p = Place(pool, 300, Rooms(pool, {1024, 1024}));
+  EXPECT_EQ(p.plan.kind, Kind::kAdmit);
+  EXPECT_EQ(p.device, 1u);
+  // Device 1 is smaller: 1024 - 600 - 300 = 124 left on device 0, 500 - 200 - 300 = 0 on device 1.
+  p = Place(pool, 300, Rooms(pool, {1024, 500}));
+  EXPECT_EQ(p.device, 0u);
+  // Room on a device whose workers are all on their way up: wait for them rather than evict
+  // elsewhere, but load now where a worker is up and there is room.
+  p = Place(pool, 300, Rooms(pool, {1024, 1024}, {true, false}));
+  EXPECT_EQ(p.plan.kind, Kind::kAdmit);
+  EXPECT_EQ(p.device, 0u);
+  p = Place(pool, 500, Rooms(pool, {1024, 1024}, {true, false}));
+  EXPECT_EQ(p.plan.kind, Kind::kAdmit) << "device 0 would have to evict";
+  EXPECT_EQ(p.device, 1u);
+}
+
+TEST(PlacementAcrossDevicesTest, EvictsOnTheDeviceWhoseVictimsWereUsedLeastRecently) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 600, Where::kDevice, 0);
+  uint32_t b = pool.Add("b", 600, Where::kDevice, 1);
+  PlacementPlan p = Place(pool, 600, Rooms(pool, {1024, 1024}));
+  EXPECT_EQ(p.plan.kind, Kind::kEvict);
+  EXPECT_EQ(p.device, 0u);
+  EXPECT_EQ(p.plan.victims, (Victims{a}));
+  pool.Touch(a);
+  p = Place(pool, 600, Rooms(pool, {1024, 1024}));
+  EXPECT_EQ(p.device, 1u);
+  EXPECT_EQ(p.plan.victims, (Victims{b}));
+}
+
+TEST(PlacementAcrossDevicesTest, AReleaseUnderWayIsWaitedForNotDoubledElsewhere) {
+  Pool pool;
+  pool.Add("a", 600, Where::kLeaving, 0);  // evicted for this very load a moment ago
+  pool.Add("b", 600, Where::kDevice, 1);
+  PlacementPlan p = Place(pool, 600, Rooms(pool, {1024, 1024}));
+  EXPECT_EQ(p.plan.kind, Kind::kWait);
+  EXPECT_EQ(p.device, 0u);
+  EXPECT_TRUE(p.plan.victims.empty());
+}
+
+TEST(PlacementAcrossDevicesTest, RejectsOnlyWhenEveryDeviceRejects) {
+  Pool pool;
+  pool.Add("a", 100, Where::kDevice, 0);
+  PlacementPlan p = Place(pool, 800, Rooms(pool, {1024, 512}));
+  EXPECT_EQ(p.plan.kind, Kind::kAdmit);
+  EXPECT_EQ(p.device, 0u);
+  p = Place(pool, 2048, Rooms(pool, {1024, 512}));
+  EXPECT_EQ(p.plan.kind, Kind::kReject);
+  EXPECT_TRUE(Contains(p.plan.reason.message(), "the device budget is 1.0 GiB"))
+      << "the largest device's reason: " << p.plan.reason.message();
+  std::vector<DeviceRoom> none = Rooms(pool, {1024, 1024});
+  for (DeviceRoom& r : none) r.can_load = false;
+  p = Place(pool, 100, none);
+  EXPECT_EQ(p.plan.kind, Kind::kWait);
+  EXPECT_EQ(p.device, kNoDevice);
 }
 
 TEST(ParkTest, ParksOnlyWhatFitsTheParkBudget) {

@@ -29,24 +29,25 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
   EXPECT_STREQ(kLayoutString,
-               "warmpool-shm-v3:hdr192:model512:worker128:inflight32:park:starttime:held16:changes");
-  EXPECT_EQ(kLayoutVersion, 3u);
+               "warmpool-shm-v4:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8");
+  EXPECT_EQ(kLayoutVersion, 4u);
   EXPECT_EQ(std::string(kMagic, 8), "WARMPOOL");
   EXPECT_EQ(kNil, 0xFFFFFFFFu);
 }
 
 TEST(LayoutTest, SizesAndOffsets) {
-  EXPECT_EQ(sizeof(SegmentHeader), 192u);
+  EXPECT_EQ(sizeof(SegmentHeader), 256u);
   EXPECT_EQ(offsetof(SegmentHeader, magic), 0u);
   EXPECT_EQ(offsetof(SegmentHeader, layout_version), 8u);
   EXPECT_EQ(offsetof(SegmentHeader, header_size), 12u);
   EXPECT_EQ(offsetof(SegmentHeader, segment_size), 16u);
   EXPECT_EQ(offsetof(SegmentHeader, supervisor_pid), 64u);
   EXPECT_EQ(offsetof(SegmentHeader, lru_head), 76u);
-  EXPECT_EQ(offsetof(SegmentHeader, device_budget_bytes), 88u);
-  EXPECT_EQ(offsetof(SegmentHeader, device_used_bytes), 96u);
-  EXPECT_EQ(offsetof(SegmentHeader, supervisor_start_ticks), 176u);
-  EXPECT_EQ(offsetof(SegmentHeader, changes), 184u);
+  EXPECT_EQ(offsetof(SegmentHeader, park_used_bytes), 88u);
+  EXPECT_EQ(offsetof(SegmentHeader, supervisor_start_ticks), 104u);
+  EXPECT_EQ(offsetof(SegmentHeader, changes), 112u);
+  EXPECT_EQ(offsetof(SegmentHeader, device_used_bytes), 120u);
+  EXPECT_EQ(offsetof(SegmentHeader, device_budget_bytes), 184u);
   EXPECT_EQ(sizeof(ModelRecord), 512u);
   EXPECT_EQ(offsetof(ModelRecord, state), 4u);
   EXPECT_EQ(offsetof(ModelRecord, name), 8u);
@@ -76,9 +77,9 @@ TEST(LayoutTest, TagPacking) {
 }
 
 TEST(SegmentSizeTest, RegionsAre64ByteAligned) {
-  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 896u);    // 192 | 704 | 832 | 864 -> 896
-  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 2240u);   // 192 | 1728 | 2112 | 2208 -> 2240
-  EXPECT_EQ(SegmentSize(Limits{}), 166080u);        // 256 models, 16 workers, 1024 slots
+  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 960u);    // 256 | 768 | 896 | 928 -> 960
+  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 2304u);   // 256 | 1792 | 2176 | 2272 -> 2304
+  EXPECT_EQ(SegmentSize(Limits{}), 166144u);        // 256 models, 16 workers, 1024 slots
   for (uint32_t n : {1u, 2u, 5u, 7u, 33u}) {
     EXPECT_EQ(SegmentSize(Limits{n, n, n}) % 64, 0u) << n;
   }
@@ -90,7 +91,7 @@ class SegmentViewTest : public ::testing::Test {
   std::vector<std::byte> bytes_ = std::vector<std::byte>(SegmentSize(kLimits));
 
   SegmentView MustFormat() {
-    Result<SegmentView> v = SegmentView::Format(bytes_, kLimits, 2, 1 << 20, 4242);
+    Result<SegmentView> v = SegmentView::Format(bytes_, kLimits, {1 << 20, 2 << 20}, 4242);
     EXPECT_TRUE(v.ok()) << v.status().ToString();
     return v.ok() ? *v : SegmentView();
   }
@@ -106,20 +107,22 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   const SegmentHeader& h = v.header();
   EXPECT_EQ(std::memcmp(h.magic, "WARMPOOL", 8), 0);
   EXPECT_EQ(h.layout_version, kLayoutVersion);
-  EXPECT_EQ(h.header_size, 192u);
-  EXPECT_EQ(h.segment_size, 2752u);
+  EXPECT_EQ(h.header_size, 256u);
+  EXPECT_EQ(h.segment_size, 2816u);
   EXPECT_EQ(h.max_models, 4u);
   EXPECT_EQ(h.max_workers, 2u);
   EXPECT_EQ(h.max_inflight, 8u);
   EXPECT_EQ(h.device_count, 2u);
-  EXPECT_EQ(h.models_offset, 192u);
-  EXPECT_EQ(h.workers_offset, 192u + 4 * 512);
-  EXPECT_EQ(h.inflight_offset, 192u + 4 * 512 + 2 * 128);
+  EXPECT_EQ(h.models_offset, 256u);
+  EXPECT_EQ(h.workers_offset, 256u + 4 * 512);
+  EXPECT_EQ(h.inflight_offset, 256u + 4 * 512 + 2 * 128);
   EXPECT_EQ(h.supervisor_pid, 4242);
   EXPECT_EQ(h.lru_head, kNil);
   EXPECT_EQ(h.lru_tail, kNil);
   EXPECT_EQ(h.lru_length, 0u);
-  EXPECT_EQ(h.device_budget_bytes, 1u << 20);
+  EXPECT_EQ(h.device_budget_bytes[0], 1u << 20);
+  EXPECT_EQ(h.device_budget_bytes[1], 2u << 20);
+  EXPECT_EQ(h.device_budget_bytes[2], 0u);
   for (uint64_t used : h.device_used_bytes) EXPECT_EQ(used, 0u);
   for (uint32_t i = 0; i < 4; i++) {
     EXPECT_EQ(v.model(i).state, 0u);
@@ -131,7 +134,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   for (uint32_t i = 0; i < 2; i++) EXPECT_EQ(v.worker(i).last_exit, -1);
   for (uint32_t i = 0; i < 8; i++) EXPECT_EQ(v.inflight(i).tag, 0u);
   EXPECT_EQ(reinterpret_cast<std::byte*>(&v.inflight(7)) + sizeof(InflightSlot),
-            bytes_.data() + 192 + 4 * 512 + 2 * 128 + 8 * 32);
+            bytes_.data() + 256 + 4 * 512 + 2 * 128 + 8 * 32);
 }
 
 TEST_F(SegmentViewTest, SecondViewSeesWritesOfTheFirst) {
@@ -166,7 +169,7 @@ TEST_F(SegmentViewTest, FormatIntoLargerBufferRecordsItsSize) {
 TEST_F(SegmentViewTest, FormatRejectsBadLimits) {
   std::vector<std::byte> big(1 << 16);
   auto format = [&](Limits l, uint32_t devices = 1) {
-    return SegmentView::Format(big, l, devices, 0, 1).status();
+    return SegmentView::Format(big, l, std::vector<uint64_t>(devices, 0), 1).status();
   };
   EXPECT_EQ(format({0, 1, 1}).code(), Code::kInvalidArgument);
   EXPECT_EQ(format({kNil, 1, 1}).code(), Code::kInvalidArgument);
@@ -185,9 +188,9 @@ TEST_F(SegmentViewTest, FormatRejectsBadLimits) {
 
 TEST_F(SegmentViewTest, FormatRejectsTooFewBytes) {
   std::vector<std::byte> small(SegmentSize(kLimits) - 1);
-  Status s = SegmentView::Format(small, kLimits, 1, 0, 1).status();
+  Status s = SegmentView::Format(small, kLimits, {0}, 1).status();
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_TRUE(Contains(s.message(), "2751 bytes is smaller than the 2752 needed")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "2815 bytes is smaller than the 2816 needed")) << s.message();
 }
 
 TEST_F(SegmentViewTest, AttachRefusesBadMagic) {
@@ -232,7 +235,7 @@ TEST_F(SegmentViewTest, AttachRefusesSizeMismatch) {
   SegmentView v = MustFormat();
   Status s = AttachStatus(std::span<std::byte>(bytes_.data(), 1024));
   EXPECT_EQ(s.code(), Code::kFailedPrecondition);
-  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 2752 bytes, mapped 1024)"))
+  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 2816 bytes, mapped 1024)"))
       << s.message();
   EXPECT_TRUE(Contains(s.message(), "remove /dev/shm/warmpool.test")) << s.message();
 
@@ -276,7 +279,7 @@ class SharedSegmentTest : public ::testing::Test {
     return st.st_mode & 07777;
   }
   Result<SharedSegment> Create(std::optional<gid_t> observer_group = std::nullopt) {
-    return SharedSegment::Create(instance_, kLimits, 1, 1 << 20, observer_group);
+    return SharedSegment::Create(instance_, kLimits, {1 << 20}, observer_group);
   }
   gid_t Group() const {
     struct stat st;
@@ -300,7 +303,7 @@ TEST_F(SharedSegmentTest, CreateMakesA0600ObjectOfTheRightSize) {
   EXPECT_EQ(seg->view().header().supervisor_pid, getpid());
   EXPECT_EQ(seg->view().header().supervisor_start_ticks, ProcessStartTicks(getpid()));
   EXPECT_NE(seg->view().header().supervisor_start_ticks, 0u);
-  EXPECT_EQ(seg->view().header().device_budget_bytes, 1u << 20);
+  EXPECT_EQ(seg->view().header().device_budget_bytes[0], 1u << 20);
   EXPECT_EQ(seg->view().max_models(), 4u);
 }
 
