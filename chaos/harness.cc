@@ -297,7 +297,16 @@ std::string Harness::Backend() {
   return status.ok() ? status->backend() : "";
 }
 
-pid_t Harness::OwnerPid() { return launch::ChildNamed(SupervisorPid(), "warmpool-owner"); }
+pid_t Harness::OwnerPid(uint32_t device) {
+  return launch::ChildNamed(SupervisorPid(), "warmpool-owner", {"--device", std::to_string(device)});
+}
+
+uint32_t Harness::DeviceCount() {
+  auto client = Connect();
+  if (!client.ok()) return 1;
+  auto status = (*client)->GetStatus();
+  return status.ok() && status->devices_size() > 0 ? static_cast<uint32_t>(status->devices_size()) : 1;
+}
 
 int Harness::CountFds(pid_t pid, int* weights, int* parked) {
   std::string base = "/proc/" + std::to_string(pid) + "/fd";

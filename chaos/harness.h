@@ -95,8 +95,10 @@ class Harness {
   pid_t SupervisorPid();
   // The backend serving ("host" or "cuda"), as the daemon's status says.
   std::string Backend();
-  // cuda: the supervisor's child that owns device 0's memory (warmpool-owner), or -1.
-  pid_t OwnerPid();
+  // cuda: the supervisor's child that owns a device's memory (warmpool-owner; -1 when none runs),
+  // and how many devices serve.
+  pid_t OwnerPid(uint32_t device = 0);
+  uint32_t DeviceCount();
 
  private:
   Status StartOwnDaemon();

@@ -162,7 +162,8 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
   checks.Expect(replicas() == 2, "the respawned worker is a replica again");
 }
 
-// cuda: the process owning device 0's memory is SIGKILLed under traffic. Every weight on the device
+// cuda: the process owning device 0's memory is SIGKILLed under traffic (with several devices,
+// the others are not touched). Every weight on the device
 // dies with it: the supervisor kills the device's workers, retries their requests (no model is
 // charged: nothing failed, nothing is refused), starts the owner again and loads the models from
 // their files. A parked copy lives in host memory and survives.
@@ -422,7 +423,7 @@ void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
     steady.Start();
     if (pick(2) == 0) (void)h.Unload(h.victim(40 + pick(8)).name);
     if (cuda && pick(3) == 0 && std::chrono::steady_clock::now() - owner_killed > std::chrono::seconds(15)) {
-      if (pid_t owner = h.OwnerPid(); owner > 0) {
+      if (pid_t owner = h.OwnerPid(static_cast<uint32_t>(pick(h.DeviceCount()))); owner > 0) {
         kill(owner, SIGKILL);
         owner_killed = std::chrono::steady_clock::now();
         owner_kills++;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <chrono>
@@ -179,7 +180,19 @@ std::string DaemonProcess::LogTail(size_t max_bytes) const {
   return text;
 }
 
-pid_t ChildNamed(pid_t parent, const std::string& name) {
+namespace {
+
+bool CommandLineHolds(pid_t pid, const std::vector<std::string>& args) {
+  if (args.empty()) return true;
+  std::ifstream file("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> words;
+  for (std::string word; std::getline(file, word, '\0');) words.push_back(word);
+  return std::search(words.begin(), words.end(), args.begin(), args.end()) != words.end();
+}
+
+}  // namespace
+
+pid_t ChildNamed(pid_t parent, const std::string& name, const std::vector<std::string>& args) {
   DIR* proc = opendir("/proc");
   if (proc == nullptr || parent <= 0) {
     if (proc != nullptr) closedir(proc);
@@ -198,7 +211,9 @@ pid_t ChildNamed(pid_t parent, const std::string& name) {
     if (open == std::string::npos || close == std::string::npos || line.compare(open + 1, close - open - 1, name) != 0) {
       continue;
     }
-    if (static_cast<pid_t>(std::atoi(line.c_str() + close + 4)) == parent) found = pid;
+    if (static_cast<pid_t>(std::atoi(line.c_str() + close + 4)) == parent && CommandLineHolds(pid, args)) {
+      found = pid;
+    }
   }
   closedir(proc);
   return found;

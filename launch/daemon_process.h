@@ -62,7 +62,8 @@ class DaemonProcess {
 std::string DescribeExit(int wait_status);
 
 // A child of `parent` whose command name (/proc/PID/comm, at most 15 characters) is `name`, such as
-// the daemon's "warmpool-owner"; -1 when there is none.
-pid_t ChildNamed(pid_t parent, const std::string& name);
+// the daemon's "warmpool-owner", and whose command line holds `args` in a row ({"--device", "1"});
+// -1 when there is none.
+pid_t ChildNamed(pid_t parent, const std::string& name, const std::vector<std::string>& args = {});
 
 }  // namespace warmpool::launch

@@ -1,5 +1,5 @@
 // The cuda backend end to end, against the driver test double (tests/cuda_double): warmpoold
-// starts device 0's memory owner, workers get device memory from it through the supervisor and
+// starts each device's memory owner, workers get device memory from it through the supervisor and
 // share it by descriptor, a worker's SIGKILL frees nothing, an owner's SIGKILL makes the models
 // load again from their files. What the double cannot show (GPU kernels, real device memory
 // limits, timing) scripts/gpu-check.sh measures on a GPU.
@@ -20,7 +20,19 @@ class CudaTest : public DaemonTest {
     DaemonTest::SetUp();
     launch_env_ = {std::string("LD_LIBRARY_PATH=") + WARMPOOL_FAKE_CUDA_DIR, "WARMPOOL_FAKE_CUDA_MEMORY=4294967296"};
   }
-  pid_t OwnerPid() { return launch::ChildNamed(DaemonPid(), "warmpool-owner"); }
+  pid_t OwnerPid(uint32_t device = 0) {
+    return launch::ChildNamed(DaemonPid(), "warmpool-owner", {"--device", std::to_string(device)});
+  }
+  // Waits for the device's owner to be another process than `old` (the killed one, which may
+  // still be found as a zombie until the daemon reaps it); that owner's pid, or -1.
+  pid_t WaitForAnotherOwner(pid_t old, uint32_t device = 0) {
+    for (int i = 0; i < 300; i++) {
+      pid_t now = OwnerPid(device);
+      if (now > 0 && now != old) return now;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
   // SIGKILLs the worker serving `model`, waits for its replacement, and expects the model to answer
   // as before (from the held weights: nothing else is left to serve it from).
   void KillItsWorkerAndExpectTheSameAnswer(client::Client& client, const std::string& model,
@@ -107,10 +119,7 @@ TEST_F(CudaTest, AnOwnersDeathReloadsItsModelsFromTheirFiles) {
   pid_t owner = OwnerPid();
   ASSERT_GT(owner, 0);
   kill(owner, SIGKILL);
-  for (int i = 0; i < 300 && (OwnerPid() <= 0 || OwnerPid() == owner); i++) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_GT(OwnerPid(), 0) << "the owner is started again";
+  EXPECT_GT(WaitForAnotherOwner(owner), 0) << "the owner is started again";
   WaitForIdleWorkers(*client);
   auto out = client->Infer("m", input);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
@@ -119,6 +128,60 @@ TEST_F(CudaTest, AnOwnersDeathReloadsItsModelsFromTheirFiles) {
   EXPECT_NE(log.find("the memory of device 0 is gone"), std::string::npos) << log;
   EXPECT_NE(log.find("loading \"m\""), log.rfind("loading \"m\"")) << "loaded twice: again from its file";
   EXPECT_EQ(log.find("model \"m\" failed"), std::string::npos) << "no model is blamed for a lost device";
+  ExpectQuiescentAndValid();
+}
+
+// Two devices with room for one of the models each: each model goes where there is room, each
+// device has its own owner and workers, and one owner's death leaves the other device's model warm.
+TEST_F(CudaTest, TwoDevicesEachServeTheirOwnModelsAndLoseOnlyTheirOwn) {
+  launch_env_.push_back("WARMPOOL_FAKE_CUDA_DEVICES=2");
+  // 3.5 MiB of weights each (4 MiB once rounded to the allocation granularity): one per device.
+  std::string a = MakeModel("a", "448,1024,448"), b = MakeModel("b", "448,1024,448");
+  StartDaemon("[pool]\nbudget = \"6MiB\"\n", {"--backend", "cuda"});
+  auto client = Connect();
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->devices_size(), 2);
+  EXPECT_EQ(status->devices(1).name(), "warmpool CUDA test double 1");
+  EXPECT_EQ(status->devices(1).budget_bytes(), 6u << 20);
+  ASSERT_EQ(status->workers_size(), 4) << "workers_per_device for each device";
+  EXPECT_EQ(status->workers(3).device(), 1u);
+  pid_t owner0 = OwnerPid(0), owner1 = OwnerPid(1);
+  ASSERT_GT(owner0, 0);
+  ASSERT_GT(owner1, 0);
+
+  client::Matrix input = RandomMatrix(3, 448, 6);
+  client::Matrix expect_a = ReferenceInfer(a, input), expect_b = ReferenceInfer(b, input);
+  ASSERT_TRUE(client->Load("a").ok());
+  ASSERT_TRUE(client->Load("b").ok());
+  auto ps = client->Ps();
+  ASSERT_EQ(ps->models_size(), 2);
+  EXPECT_NE(ps->models(0).device(), ps->models(1).device()) << "one model on each device";
+  status = client->GetStatus();
+  EXPECT_GT(status->devices(0).used_bytes(), 3u << 20);
+  EXPECT_GT(status->devices(1).used_bytes(), 3u << 20);
+  for (const auto& [name, expected] : {std::pair{"a", &expect_a}, std::pair{"b", &expect_b}}) {
+    auto out = client->Infer(name, input);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectNear(*expected, *out);
+  }
+  const std::string on_device_1 = ps->models(0).device() == 1 ? ps->models(0).name() : ps->models(1).name();
+  const std::string on_device_0 = on_device_1 == "a" ? "b" : "a";
+  std::filesystem::remove(on_device_0 == "a" ? a : b);  // only its held weights can serve it now
+
+  kill(owner1, SIGKILL);
+  EXPECT_GT(WaitForAnotherOwner(owner1, 1), 0) << "device 1's owner is started again";
+  WaitForIdleWorkers(*client);
+  EXPECT_EQ(OwnerPid(0), owner0) << "device 0's owner is not touched";
+  auto out = client->Infer(on_device_0, input);  // from the held weights: its file is gone
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(on_device_0 == "a" ? expect_a : expect_b, *out);
+  out = client->Infer(on_device_1, input);  // loaded again from its file
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(on_device_1 == "a" ? expect_a : expect_b, *out);
+  std::string log = DaemonLog();
+  EXPECT_NE(log.find("the memory of device 1 is gone"), std::string::npos) << log;
+  EXPECT_EQ(log.find("the memory of device 0 is gone"), std::string::npos) << log;
   ExpectQuiescentAndValid();
 }
 
