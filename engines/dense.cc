@@ -3,9 +3,10 @@
 // are widened to f32 per call, which trades compute for half the resident memory.
 //
 // On memory the CPU cannot address (the cuda backend) the weights live on the GPU and are shared
-// there; each call copies a layer's weights to host scratch through the memory service and runs
-// it with BLAS. That is correct but slow: the GPU kernels (cuBLAS) that belong here are not
-// written yet, and the log says so once per worker.
+// there, and the layers run there with cuBLAS (engines/dense_gpu.h, a module loaded at run time).
+// Where that module cannot start (a build without it, a CUDA runtime that does not start) each
+// call copies a layer's weights to host scratch through the memory service and runs it with BLAS:
+// correct but slow, and the log says so, and why, once per worker.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -26,6 +27,7 @@
 
 #include "common/units.h"
 #include "engines/builtin.h"
+#include "engines/dense_gpu.h"
 #include "engines/dense_model.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
@@ -62,6 +64,7 @@ struct DenseEngine {
   // do not pay for the whole workspace.
   std::unique_ptr<float[]> activations[2];
   std::unique_ptr<float[]> conversion;
+  std::unique_ptr<dense::GpuRunner> gpu;  // on_device, when the GPU kernels started
 };
 
 DenseEngine* AsDense(wp_engine* engine) { return reinterpret_cast<DenseEngine*>(engine); }
@@ -75,6 +78,7 @@ void UseSingleThreadedBlas() {
 }
 
 void FreeWeights(DenseEngine& engine) {
+  engine.gpu.reset();  // its workspace before the weights it computes from
   if (engine.weights.ptr != nullptr) engine.memory->free(engine.memory->ctx, &engine.weights);
   engine.weights = wp_region{nullptr, 0, -1};
   engine.loaded = false;
@@ -234,6 +238,11 @@ Status RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* o
   for (uint32_t first = 0; first < rows; first += dense::kMaxBatch) {
     const uint32_t step = std::min(dense::kMaxBatch, rows - first);
     const float* x = input + static_cast<size_t>(first) * engine.model.in_features;
+    if (engine.gpu) {
+      Status s = engine.gpu->Run(x, step, output + static_cast<size_t>(first) * engine.model.out_features);
+      if (!s.ok()) return Status(s.code(), fmt::format("model \"{}\" on the GPU: {}", engine.name, s.message()));
+      continue;
+    }
     for (size_t i = 0; i < layers.size(); ++i) {
       const bool last = i + 1 == layers.size();
       float* y = last ? output + static_cast<size_t>(first) * engine.model.out_features : engine.activations[i % 2].get();
@@ -257,12 +266,6 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
                  "device memory (write and read)");
   }
   engine.on_device = memory->host_addressable == 0;
-  if (engine.on_device) {
-    static std::once_flag once;
-    std::call_once(once, [] {
-      std::fprintf(stderr, "dense engine: weights on the GPU, computed on the CPU (no GPU kernels yet)\n");
-    });
-  }
   engine.name = spec->name != nullptr ? spec->name : "";
   engine.path = spec->path;
   engine.memory = memory;
@@ -279,7 +282,8 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
 
   const dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
   info.weight_bytes = engine.header.data_bytes;
-  info.workspace_bytes = dense::WorkspaceBytes(scratch);
+  // On a GPU the workspace is device memory (what the kernels need); on the host, the scratch.
+  info.workspace_bytes = engine.on_device ? dense::PlanGpuWorkspace(engine.model).total : dense::WorkspaceBytes(scratch);
   info.in_features = engine.model.in_features;
   info.out_features = engine.model.out_features;
   info.max_batch = dense::kMaxBatch;
@@ -319,7 +323,23 @@ Status Attach(DenseEngine& engine, const wp_region& weights) {
   return PrepareScratch(engine);
 }
 
+// Once per worker: what computes the layers of models on device memory, and why.
+void SayWhereLayersRun(const std::string& what) {
+  static std::once_flag once;
+  std::call_once(once, [&] { std::fprintf(stderr, "dense engine: %s\n", what.c_str()); });
+}
+
 Status PrepareScratch(DenseEngine& engine) {
+  if (engine.on_device) {
+    std::string why;
+    engine.gpu = dense::StartGpuRunner(engine.model, engine.memory, engine.weights, &why);
+    if (engine.gpu) {
+      SayWhereLayersRun(engine.gpu->Describe());
+      engine.loaded = true;
+      return OkStatus();
+    }
+    SayWhereLayersRun("weights on the GPU, layers computed on the CPU: " + why);
+  }
   dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
   uint64_t staged_bytes = 0;
   if (engine.on_device) {

@@ -176,4 +176,33 @@ ScratchSizes ScratchFor(const DenseModel& model) {
   return sizes;
 }
 
+uint32_t WidestLayer(const DenseModel& model) {
+  uint32_t widest = model.in_features;
+  for (const LinearLayer& layer : model.layers) widest = std::max({widest, layer.in_features, layer.out_features});
+  return widest;
+}
+
+GpuWorkspace PlanGpuWorkspace(const DenseModel& model) {
+  GpuWorkspace w;
+  uint64_t at = 0;
+  auto take = [&](uint64_t bytes) {
+    const uint64_t begin = at;
+    at = (at + bytes + 255) / 256 * 256;
+    return begin;
+  };
+  const uint64_t activation_bytes = uint64_t{kMaxBatch} * WidestLayer(model) * sizeof(float);
+  w.activations[0] = take(activation_bytes);
+  w.activations[1] = take(activation_bytes);
+  bool sixteen = false;
+  for (const LinearLayer& layer : model.layers) sixteen = sixteen || layer.weight.dtype != safetensors::DType::F32;
+  w.half = take(sixteen ? activation_bytes / 2 : 0);
+  for (const LinearLayer& layer : model.layers) {
+    w.biases.push_back(layer.bias ? take(uint64_t{layer.out_features} * sizeof(float)) : kNoBias);
+  }
+  w.blas_bytes = kGpuBlasWorkspaceBytes;
+  w.blas = take(w.blas_bytes);
+  w.total = at;
+  return w;
+}
+
 }  // namespace warmpool::dense

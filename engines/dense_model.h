@@ -55,4 +55,21 @@ inline uint64_t WorkspaceBytes(const ScratchSizes& s) {
   return (2 * s.activation_floats + s.conversion_floats) * sizeof(float);
 }
 
+// The workspace of the model's layers on a GPU (engines/dense_gpu.h), carved from one region:
+// two f32 activation buffers of kMaxBatch rows of the widest layer (input and output included),
+// a 16-bit copy of the activations for f16/bf16 layers, every bias widened to f32 (cuBLAS adds
+// them in its epilogue), and cuBLASLt's own workspace. Each part starts 256-byte aligned.
+struct GpuWorkspace {
+  uint64_t activations[2] = {0, 0};  // offsets
+  uint64_t half = 0;
+  std::vector<uint64_t> biases;      // per layer; kNoBias for a layer without one
+  uint64_t blas = 0;
+  uint64_t blas_bytes = 0;
+  uint64_t total = 0;
+};
+inline constexpr uint64_t kNoBias = ~0ull;
+inline constexpr uint64_t kGpuBlasWorkspaceBytes = 1ull << 20;
+uint32_t WidestLayer(const DenseModel& model);
+GpuWorkspace PlanGpuWorkspace(const DenseModel& model);
+
 }  // namespace warmpool::dense

@@ -24,7 +24,8 @@ done
 bundle=$1
 
 targets=(warmpoold warmpool-worker warmpool-owner warmpool warmpool-mkmodel warmpool-driver-check
-         warmpool-chaos warmpool-bench cuda_memory_test owner_test warmpool_fake_cuda)
+         warmpool-chaos warmpool-bench cuda_memory_test owner_test dense_gpu_test warmpool_fake_cuda
+         warmpool_dense_cuda)
 if [[ -z $build ]]; then
   build=build-gpu
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMPOOL_CUDA=ON >/dev/null
@@ -35,9 +36,13 @@ fi
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/double"
 for t in "${targets[@]}"; do
-  [[ $t == warmpool_fake_cuda ]] && continue
-  strip --strip-debug -o "$bundle/bin/$t" "$build/bin/$t"
+  [[ $t == warmpool_fake_cuda || $t == warmpool_dense_cuda ]] && continue
+  strip --strip-unneeded -o "$bundle/bin/$t" "$build/bin/$t"
 done
+# The dense engine's GPU kernels, beside the worker where it looks for them.
+[[ -f $build/bin/warmpool-dense-cuda.so ]] ||
+  { echo "$build has no GPU kernels (nvcc and cuBLAS are needed to build them)" >&2; exit 1; }
+strip --strip-unneeded -o "$bundle/bin/warmpool-dense-cuda.so" "$build/bin/warmpool-dense-cuda.so"
 cp "$build/tests/cuda_double/libcuda.so.1" "$bundle/double/"
 
 # Shared libraries the binaries resolve here, less those every CUDA machine has.

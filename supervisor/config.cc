@@ -28,6 +28,13 @@ uint64_t PhysicalMemoryBytes() {
 }
 
 // Reads a size given as an integer (bytes) or a string ("512MiB").
+Status ReadBool(const toml::node& node, const std::string& key, bool& out) {
+  std::optional<bool> v = node.value_exact<bool>();
+  if (!v) return Error(Code::kInvalidArgument, "{} must be true or false", key);
+  out = *v;
+  return OkStatus();
+}
+
 Status ReadSize(const toml::node& node, const std::string& key, uint64_t& out) {
   // value_exact: the permissive value<int64_t>() would take `true` as 1 and 2.0 as 2.
   if (auto v = node.value_exact<int64_t>()) {
@@ -132,11 +139,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "preload") s = ReadStrings(node, key, c.preload);
       else if (k == "park_budget") s = ReadSize(node, key, c.park_budget_bytes);
       else if (k == "max_cached") s = ReadUint(node, key, c.max_cached);
-      else if (k == "single_active") {
-        auto v = node.value_exact<bool>();
-        if (!v) s = Error(Code::kInvalidArgument, "{} must be true or false", key);
-        else c.single_active = *v;
-      }
+      else if (k == "single_active") s = ReadBool(node, key, c.single_active);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "access") {
       if (k == "admin_group") s = ReadString(node, key, c.admin_group);
@@ -162,6 +165,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
           s = Error(Code::kInvalidArgument, "{} must be auto, vmm or legacy, not \"{}\"", key, c.cuda_sharing);
         }
       } else if (k == "reserve") s = ReadSize(node, key, c.cuda_reserve_bytes);
+      else if (k == "tf32") s = ReadBool(node, key, c.cuda_tf32);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "limits") {
       uint64_t size = 0;

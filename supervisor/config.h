@@ -63,6 +63,7 @@ struct Config {
   // cuda backend
   std::string cuda_sharing = "auto";          // [cuda] sharing: auto | vmm | legacy
   uint64_t cuda_reserve_bytes = 1ull << 30;   // [cuda] reserve: left free on each device
+  bool cuda_tf32 = false;                     // [cuda] tf32: f32 dense layers on TF32 tensor cores
   // limits
   uint32_t max_frame_bytes = 64u << 20;
   uint32_t max_connections = 1024;

@@ -82,6 +82,7 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
       "--backend", options_.backend,
       "--sharing", options_.sharing,
   };
+  if (options_.tf32) args.push_back("--tf32");
   w.process = std::make_unique<ipc::UvHandle<uv_process_t>>();
   w.process->get()->data = &w;
   int rc = SpawnChild(loop_, w.process->get(), args, fds[1], [](uv_process_t* process, int64_t exit_status,

@@ -31,6 +31,7 @@ struct WorkerPoolOptions {
   uint32_t max_frame_bytes = 64u << 20;
   std::string backend = "host";  // host | cuda
   std::string sharing = "vmm";   // cuda: vmm | legacy, as the device's owner shares memory
+  bool tf32 = false;             // cuda: f32 dense layers on TF32 tensor cores
 };
 
 // Frames to a worker carry a few fields more than the client's request they wrap.

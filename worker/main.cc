@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/logging.h"
+#include "engines/dense_gpu.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--sharing", options.sharing, "cuda: how the device's owner shares memory")
       ->check(CLI::IsMember({"vmm", "legacy"}));
+  bool tf32 = false;
+  app.add_flag("--tf32", tf32, "cuda: f32 dense layers on TF32 tensor cores");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   // Die with the supervisor. The parent may have died before prctl took effect: check after.
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts
 
   warmpool::SetupLogging("worker", fmt::format("worker[{}]", options.slot), "info");
+  warmpool::dense::SetGpuOptions({tf32});
 
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {

@@ -135,15 +135,16 @@ TEST_F(CudaTest, AnOwnersDeathReloadsItsModelsFromTheirFiles) {
 // device has its own owner and workers, and one owner's death leaves the other device's model warm.
 TEST_F(CudaTest, TwoDevicesEachServeTheirOwnModelsAndLoseOnlyTheirOwn) {
   launch_env_.push_back("WARMPOOL_FAKE_CUDA_DEVICES=2");
-  // 3.5 MiB of weights each (4 MiB once rounded to the allocation granularity): one per device.
+  // 3.5 MiB of weights and 3 MiB of workspace each (the weights are 4 MiB once rounded to the
+  // allocation granularity): one per device.
   std::string a = MakeModel("a", "448,1024,448"), b = MakeModel("b", "448,1024,448");
-  StartDaemon("[pool]\nbudget = \"6MiB\"\n", {"--backend", "cuda"});
+  StartDaemon("[pool]\nbudget = \"10MiB\"\n", {"--backend", "cuda"});
   auto client = Connect();
   auto status = client->GetStatus();
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->devices_size(), 2);
   EXPECT_EQ(status->devices(1).name(), "warmpool CUDA test double 1");
-  EXPECT_EQ(status->devices(1).budget_bytes(), 6u << 20);
+  EXPECT_EQ(status->devices(1).budget_bytes(), 10u << 20);
   ASSERT_EQ(status->workers_size(), 4) << "workers_per_device for each device";
   EXPECT_EQ(status->workers(3).device(), 1u);
   pid_t owner0 = OwnerPid(0), owner1 = OwnerPid(1);

@@ -187,6 +187,17 @@ TEST(ApplyTomlTest, BadBackendIsRefused) {
   }
 }
 
+TEST(ApplyTomlTest, CudaSettings) {
+  Config c;
+  EXPECT_FALSE(c.cuda_tf32) << "TF32 only when asked";
+  ASSERT_TRUE(ApplyToml(c, "[cuda]\nsharing = \"legacy\"\nreserve = \"2GiB\"\ntf32 = true\n", kOrigin).ok());
+  EXPECT_EQ(c.cuda_sharing, "legacy");
+  EXPECT_EQ(c.cuda_reserve_bytes, 2ull << 30);
+  EXPECT_TRUE(c.cuda_tf32);
+  EXPECT_TRUE(Contains(Refusal("[cuda]\ntf32 = \"yes\"\n"), "cuda.tf32 must be true or false"));
+  EXPECT_TRUE(Contains(Refusal("[cuda]\nsharing = \"ipc\"\n"), "must be auto, vmm or legacy"));
+}
+
 TEST(ApplyTomlTest, SyntaxErrorReportsTheLine) {
   std::string m = Refusal("[daemon]\nsocket = \"/x\"\nworkers_per_device = = 3\n", "bad.toml");
   EXPECT_EQ(m.rfind("bad.toml:3:", 0), 0u) << m;

@@ -1,0 +1,143 @@
+// The dense engine on CUDA device memory, against the naive double-precision reference, for every
+// weight dtype and activation, within each dtype's tolerance (f16 and bf16 layers multiply
+// activations narrowed to their type). The device memory service is the worker's (CudaMemory),
+// its grants made in this process by an allocation of device 0.
+//
+// On a GPU (scripts/gpu-check.sh) the layers must run there, with cuBLAS: the test fails when the
+// GPU kernels do not start. Against the driver test double they cannot (the CUDA runtime finds no
+// driver it can use); the engine must then say why and compute on the CPU, with the same results.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "devmem/cuda_service.h"
+#include "engines/builtin.h"
+#include "engines/dense_gpu.h"
+#include "engines/dense_model.h"
+#include "tests/unit/cuda_device_fixture.h"
+#include "tests/unit/dense_reference.h"
+
+namespace warmpool::testing {
+namespace {
+
+class DenseGpuTest : public CudaDeviceTest {
+ protected:
+  void SetUp() override {
+    CudaDeviceTest::SetUp();
+    Result<CudaDeviceInfo> info = device_->Info();
+    ASSERT_TRUE(info.ok());
+    on_the_double_ = info->name.find("test double") != std::string::npos;
+    Result<std::unique_ptr<CudaMemory>> memory = CudaMemory::Open(
+        0, CudaSharing::kVmm,
+        [this](uint64_t bytes) -> Result<OwnerGrant> {
+          std::lock_guard<std::mutex> lock(mutex_);
+          Result<DeviceAllocation> allocation = DeviceAllocation::Create(*device_, bytes);
+          if (!allocation.ok()) return allocation.status();
+          Result<int> fd = allocation->Export();
+          if (!fd.ok()) return fd.status();
+          const uint64_t id = next_++;
+          const uint64_t granted = allocation->bytes();
+          allocations_.emplace(id, std::move(*allocation));
+          return OwnerGrant{id, *fd, granted};
+        },
+        [this](uint64_t grant) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          allocations_.erase(grant);
+        });
+    ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+    memory_ = std::move(*memory);
+  }
+  void TearDown() override {
+    memory_.reset();
+    EXPECT_TRUE(allocations_.empty()) << "every grant is released";
+  }
+
+  // Loads the model into device memory and checks its answers for a few batch sizes.
+  void ExpectMatchesReference(const std::string& path, const ReferenceModel& model, double relative,
+                              double absolute, const std::string& context) {
+    Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(path), memory_->service());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    ASSERT_TRUE(engine->Load().ok());
+    const auto cols = static_cast<uint32_t>(model.layers.front().spec.in);
+    std::mt19937 generator(42);
+    for (uint32_t rows : {1u, 7u, 64u, 300u}) {
+      std::vector<float> input = RandomValues(size_t{rows} * cols, 1.0, generator);
+      std::vector<float> output;
+      Status status = engine->Infer(input, rows, cols, output);
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      ExpectClose(output, ReferenceForward(model, input, rows), relative, absolute,
+                  fmt::format("{} rows {}", context, rows));
+    }
+  }
+
+  bool on_the_double_ = false;
+  std::mutex mutex_;
+  std::map<uint64_t, DeviceAllocation> allocations_;
+  uint64_t next_ = 1;
+  std::unique_ptr<CudaMemory> memory_;
+};
+
+// Tolerances: f32 as the CPU engine (no TF32 unless configured); 16-bit activations carry 11 (f16)
+// or 8 (bf16) significant bits into each product.
+double Relative(DType dtype) { return dtype == DType::F32 ? 1e-4 : dtype == DType::F16 ? 1e-2 : 3e-2; }
+double Absolute(DType dtype) { return dtype == DType::F32 ? 1e-5 : dtype == DType::F16 ? 1e-2 : 3e-2; }
+
+TEST_F(DenseGpuTest, EveryDTypeAndActivationMatchesTheReference) {
+  TempDir dir;
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    for (const char* activation : {"relu", "gelu", "tanh", "none"}) {
+      // A layer without bias among them (no epilogue bias), and a batch above kMaxBatch (steps).
+      std::vector<LayerSpec> specs = {{0, 64, 300}, {2, 300, 40, false}, {4, 40, 10}};
+      for (LayerSpec& spec : specs) spec.weight_dtype = spec.bias_dtype = dtype;
+      const std::string path = dir.File(fmt::format("{}_{}.safetensors", DTypeName(dtype), activation));
+      ReferenceModel model = WriteModel(path, specs, activation, 5);
+      ExpectMatchesReference(path, model, Relative(dtype), Absolute(dtype),
+                             fmt::format("{} {}", DTypeName(dtype), activation));
+    }
+  }
+}
+
+TEST_F(DenseGpuTest, MixedDTypesAndAMisalignedWeight) {
+  TempDir dir;
+  const std::string path = dir.File("mixed.safetensors");
+  // An f16 bias of odd length written first leaves the f32 weight after it off 4-byte alignment:
+  // cuBLAS cannot take it, so that model computes on the CPU (and says why), correctly.
+  ReferenceModel model = WriteModel(path,
+                                    {{0, 12, 9, true, DType::F32, DType::F16},
+                                     {2, 9, 7, true, DType::BF16, DType::F32},
+                                     {4, 7, 5, true, DType::F16, DType::BF16}},
+                                    "gelu", 7, /*bias_first=*/true);
+  ExpectMatchesReference(path, model, 3e-2, 3e-2, "mixed");
+}
+
+// Whether the layers run on the GPU at all: on a GPU they must; on the double they cannot, and the
+// reason says so.
+TEST_F(DenseGpuTest, TheGpuKernelsStartOnAGpuAndSayWhyNotElsewhere) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteModel(path, {{0, 32, 64}, {2, 64, 8}}, "relu", 3);
+  Result<safetensors::Header> header = safetensors::ReadHeader(path);
+  ASSERT_TRUE(header.ok());
+  Result<dense::DenseModel> model = dense::DescribeModel(*header, path);
+  ASSERT_TRUE(model.ok());
+  const wp_device_memory* service = memory_->service();
+  wp_region weights{};
+  ASSERT_EQ(service->alloc(service->ctx, header->data_bytes, &weights), WP_OK);
+  std::string why;
+  std::unique_ptr<dense::GpuRunner> runner = dense::StartGpuRunner(*model, service, weights, &why);
+  if (on_the_double_) {
+    EXPECT_EQ(runner, nullptr);
+    EXPECT_FALSE(why.empty()) << "a runner that does not start says why";
+  } else {
+    ASSERT_NE(runner, nullptr) << "the GPU kernels did not start: " << why;
+    EXPECT_NE(runner->Describe().find("cuBLAS"), std::string::npos) << runner->Describe();
+    std::vector<float> input(32, 0.5f), output(8, -1.0f);
+    EXPECT_TRUE(runner->Run(input.data(), 1, output.data()).ok());
+    runner.reset();
+  }
+  service->free(service->ctx, &weights);
+}
+
+}  // namespace
+}  // namespace warmpool::testing
