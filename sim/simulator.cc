@@ -150,6 +150,8 @@ void Simulator::MakeWorld() {
   core_ = std::make_unique<supervisor::Core>(config_, segment_);
 
   workers_.resize(config_.workers_per_device * devices);
+  devices_gone_.assign(devices, false);
+  device_epochs_.assign(devices, 0);
   for (uint32_t i = 0; i < workers_.size(); i++) {
     workers_[i].slot = i;
     workers_[i].device = i / config_.workers_per_device;
@@ -350,13 +352,26 @@ void Simulator::EnvironmentAct() {
   } else if (roll < 715) {
     // cuda: a device's memory owner dies, and every region on that device with it (host copies
     // and other devices live).
+    // Its owner comes back after a while (the device is usable again from then), unless it cannot
+    // run at all: then, in a world of several devices, that device is gone for good.
     const uint32_t device = static_cast<uint32_t>(rng_.Below(config_.devices.size()));
+    if (devices_gone_[device]) return After(rng_.Range(100, 800), [this] { EnvironmentAct(); });
     size_t lost = 0;
     for (int h : supervisor_handles_) {
       if (!regions_[h].host && regions_[h].device == device) lost += lost_handles_.insert(h).second;
     }
-    Trace(fmt::format("== the memory owner of device {} killed ({} device regions lost)", device, lost));
-    Deliver(event::DeviceLost{device, "killed by signal 9"}, fmt::format("device {} lost", device));
+    const bool for_good = device != 0 && rng_.Chance(100);
+    devices_gone_[device] = for_good;
+    const uint32_t epoch = ++device_epochs_[device];
+    Trace(fmt::format("== the memory owner of device {} killed ({} device regions lost){}", device, lost,
+                      for_good ? ", for good" : ""));
+    Deliver(event::DeviceLost{device, "killed by signal 9", for_good}, fmt::format("device {} lost", device));
+    if (!for_good) {
+      After(rng_.Range(20, 600), [this, device, epoch] {
+        if (device_epochs_[device] != epoch) return;  // it died again meanwhile
+        Deliver(event::DeviceRestored{device}, fmt::format("device {} restored", device));
+      });
+    }
   }
   After(rng_.Range(100, 800), [this] { EnvironmentAct(); });
 }

@@ -235,6 +235,8 @@ class Simulator {
   std::map<int, Region> regions_;
   std::set<int> supervisor_handles_;
   std::set<int> lost_handles_;  // device regions whose owner died: never to be attached again
+  std::vector<bool> devices_gone_;       // lost for good (their owner cannot run)
+  std::vector<uint32_t> device_epochs_;  // losses so far: a restore is for the latest one
   // File loads running now, per model name.
   std::map<std::string, int> loads_running_;
   // Tokens of infer requests by session, to tell whose request a worker runs.

@@ -74,9 +74,10 @@ Status Daemon::StartCuda(const BackendChoice& choice, const std::string& owner_p
 
   DeviceOwnersOptions options{owner_path, sharing, ordinals};
   DeviceOwnerEvents events;
-  events.on_ready = [](uint32_t d, const v1::OwnerHello& hello) {
+  events.on_ready = [this](uint32_t d, const v1::OwnerHello& hello) {
     spdlog::info("memory owner of CUDA device {} ({}) up: pid {}, {} free of {}, sharing {}", d, hello.name(),
                  hello.pid(), FormatBytes(hello.free_bytes()), FormatBytes(hello.total_bytes()), hello.sharing());
+    Dispatch(event::DeviceRestored{d});
   };
   events.on_allocated = [this](uint32_t d, const v1::OwnerAllocated& allocated, int fd) {
     OnOwnerAllocated(d, allocated, fd);

@@ -10,12 +10,23 @@
 // before the GEMM, accumulating and writing f32 (cuBLAS takes A and B of one type). Bias and ReLU
 // go into cuBLASLt's epilogue; GELU (the exact erf form the CPU reference uses, not the epilogue's
 // tanh approximation) and tanh run in a small kernel after it. When cuBLASLt has no algorithm for a
-// shape, cublasGemmEx runs it and the kernel adds bias and activation.
+// shape, cublasGemmEx runs it and the kernel adds bias and activation. What cuBLASLt is told about
+// a layer at a batch size, and the algorithm it picks, is kept for the next call of that shape.
+//
+// Alignment: safetensors packs tensors without padding, so a weight may start 2, 4 or 8 bytes
+// past a 16-byte boundary. cuBLASLt assumes 256-byte alignment unless told otherwise, and a kernel
+// picked under that assumption faults (a sticky error that takes the context, and the worker,
+// with it): each operand's real alignment goes into the heuristic's preferences.
+//
+// cuBLAS and cuBLASLt use one workspace, granted from the device budget with the rest; cuBLAS is
+// told so (it would otherwise allocate its own, outside the budget).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,11 +58,24 @@ cudaDataType_t CudaType(DType dtype) {
   return dtype == DType::F16 ? CUDA_R_16F : dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-// Owns what cuBLASLt describes one GEMM with; destroyed in any order.
+// The largest power of two (up to 256) the address is a multiple of.
+uint32_t Alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return static_cast<uint32_t>(std::min<uintptr_t>(256, address & (~address + 1)));
+}
+
+// What cuBLASLt was told about one layer at one batch size, and the algorithm it chose (usable
+// false: it has none, cublasGemmEx runs that shape). Owns its descriptors.
 struct LtGemm {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;
+  bool activates = false;  // the epilogue applies the activation (ReLU) as well as the bias
+  LtGemm() = default;
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
   ~LtGemm() {
     if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
     if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
@@ -65,6 +89,9 @@ class CudaRunner final : public GpuRunner {
  public:
   ~CudaRunner() override {
     if (started_) cudaSetDevice(device_);
+    // Nothing may still run on the workspace when it is unmapped.
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    plans_.clear();
     if (lt_ != nullptr) cublasLtDestroy(lt_);
     if (blas_ != nullptr) cublasDestroy(blas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -124,7 +151,13 @@ class CudaRunner final : public GpuRunner {
     if (Status s = Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); !s.ok()) return s;
     if (Status s = Check(cublasCreate(&blas_), "cublasCreate"); !s.ok()) return s;
     if (Status s = Check(cublasSetStream(blas_, stream_), "cublasSetStream"); !s.ok()) return s;
+    // After cublasSetStream, which resets it: cuBLAS works in the budget's workspace too.
+    if (Status s = Check(cublasSetWorkspace(blas_, blas_workspace_, blas_workspace_bytes_), "cublasSetWorkspace");
+        !s.ok()) {
+      return s;
+    }
     if (Status s = Check(cublasLtCreate(&lt_), "cublasLtCreate"); !s.ok()) return s;
+    plans_.resize(layers_.size());
 
     // Biases, widened to f32 once: the epilogue and the kernel add f32.
     for (size_t i = 0; i < model.layers.size(); i++) {
@@ -138,7 +171,11 @@ class CudaRunner final : public GpuRunner {
   }
 
   Status Run(const float* input, uint32_t rows, float* output) override {
+    if (rows == 0 || rows > kMaxBatch) {
+      return Error(Code::kInvalidArgument, "{} rows in one step, the workspace holds 1 to {}", rows, kMaxBatch);
+    }
     if (Status s = Check(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
+    (void)cudaGetLastError();  // an error an earlier call left on this thread is not this call's
     if (Status s = Check(cudaMemcpyAsync(activations_[0], input, uint64_t{rows} * in_ * sizeof(float),
                                          cudaMemcpyHostToDevice, stream_), "copy of the input");
         !s.ok()) {
@@ -152,10 +189,14 @@ class CudaRunner final : public GpuRunner {
       const int activation = last ? cuda::kNone : static_cast<int>(activation_);
       const void* b = x;
       if (layer.type != CUDA_R_32F) {
-        cuda::LaunchNarrow(x, half_, uint64_t{rows} * layer.in, layer.type == CUDA_R_16BF, stream_);
+        if (Status s = Check(cuda::LaunchNarrow(x, half_, uint64_t{rows} * layer.in, layer.type == CUDA_R_16BF,
+                                                stream_), "narrowing the activations");
+            !s.ok()) {
+          return s;
+        }
         b = half_;
       }
-      if (Status s = Gemm(layer, b, rows, y, activation); !s.ok()) return s;
+      if (Status s = Gemm(i, b, rows, y, activation); !s.ok()) return s;
       x = y;
     }
     if (Status s = Check(cudaMemcpyAsync(output, x, uint64_t{rows} * out_ * sizeof(float), cudaMemcpyDeviceToHost,
@@ -163,8 +204,7 @@ class CudaRunner final : public GpuRunner {
         !s.ok()) {
       return s;
     }
-    if (Status s = Check(cudaStreamSynchronize(stream_), "inference on the GPU"); !s.ok()) return s;
-    return Check(cudaGetLastError(), "a kernel launch");
+    return Check(cudaStreamSynchronize(stream_), "inference on the GPU");
   }
 
   std::string Describe() const override {
@@ -185,63 +225,93 @@ class CudaRunner final : public GpuRunner {
   }
 
   // y (out x rows, column-major) = act(W^T b + bias): cuBLASLt with the epilogue where it applies.
-  Status Gemm(const Layer& layer, const void* b, uint32_t rows, float* y, int activation) {
+  // b is the activation buffer or its 16-bit copy, y an activation buffer: both 256-byte aligned.
+  Status Gemm(size_t index, const void* b, uint32_t rows, float* y, int activation) {
+    const Layer& layer = layers_[index];
+    Result<LtGemm*> plan = PlanFor(index, rows, activation);
+    if (!plan.ok()) return plan.status();
     const float one = 1.0f, zero = 0.0f;
-    bool epilogue_activates = false;
-    if (LtGemmRun(layer, b, rows, y, activation, &epilogue_activates)) {
-      if (!epilogue_activates) cuda::LaunchBiasActivate(y, nullptr, rows, layer.out, activation, stream_);
-      return OkStatus();
+    LtGemm& g = **plan;
+    if (g.usable) {
+      Status s = Check(cublasLtMatmul(lt_, g.op, &one, layer.weight, g.a, b, g.b, &zero, y, g.d, y, g.d, &g.algo,
+                                      blas_workspace_, blas_workspace_bytes_, stream_),
+                       "cublasLtMatmul");
+      if (!s.ok()) return s;
+      if (g.activates) return OkStatus();
+      return Check(cuda::LaunchBiasActivate(y, nullptr, rows, layer.out, activation, stream_), "the activation");
     }
-    // cuBLASLt found no algorithm for this shape: the classic GEMM, then bias and activation.
+    // cuBLASLt has no algorithm for this shape: the classic GEMM, then bias and activation.
     Status s = Check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(layer.out), static_cast<int>(rows),
                                   static_cast<int>(layer.in), &one, layer.weight, layer.type, static_cast<int>(layer.in),
                                   b, layer.type, static_cast<int>(layer.in), &zero, y, CUDA_R_32F,
                                   static_cast<int>(layer.out), Compute(layer), CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
     if (!s.ok()) return s;
-    cuda::LaunchBiasActivate(y, layer.bias, rows, layer.out, activation, stream_);
-    return OkStatus();
+    return Check(cuda::LaunchBiasActivate(y, layer.bias, rows, layer.out, activation, stream_),
+                 "the bias and activation");
   }
 
-  // False when cuBLASLt cannot run it (the caller falls back); *activated: the epilogue applied
-  // the activation too (ReLU), else only the bias.
-  bool LtGemmRun(const Layer& layer, const void* b, uint32_t rows, float* y, int activation, bool* activated) {
-    LtGemm g;
-    if (cublasLtMatmulDescCreate(&g.op, Compute(layer), CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return false;
+  // The layer's plan at this batch size, made the first time it runs.
+  Result<LtGemm*> PlanFor(size_t index, uint32_t rows, int activation) {
+    std::unique_ptr<LtGemm>& slot = plans_[index][rows];
+    if (slot) return slot.get();
+    auto g = std::make_unique<LtGemm>();
+    if (Status s = DescribeGemm(layers_[index], rows, activation, *g); !s.ok()) {
+      plans_[index].erase(rows);
+      return s;
+    }
+    slot = std::move(g);
+    return slot.get();
+  }
+
+  Status DescribeGemm(const Layer& layer, uint32_t rows, int activation, LtGemm& g) {
+    auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, size_t bytes) {
+      return Check(cublasLtMatmulDescSetAttribute(g.op, attribute, value, bytes), "cublasLtMatmulDescSetAttribute");
+    };
+    auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* value, size_t bytes) {
+      return Check(cublasLtMatmulPreferenceSetAttribute(g.preference, attribute, value, bytes),
+                   "cublasLtMatmulPreferenceSetAttribute");
+    };
+    if (Status s = Check(cublasLtMatmulDescCreate(&g.op, Compute(layer), CUDA_R_32F), "cublasLtMatmulDescCreate");
+        !s.ok()) {
+      return s;
+    }
     const cublasOperation_t transpose = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-    cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
-    cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain));
     const bool relu = activation == cuda::kRelu;
-    cublasLtEpilogue_t epilogue = layer.bias != nullptr ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                                        : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
-    cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-    if (layer.bias != nullptr) {
-      const cudaDataType_t bias_type = CUDA_R_32F;
-      cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &layer.bias, sizeof(layer.bias));
-      cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
-    }
-    if (cublasLtMatrixLayoutCreate(&g.a, layer.type, layer.in, layer.out, layer.in) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&g.b, layer.type, layer.in, rows, layer.in) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&g.d, CUDA_R_32F, layer.out, rows, layer.out) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulPreferenceCreate(&g.preference) != CUBLAS_STATUS_SUCCESS) {
-      return false;
-    }
-    cublasLtMatmulPreferenceSetAttribute(g.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &blas_workspace_bytes_, sizeof(blas_workspace_bytes_));
+    const cublasLtEpilogue_t epilogue =
+        layer.bias != nullptr ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                              : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    Status s = set(CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+    if (s.ok()) s = set(CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain));
+    if (s.ok()) s = set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+    if (s.ok() && layer.bias != nullptr) s = set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &layer.bias, sizeof(layer.bias));
+    if (s.ok() && layer.bias != nullptr) s = set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+    if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&g.a, layer.type, layer.in, layer.out, layer.in), "layout of W");
+    if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&g.b, layer.type, layer.in, rows, layer.in), "layout of x");
+    if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&g.d, CUDA_R_32F, layer.out, rows, layer.out), "layout of y");
+    if (s.ok()) s = Check(cublasLtMatmulPreferenceCreate(&g.preference), "cublasLtMatmulPreferenceCreate");
+    // The operands as they are: the weight wherever safetensors put it, the buffers 256-aligned.
+    const uint32_t align_a = Alignment(layer.weight), aligned = 256;
+    if (s.ok()) s = prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &blas_workspace_bytes_, sizeof(blas_workspace_bytes_));
+    if (s.ok()) s = prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    if (s.ok()) s = prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligned, sizeof(aligned));
+    if (s.ok()) s = prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligned, sizeof(aligned));
+    if (s.ok()) s = prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligned, sizeof(aligned));
+    if (!s.ok()) return s;
     cublasLtMatmulHeuristicResult_t found{};
     int count = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt_, g.op, g.a, g.b, g.d, g.d, g.preference, 1, &found, &count) !=
-            CUBLAS_STATUS_SUCCESS ||
-        count == 0) {
-      return false;
+    const cublasStatus_t asked =
+        cublasLtMatmulAlgoGetHeuristic(lt_, g.op, g.a, g.b, g.d, g.d, g.preference, 1, &found, &count);
+    if (asked == CUBLAS_STATUS_NOT_SUPPORTED || (asked == CUBLAS_STATUS_SUCCESS && count == 0)) {
+      g.usable = false;  // no algorithm for this shape: cublasGemmEx
+      return OkStatus();
     }
-    const float one = 1.0f, zero = 0.0f;
-    if (cublasLtMatmul(lt_, g.op, &one, layer.weight, g.a, b, g.b, &zero, y, g.d, y, g.d, &found.algo,
-                       blas_workspace_, blas_workspace_bytes_, stream_) != CUBLAS_STATUS_SUCCESS) {
-      return false;
-    }
-    *activated = relu || activation == cuda::kNone;
-    return true;
+    if (Status h = Check(asked, "cublasLtMatmulAlgoGetHeuristic"); !h.ok()) return h;
+    g.algo = found.algo;
+    g.usable = true;
+    g.activates = relu || activation == cuda::kNone;
+    return OkStatus();
   }
 
   Status WidenBias(const uint8_t* stored, const safetensors::TensorInfo& tensor, float* bias) {
@@ -288,6 +358,7 @@ class CudaRunner final : public GpuRunner {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
+  std::vector<std::map<uint32_t, std::unique_ptr<LtGemm>>> plans_;  // per layer, by rows
 };
 
 static_assert(static_cast<int>(Activation::kRelu) == cuda::kRelu && static_cast<int>(Activation::kGelu) == cuda::kGelu &&

@@ -41,20 +41,22 @@ __global__ void BiasActivate(float* y, const float* bias, uint32_t rows, uint32_
 
 }  // namespace
 
-void LaunchNarrow(const float* x, void* y, uint64_t count, bool bf16, cudaStream_t stream) {
-  if (count == 0) return;
+cudaError_t LaunchNarrow(const float* x, void* y, uint64_t count, bool bf16, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
   if (bf16) {
     NarrowToBf16<<<Blocks(count), kThreads, 0, stream>>>(x, static_cast<__nv_bfloat16*>(y), count);
   } else {
     NarrowToHalf<<<Blocks(count), kThreads, 0, stream>>>(x, static_cast<__half*>(y), count);
   }
+  return cudaGetLastError();
 }
 
-void LaunchBiasActivate(float* y, const float* bias, uint32_t rows, uint32_t out, int activation,
-                        cudaStream_t stream) {
+cudaError_t LaunchBiasActivate(float* y, const float* bias, uint32_t rows, uint32_t out, int activation,
+                               cudaStream_t stream) {
   const uint64_t count = uint64_t{rows} * out;
-  if (count == 0 || (bias == nullptr && activation == kNone)) return;
+  if (count == 0 || (bias == nullptr && activation == kNone)) return cudaSuccess;
   BiasActivate<<<Blocks(count), kThreads, 0, stream>>>(y, bias, rows, out, activation);
+  return cudaGetLastError();
 }
 
 }  // namespace warmpool::dense::cuda

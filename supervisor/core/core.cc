@@ -18,6 +18,7 @@ Core::Core(Config config, shm::SegmentView segment)
   WARMPOOL_CHECK(config_.workers_per_device > 0 && DeviceCount() == index_->DeviceCount());
   workers_.resize(config_.workers_per_device * DeviceCount());
   devices_down_.resize(DeviceCount(), false);
+  devices_gone_.resize(DeviceCount(), false);
 }
 
 Core::~Core() = default;
@@ -56,6 +57,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
         else if constexpr (std::is_same_v<E, event::Stop>) BeginStop();
         else if constexpr (std::is_same_v<E, event::WorkersStopped>) stopped_ = true;
         else if constexpr (std::is_same_v<E, event::DeviceLost>) OnDeviceLost(e);
+        else if constexpr (std::is_same_v<E, event::DeviceRestored>) OnDeviceRestored(e);
       },
       std::move(event));
   // Forgetting a model frees its record for reuse: done here, when nothing up the stack holds it.

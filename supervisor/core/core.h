@@ -274,6 +274,7 @@ class Core {
   // recovery.cc: worker deaths, crash loops, hangs, deadlines
   void OnWorkerDown(const event::WorkerDown& down);
   void OnDeviceLost(const event::DeviceLost& lost);
+  void OnDeviceRestored(const event::DeviceRestored& restored);
   void ChargeCrash(uint32_t model, const std::string& why);
   void MarkFailed(uint32_t model, const std::string& reason);
   Status FailedStatus(uint32_t model) const;
@@ -333,8 +334,10 @@ class Core {
   std::unordered_map<uint64_t, Job> jobs_;
   uint64_t next_job_ = 1;
   std::vector<WorkerSlot> workers_;
-  // Devices whose memory can never come back (their owner cannot run): nothing is placed there.
+  // Devices whose memory is gone (DeviceLost) and not back yet (DeviceRestored), or never will be
+  // (their owner cannot run): nothing is placed there meanwhile.
   std::vector<bool> devices_down_;
+  std::vector<bool> devices_gone_;  // for good
   std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;
   uint64_t next_bulk_ = 1;

@@ -79,6 +79,11 @@ struct DeviceLost {
   // It will not come back (its owner cannot run): nothing is placed on the device any more.
   bool for_good = false;
 };
+// cuda: the device's memory owner is up (at start, or started again after DeviceLost): models may
+// be placed on the device again. Until then loads go to other devices, or wait.
+struct DeviceRestored {
+  uint32_t device = 0;
+};
 // Time passes (the shell ticks every 50 ms).
 struct Tick {};
 // SIGHUP: the configuration read again (or why it could not be) and the registry it describes.
@@ -104,6 +109,6 @@ struct WorkersStopped {};
 using Event = std::variant<event::ClientRequest, event::ClientGone, event::WorkerSpawned, event::WorkerUp,
                            event::WorkerMessage, event::WorkerDown, event::Tick, event::Reload,
                            event::ModelInspected, event::Stop, event::WorkersStopped,
-                           event::DeviceLost>;
+                           event::DeviceLost, event::DeviceRestored>;
 
 }  // namespace warmpool::supervisor

@@ -129,7 +129,9 @@ void Core::OnDeviceLost(const event::DeviceLost& lost) {
   Log(LogLevel::kError, "the memory of device {} is gone ({}): its workers are restarted, and its "
       "models load again on demand{}", lost.device, lost.why,
       lost.for_good ? "; nothing is placed on it any more" : "");
-  if (lost.for_good) devices_down_[lost.device] = true;
+  // Nothing is placed there until its owner is back (DeviceRestored), or ever again.
+  devices_down_[lost.device] = true;
+  if (lost.for_good) devices_gone_[lost.device] = true;
   // The device's workers map memory that no longer exists: nothing they report from now on is
   // believed, and their deaths (below, as the kills land) retry their requests without charging
   // a model. Other devices' workers and models are not touched.
@@ -150,6 +152,16 @@ void Core::OnDeviceLost(const event::DeviceLost& lost) {
   }
   // Waiting requests may go to another device now.
   RetryPending();
+}
+
+void Core::OnDeviceRestored(const event::DeviceRestored& restored) {
+  if (restored.device >= DeviceCount() || devices_gone_[restored.device] || !devices_down_[restored.device]) return;
+  devices_down_[restored.device] = false;
+  Log(LogLevel::kInfo, "device {} is back: models may be placed on it again", restored.device);
+  RetryPending();
+  for (uint32_t model : index_->All()) {
+    if (!models_[model].waiters.empty()) TryAdmit(model);
+  }
 }
 
 void Core::ChargeCrash(uint32_t model, const std::string& why) {

@@ -159,9 +159,37 @@ TEST(CoreDevicesTest, ALostDeviceTakesOnlyItsOwnModels) {
   EXPECT_EQ(rig.State("b"), shm::ModelState::kRegistered);
   EXPECT_EQ(rig.Used(0), 300u);
   EXPECT_EQ(rig.Used(1), 0u);
-  // While device 1's workers come back, "b" loads on device 0, which has room.
+  // Until device 1's memory owner is back, "b" loads on device 0, even with device 1's workers up
+  // again and its room the larger.
+  rig.Sent(2);  // what went to the killed workers
+  rig.Sent(3);
+  rig.Advance(500);
+  rig.Up(2);
+  rig.Up(3);
   rig.Load(1, "b");
   std::vector<v1::WorkerEnvelope> sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].has_load());
+  rig.Handle(event::DeviceRestored{1});
+  EXPECT_TRUE(rig.Sent(2).empty()) << "nothing to do on device 1 once it is back";
+}
+
+TEST(CoreDevicesTest, ALoadWaitsForTheOnlyDeviceToComeBack) {
+  Config c = CoreRig::SmallConfig();
+  c.workers_per_device = 1;
+  CoreRig rig(c);
+  ModelEntry a = Entry("a", 300, 0);
+  rig.Start({a});
+  rig.Up(0);
+  rig.Handle(event::DeviceLost{0, "killed by signal 9"});
+  rig.Down(0);
+  rig.Advance(500);
+  rig.Up(0);
+  rig.Load(1, "a");
+  EXPECT_TRUE(rig.Sent(0).empty()) << "its memory owner is not back";
+  EXPECT_TRUE(rig.Replies(1).empty()) << "the load waits, it does not fail";
+  rig.Handle(event::DeviceRestored{0});
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_TRUE(sent[0].has_load());
 }

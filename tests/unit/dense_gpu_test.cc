@@ -111,6 +111,22 @@ TEST_F(DenseGpuTest, MixedDTypesAndAMisalignedWeight) {
   ExpectMatchesReference(path, model, 3e-2, 3e-2, "mixed");
 }
 
+// 16-bit weights packed without padding (safetensors has none): a bias of odd length written before
+// its weight leaves the weight 2 bytes past an alignment cuBLASLt would otherwise assume (and fault
+// on), with `in` a multiple of 8 so that nothing else steers it away from vectorized kernels.
+TEST_F(DenseGpuTest, SixteenBitWeightsAtAnyEvenOffset) {
+  TempDir dir;
+  for (DType dtype : {DType::F16, DType::BF16}) {
+    const std::string path = dir.File(fmt::format("packed_{}.safetensors", DTypeName(dtype)));
+    ReferenceModel model = WriteModel(path,
+                                      {{0, 64, 33, true, dtype, dtype},
+                                       {2, 33, 24, true, dtype, dtype},
+                                       {4, 24, 8, true, dtype, dtype}},
+                                      "relu", 11, /*bias_first=*/true);
+    ExpectMatchesReference(path, model, Relative(dtype), Absolute(dtype), fmt::format("packed {}", DTypeName(dtype)));
+  }
+}
+
 // Whether the layers run on the GPU at all: on a GPU they must; on the double they cannot, and the
 // reason says so.
 TEST_F(DenseGpuTest, TheGpuKernelsStartOnAGpuAndSayWhyNotElsewhere) {
