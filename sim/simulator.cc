@@ -349,6 +349,15 @@ void Simulator::EnvironmentAct() {
       Trace(fmt::format("== worker {} killed from outside", slot));
       Kill(slot, "");
     }
+  } else if (roll < 703 && config_.devices.size() > 1) {
+    // A worker of a device other than the first exits with status 2 (fatal configuration): it is
+    // never started again. All of a device's may go: its models must then be served elsewhere.
+    uint32_t slot = static_cast<uint32_t>(config_.workers_per_device +
+                                          rng_.Below(workers_.size() - config_.workers_per_device));
+    if (workers_[slot].state == Worker::State::kUp) {
+      Trace(fmt::format("== worker {} exits with status 2", slot));
+      Kill(slot, "fatal", /*fatal=*/true);
+    }
   } else if (roll < 715) {
     // cuda: a device's memory owner dies, and every region on that device with it (host copies
     // and other devices live).

@@ -160,7 +160,8 @@ class Simulator {
                  WorkerJob work);
   void ReplyToCore(Worker& w, v1::WorkerEnvelope message, std::vector<int> regions = {});
   void DeliverToCore(uint32_t slot, uint32_t generation);
-  void Kill(uint32_t slot, const std::string& reason);
+  // fatal: it exits with status 2 (fatal configuration) and is never started again.
+  void Kill(uint32_t slot, const std::string& reason, bool fatal = false);
   void Die(uint32_t slot, uint32_t generation, const std::string& why, bool fatal);
   // Decides how a job goes: its duration, or that the worker dies (or hangs) in the middle of it.
   void Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob work);

@@ -393,19 +393,20 @@ void Simulator::DeliverToCore(uint32_t slot, uint32_t generation) {
   Deliver(event::WorkerMessage{slot, std::move(message), std::move(handles)}, what);
 }
 
-void Simulator::Kill(uint32_t slot, const std::string& reason) {
+void Simulator::Kill(uint32_t slot, const std::string& reason, bool fatal) {
   Worker& w = workers_[slot];
   if (w.state == Worker::State::kDown) return;
   if (!w.kill_reason.empty()) return;  // already dying
   w.kill_reason = reason.empty() ? "killed by signal 9 (Killed)" : reason;
   uint32_t generation = w.generation;
-  std::string why = reason.empty() ? "killed by signal 9 (Killed)"
-                                   : "was killed by the supervisor: " + reason;
+  std::string why = fatal ? "exited with status 2"
+                    : reason.empty() ? "killed by signal 9 (Killed)"
+                                     : "was killed by the supervisor: " + reason;
   // The process stops now; the kernel reports the death a moment later.
   w.state = Worker::State::kStarting;  // neither up nor down: takes no frames, runs nothing more
   w.serving.clear();
   w.loads.clear();
-  After(rng_.Range(0, 3), [this, slot, generation, why] { Die(slot, generation, why, false); });
+  After(rng_.Range(0, 3), [this, slot, generation, why, fatal] { Die(slot, generation, why, fatal); });
 }
 
 void Simulator::Die(uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
@@ -419,7 +420,7 @@ void Simulator::Die(uint32_t slot, uint32_t generation, const std::string& why, 
   down.generation = generation;
   down.why = why;
   down.exit_text = why;
-  down.exit_code = why.starts_with("exited") ? 0 : 137;
+  down.exit_code = fatal ? 2 : why.starts_with("exited") ? 0 : 137;
   down.fatal = fatal;
   if (w.serving_job != 0) down.running_jobs.push_back(w.serving_job);
   if (w.load_job != 0) down.running_jobs.push_back(w.load_job);

@@ -91,6 +91,13 @@ void Core::TryAdmit(uint32_t model) {
       }
     }
     if (serving) return DrainReady(model);
+    if (ready->replicas.empty() && !DeviceUsable(device)) {
+      // Held weights that no worker will ever map again (the device's workers exited with status
+      // 2, or its memory owner cannot run): let them go; the model loads where it can be served.
+      Log(LogLevel::kWarn, "\"{}\" is on device {}, which can no longer serve it: loading it elsewhere",
+          m.entry.name, device);
+      return Release(model, /*eviction=*/false, /*allow_park=*/false);
+    }
     // A detached model keeps one workspace reserved (model.h): its first attach needs no room.
     // Any other replica does: its workspace must fit (a leaving one still holds its own).
     bool room = ready->replicas.empty() || Fits(device, ready->weights.workspace_bytes);
@@ -132,16 +139,12 @@ void Core::TryAdmit(uint32_t model) {
   const policy::AdmissionPlan& plan = placed.plan;
   switch (plan.kind) {
     case policy::AdmissionPlan::Kind::kAdmit: {
+      if (devices_down_[placed.device]) return Wait(model);  // until its memory owner is back
       uint32_t worker = policy::PickWorkerForLoad(WorkerViewsOn(placed.device));
       if (worker != policy::kNone) {
         return parked ? StartUnpark(model, worker, bytes) : StartLoad(model, worker, bytes);
       }
-      if (!AnyCanServe()) {
-        return FailWaiters(model, Error(Code::kUnavailable,
-                                        "no worker is running (they exited with status 2, fatal "
-                                        "configuration): see the daemon log"));
-      }
-      return Wait(model);  // workers are (re)starting: their hello retries
+      return Wait(model);  // its workers are (re)starting (a usable device has one): their hello retries
     }
     case policy::AdmissionPlan::Kind::kEvict: {
       bool freed_now = false;
@@ -156,10 +159,12 @@ void Core::TryAdmit(uint32_t model) {
       return Wait(model);
     }
     case policy::AdmissionPlan::Kind::kWait:
-      if (placed.device == policy::kNoDevice && !AnyCanServe()) {
+      if (placed.device == policy::kNoDevice) {
+        // No device can ever serve it: every one lost for good or with only fatal workers.
         return FailWaiters(model, Error(Code::kUnavailable,
-                                        "no worker is running (they exited with status 2, fatal "
-                                        "configuration): see the daemon log"));
+                                        "no device can serve models: their workers exited with status 2 "
+                                        "(fatal configuration) or their memory owner cannot run; see the "
+                                        "daemon log"));
       }
       return Wait(model);
     case policy::AdmissionPlan::Kind::kReject:

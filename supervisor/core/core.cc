@@ -84,6 +84,14 @@ policy::Limits Core::Limits() const {
   return policy::Limits{0, config_.capacity, config_.max_cached, config_.park_budget_bytes};
 }
 
+bool Core::DeviceUsable(uint32_t device) const {
+  if (devices_gone_[device]) return false;
+  for (uint32_t slot = device * config_.workers_per_device; slot < (device + 1) * config_.workers_per_device; slot++) {
+    if (workers_[slot].state != WorkerSlot::State::kFatal) return true;
+  }
+  return false;
+}
+
 bool Core::Fits(uint32_t device, uint64_t bytes) const {
   return Budget(device) == 0 || index_->DeviceUsed(device) + bytes <= Budget(device);
 }

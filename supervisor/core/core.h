@@ -195,6 +195,8 @@ class Core {
   uint32_t DeviceOf(uint32_t worker) const { return worker / config_.workers_per_device; }
   // Room for `bytes` more on the device (within its budget).
   bool Fits(uint32_t device, uint64_t bytes) const;
+  // Models can ever be served there: not lost for good, and a worker that is not fatal.
+  bool DeviceUsable(uint32_t device) const;
   policy::RetrySettings RetrySettings() const;
   uint64_t NewJob(Job&& job);
   Job* FindJob(uint64_t id);
@@ -290,7 +292,6 @@ class Core {
   // Writes every worker's record in the segment (after each event).
   void PublishWorkers();
   void KillWorker(uint32_t slot, const std::string& reason);
-  bool AnyCanServe() const;
   void JobDone(Job& job);
 
   // faults.cc

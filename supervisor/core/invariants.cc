@@ -64,9 +64,9 @@ Status Core::CheckInvariants() const {
       return Error(Code::kInternal, "\"{}\" waits for a park job that no replica runs", name);
     }
     if (const std::vector<Replica>* replicas = machine.Replicas()) {
-      if (replicas->size() > workers_.size()) {
-        return Error(Code::kInternal, "\"{}\" has {} replicas on {} workers", name, replicas->size(),
-                     workers_.size());
+      if (replicas->size() > config_.workers_per_device) {
+        return Error(Code::kInternal, "\"{}\" has {} replicas on a device of {} workers", name,
+                     replicas->size(), config_.workers_per_device);
       }
       std::vector<uint32_t> seen;
       const uint32_t device = machine.DeviceWeights()->device;

@@ -48,14 +48,14 @@ std::vector<policy::WorkerView> Core::WorkerViewsOn(uint32_t device) const {
 std::vector<policy::DeviceRoom> Core::DeviceRooms() const {
   std::vector<policy::DeviceRoom> rooms;
   for (uint32_t d = 0; d < DeviceCount(); d++) {
-    policy::DeviceRoom room{d, index_->DeviceUsed(d), Budget(d), false, false};
-    // A worker up, or on its way up (a respawn).
+    policy::DeviceRoom room{d, index_->DeviceUsed(d), Budget(d), DeviceUsable(d), false, false};
     for (uint32_t slot = d * config_.workers_per_device; slot < (d + 1) * config_.workers_per_device; slot++) {
       const WorkerSlot& w = workers_[slot];
-      room.can_load = room.can_load || w.state != WorkerSlot::State::kFatal;
       room.up = room.up || (w.state == WorkerSlot::State::kUp && !w.killing);
+      room.coming = room.coming || w.state == WorkerSlot::State::kStarting;
     }
-    room.can_load = room.can_load && !devices_down_[d];
+    // Its memory owner is restarting: nothing goes there until it is back (DeviceRestored).
+    if (devices_down_[d]) room.up = room.coming = false;
     rooms.push_back(room);
   }
   return rooms;

@@ -124,7 +124,7 @@ void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   Model& m = models_[model];
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   if (request.replicas() != 0) {
-    m.target_replicas = std::min(request.replicas(), static_cast<uint32_t>(workers_.size()));
+    m.target_replicas = std::min(request.replicas(), config_.workers_per_device);  // one device's workers
   }
   if (const Ready* ready = m.machine.As<Ready>(); ready != nullptr && !ready->replicas.empty()) {
     AdjustReplicas(model);

@@ -60,11 +60,6 @@ void Core::KillWorker(uint32_t slot, const std::string& reason) {
   actions_.push_back(action::KillWorker{slot, reason});
 }
 
-bool Core::AnyCanServe() const {
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [](const WorkerSlot& w) { return w.state != WorkerSlot::State::kFatal; });
-}
-
 void Core::JobDone(Job& job) {
   WorkerSlot& w = workers_[job.worker];
   w.outstanding -= std::min<uint32_t>(w.outstanding, 1);

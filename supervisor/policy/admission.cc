@@ -60,6 +60,7 @@ AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
   }
   // It did not fit before the releases under way were counted: if it fits now, they make room.
   plan.room_coming = plan.victims.empty() && fits(after, count_after);
+  plan.sufficient = fits(after, count_after);
   if (fits(after, count_after) || something_busy || after != used) {
     // Enough once the victims are released; or busy models become evictable when their requests
     // finish: release what we can now and ask again when something changes.
@@ -115,16 +116,17 @@ PlacementPlan PlanPlacement(const std::vector<Resident>& lru, uint32_t model,
     Candidate c;
     switch (plan.kind) {
       case AdmissionPlan::Kind::kAdmit:
-        // The most room left after (unlimited: the least used). With no worker up yet, it waits
-        // for one: better than evicting elsewhere, worse than loading now elsewhere.
-        c.rank = d.up ? 0 : 1;
+        // The most room left after (unlimited: the least used). With a worker starting it waits
+        // for it: better than evicting elsewhere, worse than loading now elsewhere. With none
+        // coming soon, an eviction elsewhere goes first.
+        c.rank = d.up ? 0 : d.coming ? 1 : 3;
         c.key = d.budget == 0 ? d.used : UINT64_MAX - (d.budget - d.used - bytes);
         break;
       case AdmissionPlan::Kind::kWait:
         c.rank = plan.room_coming ? 1 : 3;
         break;
       case AdmissionPlan::Kind::kEvict: {
-        c.rank = 2;  // the victims whose most recent use is oldest
+        c.rank = plan.sufficient ? 2 : 4;  // then the victims whose most recent use is oldest
         size_t newest = 0;
         for (uint32_t v : plan.victims) newest = std::max(newest, position(v));
         c.key = newest;

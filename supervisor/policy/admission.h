@@ -50,6 +50,8 @@ struct AdmissionPlan {
   std::vector<uint32_t> victims;
   Status reason;
   bool room_coming = false;  // kWait: the releases under way alone make room
+  bool sufficient = false;   // kEvict: with the victims released it fits (else busy or pinned
+                             // models are still in the way)
 };
 
 // May `model` (needing `bytes` on the device, which holds `used` now) be loaded? `lru` lists the
@@ -65,20 +67,24 @@ struct DeviceRoom {
   uint32_t device = 0;
   uint64_t used = 0;
   uint64_t budget = 0;   // 0 unlimited
-  bool can_load = false; // it has a worker (up, or on its way up)
-  bool up = false;       // ... up now
+  bool can_load = false; // usable: not lost for good, and a worker that is not fatal
+  bool up = false;       // a worker up now, and the device's memory there
+  bool coming = false;   // no worker up, one starting (not one in a crash loop's backoff)
 };
 struct PlacementPlan {
   uint32_t device = kNoDevice;  // where the plan applies (kAdmit, kEvict, kWait on one device)
   AdmissionPlan plan;
 };
 // Where a model that holds no device memory goes (a load, an unpark), over every device that can
-// load: PlanAdmission on each, with its own residents and budget. Admit on the device with a worker
-// up that keeps the most room after; else wait where room comes without a decision (releases under
-// way: no second eviction for the same load; or a worker coming up on a device with room); else evict on the device whose victims were used least recently; else wait while
-// anything can change; reject only when every device rejects (the reason of the device with the
-// largest budget). `lru` is every cached model, each with its device. With no device that can
-// load: kWait on kNoDevice.
+// load: PlanAdmission on each, with its own residents and budget. In order: admit on the device with
+// a worker up that keeps the most room after; wait where room comes without a decision (releases
+// under way, so no second eviction for the same load; or a worker starting on a device with room);
+// evict, enough to fit, on the device whose victims were used least recently; wait while busy
+// models finish; evict what can go where busy or pinned models still stand in the way; reject only
+// when every device rejects (the reason of the device with the largest budget). A device with room
+// but no worker up or starting (a crash loop's backoff, its memory owner restarting) waits behind
+// an eviction elsewhere. `lru` is every cached model, each with its device. With no usable device:
+// kWait on kNoDevice.
 PlacementPlan PlanPlacement(const std::vector<Resident>& lru, uint32_t model,
                             const std::string& name, uint64_t bytes,
                             const std::vector<DeviceRoom>& devices, const Limits& limits);

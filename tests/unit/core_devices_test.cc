@@ -194,6 +194,45 @@ TEST(CoreDevicesTest, ALoadWaitsForTheOnlyDeviceToComeBack) {
   EXPECT_TRUE(sent[0].has_load());
 }
 
+TEST(CoreDevicesTest, WithNoDeviceLeftALoadIsAnsweredNotLeftWaiting) {
+  Config c = CoreRig::SmallConfig();
+  c.workers_per_device = 1;
+  CoreRig rig(c);
+  ModelEntry a = Entry("a", 300, 0);
+  rig.Start({a});
+  rig.Up(0);
+  rig.Handle(event::DeviceLost{0, "exited with status 2", /*for_good=*/true});
+  rig.Down(0);
+  rig.Load(1, "a");
+  std::vector<v1::Envelope> replies = rig.Replies(1);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].error().code(), v1::UNAVAILABLE) << replies[0].DebugString();
+  EXPECT_NE(replies[0].error().message().find("no device can serve models"), std::string::npos);
+}
+
+TEST(CoreDevicesTest, HeldWeightsOnADeviceThatCanNoLongerServeAreLoadedElsewhere) {
+  TwoDevices two(/*per_device=*/1);
+  CoreRig& rig = two.rig;
+  ModelEntry a = Entry("a", 300, 0);
+  two.Start({a});
+  LoadsOn(rig, 0, a, 100);
+  // Device 0's only worker exits with status 2 (fatal configuration): the weights it held are
+  // still there, but no worker will map them again.
+  event::WorkerDown down;
+  down.slot = 0;
+  down.generation = 1;
+  down.why = down.exit_text = "exited with status 2";
+  down.exit_code = 2;
+  down.fatal = true;
+  rig.Handle(std::move(down));
+  rig.Infer(2, "a");
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "the stranded weights are let go";
+  std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);
+  ASSERT_EQ(to1.size(), 1u);
+  EXPECT_TRUE(to1[0].has_load()) << "and the model loads on device 1";
+  EXPECT_EQ(rig.DeviceOf("a"), 1u);
+}
+
 TEST(CoreDevicesTest, NothingIsPlacedOnADeviceLostForGood) {
   TwoDevices two(/*per_device=*/1);
   CoreRig& rig = two.rig;

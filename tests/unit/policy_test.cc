@@ -244,12 +244,14 @@ TEST(PlacementAcrossDevicesTest, AdmitsWhereTheMostRoomIsLeft) {
   // Device 1 is smaller: 1024 - 600 - 300 = 124 left on device 0, 500 - 200 - 300 = 0 on device 1.
   p = Place(pool, 300, Rooms(pool, {1024, 500}));
   EXPECT_EQ(p.device, 0u);
-  // Room on a device whose workers are all on their way up: wait for them rather than evict
-  // elsewhere, but load now where a worker is up and there is room.
-  p = Place(pool, 300, Rooms(pool, {1024, 1024}, {true, false}));
+  // Room on a device whose worker is starting: wait for it rather than evict elsewhere, but load
+  // now where a worker is up and there is room.
+  std::vector<DeviceRoom> starting = Rooms(pool, {1024, 1024}, {true, false});
+  starting[1].coming = true;
+  p = Place(pool, 300, starting);
   EXPECT_EQ(p.plan.kind, Kind::kAdmit);
   EXPECT_EQ(p.device, 0u);
-  p = Place(pool, 500, Rooms(pool, {1024, 1024}, {true, false}));
+  p = Place(pool, 500, starting);
   EXPECT_EQ(p.plan.kind, Kind::kAdmit) << "device 0 would have to evict";
   EXPECT_EQ(p.device, 1u);
 }
@@ -276,6 +278,31 @@ TEST(PlacementAcrossDevicesTest, AReleaseUnderWayIsWaitedForNotDoubledElsewhere)
   EXPECT_EQ(p.plan.kind, Kind::kWait);
   EXPECT_EQ(p.device, 0u);
   EXPECT_TRUE(p.plan.victims.empty());
+}
+
+TEST(PlacementAcrossDevicesTest, AnEvictionThatCannotMakeRoomYetRanksBelowOneThatDoes) {
+  Pool pool;
+  pool.Add("a1", 400, Where::kDevice, 0);                  // the oldest, idle
+  pool.Get(pool.Add("a2", 500, Where::kDevice, 0)).busy = true;  // in the way until it finishes
+  uint32_t b1 = pool.Add("b1", 600, Where::kDevice, 1);
+  PlacementPlan p = Place(pool, 600, Rooms(pool, {1024, 1024}));
+  EXPECT_EQ(p.plan.kind, Kind::kEvict);
+  EXPECT_EQ(p.device, 1u) << "evicting a1 alone would not make room on device 0";
+  EXPECT_EQ(p.plan.victims, (Victims{b1}));
+}
+
+TEST(PlacementAcrossDevicesTest, ARoomyDeviceWithNoWorkerComingWaitsBehindAnEviction) {
+  Pool pool;
+  uint32_t a = pool.Add("a", 600, Where::kDevice, 0);
+  std::vector<DeviceRoom> rooms = Rooms(pool, {1024, 1024}, {true, false});
+  PlacementPlan p = Place(pool, 600, rooms);  // device 1: its workers in a crash loop's backoff
+  EXPECT_EQ(p.plan.kind, Kind::kEvict);
+  EXPECT_EQ(p.device, 0u);
+  EXPECT_EQ(p.plan.victims, (Victims{a}));
+  rooms[1].coming = true;  // one is starting: worth the wait
+  p = Place(pool, 600, rooms);
+  EXPECT_EQ(p.plan.kind, Kind::kAdmit);
+  EXPECT_EQ(p.device, 1u);
 }
 
 TEST(PlacementAcrossDevicesTest, RejectsOnlyWhenEveryDeviceRejects) {
