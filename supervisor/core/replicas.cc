@@ -159,8 +159,7 @@ void Core::Rebalance(uint32_t device) {
     policy::PlacedModel p;
     p.model = model;
     p.workers = m.machine.ServingWorkers();
-    p.movable = p.workers.size() == ready->replicas.size() && m.target_replicas <= 1 &&
-                !m.changing();
+    p.movable = !p.workers.empty() && p.workers.size() == ready->replicas.size() && !m.changing();
     p.waiting = static_cast<uint32_t>(m.waiters.size());
     placed.push_back(std::move(p));
   }

@@ -90,12 +90,10 @@ std::vector<Resident> OnDevice(const std::vector<Resident>& lru, uint32_t device
 PlacementPlan PlanPlacement(const std::vector<Resident>& lru, uint32_t model,
                             const std::string& name, uint64_t bytes,
                             const std::vector<DeviceRoom>& devices, const Limits& limits) {
-  // How recently each model was used: the position in the LRU list.
-  std::vector<std::pair<uint32_t, size_t>> age;
-  for (size_t i = 0; i < lru.size(); i++) age.emplace_back(lru[i].model, i);
+  // How recently a model was used: its position in the LRU list.
   auto position = [&](uint32_t m) {
-    for (const auto& [id, at] : age) {
-      if (id == m) return at;
+    for (size_t i = 0; i < lru.size(); i++) {
+      if (lru[i].model == m) return i;
     }
     return lru.size();
   };

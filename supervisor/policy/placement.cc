@@ -72,12 +72,16 @@ std::optional<Move> PlanRebalance(const std::vector<WorkerView>& workers,
   const PlacedModel* pick = nullptr;
   uint32_t from = kNone;
   for (const PlacedModel& m : models) {
-    if (!m.movable || m.workers.size() != 1) continue;
-    const WorkerView& w = workers[m.workers.front()];
-    if (w.models < 2) continue;
+    if (!m.movable) continue;
+    uint32_t crowded = kNone;
+    for (uint32_t slot : m.workers) {
+      if (workers[slot].models < 2) continue;
+      if (crowded == kNone || workers[slot].models > workers[crowded].models) crowded = slot;
+    }
+    if (crowded == kNone) continue;
     if (pick == nullptr || m.waiting > pick->waiting) {
       pick = &m;
-      from = w.slot;
+      from = crowded;
     }
   }
   if (pick == nullptr) return std::nullopt;

@@ -48,7 +48,7 @@ uint32_t PickReplicaToDrop(const std::vector<WorkerView>& workers,
 struct PlacedModel {
   uint32_t model = 0;
   std::vector<uint32_t> workers;  // its serving replicas
-  bool movable = false;           // ready, idle enough to move, at its target replica count
+  bool movable = false;           // ready, every replica serving (none attaching or leaving)
   uint32_t waiting = 0;           // requests waiting for room in its workers
 };
 struct Move {
@@ -57,8 +57,9 @@ struct Move {
   uint32_t to = 0;
 };
 // Spreading: a worker that holds nothing and runs nothing, next to one that holds several models,
-// takes one of them (the one with the most requests waiting, else the first). The move attaches
-// the weights there (no copy) and then lets the old replica go.
+// takes one of them (the one with the most requests waiting, else the first); of a model with
+// several replicas, the one on its most crowded worker. The move attaches the weights there (no
+// copy) and then lets the old replica go. The caller passes one device's workers and models.
 std::optional<Move> PlanRebalance(const std::vector<WorkerView>& workers,
                                   const std::vector<PlacedModel>& models);
 

@@ -462,5 +462,17 @@ TEST(PlacementTest, AnIdleWorkerTakesAModelFromOneHoldingSeveral) {
   EXPECT_FALSE(PlanRebalance(w, models)) << "nobody holds several";
 }
 
+TEST(PlacementTest, AReplicaOfAModelWithSeveralMovesFromItsMostCrowdedWorker) {
+  // Two models with two replicas each on workers 0 and 1 (worker 1 also holds a third model),
+  // worker 2 idle: one replica moves there, from worker 1.
+  std::vector<WorkerView> w = {{0, true, 2, 0, 0}, {1, true, 3, 0, 0}, {2, true, 0, 0, 0}};
+  std::vector<PlacedModel> models = {{7, {0, 1}, true, 0}, {8, {1, 0}, true, 0}, {9, {1}, false, 0}};
+  std::optional<Move> move = PlanRebalance(w, models);
+  ASSERT_TRUE(move.has_value());
+  EXPECT_EQ(move->model, 7u);
+  EXPECT_EQ(move->from, 1u);
+  EXPECT_EQ(move->to, 2u);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor::policy
