@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine needs to run scripts/gpu-check.sh and puts it in one folder: the
-# binaries and tests of a Release build with the cuda backend, and every shared library they need
-# that a bare CUDA machine lacks (libuv, protobuf, fmt, spdlog, OpenBLAS, ...). Not bundled: libc
-# and its loader, libstdc++/libgcc_s (a newer system's serve), the NVIDIA driver and the CUDA
-# toolkit's own libraries. The driver test double goes along under double/, used only when
+# binaries and tests of a Release build with the cuda backend, the dense engine's GPU kernels
+# (warmpool-dense-cuda.so, beside the worker), and every shared library they need that a bare CUDA
+# machine lacks (libuv, protobuf, fmt, spdlog, OpenBLAS, ...). Not bundled: libc and its loader,
+# libstdc++/libgcc_s (a newer system's serve), the NVIDIA driver and the CUDA toolkit's own
+# libraries (cuBLAS, the CUDA runtime). Binaries lose their symbol tables to fit under 60 MiB. The driver test double goes along under double/, used only when
 # gpu-check.sh is asked to (--double), so that the check can be tried where there is no GPU.
 #
 #   scripts/gpu-bundle.sh [--build-dir DIR] BUNDLE
-#     --build-dir DIR  take the binaries of an existing build (debug info is stripped) instead of
+#     --build-dir DIR  take the binaries of an existing build (stripped) instead of
 #                      making a Release build in build-gpu/
 set -euo pipefail
 cd "$(dirname "$0")/.."
