@@ -151,28 +151,6 @@ Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_
   return OkStatus();
 }
 
-void WidenToFloat(const uint8_t* source, DType dtype, uint64_t count, float* destination) {
-  switch (dtype) {
-    case DType::F16:
-      for (uint64_t i = 0; i < count; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, source + 2 * i, 2);
-        destination[i] = safetensors::HalfToFloat(bits);
-      }
-      return;
-    case DType::BF16:
-      for (uint64_t i = 0; i < count; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, source + 2 * i, 2);
-        destination[i] = safetensors::BF16ToFloat(bits);
-      }
-      return;
-    default:  // F32 that is not float-aligned in the region
-      std::memcpy(destination, source, count * sizeof(float));
-      return;
-  }
-}
-
 // Whether a tensor is used from scratch rather than in place in the region.
 bool UsedFromScratch(const DenseEngine& engine, const TensorInfo& tensor) {
   return engine.on_device || dense::NeedsConversion(tensor);
@@ -191,7 +169,7 @@ const float* TensorAsFloat(const DenseEngine& engine, const TensorInfo& tensor, 
   } else if (!dense::NeedsConversion(tensor)) {
     return reinterpret_cast<const float*>(stored);
   }
-  WidenToFloat(stored, tensor.dtype, tensor.numel(), scratch);
+  dense::WidenToFloat(stored, tensor.dtype, tensor.numel(), scratch);
   return scratch;
 }
 

@@ -5,11 +5,10 @@
 #include "engines/dense_gpu.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
-#include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -65,7 +64,6 @@ const Module& TheModule() {
 }  // namespace
 
 void SetGpuOptions(GpuOptions options) { tf32_option = options.tf32; }
-GpuOptions CurrentGpuOptions() { return GpuOptions{tf32_option.load()}; }
 
 std::unique_ptr<GpuRunner> StartGpuRunner(const DenseModel& model, const wp_device_memory* memory,
                                           const wp_region& weights, std::string* why) {
@@ -74,7 +72,7 @@ std::unique_ptr<GpuRunner> StartGpuRunner(const DenseModel& model, const wp_devi
     *why = module.why;
     return nullptr;
   }
-  const GpuOptions options = CurrentGpuOptions();
+  const GpuOptions options{tf32_option.load()};
   return std::unique_ptr<GpuRunner>(module.start(&model, memory, &weights, &options, why));
 }
 

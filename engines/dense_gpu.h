@@ -20,7 +20,6 @@ struct GpuOptions {
 };
 // Process-wide, set by the worker from its flags before any engine opens.
 void SetGpuOptions(GpuOptions options);
-GpuOptions CurrentGpuOptions();
 
 class GpuRunner {
  public:

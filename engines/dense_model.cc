@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "engines/half.h"
 
 namespace warmpool::dense {
 namespace {
@@ -176,11 +179,15 @@ ScratchSizes ScratchFor(const DenseModel& model) {
   return sizes;
 }
 
+namespace {
+
 uint32_t WidestLayer(const DenseModel& model) {
   uint32_t widest = model.in_features;
   for (const LinearLayer& layer : model.layers) widest = std::max({widest, layer.in_features, layer.out_features});
   return widest;
 }
+
+}  // namespace
 
 GpuWorkspace PlanGpuWorkspace(const DenseModel& model) {
   GpuWorkspace w;
@@ -203,6 +210,28 @@ GpuWorkspace PlanGpuWorkspace(const DenseModel& model) {
   w.blas = take(w.blas_bytes);
   w.total = at;
   return w;
+}
+
+void WidenToFloat(const uint8_t* source, safetensors::DType dtype, uint64_t count, float* destination) {
+  switch (dtype) {
+    case safetensors::DType::F16:
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, source + 2 * i, 2);
+        destination[i] = safetensors::HalfToFloat(bits);
+      }
+      return;
+    case safetensors::DType::BF16:
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, source + 2 * i, 2);
+        destination[i] = safetensors::BF16ToFloat(bits);
+      }
+      return;
+    default:  // F32 that is not float-aligned in the region
+      std::memcpy(destination, source, count * sizeof(float));
+      return;
+  }
 }
 
 }  // namespace warmpool::dense

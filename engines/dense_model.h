@@ -69,7 +69,9 @@ struct GpuWorkspace {
 };
 inline constexpr uint64_t kNoBias = ~0ull;
 inline constexpr uint64_t kGpuBlasWorkspaceBytes = 1ull << 20;
-uint32_t WidestLayer(const DenseModel& model);
 GpuWorkspace PlanGpuWorkspace(const DenseModel& model);
+
+// A tensor's stored bytes (f32, f16 or bf16, any alignment) as f32.
+void WidenToFloat(const uint8_t* source, safetensors::DType dtype, uint64_t count, float* destination);
 
 }  // namespace warmpool::dense

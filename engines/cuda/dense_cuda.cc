@@ -25,7 +25,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,7 +34,6 @@
 
 #include "engines/cuda/kernels.h"
 #include "engines/dense_gpu.h"
-#include "engines/half.h"
 
 namespace warmpool::dense {
 namespace {
@@ -321,22 +319,7 @@ class CudaRunner final : public GpuRunner {
         !s.ok()) {
       return s;
     }
-    for (uint64_t i = 0; i < widened.size(); i++) {
-      uint16_t half;
-      switch (tensor.dtype) {
-        case DType::F16:
-          std::memcpy(&half, bytes.data() + 2 * i, 2);
-          widened[i] = safetensors::HalfToFloat(half);
-          break;
-        case DType::BF16:
-          std::memcpy(&half, bytes.data() + 2 * i, 2);
-          widened[i] = safetensors::BF16ToFloat(half);
-          break;
-        default:
-          std::memcpy(&widened[i], bytes.data() + 4 * i, 4);
-          break;
-      }
-    }
+    WidenToFloat(bytes.data(), tensor.dtype, widened.size(), widened.data());
     return Check(cudaMemcpy(bias, widened.data(), widened.size() * sizeof(float), cudaMemcpyHostToDevice),
                  "copy of a bias");
   }

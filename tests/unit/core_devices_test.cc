@@ -118,11 +118,7 @@ TEST(CoreDevicesTest, AParkedModelUnparksOnAnyDeviceWithRoom) {
   rig.Unload(1, "p", /*park=*/true);
   std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
   ASSERT_EQ(to0.size(), 2u);
-  v1::WorkerEnvelope parked;
-  parked.mutable_park_done()->set_job(to0[0].park().job());
-  parked.mutable_park_done()->set_bytes(400);
-  parked.mutable_park_done()->set_copy_shared(true);
-  rig.Reply(0, parked, {200});
+  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), 400), {200});
   rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
   ASSERT_EQ(rig.State("p"), shm::ModelState::kParked);
   LoadsOn(rig, 0, big, 101);    // device 0: 450 of 500
@@ -218,13 +214,7 @@ TEST(CoreDevicesTest, HeldWeightsOnADeviceThatCanNoLongerServeAreLoadedElsewhere
   LoadsOn(rig, 0, a, 100);
   // Device 0's only worker exits with status 2 (fatal configuration): the weights it held are
   // still there, but no worker will map them again.
-  event::WorkerDown down;
-  down.slot = 0;
-  down.generation = 1;
-  down.why = down.exit_text = "exited with status 2";
-  down.exit_code = 2;
-  down.fatal = true;
-  rig.Handle(std::move(down));
+  rig.Down(0, {}, /*fatal=*/true);
   rig.Infer(2, "a");
   EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "the stranded weights are let go";
   std::vector<v1::WorkerEnvelope> to1 = rig.Sent(1);

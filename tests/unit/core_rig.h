@@ -83,13 +83,15 @@ class CoreRig {
     Handle(event::WorkerUp{slot, generation});
     generation_[slot] = generation;
   }
-  void Down(uint32_t slot, std::vector<uint64_t> running = {}) {
+  // The worker dies: SIGKILLed, or (fatal) exiting with status 2, never to be started again.
+  void Down(uint32_t slot, std::vector<uint64_t> running = {}, bool fatal = false) {
     event::WorkerDown d;
     d.slot = slot;
     d.generation = generation_[slot];
-    d.why = "killed by signal 9 (Killed)";
+    d.why = fatal ? "exited with status 2" : "killed by signal 9 (Killed)";
     d.exit_text = d.why;
-    d.exit_code = 137;
+    d.exit_code = fatal ? 2 : 137;
+    d.fatal = fatal;
     d.running_jobs = std::move(running);
     Handle(std::move(d));
   }
@@ -147,6 +149,14 @@ class CoreRig {
     d->set_header(as_read.header);
     d->set_file_size(as_read.file_size);
     d->set_weights_shared(shared);
+    return m;
+  }
+  // A park done: the host copy of `bytes` is the region that goes with it.
+  static v1::WorkerEnvelope ParkDone(uint64_t job, uint64_t bytes) {
+    v1::WorkerEnvelope m;
+    m.mutable_park_done()->set_job(job);
+    m.mutable_park_done()->set_bytes(bytes);
+    m.mutable_park_done()->set_copy_shared(true);
     return m;
   }
   static v1::WorkerEnvelope UnloadDone(uint64_t job) {

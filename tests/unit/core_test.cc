@@ -139,11 +139,7 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsParkedLeavesOneParkedCopy) {
   ASSERT_TRUE(to1[0].has_unload()) << "the attaching one is told to let go";
   rig.Reply(1, CoreRig::LoadDone(attach, m, /*shared=*/false));  // the attach lands late
   EXPECT_NE(rig.State("m"), shm::ModelState::kReady);
-  v1::WorkerEnvelope parked;
-  parked.mutable_park_done()->set_job(to0[0].park().job());
-  parked.mutable_park_done()->set_bytes(100);
-  parked.mutable_park_done()->set_copy_shared(true);
-  rig.Reply(0, parked, {200});
+  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), 100), {200});
   rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
   EXPECT_TRUE(rig.Closed().empty()) << "worker 1 may still map the device weights";
   rig.Reply(1, CoreRig::UnloadDone(to1[0].unload().job()));
@@ -473,11 +469,7 @@ TEST(CoreTest, ALostDeviceReloadsItsModelsFromTheirFiles) {
   std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
   ASSERT_EQ(to0.size(), 2u);
   ASSERT_TRUE(to0[0].has_park());
-  v1::WorkerEnvelope parked;
-  parked.mutable_park_done()->set_job(to0[0].park().job());
-  parked.mutable_park_done()->set_bytes(100);
-  parked.mutable_park_done()->set_copy_shared(true);
-  rig.Reply(0, parked, {201});
+  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), 100), {201});
   rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
   ASSERT_EQ(rig.State("p"), shm::ModelState::kParked);
   rig.Loaded(0, m, 100);
