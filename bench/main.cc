@@ -25,6 +25,7 @@
 
 #include "bench/skeleton.h"
 #include "bench/abuse.h"
+#include "bench/compute.h"
 #include "bench/recovery.h"
 #include "bench/relay.h"
 #include "bench/session.h"
@@ -63,6 +64,11 @@ struct Options {
   std::vector<uint64_t> sizes_mib = {16, 1024};
   uint32_t poll_us = 50;
   uint32_t features = 0;
+  // --compute
+  bool compute = false;
+  std::vector<uint32_t> layers = {4096, 16384, 4096};
+  std::vector<uint32_t> batches = {1, 256};
+  uint32_t threads = 1;
 };
 
 using Sessions = std::vector<std::unique_ptr<Session>>;
@@ -339,9 +345,33 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seconds", options.seconds, "--abuse: how long the greedy clients push")
       ->capture_default_str();
+  app.add_flag("--compute", options.compute,
+               "instead: the dense engine's arithmetic in-process, f32/f16/bf16 weights, against "
+               "OpenBLAS on the f32 weights as numpy calls it (see bench/compute.h)");
+  app.add_option("--layers", options.layers, "--compute: layer widths, in,hidden...,out")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batches", options.batches, "--compute: rows per call, one measurement each")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", options.threads, "--compute: threads of the engine and of OpenBLAS")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.get_option("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
   app.get_option("--recovery")->excludes("--sharing");
   app.get_option("--abuse")->excludes("--sharing")->excludes("--recovery");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (options.compute) {
+    warmpool::bench::ComputeOptions compute;
+    compute.layers = options.layers;
+    compute.batches = options.batches;
+    compute.rounds = options.rounds;
+    compute.threads = options.threads;
+    compute.json = options.json;
+    return warmpool::bench::RunCompute(compute);
+  }
   if (options.abuse) {
     warmpool::bench::AbuseOptions abuse;
     abuse.daemon = options.daemon;

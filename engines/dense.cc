@@ -1,11 +1,11 @@
-// The dense engine: an MLP stored as a safetensors file of nn.Sequential Linear layers, run on the
-// CPU with BLAS. Weights stay in their stored dtype in one device-memory region; f16/bf16 layers
-// are widened to f32 per call, which trades compute for half the resident memory.
+// The dense engine: an MLP stored as a safetensors file of nn.Sequential Linear layers. Weights
+// stay in their stored dtype in one device-memory region and are computed from there: on the CPU
+// by engines/dense_cpu.h (oneDNN, and a kernel of its own for f16), without a private copy.
 //
 // On memory the CPU cannot address (the cuda backend) the weights live on the GPU and are shared
 // there, and the layers run there with cuBLAS (engines/dense_gpu.h, a module loaded at run time).
 // Where that module cannot start (a build without it, a CUDA runtime that does not start) each
-// call copies a layer's weights to host scratch through the memory service and runs it with BLAS:
+// call copies a layer's weights to host scratch through the memory service and runs it on the CPU:
 // correct but slow, and the log says so, and why, once per worker.
 #include <algorithm>
 #include <cerrno>
@@ -16,25 +16,21 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <numbers>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include "common/units.h"
 #include "engines/builtin.h"
+#include "engines/dense_cpu.h"
 #include "engines/dense_gpu.h"
 #include "engines/dense_model.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
 #include "warmpool/engine.h"
-
-// Present when the BLAS is OpenBLAS; weak so that another BLAS still links.
-#pragma weak openblas_set_num_threads
 
 namespace warmpool {
 namespace {
@@ -46,7 +42,6 @@ using safetensors::DType;
 using safetensors::TensorInfo;
 
 constexpr uint64_t kReadChunkBytes = 8ull << 20;
-constexpr float kInvSqrt2 = 1.0f / std::numbers::sqrt2_v<float>;
 
 struct DenseEngine {
   std::string name;
@@ -57,28 +52,17 @@ struct DenseEngine {
   wp_region weights{nullptr, 0, -1};
   bool loaded = false;
   bool on_device = false;  // weights in memory the CPU cannot address: read through the service
-  std::unique_ptr<uint8_t[]> staged;  // on_device: one layer's stored bytes, copied from the device
-  // Scratch for infer, sized at load for kMaxBatch rows.
-  // Left uninitialised on purpose: every element is written before it is read, and pages that a
-  // small batch never reaches are never touched, so a replica's attach and its resident memory
-  // do not pay for the whole workspace.
-  std::unique_ptr<float[]> activations[2];
-  std::unique_ptr<float[]> conversion;
+  std::unique_ptr<uint8_t[]> staged;  // on_device: one tensor's stored bytes, copied from the device
+  dense::StoredBytes stored;          // where the layers find each tensor's stored bytes
+  std::unique_ptr<dense::CpuLayers> cpu;  // the layers on the CPU, when not on the GPU
   std::unique_ptr<dense::GpuRunner> gpu;  // on_device, when the GPU kernels started
 };
 
 DenseEngine* AsDense(wp_engine* engine) { return reinterpret_cast<DenseEngine*>(engine); }
 
-// Workers are processes, one per model; BLAS threads on top would oversubscribe the cores.
-void UseSingleThreadedBlas() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (&openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
-  });
-}
-
 void FreeWeights(DenseEngine& engine) {
   engine.gpu.reset();  // its workspace before the weights it computes from
+  engine.cpu.reset();
   if (engine.weights.ptr != nullptr) engine.memory->free(engine.memory->ctx, &engine.weights);
   engine.weights = wp_region{nullptr, 0, -1};
   engine.loaded = false;
@@ -151,82 +135,25 @@ Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_
   return OkStatus();
 }
 
-// Whether a tensor is used from scratch rather than in place in the region.
-bool UsedFromScratch(const DenseEngine& engine, const TensorInfo& tensor) {
-  return engine.on_device || dense::NeedsConversion(tensor);
-}
-
-// The tensor as f32: in place in the region when possible, else widened into scratch (on device
-// memory, after a copy of its stored bytes to the host). Null when the copy fails.
-const float* TensorAsFloat(const DenseEngine& engine, const TensorInfo& tensor, float* scratch) {
-  const uint8_t* stored = static_cast<const uint8_t*>(engine.weights.ptr) + tensor.begin;
-  if (engine.on_device) {
-    if (engine.memory->read(engine.memory->ctx, &engine.weights, tensor.begin, engine.staged.get(),
-                            tensor.bytes()) != WP_OK) {
-      return nullptr;
-    }
-    stored = engine.staged.get();
-  } else if (!dense::NeedsConversion(tensor)) {
-    return reinterpret_cast<const float*>(stored);
+// The stored bytes of a tensor: in place in host memory, or copied out of the device into `staged`.
+Result<const uint8_t*> StoredTensor(DenseEngine& engine, const TensorInfo& tensor) {
+  const uint8_t* region = static_cast<const uint8_t*>(engine.weights.ptr);
+  if (!engine.on_device) return region + tensor.begin;
+  if (engine.memory->read(engine.memory->ctx, &engine.weights, tensor.begin, engine.staged.get(), tensor.bytes()) !=
+      WP_OK) {
+    return Error(Code::kInternal, "model \"{}\": cannot read its weights from the device", engine.name);
   }
-  dense::WidenToFloat(stored, tensor.dtype, tensor.numel(), scratch);
-  return scratch;
-}
-
-void Activate(Activation activation, float* values, uint64_t count) {
-  switch (activation) {
-    case Activation::kRelu:
-      for (uint64_t i = 0; i < count; ++i) values[i] = std::max(values[i], 0.0f);
-      return;
-    case Activation::kGelu:
-      for (uint64_t i = 0; i < count; ++i) {
-        values[i] = 0.5f * values[i] * (1.0f + std::erf(values[i] * kInvSqrt2));
-      }
-      return;
-    case Activation::kTanh:
-      for (uint64_t i = 0; i < count; ++i) values[i] = std::tanh(values[i]);
-      return;
-    case Activation::kNone:
-      return;
-  }
-}
-
-// output (rows x out) = input (rows x in) * W^T + b
-Status RunLayer(DenseEngine& engine, const LinearLayer& layer, const float* input, uint32_t rows, float* output) {
-  float* scratch = engine.conversion.get();
-  const float* weight = TensorAsFloat(engine, layer.weight, scratch);
-  if (weight == nullptr) return Error(Code::kInternal, "model \"{}\": cannot read its weights from the device", engine.name);
-  if (UsedFromScratch(engine, layer.weight)) scratch += layer.weight.numel();
-  const int in = static_cast<int>(layer.in_features);
-  const int out = static_cast<int>(layer.out_features);
-  float beta = 0.0f;
-  if (layer.bias) {
-    const float* bias = TensorAsFloat(engine, *layer.bias, scratch);
-    if (bias == nullptr) return Error(Code::kInternal, "model \"{}\": cannot read its weights from the device", engine.name);
-    for (uint32_t row = 0; row < rows; ++row) std::memcpy(output + static_cast<size_t>(row) * out, bias, out * sizeof(float));
-    beta = 1.0f;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), out, in, 1.0f, input, in,
-              weight, in, beta, output, out);
-  return OkStatus();
+  return engine.staged.get();
 }
 
 Status RunModel(DenseEngine& engine, const float* input, uint32_t rows, float* output) {
-  const auto& layers = engine.model.layers;
   for (uint32_t first = 0; first < rows; first += dense::kMaxBatch) {
     const uint32_t step = std::min(dense::kMaxBatch, rows - first);
     const float* x = input + static_cast<size_t>(first) * engine.model.in_features;
-    if (engine.gpu) {
-      Status s = engine.gpu->Run(x, step, output + static_cast<size_t>(first) * engine.model.out_features);
-      if (!s.ok()) return Status(s.code(), fmt::format("model \"{}\" on the GPU: {}", engine.name, s.message()));
-      continue;
-    }
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const bool last = i + 1 == layers.size();
-      float* y = last ? output + static_cast<size_t>(first) * engine.model.out_features : engine.activations[i % 2].get();
-      if (Status s = RunLayer(engine, layers[i], x, step, y); !s.ok()) return s;
-      if (!last) Activate(engine.model.activation, y, static_cast<uint64_t>(step) * layers[i].out_features);
-      x = y;
+    float* y = output + static_cast<size_t>(first) * engine.model.out_features;
+    Status s = engine.gpu ? engine.gpu->Run(x, step, y) : engine.cpu->Run(x, step, y, engine.stored);
+    if (!s.ok()) {
+      return Status(s.code(), fmt::format("model \"{}\"{}: {}", engine.name, engine.gpu ? " on the GPU" : "", s.message()));
     }
   }
   return OkStatus();
@@ -265,7 +192,6 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
   info.in_features = engine.model.in_features;
   info.out_features = engine.model.out_features;
   info.max_batch = dense::kMaxBatch;
-  UseSingleThreadedBlas();
   return OkStatus();
 }
 
@@ -318,25 +244,25 @@ Status PrepareScratch(DenseEngine& engine) {
     }
     SayWhereLayersRun("weights on the GPU, layers computed on the CPU: " + why);
   }
-  dense::ScratchSizes scratch = dense::ScratchFor(engine.model);
+  // Host memory, so not in the workspace the engine reports when on device (that is device memory).
   uint64_t staged_bytes = 0;
   if (engine.on_device) {
-    // Every layer is used from host scratch; its stored bytes pass through `staged`. Host memory,
-    // so not in the workspace the engine reports (that is device memory).
-    for (const LinearLayer& layer : engine.model.layers) {
-      const uint64_t floats = layer.weight.numel() + (layer.bias ? layer.bias->numel() : 0);
-      scratch.conversion_floats = std::max(scratch.conversion_floats, floats);
-      staged_bytes = std::max(staged_bytes, std::max(layer.weight.bytes(), layer.bias ? layer.bias->bytes() : 0));
-    }
+    for (const TensorInfo& tensor : engine.header.tensors) staged_bytes = std::max(staged_bytes, tensor.bytes());
   }
   try {
-    for (auto& buffer : engine.activations) buffer.reset(new float[scratch.activation_floats]);
-    engine.conversion.reset(new float[scratch.conversion_floats]);
     if (staged_bytes != 0) engine.staged.reset(new uint8_t[staged_bytes]);
   } catch (const std::bad_alloc&) {
     FreeWeights(engine);
     return Error(Code::kResourceExhausted, "cannot allocate the inference workspace of model \"{}\"", engine.name);
   }
+  engine.stored = [&engine](const TensorInfo& tensor) { return StoredTensor(engine, tensor); };
+  Result<std::unique_ptr<dense::CpuLayers>> cpu = dense::CpuLayers::Start(engine.model, engine.stored);
+  if (!cpu.ok()) {
+    FreeWeights(engine);
+    return Status(cpu.status().code(), fmt::format("model \"{}\": {}", engine.name, cpu.status().message()));
+  }
+  engine.cpu = std::move(*cpu);
+  if (!engine.on_device) SayWhereLayersRun(engine.cpu->Describe());
   engine.loaded = true;
   return OkStatus();
 }

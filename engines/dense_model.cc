@@ -171,10 +171,11 @@ ScratchSizes ScratchFor(const DenseModel& model) {
   }
   sizes.activation_floats = widest_hidden * kMaxBatch;
   for (const LinearLayer& layer : model.layers) {
-    uint64_t floats = 0;
-    if (NeedsConversion(layer.weight)) floats += layer.weight.numel();
-    if (layer.bias && NeedsConversion(*layer.bias)) floats += layer.bias->numel();
-    sizes.conversion_floats = std::max(sizes.conversion_floats, floats);
+    if (NeedsConversion(layer.weight)) sizes.conversion_floats = std::max(sizes.conversion_floats, layer.weight.numel());
+    if (layer.weight.dtype == DType::BF16) {
+      sizes.narrow_halves = std::max<uint64_t>(sizes.narrow_halves, uint64_t{kMaxBatch} * layer.in_features);
+    }
+    if (layer.bias) sizes.bias_floats += layer.out_features;
   }
   return sizes;
 }

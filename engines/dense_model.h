@@ -36,23 +36,26 @@ struct DenseModel {
 // Rows per inference step; infer calls with more rows are processed in steps of this many.
 inline constexpr uint32_t kMaxBatch = 256;
 
-// True when a tensor cannot be handed to BLAS in place (a 16-bit dtype, or f32 that is not
-// 4-byte aligned in the data area) and is first converted into an f32 scratch buffer.
+// True when a weight cannot be used in place at every batch size (a 16-bit dtype, or f32 that is
+// not 4-byte aligned in the data area): it may be widened or copied into an f32 scratch buffer.
 bool NeedsConversion(const safetensors::TensorInfo& tensor);
 
 // Validates that the header describes an MLP this engine can run; source names the file.
 Result<DenseModel> DescribeModel(const safetensors::Header& header, std::string_view source);
 
-// Floats of scratch inference needs: two activation buffers of kMaxBatch rows of the widest hidden
-// layer, and a conversion buffer for the largest layer that needs one.
+// The scratch of the layers on the CPU (engines/dense_cpu.h): two activation buffers of kMaxBatch
+// rows of the widest hidden layer, a conversion buffer for the largest weight that may need one,
+// the activations narrowed to bf16 for bf16 layers, and every bias widened to f32.
 struct ScratchSizes {
   uint64_t activation_floats = 0;  // per buffer; there are two
-  uint64_t conversion_floats = 0;  // weight plus bias of the largest converted layer
+  uint64_t conversion_floats = 0;  // the largest weight that may be widened or copied
+  uint64_t narrow_halves = 0;      // kMaxBatch rows of the widest input of a bf16 layer
+  uint64_t bias_floats = 0;        // every layer's bias
 };
 ScratchSizes ScratchFor(const DenseModel& model);
-// The workspace an engine reports for preflight: both activation buffers and the conversion buffer.
+// The workspace an engine reports for preflight.
 inline uint64_t WorkspaceBytes(const ScratchSizes& s) {
-  return (2 * s.activation_floats + s.conversion_floats) * sizeof(float);
+  return (2 * s.activation_floats + s.conversion_floats + s.bias_floats) * sizeof(float) + s.narrow_halves * 2;
 }
 
 // The workspace of the model's layers on a GPU (engines/dense_gpu.h), carved from one region:

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libboost-dev libuv1-dev libprotobuf-dev protobuf-compiler libfmt-dev libspdlog-dev
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libgtest-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev libgtest-dev
   libsystemd-dev systemd clang libclang-rt-14-dev
   python3  # scripts/gpu-check.sh writes its summary with it
 )

@@ -1,5 +1,6 @@
 #include "supervisor/config.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -126,6 +127,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "backend") s = ReadString(node, key, c.backend);
       else if (k == "instance") s = ReadString(node, key, c.instance);
       else if (k == "workers_per_device") s = ReadUint(node, key, c.workers_per_device);
+      else if (k == "threads_per_worker") s = ReadUint(node, key, c.threads_per_worker);
       else if (k == "default_deadline_ms") s = ReadUint(node, key, c.default_deadline_ms);
       else if (k == "engine_dir") s = ReadString(node, key, c.engine_dir);
       else if (k == "drain_timeout_ms") s = ReadUint(node, key, c.drain_timeout_ms);
@@ -289,6 +291,14 @@ void FinishDefaults(Config& config) {
   config.max_queued_bytes = std::max(config.max_queued_bytes, config.max_queued_bytes_per_connection);
   config.max_unread_reply_bytes =
       std::max<uint64_t>(config.max_unread_reply_bytes, uint64_t{config.max_frame_bytes} + (64u << 10));
+}
+
+uint32_t ThreadsPerWorker(uint32_t configured, size_t workers) {
+  if (configured != 0) return configured;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return static_cast<uint32_t>(std::max<size_t>(1, static_cast<size_t>(cpus) / std::max<size_t>(1, workers)));
 }
 
 }  // namespace warmpool::supervisor

@@ -35,6 +35,9 @@ struct Config {
   std::string backend = "auto";  // auto | host | cuda
   std::string instance = "default";
   uint32_t workers_per_device = 2;
+  // Threads each worker computes with (the dense engine's layers); 0: the CPUs this daemon may
+  // run on divided among all its workers, at least 1, so that workers never oversubscribe them.
+  uint32_t threads_per_worker = 0;
   uint32_t default_deadline_ms = 30000;
   // Engine plugins: an engine name that is not built in loads from <engine_dir>/<name>.so (the
   // resolved file must lie inside engine_dir). Empty: built-in engines only.
@@ -117,5 +120,9 @@ inline void TakeRegistrySettings(Config& config, const Config& from) {
   config.model_roots = from.model_roots;
   config.keep_alive_ms = from.keep_alive_ms;
 }
+
+// The threads each of `workers` workers computes with: `configured`, or when 0 the CPUs this
+// process may run on (its affinity mask) divided among them, at least 1.
+uint32_t ThreadsPerWorker(uint32_t configured, size_t workers);
 
 }  // namespace warmpool::supervisor

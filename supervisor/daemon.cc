@@ -133,6 +133,7 @@ Status Daemon::Start() {
   pool.workers_per_device = config_.workers_per_device;
   pool.device_budgets = budgets;
   pool.max_frame_bytes = config_.max_frame_bytes;
+  pool.threads = ThreadsPerWorker(config_.threads_per_worker, config_.workers_per_device * budgets.size());
   WorkerEvents events;
   events.on_ready = [this](uint32_t slot) {
     Dispatch(event::WorkerUp{slot, workers_->generation(slot)});
@@ -162,10 +163,11 @@ Status Daemon::Start() {
 
   std::string budget_text;  // per device
   for (uint64_t b : budgets) budget_text += (budget_text.empty() ? "" : " + ") + FormatBytes(b);
-  spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers, {} "
-               "models registered{})",
+  spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers of {} "
+               "threads, {} models registered{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
                config_.instance, config_.backend, budget_text, config_.workers_per_device * budgets.size(),
+               ThreadsPerWorker(config_.threads_per_worker, config_.workers_per_device * budgets.size()),
                core_->index().All().size(),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();

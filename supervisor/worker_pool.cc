@@ -81,6 +81,7 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
       "--engine-dir", options_.engine_dir,
       "--backend", options_.backend,
       "--sharing", options_.sharing,
+      "--threads", std::to_string(options_.threads),
   };
   if (options_.tf32) args.push_back("--tf32");
   w.process = std::make_unique<ipc::UvHandle<uv_process_t>>();

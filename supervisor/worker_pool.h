@@ -32,6 +32,7 @@ struct WorkerPoolOptions {
   std::string backend = "host";  // host | cuda
   std::string sharing = "vmm";   // cuda: vmm | legacy, as the device's owner shares memory
   bool tf32 = false;             // cuda: f32 dense layers on TF32 tensor cores
+  uint32_t threads = 1;          // compute threads of each worker
 };
 
 // Frames to a worker carry a few fields more than the client's request they wrap.

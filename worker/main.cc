@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/logging.h"
+#include "engines/dense_cpu.h"
 #include "engines/dense_gpu.h"
 #include "worker/worker.h"
 
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("--sharing", options.sharing, "cuda: how the device's owner shares memory")
       ->check(CLI::IsMember({"vmm", "legacy"}));
   bool tf32 = false;
+  int threads = 1;
+  app.add_option("--threads", threads, "threads the engines compute with")->check(CLI::Range(1, 4096));
   app.add_flag("--tf32", tf32, "cuda: f32 dense layers on TF32 tensor cores");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
 
   warmpool::SetupLogging("worker", fmt::format("worker[{}]", options.slot), "info");
   warmpool::dense::SetGpuOptions({tf32});
+  warmpool::dense::SetCpuThreads(threads);
 
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {

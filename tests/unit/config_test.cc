@@ -2,6 +2,7 @@
 // typo or a wrong type, instance names, and the machine-dependent defaults.
 #include "supervisor/config.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -93,6 +94,20 @@ TEST(ApplyTomlTest, FullDocument) {
   EXPECT_EQ(c.models[2].name, "up");
   EXPECT_EQ(c.models[2].engine, "dense");  // the default engine
   EXPECT_EQ(c.models[2].path, "/etc/shared/up.safetensors");
+}
+
+TEST(ThreadsPerWorker, ConfiguredOrTheCpusDividedAmongTheWorkers) {
+  EXPECT_EQ(ThreadsPerWorker(3, 8), 3u);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const auto cpus = static_cast<uint32_t>(CPU_COUNT(&set));
+  EXPECT_EQ(ThreadsPerWorker(0, 1), cpus);
+  EXPECT_EQ(ThreadsPerWorker(0, cpus * 4), 1u) << "never fewer than one";
+  EXPECT_EQ(ThreadsPerWorker(0, 2), std::max(1u, cpus / 2));
+  Config config;
+  ASSERT_TRUE(ApplyToml(config, "[daemon]\nthreads_per_worker = 5\n", "test").ok());
+  EXPECT_EQ(config.threads_per_worker, 5u);
 }
 
 TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {

@@ -14,6 +14,8 @@
 
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "engines/dense_cpu.h"
+#include "engines/f16_gemv.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
 #include "tests/unit/dense_reference.h"
@@ -76,8 +78,8 @@ TEST_P(DenseNumerics, MatchesNaiveReference) {
       std::vector<float> output;
       Status status = engine->Infer(input, rows, cols, output);
       ASSERT_TRUE(status.ok()) << status.ToString();
-      ExpectClose(output, ReferenceForward(model, input, rows), 1e-4, 1e-5,
-                  fmt::format("{} {} config {} rows {}", safetensors::DTypeName(dtype), activation, c, rows));
+      ExpectCpuClose(output, model, input, rows,
+                     fmt::format("{} {} config {} rows {}", safetensors::DTypeName(dtype), activation, c, rows));
     }
   }
 }
@@ -112,7 +114,66 @@ TEST(DenseEngine, MixedDTypesAndMisalignedF32) {
   std::vector<float> input = RandomValues(7 * 12, 1.0, generator);
   std::vector<float> output;
   ASSERT_TRUE(engine->Infer(input, 7, 12, output).ok());
-  ExpectClose(output, ReferenceForward(model, input, 7), 1e-4, 1e-5, "mixed");
+  ExpectCpuClose(output, model, input, 7, "mixed");
+}
+
+// Every path of the CPU layers: the f16 kernel for 1..kGemvRows rows (in passes of up to 8 rows,
+// over blocks of outputs, with inputs that are not a multiple of its vector width) and the widened
+// matmul above it; bf16 and f32 matmuls at each batch size; one and two threads.
+TEST(DenseEngine, EveryBatchSizeAndThreadCountOnEveryPath) {
+  TempDir dir;
+  for (DType dtype : {DType::F16, DType::BF16, DType::F32}) {
+    const std::string path = dir.File(fmt::format("{}.safetensors", safetensors::DTypeName(dtype)));
+    // 4099 inputs: 31 outputs per block of the f16 kernel, so 70 outputs make three blocks.
+    ReferenceModel model = WriteModel(path, {{0, 4099, 70, true, dtype, dtype}, {2, 70, 13, false, dtype, dtype}}, "gelu", 9);
+    for (int threads : {1, 2}) {
+      dense::SetCpuThreads(threads);
+      HostMemory memory;
+      Result<Engine> engine = OpenDense(path, memory);
+      ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+      ASSERT_TRUE(engine->Load().ok());
+      std::mt19937 generator(11);
+      for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 8u, 9u, 15u, 16u, 17u, 33u}) {
+        std::vector<float> input = RandomValues(size_t{rows} * 4099, 1.0, generator);
+        std::vector<float> output;
+        ASSERT_TRUE(engine->Infer(input, rows, 4099, output).ok());
+        ExpectCpuClose(output, model, input, rows,
+                       fmt::format("{} threads {} rows {}", safetensors::DTypeName(dtype), threads, rows));
+      }
+    }
+  }
+  dense::SetCpuThreads(1);
+}
+
+// The f16 kernel on each instruction set this CPU has, against a double-precision product: every
+// row count a pass takes, outputs not a multiple of four, inputs not a multiple of the vector.
+TEST(F16Gemv, EveryInstructionSetMatchesTheProduct) {
+  std::mt19937 generator(13);
+  const uint32_t in = 4099, out = 70;  // 31 outputs per block: three blocks, the last of 8
+  std::vector<float> weights = RandomValues(size_t{in} * out, 0.05, generator);
+  std::vector<uint16_t> halves(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) halves[i] = safetensors::FloatToHalf(weights[i]);
+  std::vector<float> bias = RandomValues(out, 0.5, generator);
+  int tried = 0;
+  for (dense::F16Isa isa : {dense::F16Isa::kAvx2, dense::F16Isa::kAvx512}) {
+    if (!dense::HaveF16Isa(isa)) continue;
+    ++tried;
+    for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 7u, 8u, 9u, 16u}) {
+      std::vector<float> x = RandomValues(size_t{rows} * in, 1.0, generator);
+      std::vector<float> y(size_t{rows} * out);
+      dense::F16GemvOn(isa, reinterpret_cast<const uint8_t*>(halves.data()), in, out, x.data(), rows, bias.data(),
+                       y.data(), 2);
+      for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t n = 0; n < out; ++n) {
+          double want = bias[n];
+          for (uint32_t k = 0; k < in; ++k) want += double{safetensors::HalfToFloat(halves[size_t{n} * in + k])} * x[size_t{r} * in + k];
+          ASSERT_NEAR(y[size_t{r} * out + n], want, 1e-4 + 1e-4 * std::fabs(want))
+              << "isa " << static_cast<int>(isa) << " rows " << rows << " row " << r << " output " << n;
+        }
+      }
+    }
+  }
+  if (tried == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512F with F16C";
 }
 
 TEST(DenseEngine, BatchLargerThanMaxBatchIsProcessedInSteps) {
@@ -128,7 +189,7 @@ TEST(DenseEngine, BatchLargerThanMaxBatchIsProcessedInSteps) {
   std::vector<float> input = RandomValues(size_t{rows} * 10, 1.0, generator);
   std::vector<float> output;
   ASSERT_TRUE(engine->Infer(input, rows, 10, output).ok());
-  ExpectClose(output, ReferenceForward(model, input, rows), 1e-4, 1e-5, "stepped");
+  ExpectCpuClose(output, model, input, rows, "stepped");
 }
 
 TEST(DenseEngine, InfoReportsSizesFromTheHeader) {
@@ -141,8 +202,9 @@ TEST(DenseEngine, InfoReportsSizesFromTheHeader) {
   const wp_engine_info& info = engine->info();
   EXPECT_EQ(info.weight_bytes, (32u * 16 + 32) * 2 + (8u * 32 + 8) * 4);
   EXPECT_EQ(info.max_batch, 256u);
-  // Two activation buffers of max_batch x 32 hidden floats, plus the f16 layer widened to f32.
-  EXPECT_EQ(info.workspace_bytes, (2u * 256 * 32 + (32 * 16 + 32)) * 4);
+  // Two activation buffers of max_batch x 32 hidden floats, the f16 weight widened to f32 (for
+  // batches above the f16 kernel's) and both biases as f32.
+  EXPECT_EQ(info.workspace_bytes, (2u * 256 * 32 + 32 * 16 + (32 + 8)) * 4);
   EXPECT_EQ(info.in_features, 16u);
   EXPECT_EQ(info.out_features, 8u);
   EXPECT_EQ(memory.used_bytes(), 0u) << "open reads no weights";
@@ -376,7 +438,7 @@ TEST(DenseEngine, DeviceMemoryIsReachedOnlyThroughTheService) {
     std::vector<float> output;
     Status status = engine->Infer(input, rows, 12, output);
     ASSERT_TRUE(status.ok()) << status.ToString();
-    ExpectClose(output, ReferenceForward(model, input, rows), 1e-4, 1e-5, fmt::format("rows {}", rows));
+    ExpectCpuClose(output, model, input, rows, fmt::format("rows {}", rows));
   }
 }
 

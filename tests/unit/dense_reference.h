@@ -118,11 +118,19 @@ inline double ReferenceActivation(const std::string& activation, double x) {
   return x;
 }
 
+// Whether a layer with bf16 weights takes its input rounded to bf16, as the CPU engine's bf16
+// matmul (oneDNN) does.
+enum class Bf16Input { kExact, kNarrowed };
+
 // Naive triple loop in double precision.
-inline std::vector<double> ReferenceForward(const ReferenceModel& model, const std::vector<float>& input, size_t rows) {
+inline std::vector<double> ReferenceForward(const ReferenceModel& model, const std::vector<float>& input, size_t rows,
+                                           Bf16Input bf16_input = Bf16Input::kExact) {
   std::vector<double> x(input.begin(), input.end());
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const ReferenceLayer& layer = model.layers[l];
+    if (bf16_input == Bf16Input::kNarrowed && layer.spec.weight_dtype == DType::BF16) {
+      for (double& value : x) value = safetensors::BF16ToFloat(safetensors::FloatToBF16(static_cast<float>(value)));
+    }
     const size_t in = layer.spec.in;
     const size_t out = layer.spec.out;
     std::vector<double> y(rows * out);
@@ -144,6 +152,29 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<double>
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], absolute + relative * std::fabs(want[i])) << context << " at element " << i;
   }
+}
+
+// The CPU engine against ReferenceForward(..., Bf16Input::kNarrowed): f32 and f16 layers compute
+// in f32 (f16 weights widen exactly); where a bf16 layer is involved, an input within f32 rounding
+// of a bf16 rounding boundary may round the other way (one bf16 step, 2^-8, on that element).
+struct Tolerance {
+  double relative;
+  double absolute;
+};
+inline Tolerance CpuTolerance(bool has_bf16_layer) {
+  return has_bf16_layer ? Tolerance{1e-3, 2e-3} : Tolerance{1e-4, 1e-5};
+}
+inline bool HasBf16Layer(const ReferenceModel& model) {
+  for (const ReferenceLayer& layer : model.layers) {
+    if (layer.spec.weight_dtype == DType::BF16) return true;
+  }
+  return false;
+}
+// The CPU engine's output against the reference, within CpuTolerance.
+inline void ExpectCpuClose(const std::vector<float>& got, const ReferenceModel& model, const std::vector<float>& input,
+                           size_t rows, const std::string& context) {
+  const Tolerance t = CpuTolerance(HasBf16Layer(model));
+  ExpectClose(got, ReferenceForward(model, input, rows, Bf16Input::kNarrowed), t.relative, t.absolute, context);
 }
 
 inline wp_engine_spec Spec(const std::string& path, const char* name = "m") { return wp_engine_spec{name, path.c_str()}; }

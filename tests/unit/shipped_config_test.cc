@@ -146,7 +146,7 @@ TEST(ShippedConfigTest, CommentedValuesAreTheDefaults) {
 // appears in the commented example.
 TEST(ShippedConfigTest, EveryKeyIsDocumented) {
   const std::map<std::string, std::set<std::string>> expected = {
-      {"daemon", {"socket", "models_dir", "backend", "instance", "workers_per_device",
+      {"daemon", {"socket", "models_dir", "backend", "instance", "workers_per_device", "threads_per_worker",
                   "default_deadline_ms", "engine_dir", "drain_timeout_ms", "stop_kill_ms"}},
       {"pool", {"capacity", "budget", "max_queue", "keep_alive", "preload", "park_budget",
                 "max_cached", "single_active"}},

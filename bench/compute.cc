@@ -1,0 +1,204 @@
+#include "bench/compute.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "bench/skeleton.h"
+#include "devmem/host_memory.h"
+#include "engines/builtin.h"
+#include "engines/dense_cpu.h"
+#include "engines/half.h"
+#include "engines/safetensors.h"
+
+extern "C" void openblas_set_num_threads(int threads);  // OpenBLAS: the baseline's thread count
+
+namespace warmpool::bench {
+namespace {
+
+using safetensors::DType;
+using Clock = std::chrono::steady_clock;
+
+struct Spread {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+};
+
+Spread SpreadOf(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+// The f32 weights [out, in] and biases of every layer, as generated.
+struct Weights {
+  std::vector<std::vector<float>> weight, bias;
+};
+
+Weights Generate(const std::vector<uint32_t>& widths) {
+  std::mt19937 generator(7);
+  Weights w;
+  for (size_t l = 0; l + 1 < widths.size(); ++l) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(widths[l]));
+    std::uniform_real_distribution<float> values(-bound, bound);
+    w.weight.emplace_back(size_t{widths[l]} * widths[l + 1]);
+    w.bias.emplace_back(widths[l + 1]);
+    for (float& v : w.weight.back()) v = values(generator);
+    for (float& v : w.bias.back()) v = values(generator);
+  }
+  return w;
+}
+
+std::vector<uint8_t> Encode(const std::vector<float>& values, DType dtype) {
+  const size_t size = dtype == DType::F32 ? 4 : 2;
+  std::vector<uint8_t> bytes(values.size() * size);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::F32) {
+      std::memcpy(&bytes[4 * i], &values[i], 4);
+      continue;
+    }
+    const uint16_t bits = dtype == DType::F16 ? safetensors::FloatToHalf(values[i]) : safetensors::FloatToBF16(values[i]);
+    std::memcpy(&bytes[2 * i], &bits, 2);
+  }
+  return bytes;
+}
+
+Status WriteModel(const std::string& path, const std::vector<uint32_t>& widths, const Weights& w, DType dtype) {
+  std::vector<safetensors::TensorToWrite> tensors;
+  for (size_t l = 0; l < w.weight.size(); ++l) {
+    const std::string index = std::to_string(2 * l);
+    tensors.push_back({index + ".weight", dtype, {widths[l + 1], widths[l]}, Encode(w.weight[l], dtype)});
+    tensors.push_back({index + ".bias", dtype, {widths[l + 1]}, Encode(w.bias[l], dtype)});
+  }
+  return safetensors::WriteFile(path, tensors, {{"activation", "relu"}, {"engine", "dense"}});
+}
+
+// numpy's way: one BLAS call per layer, then the bias and the activation.
+void BlasForward(const std::vector<uint32_t>& widths, const Weights& w, const float* x, uint32_t rows,
+                 std::vector<float>& a, std::vector<float>& b) {
+  const float* in = x;
+  for (size_t l = 0; l < w.weight.size(); ++l) {
+    const int k = static_cast<int>(widths[l]), n = static_cast<int>(widths[l + 1]);
+    std::vector<float>& out = l % 2 == 0 ? a : b;
+    if (rows == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.weight[l].data(), k, in, 1, 0.0f, out.data(), 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), n, k, 1.0f, in, k,
+                  w.weight[l].data(), k, 0.0f, out.data(), n);
+    }
+    const bool last = l + 1 == w.weight.size();
+    for (uint32_t r = 0; r < rows; ++r) {
+      float* row = out.data() + size_t{r} * n;
+      for (int i = 0; i < n; ++i) row[i] = last ? row[i] + w.bias[l][i] : std::max(0.0f, row[i] + w.bias[l][i]);
+    }
+    in = out.data();
+  }
+}
+
+template <typename F>
+double TimeMs(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct BatchResult {
+  uint32_t rows = 0;
+  Spread blas, f32, f16, bf16;
+};
+
+Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& results, std::string& describe) {
+  if (o.layers.size() < 2) return Error(Code::kInvalidArgument, "--layers needs at least two widths");
+  openblas_set_num_threads(static_cast<int>(o.threads));
+  dense::SetCpuThreads(static_cast<int>(o.threads));
+  const Weights weights = Generate(o.layers);
+  HostMemory memory;
+  std::vector<Engine> engines;
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    const std::string path = run.File(fmt::format("{}.safetensors", safetensors::DTypeName(dtype)));
+    if (Status s = WriteModel(path, o.layers, weights, dtype); !s.ok()) return s;
+    const std::string name(safetensors::DTypeName(dtype));
+    Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), wp_engine_spec{name.c_str(), path.c_str()},
+                                         memory.service());
+    if (!engine.ok()) return engine.status();
+    if (Status s = engine->Load(); !s.ok()) return s;
+    engines.push_back(std::move(*engine));
+  }
+  const uint32_t widest = *std::max_element(o.layers.begin(), o.layers.end());
+  for (uint32_t rows : o.batches) {
+    std::mt19937 generator(rows);
+    std::uniform_real_distribution<float> values(-1.0f, 1.0f);
+    std::vector<float> x(size_t{rows} * o.layers.front());
+    for (float& v : x) v = values(generator);
+    std::vector<float> a(size_t{rows} * widest), b(size_t{rows} * widest), out;
+    std::vector<double> blas_ms, engine_ms[3];
+    // One call of each first (not timed): primitives made, pages touched.
+    BlasForward(o.layers, weights, x.data(), rows, a, b);
+    for (Engine& e : engines) {
+      if (Status s = e.Infer(x, rows, o.layers.front(), out); !s.ok()) return s;
+    }
+    for (uint32_t round = 0; round < o.rounds; ++round) {
+      blas_ms.push_back(TimeMs([&] { BlasForward(o.layers, weights, x.data(), rows, a, b); }));
+      for (size_t e = 0; e < engines.size(); ++e) {
+        Status status;
+        engine_ms[e].push_back(TimeMs([&] { status = engines[e].Infer(x, rows, o.layers.front(), out); }));
+        if (!status.ok()) return status;
+      }
+    }
+    results.push_back({rows, SpreadOf(blas_ms), SpreadOf(engine_ms[0]), SpreadOf(engine_ms[1]), SpreadOf(engine_ms[2])});
+  }
+  (void)describe;
+  return OkStatus();
+}
+
+std::string SpreadJson(const Spread& s) {
+  return fmt::format("{{\"median_ms\": {:.3f}, \"min_ms\": {:.3f}, \"max_ms\": {:.3f}}}", s.median_ms, s.min_ms, s.max_ms);
+}
+
+void Print(const ComputeOptions& o, const std::vector<BatchResult>& results) {
+  if (o.json) {
+    std::string batches;
+    for (const BatchResult& r : results) {
+      batches += fmt::format(
+          "{}{{\"rows\": {}, \"openblas_f32\": {}, \"engine_f32\": {}, \"engine_f16\": {}, \"engine_bf16\": {}, "
+          "\"f32_vs_openblas\": {:.3f}, \"f16_vs_f32\": {:.3f}, \"bf16_vs_openblas\": {:.3f}}}",
+          batches.empty() ? "" : ", ", r.rows, SpreadJson(r.blas), SpreadJson(r.f32), SpreadJson(r.f16),
+          SpreadJson(r.bf16), r.f32.median_ms / r.blas.median_ms, r.f16.median_ms / r.f32.median_ms,
+          r.bf16.median_ms / r.blas.median_ms);
+    }
+    std::printf("{\"mode\": \"compute\", \"layers\": [%s], \"threads\": %u, \"rounds\": %u, \"batches\": [%s]}\n",
+                fmt::format("{}", fmt::join(o.layers, ", ")).c_str(), o.threads, o.rounds, batches.c_str());
+    return;
+  }
+  std::string out = fmt::format("dense MLP {} (relu, biases), {} thread(s), {} rounds; ms per call: median [min, max]\n",
+                                fmt::join(o.layers, " -> "), o.threads, o.rounds);
+  auto cell = [](const Spread& s) { return fmt::format("{:.2f} [{:.2f}, {:.2f}]", s.median_ms, s.min_ms, s.max_ms); };
+  out += fmt::format("{:>6}  {:>26}  {:>26}  {:>26}  {:>26}  {:>9}  {:>8}  {:>9}\n", "rows", "OpenBLAS f32",
+                     "engine f32", "engine f16", "engine bf16", "f32/BLAS", "f16/f32", "bf16/BLAS");
+  for (const BatchResult& r : results) {
+    out += fmt::format("{:>6}  {:>26}  {:>26}  {:>26}  {:>26}  {:>8.2f}x  {:>7.2f}x  {:>8.2f}x\n", r.rows, cell(r.blas),
+                       cell(r.f32), cell(r.f16), cell(r.bf16), r.f32.median_ms / r.blas.median_ms,
+                       r.f16.median_ms / r.f32.median_ms, r.bf16.median_ms / r.blas.median_ms);
+  }
+  out += "targets: f32/BLAS <= 1.2x at batch 1 and <= 1.1x at large batches; f16/f32 <= 0.7x at batch 1\n";
+  std::fputs(out.c_str(), stdout);
+}
+
+}  // namespace
+
+int RunCompute(const ComputeOptions& options) {
+  return BenchRun::Main("compute", [&](BenchRun& run) {
+    std::vector<BatchResult> results;
+    std::string describe;
+    if (Status s = Run(options, run, results, describe); !s.ok()) return s;
+    Print(options, results);
+    return OkStatus();
+  });
+}
+
+}  // namespace warmpool::bench

@@ -1,0 +1,271 @@
+#include "engines/dense_cpu.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <new>
+#include <numbers>
+#include <vector>
+
+#include <dnnl.hpp>
+#include <fmt/format.h>
+
+#include "engines/f16_gemv.h"
+#include "engines/half.h"
+
+namespace warmpool::dense {
+namespace {
+
+using safetensors::DType;
+using safetensors::TensorInfo;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+std::atomic<int> g_threads{1};
+
+constexpr float kInvSqrt2 = 1.0f / std::numbers::sqrt2_v<float>;
+
+dnnl::engine& CpuEngine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// How a layer is computed, chosen once at start from its dtype and what this CPU has.
+enum class Path {
+  kF32,    // oneDNN f32 matmul on the stored weights
+  kBF16,   // oneDNN bf16 matmul on the stored weights, activations narrowed
+  kF16,    // the F16C kernel up to kGemvRows rows; widened into scratch and f32 matmul above
+  kWiden,  // widened into scratch and f32 matmul (a 16-bit dtype this CPU has no path for)
+};
+
+std::string_view PathName(Path path) {
+  switch (path) {
+    case Path::kF32: return "f32 matmul";
+    case Path::kBF16: return "bf16 matmul";
+    case Path::kF16: return "f16 kernel";
+    case Path::kWiden: return "widened to f32";
+  }
+  return "?";
+}
+
+// A matmul for one layer at one batch size, with its descriptors (for wrapping the buffers).
+struct Matmul {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+};
+
+struct Layer {
+  LinearLayer spec;
+  Path path = Path::kF32;
+  bool activate = false;      // every layer but the last
+  std::vector<float> bias;    // widened once; empty without one
+  std::map<uint32_t, Matmul> matmuls;  // by batch size, made on first use (at most kMaxBatch)
+};
+
+void Activate(Activation activation, float* values, uint64_t count) {
+  switch (activation) {
+    case Activation::kRelu:
+      for (uint64_t i = 0; i < count; ++i) values[i] = std::max(values[i], 0.0f);
+      return;
+    case Activation::kGelu:
+      for (uint64_t i = 0; i < count; ++i) values[i] = 0.5f * values[i] * (1.0f + std::erf(values[i] * kInvSqrt2));
+      return;
+    case Activation::kTanh:
+      for (uint64_t i = 0; i < count; ++i) values[i] = std::tanh(values[i]);
+      return;
+    case Activation::kNone:
+      return;
+  }
+}
+
+dnnl::algorithm EltwiseOf(Activation activation) {
+  switch (activation) {
+    case Activation::kRelu: return dnnl::algorithm::eltwise_relu;
+    case Activation::kGelu: return dnnl::algorithm::eltwise_gelu_erf;  // the exact form, as the reference
+    case Activation::kTanh: return dnnl::algorithm::eltwise_tanh;
+    case Activation::kNone: break;
+  }
+  return dnnl::algorithm::undef;
+}
+
+// y (rows x out, f32) = x (rows x in) * W^T + b, then the activation. W is [out, in] as stored,
+// which is the (in x out) weights matrix in oneDNN's "ba" layout: no repacking.
+Matmul MakeMatmul(const Layer& layer, uint32_t rows, dt type, Activation activation) {
+  const auto m = static_cast<dnnl::memory::dim>(rows);
+  const auto k = static_cast<dnnl::memory::dim>(layer.spec.in_features);
+  const auto n = static_cast<dnnl::memory::dim>(layer.spec.out_features);
+  dnnl::memory::desc src({m, k}, type, tag::ab);
+  dnnl::memory::desc weights({k, n}, type, tag::ba);
+  dnnl::memory::desc dst({m, n}, dt::f32, tag::ab);
+  dnnl::primitive_attr attr;
+  if (layer.activate && activation != Activation::kNone) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, EltwiseOf(activation), 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::desc desc = layer.bias.empty()
+                                ? dnnl::matmul::desc(src, weights, dst)
+                                : dnnl::matmul::desc(src, weights, dnnl::memory::desc({1, n}, dt::f32, tag::ab), dst);
+  Matmul made{dnnl::matmul::primitive_desc(desc, attr, CpuEngine()), {}};
+  made.primitive = dnnl::matmul(made.pd);
+  return made;
+}
+
+bool Aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+
+class OneDnnLayers final : public CpuLayers {
+ public:
+  explicit OneDnnLayers(Activation activation) : activation_(activation), stream_(CpuEngine()) {}
+
+  Status Prepare(const DenseModel& model, const StoredBytes& stored) {
+    for (size_t i = 0; i < model.layers.size(); ++i) {
+      Layer layer;
+      layer.spec = model.layers[i];
+      layer.activate = i + 1 < model.layers.size();
+      if (layer.spec.bias) {
+        Result<const uint8_t*> bytes = stored(*layer.spec.bias);
+        if (!bytes.ok()) return bytes.status();
+        layer.bias.resize(layer.spec.out_features);
+        WidenToFloat(*bytes, layer.spec.bias->dtype, layer.bias.size(), layer.bias.data());
+      }
+      layer.path = ChoosePath(layer);
+      layers_.push_back(std::move(layer));
+    }
+    // Left uninitialised: every element is written before it is read, and pages a small batch
+    // never reaches stay untouched, so a replica's attach does not pay for the whole workspace.
+    const ScratchSizes sizes = ScratchFor(model);
+    activations_[0].reset(new float[sizes.activation_floats]);
+    activations_[1].reset(new float[sizes.activation_floats]);
+    conversion_.reset(new float[sizes.conversion_floats]);
+    narrow_.reset(new uint16_t[sizes.narrow_halves]);
+    return OkStatus();
+  }
+
+  Status Run(const float* input, uint32_t rows, float* output, const StoredBytes& stored) override {
+    // The OpenMP thread count belongs to the calling thread: set it on the one that computes.
+    omp_set_num_threads(CpuThreads());
+    const float* x = input;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      float* y = i + 1 == layers_.size() ? output : activations_[i % 2].get();
+      Result<const uint8_t*> weight = stored(layers_[i].spec.weight);
+      if (!weight.ok()) return weight.status();
+      if (Status s = RunLayer(layers_[i], *weight, x, rows, y); !s.ok()) return s;
+      x = y;
+    }
+    return OkStatus();
+  }
+
+  std::string Describe() const override {
+    const dnnl_version_t* version = dnnl_version();
+    std::map<Path, int> counts;
+    for (const Layer& layer : layers_) ++counts[layer.path];
+    std::string paths;
+    for (const auto& [path, count] : counts) paths += fmt::format("{}{} {}", paths.empty() ? "" : ", ", count, PathName(path));
+    return fmt::format("layers on the CPU with oneDNN {}.{}.{} ({} threads): {}", version->major, version->minor,
+                       version->patch, CpuThreads(), paths);
+  }
+
+ private:
+  Path ChoosePath(const Layer& layer) {
+    switch (layer.spec.weight.dtype) {
+      case DType::F16:
+        return HaveF16Gemv() ? Path::kF16 : Path::kWiden;
+      case DType::BF16:
+        try {
+          MakeMatmul(layer, 1, dt::bf16, activation_);  // oneDNN says here whether this CPU has one
+          return Path::kBF16;
+        } catch (const dnnl::error&) {
+          return Path::kWiden;
+        }
+      default:
+        return Path::kF32;
+    }
+  }
+
+  Status RunLayer(Layer& layer, const uint8_t* weight, const float* x, uint32_t rows, float* y) {
+    const LinearLayer& spec = layer.spec;
+    if (layer.path == Path::kF16 && rows <= kGemvRows) {
+      F16Gemv(weight, spec.in_features, spec.out_features, x, rows, layer.bias.empty() ? nullptr : layer.bias.data(),
+              y, CpuThreads());
+      if (layer.activate) Activate(activation_, y, uint64_t{rows} * spec.out_features);
+      return OkStatus();
+    }
+    dt type = dt::f32;
+    const void* weights = weight;
+    const void* src = x;
+    switch (layer.path) {
+      case Path::kBF16:
+        type = dt::bf16;
+        if (!Aligned(weight, 2)) {
+          std::memcpy(conversion_.get(), weight, spec.weight.bytes());
+          weights = conversion_.get();
+        }
+        for (uint64_t i = 0; i < uint64_t{rows} * spec.in_features; ++i) narrow_[i] = safetensors::FloatToBF16(x[i]);
+        src = narrow_.get();
+        break;
+      case Path::kF32:
+        if (!Aligned(weight, alignof(float))) {
+          std::memcpy(conversion_.get(), weight, spec.weight.bytes());
+          weights = conversion_.get();
+        }
+        break;
+      case Path::kF16:
+        WidenHalves(weight, spec.weight.numel(), conversion_.get(), CpuThreads());
+        weights = conversion_.get();
+        break;
+      case Path::kWiden:
+        WidenToFloat(weight, spec.weight.dtype, spec.weight.numel(), conversion_.get());
+        weights = conversion_.get();
+        break;
+    }
+    try {
+      auto found = layer.matmuls.find(rows);
+      if (found == layer.matmuls.end()) found = layer.matmuls.emplace(rows, MakeMatmul(layer, rows, type, activation_)).first;
+      Matmul& mm = found->second;
+      // oneDNN takes non-const handles; it only reads the inputs.
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, dnnl::memory(mm.pd.src_desc(), CpuEngine(), const_cast<void*>(src))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(mm.pd.weights_desc(), CpuEngine(), const_cast<void*>(weights))},
+          {DNNL_ARG_DST, dnnl::memory(mm.pd.dst_desc(), CpuEngine(), y)}};
+      if (!layer.bias.empty()) {
+        args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.pd.bias_desc(), CpuEngine(), layer.bias.data()));
+      }
+      mm.primitive.execute(stream_, args);
+      stream_.wait();
+    } catch (const dnnl::error& e) {
+      return Error(Code::kInternal, "layer {} ({} x {}, {}): oneDNN: {}", spec.index, spec.out_features,
+                   spec.in_features, PathName(layer.path), e.what());
+    }
+    return OkStatus();
+  }
+
+  Activation activation_;
+  dnnl::stream stream_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<float[]> activations_[2];
+  std::unique_ptr<float[]> conversion_;
+  std::unique_ptr<uint16_t[]> narrow_;
+};
+
+}  // namespace
+
+void SetCpuThreads(int threads) { g_threads.store(std::max(1, threads)); }
+int CpuThreads() { return g_threads.load(); }
+
+Result<std::unique_ptr<CpuLayers>> CpuLayers::Start(const DenseModel& model, const StoredBytes& stored) {
+  try {
+    auto layers = std::make_unique<OneDnnLayers>(model.activation);
+    if (Status s = layers->Prepare(model, stored); !s.ok()) return s;
+    return std::unique_ptr<CpuLayers>(std::move(layers));
+  } catch (const dnnl::error& e) {
+    return Error(Code::kInternal, "cannot start the CPU layers: oneDNN: {}", e.what());
+  } catch (const std::bad_alloc&) {
+    return Error(Code::kResourceExhausted, "cannot allocate the inference workspace");
+  }
+}
+
+}  // namespace warmpool::dense
