@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every mode of warmpool-bench, briefly: each must run to the end and print one JSON object with
+# the fields its README section quotes. The figures themselves are not checked (no timed
+# assertions); this only keeps a mode from breaking unseen.
+set -euo pipefail
+bench=$1
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+run() {
+  local name=$1 fields=$2
+  shift 2
+  if ! "$bench" "$@" --json >"$out/$name.json" 2>"$out/$name.err"; then
+    echo "warmpool-bench $* failed:" >&2
+    tail -n 30 "$out/$name.err" >&2
+    exit 1
+  fi
+  python3 - "$out/$name.json" "$fields" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+doc = json.loads(text)
+missing = [f for f in sys.argv[2].split(",") if f and f not in doc]
+if missing:
+    sys.exit(f"{sys.argv[1]}: no {missing} in {text[:400]}")
+PY
+  echo "ok: warmpool-bench $*"
+}
+
+run latency relay,warmpool --requests 200 --warmup 20 --rounds 2
+run recovery mode --recovery --iterations 2 --model-mib 1 --rows 4
+run sharing mode,sizes --sharing --sizes-mib 2 --iterations 1
+run abuse greedy,default_limits --abuse --seconds 1 --payload-mib 1 --greedy 2
+run compute mode,batches --compute --layers 64,256,32 --batches 1,17 --rounds 2
