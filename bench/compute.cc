@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 
+#include <dlfcn.h>
+
 #include <cblas.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,8 +19,6 @@
 #include "engines/dense_cpu.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
-
-extern "C" void openblas_set_num_threads(int threads);  // OpenBLAS: the baseline's thread count
 
 namespace warmpool::bench {
 namespace {
@@ -78,17 +78,42 @@ Status WriteModel(const std::string& path, const std::vector<uint32_t>& widths, 
   return safetensors::WriteFile(path, tensors, {{"activation", "relu"}, {"engine", "dense"}});
 }
 
+// OpenBLAS, loaded at run time: warmpool-bench does not link it, so that the binary goes where
+// OpenBLAS is not (the GPU bundle), and only this mode needs it there.
+struct OpenBlas {
+  decltype(&cblas_sgemv) sgemv = nullptr;
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  void (*set_num_threads)(int) = nullptr;
+};
+
+Result<OpenBlas> LoadOpenBlas() {
+  void* library = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    return Error(Code::kFailedPrecondition, "--compute measures against OpenBLAS, which is not here ({}): "
+                 "install libopenblas0", dlerror());
+  }
+  OpenBlas blas;
+  blas.sgemv = reinterpret_cast<decltype(blas.sgemv)>(dlsym(library, "cblas_sgemv"));
+  blas.sgemm = reinterpret_cast<decltype(blas.sgemm)>(dlsym(library, "cblas_sgemm"));
+  blas.set_num_threads = reinterpret_cast<void (*)(int)>(dlsym(library, "openblas_set_num_threads"));
+  if (blas.sgemv == nullptr || blas.sgemm == nullptr || blas.set_num_threads == nullptr) {
+    return Error(Code::kFailedPrecondition, "libopenblas.so.0 lacks cblas_sgemv, cblas_sgemm or "
+                 "openblas_set_num_threads");
+  }
+  return blas;  // never closed: the mode runs once per process
+}
+
 // numpy's way: one BLAS call per layer, then the bias and the activation.
-void BlasForward(const std::vector<uint32_t>& widths, const Weights& w, const float* x, uint32_t rows,
-                 std::vector<float>& a, std::vector<float>& b) {
+void BlasForward(const OpenBlas& blas, const std::vector<uint32_t>& widths, const Weights& w, const float* x,
+                 uint32_t rows, std::vector<float>& a, std::vector<float>& b) {
   const float* in = x;
   for (size_t l = 0; l < w.weight.size(); ++l) {
     const int k = static_cast<int>(widths[l]), n = static_cast<int>(widths[l + 1]);
     std::vector<float>& out = l % 2 == 0 ? a : b;
     if (rows == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.weight[l].data(), k, in, 1, 0.0f, out.data(), 1);
+      blas.sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.weight[l].data(), k, in, 1, 0.0f, out.data(), 1);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), n, k, 1.0f, in, k,
+      blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), n, k, 1.0f, in, k,
                   w.weight[l].data(), k, 0.0f, out.data(), n);
     }
     const bool last = l + 1 == w.weight.size();
@@ -114,7 +139,9 @@ struct BatchResult {
 
 Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& results, std::string& describe) {
   if (o.layers.size() < 2) return Error(Code::kInvalidArgument, "--layers needs at least two widths");
-  openblas_set_num_threads(static_cast<int>(o.threads));
+  Result<OpenBlas> blas = LoadOpenBlas();
+  if (!blas.ok()) return blas.status();
+  blas->set_num_threads(static_cast<int>(o.threads));
   dense::SetCpuThreads(static_cast<int>(o.threads));
   const Weights weights = Generate(o.layers);
   HostMemory memory;
@@ -138,12 +165,12 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
     std::vector<float> a(size_t{rows} * widest), b(size_t{rows} * widest), out;
     std::vector<double> blas_ms, engine_ms[3];
     // One call of each first (not timed): primitives made, pages touched.
-    BlasForward(o.layers, weights, x.data(), rows, a, b);
+    BlasForward(*blas, o.layers, weights, x.data(), rows, a, b);
     for (Engine& e : engines) {
       if (Status s = e.Infer(x, rows, o.layers.front(), out); !s.ok()) return s;
     }
     for (uint32_t round = 0; round < o.rounds; ++round) {
-      blas_ms.push_back(TimeMs([&] { BlasForward(o.layers, weights, x.data(), rows, a, b); }));
+      blas_ms.push_back(TimeMs([&] { BlasForward(*blas, o.layers, weights, x.data(), rows, a, b); }));
       for (size_t e = 0; e < engines.size(); ++e) {
         Status status;
         engine_ms[e].push_back(TimeMs([&] { status = engines[e].Infer(x, rows, o.layers.front(), out); }));

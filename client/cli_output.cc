@@ -85,7 +85,8 @@ json StatusJson(const v1::StatusReply& reply) {
   json devices = json::array(), workers = json::array();
   for (const v1::DeviceStatus& d : reply.devices()) {
     devices.push_back({{"id", d.id()}, {"kind", d.kind()}, {"budget_bytes", d.budget_bytes()},
-                       {"used_bytes", d.used_bytes()}, {"name", d.name()}, {"total_bytes", d.total_bytes()}});
+                       {"used_bytes", d.used_bytes()}, {"kept_bytes", d.kept_bytes()},
+                       {"kept_regions", d.kept_regions()}, {"name", d.name()}, {"total_bytes", d.total_bytes()}});
   }
   for (const v1::WorkerStatus& w : reply.workers()) {
     json models = json::array();
@@ -150,9 +151,9 @@ std::string PsTable(const v1::PsReply& reply) {
 std::string StatusText(const v1::StatusReply& reply) {
   std::string out = fmt::format("warmpoold {}  backend {}  inflight {}  queued {}\n",
                                 reply.version(), reply.backend(), reply.inflight(), reply.queued());
-  std::vector<std::vector<std::string>> devices = {{"DEVICE", "KIND", "USED", "BUDGET", "TOTAL", "NAME"}};
+  std::vector<std::vector<std::string>> devices = {{"DEVICE", "KIND", "USED", "KEPT", "BUDGET", "TOTAL", "NAME"}};
   for (const v1::DeviceStatus& d : reply.devices()) {
-    devices.push_back({std::to_string(d.id()), d.kind(), FormatBytes(d.used_bytes()),
+    devices.push_back({std::to_string(d.id()), d.kind(), FormatBytes(d.used_bytes()), FormatBytes(d.kept_bytes()),
                        FormatBytes(d.budget_bytes()), d.total_bytes() != 0 ? FormatBytes(d.total_bytes()) : "-",
                        d.name().empty() ? "-" : d.name()});
   }

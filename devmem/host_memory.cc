@@ -42,6 +42,39 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
   return HostRegion{ptr, bytes, fd};
 }
 
+Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
+  struct FdCloser {
+    int fd;
+    ~FdCloser() {
+      if (fd >= 0) close(fd);
+    }
+  } closer{fd};
+  if (bytes == 0) return Error(Code::kInvalidArgument, "cannot allocate a region of 0 bytes");
+  uint64_t before = used_.fetch_add(bytes, std::memory_order_relaxed);
+  if (budget_ != 0 && before + bytes > budget_) {
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kResourceExhausted,
+                 "device memory budget exhausted: {} bytes in use, {} requested, budget {}",
+                 before, bytes, budget_);
+  }
+  struct stat st {};
+  // Shrinking gives the tail's pages back; growing adds fresh ones (faulted in by the populate).
+  if (fstat(fd, &st) != 0 ||
+      (static_cast<uint64_t>(st.st_size) != bytes && ftruncate(fd, static_cast<off_t>(bytes)) != 0)) {
+    int err = errno;
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kInternal, "cannot resize a reused region to {} bytes: {}", bytes, std::strerror(err));
+  }
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (ptr == MAP_FAILED) {
+    int err = errno;
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Error(Code::kResourceExhausted, "cannot map a reused {}-byte region: {}", bytes, std::strerror(err));
+  }
+  closer.fd = -1;
+  return HostRegion{ptr, bytes, fd};
+}
+
 Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_region& region) {
   const uint64_t bytes = region.bytes;
   int fd = memfd_create("warmpool-parked", MFD_CLOEXEC);

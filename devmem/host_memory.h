@@ -27,6 +27,11 @@ class HostMemory {
   HostMemory& operator=(const HostMemory&) = delete;
 
   Result<HostRegion> Allocate(uint64_t bytes, const char* label);
+  // The same, in a region that held device memory before (a memfd the supervisor kept after it
+  // was let go, supervisor/region_cache.h): resized to `bytes` and mapped with its pages populated in
+  // one call, so a load into it pays neither page allocation nor a fault per page. Takes `fd`
+  // over (closed on failure, when the caller falls back to Allocate).
+  Result<HostRegion> AllocateReusing(int fd, uint64_t bytes);
   // Host memory outside the device budget (parked copies): a memfd of the region's bytes, read
   // from it through its device's service (a memcpy on the host backend, a copy from the GPU on
   // cuda). Returns its fd; nothing stays mapped here.

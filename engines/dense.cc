@@ -8,6 +8,7 @@
 // call copies a layer's weights to host scratch through the memory service and runs it on the CPU:
 // correct but slow, and the log says so, and why, once per worker.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
@@ -42,6 +44,7 @@ using safetensors::DType;
 using safetensors::TensorInfo;
 
 constexpr uint64_t kReadChunkBytes = 8ull << 20;
+constexpr uint64_t kReadThreads = 4;
 
 struct DenseEngine {
   std::string name;
@@ -80,12 +83,84 @@ Result<uint64_t> CurrentFileSize(int fd, const DenseEngine& engine) {
   return static_cast<uint64_t>(st.st_size);
 }
 
+// Reads bytes [begin, end) of the file's data area to `destination` (which holds offset begin).
+Status ReadRange(int fd, const DenseEngine& engine, uint8_t* destination, uint64_t begin, uint64_t end) {
+  for (uint64_t done = begin; done < end;) {
+    ssize_t n = pread(fd, destination + (done - begin), end - done,
+                      static_cast<off_t>(engine.header.data_offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error(Code::kInternal, "model file \"{}\": read failed: {}", engine.path, std::strerror(errno));
+    if (n == 0) {
+      Result<uint64_t> now = CurrentFileSize(fd, engine);
+      return FileChanged(engine, now.ok() ? *now : engine.header.data_offset + done);
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return OkStatus();
+}
+
+Status Cancelled(const DenseEngine& engine, uint64_t done, uint64_t total) {
+  return Error(Code::kUnavailable, "loading model \"{}\" was cancelled after {} of {} bytes", engine.name, done,
+               total);
+}
+
+// Device memory the CPU cannot address: each chunk through host staging, one after another.
+Status ReadThroughStaging(int fd, DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
+  std::unique_ptr<uint8_t[]> staging(new uint8_t[kReadChunkBytes]);
+  const uint64_t total = engine.header.data_bytes;
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t end = std::min(total, done + kReadChunkBytes);
+    if (Status s = ReadRange(fd, engine, staging.get(), done, end); !s.ok()) return s;
+    if (engine.memory->write(engine.memory->ctx, &engine.weights, done, staging.get(), end - done) != WP_OK) {
+      return Error(Code::kInternal, "model \"{}\": cannot copy its weights into device memory", engine.name);
+    }
+    done = end;
+    if (progress != nullptr && progress(progress_ctx, done, total) != 0) return Cancelled(engine, done, total);
+  }
+  return OkStatus();
+}
+
+// Host memory: chunks read straight into the region by up to kReadThreads threads at once. One
+// thread's copy out of the page cache is bound by what one core can move; the chunks interleave
+// so that the file is read front to back. Progress is reported after every chunk, by whichever
+// thread read it, one call at a time (the ABI allows that) and never going back.
+Status ReadInPlace(int fd, DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
+  auto* destination = static_cast<uint8_t*>(engine.weights.ptr);
+  const uint64_t total = engine.header.data_bytes;
+  const uint64_t chunks = (total + kReadChunkBytes - 1) / kReadChunkBytes;
+  const unsigned threads = static_cast<unsigned>(
+      std::min<uint64_t>({kReadThreads, std::max(1u, std::thread::hardware_concurrency()), chunks}));
+  std::atomic<uint64_t> next_chunk{0};
+  std::atomic<bool> stop{false};
+  std::mutex mutex;  // guards what follows, and serialises the progress calls
+  uint64_t done = 0;
+  Status error;
+  auto read_chunks = [&] {
+    for (uint64_t c; !stop.load() && (c = next_chunk.fetch_add(1)) < chunks;) {
+      const uint64_t begin = c * kReadChunkBytes, end = std::min(total, begin + kReadChunkBytes);
+      Status s = ReadRange(fd, engine, destination + begin, begin, end);
+      std::lock_guard lock(mutex);
+      if (stop.load()) break;  // cancelled or failed meanwhile: no word after that
+      if (s.ok()) {
+        done += end - begin;
+        if (progress != nullptr && progress(progress_ctx, done, total) != 0) s = Cancelled(engine, done, total);
+      }
+      if (!s.ok()) {
+        if (error.ok()) error = s;
+        stop.store(true);
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(read_chunks);
+  read_chunks();
+  for (std::thread& helper : helpers) helper.join();
+  return error;
+}
+
 // Copies the data area of the file into the weights region. pread, not mmap: a file truncated
 // under us must give an error, not SIGBUS.
 Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
-  // On device memory each chunk goes through host staging, then to the device.
-  std::unique_ptr<uint8_t[]> staging;
-  if (engine.on_device) staging.reset(new uint8_t[kReadChunkBytes]);
   // As in safetensors::ReadHeader: no symlink swapped in since registration, no blocking open.
   int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
@@ -101,34 +176,9 @@ Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_
   Result<uint64_t> size = CurrentFileSize(fd, engine);
   if (!size.ok()) return size.status();
   if (*size != engine.header.file_size) return FileChanged(engine, *size);
-
-  auto* destination = static_cast<uint8_t*>(engine.weights.ptr);
-  const uint64_t total = engine.header.data_bytes;
-  uint64_t done = 0;
-  while (done < total) {
-    const uint64_t chunk_start = done;
-    const uint64_t chunk_end = std::min(total, done + kReadChunkBytes);
-    uint8_t* chunk = engine.on_device ? staging.get() : destination + chunk_start;
-    while (done < chunk_end) {
-      ssize_t n = pread(fd, chunk + (done - chunk_start), chunk_end - done,
-                        static_cast<off_t>(engine.header.data_offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Error(Code::kInternal, "model file \"{}\": read failed: {}", engine.path, std::strerror(errno));
-      if (n == 0) {
-        Result<uint64_t> now = CurrentFileSize(fd, engine);
-        return FileChanged(engine, now.ok() ? *now : engine.header.data_offset + done);
-      }
-      done += static_cast<uint64_t>(n);
-    }
-    if (engine.on_device && engine.memory->write(engine.memory->ctx, &engine.weights, chunk_start, chunk,
-                                                 chunk_end - chunk_start) != WP_OK) {
-      return Error(Code::kInternal, "model \"{}\": cannot copy its weights into device memory", engine.name);
-    }
-    if (progress != nullptr && progress(progress_ctx, done, total) != 0) {
-      return Error(Code::kUnavailable, "loading model \"{}\" was cancelled after {} of {} bytes", engine.name,
-                   done, total);
-    }
-  }
+  Status read = engine.on_device ? ReadThroughStaging(fd, engine, progress, progress_ctx)
+                                 : ReadInPlace(fd, engine, progress, progress_ctx);
+  if (!read.ok()) return read;
   size = CurrentFileSize(fd, engine);
   if (!size.ok()) return size.status();
   if (*size != engine.header.file_size) return FileChanged(engine, *size);

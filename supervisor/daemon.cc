@@ -231,7 +231,30 @@ void Daemon::RunPending() {
     pending_.pop_front();
     Execute(core_->Handle(std::move(next), Now()));
   }
+  TrimFreedMemory();
   dispatching_ = false;
+}
+
+void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {
+  if (config_.backend != "host") return;
+  uint64_t size = 0;
+  const int fd = freed_memory_.Take(bytes, &size);
+  if (fd < 0) return;
+  spdlog::info("worker {}: job {} reuses {} of freed memory for {}", slot, job, FormatBytes(size), FormatBytes(bytes));
+  v1::WorkerEnvelope offer;
+  offer.mutable_offer()->set_job(job);
+  offer.mutable_offer()->set_bytes(bytes);
+  workers_->SendFrame(slot, ipc::Frame(offer), {fd});
+  close(fd);  // the channel sends its own copy (or none, to a worker that is dying)
+}
+
+void Daemon::TrimFreedMemory() {
+  // The host backend has one device. used + kept never passes the budget: a load the core admits
+  // into room that kept memory occupies makes the oldest kept memory go first.
+  if (freed_memory_.size() == 0) return;
+  const uint64_t used = core_->index().DeviceUsed(0);
+  const uint64_t budget = core_->index().DeviceBudget(0);
+  freed_memory_.TrimTo(budget > used ? budget - used : 0);
 }
 
 void Daemon::Execute(std::vector<Action>&& actions) {
@@ -243,12 +266,20 @@ void Daemon::Execute(Action& a) {
       [&](auto&& act) {
         using A = std::decay_t<decltype(act)>;
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
+          if (act.allocates != 0) OfferFreedMemory(act.slot, act.job, act.allocates);
           // A worker that is not ready is dying: its death fails the job.
           workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
         } else if constexpr (std::is_same_v<A, action::SpawnWorker>) {
           int pid = workers_->Spawn(act.slot, act.generation);
           if (pid > 0) pending_.push_back(event::WorkerSpawned{act.slot, act.generation, pid});
         } else if constexpr (std::is_same_v<A, action::Reply>) {
+          if (act.envelope.has_status_reply() && act.envelope.status_reply().devices_size() > 0 &&
+              config_.backend == "host") {
+            // What the shell keeps is the shell's to say.
+            v1::DeviceStatus* device = act.envelope.mutable_status_reply()->mutable_devices(0);
+            device->set_kept_bytes(freed_memory_.bytes());
+            device->set_kept_regions(static_cast<uint32_t>(freed_memory_.size()));
+          }
           server_->Send(act.session, act.envelope);
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
           workers_->Kill(act.slot, act.reason);

@@ -30,6 +30,7 @@
 #include "supervisor/device_owners.h"
 #include "supervisor/device_probe.h"
 #include "supervisor/grants.h"
+#include "supervisor/region_cache.h"
 #include "supervisor/service_manager.h"
 #include "supervisor/worker_pool.h"
 
@@ -70,7 +71,13 @@ class Daemon {
   void OnOwnerDeath(uint32_t device, const std::string& why, bool fatal);
   void RestartOwner(uint32_t device);
   void ReleaseGrant(const GrantRelease& release);
+  // A handle the core let go of: a cuda grant is released; on the host backend the memory is kept
+  // for reuse (supervisor/region_cache.h).
   void CloseHandle(int fd);
+  // Host backend: hands the worker kept memory for a job that allocates; trims what is kept to
+  // the room the budget leaves (after every batch of actions).
+  void OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes);
+  void TrimFreedMemory();
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);
   void InstallSignals();
@@ -88,6 +95,7 @@ class Daemon {
   std::unique_ptr<WorkerPool> workers_;
   std::unique_ptr<DeviceOwners> owners_;     // cuda only
   GrantTable grants_;                        // cuda only
+  RegionCache freed_memory_;                 // host only
   // cuda: what the shell keeps of each device's owner (index = device = CUDA ordinal).
   struct OwnerState {
     Daemon* daemon = nullptr;

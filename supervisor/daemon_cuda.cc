@@ -239,6 +239,7 @@ void Daemon::ReleaseGrant(const GrantRelease& release) {
 }
 
 void Daemon::CloseHandle(int fd) {
+  if (config_.backend == "host") return freed_memory_.Keep(fd);
   if (std::optional<GrantRelease> r = grants_.Closed(fd)) ReleaseGrant(*r);
   close(fd);
 }

@@ -30,7 +30,19 @@ wp_status Worker::ImportRegion(void* ctx, int handle, uint64_t bytes, wp_region*
 
 wp_status Worker::AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out) {
   auto* self = static_cast<Worker*>(ctx);
-  wp_status status = self->device_->alloc(self->device_->ctx, bytes, out);
+  wp_status status = WP_INTERNAL;
+  const int offered = self->TakeOffer(self->load_thread_job_.load());
+  if (offered >= 0) {
+    Result<HostRegion> reused = self->host_memory_.AllocateReusing(offered, bytes);
+    if (reused.ok()) {
+      *out = wp_region{reused->ptr, reused->bytes, reused->fd};
+      status = WP_OK;
+    } else {
+      spdlog::warn("worker {}: cannot reuse the memory offered: {}; allocating afresh", self->options_.slot,
+                   reused.status().ToString());
+    }
+  }
+  if (status != WP_OK) status = self->device_->alloc(self->device_->ctx, bytes, out);
   if (status == WP_OK && self->load_faults_ != nullptr) self->load_faults_->Hit("load.after_alloc");
   return status;
 }
@@ -186,11 +198,11 @@ int Worker::Run() {
   for (;;) {
     v1::WorkerEnvelope message;
     Status s = channel_.Read(message);
-    // Only an attach of a model with weights carries a descriptor (the weights region), and a
-    // grant of device memory.
+    // Only an attach of a model with weights carries a descriptor (the weights region), a grant of
+    // device memory, and an offer of memory to reuse.
     int weights_fd = -1;
     if (s.ok() && ((message.has_attach() && message.attach().weight_bytes() > 0) ||
-                   (message.has_allocated() && !message.allocated().has_error()))) {
+                   (message.has_allocated() && !message.allocated().has_error()) || message.has_offer())) {
       weights_fd = channel_.TakeFd();
     }
     if (!s.ok()) {
@@ -217,6 +229,9 @@ int Worker::Run() {
       }
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
       case v1::WorkerEnvelope::kAllocated: OnGrant(message.allocated(), weights_fd); break;
+      case v1::WorkerEnvelope::kOffer:
+        if (weights_fd >= 0) StoreOffer(message.offer().job(), weights_fd);
+        break;
       case v1::WorkerEnvelope::kLoad:
       case v1::WorkerEnvelope::kAttach: {
         LoadJob job;
@@ -303,6 +318,31 @@ Worker::JobMark::~JobMark() {
   if (slot_.ok()) worker_.inflight_->Release(*slot_, worker_.options_.generation, worker_.options_.slot);
 }
 
+void Worker::StoreOffer(uint64_t job, int fd) {
+  std::lock_guard lock(offers_mutex_);
+  if (auto it = offers_.find(job); it != offers_.end()) close(it->second);
+  offers_[job] = fd;
+  while (offers_.size() > kMaxOffers) {
+    close(offers_.begin()->second);
+    offers_.erase(offers_.begin());
+  }
+}
+
+int Worker::TakeOffer(uint64_t job) {
+  if (job == 0) return -1;
+  std::lock_guard lock(offers_mutex_);
+  auto it = offers_.find(job);
+  if (it == offers_.end()) return -1;
+  const int fd = it->second;
+  offers_.erase(it);
+  return fd;
+}
+
+void Worker::DropOffer(uint64_t job) {
+  const int fd = TakeOffer(job);
+  if (fd >= 0) close(fd);
+}
+
 void Worker::LoadThreadJobDone(uint32_t model) {
   std::lock_guard lock(load_mutex_);
   auto it = load_thread_jobs_.find(model);
@@ -339,9 +379,13 @@ void Worker::LoadLoop() {
       job = std::move(load_queue_.front());
       load_queue_.pop_front();
     }
+    const uint64_t id = job.load ? job.load->job() : job.attach ? job.attach->job() : 0;
+    load_thread_job_.store(id);
     if (job.load) RunLoad(*job.load);
     else if (job.attach) HandleAttach(*job.attach, job.weights_fd);
     else HandleUnload(*job.unload, /*on_load_thread=*/true);
+    load_thread_job_.store(0);
+    if (id != 0) DropOffer(id);
   }
 }
 

@@ -6,10 +6,12 @@
 // Both write replies through the channel, whose writes are serialised.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -131,6 +133,17 @@ class Worker {
   bool grants_closed_ = false;  // the channel is gone: no grant will come
   std::thread::id reader_thread_;  // reads the channel: must never wait for a grant
   JobFaults* load_faults_ = nullptr;  // load thread only: the faults of the load that allocates now
+
+  // Host backend: memory to reuse (WorkerOffer), by the job it is offered to. The reader thread
+  // stores an offer; the load thread takes it when that job allocates, or closes it when the job
+  // ends without allocating. At most kMaxOffers wait (older ones are closed).
+  void StoreOffer(uint64_t job, int fd);
+  int TakeOffer(uint64_t job);
+  void DropOffer(uint64_t job);
+  static constexpr size_t kMaxOffers = 4;
+  std::mutex offers_mutex_;
+  std::map<uint64_t, int> offers_;
+  std::atomic<uint64_t> load_thread_job_{0};  // the job the load thread runs now (0: none)
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
 

@@ -21,6 +21,10 @@ struct SendToWorker {
   uint32_t slot = 0;
   std::string frame;
   std::vector<int> handles;
+  // The frame starts job `job`, which allocates this many bytes of device memory on the worker
+  // (a load, an unpark): the shell may offer it memory to reuse (supervisor/region_cache.h).
+  uint64_t allocates = 0;
+  uint64_t job = 0;
 };
 // A reply to a client. Replies to a session that is gone are dropped by the shell.
 struct Reply {

@@ -200,7 +200,7 @@ void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   m.machine.StartLoad(DeviceOf(worker), worker, id, bytes, m.entry.weight_bytes);
   Log(LogLevel::kInfo, "loading \"{}\" ({}) on worker {}{}", m.entry.name, FormatBytes(bytes), worker,
       DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
-  Send(worker, message);
+  SendAllocating(worker, message, id, m.entry.weight_bytes);
 }
 
 void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
@@ -218,7 +218,7 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   m.machine.StartUnpark(DeviceOf(worker), worker, id, bytes);
   Log(LogLevel::kInfo, "unparking \"{}\" on worker {}{}", m.entry.name, worker,
       DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
-  Send(worker, message, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
+  SendAllocating(worker, message, id, copy.weight_bytes, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
 }
 
 void Core::Release(uint32_t model, bool eviction, bool allow_park) {

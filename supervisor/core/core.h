@@ -176,6 +176,9 @@ class Core {
     actions_.push_back(action::Log{level, fmt::format(format, std::forward<Args>(args)...)});
   }
   void Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<int> handles = {});
+  // A frame that starts a job allocating `bytes` of device memory (action::SendToWorker::allocates).
+  void SendAllocating(uint32_t worker, const v1::WorkerEnvelope& message, uint64_t job, uint64_t bytes,
+                      std::vector<int> handles = {});
   void Close(int handle);
   void Close(const std::vector<int>& handles);
   void OnTick();

@@ -1,6 +1,7 @@
 // Weights held by the supervisor: a worker's death frees nothing, and a worker attaches the resident
 // weights again without reading the model file (invariant 7).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/safetensors.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace warmpool::testing {
@@ -126,6 +128,79 @@ TEST_F(WeightsTest, ReplicasShareOneCopyAndSurviveEachOther) {
   EXPECT_EQ(replicas(), 2u);
   ASSERT_TRUE(client->Unload("m").ok());
   EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), 0u);
+}
+
+// Bytes of every memfd the process holds open (weights it keeps, and freed memory it keeps for reuse).
+struct HeldMemfds {
+  size_t count = 0;
+  uint64_t bytes = 0;
+};
+HeldMemfds MemfdsOf(pid_t pid) {
+  HeldMemfds held;
+  const std::string dir = fmt::format("/proc/{}/fd", pid);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    struct stat st {};
+    if (ec || target.rfind("/memfd:", 0) != 0 || stat(entry.path().c_str(), &st) != 0) continue;
+    held.count++;
+    held.bytes += static_cast<uint64_t>(st.st_size);
+  }
+  return held;
+}
+
+uint64_t WeightBytes(const std::string& path) { return safetensors::ReadHeader(path)->data_bytes; }
+
+TEST_F(WeightsTest, FreedMemoryIsReusedByTheNextLoad) {
+  std::string a = MakeModel("a", "64,512,64", "relu", "f32", 1);
+  std::string b = MakeModel("b", "64,512,64", "gelu", "f16", 2);
+  StartDaemon();
+  auto client = Connect();
+  ASSERT_TRUE(client->Load("a").ok());
+  ASSERT_TRUE(client->Unload("a").ok());
+  for (int i = 0; i < 200 && MemfdsOf(DaemonPid()).count != 1; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(MemfdsOf(DaemonPid()).bytes, WeightBytes(a)) << "a's memory is kept, not given back";
+  ASSERT_TRUE(client->Load("b").ok());
+  EXPECT_NE(DaemonLog().find("reuses"), std::string::npos) << DaemonLog();
+  // b's weights (half a's bytes) in a's old pages, resized: what it computes is b's.
+  EXPECT_EQ(MemfdsOf(DaemonPid()).bytes, WeightBytes(b));
+  client::Matrix input = RandomMatrix(5, 64, 3);
+  auto out = client->Infer("b", input);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(ReferenceInfer(b, input), *out);
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(WeightsTest, KeptMemoryNeverPassesTheBudget) {
+  std::string a = MakeModel("a", "64,512,64", "relu", "f32", 1);
+  MakeModel("b", "64,512,64", "relu", "f32", 2);
+  std::string c = MakeModel("c", "64,1000,64", "relu", "f32", 3);
+  const uint64_t budget = 2 * AccountedBytes(a);
+  // c fits alone, but beside c there is no room for the second of a's and b's freed regions.
+  ASSERT_LE(AccountedBytes(c), budget);
+  ASSERT_LT(budget - AccountedBytes(c), WeightBytes(a));
+  StartDaemon(fmt::format("[pool]\nbudget = {}\n", budget));
+  auto client = Connect();
+  ASSERT_TRUE(client->Load("a").ok());
+  ASSERT_TRUE(client->Load("b").ok());
+  ASSERT_TRUE(client->Unload("a").ok());
+  ASSERT_TRUE(client->Unload("b").ok());
+  for (int i = 0; i < 200 && MemfdsOf(DaemonPid()).count != 2; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(MemfdsOf(DaemonPid()).count, 2u) << "both freed regions kept while nothing is loaded";
+  ASSERT_TRUE(client->Load("c").ok());
+  // One region grew into c's weights; the other no longer fits beside c and was closed.
+  HeldMemfds held = MemfdsOf(DaemonPid());
+  EXPECT_EQ(held.count, 1u);
+  EXPECT_EQ(held.bytes, WeightBytes(c));
+  EXPECT_LE(held.bytes + client->GetStatus()->devices(0).used_bytes() - WeightBytes(c), budget);
+  client::Matrix input = RandomMatrix(2, 64, 4);
+  auto out = client->Infer("c", input);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(ReferenceInfer(c, input), *out);
 }
 
 }  // namespace

@@ -87,7 +87,8 @@ typedef struct wp_engine_info {
   uint32_t max_batch;       /* rows per infer call the workspace was sized for */
 } wp_engine_info;
 
-/* Called during load with bytes copied so far; returning non-zero cancels the load. */
+/* Called during load with bytes copied so far; returning non-zero cancels the load. An engine may
+ * call it from threads of its own, but never two calls at once, and done_bytes never goes back. */
 typedef int (*wp_progress_fn)(void* ctx, uint64_t done_bytes, uint64_t total_bytes);
 
 typedef struct wp_engine wp_engine; /* opaque engine instance */

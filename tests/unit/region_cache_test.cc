@@ -1,0 +1,116 @@
+// The host backend's cache of freed device memory (supervisor/region_cache.h) and the reuse of a
+// kept region by HostMemory (devmem/host_memory.h).
+#include "supervisor/region_cache.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "devmem/host_memory.h"
+
+namespace warmpool::supervisor {
+namespace {
+
+int Memfd(uint64_t bytes, unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING) {
+  int fd = memfd_create("region_cache_test", flags);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  return fd;
+}
+
+bool IsOpen(int fd) { return fcntl(fd, F_GETFD) != -1; }
+
+uint64_t SizeOf(int fd) {
+  struct stat st {};
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+TEST(RegionCache, KeepsMemfdsAndClosesAnythingElse) {
+  RegionCache cache;
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  cache.Keep(pipe_fds[0]);
+  EXPECT_FALSE(IsOpen(pipe_fds[0])) << "a pipe is not memory";
+  close(pipe_fds[1]);
+  int sealed = Memfd(4096);
+  ASSERT_EQ(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  cache.Keep(sealed);
+  EXPECT_FALSE(IsOpen(sealed)) << "a region sealed against resizing cannot be reused";
+  int empty = Memfd(0);
+  cache.Keep(empty);
+  EXPECT_FALSE(IsOpen(empty));
+  cache.Keep(-1);
+  EXPECT_EQ(cache.size(), 0u);
+
+  int parked = Memfd(8192, MFD_CLOEXEC);  // without sealing (a parked copy): F_SEAL_SEAL only
+  cache.Keep(parked);
+  EXPECT_TRUE(IsOpen(parked));
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache.bytes(), 8192u);
+}
+
+TEST(RegionCache, TakesTheSmallestThatFitsElseTheLargest) {
+  RegionCache cache;
+  int small = Memfd(4096), large = Memfd(65536), medium = Memfd(16384);
+  cache.Keep(small);
+  cache.Keep(large);
+  cache.Keep(medium);
+  EXPECT_EQ(cache.bytes(), 4096u + 65536 + 16384);
+  EXPECT_EQ(cache.Take(10000), medium);
+  EXPECT_EQ(cache.Take(1u << 20), large) << "nothing fits: the largest, grown by its user";
+  EXPECT_EQ(cache.bytes(), 4096u);
+  EXPECT_EQ(cache.Take(1), small);
+  EXPECT_EQ(cache.Take(1), -1);
+  for (int fd : {small, medium, large}) close(fd);
+}
+
+TEST(RegionCache, TrimClosesTheOldestFirstAndTheRestOnDestruction) {
+  int first = Memfd(4096), second = Memfd(4096), third = Memfd(4096);
+  {
+    RegionCache cache;
+    cache.Keep(first);
+    cache.Keep(second);
+    cache.Keep(third);
+    cache.TrimTo(8192);
+    EXPECT_FALSE(IsOpen(first));
+    EXPECT_TRUE(IsOpen(second));
+    cache.TrimTo(5000);
+    EXPECT_FALSE(IsOpen(second));
+    EXPECT_EQ(cache.bytes(), 4096u);
+    cache.TrimTo(4096);
+    EXPECT_TRUE(IsOpen(third));
+  }
+  EXPECT_FALSE(IsOpen(third));
+}
+
+TEST(HostMemoryReuse, AResizedRegionKeepsItsPagesAndCountsAgainstTheBudget) {
+  HostMemory memory(1 << 20);
+  int fd = Memfd(65536);
+  void* old = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(old, MAP_FAILED);
+  std::memset(old, 0x5a, 65536);
+  munmap(old, 65536);
+  Result<HostRegion> reused = memory.AllocateReusing(fd, 4096);
+  ASSERT_TRUE(reused.ok()) << reused.status().ToString();
+  EXPECT_EQ(reused->fd, fd);
+  EXPECT_EQ(SizeOf(fd), 4096u) << "shrunk: the tail's pages go back";
+  EXPECT_EQ(static_cast<uint8_t*>(reused->ptr)[4095], 0x5a) << "the same pages, not fresh ones";
+  EXPECT_EQ(memory.used_bytes(), 4096u);
+  memory.Free(*reused);
+  EXPECT_EQ(memory.used_bytes(), 0u);
+
+  int over = Memfd(4096);
+  Result<HostRegion> refused = memory.AllocateReusing(over, 2 << 20);
+  EXPECT_EQ(refused.status().code(), Code::kResourceExhausted);
+  EXPECT_FALSE(IsOpen(over)) << "taken over even when refused";
+  EXPECT_EQ(memory.used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor
