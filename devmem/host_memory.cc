@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/chunks.h"
+
 namespace warmpool {
 
 Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
@@ -75,24 +77,31 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
   return HostRegion{ptr, bytes, fd};
 }
 
-Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_region& region) {
+Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd) {
   const uint64_t bytes = region.bytes;
-  int fd = memfd_create("warmpool-parked", MFD_CLOEXEC);
+  int fd = reuse_fd >= 0 ? reuse_fd : memfd_create("warmpool-parked", MFD_CLOEXEC);
   if (fd < 0) return Error(Code::kInternal, "memfd_create: {}", std::strerror(errno));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 ||
+      (static_cast<uint64_t>(st.st_size) != bytes && ftruncate(fd, static_cast<off_t>(bytes)) != 0)) {
     int err = errno;
     close(fd);
     return Error(Code::kResourceExhausted, "cannot size a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (reuse_fd >= 0 ? MAP_POPULATE : 0), fd, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(fd);
     return Error(Code::kResourceExhausted, "cannot map a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  wp_status read = device.read(device.ctx, &region, 0, ptr, bytes);
+  // Host memory: a few threads at once; a GPU's copies are driven by its service in one call.
+  const bool read = ForEachChunk(bytes, device.host_addressable != 0 ? kCopyChunkBytes : bytes, kCopyThreads,
+                                 [&](uint64_t offset, uint64_t length) {
+                                   return device.read(device.ctx, &region, offset,
+                                                      static_cast<uint8_t*>(ptr) + offset, length) == WP_OK;
+                                 });
   munmap(ptr, bytes);
-  if (read != WP_OK) {
+  if (!read) {
     close(fd);
     return Error(Code::kInternal, "cannot copy {} bytes of weights out of device memory", bytes);
   }

@@ -35,7 +35,11 @@ class HostMemory {
   // Host memory outside the device budget (parked copies): a memfd of the region's bytes, read
   // from it through its device's service (a memcpy on the host backend, a copy from the GPU on
   // cuda). Returns its fd; nothing stays mapped here.
-  static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region);
+  // reuse_fd: memory to copy into instead of a fresh memfd (taken over), as AllocateReusing.
+  // Copies of host memory go in chunks of this size over up to this many threads (common/chunks.h).
+  static constexpr uint64_t kCopyChunkBytes = 16ull << 20;
+  static constexpr unsigned kCopyThreads = 4;
+  static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd = -1);
   // Maps a region exported by another process: a dup of its fd, mapped shared. Not counted against
   // this process's budget: the supervisor accounts shared weights once, where it holds them.
   Result<HostRegion> Import(int fd, uint64_t bytes);

@@ -8,7 +8,6 @@
 // call copies a layer's weights to host scratch through the memory service and runs it on the CPU:
 // correct but slow, and the log says so, and why, once per worker.
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -18,13 +17,13 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <thread>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "common/chunks.h"
 #include "common/units.h"
 #include "engines/builtin.h"
 #include "engines/dense_cpu.h"
@@ -120,41 +119,27 @@ Status ReadThroughStaging(int fd, DenseEngine& engine, wp_progress_fn progress, 
   return OkStatus();
 }
 
-// Host memory: chunks read straight into the region by up to kReadThreads threads at once. One
-// thread's copy out of the page cache is bound by what one core can move; the chunks interleave
-// so that the file is read front to back. Progress is reported after every chunk, by whichever
-// thread read it, one call at a time (the ABI allows that) and never going back.
+// Host memory: chunks read straight into the region by up to kReadThreads threads at once (one
+// core's copy out of the page cache is far below what the memory moves). Progress is reported
+// after every chunk, by whichever thread read it, one call at a time (the ABI allows that) and
+// never going back.
 Status ReadInPlace(int fd, DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
   auto* destination = static_cast<uint8_t*>(engine.weights.ptr);
   const uint64_t total = engine.header.data_bytes;
-  const uint64_t chunks = (total + kReadChunkBytes - 1) / kReadChunkBytes;
-  const unsigned threads = static_cast<unsigned>(
-      std::min<uint64_t>({kReadThreads, std::max(1u, std::thread::hardware_concurrency()), chunks}));
-  std::atomic<uint64_t> next_chunk{0};
-  std::atomic<bool> stop{false};
   std::mutex mutex;  // guards what follows, and serialises the progress calls
   uint64_t done = 0;
   Status error;
-  auto read_chunks = [&] {
-    for (uint64_t c; !stop.load() && (c = next_chunk.fetch_add(1)) < chunks;) {
-      const uint64_t begin = c * kReadChunkBytes, end = std::min(total, begin + kReadChunkBytes);
-      Status s = ReadRange(fd, engine, destination + begin, begin, end);
-      std::lock_guard lock(mutex);
-      if (stop.load()) break;  // cancelled or failed meanwhile: no word after that
-      if (s.ok()) {
-        done += end - begin;
-        if (progress != nullptr && progress(progress_ctx, done, total) != 0) s = Cancelled(engine, done, total);
-      }
-      if (!s.ok()) {
-        if (error.ok()) error = s;
-        stop.store(true);
-      }
+  ForEachChunk(total, kReadChunkBytes, kReadThreads, [&](uint64_t begin, uint64_t length) {
+    Status s = ReadRange(fd, engine, destination + begin, begin, begin + length);
+    std::lock_guard lock(mutex);
+    if (!error.ok()) return false;  // cancelled or failed meanwhile: no word after that
+    if (s.ok()) {
+      done += length;
+      if (progress != nullptr && progress(progress_ctx, done, total) != 0) s = Cancelled(engine, done, total);
     }
-  };
-  std::vector<std::thread> helpers;
-  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(read_chunks);
-  read_chunks();
-  for (std::thread& helper : helpers) helper.join();
+    error = s;
+    return s.ok();
+  });
   return error;
 }
 

@@ -2,13 +2,15 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
-#include <optional>
 #include <cstring>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "common/chunks.h"
 #include "engines/plugin_loader.h"
 #include "engines/safetensors.h"
 #include "ipc/error_proto.h"
@@ -560,16 +562,33 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
 }
 
 Result<wp_region> Worker::CopyToDevice(int host_fd, uint64_t bytes) {
-  Result<HostRegion> host = host_memory_.Import(host_fd, bytes);
-  if (!host.ok()) return host.status();
   wp_region device{nullptr, 0, -1};
   if (memory_service_.alloc(memory_service_.ctx, bytes, &device) != WP_OK) {
-    host_memory_.Free(*host);
     return Error(Code::kResourceExhausted, "cannot allocate {} bytes of device memory to unpark", bytes);
   }
-  const wp_status copied = memory_service_.write(memory_service_.ctx, &device, 0, host->ptr, bytes);
-  host_memory_.Free(*host);  // the host copy's mapping; the supervisor keeps the copy itself
-  if (copied != WP_OK) {
+  bool copied = false;
+  if (memory_service_.host_addressable != 0) {
+    // Host memory: read from the copy's memfd straight into the region, a few threads at once;
+    // the copy is never mapped here, which would cost a page-table entry per page for one pass.
+    auto* destination = static_cast<uint8_t*>(device.ptr);
+    copied = ForEachChunk(bytes, HostMemory::kCopyChunkBytes, HostMemory::kCopyThreads, [&](uint64_t offset, uint64_t length) {
+      for (uint64_t done = 0; done < length;) {
+        const ssize_t n = pread(host_fd, destination + offset + done, length - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        done += static_cast<uint64_t>(n);
+      }
+      return true;
+    });
+  } else {
+    // A GPU: its service copies from host memory it pins for the copy (devmem/cuda_memory.h).
+    Result<HostRegion> host = host_memory_.Import(host_fd, bytes);
+    if (host.ok()) {
+      copied = memory_service_.write(memory_service_.ctx, &device, 0, host->ptr, bytes) == WP_OK;
+      host_memory_.Free(*host);  // the host copy's mapping; the supervisor keeps the copy itself
+    }
+  }
+  if (!copied) {
     memory_service_.free(memory_service_.ctx, &device);
     return Error(Code::kInternal, "cannot copy {} parked bytes into device memory", bytes);
   }
@@ -596,7 +615,7 @@ void Worker::HandlePark(const v1::WorkerPark& request) {
     if (!weights.ok() || weights->ptr == nullptr) {
       status = Error(Code::kFailedPrecondition, "the model has no weights to park");
     } else {
-      Result<int> host = HostMemory::CopyToHost(memory_service_, *weights);
+      Result<int> host = HostMemory::CopyToHost(memory_service_, *weights, TakeOffer(request.job()));
       if (!host.ok()) status = host.status();
       else {
         copy = *host;

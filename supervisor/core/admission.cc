@@ -253,7 +253,7 @@ void Core::SendRelease(uint32_t model) {
       uint64_t id = NewJob(std::move(job));
       message.mutable_park()->set_job(id);
       r->park_job = id;
-      Send(replica.worker, message);
+      SendAllocating(replica.worker, message, id, r->weights.weight_bytes);  // host memory, for the copy
       break;
     }
   }
