@@ -25,6 +25,7 @@
 
 #include "bench/skeleton.h"
 #include "bench/abuse.h"
+#include "bench/batching.h"
 #include "bench/compute.h"
 #include "bench/recovery.h"
 #include "bench/relay.h"
@@ -64,56 +65,15 @@ struct Options {
   std::vector<uint64_t> sizes_mib = {16, 1024};
   uint32_t poll_us = 50;
   uint32_t features = 0;
+  // --batching
+  bool batching = false;
+  uint32_t delay_us = 500;
   // --compute
   bool compute = false;
   std::vector<uint32_t> layers = {4096, 16384, 4096};
   std::vector<uint32_t> batches = {1, 256};
   uint32_t threads = 1;
 };
-
-using Sessions = std::vector<std::unique_ptr<Session>>;
-
-// Runs `total` closed-loop round trips split over the sessions, one thread each, all released at
-// once; appends every latency to out and returns the wall time from release to the last reply.
-Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out) {
-  size_t n = sessions.size();
-  std::vector<std::vector<uint64_t>> latencies(n);
-  std::vector<Status> errors(n);
-  std::latch ready(static_cast<std::ptrdiff_t>(n));
-  std::latch go(1);
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t count = total / n + (i < total % n ? 1 : 0);
-    threads.emplace_back([&, i, count] {
-      latencies[i].reserve(count);
-      ready.count_down();
-      go.wait();
-      for (uint64_t k = 0; k < count; ++k) {
-        auto t0 = std::chrono::steady_clock::now();
-        Status s = sessions[i]->RoundTrip();
-        auto t1 = std::chrono::steady_clock::now();
-        if (!s.ok()) {
-          errors[i] = std::move(s);
-          return;
-        }
-        latencies[i].push_back(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-      }
-    });
-  }
-  ready.wait();
-  auto start = std::chrono::steady_clock::now();
-  go.count_down();
-  for (std::thread& t : threads) t.join();
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (size_t i = 0; i < n; ++i) {
-    if (!errors[i].ok()) return errors[i];
-  }
-  if (out != nullptr) {
-    for (auto& l : latencies) out->insert(out->end(), l.begin(), l.end());
-  }
-  return wall;
-}
 
 struct Measured {
   std::vector<uint64_t> latencies;
@@ -359,10 +319,29 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "--compute: threads of the engine and of OpenBLAS")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_flag("--batching", options.batching,
+               "instead: dynamic batching: --clients clients x 1 row on a dense model, batched against "
+               "batching off and against the engine in-process on as many rows per call (see "
+               "bench/batching.h; --clients defaults to 16 there, --requests is per round)");
+  app.add_option("--delay-us", options.delay_us, "--batching: [pool] max_batch_delay_us of the batched model")
+      ->capture_default_str();
   app.get_option("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
+  app.get_option("--batching")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
   app.get_option("--recovery")->excludes("--sharing");
   app.get_option("--abuse")->excludes("--sharing")->excludes("--recovery");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (options.batching) {
+    warmpool::bench::BatchingOptions batching;
+    batching.daemon = options.daemon;
+    batching.backend = options.backend;
+    if (app.get_option("--layers")->count() > 0) batching.layers = options.layers;
+    if (app.get_option("--clients")->count() > 0) batching.clients = options.clients;
+    if (app.get_option("--requests")->count() > 0) batching.requests = options.requests;
+    if (app.get_option("--rounds")->count() > 0) batching.rounds = options.rounds;
+    batching.delay_us = options.delay_us;
+    batching.json = options.json;
+    return warmpool::bench::RunBatching(batching);
+  }
   if (options.compute) {
     warmpool::bench::ComputeOptions compute;
     compute.layers = options.layers;

@@ -4,6 +4,11 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <latch>
+#include <thread>
+#include <vector>
+
 #include "bench/relay.h"
 
 namespace warmpool::bench {
@@ -102,6 +107,46 @@ Result<std::unique_ptr<Session>> ConnectRelay(const std::string& socket_path,
   if (!fd.ok()) return fd.status();
   SetReceiveTimeout(*fd);
   return std::unique_ptr<Session>(new RelaySession(*fd, model, input));
+}
+
+Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out) {
+  size_t n = sessions.size();
+  std::vector<std::vector<uint64_t>> latencies(n);
+  std::vector<Status> errors(n);
+  std::latch ready(static_cast<std::ptrdiff_t>(n));
+  std::latch go(1);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t count = total / n + (i < total % n ? 1 : 0);
+    threads.emplace_back([&, i, count] {
+      latencies[i].reserve(count);
+      ready.count_down();
+      go.wait();
+      for (uint64_t k = 0; k < count; ++k) {
+        auto t0 = std::chrono::steady_clock::now();
+        Status s = sessions[i]->RoundTrip();
+        auto t1 = std::chrono::steady_clock::now();
+        if (!s.ok()) {
+          errors[i] = std::move(s);
+          return;
+        }
+        latencies[i].push_back(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+      }
+    });
+  }
+  ready.wait();
+  auto start = std::chrono::steady_clock::now();
+  go.count_down();
+  for (std::thread& t : threads) t.join();
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i].ok()) return errors[i];
+  }
+  if (out != nullptr) {
+    for (auto& l : latencies) out->insert(out->end(), l.begin(), l.end());
+  }
+  return wall;
 }
 
 }  // namespace warmpool::bench

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "client/client.h"
 #include "common/status.h"
@@ -33,6 +34,12 @@ Result<std::unique_ptr<Session>> ConnectWarmpool(const std::string& socket_path,
 Result<std::unique_ptr<Session>> ConnectRelay(const std::string& socket_path,
                                               const std::string& model,
                                               const client::Matrix& input);
+
+using Sessions = std::vector<std::unique_ptr<Session>>;
+
+// Runs `total` closed-loop round trips split over the sessions, one thread each, all released at
+// once; appends every latency (ns) to out and returns the wall time from release to the last reply.
+Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out);
 
 // A failsafe against a hung peer (not a measurement bound): a read waiting this long fails.
 inline constexpr int kReceiveTimeoutSeconds = 60;

@@ -1,7 +1,9 @@
 #include "ipc/blocking_channel.h"
 
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -38,6 +40,18 @@ Status BlockingChannel::Read(google::protobuf::MessageLite& message) {
                  body.size(), message.GetTypeName());
   }
   return OkStatus();
+}
+
+bool BlockingChannel::WaitForFrame(int64_t timeout_us) {
+  if (decoder_.HasFrame()) return true;
+  pollfd p{fd_, POLLIN, 0};
+  const int64_t wait_us = std::max<int64_t>(0, timeout_us);
+  const timespec timeout{static_cast<time_t>(wait_us / 1000000), static_cast<long>(wait_us % 1000000) * 1000};
+  int rc;
+  do {
+    rc = ppoll(&p, 1, &timeout, nullptr);  // microseconds, where poll has milliseconds
+  } while (rc < 0 && errno == EINTR);
+  return rc > 0;
 }
 
 Status BlockingChannel::Write(const google::protobuf::MessageLite& message,

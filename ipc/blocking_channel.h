@@ -22,6 +22,9 @@ class BlockingChannel {
   // Reads the next frame into message. UNAVAILABLE when the peer closed the channel, INVALID_ARGUMENT
   // on a message that does not parse, RESOURCE_EXHAUSTED on an oversized frame. One reader at a time.
   Status Read(google::protobuf::MessageLite& message);
+  // Whether Read would find the start of a frame within timeout_us: one is buffered already, or
+  // the socket becomes readable (then Read may still wait for the rest of the frame).
+  bool WaitForFrame(int64_t timeout_us);
   // The oldest received descriptor not yet taken (the caller owns it), or -1. Descriptors are
   // queued in arrival order: a message that says it carries one takes it here.
   int TakeFd();

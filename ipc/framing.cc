@@ -73,6 +73,12 @@ bool FrameDecoder::Next(std::string& body) {
   return true;
 }
 
+bool FrameDecoder::HasFrame() const {
+  if (buffer_.size() - consumed_ < kFramePrefixBytes) return false;
+  const uint32_t length = ReadPrefix(buffer_.data() + consumed_);
+  return length <= max_frame_bytes_ && buffer_.size() - consumed_ - kFramePrefixBytes >= length;
+}
+
 bool FrameDecoder::Next(std::string_view& body) {
   if (buffer_.size() - consumed_ < kFramePrefixBytes) return false;
   uint32_t length = ReadPrefix(buffer_.data() + consumed_);

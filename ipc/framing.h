@@ -36,6 +36,8 @@ class FrameDecoder {
   bool Next(std::string& body);
   // The same without a copy: body points into the decoder and stays valid until the next Append.
   bool Next(std::string_view& body);
+  // Whether a complete frame is buffered (Next would return one).
+  bool HasFrame() const;
   // Bytes of an incomplete frame held (0 at a frame boundary).
   size_t buffered() const { return buffer_.size() - consumed_; }
   const Status& error() const { return error_; }

@@ -140,6 +140,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "keep_alive") s = ReadKeepAlive(node, key, c.keep_alive_ms);
       else if (k == "preload") s = ReadStrings(node, key, c.preload);
       else if (k == "park_budget") s = ReadSize(node, key, c.park_budget_bytes);
+      else if (k == "max_batch_delay_us") s = ReadUint(node, key, c.max_batch_delay_us);
       else if (k == "max_cached") s = ReadUint(node, key, c.max_cached);
       else if (k == "single_active") s = ReadBool(node, key, c.single_active);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
@@ -209,6 +210,11 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       else if (k == "path") s = ReadString(v, key, m.path);
       else if (k == "keep_alive") s = ReadKeepAlive(v, key, m.keep_alive_ms);
       else if (k == "replicas") s = ReadUint(v, key, m.replicas);
+      else if (k == "max_batch_delay_us") {
+        uint32_t delay = 0;
+        s = ReadUint(v, key, delay);
+        m.max_batch_delay_us = delay;
+      }
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
       if (!s.ok()) return s;
     }

@@ -20,6 +20,7 @@ struct ModelConfig {
   std::string path;  // relative paths are resolved against the config file's directory
   int64_t keep_alive_ms = kKeepAliveDefault;  // kKeepAliveDefault: the pool's
   uint32_t replicas = 1;  // workers serving it from one copy of the weights
+  int64_t max_batch_delay_us = -1;  // -1: the pool's
 };
 
 // One device as the daemon found it at start (never read from a file).
@@ -59,6 +60,10 @@ struct Config {
   bool single_active = false;      // at most one model on the device; switching parks it
   uint32_t max_cached = 0;         // models on the device plus parked; 0 = unlimited
   std::vector<std::string> preload;  // loaded at start
+  // Dynamic batching: requests for one model that meet at a worker are computed in one engine
+  // call. A request another of the model's requests is in flight beside waits up to this long
+  // for more to join it; 0 turns batching off.
+  uint32_t max_batch_delay_us = 500;
   // What serves, as the daemon found it at start (never read from a file): the backend ("host"
   // or "cuda" once resolved) and its devices, workers_per_device workers each (worker slot s
   // serves device s / workers_per_device). Empty: one device of budget_bytes.

@@ -195,25 +195,48 @@ Status Worker::Start() {
   return OkStatus();
 }
 
+Status Worker::ReadIncoming(Incoming& in) {
+  in.fd = -1;
+  Status s = channel_.Read(in.message);
+  if (!s.ok()) return s;
+  // Only an attach of a model with weights carries a descriptor (the weights region), a grant of
+  // device memory, and an offer of memory to reuse.
+  const v1::WorkerEnvelope& m = in.message;
+  if ((m.has_attach() && m.attach().weight_bytes() > 0) || (m.has_allocated() && !m.allocated().has_error()) ||
+      m.has_offer()) {
+    in.fd = channel_.TakeFd();
+  }
+  return OkStatus();
+}
+
 int Worker::Run() {
   reader_thread_ = std::this_thread::get_id();
+  std::optional<Incoming> ahead;  // read while gathering a batch, not part of it: handled next
+  Status read_error;              // met while gathering: reported once the batch is answered
   for (;;) {
-    v1::WorkerEnvelope message;
-    Status s = channel_.Read(message);
-    // Only an attach of a model with weights carries a descriptor (the weights region), a grant of
-    // device memory, and an offer of memory to reuse.
-    int weights_fd = -1;
-    if (s.ok() && ((message.has_attach() && message.attach().weight_bytes() > 0) ||
-                   (message.has_allocated() && !message.allocated().has_error()) || message.has_offer())) {
-      weights_fd = channel_.TakeFd();
+    Incoming in;
+    Status s = read_error;
+    if (ahead) {
+      in = std::move(*ahead);
+      ahead.reset();
+    } else if (s.ok()) {
+      s = ReadIncoming(in);
     }
     if (!s.ok()) {
       if (s.code() == Code::kUnavailable) return 0;  // supervisor closed the channel: stop
       spdlog::error("worker {}: bad message from the supervisor: {}", options_.slot, s.ToString());
       return 1;
     }
+    v1::WorkerEnvelope& message = in.message;
+    const int weights_fd = in.fd;
     switch (message.body_case()) {
-      case v1::WorkerEnvelope::kInfer: HandleInfer(message.infer()); break;
+      case v1::WorkerEnvelope::kInfer: {
+        std::vector<v1::WorkerInfer> batch;
+        batch.push_back(std::move(*message.mutable_infer()));
+        read_error = GatherBatch(batch, ahead);
+        HandleInfers(batch);
+        break;
+      }
       case v1::WorkerEnvelope::kUnload: {
         std::unique_lock lock(load_mutex_);
         auto pending = load_thread_jobs_.find(message.unload().model());
@@ -304,6 +327,7 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
         output->set_cols(engine->OutputColumns(input.cols()));
         output->set_data(reinterpret_cast<const char*>(output_.data()),
                          output_.size() * sizeof(float));
+        done->set_batch_rows(input.rows());
       }
     }
   }

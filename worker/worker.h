@@ -75,6 +75,19 @@ class Worker {
   // Picks the device memory engines allocate from: the host backend, or (cuda) the device.
   Status OpenDeviceMemory();
   void HandleInfer(const v1::WorkerInfer& request);
+  // A frame from the supervisor with the descriptor it carries (-1: none).
+  struct Incoming {
+    v1::WorkerEnvelope message;
+    int fd = -1;
+  };
+  Status ReadIncoming(Incoming& in);
+  // Dynamic batching (worker/batching.cc). Adds to `batch` (one request so far) the requests for
+  // the same model that reach this worker now, or within the first one's batch_delay_us, up to the
+  // engine's max_batch rows; a frame read that does not join goes to `ahead`. A read error ends
+  // the gathering and is returned.
+  Status GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<Incoming>& ahead);
+  // Answers each request: one engine call for all of them when they can share one.
+  void HandleInfers(std::vector<v1::WorkerInfer>& batch);
   // on_load_thread: queued behind its model's load or attach (see LoadJob).
   void HandleUnload(const v1::WorkerUnload& request, bool on_load_thread);
   // A load-thread job of the model is done: called just before its reply is sent, so that an

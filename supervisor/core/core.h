@@ -84,7 +84,9 @@ class Core {
     bool is_infer = false;
     v1::InferRequest infer;
     uint64_t deadline_ms = 0;  // monotonic; 0 = none
-    uint32_t crashes = 0;      // workers that died while running this very request
+    uint32_t crashes = 0;      // workers that died while running this very request, alone
+    // ... and while it ran beside other jobs (in one batch, beside a load): it may be innocent
+    uint32_t shared_crashes = 0;
   };
   struct Job {
     enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -99,6 +101,7 @@ class Core {
     uint64_t progress_ms = 0;   // last sign of progress
     uint64_t frame_bytes = 0;   // in the worker's channel
     uint32_t crashes = 0;
+    uint32_t shared_crashes = 0;
     v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
     std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
     uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
@@ -121,6 +124,7 @@ class Core {
     std::optional<int64_t> keep_alive_override_ms;
     uint64_t expires_at_ms = 0;
     uint32_t target_replicas = 1;
+    uint32_t max_batch_delay_us = 0;  // dynamic batching (Config::max_batch_delay_us)
     bool pinned = false;
     bool registered_by_client = false;  // `warmpool register`: a reload leaves it alone
     Status refused;  // its path was refused at registration: requests get this, no worker loads it

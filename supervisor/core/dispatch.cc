@@ -70,6 +70,7 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   job.call = waiter.call;
   job.deadline_ms = waiter.deadline_ms;
   job.crashes = waiter.crashes;
+  job.shared_crashes = waiter.shared_crashes;
   job.request = std::move(waiter.infer);
   job.frame_bytes = job.request.input().data().size() + reply_bytes;
   v1::WorkerEnvelope message;
@@ -77,6 +78,13 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
   uint64_t id = NewJob(std::move(job));
   const Job& stored = jobs_[id];
+  if (m.max_batch_delay_us > 0 && stored.crashes == 0 && stored.shared_crashes == 0) {
+    // Worth waiting for company only when there is some: others in flight, or queued behind.
+    // A request that was running when a worker died runs alone from then on, so that a crash it
+    // causes is its own and is charged to it alone (and an innocent one is not charged again).
+    infer->set_batch(true);
+    if (m.inflight > 0 || !m.waiters.empty()) infer->set_batch_delay_us(m.max_batch_delay_us);
+  }
   m.inflight++;
   index_->Update(model, [&](shm::ModelRecord& r) {
     r.inflight = m.inflight;
@@ -105,6 +113,7 @@ void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
     } else {
       v1::Envelope reply;
       reply.mutable_infer_reply()->set_allocated_output(done.release_output());
+      reply.mutable_infer_reply()->set_batch_rows(done.batch_rows());
       Answer(job.call, std::move(reply));
     }
   }

@@ -34,7 +34,9 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
     }
   }
   // The in-flight markers say which jobs the worker was running when it died: those jobs (and
-  // their models) are the suspects; jobs merely queued behind them are innocent.
+  // their models) are the suspects; jobs merely queued behind them are innocent. A suspect that
+  // ran alone is charged the crash; one of several running at once (a batch, an inference beside a
+  // load) may be innocent: it is retried alone, and only a few such crashes end it.
   const std::vector<uint64_t>& running = down.running_jobs;
   if (!running.empty()) {
     Log(LogLevel::kInfo, "reclaimed {} in-flight markers of worker {}", running.size(), slot);
@@ -61,16 +63,18 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
           index_->Update(job.model, [&](shm::ModelRecord& r) { r.inflight = m.inflight; });
         }
         if (job.answered) break;  // already told DEADLINE_EXCEEDED, or its client is gone
-        uint32_t crashes = job.crashes + (killer && !w.device_lost ? 1 : 0);
-        if (!policy::RetryAfterCrash(crashes) || !current) {
+        const bool charged = killer && !w.device_lost;
+        uint32_t crashes = job.crashes + (charged && running.size() == 1 ? 1 : 0);
+        uint32_t shared = job.shared_crashes + (charged && running.size() > 1 ? 1 : 0);
+        if (!policy::RetryAfterCrash(crashes, shared) || !current) {
           AnswerError(job.call, Error(Code::kInternal,
-                                      "the request crashed its worker twice (last: worker {} {}); "
-                                      "it is not retried again",
-                                      slot, down.why));
+                                      "the request was running when its worker died {} times (last: "
+                                      "worker {} {}); it is not retried again",
+                                      crashes + shared, slot, down.why));
           break;
         }
         retries.emplace_back(job.model, Waiter{job.call, true, std::move(job.request),
-                                               job.deadline_ms, crashes});
+                                               job.deadline_ms, crashes, shared});
         break;
       }
       case Job::Kind::kLoad:

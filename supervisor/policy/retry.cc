@@ -4,7 +4,9 @@
 
 namespace warmpool::supervisor::policy {
 
-bool RetryAfterCrash(uint32_t crashes_of_request) { return crashes_of_request < 2; }
+bool RetryAfterCrash(uint32_t crashes_alone, uint32_t crashes_shared) {
+  return crashes_alone < 2 && crashes_alone + crashes_shared < kMaxCrashesOfRequest;
+}
 
 bool ChargeCrash(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings) {
   record.times_ms.push_back(now_ms);

@@ -24,8 +24,11 @@ struct CrashRecord {
   uint64_t cooldown_ms = 0;  // the last cooldown given (0: none yet)
 };
 
-// A request is run again after its worker died, unless it has now crashed two workers.
-bool RetryAfterCrash(uint32_t crashes_of_request);
+// A request is run again after its worker died, unless it has now crashed two workers while it
+// ran alone, or been running at kMaxCrashesOfRequest crashes in all (most of them beside other
+// jobs, any of which may have been the cause).
+inline constexpr uint32_t kMaxCrashesOfRequest = 4;
+bool RetryAfterCrash(uint32_t crashes_alone, uint32_t crashes_shared);
 
 // Charges a crash at now. True when the model is now in a crash loop: it becomes failed for
 // NextCooldown, and its record starts over.

@@ -331,6 +331,75 @@ TEST(CoreTest, RequestsOfADepartedClientNeverRun) {
   EXPECT_EQ(rig.core().held_bytes(), 0u);
 }
 
+// Requests of one batch all hold in-flight markers when their worker dies, and so does an
+// inference beside a load: any of them may have been the cause. Each is retried alone (never
+// batched again), so that a crash it causes is then its own; it fails only once charged twice
+// alone, or at four crashes in all.
+TEST(CoreTest, ACrashBesideOtherJobsIsRetriedAloneAndChargedOnlyWhenAlone) {
+  Config config = CoreRig::SmallConfig();
+  config.crash_loop_crashes = 10;  // the model's own crash loop is not what this is about
+  CoreRig rig(config);
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Infer(7, "m");  // both wait for the load
+  rig.Infer(8, "m");
+  rig.Reply(0, CoreRig::LoadDone(rig.Sent(0)[0].load().job(), m), {100});
+  // Serves m again after a worker died: the attach of the held weights, then the requests.
+  auto serve_again = [&](uint32_t down) -> std::vector<v1::WorkerInfer> {
+    rig.Advance(200);
+    rig.Up(down);
+    std::vector<v1::WorkerInfer> infers;
+    for (uint32_t slot : {0u, 1u}) {
+      for (const v1::WorkerEnvelope& w : rig.Sent(slot)) {
+        if (w.has_attach()) {
+          rig.Reply(slot, CoreRig::LoadDone(w.attach().job(), m));
+          for (const v1::WorkerEnvelope& after : rig.Sent(slot)) {
+            if (after.has_infer()) infers.push_back(after.infer());
+          }
+        }
+        if (w.has_infer()) infers.push_back(w.infer());
+      }
+    }
+    return infers;
+  };
+  std::vector<v1::WorkerInfer> first;
+  for (const v1::WorkerEnvelope& w : rig.Sent(0)) first.push_back(w.infer());
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_TRUE(first[0].batch() && first[1].batch());
+  EXPECT_GT(first[0].batch_delay_us(), 0u) << "another queued behind it: worth waiting for company";
+  EXPECT_GT(first[1].batch_delay_us(), 0u) << "another in flight beside it";
+
+  // The batch crashes its worker: both ran, neither alone.
+  rig.Down(0, {first[0].job(), first[1].job()});
+  std::vector<v1::WorkerInfer> again = serve_again(0);
+  ASSERT_EQ(again.size(), 2u) << "both retried";
+  for (const v1::WorkerInfer& r : again) EXPECT_FALSE(r.batch()) << "a suspect runs alone from now on";
+  // Two more crashes beside each other (say, beside a load): still retried, three in all.
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t slot = rig.core().index().Get(rig.core().index().Find("m")).worker_slot;
+    rig.Down(slot, {again[0].job(), again[1].job()});
+    again = serve_again(slot);
+    ASSERT_EQ(again.size(), 2u) << "crash " << i + 2 << " beside another: retried";
+  }
+  EXPECT_TRUE(rig.Replies(7).empty());
+  // Session 7's request now crashes its worker alone: charged (its fourth crash in all): it ends.
+  const uint32_t slot = rig.core().index().Get(rig.core().index().Find("m")).worker_slot;
+  rig.Down(slot, {again[0].job()});
+  std::vector<v1::Envelope> replies = rig.Replies(7);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].error().code(), static_cast<int>(Code::kInternal)) << replies[0].DebugString();
+  EXPECT_NE(replies[0].error().message().find("died 4 times"), std::string::npos) << replies[0].DebugString();
+  // Session 8's, queued behind it on that worker, was not running: retried, and served.
+  again = serve_again(slot);
+  ASSERT_EQ(again.size(), 1u);
+  rig.Reply(rig.core().index().Get(rig.core().index().Find("m")).worker_slot, CoreRig::InferDone(again[0].job()));
+  replies = rig.Replies(8);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].has_infer_reply()) << replies[0].DebugString();
+}
+
 // The bytes of requests the daemon holds are bounded per connection and in all.
 TEST(CoreTest, RequestBytesAreBoundedPerConnectionAndInAll) {
   Config c = CoreRig::SmallConfig();

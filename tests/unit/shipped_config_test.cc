@@ -149,7 +149,7 @@ TEST(ShippedConfigTest, EveryKeyIsDocumented) {
       {"daemon", {"socket", "models_dir", "backend", "instance", "workers_per_device", "threads_per_worker",
                   "default_deadline_ms", "engine_dir", "drain_timeout_ms", "stop_kill_ms"}},
       {"pool", {"capacity", "budget", "max_queue", "keep_alive", "preload", "park_budget",
-                "max_cached", "single_active"}},
+                "max_cached", "single_active", "max_batch_delay_us"}},
       {"limits", {"max_frame_bytes", "max_connections", "max_models", "max_inflight",
                   "max_requests_per_connection", "max_queued_bytes",
                   "max_queued_bytes_per_connection", "max_unread_reply_bytes", "idle_timeout"}},
@@ -184,7 +184,7 @@ TEST(ShippedConfigTest, EveryKeyIsDocumented) {
     }
   }
   EXPECT_EQ(model_keys,
-            (std::set<std::string>{"name", "engine", "path", "keep_alive", "replicas"}));
+            (std::set<std::string>{"name", "engine", "path", "keep_alive", "replicas", "max_batch_delay_us"}));
 }
 
 // The units start the daemon on this file, hand it the socket it names, and wait longer for a stop
