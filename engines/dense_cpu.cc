@@ -27,6 +27,8 @@ using tag = dnnl::memory::format_tag;
 
 std::atomic<int> g_threads{1};
 
+constexpr size_t kMatmulsPerLayer = 32;
+
 constexpr float kInvSqrt2 = 1.0f / std::numbers::sqrt2_v<float>;
 
 dnnl::engine& CpuEngine() {
@@ -63,7 +65,7 @@ struct Layer {
   Path path = Path::kF32;
   bool activate = false;      // every layer but the last
   std::vector<float> bias;    // widened once; empty without one
-  std::map<uint32_t, Matmul> matmuls;  // by batch size, made on first use (at most kMaxBatch)
+  std::map<uint32_t, Matmul> matmuls;  // by batch size, made on first use (kMatmulsPerLayer at most)
 };
 
 void Activate(Activation activation, float* values, uint64_t count) {
@@ -224,7 +226,12 @@ class OneDnnLayers final : public CpuLayers {
     }
     try {
       auto found = layer.matmuls.find(rows);
-      if (found == layer.matmuls.end()) found = layer.matmuls.emplace(rows, MakeMatmul(layer, rows, type, activation_)).first;
+      if (found == layer.matmuls.end()) {
+        // Batching makes every batch size up to kMaxBatch possible: a bounded set is kept here
+        // (oneDNN's own primitive cache makes one made again cheap).
+        if (layer.matmuls.size() >= kMatmulsPerLayer) layer.matmuls.clear();
+        found = layer.matmuls.emplace(rows, MakeMatmul(layer, rows, type, activation_)).first;
+      }
       Matmul& mm = found->second;
       // oneDNN takes non-const handles; it only reads the inputs.
       std::unordered_map<int, dnnl::memory> args = {
