@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -18,11 +19,22 @@ bool ForEachChunk(uint64_t bytes, uint64_t chunk, unsigned max_threads,
   auto run = [&] {
     for (uint64_t c; !failed.load() && (c = next.fetch_add(1)) < chunks;) {
       const uint64_t offset = c * chunk;
-      if (!work(offset, std::min(chunk, bytes - offset))) failed.store(true);
+      bool ok = false;
+      try {
+        ok = work(offset, std::min(chunk, bytes - offset));
+      } catch (...) {  // an exception must not leave a helper thread: it would end the process
+      }
+      if (!ok) failed.store(true);
     }
   };
   std::vector<std::thread> helpers;
-  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(run);
+  for (unsigned i = 1; i < threads; ++i) {
+    try {
+      helpers.emplace_back(run);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had (a tasks limit): the ones there are do the rest
+    }
+  }
   run();
   for (std::thread& helper : helpers) helper.join();
   return !failed.load();

@@ -10,8 +10,8 @@ namespace warmpool {
 
 // Calls work(offset, length) for the consecutive chunks of `chunk` bytes covering [0, bytes), in
 // order of offset, from up to `max_threads` threads (the calling one included; no more than the
-// CPUs or the chunks). After a call returns false no further chunk starts; returns whether every
-// call returned true.
+// CPUs or the chunks; fewer when no more threads can be started). After a call returns false (or
+// throws) no further chunk starts; returns whether every call returned true.
 bool ForEachChunk(uint64_t bytes, uint64_t chunk, unsigned max_threads,
                   const std::function<bool(uint64_t offset, uint64_t length)>& work);
 

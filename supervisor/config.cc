@@ -52,6 +52,21 @@ Status ReadSize(const toml::node& node, const std::string& key, uint64_t& out) {
   return Error(Code::kInvalidArgument, "{} must be a size such as 2GiB or a byte count", key);
 }
 
+// A whole number in [0, most]: for settings where a larger one is a mistake, not a wish.
+template <typename T>
+Status ReadUintAtMost(const toml::node& node, const std::string& key, T& out, uint64_t most) {
+  auto v = node.value_exact<int64_t>();
+  if (!v || *v < 0 || static_cast<uint64_t>(*v) > most) {
+    return Error(Code::kInvalidArgument, "{} must be an integer from 0 to {}", key, most);
+  }
+  out = static_cast<T>(*v);
+  return OkStatus();
+}
+
+// The most threads a worker takes (warmpool-worker --threads) and the longest batching wait.
+constexpr uint64_t kMaxThreadsPerWorker = 4096;
+constexpr uint64_t kMaxBatchDelayUs = 1000000;
+
 template <typename T>
 Status ReadUint(const toml::node& node, const std::string& key, T& out) {
   auto v = node.value_exact<int64_t>();  // not value<>(): `true` must not read as 1
@@ -127,7 +142,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "backend") s = ReadString(node, key, c.backend);
       else if (k == "instance") s = ReadString(node, key, c.instance);
       else if (k == "workers_per_device") s = ReadUint(node, key, c.workers_per_device);
-      else if (k == "threads_per_worker") s = ReadUint(node, key, c.threads_per_worker);
+      else if (k == "threads_per_worker") s = ReadUintAtMost(node, key, c.threads_per_worker, kMaxThreadsPerWorker);
       else if (k == "default_deadline_ms") s = ReadUint(node, key, c.default_deadline_ms);
       else if (k == "engine_dir") s = ReadString(node, key, c.engine_dir);
       else if (k == "drain_timeout_ms") s = ReadUint(node, key, c.drain_timeout_ms);
@@ -140,7 +155,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "keep_alive") s = ReadKeepAlive(node, key, c.keep_alive_ms);
       else if (k == "preload") s = ReadStrings(node, key, c.preload);
       else if (k == "park_budget") s = ReadSize(node, key, c.park_budget_bytes);
-      else if (k == "max_batch_delay_us") s = ReadUint(node, key, c.max_batch_delay_us);
+      else if (k == "max_batch_delay_us") s = ReadUintAtMost(node, key, c.max_batch_delay_us, kMaxBatchDelayUs);
       else if (k == "max_cached") s = ReadUint(node, key, c.max_cached);
       else if (k == "single_active") s = ReadBool(node, key, c.single_active);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
@@ -212,7 +227,7 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       else if (k == "replicas") s = ReadUint(v, key, m.replicas);
       else if (k == "max_batch_delay_us") {
         uint32_t delay = 0;
-        s = ReadUint(v, key, delay);
+        s = ReadUintAtMost(v, key, delay, kMaxBatchDelayUs);
         m.max_batch_delay_us = delay;
       }
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);

@@ -167,7 +167,7 @@ Status Daemon::Start() {
                "threads, {} models registered{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
                config_.instance, config_.backend, budget_text, config_.workers_per_device * budgets.size(),
-               ThreadsPerWorker(config_.threads_per_worker, config_.workers_per_device * budgets.size()),
+               pool.threads,
                core_->index().All().size(),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();
@@ -230,16 +230,23 @@ void Daemon::RunPending() {
     Event next = std::move(pending_.front());
     pending_.pop_front();
     Execute(core_->Handle(std::move(next), Now()));
+    TrimFreedMemory();
   }
-  TrimFreedMemory();
   dispatching_ = false;
 }
 
 void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {
   if (config_.backend != "host") return;
+  TrimFreedMemory();  // the core has just counted this job's bytes as used
   uint64_t size = 0;
   const int fd = freed_memory_.Take(bytes, &size);
   if (fd < 0) return;
+  // A larger region shrinks now, not when the worker gets to the job: its tail is counted nowhere
+  // once it has left the cache (the core counts `bytes`).
+  if (size > bytes && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    close(fd);
+    return;
+  }
   spdlog::info("worker {}: job {} reuses {} of freed memory for {}", slot, job, FormatBytes(size), FormatBytes(bytes));
   v1::WorkerEnvelope offer;
   offer.mutable_offer()->set_job(job);
@@ -284,7 +291,7 @@ void Daemon::Execute(Action& a) {
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
           workers_->Kill(act.slot, act.reason);
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
-          CloseHandle(act.handle);
+          CloseHandle(act.handle, act.reusable);
         } else if constexpr (std::is_same_v<A, action::InspectModel>) {
           pending_.push_back(Inspect(act));
         } else if constexpr (std::is_same_v<A, action::Notify>) {

@@ -73,7 +73,7 @@ class Daemon {
   void ReleaseGrant(const GrantRelease& release);
   // A handle the core let go of: a cuda grant is released; on the host backend the memory is kept
   // for reuse (supervisor/region_cache.h).
-  void CloseHandle(int fd);
+  void CloseHandle(int fd, bool reusable);
   // Host backend: hands the worker kept memory for a job that allocates; trims what is kept to
   // the room the budget leaves (after every batch of actions).
   void OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes);

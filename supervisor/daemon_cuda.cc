@@ -238,8 +238,8 @@ void Daemon::ReleaseGrant(const GrantRelease& release) {
   owners_->Send(release.device, message);
 }
 
-void Daemon::CloseHandle(int fd) {
-  if (config_.backend == "host") return freed_memory_.Keep(fd);
+void Daemon::CloseHandle(int fd, bool reusable) {
+  if (config_.backend == "host" && reusable) return freed_memory_.Keep(fd);
   if (std::optional<GrantRelease> r = grants_.Closed(fd)) ReleaseGrant(*r);
   close(fd);
 }

@@ -346,12 +346,17 @@ Worker::JobMark::~JobMark() {
 
 void Worker::StoreOffer(uint64_t job, int fd) {
   std::lock_guard lock(offers_mutex_);
-  if (auto it = offers_.find(job); it != offers_.end()) close(it->second);
-  offers_[job] = fd;
-  while (offers_.size() > kMaxOffers) {
-    close(offers_.begin()->second);
-    offers_.erase(offers_.begin());
+  if (auto it = offers_.find(job); it != offers_.end()) {
+    close(it->second);
+    it->second = fd;
+    return;
   }
+  // The oldest offers are for the jobs that run next: a surplus one is the newest, let go.
+  if (offers_.size() >= kMaxOffers) {
+    close(fd);
+    return;
+  }
+  offers_[job] = fd;
 }
 
 int Worker::TakeOffer(uint64_t job) {
@@ -648,6 +653,7 @@ void Worker::HandlePark(const v1::WorkerPark& request) {
       }
     }
   }
+  DropOffer(request.job());  // offered memory the park did not get to use
   FaultsFor(request.job(), request.faults()).Hit("park.mid");
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();

@@ -45,6 +45,10 @@ struct KillWorker {
 // The core no longer needs this handle (a weights region or a parked copy).
 struct CloseHandle {
   int handle = -1;
+  // Memory that no worker maps any more (weights every replica let go, a parked copy): the shell
+  // may keep it to reuse (supervisor/region_cache.h). Anything else (a handle that came with a
+  // stale or unwanted reply, whose sender may still map it) is only closed.
+  bool reusable = false;
 };
 // Look at a model's file again (after a failed model's cooldown); answered by
 // event::ModelInspected.

@@ -268,7 +268,7 @@ void Core::SendRelease(uint32_t model) {
 
 void Core::FinishRelease(uint32_t model) {
   Model& m = models_[model];
-  Close(m.machine.FinishRelease());
+  CloseMemory(m.machine.FinishRelease());
   if (const Parked* p = m.machine.As<Parked>()) {
     Log(LogLevel::kInfo, "\"{}\" parked ({} in host memory)", m.entry.name,
         FormatBytes(p->copy.weight_bytes));
@@ -279,7 +279,7 @@ void Core::FinishRelease(uint32_t model) {
 }
 
 void Core::DropParked(uint32_t model) {
-  Close(models_[model].machine.DropParked());
+  CloseMemory(models_[model].machine.DropParked());
 }
 
 void Core::EnforceMaxCached(uint32_t keep) {

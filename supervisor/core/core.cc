@@ -85,6 +85,14 @@ void Core::Close(const std::vector<int>& handles) {
   for (int h : handles) Close(h);
 }
 
+void Core::CloseMemory(int handle) {
+  if (handle >= 0) actions_.push_back(action::CloseHandle{handle, /*reusable=*/true});
+}
+
+void Core::CloseMemory(const std::vector<int>& handles) {
+  for (int h : handles) CloseMemory(h);
+}
+
 policy::Limits Core::Limits() const {
   return policy::Limits{0, config_.capacity, config_.max_cached, config_.park_budget_bytes};
 }

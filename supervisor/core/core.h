@@ -185,6 +185,10 @@ class Core {
                       std::vector<int> handles = {});
   void Close(int handle);
   void Close(const std::vector<int>& handles);
+  // The same for memory no process maps any more (released weights, a parked copy let go): the
+  // shell may keep it for the next allocation (action::CloseHandle::reusable).
+  void CloseMemory(int handle);
+  void CloseMemory(const std::vector<int>& handles);
   void OnTick();
   void OnStatusTick();
   void Preload();

@@ -197,7 +197,7 @@ void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int hand
     Close(handle);
     Log(LogLevel::kWarn, "unparking \"{}\" failed ({}); loading it from its file", m.entry.name,
         done.has_error() ? done.error().message() : std::string("no device copy came back"));
-    Close(m.machine.FailUnpark());
+    CloseMemory(m.machine.FailUnpark());
     TryAdmit(model);
     return RetryPending();
   }
@@ -207,7 +207,7 @@ void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int hand
   w.workspace_bytes = done.workspace_bytes();
   w.in_features = done.in_features();
   w.out_features = done.out_features();
-  Close(m.machine.FinishUnpark(std::move(w)));  // back on the device: the host copy goes
+  CloseMemory(m.machine.FinishUnpark(std::move(w)));  // back on the device: the host copy goes
   OnReady(model, job.started_ms, "unparked");
 }
 

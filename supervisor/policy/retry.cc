@@ -5,7 +5,8 @@
 namespace warmpool::supervisor::policy {
 
 bool RetryAfterCrash(uint32_t crashes_alone, uint32_t crashes_shared) {
-  return crashes_alone < 2 && crashes_alone + crashes_shared < kMaxCrashesOfRequest;
+  if (crashes_alone == 0) return crashes_shared < kMaxCrashesOfRequest;
+  return crashes_alone + crashes_shared < 2;
 }
 
 bool ChargeCrash(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings) {

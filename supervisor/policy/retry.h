@@ -24,9 +24,11 @@ struct CrashRecord {
   uint64_t cooldown_ms = 0;  // the last cooldown given (0: none yet)
 };
 
-// A request is run again after its worker died, unless it has now crashed two workers while it
-// ran alone, or been running at kMaxCrashesOfRequest crashes in all (most of them beside other
-// jobs, any of which may have been the cause).
+// A request is run again after its worker died, unless it has now crashed two workers, counting a
+// crash it shared with other jobs (any of which may have been the cause) only once it has also
+// crashed one alone; or it has been running at kMaxCrashesOfRequest crashes, all shared. A poison
+// request in a batch thus ends after two crashes, as it would alone, and an innocent one is not
+// failed for its neighbours.
 inline constexpr uint32_t kMaxCrashesOfRequest = 4;
 bool RetryAfterCrash(uint32_t crashes_alone, uint32_t crashes_shared);
 

@@ -108,6 +108,12 @@ TEST(ThreadsPerWorker, ConfiguredOrTheCpusDividedAmongTheWorkers) {
   Config config;
   ASSERT_TRUE(ApplyToml(config, "[daemon]\nthreads_per_worker = 5\n", "test").ok());
   EXPECT_EQ(config.threads_per_worker, 5u);
+  // Beyond what a worker takes, every worker would fail to start, over and over: refused here.
+  Status over = ApplyToml(config, "[daemon]\nthreads_per_worker = 5000\n", "test");
+  EXPECT_EQ(over.code(), Code::kInvalidArgument);
+  EXPECT_NE(over.message().find("from 0 to 4096"), std::string::npos) << over.message();
+  EXPECT_FALSE(ApplyToml(config, "[pool]\nmax_batch_delay_us = 5000000\n", "test").ok());
+  EXPECT_FALSE(ApplyToml(config, "[[models]]\nname = \"m\"\nmax_batch_delay_us = -1\n", "test").ok());
 }
 
 TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {

@@ -384,7 +384,7 @@ TEST(CoreTest, ACrashBesideOtherJobsIsRetriedAloneAndChargedOnlyWhenAlone) {
     ASSERT_EQ(again.size(), 2u) << "crash " << i + 2 << " beside another: retried";
   }
   EXPECT_TRUE(rig.Replies(7).empty());
-  // Session 7's request now crashes its worker alone: charged (its fourth crash in all): it ends.
+  // Session 7's request now crashes its worker alone after three shared crashes: it is the cause.
   const uint32_t slot = rig.core().index().Get(rig.core().index().Find("m")).worker_slot;
   rig.Down(slot, {again[0].job()});
   std::vector<v1::Envelope> replies = rig.Replies(7);

@@ -367,9 +367,8 @@ TEST(RetryTest, ARequestIsRetriedAfterOneCrashNotTwo) {
   EXPECT_TRUE(RetryAfterCrash(1, 0));
   EXPECT_FALSE(RetryAfterCrash(2, 0)) << "two crashes while it ran alone: it is the cause";
   EXPECT_TRUE(RetryAfterCrash(0, 3)) << "three crashes beside others: it may be innocent";
-  EXPECT_TRUE(RetryAfterCrash(1, 2));
-  EXPECT_FALSE(RetryAfterCrash(1, 3)) << "but not forever";
-  EXPECT_FALSE(RetryAfterCrash(0, 4));
+  EXPECT_FALSE(RetryAfterCrash(0, 4)) << "but not forever";
+  EXPECT_FALSE(RetryAfterCrash(1, 1)) << "a suspect that then crashes alone is the cause: two in all";
 }
 
 TEST(RetryTest, CrashesWithinTheWindowMakeACrashLoop) {
