@@ -1,5 +1,6 @@
 #include "engines/f16_gemv.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -125,15 +126,20 @@ WARMPOOL_F16_TARGET_512 void Pass512Outputs(const uint8_t* weight, uint32_t in, 
 constexpr PassFn kPasses512[kRowsPerPass512] = {&Pass512Outputs<1>, &Pass512Outputs<2>, &Pass512Outputs<3>,
                                                 &Pass512Outputs<4>};
 
+// F16C from CPUID itself: clang 14's __builtin_cpu_supports does not know "f16c". (The AVX
+// checks below also say that the OS saves the vector registers, which F16C needs too.)
+bool HaveF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool HaveAvx512() {
-  static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("f16c");
+  static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && HaveF16c();
   return have;
 }
 
 bool HaveAvx2() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("f16c");
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HaveF16c();
   return have;
 }
 
