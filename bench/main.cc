@@ -28,6 +28,7 @@
 #include "bench/batching.h"
 #include "bench/compute.h"
 #include "bench/recovery.h"
+#include "bench/regions.h"
 #include "bench/relay.h"
 #include "bench/session.h"
 #include "bench/sharing.h"
@@ -68,6 +69,8 @@ struct Options {
   // --batching
   bool batching = false;
   uint32_t delay_us = 500;
+  // --regions
+  bool regions = false;
   // --compute
   bool compute = false;
   std::vector<uint32_t> layers = {4096, 16384, 4096};
@@ -301,7 +304,7 @@ int main(int argc, char** argv) {
                "read their replies, with the default limits and with them raised (see "
                "bench/abuse.h)");
   app.add_option("--greedy", options.greedy, "--abuse: greedy clients")->capture_default_str();
-  app.add_option("--payload-mib", options.payload_mib, "--abuse: MiB of each greedy request")
+  app.add_option("--payload-mib", options.payload_mib, "--abuse: MiB of each greedy request; --regions: MiB per request (16)")
       ->capture_default_str();
   app.add_option("--seconds", options.seconds, "--abuse: how long the greedy clients push")
       ->capture_default_str();
@@ -325,11 +328,25 @@ int main(int argc, char** argv) {
                "bench/batching.h; --clients defaults to 16 there, --requests is per round)");
   app.add_option("--delay-us", options.delay_us, "--batching: [pool] max_batch_delay_us of the batched model")
       ->capture_default_str();
+  app.add_flag("--regions", options.regions,
+               "instead: large tensors through a client's shared-memory region: a --payload-mib "
+               "(default 16) echo round trip against copying the bytes in and out once (memcpy), "
+               "with the request alone and through frames beside it (see bench/regions.h)");
+  app.get_option("--regions")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching");
   app.get_option("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
   app.get_option("--batching")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
   app.get_option("--recovery")->excludes("--sharing");
   app.get_option("--abuse")->excludes("--sharing")->excludes("--recovery");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (options.regions) {
+    warmpool::bench::RegionsOptions regions;
+    regions.daemon = options.daemon;
+    regions.backend = options.backend;
+    if (app.get_option("--payload-mib")->count() > 0) regions.payload_mib = options.payload_mib;
+    if (iterations->count() > 0) regions.iterations = options.iterations;
+    regions.json = options.json;
+    return warmpool::bench::RunRegions(regions);
+  }
   if (options.batching) {
     warmpool::bench::BatchingOptions batching;
     batching.daemon = options.daemon;

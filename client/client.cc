@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -52,14 +53,14 @@ Client::Client(int fd, uint32_t max_frame_bytes) : fd_(fd), channel_(fd, max_fra
 
 Client::~Client() { close(fd_); }
 
-Result<uint64_t> Client::Send(v1::Envelope request) {
+Result<uint64_t> Client::Send(v1::Envelope request, const std::vector<int>& fds) {
   uint64_t id = next_request_id_++;
   request.set_request_id(id);
   if (!sent_version_) {
     request.set_protocol_version(ipc::kProtocolVersion);
     sent_version_ = true;
   }
-  if (warmpool::Status s = channel_.Write(request); !s.ok()) {
+  if (warmpool::Status s = channel_.Write(request, fds); !s.ok()) {
     // The daemon may have said why it closed the connection (too many connections, a refused
     // frame) before closing it: that reason beats "broken pipe". After the peer closed, the read
     // finds the bytes it left or end-of-file; it does not block.
@@ -141,9 +142,90 @@ Result<v1::UnloadReply> Client::UnloadAll() {
 
 Result<Matrix> Client::Infer(const std::string& model, const Matrix& input,
                              const InferOptions& options) {
+  if (region_threshold_ != 0 && input.data.size() * sizeof(float) >= region_threshold_) {
+    return InferThroughRegion(model, input, options);
+  }
   Result<v1::Envelope> reply = Call(InferRequest(model, input, options));
   if (!reply.ok()) return reply.status();
   return FromTensor(reply->infer_reply().output());
+}
+
+namespace {
+
+uint64_t RoundUp(uint64_t bytes, uint64_t to) { return (bytes + to - 1) / to * to; }
+
+}  // namespace
+
+Result<Matrix> Client::InferThroughRegion(const std::string& model, const Matrix& input,
+                                          const InferOptions& options) {
+  const uint64_t input_bytes = input.data.size() * sizeof(float);
+  if (input.data.size() != uint64_t{input.rows} * input.cols) {
+    return Error(Code::kInvalidArgument, "the input holds {} floats, not {} x {}", input.data.size(),
+                 input.rows, input.cols);
+  }
+  // The output goes right after the input; room for the largest output seen so far, or for one
+  // as large as the input (an output that does not fit comes in the reply, and the next region
+  // is made large enough for it).
+  const uint64_t output_offset = RoundUp(input_bytes, 4096);
+  const uint64_t wanted = output_offset + std::max(input_bytes, largest_output_);
+  if (own_region_.bytes() < wanted) {
+    if (own_region_.id() != 0) {
+      if (warmpool::Status s = DropRegion(own_region_); !s.ok()) return s;
+    }
+    Result<SharedRegion> region = SharedRegion::Create(RoundUp(wanted, 1u << 20));
+    if (!region.ok()) return region.status();
+    if (warmpool::Status s = RegisterRegion(*region); !s.ok()) return s;
+    own_region_ = std::move(*region);
+  }
+  std::memcpy(own_region_.data(), input.data.data(), input_bytes);
+  RegionTensors tensors{own_region_.id(), input.rows, input.cols, 0, output_offset,
+                        own_region_.bytes() - output_offset};
+  Result<v1::InferReply> reply = InferInRegion(model, tensors, options);
+  if (!reply.ok()) return reply.status();
+  if (!reply->output_in_region()) {
+    Result<Matrix> out = FromTensor(reply->output());
+    if (out.ok()) largest_output_ = std::max<uint64_t>(largest_output_, out->data.size() * sizeof(float));
+    return out;
+  }
+  Matrix out;
+  out.rows = reply->output().rows();
+  out.cols = reply->output().cols();
+  const uint64_t floats = uint64_t{out.rows} * out.cols;
+  if (floats * sizeof(float) > tensors.output_bytes) {
+    return Error(Code::kInternal, "the daemon says the output ({} x {}) is in a slice of {} bytes",
+                 out.rows, out.cols, tensors.output_bytes);
+  }
+  out.data.resize(floats);
+  std::memcpy(out.data.data(), own_region_.data() + output_offset, floats * sizeof(float));
+  return out;
+}
+
+warmpool::Status Client::RegisterRegion(SharedRegion& region) {
+  Result<uint64_t> id = Send(RegionRequest(region.bytes()), {region.fd()});
+  if (!id.ok()) return id.status();
+  Result<v1::Envelope> reply = Wait(*id);
+  if (!reply.ok()) return reply.status();
+  if (warmpool::Status s = StatusOf(*reply); !s.ok()) return s;
+  region.set_id(reply->region_reply().region());
+  return OkStatus();
+}
+
+warmpool::Status Client::DropRegion(SharedRegion& region) {
+  warmpool::Status s = Call(RegionRemoveRequest(region.id())).status();
+  if (s.ok()) region.set_id(0);
+  return s;
+}
+
+Result<uint64_t> Client::SendInferInRegion(const std::string& model, const RegionTensors& tensors,
+                                           const InferOptions& options) {
+  return Send(InferInRegionRequest(model, tensors, options));
+}
+
+Result<v1::InferReply> Client::InferInRegion(const std::string& model, const RegionTensors& tensors,
+                                             const InferOptions& options) {
+  Result<v1::Envelope> reply = Call(InferInRegionRequest(model, tensors, options));
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_infer_reply());
 }
 
 Result<v1::PinReply> Client::Pin(const std::string& model, bool pin) {

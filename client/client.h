@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "client/matrix.h"
+#include "client/region.h"
 #include "client/requests.h"
 #include "common/status.h"
 #include "ipc/blocking_channel.h"
@@ -30,8 +31,9 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // Assigns a request_id (returned) and sends the request without waiting.
-  Result<uint64_t> Send(v1::Envelope request);
+  // Assigns a request_id (returned) and sends the request without waiting; fds travel with it
+  // (a region's memfd).
+  Result<uint64_t> Send(v1::Envelope request, const std::vector<int>& fds = {});
   Result<uint64_t> SendInfer(const std::string& model, const Matrix& input,
                              const InferOptions& options = {});
   // Next reply, whatever its request_id (stashed replies first).
@@ -46,8 +48,24 @@ class Client {
   warmpool::Status Unload(const std::string& model, bool park = false);
   // Every loaded model, parked where the park budget allows; "N model(s), M parked".
   Result<v1::UnloadReply> UnloadAll();
+  // Inputs of region_threshold() bytes or more go through a shared-memory region the client
+  // keeps for itself (registered on first use, grown when needed), so the daemon never copies
+  // them; smaller ones travel in the frame.
   Result<Matrix> Infer(const std::string& model, const Matrix& input,
                        const InferOptions& options = {});
+  uint64_t region_threshold() const { return region_threshold_; }
+  void set_region_threshold(uint64_t bytes) { region_threshold_ = bytes; }  // 0: never
+
+  // Shared memory, for callers that place tensors themselves: a region stays registered (to this
+  // connection only) until DropRegion or the connection closes.
+  warmpool::Status RegisterRegion(SharedRegion& region);
+  warmpool::Status DropRegion(SharedRegion& region);
+  Result<uint64_t> SendInferInRegion(const std::string& model, const RegionTensors& tensors,
+                                     const InferOptions& options = {});
+  // The reply's output has the shape; its data is in the region when output_in_region, else in
+  // the reply (it did not fit in tensors.output_bytes).
+  Result<v1::InferReply> InferInRegion(const std::string& model, const RegionTensors& tensors,
+                                       const InferOptions& options = {});
   Result<v1::PinReply> Pin(const std::string& model, bool pin = true);
   Result<v1::RegisterReply> Register(const std::string& model, const std::string& path,
                                      const std::string& engine = "");
@@ -72,6 +90,12 @@ class Client {
   uint64_t next_request_id_ = 1;
   bool sent_version_ = false;
   std::map<uint64_t, v1::Envelope> stash_;
+  // Infer's own region for large inputs, and the largest output seen (its size for next time).
+  Result<Matrix> InferThroughRegion(const std::string& model, const Matrix& input,
+                                    const InferOptions& options);
+  uint64_t region_threshold_ = 1u << 20;
+  SharedRegion own_region_;
+  uint64_t largest_output_ = 0;
 };
 
 // Status of an error envelope (ok for any other reply).

@@ -35,6 +35,40 @@ v1::Envelope InferRequest(const std::string& model, const Matrix& input,
   return e;
 }
 
+v1::Envelope RegionRequest(uint64_t bytes) {
+  v1::Envelope e;
+  e.mutable_region()->set_bytes(bytes);
+  return e;
+}
+
+v1::Envelope RegionRemoveRequest(uint64_t region) {
+  v1::Envelope e;
+  e.mutable_region()->set_remove(region);
+  return e;
+}
+
+v1::Envelope InferInRegionRequest(const std::string& model, const RegionTensors& tensors,
+                                  const InferOptions& options) {
+  v1::Envelope e;
+  v1::InferRequest* r = e.mutable_infer();
+  r->set_model(model);
+  r->mutable_input()->set_rows(tensors.rows);
+  r->mutable_input()->set_cols(tensors.cols);
+  v1::RegionSlice* in = r->mutable_input_region();
+  in->set_region(tensors.region);
+  in->set_offset(tensors.input_offset);
+  in->set_bytes(uint64_t{tensors.rows} * tensors.cols * sizeof(float));
+  if (tensors.output_bytes != 0) {
+    v1::RegionSlice* out = r->mutable_output_region();
+    out->set_region(tensors.region);
+    out->set_offset(tensors.output_offset);
+    out->set_bytes(tensors.output_bytes);
+  }
+  r->set_deadline_ms(options.deadline_ms);
+  if (options.keep_alive_ms) r->set_keep_alive_ms(*options.keep_alive_ms);
+  return e;
+}
+
 v1::Envelope PinRequest(const std::string& model, bool pin) {
   v1::Envelope e;
   e.mutable_pin()->set_model(model);

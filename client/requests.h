@@ -36,6 +36,21 @@ v1::Envelope UnloadRequest(const std::string& model, bool park = false);
 v1::Envelope UnloadAllRequest();
 v1::Envelope InferRequest(const std::string& model, const Matrix& input,
                           const InferOptions& options = {});
+// Shared memory: register a region (its memfd goes with the frame), or let one go.
+v1::Envelope RegionRequest(uint64_t bytes);
+v1::Envelope RegionRemoveRequest(uint64_t region);
+// Inference on tensors in a registered region: the input is rows x cols f32 at input_offset; the
+// output goes at output_offset when it fits in output_bytes (else it comes in the reply).
+struct RegionTensors {
+  uint64_t region = 0;
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  uint64_t input_offset = 0;
+  uint64_t output_offset = 0;
+  uint64_t output_bytes = 0;
+};
+v1::Envelope InferInRegionRequest(const std::string& model, const RegionTensors& tensors,
+                                  const InferOptions& options = {});
 v1::Envelope PinRequest(const std::string& model, bool pin);
 // path: absolute (the daemon resolves it under its model roots); engine empty: from the file.
 v1::Envelope RegisterRequest(const std::string& model, const std::string& path,

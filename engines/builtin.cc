@@ -117,12 +117,20 @@ Status Engine::Attach(const wp_region& weights) {
 }
 
 Status Engine::Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::vector<float>& output) {
+  output.resize(static_cast<size_t>(rows) * OutputColumns(cols));
+  return Infer(input, rows, cols, std::span<float>(output));
+}
+
+Status Engine::Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::span<float> output) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   if (input.size() != static_cast<uint64_t>(rows) * cols) {
     return Error(Code::kInvalidArgument, "input holds {} floats, not rows x cols = {} x {}", input.size(),
                  rows, cols);
   }
-  output.resize(static_cast<size_t>(rows) * OutputColumns(cols));
+  if (output.size() != static_cast<uint64_t>(rows) * OutputColumns(cols)) {
+    return Error(Code::kInvalidArgument, "output holds {} floats, not rows x {} = {}", output.size(),
+                 OutputColumns(cols), static_cast<uint64_t>(rows) * OutputColumns(cols));
+  }
   char err[kErrorBufferBytes] = {};
   wp_status status = vtable_->infer(instance_, input.data(), rows, cols, output.data(), err, sizeof(err));
   return StatusFromWp(status, err);

@@ -45,6 +45,9 @@ class Engine {
   Status Attach(const wp_region& weights);
   // input holds rows x cols floats, row-major; output is resized to rows x OutputColumns(cols).
   Status Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::vector<float>& output);
+  // The same into memory of the caller's (a client's region): output holds exactly
+  // rows x OutputColumns(cols) floats.
+  Status Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::span<float> output);
 
   const wp_engine_info& info() const { return info_; }
   const wp_engine_vtable& vtable() const { return *vtable_; }

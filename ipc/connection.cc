@@ -91,9 +91,18 @@ void Connection::OnReadable() {
       Close(s);
       return;
     }
+    if (received_fds_.size() > options_.max_held_fds) {
+      Close(Error(Code::kInvalidArgument, "peer sent {} descriptors that no request asked for",
+                  received_fds_.size()));
+      return;
+    }
     std::string_view body;
     while (!closing_ && decoder_.Next(body)) {
       on_frame_(body);
+    }
+    if (options_.close_unclaimed_fds && decoder_.buffered() == 0) {
+      for (int fd : received_fds_) ::close(fd);
+      received_fds_.clear();
     }
     if (static_cast<size_t>(n) < sizeof(buffer)) return;
   }

@@ -36,6 +36,11 @@ class Connection {
     // Framed bytes sent (best effort) before closing on a framing error, e.g. an error envelope.
     std::function<std::string(const Status&)> farewell;
     bool accept_fds = false;  // false: descriptors a peer sends are closed on arrival
+    // With accept_fds: descriptors no handler took by the time every frame that arrived is handled
+    // (a descriptor comes with its frame's first byte) are closed, and a peer that has more than
+    // max_held_fds waiting is cut off. For peers that are not trusted to send only what is asked.
+    bool close_unclaimed_fds = false;
+    size_t max_held_fds = 64;
   };
 
   static Connection* Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,

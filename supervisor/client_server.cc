@@ -251,9 +251,12 @@ void ClientServer::OnAcceptable() {
     options.max_frame_bytes = options_.max_frame_bytes;
     options.max_pending_write_bytes = options_.max_unread_reply_bytes;
     options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
+    // Only a region request carries a descriptor (its memfd); any other is closed.
+    options.accept_fds = true;
+    options.close_unclaimed_fds = true;
+    options.max_held_fds = 4;
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
-        // Clients have no business passing descriptors: the connection closes any on arrival.
         [this, id](std::string_view body) { OnFrame(id, body); },
         [this, id](const Status& why) {
           auto it = sessions_.find(id);
@@ -336,7 +339,8 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   }
   s.outstanding++;
   Peer peer = s.peer;  // the handler may close (and erase) the session
-  on_request_(session, peer, std::move(request));
+  const int fd = request.has_region() && request.region().remove() == 0 ? s.connection->TakeFd() : -1;
+  on_request_(session, peer, std::move(request), fd);
 }
 
 void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {

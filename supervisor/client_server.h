@@ -42,8 +42,9 @@ struct Peer {
 
 class ClientServer {
  public:
+  // fd: the descriptor a region request carried (the handler owns it), else -1.
   using RequestHandler =
-      std::function<void(uint64_t session, const Peer& peer, v1::Envelope&& request)>;
+      std::function<void(uint64_t session, const Peer& peer, v1::Envelope&& request, int fd)>;
 
   struct Options {
     uint32_t max_frame_bytes = 64u << 20;

@@ -14,6 +14,7 @@
 #include "common/units.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/model_roots.h"
+#include "supervisor/region_check.h"
 #include "supervisor/registry.h"
 
 namespace warmpool::supervisor {
@@ -117,8 +118,8 @@ Status Daemon::Start() {
   server_options.idle_timeout_ms = config_.idle_timeout_ms;
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
-      [this](uint64_t session, const Peer& peer, v1::Envelope&& request) {
-        OnRequest(session, peer, std::move(request));
+      [this](uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
+        OnRequest(session, peer, std::move(request), fd);
       },
       [this](uint64_t session) { Dispatch(event::ClientGone{session}); });
   if (*activated >= 0) {
@@ -337,9 +338,11 @@ bool Daemon::IsAdmin(const Peer& peer) const {
   return std::find(groups.begin(), groups.end(), *admin_gid_) != groups.end();
 }
 
-void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request) {
+void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
   event::ClientRequest e;
   e.session = session;
+  e.handle = fd;  // the core keeps it or closes it
+  if (fd >= 0) e.handle_check = CheckClientRegion(fd, request.region().bytes());
   e.uid = peer.uid;
   e.admin = IsAdminRequest(request) && IsAdmin(peer);
   // Only an admin's well-formed register request makes the daemon look at a file.

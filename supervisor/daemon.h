@@ -56,7 +56,7 @@ class Daemon {
   Time Now() const;
   // Root, the daemon's own user, or a member of [access] admin_group.
   bool IsAdmin(const Peer& peer) const;
-  void OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request);
+  void OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request, int fd);
   // `warmpool register`: where the path leads and what its header says.
   Result<ModelEntry> LookAtRegistration(const v1::RegisterRequest& request) const;
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;

@@ -206,7 +206,20 @@ Status Worker::ReadIncoming(Incoming& in) {
       m.has_offer()) {
     in.fd = channel_.TakeFd();
   }
+  // An inference on tensors in a client's region carries its memfd: input's first.
+  if (m.has_infer()) {
+    in.regions = RegionFds{};
+    if (m.infer().has_input_region()) in.regions.input = channel_.TakeFd();
+    if (m.infer().has_output_region()) in.regions.output = channel_.TakeFd();
+  }
   return OkStatus();
+}
+
+void Worker::RegionFds::Close() {
+  for (int* fd : {&input, &output}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
 }
 
 int Worker::Run() {
@@ -231,6 +244,11 @@ int Worker::Run() {
     const int weights_fd = in.fd;
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: {
+        const v1::WorkerInfer& infer = message.infer();
+        if (infer.has_input_region() || infer.has_output_region()) {  // never batched
+          HandleInfer(infer, in.regions);
+          break;
+        }
         std::vector<v1::WorkerInfer> batch;
         batch.push_back(std::move(*message.mutable_infer()));
         read_error = GatherBatch(batch, ahead);
@@ -253,6 +271,9 @@ int Worker::Run() {
         break;
       }
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
+      case v1::WorkerEnvelope::kRegionsGone:
+        for (uint64_t id : message.regions_gone().regions()) regions_.Forget(id);
+        break;
       case v1::WorkerEnvelope::kAllocated: OnGrant(message.allocated(), weights_fd); break;
       case v1::WorkerEnvelope::kOffer:
         if (weights_fd >= 0) StoreOffer(message.offer().job(), weights_fd);
@@ -284,7 +305,7 @@ void Worker::Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds
   }
 }
 
-void Worker::HandleInfer(const v1::WorkerInfer& request) {
+void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
   v1::WorkerEnvelope reply;
   v1::WorkerInferDone* done = reply.mutable_infer_done();
   done->set_job(request.job());
@@ -295,29 +316,63 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
     if (it != models_.end()) engine = it->second;
   }
   const v1::Tensor& input = request.input();
+  const uint64_t input_bytes = uint64_t{input.rows()} * input.cols() * sizeof(float);
+  const uint64_t given_bytes =
+      request.has_input_region() ? request.input_region().bytes() : input.data().size();
   Status status;
   if (engine == nullptr) {
     status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(),
                    options_.slot);
   } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
     status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
-  } else if (input.data().size() != uint64_t{input.rows()} * input.cols() * sizeof(float)) {
-    status = Error(Code::kInvalidArgument, "input holds {} bytes, not rows x cols x 4 = {}",
-                   input.data().size(), uint64_t{input.rows()} * input.cols() * 4);
+  } else if (given_bytes != input_bytes) {
+    status = Error(Code::kInvalidArgument, "input holds {} bytes, not rows x cols x 4 = {}", given_bytes,
+                   input_bytes);
   } else {
+    // Tensors in a client's region are read and written in place (worker/client_regions.h).
+    const uint64_t output_bytes = uint64_t{input.rows()} * engine->OutputColumns(input.cols()) * sizeof(float);
+    const char* in_region = nullptr;
+    char* out_region = nullptr;
+    if (request.has_input_region()) {
+      const v1::RegionSlice& slice = request.input_region();
+      Result<char*> p = regions_.Slice(slice.region(), regions.input, slice.offset(), input_bytes, false);
+      if (p.ok()) in_region = *p;
+      else status = p.status();
+    }
+    if (status.ok() && request.has_output_region()) {
+      const v1::RegionSlice& slice = request.output_region();
+      Result<char*> p = output_bytes > slice.bytes()
+                            ? Result<char*>(Error(Code::kInvalidArgument, "the output needs {} bytes, its slice has {}",
+                                                  output_bytes, slice.bytes()))
+                            : regions_.Slice(slice.region(), regions.output, slice.offset(), output_bytes, true);
+      if (p.ok()) out_region = *p;
+      else status = p.status();
+    }
     // Take the in-flight marker before touching the engine and clear it after: if this process
     // dies in between, the supervisor finds the marker tagged with our (slot, generation).
-    Result<uint32_t> slot = inflight_->Take(options_.generation, options_.slot, request.request_id(),
-                                           request.model(), UnixNanos(), options_.slot * 16);
+    Result<uint32_t> slot = status.ok() ? inflight_->Take(options_.generation, options_.slot, request.request_id(),
+                                                          request.model(), UnixNanos(), options_.slot * 16)
+                                        : Result<uint32_t>(status);
     if (!slot.ok()) {
       status = slot.status();
     } else {
       JobFaults faults = FaultsFor(request.job(), request.faults());
       faults.Hit("infer.after_take");
-      // Protobuf bytes are not guaranteed to be aligned for float.
-      input_.resize(input.data().size() / sizeof(float));
-      std::memcpy(input_.data(), input.data().data(), input.data().size());
-      status = engine->Infer(input_, input.rows(), input.cols(), output_);
+      std::span<const float> in;
+      if (in_region != nullptr) {
+        in = {reinterpret_cast<const float*>(in_region), input_bytes / sizeof(float)};
+      } else {
+        // Protobuf bytes are not guaranteed to be aligned for float.
+        input_.resize(input.data().size() / sizeof(float));
+        std::memcpy(input_.data(), input.data().data(), input.data().size());
+        in = input_;
+      }
+      if (out_region != nullptr) {
+        status = engine->Infer(in, input.rows(), input.cols(),
+                               std::span<float>(reinterpret_cast<float*>(out_region), output_bytes / sizeof(float)));
+      } else {
+        status = engine->Infer(in, input.rows(), input.cols(), output_);
+      }
       faults.Hit("infer.mid");
       faults.Hit("infer.before_restore");
       inflight_->Release(*slot, options_.generation, options_.slot);
@@ -325,12 +380,16 @@ void Worker::HandleInfer(const v1::WorkerInfer& request) {
         v1::Tensor* output = done->mutable_output();
         output->set_rows(input.rows());
         output->set_cols(engine->OutputColumns(input.cols()));
-        output->set_data(reinterpret_cast<const char*>(output_.data()),
-                         output_.size() * sizeof(float));
+        if (out_region != nullptr) {
+          done->set_output_in_region(true);
+        } else {
+          output->set_data(reinterpret_cast<const char*>(output_.data()), output_.size() * sizeof(float));
+        }
         done->set_batch_rows(input.rows());
       }
     }
   }
+  regions.Close();
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   Send(reply);
 }

@@ -27,6 +27,7 @@
 #include "ipc/warmpool.pb.h"
 #include "shm/inflight.h"
 #include "shm/segment.h"
+#include "worker/client_regions.h"
 #include "worker/fault_injector.h"
 
 namespace warmpool::worker {
@@ -74,11 +75,21 @@ class Worker {
   };
   // Picks the device memory engines allocate from: the host backend, or (cuda) the device.
   Status OpenDeviceMemory();
-  void HandleInfer(const v1::WorkerInfer& request);
+  // The memfds of a client's regions that came with an inference (WorkerInfer.input_region,
+  // output_region): owned by whoever holds them, -1 when none.
+  struct RegionFds {
+    int input = -1;
+    int output = -1;
+    void Close();
+  };
+  // Runs one request alone; takes (and closes) its regions' descriptors.
+  void HandleInfer(const v1::WorkerInfer& request, RegionFds regions);
+  void HandleInfer(const v1::WorkerInfer& request) { HandleInfer(request, RegionFds()); }
   // A frame from the supervisor with the descriptor it carries (-1: none).
   struct Incoming {
     v1::WorkerEnvelope message;
     int fd = -1;
+    RegionFds regions;  // an inference's regions
   };
   Status ReadIncoming(Incoming& in);
   // Dynamic batching (worker/batching.cc). Adds to `batch` (one request so far) the requests for
@@ -160,6 +171,7 @@ class Worker {
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
 
+  ClientRegions regions_;  // reader thread only
   // Reused by every inference (serving thread only), so requests do not allocate.
   std::vector<float> input_;
   std::vector<float> output_;

@@ -47,6 +47,8 @@ inline constexpr uint64_t kStatusPeriodMs = 250;
 // daemon, where they can go to another replica, time out, or be dropped when their client leaves.
 inline constexpr uint32_t kWorkerWindowJobs = 16;
 inline constexpr uint64_t kWorkerWindowBytes = 64ull << 20;
+// Shared-memory regions one connection may hold registered (each holds a descriptor).
+inline constexpr uint32_t kMaxRegionsPerConnection = 16;
 
 class Core {
  public:
@@ -135,9 +137,15 @@ class Core {
     // replica, move or dispatch); requests wait until ProcessRetirements registers the new one.
     bool changing() const { return retiring.has_value() && retiring->has_value(); }
   };
+  // A client's shared memory (RegionRequest): its memfd, and how much of it tensors may use.
+  struct ClientRegion {
+    int handle = -1;
+    uint64_t bytes = 0;
+  };
   struct Session {
     uint32_t outstanding = 0;
     uint64_t held_bytes = 0;
+    std::unordered_map<uint64_t, ClientRegion> regions;
   };
   struct WorkerSlot {
     enum class State { kDown, kStarting, kUp, kFatal };
@@ -220,6 +228,13 @@ class Core {
   void HandleUnloadAll(const Call& call);
   void HandleInfer(Call call, v1::InferRequest&& request);
   void HandlePin(const Call& call, const v1::PinRequest& request);
+  // regions.cc: clients' shared memory. A slice must lie in a region of its own connection.
+  void HandleRegion(const Call& call, const v1::RegionRequest& request, int handle, const Status& check);
+  Result<int> RegionHandle(uint64_t session, const v1::RegionSlice& slice, const char* what) const;
+  Status CheckRegions(uint64_t session, const v1::InferRequest& request) const;
+  void CloseRegions(Session& session);
+  // Tells the workers to unmap regions the core let go.
+  void ForgetRegions(const std::vector<uint64_t>& ids);
   // A registered model that new requests may use; an error (NOT_FOUND, or why it was refused).
   Result<uint32_t> FindServing(const std::string& name) const;
   void Answer(const Call& call, v1::Envelope&& reply);
@@ -356,6 +371,7 @@ class Core {
   std::vector<ArmedFault> faults_;
   uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;  // waiters over all models
+  uint64_t next_region_ = 1;  // ids of client regions, never reused
   std::unordered_map<uint64_t, Session> sessions_;
   uint64_t unanswered_ = 0;
   uint64_t held_bytes_ = 0;

@@ -59,7 +59,24 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
                                           input.cols(), m.entry.name, weights.in_features));
   }
   uint64_t out_cols = weights.out_features != 0 ? weights.out_features : input.cols();
-  uint64_t reply_bytes = uint64_t{input.rows()} * out_cols * sizeof(float);
+  const uint64_t output_bytes = uint64_t{input.rows()} * out_cols * sizeof(float);
+  // Tensors in the client's regions: their descriptors go with the frame (the region may have
+  // been removed while the request waited). The output goes there when it fits, else in the reply.
+  const v1::InferRequest& request = waiter.infer;
+  const bool output_in_region =
+      request.has_output_region() && output_bytes <= request.output_region().bytes();
+  std::vector<int> handles;
+  if (request.has_input_region()) {
+    Result<int> h = RegionHandle(waiter.call.session, request.input_region(), "input_region");
+    if (!h.ok()) return AnswerError(waiter.call, h.status());
+    handles.push_back(*h);
+  }
+  if (output_in_region) {
+    Result<int> h = RegionHandle(waiter.call.session, request.output_region(), "output_region");
+    if (!h.ok()) return AnswerError(waiter.call, h.status());
+    handles.push_back(*h);
+  }
+  const uint64_t reply_bytes = output_in_region ? 0 : output_bytes;
   if (reply_bytes + 1024 > config_.max_frame_bytes) {
     return AnswerError(waiter.call, Error(Code::kInvalidArgument,
                                           "the output of {} rows would take {} bytes, over the "
@@ -78,10 +95,11 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
   uint64_t id = NewJob(std::move(job));
   const Job& stored = jobs_[id];
-  if (m.max_batch_delay_us > 0 && stored.crashes == 0 && stored.shared_crashes == 0) {
+  if (m.max_batch_delay_us > 0 && stored.crashes == 0 && stored.shared_crashes == 0 && handles.empty()) {
     // Worth waiting for company only when there is some: others in flight, or queued behind.
     // A request that was running when a worker died runs alone from then on, so that a crash it
     // causes is its own and is charged to it alone (and an innocent one is not charged again).
+    // Tensors in regions are large: they run alone, in place.
     infer->set_batch(true);
     if (m.inflight > 0 || !m.waiters.empty()) infer->set_batch_delay_us(m.max_batch_delay_us);
   }
@@ -102,7 +120,9 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   // The input is borrowed by the message while it is serialised (one copy, into the frame) and
   // stays with the job for a retry.
   infer->unsafe_arena_set_allocated_input(const_cast<v1::Tensor*>(&stored.request.input()));
-  Send(worker, message);
+  if (stored.request.has_input_region()) *infer->mutable_input_region() = stored.request.input_region();
+  if (output_in_region) *infer->mutable_output_region() = stored.request.output_region();
+  Send(worker, message, std::move(handles));
   (void)infer->unsafe_arena_release_input();
 }
 
@@ -114,6 +134,7 @@ void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
       v1::Envelope reply;
       reply.mutable_infer_reply()->set_allocated_output(done.release_output());
       reply.mutable_infer_reply()->set_batch_rows(done.batch_rows());
+      reply.mutable_infer_reply()->set_output_in_region(done.output_in_region());
       Answer(job.call, std::move(reply));
     }
   }

@@ -33,6 +33,10 @@ struct ClientRequest {
   uint32_t uid = 0;
   v1::Envelope envelope;
   std::optional<Result<ModelEntry>> registration;
+  // A descriptor that came with the frame (a region's memfd), now the core's, and what the shell
+  // found when it looked at it (a memfd sealed against shrinking, writable, large enough).
+  int handle = -1;
+  Status handle_check;
 };
 // The client's connection closed: nothing more can be sent to it.
 struct ClientGone {

@@ -21,6 +21,33 @@ Status CheckInferInput(const v1::Tensor& input) {
   return OkStatus();
 }
 
+Status CheckSlice(const v1::RegionSlice& slice, const char* what) {
+  if (slice.region() == 0 || slice.offset() % sizeof(float) != 0 || slice.bytes() == 0 ||
+      slice.offset() + slice.bytes() < slice.offset()) {
+    return Error(Code::kInvalidArgument,
+                 "{} names region {} at offset {} for {} bytes: it needs a registered region, an "
+                 "offset that is a multiple of 4 and at least one byte",
+                 what, slice.region(), slice.offset(), slice.bytes());
+  }
+  return OkStatus();
+}
+
+// An input in a client's region: the tensor gives the shape, the slice holds exactly its bytes.
+Status CheckRegionInput(const v1::InferRequest& infer) {
+  const v1::Tensor& input = infer.input();
+  if (Status s = CheckSlice(infer.input_region(), "input_region"); !s.ok()) return s;
+  const uint64_t bytes = infer.input_region().bytes();
+  if (input.rows() == 0 || input.cols() == 0 || !input.data().empty() || bytes % sizeof(float) != 0 ||
+      bytes / sizeof(float) % input.rows() != 0 || bytes / sizeof(float) / input.rows() != input.cols()) {
+    return Error(Code::kInvalidArgument,
+                 "an input in a region must be a non-empty rows x cols matrix of f32 whose slice "
+                 "holds rows x cols x 4 bytes, with no data in the frame (got {} x {}, {} bytes in "
+                 "the region, {} in the frame)",
+                 input.rows(), input.cols(), bytes, input.data().size());
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 v1::Envelope ErrorReply(uint64_t request_id, const Status& status) {
@@ -52,10 +79,22 @@ Status CheckRequest(const v1::Envelope& request) {
     case v1::Envelope::kUnload:
       if (request.unload().all()) return OkStatus();  // the model is ignored
       return CheckModelName(request.unload().model());
-    case v1::Envelope::kInfer:
+    case v1::Envelope::kInfer: {
       // The shape first, as the daemon has always judged it.
-      if (Status s = CheckInferInput(request.infer().input()); !s.ok()) return s;
-      return CheckModelName(request.infer().model());
+      const v1::InferRequest& infer = request.infer();
+      Status shape = infer.has_input_region() ? CheckRegionInput(infer) : CheckInferInput(infer.input());
+      if (!shape.ok()) return shape;
+      if (infer.has_output_region()) {
+        if (Status s = CheckSlice(infer.output_region(), "output_region"); !s.ok()) return s;
+      }
+      return CheckModelName(infer.model());
+    }
+    case v1::Envelope::kRegion:
+      if (request.region().remove() == 0 && request.region().bytes() == 0) {
+        return Error(Code::kInvalidArgument,
+                     "a region needs bytes > 0 (and its memfd with the frame), or remove = its id");
+      }
+      return OkStatus();
     case v1::Envelope::kPin:
       return CheckModelName(request.pin().model());
     case v1::Envelope::kFaultArm: {
@@ -97,6 +136,7 @@ Status CheckRequest(const v1::Envelope& request) {
     case v1::Envelope::kFaultClearReply:
     case v1::Envelope::kPinReply:
     case v1::Envelope::kRegisterModelReply:
+    case v1::Envelope::kRegionReply:
       return Error(Code::kInvalidArgument,
                    "request {} carries no request this daemon understands (body {})",
                    request.request_id(), static_cast<int>(request.body_case()));

@@ -2,6 +2,7 @@
 // What a request sets in motion lives in admission.cc (loads, unloads) and dispatch.cc
 // (inference).
 #include <algorithm>
+#include <utility>
 
 #include "common/units.h"
 #include "supervisor/core/core.h"
@@ -35,6 +36,13 @@ void Core::OnRequest(event::ClientRequest&& event) {
   Session& session = sessions_[event.session];
   session.outstanding++;
   unanswered_++;
+  // A descriptor is taken by a region request, and closed on every other path.
+  const Status checked = CheckRequest(request);
+  int handle = std::exchange(event.handle, -1);
+  if (!request.has_region() || stopping_ || !checked.ok()) {
+    Close(handle);
+    handle = -1;
+  }
   if (IsAdminRequest(request) && !event.admin) {
     return AnswerError(call, Error(Code::kPermissionDenied,
                                    "uid {} may infer and read status, not register, load, unload, "
@@ -44,7 +52,7 @@ void Core::OnRequest(event::ClientRequest&& event) {
                                        ? std::string(", or set [access] admin_group")
                                        : fmt::format(", or join group {}", config_.admin_group)));
   }
-  if (Status s = CheckRequest(request); !s.ok()) return AnswerError(call, s);
+  if (!checked.ok()) return AnswerError(call, checked);
   if (stopping_) {
     return AnswerError(call, Error(Code::kUnavailable, "the daemon is stopping; retry after it restarts"));
   }
@@ -60,6 +68,8 @@ void Core::OnRequest(event::ClientRequest&& event) {
     case v1::Envelope::kPin: return HandlePin(call, request.pin());
     case v1::Envelope::kRegisterModel:
       return HandleRegister(call, request.register_model(), std::move(event.registration));
+    case v1::Envelope::kRegion:
+      return HandleRegion(call, request.region(), handle, event.handle_check);
     default:
       return AnswerError(call, Error(Code::kInvalidArgument,
                                      "request {} carries no request this daemon understands (body {})",
@@ -72,6 +82,7 @@ void Core::OnClientGone(uint64_t session) {
   if (it == sessions_.end()) return;
   unanswered_ -= it->second.outstanding;
   held_bytes_ -= std::min(held_bytes_, it->second.held_bytes);
+  CloseRegions(it->second);  // workers running its requests hold their own duplicates
   sessions_.erase(it);
   // Nobody waits for its requests any more: those still queued never run, those running are
   // answered into the void and not retried (their inputs are let go now).
@@ -229,6 +240,7 @@ void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   // What the daemon holds of requests is bounded, per connection and in all: a client that
   // pipelines large inputs is told to wait for its replies instead of growing the daemon.
   uint64_t bytes = request.input().data().size();
+  if (Status s = CheckRegions(call.session, request); !s.ok()) return AnswerError(call, s);
   Session& session = sessions_[call.session];
   if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection) {
     return AnswerError(call, Error(Code::kResourceExhausted,

@@ -95,12 +95,16 @@ class CoreRig {
     d.running_jobs = std::move(running);
     Handle(std::move(d));
   }
-  uint64_t Request(uint64_t session, v1::Envelope envelope, bool admin = true) {
+  // handle: a descriptor that came with the frame (a region's memfd), checked as `check`.
+  uint64_t Request(uint64_t session, v1::Envelope envelope, bool admin = true, int handle = -1,
+                   Status check = OkStatus()) {
     uint64_t id = next_request_++;
     envelope.set_request_id(id);
     event::ClientRequest r;
     r.session = session;
     r.admin = admin;
+    r.handle = handle;
+    r.handle_check = std::move(check);
     r.envelope = std::move(envelope);
     Handle(std::move(r));
     return id;
@@ -176,6 +180,12 @@ class CoreRig {
   // Frames the core sent to a worker since the last call, parsed.
   std::vector<v1::WorkerEnvelope> Sent(uint32_t slot) {
     std::vector<v1::WorkerEnvelope> out;
+    for (auto& [m, handles] : SentWithHandles(slot)) out.push_back(std::move(m));
+    return out;
+  }
+  // ... with the handles that went with each.
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> SentWithHandles(uint32_t slot) {
+    std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> out;
     std::vector<Action> rest;
     for (Action& a : actions_) {
       auto* s = std::get_if<action::SendToWorker>(&a);
@@ -186,7 +196,7 @@ class CoreRig {
       v1::WorkerEnvelope m;
       EXPECT_TRUE(m.ParseFromArray(s->frame.data() + ipc::kFramePrefixBytes,
                                    static_cast<int>(s->frame.size() - ipc::kFramePrefixBytes)));
-      out.push_back(std::move(m));
+      out.emplace_back(std::move(m), s->handles);
     }
     actions_ = std::move(rest);
     return out;

@@ -260,5 +260,39 @@ TEST(CheckRequestTest, RegisterNeedsAGoodNameAndAnAbsolutePath) {
   EXPECT_REFUSED(reply, Code::kInvalidArgument, "no request this daemon understands");
 }
 
+// Tensors in a client's region: the slice holds exactly rows x cols floats, at an offset a float
+// may start at, and a hostile offset + bytes cannot wrap around.
+TEST(CheckRequest, TensorsInRegionsAreCheckedLikeTensorsInFrames) {
+  auto in_region = [](uint32_t rows, uint32_t cols, uint64_t offset, uint64_t bytes) {
+    v1::Envelope e = Infer("m", rows, cols, 0);
+    v1::RegionSlice* in = e.mutable_infer()->mutable_input_region();
+    in->set_region(1);
+    in->set_offset(offset);
+    in->set_bytes(bytes);
+    return e;
+  };
+  EXPECT_ACCEPTED(in_region(2, 3, 0, 24));
+  EXPECT_REFUSED(in_region(2, 3, 0, 20), Code::kInvalidArgument, "rows x cols x 4");
+  EXPECT_REFUSED(in_region(2, 3, 2, 24), Code::kInvalidArgument, "multiple of 4");
+  EXPECT_REFUSED(in_region(0, 3, 0, 0), Code::kInvalidArgument, "input_region");
+  EXPECT_REFUSED(in_region(1, 1, UINT64_MAX - 3, 4), Code::kInvalidArgument, "input_region");
+  v1::Envelope with_data = in_region(1, 1, 0, 4);
+  with_data.mutable_infer()->mutable_input()->set_data(std::string(4, '\0'));
+  EXPECT_REFUSED(with_data, Code::kInvalidArgument, "no data in the frame");
+  v1::Envelope no_region = in_region(1, 1, 0, 4);
+  no_region.mutable_infer()->mutable_input_region()->set_region(0);
+  EXPECT_REFUSED(no_region, Code::kInvalidArgument, "registered region");
+  v1::Envelope out = Infer("m", 1, 1, 4);
+  out.mutable_infer()->mutable_output_region()->set_region(1);
+  out.mutable_infer()->mutable_output_region()->set_offset(6);
+  out.mutable_infer()->mutable_output_region()->set_bytes(4);
+  EXPECT_REFUSED(out, Code::kInvalidArgument, "output_region");
+  v1::Envelope region;
+  region.mutable_region();
+  EXPECT_REFUSED(region, Code::kInvalidArgument, "bytes > 0");
+  region.mutable_region()->set_bytes(1);
+  EXPECT_ACCEPTED(region);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

@@ -1,0 +1,49 @@
+// Clients' shared-memory regions as this worker maps them (WorkerInfer.input_region,
+// output_region), by the supervisor's region id. The supervisor sends a region's memfd with every
+// request that names it; the first maps the whole region (pages populated in one pass) and later
+// ones reuse the mapping, so that a large tensor costs no mmap, page faults or munmap per request.
+// A mapping lasts until the supervisor says the region is gone (WorkerRegionsGone: removed, or its
+// client left), or until it is the least recently used of more than kMaxMapped.
+//
+// The supervisor checked that the memfd cannot shrink (F_SEAL_SHRINK), so a mapping of its size
+// at first use stays backed; slices are checked against that size here too, so a bad slice is an
+// error, never a SIGBUS. Reader thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+
+#include "common/status.h"
+
+namespace warmpool::worker {
+
+class ClientRegions {
+ public:
+  static constexpr size_t kMaxMapped = 32;
+
+  ClientRegions() = default;
+  ClientRegions(const ClientRegions&) = delete;
+  ClientRegions& operator=(const ClientRegions&) = delete;
+  ~ClientRegions();
+
+  // bytes at offset of region `id`, mapped from fd on first use (fd stays the caller's).
+  Result<char*> Slice(uint64_t id, int fd, uint64_t offset, uint64_t bytes, bool writable);
+  void Forget(uint64_t id);
+  size_t mapped() const { return maps_.size(); }
+
+ private:
+  struct Mapping {
+    void* base = nullptr;
+    uint64_t size = 0;
+    bool writable = false;
+    uint64_t last_used = 0;
+  };
+  Result<Mapping> Map(int fd);
+  void EvictLeastRecentlyUsed();
+
+  std::unordered_map<uint64_t, Mapping> maps_;
+  uint64_t uses_ = 0;
+};
+
+}  // namespace warmpool::worker
