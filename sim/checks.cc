@@ -35,13 +35,13 @@ void Simulator::CheckAfterEvent() {
                               model));
     }
     if (supervisor_handles_.count(handle) == 0) {
-      return Fail(fmt::format("the core holds handle {} for model {}, but it is closed", handle,
+      return Fail(fmt::format("the core holds handle {} for model {} (or a client region), but it is closed", handle,
                               model));
     }
   }
   for (int handle : supervisor_handles_) {
     if (held.count(handle) == 0) {
-      return Fail(fmt::format("handle {} is open in the supervisor but no model holds it (leak)",
+      return Fail(fmt::format("handle {} is open in the supervisor but no model or client region holds it (leak)",
                               handle));
     }
   }

@@ -1,7 +1,8 @@
 // Simulated clients: they pipeline requests of every kind, sometimes large ones, leave without
 // reading their replies and come back as new sessions. Every reply is checked on arrival: it
 // answers a request that is outstanding (exactly once), and a successful inference was computed
-// from one consistent version of the model that was asked for.
+// from one consistent version of the model that was asked for. Some register shared-memory
+// regions, name tensors in them (theirs, gone ones, slices past the end) and remove them.
 #include <cstring>
 
 #include <fmt/format.h>
@@ -30,6 +31,7 @@ void Simulator::ClientAct(uint32_t index) {
     c.connected = true;
     c.session = next_session_++;
     c.outstanding.clear();
+    c.regions.clear();
     c.last_delivery_ms = now_;
     return;
   }
@@ -38,6 +40,7 @@ void Simulator::ClientAct(uint32_t index) {
     uint64_t session = c.session;
     c.connected = false;
     c.outstanding.clear();
+    c.regions.clear();
     After(rng_.Range(0, 3), [this, session] {
       gone_sessions_.insert(session);
       Deliver(event::ClientGone{session}, fmt::format("session {} gone", session));
@@ -47,6 +50,46 @@ void Simulator::ClientAct(uint32_t index) {
   if (c.outstanding.size() >= (c.greedy ? 30u : 8u)) return;
   v1::Envelope request;
   Pending p;
+  if (!c.greedy && rng_.Chance(30)) {
+    // Shared memory: a region registered (its memfd with the frame), or one let go; sometimes one
+    // that is not this connection's, or already gone.
+    p.kind = Pending::Kind::kRegion;
+    if (c.regions.empty() || rng_.Chance(600)) {
+      request.mutable_region()->set_bytes(kRegionBytes);
+      Region memory;
+      memory.host = true;
+      memory.client = true;
+      memory.bytes = kRegionBytes;
+      p.handle = NewSupervisorHandle(memory);
+    } else {
+      size_t k = rng_.Below(c.regions.size());
+      request.mutable_region()->set_remove(rng_.Chance(50) ? next_token_ : c.regions[k]);
+      c.regions.erase(c.regions.begin() + static_cast<ptrdiff_t>(k));
+    }
+    return SendRequest(c, std::move(request), p);
+  }
+  if (!c.greedy && !c.regions.empty() && rng_.Chance(200)) {
+    // An inference on tensors in a region (the input there; the output too, when it fits).
+    p.kind = Pending::Kind::kInfer;
+    p.in_region = true;
+    p.model = PickModel();
+    v1::InferRequest* infer = request.mutable_infer();
+    infer->set_model(p.model);
+    const uint32_t rows = static_cast<uint32_t>(rng_.Range(1, 100));
+    const uint64_t region = c.regions[rng_.Below(c.regions.size())];
+    infer->mutable_input()->set_rows(rows);
+    infer->mutable_input()->set_cols(6);
+    infer->mutable_input_region()->set_region(region);
+    infer->mutable_input_region()->set_offset(rng_.Chance(20) ? kRegionBytes - 4 : 0);  // past its end
+    infer->mutable_input_region()->set_bytes(uint64_t{rows} * 24);
+    if (rng_.Chance(500)) {
+      infer->mutable_output_region()->set_region(region);
+      infer->mutable_output_region()->set_offset(kRegionBytes / 2);
+      infer->mutable_output_region()->set_bytes(rng_.Range(4, kRegionBytes / 2));
+    }
+    p.deadline_ms = config_.default_deadline_ms;
+    return SendRequest(c, std::move(request), p);
+  }
   uint64_t roll = c.greedy ? 0 : rng_.Below(1000);
   if (calm_ && roll >= 700 && roll < 890) roll = 900;  // a read instead of a load, unload or pin
   if (roll < 700) {
@@ -125,6 +168,8 @@ void Simulator::SendRequest(Client& c, v1::Envelope request, Pending pending) {
     }
     event::ClientRequest e;
     e.session = session;
+    e.handle = it->second.handle;  // the supervisor's descriptor once the frame is read
+    if (e.handle >= 0) supervisor_handles_.insert(e.handle);
     e.admin = c.admin;
     e.uid = c.admin ? 0 : 1000;
     if (request.has_register_model() && !request.register_model().remove() && c.admin) {
@@ -154,6 +199,9 @@ void Simulator::ClientReceives(uint64_t session, const v1::Envelope& reply) {
     Pending p = it->second;
     c.outstanding.erase(it);
     if (p.kind == Pending::Kind::kInfer) CheckInferReply(p, reply);
+    if (p.kind == Pending::Kind::kRegion && reply.has_region_reply() && !reply.region_reply().removed()) {
+      c.regions.push_back(reply.region_reply().region());
+    }
     return;
   }
 }
@@ -168,6 +216,7 @@ void Simulator::CheckInferReply(const Pending& p, const v1::Envelope& reply) {
   }
   if (!reply.has_infer_reply()) return Fail(fmt::format("infer on \"{}\" got a reply of another kind", p.model));
   const v1::Tensor& out = reply.infer_reply().output();
+  if (p.in_region && p.model == "echo") return;  // the bytes are the region's, not simulated
   if (p.model == "echo") {
     float token = 0;
     if (out.data().size() >= sizeof(float)) std::memcpy(&token, out.data().data(), sizeof(float));
@@ -188,7 +237,7 @@ void Simulator::CheckInferReply(const Pending& p, const v1::Envelope& reply) {
   auto token = static_cast<uint32_t>(v[0]);
   auto weights_file = static_cast<uint32_t>(v[1]), weights_version = static_cast<uint32_t>(v[2]);
   auto described_file = static_cast<uint32_t>(v[3]), described_version = static_cast<uint32_t>(v[4]);
-  if (token != p.token) {
+  if (token != p.token && !p.in_region) {
     return Fail(fmt::format("request with token {} for \"{}\" got the answer to token {}", p.token,
                             p.model, token));
   }

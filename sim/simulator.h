@@ -62,13 +62,14 @@ class Simulator {
 
  private:
   // A region of memory behind a handle: the weights of one version of one file (on the device,
-  // or a host copy).
+  // or a host copy), or a client's shared memory.
   struct Region {
     uint32_t file = 0;
     uint32_t version = 0;
     uint64_t bytes = 0;
     bool host = false;
     uint32_t device = 0;  // where device memory is (not a host copy)
+    bool client = false;  // a client's shared-memory region (RegionRequest), not weights
   };
   struct WorkerJob {
     v1::WorkerEnvelope message;
@@ -105,7 +106,9 @@ class Simulator {
     uint64_t last_reply_ms = 0;
   };
   struct Pending {
-    enum class Kind { kInfer, kLoad, kOther } kind = Kind::kOther;
+    enum class Kind { kInfer, kLoad, kRegion, kOther } kind = Kind::kOther;
+    bool in_region = false;    // infer: its input lies in a region (no token to check)
+    int handle = -1;           // a region's memfd, sent with the request
     std::string model;
     uint64_t sent_ms = 0;
     uint64_t deadline_ms = 0;  // infer: 0 = the daemon's default
@@ -117,6 +120,7 @@ class Simulator {
     uint32_t min_version = 0;
     bool replied = false;      // the core emitted its reply (on its way)
   };
+  static constexpr uint64_t kRegionBytes = 64 * 1024;
   struct Client {
     uint32_t index = 0;
     uint64_t session = 0;
@@ -127,6 +131,7 @@ class Simulator {
     uint64_t last_delivery_ms = 0;
     // A greedy client pipelines large inputs and never reads its replies.
     bool greedy = false;
+    std::vector<uint64_t> regions;  // registered shared-memory regions (ids), kRegionBytes each
   };
 
   // Scheduling.

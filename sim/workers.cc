@@ -48,6 +48,10 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
   }
   Trace(fmt::format("<- worker {}: {}", slot, Brief(message)));
   for (int h : handles) {
+    if (supervisor_handles_.count(h) == 0) {
+      return Fail(fmt::format("handle {}, which the supervisor does not hold, was sent to worker {} ({})", h,
+                              slot, Brief(message)));
+    }
     if (lost_handles_.count(h) != 0) {
       return Fail(fmt::format("handle {}, device memory lost with its owner, was sent to worker {} ({})", h,
                               slot, Brief(message)));
@@ -87,7 +91,10 @@ void Simulator::WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelop
                            const std::vector<int>& handles) {
   int region = -1;
   for (int h : handles) {
-    if (supervisor_handles_.count(h) == 0) {
+    // A client's region may be let go while a frame that names it waits: the shell's channel
+    // duplicated it when the frame was queued (checked there, in SendToWorker). Weights and host
+    // copies may not: the core must hold what it sends until the worker has it.
+    if (supervisor_handles_.count(h) == 0 && !regions_[h].client) {
       // The kernel refuses the frame (EBADF): the shell's channel fails and the worker is killed.
       Fail(fmt::format("handle {} was closed while a frame for worker {} still named it ({})", h,
                        slot, Brief(message)));
@@ -121,6 +128,7 @@ void Simulator::StartServing(Worker& w) {
   while (w.serving_job == 0 && !w.serving.empty()) {
     WorkerJob work = std::move(w.serving.front());
     w.serving.pop_front();
+    if (work.message.has_regions_gone()) continue;  // unmapped at once; no reply
     // Read by the serving thread, run by the load thread: loads and attaches, and an unload of a
     // model with one of those still there before it (as warmpool-worker keeps a model's order).
     if (work.message.has_load() || work.message.has_attach() ||
@@ -331,6 +339,11 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       set_error(done->mutable_error(), Code::kDeadlineExceeded, "the request's deadline passed before it ran");
       return reply;
     }
+    if ((in.has_input_region() || in.has_output_region()) &&
+        (work.region < 0 || !regions_[work.region].client)) {
+      Fail(fmt::format("an inference on a client's region reached worker {} without the region", w.slot));
+      return reply;
+    }
     const Engine& e = it->second;
     v1::Tensor* out_t = done->mutable_output();
     out_t->set_rows(in.input().rows());
@@ -340,8 +353,8 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     }
     out_t->set_cols(6);
     std::vector<float> values(uint64_t{in.input().rows()} * 6, 0.0f);
-    float token = 0;
-    std::memcpy(&token, in.input().data().data(), sizeof(float));
+    float token = 0;  // none for an input in a region
+    if (in.input().data().size() >= sizeof(float)) std::memcpy(&token, in.input().data().data(), sizeof(float));
     values[0] = token;
     values[1] = static_cast<float>(e.region.file);
     values[2] = static_cast<float>(e.region.version);

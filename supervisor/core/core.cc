@@ -141,6 +141,9 @@ std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
   for (uint32_t model = 0; model < models_.size(); model++) {
     for (int h : models_[model].machine.Handles()) held.emplace_back(model, h);
   }
+  for (const auto& [id, session] : sessions_) {
+    for (const auto& [region_id, region] : session.regions) held.emplace_back(shm::kNil, region.handle);
+  }
   return held;
 }
 
@@ -244,6 +247,9 @@ void Core::EndDrain(const std::string& why) {
   // Every accepted request is answered, even now; then the sessions close (flushing what they can).
   FailEverything(Error(Code::kUnavailable, "warmpoold is stopping; retry once it is back"));
   actions_.push_back(action::CloseSessions{});
+  for (auto& [id, session] : sessions_) {
+    for (auto& [region_id, region] : session.regions) Close(region.handle);  // the workers stop next
+  }
   sessions_.clear();
   unanswered_ = 0;
   held_bytes_ = 0;

@@ -67,7 +67,7 @@ class Core {
   // Bytes of requests the daemon holds (queued or running), over every open session.
   uint64_t held_bytes() const { return held_bytes_; }
   const shm::ModelIndex& index() const { return *index_; }
-  // Handles the core holds: (model, handle).
+  // Handles the core holds: (model, handle); clients' regions with model shm::kNil.
   std::vector<std::pair<uint32_t, int>> HeldHandles() const;
   // Cross-checks of the core's own records (invariants.cc); the simulator calls it after every
   // event.
