@@ -10,10 +10,57 @@
 #include <vector>
 
 #include "bench/relay.h"
+#include "ipc/framing.h"
 
 namespace warmpool::bench {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The pipelined load of both targets: request ids from 1 up, `depth` outstanding; `payload` finds
+// the echoed tensor in a reply (the relay echoes the request, warmpool answers infer_reply).
+Status PipelineOn(ipc::BlockingChannel& channel, const std::string& model, const client::Matrix& input,
+                  uint64_t first_id, uint64_t count, uint32_t depth, std::vector<uint64_t>& latencies,
+                  const v1::Tensor& (*payload)(const v1::Envelope&)) {
+  v1::Envelope request = MakeInferRequest(model, input, first_id, first_id == 1);
+  v1::Envelope reply;
+  std::string frame;
+  std::vector<Clock::time_point> sent(count);  // by request, allocated before the clock runs
+  uint64_t next = 0, done = 0;
+  auto send = [&]() -> Status {
+    request.set_request_id(first_id + next);
+    if (next > 0 || first_id > 1) request.clear_protocol_version();
+    frame.clear();
+    if (Status s = ipc::AppendFrame(frame, request); !s.ok()) return s;
+    sent[next] = Clock::now();
+    next++;
+    return channel.WriteRaw(frame);
+  };
+  while (next < count && next < depth) {
+    if (Status s = send(); !s.ok()) return s;
+  }
+  while (done < count) {
+    if (Status s = channel.Read(reply); !s.ok()) return s;
+    const uint64_t k = reply.request_id() - first_id;
+    // Replies may come in another order (two workers): each is timed from its own send.
+    if (reply.request_id() < first_id || k >= next) {
+      return Error(Code::kInternal, "reply to request {} while {}..{} are outstanding", reply.request_id(),
+                   first_id + done, first_id + next - 1);
+    }
+    latencies.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sent[k]).count());
+    const v1::Tensor& out = payload(reply);
+    if (out.rows() != input.rows || out.cols() != input.cols || out.data().size() != input.data.size() * sizeof(float)) {
+      return Error(Code::kInternal, "echo returned {} x {} for a {} x {} input{}", out.rows(), out.cols(), input.rows,
+                   input.cols, reply.has_error() ? ": " + reply.error().message() : "");
+    }
+    done++;
+    if (next < count) {
+      if (Status s = send(); !s.ok()) return s;
+    }
+  }
+  return OkStatus();
+}
 
 class WarmpoolSession : public Session {
  public:
@@ -31,7 +78,15 @@ class WarmpoolSession : public Session {
     return OkStatus();
   }
 
+  Status Pipeline(uint64_t count, uint32_t depth, std::vector<uint64_t>& latencies) override {
+    Status s = PipelineOn(client_->channel(), model_, input_, next_id_, count, depth, latencies,
+                          [](const v1::Envelope& r) -> const v1::Tensor& { return r.infer_reply().output(); });
+    next_id_ += count;
+    return s;
+  }
+
  private:
+  uint64_t next_id_ = 1u << 30;  // above the ids the client library assigns
   std::unique_ptr<client::Client> client_;
   std::string model_;
   const client::Matrix& input_;
@@ -61,6 +116,13 @@ class RelaySession : public Session {
                    out->cols, input_.rows, input_.cols);
     }
     return OkStatus();
+  }
+
+  Status Pipeline(uint64_t count, uint32_t depth, std::vector<uint64_t>& latencies) override {
+    Status s = PipelineOn(channel_, model_, input_, next_request_id_, count, depth, latencies,
+                          [](const v1::Envelope& r) -> const v1::Tensor& { return r.infer().input(); });
+    next_request_id_ += count;
+    return s;
   }
 
  private:
@@ -109,7 +171,7 @@ Result<std::unique_ptr<Session>> ConnectRelay(const std::string& socket_path,
   return std::unique_ptr<Session>(new RelaySession(*fd, model, input));
 }
 
-Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out) {
+Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out, uint32_t depth) {
   size_t n = sessions.size();
   std::vector<std::vector<uint64_t>> latencies(n);
   std::vector<Status> errors(n);
@@ -122,6 +184,10 @@ Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t
       latencies[i].reserve(count);
       ready.count_down();
       go.wait();
+      if (depth > 1) {
+        errors[i] = sessions[i]->Pipeline(count, depth, latencies[i]);
+        return;
+      }
       for (uint64_t k = 0; k < count; ++k) {
         auto t0 = std::chrono::steady_clock::now();
         Status s = sessions[i]->RoundTrip();

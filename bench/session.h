@@ -20,6 +20,10 @@ class Session {
   virtual ~Session() = default;
   // Sends one request and waits for its reply; checks that the payload came back whole.
   virtual Status RoundTrip() = 0;
+  // Keeps `depth` requests in flight until `count` replies came back (checked as RoundTrip checks
+  // them); appends each one's latency (ns). The same work on both targets, and none allocating
+  // per request: one reused request, frame and reply.
+  virtual Status Pipeline(uint64_t count, uint32_t depth, std::vector<uint64_t>& latencies) = 0;
 };
 
 // The Envelope that Client::Infer sends (request_id and protocol_version set as Client::Send does).
@@ -37,9 +41,10 @@ Result<std::unique_ptr<Session>> ConnectRelay(const std::string& socket_path,
 
 using Sessions = std::vector<std::unique_ptr<Session>>;
 
-// Runs `total` closed-loop round trips split over the sessions, one thread each, all released at
-// once; appends every latency (ns) to out and returns the wall time from release to the last reply.
-Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out);
+// Runs `total` round trips split over the sessions, one thread each, all released at once, each
+// with `depth` requests in flight (1: closed loop); appends every latency (ns) to out and returns
+// the wall time from release to the last reply.
+Result<double> RunPhase(Sessions& sessions, uint64_t total, std::vector<uint64_t>* out, uint32_t depth = 1);
 
 // A failsafe against a hung peer (not a measurement bound): a read waiting this long fails.
 inline constexpr int kReceiveTimeoutSeconds = 60;
