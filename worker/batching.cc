@@ -55,7 +55,7 @@ Status Worker::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<In
     max_rows = it->second->info().max_batch;
   }
   uint64_t rows = first.input().rows();
-  const Clock::time_point until = Clock::now() + std::chrono::microseconds(first.batch_delay_us());
+  Clock::time_point until = Clock::now() + std::chrono::microseconds(first.batch_delay_us());
   while (rows < max_rows) {
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - Clock::now()).count();
     if (!channel_.WaitForFrame(left)) break;  // left <= 0: only what has arrived already
@@ -67,6 +67,10 @@ Status Worker::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<In
       break;
     }
     rows += next.message.infer().input().rows();
+    // A request sent with no delay says no company is to be expected after it (the supervisor's
+    // window to this worker is full, or nothing else of the model is in flight): take only what
+    // has arrived already.
+    if (next.message.infer().batch_delay_us() == 0) until = Clock::now();
     batch.push_back(std::move(*next.message.mutable_infer()));
   }
   return OkStatus();

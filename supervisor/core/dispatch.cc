@@ -100,8 +100,11 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
     // A request that was running when a worker died runs alone from then on, so that a crash it
     // causes is its own and is charged to it alone (and an innocent one is not charged again).
     // Tensors in regions are large: they run alone, in place.
+    // Nor when this request fills the worker's window: nothing more is sent to it before it
+    // answers, so the company could not come (the worker stops waiting at such a request).
     infer->set_batch(true);
-    if (m.inflight > 0 || !m.waiters.empty()) infer->set_batch_delay_us(m.max_batch_delay_us);
+    const bool window_has_room = workers_[worker].outstanding < kWorkerWindowJobs;
+    if (window_has_room && (m.inflight > 0 || !m.waiters.empty())) infer->set_batch_delay_us(m.max_batch_delay_us);
   }
   m.inflight++;
   index_->Update(model, [&](shm::ModelRecord& r) {

@@ -676,5 +676,33 @@ TEST(CoreTest, ARegionTravelsWithItsRequestsAndIsClosedWithItsConnection) {
   EXPECT_EQ(closed, (std::vector<int>{600, 601}));
 }
 
+// Dynamic batching waits for company only when it can come: a lone request never waits, and a
+// request that fills its worker's window does not either (nothing more is sent to that worker
+// before it answers; the worker stops gathering at such a request). Pipelined clients paid the
+// full delay on every batch before.
+TEST(CoreTest, ABatchWaitsOnlyForCompanyThatCanStillCome) {
+  Config config = CoreRig::SmallConfig();
+  config.max_batch_delay_us = 500;
+  config.max_inflight = 64;
+  CoreRig rig(config);
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, m, 100);
+  rig.Forget();
+  std::vector<uint32_t> delays;
+  for (uint32_t i = 0; i < kWorkerWindowJobs + 4; ++i) {
+    rig.Infer(7, "m");
+    for (const v1::WorkerEnvelope& w : rig.Sent(0)) {
+      if (w.has_infer()) delays.push_back(w.infer().batch_delay_us());
+    }
+  }
+  ASSERT_EQ(delays.size(), kWorkerWindowJobs) << "the window bounds what the worker is sent";
+  EXPECT_EQ(delays.front(), 0u) << "a lone request never waits";
+  for (size_t i = 1; i + 1 < delays.size(); ++i) EXPECT_EQ(delays[i], 500u) << "request " << i;
+  EXPECT_EQ(delays.back(), 0u) << "the request that fills the window waits for nobody";
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor::testing
