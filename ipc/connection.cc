@@ -4,12 +4,42 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "ipc/socket_io.h"
 
 namespace warmpool::ipc {
+
+WriteBatcher::WriteBatcher(uv_loop_t* loop) : check_(new uv_check_t{}) {
+  uv_check_init(loop, check_);
+  check_->data = this;
+  uv_check_start(check_, [](uv_check_t* h) { static_cast<WriteBatcher*>(h->data)->FlushAll(); });
+  uv_unref(reinterpret_cast<uv_handle_t*>(check_));  // never what keeps the loop running
+}
+
+WriteBatcher::~WriteBatcher() {
+  for (Connection* c : dirty_) c->scheduled_ = false;
+  uv_check_stop(check_);
+  uv_close(reinterpret_cast<uv_handle_t*>(check_), [](uv_handle_t* h) { delete reinterpret_cast<uv_check_t*>(h); });
+}
+
+void WriteBatcher::Schedule(Connection* connection) { dirty_.push_back(connection); }
+
+void WriteBatcher::Cancel(Connection* connection) { std::erase(dirty_, connection); }
+
+void WriteBatcher::FlushAll() {
+  // A flush may close a connection (a write error), which cancels it here: take the list first.
+  // Connections are deleted only in close callbacks, after this phase of the turn.
+  std::vector<Connection*> dirty;
+  dirty.swap(dirty_);
+  for (Connection* c : dirty) {
+    if (!c->scheduled_) continue;
+    c->scheduled_ = false;
+    if (!c->closing_) c->Flush();
+  }
+}
 
 Connection* Connection::Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
                              CloseHandler on_close) {
@@ -37,6 +67,7 @@ Connection::Connection(int fd, Options options, FrameHandler on_frame, CloseHand
       decoder_(options.max_frame_bytes) {}
 
 Connection::~Connection() {
+  if (scheduled_ && options_.batcher != nullptr) options_.batcher->Cancel(this);
   for (int fd : received_fds_) ::close(fd);
   for (Pending& p : pending_) CloseFds(p);
   if (fd_ >= 0) ::close(fd_);
@@ -142,16 +173,32 @@ void Connection::Send(std::string bytes, std::vector<int> fds) {
                 "peer does not read its replies ({} bytes pending): disconnected", pending_bytes_));
     return;
   }
+  if (options_.batcher != nullptr) {
+    // Written at the end of this turn of the loop, with whatever else is sent meanwhile.
+    if (!scheduled_ && interest_ == (UV_READABLE | UV_DISCONNECT)) {
+      scheduled_ = true;
+      options_.batcher->Schedule(this);
+    }
+    return;
+  }
   if (pending_.size() == 1) Flush();
   UpdateInterest();
 }
 
 void Connection::Flush() {
+  constexpr size_t kMaxBuffers = 64;
   while (!pending_.empty() && !closing_) {
-    Pending& p = pending_.front();
+    // As many frames as one sendmsg takes, up to the next that carries descriptors: those go
+    // with their frame's first byte, so such a frame can only start a write.
+    iovec buffers[kMaxBuffers];
+    size_t count = 0;
     std::span<const int> fds;
-    if (p.offset == 0) fds = p.fds;
-    ssize_t n = SendWithFds(fd_, p.bytes.data() + p.offset, p.bytes.size() - p.offset, fds);
+    for (auto it = pending_.begin(); it != pending_.end() && count < kMaxBuffers; ++it) {
+      if (it != pending_.begin() && !it->fds.empty()) break;
+      if (it == pending_.begin() && it->offset == 0) fds = it->fds;
+      buffers[count++] = iovec{it->bytes.data() + it->offset, it->bytes.size() - it->offset};
+    }
+    ssize_t n = SendvWithFds(fd_, {buffers, count}, fds);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       int err = errno;
@@ -161,10 +208,15 @@ void Connection::Flush() {
       Close(Error(Code::kUnavailable, "write failed: {}", std::strerror(err)));
       return;
     }
-    CloseFds(p);  // the kernel holds its own references once the first byte is sent
-    p.offset += static_cast<size_t>(n);
+    CloseFds(pending_.front());  // the kernel holds its own references once the first byte is sent
     pending_bytes_ -= static_cast<size_t>(n);
-    if (p.offset == p.bytes.size()) pending_.pop_front();
+    for (size_t left = static_cast<size_t>(n); left > 0;) {
+      Pending& p = pending_.front();
+      const size_t take = std::min(left, p.bytes.size() - p.offset);
+      p.offset += take;
+      left -= take;
+      if (p.offset == p.bytes.size()) pending_.pop_front();
+    }
   }
   UpdateInterest();
 }
@@ -172,6 +224,8 @@ void Connection::Flush() {
 void Connection::Close(const Status& why) {
   if (closing_) return;
   closing_ = true;
+  if (scheduled_ && options_.batcher != nullptr) options_.batcher->Cancel(this);
+  scheduled_ = false;
   // Last replies go out if the socket takes them now (it is non-blocking); the rest is dropped.
   while (!pending_.empty()) {
     Pending& p = pending_.front();

@@ -20,6 +20,29 @@
 
 namespace warmpool::ipc {
 
+class Connection;
+
+// Coalesces writes: frames sent to a connection during one turn of the loop are written after
+// every I/O callback of that turn (a uv_check handle), in one sendmsg per connection instead of
+// one per frame. Under pipelined load a reply burst from a worker, or a client's burst of
+// requests, then costs one system call per peer. It must outlive the connections that use it.
+class WriteBatcher {
+ public:
+  explicit WriteBatcher(uv_loop_t* loop);
+  ~WriteBatcher();
+  WriteBatcher(const WriteBatcher&) = delete;
+  WriteBatcher& operator=(const WriteBatcher&) = delete;
+
+  void Schedule(Connection* connection);
+  void Cancel(Connection* connection);
+
+ private:
+  void FlushAll();
+
+  uv_check_t* check_;
+  std::vector<Connection*> dirty_;
+};
+
 class Connection {
  public:
   // body: one complete frame, valid only during the call. Descriptors that arrive are queued in
@@ -41,6 +64,8 @@ class Connection {
     // max_held_fds waiting is cut off. For peers that are not trusted to send only what is asked.
     bool close_unclaimed_fds = false;
     size_t max_held_fds = 64;
+    // Writes wait for the end of the loop's turn (see WriteBatcher); nullptr: written at once.
+    WriteBatcher* batcher = nullptr;
   };
 
   static Connection* Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
@@ -65,6 +90,7 @@ class Connection {
   size_t pending_write_bytes() const { return pending_bytes_; }
 
  private:
+  friend class WriteBatcher;
   Connection(int fd, Options options, FrameHandler on_frame, CloseHandler on_close);
   ~Connection();
   static void OnPoll(uv_poll_t* handle, int status, int events);
@@ -90,6 +116,7 @@ class Connection {
   size_t pending_bytes_ = 0;
   int interest_ = 0;
   bool closing_ = false;
+  bool scheduled_ = false;  // with the batcher, to be flushed at the end of this turn
 };
 
 }  // namespace warmpool::ipc

@@ -10,10 +10,14 @@
 namespace warmpool::ipc {
 
 ssize_t SendWithFds(int socket, const char* data, size_t length, std::span<const int> fds) {
-  iovec iov{const_cast<char*>(data), length};
+  const iovec iov{const_cast<char*>(data), length};
+  return SendvWithFds(socket, {&iov, 1}, fds);
+}
+
+ssize_t SendvWithFds(int socket, std::span<const iovec> buffers, std::span<const int> fds) {
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+  msg.msg_iov = const_cast<iovec*>(buffers.data());
+  msg.msg_iovlen = buffers.size();
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   if (!fds.empty()) {
     size_t n = std::min(fds.size(), kMaxFdsPerMessage);

@@ -255,6 +255,7 @@ void ClientServer::OnAcceptable() {
     options.accept_fds = true;
     options.close_unclaimed_fds = true;
     options.max_held_fds = 4;
+    options.batcher = options_.batcher;
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
         [this, id](std::string_view body) { OnFrame(id, body); },

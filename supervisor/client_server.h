@@ -55,6 +55,7 @@ class ClientServer {
     uint64_t max_unread_reply_bytes = 128ull << 20;
     uint64_t max_unread_reply_bytes_total = 1ull << 30;
     uint64_t idle_timeout_ms = 0;  // 0: never
+    ipc::WriteBatcher* batcher = nullptr;  // replies coalesced per turn of the loop
   };
   using ClosedHandler = std::function<void(uint64_t session)>;
   // on_closed: a session that handed requests on is gone; nothing sent to it arrives.

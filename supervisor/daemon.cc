@@ -50,6 +50,7 @@ Daemon::Daemon(Config config, std::string worker_path, ConfigLoader reload_confi
       worker_path_(std::move(worker_path)),
       reload_config_(std::move(reload_config)) {
   uv_loop_init(&loop_);
+  batcher_ = std::make_unique<ipc::WriteBatcher>(&loop_);
 }
 
 Daemon::~Daemon() {
@@ -63,6 +64,7 @@ Daemon::~Daemon() {
   sigterm_.Close();
   sigint_.Close();
   sighup_.Close();
+  batcher_.reset();  // after every connection that writes through it
   // Let every close callback run before the loop goes away.
   uv_run(&loop_, UV_RUN_DEFAULT);
   uv_loop_close(&loop_);
@@ -116,6 +118,7 @@ Status Daemon::Start() {
   server_options.max_unread_reply_bytes = config_.max_unread_reply_bytes;
   server_options.max_unread_reply_bytes_total = config_.max_queued_bytes;
   server_options.idle_timeout_ms = config_.idle_timeout_ms;
+  server_options.batcher = batcher_.get();
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
       [this](uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
@@ -129,6 +132,7 @@ Status Daemon::Start() {
   }
 
   pool.worker_path = worker_path_;
+  pool.batcher = batcher_.get();
   pool.instance = config_.instance;
   pool.engine_dir = config_.engine_dir;
   pool.workers_per_device = config_.workers_per_device;

@@ -92,6 +92,7 @@ class Daemon {
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
   std::unique_ptr<Core> core_;
+  std::unique_ptr<ipc::WriteBatcher> batcher_;  // declared before what writes through it
   std::unique_ptr<WorkerPool> workers_;
   std::unique_ptr<DeviceOwners> owners_;     // cuda only
   GrantTable grants_;                        // cuda only

@@ -112,6 +112,7 @@ int WorkerPool::Spawn(uint32_t slot, uint32_t generation) {
   // Work for a worker is bounded by the core (its window), never by dropping it here.
   channel_options.max_pending_write_bytes = SIZE_MAX;
   channel_options.accept_fds = true;  // weights regions
+  channel_options.batcher = options_.batcher;
   w.channel = ipc::Connection::Open(
       loop_, fds[0], channel_options,
       [this, slot, generation](std::string_view body) {

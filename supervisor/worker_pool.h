@@ -22,6 +22,7 @@ namespace warmpool::supervisor {
 
 struct WorkerPoolOptions {
   std::string worker_path;  // the warmpool-worker binary
+  ipc::WriteBatcher* batcher = nullptr;  // channels' writes coalesced per turn of the loop
   std::string instance;
   std::string engine_dir;  // where workers may dlopen engine plugins; empty: built-ins only
   // workers_per_device workers for each device; slot s serves device s / workers_per_device

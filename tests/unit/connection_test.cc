@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,68 @@ TEST(ConnectionTest, WhatAPeerWroteBeforeItDiedIsReadEvenWhenAWriteFindsItGone) 
   EXPECT_EQ(frames[0], "last words");
   uv_run(&loop, UV_RUN_DEFAULT);
   EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+// With a WriteBatcher, frames sent during one turn of the loop go out together at its end, in
+// order, each descriptor with the first byte of its own frame (a frame carrying one starts its
+// own sendmsg).
+TEST(ConnectionTest, BatchedWritesKeepOrderAndDescriptorsWithTheirFrames) {
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  auto batcher = std::make_unique<WriteBatcher>(&loop);
+  Connection::Options options;
+  options.batcher = batcher.get();
+  Connection* c = Connection::Open(&loop, sv[0], options, [](std::string_view) {}, [](const Status&) {});
+  ASSERT_NE(c, nullptr);
+  std::string expected;
+  for (int i = 0; i < 100; i++) {  // more frames than one sendmsg gathers
+    std::string body = "frame " + std::to_string(i);
+    if (i == 50) {
+      int region = memfd_create("payload", MFD_CLOEXEC);
+      ASSERT_EQ(write(region, "fifty", 5), 5);
+      c->Send(RawFrame(body), {region});
+      close(region);
+    } else {
+      c->Send(RawFrame(body));
+    }
+    expected += RawFrame(body);
+  }
+  char probe;
+  EXPECT_EQ(recv(sv[1], &probe, 1, MSG_DONTWAIT | MSG_PEEK), -1) << "written before the turn ended";
+  uv_run(&loop, UV_RUN_NOWAIT);
+  // Read it all back; the descriptor must arrive with the bytes of frame 50.
+  std::string got;
+  std::vector<int> fds;
+  size_t read_from = std::string::npos, read_to = 0;  // the read that brought the descriptor
+  while (got.size() < expected.size()) {
+    char buffer[65536];
+    size_t before_fds = fds.size();
+    ssize_t n = RecvWithFds(sv[1], buffer, sizeof(buffer), fds);
+    ASSERT_GT(n, 0);
+    if (fds.size() > before_fds) {
+      read_from = got.size();
+      read_to = got.size() + static_cast<size_t>(n);
+    }
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(got, expected);
+  ASSERT_EQ(fds.size(), 1u);
+  // A read may bring earlier frames' bytes too, never a descriptor before its frame's first byte.
+  const size_t frame50 = expected.find(RawFrame("frame 50"));
+  EXPECT_LE(read_from, frame50);
+  EXPECT_GT(read_to, frame50) << "the descriptor came before its frame";
+  char content[8] = {};
+  EXPECT_EQ(pread(fds[0], content, 5, 0), 5);
+  EXPECT_STREQ(content, "fifty");
+  close(fds[0]);
+  c->Close(OkStatus());
+  batcher.reset();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+  close(sv[1]);
 }
 
 }  // namespace
