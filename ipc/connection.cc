@@ -12,33 +12,43 @@
 
 namespace warmpool::ipc {
 
-WriteBatcher::WriteBatcher(uv_loop_t* loop) : check_(new uv_check_t{}) {
+WriteBatcher::WriteBatcher(uv_loop_t* loop) : check_(new uv_check_t{}), idle_(new uv_idle_t{}) {
   uv_check_init(loop, check_);
   check_->data = this;
   uv_check_start(check_, [](uv_check_t* h) { static_cast<WriteBatcher*>(h->data)->FlushAll(); });
   uv_unref(reinterpret_cast<uv_handle_t*>(check_));  // never what keeps the loop running
+  uv_idle_init(loop, idle_);
 }
 
 WriteBatcher::~WriteBatcher() {
   for (Connection* c : dirty_) c->scheduled_ = false;
   uv_check_stop(check_);
+  uv_idle_stop(idle_);
   uv_close(reinterpret_cast<uv_handle_t*>(check_), [](uv_handle_t* h) { delete reinterpret_cast<uv_check_t*>(h); });
+  uv_close(reinterpret_cast<uv_handle_t*>(idle_), [](uv_handle_t* h) { delete reinterpret_cast<uv_idle_t*>(h); });
 }
 
-void WriteBatcher::Schedule(Connection* connection) { dirty_.push_back(connection); }
+void WriteBatcher::Schedule(Connection* connection) {
+  if (dirty_.empty()) uv_idle_start(idle_, [](uv_idle_t*) {});
+  dirty_.push_back(connection);
+}
 
 void WriteBatcher::Cancel(Connection* connection) { std::erase(dirty_, connection); }
 
 void WriteBatcher::FlushAll() {
-  // A flush may close a connection (a write error), which cancels it here: take the list first.
-  // Connections are deleted only in close callbacks, after this phase of the turn.
-  std::vector<Connection*> dirty;
-  dirty.swap(dirty_);
-  for (Connection* c : dirty) {
-    if (!c->scheduled_) continue;
-    c->scheduled_ = false;
-    if (!c->closing_) c->Flush();
+  // A flush may close a connection (a write error), which cancels it here, and its close handler
+  // may send to others: take the list, and again until nothing waits. Connections are deleted only
+  // in close callbacks, after this phase of the turn.
+  while (!dirty_.empty()) {
+    std::vector<Connection*> dirty;
+    dirty.swap(dirty_);
+    for (Connection* c : dirty) {
+      if (!c->scheduled_) continue;
+      c->scheduled_ = false;
+      if (!c->closing_) c->Flush();
+    }
   }
+  uv_idle_stop(idle_);
 }
 
 Connection* Connection::Open(uv_loop_t* loop, int fd, Options options, FrameHandler on_frame,
@@ -114,15 +124,13 @@ void Connection::OnReadable() {
       return;
     }
     if (Status s = decoder_.Append({buffer, static_cast<size_t>(n)}); !s.ok()) {
-      // Best effort: tell the peer why before hanging up; never block the loop for it.
-      if (options_.farewell) {
-        std::string bytes = options_.farewell(s);
-        (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      }
+      // Best effort: tell the peer why before hanging up, after the replies already queued (Close
+      // writes what the socket takes at once); never block the loop for it.
+      if (options_.farewell) Send(options_.farewell(s));
       Close(s);
       return;
     }
-    if (received_fds_.size() > options_.max_held_fds) {
+    if (options_.close_unclaimed_fds && received_fds_.size() > options_.max_held_fds) {
       Close(Error(Code::kInvalidArgument, "peer sent {} descriptors that no request asked for",
                   received_fds_.size()));
       return;

@@ -40,6 +40,9 @@ class WriteBatcher {
   void FlushAll();
 
   uv_check_t* check_;
+  // Started while writes wait: an idle handle makes the loop poll without blocking, so that
+  // frames queued outside the I/O phase (a timer's, a close callback's) are written this turn too.
+  uv_idle_t* idle_;
   std::vector<Connection*> dirty_;
 };
 

@@ -319,7 +319,7 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
                  "received a frame that is not a warmpool Envelope: is this a warmpool client "
                  "of protocol version {}?",
                  ipc::kProtocolVersion)));
-    (void)::send(conn->fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    conn->Send(std::move(bytes));  // after the replies already queued; Close writes what it can
     conn->Close(Error(Code::kInvalidArgument, "malformed envelope"));
     return;
   }
@@ -327,6 +327,9 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   if (it == sessions_.end()) return;
   Session& s = it->second;
   s.last_active_ms = uv_now(loop_);
+  // A region request's memfd is taken now, whatever becomes of the request, so that it is never
+  // left for a later frame to take.
+  const int fd = request.has_region() && request.region().remove() == 0 ? s.connection->TakeFd() : -1;
   if (s.outstanding >= options_.max_requests_per_connection) {
     // Answered here and never handed on: the daemon keeps serving this client's earlier requests
     // and everybody else.
@@ -336,11 +339,11 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
               "this connection already has {} requests unanswered: wait for replies before "
               "sending more, or raise [limits] max_requests_per_connection",
               s.outstanding))));
+    if (fd >= 0) close(fd);
     return;
   }
   s.outstanding++;
   Peer peer = s.peer;  // the handler may close (and erase) the session
-  const int fd = request.has_region() && request.region().remove() == 0 ? s.connection->TakeFd() : -1;
   on_request_(session, peer, std::move(request), fd);
 }
 

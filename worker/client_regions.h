@@ -1,12 +1,14 @@
 // Clients' shared-memory regions as this worker maps them (WorkerInfer.input_region,
 // output_region), by the supervisor's region id. The supervisor sends a region's memfd with every
-// request that names it; the first maps the whole region (pages populated in one pass) and later
-// ones reuse the mapping, so that a large tensor costs no mmap, page faults or munmap per request.
+// request that names it; the first maps the region (its registered size, not the memfd's, which a
+// client could make huge) and later ones reuse the mapping, so that a large tensor costs no mmap
+// or munmap per request. Only the slices requests name are populated (one pass over their page
+// tables), so a worker never faults in more of a client's memory than its requests use.
 // A mapping lasts until the supervisor says the region is gone (WorkerRegionsGone: removed, or its
 // client left), or until it is the least recently used of more than kMaxMapped.
 //
-// The supervisor checked that the memfd cannot shrink (F_SEAL_SHRINK), so a mapping of its size
-// at first use stays backed; slices are checked against that size here too, so a bad slice is an
+// The supervisor checked that the memfd cannot shrink (F_SEAL_SHRINK) below the registered size,
+// so the mapping stays backed; slices are checked against that size here too, so a bad slice is an
 // error, never a SIGBUS. Reader thread only.
 #pragma once
 
@@ -27,8 +29,9 @@ class ClientRegions {
   ClientRegions& operator=(const ClientRegions&) = delete;
   ~ClientRegions();
 
-  // bytes at offset of region `id`, mapped from fd on first use (fd stays the caller's).
-  Result<char*> Slice(uint64_t id, int fd, uint64_t offset, uint64_t bytes, bool writable);
+  // bytes at offset of region `id` (registered as region_bytes), mapped from fd on first use
+  // (fd stays the caller's).
+  Result<char*> Slice(uint64_t id, int fd, uint64_t region_bytes, uint64_t offset, uint64_t bytes, bool writable);
   void Forget(uint64_t id);
   size_t mapped() const { return maps_.size(); }
 
@@ -39,7 +42,7 @@ class ClientRegions {
     bool writable = false;
     uint64_t last_used = 0;
   };
-  Result<Mapping> Map(int fd);
+  Result<Mapping> Map(int fd, uint64_t region_bytes);
   void EvictLeastRecentlyUsed();
 
   std::unordered_map<uint64_t, Mapping> maps_;

@@ -335,7 +335,8 @@ void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
     char* out_region = nullptr;
     if (request.has_input_region()) {
       const v1::RegionSlice& slice = request.input_region();
-      Result<char*> p = regions_.Slice(slice.region(), regions.input, slice.offset(), input_bytes, false);
+      Result<char*> p = regions_.Slice(slice.region(), regions.input, slice.region_bytes(), slice.offset(),
+                                       input_bytes, false);
       if (p.ok()) in_region = *p;
       else status = p.status();
     }
@@ -344,7 +345,8 @@ void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
       Result<char*> p = output_bytes > slice.bytes()
                             ? Result<char*>(Error(Code::kInvalidArgument, "the output needs {} bytes, its slice has {}",
                                                   output_bytes, slice.bytes()))
-                            : regions_.Slice(slice.region(), regions.output, slice.offset(), output_bytes, true);
+                            : regions_.Slice(slice.region(), regions.output, slice.region_bytes(), slice.offset(),
+                                             output_bytes, true);
       if (p.ok()) out_region = *p;
       else status = p.status();
     }
@@ -367,12 +369,14 @@ void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
         std::memcpy(input_.data(), input.data().data(), input.data().size());
         in = input_;
       }
+      std::span<float> out;
       if (out_region != nullptr) {
-        status = engine->Infer(in, input.rows(), input.cols(),
-                               std::span<float>(reinterpret_cast<float*>(out_region), output_bytes / sizeof(float)));
+        out = {reinterpret_cast<float*>(out_region), output_bytes / sizeof(float)};
       } else {
-        status = engine->Infer(in, input.rows(), input.cols(), output_);
+        output_.resize(output_bytes / sizeof(float));
+        out = output_;
       }
+      status = engine->Infer(in, input.rows(), input.cols(), out);
       faults.Hit("infer.mid");
       faults.Hit("infer.before_restore");
       inflight_->Release(*slot, options_.generation, options_.slot);

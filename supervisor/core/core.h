@@ -230,7 +230,7 @@ class Core {
   void HandlePin(const Call& call, const v1::PinRequest& request);
   // regions.cc: clients' shared memory. A slice must lie in a region of its own connection.
   void HandleRegion(const Call& call, const v1::RegionRequest& request, int handle, const Status& check);
-  Result<int> RegionHandle(uint64_t session, const v1::RegionSlice& slice, const char* what) const;
+  Result<const ClientRegion*> FindRegion(uint64_t session, const v1::RegionSlice& slice, const char* what) const;
   Status CheckRegions(uint64_t session, const v1::InferRequest& request) const;
   void CloseRegions(Session& session);
   // Tells the workers to unmap regions the core let go.

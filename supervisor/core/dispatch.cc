@@ -66,15 +66,18 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   const bool output_in_region =
       request.has_output_region() && output_bytes <= request.output_region().bytes();
   std::vector<int> handles;
+  uint64_t input_region_bytes = 0, output_region_bytes = 0;  // what the worker maps of each
   if (request.has_input_region()) {
-    Result<int> h = RegionHandle(waiter.call.session, request.input_region(), "input_region");
-    if (!h.ok()) return AnswerError(waiter.call, h.status());
-    handles.push_back(*h);
+    auto region = FindRegion(waiter.call.session, request.input_region(), "input_region");
+    if (!region.ok()) return AnswerError(waiter.call, region.status());
+    handles.push_back((*region)->handle);
+    input_region_bytes = (*region)->bytes;
   }
   if (output_in_region) {
-    Result<int> h = RegionHandle(waiter.call.session, request.output_region(), "output_region");
-    if (!h.ok()) return AnswerError(waiter.call, h.status());
-    handles.push_back(*h);
+    auto region = FindRegion(waiter.call.session, request.output_region(), "output_region");
+    if (!region.ok()) return AnswerError(waiter.call, region.status());
+    handles.push_back((*region)->handle);
+    output_region_bytes = (*region)->bytes;
   }
   const uint64_t reply_bytes = output_in_region ? 0 : output_bytes;
   if (reply_bytes + 1024 > config_.max_frame_bytes) {
@@ -123,8 +126,14 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   // The input is borrowed by the message while it is serialised (one copy, into the frame) and
   // stays with the job for a retry.
   infer->unsafe_arena_set_allocated_input(const_cast<v1::Tensor*>(&stored.request.input()));
-  if (stored.request.has_input_region()) *infer->mutable_input_region() = stored.request.input_region();
-  if (output_in_region) *infer->mutable_output_region() = stored.request.output_region();
+  if (stored.request.has_input_region()) {
+    *infer->mutable_input_region() = stored.request.input_region();
+    infer->mutable_input_region()->set_region_bytes(input_region_bytes);
+  }
+  if (output_in_region) {
+    *infer->mutable_output_region() = stored.request.output_region();
+    infer->mutable_output_region()->set_region_bytes(output_region_bytes);
+  }
   Send(worker, message, std::move(handles));
   (void)infer->unsafe_arena_release_input();
 }

@@ -52,7 +52,8 @@ void Core::HandleRegion(const Call& call, const v1::RegionRequest& request, int 
   Answer(call, std::move(reply));
 }
 
-Result<int> Core::RegionHandle(uint64_t session, const v1::RegionSlice& slice, const char* what) const {
+Result<const Core::ClientRegion*> Core::FindRegion(uint64_t session, const v1::RegionSlice& slice,
+                                                   const char* what) const {
   auto s = sessions_.find(session);
   const ClientRegion* region = nullptr;
   if (s != sessions_.end()) {
@@ -69,17 +70,17 @@ Result<int> Core::RegionHandle(uint64_t session, const v1::RegionSlice& slice, c
     return Error(Code::kInvalidArgument, "{} (offset {}, {} bytes) ends past region {} ({} bytes)",
                  what, slice.offset(), slice.bytes(), slice.region(), region->bytes);
   }
-  return region->handle;
+  return region;
 }
 
 Status Core::CheckRegions(uint64_t session, const v1::InferRequest& request) const {
   if (request.has_input_region()) {
-    if (Result<int> h = RegionHandle(session, request.input_region(), "input_region"); !h.ok()) {
+    if (auto h = FindRegion(session, request.input_region(), "input_region"); !h.ok()) {
       return h.status();
     }
   }
   if (request.has_output_region()) {
-    if (Result<int> h = RegionHandle(session, request.output_region(), "output_region"); !h.ok()) {
+    if (auto h = FindRegion(session, request.output_region(), "output_region"); !h.ok()) {
       return h.status();
     }
   }
