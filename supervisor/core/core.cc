@@ -251,6 +251,7 @@ void Core::EndDrain(const std::string& why) {
     for (auto& [region_id, region] : session.regions) Close(region.handle);  // the workers stop next
   }
   sessions_.clear();
+  regions_ = 0;
   unanswered_ = 0;
   held_bytes_ = 0;
   actions_.push_back(action::StopWorkers{config_.stop_kill_ms});

@@ -47,8 +47,10 @@ inline constexpr uint64_t kStatusPeriodMs = 250;
 // daemon, where they can go to another replica, time out, or be dropped when their client leaves.
 inline constexpr uint32_t kWorkerWindowJobs = 16;
 inline constexpr uint64_t kWorkerWindowBytes = 64ull << 20;
-// Shared-memory regions one connection may hold registered (each holds a descriptor).
+// Shared-memory regions one connection may hold registered, and all connections together: each
+// holds one of the daemon's descriptors, which its worker channels need too.
 inline constexpr uint32_t kMaxRegionsPerConnection = 16;
+inline constexpr uint32_t kMaxRegions = 1024;
 
 class Core {
  public:
@@ -372,6 +374,7 @@ class Core {
   uint64_t next_fault_id_ = 1;
   uint32_t queued_ = 0;  // waiters over all models
   uint64_t next_region_ = 1;  // ids of client regions, never reused
+  uint32_t regions_ = 0;      // registered over every session
   std::unordered_map<uint64_t, Session> sessions_;
   uint64_t unanswered_ = 0;
   uint64_t held_bytes_ = 0;

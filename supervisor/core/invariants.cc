@@ -10,6 +10,11 @@ namespace warmpool::supervisor {
 using namespace residency;
 
 Status Core::CheckInvariants() const {
+  size_t regions = 0;
+  for (const auto& [id, session] : sessions_) regions += session.regions.size();
+  if (regions != regions_ || regions_ > kMaxRegions) {
+    return Error(Code::kInternal, "{} client regions held, {} counted (at most {})", regions, regions_, kMaxRegions);
+  }
   std::map<uint32_t, uint32_t> file_loads, infers;
   std::vector<uint32_t> outstanding(workers_.size(), 0);
   std::vector<uint64_t> pending(workers_.size(), 0);

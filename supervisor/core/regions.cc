@@ -24,6 +24,7 @@ void Core::HandleRegion(const Call& call, const v1::RegionRequest& request, int 
     }
     Close(it->second.handle);
     session.regions.erase(it);
+    regions_--;
     ForgetRegions({request.remove()});
     reply.mutable_region_reply()->set_region(request.remove());
     reply.mutable_region_reply()->set_removed(true);
@@ -45,6 +46,14 @@ void Core::HandleRegion(const Call& call, const v1::RegionRequest& request, int 
                                    "first, or use fewer, larger regions",
                                    session.regions.size()));
   }
+  if (regions_ >= kMaxRegions) {
+    Close(handle);
+    return AnswerError(call, Error(Code::kResourceExhausted,
+                                   "the daemon holds {} regions for its clients: retry later, or send "
+                                   "this tensor in the request",
+                                   regions_));
+  }
+  regions_++;
   const uint64_t id = next_region_++;
   session.regions[id] = ClientRegion{handle, request.bytes()};
   reply.mutable_region_reply()->set_region(id);
@@ -93,6 +102,7 @@ void Core::CloseRegions(Session& session) {
     Close(region.handle);
     ids.push_back(id);
   }
+  regions_ -= static_cast<uint32_t>(session.regions.size());
   session.regions.clear();
   ForgetRegions(ids);
 }

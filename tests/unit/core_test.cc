@@ -666,6 +666,18 @@ TEST(CoreTest, ARegionTravelsWithItsRequestsAndIsClosedWithItsConnection) {
   infer_in_region(7, 0);
   EXPECT_EQ(rig.Replies(7).back().error().code(), v1::FAILED_PRECONDITION);
 
+  // Regions over all connections are bounded: each holds one of the daemon's descriptors.
+  for (uint32_t i = 0; i < kMaxRegions; i++) rig.Request(1000 + i / kMaxRegionsPerConnection, region, false, 10000 + i);
+  rig.Forget();
+  rig.Request(5000, region, false, 700);
+  EXPECT_EQ(rig.Replies(5000)[0].error().code(), v1::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(rig.Closed(), std::vector<int>{700});
+  rig.Handle(event::ClientGone{1000});  // one connection's go back
+  rig.Forget();
+  rig.Request(5000, region, false, 701);
+  EXPECT_TRUE(rig.Replies(5000)[0].has_region_reply());
+  rig.Forget();
+
   // A connection that leaves takes its regions with it.
   rig.Request(9, region, false, 600);
   rig.Request(9, region, false, 601);
