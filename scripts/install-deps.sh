@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libboost-dev libuv1-dev libprotobuf-dev protobuf-compiler libfmt-dev libspdlog-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev libgtest-dev
+  ocl-icd-opencl-dev  # dnnl's CMake package looks for OpenCL (only recommended by libdnnl-dev)
   libsystemd-dev systemd clang libclang-rt-14-dev libomp-dev  # libomp: the fuzz build (clang) with OpenMP
   python3  # scripts/gpu-check.sh writes its summary with it
 )
