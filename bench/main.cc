@@ -56,6 +56,7 @@ struct Options {
   uint32_t iterations = 20;
   uint64_t model_mib = 16;
   uint32_t inflight = 8;
+  uint32_t replicas = 1;
   uint32_t rows = 64;
   // --abuse
   bool abuse = false;
@@ -307,6 +308,9 @@ int main(int argc, char** argv) {
   app.add_option("--rows", options.rows, "--recovery: rows of each of those requests")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--replicas", options.replicas, "--recovery: replicas of the model (1 or 2)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 2));
   app.add_flag("--abuse", options.abuse,
                "instead: the daemon's memory under clients that pipeline large inputs and never "
                "read their replies, with the default limits and with them raised (see "
@@ -405,6 +409,7 @@ int main(int argc, char** argv) {
     recovery.model_mib = options.model_mib;
     recovery.inflight = options.inflight;
     recovery.rows = options.rows;
+    recovery.replicas = options.replicas;
     recovery.json = options.json;
     return warmpool::bench::RunRecovery(recovery);
   }

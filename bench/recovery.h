@@ -2,9 +2,10 @@
 // on two workers; each iteration makes the model's worker busy with K pipelined requests, SIGKILLs
 // it, and measures from the kill (a) until every one of those K requests is answered (the
 // supervisor retries them after reloading the model on another worker) and (b) until a new request
-// sent right after the kill from a second connection first succeeds. The baseline, measured in the
-// same run, is a warm load of the same model from the page cache (unload, then load). Like the
-// latency mode it reports numbers against the targets of issue 3 and asserts nothing.
+// sent right after the kill from a second connection first succeeds. The baselines, measured in
+// the same run: for (a) the same K requests pipelined on the healthy pool, for (b) the new
+// request's own compute; a warm load from the page cache is shown for scale. It reports numbers
+// against the targets and asserts nothing.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ struct RecoveryOptions {
   uint64_t model_mib = 16;       // f32 weights of the generated model
   uint32_t inflight = 8;         // K: requests pipelined on the worker when it is killed
   uint32_t rows = 64;            // rows of each of those requests
+  uint32_t replicas = 1;         // of the model, on the two workers
   bool json = false;
 };
 

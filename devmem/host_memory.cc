@@ -117,7 +117,12 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
   }
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) return Error(Code::kInternal, "dup: {}", std::strerror(errno));
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
+  // Read-only: weights another process wrote and others map too must not change under them (an
+  // engine's stray write faults in its own worker instead of corrupting every replica). And
+  // mapped with its page tables filled (the pages exist), so that the first request on a new
+  // replica does not take a page fault per 4 KiB of weights. (A VM with shadow paging still
+  // charges each page's first read, through a read-only mapping much less than a writable one.)
+  void* ptr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(own);
@@ -126,6 +131,11 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
   std::lock_guard lock(imported_mutex_);
   imported_.insert(ptr);
   return HostRegion{ptr, bytes, own};
+}
+
+bool HostMemory::Imported(const void* ptr) {
+  std::lock_guard lock(imported_mutex_);
+  return imported_.count(const_cast<void*>(ptr)) != 0;
 }
 
 void HostMemory::Free(HostRegion& region) {
@@ -159,8 +169,9 @@ wp_status HostMemory::CImport(void* ctx, int handle, uint64_t bytes, wp_region* 
   return WP_OK;
 }
 
-wp_status HostMemory::CWrite(void*, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes) {
+wp_status HostMemory::CWrite(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes) {
   if (region == nullptr || offset > region->bytes || bytes > region->bytes - offset) return WP_INVALID_ARGUMENT;
+  if (static_cast<HostMemory*>(ctx)->Imported(region->ptr)) return WP_INVALID_ARGUMENT;  // read-only
   if (bytes != 0) std::memcpy(static_cast<uint8_t*>(region->ptr) + offset, source, bytes);
   return WP_OK;
 }

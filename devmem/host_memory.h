@@ -40,9 +40,11 @@ class HostMemory {
   static constexpr uint64_t kCopyChunkBytes = 16ull << 20;
   static constexpr unsigned kCopyThreads = 4;
   static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd = -1);
-  // Maps a region exported by another process: a dup of its fd, mapped shared. Not counted against
-  // this process's budget: the supervisor accounts shared weights once, where it holds them.
+  // Maps a region exported by another process: a dup of its fd, mapped shared, read-only and
+  // populated. Not counted against this process's budget: the supervisor accounts shared weights
+  // once, where it holds them. The service's `write` refuses imported regions.
   Result<HostRegion> Import(int fd, uint64_t bytes);
+  bool Imported(const void* ptr);
   void Free(HostRegion& region);
 
   uint64_t used_bytes() const { return used_.load(std::memory_order_relaxed); }

@@ -127,6 +127,7 @@ uint64_t Core::NewJob(Job&& job) {
   WorkerSlot& w = workers_[job.worker];
   w.outstanding++;
   w.pending_bytes += job.frame_bytes;
+  w.retries += job.retry ? 1 : 0;
   jobs_.emplace(id, std::move(job));
   return id;
 }

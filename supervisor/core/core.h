@@ -91,6 +91,8 @@ class Core {
     uint32_t crashes = 0;      // workers that died while running this very request, alone
     // ... and while it ran beside other jobs (in one batch, beside a load): it may be innocent
     uint32_t shared_crashes = 0;
+    // Sent to a worker that died before answering: runs again, one at a time per worker (below).
+    bool retry = false;
   };
   struct Job {
     enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -106,6 +108,7 @@ class Core {
     uint64_t frame_bytes = 0;   // in the worker's channel
     uint32_t crashes = 0;
     uint32_t shared_crashes = 0;
+    bool retry = false;  // infer: a Waiter::retry
     v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
     std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
     uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
@@ -167,6 +170,7 @@ class Core {
     bool device_lost = false;
     uint32_t outstanding = 0;
     uint64_t pending_bytes = 0;
+    uint32_t retries = 0;  // of the outstanding jobs, retried requests (at most one: DrainReady)
     uint64_t load_done_ms = 0;     // when it last finished a load
     uint64_t serving_done_ms = 0;  // ... anything on its serving thread
     uint64_t served = 0;
@@ -305,6 +309,8 @@ class Core {
   void OnWorkerDown(const event::WorkerDown& down);
   void OnDeviceLost(const event::DeviceLost& lost);
   void OnDeviceRestored(const event::DeviceRestored& restored);
+  // Retries of a dead worker's requests, reordered so that connections take turns.
+  static std::vector<std::pair<uint32_t, Waiter>> TakingTurns(std::vector<std::pair<uint32_t, Waiter>> retries);
   void ChargeCrash(uint32_t model, const std::string& why);
   void MarkFailed(uint32_t model, const std::string& reason);
   Status FailedStatus(uint32_t model) const;

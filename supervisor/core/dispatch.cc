@@ -24,10 +24,16 @@ void Core::DrainReady(uint32_t model) {
   if (serving.empty() || m.changing()) return;
   std::vector<policy::WorkerView> views;
   const policy::Window window{kWorkerWindowJobs, kWorkerWindowBytes};
-  while (!m.waiters.empty()) {
-    if (!m.waiters.front().is_infer) {  // a load that came while it was being attached
-      Waiter w = std::move(m.waiters.front());
-      m.waiters.pop_front();
+  // A worker runs what it is sent in order. Requests retried after a worker died go first in the
+  // queue, but to each worker one at a time: had they all gone at once, everything sent after
+  // them would wait for every one (a burst of retries after a crash is as long as the dead
+  // worker's whole window). So a new request waits for at most one retried request per worker,
+  // and the retries still progress (each worker takes the next as its current one ends).
+  for (size_t i = 0; i < m.waiters.size();) {
+    Waiter& front = m.waiters[i];
+    if (!front.is_infer) {  // a load that came while it was being attached
+      Waiter w = std::move(front);
+      m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
       queued_--;
       v1::Envelope reply;
       reply.mutable_load_reply()->set_model(m.entry.name);
@@ -37,10 +43,23 @@ void Core::DrainReady(uint32_t model) {
       continue;
     }
     if (views.empty()) views = WorkerLoads();
-    uint32_t worker = policy::PickReplica(views, serving, window);
-    if (worker == policy::kNone) return;  // a finished job drains it again
-    Waiter w = std::move(m.waiters.front());
-    m.waiters.pop_front();
+    uint32_t worker = policy::kNone;
+    if (front.retry) {
+      std::vector<uint32_t> free_of_retries;
+      for (uint32_t slot : serving) {
+        if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
+      }
+      worker = policy::PickReplica(views, free_of_retries, window);
+      if (worker == policy::kNone) {
+        ++i;  // waits for its turn; a new request behind it may go
+        continue;
+      }
+    } else {
+      worker = policy::PickReplica(views, serving, window);
+      if (worker == policy::kNone) return;  // a finished job drains it again
+    }
+    Waiter w = std::move(front);
+    m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
     queued_--;
     uint64_t bytes = w.infer.input().data().size();
     Dispatch(model, worker, std::move(w));
@@ -91,6 +110,7 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   job.deadline_ms = waiter.deadline_ms;
   job.crashes = waiter.crashes;
   job.shared_crashes = waiter.shared_crashes;
+  job.retry = waiter.retry;
   job.request = std::move(waiter.infer);
   job.frame_bytes = job.request.input().data().size() + reply_bytes;
   v1::WorkerEnvelope message;

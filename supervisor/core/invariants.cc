@@ -18,8 +18,10 @@ Status Core::CheckInvariants() const {
   std::map<uint32_t, uint32_t> file_loads, infers;
   std::vector<uint32_t> outstanding(workers_.size(), 0);
   std::vector<uint64_t> pending(workers_.size(), 0);
+  std::vector<uint32_t> retries(workers_.size(), 0);
   for (const auto& [id, job] : jobs_) {
     outstanding[job.worker]++;
+    retries[job.worker] += job.retry ? 1 : 0;
     pending[job.worker] += job.frame_bytes;
     bool current = job.epoch == models_[job.model].epoch;
     if (!current) continue;
@@ -33,6 +35,11 @@ Status Core::CheckInvariants() const {
       return Error(Code::kInternal, "worker {} counts {} jobs ({} bytes) but has {} ({} bytes)", slot,
                    workers_[slot].outstanding, workers_[slot].pending_bytes, outstanding[slot],
                    pending[slot]);
+    }
+    // Retried requests go one at a time to a worker, so that new ones never queue behind several.
+    if (workers_[slot].retries != retries[slot] || retries[slot] > 1) {
+      return Error(Code::kInternal, "worker {} counts {} retried requests but has {} (at most 1)", slot,
+                   workers_[slot].retries, retries[slot]);
     }
   }
   auto job_is = [&](uint64_t id, Job::Kind kind, uint32_t worker, uint32_t model) {

@@ -2,6 +2,8 @@
 // keeps crashing its workers, requests and loads overrun their time. The rule throughout: every
 // request is answered exactly once, and nothing but the dead worker's own work is disturbed.
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <set>
 
 #include "supervisor/core/core.h"
@@ -74,7 +76,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
           break;
         }
         retries.emplace_back(job.model, Waiter{job.call, true, std::move(job.request),
-                                               job.deadline_ms, crashes, shared});
+                                               job.deadline_ms, crashes, shared, /*retry=*/true});
         break;
       }
       case Job::Kind::kLoad:
@@ -115,9 +117,11 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
     for (uint32_t model : suspects) ChargeCrash(model, fmt::format("worker {} {}", slot, down.why));
   }
   w.device_lost = false;
-  // Retried requests go to the front of their model's queue, in their original order; the models
-  // reload (or re-attach their held weights) on another worker or the respawned one. A model now
-  // failed refuses them.
+  // Retried requests go to the front of their model's queue, taking turns between connections
+  // (each one's in its original order): a client that had one request on the dead worker does
+  // not wait for all of another's. The models reload (or re-attach their held weights) on
+  // another worker or the respawned one. A model now failed refuses them.
+  retries = TakingTurns(std::move(retries));
   for (auto it = retries.rbegin(); it != retries.rend(); ++it) {
     models_[it->first].waiters.push_front(std::move(it->second));
     queued_++;
@@ -126,6 +130,28 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
     if (!models_[model].waiters.empty()) TryAdmit(model);
   }
   RetryPending();
+}
+
+std::vector<std::pair<uint32_t, Core::Waiter>> Core::TakingTurns(
+    std::vector<std::pair<uint32_t, Waiter>> retries) {
+  std::vector<uint64_t> sessions;  // in order of their first request
+  std::map<uint64_t, std::deque<size_t>> of_session;
+  for (size_t i = 0; i < retries.size(); i++) {
+    uint64_t session = retries[i].second.call.session;
+    if (of_session[session].empty()) sessions.push_back(session);
+    of_session[session].push_back(i);
+  }
+  std::vector<std::pair<uint32_t, Waiter>> turns;
+  turns.reserve(retries.size());
+  while (turns.size() < retries.size()) {
+    for (uint64_t session : sessions) {
+      std::deque<size_t>& left = of_session[session];
+      if (left.empty()) continue;
+      turns.push_back(std::move(retries[left.front()]));
+      left.pop_front();
+    }
+  }
+  return turns;
 }
 
 void Core::OnDeviceLost(const event::DeviceLost& lost) {

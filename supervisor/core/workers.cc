@@ -40,6 +40,7 @@ void Core::OnWorkerUp(const event::WorkerUp& up) {
   w.state = WorkerSlot::State::kUp;
   w.outstanding = 0;
   w.pending_bytes = 0;
+  w.retries = 0;
   Log(LogLevel::kInfo, "worker {} ready (pid {}, generation {})", up.slot, w.pid, up.generation);
   // Models that wait for a worker (or for room a worker brings), replicas short of their target,
   // and models stacked on another worker.
@@ -64,6 +65,7 @@ void Core::JobDone(Job& job) {
   WorkerSlot& w = workers_[job.worker];
   w.outstanding -= std::min<uint32_t>(w.outstanding, 1);
   w.pending_bytes -= std::min(w.pending_bytes, job.frame_bytes);
+  w.retries -= job.retry && w.retries > 0 ? 1 : 0;
   w.served++;
   (OnLoadThread(job) ? w.load_done_ms : w.serving_done_ms) = MonoMs();
   ReturnFaults(job);

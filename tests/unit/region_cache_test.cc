@@ -112,5 +112,30 @@ TEST(HostMemoryReuse, AResizedRegionKeepsItsPagesAndCountsAgainstTheBudget) {
   EXPECT_EQ(memory.used_bytes(), 0u);
 }
 
+// Weights another process wrote are mapped read-only: the service's write refuses them, and a
+// stray store faults in the writer instead of changing them under every other replica.
+TEST(HostMemoryImport, ImportedRegionsAreReadOnly) {
+  HostMemory owner;
+  Result<HostRegion> weights = owner.Allocate(8192, "import_test");
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  std::memset(weights->ptr, 0x7e, 8192);
+  HostMemory replica;
+  const wp_device_memory* service = replica.service();
+  wp_region imported{nullptr, 0, -1};
+  ASSERT_EQ(service->import(service->ctx, weights->fd, 8192, &imported), WP_OK);
+  EXPECT_EQ(static_cast<const uint8_t*>(imported.ptr)[8191], 0x7e);
+  const uint8_t zeros[16] = {};
+  EXPECT_EQ(service->write(service->ctx, &imported, 0, zeros, sizeof(zeros)), WP_INVALID_ARGUMENT);
+  EXPECT_DEATH(static_cast<volatile uint8_t*>(imported.ptr)[0] = 0, "") << "mapped without PROT_WRITE";
+  EXPECT_EQ(static_cast<const uint8_t*>(weights->ptr)[0], 0x7e);
+  service->free(service->ctx, &imported);
+  // Its own allocations stay writable through the service.
+  wp_region own{nullptr, 0, -1};
+  ASSERT_EQ(service->alloc(service->ctx, 4096, &own), WP_OK);
+  EXPECT_EQ(service->write(service->ctx, &own, 0, zeros, sizeof(zeros)), WP_OK);
+  service->free(service->ctx, &own);
+  owner.Free(*weights);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

@@ -57,7 +57,9 @@ typedef struct wp_device_memory {
   /* 1 when ptr is host-addressable (host backend), 0 when it is device memory. */
   int host_addressable;
   /* Maps a region another process exported (its shareable handle and size). The region is owned
-   * by the caller like an allocated one: free releases this mapping only. */
+   * by the caller like an allocated one: free releases this mapping only. Other processes map the
+   * same bytes: engines never write into an imported region (the host backend maps it read-only
+   * and its write refuses it). */
   wp_status (*import)(void* ctx, int handle, uint64_t bytes, wp_region* out);
   /* Copies bytes between host memory and a region, at offset bytes into it; complete when the call
    * returns. On the host backend a memcpy; on CUDA a copy through the driver. Engines that may

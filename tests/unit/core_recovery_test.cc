@@ -1,0 +1,136 @@
+// After a worker dies: its requests are retried without making everyone else wait for them.
+// Retries go to a worker one at a time, so new requests pass them; connections take turns among
+// the retries; and the retries spread over every replica serving the model.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "tests/unit/core_rig.h"
+
+namespace warmpool::supervisor {
+namespace {
+
+using testing::CoreRig;
+using testing::Entry;
+
+std::vector<v1::WorkerInfer> Infers(const std::vector<v1::WorkerEnvelope>& sent) {
+  std::vector<v1::WorkerInfer> out;
+  for (const v1::WorkerEnvelope& w : sent) {
+    if (w.has_infer()) out.push_back(w.infer());
+  }
+  return out;
+}
+
+// The model's replica dies with five requests on it (four of session 7, one of 8); the weights
+// are attached to the other worker. The retries go there one at a time, session 8's second, and
+// a request that arrives meanwhile goes at once: it waits for at most the one retry running.
+TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, m, 100);
+  rig.Replies(1);
+  std::vector<uint64_t> of7;
+  for (int i = 0; i < 4; ++i) of7.push_back(rig.Infer(7, "m"));
+  uint64_t of8 = rig.Infer(8, "m");
+  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
+  ASSERT_EQ(on0.size(), 5u) << "all five in worker 0's window";
+
+  rig.Down(0, {on0[0].job()});  // running the first, the rest queued behind it
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(1);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_attach()) << "the held weights go to the worker still up";
+  rig.Reply(1, CoreRig::LoadDone(sent[0].attach().job(), m));
+  std::vector<v1::WorkerInfer> retried = Infers(rig.Sent(1));
+  ASSERT_EQ(retried.size(), 1u) << "one retry at a time per worker";
+  EXPECT_FALSE(retried[0].batch()) << "the one that was running is a suspect: alone";
+
+  // A new request now goes straight to the worker, behind only the retry it is running.
+  uint64_t of9 = rig.Infer(9, "m");
+  std::vector<v1::WorkerInfer> fresh = Infers(rig.Sent(1));
+  ASSERT_EQ(fresh.size(), 1u) << "a new request passes the retries waiting in the daemon";
+  rig.Reply(1, CoreRig::InferDone(fresh[0].job()));
+  std::vector<v1::Envelope> replies = rig.Replies(9);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].request_id(), of9);
+  EXPECT_TRUE(replies[0].has_infer_reply());
+  EXPECT_TRUE(rig.Sent(1).empty()) << "the next retry waits for the one running";
+
+  // Each answer sends the next retry; session 8 takes its turn second, not fifth.
+  std::vector<uint64_t> order;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(retried.size(), 1u) << "retry " << i;
+    rig.Reply(1, CoreRig::InferDone(retried[0].job()));
+    for (uint64_t session : {7u, 8u}) {
+      for (const v1::Envelope& r : rig.Replies(session)) {
+        EXPECT_TRUE(r.has_infer_reply()) << r.DebugString();
+        order.push_back(r.request_id());
+      }
+    }
+    retried = Infers(rig.Sent(1));
+  }
+  EXPECT_TRUE(retried.empty());
+  EXPECT_EQ(order, (std::vector<uint64_t>{of7[0], of8, of7[1], of7[2], of7[3]}));
+  EXPECT_EQ(rig.core().unanswered(), 0u);
+}
+
+// With two replicas, one dies with its window full: the retries spread over the survivor and, once
+// it is back, the respawned worker's new replica, one at a time on each.
+TEST(CoreRecoveryTest, RetriesSpreadOverTheModelsReplicas) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, m, 100, /*replicas=*/2);
+  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+  ASSERT_EQ(attach.size(), 1u);
+  ASSERT_TRUE(attach[0].has_attach());
+  rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), m));
+  rig.Replies(1);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(rig.Infer(7, "m"));
+  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
+  std::vector<v1::WorkerInfer> on1 = Infers(rig.Sent(1));
+  ASSERT_EQ(on0.size(), 4u);
+  ASSERT_EQ(on1.size(), 4u);
+
+  rig.Down(0, {on0[0].job()});
+  std::vector<v1::WorkerInfer> retried = Infers(rig.Sent(1));
+  ASSERT_EQ(retried.size(), 1u) << "one retry behind worker 1's own work";
+  // Worker 0 comes back: the model grows to its two replicas again, and the next retry goes there.
+  rig.Advance(200);
+  rig.Up(0);
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_attach());
+  rig.Reply(0, CoreRig::LoadDone(sent[0].attach().job(), m));
+  std::vector<v1::WorkerInfer> on0_again = Infers(rig.Sent(0));
+  ASSERT_EQ(on0_again.size(), 1u) << "a retry on the new replica at once";
+
+  // Drain both, answering in turn; every request answered once, successfully.
+  std::map<uint32_t, std::vector<v1::WorkerInfer>> running{{0, on0_again}, {1, on1}};
+  running[1].push_back(retried[0]);
+  size_t answered = 0;
+  for (int round = 0; round < 20 && answered < 8; ++round) {
+    for (uint32_t slot : {0u, 1u}) {
+      if (running[slot].empty()) continue;
+      rig.Reply(slot, CoreRig::InferDone(running[slot].front().job()));
+      running[slot].erase(running[slot].begin());
+      for (const v1::WorkerInfer& next : Infers(rig.Sent(slot))) running[slot].push_back(next);
+      for (const v1::Envelope& r : rig.Replies(7)) {
+        EXPECT_TRUE(r.has_infer_reply()) << r.DebugString();
+        answered++;
+      }
+    }
+  }
+  EXPECT_EQ(answered, 8u);
+  EXPECT_EQ(rig.core().unanswered(), 0u);
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor
