@@ -108,7 +108,7 @@ Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_regi
   return fd;
 }
 
-Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
+Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
   if (bytes == 0) return Error(Code::kInvalidArgument, "cannot import a region of 0 bytes");
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
@@ -122,7 +122,10 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
   // mapped with its page tables filled (the pages exist), so that the first request on a new
   // replica does not take a page fault per 4 KiB of weights. (A VM with shadow paging still
   // charges each page's first read, through a read-only mapping much less than a writable one.)
-  void* ptr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0);
+  // A writable mapping is for a driver that pins it (cuMemHostRegister wants one), which
+  // populates it itself.
+  void* ptr = read_only ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0)
+                        : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(own);
@@ -130,12 +133,17 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes) {
   }
   std::lock_guard lock(imported_mutex_);
   imported_.insert(ptr);
+  if (read_only) read_only_[reinterpret_cast<uintptr_t>(ptr)] = bytes;
   return HostRegion{ptr, bytes, own};
 }
 
-bool HostMemory::Imported(const void* ptr) {
+bool HostMemory::ReadOnly(const void* ptr) {
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(imported_mutex_);
-  return imported_.count(const_cast<void*>(ptr)) != 0;
+  auto it = read_only_.upper_bound(at);  // the first mapping after it; the one before may hold it
+  if (it == read_only_.begin()) return false;
+  --it;
+  return at - it->first < it->second;
 }
 
 void HostMemory::Free(HostRegion& region) {
@@ -143,6 +151,7 @@ void HostMemory::Free(HostRegion& region) {
   if (region.ptr != nullptr) {
     std::lock_guard lock(imported_mutex_);
     imported = imported_.erase(region.ptr) != 0;
+    read_only_.erase(reinterpret_cast<uintptr_t>(region.ptr));
   }
   if (region.ptr != nullptr) munmap(region.ptr, region.bytes);
   if (region.fd >= 0) close(region.fd);
@@ -171,7 +180,7 @@ wp_status HostMemory::CImport(void* ctx, int handle, uint64_t bytes, wp_region* 
 
 wp_status HostMemory::CWrite(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes) {
   if (region == nullptr || offset > region->bytes || bytes > region->bytes - offset) return WP_INVALID_ARGUMENT;
-  if (static_cast<HostMemory*>(ctx)->Imported(region->ptr)) return WP_INVALID_ARGUMENT;  // read-only
+  if (static_cast<HostMemory*>(ctx)->ReadOnly(region->ptr)) return WP_INVALID_ARGUMENT;
   if (bytes != 0) std::memcpy(static_cast<uint8_t*>(region->ptr) + offset, source, bytes);
   return WP_OK;
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <unordered_set>
 
@@ -40,11 +41,13 @@ class HostMemory {
   static constexpr uint64_t kCopyChunkBytes = 16ull << 20;
   static constexpr unsigned kCopyThreads = 4;
   static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd = -1);
-  // Maps a region exported by another process: a dup of its fd, mapped shared, read-only and
-  // populated. Not counted against this process's budget: the supervisor accounts shared weights
-  // once, where it holds them. The service's `write` refuses imported regions.
-  Result<HostRegion> Import(int fd, uint64_t bytes);
-  bool Imported(const void* ptr);
+  // Maps a region exported by another process: a dup of its fd, mapped shared; read-only and
+  // populated unless `read_only` is false (a copy a GPU driver pins for a transfer). Not counted
+  // against this process's budget: the supervisor accounts shared weights once, where it holds
+  // them. The service's `write` refuses read-only imported regions (the service imports so).
+  Result<HostRegion> Import(int fd, uint64_t bytes, bool read_only = true);
+  // Whether ptr lies in a read-only imported mapping.
+  bool ReadOnly(const void* ptr);
   void Free(HostRegion& region);
 
   uint64_t used_bytes() const { return used_.load(std::memory_order_relaxed); }
@@ -64,6 +67,7 @@ class HostMemory {
   std::atomic<uint64_t> used_{0};
   std::mutex imported_mutex_;
   std::unordered_set<void*> imported_;  // mappings made by Import: freed without touching used_
+  std::map<uintptr_t, uint64_t> read_only_;  // of those, the read-only ones: start -> bytes
   wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1, &HostMemory::CImport,
                             &HostMemory::CWrite, &HostMemory::CRead};
 };

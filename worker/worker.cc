@@ -574,7 +574,7 @@ Result<wp_region> Worker::CopyToDevice(int host_fd, uint64_t bytes) {
     });
   } else {
     // A GPU: its service copies from host memory it pins for the copy (devmem/cuda_memory.h).
-    Result<HostRegion> host = host_memory_.Import(host_fd, bytes);
+    Result<HostRegion> host = host_memory_.Import(host_fd, bytes, /*read_only=*/false);  // pinned for the copy
     if (host.ok()) {
       copied = memory_service_.write(memory_service_.ctx, &device, 0, host->ptr, bytes) == WP_OK;
       host_memory_.Free(*host);  // the host copy's mapping; the supervisor keeps the copy itself

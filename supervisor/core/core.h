@@ -47,6 +47,10 @@ inline constexpr uint64_t kStatusPeriodMs = 250;
 // daemon, where they can go to another replica, time out, or be dropped when their client leaves.
 inline constexpr uint32_t kWorkerWindowJobs = 16;
 inline constexpr uint64_t kWorkerWindowBytes = 64ull << 20;
+// While retried requests of a model wait for their turn (dispatch.cc), new ones pass them only
+// into this much of a worker's window: enough to keep the worker busy, few enough that each retry
+// waits behind a handful of them.
+inline constexpr uint32_t kPassingRetryJobs = 4;
 // Shared-memory regions one connection may hold registered, and all connections together: each
 // holds one of the daemon's descriptors, which its worker channels need too.
 inline constexpr uint32_t kMaxRegionsPerConnection = 16;
@@ -303,6 +307,8 @@ class Core {
   void DrainReady(uint32_t model);
   void Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter);
   void OnInferDone(Job& job, v1::WorkerInferDone& done);
+  // An inference of the model's current registration ended: its counts, keep_alive, its queue.
+  void DoneOnCurrent(uint32_t model);
   void StartKeepAlive(uint32_t model);
 
   // recovery.cc: worker deaths, crash loops, hangs, deadlines

@@ -27,8 +27,11 @@ void Core::DrainReady(uint32_t model) {
   // A worker runs what it is sent in order. Requests retried after a worker died go first in the
   // queue, but to each worker one at a time: had they all gone at once, everything sent after
   // them would wait for every one (a burst of retries after a crash is as long as the dead
-  // worker's whole window). So a new request waits for at most one retried request per worker,
-  // and the retries still progress (each worker takes the next as its current one ends).
+  // worker's whole window). So a new request waits for at most one retried request per worker.
+  // New requests pass the retries still waiting only into a short window (kPassingRetryJobs):
+  // each retry, in turn, then waits behind a few of them, not behind a full window each time.
+  const policy::Window passing{kPassingRetryJobs, kWorkerWindowBytes};
+  bool retry_waits = false;
   for (size_t i = 0; i < m.waiters.size();) {
     Waiter& front = m.waiters[i];
     if (!front.is_infer) {  // a load that came while it was being attached
@@ -52,10 +55,11 @@ void Core::DrainReady(uint32_t model) {
       worker = policy::PickReplica(views, free_of_retries, window);
       if (worker == policy::kNone) {
         ++i;  // waits for its turn; a new request behind it may go
+        retry_waits = true;
         continue;
       }
     } else {
-      worker = policy::PickReplica(views, serving, window);
+      worker = policy::PickReplica(views, serving, retry_waits ? passing : window);
       if (worker == policy::kNone) return;  // a finished job drains it again
     }
     Waiter w = std::move(front);
@@ -127,7 +131,9 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
     // answers, so the company could not come (the worker stops waiting at such a request).
     infer->set_batch(true);
     const bool window_has_room = workers_[worker].outstanding < kWorkerWindowJobs;
-    if (window_has_room && (m.inflight > 0 || !m.waiters.empty())) infer->set_batch_delay_us(m.max_batch_delay_us);
+    const bool company_queued = std::any_of(m.waiters.begin(), m.waiters.end(),
+                                            [](const Waiter& w) { return !w.retry; });
+    if (window_has_room && (m.inflight > 0 || company_queued)) infer->set_batch_delay_us(m.max_batch_delay_us);
   }
   m.inflight++;
   index_->Update(model, [&](shm::ModelRecord& r) {
@@ -171,7 +177,20 @@ void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
     }
   }
   const uint32_t model = job.model;
-  if (job.epoch != models_[model].epoch) return;
+  const bool current = job.epoch == models_[model].epoch;
+  if (current) DoneOnCurrent(model);
+  // Room in this worker again: other models it serves may have requests waiting for it (a
+  // retry waits for exactly this: its worker's previous retry to end). A stale job's model too.
+  for (uint32_t other : index_->LruOrder()) {  // the least recently used first
+    if ((other != model || !current) && !models_[other].waiters.empty() &&
+        models_[other].machine.HasWorker(job.worker)) {
+      DrainReady(other);
+    }
+  }
+  if (current && models_[model].inflight == 0 && !pending_admission_.empty()) RetryPending();  // an idle model may go now
+}
+
+void Core::DoneOnCurrent(uint32_t model) {
   Model& m = models_[model];
   m.inflight--;
   index_->Update(model, [&](shm::ModelRecord& r) {
@@ -184,13 +203,6 @@ void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
     else StartKeepAlive(model);
   }
   DrainReady(model);
-  // Room in this worker again: other models it serves may have requests waiting for it.
-  for (uint32_t other : index_->LruOrder()) {  // the least recently used first
-    if (other != model && !models_[other].waiters.empty() && models_[other].machine.HasWorker(job.worker)) {
-      DrainReady(other);
-    }
-  }
-  if (m.inflight == 0 && !pending_admission_.empty()) RetryPending();  // an idle model may go now
 }
 
 void Core::StartKeepAlive(uint32_t model) {

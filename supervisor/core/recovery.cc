@@ -121,9 +121,12 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
   // (each one's in its original order): a client that had one request on the dead worker does
   // not wait for all of another's. The models reload (or re-attach their held weights) on
   // another worker or the respawned one. A model now failed refuses them.
+  // Retries of an earlier death still waiting keep their place ahead of these.
   retries = TakingTurns(std::move(retries));
-  for (auto it = retries.rbegin(); it != retries.rend(); ++it) {
-    models_[it->first].waiters.push_front(std::move(it->second));
+  for (auto& [model, waiter] : retries) {
+    std::deque<Waiter>& waiters = models_[model].waiters;
+    auto after_retries = std::find_if(waiters.begin(), waiters.end(), [](const Waiter& w) { return !w.retry; });
+    waiters.insert(after_retries, std::move(waiter));
     queued_++;
   }
   for (uint32_t model : index_->All()) {
@@ -266,8 +269,16 @@ void Core::SweepDeadlines() {
         continue;
       }
       Call call = it->call;
+      const bool retry = it->retry;
       it = m.waiters.erase(it);
       queued_--;
+      if (retry) {
+        AnswerError(call, Error(Code::kDeadlineExceeded,
+                                "the request's worker died while it held it, and its retry did not "
+                                "get its turn on a worker serving \"{}\" before the deadline",
+                                m.entry.name));
+        continue;
+      }
       AnswerError(call, ready ? Error(Code::kDeadlineExceeded,
                                       "no worker serving \"{}\" had room before the request's "
                                       "deadline (they are busy: add replicas or workers)",

@@ -132,5 +132,33 @@ TEST(CoreRecoveryTest, RetriesSpreadOverTheModelsReplicas) {
   EXPECT_EQ(rig.core().unanswered(), 0u);
 }
 
+// New requests pass the waiting retries only into a short window, so that each retry in turn
+// waits behind a few of them, not behind a full window of them every time.
+TEST(CoreRecoveryTest, NewRequestsPassRetriesOnlyIntoAShortWindow) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, m, 100);
+  for (int i = 0; i < 3; ++i) rig.Infer(7, "m");
+  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
+  ASSERT_EQ(on0.size(), 3u);
+  rig.Down(0, {on0[0].job()});
+  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+  ASSERT_EQ(attach.size(), 1u);
+  rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), m));
+  std::vector<v1::WorkerInfer> first_retry = Infers(rig.Sent(1));
+  ASSERT_EQ(first_retry.size(), 1u);
+  for (int i = 0; i < 10; ++i) rig.Infer(9, "m");
+  std::vector<v1::WorkerInfer> passed = Infers(rig.Sent(1));
+  EXPECT_EQ(passed.size(), kPassingRetryJobs - 1) << "the retry and a few new ones in the window";
+  // The retry ends: the next retry goes before any more new requests.
+  rig.Reply(1, CoreRig::InferDone(first_retry[0].job()));
+  std::vector<v1::WorkerInfer> next = Infers(rig.Sent(1));
+  ASSERT_EQ(next.size(), 1u) << "the window is back at its bound: only the next retry goes";
+  EXPECT_EQ(rig.Replies(7).size(), 1u);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

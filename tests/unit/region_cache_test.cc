@@ -126,9 +126,17 @@ TEST(HostMemoryImport, ImportedRegionsAreReadOnly) {
   EXPECT_EQ(static_cast<const uint8_t*>(imported.ptr)[8191], 0x7e);
   const uint8_t zeros[16] = {};
   EXPECT_EQ(service->write(service->ctx, &imported, 0, zeros, sizeof(zeros)), WP_INVALID_ARGUMENT);
+  wp_region inside{static_cast<uint8_t*>(imported.ptr) + 4096, 4096, -1};
+  EXPECT_EQ(service->write(service->ctx, &inside, 0, zeros, sizeof(zeros)), WP_INVALID_ARGUMENT) << "a part of it too";
   EXPECT_DEATH(static_cast<volatile uint8_t*>(imported.ptr)[0] = 0, "") << "mapped without PROT_WRITE";
   EXPECT_EQ(static_cast<const uint8_t*>(weights->ptr)[0], 0x7e);
   service->free(service->ctx, &imported);
+  // A copy imported for a driver to pin is writable.
+  HostMemory host;
+  Result<HostRegion> pinnable = host.Import(weights->fd, 8192, /*read_only=*/false);
+  ASSERT_TRUE(pinnable.ok()) << pinnable.status().ToString();
+  EXPECT_FALSE(host.ReadOnly(pinnable->ptr));
+  host.Free(*pinnable);
   // Its own allocations stay writable through the service.
   wp_region own{nullptr, 0, -1};
   ASSERT_EQ(service->alloc(service->ctx, 4096, &own), WP_OK);
