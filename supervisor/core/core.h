@@ -317,7 +317,7 @@ class Core {
   void OnDeviceRestored(const event::DeviceRestored& restored);
   // Retries of a dead worker's requests, reordered so that connections take turns.
   static std::vector<std::pair<uint32_t, Waiter>> TakingTurns(std::vector<std::pair<uint32_t, Waiter>> retries);
-  void ChargeCrash(uint32_t model, const std::string& why);
+  void ChargeCrash(uint32_t model, const std::string& why, bool alone);
   void MarkFailed(uint32_t model, const std::string& reason);
   Status FailedStatus(uint32_t model) const;
   void OnModelInspected(const event::ModelInspected& inspected);

@@ -49,6 +49,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
   }
   std::sort(ids.begin(), ids.end());  // job order is arrival order: retries keep it
   std::set<uint32_t> suspects;
+  std::set<uint32_t> running_models;  // of every job that was running, any version
   std::vector<std::pair<uint32_t, Waiter>> retries;
   for (uint64_t id : ids) {
     Job job = std::move(jobs_[id]);
@@ -58,6 +59,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
     bool current = job.epoch == models_[job.model].epoch;
     Model& m = models_[job.model];
     if (killer && current) suspects.insert(job.model);
+    if (killer) running_models.insert(job.model);
     switch (job.kind) {
       case Job::Kind::kInfer: {
         if (current) {
@@ -114,7 +116,10 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
   }
   // A worker killed because its device's memory died crashed through no model's fault.
   if (!w.device_lost) {
-    for (uint32_t model : suspects) ChargeCrash(model, fmt::format("worker {} {}", slot, down.why));
+    // A model is charged in full only when its jobs ran alone; beside another model's it may be
+    // innocent (policy::ChargeCrash).
+    const bool alone = running_models.size() == 1;
+    for (uint32_t model : suspects) ChargeCrash(model, fmt::format("worker {} {}", slot, down.why), alone);
   }
   w.device_lost = false;
   // Retried requests go to the front of their model's queue, taking turns between connections
@@ -197,10 +202,10 @@ void Core::OnDeviceRestored(const event::DeviceRestored& restored) {
   }
 }
 
-void Core::ChargeCrash(uint32_t model, const std::string& why) {
+void Core::ChargeCrash(uint32_t model, const std::string& why, bool alone) {
   Model& m = models_[model];
   size_t crashes = m.crashes.times_ms.size() + 1;
-  if (!policy::ChargeCrash(m.crashes, MonoMs(), RetrySettings())) return;
+  if (!policy::ChargeCrash(m.crashes, MonoMs(), RetrySettings(), alone)) return;
   MarkFailed(model, fmt::format("crashed its worker {} times within {} s (last: {})", crashes,
                                 config_.crash_loop_window_ms / 1000, why));
 }

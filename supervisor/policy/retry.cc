@@ -9,13 +9,18 @@ bool RetryAfterCrash(uint32_t crashes_alone, uint32_t crashes_shared) {
   return crashes_alone + crashes_shared < 2;
 }
 
-bool ChargeCrash(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings) {
+bool ChargeCrash(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings, bool alone) {
   record.times_ms.push_back(now_ms);
-  while (!record.times_ms.empty() && now_ms - record.times_ms.front() > settings.crash_loop_window_ms) {
-    record.times_ms.pop_front();
+  if (alone) record.alone_times_ms.push_back(now_ms);
+  for (std::deque<uint64_t>* times : {&record.times_ms, &record.alone_times_ms}) {
+    while (!times->empty() && now_ms - times->front() > settings.crash_loop_window_ms) times->pop_front();
   }
-  if (record.times_ms.size() < settings.crash_loop_crashes) return false;
+  if (record.alone_times_ms.size() < settings.crash_loop_crashes &&
+      record.times_ms.size() < uint64_t{kSharedCrashLoopFactor} * settings.crash_loop_crashes) {
+    return false;
+  }
   record.times_ms.clear();
+  record.alone_times_ms.clear();
   return true;
 }
 
@@ -29,6 +34,7 @@ uint64_t NextCooldown(CrashRecord& record, const RetrySettings& settings) {
 void Forgive(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings) {
   if (!record.times_ms.empty() && now_ms - record.times_ms.back() > settings.crash_loop_window_ms) {
     record.times_ms.clear();
+    record.alone_times_ms.clear();
     record.cooldown_ms = 0;
   }
 }

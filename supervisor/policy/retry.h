@@ -20,7 +20,8 @@ struct RetrySettings {
 
 // A model's recent crashes and its next cooldown.
 struct CrashRecord {
-  std::deque<uint64_t> times_ms;
+  std::deque<uint64_t> times_ms;        // every crash charged, within the window
+  std::deque<uint64_t> alone_times_ms;  // of those, the ones its jobs ran alone
   uint64_t cooldown_ms = 0;  // the last cooldown given (0: none yet)
 };
 
@@ -32,9 +33,14 @@ struct CrashRecord {
 inline constexpr uint32_t kMaxCrashesOfRequest = 4;
 bool RetryAfterCrash(uint32_t crashes_alone, uint32_t crashes_shared);
 
-// Charges a crash at now. True when the model is now in a crash loop: it becomes failed for
-// NextCooldown, and its record starts over.
-bool ChargeCrash(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings);
+// Charges a crash at now: `alone` when the model's jobs were the only ones running, else it
+// shared the crash with another model's (a load beside an inference, say), either of which may
+// have caused it. True when the model is now in a crash loop: crash_loop_crashes alone within the
+// window, or kSharedCrashLoopFactor times as many counting the shared ones (so that a model is not
+// failed for a neighbour's crashes, and one that only ever crashes beside others still ends). It
+// then becomes failed for NextCooldown, and its record starts over.
+inline constexpr uint32_t kSharedCrashLoopFactor = 2;
+bool ChargeCrash(CrashRecord& record, uint64_t now_ms, const RetrySettings& settings, bool alone = true);
 // The cooldown of a model failing now: the base, doubled for each failure before, capped. Records it.
 uint64_t NextCooldown(CrashRecord& record, const RetrySettings& settings);
 // A model that served well for a whole window after its last crash earns its base cooldown back.

@@ -160,5 +160,51 @@ TEST(CoreRecoveryTest, NewRequestsPassRetriesOnlyIntoAShortWindow) {
   EXPECT_EQ(rig.Replies(7).size(), 1u);
 }
 
+// A model whose request ran beside another model's load when the worker died may be innocent:
+// three such crashes do not fail it (they would, alone), and its requests are served.
+TEST(CoreRecoveryTest, CrashesBesideAnotherModelsLoadDoNotFailABystander) {
+  Config config = CoreRig::SmallConfig();
+  config.workers_per_device = 1;
+  config.crash_loop_crashes = 3;
+  config.respawn_max_ms = 100;
+  CoreRig rig(config);
+  ModelEntry b = Entry("bystander", 100, 10);
+  ModelEntry n = Entry("n", 100, 10);
+  rig.Start({b, n});
+  rig.Up(0);
+  rig.Loaded(0, b, 100);
+  rig.Replies(1);
+  for (int crash = 0; crash < 3; ++crash) {
+    uint64_t id = rig.Infer(7, "bystander");
+    std::vector<v1::WorkerInfer> running = Infers(rig.Sent(0));
+    ASSERT_EQ(running.size(), 1u);
+    rig.Load(1, "n");
+    std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
+    ASSERT_EQ(load.size(), 1u);
+    ASSERT_TRUE(load[0].has_load());
+    rig.Down(0, {running[0].job(), load[0].load().job()});  // which one aborted? either
+    rig.Advance(200);
+    rig.Up(0);
+    for (int round = 0; round < 3; ++round) {
+      for (const v1::WorkerEnvelope& w : rig.Sent(0)) {
+        if (w.has_attach()) rig.Reply(0, CoreRig::LoadDone(w.attach().job(), b));
+        if (w.has_load()) rig.Reply(0, CoreRig::LoadDone(w.load().job(), n), {200 + crash});
+        if (w.has_infer()) rig.Reply(0, CoreRig::InferDone(w.infer().job()));
+      }
+    }
+    std::vector<v1::Envelope> replies = rig.Replies(7);
+    ASSERT_EQ(replies.size(), 1u) << "crash " << crash + 1;
+    EXPECT_EQ(replies[0].request_id(), id);
+    EXPECT_TRUE(replies[0].has_infer_reply()) << "crash " << crash + 1 << ": " << replies[0].DebugString();
+    rig.Unload(1, "n");
+    for (const v1::WorkerEnvelope& w : rig.Sent(0)) {
+      if (w.has_unload()) rig.Reply(0, CoreRig::UnloadDone(w.unload().job()));
+    }
+    rig.Replies(1);
+  }
+  EXPECT_NE(rig.State("bystander"), shm::ModelState::kFailed);
+  EXPECT_NE(rig.State("n"), shm::ModelState::kFailed);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

@@ -384,6 +384,22 @@ TEST(RetryTest, CrashesWithinTheWindowMakeACrashLoop) {
   EXPECT_TRUE(r.times_ms.empty()) << "a crash loop starts the count over";
 }
 
+// A crash shared with another model's job (a load beside an inference) may be the neighbour's:
+// it counts towards the loop only at twice the threshold; crashes alone at the threshold.
+TEST(RetryTest, CrashesBesideAnotherModelMakeALoopOnlyAtTwiceTheThreshold) {
+  RetrySettings s;
+  s.crash_loop_crashes = 3;
+  s.crash_loop_window_ms = 1000;
+  CrashRecord r;
+  for (uint64_t t = 0; t < 5; ++t) EXPECT_FALSE(ChargeCrash(r, t, s, /*alone=*/false)) << "shared crash " << t + 1;
+  EXPECT_TRUE(ChargeCrash(r, 5, s, /*alone=*/false)) << "the sixth: a model that only crashes beside others ends too";
+  EXPECT_TRUE(r.times_ms.empty() && r.alone_times_ms.empty());
+  EXPECT_FALSE(ChargeCrash(r, 10, s, /*alone=*/false));
+  EXPECT_FALSE(ChargeCrash(r, 11, s, /*alone=*/true));
+  EXPECT_FALSE(ChargeCrash(r, 12, s, /*alone=*/true)) << "two alone, three in all";
+  EXPECT_TRUE(ChargeCrash(r, 13, s, /*alone=*/true)) << "three alone";
+}
+
 TEST(RetryTest, CooldownsDoubleUpToTheMaximumAndAreForgivenAfterAWindow) {
   RetrySettings s;
   s.cooldown_ms = 100;
