@@ -65,6 +65,8 @@ const Module& TheModule() {
 
 void SetGpuOptions(GpuOptions options) { tf32_option = options.tf32; }
 
+void PreloadGpuModule() { (void)TheModule(); }
+
 std::unique_ptr<GpuRunner> StartGpuRunner(const DenseModel& model, const wp_device_memory* memory,
                                           const wp_region& weights, std::string* why) {
   const Module& module = TheModule();

@@ -20,6 +20,11 @@ struct GpuOptions {
 };
 // Process-wide, set by the worker from its flags before any engine opens.
 void SetGpuOptions(GpuOptions options);
+// Loads the GPU kernels' module (and with it the CUDA runtime and cuBLAS) now rather than at the
+// first load of a model on device memory: a worker on a GPU calls it before it says it is ready,
+// so that the one-time cost (a second or more: the libraries, the runtime's start) is not taken
+// for a load that makes no progress. Whether it can run is still told at the first load.
+void PreloadGpuModule();
 
 class GpuRunner {
  public:

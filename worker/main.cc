@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   warmpool::SetupLogging("worker", fmt::format("worker[{}]", options.slot), "info");
   warmpool::dense::SetGpuOptions({tf32});
   warmpool::dense::SetCpuThreads(threads);
+  if (options.backend != "host") warmpool::dense::PreloadGpuModule();  // before the hello
 
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {
