@@ -132,26 +132,24 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
     return Error(Code::kInternal, "cannot map a shared {}-byte region: {}", bytes, std::strerror(err));
   }
   std::lock_guard lock(imported_mutex_);
-  imported_.insert(ptr);
-  if (read_only) read_only_[reinterpret_cast<uintptr_t>(ptr)] = bytes;
+  imported_[reinterpret_cast<uintptr_t>(ptr)] = ImportedMapping{bytes, read_only};
   return HostRegion{ptr, bytes, own};
 }
 
 bool HostMemory::ReadOnly(const void* ptr) {
   const auto at = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(imported_mutex_);
-  auto it = read_only_.upper_bound(at);  // the first mapping after it; the one before may hold it
-  if (it == read_only_.begin()) return false;
+  auto it = imported_.upper_bound(at);  // the first mapping after it; the one before may hold it
+  if (it == imported_.begin()) return false;
   --it;
-  return at - it->first < it->second;
+  return at - it->first < it->second.bytes && it->second.read_only;
 }
 
 void HostMemory::Free(HostRegion& region) {
   bool imported = false;
   if (region.ptr != nullptr) {
     std::lock_guard lock(imported_mutex_);
-    imported = imported_.erase(region.ptr) != 0;
-    read_only_.erase(reinterpret_cast<uintptr_t>(region.ptr));
+    imported = imported_.erase(reinterpret_cast<uintptr_t>(region.ptr)) != 0;
   }
   if (region.ptr != nullptr) munmap(region.ptr, region.bytes);
   if (region.fd >= 0) close(region.fd);

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <unordered_set>
 
 #include "common/status.h"
 #include "warmpool/engine.h"
@@ -66,8 +65,12 @@ class HostMemory {
   uint64_t budget_;
   std::atomic<uint64_t> used_{0};
   std::mutex imported_mutex_;
-  std::unordered_set<void*> imported_;  // mappings made by Import: freed without touching used_
-  std::map<uintptr_t, uint64_t> read_only_;  // of those, the read-only ones: start -> bytes
+  struct ImportedMapping {
+    uint64_t bytes = 0;
+    bool read_only = false;
+  };
+  // Mappings made by Import, by start: freed without touching used_; write refuses read-only ones.
+  std::map<uintptr_t, ImportedMapping> imported_;
   wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1, &HostMemory::CImport,
                             &HostMemory::CWrite, &HostMemory::CRead};
 };

@@ -2,7 +2,6 @@
 // keeps crashing its workers, requests and loads overrun their time. The rule throughout: every
 // request is answered exactly once, and nothing but the dead worker's own work is disturbed.
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <set>
 
@@ -142,23 +141,16 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
 
 std::vector<std::pair<uint32_t, Core::Waiter>> Core::TakingTurns(
     std::vector<std::pair<uint32_t, Waiter>> retries) {
-  std::vector<uint64_t> sessions;  // in order of their first request
-  std::map<uint64_t, std::deque<size_t>> of_session;
-  for (size_t i = 0; i < retries.size(); i++) {
-    uint64_t session = retries[i].second.call.session;
-    if (of_session[session].empty()) sessions.push_back(session);
-    of_session[session].push_back(i);
-  }
+  // Each connection's k-th request goes in turn k; within a turn, in arrival order.
+  std::map<uint64_t, uint32_t> taken;
+  std::vector<uint32_t> turn(retries.size());
+  for (size_t i = 0; i < retries.size(); i++) turn[i] = taken[retries[i].second.call.session]++;
+  std::vector<size_t> order(retries.size());
+  for (size_t i = 0; i < order.size(); i++) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return turn[a] < turn[b]; });
   std::vector<std::pair<uint32_t, Waiter>> turns;
   turns.reserve(retries.size());
-  while (turns.size() < retries.size()) {
-    for (uint64_t session : sessions) {
-      std::deque<size_t>& left = of_session[session];
-      if (left.empty()) continue;
-      turns.push_back(std::move(retries[left.front()]));
-      left.pop_front();
-    }
-  }
+  for (size_t i : order) turns.push_back(std::move(retries[i]));
   return turns;
 }
 

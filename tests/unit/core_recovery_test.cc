@@ -23,17 +23,22 @@ std::vector<v1::WorkerInfer> Infers(const std::vector<v1::WorkerEnvelope>& sent)
   return out;
 }
 
+// Two workers up and model m loaded on worker 0; everything said so far forgotten.
+void ServingOnWorker0(CoreRig& rig, const ModelEntry& m) {
+  rig.Start({m});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, m, 100);
+  rig.Forget();
+}
+
 // The model's replica dies with five requests on it (four of session 7, one of 8); the weights
 // are attached to the other worker. The retries go there one at a time, session 8's second, and
 // a request that arrives meanwhile goes at once: it waits for at most the one retry running.
 TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry m = Entry("m", 100, 10);
-  rig.Start({m});
-  rig.Up(0);
-  rig.Up(1);
-  rig.Loaded(0, m, 100);
-  rig.Replies(1);
+  ServingOnWorker0(rig, m);
   std::vector<uint64_t> of7;
   for (int i = 0; i < 4; ++i) of7.push_back(rig.Infer(7, "m"));
   uint64_t of8 = rig.Infer(8, "m");
@@ -137,10 +142,7 @@ TEST(CoreRecoveryTest, RetriesSpreadOverTheModelsReplicas) {
 TEST(CoreRecoveryTest, NewRequestsPassRetriesOnlyIntoAShortWindow) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry m = Entry("m", 100, 10);
-  rig.Start({m});
-  rig.Up(0);
-  rig.Up(1);
-  rig.Loaded(0, m, 100);
+  ServingOnWorker0(rig, m);
   for (int i = 0; i < 3; ++i) rig.Infer(7, "m");
   std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
   ASSERT_EQ(on0.size(), 3u);
