@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include <dlfcn.h>
@@ -14,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "bench/skeleton.h"
+#include "bench/torch_baseline.h"
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
 #include "engines/dense_cpu.h"
@@ -135,9 +137,16 @@ double TimeMs(F&& f) {
 struct BatchResult {
   uint32_t rows = 0;
   Spread blas, f32, f16, bf16;
+  std::optional<Spread> torch_bf16;
 };
 
-Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& results, std::string& describe) {
+// PyTorch on the bf16 file, or why not.
+struct Torch {
+  std::unique_ptr<TorchBaseline> baseline;
+  std::string missing;
+};
+
+Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& results, Torch& torch) {
   if (o.layers.size() < 2) return Error(Code::kInvalidArgument, "--layers needs at least two widths");
   Result<OpenBlas> blas = LoadOpenBlas();
   if (!blas.ok()) return blas.status();
@@ -152,6 +161,14 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
     const std::string name(safetensors::DTypeName(dtype));
     Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), wp_engine_spec{name.c_str(), path.c_str()},
                                          memory.service());
+    if (dtype == DType::BF16 && torch.missing.empty()) {  // forked before the engines start threads
+      Result<std::unique_ptr<TorchBaseline>> started = TorchBaseline::Start(run, o.torch_python, path, o.threads);
+      if (started.ok()) {
+        torch.baseline = std::move(*started);
+      } else {
+        torch.missing = started.status().message();
+      }
+    }
     if (!engine.ok()) return engine.status();
     if (Status s = engine->Load(); !s.ok()) return s;
     engines.push_back(std::move(*engine));
@@ -163,11 +180,14 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
     std::vector<float> x(size_t{rows} * o.layers.front());
     for (float& v : x) v = values(generator);
     std::vector<float> a(size_t{rows} * widest), b(size_t{rows} * widest), out;
-    std::vector<double> blas_ms, engine_ms[3];
+    std::vector<double> blas_ms, engine_ms[3], torch_ms;
     // One call of each first (not timed): primitives made, pages touched.
     BlasForward(*blas, o.layers, weights, x.data(), rows, a, b);
     for (Engine& e : engines) {
       if (Status s = e.Infer(x, rows, o.layers.front(), out); !s.ok()) return s;
+    }
+    if (torch.baseline) {
+      if (Result<double> ms = torch.baseline->CallMs(rows); !ms.ok()) return ms.status();
     }
     for (uint32_t round = 0; round < o.rounds; ++round) {
       blas_ms.push_back(TimeMs([&] { BlasForward(*blas, o.layers, weights, x.data(), rows, a, b); }));
@@ -176,10 +196,15 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
         engine_ms[e].push_back(TimeMs([&] { status = engines[e].Infer(x, rows, o.layers.front(), out); }));
         if (!status.ok()) return status;
       }
+      if (torch.baseline) {
+        Result<double> ms = torch.baseline->CallMs(rows);
+        if (!ms.ok()) return ms.status();
+        torch_ms.push_back(*ms);
+      }
     }
-    results.push_back({rows, SpreadOf(blas_ms), SpreadOf(engine_ms[0]), SpreadOf(engine_ms[1]), SpreadOf(engine_ms[2])});
+    results.push_back({rows, SpreadOf(blas_ms), SpreadOf(engine_ms[0]), SpreadOf(engine_ms[1]), SpreadOf(engine_ms[2]),
+                       torch_ms.empty() ? std::nullopt : std::optional<Spread>(SpreadOf(torch_ms))});
   }
-  (void)describe;
   return OkStatus();
 }
 
@@ -187,32 +212,42 @@ std::string SpreadJson(const Spread& s) {
   return fmt::format("{{\"median_ms\": {:.3f}, \"min_ms\": {:.3f}, \"max_ms\": {:.3f}}}", s.median_ms, s.min_ms, s.max_ms);
 }
 
-void Print(const ComputeOptions& o, const std::vector<BatchResult>& results) {
+void Print(const ComputeOptions& o, const std::vector<BatchResult>& results, const Torch& torch) {
+  auto ratio = [](const Spread& a, const std::optional<Spread>& b) { return b ? a.median_ms / b->median_ms : 0.0; };
   if (o.json) {
     std::string batches;
     for (const BatchResult& r : results) {
       batches += fmt::format(
           "{}{{\"rows\": {}, \"openblas_f32\": {}, \"engine_f32\": {}, \"engine_f16\": {}, \"engine_bf16\": {}, "
-          "\"f32_vs_openblas\": {:.3f}, \"f16_vs_f32\": {:.3f}, \"bf16_vs_openblas\": {:.3f}}}",
+          "\"torch_bf16\": {}, \"f32_vs_openblas\": {:.3f}, \"f16_vs_f32\": {:.3f}, \"bf16_vs_openblas\": {:.3f}, "
+          "\"bf16_vs_torch\": {}}}",
           batches.empty() ? "" : ", ", r.rows, SpreadJson(r.blas), SpreadJson(r.f32), SpreadJson(r.f16),
-          SpreadJson(r.bf16), r.f32.median_ms / r.blas.median_ms, r.f16.median_ms / r.f32.median_ms,
-          r.bf16.median_ms / r.blas.median_ms);
+          SpreadJson(r.bf16), r.torch_bf16 ? SpreadJson(*r.torch_bf16) : "null", r.f32.median_ms / r.blas.median_ms,
+          r.f16.median_ms / r.f32.median_ms, r.bf16.median_ms / r.blas.median_ms,
+          r.torch_bf16 ? fmt::format("{:.3f}", ratio(r.bf16, r.torch_bf16)) : "null");
     }
-    std::printf("{\"mode\": \"compute\", \"layers\": [%s], \"threads\": %u, \"rounds\": %u, \"batches\": [%s]}\n",
-                fmt::format("{}", fmt::join(o.layers, ", ")).c_str(), o.threads, o.rounds, batches.c_str());
+    std::printf("{\"mode\": \"compute\", \"layers\": [%s], \"threads\": %u, \"rounds\": %u, \"torch\": %s, "
+                "\"batches\": [%s]}\n",
+                fmt::format("{}", fmt::join(o.layers, ", ")).c_str(), o.threads, o.rounds,
+                torch.baseline ? "true" : "false", batches.c_str());
     return;
   }
   std::string out = fmt::format("dense MLP {} (relu, biases), {} thread(s), {} rounds; ms per call: median [min, max]\n",
                                 fmt::join(o.layers, " -> "), o.threads, o.rounds);
   auto cell = [](const Spread& s) { return fmt::format("{:.2f} [{:.2f}, {:.2f}]", s.median_ms, s.min_ms, s.max_ms); };
-  out += fmt::format("{:>6}  {:>26}  {:>26}  {:>26}  {:>26}  {:>9}  {:>8}  {:>9}\n", "rows", "OpenBLAS f32",
-                     "engine f32", "engine f16", "engine bf16", "f32/BLAS", "f16/f32", "bf16/BLAS");
+  out += fmt::format("{:>6}  {:>26}  {:>26}  {:>26}  {:>26}  {:>26}  {:>9}  {:>8}  {:>9}  {:>10}\n", "rows",
+                     "OpenBLAS f32", "engine f32", "engine f16", "engine bf16", "PyTorch bf16", "f32/BLAS", "f16/f32",
+                     "bf16/BLAS", "bf16/torch");
   for (const BatchResult& r : results) {
-    out += fmt::format("{:>6}  {:>26}  {:>26}  {:>26}  {:>26}  {:>8.2f}x  {:>7.2f}x  {:>8.2f}x\n", r.rows, cell(r.blas),
-                       cell(r.f32), cell(r.f16), cell(r.bf16), r.f32.median_ms / r.blas.median_ms,
-                       r.f16.median_ms / r.f32.median_ms, r.bf16.median_ms / r.blas.median_ms);
+    out += fmt::format("{:>6}  {:>26}  {:>26}  {:>26}  {:>26}  {:>26}  {:>8.2f}x  {:>7.2f}x  {:>8.2f}x  {:>10}\n", r.rows,
+                       cell(r.blas), cell(r.f32), cell(r.f16), cell(r.bf16), r.torch_bf16 ? cell(*r.torch_bf16) : "-",
+                       r.f32.median_ms / r.blas.median_ms, r.f16.median_ms / r.f32.median_ms,
+                       r.bf16.median_ms / r.blas.median_ms,
+                       r.torch_bf16 ? fmt::format("{:.2f}x", ratio(r.bf16, r.torch_bf16)) : "-");
   }
-  out += "targets: f32/BLAS <= 1.2x at batch 1 and <= 1.1x at large batches; f16/f32 <= 0.7x at batch 1\n";
+  if (!torch.baseline) out += fmt::format("no PyTorch baseline: {}\n", torch.missing);
+  out += "targets: f32/BLAS <= 1.2x at batch 1 and <= 1.1x at large batches; f16/f32 <= 0.7x at batch 1; "
+         "bf16/torch <= 1.2x at batch 1 and large batches\n";
   std::fputs(out.c_str(), stdout);
 }
 
@@ -221,9 +256,10 @@ void Print(const ComputeOptions& o, const std::vector<BatchResult>& results) {
 int RunCompute(const ComputeOptions& options) {
   return BenchRun::Main("compute", [&](BenchRun& run) {
     std::vector<BatchResult> results;
-    std::string describe;
-    if (Status s = Run(options, run, results, describe); !s.ok()) return s;
-    Print(options, results);
+    Torch torch;
+    if (options.torch_python.empty()) torch.missing = "--torch-python is empty";
+    if (Status s = Run(options, run, results, torch); !s.ok()) return s;
+    Print(options, results, torch);
     return OkStatus();
   });
 }

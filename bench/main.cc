@@ -78,6 +78,7 @@ struct Options {
   std::vector<uint32_t> layers = {4096, 16384, 4096};
   std::vector<uint32_t> batches = {1, 256};
   uint32_t threads = 1;
+  std::string torch_python = "/usr/bin/python3";
 };
 
 struct Measured {
@@ -331,9 +332,13 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--threads", options.threads, "--compute: threads of the engine and of OpenBLAS")
+  app.add_option("--threads", options.threads, "--compute: threads of the engine, OpenBLAS and PyTorch")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--torch-python", options.torch_python,
+                 "--compute: Python with PyTorch for the bf16 baseline (empty: none; without PyTorch the "
+                 "column is left out, saying why)")
+      ->capture_default_str();
   app.add_flag("--batching", options.batching,
                "instead: dynamic batching: --clients clients x 1 row on a dense model, batched against "
                "batching off and against the engine in-process on as many rows per call (see "
@@ -377,6 +382,7 @@ int main(int argc, char** argv) {
     compute.batches = options.batches;
     compute.rounds = options.rounds;
     compute.threads = options.threads;
+    compute.torch_python = options.torch_python;
     compute.json = options.json;
     return warmpool::bench::RunCompute(compute);
   }

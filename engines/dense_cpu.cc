@@ -14,7 +14,8 @@
 #include <dnnl.hpp>
 #include <fmt/format.h>
 
-#include "engines/f16_gemv.h"
+#include "engines/bf16_gemv.h"
+#include "engines/gemv.h"
 #include "engines/half.h"
 
 namespace warmpool::dense {
@@ -38,16 +39,18 @@ dnnl::engine& CpuEngine() {
 
 // How a layer is computed, chosen once at start from its dtype and what this CPU has.
 enum class Path {
-  kF32,    // oneDNN f32 matmul on the stored weights
-  kBF16,   // oneDNN bf16 matmul on the stored weights, activations narrowed
+  kF32,    // oneDNN f32 matmul on the stored weights (kF32GemvRows rows or fewer: the AVX-512
+           // kernel where the CPU has it)
+  kBF16,   // oneDNN bf16 matmul on the stored weights, activations narrowed (kBF16GemvRows rows
+           // or fewer: the AVX-512 BF16 kernel where the CPU has it, on the same narrowed inputs)
   kF16,    // the F16C kernel up to kGemvRows rows; widened into scratch and f32 matmul above
   kWiden,  // widened into scratch and f32 matmul (a 16-bit dtype this CPU has no path for)
 };
 
 std::string_view PathName(Path path) {
   switch (path) {
-    case Path::kF32: return "f32 matmul";
-    case Path::kBF16: return "bf16 matmul";
+    case Path::kF32: return HaveF32Gemv() ? "f32 kernel (small batches) or matmul" : "f32 matmul";
+    case Path::kBF16: return HaveBF16Gemv() ? "bf16 kernel (small batches) or matmul" : "bf16 matmul";
     case Path::kF16: return "f16 kernel";
     case Path::kWiden: return "widened to f32";
   }
@@ -196,6 +199,19 @@ class OneDnnLayers final : public CpuLayers {
       if (layer.activate) Activate(activation_, y, uint64_t{rows} * spec.out_features);
       return OkStatus();
     }
+    if (layer.path == Path::kF32 && rows <= kF32GemvRows && HaveF32Gemv()) {
+      F32Gemv(weight, spec.in_features, spec.out_features, x, rows, layer.bias.empty() ? nullptr : layer.bias.data(),
+              y, CpuThreads());
+      if (layer.activate) Activate(activation_, y, uint64_t{rows} * spec.out_features);
+      return OkStatus();
+    }
+    if (layer.path == Path::kBF16 && rows <= kBF16GemvRows && HaveBF16Gemv()) {
+      NarrowToBF16(x, uint64_t{rows} * spec.in_features);
+      BF16Gemv(weight, spec.in_features, spec.out_features, narrow_.get(), rows,
+               layer.bias.empty() ? nullptr : layer.bias.data(), y, CpuThreads());
+      if (layer.activate) Activate(activation_, y, uint64_t{rows} * spec.out_features);
+      return OkStatus();
+    }
     dt type = dt::f32;
     const void* weights = weight;
     const void* src = x;
@@ -206,7 +222,7 @@ class OneDnnLayers final : public CpuLayers {
           std::memcpy(conversion_.get(), weight, spec.weight.bytes());
           weights = conversion_.get();
         }
-        for (uint64_t i = 0; i < uint64_t{rows} * spec.in_features; ++i) narrow_[i] = safetensors::FloatToBF16(x[i]);
+        NarrowToBF16(x, uint64_t{rows} * spec.in_features);
         src = narrow_.get();
         break;
       case Path::kF32:
@@ -248,6 +264,10 @@ class OneDnnLayers final : public CpuLayers {
                    spec.in_features, PathName(layer.path), e.what());
     }
     return OkStatus();
+  }
+
+  void NarrowToBF16(const float* x, uint64_t count) {
+    for (uint64_t i = 0; i < count; ++i) narrow_[i] = safetensors::FloatToBF16(x[i]);
   }
 
   Activation activation_;

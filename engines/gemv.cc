@@ -1,4 +1,4 @@
-#include "engines/f16_gemv.h"
+#include "engines/gemv.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "engines/gemv_blocks.h"
 #include "engines/half.h"
 
 namespace warmpool::dense {
@@ -14,9 +15,6 @@ namespace {
 
 #define WARMPOOL_F16_TARGET __attribute__((target("avx2,fma,f16c")))
 
-// A block of outputs is computed for every group of rows before the next block: the block's
-// weights come from memory once and from the cache for the other groups.
-constexpr size_t kBlockWeightBytes = 256 << 10;
 // Rows per pass: 8 rows x 1 accumulator, or up to 4 rows x 2 (two independent FMA chains per row,
 // which a single row needs to keep up with memory), fit the 16 AVX2 registers with the loads.
 constexpr uint32_t kRowsPerPass = 8;
@@ -73,28 +71,62 @@ using PassFn = void (*)(const uint8_t*, uint32_t, uint32_t, uint32_t, uint32_t, 
 constexpr PassFn kPasses[kRowsPerPass] = {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>,
                                           &Pass<5>, &Pass<6>, &Pass<7>, &Pass<8>};
 
-// AVX-512: 16 weights per conversion, and four outputs at once so that each input vector loaded
-// feeds four FMAs (one per output) and a single row still has four independent FMA chains. Up to
-// 4 rows x 4 outputs = 16 accumulators of the 32 registers.
+// AVX-512: 16 weights per load (and conversion), and four outputs at once so that each input
+// vector loaded feeds four FMAs (one per output) and a single row still has four independent FMA
+// chains. Up to 4 rows x 4 outputs = 16 accumulators of the 32 registers. The same passes serve
+// f16 weights (converted in registers) and f32 ones.
 #define WARMPOOL_F16_TARGET_512 __attribute__((target("avx512f,fma,f16c")))
 constexpr uint32_t kRowsPerPass512 = 4;
 
-template <uint32_t N, uint32_t R>
+struct HalfWeights {
+  static constexpr size_t kBytes = 2;
+  WARMPOOL_F16_TARGET_512 static __m512 Load16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static float At(const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    return safetensors::HalfToFloat(bits);
+  }
+};
+
+struct FloatWeights {
+  static constexpr size_t kBytes = 4;
+  WARMPOOL_F16_TARGET_512 static __m512 Load16(const uint8_t* p) { return _mm512_loadu_ps(p); }
+  static float At(const uint8_t* p) {
+    float value;
+    std::memcpy(&value, p, 4);
+    return value;
+  }
+};
+
+template <typename W, uint32_t N, uint32_t R>
 WARMPOOL_F16_TARGET_512 void Pass512(const uint8_t* weight, uint32_t in, uint32_t out, uint32_t n_begin,
                                      uint32_t n_end, const float* x, const float* bias, float* y) {
   for (uint32_t n = n_begin; n + N <= n_end; n += N) {
     const uint8_t* rows[N];
-    for (uint32_t j = 0; j < N; ++j) rows[j] = weight + size_t{n + j} * in * 2;
+    for (uint32_t j = 0; j < N; ++j) rows[j] = weight + size_t{n + j} * in * W::kBytes;
     __m512 acc[N][R];
     for (uint32_t j = 0; j < N; ++j) {
       for (uint32_t r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
     }
     uint32_t k = 0;
+    // Two vectors of each output's weights per step: a whole cache line of f16 weights per stream.
+    for (; k + 32 <= in; k += 32) {
+      __m512 w[N], v[N];
+      for (uint32_t j = 0; j < N; ++j) {
+        w[j] = W::Load16(rows[j] + W::kBytes * k);
+        v[j] = W::Load16(rows[j] + W::kBytes * (k + 16));
+      }
+      for (uint32_t r = 0; r < R; ++r) {
+        const __m512 xv = _mm512_loadu_ps(x + size_t{r} * in + k);
+        const __m512 xu = _mm512_loadu_ps(x + size_t{r} * in + k + 16);
+        for (uint32_t j = 0; j < N; ++j) acc[j][r] = _mm512_fmadd_ps(v[j], xu, _mm512_fmadd_ps(w[j], xv, acc[j][r]));
+      }
+    }
     for (; k + 16 <= in; k += 16) {
       __m512 w[N];
-      for (uint32_t j = 0; j < N; ++j) {
-        w[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + 2 * k)));
-      }
+      for (uint32_t j = 0; j < N; ++j) w[j] = W::Load16(rows[j] + W::kBytes * k);
       for (uint32_t r = 0; r < R; ++r) {
         const __m512 xv = _mm512_loadu_ps(x + size_t{r} * in + k);
         for (uint32_t j = 0; j < N; ++j) acc[j][r] = _mm512_fmadd_ps(w[j], xv, acc[j][r]);
@@ -103,11 +135,7 @@ WARMPOOL_F16_TARGET_512 void Pass512(const uint8_t* weight, uint32_t in, uint32_
     for (uint32_t j = 0; j < N; ++j) {
       for (uint32_t r = 0; r < R; ++r) {
         float sum = _mm512_reduce_add_ps(acc[j][r]);
-        for (uint32_t t = k; t < in; ++t) {
-          uint16_t bits;
-          std::memcpy(&bits, rows[j] + 2 * t, 2);
-          sum += safetensors::HalfToFloat(bits) * x[size_t{r} * in + t];
-        }
+        for (uint32_t t = k; t < in; ++t) sum += W::At(rows[j] + W::kBytes * t) * x[size_t{r} * in + t];
         y[size_t{r} * out + n + j] = sum + (bias != nullptr ? bias[n + j] : 0.0f);
       }
     }
@@ -115,16 +143,17 @@ WARMPOOL_F16_TARGET_512 void Pass512(const uint8_t* weight, uint32_t in, uint32_
 }
 
 // Outputs in fours, then the last one to three one at a time.
-template <uint32_t R>
+template <typename W, uint32_t R>
 WARMPOOL_F16_TARGET_512 void Pass512Outputs(const uint8_t* weight, uint32_t in, uint32_t out, uint32_t n_begin,
                                             uint32_t n_end, const float* x, const float* bias, float* y) {
   const uint32_t fours_end = n_begin + (n_end - n_begin) / 4 * 4;
-  Pass512<4, R>(weight, in, out, n_begin, fours_end, x, bias, y);
-  Pass512<1, R>(weight, in, out, fours_end, n_end, x, bias, y);
+  Pass512<W, 4, R>(weight, in, out, n_begin, fours_end, x, bias, y);
+  Pass512<W, 1, R>(weight, in, out, fours_end, n_end, x, bias, y);
 }
 
-constexpr PassFn kPasses512[kRowsPerPass512] = {&Pass512Outputs<1>, &Pass512Outputs<2>, &Pass512Outputs<3>,
-                                                &Pass512Outputs<4>};
+template <typename W>
+constexpr PassFn kPasses512[kRowsPerPass512] = {&Pass512Outputs<W, 1>, &Pass512Outputs<W, 2>,
+                                                &Pass512Outputs<W, 3>, &Pass512Outputs<W, 4>};
 
 // F16C from CPUID itself: clang 14's __builtin_cpu_supports does not know "f16c". (The AVX
 // checks below also say that the OS saves the vector registers, which F16C needs too.)
@@ -179,21 +208,24 @@ void F16Gemv(const uint8_t* weight, uint32_t in, uint32_t out, const float* inpu
 void F16GemvOn(F16Isa isa, const uint8_t* weight, uint32_t in, uint32_t out, const float* input, uint32_t rows,
                const float* bias, float* output, int threads) {
   const bool wide = isa == F16Isa::kAvx512;
-  const PassFn* passes = wide ? kPasses512 : kPasses;
-  const uint32_t per_pass = wide ? kRowsPerPass512 : kRowsPerPass;
-  // A multiple of 4, so that only the last block has outputs the AVX-512 pass takes one at a time.
-  const uint32_t block = static_cast<uint32_t>(std::max<size_t>(8, kBlockWeightBytes / (size_t{in} * 2)) / 4 * 4);
-  const auto blocks = static_cast<int64_t>((out + block - 1) / block);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && blocks > 1)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint32_t n_begin = static_cast<uint32_t>(b) * block;
-    const uint32_t n_end = std::min(out, n_begin + block);
-    for (uint32_t first = 0; first < rows; first += per_pass) {
-      const uint32_t count = std::min(per_pass, rows - first);
-      passes[count - 1](weight, in, out, n_begin, n_end, input + size_t{first} * in, bias,
-                        output + size_t{first} * out);
-    }
-  }
+  const PassFn* passes = wide ? kPasses512<HalfWeights> : kPasses;
+  ForEachGemvBlock(in, out, rows, wide ? kRowsPerPass512 : kRowsPerPass, 2, threads,
+                   [&](uint32_t n_begin, uint32_t n_end, uint32_t first, uint32_t count) {
+                     passes[count - 1](weight, in, out, n_begin, n_end, input + size_t{first} * in, bias,
+                                       output + size_t{first} * out);
+                   });
+}
+
+bool HaveF32Gemv() { return HaveAvx512(); }
+
+void F32Gemv(const uint8_t* weight, uint32_t in, uint32_t out, const float* input, uint32_t rows,
+             const float* bias, float* output, int threads) {
+  ForEachGemvBlock(in, out, rows, kRowsPerPass512, 4, threads,
+                   [&](uint32_t n_begin, uint32_t n_end, uint32_t first, uint32_t count) {
+                     kPasses512<FloatWeights>[count - 1](weight, in, out, n_begin, n_end,
+                                                         input + size_t{first} * in, bias,
+                                                         output + size_t{first} * out);
+                   });
 }
 
 }  // namespace warmpool::dense

@@ -1,8 +1,9 @@
-// A matrix-vector kernel for f16 weights, for the small batches that are bound by memory
-// bandwidth: the 16-bit weights are converted to f32 in registers (F16C) and streamed from memory
-// once for all rows, so an f16 layer reads half the bytes of an f32 one. oneDNN 2.x has no f16
+// Matrix-vector kernels for the small batches that are bound by memory bandwidth, with the weights
+// streamed from memory once for all rows. f16: the 16-bit weights are converted to f32 in
+// registers (F16C), so an f16 layer reads half the bytes of an f32 one; oneDNN 2.x has no f16
 // matmul on CPUs, which is why this one exists; bigger batches are compute-bound and go to
-// oneDNN's f32 matmul on a widened copy (engines/dense_cpu.cc).
+// oneDNN's f32 matmul on a widened copy (engines/dense_cpu.cc). f32 (AVX-512): for a single row,
+// which oneDNN 2.6's matmul runs well below the bandwidth (warmpool-bench --compute).
 #pragma once
 
 #include <cstdint>
@@ -29,5 +30,10 @@ void F16Gemv(const uint8_t* weight, uint32_t in, uint32_t out, const float* inpu
 // The same with the given instruction set (which the CPU must have: HaveF16Isa), for tests.
 void F16GemvOn(F16Isa isa, const uint8_t* weight, uint32_t in, uint32_t out, const float* input, uint32_t rows,
                const float* bias, float* output, int threads);
+
+// The same for f32 weights ([out, in], any byte alignment), on AVX-512F with FMA: HaveF32Gemv.
+bool HaveF32Gemv();
+void F32Gemv(const uint8_t* weight, uint32_t in, uint32_t out, const float* input, uint32_t rows,
+             const float* bias, float* output, int threads);
 
 }  // namespace warmpool::dense
