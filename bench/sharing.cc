@@ -43,6 +43,8 @@ constexpr double kTargetLoadRatio = 0.7;
 constexpr double kTargetAttachMs = 1.0;
 constexpr double kTargetPssRatio = 1.1;
 constexpr double kTargetUnparkRatio = 0.7;
+constexpr double kTargetFirstRatio = 1.5;
+constexpr uint32_t kSteadyCalls = 3;      // steady requests timed after each first one
 
 
 // ---- helpers ----
@@ -88,6 +90,10 @@ struct SizeResult {
   uint64_t unpark_log_lines = 0;  // 'unparking "NAME"' lines the daemon logged during the phase
   double unpark_gbps = 0, memcpy_fresh_gbps = 0, memcpy_memfd_gbps = 0, memcpy_reused_gbps = 0;
   double unpark_ratio_fresh = 0, unpark_ratio_memfd = 0, unpark_ratio_reused = 0;
+  // 5. the first request after a load (one 1-row request) and after a replica's attach (two at
+  // once, one for each replica), against the same requests once the replicas have served
+  Spread first_after_load, steady_after_load, first_after_attach, steady_after_attach;
+  double first_load_ratio = 0, first_attach_ratio = 0;
 };
 
 class Sharing {
@@ -212,6 +218,60 @@ class Sharing {
   // worker could not make one, once the model was dropped instead: the caller checks ps).
   Status UnloadPark(const std::string& model) {
     if (Status s = admin_->Unload(model, /*park=*/true); !s.ok()) return WithLog(s);
+    return OkStatus();
+  }
+
+  // `count` 1-row requests sent at once on the inference connection; the time until all answered.
+  Result<uint64_t> TimeInfers(const SizeResult& r, uint32_t count) {
+    client::Matrix input;
+    input.rows = 1;
+    input.cols = r.file.in_features;
+    input.data.assign(input.cols, 0.25f);
+    auto t0 = Clock::now();
+    std::vector<uint64_t> ids;
+    for (uint32_t k = 0; k < count; ++k) {
+      Result<uint64_t> id = infer_->Send(MakeInferRequest(r.model, input, 0, false));
+      if (!id.ok()) return WithLog(id.status());
+      ids.push_back(*id);
+    }
+    for (uint64_t id : ids) {
+      Result<v1::Envelope> reply = infer_->Wait(id);
+      if (!reply.ok()) return WithLog(reply.status());
+      if (Status s = client::StatusOf(*reply); !s.ok()) return WithLog(s);
+    }
+    return Ns(Clock::now() - t0);
+  }
+
+  // The first `count` requests (timed into `first`), then kSteadyCalls more (into `steady`).
+  Status TimeFirstThenSteady(const SizeResult& r, uint32_t count, std::vector<uint64_t>& first,
+                             std::vector<uint64_t>& steady) {
+    for (uint32_t k = 0; k <= kSteadyCalls; ++k) {
+      Result<uint64_t> ns = TimeInfers(r, count);
+      if (!ns.ok()) return ns.status();
+      (k == 0 ? first : steady).push_back(*ns);
+    }
+    return OkStatus();
+  }
+
+  // ---- 5. the first request after a load and after an attach, against steady ones ----
+  // After a switch (unload, load from the page cache) one request; after the second replica
+  // attached, two at once, which go one to each replica (the least loaded takes the next).
+  Status MeasureFirstRequests(SizeResult& r) {
+    std::vector<uint64_t> first_load, steady_load, first_attach, steady_attach;
+    for (uint32_t i = 0; i < options_.iterations; ++i) {
+      if (Status s = UnloadIfResident(r.model); !s.ok()) return s;
+      if (Result<v1::LoadReply> l = Load(*admin_, r.model, 1); !l.ok()) return WithLog(l.status());
+      if (Status s = TimeFirstThenSteady(r, 1, first_load, steady_load); !s.ok()) return s;
+      if (Result<v1::LoadReply> l = Load(*admin_, r.model, 2); !l.ok()) return WithLog(l.status());
+      if (Result<Clock::time_point> w = WaitReplicas(r.model, 2); !w.ok()) return w.status();
+      if (Status s = TimeFirstThenSteady(r, 2, first_attach, steady_attach); !s.ok()) return s;
+    }
+    r.first_after_load = SpreadOf(first_load);
+    r.steady_after_load = SpreadOf(steady_load);
+    r.first_after_attach = SpreadOf(first_attach);
+    r.steady_after_attach = SpreadOf(steady_attach);
+    r.first_load_ratio = r.first_after_load.median_ms / std::max(1e-9, r.steady_after_load.median_ms);
+    r.first_attach_ratio = r.first_after_attach.median_ms / std::max(1e-9, r.steady_after_attach.median_ms);
     return OkStatus();
   }
 
@@ -450,6 +510,7 @@ class Sharing {
     r.pss_above_idle_ratio =
         static_cast<double>(r.pss_sum - std::min(r.pss_sum, r.pss_idle_sum)) / r.file_bytes;
 
+    if (Status s = MeasureFirstRequests(r); !s.ok()) return s;
     if (Status s = MeasureUnpark(r); !s.ok()) return s;
 
     // Room for the next size: let the weights and the file go.
@@ -483,7 +544,14 @@ class Sharing {
             SpreadJson(r.memcpy_reused), r.unpark_gbps, r.memcpy_fresh_gbps, r.memcpy_memfd_gbps,
             r.memcpy_reused_gbps, r.unpark_ratio_fresh, r.unpark_ratio_memfd,
             r.unpark_ratio_reused, r.unpark_log_lines, kTargetUnparkRatio,
-            r.unpark_ratio_fresh >= kTargetUnparkRatio);
+            r.unpark_ratio_reused >= kTargetUnparkRatio);
+        std::string first = fmt::format(
+            "{{\"after_load\": {}, \"steady_after_load\": {}, \"after_attach\": {}, "
+            "\"steady_after_attach\": {}, \"ratio_after_load\": {:.3f}, \"ratio_after_attach\": {:.3f}, "
+            "\"target\": {}, \"target_met\": {}}}",
+            SpreadJson(r.first_after_load), SpreadJson(r.steady_after_load), SpreadJson(r.first_after_attach),
+            SpreadJson(r.steady_after_attach), r.first_load_ratio, r.first_attach_ratio, kTargetFirstRatio,
+            r.first_load_ratio <= kTargetFirstRatio && r.first_attach_ratio <= kTargetFirstRatio);
         std::string workers;
         for (const WorkerMemory& m : r.workers) {
           if (!workers.empty()) workers += ", ";
@@ -509,7 +577,7 @@ class Sharing {
             "\"pss_shmem_sum_bytes\": {}, \"pss_sum_idle_workers_bytes\": {}, "
             "\"supervisor_pss_bytes\": {}, \"supervisor_rss_bytes\": {}, \"pss_ratio\": {:.3f}, "
             "\"rss_ratio\": {:.3f}, \"pss_shmem_ratio\": {:.3f}, \"pss_above_idle_ratio\": {:.3f}, "
-            "\"target\": {}, \"target_met\": {}}}, \"unpark\": {}}}",
+            "\"target\": {}, \"target_met\": {}}}, \"unpark\": {}, \"first_request\": {}}}",
             r.size_mib, r.model, r.file.in_features, r.file.hidden, r.file.out_features,
             r.file_bytes, r.file.weight_bytes, r.workspace_bytes, r.iterations, SpreadJson(r.cat),
             SpreadJson(r.cat_empty), SpreadJson(r.load), SpreadJson(r.load_reported), r.cat_gbps,
@@ -519,7 +587,7 @@ class Sharing {
             kPipelined, r.all_touched, workers, r.pss_sum, r.rss_sum, r.pss_before_sum,
             r.rss_before_sum, r.pss_shmem_sum, r.pss_idle_sum, r.supervisor.pss_bytes,
             r.supervisor.rss_bytes, r.pss_ratio, r.rss_ratio, r.pss_shmem_ratio,
-            r.pss_above_idle_ratio, kTargetPssRatio, r.pss_ratio <= kTargetPssRatio, unpark);
+            r.pss_above_idle_ratio, kTargetPssRatio, r.pss_ratio <= kTargetPssRatio, unpark, first);
       }
       std::printf("%s\n",
                   fmt::format("{{\"mode\": \"sharing\", \"backend\": \"{}\", \"workers\": {}, "
@@ -629,29 +697,41 @@ class Sharing {
           "unpark median {:.0f})\n",
           r.park.median_ms, r.unpark_reported.median_ms);
       out += fmt::format(
-          "   throughput ratio unpark/memcpy(fresh) {:.2f}x (target >= {}x): {}   [vs fresh memfd "
-          "{:.2f}x; vs reused buffer {:.2f}x]\n",
-          r.unpark_ratio_fresh, kTargetUnparkRatio,
-          r.unpark_ratio_fresh >= kTargetUnparkRatio ? "met" : "NOT met", r.unpark_ratio_memfd,
-          r.unpark_ratio_reused);
+          "   throughput ratio unpark/memcpy(reused) {:.2f}x (target >= {}x): {}   [vs fresh buffer "
+          "{:.2f}x; vs fresh memfd {:.2f}x]\n",
+          r.unpark_ratio_reused, kTargetUnparkRatio,
+          r.unpark_ratio_reused >= kTargetUnparkRatio ? "met" : "NOT met", r.unpark_ratio_fresh,
+          r.unpark_ratio_memfd);
+      out += fmt::format(
+          "5. the first request after a switch (unload, load; 1 row) and after a second replica's "
+          "attach (2 rows at once, one per replica), against the {} that follow each ({} each)\n"
+          "   {:<44} {:>10} {:>10} {:>10} {:>8}\n",
+          kSteadyCalls, r.iterations, "", "first ms", "steady ms", "ratio", "target");
+      out += fmt::format("   {:<44} {:>10.3f} {:>10.3f} {:>9.2f}x {:>7}x\n", "after a load", r.first_after_load.median_ms,
+                         r.steady_after_load.median_ms, r.first_load_ratio, kTargetFirstRatio);
+      out += fmt::format("   {:<44} {:>10.3f} {:>10.3f} {:>9.2f}x {:>7}x\n", "after an attach",
+                         r.first_after_attach.median_ms, r.steady_after_attach.median_ms, r.first_attach_ratio,
+                         kTargetFirstRatio);
     }
 
-    out += fmt::format("\n{:<10} {:>12} {:>14} {:>14} {:>14} {:>14} {:>14}\n", "size",
+    out += fmt::format("\n{:<10} {:>12} {:>14} {:>14} {:>14} {:>14} {:>14} {:>12} {:>12}\n", "size",
                        "load/cat", "attach med ms", "attach p90 ms", "Pss/1 copy",
-                       "unpark/fresh", "unpark/reused");
+                       "unpark/fresh", "unpark/reused", "1st/load", "1st/attach");
     for (const SizeResult& r : results_) {
-      out += fmt::format("{:<10} {:>11.2f}x {:>14.3f} {:>14.3f} {:>13.3f}x {:>13.2f}x {:>13.2f}x\n",
+      out += fmt::format("{:<10} {:>11.2f}x {:>14.3f} {:>14.3f} {:>13.3f}x {:>13.2f}x {:>13.2f}x {:>11.2f}x {:>11.2f}x\n",
                          fmt::format("{} MiB", r.size_mib), r.load_ratio, r.attach_all.median_ms,
                          r.attach_all.p90_ms, r.pss_ratio, r.unpark_ratio_fresh,
-                         r.unpark_ratio_reused);
+                         r.unpark_ratio_reused, r.first_load_ratio, r.first_attach_ratio);
     }
-    out += fmt::format("{:<10} {:>11}x {:>14} {:>14} {:>13}x {:>13}x {:>14}\n", "target",
-                       ">= 0.7", "< 1", "", "<= 1.1", ">= 0.7", "");
+    out += fmt::format("{:<10} {:>11}x {:>14} {:>14} {:>13}x {:>14} {:>13}x {:>11}x {:>11}x\n", "target",
+                       ">= 0.7", "< 1", "", "<= 1.1", "", ">= 0.7", "<= 1.5", "<= 1.5");
     out +=
         "attach time: from sending the LoadRequest to the first ps reply showing the new count "
         "(daemon log stamps have 1 ms resolution, too coarse for a sub-millisecond target)\n"
-        "unpark/fresh: throughput of a timed load of a parked model (request to reply) against "
-        "memcpy of the same bytes into a freshly mapped buffer\n";
+        "unpark/reused: throughput of a timed load of a parked model (request to reply) against "
+        "memcpy of the same bytes into a buffer mapped and faulted before\n"
+        "1st/load, 1st/attach: the first request on a model just loaded, and on a replica just "
+        "attached, against steady requests\n";
     std::fputs(out.c_str(), stdout);
   }
 

@@ -10,6 +10,29 @@
 #include "common/chunks.h"
 
 namespace warmpool {
+namespace {
+
+uint64_t Inode(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+uint64_t PageUp(uint64_t bytes) {
+  static const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+// Page tables for a writable range made in one call (5.14+; elsewhere the pages fault in on use).
+void PopulateForWrite(void* ptr, uint64_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  (void)madvise(ptr, bytes, MADV_POPULATE_WRITE);
+#else
+  (void)ptr;
+  (void)bytes;
+#endif
+}
+
+}  // namespace
 
 Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
   if (bytes == 0) return Error(Code::kInvalidArgument, "cannot allocate a region of 0 bytes");
@@ -67,6 +90,10 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);
     return Error(Code::kInternal, "cannot resize a reused region to {} bytes: {}", bytes, std::strerror(err));
   }
+  if (void* kept = ReuseKeptMapping(Inode(fd), bytes); kept != nullptr) {
+    closer.fd = -1;
+    return HostRegion{kept, bytes, fd};
+  }
   void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
@@ -75,6 +102,61 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
   }
   closer.fd = -1;
   return HostRegion{ptr, bytes, fd};
+}
+
+void* HostMemory::ReuseKeptMapping(uint64_t inode, uint64_t bytes) {
+  KeptMapping kept = TakeKeptMapping(inode);
+  if (kept.ptr == nullptr) return nullptr;
+  const uint64_t old_length = PageUp(kept.bytes), new_length = PageUp(bytes);
+  if (new_length <= old_length) {
+    // The region shrank (the supervisor truncated it to this job's size): the tail is gone.
+    if (new_length < old_length) munmap(static_cast<uint8_t*>(kept.ptr) + new_length, old_length - new_length);
+    return kept.ptr;
+  }
+  // It grew: the mapping keeps its page tables and gains the new pages, made in one call.
+  void* grown = mremap(kept.ptr, old_length, new_length, MREMAP_MAYMOVE);
+  if (grown == MAP_FAILED) {
+    munmap(kept.ptr, old_length);
+    return nullptr;
+  }
+  PopulateForWrite(static_cast<uint8_t*>(grown) + old_length, new_length - old_length);
+  return grown;
+}
+
+HostMemory::KeptMapping HostMemory::TakeKeptMapping(uint64_t inode) {
+  std::lock_guard lock(kept_mutex_);
+  for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+    if (it->inode != inode) continue;
+    KeptMapping found = *it;
+    kept_.erase(it);
+    return found;
+  }
+  return KeptMapping{};
+}
+
+void HostMemory::KeepMappingOf(int fd) {
+  const uint64_t inode = Inode(fd);
+  if (inode == 0) return;
+  std::lock_guard lock(kept_mutex_);
+  handed_over_.insert(inode);
+}
+
+void HostMemory::ForgetMappings(const std::vector<uint64_t>& inodes) {
+  for (uint64_t inode : inodes) {
+    KeptMapping kept = TakeKeptMapping(inode);
+    if (kept.ptr != nullptr) munmap(kept.ptr, kept.bytes);
+    std::lock_guard lock(kept_mutex_);
+    handed_over_.erase(inode);
+  }
+}
+
+size_t HostMemory::kept_mappings() {
+  std::lock_guard lock(kept_mutex_);
+  return kept_.size();
+}
+
+HostMemory::~HostMemory() {
+  for (const KeptMapping& kept : kept_) munmap(kept.ptr, kept.bytes);
 }
 
 Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd) {
@@ -115,6 +197,9 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
     return Error(Code::kInvalidArgument, "shared region of {} bytes is smaller than the {} expected",
                  static_cast<uint64_t>(st.st_size), bytes);
   }
+  // Memory this process kept mapped from before now holds another's weights: that writable
+  // mapping goes (the import maps it read-only).
+  if (KeptMapping kept = TakeKeptMapping(st.st_ino); kept.ptr != nullptr) munmap(kept.ptr, kept.bytes);
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) return Error(Code::kInternal, "dup: {}", std::strerror(errno));
   // Read-only: weights another process wrote and others map too must not change under them (an
@@ -151,7 +236,22 @@ void HostMemory::Free(HostRegion& region) {
     std::lock_guard lock(imported_mutex_);
     imported = imported_.erase(reinterpret_cast<uintptr_t>(region.ptr)) != 0;
   }
-  if (region.ptr != nullptr) munmap(region.ptr, region.bytes);
+  // A region the supervisor holds keeps its mapping for the next offer of its memory; any other
+  // is unmapped (memory nobody will name again must not stay mapped).
+  const uint64_t inode = !imported && region.ptr != nullptr && region.fd >= 0 ? Inode(region.fd) : 0;
+  bool kept = false;
+  if (inode != 0) {
+    std::lock_guard lock(kept_mutex_);
+    if (handed_over_.erase(inode) != 0) {
+      kept_.push_back(KeptMapping{inode, region.ptr, region.bytes});
+      kept = true;
+      if (kept_.size() > kKeptMappings) {
+        munmap(kept_.front().ptr, kept_.front().bytes);
+        kept_.pop_front();
+      }
+    }
+  }
+  if (region.ptr != nullptr && !kept) munmap(region.ptr, region.bytes);
   if (region.fd >= 0) close(region.fd);
   if (region.bytes != 0 && !imported) used_.fetch_sub(region.bytes, std::memory_order_relaxed);
   region = HostRegion{};

@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <vector>
 
 #include "common/status.h"
 #include "warmpool/engine.h"
@@ -25,13 +28,25 @@ class HostMemory {
   explicit HostMemory(uint64_t budget_bytes = 0) : budget_(budget_bytes) {}
   HostMemory(const HostMemory&) = delete;
   HostMemory& operator=(const HostMemory&) = delete;
+  ~HostMemory();  // unmaps the mappings it keeps
 
   Result<HostRegion> Allocate(uint64_t bytes, const char* label);
   // The same, in a region that held device memory before (a memfd the supervisor kept after it
   // was let go, supervisor/region_cache.h): resized to `bytes` and mapped with its pages populated in
   // one call, so a load into it pays neither page allocation nor a fault per page. Takes `fd`
-  // over (closed on failure, when the caller falls back to Allocate).
+  // over (closed on failure, when the caller falls back to Allocate). Where this process still
+  // maps that memory from before (KeepMappingOf), the mapping is used again as it is: no page
+  // table to make (on this VM ~90 ms per GiB, most of a load), and none to tear down before.
   Result<HostRegion> AllocateReusing(int fd, uint64_t bytes);
+  // The region of `fd` (allocated here) was handed to the supervisor, which keeps its memory for
+  // reuse when it is let go: Free then keeps the mapping (at most kKeptMappings, oldest unmapped
+  // first) instead of unmapping it, until ForgetMappings names it or AllocateReusing takes it.
+  void KeepMappingOf(int fd);
+  // The supervisor closed these regions (by inode): their kept mappings go, and their memory with
+  // them.
+  void ForgetMappings(const std::vector<uint64_t>& inodes);
+  size_t kept_mappings();
+  static constexpr size_t kKeptMappings = 4;
   // Host memory outside the device budget (parked copies): a memfd of the region's bytes, read
   // from it through its device's service (a memcpy on the host backend, a copy from the GPU on
   // cuda). Returns its fd; nothing stays mapped here.
@@ -71,6 +86,18 @@ class HostMemory {
   };
   // Mappings made by Import, by start: freed without touching used_; write refuses read-only ones.
   std::map<uintptr_t, ImportedMapping> imported_;
+  struct KeptMapping {
+    uint64_t inode = 0;
+    void* ptr = nullptr;
+    uint64_t bytes = 0;
+  };
+  // Takes the kept mapping of `inode` out of the cache, or returns one with a null ptr.
+  KeptMapping TakeKeptMapping(uint64_t inode);
+  // The kept mapping of `inode` resized to `bytes`, or null when there is none.
+  void* ReuseKeptMapping(uint64_t inode, uint64_t bytes);
+  std::mutex kept_mutex_;
+  std::set<uint64_t> handed_over_;   // inodes of regions the supervisor holds (KeepMappingOf)
+  std::deque<KeptMapping> kept_;     // oldest first
   wp_device_memory service_{this, &HostMemory::CAlloc, &HostMemory::CFree, 1, &HostMemory::CImport,
                             &HostMemory::CWrite, &HostMemory::CRead};
 };

@@ -209,6 +209,7 @@ void Simulator::Execute(Action& a) {
       [&](auto&& act) {
         using A = std::decay_t<decltype(act)>;
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
+          if (Status allocation = action::CheckAllocation(act); !allocation.ok()) return Fail(allocation.message());
           SendToWorker(act.slot, std::move(act.frame), act.handles);
         } else if constexpr (std::is_same_v<A, action::SpawnWorker>) {
           Trace(fmt::format("<- spawn worker {} generation {}", act.slot, act.generation));

@@ -266,7 +266,14 @@ void Daemon::TrimFreedMemory() {
   if (freed_memory_.size() == 0) return;
   const uint64_t used = core_->index().DeviceUsed(0);
   const uint64_t budget = core_->index().DeviceBudget(0);
-  freed_memory_.TrimTo(budget > used ? budget - used : 0);
+  ForgetMappings(freed_memory_.TrimTo(budget > used ? budget - used : 0));
+}
+
+void Daemon::ForgetMappings(const std::vector<uint64_t>& inodes) {
+  if (inodes.empty()) return;
+  v1::WorkerEnvelope gone;
+  for (uint64_t inode : inodes) gone.mutable_mappings_gone()->add_inodes(inode);
+  workers_->SendFrameToAll(ipc::Frame(gone));
 }
 
 void Daemon::Execute(std::vector<Action>&& actions) {

@@ -77,6 +77,8 @@ class Daemon {
   // Host backend: hands the worker kept memory for a job that allocates; trims what is kept to
   // the room the budget leaves (after every batch of actions).
   void OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes);
+  // Host backend: memory closed (by inode) that workers may still keep mapped: they unmap it.
+  void ForgetMappings(const std::vector<uint64_t>& inodes);
   void TrimFreedMemory();
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);

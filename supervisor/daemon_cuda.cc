@@ -1,6 +1,7 @@
 // The cuda backend's part of the shell: one memory owner per device, and the grants of device
 // memory between workers and their device's owner (supervisor/grants.h). The core sees none of it
 // but the weights' handles, and event::DeviceLost when an owner dies.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -239,7 +240,15 @@ void Daemon::ReleaseGrant(const GrantRelease& release) {
 }
 
 void Daemon::CloseHandle(int fd, bool reusable) {
-  if (config_.backend == "host" && reusable) return freed_memory_.Keep(fd);
+  if (config_.backend == "host") {
+    if (reusable) return freed_memory_.Keep(fd);
+    // The worker that allocated it may keep a mapping of it: named to the workers, it goes too.
+    struct stat st {};
+    const bool known = fstat(fd, &st) == 0;
+    close(fd);
+    if (known) ForgetMappings({static_cast<uint64_t>(st.st_ino)});
+    return;
+  }
   if (std::optional<GrantRelease> r = grants_.Closed(fd)) ReleaseGrant(*r);
   close(fd);
 }

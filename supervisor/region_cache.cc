@@ -18,7 +18,7 @@ void RegionCache::Keep(int fd) {
     close(fd);
     return;
   }
-  regions_.push_back({fd, static_cast<uint64_t>(st.st_size)});
+  regions_.push_back({fd, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_ino)});
   bytes_ += static_cast<uint64_t>(st.st_size);
 }
 
@@ -38,12 +38,15 @@ int RegionCache::Take(uint64_t bytes, uint64_t* size) {
   return fd;
 }
 
-void RegionCache::TrimTo(uint64_t limit) {
+std::vector<uint64_t> RegionCache::TrimTo(uint64_t limit) {
+  std::vector<uint64_t> closed;
   while (bytes_ > limit && !regions_.empty()) {
     bytes_ -= regions_.front().bytes;
     close(regions_.front().fd);
+    closed.push_back(regions_.front().inode);
     regions_.pop_front();
   }
+  return closed;
 }
 
 }  // namespace warmpool::supervisor

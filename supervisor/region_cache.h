@@ -6,12 +6,15 @@
 //
 // Kept regions are memory the budget promised, not extra: after every batch of actions the shell
 // trims the cache to what the device's budget leaves beside what the core counts as used, so that
-// used + cached never exceeds the budget; what is trimmed is closed, oldest first.
+// used + cached never exceeds the budget; what is trimmed is closed, oldest first. Workers keep
+// their mappings of kept memory (devmem/host_memory.h), so what is closed is named to them by
+// inode (WorkerMappingsGone): only then is its memory freed.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 namespace warmpool::supervisor {
 
@@ -28,8 +31,8 @@ class RegionCache {
   // The region for an allocation of `bytes` (the caller owns it): the smallest of at least
   // `bytes`, else the largest; -1 when none is kept.
   int Take(uint64_t bytes, uint64_t* size = nullptr);
-  // Closes regions, oldest first, until at most `limit` bytes are kept.
-  void TrimTo(uint64_t limit);
+  // Closes regions, oldest first, until at most `limit` bytes are kept; their inode numbers.
+  std::vector<uint64_t> TrimTo(uint64_t limit);
 
   uint64_t bytes() const { return bytes_; }
   size_t size() const { return regions_.size(); }
@@ -38,6 +41,7 @@ class RegionCache {
   struct Region {
     int fd = -1;
     uint64_t bytes = 0;
+    uint64_t inode = 0;
   };
   std::deque<Region> regions_;  // oldest first
   uint64_t bytes_ = 0;

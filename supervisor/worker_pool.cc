@@ -182,6 +182,10 @@ bool WorkerPool::SendFrame(uint32_t slot, std::string frame, const std::vector<i
 }
 
 
+void WorkerPool::SendFrameToAll(const std::string& frame) {
+  for (uint32_t slot = 0; slot < workers_.size(); ++slot) SendFrame(slot, frame);
+}
+
 int WorkerPool::TakeFd(uint32_t slot) {
   Worker& w = *workers_[slot];
   return w.channel != nullptr ? w.channel->TakeFd() : -1;

@@ -61,6 +61,8 @@ class WorkerPool {
   // False when the worker is not ready (the caller treats the job as lost with the worker).
   // fds go with the frame (the caller keeps its copies).
   bool SendFrame(uint32_t slot, std::string frame, const std::vector<int>& fds = {});
+  // The same frame to every worker that is ready.
+  void SendFrameToAll(const std::string& frame);
   // Closes every channel (workers exit on EOF), SIGKILLs stragglers after grace_ms, then calls done.
   void Shutdown(uint64_t grace_ms, std::function<void()> done);
 

@@ -149,6 +149,11 @@ JobFaults Worker::FaultsFor(uint64_t job,
   });
 }
 
+void Worker::KeepMappingOf(int fd) {
+  // Host backend only: there the weights are this process's memfd mappings (devmem/host_memory.h).
+  if (options_.backend == "host") host_memory_.KeepMappingOf(fd);
+}
+
 void Worker::FreeRegion(void* ctx, wp_region* region) {
   const wp_device_memory* device = static_cast<Worker*>(ctx)->device_;
   device->free(device->ctx, region);
@@ -266,6 +271,9 @@ int Worker::Run() {
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
       case v1::WorkerEnvelope::kRegionsGone:
         for (uint64_t id : message.regions_gone().regions()) regions_.Forget(id);
+        break;
+      case v1::WorkerEnvelope::kMappingsGone:
+        host_memory_.ForgetMappings({message.mappings_gone().inodes().begin(), message.mappings_gone().inodes().end()});
         break;
       case v1::WorkerEnvelope::kAllocated: OnGrant(message.allocated(), weights_fd); break;
       case v1::WorkerEnvelope::kOffer:
@@ -477,6 +485,7 @@ Status Worker::Load(const v1::WorkerLoad& request, JobFaults& faults, v1::Worker
     shared = weights->handle;
     done.set_weights_shared(true);
     done.set_grant(GrantOf(*weights));
+    KeepMappingOf(shared);
   }
   std::lock_guard lock(models_mutex_);
   models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
@@ -534,6 +543,7 @@ void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {
           shared = region.handle;
           done->set_weights_shared(true);
           done->set_grant(GrantOf(region));
+          KeepMappingOf(shared);
         }
         std::lock_guard lock(models_mutex_);
         models_[request.model()] = std::make_shared<Engine>(std::move(*engine));

@@ -134,6 +134,9 @@ class Worker {
   // The engines' memory service: the host backend, plus the load.after_alloc fault point.
   static wp_status AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out);
   static void FreeRegion(void* ctx, wp_region* region);
+  // The weights region of fd went to the supervisor: its mapping outlives the engine's free
+  // (HostMemory::KeepMappingOf).
+  void KeepMappingOf(int fd);
   static wp_status ImportRegion(void* ctx, int handle, uint64_t bytes, wp_region* out);
   static wp_status WriteRegion(void* ctx, const wp_region* region, uint64_t offset, const void* source, uint64_t bytes);
   static wp_status ReadRegion(void* ctx, const wp_region* region, uint64_t offset, void* destination, uint64_t bytes);

@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/status.h"
 #include "ipc/warmpool.pb.h"
 
 namespace warmpool::supervisor {
@@ -26,6 +27,11 @@ struct SendToWorker {
   uint64_t allocates = 0;
   uint64_t job = 0;
 };
+// Whether an allocating frame says what it allocates: it starts job `job`, and an unpark
+// allocates exactly the copy's bytes, a load at most what was admitted. What the simulator and
+// the core's tests check on every frame (core/invariants.cc): a wrong size makes the shell offer
+// kept memory of the wrong size, which the job then cannot use.
+Status CheckAllocation(const SendToWorker& send);
 // A reply to a client. Replies to a session that is gone are dropped by the shell.
 struct Reply {
   uint64_t session = 0;

@@ -214,11 +214,13 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   for (const v1::Fault& f : GrantFaults(job)) *attach->add_faults() = f;
   uint64_t id = NewJob(std::move(job));
   attach->set_job(id);
-  int handle = copy.handle;
+  // Read before the transition: it moves the copy out of the Parked state that `copy` refers to.
+  const int handle = copy.handle;
+  const uint64_t allocates = copy.weight_bytes;
   m.machine.StartUnpark(DeviceOf(worker), worker, id, bytes);
   Log(LogLevel::kInfo, "unparking \"{}\" on worker {}{}", m.entry.name, worker,
       DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
-  SendAllocating(worker, message, id, copy.weight_bytes, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
+  SendAllocating(worker, message, id, allocates, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
 }
 
 void Core::Release(uint32_t model, bool eviction, bool allow_park) {

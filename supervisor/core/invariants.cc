@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "ipc/framing.h"
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
@@ -132,6 +133,41 @@ Status Core::CheckInvariants() const {
   }
   if (held_bytes_ > config_.max_queued_bytes) {
     return Error(Code::kInternal, "{} bytes of requests held, over the budget", held_bytes_);
+  }
+  return OkStatus();
+}
+
+Status action::CheckAllocation(const SendToWorker& send) {
+  if (send.allocates == 0) return OkStatus();
+  v1::WorkerEnvelope message;
+  if (send.frame.size() < ipc::kFramePrefixBytes ||
+      !message.ParseFromArray(send.frame.data() + ipc::kFramePrefixBytes,
+                              static_cast<int>(send.frame.size() - ipc::kFramePrefixBytes))) {
+    return Error(Code::kInternal, "an allocating frame for worker {} does not parse", send.slot);
+  }
+  uint64_t job = 0;
+  if (message.has_load()) {
+    job = message.load().job();
+    if (send.allocates > message.load().admitted_bytes()) {
+      return Error(Code::kInternal, "the load of \"{}\" (job {}) allocates {} bytes, more than the {} admitted",
+                   message.load().name(), job, send.allocates, message.load().admitted_bytes());
+    }
+  } else if (message.has_attach()) {
+    job = message.attach().job();
+    if (!message.attach().copy() || send.allocates != message.attach().weight_bytes()) {
+      return Error(Code::kInternal, "the {} of \"{}\" (job {}) allocates {} bytes for {} bytes of weights",
+                   message.attach().copy() ? "unpark" : "attach", message.attach().name(), job, send.allocates,
+                   message.attach().weight_bytes());
+    }
+  } else if (message.has_park()) {
+    job = message.park().job();
+  } else {
+    return Error(Code::kInternal, "a frame for worker {} allocates {} bytes but starts no load, unpark or park",
+                 send.slot, send.allocates);
+  }
+  if (job != send.job) {
+    return Error(Code::kInternal, "a frame for worker {} allocates for job {} but starts job {}", send.slot,
+                 send.job, job);
   }
   return OkStatus();
 }

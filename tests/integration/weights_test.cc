@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -151,6 +154,53 @@ HeldMemfds MemfdsOf(pid_t pid) {
 
 uint64_t WeightBytes(const std::string& path) { return safetensors::ReadHeader(path)->data_bytes; }
 
+// Inodes of the memfds a process holds open, and of those it maps.
+std::set<uint64_t> MemfdInodesHeld(pid_t pid) {
+  std::set<uint64_t> inodes;
+  for (const auto& entry : std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", pid))) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    struct stat st {};
+    if (!ec && target.rfind("/memfd:", 0) == 0 && stat(entry.path().c_str(), &st) == 0) inodes.insert(st.st_ino);
+  }
+  return inodes;
+}
+std::set<uint64_t> MemfdInodesMapped(pid_t pid) {
+  std::set<uint64_t> inodes;
+  std::ifstream maps(fmt::format("/proc/{}/maps", pid));
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:warmpool-weights") == std::string::npos) continue;
+    std::istringstream fields(line);
+    std::string range, perms, offset, device;
+    uint64_t inode = 0;
+    fields >> range >> perms >> offset >> device >> inode;
+    inodes.insert(inode);
+  }
+  return inodes;
+}
+
+// Workers keep mappings of memory they let go while the daemon keeps it for reuse; what the
+// daemon closed, no worker may still map (its memory would never be freed). Waits a little for the
+// workers to hear of it.
+void ExpectNoWorkerMapsWhatTheDaemonLetGo(client::Client& client, pid_t daemon) {
+  std::string stray;
+  for (int i = 0; i < 200; i++) {
+    const std::set<uint64_t> held = MemfdInodesHeld(daemon);
+    stray.clear();
+    Result<v1::StatusReply> status = client.GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status().ToString();
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (w.pid() <= 0) continue;
+      for (uint64_t inode : MemfdInodesMapped(static_cast<pid_t>(w.pid()))) {
+        if (held.count(inode) == 0) stray += fmt::format(" worker {} maps inode {};", w.slot(), inode);
+      }
+    }
+    if (stray.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "memory the daemon closed is still mapped:" << stray;
+}
+
 TEST_F(WeightsTest, FreedMemoryIsReusedByTheNextLoad) {
   std::string a = MakeModel("a", "64,512,64", "relu", "f32", 1);
   std::string b = MakeModel("b", "64,512,64", "gelu", "f16", 2);
@@ -170,6 +220,13 @@ TEST_F(WeightsTest, FreedMemoryIsReusedByTheNextLoad) {
   auto out = client->Infer("b", input);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   ExpectNear(ReferenceInfer(b, input), *out);
+  // And back: a's weights in the same pages again (the worker's kept mapping, grown), unpark too.
+  ASSERT_TRUE(client->Unload("b").ok());
+  ASSERT_TRUE(client->Load("a").ok());
+  auto again = client->Infer("a", input);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectNear(ReferenceInfer(a, input), *again);
+  ExpectNoWorkerMapsWhatTheDaemonLetGo(*client, DaemonPid());
   ExpectQuiescentAndValid();
 }
 
@@ -197,6 +254,7 @@ TEST_F(WeightsTest, KeptMemoryNeverPassesTheBudget) {
   EXPECT_EQ(held.count, 1u);
   EXPECT_EQ(held.bytes, WeightBytes(c));
   EXPECT_LE(held.bytes + client->GetStatus()->devices(0).used_bytes() - WeightBytes(c), budget);
+  ExpectNoWorkerMapsWhatTheDaemonLetGo(*client, DaemonPid());
   client::Matrix input = RandomMatrix(2, 64, 4);
   auto out = client->Infer("c", input);
   ASSERT_TRUE(out.ok()) << out.status().ToString();

@@ -201,6 +201,18 @@ class CoreRig {
     actions_ = std::move(rest);
     return out;
   }
+  // The frames for a worker since the last call, as the core asked for them.
+  std::vector<action::SendToWorker> SendsTo(uint32_t slot) {
+    std::vector<action::SendToWorker> out;
+    std::vector<Action> rest;
+    for (Action& a : actions_) {
+      auto* s = std::get_if<action::SendToWorker>(&a);
+      if (s != nullptr && s->slot == slot) out.push_back(std::move(*s));
+      else rest.push_back(std::move(a));
+    }
+    actions_ = std::move(rest);
+    return out;
+  }
   // Replies to a session since the last call.
   std::vector<v1::Envelope> Replies(uint64_t session) {
     std::vector<v1::Envelope> out;
@@ -241,7 +253,13 @@ class CoreRig {
  private:
   Time Now() const { return Time{now_ms_, 1'700'000'000'000'000'000ull + now_ms_ * 1000000}; }
   void Take(std::vector<Action> actions) {
-    for (Action& a : actions) actions_.push_back(std::move(a));
+    for (Action& a : actions) {
+      if (const auto* send = std::get_if<action::SendToWorker>(&a)) {
+        Status allocation = action::CheckAllocation(*send);
+        EXPECT_TRUE(allocation.ok()) << allocation.ToString();
+      }
+      actions_.push_back(std::move(a));
+    }
     Status valid = shm::Validate(view_);
     EXPECT_TRUE(valid.ok()) << "segment: " << valid.ToString();
     Status core = core_->CheckInvariants();

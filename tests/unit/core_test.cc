@@ -152,6 +152,33 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsParkedLeavesOneParkedCopy) {
   EXPECT_TRUE(replies[0].has_unload_reply());
 }
 
+// An unpark allocates the parked copy's bytes, which is what the shell offers kept memory for: a
+// size read from the Parked state after the transition to Unparking had moved the copy out of it
+// offered the kept region shrunk to a few bytes, and every unpark faulted in fresh memory.
+TEST(CoreTest, AnUnparkAllocatesWhatTheParkedCopyHolds) {
+  Config c = CoreRig::SmallConfig();
+  c.park_budget_bytes = 1000;
+  CoreRig rig(c);
+  ModelEntry m = Entry("m", 100, 10);
+  rig.Start({m});
+  rig.Up(0);
+  rig.Loaded(0, m, 100);
+  rig.Forget();
+  rig.Unload(2, "m", /*park=*/true);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
+  ASSERT_EQ(to0.size(), 2u);
+  ASSERT_TRUE(to0[0].has_park());
+  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), 100), {200});
+  rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
+  ASSERT_EQ(rig.State("m"), shm::ModelState::kParked);
+  rig.Forget();
+  rig.Load(2, "m");
+  std::vector<action::SendToWorker> sends = rig.SendsTo(0);
+  ASSERT_EQ(sends.size(), 1u);
+  EXPECT_EQ(sends[0].allocates, 100u) << "the copy's weight bytes";  // CheckAllocation agrees (rig)
+  EXPECT_EQ(sends[0].handles, (std::vector<int>{200})) << "the parked copy goes with it";
+}
+
 // And with a reload that changed the file: the late attach serves nothing of the old version,
 // the new version is loaded once, after the old one has let go, and requests get the new one.
 TEST(CoreTest, AReplicaAttachingWhenItsModelIsReloadedServesNothingOld) {

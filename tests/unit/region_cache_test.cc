@@ -112,6 +112,69 @@ TEST(HostMemoryReuse, AResizedRegionKeepsItsPagesAndCountsAgainstTheBudget) {
   EXPECT_EQ(memory.used_bytes(), 0u);
 }
 
+uint64_t InodeOf(int fd) {
+  struct stat st {};
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// A region handed to the supervisor keeps its mapping when freed; the next offer of the same
+// memory (the supervisor's descriptor of it) maps nothing anew, shrunk or grown, and what the
+// supervisor closed is unmapped. A region never handed over is unmapped at once.
+TEST(HostMemoryReuse, AHandedOverRegionKeepsItsMappingForTheNextOffer) {
+  HostMemory memory;
+  Result<HostRegion> weights = memory.Allocate(3 * 4096, "kept_test");
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  std::memset(weights->ptr, 0x3c, 3 * 4096);
+  void* const where = weights->ptr;
+  const int supervisors = dup(weights->fd);  // what went to the supervisor with the load's reply
+  memory.KeepMappingOf(weights->fd);
+  memory.Free(*weights);
+  EXPECT_EQ(memory.used_bytes(), 0u);
+  EXPECT_EQ(memory.kept_mappings(), 1u);
+
+  // Offered back shrunk to two pages: the same mapping, its tail unmapped.
+  ASSERT_EQ(ftruncate(supervisors, 2 * 4096), 0);
+  Result<HostRegion> shrunk = memory.AllocateReusing(dup(supervisors), 2 * 4096);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status().ToString();
+  EXPECT_EQ(shrunk->ptr, where);
+  EXPECT_EQ(static_cast<uint8_t*>(shrunk->ptr)[2 * 4096 - 1], 0x3c);
+  EXPECT_EQ(memory.kept_mappings(), 0u);
+  memory.KeepMappingOf(shrunk->fd);
+  memory.Free(*shrunk);
+
+  // Then grown to four: the kept pages keep their contents, the new ones are zeros.
+  Result<HostRegion> grown = memory.AllocateReusing(dup(supervisors), 4 * 4096);
+  ASSERT_TRUE(grown.ok()) << grown.status().ToString();
+  EXPECT_EQ(SizeOf(grown->fd), 4u * 4096);
+  EXPECT_EQ(static_cast<uint8_t*>(grown->ptr)[0], 0x3c);
+  EXPECT_EQ(static_cast<uint8_t*>(grown->ptr)[4 * 4096 - 1], 0);
+  static_cast<uint8_t*>(grown->ptr)[4 * 4096 - 1] = 1;  // writable to its end
+  memory.KeepMappingOf(grown->fd);
+  memory.Free(*grown);
+  ASSERT_EQ(memory.kept_mappings(), 1u);
+
+  // The supervisor closed it: the mapping goes.
+  memory.ForgetMappings({InodeOf(supervisors)});
+  EXPECT_EQ(memory.kept_mappings(), 0u);
+  close(supervisors);
+
+  // Never handed over (a load that failed): unmapped at once.
+  Result<HostRegion> lost = memory.Allocate(4096, "kept_test");
+  ASSERT_TRUE(lost.ok());
+  memory.Free(*lost);
+  EXPECT_EQ(memory.kept_mappings(), 0u);
+
+  // At most kKeptMappings are kept, the oldest unmapped first.
+  for (size_t i = 0; i < HostMemory::kKeptMappings + 2; ++i) {
+    Result<HostRegion> r = memory.Allocate(4096, "kept_test");
+    ASSERT_TRUE(r.ok());
+    memory.KeepMappingOf(r->fd);
+    memory.Free(*r);
+  }
+  EXPECT_EQ(memory.kept_mappings(), HostMemory::kKeptMappings);
+}
+
 // Weights another process wrote are mapped read-only: the service's write refuses them, and a
 // stray store faults in the writer instead of changing them under every other replica.
 TEST(HostMemoryImport, ImportedRegionsAreReadOnly) {
