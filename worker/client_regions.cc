@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -48,7 +49,22 @@ Result<ClientRegions::Mapping> ClientRegions::Map(int fd, uint64_t region_bytes)
                  std::strerror(errno));
   }
   m.base = p;
+  m.populated.assign((m.size + kPiece - 1) / kPiece, 0);
   return m;
+}
+
+void ClientRegions::Populate(Mapping& m, uint64_t start, uint64_t end, bool writable) {
+  const uint8_t want = writable ? kRead | kWrite : kRead;  // a write populate maps for reading too
+  for (uint64_t at = start; at < end;) {
+    const uint64_t piece = at / kPiece;
+    const uint64_t piece_end = std::min(end, (piece + 1) * kPiece);
+    const bool whole = at == piece * kPiece && (piece_end == (piece + 1) * kPiece || piece_end == m.size);
+    if (!whole || (m.populated[piece] & want) != want) {
+      (void)madvise(static_cast<char*>(m.base) + at, piece_end - at, writable ? kPopulateWrite : kPopulateRead);
+      if (whole) m.populated[piece] |= want;
+    }
+    at = piece_end;
+  }
 }
 
 Result<char*> ClientRegions::Slice(uint64_t id, int fd, uint64_t region_bytes, uint64_t offset, uint64_t bytes,
@@ -69,13 +85,11 @@ Result<char*> ClientRegions::Slice(uint64_t id, int fd, uint64_t region_bytes, u
   if (writable && !m.writable) {
     return Error(Code::kFailedPrecondition, "the output's region is sealed against writes");
   }
-  // The slice's page tables made in one pass (after the first request they are there already and
-  // this is a quick walk) instead of a fault per page while the engine runs. Best effort: on a
-  // kernel without it the engine faults them in as it goes.
+  // The slice's page tables made in one pass instead of a fault per page while the engine runs
+  // (pieces populated before are skipped). Best effort: on a kernel without it, or where the kernel
+  // has reclaimed some since, the engine faults them in as it goes.
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t start = offset / page * page;
-  (void)madvise(static_cast<char*>(m.base) + start, offset + bytes - start,
-                writable ? kPopulateWrite : kPopulateRead);
+  Populate(m, offset / page * page, offset + bytes, writable);
   return static_cast<char*>(m.base) + offset;
 }
 

@@ -3,7 +3,9 @@
 // request that names it; the first maps the region (its registered size, not the memfd's, which a
 // client could make huge) and later ones reuse the mapping, so that a large tensor costs no mmap
 // or munmap per request. Only the slices requests name are populated (one pass over their page
-// tables), so a worker never faults in more of a client's memory than its requests use.
+// tables), so a worker never faults in more of a client's memory than its requests use; a 2 MiB
+// piece a slice covers whole is populated once, not at every request (walking page tables that
+// are there already costs ~0.9 ms per 16 MiB here).
 // A mapping lasts until the supervisor says the region is gone (WorkerRegionsGone: removed, or its
 // client left), or until it is the least recently used of more than kMaxMapped.
 //
@@ -15,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <vector>
 
 #include "common/status.h"
 
@@ -41,8 +44,13 @@ class ClientRegions {
     uint64_t size = 0;
     bool writable = false;
     uint64_t last_used = 0;
+    std::vector<uint8_t> populated;  // per kPiece: kRead, kWrite
   };
+  static constexpr uint64_t kPiece = 2ull << 20;
+  static constexpr uint8_t kRead = 1, kWrite = 2;
   Result<Mapping> Map(int fd, uint64_t region_bytes);
+  // Page tables for [start, end) of the mapping (start page-aligned), for reading or writing.
+  static void Populate(Mapping& m, uint64_t start, uint64_t end, bool writable);
   void EvictLeastRecentlyUsed();
 
   std::unordered_map<uint64_t, Mapping> maps_;
