@@ -66,6 +66,18 @@ void Simulator::CheckAfterEvent() {
   }
 }
 
+bool Simulator::RoomToMoveFrom(const Worker& w) const {
+  const shm::ModelIndex& index = core_->index();
+  const uint64_t used = index.DeviceUsed(w.device), budget = index.DeviceBudget(w.device);
+  for (const auto& [model, engine] : w.engines) {
+    if (model >= index.view().max_models() || index.State(model) != shm::ModelState::kReady) continue;
+    const shm::ModelRecord& r = index.Get(model);
+    const uint64_t workspace = r.workspace_bytes / std::max<uint32_t>(1, r.replicas);
+    if (budget == 0 || used + workspace <= budget) return true;
+  }
+  return false;
+}
+
 void Simulator::CheckPeriodic() {
   if (failed_ || stopping_) return;
   for (const Client& c : clients_) {
@@ -80,7 +92,9 @@ void Simulator::CheckPeriodic() {
     }
   }
   // Placement: a worker with nothing to do next to one of the same device holding several models
-  // (weights move within their device only).
+  // (weights move within their device only), where the device has room for a move: one more
+  // replica's workspace of a model the crowded worker holds (a move attaches before it lets go;
+  // evicting a cached model to spread the rest is not worth it).
   auto busy = [](const Worker& w) {
     return w.serving_job != 0 || w.load_job != 0 || !w.serving.empty() || !w.loads.empty() ||
            w.unwritten != 0 || !w.to_core.empty();
@@ -91,7 +105,7 @@ void Simulator::CheckPeriodic() {
     if (w.state != Worker::State::kUp) continue;
     if (w.engines.empty() && !busy(w)) idle_on[w.device] = true;
     if (!busy(w)) any_idle_on[w.device] = true;
-    if (w.engines.size() >= 2) crowded_on[w.device] = true;
+    if (w.engines.size() >= 2 && RoomToMoveFrom(w)) crowded_on[w.device] = true;
   }
   bool stacked = false;
   for (uint32_t d = 0; d < devices; d++) stacked = stacked || (idle_on[d] && crowded_on[d]);

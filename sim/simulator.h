@@ -187,6 +187,8 @@ class Simulator {
   // Checks (checks.cc).
   void CheckAfterEvent();
   void CheckPeriodic();
+  // Whether the device of worker `w` has room to move one of the models it holds to another worker.
+  bool RoomToMoveFrom(const Worker& w) const;
   void CheckFinal();
 
   Options options_;

@@ -315,7 +315,8 @@ class Core {
   void OnWorkerDown(const event::WorkerDown& down);
   void OnDeviceLost(const event::DeviceLost& lost);
   void OnDeviceRestored(const event::DeviceRestored& restored);
-  // Retries of a dead worker's requests, reordered so that connections take turns.
+  // Retries of a dead worker's requests, reordered: those that never ran at a crash first, and
+  // connections taking turns, the ones with fewer to retry first within a turn.
   static std::vector<std::pair<uint32_t, Waiter>> TakingTurns(std::vector<std::pair<uint32_t, Waiter>> retries);
   void ChargeCrash(uint32_t model, const std::string& why, bool alone);
   void MarkFailed(uint32_t model, const std::string& reason);

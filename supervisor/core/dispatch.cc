@@ -24,16 +24,30 @@ void Core::DrainReady(uint32_t model) {
   if (serving.empty() || m.changing()) return;
   std::vector<policy::WorkerView> views;
   const policy::Window window{kWorkerWindowJobs, kWorkerWindowBytes};
-  // A worker runs what it is sent in order. Requests retried after a worker died go first in the
-  // queue, but to each worker one at a time: had they all gone at once, everything sent after
-  // them would wait for every one (a burst of retries after a crash is as long as the dead
-  // worker's whole window). So a new request waits for at most one retried request per worker.
-  // New requests pass the retries still waiting only into a short window (kPassingRetryJobs):
-  // each retry, in turn, then waits behind a few of them, not behind a full window each time.
+  // A worker runs what it is sent in order. Requests retried after a worker died go to each worker
+  // one at a time: had they all gone at once, everything sent after them would wait for every one
+  // (a burst of retries after a crash is as long as the dead worker's whole window). New requests
+  // go before the retries still waiting, but only into a short window (kPassingRetryJobs): each
+  // retry, in turn, then waits behind a few of them, not behind a full window each time, and a
+  // request sent after a crash waits for no retry it finds waiting, only for one already running.
   const policy::Window passing{kPassingRetryJobs, kWorkerWindowBytes};
-  bool retry_waits = false;
+  const bool retry_waits = std::any_of(m.waiters.begin(), m.waiters.end(), [](const Waiter& w) { return w.retry; });
+  auto send = [&](size_t i, uint32_t worker) {
+    Waiter w = std::move(m.waiters[i]);
+    m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
+    queued_--;
+    uint64_t bytes = w.infer.input().data().size();
+    Dispatch(model, worker, std::move(w));
+    views[worker].outstanding++;
+    views[worker].pending_bytes += bytes;
+  };
+  // First the new requests (and loads that came while the model was being attached), in order.
   for (size_t i = 0; i < m.waiters.size();) {
     Waiter& front = m.waiters[i];
+    if (front.retry) {
+      ++i;
+      continue;
+    }
     if (!front.is_infer) {  // a load that came while it was being attached
       Waiter w = std::move(front);
       m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
@@ -46,29 +60,25 @@ void Core::DrainReady(uint32_t model) {
       continue;
     }
     if (views.empty()) views = WorkerLoads();
-    uint32_t worker = policy::kNone;
-    if (front.retry) {
-      std::vector<uint32_t> free_of_retries;
-      for (uint32_t slot : serving) {
-        if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
-      }
-      worker = policy::PickReplica(views, free_of_retries, window);
-      if (worker == policy::kNone) {
-        ++i;  // waits for its turn; a new request behind it may go
-        retry_waits = true;
-        continue;
-      }
-    } else {
-      worker = policy::PickReplica(views, serving, retry_waits ? passing : window);
-      if (worker == policy::kNone) return;  // a finished job drains it again
+    const uint32_t worker = policy::PickReplica(views, serving, retry_waits ? passing : window);
+    if (worker == policy::kNone) break;  // a finished job drains it again
+    send(i, worker);
+  }
+  if (!retry_waits) return;
+  // Then the retries, in their order, one per worker that runs none.
+  if (views.empty()) views = WorkerLoads();
+  for (size_t i = 0; i < m.waiters.size();) {
+    if (!m.waiters[i].retry) {
+      ++i;
+      continue;
     }
-    Waiter w = std::move(front);
-    m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
-    queued_--;
-    uint64_t bytes = w.infer.input().data().size();
-    Dispatch(model, worker, std::move(w));
-    views[worker].outstanding++;
-    views[worker].pending_bytes += bytes;
+    std::vector<uint32_t> free_of_retries;
+    for (uint32_t slot : serving) {
+      if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
+    }
+    const uint32_t worker = policy::PickReplica(views, free_of_retries, window);
+    if (worker == policy::kNone) return;  // each waits for its turn
+    send(i, worker);
   }
 }
 

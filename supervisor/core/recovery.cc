@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "supervisor/core/core.h"
 
@@ -122,8 +123,8 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
   }
   w.device_lost = false;
   // Retried requests go to the front of their model's queue, taking turns between connections
-  // (each one's in its original order): a client that had one request on the dead worker does
-  // not wait for all of another's. The models reload (or re-attach their held weights) on
+  // (each one's in its original order), those that were running at a crash last (TakingTurns): a
+  // client that had one request on the dead worker does not wait for all of another's. The models reload (or re-attach their held weights) on
   // another worker or the respawned one. A model now failed refuses them.
   // Retries of an earlier death still waiting keep their place ahead of these.
   retries = TakingTurns(std::move(retries));
@@ -141,16 +142,32 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
 
 std::vector<std::pair<uint32_t, Core::Waiter>> Core::TakingTurns(
     std::vector<std::pair<uint32_t, Waiter>> retries) {
-  // Each connection's k-th request goes in turn k; within a turn, in arrival order.
-  std::map<uint64_t, uint32_t> taken;
-  std::vector<uint32_t> turn(retries.size());
-  for (size_t i = 0; i < retries.size(); i++) turn[i] = taken[retries[i].second.call.session]++;
-  std::vector<size_t> order(retries.size());
-  for (size_t i = 0; i < order.size(); i++) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return turn[a] < turn[b]; });
+  // Requests that were running at a crash (this one or an earlier) go after those that never
+  // were: they may bring the worker down again, the others cannot, and need not wait for them.
+  // Within each, a connection's k-th request goes in turn k; within a turn, connections with fewer
+  // requests to retry go first (a client that lost one request gets it back before one that lost
+  // many), then arrival order.
+  using Key = std::pair<bool, uint64_t>;  // (suspect, session)
+  auto key = [&](size_t i) {
+    const Waiter& w = retries[i].second;
+    return Key{w.crashes + w.shared_crashes > 0, w.call.session};
+  };
+  std::map<Key, uint32_t> count, taken;
+  for (size_t i = 0; i < retries.size(); i++) count[key(i)]++;
+  struct Place {
+    bool suspect;
+    uint32_t turn, of;
+    size_t arrival;
+    bool operator<(const Place& o) const {
+      return std::tie(suspect, turn, of, arrival) < std::tie(o.suspect, o.turn, o.of, o.arrival);
+    }
+  };
+  std::vector<Place> places(retries.size());
+  for (size_t i = 0; i < retries.size(); i++) places[i] = {key(i).first, taken[key(i)]++, count[key(i)], i};
+  std::sort(places.begin(), places.end());
   std::vector<std::pair<uint32_t, Waiter>> turns;
   turns.reserve(retries.size());
-  for (size_t i : order) turns.push_back(std::move(retries[i]));
+  for (const Place& p : places) turns.push_back(std::move(retries[p.arrival]));
   return turns;
 }
 

@@ -1,6 +1,7 @@
 // After a worker dies: its requests are retried without making everyone else wait for them.
-// Retries go to a worker one at a time, so new requests pass them; connections take turns among
-// the retries; and the retries spread over every replica serving the model.
+// Retries go to a worker one at a time, and new requests go before the retries waiting, into a
+// short window; connections take turns among the retries; and the retries spread over every
+// replica serving the model.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -32,9 +33,11 @@ void ServingOnWorker0(CoreRig& rig, const ModelEntry& m) {
   rig.Forget();
 }
 
-// The model's replica dies with five requests on it (four of session 7, one of 8); the weights
-// are attached to the other worker. The retries go there one at a time, session 8's second, and
-// a request that arrives meanwhile goes at once: it waits for at most the one retry running.
+// The model's replica dies with five requests on it (four of session 7, one of 8), running the
+// first; the weights are attached to the other worker. The retries go there one at a time: first
+// those that never ran at the crash, session 8's (its connection lost fewer) before session 7's,
+// and the one that was running last, alone. A request that arrives meanwhile goes at once: it
+// waits for at most the one retry running.
 TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry m = Entry("m", 100, 10);
@@ -52,7 +55,7 @@ TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
   rig.Reply(1, CoreRig::LoadDone(sent[0].attach().job(), m));
   std::vector<v1::WorkerInfer> retried = Infers(rig.Sent(1));
   ASSERT_EQ(retried.size(), 1u) << "one retry at a time per worker";
-  EXPECT_FALSE(retried[0].batch()) << "the one that was running is a suspect: alone";
+  EXPECT_TRUE(retried[0].batch()) << "one that never ran at the crash is innocent: it may batch";
 
   // A new request now goes straight to the worker, behind only the retry it is running.
   uint64_t of9 = rig.Infer(9, "m");
@@ -65,10 +68,11 @@ TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
   EXPECT_TRUE(replies[0].has_infer_reply());
   EXPECT_TRUE(rig.Sent(1).empty()) << "the next retry waits for the one running";
 
-  // Each answer sends the next retry; session 8 takes its turn second, not fifth.
+  // Each answer sends the next retry; session 8 first, the suspect last and alone.
   std::vector<uint64_t> order;
   for (int i = 0; i < 5; ++i) {
     ASSERT_EQ(retried.size(), 1u) << "retry " << i;
+    if (i == 4) EXPECT_FALSE(retried[0].batch()) << "the one that was running is a suspect: alone";
     rig.Reply(1, CoreRig::InferDone(retried[0].job()));
     for (uint64_t session : {7u, 8u}) {
       for (const v1::Envelope& r : rig.Replies(session)) {
@@ -79,7 +83,7 @@ TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
     retried = Infers(rig.Sent(1));
   }
   EXPECT_TRUE(retried.empty());
-  EXPECT_EQ(order, (std::vector<uint64_t>{of7[0], of8, of7[1], of7[2], of7[3]}));
+  EXPECT_EQ(order, (std::vector<uint64_t>{of8, of7[1], of7[2], of7[3], of7[0]}));
   EXPECT_EQ(rig.core().unanswered(), 0u);
 }
 
@@ -137,6 +141,42 @@ TEST(CoreRecoveryTest, RetriesSpreadOverTheModelsReplicas) {
   EXPECT_EQ(rig.core().unanswered(), 0u);
 }
 
+// A request sent while the dead worker's weights are being attached elsewhere waits for no retry:
+// it goes to the worker before the first of them.
+TEST(CoreRecoveryTest, ARequestSentDuringTheAttachGoesBeforeTheRetries) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry m = Entry("m", 100, 10);
+  ServingOnWorker0(rig, m);
+  for (int i = 0; i < 3; ++i) rig.Infer(7, "m");
+  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
+  ASSERT_EQ(on0.size(), 3u);
+  rig.Down(0, {on0[0].job()});
+  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+  ASSERT_EQ(attach.size(), 1u);
+  ASSERT_TRUE(attach[0].has_attach());
+  const uint64_t fresh = rig.Infer(9, "m");  // while the attach runs
+  EXPECT_TRUE(Infers(rig.Sent(1)).empty()) << "nothing runs before the weights are attached";
+  rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), m));
+  std::vector<v1::WorkerInfer> sent = Infers(rig.Sent(1));
+  ASSERT_EQ(sent.size(), 2u) << "the new request, then one retry";
+  rig.Reply(1, CoreRig::InferDone(sent[0].job()));
+  std::vector<v1::Envelope> replies = rig.Replies(9);
+  ASSERT_EQ(replies.size(), 1u) << "the first answer is the new request's";
+  EXPECT_EQ(replies[0].request_id(), fresh);
+  EXPECT_TRUE(rig.Replies(7).empty());
+  // The retries then run one at a time, and all are answered.
+  std::vector<v1::WorkerInfer> running = {sent[1]};
+  size_t answered = 0;
+  for (int i = 0; i < 5 && !running.empty(); ++i) {
+    ASSERT_EQ(running.size(), 1u);
+    rig.Reply(1, CoreRig::InferDone(running[0].job()));
+    answered += rig.Replies(7).size();
+    running = Infers(rig.Sent(1));
+  }
+  EXPECT_EQ(answered, 3u);
+  EXPECT_EQ(rig.core().unanswered(), 0u);
+}
+
 // New requests pass the waiting retries only into a short window, so that each retry in turn
 // waits behind a few of them, not behind a full window of them every time.
 TEST(CoreRecoveryTest, NewRequestsPassRetriesOnlyIntoAShortWindow) {
@@ -155,11 +195,14 @@ TEST(CoreRecoveryTest, NewRequestsPassRetriesOnlyIntoAShortWindow) {
   for (int i = 0; i < 10; ++i) rig.Infer(9, "m");
   std::vector<v1::WorkerInfer> passed = Infers(rig.Sent(1));
   EXPECT_EQ(passed.size(), kPassingRetryJobs - 1) << "the retry and a few new ones in the window";
-  // The retry ends: the next retry goes before any more new requests.
+  // The retry ends: one new request fills the short window again, and the next retry goes behind
+  // it, never behind more than the short window of new ones.
   rig.Reply(1, CoreRig::InferDone(first_retry[0].job()));
   std::vector<v1::WorkerInfer> next = Infers(rig.Sent(1));
-  ASSERT_EQ(next.size(), 1u) << "the window is back at its bound: only the next retry goes";
+  ASSERT_EQ(next.size(), 2u) << "one new request into the short window, then the next retry";
   EXPECT_EQ(rig.Replies(7).size(), 1u);
+  rig.Reply(1, CoreRig::InferDone(passed[0].job()));
+  EXPECT_EQ(Infers(rig.Sent(1)).size(), 0u) << "the short window is full again (three new, one retry)";
 }
 
 // A model whose request ran beside another model's load when the worker died may be innocent:
