@@ -11,7 +11,10 @@
 //      model after `unload --park`, timed request to reply and confirmed by the daemon's
 //      'unparking "NAME"' log line, against memcpy of the weight bytes into a freshly mapped buffer
 //      (the copy faults its pages in), into a fresh memfd region, and into a reused, faulted
-//      buffer, as throughput ratios.
+//      buffer (the target's baseline), as throughput ratios;
+//   5. the first request after a switch (unload, load: one 1-row request) and after a second
+//      replica's attach (two at once, one per replica), against the requests that follow.
+// Measuring lives in sharing.cc, the report in sharing_report.cc.
 // Like the other modes it reports numbers against the targets of issue 4 and asserts nothing.
 #pragma once
 

@@ -2,6 +2,7 @@
 // file, memcpy into fresh and reused memory, and a process's proportional set size.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
