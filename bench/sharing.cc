@@ -413,23 +413,9 @@ class Sharing {
       return WithLog(Error(Code::kInternal, "status shows {} live workers, expected {}",
                            r.workers.size(), kWorkers));
     }
-    client::Matrix input;
-    input.rows = 1;
-    input.cols = r.file.in_features;
-    input.data.assign(input.cols, 0.25f);
     const uint64_t touched_bytes = static_cast<uint64_t>(r.file.weight_bytes * kTouchedFraction);
     for (r.touch_rounds = 1; r.touch_rounds <= kMaxTouchRounds; ++r.touch_rounds) {
-      std::vector<uint64_t> ids;
-      for (uint32_t k = 0; k < kPipelined; ++k) {
-        Result<uint64_t> id = infer_->Send(MakeInferRequest(r.model, input, 0, false));
-        if (!id.ok()) return WithLog(id.status());
-        ids.push_back(*id);
-      }
-      for (uint64_t id : ids) {
-        Result<v1::Envelope> reply = infer_->Wait(id);
-        if (!reply.ok()) return WithLog(reply.status());
-        if (Status s = client::StatusOf(*reply); !s.ok()) return WithLog(s);
-      }
+      if (Result<uint64_t> round = TimeInfers(r, kPipelined); !round.ok()) return round.status();
       bool all = true;
       for (WorkerMemory& m : r.workers) {
         Result<MemoryUse> use = ReadMemoryUse(m.pid);

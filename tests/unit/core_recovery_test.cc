@@ -33,6 +33,21 @@ void ServingOnWorker0(CoreRig& rig, const ModelEntry& m) {
   rig.Forget();
 }
 
+// m serving on worker 0 with three requests of session 7 on it; worker 0 dies running the first.
+// The attach of the held weights sent to worker 1, not yet answered: its job id.
+uint64_t DiesWithThreeRequests(CoreRig& rig, const ModelEntry& m) {
+  ServingOnWorker0(rig, m);
+  for (int i = 0; i < 3; ++i) rig.Infer(7, "m");
+  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
+  EXPECT_EQ(on0.size(), 3u);
+  if (on0.empty()) return 0;
+  rig.Down(0, {on0[0].job()});
+  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+  EXPECT_EQ(attach.size(), 1u);
+  if (attach.empty() || !attach[0].has_attach()) return 0;
+  return attach[0].attach().job();
+}
+
 // The model's replica dies with five requests on it (four of session 7, one of 8), running the
 // first; the weights are attached to the other worker. The retries go there one at a time: first
 // those that never ran at the crash, session 8's (its connection lost fewer) before session 7's,
@@ -146,17 +161,11 @@ TEST(CoreRecoveryTest, RetriesSpreadOverTheModelsReplicas) {
 TEST(CoreRecoveryTest, ARequestSentDuringTheAttachGoesBeforeTheRetries) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry m = Entry("m", 100, 10);
-  ServingOnWorker0(rig, m);
-  for (int i = 0; i < 3; ++i) rig.Infer(7, "m");
-  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
-  ASSERT_EQ(on0.size(), 3u);
-  rig.Down(0, {on0[0].job()});
-  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
-  ASSERT_EQ(attach.size(), 1u);
-  ASSERT_TRUE(attach[0].has_attach());
+  const uint64_t attach = DiesWithThreeRequests(rig, m);
+  ASSERT_NE(attach, 0u);
   const uint64_t fresh = rig.Infer(9, "m");  // while the attach runs
   EXPECT_TRUE(Infers(rig.Sent(1)).empty()) << "nothing runs before the weights are attached";
-  rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), m));
+  rig.Reply(1, CoreRig::LoadDone(attach, m));
   std::vector<v1::WorkerInfer> sent = Infers(rig.Sent(1));
   ASSERT_EQ(sent.size(), 2u) << "the new request, then one retry";
   rig.Reply(1, CoreRig::InferDone(sent[0].job()));
@@ -182,14 +191,9 @@ TEST(CoreRecoveryTest, ARequestSentDuringTheAttachGoesBeforeTheRetries) {
 TEST(CoreRecoveryTest, NewRequestsPassRetriesOnlyIntoAShortWindow) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry m = Entry("m", 100, 10);
-  ServingOnWorker0(rig, m);
-  for (int i = 0; i < 3; ++i) rig.Infer(7, "m");
-  std::vector<v1::WorkerInfer> on0 = Infers(rig.Sent(0));
-  ASSERT_EQ(on0.size(), 3u);
-  rig.Down(0, {on0[0].job()});
-  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
-  ASSERT_EQ(attach.size(), 1u);
-  rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), m));
+  const uint64_t attach = DiesWithThreeRequests(rig, m);
+  ASSERT_NE(attach, 0u);
+  rig.Reply(1, CoreRig::LoadDone(attach, m));
   std::vector<v1::WorkerInfer> first_retry = Infers(rig.Sent(1));
   ASSERT_EQ(first_retry.size(), 1u);
   for (int i = 0; i < 10; ++i) rig.Infer(9, "m");
