@@ -34,9 +34,9 @@ void PopulateForWrite(void* ptr, uint64_t bytes) {
 
 }  // namespace
 
-Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
+Status HostMemory::Reserve(uint64_t bytes) {
   if (bytes == 0) return Error(Code::kInvalidArgument, "cannot allocate a region of 0 bytes");
-  // Reserve first so that two threads cannot both pass the budget check.
+  // Reserved before the region exists, so that two threads cannot both pass the budget check.
   uint64_t before = used_.fetch_add(bytes, std::memory_order_relaxed);
   if (budget_ != 0 && before + bytes > budget_) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -44,6 +44,11 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
                  "device memory budget exhausted: {} bytes in use, {} requested, budget {}",
                  before, bytes, budget_);
   }
+  return OkStatus();
+}
+
+Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
+  if (Status reserved = Reserve(bytes); !reserved.ok()) return reserved;
   int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -74,14 +79,7 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
       if (fd >= 0) close(fd);
     }
   } closer{fd};
-  if (bytes == 0) return Error(Code::kInvalidArgument, "cannot allocate a region of 0 bytes");
-  uint64_t before = used_.fetch_add(bytes, std::memory_order_relaxed);
-  if (budget_ != 0 && before + bytes > budget_) {
-    used_.fetch_sub(bytes, std::memory_order_relaxed);
-    return Error(Code::kResourceExhausted,
-                 "device memory budget exhausted: {} bytes in use, {} requested, budget {}",
-                 before, bytes, budget_);
-  }
+  if (Status reserved = Reserve(bytes); !reserved.ok()) return reserved;
   struct stat st {};
   // Shrinking gives the tail's pages back; growing adds fresh ones (faulted in by the populate).
   if (fstat(fd, &st) != 0 ||

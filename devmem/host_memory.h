@@ -91,6 +91,8 @@ class HostMemory {
     void* ptr = nullptr;
     uint64_t bytes = 0;
   };
+  // Counts `bytes` as used, or says why not (the budget, or 0 bytes).
+  Status Reserve(uint64_t bytes);
   // Takes the kept mapping of `inode` out of the cache, or returns one with a null ptr.
   KeptMapping TakeKeptMapping(uint64_t inode);
   // The kept mapping of `inode` resized to `bytes`, or null when there is none.
