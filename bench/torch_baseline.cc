@@ -56,7 +56,8 @@ Result<std::unique_ptr<TorchBaseline>> TorchBaseline::Start(BenchRun& run, const
     execv(argv[0], const_cast<char* const*>(argv));
     _exit(127);
   }
-  run.AddChild(pid);
+  // Not one of run's children: those are killed by pid at the end, and this one is reaped here
+  // first. If the bench dies, the child reads the end of its stdin and exits by itself.
   close(to_child[0]);
   close(from_child[1]);
   t->pid_ = pid;

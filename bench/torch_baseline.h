@@ -19,8 +19,9 @@ class BenchRun;
 
 class TorchBaseline {
  public:
-  // Starts `python` on the script with the model; fails (FAILED_PRECONDITION, with the script's
-  // own last words) where Python or PyTorch is missing. The child is registered with `run`.
+  // Starts `python` on the script with the model (its stderr in a file of `run`'s directory);
+  // fails (FAILED_PRECONDITION, with the script's own last words) where Python or PyTorch is
+  // missing.
   static Result<std::unique_ptr<TorchBaseline>> Start(BenchRun& run, const std::string& python,
                                                       const std::string& model_path, uint32_t threads);
   ~TorchBaseline();  // closes its stdin, which ends it, and reaps it
