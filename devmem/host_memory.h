@@ -36,7 +36,7 @@ class HostMemory {
   // one call, so a load into it pays neither page allocation nor a fault per page. Takes `fd`
   // over (closed on failure, when the caller falls back to Allocate). Where this process still
   // maps that memory from before (KeepMappingOf), the mapping is used again as it is: no page
-  // table to make (on this VM ~90 ms per GiB, most of a load), and none to tear down before.
+  // table to make (on this VM most of a load into kept memory), and none to tear down before.
   Result<HostRegion> AllocateReusing(int fd, uint64_t bytes);
   // The region of `fd` (allocated here) was handed to the supervisor, which keeps its memory for
   // reuse when it is let go: Free then keeps the mapping (at most kKeptMappings, oldest unmapped

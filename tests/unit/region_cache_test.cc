@@ -25,11 +25,14 @@ int Memfd(uint64_t bytes, unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING) {
 
 bool IsOpen(int fd) { return fcntl(fd, F_GETFD) != -1; }
 
-uint64_t SizeOf(int fd) {
+struct stat StatOf(int fd) {
   struct stat st {};
   EXPECT_EQ(fstat(fd, &st), 0);
-  return static_cast<uint64_t>(st.st_size);
+  return st;
 }
+
+uint64_t SizeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_size); }
+uint64_t InodeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_ino); }
 
 TEST(RegionCache, KeepsMemfdsAndClosesAnythingElse) {
   RegionCache cache;
@@ -110,12 +113,6 @@ TEST(HostMemoryReuse, AResizedRegionKeepsItsPagesAndCountsAgainstTheBudget) {
   EXPECT_EQ(refused.status().code(), Code::kResourceExhausted);
   EXPECT_FALSE(IsOpen(over)) << "taken over even when refused";
   EXPECT_EQ(memory.used_bytes(), 0u);
-}
-
-uint64_t InodeOf(int fd) {
-  struct stat st {};
-  EXPECT_EQ(fstat(fd, &st), 0);
-  return static_cast<uint64_t>(st.st_ino);
 }
 
 // A region handed to the supervisor keeps its mapping when freed; the next offer of the same
