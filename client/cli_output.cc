@@ -46,80 +46,6 @@ std::string Ago(int64_t unix_seconds) {
 
 }  // namespace
 
-json ModelsJson(const v1::ModelsReply& reply) {
-  json out = json::array();
-  for (const v1::ModelInfo& m : reply.models()) {
-    json j = {{"name", m.name()}, {"engine", m.engine()}, {"path", m.path()},
-              {"state", m.state()}, {"bytes", m.bytes()}};
-    j["in_features"] = m.in_features();
-    j["out_features"] = m.out_features();
-    j["error"] = m.last_error().empty() ? json(nullptr) : json(m.last_error());
-    j["retry_in_ms"] = m.retry_in_ms();
-    out.push_back(std::move(j));
-  }
-  return out;
-}
-
-json PsJson(const v1::PsReply& reply) {
-  json out = json::array();
-  for (const v1::PsEntry& e : reply.models()) {
-    out.push_back({{"name", e.name()},
-                   {"state", e.state()},
-                   {"device", e.device()},
-                   {"bytes", e.bytes()},
-                   {"inflight", e.inflight()},
-                   {"replicas", e.replicas()},
-                   {"last_used", e.last_used()},
-                   {"expires_in", e.has_expiry() ? json(e.expires_in()) : json(nullptr)},
-                   {"loaded_bytes", e.loaded_bytes()},
-                   {"error", e.last_error().empty() ? json(nullptr) : json(e.last_error())},
-                   {"retry_in_ms", e.retry_in_ms()},
-                   {"worker", e.worker() < 0 ? json(nullptr) : json(e.worker())},
-                   {"weight_bytes", e.weight_bytes()},
-                   {"pinned", e.pinned()}});
-  }
-  return out;
-}
-
-json StatusJson(const v1::StatusReply& reply) {
-  json devices = json::array(), workers = json::array();
-  for (const v1::DeviceStatus& d : reply.devices()) {
-    devices.push_back({{"id", d.id()}, {"kind", d.kind()}, {"budget_bytes", d.budget_bytes()},
-                       {"used_bytes", d.used_bytes()}, {"kept_bytes", d.kept_bytes()},
-                       {"kept_regions", d.kept_regions()}, {"name", d.name()}, {"total_bytes", d.total_bytes()}});
-  }
-  for (const v1::WorkerStatus& w : reply.workers()) {
-    json models = json::array();
-    for (const std::string& m : w.models()) models.push_back(m);
-    workers.push_back({{"slot", w.slot()}, {"pid", w.pid()}, {"device", w.device()},
-                       {"state", w.state()}, {"restarts", w.restarts()},
-                       {"last_exit", w.last_exit().empty() ? json(nullptr) : json(w.last_exit())},
-                       {"models", models}, {"outstanding", w.outstanding()}});
-  }
-  json loading = json::array();
-  for (const v1::PsEntry& e : reply.loading()) {
-    loading.push_back({{"name", e.name()}, {"loaded_bytes", e.loaded_bytes()},
-                       {"weight_bytes", e.weight_bytes()}});
-  }
-  json failed = json::array();
-  for (const v1::ModelInfo& m : reply.failed()) {
-    failed.push_back({{"name", m.name()}, {"error", m.last_error()}, {"retry_in_ms", m.retry_in_ms()}});
-  }
-  return {{"version", reply.version()}, {"backend", reply.backend()}, {"devices", devices},
-          {"workers", workers}, {"inflight", reply.inflight()}, {"queued", reply.queued()},
-          {"failed", failed}, {"fault_injection", reply.fault_injection()}, {"loading", loading}};
-}
-
-json MatrixJson(const client::Matrix& m) {
-  json rows = json::array();
-  for (uint32_t r = 0; r < m.rows; r++) {
-    json row = json::array();
-    for (uint32_t c = 0; c < m.cols; c++) row.push_back(m.data[uint64_t{r} * m.cols + c]);
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
 std::string ModelsTable(const v1::ModelsReply& reply) {
   std::vector<std::vector<std::string>> rows = {{"NAME", "ENGINE", "STATE", "SIZE", "PATH"}};
   for (const v1::ModelInfo& m : reply.models()) {
@@ -192,42 +118,6 @@ std::string MatrixText(const client::Matrix& m) {
     out += '\n';
   }
   return out;
-}
-
-Result<client::Matrix> MatrixFromJson(const std::string& text) {
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return Error(Code::kInvalidArgument, "input is not valid JSON: expected a list of rows, e.g. [[1, 2], [3, 4]]");
-  }
-  if (!doc.is_array() || doc.empty()) {
-    return Error(Code::kInvalidArgument, "input must be a non-empty list of rows, e.g. [[1, 2], [3, 4]]");
-  }
-  client::Matrix m;
-  m.rows = static_cast<uint32_t>(doc.size());
-  for (size_t r = 0; r < doc.size(); r++) {
-    const json& row = doc[r];
-    if (!row.is_array() || row.empty()) {
-      return Error(Code::kInvalidArgument, "input row {} is not a non-empty list of numbers", r);
-    }
-    if (r == 0) m.cols = static_cast<uint32_t>(row.size());
-    if (row.size() != m.cols) {
-      return Error(Code::kInvalidArgument, "input row {} has {} values but row 0 has {}", r,
-                   row.size(), m.cols);
-    }
-    for (size_t c = 0; c < row.size(); c++) {
-      if (!row[c].is_number()) {
-        return Error(Code::kInvalidArgument, "input row {} column {} is not a number", r, c);
-      }
-      double v = row[c].get<double>();
-      if (!std::isfinite(v)) return Error(Code::kInvalidArgument, "input row {} column {} is not finite", r, c);
-      if (std::fabs(v) > std::numeric_limits<float>::max()) {
-        return Error(Code::kInvalidArgument,
-                     "input row {} column {} is {}, outside the range of f32 (about ±3.4e38)", r, c, v);
-      }
-      m.data.push_back(static_cast<float>(v));
-    }
-  }
-  return m;
 }
 
 }  // namespace warmpool::cli

@@ -7,20 +7,19 @@
 
 #include "client/client.h"
 #include "ipc/warmpool.pb.h"
+#include "replyjson/reply_json.h"
 
 namespace warmpool::cli {
 
-nlohmann::json ModelsJson(const v1::ModelsReply& reply);
-nlohmann::json PsJson(const v1::PsReply& reply);
-nlohmann::json StatusJson(const v1::StatusReply& reply);
-nlohmann::json MatrixJson(const client::Matrix& m);
+using replyjson::MatrixFromJson;
+using replyjson::MatrixJson;
+using replyjson::ModelsJson;
+using replyjson::PsJson;
+using replyjson::StatusJson;
 
 std::string ModelsTable(const v1::ModelsReply& reply);
 std::string PsTable(const v1::PsReply& reply);
 std::string StatusText(const v1::StatusReply& reply);
 std::string MatrixText(const client::Matrix& m);
-
-// A list of equal-length rows of numbers -> Matrix; INVALID_ARGUMENT naming what is wrong.
-Result<client::Matrix> MatrixFromJson(const std::string& text);
 
 }  // namespace warmpool::cli

@@ -22,5 +22,11 @@ inline uint64_t MonotonicMillis() {
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
 }
+// Monotonic nanoseconds, for durations measured inside one process (request latency).
+inline uint64_t MonotonicNanos() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
 
 }  // namespace warmpool

@@ -16,9 +16,10 @@
 namespace warmpool::shm {
 
 // Bump on any change below; the layout test pins the string so an accidental change fails CI.
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion = 5;
 inline constexpr char kLayoutString[] =
-    "warmpool-shm-v4:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8";
+    "warmpool-shm-v5:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8:"
+    "stats64+1152";
 inline constexpr char kMagic[8] = {'W', 'A', 'R', 'M', 'P', 'O', 'O', 'L'};
 inline constexpr uint32_t kNil = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxDevices = 8;
@@ -73,7 +74,8 @@ struct SegmentHeader {
   // start less the reserve), so each has its own.
   uint64_t device_used_bytes[kMaxDevices];
   uint64_t device_budget_bytes[kMaxDevices];
-  uint64_t reserved0;
+  // shm/stats.h: one PoolStats, then max_models ModelStats (index = model record's index).
+  uint64_t stats_offset;
 };
 
 struct ModelRecord {
@@ -150,6 +152,7 @@ static_assert(offsetof(SegmentHeader, seq) == 72);
 static_assert(offsetof(SegmentHeader, park_used_bytes) == 88);
 static_assert(offsetof(SegmentHeader, device_used_bytes) == 120);
 static_assert(offsetof(SegmentHeader, device_budget_bytes) == 184);
+static_assert(offsetof(SegmentHeader, stats_offset) == 248);
 static_assert(sizeof(ModelRecord) == 512);
 static_assert(offsetof(ModelRecord, name) == 8);
 static_assert(offsetof(ModelRecord, weight_bytes) == 344);

@@ -46,6 +46,19 @@ bool OnDevice(ModelState state) {
          state == ModelState::kUnloading;
 }
 
+namespace {
+
+// A record given to another model: its counters start from zero, and the new generation tells a
+// reader holding earlier values that they are not this model's (shm/stats.h).
+void ResetStats(ModelStats& stats) {
+  const uint64_t generation = StatLoad(stats.generation) + 1;
+  uint64_t* words = reinterpret_cast<uint64_t*>(&stats);
+  for (size_t i = 0; i < sizeof(ModelStats) / sizeof(uint64_t); i++) StatStore(words[i], 0);
+  StatStore(stats.generation, generation);
+}
+
+}  // namespace
+
 Result<uint32_t> ModelIndex::Register(std::string_view name, std::string_view engine,
                                       std::string_view path, uint64_t weight_bytes) {
   if (name.empty() || name.size() >= sizeof(ModelRecord::name)) {
@@ -71,6 +84,7 @@ Result<uint32_t> ModelIndex::Register(std::string_view name, std::string_view en
     free_.pop_back();
     by_name_.emplace(std::string(name), index);
     Update(index, [](ModelRecord& r) { Clear(r); });  // counters start afresh
+    ResetStats(view_.model_stats(index));
   } else {
     if (next_free_ >= view_.max_models()) {
       return Error(Code::kResourceExhausted,

@@ -24,7 +24,7 @@ namespace {
 uint64_t AlignUp(uint64_t value) { return (value + 63) & ~uint64_t{63}; }
 
 struct Offsets {
-  uint64_t models, workers, inflight, total;
+  uint64_t models, workers, inflight, stats, total;
 };
 
 Offsets ComputeOffsets(const Limits& limits) {
@@ -32,7 +32,8 @@ Offsets ComputeOffsets(const Limits& limits) {
   o.models = AlignUp(sizeof(SegmentHeader));
   o.workers = AlignUp(o.models + uint64_t{limits.max_models} * sizeof(ModelRecord));
   o.inflight = AlignUp(o.workers + uint64_t{limits.max_workers} * sizeof(WorkerRecord));
-  o.total = AlignUp(o.inflight + uint64_t{limits.max_inflight} * sizeof(InflightSlot));
+  o.stats = AlignUp(o.inflight + uint64_t{limits.max_inflight} * sizeof(InflightSlot));
+  o.total = AlignUp(o.stats + sizeof(PoolStats) + uint64_t{limits.max_models} * sizeof(ModelStats));
   return o;
 }
 
@@ -122,6 +123,7 @@ Result<SegmentView> SegmentView::Format(std::span<std::byte> bytes, const Limits
   h.models_offset = o.models;
   h.workers_offset = o.workers;
   h.inflight_offset = o.inflight;
+  h.stats_offset = o.stats;
   h.supervisor_pid = supervisor_pid;
   h.lru_head = kNil;
   h.lru_tail = kNil;
@@ -159,7 +161,7 @@ Result<SegmentView> SegmentView::Attach(std::span<std::byte> bytes, const std::s
   Offsets o = ComputeOffsets(limits);
   if (h.segment_size != bytes.size() || o.total > bytes.size() || h.models_offset != o.models ||
       h.workers_offset != o.workers || h.inflight_offset != o.inflight ||
-      h.device_count == 0 || h.device_count > kMaxDevices) {
+      h.stats_offset != o.stats || h.device_count == 0 || h.device_count > kMaxDevices) {
     return Error(Code::kFailedPrecondition,
                  "segment {} has inconsistent sizes (header says {} bytes, mapped {}): it is "
                  "corrupt; stop the daemon and remove /dev/shm/{}",
@@ -176,6 +178,12 @@ WorkerRecord& SegmentView::worker(uint32_t slot) const {
 }
 InflightSlot& SegmentView::inflight(uint32_t index) const {
   return reinterpret_cast<InflightSlot*>(base_ + header().inflight_offset)[index];
+}
+PoolStats& SegmentView::pool_stats() const {
+  return *reinterpret_cast<PoolStats*>(base_ + header().stats_offset);
+}
+ModelStats& SegmentView::model_stats(uint32_t index) const {
+  return reinterpret_cast<ModelStats*>(base_ + header().stats_offset + sizeof(PoolStats))[index];
 }
 
 struct SharedSegment::Mapping {

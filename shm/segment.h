@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "shm/layout.h"
+#include "shm/stats.h"
 
 namespace warmpool::shm {
 
@@ -38,6 +39,8 @@ class SegmentView {
   ModelRecord& model(uint32_t index) const;
   WorkerRecord& worker(uint32_t slot) const;
   InflightSlot& inflight(uint32_t index) const;
+  PoolStats& pool_stats() const;
+  ModelStats& model_stats(uint32_t index) const;
   uint32_t max_models() const { return header().max_models; }
   uint32_t max_workers() const { return header().max_workers; }
   uint32_t max_inflight() const { return header().max_inflight; }

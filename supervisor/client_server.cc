@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "http/request_parser.h"
 #include "ipc/framing.h"
 
 namespace warmpool::supervisor {
@@ -111,17 +114,103 @@ Status ClientServer::Adopt(int fd) {
   return OkStatus();
 }
 
+Status ClientServer::ListenTcp(const std::string& address) {
+  // "HOST:PORT" or "[V6]:PORT".
+  std::string host, port;
+  if (!address.empty() && address[0] == '[') {
+    size_t close = address.find("]:");
+    if (close != std::string::npos) {
+      host = address.substr(1, close - 1);
+      port = address.substr(close + 2);
+    }
+  } else if (size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  char* end = nullptr;
+  unsigned long number = std::strtoul(port.c_str(), &end, 10);
+  sockaddr_storage storage{};
+  bool parsed = !port.empty() && *end == '\0' && number <= 65535;
+  bool loopback = false;
+  if (parsed && uv_ip4_addr(host.c_str(), static_cast<int>(number),
+                            reinterpret_cast<sockaddr_in*>(&storage)) == 0) {
+    loopback = (ntohl(reinterpret_cast<sockaddr_in*>(&storage)->sin_addr.s_addr) >> 24) == 127;
+  } else if (parsed && uv_ip6_addr(host.c_str(), static_cast<int>(number),
+                                   reinterpret_cast<sockaddr_in6*>(&storage)) == 0) {
+    loopback = IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(&storage)->sin6_addr);
+  } else {
+    parsed = false;
+  }
+  if (!parsed) {
+    return Error(Code::kInvalidArgument,
+                 "[http] listen \"{}\" is not HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464", address);
+  }
+  if (!loopback) {
+    return Error(Code::kInvalidArgument,
+                 "[http] listen \"{}\" is not a loopback address: the HTTP API has no TLS and its "
+                 "reads need no credentials, so it serves only 127.0.0.0/8 or ::1 (put a proxy in "
+                 "front of it to serve further)",
+                 address);
+  }
+  uv_tcp_init(loop_, tcp_listener_.get());
+  tcp_listener_.MarkInitialized();
+  tcp_listener_.get()->data = this;
+  int rc = uv_tcp_bind(tcp_listener_.get(), reinterpret_cast<sockaddr*>(&storage), 0);
+  if (rc == 0) {
+    rc = uv_listen(reinterpret_cast<uv_stream_t*>(tcp_listener_.get()), 128,
+                   [](uv_stream_t* server, int status) {
+                     if (status == 0) static_cast<ClientServer*>(server->data)->OnTcpConnection();
+                   });
+  }
+  if (rc != 0) {
+    tcp_listener_.Close();
+    return Error(Code::kFailedPrecondition, "cannot listen on {}: {} ([http] listen)", address,
+                 uv_strerror(rc));
+  }
+  tcp_listening_ = true;
+  return OkStatus();
+}
+
+void ClientServer::OnTcpConnection() {
+  if (!tcp_listening_) return;
+  HttpSession::Options options;
+  options.limits = HttpLimits();
+  options.max_unread_bytes = options_.max_unread_reply_bytes;
+  options.tcp = true;
+  options.admin_token = options_.admin_token;
+  const uint64_t id = next_session_++;
+  HttpSession::Hooks hooks;
+  hooks.request = [this, id](v1::Envelope&& request, bool admin_token) {
+    Accept(id, std::move(request), -1, admin_token);
+  };
+  hooks.metrics = options_.metrics;
+  hooks.closed = [this, id](const Status& why) { OnSessionClosed(id, why); };
+  HttpSession* http = HttpSession::AcceptTcp(loop_, reinterpret_cast<uv_stream_t*>(tcp_listener_.get()),
+                                             options, std::move(hooks));
+  if (http == nullptr) return;
+  if (sessions_.size() >= options_.max_connections) {
+    return http->Close(Error(Code::kResourceExhausted, "too many connections"));  // before it is a session
+  }
+  Session& s = sessions_[id];
+  s.http = http;
+  s.peer = Peer{0, static_cast<uid_t>(-1), static_cast<gid_t>(-1), /*tcp=*/true, false};
+  s.last_active_ms = uv_now(loop_);
+}
+
 void ClientServer::StartPolling(int fd) {
   listen_fd_ = fd;
   uv_poll_init(loop_, listen_poll_.get(), fd);
   listen_poll_.MarkInitialized();
   listen_poll_.get()->data = this;
-  for (auto* timer : {&resume_timer_, &idle_timer_}) {
+  for (auto* timer : {&resume_timer_, &idle_timer_, &sniff_timer_}) {
     uv_timer_init(loop_, timer->get());
     timer->MarkInitialized();
     timer->get()->data = this;
   }
   reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  uv_timer_start(sniff_timer_.get(), [](uv_timer_t* t) {
+    static_cast<ClientServer*>(t->data)->CloseSlowStarters();
+  }, 1000, 1000);
   ResumeAccepting();
   if (options_.idle_timeout_ms != 0) {
     uint64_t period = std::clamp<uint64_t>(options_.idle_timeout_ms / 4, 10, 1000);
@@ -150,6 +239,10 @@ void ClientServer::PauseAccepting(uint64_t ms) {
 
 void ClientServer::StopAccepting() {
   accepting_ = false;
+  if (tcp_listening_) {
+    tcp_listening_ = false;
+    tcp_listener_.Close();
+  }
   if (resume_timer_.active()) uv_timer_stop(resume_timer_.get());
   if (listen_poll_.active()) {
     uv_poll_stop(listen_poll_.get());
@@ -169,10 +262,42 @@ void ClientServer::StopAccepting() {
 void ClientServer::Close() {
   StopAccepting();
   if (idle_timer_.active()) uv_timer_stop(idle_timer_.get());
+  if (sniff_timer_.active()) uv_timer_stop(sniff_timer_.get());
   auto sessions = std::move(sessions_);
   sessions_.clear();
-  for (auto& [id, session] : sessions) {
-    session.connection->Close(Error(Code::kUnavailable, "daemon stopping"));
+  for (auto& [id, session] : sessions) session.Close(Error(Code::kUnavailable, "daemon stopping"));
+}
+
+uint64_t ClientServer::Session::Unread() const {
+  if (connection != nullptr) return connection->pending_write_bytes();
+  if (http != nullptr) return http->pending_write_bytes();
+  return 0;
+}
+
+void ClientServer::Session::Close(const Status& why) {
+  if (connection != nullptr) return connection->Close(why);
+  if (http != nullptr) return http->Close(why);
+  sniff_poll.reset();  // closes the poll handle; the descriptor is ours
+  if (sniff_fd >= 0) close(sniff_fd);
+  sniff_fd = -1;
+}
+
+http::ParserLimits ClientServer::HttpLimits() const {
+  http::ParserLimits limits;
+  limits.max_body_bytes = options_.max_frame_bytes;
+  return limits;
+}
+
+void ClientServer::CloseSlowStarters() {
+  const uint64_t now = uv_now(loop_);
+  std::vector<uint64_t> slow;
+  for (auto& [id, s] : sessions_) {
+    if (s.sniff_fd >= 0 && now - s.last_active_ms >= kSniffTimeoutMs) slow.push_back(id);
+  }
+  for (uint64_t id : slow) {
+    sessions_[id].Close(OkStatus());
+    sessions_.erase(id);
+    ResumeAccepting();
   }
 }
 
@@ -247,6 +372,82 @@ void ClientServer::OnAcceptable() {
       peer.gid = static_cast<gid_t>(-1);
     }
     uint64_t id = next_session_++;
+    Session& s = sessions_[id];
+    s.peer = peer;
+    s.last_active_ms = uv_now(loop_);
+    s.sniff_fd = fd;
+    Classify(id);
+  }
+}
+
+void ClientServer::Classify(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Session& s = it->second;
+  char first[4];
+  ssize_t n = recv(s.sniff_fd, first, sizeof(first), MSG_PEEK | MSG_DONTWAIT);
+  const bool again = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+  http::Sniffed what = n > 0 ? http::SniffFirstBytes(std::string_view(first, static_cast<size_t>(n)))
+                             : http::Sniffed::kNeedMore;
+  if (n == 0 || (n < 0 && !again)) {  // gone before saying anything
+    s.Close(OkStatus());
+    sessions_.erase(it);
+    ResumeAccepting();
+    return;
+  }
+  if (what == http::Sniffed::kNeedMore) {
+    if (s.sniff_poll == nullptr) {
+      s.sniff_poll = std::make_unique<ipc::UvHandle<uv_poll_t>>();
+      uv_poll_init(loop_, s.sniff_poll->get(), s.sniff_fd);
+      s.sniff_poll->MarkInitialized();
+      s.sniff_poll->get()->data = this;
+      uv_poll_start(s.sniff_poll->get(), UV_READABLE, [](uv_poll_t* h, int, int) {
+        auto* server = static_cast<ClientServer*>(h->data);
+        // Few connections are ever waiting here (clients speak as they connect): a scan is cheap.
+        for (auto& [sid, session] : server->sessions_) {
+          if (session.sniff_poll != nullptr && session.sniff_poll->get() == h) return server->Classify(sid);
+        }
+      });
+    }
+    return;
+  }
+  const int fd = s.sniff_fd;
+  s.sniff_fd = -1;
+  s.sniff_poll.reset();  // stops watching before another handle watches the same descriptor
+  if (what == http::Sniffed::kHttp) OpenHttp(id, fd);
+  else OpenFramed(id, fd);
+}
+
+void ClientServer::OpenHttp(uint64_t id, int fd) {
+  HttpSession::Options options;
+  options.limits = HttpLimits();
+  options.max_unread_bytes = options_.max_unread_reply_bytes;
+  HttpSession::Hooks hooks;
+  hooks.request = [this, id](v1::Envelope&& request, bool admin_token) {
+    Accept(id, std::move(request), -1, admin_token);
+  };
+  hooks.metrics = options_.metrics;
+  hooks.closed = [this, id](const Status& why) { OnSessionClosed(id, why); };
+  HttpSession* http = HttpSession::OpenPipe(loop_, fd, options, std::move(hooks));
+  if (http == nullptr) {
+    sessions_.erase(id);
+    ResumeAccepting();
+    return;
+  }
+  sessions_[id].http = http;
+}
+
+void ClientServer::OnSessionClosed(uint64_t id, const Status& why) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  sessions_.erase(it);
+  spdlog::debug("session {} closed: {}", id, why.ToString());
+  ResumeAccepting();  // a descriptor came back
+  if (on_closed_) on_closed_(id);
+}
+
+void ClientServer::OpenFramed(uint64_t id, int fd) {
+  {
     ipc::Connection::Options options;
     options.max_frame_bytes = options_.max_frame_bytes;
     options.max_pending_write_bytes = options_.max_unread_reply_bytes;
@@ -259,27 +460,27 @@ void ClientServer::OnAcceptable() {
     ipc::Connection* conn = ipc::Connection::Open(
         loop_, fd, options,
         [this, id](std::string_view body) { OnFrame(id, body); },
-        [this, id](const Status& why) {
-          auto it = sessions_.find(id);
-          if (it == sessions_.end()) return;
-          sessions_.erase(it);
-          spdlog::debug("session {} closed: {}", id, why.ToString());
-          ResumeAccepting();  // a descriptor came back
-          if (on_closed_) on_closed_(id);
-        });
-    if (conn != nullptr) sessions_[id] = Session{conn, peer, 0, uv_now(loop_)};
+        [this, id](const Status& why) { OnSessionClosed(id, why); });
+    if (conn == nullptr) {
+      sessions_.erase(id);
+      ResumeAccepting();
+      return;
+    }
+    sessions_[id].connection = conn;
   }
 }
 
 void ClientServer::CloseIdle() {
   uint64_t now = uv_now(loop_);
   std::vector<ipc::Connection*> idle;
+  std::vector<HttpSession*> idle_http;
   for (auto& [id, s] : sessions_) {
-    if (s.outstanding == 0 && s.connection->pending_write_bytes() == 0 &&
-        now - s.last_active_ms >= options_.idle_timeout_ms) {
-      idle.push_back(s.connection);
+    if (s.outstanding == 0 && s.Unread() == 0 && now - s.last_active_ms >= options_.idle_timeout_ms) {
+      if (s.connection != nullptr) idle.push_back(s.connection);
+      if (s.http != nullptr) idle_http.push_back(s.http);
     }
   }
+  for (HttpSession* h : idle_http) h->Close(Error(Code::kUnavailable, "idle"));
   for (ipc::Connection* c : idle) {
     std::string bytes = ipc::Frame(ErrorReply(
         0, Error(Code::kUnavailable, "closed after {} s without requests ([limits] idle_timeout)",
@@ -292,17 +493,17 @@ void ClientServer::CloseIdle() {
 void ClientServer::CheckUnreadTotal() {
   for (;;) {
     uint64_t total = 0;
-    ipc::Connection* worst = nullptr;
+    Session* worst = nullptr;
     for (auto& [id, s] : sessions_) {
-      size_t unread = s.connection->pending_write_bytes();
+      uint64_t unread = s.Unread();
       total += unread;
-      if (worst == nullptr || unread > worst->pending_write_bytes()) worst = s.connection;
+      if (worst == nullptr || unread > worst->Unread()) worst = &s;
     }
     if (total <= options_.max_unread_reply_bytes_total || worst == nullptr) return;
     worst->Close(Error(Code::kResourceExhausted,
                        "this client leaves {} bytes of replies unread while the daemon holds {} "
                        "for all clients: disconnected",
-                       worst->pending_write_bytes(), total));
+                       worst->Unread(), total));
   }
 }
 
@@ -325,25 +526,39 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  Session& s = it->second;
-  s.last_active_ms = uv_now(loop_);
   // A region request's memfd is taken now, whatever becomes of the request, so that it is never
   // left for a later frame to take.
-  const int fd = request.has_region() && request.region().remove() == 0 ? s.connection->TakeFd() : -1;
+  const int fd = request.has_region() && request.region().remove() == 0
+                     ? it->second.connection->TakeFd()
+                     : -1;
+  Accept(session, std::move(request), fd, false);
+}
+
+void ClientServer::Accept(uint64_t session, v1::Envelope&& request, int fd, bool admin_token) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  Session& s = it->second;
+  s.last_active_ms = uv_now(loop_);
   if (s.outstanding >= options_.max_requests_per_connection) {
     // Answered here and never handed on: the daemon keeps serving this client's earlier requests
     // and everybody else.
-    s.connection->Send(ipc::Frame(ErrorReply(
+    v1::Envelope refusal = ErrorReply(
         request.request_id(),
         Error(Code::kResourceExhausted,
               "this connection already has {} requests unanswered: wait for replies before "
               "sending more, or raise [limits] max_requests_per_connection",
-              s.outstanding))));
+              s.outstanding));
+    if (s.http != nullptr) s.http->OnReply(refusal);
+    else s.connection->Send(ipc::Frame(refusal));
     if (fd >= 0) close(fd);
     return;
   }
   s.outstanding++;
   Peer peer = s.peer;  // the handler may close (and erase) the session
+  peer.admin_token = admin_token;
   on_request_(session, peer, std::move(request), fd);
 }
 
@@ -352,12 +567,14 @@ void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
   if (it == sessions_.end()) return;
   if (it->second.outstanding > 0) it->second.outstanding--;
   it->second.last_active_ms = uv_now(loop_);
-  ipc::Connection* connection = it->second.connection;
-  connection->Send(ipc::Frame(reply));  // may close it: a client past its unread bound
-  // Only a client that leaves a lot unread can make the total large: look then.
-  if (sessions_.count(session) != 0 && connection->pending_write_bytes() > (1u << 20)) {
-    CheckUnreadTotal();
+  if (HttpSession* http = it->second.http) {
+    http->OnReply(reply);  // may close it
+  } else {
+    it->second.connection->Send(ipc::Frame(reply));  // may close it: a client past its unread bound
   }
+  // Only a client that leaves a lot unread can make the total large: look then.
+  it = sessions_.find(session);
+  if (it != sessions_.end() && it->second.Unread() > (1u << 20)) CheckUnreadTotal();
 }
 
 }  // namespace warmpool::supervisor

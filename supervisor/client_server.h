@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -30,6 +31,7 @@
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
 #include "supervisor/core/request_check.h"
+#include "supervisor/http_session.h"
 
 namespace warmpool::supervisor {
 
@@ -38,6 +40,8 @@ struct Peer {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  bool tcp = false;          // the HTTP API on loopback TCP: no credentials (uid and gid are -1)
+  bool admin_token = false;  // ... and this request carried [http] admin_token
 };
 
 class ClientServer {
@@ -56,6 +60,10 @@ class ClientServer {
     uint64_t max_unread_reply_bytes_total = 1ull << 30;
     uint64_t idle_timeout_ms = 0;  // 0: never
     ipc::WriteBatcher* batcher = nullptr;  // replies coalesced per turn of the loop
+    // HTTP (supervisor/http_session.h): the body of GET /metrics; the token that makes a TCP
+    // request an admin's ("" none: over TCP only reads and infer).
+    std::function<std::string()> metrics;
+    std::string admin_token;
   };
   using ClosedHandler = std::function<void(uint64_t session)>;
   // on_closed: a session that handed requests on is gone; nothing sent to it arrives.
@@ -69,6 +77,9 @@ class ClientServer {
   // Serves on a listening socket somebody else bound (systemd socket activation). Its file is
   // theirs: it is never unlinked here.
   Status Adopt(int fd);
+  // The HTTP API on a loopback TCP address ("127.0.0.1:8080", "[::1]:8080"); any other address
+  // is refused: the API has no TLS, and reads need no credentials.
+  Status ListenTcp(const std::string& address);
   // Stops accepting new connections; sessions stay open for the replies they wait for.
   void StopAccepting();
   // StopAccepting, and closes every session (flushing what the kernel takes).
@@ -91,6 +102,17 @@ class ClientServer {
   // Cuts off the client with the most unread replies while all of them are over the total.
   void CheckUnreadTotal();
   void OnFrame(uint64_t session, std::string_view body);
+  // A request from either protocol, past its own parsing: the per-connection bound, then the
+  // daemon.
+  void Accept(uint64_t session, v1::Envelope&& request, int fd, bool admin_token);
+  // A Unix connection's first bytes: framed protocol or HTTP (http::SniffFirstBytes).
+  void Classify(uint64_t session);
+  void OpenFramed(uint64_t session, int fd);
+  void OpenHttp(uint64_t session, int fd);
+  void OnTcpConnection();
+  void OnSessionClosed(uint64_t session, const Status& why);
+  void CloseSlowStarters();
+  http::ParserLimits HttpLimits() const;
 
   uv_loop_t* loop_;
   Options options_;
@@ -108,11 +130,21 @@ class ClientServer {
   uint64_t last_refusal_log_ms_ = 0;
   uint64_t next_session_ = 1;
   struct Session {
-    ipc::Connection* connection;
+    ipc::Connection* connection = nullptr;  // framed protocol
+    HttpSession* http = nullptr;            // HTTP
+    // Neither yet: waiting for the first bytes (at most kSniffTimeoutMs).
+    int sniff_fd = -1;
+    std::unique_ptr<ipc::UvHandle<uv_poll_t>> sniff_poll;
     Peer peer;
     uint32_t outstanding = 0;  // handed to the daemon, not yet answered
     uint64_t last_active_ms = 0;
+    uint64_t Unread() const;
+    void Close(const Status& why);
   };
+  static constexpr uint64_t kSniffTimeoutMs = 10'000;
+  ipc::UvHandle<uv_tcp_t> tcp_listener_;
+  bool tcp_listening_ = false;
+  ipc::UvHandle<uv_timer_t> sniff_timer_;
   std::unordered_map<uint64_t, Session> sessions_;
 };
 

@@ -165,6 +165,10 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "observer_group") s = ReadString(node, key, c.observer_group);
       else if (k == "model_roots") s = ReadStrings(node, key, c.model_roots);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
+    } else if (section == "http") {
+      if (k == "listen") s = ReadString(node, key, c.http_listen);
+      else if (k == "admin_token_file") s = ReadString(node, key, c.http_admin_token_file);
+      else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "recovery") {
       if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);
       else if (k == "load_stall_ms") s = ReadUint(node, key, c.load_stall_ms);
@@ -256,7 +260,8 @@ Status ApplyToml(Config& config, const std::string& text, const std::string& ori
   if (!origin.empty()) base_dir = std::filesystem::path(origin).parent_path().string();
   for (const auto& [k, node] : root) {
     Status s;
-    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery" || k == "access" || k == "cuda") {
+    if (k == "daemon" || k == "pool" || k == "limits" || k == "recovery" || k == "access" || k == "cuda" ||
+        k == "http") {
       const toml::table* t = node.as_table();
       if (t == nullptr) return Error(Code::kInvalidArgument, "{}: [{}] must be a table", origin, k.str());
       s = ApplyTable(config, *t, std::string(k.str()));

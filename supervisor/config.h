@@ -94,6 +94,11 @@ struct Config {
   // Model files must resolve (symlinks followed) inside one of these directories. Empty: the
   // models directory and the directory of the config file.
   std::vector<std::string> model_roots;
+  // http: the HTTP/JSON API and /metrics on a loopback TCP address too (they are always on the
+  // Unix socket); "" for none. Over TCP only reads and infer, unless a request carries the admin
+  // token (the first line of admin_token_file) as "Authorization: Bearer TOKEN".
+  std::string http_listen;
+  std::string http_admin_token_file;
   // recovery
   bool enable_fault_injection = false;  // only from the command line, never from a file
   uint32_t inference_grace_ms = 1000;   // past a request's deadline, a worker still on it is killed

@@ -6,12 +6,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
 #include "common/units.h"
+#include "metrics/prometheus.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/model_roots.h"
 #include "supervisor/region_check.h"
@@ -41,6 +47,29 @@ spdlog::level::level_enum SpdlogLevel(LogLevel level) {
     case LogLevel::kCritical: return spdlog::level::critical;
   }
   return spdlog::level::info;
+}
+
+// The first line of the file; the file must not be readable by others (it is a password).
+Result<std::string> ReadAdminToken(const std::string& path) {
+  struct stat st{};
+  if (stat(path.c_str(), &st) != 0) {
+    return Error(Code::kFailedPrecondition, "[http] admin_token_file {}: {}", path, std::strerror(errno));
+  }
+  if ((st.st_mode & 0077) != 0) {
+    return Error(Code::kFailedPrecondition,
+                 "[http] admin_token_file {} is readable by others: chmod 600 it", path);
+  }
+  std::ifstream in(path);
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 16) {
+    return Error(Code::kFailedPrecondition,
+                 "[http] admin_token_file {} holds a token of {} characters: use at least 16 (e.g. "
+                 "head -c 32 /dev/urandom | base64 > FILE)",
+                 path, token.size());
+  }
+  return token;
 }
 
 }  // namespace
@@ -110,6 +139,7 @@ Status Daemon::Start() {
   segment_ = std::move(*segment);
   inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
   core_ = std::make_unique<Core>(config_, segment_.view());
+  request_stats_ = std::make_unique<RequestStats>(segment_.view());
 
   ClientServer::Options server_options;
   server_options.max_frame_bytes = config_.max_frame_bytes;
@@ -119,16 +149,32 @@ Status Daemon::Start() {
   server_options.max_unread_reply_bytes_total = config_.max_queued_bytes;
   server_options.idle_timeout_ms = config_.idle_timeout_ms;
   server_options.batcher = batcher_.get();
+  server_options.metrics = [this] {
+    return metrics::RenderPrometheus(segment_.view(), {kVersion, config_.backend, config_.instance});
+  };
+  if (!config_.http_admin_token_file.empty()) {
+    Result<std::string> token = ReadAdminToken(config_.http_admin_token_file);
+    if (!token.ok()) return token.status();
+    server_options.admin_token = *token;
+  }
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
       [this](uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
         OnRequest(session, peer, std::move(request), fd);
       },
-      [this](uint64_t session) { Dispatch(event::ClientGone{session}); });
+      [this](uint64_t session) {
+        request_stats_->SessionGone(session);
+        Dispatch(event::ClientGone{session});
+      });
   if (*activated >= 0) {
     if (Status s = server_->Adopt(*activated); !s.ok()) return s;
   } else if (Status s = server_->Listen(config_.socket_path, socket_gid_); !s.ok()) {
     return s;
+  }
+  if (!config_.http_listen.empty()) {
+    if (Status s = server_->ListenTcp(config_.http_listen); !s.ok()) return s;
+    spdlog::info("HTTP API and /metrics on http://{}{}", config_.http_listen,
+                 server_options.admin_token.empty() ? " (reads and infer only)" : " (admin token set)");
   }
 
   pool.worker_path = worker_path_;
@@ -299,6 +345,7 @@ void Daemon::Execute(Action& a) {
             device->set_kept_bytes(freed_memory_.bytes());
             device->set_kept_regions(static_cast<uint32_t>(freed_memory_.size()));
           }
+          request_stats_->Answered(act.session, act.envelope, MonotonicNanos());
           server_->Send(act.session, act.envelope);
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
           workers_->Kill(act.slot, act.reason);
@@ -331,6 +378,7 @@ void Daemon::Execute(Action& a) {
 }
 
 bool Daemon::IsAdmin(const Peer& peer) const {
+  if (peer.tcp) return peer.admin_token;  // no credentials over TCP: only the token
   if (peer.uid == 0 || peer.uid == geteuid()) return true;
   if (!admin_gid_) return false;
   if (peer.gid == *admin_gid_) return true;
@@ -361,6 +409,7 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
       CheckRequest(request).ok()) {
     e.registration = LookAtRegistration(request.register_model());
   }
+  request_stats_->Received(session, request, core_->index(), MonotonicNanos());
   e.envelope = std::move(request);
   Dispatch(std::move(e));
 }

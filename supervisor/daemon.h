@@ -31,6 +31,7 @@
 #include "supervisor/device_probe.h"
 #include "supervisor/grants.h"
 #include "supervisor/region_cache.h"
+#include "supervisor/request_stats.h"
 #include "supervisor/service_manager.h"
 #include "supervisor/worker_pool.h"
 
@@ -94,6 +95,7 @@ class Daemon {
   shm::SharedSegment segment_;
   std::unique_ptr<shm::InflightTable> inflight_;
   std::unique_ptr<Core> core_;
+  std::unique_ptr<RequestStats> request_stats_;
   std::unique_ptr<ipc::WriteBatcher> batcher_;  // declared before what writes through it
   std::unique_ptr<WorkerPool> workers_;
   std::unique_ptr<DeviceOwners> owners_;     // cuda only

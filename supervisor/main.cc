@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_option("--worker", worker_path, "warmpool-worker binary (default: next to warmpoold)");
+  std::string http_listen;
+  app.add_option("--http", http_listen,
+                 "also serve the HTTP API and /metrics on this loopback address, e.g. 127.0.0.1:9464 "
+                 "([http] listen)");
   bool fault_injection = false;
   app.add_flag("--enable-fault-injection", fault_injection,
                "accept 'warmpool fault arm/clear' (for testing and the chaos harness only)");
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
     if (!models_dir.empty()) config.models_dir = models_dir;
     if (!backend.empty()) config.backend = backend;
     if (!instance.empty()) config.instance = instance;
+    if (!http_listen.empty()) config.http_listen = http_listen;
     if (!budget.empty()) {
       Result<uint64_t> bytes = ParseSize(budget);
       if (!bytes.ok()) return bytes.status();

@@ -96,7 +96,7 @@ void Core::TryAdmit(uint32_t model) {
       // 2, or its memory owner cannot run): let them go; the model loads where it can be served.
       Log(LogLevel::kWarn, "\"{}\" is on device {}, which can no longer serve it: loading it elsewhere",
           m.entry.name, device);
-      return Release(model, /*eviction=*/false, /*allow_park=*/false);
+      return Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
     }
     // A detached model keeps one workspace reserved (model.h): its first attach needs no room.
     // Any other replica does: its workspace must fit (a leaving one still holds its own).
@@ -148,10 +148,13 @@ void Core::TryAdmit(uint32_t model) {
     }
     case policy::AdmissionPlan::Kind::kEvict: {
       bool freed_now = false;
+      const shm::ReleaseReason why = !plan.by_count          ? shm::ReleaseReason::kBudget
+                                     : config_.single_active ? shm::ReleaseReason::kSingleActive
+                                                             : shm::ReleaseReason::kCapacity;
       for (uint32_t victim : plan.victims) {
         Log(LogLevel::kInfo, "evicting \"{}\" to make room for \"{}\"{}", models_[victim].entry.name,
             m.entry.name, DeviceCount() > 1 ? fmt::format(" on device {}", placed.device) : "");
-        Release(victim, /*eviction=*/true, /*allow_park=*/true);
+        Release(victim, why, /*allow_park=*/true);
         freed_now = freed_now || !models_[victim].machine.Is<Releasing>();
       }
       // Detached victims go at once (no worker to ask): plan again with the room made.
@@ -223,11 +226,15 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   SendAllocating(worker, message, id, allocates, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
 }
 
-void Core::Release(uint32_t model, bool eviction, bool allow_park) {
+void Core::Release(uint32_t model, shm::ReleaseReason reason, bool allow_park) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
   if (ready == nullptr) return;
+  const bool eviction = reason == shm::ReleaseReason::kBudget ||
+                        reason == shm::ReleaseReason::kCapacity ||
+                        reason == shm::ReleaseReason::kSingleActive;
   if (eviction) index_->Update(model, [](shm::ModelRecord& r) { r.evictions++; });
+  shm::StatAdd(segment_.model_stats(model).releases[static_cast<uint32_t>(reason)]);
   bool attached = m.machine.Serving();
   bool park = allow_park && policy::ShouldPark(ready->weights.weight_bytes,
                                                ready->weights.handle >= 0 && attached,
@@ -286,15 +293,19 @@ void Core::DropParked(uint32_t model) {
 
 void Core::EnforceMaxCached(uint32_t keep) {
   for (uint32_t victim : policy::PlanMaxCached(Residents(), keep, Limits())) {
-    if (models_[victim].machine.Is<Parked>()) DropParked(victim);
-    else Release(victim, /*eviction=*/true, /*allow_park=*/false);  // parked copies count too: drop
+    if (models_[victim].machine.Is<Parked>()) {
+      shm::StatAdd(segment_.model_stats(victim).releases[static_cast<uint32_t>(shm::ReleaseReason::kCapacity)]);
+      DropParked(victim);
+    } else {
+      Release(victim, shm::ReleaseReason::kCapacity, /*allow_park=*/false);  // parked copies count too: drop
+    }
   }
 }
 
 void Core::ExpireIdle() {
   for (uint32_t model : policy::PlanExpiry(Residents(), MonoMs())) {
     Log(LogLevel::kInfo, "\"{}\" idle past its keep_alive; releasing it", models_[model].entry.name);
-    Release(model, /*eviction=*/false, /*allow_park=*/true);
+    Release(model, shm::ReleaseReason::kKeepAlive, /*allow_park=*/true);
   }
 }
 

@@ -34,6 +34,7 @@ std::vector<Action> Core::Start(std::vector<ModelEntry> entries, std::vector<std
   next_status_ms_ = MonoMs() + kStatusPeriodMs;
   CheckPreload();
   PublishWorkers();
+  PublishGauges();
   index_->EndChanges();
   return std::move(actions_);
 }
@@ -66,6 +67,15 @@ std::vector<Action> Core::Handle(Event event, Time now) {
   PublishWorkers();
   index_->EndChanges();
   return std::move(actions_);
+}
+
+void Core::PublishGauges() {
+  shm::PoolStats& pool = segment_.pool_stats();
+  uint64_t inflight = 0;
+  for (const auto& [id, job] : jobs_) inflight += job.kind == Job::Kind::kInfer;
+  shm::StatStore(pool.inflight, inflight);
+  shm::StatStore(pool.queued, queued_);
+  if (shm::StatLoad(pool.started_unix_ns) == 0) shm::StatStore(pool.started_unix_ns, now_.unix_ns);
 }
 
 void Core::Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<int> handles) {
@@ -149,6 +159,7 @@ std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
 }
 
 void Core::OnTick() {
+  PublishGauges();  // a tick apart at most: observers sample them far less often
   if (drain_ended_) return;
   SpawnDue();
   SweepDeadlines();

@@ -85,6 +85,7 @@ class Core {
     uint64_t session = 0;
     uint64_t request_id = 0;
     uint64_t bytes = 0;
+    uint64_t accepted_ms = 0;  // when the request came in (queue wait, shm/stats.h)
   };
   // A request waiting for its model to be loaded, for room to load it, or for room in a worker.
   struct Waiter {
@@ -272,7 +273,11 @@ class Core {
   static void DescribeAttach(v1::WorkerAttach* attach, uint32_t model, const ModelEntry& entry,
                              const Weights& weights);
   // Releases the device memory of a ready model (parked when allowed and the budget has room).
-  void Release(uint32_t model, bool eviction, bool allow_park);
+  void Release(uint32_t model, shm::ReleaseReason reason, bool allow_park);
+  // A load, attach or unpark that succeeded, for the segment's stats (shm/stats.h).
+  void CountLoad(uint32_t model, shm::LoadSource source, uint64_t started_ms);
+  // The gauges of the segment's PoolStats: at start and every tick.
+  void PublishGauges();
   void SendRelease(uint32_t model);
   void FinishRelease(uint32_t model);
   void DropParked(uint32_t model);

@@ -36,6 +36,10 @@ void Core::DrainReady(uint32_t model) {
     Waiter w = std::move(m.waiters[i]);
     m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
     queued_--;
+    if (!w.retry) {
+      shm::Observe(segment_.model_stats(model).queue_seconds,
+                   (MonoMs() - w.call.accepted_ms) * 1'000'000);
+    }
     uint64_t bytes = w.infer.input().data().size();
     Dispatch(model, worker, std::move(w));
     views[worker].outstanding++;

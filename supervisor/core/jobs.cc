@@ -149,6 +149,7 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
   w.out_features = done.out_features();
   m.entry.workspace_bytes = w.workspace_bytes;  // what the next admission counts
   m.machine.FinishLoad(std::move(w));
+  CountLoad(model, shm::LoadSource::kFile, job.started_ms);
   OnReady(model, job.started_ms, "loaded");
 }
 
@@ -167,7 +168,7 @@ void Core::OnAttachDone(const Job& job, const v1::WorkerLoadDone& done) {
     m.machine.DropReplica(job.worker);
     if (const Ready* ready = m.machine.As<Ready>(); ready != nullptr && ready->replicas.empty()) {
       // The held weights cannot be attached: let them go and load from the file instead.
-      Release(model, /*eviction=*/false, /*allow_park=*/false);
+      Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
     } else if (const Releasing* r = m.machine.As<Releasing>();
                r != nullptr && r->replicas.empty() && r->park_job == 0 && !r->draining) {
       FinishRelease(model);
@@ -175,6 +176,7 @@ void Core::OnAttachDone(const Job& job, const v1::WorkerLoadDone& done) {
     return RetryPending();
   }
   m.machine.ReplicaAttached(job.worker);
+  CountLoad(model, shm::LoadSource::kAttach, job.started_ms);
   if (!m.machine.Is<Ready>()) return;  // releasing: its unload follows in the same channel
   std::vector<uint32_t> serving = m.machine.ServingWorkers();
   if (job.moving_from != shm::kNil &&
@@ -208,7 +210,16 @@ void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int hand
   w.in_features = done.in_features();
   w.out_features = done.out_features();
   CloseMemory(m.machine.FinishUnpark(std::move(w)));  // back on the device: the host copy goes
+  CountLoad(model, shm::LoadSource::kUnpark, job.started_ms);
   OnReady(model, job.started_ms, "unparked");
+}
+
+void Core::CountLoad(uint32_t model, shm::LoadSource source, uint64_t started_ms) {
+  shm::ModelStats& stats = segment_.model_stats(model);
+  shm::StatAdd(stats.loads[static_cast<uint32_t>(source)]);
+  // The core's clock counts milliseconds: so do these durations.
+  const uint64_t ns = (MonoMs() - started_ms) * 1'000'000;
+  shm::Observe(source == shm::LoadSource::kUnpark ? stats.unpark_seconds : stats.load_seconds, ns);
 }
 
 void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
@@ -229,7 +240,7 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
                              "model \"{}\" took more memory than it announced and does not fit the "
                              "budget: unloaded",
                              m.entry.name));
-    return Release(model, /*eviction=*/false, /*allow_park=*/false);
+    return Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
   }
   // Load waiters are answered; inference waiters go to the workers in arrival order.
   std::deque<Waiter> rest;

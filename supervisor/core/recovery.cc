@@ -18,11 +18,14 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
   bool alive = w.state == WorkerSlot::State::kStarting || w.state == WorkerSlot::State::kUp;
   if (down.generation != w.generation || !alive) return;  // an earlier life of the slot: done with
   w.state = down.fatal ? WorkerSlot::State::kFatal : WorkerSlot::State::kDown;
+  const bool we_killed = w.killing || w.device_lost;
   w.killing = false;
   w.last_exit = down.exit_text;
   w.last_exit_code = down.exit_code;
   if (!down.fatal && !stopping_) {
     w.restarts++;
+    const auto reason = we_killed ? shm::RestartReason::kKilled : shm::RestartReason::kCrashed;
+    shm::StatAdd(segment_.pool_stats().restarts[static_cast<uint32_t>(reason)]);
     w.backoff_ms = policy::RespawnDelay(w.backoff_ms, MonoMs() - w.started_ms, RetrySettings());
     w.respawn_at_ms = MonoMs() + w.backoff_ms;
   }
@@ -194,7 +197,7 @@ void Core::OnDeviceLost(const event::DeviceLost& lost) {
   for (uint32_t model : index_->All()) {
     Model& m = models_[model];
     if (m.machine.Device() != lost.device) continue;
-    if (m.machine.Is<Ready>() && !stopping_) Release(model, /*eviction=*/false, /*allow_park=*/false);
+    if (m.machine.Is<Ready>() && !stopping_) Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
     if (Releasing* r = m.machine.As<Releasing>()) r->park = false;  // a copy already made survives
   }
   // Waiting requests may go to another device now.
@@ -213,6 +216,7 @@ void Core::OnDeviceRestored(const event::DeviceRestored& restored) {
 
 void Core::ChargeCrash(uint32_t model, const std::string& why, bool alone) {
   Model& m = models_[model];
+  shm::StatAdd(segment_.model_stats(model).crashes_charged);
   size_t crashes = m.crashes.times_ms.size() + 1;
   if (!policy::ChargeCrash(m.crashes, MonoMs(), RetrySettings(), alone)) return;
   MarkFailed(model, fmt::format("crashed its worker {} times within {} s (last: {})", crashes,
@@ -235,7 +239,7 @@ void Core::MarkFailed(uint32_t model, const std::string& reason) {
                              m.entry.name, reason, cooldown / 1000.0, m.entry.name));
   }
   // Still resident (its weights survived the crash): let them go; it ends failed.
-  if (m.machine.Is<Ready>()) Release(model, /*eviction=*/false, /*allow_park=*/false);
+  if (m.machine.Is<Ready>()) Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
   if (m.machine.Is<Parked>()) DropParked(model);
   if (m.machine.Is<Loading>() || m.machine.Is<Unparking>()) return;  // its end decides
   m.machine.Fail(until, reason);

@@ -81,7 +81,7 @@ void Core::ProcessRetirements() {
       // A removed model first serves the requests it has; a changed one stops taking new ones
       // (they wait for the new version) and goes as soon as its in-flight work ends.
       if (removed && (!m.waiters.empty() || m.inflight != 0)) continue;
-      Release(model, /*eviction=*/false, /*allow_park=*/false);
+      Release(model, shm::ReleaseReason::kReload, /*allow_park=*/false);
       continue;
     }
     if (m.machine.Is<Parked>()) DropParked(model);  // a copy of what is leaving

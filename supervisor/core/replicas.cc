@@ -135,7 +135,7 @@ void Core::AdjustReplicas(uint32_t model) {
           policy::PlanAdmission(policy::OnDevice(Residents(), device), model, m.entry.name,
                                 workspace, index_->DeviceUsed(device), bytes_only);
       if (plan.kind != policy::AdmissionPlan::Kind::kEvict) return;  // RetryPending grows it later
-      for (uint32_t victim : plan.victims) Release(victim, /*eviction=*/true, /*allow_park=*/true);
+      for (uint32_t victim : plan.victims) Release(victim, shm::ReleaseReason::kBudget, /*allow_park=*/true);
       if (!Fits(device, workspace)) return;
       continue;
     }

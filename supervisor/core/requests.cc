@@ -32,7 +32,7 @@ void Core::AnswerError(const Call& call, const Status& status) {
 
 void Core::OnRequest(event::ClientRequest&& event) {
   v1::Envelope& request = event.envelope;
-  Call call{event.session, request.request_id(), 0};
+  Call call{event.session, request.request_id(), 0, MonoMs()};
   Session& session = sessions_[event.session];
   session.outstanding++;
   unanswered_++;
@@ -173,7 +173,7 @@ void Core::HandleUnloadAll(const Call& call) {
     return Answer(call, std::move(reply));
   }
   bulk_unloads_.emplace(id, bulk);
-  for (uint32_t model : ready) Release(model, /*eviction=*/false, /*allow_park=*/true);
+  for (uint32_t model : ready) Release(model, shm::ReleaseReason::kExplicit, /*allow_park=*/true);
 }
 
 void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
@@ -207,7 +207,7 @@ void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
       }
     }
     m.unload_waiters.push_back(call);
-    return Release(model, /*eviction=*/false, /*allow_park=*/request.park());
+    return Release(model, shm::ReleaseReason::kExplicit, /*allow_park=*/request.park());
   }
   if (m.machine.Is<Parked>()) {
     if (!request.park()) DropParked(model);  // dropping the parked copy

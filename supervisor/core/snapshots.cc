@@ -78,6 +78,7 @@ v1::Envelope Core::StatusSnapshot() const {
   v1::Envelope reply;
   v1::StatusReply* status = reply.mutable_status_reply();
   status->set_version(kVersion);
+  status->set_instance(config_.instance);
   const std::string backend = config_.backend == "cuda" ? "cuda" : "host";
   status->set_backend(backend);
   for (uint32_t d = 0; d < DeviceCount(); d++) {

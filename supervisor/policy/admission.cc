@@ -32,6 +32,7 @@ AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
     plan.kind = AdmissionPlan::Kind::kAdmit;
     return plan;
   }
+  plan.by_count = budget == 0 || used + bytes <= budget;
   // What comes back without a decision of ours (releases under way), then idle unpinned device
   // models, least recently used first.
   uint64_t after = used;

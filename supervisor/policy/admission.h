@@ -52,6 +52,7 @@ struct AdmissionPlan {
   bool room_coming = false;  // kWait: the releases under way alone make room
   bool sufficient = false;   // kEvict: with the victims released it fits (else busy or pinned
                              // models are still in the way)
+  bool by_count = false;     // it fits the bytes: only the count of models (capacity) is in the way
 };
 
 // May `model` (needing `bytes` on the device, which holds `used` now) be loaded? `lru` lists the

@@ -29,8 +29,9 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
   EXPECT_STREQ(kLayoutString,
-               "warmpool-shm-v4:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8");
-  EXPECT_EQ(kLayoutVersion, 4u);
+               "warmpool-shm-v5:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8:"
+               "stats64+1152");
+  EXPECT_EQ(kLayoutVersion, 5u);
   EXPECT_EQ(std::string(kMagic, 8), "WARMPOOL");
   EXPECT_EQ(kNil, 0xFFFFFFFFu);
 }

@@ -1,0 +1,80 @@
+#include "http/response.h"
+
+#include <fmt/format.h>
+
+namespace warmpool::http {
+
+std::string_view Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+  }
+  return "Unknown";
+}
+
+int StatusFor(Code code) {
+  switch (code) {
+    case Code::kOk: return 200;
+    case Code::kNotFound: return 404;
+    case Code::kInvalidArgument: return 400;
+    case Code::kResourceExhausted: return 429;
+    case Code::kUnavailable: return 503;
+    case Code::kDeadlineExceeded: return 504;
+    case Code::kFailedPrecondition: return 409;
+    case Code::kPermissionDenied: return 403;
+    case Code::kInternal: return 500;
+  }
+  return 500;
+}
+
+namespace {
+
+std::string Head(int status, std::string_view content_type, bool keep_alive, const Headers& extra) {
+  std::string out = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", status, Reason(status),
+                                content_type);
+  for (const auto& [name, value] : extra) out += fmt::format("{}: {}\r\n", name, value);
+  if (!keep_alive) out += "Connection: close\r\n";
+  return out;
+}
+
+}  // namespace
+
+std::string Response(int status, std::string_view content_type, std::string_view body,
+                     bool keep_alive, const Headers& extra) {
+  std::string out = Head(status, content_type, keep_alive, extra);
+  out += fmt::format("Content-Length: {}\r\n\r\n", body.size());
+  out += body;
+  return out;
+}
+
+std::string ChunkedHead(int status, std::string_view content_type, bool keep_alive,
+                        const Headers& extra) {
+  return Head(status, content_type, keep_alive, extra) + "Transfer-Encoding: chunked\r\n\r\n";
+}
+
+std::string Chunk(std::string_view data) {
+  return fmt::format("{:x}\r\n{}\r\n", data.size(), data);
+}
+
+std::string LastChunk() { return "0\r\n\r\n"; }
+
+std::string ErrorResponse(const Status& error, bool keep_alive, int status) {
+  return Response(status != 0 ? status : StatusFor(error.code()), "text/plain; charset=utf-8",
+                  error.ToString() + "\n", keep_alive);
+}
+
+}  // namespace warmpool::http

@@ -1,0 +1,338 @@
+#include "supervisor/http_api.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "common/units.h"
+#include "http/response.h"
+#include "ipc/error_proto.h"
+#include "replyjson/reply_json.h"
+
+namespace warmpool::supervisor::httpapi {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kJson[] = "application/json";
+constexpr char kBinary[] = "application/octet-stream";
+
+Plan Immediate(Kind kind, std::string response) {
+  Plan plan;
+  plan.kind = kind;
+  plan.immediate = std::move(response);
+  return plan;
+}
+
+Plan Refuse(const Status& why, bool keep_alive, int status = 0) {
+  return Immediate(Kind::kModels, http::ErrorResponse(why, keep_alive, status));
+}
+
+// The body as a JSON object; an empty body is an empty object.
+Result<json> BodyObject(const http::Request& request) {
+  if (request.body.empty()) return json::object();
+  json doc = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return Error(Code::kInvalidArgument, "the request body must be a JSON object, e.g. {{}}");
+  }
+  return doc;
+}
+
+// keep_alive: a duration text ("5m", "30s", "-1") or a number of seconds (negative: forever).
+Result<std::optional<int64_t>> KeepAlive(const json& body) {
+  if (!body.contains("keep_alive") || body["keep_alive"].is_null()) return std::optional<int64_t>();
+  const json& v = body["keep_alive"];
+  if (v.is_string()) {
+    Result<int64_t> ms = ParseDurationMs(v.get<std::string>());
+    if (!ms.ok()) return ms.status();
+    return std::optional<int64_t>(*ms);
+  }
+  if (v.is_number()) {
+    double s = v.get<double>();
+    if (s < 0) return std::optional<int64_t>(-1);
+    if (s > 1e12) return Error(Code::kInvalidArgument, "keep_alive {} s is too long", s);
+    return std::optional<int64_t>(static_cast<int64_t>(s * 1000));
+  }
+  return Error(Code::kInvalidArgument, "keep_alive must be a duration such as \"5m\" or a number of seconds");
+}
+
+Result<uint32_t> Uint(const json& body, const char* key, uint32_t fallback = 0) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  const json& v = body[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > UINT32_MAX) {
+    return Error(Code::kInvalidArgument, "{} must be a non-negative integer", key);
+  }
+  return static_cast<uint32_t>(v.get<int64_t>());
+}
+
+Result<std::string> String(const json& body, const char* key) {
+  if (!body.contains(key) || body[key].is_null()) return std::string();
+  if (!body[key].is_string()) return Error(Code::kInvalidArgument, "{} must be a string", key);
+  return body[key].get<std::string>();
+}
+
+bool Wants(const http::Request& request, std::string_view type) {
+  return request.Header("accept").find(type) != std::string::npos;
+}
+
+// POST /v1/models/NAME/infer.
+Result<Plan> PlanInfer(const http::Request& request, const std::string& model) {
+  Plan plan;
+  plan.kind = Kind::kInfer;
+  v1::InferRequest* infer = plan.request.mutable_infer();
+  infer->set_model(model);
+  const std::string& type = request.Header("content-type");
+  if (type.rfind(kBinary, 0) == 0) {
+    std::string rows_text = request.Header("x-warmpool-rows");
+    if (rows_text.empty() && request.query.count("rows")) rows_text = request.query.at("rows");
+    char* end = nullptr;
+    unsigned long long rows = std::strtoull(rows_text.c_str(), &end, 10);
+    if (rows_text.empty() || *end != '\0' || rows == 0 || rows > UINT32_MAX) {
+      return Error(Code::kInvalidArgument,
+                   "a binary input needs its row count: X-Warmpool-Rows: N (or ?rows=N)");
+    }
+    const uint64_t bytes = request.body.size();
+    if (bytes == 0 || bytes % (rows * 4) != 0) {
+      return Error(Code::kInvalidArgument,
+                   "a binary input of {} bytes is not {} rows of little-endian f32 values", bytes, rows);
+    }
+    infer->mutable_input()->set_rows(static_cast<uint32_t>(rows));
+    infer->mutable_input()->set_cols(static_cast<uint32_t>(bytes / (rows * 4)));
+    infer->mutable_input()->set_data(request.body);
+    if (auto it = request.query.find("deadline_ms"); it != request.query.end()) {
+      infer->set_deadline_ms(static_cast<uint32_t>(std::strtoul(it->second.c_str(), nullptr, 10)));
+    }
+    if (auto it = request.query.find("keep_alive"); it != request.query.end()) {
+      Result<int64_t> ms = ParseDurationMs(it->second);
+      if (!ms.ok()) return ms.status();
+      infer->set_keep_alive_ms(*ms);
+    }
+    plan.binary_output = true;
+    return plan;
+  }
+  json doc = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return Error(Code::kInvalidArgument,
+                 "the body is not valid JSON: send a list of rows, e.g. [[1, 2], [3, 4]], or "
+                 "{{\"input\": rows}}; or f32 bytes as application/octet-stream");
+  }
+  json rows = doc;
+  if (doc.is_object()) {
+    if (!doc.contains("input")) return Error(Code::kInvalidArgument, "the body has no \"input\" rows");
+    rows = doc["input"];
+    Result<uint32_t> deadline = Uint(doc, "deadline_ms");
+    if (!deadline.ok()) return deadline.status();
+    infer->set_deadline_ms(*deadline);
+    Result<std::optional<int64_t>> keep = KeepAlive(doc);
+    if (!keep.ok()) return keep.status();
+    if (*keep) infer->set_keep_alive_ms(**keep);
+  }
+  Result<client::Matrix> input = replyjson::MatrixFromJson(rows);
+  if (!input.ok()) return input.status();
+  *infer->mutable_input() = client::ToTensor(*input);
+  plan.binary_output = Wants(request, kBinary);
+  return plan;
+}
+
+Result<Plan> PlanModelAction(const http::Request& request, const std::string& model,
+                             const std::string& action) {
+  Plan plan;
+  plan.model = model;
+  Result<json> body = BodyObject(request);
+  if (!body.ok()) return body.status();
+  if (action == "load") {
+    plan.kind = Kind::kLoad;
+    v1::LoadRequest* load = plan.request.mutable_load();
+    load->set_model(model);
+    Result<uint32_t> replicas = Uint(*body, "replicas");
+    if (!replicas.ok()) return replicas.status();
+    load->set_replicas(*replicas);
+    Result<std::optional<int64_t>> keep = KeepAlive(*body);
+    if (!keep.ok()) return keep.status();
+    if (*keep) load->set_keep_alive_ms(**keep);
+  } else if (action == "unload") {
+    plan.kind = Kind::kUnload;
+    plan.request.mutable_unload()->set_model(model);
+    plan.request.mutable_unload()->set_park((*body).value("park", false) == true);
+  } else if (action == "pin" || action == "unpin") {
+    plan.kind = Kind::kPin;
+    plan.request.mutable_pin()->set_model(model);
+    plan.request.mutable_pin()->set_pin(action == "pin");
+  } else {
+    return Error(Code::kNotFound, "no endpoint /v1/models/{}/{}: load, unload, pin, unpin, infer", model, action);
+  }
+  return plan;
+}
+
+Result<Plan> Route(const http::Request& request) {
+  const std::string& path = request.path;
+  const std::string& method = request.method;
+  auto only = [&](const char* allowed) -> Status {
+    if (method == allowed || (std::strcmp(allowed, "GET") == 0 && method == "HEAD")) return OkStatus();
+    return Error(Code::kInvalidArgument, "{} {} is not served: use {}", method, path, allowed);
+  };
+  Plan plan;
+  if (path == "/metrics") {
+    if (Status s = only("GET"); !s.ok()) return s;
+    plan.kind = Kind::kMetrics;
+    return plan;
+  }
+  if (path == "/v1/models" || path == "/v1/ps" || path == "/v1/status") {
+    if (Status s = only("GET"); !s.ok()) return s;
+    if (path == "/v1/models") {
+      plan.kind = Kind::kModels;
+      plan.request.mutable_models();
+    } else if (path == "/v1/ps") {
+      plan.kind = Kind::kPs;
+      plan.request.mutable_ps();
+    } else {
+      plan.kind = Kind::kStatus;
+      plan.request.mutable_status();
+    }
+    return plan;
+  }
+  if (path == "/v1/unload") {
+    if (Status s = only("POST"); !s.ok()) return s;
+    plan.kind = Kind::kUnload;
+    plan.request.mutable_unload()->set_all(true);
+    return plan;
+  }
+  if (path == "/v1/faults") {
+    if (method == "DELETE") {
+      plan.kind = Kind::kFaultClear;
+      plan.request.mutable_fault_clear();
+      return plan;
+    }
+    if (Status s = only("POST"); !s.ok()) return s;
+    Result<json> body = BodyObject(request);
+    if (!body.ok()) return body.status();
+    plan.kind = Kind::kFaultArm;
+    v1::FaultArmRequest* arm = plan.request.mutable_fault_arm();
+    Result<std::string> point = String(*body, "point"), action = String(*body, "action"),
+                        model = String(*body, "model");
+    for (const auto* field : {&point, &action, &model}) {
+      if (!field->ok()) return field->status();
+    }
+    arm->set_point(*point);
+    arm->set_action(*action);
+    arm->set_model(*model);
+    Result<uint32_t> after = Uint(*body, "after"), times = Uint(*body, "times");
+    if (!after.ok()) return after.status();
+    if (!times.ok()) return times.status();
+    arm->set_after(*after);
+    arm->set_times(*times);
+    return plan;
+  }
+  constexpr std::string_view kModels = "/v1/models/";
+  if (path.rfind(kModels, 0) == 0) {
+    std::string rest = path.substr(kModels.size());
+    size_t slash = rest.find('/');
+    std::string model = rest.substr(0, slash);
+    if (model.empty()) return Error(Code::kNotFound, "no model named in {}", path);
+    if (slash == std::string::npos) {  // the model itself: register or forget
+      if (method != "PUT" && method != "DELETE") {
+        return Error(Code::kInvalidArgument, "{} {} is not served: PUT registers the model, DELETE forgets it", method, path);
+      }
+      plan.kind = Kind::kRegister;
+      v1::RegisterRequest* reg = plan.request.mutable_register_model();
+      reg->set_model(model);
+      if (method == "DELETE") {
+        reg->set_remove(true);
+        return plan;
+      }
+      Result<json> body = BodyObject(request);
+      if (!body.ok()) return body.status();
+      Result<std::string> file = String(*body, "path"), engine = String(*body, "engine");
+      if (!file.ok()) return file.status();
+      if (!engine.ok()) return engine.status();
+      if (file->empty()) return Error(Code::kInvalidArgument, "registering needs {{\"path\": \"/absolute/path\"}}");
+      reg->set_path(*file);
+      reg->set_engine(*engine);
+      return plan;
+    }
+    if (Status s = only("POST"); !s.ok()) return s;
+    std::string action = rest.substr(slash + 1);
+    if (action == "infer") return PlanInfer(request, model);
+    return PlanModelAction(request, model, action);
+  }
+  return Error(Code::kNotFound,
+               "no endpoint {}: try GET /v1/models, /v1/ps, /v1/status, /metrics, or POST "
+               "/v1/models/NAME/load|unload|pin|unpin|infer",
+               path);
+}
+
+std::string JsonResponse(const json& doc, bool keep_alive) {
+  return http::Response(200, kJson, doc.dump() + "\n", keep_alive);
+}
+
+}  // namespace
+
+Plan PlanRequest(const http::Request& request, bool keep_alive) {
+  Result<Plan> plan = Route(request);
+  if (!plan.ok()) {
+    const bool method = plan.status().code() == Code::kInvalidArgument &&
+                        plan.status().message().find("is not served") != std::string::npos;
+    return Refuse(plan.status(), keep_alive, method ? 405 : 0);
+  }
+  return std::move(*plan);
+}
+
+std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {
+  if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
+  switch (plan.kind) {
+    case Kind::kMetrics: break;  // never sent to the daemon
+    case Kind::kModels: return JsonResponse(replyjson::ModelsJson(reply.models_reply()), keep_alive);
+    case Kind::kPs: return JsonResponse(replyjson::PsJson(reply.ps_reply()), keep_alive);
+    case Kind::kStatus: return JsonResponse(replyjson::StatusJson(reply.status_reply()), keep_alive);
+    case Kind::kLoad: {
+      const v1::LoadReply& r = reply.load_reply();
+      return JsonResponse({{"model", r.model()}, {"bytes", r.bytes()}, {"load_ms", r.load_ms()},
+                           {"already_loaded", r.already_loaded()}}, keep_alive);
+    }
+    case Kind::kUnload: return JsonResponse({{"model", reply.unload_reply().model()}}, keep_alive);
+    case Kind::kPin:
+      return JsonResponse({{"model", reply.pin_reply().model()}, {"pinned", reply.pin_reply().pinned()}}, keep_alive);
+    case Kind::kRegister: {
+      const v1::RegisterReply& r = reply.register_model_reply();
+      return JsonResponse({{"model", r.model()}, {"path", r.path()}, {"weight_bytes", r.weight_bytes()},
+                           {"removed", r.removed()}, {"replaced", r.replaced()}}, keep_alive);
+    }
+    case Kind::kFaultArm: return JsonResponse({{"id", reply.fault_arm_reply().id()}}, keep_alive);
+    case Kind::kFaultClear: return JsonResponse({{"cleared", reply.fault_clear_reply().cleared()}}, keep_alive);
+    case Kind::kInfer: {
+      const v1::InferReply& r = reply.infer_reply();
+      if (plan.binary_output) {
+        http::Headers headers = {{"X-Warmpool-Rows", std::to_string(r.output().rows())},
+                                 {"X-Warmpool-Cols", std::to_string(r.output().cols())},
+                                 {"X-Warmpool-Batch-Rows", std::to_string(r.batch_rows())}};
+        return http::Response(200, kBinary, r.output().data(), keep_alive, headers);
+      }
+      Result<client::Matrix> m = client::FromTensor(r.output());
+      if (!m.ok()) return http::ErrorResponse(m.status(), keep_alive);
+      return JsonResponse({{"output", replyjson::MatrixJson(*m)}, {"batch_rows", r.batch_rows()}}, keep_alive);
+    }
+  }
+  return http::ErrorResponse(Error(Code::kInternal, "no rendering for this reply"), keep_alive);
+}
+
+std::string ProgressLine(const std::string& model, const v1::StatusReply& status) {
+  for (const v1::PsEntry& e : status.loading()) {
+    if (e.name() != model) continue;
+    return json({{"model", model}, {"loaded_bytes", e.loaded_bytes()}, {"weight_bytes", e.weight_bytes()}}).dump() + "\n";
+  }
+  return "";
+}
+
+std::string FinalLoadLine(const v1::Envelope& reply) {
+  if (reply.has_error()) {
+    Status s = ipc::StatusFromError(reply.error());
+    return json({{"error", s.ToString()}, {"code", v1::Code_Name(reply.error().code())}}).dump() + "\n";
+  }
+  const v1::LoadReply& r = reply.load_reply();
+  return json({{"model", r.model()}, {"bytes", r.bytes()}, {"load_ms", r.load_ms()},
+               {"already_loaded", r.already_loaded()}, {"done", true}}).dump() + "\n";
+}
+
+}  // namespace warmpool::supervisor::httpapi

@@ -1,0 +1,49 @@
+// The HTTP/JSON API: what each endpoint asks of the daemon (the same Envelope the framed protocol
+// carries, so access checks, limits and answers are the framed protocol's), and how the reply is
+// written back. Pure translation: no sockets, no loop (supervisor/http_session.h carries it).
+//
+//   GET    /v1/models                  models (the CLI's `models --json`)
+//   GET    /v1/ps                      ps
+//   GET    /v1/status                  status
+//   POST   /v1/models/NAME/load        {"replicas": N, "keep_alive": "5m"}; progress as NDJSON lines
+//   POST   /v1/models/NAME/unload      {"park": true}
+//   POST   /v1/unload                  every loaded model (parked where the park budget allows)
+//   POST   /v1/models/NAME/pin, /unpin
+//   POST   /v1/models/NAME/infer       JSON rows, or {"input": rows, "deadline_ms": N,
+//                                      "keep_alive": D}; or f32 bytes (application/octet-stream)
+//                                      with X-Warmpool-Rows
+//   PUT    /v1/models/NAME             {"path": P, "engine": E} registers; DELETE forgets
+//   POST   /v1/faults                  {"point", "action", "model", "after", "times"}; DELETE clears
+//   GET    /metrics                    Prometheus text (metrics/prometheus.h)
+//
+// Errors: the status that fits the code (http::StatusFor) and `CODE: message` as text/plain.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "http/request_parser.h"
+#include "ipc/warmpool.pb.h"
+
+namespace warmpool::supervisor::httpapi {
+
+enum class Kind { kMetrics, kModels, kPs, kStatus, kLoad, kUnload, kPin, kInfer, kRegister, kFaultArm, kFaultClear };
+
+struct Plan {
+  Kind kind = Kind::kModels;
+  // Set: answered at once with this complete response (a bad request, an unknown endpoint).
+  std::optional<std::string> immediate;
+  v1::Envelope request;  // for the daemon (request_id set by the session)
+  std::string model;     // load: whose progress to report
+  bool binary_output = false;  // infer: f32 bytes out
+};
+
+Plan PlanRequest(const http::Request& request, bool keep_alive);
+// The complete response to a reply Envelope (an error reply included).
+std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive);
+// Load progress: one NDJSON line for the model's entry in status.loading, or "" when not listed.
+std::string ProgressLine(const std::string& model, const v1::StatusReply& status);
+// The last line of a streamed load: the reply (or its error, since the status line went out).
+std::string FinalLoadLine(const v1::Envelope& reply);
+
+}  // namespace warmpool::supervisor::httpapi

@@ -1,0 +1,291 @@
+#include "supervisor/http_session.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "http/response.h"
+
+namespace warmpool::supervisor {
+
+namespace {
+
+struct WriteRequest {
+  uv_write_t req;
+  std::string bytes;
+};
+
+// Constant-time comparison: a token is not guessed byte by byte from response times.
+bool SameToken(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); i++) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+HttpSession::HttpSession(uv_loop_t* loop, Options options, Hooks hooks)
+    : loop_(loop), options_(std::move(options)), hooks_(std::move(hooks)), parser_(options_.limits) {
+  handle_.pipe.data = this;
+}
+
+HttpSession* HttpSession::OpenPipe(uv_loop_t* loop, int fd, Options options, Hooks hooks) {
+  auto* s = new HttpSession(loop, std::move(options), std::move(hooks));
+  uv_pipe_init(loop, &s->handle_.pipe, 0);
+  s->handle_.pipe.data = s;
+  if (uv_pipe_open(&s->handle_.pipe, fd) != 0) {
+    close(fd);
+    s->closed_ = true;  // nobody was told of it: no hook to call
+    uv_close(reinterpret_cast<uv_handle_t*>(&s->handle_), [](uv_handle_t* h) {
+      delete static_cast<HttpSession*>(h->data);
+    });
+    return nullptr;
+  }
+  return s->Start() ? s : nullptr;
+}
+
+HttpSession* HttpSession::AcceptTcp(uv_loop_t* loop, uv_stream_t* server, Options options, Hooks hooks) {
+  auto* s = new HttpSession(loop, std::move(options), std::move(hooks));
+  uv_tcp_init(loop, &s->handle_.tcp);
+  s->handle_.tcp.data = s;
+  if (uv_accept(server, s->stream()) != 0) {
+    s->closed_ = true;
+    uv_close(reinterpret_cast<uv_handle_t*>(&s->handle_), [](uv_handle_t* h) {
+      delete static_cast<HttpSession*>(h->data);
+    });
+    return nullptr;
+  }
+  uv_tcp_nodelay(&s->handle_.tcp, 1);
+  return s->Start() ? s : nullptr;
+}
+
+bool HttpSession::Start() {
+  uv_timer_init(loop_, progress_timer_.get());
+  progress_timer_.MarkInitialized();
+  progress_timer_.get()->data = this;
+  reading_ = true;
+  uv_read_start(
+      stream(),
+      [](uv_handle_t* h, size_t, uv_buf_t* buf) {
+        auto* self = static_cast<HttpSession*>(h->data);
+        *buf = uv_buf_init(self->buffer_, sizeof(self->buffer_));
+      },
+      [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+        static_cast<HttpSession*>(s->data)->OnRead(n, buf);
+      });
+  return true;
+}
+
+void HttpSession::Close(const Status& why) {
+  if (closed_) return;
+  closed_ = true;
+  if (progress_timer_.active()) uv_timer_stop(progress_timer_.get());
+  progress_timer_.Close();
+  uv_close(reinterpret_cast<uv_handle_t*>(&handle_), [](uv_handle_t* h) {
+    delete static_cast<HttpSession*>(h->data);
+  });
+  if (hooks_.closed) hooks_.closed(why);
+}
+
+void HttpSession::OnRead(ssize_t n, const uv_buf_t* buf) {
+  if (closed_) return;
+  if (n < 0) {
+    // EOF or a reset: what was asked is still answered when the peer only half-closed.
+    no_more_requests_ = true;
+    uv_read_stop(stream());
+    reading_ = false;
+    if (n != UV_EOF || exchanges_.empty()) return Close(Error(Code::kUnavailable, "peer left"));
+    return;
+  }
+  if (n == 0) return;
+  unparsed_.append(buf->base, static_cast<size_t>(n));
+  Consume();
+}
+
+void HttpSession::Consume() {
+  if (consuming_) return;  // Flush below resumes reading: not from inside this loop
+  consuming_ = true;
+  while (!closed_ && !no_more_requests_ && !unparsed_.empty() && exchanges_.size() < kMaxPipelined) {
+    Result<size_t> taken = parser_.Feed(unparsed_);
+    if (!taken.ok()) {
+      // The request cannot be read: answered after the ones before it, then the connection goes.
+      no_more_requests_ = true;
+      unparsed_.clear();
+      Exchange e;
+      e.keep_alive = false;
+      e.response = http::ErrorResponse(taken.status(), false, parser_.status_code());
+      e.ready = true;
+      exchanges_.push_back(std::move(e));
+      break;
+    }
+    unparsed_.erase(0, *taken);
+    std::optional<http::Request> request = parser_.Next();
+    if (!request) {
+      if (*taken == 0) break;
+      continue;
+    }
+    Handle(std::move(*request));
+  }
+  // Held back: stop reading until responses make room (Flush resumes).
+  const bool want = !no_more_requests_ && exchanges_.size() < kMaxPipelined;
+  if (!closed_ && want != reading_) {
+    if (want) {
+      uv_read_start(
+          stream(),
+          [](uv_handle_t* h, size_t, uv_buf_t* buf) {
+            auto* self = static_cast<HttpSession*>(h->data);
+            *buf = uv_buf_init(self->buffer_, sizeof(self->buffer_));
+          },
+          [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+            static_cast<HttpSession*>(s->data)->OnRead(n, buf);
+          });
+    } else {
+      uv_read_stop(stream());
+    }
+    reading_ = want;
+  }
+  consuming_ = false;
+  Flush();
+}
+
+void HttpSession::Handle(http::Request&& request) {
+  const bool keep_alive = request.keep_alive;
+  if (!keep_alive) no_more_requests_ = true;
+  Exchange e;
+  e.keep_alive = keep_alive;
+  e.head_only = request.method == "HEAD";
+  e.plan = httpapi::PlanRequest(request, keep_alive);
+  if (e.plan.immediate) {
+    e.response = std::move(*e.plan.immediate);
+    e.ready = true;
+  } else if (e.plan.kind == httpapi::Kind::kMetrics) {
+    e.response = http::Response(200, "text/plain; version=0.0.4; charset=utf-8",
+                                hooks_.metrics ? hooks_.metrics() : "", keep_alive);
+    e.ready = true;
+  }
+  if (e.ready) {
+    exchanges_.push_back(std::move(e));
+    return;
+  }
+  bool admin_token = false;
+  if (options_.tcp && !options_.admin_token.empty()) {
+    const std::string& auth = request.Header("authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    admin_token = auth.rfind(kBearer, 0) == 0 &&
+                  SameToken(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
+  }
+  e.request_id = next_request_id_++;
+  v1::Envelope envelope = e.plan.request;
+  envelope.set_request_id(e.request_id);
+  envelope.set_protocol_version(1);
+  const bool load = e.plan.kind == httpapi::Kind::kLoad;
+  exchanges_.push_back(std::move(e));
+  hooks_.request(std::move(envelope), admin_token);  // may answer at once (OnReply)
+  if (load && !closed_ && !uv_is_active(reinterpret_cast<uv_handle_t*>(progress_timer_.get()))) {
+    uv_timer_start(progress_timer_.get(), [](uv_timer_t* t) {
+      static_cast<HttpSession*>(t->data)->Progress();
+    }, kProgressPeriodMs, kProgressPeriodMs);
+  }
+}
+
+void HttpSession::Progress() {
+  // Only the first exchange writes: a load behind another response reports when its turn comes.
+  if (closed_) return;
+  bool loading = false;
+  for (const Exchange& e : exchanges_) loading = loading || (e.plan.kind == httpapi::Kind::kLoad && !e.ready);
+  if (!loading) {
+    uv_timer_stop(progress_timer_.get());
+    return;
+  }
+  if (!progress_requests_.empty()) return;  // the last one is not answered yet
+  const uint64_t id = next_request_id_++;
+  progress_requests_.insert(id);
+  v1::Envelope status;
+  status.set_request_id(id);
+  status.mutable_status();
+  hooks_.request(std::move(status), false);
+}
+
+void HttpSession::OnReply(const v1::Envelope& reply) {
+  if (closed_) return;
+  if (progress_requests_.erase(reply.request_id()) != 0) {
+    if (exchanges_.empty() || !reply.has_status_reply()) return;
+    Exchange& head = exchanges_.front();
+    if (head.plan.kind != httpapi::Kind::kLoad || head.ready) return;
+    std::string line = httpapi::ProgressLine(head.plan.model, reply.status_reply());
+    if (line.empty()) return;
+    if (!head.streaming) {
+      head.streaming = true;
+      Write(http::ChunkedHead(200, "application/x-ndjson", head.keep_alive));
+    }
+    Write(http::Chunk(line));
+    return;
+  }
+  for (Exchange& e : exchanges_) {
+    if (e.ready || e.request_id != reply.request_id()) continue;
+    if (e.streaming) {
+      e.response = http::Chunk(httpapi::FinalLoadLine(reply)) + http::LastChunk();
+    } else {
+      e.response = httpapi::RenderReply(e.plan, reply, e.keep_alive);
+    }
+    e.ready = true;
+    break;
+  }
+  Flush();
+}
+
+void HttpSession::Flush() {
+  while (!closed_ && !exchanges_.empty() && exchanges_.front().ready) {
+    Exchange e = std::move(exchanges_.front());
+    exchanges_.pop_front();
+    if (e.head_only) e.response.resize(e.response.find("\r\n\r\n") + 4);
+    Write(std::move(e.response));
+    if (!e.keep_alive) {
+      no_more_requests_ = true;
+      exchanges_.clear();  // answered nothing after a close: HTTP says no more
+    }
+  }
+  if (closed_) return;
+  if (no_more_requests_ && exchanges_.empty()) {
+    // Close once the kernel has what was written (uv_close would drop a write still queued).
+    if (unread_bytes_ == 0) return Close(OkStatus());
+    return;
+  }
+  // Room again for requests held back (kMaxPipelined): parse what waits and read on.
+  if (!no_more_requests_ && exchanges_.size() < kMaxPipelined && !reading_) {
+    Consume();
+  }
+}
+
+void HttpSession::Write(std::string bytes) {
+  if (closed_ || bytes.empty()) return;
+  auto* w = new WriteRequest;
+  w->bytes = std::move(bytes);
+  w->req.data = this;
+  unread_bytes_ += w->bytes.size();
+  uv_buf_t buf = uv_buf_init(w->bytes.data(), static_cast<unsigned>(w->bytes.size()));
+  int rc = uv_write(&w->req, stream(), &buf, 1, [](uv_write_t* req, int status) {
+    auto* w = reinterpret_cast<WriteRequest*>(req);
+    auto* self = static_cast<HttpSession*>(req->data);
+    self->unread_bytes_ -= w->bytes.size();
+    delete w;
+    if (self->closed_) return;
+    if (status != 0) return self->Close(Error(Code::kUnavailable, "write: {}", uv_strerror(status)));
+    if (self->no_more_requests_ && self->exchanges_.empty() && self->unread_bytes_ == 0) {
+      self->Close(OkStatus());
+    }
+  });
+  if (rc != 0) {
+    unread_bytes_ -= w->bytes.size();
+    delete w;
+    return Close(Error(Code::kUnavailable, "write: {}", uv_strerror(rc)));
+  }
+  if (unread_bytes_ > options_.max_unread_bytes) {
+    Close(Error(Code::kResourceExhausted, "the client leaves {} bytes of responses unread", unread_bytes_));
+  }
+}
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,98 @@
+// One HTTP connection on the loop: a Unix socket that began with an HTTP method (ClientServer
+// tells them from framed clients by their first bytes) or a loopback TCP connection. Requests
+// become Envelopes handed to the daemon like any framed request (same access checks, limits and
+// answers); replies come back through OnReply and are written in request order, as HTTP/1.1
+// pipelining requires. Backpressure: at most kMaxPipelined requests are held per connection;
+// past that the socket is not read until responses have gone out.
+//
+// Lifetime: heap-allocated, owned by the loop. Close() (or the peer leaving) calls `closed` once;
+// the object deletes itself when libuv has closed its handle.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <unordered_set>
+
+#include "common/status.h"
+#include "http/request_parser.h"
+#include "ipc/uv_handle.h"
+#include "ipc/warmpool.pb.h"
+#include "supervisor/http_api.h"
+
+namespace warmpool::supervisor {
+
+class HttpSession {
+ public:
+  static constexpr size_t kMaxPipelined = 32;
+  static constexpr uint64_t kProgressPeriodMs = 250;
+
+  struct Hooks {
+    // A request for the daemon. admin_token: it carried the configured admin token (TCP).
+    std::function<void(v1::Envelope&& request, bool admin_token)> request;
+    std::function<std::string()> metrics;
+    std::function<void(const Status& why)> closed;
+  };
+  struct Options {
+    http::ParserLimits limits;
+    uint64_t max_unread_bytes = 128ull << 20;  // responses the client has not read: cut off past it
+    bool tcp = false;
+    std::string admin_token;  // tcp: "Authorization: Bearer TOKEN" makes admin requests; "" none
+  };
+
+  // Unix socket: takes the connected descriptor.
+  static HttpSession* OpenPipe(uv_loop_t* loop, int fd, Options options, Hooks hooks);
+  // TCP: accepts the pending connection of `server`; nullptr if that failed.
+  static HttpSession* AcceptTcp(uv_loop_t* loop, uv_stream_t* server, Options options, Hooks hooks);
+
+  void OnReply(const v1::Envelope& reply);
+  void Close(const Status& why);
+  uint64_t pending_write_bytes() const { return unread_bytes_; }
+
+ private:
+  struct Exchange {
+    httpapi::Plan plan;
+    uint64_t request_id = 0;
+    bool keep_alive = true;
+    bool head_only = false;       // HEAD: the head of the response, no body
+    std::string response;         // complete once `ready`
+    bool ready = false;
+    bool streaming = false;       // load: the chunked head and progress lines went out
+  };
+
+  HttpSession(uv_loop_t* loop, Options options, Hooks hooks);
+  ~HttpSession() = default;
+  bool Start();
+  void OnRead(ssize_t n, const uv_buf_t* buf);
+  void Consume();
+  void Handle(http::Request&& request);
+  void Flush();  // writes the complete responses at the head, in order
+  void Write(std::string bytes);
+  void Progress();
+  uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&handle_); }
+
+  uv_loop_t* loop_;
+  Options options_;
+  Hooks hooks_;
+  union {
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+  } handle_{};
+  ipc::UvHandle<uv_timer_t> progress_timer_;
+  http::RequestParser parser_;
+  std::string unparsed_;  // read, not yet taken by the parser (held while kMaxPipelined wait)
+  std::deque<Exchange> exchanges_;
+  std::unordered_set<uint64_t> progress_requests_;  // status requests of our own, not answered
+  uint64_t next_request_id_ = 1;
+  uint64_t unread_bytes_ = 0;
+  bool reading_ = false;
+  bool no_more_requests_ = false;  // EOF, an error, or Connection: close
+  bool closed_ = false;
+  bool consuming_ = false;
+  char buffer_[64 << 10];
+};
+
+}  // namespace warmpool::supervisor
