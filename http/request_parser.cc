@@ -160,6 +160,17 @@ RequestParser::RequestParser(ParserLimits limits) : impl_(std::make_unique<Impl>
   s.on_headers_complete = [](http_parser* p) {
     Impl* i = Impl::Of(p);
     i->EndHeader();
+    if (p->http_major != 1 || p->http_minor > 1) {
+      i->limit_error = Error(Code::kInvalidArgument, "HTTP/{}.{} is not spoken here: use HTTP/1.1",
+                             p->http_major, p->http_minor);
+      i->limit_status = 505;
+      return -1;
+    }
+    if (p->upgrade) {
+      i->limit_error = Error(Code::kInvalidArgument, "protocol upgrades (and CONNECT) are not supported");
+      i->limit_status = 400;
+      return -1;
+    }
     // A declared body over the limit is refused before any of it is read.
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > i->limits.max_body_bytes) {
       i->limit_error = Error(Code::kResourceExhausted, "request body of {} bytes is over the limit of {}",

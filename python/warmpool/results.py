@@ -1,0 +1,116 @@
+"""What the client's methods return: plain dataclasses whose field names follow the ``--json``
+output of the ``warmpool`` CLI (``models``, ``ps``, ``status``), with None where the CLI prints
+null. ``dataclasses.asdict(x)`` gives the CLI's JSON object."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A registered model (``warmpool models``)."""
+
+    name: str
+    engine: str
+    path: str
+    state: str  # e.g. "unloaded", "loading", "ready", "parked", "failed", "refused"
+    bytes: int  # weights
+    in_features: int  # 0: unknown until loaded, or any width (echo)
+    out_features: int
+    error: Optional[str]
+    retry_in_ms: int  # failed: milliseconds until a request may load it again
+
+
+@dataclass(frozen=True)
+class PsEntry:
+    """A model loaded, loading, parked or failed (``warmpool ps``)."""
+
+    name: str
+    state: str  # loading | ready | parked | failed | unloading
+    device: int
+    bytes: int
+    inflight: int
+    replicas: int
+    last_used: int  # unix seconds, 0 when never used
+    expires_in: Optional[int]  # seconds; None: kept until evicted
+    loaded_bytes: int
+    error: Optional[str]
+    retry_in_ms: int
+    worker: Optional[int]  # slot of the worker holding it; None when none
+    weight_bytes: int
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    id: int
+    kind: str  # "host" or "cuda"
+    budget_bytes: int
+    used_bytes: int
+    kept_bytes: int
+    kept_regions: int
+    name: str
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    slot: int
+    pid: int
+    device: int
+    state: str  # starting | idle | busy | dead | fatal
+    restarts: int
+    last_exit: Optional[str]  # "killed by signal 9", "exited with status 1", or None
+    models: List[str]
+    outstanding: int  # jobs sent to it and not answered
+
+
+@dataclass(frozen=True)
+class FailedModel:
+    name: str
+    error: str
+    retry_in_ms: int
+
+
+@dataclass(frozen=True)
+class LoadingModel:
+    name: str
+    loaded_bytes: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class Status:
+    """The daemon, its devices and workers (``warmpool status``)."""
+
+    version: str
+    backend: str
+    instance: str  # names the shared-memory segment /dev/shm/warmpool.<instance>
+    devices: List[DeviceStatus]
+    workers: List[WorkerStatus]
+    inflight: int
+    queued: int
+    failed: List[FailedModel]
+    fault_injection: bool
+    loading: List[LoadingModel] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The answer to load(): the model is ready."""
+
+    model: str
+    bytes: int
+    load_ms: int
+    already_loaded: bool
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """The answer to register() and unregister()."""
+
+    model: str
+    path: str  # resolved by the daemon
+    weight_bytes: int
+    removed: bool  # unregister: forgotten once its work ends
+    replaced: bool  # a client-registered model of that name existed; it changes once idle

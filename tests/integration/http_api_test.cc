@@ -1,0 +1,333 @@
+// The HTTP/JSON API against a real daemon: on the client socket beside framed clients, and on a
+// loopback TCP address with and without the admin token. Raw bytes on a socket, so that what is
+// tested is what curl or any other HTTP client would see.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/daemon_fixture.h"
+
+namespace warmpool::testing {
+namespace {
+
+using nlohmann::json;
+
+int ConnectUnix(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int ConnectTcp(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Writes everything, then reads until the daemon closes the connection.
+std::string Exchange(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+struct Response {
+  int status = 0;
+  std::string headers;
+  std::string body;
+};
+
+// Splits what came back into responses (Content-Length or chunked bodies).
+std::vector<Response> Split(const std::string& bytes) {
+  std::vector<Response> out;
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    size_t end = bytes.find("\r\n\r\n", pos);
+    if (end == std::string::npos) break;
+    Response r;
+    r.headers = bytes.substr(pos, end - pos);
+    r.status = std::atoi(r.headers.c_str() + 9);
+    pos = end + 4;
+    if (size_t cl = r.headers.find("Content-Length: "); cl != std::string::npos) {
+      size_t n = std::strtoul(r.headers.c_str() + cl + 16, nullptr, 10);
+      r.body = bytes.substr(pos, n);
+      pos += n;
+    } else {  // chunked
+      for (;;) {
+        size_t line = bytes.find("\r\n", pos);
+        size_t n = std::strtoul(bytes.substr(pos, line - pos).c_str(), nullptr, 16);
+        pos = line + 2;
+        if (n == 0) {
+          pos += 2;
+          break;
+        }
+        r.body += bytes.substr(pos, n);
+        pos += n + 2;
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string Get(const std::string& path, bool close = false) {
+  return "GET " + path + " HTTP/1.1\r\nHost: warmpool\r\n" + (close ? "Connection: close\r\n" : "") + "\r\n";
+}
+std::string Post(const std::string& path, const std::string& body, bool close = false,
+                 const std::string& extra = "") {
+  return "POST " + path + " HTTP/1.1\r\nHost: warmpool\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n" + extra + (close ? "Connection: close\r\n" : "") + "\r\n" + body;
+}
+
+class HttpApiTest : public DaemonTest {
+ protected:
+  Response One(const std::string& request) {
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), request));
+    EXPECT_EQ(r.size(), 1u);
+    return r.empty() ? Response{} : r[0];
+  }
+};
+
+json RowsOf(const client::Matrix& m) {
+  json rows = json::array();
+  for (uint32_t r = 0; r < m.rows; r++) {
+    json row = json::array();
+    for (uint32_t c = 0; c < m.cols; c++) row.push_back(m.data[r * m.cols + c]);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST_F(HttpApiTest, EveryOperationOnTheClientSocket) {
+  std::string path = MakeModel("m", "16,32,8");
+  StartDaemon();
+  Response models = One(Get("/v1/models", true));
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(json::parse(models.body)[0]["name"], "m");
+
+  Response load = One(Post("/v1/models/m/load", R"({"keep_alive": "10m"})", true));
+  ASSERT_EQ(load.status, 200) << load.body;
+  EXPECT_EQ(json::parse(load.body)["model"], "m");
+
+  client::Matrix input = RandomMatrix(3, 16, 7);
+  Response infer = One(Post("/v1/models/m/infer", RowsOf(input).dump(), true));
+  ASSERT_EQ(infer.status, 200) << infer.body;
+  json out = json::parse(infer.body)["output"];
+  client::Matrix expected = ReferenceInfer(path, input);
+  client::Matrix got{3, 8, {}};
+  for (const json& row : out) for (const json& v : row) got.data.push_back(v.get<float>());
+  ExpectNear(expected, got);
+
+  std::string raw(reinterpret_cast<const char*>(input.data.data()), input.data.size() * 4);
+  Response binary = One(Post("/v1/models/m/infer", raw, true,
+                             "Content-Type: application/octet-stream\r\nX-Warmpool-Rows: 3\r\n"));
+  ASSERT_EQ(binary.status, 200) << binary.body;
+  EXPECT_NE(binary.headers.find("X-Warmpool-Cols: 8"), std::string::npos);
+  ASSERT_EQ(binary.body.size(), 3u * 8 * 4);
+  client::Matrix bin{3, 8, std::vector<float>(24)};
+  std::memcpy(bin.data.data(), binary.body.data(), binary.body.size());
+  ExpectNear(expected, bin);
+
+  EXPECT_EQ(One(Post("/v1/models/m/pin", "", true)).status, 200);
+  Response ps = One(Get("/v1/ps", true));
+  ASSERT_EQ(ps.status, 200);
+  EXPECT_EQ(json::parse(ps.body)[0]["pinned"], true);
+  EXPECT_EQ(One(Post("/v1/models/m/unpin", "", true)).status, 200);
+  Response status = One(Get("/v1/status", true));
+  EXPECT_EQ(json::parse(status.body)["instance"], instance_);
+  Response unload = One(Post("/v1/models/m/unload", "", true));
+  EXPECT_EQ(unload.status, 200) << unload.body;
+
+  // Register a second file under the model root, then forget it.
+  std::string other = MakeModel("other", "4,4");
+  Response reg = One("PUT /v1/models/extra HTTP/1.1\r\nContent-Length: " +
+                     std::to_string(json({{"path", other}}).dump().size()) + "\r\nConnection: close\r\n\r\n" +
+                     json({{"path", other}}).dump());
+  EXPECT_EQ(reg.status, 200) << reg.body;
+  Response forget = One("DELETE /v1/models/extra HTTP/1.1\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(forget.status, 200) << forget.body;
+
+  Response metrics = One(Get("/metrics", true));
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find(R"(warmpool_model_requests_total{model="m",request="infer",code="OK"} 2)"),
+            std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find(R"(warmpool_model_releases_total{model="m",reason="explicit"} 1)"),
+            std::string::npos);
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(HttpApiTest, PipelinedRequestsAreAnsweredInOrderBesideFramedClients) {
+  std::string path = MakeModel("m", "8,4");
+  StartDaemon();
+  auto framed = Connect();  // a framed client on the same socket, throughout
+  ASSERT_TRUE(framed->Load("m").ok());
+  std::string requests;
+  std::vector<client::Matrix> inputs;
+  for (int i = 0; i < 40; i++) {
+    inputs.push_back(RandomMatrix(1, 8, 100 + i));
+    requests += Post("/v1/models/m/infer", RowsOf(inputs.back()).dump());
+    if (i == 20) requests += Get("/v1/ps");
+  }
+  requests += Get("/v1/status", true);
+  int fd = ConnectUnix(socket_);
+  std::vector<Response> responses = Split(Exchange(fd, requests));
+  ASSERT_EQ(responses.size(), 42u);
+  size_t next = 0;
+  for (size_t i = 0; i < responses.size() - 1; i++) {
+    ASSERT_EQ(responses[i].status, 200) << responses[i].body;
+    if (i == 21) {  // the ps, in its place
+      EXPECT_TRUE(json::parse(responses[i].body).is_array());
+      continue;
+    }
+    json out = json::parse(responses[i].body)["output"];
+    client::Matrix expected = ReferenceInfer(path, inputs[next++]);
+    EXPECT_NEAR(out[0][0].get<float>(), expected.data[0], 1e-5) << "response " << i;
+  }
+  EXPECT_TRUE(json::parse(responses.back().body).contains("workers"));
+  auto reply = framed->Infer("m", inputs[0]);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+}
+
+TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
+  MakeModel("m", "8,4");
+  StartDaemon();
+  auto framed = Connect();
+  ASSERT_TRUE(framed->Load("m").ok());
+  // Garbage after a good request: the good one is answered, then a 400, then the close.
+  std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), Get("/v1/ps") + "GET / HTTP/1.1\r\nBad Header\r\n\r\n"));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].status, 200);
+  EXPECT_EQ(r[1].status, 400);
+  EXPECT_NE(r[1].body.find("INVALID_ARGUMENT: "), std::string::npos);
+  // A body over the frame limit is refused from its declared length.
+  Response big = One("POST /v1/models/m/infer HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n");
+  EXPECT_EQ(big.status, 413);
+  EXPECT_NE(big.body.find("RESOURCE_EXHAUSTED: "), std::string::npos);
+  // Unknown models and shapes get the codes the framed protocol gives.
+  EXPECT_EQ(One(Post("/v1/models/nope/infer", "[[1]]", true)).status, 404);
+  Response width = One(Post("/v1/models/m/infer", "[[1, 2]]", true));
+  EXPECT_EQ(width.status, 400);
+  EXPECT_NE(width.body.find("INVALID_ARGUMENT: "), std::string::npos) << width.body;
+  // A client that sends half a request and vanishes.
+  int fd = ConnectUnix(socket_);
+  std::string half = "POST /v1/models/m/infer HTTP/1.1\r\nContent-Length: 100\r\n\r\n[[1,";
+  ASSERT_GT(send(fd, half.data(), half.size(), MSG_NOSIGNAL), 0);
+  close(fd);
+  // A client that sends a few bytes of a method and nothing more.
+  int slow = ConnectUnix(socket_);
+  ASSERT_EQ(send(slow, "PO", 2, MSG_NOSIGNAL), 2);
+  EXPECT_TRUE(framed->Infer("m", RandomMatrix(1, 8, 1)).ok());
+  EXPECT_EQ(One(Get("/v1/ps", true)).status, 200);
+  close(slow);
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(HttpApiTest, LoadStreamsProgressLines) {
+  MakeModel("m", "64,64");
+  StartDaemon("", {"--enable-fault-injection"});
+  ASSERT_EQ(Cli({"fault", "arm", "load.mid_copy", "delay:1200"}), 0);
+  Response load = One(Post("/v1/models/m/load", "", true));
+  ASSERT_EQ(load.status, 200) << load.body;
+  EXPECT_NE(load.headers.find("Transfer-Encoding: chunked"), std::string::npos) << load.headers;
+  std::vector<json> lines;
+  size_t pos = 0;
+  while (pos < load.body.size()) {
+    size_t nl = load.body.find('\n', pos);
+    lines.push_back(json::parse(load.body.substr(pos, nl - pos)));
+    pos = nl + 1;
+  }
+  ASSERT_GE(lines.size(), 3u) << load.body;
+  EXPECT_TRUE(lines.front().contains("loaded_bytes"));
+  EXPECT_TRUE(lines.front().contains("weight_bytes"));
+  EXPECT_EQ(lines.back()["done"], true);
+  EXPECT_EQ(lines.back()["model"], "m");
+}
+
+TEST_F(HttpApiTest, TcpServesReadsAndInferAndAdministersOnlyWithTheToken) {
+  MakeModel("m", "8,4");
+  const int port = FreePort();
+  const std::string token_file = dir_ + "/token";
+  {
+    std::ofstream(token_file) << "s3cret-token-of-sufficient-length\n";
+  }
+  chmod(token_file.c_str(), 0600);
+  StartDaemon("[http]\nlisten = \"127.0.0.1:" + std::to_string(port) + "\"\nadmin_token_file = \"" +
+              token_file + "\"\n");
+  auto tcp = [&](const std::string& request) {
+    std::vector<Response> r = Split(Exchange(ConnectTcp(port), request));
+    return r.empty() ? Response{} : r[0];
+  };
+  EXPECT_EQ(tcp(Get("/v1/models", true)).status, 200);
+  Response denied = tcp(Post("/v1/models/m/load", "", true));
+  EXPECT_EQ(denied.status, 403);
+  EXPECT_NE(denied.body.find("PERMISSION_DENIED: "), std::string::npos);
+  EXPECT_EQ(tcp(Post("/v1/models/m/load", "", true, "Authorization: Bearer wrong-token-of-the-same-len\r\n")).status, 403);
+  Response allowed = tcp(Post("/v1/models/m/load", "", true, "Authorization: Bearer s3cret-token-of-sufficient-length\r\n"));
+  EXPECT_EQ(allowed.status, 200) << allowed.body;
+  EXPECT_EQ(tcp(Post("/v1/models/m/infer", "[[1,2,3,4,5,6,7,8]]", true)).status, 200);
+  Response metrics = tcp(Get("/metrics", true));
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.headers.find("text/plain; version=0.0.4"), std::string::npos);
+}
+
+TEST_F(HttpApiTest, NonLoopbackAddressesAreRefusedAtStart) {
+  MakeModel("m", "8,4");
+  {
+    std::ofstream config(dir_ + "/config.toml");
+    config << "[http]\nlisten = \"0.0.0.0:9464\"\n";
+  }
+  std::string err;
+  int rc = RunProgram({BinDir() + "/warmpoold", "--config", dir_ + "/config.toml", "--socket", socket_,
+                       "--instance", instance_, "--models-dir", models_dir_}, nullptr, &err);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("is not a loopback address"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace warmpool::testing
