@@ -3,8 +3,8 @@
 // error reply, as a connection of warmpoold would.
 //
 // Input: [split byte][stream...]. Checked:
-//   - the requests (method, path, query, headers, body) and the error, if any, do not depend on
-//     how the stream was split (the reference is the whole stream in one Feed loop);
+//   - the requests (method, path, query, headers, body), and whether the stream ends in an error,
+//     do not depend on how the stream was split (the reference is the whole stream at once);
 //   - no body is over the limit; an error is sticky;
 //   - every immediate response and every rendered reply is a whole HTTP/1.1 response with a
 //     status of 200..599 and `CODE: message` text for errors.
@@ -83,7 +83,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Parsed reference = Parse(stream, stream.size() + 1);
   Parsed split = Parse(stream, step);
   FUZZ_CHECK(reference.failed == split.failed);
-  FUZZ_CHECK(reference.status == split.status);
+  // Which error a bad request gets may depend on the split: a header over the limit is counted
+  // as its bytes arrive, so a stream cut in small pieces can meet the limit (431) before the
+  // parser meets a bad byte further on (400). That it fails, and what came before, may not.
+  FUZZ_CHECK(reference.status == split.status || (reference.failed && split.failed));
   FUZZ_CHECK(reference.requests.size() == split.requests.size());
   for (size_t i = 0; i < reference.requests.size(); i++) {
     FUZZ_CHECK(Same(reference.requests[i], split.requests[i]));
