@@ -78,9 +78,10 @@ TEST(LayoutTest, TagPacking) {
 }
 
 TEST(SegmentSizeTest, RegionsAre64ByteAligned) {
-  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 960u);    // 256 | 768 | 896 | 928 -> 960
-  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 2304u);   // 256 | 1792 | 2176 | 2272 -> 2304
-  EXPECT_EQ(SegmentSize(Limits{}), 166144u);        // 256 models, 16 workers, 1024 slots
+  // header | models | workers | inflight | stats (64 + 1152 per model)
+  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 2176u);   // 256 | 768 | 896 | 960 | 2176
+  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 5824u);   // 256 | 1792 | 2176 | 2304 | 5824
+  EXPECT_EQ(SegmentSize(Limits{}), 461120u);        // 256 models, 16 workers, 1024 slots
   for (uint32_t n : {1u, 2u, 5u, 7u, 33u}) {
     EXPECT_EQ(SegmentSize(Limits{n, n, n}) % 64, 0u) << n;
   }
@@ -109,7 +110,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   EXPECT_EQ(std::memcmp(h.magic, "WARMPOOL", 8), 0);
   EXPECT_EQ(h.layout_version, kLayoutVersion);
   EXPECT_EQ(h.header_size, 256u);
-  EXPECT_EQ(h.segment_size, 2816u);
+  EXPECT_EQ(h.segment_size, 7488u);
   EXPECT_EQ(h.max_models, 4u);
   EXPECT_EQ(h.max_workers, 2u);
   EXPECT_EQ(h.max_inflight, 8u);
@@ -117,6 +118,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   EXPECT_EQ(h.models_offset, 256u);
   EXPECT_EQ(h.workers_offset, 256u + 4 * 512);
   EXPECT_EQ(h.inflight_offset, 256u + 4 * 512 + 2 * 128);
+  EXPECT_EQ(h.stats_offset, 256u + 4 * 512 + 2 * 128 + 8 * 32);
   EXPECT_EQ(h.supervisor_pid, 4242);
   EXPECT_EQ(h.lru_head, kNil);
   EXPECT_EQ(h.lru_tail, kNil);
@@ -161,9 +163,9 @@ TEST_F(SegmentViewTest, SecondViewSeesWritesOfTheFirst) {
 }
 
 TEST_F(SegmentViewTest, FormatIntoLargerBufferRecordsItsSize) {
-  bytes_.resize(4096);
+  bytes_.resize(8192);
   SegmentView v = MustFormat();
-  EXPECT_EQ(v.header().segment_size, 4096u);
+  EXPECT_EQ(v.header().segment_size, 8192u);
   EXPECT_TRUE(SegmentView::Attach(bytes_, "warmpool.test").ok());
 }
 
@@ -191,7 +193,7 @@ TEST_F(SegmentViewTest, FormatRejectsTooFewBytes) {
   std::vector<std::byte> small(SegmentSize(kLimits) - 1);
   Status s = SegmentView::Format(small, kLimits, {0}, 1).status();
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_TRUE(Contains(s.message(), "2815 bytes is smaller than the 2816 needed")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "7487 bytes is smaller than the 7488 needed")) << s.message();
 }
 
 TEST_F(SegmentViewTest, AttachRefusesBadMagic) {
@@ -236,7 +238,7 @@ TEST_F(SegmentViewTest, AttachRefusesSizeMismatch) {
   SegmentView v = MustFormat();
   Status s = AttachStatus(std::span<std::byte>(bytes_.data(), 1024));
   EXPECT_EQ(s.code(), Code::kFailedPrecondition);
-  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 2816 bytes, mapped 1024)"))
+  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 7488 bytes, mapped 1024)"))
       << s.message();
   EXPECT_TRUE(Contains(s.message(), "remove /dev/shm/warmpool.test")) << s.message();
 
