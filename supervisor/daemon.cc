@@ -403,6 +403,7 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
   e.handle = fd;  // the core keeps it or closes it
   if (fd >= 0) e.handle_check = CheckClientRegion(fd, request.region().bytes());
   e.uid = peer.uid;
+  e.tcp = peer.tcp;
   e.admin = IsAdminRequest(request) && IsAdmin(peer);
   // Only an admin's well-formed register request makes the daemon look at a file.
   if (e.admin && request.has_register_model() && !request.register_model().remove() &&

@@ -31,6 +31,7 @@ struct ClientRequest {
   uint64_t session = 0;
   bool admin = false;
   uint32_t uid = 0;
+  bool tcp = false;  // the HTTP API on loopback TCP: no uid; admin only with the admin token
   v1::Envelope envelope;
   std::optional<Result<ModelEntry>> registration;
   // A descriptor that came with the frame (a region's memfd), now the core's, and what the shell

@@ -43,6 +43,12 @@ void Core::OnRequest(event::ClientRequest&& event) {
     Close(handle);
     handle = -1;
   }
+  if (IsAdminRequest(request) && !event.admin && event.tcp) {
+    return AnswerError(call, Error(Code::kPermissionDenied,
+                                   "over TCP only reads and infer are allowed: send "
+                                   "\"Authorization: Bearer TOKEN\" with the token of [http] "
+                                   "admin_token_file, or use the Unix socket"));
+  }
   if (IsAdminRequest(request) && !event.admin) {
     return AnswerError(call, Error(Code::kPermissionDenied,
                                    "uid {} may infer and read status, not register, load, unload, "
