@@ -23,6 +23,7 @@
 
 #include "client/cli_output.h"
 #include "client/client.h"
+#include "top/top.h"
 
 namespace {
 
@@ -126,7 +127,26 @@ int main(int argc, char** argv) {
   arm->add_option("--times", times, "disarm after firing this many times in all (default 1)");
   auto* clear = fault->add_subcommand("clear", "disarm every fault");
 
+  warmpool::top::TopOptions top_options;
+  bool once = false;
+  auto* top = app.add_subcommand(
+      "top", "a live view of the pool: memory, models, rates, latency, workers, events (q quits)");
+  top->add_option("--interval", top_options.interval_seconds,
+                  "seconds between refreshes (default 1)")
+      ->check(CLI::Range(0.1, 3600.0));
+  auto* iterations =
+      top->add_option("--iterations", top_options.iterations,
+                      "stop after N refreshes (default: until q; not on a terminal, forever)")
+          ->check(CLI::Range(uint64_t{1}, UINT64_MAX));
+  top->add_flag("--once", once, "one refresh (--iterations 1)")->excludes(iterations);
+
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (top->parsed()) {
+    // top makes its own connection, and maps the segment when it may.
+    top_options.socket = socket;
+    if (once) top_options.iterations = 1;
+    return warmpool::top::RunTop(top_options);
+  }
 
   std::optional<int64_t> keep_alive_ms;
   if (!keep_alive.empty()) {
