@@ -3,7 +3,11 @@
 The wire protocol's single source is ``ipc/warmpool.proto`` at the repository root. Building the
 package (``pip install ./python``, a wheel, an editable install) runs ``protoc --python_out`` on it
 and puts the generated ``warmpool_pb2.py`` into the package; no generated file is kept in the
-source tree. The metadata lives in pyproject.toml.
+source tree.
+
+There is deliberately no pyproject.toml: pip then builds with the setuptools and wheel it finds
+(Debian's python3-setuptools and python3-wheel) instead of fetching them from PyPI into an
+isolated build environment, so that a plain ``pip install ./python`` works offline.
 
 Environment:
   WARMPOOL_PROTO   the .proto file to compile (default: ../ipc/warmpool.proto beside this file)
@@ -93,4 +97,20 @@ class BuildPyWithProto(build_py):
         return outputs
 
 
-setup(cmdclass={"build_py": BuildPyWithProto})
+def long_description():
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+setup(
+    name="warmpool",
+    version="0.1.0",
+    description="Python client of warmpoold, the warmpool local multi-model inference supervisor",
+    long_description=long_description(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    # Debian 12: python3-numpy (1.24) and python3-protobuf (3.21, which calls itself 4.21).
+    install_requires=["numpy>=1.21", "protobuf>=3.20"],
+    packages=["warmpool"],
+    cmdclass={"build_py": BuildPyWithProto},
+)

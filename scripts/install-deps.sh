@@ -11,7 +11,7 @@ packages=(
   libsystemd-dev systemd clang libclang-rt-14-dev libomp-dev  # libomp: the fuzz build (clang) with OpenMP
   python3  # scripts/gpu-check.sh writes its summary with it
   libhttp-parser-dev  # the HTTP/JSON API's request parser
-  python3-protobuf python3-numpy python3-pytest python3-setuptools python3-pip python3-venv  # python/ and its tests
+  python3-protobuf python3-numpy python3-pytest python3-setuptools python3-wheel python3-pip python3-venv  # python/ and its tests
   prometheus curl tmux  # tests: a real Prometheus scrapes warmpoold; curl examples; `warmpool top` under tmux
 )
 

@@ -6,7 +6,7 @@ try:
 except ImportError as error:  # pragma: no cover - depends on how the package was obtained
     raise ImportError(
         "warmpool.warmpool_pb2 is missing: it is generated from ipc/warmpool.proto when the "
-        "package is built. Install the package (pip install --no-build-isolation ./python from "
+        "package is built. Install the package (pip install ./python from "
         "the repository root) rather than importing python/warmpool from the source tree."
     ) from error
 

@@ -24,7 +24,7 @@ def test_pip_install_into_a_venv_then_use(daemon, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_FIND_LINKS")}
     env["PIP_NO_INPUT"] = "1"
     install = subprocess.run(
-        [python, "-m", "pip", "install", "--no-build-isolation", "--no-index", "./python"],
+        [python, "-m", "pip", "install", "--no-index", "./python"],
         cwd=REPO, capture_output=True, text=True, env=env)
     assert install.returncode == 0, install.stdout + install.stderr
 
