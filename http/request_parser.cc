@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <utility>
 
 namespace warmpool::http {
 
@@ -61,6 +62,7 @@ struct RequestParser::Impl {
   bool in_value = false;
   uint64_t header_bytes = 0;
   bool began = false;
+  bool expects_continue = false;  // the request being read waits for "100 Continue"
   // A limit crossed inside a callback: the callback returns nonzero and Feed reports this.
   Status limit_error;
   int limit_status = 0;
@@ -113,6 +115,7 @@ struct RequestParser::Impl {
     }
     current.method = http_method_str(static_cast<http_method>(parser.method));
     current.keep_alive = http_should_keep_alive(&parser) != 0;
+    current.http11 = parser.http_major == 1 && parser.http_minor >= 1;
     return OkStatus();
   }
 };
@@ -166,11 +169,15 @@ RequestParser::RequestParser(ParserLimits limits) : impl_(std::make_unique<Impl>
       i->limit_status = 505;
       return -1;
     }
-    if (p->upgrade) {
-      i->limit_error = Error(Code::kInvalidArgument, "protocol upgrades (and CONNECT) are not supported");
-      i->limit_status = 400;
+    if (p->method == HTTP_CONNECT) {
+      i->limit_error = Error(Code::kInvalidArgument, "CONNECT is not served here");
+      i->limit_status = 405;
       return -1;
     }
+    // An offer to upgrade (curl --http2 asks for h2c) is declined by answering in HTTP/1.1, as
+    // RFC 9110 allows: the request is an ordinary one.
+    p->upgrade = 0;
+    i->expects_continue = Lower(i->current.Header("expect")) == "100-continue";
     // A declared body over the limit is refused before any of it is read.
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > i->limits.max_body_bytes) {
       i->limit_error = Error(Code::kResourceExhausted, "request body of {} bytes is over the limit of {}",
@@ -203,6 +210,7 @@ RequestParser::RequestParser(ParserLimits limits) : impl_(std::make_unique<Impl>
     }
     i->done = std::move(i->current);
     i->began = false;
+    i->expects_continue = false;
     http_parser_pause(p, 1);  // one request at a time: the caller takes it first
     return 0;
   };
@@ -251,6 +259,8 @@ std::optional<Request> RequestParser::Next() {
 }
 
 bool RequestParser::mid_request() const { return impl_->began; }
+
+bool RequestParser::TakeExpectsContinue() { return std::exchange(impl_->expects_continue, false); }
 
 }  // namespace warmpool::http
 

@@ -24,6 +24,7 @@ struct Request {
   std::map<std::string, std::string> headers;  // names lower-cased; repeated ones joined by ", "
   std::string body;
   bool keep_alive = true;
+  bool http11 = true;  // HTTP/1.1 (chunked responses allowed); false for HTTP/1.0
 
   // The header's value, or "".
   const std::string& Header(const std::string& lower_name) const;
@@ -49,6 +50,8 @@ class RequestParser {
   std::optional<Request> Next();
   // Parsing a request has begun and is not complete (an EOF now cuts it off).
   bool mid_request() const;
+  // The request being read asked for "Expect: 100-continue" before its body (once per request).
+  bool TakeExpectsContinue();
   // 400, 413 (body), 431 (headers), 414 (target) or 505 (version), after an error.
   int status_code() const { return status_code_; }
 

@@ -47,7 +47,8 @@ std::string Head(int status, std::string_view content_type, bool keep_alive, con
   std::string out = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", status, Reason(status),
                                 content_type);
   for (const auto& [name, value] : extra) out += fmt::format("{}: {}\r\n", name, value);
-  if (!keep_alive) out += "Connection: close\r\n";
+  // Said either way: an HTTP/1.0 client keeps the connection only when told it may.
+  out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   return out;
 }
 

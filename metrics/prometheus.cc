@@ -29,7 +29,8 @@ constexpr std::array<shm::ModelState, 6> kStates = {
 
 // A number as Prometheus reads it: integers exactly, the rest with enough digits.
 std::string Number(double v) {
-  if (v == static_cast<double>(static_cast<int64_t>(v)) && v < 9e15 && v > -9e15) {
+  // Range first: casting a double outside int64_t's range is undefined.
+  if (v < 9e15 && v > -9e15 && v == static_cast<double>(static_cast<int64_t>(v))) {
     return fmt::format("{}", static_cast<int64_t>(v));
   }
   return fmt::format("{}", v);

@@ -188,9 +188,10 @@ void ClientServer::OnTcpConnection() {
   HttpSession* http = HttpSession::AcceptTcp(loop_, reinterpret_cast<uv_stream_t*>(tcp_listener_.get()),
                                              options, std::move(hooks));
   if (http == nullptr) return;
-  if (sessions_.size() >= options_.max_connections) {
+  if (sessions_.size() >= options_.max_connections || tcp_sessions_ >= kMaxTcpSessions) {
     return http->Close(Error(Code::kResourceExhausted, "too many connections"));  // before it is a session
   }
+  tcp_sessions_++;
   Session& s = sessions_[id];
   s.http = http;
   s.peer = Peer{0, static_cast<uid_t>(-1), static_cast<gid_t>(-1), /*tcp=*/true, false};
@@ -277,7 +278,7 @@ uint64_t ClientServer::Session::Unread() const {
 void ClientServer::Session::Close(const Status& why) {
   if (connection != nullptr) return connection->Close(why);
   if (http != nullptr) return http->Close(why);
-  sniff_poll.reset();  // closes the poll handle; the descriptor is ours
+  sniff.reset();  // closes its handles; the descriptor is ours
   if (sniff_fd >= 0) close(sniff_fd);
   sniff_fd = -1;
 }
@@ -291,14 +292,22 @@ http::ParserLimits ClientServer::HttpLimits() const {
 void ClientServer::CloseSlowStarters() {
   const uint64_t now = uv_now(loop_);
   std::vector<uint64_t> slow;
+  std::vector<HttpSession*> done;
   for (auto& [id, s] : sessions_) {
     if (s.sniff_fd >= 0 && now - s.last_active_ms >= kSniffTimeoutMs) slow.push_back(id);
+    if (s.http == nullptr) continue;
+    const uint64_t quiet_for = now - std::max(s.last_active_ms, s.http->last_read_ms());
+    if ((s.http->mid_request() && quiet_for >= kSniffTimeoutMs) ||
+        (s.http->quiet() && s.outstanding == 0 && quiet_for >= kHttpKeepAliveMs)) {
+      done.push_back(s.http);
+    }
   }
   for (uint64_t id : slow) {
     sessions_[id].Close(OkStatus());
     sessions_.erase(id);
     ResumeAccepting();
   }
+  for (HttpSession* h : done) h->Close(Error(Code::kUnavailable, "slow or idle HTTP connection"));
 }
 
 namespace {
@@ -396,24 +405,40 @@ void ClientServer::Classify(uint64_t id) {
     return;
   }
   if (what == http::Sniffed::kNeedMore) {
-    if (s.sniff_poll == nullptr) {
-      s.sniff_poll = std::make_unique<ipc::UvHandle<uv_poll_t>>();
-      uv_poll_init(loop_, s.sniff_poll->get(), s.sniff_fd);
-      s.sniff_poll->MarkInitialized();
-      s.sniff_poll->get()->data = this;
-      uv_poll_start(s.sniff_poll->get(), UV_READABLE, [](uv_poll_t* h, int, int) {
-        auto* server = static_cast<ClientServer*>(h->data);
-        // Few connections are ever waiting here (clients speak as they connect): a scan is cheap.
-        for (auto& [sid, session] : server->sessions_) {
-          if (session.sniff_poll != nullptr && session.sniff_poll->get() == h) return server->Classify(sid);
-        }
+    if (s.sniff == nullptr) {
+      s.sniff = std::make_unique<SniffWatch>();
+      SniffWatch& w = *s.sniff;
+      w.server = this;
+      w.session = id;
+      uv_poll_init(loop_, w.poll.get(), s.sniff_fd);
+      w.poll.MarkInitialized();
+      w.poll.get()->data = &w;
+      uv_timer_init(loop_, w.retry.get());
+      w.retry.MarkInitialized();
+      w.retry.get()->data = &w;
+    }
+    SniffWatch& w = *s.sniff;
+    if (n > 0) {
+      // Part of a method's name is there: the poll is level-triggered and would fire at every
+      // turn of the loop for the bytes already waiting. Look again a little later instead.
+      if (w.polling) uv_poll_stop(w.poll.get());
+      w.polling = false;
+      uv_timer_start(w.retry.get(), [](uv_timer_t* t) {
+        auto* watch = static_cast<SniffWatch*>(t->data);
+        watch->server->Classify(watch->session);
+      }, 10, 0);
+    } else if (!w.polling) {
+      w.polling = true;
+      uv_poll_start(w.poll.get(), UV_READABLE, [](uv_poll_t* h, int, int) {
+        auto* watch = static_cast<SniffWatch*>(h->data);
+        watch->server->Classify(watch->session);
       });
     }
     return;
   }
   const int fd = s.sniff_fd;
   s.sniff_fd = -1;
-  s.sniff_poll.reset();  // stops watching before another handle watches the same descriptor
+  s.sniff.reset();  // stops watching before another handle watches the same descriptor
   if (what == http::Sniffed::kHttp) OpenHttp(id, fd);
   else OpenFramed(id, fd);
 }
@@ -440,6 +465,7 @@ void ClientServer::OpenHttp(uint64_t id, int fd) {
 void ClientServer::OnSessionClosed(uint64_t id, const Status& why) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
+  if (it->second.peer.tcp) tcp_sessions_--;
   sessions_.erase(it);
   spdlog::debug("session {} closed: {}", id, why.ToString());
   ResumeAccepting();  // a descriptor came back
@@ -475,7 +501,9 @@ void ClientServer::CloseIdle() {
   std::vector<ipc::Connection*> idle;
   std::vector<HttpSession*> idle_http;
   for (auto& [id, s] : sessions_) {
-    if (s.outstanding == 0 && s.Unread() == 0 && now - s.last_active_ms >= options_.idle_timeout_ms) {
+    const uint64_t active = s.http != nullptr ? std::max(s.last_active_ms, s.http->last_read_ms())
+                                              : s.last_active_ms;
+    if (s.outstanding == 0 && s.Unread() == 0 && now - active >= options_.idle_timeout_ms) {
       if (s.connection != nullptr) idle.push_back(s.connection);
       if (s.http != nullptr) idle_http.push_back(s.http);
     }

@@ -44,6 +44,17 @@ struct Peer {
   bool admin_token = false;  // ... and this request carried [http] admin_token
 };
 
+class ClientServer;
+
+// Watching a connection's first bytes: readable, or (a method's first bytes only) again shortly.
+struct SniffWatch {
+  ClientServer* server = nullptr;
+  uint64_t session = 0;
+  ipc::UvHandle<uv_poll_t> poll;
+  ipc::UvHandle<uv_timer_t> retry;
+  bool polling = false;
+};
+
 class ClientServer {
  public:
   // fd: the descriptor a region request carried (the handler owns it), else -1.
@@ -134,14 +145,21 @@ class ClientServer {
     HttpSession* http = nullptr;            // HTTP
     // Neither yet: waiting for the first bytes (at most kSniffTimeoutMs).
     int sniff_fd = -1;
-    std::unique_ptr<ipc::UvHandle<uv_poll_t>> sniff_poll;
+    std::unique_ptr<SniffWatch> sniff;
     Peer peer;
     uint32_t outstanding = 0;  // handed to the daemon, not yet answered
     uint64_t last_active_ms = 0;
     uint64_t Unread() const;
     void Close(const Status& why);
   };
+  // A connection that has not said what it speaks, or an HTTP request not read whole, this long
+  // is closed (slow clients holding connections); an HTTP connection with nothing under way is
+  // closed after kHttpKeepAliveMs.
   static constexpr uint64_t kSniffTimeoutMs = 10'000;
+  static constexpr uint64_t kHttpKeepAliveMs = 60'000;
+  // TCP connections need no credentials: they get a share of max_connections, not all of it.
+  static constexpr size_t kMaxTcpSessions = 128;
+  size_t tcp_sessions_ = 0;
   ipc::UvHandle<uv_tcp_t> tcp_listener_;
   bool tcp_listening_ = false;
   ipc::UvHandle<uv_timer_t> sniff_timer_;

@@ -30,10 +30,43 @@ Plan Refuse(const Status& why, bool keep_alive, int status = 0) {
   return Immediate(Kind::kModels, http::ErrorResponse(why, keep_alive, status));
 }
 
+// Deeper documents are refused before they are parsed: copying or walking one recursively would
+// take a stack frame per level.
+constexpr int kMaxJsonDepth = 32;
+
+// How deeply the brackets of a JSON text nest (strings skipped), up to kMaxJsonDepth + 1.
+int NestingDepth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    else if (c == ']' || c == '}') depth--;
+    if (deepest > kMaxJsonDepth) break;
+  }
+  return deepest;
+}
+
+// A JSON text of bounded depth; discarded (is_discarded) when it is not valid JSON.
+Result<json> ParseJson(std::string_view text) {
+  if (NestingDepth(text) > kMaxJsonDepth) {
+    return Error(Code::kInvalidArgument, "the JSON body nests deeper than {} levels", kMaxJsonDepth);
+  }
+  return json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
 // The body as a JSON object; an empty body is an empty object.
 Result<json> BodyObject(const http::Request& request) {
   if (request.body.empty()) return json::object();
-  json doc = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  Result<json> parsed = ParseJson(request.body);
+  if (!parsed.ok()) return parsed.status();
+  json doc = std::move(*parsed);
   if (doc.is_discarded() || !doc.is_object()) {
     return Error(Code::kInvalidArgument, "the request body must be a JSON object, e.g. {{}}");
   }
@@ -65,6 +98,12 @@ Result<uint32_t> Uint(const json& body, const char* key, uint32_t fallback = 0) 
     return Error(Code::kInvalidArgument, "{} must be a non-negative integer", key);
   }
   return static_cast<uint32_t>(v.get<int64_t>());
+}
+
+Result<bool> Bool(const json& body, const char* key) {
+  if (!body.contains(key) || body[key].is_null()) return false;
+  if (!body[key].is_boolean()) return Error(Code::kInvalidArgument, "{} must be true or false", key);
+  return body[key].get<bool>();
 }
 
 Result<std::string> String(const json& body, const char* key) {
@@ -112,16 +151,18 @@ Result<Plan> PlanInfer(const http::Request& request, const std::string& model) {
     plan.binary_output = true;
     return plan;
   }
-  json doc = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  Result<json> parsed = ParseJson(request.body);
+  if (!parsed.ok()) return parsed.status();
+  const json& doc = *parsed;
   if (doc.is_discarded()) {
     return Error(Code::kInvalidArgument,
                  "the body is not valid JSON: send a list of rows, e.g. [[1, 2], [3, 4]], or "
                  "{{\"input\": rows}}; or f32 bytes as application/octet-stream");
   }
-  json rows = doc;
+  const json* rows = &doc;
   if (doc.is_object()) {
     if (!doc.contains("input")) return Error(Code::kInvalidArgument, "the body has no \"input\" rows");
-    rows = doc["input"];
+    rows = &doc["input"];
     Result<uint32_t> deadline = Uint(doc, "deadline_ms");
     if (!deadline.ok()) return deadline.status();
     infer->set_deadline_ms(*deadline);
@@ -129,7 +170,7 @@ Result<Plan> PlanInfer(const http::Request& request, const std::string& model) {
     if (!keep.ok()) return keep.status();
     if (*keep) infer->set_keep_alive_ms(**keep);
   }
-  Result<client::Matrix> input = replyjson::MatrixFromJson(rows);
+  Result<client::Matrix> input = replyjson::MatrixFromJson(*rows);
   if (!input.ok()) return input.status();
   *infer->mutable_input() = client::ToTensor(*input);
   plan.binary_output = Wants(request, kBinary);
@@ -155,7 +196,9 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
   } else if (action == "unload") {
     plan.kind = Kind::kUnload;
     plan.request.mutable_unload()->set_model(model);
-    plan.request.mutable_unload()->set_park((*body).value("park", false) == true);
+    Result<bool> park = Bool(*body, "park");
+    if (!park.ok()) return park.status();
+    plan.request.mutable_unload()->set_park(*park);
   } else if (action == "pin" || action == "unpin") {
     plan.kind = Kind::kPin;
     plan.request.mutable_pin()->set_model(model);
@@ -263,14 +306,27 @@ Result<Plan> Route(const http::Request& request) {
                path);
 }
 
-std::string JsonResponse(const json& doc, bool keep_alive) {
-  return http::Response(200, kJson, doc.dump() + "\n", keep_alive);
+// Strings from files (a model's path, a file's error) may not be UTF-8: replaced, never thrown.
+std::string Dump(const json& doc) {
+  return doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
 }
+
+std::string JsonResponse(const json& doc, bool keep_alive) {
+  return http::Response(200, kJson, Dump(doc), keep_alive);
+}
+
+// The response to a reply; JSON errors throw (RenderReply catches them).
+std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive);
 
 }  // namespace
 
 Plan PlanRequest(const http::Request& request, bool keep_alive) {
-  Result<Plan> plan = Route(request);
+  Result<Plan> plan = Error(Code::kInternal, "not planned");
+  try {
+    plan = Route(request);
+  } catch (const std::exception& e) {  // a JSON access the checks above missed: the client's fault
+    plan = Error(Code::kInvalidArgument, "the request body could not be read: {}", e.what());
+  }
   if (!plan.ok()) {
     const bool method = plan.status().code() == Code::kInvalidArgument &&
                         plan.status().message().find("is not served") != std::string::npos;
@@ -280,6 +336,16 @@ Plan PlanRequest(const http::Request& request, bool keep_alive) {
 }
 
 std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {
+  try {
+    return Render(plan, reply, keep_alive);
+  } catch (const std::exception& e) {
+    return http::ErrorResponse(Error(Code::kInternal, "the reply could not be written: {}", e.what()), keep_alive);
+  }
+}
+
+namespace {
+
+std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {
   if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
   switch (plan.kind) {
     case Kind::kMetrics: break;  // never sent to the daemon
@@ -317,10 +383,12 @@ std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_a
   return http::ErrorResponse(Error(Code::kInternal, "no rendering for this reply"), keep_alive);
 }
 
+}  // namespace
+
 std::string ProgressLine(const std::string& model, const v1::StatusReply& status) {
   for (const v1::PsEntry& e : status.loading()) {
     if (e.name() != model) continue;
-    return json({{"model", model}, {"loaded_bytes", e.loaded_bytes()}, {"weight_bytes", e.weight_bytes()}}).dump() + "\n";
+    return Dump({{"model", model}, {"loaded_bytes", e.loaded_bytes()}, {"weight_bytes", e.weight_bytes()}});
   }
   return "";
 }
@@ -328,11 +396,11 @@ std::string ProgressLine(const std::string& model, const v1::StatusReply& status
 std::string FinalLoadLine(const v1::Envelope& reply) {
   if (reply.has_error()) {
     Status s = ipc::StatusFromError(reply.error());
-    return json({{"error", s.ToString()}, {"code", v1::Code_Name(reply.error().code())}}).dump() + "\n";
+    return Dump({{"error", s.ToString()}, {"code", v1::Code_Name(reply.error().code())}});
   }
   const v1::LoadReply& r = reply.load_reply();
-  return json({{"model", r.model()}, {"bytes", r.bytes()}, {"load_ms", r.load_ms()},
-               {"already_loaded", r.already_loaded()}, {"done", true}}).dump() + "\n";
+  return Dump({{"model", r.model()}, {"bytes", r.bytes()}, {"load_ms", r.load_ms()},
+               {"already_loaded", r.already_loaded()}, {"done", true}});
 }
 
 }  // namespace warmpool::supervisor::httpapi

@@ -66,6 +66,12 @@ bool HttpSession::Start() {
   uv_timer_init(loop_, progress_timer_.get());
   progress_timer_.MarkInitialized();
   progress_timer_.get()->data = this;
+  last_read_ms_ = uv_now(loop_);
+  StartReading();
+  return true;
+}
+
+void HttpSession::StartReading() {
   reading_ = true;
   uv_read_start(
       stream(),
@@ -76,7 +82,30 @@ bool HttpSession::Start() {
       [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
         static_cast<HttpSession*>(s->data)->OnRead(n, buf);
       });
-  return true;
+}
+
+void HttpSession::UpdateReading() {
+  const bool want = !closed_ && !no_more_requests_ && exchanges_.size() < kMaxPipelined &&
+                    unread_bytes_ < kMaxUnreadWhileReading;
+  if (closed_ || want == reading_) return;
+  if (want) StartReading();
+  else uv_read_stop(stream());
+  reading_ = want;
+}
+
+void HttpSession::CloseWhenWritten() {
+  if (closed_ || unread_bytes_ != 0 || lingering_) return;
+  if (!linger_) return Close(OkStatus());
+  // Shut down our side, then read and drop what the client still sends until it closes or the
+  // lingering time is up: closing with its bytes unread would reset the connection, and the
+  // client might lose the error response before reading it.
+  lingering_ = true;
+  shutdown_.data = this;
+  if (uv_shutdown(&shutdown_, stream(), [](uv_shutdown_t*, int) {}) != 0) return Close(OkStatus());
+  if (!reading_) StartReading();
+  uv_timer_start(progress_timer_.get(), [](uv_timer_t* t) {
+    static_cast<HttpSession*>(t->data)->Close(OkStatus());
+  }, kLingerMs, 0);
 }
 
 void HttpSession::Close(const Status& why) {
@@ -92,15 +121,22 @@ void HttpSession::Close(const Status& why) {
 
 void HttpSession::OnRead(ssize_t n, const uv_buf_t* buf) {
   if (closed_) return;
+  if (lingering_) {
+    if (n < 0) Close(OkStatus());
+    return;  // dropped
+  }
   if (n < 0) {
     // EOF or a reset: what was asked is still answered when the peer only half-closed.
     no_more_requests_ = true;
     uv_read_stop(stream());
     reading_ = false;
-    if (n != UV_EOF || exchanges_.empty()) return Close(Error(Code::kUnavailable, "peer left"));
-    return;
+    if (n != UV_EOF || (exchanges_.empty() && unread_bytes_ == 0)) {
+      return Close(Error(Code::kUnavailable, "peer left"));
+    }
+    return Flush();  // closes once the last answers are out
   }
   if (n == 0) return;
+  last_read_ms_ = uv_now(loop_);
   unparsed_.append(buf->base, static_cast<size_t>(n));
   Consume();
 }
@@ -108,12 +144,15 @@ void HttpSession::OnRead(ssize_t n, const uv_buf_t* buf) {
 void HttpSession::Consume() {
   if (consuming_) return;  // Flush below resumes reading: not from inside this loop
   consuming_ = true;
-  while (!closed_ && !no_more_requests_ && !unparsed_.empty() && exchanges_.size() < kMaxPipelined) {
-    Result<size_t> taken = parser_.Feed(unparsed_);
+  size_t offset = 0;  // of unparsed_ taken by the parser (erased once, after the loop)
+  while (!closed_ && !no_more_requests_ && offset < unparsed_.size() &&
+         exchanges_.size() < kMaxPipelined && unread_bytes_ < kMaxUnreadWhileReading) {
+    Result<size_t> taken = parser_.Feed(std::string_view(unparsed_).substr(offset));
     if (!taken.ok()) {
       // The request cannot be read: answered after the ones before it, then the connection goes.
       no_more_requests_ = true;
-      unparsed_.clear();
+      linger_ = true;
+      offset = unparsed_.size();
       Exchange e;
       e.keep_alive = false;
       e.response = http::ErrorResponse(taken.status(), false, parser_.status_code());
@@ -121,7 +160,11 @@ void HttpSession::Consume() {
       exchanges_.push_back(std::move(e));
       break;
     }
-    unparsed_.erase(0, *taken);
+    offset += *taken;
+    // curl waits a second for this before sending a large body; only when nothing is owed before it.
+    if (parser_.TakeExpectsContinue() && exchanges_.empty() && unread_bytes_ == 0) {
+      Write("HTTP/1.1 100 Continue\r\n\r\n");
+    }
     std::optional<http::Request> request = parser_.Next();
     if (!request) {
       if (*taken == 0) break;
@@ -129,24 +172,8 @@ void HttpSession::Consume() {
     }
     Handle(std::move(*request));
   }
-  // Held back: stop reading until responses make room (Flush resumes).
-  const bool want = !no_more_requests_ && exchanges_.size() < kMaxPipelined;
-  if (!closed_ && want != reading_) {
-    if (want) {
-      uv_read_start(
-          stream(),
-          [](uv_handle_t* h, size_t, uv_buf_t* buf) {
-            auto* self = static_cast<HttpSession*>(h->data);
-            *buf = uv_buf_init(self->buffer_, sizeof(self->buffer_));
-          },
-          [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
-            static_cast<HttpSession*>(s->data)->OnRead(n, buf);
-          });
-    } else {
-      uv_read_stop(stream());
-    }
-    reading_ = want;
-  }
+  if (!closed_) unparsed_.erase(0, offset);
+  UpdateReading();  // held back: reading resumes as responses make room
   consuming_ = false;
   Flush();
 }
@@ -156,6 +183,7 @@ void HttpSession::Handle(http::Request&& request) {
   if (!keep_alive) no_more_requests_ = true;
   Exchange e;
   e.keep_alive = keep_alive;
+  e.http11 = request.http11;
   e.head_only = request.method == "HEAD";
   e.plan = httpapi::PlanRequest(request, keep_alive);
   if (e.plan.immediate) {
@@ -178,7 +206,7 @@ void HttpSession::Handle(http::Request&& request) {
                   SameToken(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
   }
   e.request_id = next_request_id_++;
-  v1::Envelope envelope = e.plan.request;
+  v1::Envelope envelope = std::move(e.plan.request);  // the exchange keeps only how to answer
   envelope.set_request_id(e.request_id);
   envelope.set_protocol_version(1);
   const bool load = e.plan.kind == httpapi::Kind::kLoad;
@@ -214,7 +242,7 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
   if (progress_requests_.erase(reply.request_id()) != 0) {
     if (exchanges_.empty() || !reply.has_status_reply()) return;
     Exchange& head = exchanges_.front();
-    if (head.plan.kind != httpapi::Kind::kLoad || head.ready) return;
+    if (head.plan.kind != httpapi::Kind::kLoad || head.ready || !head.http11) return;
     std::string line = httpapi::ProgressLine(head.plan.model, reply.status_reply());
     if (line.empty()) return;
     if (!head.streaming) {
@@ -249,13 +277,10 @@ void HttpSession::Flush() {
     }
   }
   if (closed_) return;
-  if (no_more_requests_ && exchanges_.empty()) {
-    // Close once the kernel has what was written (uv_close would drop a write still queued).
-    if (unread_bytes_ == 0) return Close(OkStatus());
-    return;
-  }
-  // Room again for requests held back (kMaxPipelined): parse what waits and read on.
-  if (!no_more_requests_ && exchanges_.size() < kMaxPipelined && !reading_) {
+  if (no_more_requests_ && exchanges_.empty()) return CloseWhenWritten();
+  // Room again for requests held back: parse what waits and read on.
+  if (!reading_ && !no_more_requests_ && exchanges_.size() < kMaxPipelined &&
+      unread_bytes_ < kMaxUnreadWhileReading) {
     Consume();
   }
 }
@@ -274,9 +299,8 @@ void HttpSession::Write(std::string bytes) {
     delete w;
     if (self->closed_) return;
     if (status != 0) return self->Close(Error(Code::kUnavailable, "write: {}", uv_strerror(status)));
-    if (self->no_more_requests_ && self->exchanges_.empty() && self->unread_bytes_ == 0) {
-      self->Close(OkStatus());
-    }
+    if (self->no_more_requests_ && self->exchanges_.empty()) return self->CloseWhenWritten();
+    if (!self->reading_ && self->unread_bytes_ < kMaxUnreadWhileReading) self->Consume();
   });
   if (rc != 0) {
     unread_bytes_ -= w->bytes.size();

@@ -28,7 +28,13 @@ namespace warmpool::supervisor {
 class HttpSession {
  public:
   static constexpr size_t kMaxPipelined = 32;
+  // Responses written and not yet taken by the client past which no more requests are read: a
+  // client that pipelines without reading holds at most this much (plus one response).
+  static constexpr uint64_t kMaxUnreadWhileReading = 1 << 20;
   static constexpr uint64_t kProgressPeriodMs = 250;
+  // After an error response the rest of what the client sent is read and dropped this long, so
+  // that closing with unread bytes does not reset the connection before the client reads it.
+  static constexpr uint64_t kLingerMs = 2000;
 
   struct Hooks {
     // A request for the daemon. admin_token: it carried the configured admin token (TCP).
@@ -51,6 +57,11 @@ class HttpSession {
   void OnReply(const v1::Envelope& reply);
   void Close(const Status& why);
   uint64_t pending_write_bytes() const { return unread_bytes_; }
+  // For the server's timeouts (uv_now): when bytes last came in; whether nothing is under way
+  // (no request being read, none waiting, nothing unwritten); whether a request is half read.
+  uint64_t last_read_ms() const { return last_read_ms_; }
+  bool quiet() const { return exchanges_.empty() && unread_bytes_ == 0 && !parser_.mid_request(); }
+  bool mid_request() const { return parser_.mid_request(); }
 
  private:
   struct Exchange {
@@ -61,6 +72,7 @@ class HttpSession {
     std::string response;         // complete once `ready`
     bool ready = false;
     bool streaming = false;       // load: the chunked head and progress lines went out
+    bool http11 = true;           // chunked responses (load progress) only for HTTP/1.1
   };
 
   HttpSession(uv_loop_t* loop, Options options, Hooks hooks);
@@ -72,6 +84,12 @@ class HttpSession {
   void Flush();  // writes the complete responses at the head, in order
   void Write(std::string bytes);
   void Progress();
+  // Reads while there is room (kMaxPipelined, kMaxUnreadWhileReading); stops otherwise.
+  void UpdateReading();
+  // All answered and the connection is to end: closes once the writes are out (lingering first
+  // after an error response).
+  void CloseWhenWritten();
+  void StartReading();
   uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&handle_); }
 
   uv_loop_t* loop_;
@@ -92,6 +110,10 @@ class HttpSession {
   bool no_more_requests_ = false;  // EOF, an error, or Connection: close
   bool closed_ = false;
   bool consuming_ = false;
+  bool linger_ = false;     // an error response ends the connection: drain before closing
+  bool lingering_ = false;  // shut down for writing; what arrives is dropped until EOF
+  uint64_t last_read_ms_ = 0;
+  uv_shutdown_t shutdown_{};
   char buffer_[64 << 10];
 };
 

@@ -254,6 +254,11 @@ TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
   Response width = One(Post("/v1/models/m/infer", "[[1, 2]]", true));
   EXPECT_EQ(width.status, 400);
   EXPECT_NE(width.body.find("INVALID_ARGUMENT: "), std::string::npos) << width.body;
+  // What used to throw inside the loop (a JSON value of the wrong type) or recurse per level.
+  Response park = One(Post("/v1/models/m/unload", R"({"park": 1})", true));
+  EXPECT_EQ(park.status, 400) << park.body;
+  Response deep = One(Post("/v1/models/m/infer", std::string(200000, '[') + std::string(200000, ']'), true));
+  EXPECT_EQ(deep.status, 400) << deep.body;
   // A client that sends half a request and vanishes.
   int fd = ConnectUnix(socket_);
   std::string half = "POST /v1/models/m/infer HTTP/1.1\r\nContent-Length: 100\r\n\r\n[[1,";
@@ -266,6 +271,29 @@ TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
   EXPECT_EQ(One(Get("/v1/ps", true)).status, 200);
   close(slow);
   ExpectQuiescentAndValid();
+}
+
+TEST_F(HttpApiTest, ExpectContinueAndHttp10KeepAlive) {
+  MakeModel("m", "8,4");
+  StartDaemon();
+  // curl sends large bodies only after "100 Continue" (or a second's wait).
+  int fd = ConnectUnix(socket_);
+  std::string head = "POST /v1/models/m/load HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+  ASSERT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  char buf[64] = {};
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "HTTP/1.1 100 Continue\r\n\r\n");
+  std::vector<Response> r = Split(Exchange(fd, "{}" + Get("/v1/ps", true)));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].status, 200) << r[0].body;
+  // HTTP/1.0 with keep-alive is told so, and the connection stays for a second request.
+  r = Split(Exchange(ConnectUnix(socket_), "GET /v1/ps HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /v1/ps HTTP/1.0\r\n\r\n"));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_NE(r[0].headers.find("Connection: keep-alive"), std::string::npos) << r[0].headers;
+  EXPECT_NE(r[1].headers.find("Connection: close"), std::string::npos) << r[1].headers;
 }
 
 TEST_F(HttpApiTest, LoadStreamsProgressLines) {

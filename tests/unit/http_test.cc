@@ -93,7 +93,7 @@ TEST(HttpParserTest, LimitsAreCheckedBeforeBuffering) {
 TEST(HttpParserTest, GarbageIsAnErrorThatStays) {
   for (const char* garbage : {"GARBAGE\r\n\r\n", "GET / HTTP/9.9\r\n\r\n", "GET /\x01 HTTP/1.1\r\n\r\n",
                               "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-                              "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"}) {
+                              "CONNECT warmpool:80 HTTP/1.1\r\n\r\n"}) {
     RequestParser parser;
     Status error;
     ParseAll(parser, garbage, 1000, &error);
@@ -101,6 +101,22 @@ TEST(HttpParserTest, GarbageIsAnErrorThatStays) {
     EXPECT_GE(parser.status_code(), 400);
     EXPECT_FALSE(parser.Feed(std::string_view("GET / HTTP/1.1\r\n\r\n")).ok());
   }
+}
+
+TEST(HttpParserTest, AnUpgradeOfferIsDeclinedAndExpectContinueNoticed) {
+  RequestParser parser;
+  std::string bytes =
+      "POST /v1/models/m/infer HTTP/1.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+      "Expect: 100-continue\r\nContent-Length: 5\r\n\r\n";
+  ASSERT_TRUE(parser.Feed(bytes).ok());
+  EXPECT_TRUE(parser.TakeExpectsContinue());
+  EXPECT_FALSE(parser.TakeExpectsContinue()) << "once per request";
+  auto requests = ParseAll(parser, "[[1]]GET /v1/ps HTTP/1.0\r\n\r\n", 1000);
+  ASSERT_EQ(requests.size(), 2u) << "the upgrade offer is an ordinary request, the next follows";
+  EXPECT_EQ(requests[0].body, "[[1]]");
+  EXPECT_TRUE(requests[0].http11);
+  EXPECT_FALSE(requests[1].http11);
+  EXPECT_FALSE(requests[1].keep_alive);
 }
 
 TEST(HttpParserTest, PercentDecoding) {
@@ -205,6 +221,31 @@ TEST(HttpApiTest, BadRequestsGetTheirStatusAndCodeText) {
     EXPECT_NE(plan.immediate->find(fmt::format("HTTP/1.1 {} ", c.status)), std::string::npos) << *plan.immediate;
     EXPECT_NE(plan.immediate->find("\r\n\r\n" + c.code + ": "), std::string::npos) << *plan.immediate;
   }
+}
+
+TEST(HttpApiTest, WrongJsonTypesAndDeepNestingAreRefusedNotThrown) {
+  auto park = PlanRequest(Req("POST", "/v1/models/m/unload", R"({"park": 1})"), true);
+  ASSERT_TRUE(park.immediate.has_value());
+  EXPECT_NE(park.immediate->find("INVALID_ARGUMENT: park must be true or false"), std::string::npos) << *park.immediate;
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto nested = PlanRequest(Req("POST", "/v1/models/m/infer", deep), true);
+  ASSERT_TRUE(nested.immediate.has_value());
+  EXPECT_NE(nested.immediate->find("nests deeper than"), std::string::npos);
+  // Brackets inside strings are not nesting.
+  auto strings = PlanRequest(Req("POST", "/v1/models/m/load", R"({"keep_alive": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})"), true);
+  ASSERT_TRUE(strings.immediate.has_value());
+  EXPECT_EQ(strings.immediate->find("nests deeper"), std::string::npos);
+  for (const char* body : {R"({"replicas": "2"})", R"({"keep_alive": []})", R"({"input": {"a": 1}})",
+                           R"({"input": [[1]], "deadline_ms": "x"})", R"([[1, "2"]])", R"([[1e999]])"}) {
+    auto plan = PlanRequest(Req("POST", std::string("/v1/models/m/") + (body[2] == 'r' || body[2] == 'k' ? "load" : "infer"), body), true);
+    ASSERT_TRUE(plan.immediate.has_value()) << body;
+    EXPECT_NE(plan.immediate->find("400 Bad Request"), std::string::npos) << body << *plan.immediate;
+  }
+  // A model path that is not UTF-8 (file names are bytes) is written, not thrown.
+  v1::Envelope models;
+  models.mutable_models_reply()->add_models()->set_path(std::string("/models/\xff\xfe.safetensors"));
+  std::string text = supervisor::httpapi::RenderReply(PlanRequest(Req("GET", "/v1/models"), true), models, true);
+  EXPECT_EQ(text.rfind("HTTP/1.1 200 OK", 0), 0u) << text;
 }
 
 TEST(HttpApiTest, RepliesRender) {
