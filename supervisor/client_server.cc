@@ -164,8 +164,12 @@ Status ClientServer::ListenTcp(const std::string& address) {
   }
   if (rc != 0) {
     tcp_listener_.Close();
-    return Error(Code::kFailedPrecondition, "cannot listen on {}: {} ([http] listen)", address,
-                 uv_strerror(rc));
+    return Error(Code::kFailedPrecondition,
+                 "cannot listen on {}: {} ([http] listen){}", address, uv_strerror(rc),
+                 rc == UV_EAFNOSUPPORT || rc == UV_EADDRNOTAVAIL
+                     ? "; under the shipped warmpool.service the network is off: install the "
+                       "drop-in warmpool-http.conf (see the README)"
+                     : "");
   }
   tcp_listening_ = true;
   return OkStatus();
