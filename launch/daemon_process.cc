@@ -71,6 +71,18 @@ Status DaemonProcess::Start() {
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env = spec_.env;  // copied before fork: the child only putenv()s
+  std::vector<int> listen_fds;
+  if (!spec_.listen_fds.empty()) {
+    std::string names;
+    for (const auto& [fd, name] : spec_.listen_fds) {
+      listen_fds.push_back(fd);
+      names += (names.empty() ? "" : ":") + name;
+    }
+    env.push_back("LISTEN_FDS=" + std::to_string(listen_fds.size()));
+    env.push_back("LISTEN_FDNAMES=" + names);
+  }
+  // Written in the child, which only knows its pid after the fork: digits in place of the zeros.
+  std::string listen_pid = "LISTEN_PID=00000000000000000000";
   int log = open(spec_.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log < 0) return Error(Code::kInternal, "cannot open {}: {}", spec_.log, std::strerror(errno));
   pid_t parent = getpid();
@@ -92,6 +104,27 @@ Status DaemonProcess::Start() {
     dup2(log, STDERR_FILENO);
     if (!spec_.directory.empty() && chdir(spec_.directory.c_str()) != 0) _exit(127);
     for (std::string& kv : env) putenv(kv.data());
+    if (!listen_fds.empty()) {
+      // Out of the way first (a source may sit where another one goes), then to 3, 4, ...; dup2
+      // clears close-on-exec.
+      const int n = static_cast<int>(listen_fds.size());
+      for (int& fd : listen_fds) fd = fcntl(fd, F_DUPFD_CLOEXEC, 3 + n);
+      for (int i = 0; i < n; i++) {
+        if (listen_fds[i] < 0 || dup2(listen_fds[i], 3 + i) < 0) _exit(127);
+        close(listen_fds[i]);
+      }
+      char* digits = listen_pid.data() + std::strlen("LISTEN_PID=");
+      unsigned long pid_value = static_cast<unsigned long>(getpid());
+      char reversed[24];
+      int len = 0;
+      do {
+        reversed[len++] = static_cast<char>('0' + pid_value % 10);
+        pid_value /= 10;
+      } while (pid_value != 0);
+      for (int i = 0; i < len; i++) digits[i] = reversed[len - 1 - i];
+      digits[len] = '\0';
+      putenv(listen_pid.data());
+    }
     if (spec_.nofile != 0) {
       rlimit limit{spec_.nofile, spec_.nofile};
       setrlimit(RLIMIT_NOFILE, &limit);

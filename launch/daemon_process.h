@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -23,6 +24,9 @@ struct DaemonSpec {
   std::string models_dir;   // --models-dir when not empty
   std::vector<std::string> args;  // more arguments (--enable-fault-injection, --backend host, ...)
   std::vector<std::string> env;   // KEY=VALUE added to its environment
+  // Descriptors passed the way systemd passes them (sd_listen_fds(3)): as 3, 4, ... with
+  // LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID (the daemon's own pid) set; (descriptor, name).
+  std::vector<std::pair<int, std::string>> listen_fds;
   uint64_t nofile = 0;      // RLIMIT_NOFILE when not 0
   bool die_with_parent = false;   // SIGTERM to it if this process dies (PR_SET_PDEATHSIG)
   std::string log;          // stdout and stderr; default <directory>/daemon.log

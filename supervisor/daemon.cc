@@ -112,8 +112,16 @@ Status Daemon::Start() {
   }
   service_ = std::make_unique<ServiceManager>(&loop_);
   // Before anything else can fail half-way: a bad activation environment is a fatal error.
-  Result<int> activated = ActivatedSocket();
+  Result<std::vector<PassedDescriptor>> passed = PassedDescriptors();
+  if (!passed.ok()) return passed.status();
+  Result<int> activated = ActivatedSocket(*passed);
   if (!activated.ok()) return activated.status();
+  // The descriptor store keeps weights across restarts where the service manager has one
+  // (systemd >= 254 says how large in $FDSTORE; older ones say nothing, and are asked anyway).
+  const char* fdstore = std::getenv("FDSTORE");
+  warm_store_ = std::make_unique<WarmStore>(
+      config_.instance, service_->notifying() && (fdstore == nullptr || std::strtoul(fdstore, nullptr, 10) != 0));
+  std::vector<KeptWeights> kept = warm_store_->Receive(*passed);
 
   // Which backend serves, asked of a probe child (this process never loads the CUDA driver).
   const std::string owner_path = worker_path_.substr(0, worker_path_.rfind('/') + 1) + "warmpool-owner";
@@ -204,9 +212,10 @@ Status Daemon::Start() {
   std::vector<std::string> warnings;
   std::vector<ModelEntry> entries = DiscoverModels(config_, warnings);
   dispatching_ = true;
-  Execute(core_->Start(std::move(entries), std::move(warnings), Now()));
+  Execute(core_->Start(std::move(entries), std::move(warnings), Now(), std::move(kept)));
   dispatching_ = false;
   RunPending();
+  SyncKeptWeights(/*now=*/true);
 
   StartTimers();
   InstallSignals();
@@ -215,11 +224,12 @@ Status Daemon::Start() {
   std::string budget_text;  // per device
   for (uint64_t b : budgets) budget_text += (budget_text.empty() ? "" : " + ") + FormatBytes(b);
   spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers of {} "
-               "threads, {} models registered{})",
+               "threads, {} models registered{}{})",
                kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
                config_.instance, config_.backend, budget_text, config_.workers_per_device * budgets.size(),
                pool.threads,
                core_->index().All().size(),
+               core_->adopted() == 0 ? "" : fmt::format(", {} kept warm across the restart", core_->adopted()),
                config_.enable_fault_injection ? ", FAULT INJECTION ENABLED" : "");
   return OkStatus();
 }
@@ -284,6 +294,22 @@ void Daemon::RunPending() {
     TrimFreedMemory();
   }
   dispatching_ = false;
+  SyncKeptWeights(/*now=*/false);
+}
+
+void Daemon::SyncKeptWeights(bool now) {
+  if (!warm_store_->enabled() || core_ == nullptr) return;
+  // The index changes with every request (the LRU order): what is kept is looked at again at most
+  // every kKeptSyncMs (the tick makes sure a change is not left waiting), and the store is written
+  // only when what it would hold differs. A model loaded or a use made within that time of a
+  // crash is what a restart may not know of.
+  const uint64_t changes = segment_.view().header().changes;
+  const uint64_t now_ms = MonotonicMillis();
+  if (changes == kept_synced_changes_) return;
+  if (!now && now_ms - kept_synced_ms_ < kKeptSyncMs) return;
+  kept_synced_changes_ = changes;
+  kept_synced_ms_ = now_ms;
+  warm_store_->Sync(core_->Kept());
 }
 
 void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {
@@ -492,6 +518,7 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
 }
 
 void Daemon::FinishStop() {
+  SyncKeptWeights(/*now=*/true);  // the LRU order as it is at the end, for a restart
   if (Status s = shm::Validate(segment_.view()); !s.ok()) {
     spdlog::error("segment invariant broken at shutdown: {}", s.ToString());
     exit_code_ = 1;

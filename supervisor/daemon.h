@@ -33,12 +33,15 @@
 #include "supervisor/region_cache.h"
 #include "supervisor/request_stats.h"
 #include "supervisor/service_manager.h"
+#include "supervisor/warm_store.h"
 #include "supervisor/worker_pool.h"
 
 namespace warmpool::supervisor {
 
 class Daemon {
  public:
+  // What is kept across a restart is brought up to date at most this often (SyncKeptWeights).
+  static constexpr uint64_t kKeptSyncMs = 200;
   // Reads the configuration again (file, then flags) for SIGHUP.
   using ConfigLoader = std::function<Result<Config>()>;
   Daemon(Config config, std::string worker_path, ConfigLoader reload_config = nullptr);
@@ -81,6 +84,9 @@ class Daemon {
   // Host backend: memory closed (by inode) that workers may still keep mapped: they unmap it.
   void ForgetMappings(const std::vector<uint64_t>& inodes);
   void TrimFreedMemory();
+  // What the core holds worth keeping goes to the service manager's store (supervisor/warm_store.h):
+  // when the index changed, at most every kKeptSyncMs unless `now`.
+  void SyncKeptWeights(bool now);
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);
   void InstallSignals();
@@ -115,6 +121,9 @@ class Daemon {
   void ScheduleOwnerRestart(OwnerState& owner);
   std::unique_ptr<ClientServer> server_;
   std::unique_ptr<ServiceManager> service_;
+  std::unique_ptr<WarmStore> warm_store_;
+  uint64_t kept_synced_changes_ = 0;
+  uint64_t kept_synced_ms_ = 0;
   std::optional<gid_t> admin_gid_;
   std::optional<gid_t> socket_gid_;
   std::optional<gid_t> observer_gid_;

@@ -240,6 +240,9 @@ void Daemon::ReleaseGrant(const GrantRelease& release) {
 }
 
 void Daemon::CloseHandle(int fd, bool reusable) {
+  // Out of the descriptor store before its memory can be reused for anything else: a restart must
+  // never adopt a region under a name whose bytes it no longer holds.
+  warm_store_->Forget(fd);
   if (config_.backend == "host") {
     if (reusable) return freed_memory_.Keep(fd);
     // The worker that allocated it may keep a mapping of it: named to the workers, it goes too.

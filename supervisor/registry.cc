@@ -1,6 +1,9 @@
 #include "supervisor/registry.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -40,6 +43,15 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
       entry.problem = Error(Code::kInvalidArgument, "model \"{}\" has no path", name);
     }
     return entry;
+  }
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0) {
+    entry.version = FileVersion{static_cast<uint64_t>(st.st_size),
+                                static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
+                                    static_cast<uint64_t>(st.st_mtim.tv_nsec),
+                                static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+  } else if (errno == ENOENT) {
+    entry.file_missing = true;
   }
   std::vector<uint8_t> raw;
   Result<safetensors::Header> header = safetensors::ReadHeader(path, &raw);

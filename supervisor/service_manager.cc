@@ -10,20 +10,6 @@
 
 namespace warmpool::supervisor {
 
-Result<int> ActivatedSocket() {
-  // unset_environment=1: LISTEN_PID/LISTEN_FDS describe this process only.
-  int n = sd_listen_fds(1);
-  if (n < 0) return Error(Code::kFailedPrecondition, "LISTEN_FDS: {}", std::strerror(-n));
-  if (n == 0) return -1;
-  if (n > 1) {
-    return Error(Code::kFailedPrecondition,
-                 "the service manager passed {} sockets; warmpool.socket must have exactly one "
-                 "ListenStream=",
-                 n);
-  }
-  return SD_LISTEN_FDS_START;
-}
-
 ServiceManager::ServiceManager(uv_loop_t* loop) : loop_(loop) {
   const char* socket = std::getenv("NOTIFY_SOCKET");
   notifying_ = socket != nullptr && socket[0] != '\0';

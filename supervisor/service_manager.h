@@ -17,10 +17,6 @@
 
 namespace warmpool::supervisor {
 
-// The listening socket passed by socket activation: -1 when none was passed; an error when the
-// service manager passed more than one (warmpool.socket has one ListenStream=).
-Result<int> ActivatedSocket();
-
 class ServiceManager {
  public:
   explicit ServiceManager(uv_loop_t* loop);

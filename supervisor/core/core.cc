@@ -24,11 +24,12 @@ Core::Core(Config config, shm::SegmentView segment)
 Core::~Core() = default;
 
 std::vector<Action> Core::Start(std::vector<ModelEntry> entries, std::vector<std::string> warnings,
-                                Time now) {
+                                Time now, std::vector<KeptWeights> kept) {
   now_ = now;
   index_->BeginChanges();
   for (const ModelEntry& m : entries) RegisterModel(m);
   for (const std::string& w : warnings) Log(LogLevel::kWarn, "{}", w);
+  if (!kept.empty()) Adopt(std::move(kept));
   SpawnDue();
   Preload();
   next_status_ms_ = MonoMs() + kStatusPeriodMs;

@@ -31,6 +31,7 @@
 #include "supervisor/config.h"
 #include "supervisor/core/actions.h"
 #include "supervisor/core/events.h"
+#include "supervisor/core/kept.h"
 #include "supervisor/core/model.h"
 #include "supervisor/core/model_entry.h"
 #include "supervisor/policy/admission.h"
@@ -61,9 +62,10 @@ class Core {
   Core(Config config, shm::SegmentView segment);
   ~Core();
 
-  // Registers the models found at start, asks for the workers and starts the preloads.
+  // Registers the models found at start, adopts the weights a supervisor before this one kept
+  // (adoption.cc; least recently used first), asks for the workers and starts the preloads.
   std::vector<Action> Start(std::vector<ModelEntry> entries, std::vector<std::string> warnings,
-                            Time now);
+                            Time now, std::vector<KeptWeights> kept = {});
   std::vector<Action> Handle(Event event, Time now);
 
   // For the shell's exit status and for the simulator's checks.
@@ -73,6 +75,10 @@ class Core {
   // Bytes of requests the daemon holds (queued or running), over every open session.
   uint64_t held_bytes() const { return held_bytes_; }
   const shm::ModelIndex& index() const { return *index_; }
+  // The weights worth keeping across a restart, least recently used first (adoption.cc).
+  std::vector<KeptWeights> Kept() const;
+  // Models adopted at start.
+  uint32_t adopted() const { return adopted_; }
   // Handles the core holds: (model, handle); clients' regions with model shm::kNil.
   std::vector<std::pair<uint32_t, int>> HeldHandles() const;
   // Cross-checks of the core's own records (invariants.cc); the simulator calls it after every
@@ -274,6 +280,9 @@ class Core {
                              const Weights& weights);
   // Releases the device memory of a ready model (parked when allowed and the budget has room).
   void Release(uint32_t model, shm::ReleaseReason reason, bool allow_park);
+  // adoption.cc
+  Status CheckKept(const KeptWeights& kept) const;
+  void Adopt(std::vector<KeptWeights> kept);
   // A load, attach or unpark that succeeded, for the segment's stats (shm/stats.h).
   void CountLoad(uint32_t model, shm::LoadSource source, uint64_t started_ms);
   // The gauges of the segment's PoolStats: at start and every tick.
@@ -385,6 +394,7 @@ class Core {
   // (their owner cannot run): nothing is placed there meanwhile.
   std::vector<bool> devices_down_;
   std::vector<bool> devices_gone_;  // for good
+  uint32_t adopted_ = 0;
   std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;
   uint64_t next_bulk_ = 1;

@@ -78,6 +78,8 @@ void Core::FollowFile(uint32_t model, const ModelEntry& now) {
   Model& m = models_[model];
   m.entry.header = now.header;
   m.entry.file_size = now.file_size;
+  // A worker's report does not say which version it read (zero: a warm restart will not adopt it).
+  m.entry.version = now.version;
   m.entry.weight_bytes = now.weight_bytes;
   m.entry.workspace_bytes = now.workspace_bytes;
   m.entry.in_features = now.in_features;

@@ -268,6 +268,12 @@ void ModelMachine::Fail(uint64_t until_ms, std::string reason) {
   To(Failed{until_ms, std::move(reason), false});
 }
 
+void ModelMachine::Adopt(Weights weights, bool parked) {
+  WARMPOOL_CHECK(Is<Absent>() || Is<Failed>());
+  if (parked) return To(Parked{std::move(weights)});
+  To(Ready{std::move(weights), {}});
+}
+
 void ModelMachine::Recover() {
   WARMPOOL_CHECK(Is<Failed>());
   To(Absent{});

@@ -170,6 +170,9 @@ class ModelMachine {
   std::vector<int> FinishRelease();
   // Parked -> Absent. Returns the host copy's handle.
   int DropParked();
+  // Absent or Failed -> Ready (detached: no replica yet) or Parked, with weights a supervisor
+  // before this one held (supervisor/core/kept.h).
+  void Adopt(Weights weights, bool parked);
   // Absent -> Failed, or a release under way ends failed.
   void Fail(uint64_t until_ms, std::string reason);
   // Failed -> Absent (its file was looked at again and loads).

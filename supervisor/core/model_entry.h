@@ -8,6 +8,16 @@
 
 namespace warmpool::supervisor {
 
+// Which version of a file this is: what a warm restart compares before it adopts weights that were
+// loaded from it (a file replaced or rewritten since has another inode or modification time).
+struct FileVersion {
+  uint64_t size = 0;
+  uint64_t mtime_ns = 0;
+  uint64_t inode = 0;
+  uint64_t device = 0;
+  bool operator==(const FileVersion&) const = default;
+};
+
 struct ModelEntry {
   std::string name;
   std::string engine;
@@ -18,6 +28,10 @@ struct ModelEntry {
   uint32_t out_features = 0;
   std::string header;       // raw header bytes (length prefix included), for attaching later
   uint64_t file_size = 0;
+  FileVersion version;  // of the file as it was looked at (zero when it could not be)
+  // The path names nothing (ENOENT): besides `problem`, what lets a warm restart keep serving the
+  // weights it holds of a file deleted since, as the daemon before it did.
+  bool file_missing = false;
   Status problem;  // not ok: the model is registered as failed with this reason
   // The path is refused (outside the model roots, not a regular file): no worker may open it,
   // not even to retry after a cooldown. Other problems are retried like failed loads.

@@ -31,6 +31,7 @@ inline ModelEntry Entry(const std::string& name, uint64_t weight_bytes, uint64_t
   e.out_features = 4;
   e.header = name + " header v" + std::to_string(version);
   e.file_size = e.header.size() + weight_bytes;
+  e.version = FileVersion{e.file_size, 1000u + static_cast<uint64_t>(version), 42, 1};
   return e;
 }
 
@@ -61,7 +62,9 @@ class CoreRig {
     return c;
   }
 
-  void Start(std::vector<ModelEntry> entries) { Take(core_->Start(std::move(entries), {}, Now())); }
+  void Start(std::vector<ModelEntry> entries, std::vector<KeptWeights> kept = {}) {
+    Take(core_->Start(std::move(entries), {}, Now(), std::move(kept)));
+  }
   void Handle(Event event) { Take(core_->Handle(std::move(event), Now())); }
   void Advance(uint64_t ms) {
     for (uint64_t t = 0; t < ms; t += kTickMs) {
@@ -229,6 +232,14 @@ class CoreRig {
     std::vector<int> out;
     for (const Action& a : actions_) {
       if (auto* c = std::get_if<action::CloseHandle>(&a)) out.push_back(c->handle);
+    }
+    return out;
+  }
+  // Log lines since the last Forget, joined.
+  std::string Logs() const {
+    std::string out;
+    for (const Action& a : actions_) {
+      if (auto* l = std::get_if<action::Log>(&a)) out += l->text + "\n";
     }
     return out;
   }

@@ -1,0 +1,150 @@
+// Weights a supervisor before this one held (supervisor/core/kept.h): what the shell keeps across
+// a restart (Kept) and what the next core takes back (Adopt).
+//
+// A kept handle is adopted only when the registry still describes the very bytes it holds: the
+// same model, engine and path, and the same version of the file (size, modification time, inode,
+// header). A file deleted since is no contradiction: the weights kept are the last version there
+// was, which the daemon before was serving. Anything else is closed and logged.
+//
+// Budgets and limits may have changed across the restart: adoption fills the devices most
+// recently used first, as far as the budget, capacity, single_active and max_cached allow; what no
+// longer fits is parked where the park budget has room (host backend: device weights are host
+// memory already, so the region itself becomes the parked copy) and dropped otherwise. The LRU
+// order is the one the models had.
+#include <algorithm>
+
+#include "common/units.h"
+#include "supervisor/core/core.h"
+
+namespace warmpool::supervisor {
+
+using namespace residency;
+
+std::vector<KeptWeights> Core::Kept() const {
+  std::vector<KeptWeights> kept;
+  const bool host = config_.backend != "cuda";
+  for (uint32_t model : index_->LruOrder()) {
+    const Model& m = models_[model];
+    if (m.changing()) continue;  // a new version replaces it: not worth keeping
+    KeptWeights k{m.entry.name, m.entry.engine, m.entry.path, m.entry.version, false, {}};
+    if (const Parked* p = m.machine.As<Parked>()) {
+      k.parked = true;
+      k.weights = p->copy;
+    } else if (const Unparking* u = m.machine.As<Unparking>()) {
+      k.parked = true;  // the copy stays what it was until the device has it
+      k.weights = u->copy;
+    } else if (const Weights* w = m.machine.DeviceWeights(); w != nullptr && host) {
+      k.weights = *w;  // ready or releasing: the region is intact until it is closed
+    } else {
+      continue;
+    }
+    if (k.weights.handle < 0) continue;
+    kept.push_back(std::move(k));
+  }
+  return kept;
+}
+
+Status Core::CheckKept(const KeptWeights& k) const {
+  const uint32_t model = index_->Find(k.name);
+  if (model == shm::kNil) return Error(Code::kNotFound, "it is not in the registry any more");
+  const Model& m = models_[model];
+  if (m.entry.engine != k.engine || m.entry.path != k.path) {
+    return Error(Code::kFailedPrecondition, "it is registered as engine \"{}\" at {} now, not \"{}\" at {}",
+                 m.entry.engine, m.entry.path, k.engine, k.path);
+  }
+  if (!m.machine.Is<Absent>() && !m.machine.Is<Failed>()) {
+    return Error(Code::kFailedPrecondition, "it was kept twice");
+  }
+  if (!m.refused.ok()) return m.refused;
+  if (k.weights.handle < 0 || k.weights.header.empty()) {
+    return Error(Code::kInvalidArgument, "the record kept describes no weights");
+  }
+  if (!k.parked && (k.weights.device >= DeviceCount() || config_.backend == "cuda")) {
+    return Error(Code::kFailedPrecondition, "its device memory cannot be adopted here");
+  }
+  if (m.entry.problem.ok()) {
+    if (k.version == FileVersion{} || k.version != m.entry.version || k.weights.header != m.entry.header ||
+        k.weights.file_size != m.entry.file_size) {
+      return Error(Code::kFailedPrecondition, "its file changed since it was loaded");
+    }
+    return OkStatus();
+  }
+  if (m.entry.file_missing) return OkStatus();  // deleted since: the weights kept are all there is
+  return Error(Code::kFailedPrecondition, "it is registered as failed: {}", m.entry.problem.message());
+}
+
+void Core::Adopt(std::vector<KeptWeights> kept) {
+  // Checked first, in the order kept (least recently used first); duplicates are refused by
+  // marking each accepted name as it goes.
+  std::vector<KeptWeights> accepted;
+  std::vector<bool> seen(models_.size(), false);
+  for (KeptWeights& k : kept) {
+    Status ok = CheckKept(k);
+    const uint32_t model = index_->Find(k.name);
+    if (ok.ok() && seen[model]) ok = Error(Code::kFailedPrecondition, "it was kept twice");
+    if (!ok.ok()) {
+      Log(LogLevel::kWarn, "not adopting the weights kept of \"{}\": {}; closed", k.name, ok.message());
+      Close(k.weights.handle);
+      continue;
+    }
+    seen[model] = true;
+    accepted.push_back(std::move(k));
+  }
+  // Room, most recently used first: the budgets of this configuration, which may differ from the
+  // one the weights were kept under.
+  const policy::Limits limits = Limits();
+  std::vector<uint64_t> device_used(DeviceCount(), 0);
+  std::vector<uint32_t> device_models(DeviceCount(), 0);
+  uint64_t park_used = 0;
+  uint32_t cached = 0;
+  std::vector<bool> keep(accepted.size(), true);
+  for (size_t i = accepted.size(); i-- > 0;) {
+    KeptWeights& k = accepted[i];
+    const uint64_t bytes = k.weights.weight_bytes;
+    const bool count_ok = limits.max_cached == 0 || cached < limits.max_cached;
+    if (!k.parked) {
+      const uint32_t d = k.weights.device;
+      const uint64_t need = bytes + k.weights.workspace_bytes;
+      const bool fits = count_ok && (Budget(d) == 0 || device_used[d] + need <= Budget(d)) &&
+                        (limits.capacity == 0 || device_models[d] < limits.capacity) &&
+                        (!config_.single_active || device_models[d] == 0);
+      if (fits) {
+        device_used[d] += need;
+        device_models[d]++;
+        cached++;
+        continue;
+      }
+      k.parked = true;  // host memory already (CheckKept): it can stay as the parked copy
+      Log(LogLevel::kInfo, "\"{}\" no longer fits on device {} under this configuration: parking it", k.name, d);
+    }
+    if (count_ok && limits.park_budget_bytes != 0 && park_used + bytes <= limits.park_budget_bytes) {
+      park_used += bytes;
+      cached++;
+      continue;
+    }
+    Log(LogLevel::kInfo, "dropping the weights kept of \"{}\": no room for them under this configuration",
+        k.name);
+    CloseMemory(k.weights.handle);
+    keep[i] = false;
+  }
+  // Least recently used first: each adoption links its record at the most recent end.
+  for (size_t i = 0; i < accepted.size(); i++) {
+    if (!keep[i]) continue;
+    KeptWeights& k = accepted[i];
+    const uint32_t model = index_->Find(k.name);
+    Model& m = models_[model];
+    m.last_error.clear();
+    const bool parked = k.parked;
+    const std::string what = parked ? fmt::format("parked ({})", FormatBytes(k.weights.weight_bytes))
+                                    : fmt::format("ready ({})", FormatBytes(k.weights.weight_bytes));
+    if (m.entry.file_missing) {
+      Log(LogLevel::kWarn, "\"{}\": its file {} is gone; serving the weights kept", k.name, k.path);
+    }
+    m.machine.Adopt(std::move(k.weights), parked);
+    if (!parked) m.entry.workspace_bytes = m.machine.DeviceWeights()->workspace_bytes;
+    Log(LogLevel::kInfo, "adopted \"{}\" {}, kept across the restart", m.entry.name, what);
+    adopted_++;
+  }
+}
+
+}  // namespace warmpool::supervisor

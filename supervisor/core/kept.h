@@ -1,0 +1,28 @@
+// Weights kept across a restart of the supervisor. The handles the core holds (a resident model's
+// weights region, a parked copy) are what make a model warm; the shell keeps them outside the
+// process (the service manager's file-descriptor store, supervisor/warm_store.h) and gives them
+// back to the next warmpoold, whose core adopts those that still match its registry.
+//
+// Only what the handle alone can bring back is kept: weights whose memory is a file descriptor of
+// their own (the host backend's memfd; on cuda the device memory belongs to the owner process,
+// which dies with the supervisor, so only parked copies in host memory are kept there).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "supervisor/core/model.h"
+#include "supervisor/core/model_entry.h"
+
+namespace warmpool::supervisor {
+
+struct KeptWeights {
+  std::string name;
+  std::string engine;
+  std::string path;
+  FileVersion version;  // of the file the weights were loaded from
+  bool parked = false;  // a host copy, else weights on weights.device
+  Weights weights;      // weights.handle: the region (the host copy when parked)
+};
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,321 @@
+#include "supervisor/warm_store.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ipc/warmpool.pb.h"
+
+namespace warmpool::supervisor {
+
+namespace {
+
+constexpr char kPrefix[] = "wp.";
+constexpr char kManifestPrefix[] = "wp.manifest.";
+constexpr uint64_t kMaxManifestBytes = 64ull << 20;
+
+bool Ours(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
+
+uint64_t Inode(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+uint64_t VersionHash(const FileVersion& v) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the four fields
+  for (uint64_t x : {v.size, v.mtime_ns, v.inode, v.device}) {
+    for (int i = 0; i < 8; i++) {
+      h ^= (x >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+// A memfd (F_GET_SEALS answers only for those) that is a regular file of at least `bytes`.
+Status CheckRegion(int fd, uint64_t bytes) {
+  struct stat st {};
+  if (fcntl(fd, F_GET_SEALS) < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Error(Code::kInvalidArgument, "it is not a memory region");
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return Error(Code::kInvalidArgument, "it holds {} bytes, not the {} described", st.st_size, bytes);
+  }
+  return OkStatus();
+}
+
+Result<v1::KeptManifest> ReadManifest(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxManifestBytes) {
+    return Error(Code::kInvalidArgument, "not a manifest of at most {} bytes", kMaxManifestBytes);
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  for (size_t done = 0; done < bytes.size();) {
+    ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Error(Code::kInvalidArgument, "short read");
+    done += static_cast<size_t>(n);
+  }
+  v1::KeptManifest manifest;
+  if (!manifest.ParseFromString(bytes)) return Error(Code::kInvalidArgument, "it does not parse");
+  return manifest;
+}
+
+v1::KeptModel Describe(const KeptWeights& k, const std::string& fd_name) {
+  v1::KeptModel m;
+  m.set_name(k.name);
+  m.set_engine(k.engine);
+  m.set_path(k.path);
+  m.set_file_size(k.version.size);
+  m.set_file_mtime_ns(k.version.mtime_ns);
+  m.set_file_inode(k.version.inode);
+  m.set_file_device(k.version.device);
+  m.set_parked(k.parked);
+  m.set_device(k.weights.device);
+  m.set_header(k.weights.header);
+  m.set_weight_bytes(k.weights.weight_bytes);
+  m.set_workspace_bytes(k.weights.workspace_bytes);
+  m.set_in_features(k.weights.in_features);
+  m.set_out_features(k.weights.out_features);
+  m.set_fd_name(fd_name);
+  return m;
+}
+
+KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
+  KeptWeights k;
+  k.name = m.name();
+  k.engine = m.engine();
+  k.path = m.path();
+  k.version = FileVersion{m.file_size(), m.file_mtime_ns(), m.file_inode(), m.file_device()};
+  k.parked = m.parked();
+  k.weights.device = m.device();
+  k.weights.handle = fd;
+  k.weights.header = m.header();
+  k.weights.file_size = m.file_size();
+  k.weights.weight_bytes = m.weight_bytes();
+  k.weights.workspace_bytes = m.workspace_bytes();
+  k.weights.in_features = m.in_features();
+  k.weights.out_features = m.out_features();
+  return k;
+}
+
+}  // namespace
+
+std::string KeptName(const KeptWeights& kept, uint64_t inode) {
+  return fmt::format("wp.{}.{}.{:016x}.{:x}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.version),
+                     inode);
+}
+
+Result<std::vector<PassedDescriptor>> PassedDescriptors() {
+  char** names = nullptr;
+  // unset_environment=1: LISTEN_PID/LISTEN_FDS/LISTEN_FDNAMES describe this process only (and
+  // never reach the workers). sd_listen_fds sets FD_CLOEXEC on every descriptor it returns.
+  const int n = sd_listen_fds_with_names(1, &names);
+  if (n < 0) return Error(Code::kFailedPrecondition, "LISTEN_FDS: {}", std::strerror(-n));
+  std::vector<PassedDescriptor> passed;
+  for (int i = 0; i < n; i++) {
+    passed.push_back({SD_LISTEN_FDS_START + i, names != nullptr && names[i] != nullptr ? names[i] : "unknown"});
+  }
+  if (names != nullptr) {
+    for (int i = 0; i < n; i++) std::free(names[i]);
+    std::free(names);
+  }
+  return passed;
+}
+
+Result<int> ActivatedSocket(std::vector<PassedDescriptor>& passed) {
+  std::vector<PassedDescriptor> rest;
+  std::vector<int> sockets;
+  for (const PassedDescriptor& d : passed) {
+    if (Ours(d.name)) {
+      rest.push_back(d);
+    } else if (sd_is_socket(d.fd, AF_UNIX, SOCK_STREAM, 1) > 0) {
+      sockets.push_back(d.fd);
+    } else {
+      spdlog::warn("closing descriptor {} (\"{}\") passed by the service manager: not a listening "
+                   "Unix stream socket",
+                   d.fd, d.name);
+      close(d.fd);
+    }
+  }
+  passed = std::move(rest);
+  if (sockets.size() > 1) {
+    return Error(Code::kFailedPrecondition,
+                 "the service manager passed {} sockets; warmpool.socket must have exactly one "
+                 "ListenStream=",
+                 sockets.size());
+  }
+  return sockets.empty() ? -1 : sockets.front();
+}
+
+WarmStore::WarmStore(std::string instance, bool enabled) : instance_(std::move(instance)), enabled_(enabled) {
+  v1::KeptManifest empty;
+  empty.set_instance(instance_);
+  manifest_bytes_ = empty.SerializeAsString();  // nothing kept: no manifest needed
+}
+
+WarmStore::~WarmStore() = default;
+
+std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passed) {
+  std::map<std::string, int> handles;
+  std::vector<std::pair<uint64_t, PassedDescriptor>> manifests;  // (sequence, descriptor)
+  std::vector<PassedDescriptor> rest;
+  for (PassedDescriptor& d : passed) {
+    if (!Ours(d.name)) {
+      rest.push_back(d);
+      continue;
+    }
+    received_.insert(d.name);
+    if (d.name.rfind(kManifestPrefix, 0) == 0) {
+      manifests.emplace_back(std::strtoull(d.name.c_str() + std::strlen(kManifestPrefix), nullptr, 10), d);
+    } else if (!handles.emplace(d.name, d.fd).second) {
+      close(d.fd);  // the same name twice: the first one is the one a manifest means
+    }
+  }
+  passed = std::move(rest);
+  std::sort(manifests.begin(), manifests.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::optional<v1::KeptManifest> manifest;
+  for (auto& [sequence, d] : manifests) {
+    if (!manifest) {
+      Result<v1::KeptManifest> read = ReadManifest(d.fd);
+      if (!read.ok()) {
+        spdlog::warn("ignoring kept manifest \"{}\": {}", d.name, read.status().message());
+      } else if (read->instance() != instance_) {
+        spdlog::warn("ignoring kept manifest \"{}\": it is instance \"{}\"'s, not \"{}\"'s", d.name,
+                     read->instance(), instance_);
+      } else {
+        manifest = std::move(*read);
+        sequence_ = std::max(sequence_, sequence);
+        manifest_name_ = d.name;
+        received_.erase(d.name);
+      }
+    }
+    close(d.fd);
+  }
+  std::vector<KeptWeights> kept;
+  if (manifest) {
+    v1::KeptManifest again;
+    again.set_instance(instance_);
+    for (const v1::KeptModel& m : manifest->models()) {
+      auto it = handles.find(m.fd_name());
+      if (it == handles.end()) {
+        spdlog::warn("the weights kept of \"{}\" are missing from the store: it loads from its file", m.name());
+        continue;
+      }
+      const int fd = it->second;
+      handles.erase(it);
+      if (Status s = CheckRegion(fd, m.weight_bytes()); !s.ok()) {
+        spdlog::warn("closing the weights kept of \"{}\" (\"{}\"): {}", m.name(), m.fd_name(), s.message());
+        close(fd);
+        continue;
+      }
+      stored_[Inode(fd)] = m.fd_name();
+      received_.erase(m.fd_name());
+      *again.add_models() = m;
+      kept.push_back(FromRecord(m, fd));
+    }
+    manifest_bytes_ = again.SerializeAsString();
+  }
+  for (auto& [name, fd] : handles) {
+    spdlog::warn("closing kept descriptor \"{}\": no manifest names it", name);
+    close(fd);
+  }
+  if (!kept.empty() || !received_.empty()) {
+    spdlog::info("received {} kept weights from the service manager{}", kept.size(),
+                 received_.empty() ? "" : fmt::format(" ({} other descriptors let go)", received_.size()));
+  }
+  return kept;
+}
+
+bool WarmStore::Store(int fd, const std::string& name) {
+  const std::string state = "FDSTORE=1\nFDNAME=" + name;
+  const int rc = sd_pid_notify_with_fds(0, 0, state.c_str(), &fd, 1);
+  if (rc > 0) return true;
+  if (!refused_logged_) {
+    refused_logged_ = true;
+    spdlog::warn("the service manager did not take descriptor \"{}\" ({}): models will load again "
+                 "after a restart",
+                 name, rc < 0 ? std::strerror(-rc) : "NOTIFY_SOCKET is not set");
+  }
+  return false;
+}
+
+void WarmStore::Remove(const std::string& name) {
+  const std::string state = "FDSTOREREMOVE=1\nFDNAME=" + name;
+  sd_notify(0, state.c_str());
+}
+
+void WarmStore::Sync(const std::vector<KeptWeights>& kept) {
+  if (!enabled_) return;
+  v1::KeptManifest manifest;
+  manifest.set_instance(instance_);
+  std::set<uint64_t> wanted;
+  for (const KeptWeights& k : kept) {
+    const uint64_t inode = Inode(k.weights.handle);
+    if (inode == 0) continue;
+    auto it = stored_.find(inode);
+    if (it == stored_.end()) {
+      const std::string name = KeptName(k, inode);
+      if (!Store(k.weights.handle, name)) continue;
+      it = stored_.emplace(inode, name).first;
+    }
+    wanted.insert(inode);
+    *manifest.add_models() = Describe(k, it->second);
+  }
+  std::string bytes = manifest.SerializeAsString();
+  if (bytes != manifest_bytes_) {
+    const uint64_t sequence = ++sequence_;
+    manifest.set_sequence(sequence);
+    const std::string content = manifest.SerializeAsString();
+    const int fd = memfd_create("warmpool-manifest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    bool written = fd >= 0;
+    for (size_t done = 0; written && done < content.size();) {
+      ssize_t n = write(fd, content.data() + done, content.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      written = n > 0;
+      if (written) done += static_cast<size_t>(n);
+    }
+    if (written) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    const std::string name = fmt::format("{}{}", kManifestPrefix, sequence);
+    if (written && Store(fd, name)) {
+      if (!manifest_name_.empty()) Remove(manifest_name_);
+      manifest_name_ = name;
+      manifest_bytes_ = std::move(bytes);
+    } else if (fd < 0 || !written) {
+      spdlog::warn("cannot write the manifest of the kept weights: {}", std::strerror(errno));
+    }
+    if (fd >= 0) close(fd);
+  }
+  for (auto it = stored_.begin(); it != stored_.end();) {
+    if (wanted.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    Remove(it->second);
+    it = stored_.erase(it);
+  }
+  for (const std::string& name : received_) Remove(name);
+  received_.clear();
+}
+
+void WarmStore::Forget(int fd) {
+  if (!enabled_ || stored_.empty()) return;
+  auto it = stored_.find(Inode(fd));
+  if (it == stored_.end()) return;
+  Remove(it->second);
+  stored_.erase(it);
+}
+
+}  // namespace warmpool::supervisor

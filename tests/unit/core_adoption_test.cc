@@ -1,0 +1,220 @@
+// Weights kept across a restart of the supervisor (supervisor/core/adoption.cc): what one core says
+// is worth keeping, and what the next one adopts, refuses or lets go under its own budgets.
+#include <algorithm>
+
+#include "tests/unit/core_rig.h"
+
+namespace warmpool::supervisor::testing {
+namespace {
+
+Config WithPark(uint64_t park_budget = 1000) {
+  Config c = CoreRig::SmallConfig();  // budget 1000
+  c.park_budget_bytes = park_budget;
+  return c;
+}
+
+// a ready on worker 0 (handle 100), b parked (its copy: handle 201), a used last.
+std::vector<KeptWeights> KeptFromARunningCore(const ModelEntry& a, const ModelEntry& b) {
+  CoreRig rig(WithPark());
+  rig.Start({a, b});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, b, 101);
+  rig.Forget();
+  rig.Unload(1, "b", /*park=*/true);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
+  EXPECT_EQ(to0.size(), 2u);
+  if (to0.size() != 2u) return {};
+  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), b.weight_bytes), {201});
+  rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
+  EXPECT_EQ(rig.State("b"), shm::ModelState::kParked);
+  rig.Forget();
+  rig.Load(1, "a");
+  std::vector<v1::WorkerEnvelope> loads = rig.Sent(0), to1 = rig.Sent(1);
+  const uint32_t slot = loads.empty() ? 1 : 0;
+  if (loads.empty()) loads = to1;
+  EXPECT_EQ(loads.size(), 1u);
+  if (loads.size() != 1u) return {};
+  rig.Reply(slot, CoreRig::LoadDone(loads[0].load().job(), a), {100});
+  return rig.core().Kept();
+}
+
+TEST(CoreAdoptionTest, ARunningCoreKeepsItsWeightsAndParkedCopiesLeastRecentlyUsedFirst) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[0].name, "b");
+  EXPECT_TRUE(kept[0].parked);
+  EXPECT_EQ(kept[0].weights.handle, 201);
+  EXPECT_EQ(kept[0].weights.weight_bytes, 200u);
+  EXPECT_EQ(kept[1].name, "a");
+  EXPECT_FALSE(kept[1].parked);
+  EXPECT_EQ(kept[1].weights.handle, 100);
+  EXPECT_EQ(kept[1].weights.header, a.header);
+  EXPECT_EQ(kept[1].version, a.version);
+}
+
+TEST(CoreAdoptionTest, TheNextCoreAdoptsThemAndTheFirstRequestAttachesWithoutAFileRead) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  ASSERT_EQ(kept.size(), 2u);
+  CoreRig rig(WithPark());
+  rig.Start({a, b}, kept);
+  EXPECT_EQ(rig.core().adopted(), 2u);
+  EXPECT_TRUE(rig.Closed().empty());
+  EXPECT_EQ(rig.State("a"), shm::ModelState::kReady) << "ready at once, before any worker is up";
+  EXPECT_EQ(rig.State("b"), shm::ModelState::kParked);
+  EXPECT_EQ(rig.Used(), 350u) << "a's weights and the one workspace a detached model reserves";
+  EXPECT_EQ(rig.index().ParkUsed(), 200u);
+  // The LRU order is the one kept: b least recently used.
+  std::vector<uint32_t> lru = rig.index().LruOrder();
+  ASSERT_EQ(lru.size(), 2u);
+  EXPECT_EQ(lru[0], rig.index().Find("b"));
+  EXPECT_EQ(lru[1], rig.index().Find("a"));
+  rig.Up(0);
+  rig.Up(1);
+  rig.Forget();
+  rig.Infer(7, "a");
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> to1 = rig.SentWithHandles(1);
+  const uint32_t slot = sent.empty() ? 1 : 0;
+  if (sent.empty()) sent = to1;
+  ASSERT_GE(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].first.has_attach()) << "an attach of the kept weights, not a load";
+  EXPECT_FALSE(sent[0].first.attach().copy());
+  EXPECT_EQ(sent[0].second, (std::vector<int>{100}));
+  rig.Reply(slot, CoreRig::LoadDone(sent[0].first.attach().job(), a, /*shared=*/false));
+  std::vector<v1::WorkerEnvelope> infer = rig.Sent(slot);
+  ASSERT_EQ(infer.size(), 1u);
+  ASSERT_TRUE(infer[0].has_infer());
+  rig.Reply(slot, CoreRig::InferDone(infer[0].infer().job()));
+  std::vector<v1::Envelope> replies = rig.Replies(7);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].has_infer_reply()) << replies[0].DebugString();
+  // b unparks from its kept copy.
+  rig.Forget();
+  rig.Load(1, "b");
+  std::vector<action::SendToWorker> unpark = rig.SendsTo(0), unpark1 = rig.SendsTo(1);
+  unpark.insert(unpark.end(), unpark1.begin(), unpark1.end());
+  ASSERT_EQ(unpark.size(), 1u);
+  EXPECT_EQ(unpark[0].handles, (std::vector<int>{201}));
+}
+
+TEST(CoreAdoptionTest, WeightsThatNoLongerMatchTheRegistryAreClosedAndLogged) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  ASSERT_EQ(kept.size(), 2u);
+  struct Case {
+    const char* what;
+    std::vector<ModelEntry> registry;
+    const char* log;
+  };
+  ModelEntry a2 = Entry("a", 300, 50, /*version=*/2);  // rewritten since
+  ModelEntry a_touched = a;
+  a_touched.version.mtime_ns++;  // same header, another modification time
+  ModelEntry a_engine = a;
+  a_engine.engine = "echo";
+  ModelEntry a_broken = a;
+  a_broken.problem = Error(Code::kInvalidArgument, "garbage header");
+  for (const Case& c : {Case{"a new version", {a2, b}, "its file changed since it was loaded"},
+                        Case{"another mtime", {a_touched, b}, "its file changed since it was loaded"},
+                        Case{"another engine", {a_engine, b}, "registered as engine \"echo\""},
+                        Case{"a broken file", {a_broken, b}, "registered as failed: garbage header"},
+                        Case{"gone from the registry", {b}, "not in the registry any more"}}) {
+    CoreRig rig(WithPark());
+    rig.Start(c.registry, kept);
+    EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << c.what;
+    EXPECT_NE(rig.Logs().find(c.log), std::string::npos) << c.what << ":\n" << rig.Logs();
+    EXPECT_EQ(rig.State("b"), shm::ModelState::kParked) << c.what << ": the other model is adopted";
+    EXPECT_EQ(rig.core().adopted(), 1u) << c.what;
+    if (rig.index().Find("a") != shm::kNil) EXPECT_NE(rig.State("a"), shm::ModelState::kReady) << c.what;
+  }
+}
+
+TEST(CoreAdoptionTest, AFileDeletedSinceStillServesTheWeightsKept) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  ModelEntry gone = a;
+  gone.problem = Error(Code::kNotFound, "no such file");
+  gone.file_missing = true;
+  gone.header.clear();
+  gone.version = {};
+  CoreRig rig(WithPark());
+  rig.Start({gone, b}, kept);
+  EXPECT_TRUE(rig.Closed().empty());
+  EXPECT_EQ(rig.State("a"), shm::ModelState::kReady);
+  EXPECT_NE(rig.Logs().find("is gone; serving the weights kept"), std::string::npos) << rig.Logs();
+}
+
+TEST(CoreAdoptionTest, TheSameModelKeptTwiceIsAdoptedOnce) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  kept.push_back(kept[1]);
+  kept.back().weights.handle = 300;
+  CoreRig rig(WithPark());
+  rig.Start({a, b}, kept);
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{300}));
+  EXPECT_EQ(rig.core().adopted(), 2u);
+}
+
+TEST(CoreAdoptionTest, ASmallerBudgetKeepsTheMostRecentOnTheDeviceAndParksOrDropsTheRest) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  kept[0].parked = false;  // b on the device too, used before a
+  kept[0].weights.device = 0;
+  for (uint64_t park : {uint64_t{1000}, uint64_t{0}}) {
+    Config c = WithPark(park);
+    c.budget_bytes = 400;  // room for one of them
+    CoreRig rig(c);
+    rig.Start({a, b}, kept);
+    EXPECT_EQ(rig.State("a"), shm::ModelState::kReady) << "the most recently used stays on the device";
+    if (park != 0) {
+      EXPECT_EQ(rig.State("b"), shm::ModelState::kParked) << "host memory: the region becomes the copy";
+      EXPECT_TRUE(rig.Closed().empty());
+    } else {
+      EXPECT_EQ(rig.State("b"), shm::ModelState::kRegistered) << "no park budget: dropped";
+      EXPECT_EQ(rig.Closed(), (std::vector<int>{201}));
+    }
+    EXPECT_LE(rig.Used(), 400u);
+  }
+}
+
+TEST(CoreAdoptionTest, CapacityAndMaxCachedAreHonoured) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  kept[0].parked = false;
+  {
+    Config c = WithPark(0);
+    c.capacity = 1;
+    CoreRig rig(c);
+    rig.Start({a, b}, kept);
+    EXPECT_EQ(rig.State("a"), shm::ModelState::kReady);
+    EXPECT_EQ(rig.State("b"), shm::ModelState::kRegistered);
+  }
+  {
+    Config c = WithPark(1000);
+    c.max_cached = 1;
+    CoreRig rig(c);
+    rig.Start({a, b}, kept);
+    EXPECT_EQ(rig.State("a"), shm::ModelState::kReady);
+    EXPECT_EQ(rig.State("b"), shm::ModelState::kRegistered) << "parking would still cache it";
+  }
+}
+
+TEST(CoreAdoptionTest, OnCudaOnlyParkedCopiesAreKeptAndAdopted) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  Config c = WithPark();
+  c.backend = "cuda";
+  CoreRig rig(c);
+  rig.Start({a, b}, kept);
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "device memory of a dead owner process";
+  EXPECT_EQ(rig.State("b"), shm::ModelState::kParked);
+  // And a cuda core keeps only its parked copies.
+  std::vector<KeptWeights> again = rig.core().Kept();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].name, "b");
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor::testing
