@@ -105,6 +105,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
       entry.path = path;
       entry.problem = real.status();
       entry.path_refused = true;
+      entry.file_missing = real.status().code() == Code::kNotFound;
       return entry;
     }
     if (engine_from_file) engine = EngineNamedBy(*real);

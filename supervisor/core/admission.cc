@@ -73,9 +73,6 @@ void Core::FailWaiters(uint32_t model, const Status& status) {
 void Core::TryAdmit(uint32_t model) {
   Model& m = models_[model];
   if (m.waiters.empty() || drain_ended_ || m.changing()) return;
-  // A path refused at registration (outside the model roots, not a regular file) never reaches a
-  // worker: only a reload can fix it.
-  if (!m.refused.ok()) return FailWaiters(model, m.refused);
   if (Ready* ready = m.machine.As<Ready>()) {
     // Every replica is on the weights' device.
     const uint32_t device = ready->weights.device;
@@ -119,6 +116,10 @@ void Core::TryAdmit(uint32_t model) {
     if (worker == policy::kNone || !room) return Wait(model);
     return AttachReplica(model, worker);
   }
+  // A path refused at registration (outside the model roots, not a regular file) never reaches a
+  // worker: only a reload can fix it. Weights already held (adopted across a restart after their
+  // file was deleted) and a parked copy need no file.
+  if (!m.refused.ok() && !m.machine.Is<Parked>()) return FailWaiters(model, m.refused);
   if (Failed* failed = m.machine.As<Failed>()) {
     if (MonoMs() < failed->until_ms) return FailWaiters(model, FailedStatus(model));
     // Cooldown over: look at the file again, it may have been fixed (or replaced). Looking is I/O:

@@ -55,7 +55,9 @@ Status Core::CheckKept(const KeptWeights& k) const {
   if (!m.machine.Is<Absent>() && !m.machine.Is<Failed>()) {
     return Error(Code::kFailedPrecondition, "it was kept twice");
   }
-  if (!m.refused.ok()) return m.refused;
+  // A file deleted since is no contradiction (the weights kept are all there is of it); a path
+  // refused for any other reason is.
+  if (!m.refused.ok() && !m.entry.file_missing) return m.refused;
   if (k.weights.handle < 0 || k.weights.header.empty()) {
     return Error(Code::kInvalidArgument, "the record kept describes no weights");
   }

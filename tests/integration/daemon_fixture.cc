@@ -129,6 +129,7 @@ void DaemonTest::LaunchCommand(std::vector<std::string> argv) {
   spec.socket_passed = spec.binary == BinDir() + "/warmpoold";
   spec.args.assign(argv.begin() + 1, argv.end());
   spec.env = launch_env_;
+  if (service_manager_ != nullptr) service_manager_->PrepareStart(spec);
   spec.nofile = launch_nofile_;
   daemon_ = std::make_unique<launch::DaemonProcess>(spec);
   Status started = daemon_->Start();
@@ -144,7 +145,16 @@ int DaemonTest::StopDaemon() { return daemon_ ? daemon_->Stop() : -1; }
 int DaemonTest::WaitForExit() { return daemon_ ? daemon_->Wait() : -1; }
 
 void DaemonTest::KillDaemon() {
-  if (daemon_) daemon_->Kill();
+  if (!daemon_) return;
+  daemon_->Kill();
+  // Its workers die with it (PR_SET_PDEATHSIG) and are reaped by whoever inherits them: give that
+  // a moment, as a service manager's restart would take.
+  for (int i = 0; i < 200; i++) {
+    bool any = false;
+    for (pid_t pid : seen_workers_) any = any || !ProcessGone(pid);
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 std::string DaemonTest::MakeModel(const std::string& name, const std::string& layers,

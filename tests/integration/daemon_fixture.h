@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "common/status.h"
 #include "launch/daemon_process.h"
+#include "launch/service_manager_double.h"
 
 namespace warmpool::testing {
 
@@ -70,6 +71,9 @@ class DaemonTest : public ::testing::Test {
   std::vector<pid_t> seen_workers_;
   // KEY=VALUE set in the daemon's environment by Launch (e.g. NOTIFY_SOCKET).
   std::vector<std::string> launch_env_;
+  // When set, Launch starts the daemon under this stand-in for systemd (NOTIFY_SOCKET, and the
+  // descriptors it keeps passed as LISTEN_FDS).
+  std::unique_ptr<launch::ServiceManagerDouble> service_manager_;
   // When not 0, the daemon's limit of open files (RLIMIT_NOFILE), set before it starts.
   uint64_t launch_nofile_ = 0;
 };

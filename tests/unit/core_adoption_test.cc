@@ -137,6 +137,7 @@ TEST(CoreAdoptionTest, AFileDeletedSinceStillServesTheWeightsKept) {
   ModelEntry gone = a;
   gone.problem = Error(Code::kNotFound, "no such file");
   gone.file_missing = true;
+  gone.path_refused = true;
   gone.header.clear();
   gone.version = {};
   CoreRig rig(WithPark());
@@ -144,6 +145,17 @@ TEST(CoreAdoptionTest, AFileDeletedSinceStillServesTheWeightsKept) {
   EXPECT_TRUE(rig.Closed().empty());
   EXPECT_EQ(rig.State("a"), shm::ModelState::kReady);
   EXPECT_NE(rig.Logs().find("is gone; serving the weights kept"), std::string::npos) << rig.Logs();
+  // Its path is refused now (nothing to resolve), which stops loads from the file, not an attach of
+  // the weights held.
+  rig.Up(0);
+  rig.Up(1);
+  rig.Forget();
+  rig.Infer(3, "a");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0), to1 = rig.Sent(1);
+  sent.insert(sent.end(), to1.begin(), to1.end());
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].has_attach());
+  EXPECT_TRUE(rig.Replies(3).empty()) << "not refused";
 }
 
 TEST(CoreAdoptionTest, TheSameModelKeptTwiceIsAdoptedOnce) {
