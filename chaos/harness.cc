@@ -20,6 +20,7 @@
 #include "shm/inflight.h"
 #include "shm/model_index.h"
 #include "shm/segment.h"
+#include "shm/stats.h"
 
 namespace warmpool::chaos {
 
@@ -106,6 +107,9 @@ Status Harness::StartOwnDaemon() {
   socket_ = dir_ + "/warmpool.sock";
   instance_ = "chaos-" + std::to_string(getpid());
   if (Status s = MakeModels(); !s.ok()) return s;
+  Result<std::unique_ptr<launch::ServiceManagerDouble>> manager = launch::ServiceManagerDouble::Open(dir_ + "/notify");
+  if (!manager.ok()) return manager.status();
+  service_manager_ = std::move(*manager);
   return Launch();
 }
 
@@ -178,6 +182,7 @@ Status Harness::Launch() {
   spec.models_dir = dir_ + "/models";
   spec.args = {"--enable-fault-injection"};
   if (!options_.backend.empty()) spec.args.insert(spec.args.end(), {"--backend", options_.backend});
+  if (service_manager_ != nullptr) service_manager_->PrepareStart(spec);
   daemon_ = std::make_unique<launch::DaemonProcess>(spec);
   if (Status s = daemon_->Start(); !s.ok()) return s;
   return daemon_->WaitReady(10000);
@@ -282,6 +287,18 @@ Status Harness::Quiesce(int timeout_ms) {
   }
   return Error(Code::kDeadlineExceeded, "the daemon did not become quiescent in {} ms: {}",
                timeout_ms, last);
+}
+
+uint64_t Harness::FileLoads(const std::string& model) {
+  auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
+  if (!segment.ok()) return 0;
+  const shm::SegmentView& v = segment->view();
+  for (uint32_t i = 0; i < v.header().max_models; i++) {
+    if (v.model(i).state != 0 && model == v.model(i).name) {
+      return shm::StatLoad(v.model_stats(i).loads[static_cast<uint32_t>(shm::LoadSource::kFile)]);
+    }
+  }
+  return 0;
 }
 
 pid_t Harness::SupervisorPid() {
@@ -462,7 +479,7 @@ std::string Harness::SegmentDump() {
   return out;
 }
 
-void Harness::KillAndRestart(Checks& checks) {
+void Harness::KillAndRestart(Checks& checks, bool warm) {
   RememberWorkers();
   std::set<pid_t> workers = workers_seen_;
   daemon_->Kill();
@@ -475,6 +492,7 @@ void Harness::KillAndRestart(Checks& checks) {
   checks.Expect(gone, "workers exit with their supervisor (no orphans)");
   checks.Expect(fs::exists("/dev/shm/warmpool." + instance_),
                 "stale segment left by the killed supervisor (to be cleaned at restart)");
+  if (!warm && service_manager_ != nullptr) service_manager_->Clear();
   Status started = Launch();
   checks.Expect(started.ok(), "restart on the same instance and socket", started.message());
   if (started.ok()) {

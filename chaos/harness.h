@@ -17,6 +17,7 @@
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
 #include "launch/daemon_process.h"
+#include "launch/service_manager_double.h"
 
 namespace warmpool::chaos {
 
@@ -90,7 +91,12 @@ class Harness {
   const std::string& directory() const { return dir_; }
 
   // Own daemon only: SIGKILL the supervisor, check its workers die and the next start serves.
-  void KillAndRestart(Checks& checks);
+  // SIGKILL the supervisor and start it again. warm: under the stand-in for systemd's descriptor
+  // store (launch/service_manager_double.h), which keeps what the killed one stored; otherwise the
+  // store is emptied first, as `systemctl stop` does, and every model loads again.
+  void KillAndRestart(Checks& checks, bool warm = false);
+  // Loads from a model file the daemon counted for this model (the segment's stats).
+  uint64_t FileLoads(const std::string& model);
   // From the segment's header; -1 when there is no segment.
   pid_t SupervisorPid();
   // The backend serving ("host" or "cuda"), as the daemon's status says.
@@ -116,6 +122,7 @@ class Harness {
   std::string socket_;
   std::string instance_;
   std::unique_ptr<launch::DaemonProcess> daemon_;  // own daemon only
+  std::unique_ptr<launch::ServiceManagerDouble> service_manager_;  // own daemon only
   ModelUnderTest victim_, bystander_;
   std::vector<ModelUnderTest> victims_;
   std::vector<ModelUnderTest> fillers_;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <map>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -343,6 +344,49 @@ void SupervisorKillScenario(Harness& h, Checks& checks, size_t) {
   ExpectTraffic(checks, "served after the restart", after.Join());
 }
 
+// The same under the stand-in for systemd's descriptor store, with the victim ready and another
+// model parked: after the restart both are served from the weights kept, none is read from its file
+// again, and the traffic after it is answered correctly.
+void SupervisorKillWarmScenario(Harness& h, Checks& checks, size_t index) {
+  const ModelUnderTest& victim = h.victim(index);
+  const ModelUnderTest& parked = h.victim(index + 1);
+  for (const ModelUnderTest* m : {&victim, &parked, &h.bystander()}) {
+    Status loaded = Load(h, m->name);
+    checks.Expect(loaded.ok(), "loaded before the kill: " + m->name, loaded.ToString());
+  }
+  {
+    auto client = h.Connect();
+    bool ok = client.ok() && (*client)->Unload(parked.name, /*park=*/true).ok();
+    checks.Expect(ok, "parked before the kill: " + parked.name);
+  }
+  Traffic traffic(h, TrafficSpec{&victim, 2, 0, 2, 2, 0, {Code::kUnavailable}, true, index});
+  traffic.Start();
+  Sleep(300);  // the store is brought up to date within warmpoold's sync period (200 ms)
+  h.KillAndRestart(checks, /*warm=*/true);
+  traffic.Stop();
+  traffic.Join();  // replies were lost with the supervisor: only the restart is judged
+  std::map<std::string, std::string> states;
+  if (auto client = h.Connect(); client.ok()) {
+    if (auto ps = (*client)->Ps(); ps.ok()) {
+      for (const auto& m : ps->models()) states[m.name()] = m.state();
+    }
+  }
+  checks.Expect(states[victim.name] == "ready", "the victim is ready at once after the restart",
+                states[victim.name]);
+  checks.Expect(states[parked.name] == "parked", "the parked model is still parked", states[parked.name]);
+  Traffic after(h, TrafficSpec{&victim, 2, 5, 2, 2, 0, {}, false, index + 7});
+  after.Start();
+  ExpectTraffic(checks, "victim served after the restart", after.Join());
+  Bystander bystander(h);
+  Status unparked = Load(h, parked.name);
+  checks.Expect(unparked.ok(), "the parked model unparks from its kept copy", unparked.ToString());
+  bystander.Finish(checks);
+  for (const ModelUnderTest* m : {&victim, &parked, &h.bystander()}) {
+    checks.Expect(h.FileLoads(m->name) == 0, "nothing read from a file after the restart: " + m->name,
+                  fmt::format("{} loads from the file", h.FileLoads(m->name)));
+  }
+}
+
 // SIGHUP after SIGHUP under traffic, with a registry that did not change: nothing is unloaded or
 // re-registered, nothing is lost, no worker restarts.
 void ReloadStormScenario(Harness& h, Checks& checks, size_t index) {
@@ -395,6 +439,7 @@ std::vector<Scenario> AllScenarios() {
   all.push_back({"budget exhaustion under load", true, BudgetScenario});
   all.push_back({"client disconnect storm", false, DisconnectStormScenario});
   all.push_back({"supervisor SIGKILL and restart", true, SupervisorKillScenario});
+  all.push_back({"supervisor SIGKILL and restart with the descriptor store", true, SupervisorKillWarmScenario});
   all.push_back({"SIGHUP storm under traffic", true, ReloadStormScenario});
   return all;
 }

@@ -121,6 +121,12 @@ Status Daemon::Start() {
   const char* fdstore = std::getenv("FDSTORE");
   warm_store_ = std::make_unique<WarmStore>(
       config_.instance, service_->notifying() && (fdstore == nullptr || std::strtoul(fdstore, nullptr, 10) != 0));
+  if (fdstore != nullptr && std::strtoul(fdstore, nullptr, 10) != 0 &&
+      std::strtoul(fdstore, nullptr, 10) < config_.max_models + 2ul) {
+    spdlog::warn("FileDescriptorStoreMax={} is less than [limits] max_models + 2 ({}): some warm "
+                 "models will load again after a restart",
+                 fdstore, config_.max_models + 2ul);
+  }
   std::vector<KeptWeights> kept = warm_store_->Receive(*passed);
 
   // Which backend serves, asked of a probe child (this process never loads the CUDA driver).
