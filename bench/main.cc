@@ -28,6 +28,7 @@
 #include "bench/batching.h"
 #include "bench/compute.h"
 #include "bench/recovery.h"
+#include "bench/restart.h"
 #include "bench/regions.h"
 #include "bench/relay.h"
 #include "bench/session.h"
@@ -51,6 +52,8 @@ struct Options {
   uint32_t pipeline = 1;  // requests in flight per client
   uint32_t rounds = 4;
   bool json = false;
+  // --restart
+  bool restart = false;
   // --recovery
   bool recovery = false;
   uint32_t iterations = 20;
@@ -299,7 +302,7 @@ int main(int argc, char** argv) {
                      "sequences and unparks per size (default 10 there)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
-  app.add_option("--model-mib", options.model_mib, "--recovery: MiB of f32 weights in the model")
+  app.add_option("--model-mib", options.model_mib, "--recovery, --restart: MiB of f32 weights in the model")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--inflight", options.inflight,
@@ -349,6 +352,11 @@ int main(int argc, char** argv) {
                "instead: large tensors through a client's shared-memory region: a --payload-mib "
                "(default 16) echo round trip against copying the bytes in and out once (memcpy), "
                "with the request alone and through frames beside it (see bench/regions.h)");
+  app.add_flag("--restart", options.restart,
+               "instead: a restart of warmpoold with a warm --model-mib model (default 1024): from the new "
+               "daemon's start to the model ready and to its first inference, with the descriptor store "
+               "(weights kept) and without it (a load from the page cache) (see bench/restart.h)");
+  app.get_option("--restart")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching")->excludes("--regions");
   app.get_option("--regions")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching");
   app.get_option("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
   app.get_option("--batching")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
@@ -406,6 +414,15 @@ int main(int argc, char** argv) {
     sharing.features = options.features;
     sharing.json = options.json;
     return warmpool::bench::RunSharing(sharing);
+  }
+  if (options.restart) {
+    warmpool::bench::RestartOptions restart;
+    restart.daemon = options.daemon;
+    restart.backend = options.backend;
+    if (iterations->count() > 0) restart.iterations = options.iterations;
+    if (app.get_option("--model-mib")->count() > 0) restart.model_mib = options.model_mib;
+    restart.json = options.json;
+    return warmpool::bench::RunRestart(restart);
   }
   if (options.recovery) {
     warmpool::bench::RecoveryOptions recovery;

@@ -109,10 +109,24 @@ Status BenchRun::StartDaemon(const std::string& binary, const std::string& backe
   spec.models_dir = dir_ + "/models";
   if (!backend.empty()) spec.args = {"--backend", backend};
   spec.die_with_parent = true;  // if the benchmark dies, the daemon drains and exits
+  if (manager_ != nullptr) manager_->PrepareStart(spec);
   daemon_ = std::make_unique<launch::DaemonProcess>(spec);
   if (Status s = daemon_->Start(); !s.ok()) return s;
   g_daemon = daemon_->pid();
   return daemon_->WaitReady(kStartupTimeoutMs);
+}
+
+Status BenchRun::KillAndStartAgain() {
+  if (daemon_ == nullptr) return Error(Code::kFailedPrecondition, "no daemon to restart");
+  launch::DaemonSpec spec = daemon_->spec();
+  daemon_->Kill();
+  g_daemon = -1;
+  spec.env.clear();
+  if (manager_ != nullptr) manager_->PrepareStart(spec);
+  daemon_ = std::make_unique<launch::DaemonProcess>(spec);
+  if (Status s = daemon_->Start(); !s.ok()) return s;
+  g_daemon = daemon_->pid();
+  return OkStatus();
 }
 
 Result<std::unique_ptr<client::Client>> BenchRun::Connect() const {

@@ -13,6 +13,7 @@
 #include "client/client.h"
 #include "common/status.h"
 #include "launch/daemon_process.h"
+#include "launch/service_manager_double.h"
 
 namespace warmpool::bench {
 
@@ -34,6 +35,12 @@ class BenchRun {
   // program) on it; returns when it answers. Every fork happens before the mode starts threads.
   Status StartDaemon(const std::string& binary, const std::string& backend,
                      const std::string& config_text);
+  // Under a stand-in for systemd (launch/service_manager_double.h): every start after this one
+  // gets what it keeps. Call before StartDaemon.
+  void UseServiceManager(launch::ServiceManagerDouble* manager) { manager_ = manager; }
+  // SIGKILL the daemon (as a crash would), then fork+exec a new one on the same configuration and
+  // socket without waiting for it: the caller times what follows.
+  Status KillAndStartAgain();
   launch::DaemonProcess& daemon() { return *daemon_; }
   // A client of the daemon that gives up on a reply after a minute (a failsafe, not a bound).
   Result<std::unique_ptr<client::Client>> Connect() const;
@@ -51,6 +58,7 @@ class BenchRun {
 
   std::string dir_;
   std::unique_ptr<launch::DaemonProcess> daemon_;
+  launch::ServiceManagerDouble* manager_ = nullptr;
 };
 
 }  // namespace warmpool::bench

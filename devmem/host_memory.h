@@ -54,6 +54,8 @@ class HostMemory {
   // Copies of host memory go in chunks of this size over up to this many threads (common/chunks.h).
   static constexpr uint64_t kCopyChunkBytes = 16ull << 20;
   static constexpr unsigned kCopyThreads = 4;
+  // Imports at least this large fill their page tables from those threads too (Import).
+  static constexpr uint64_t kParallelPopulateBytes = 64ull << 20;
   static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd = -1);
   // Maps a region exported by another process: a dup of its fd, mapped shared; read-only and
   // populated unless `read_only` is false (a copy a GPU driver pins for a transfer). Not counted

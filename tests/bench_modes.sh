@@ -33,3 +33,4 @@ run abuse greedy,default_limits --abuse --seconds 1 --payload-mib 1 --greedy 2
 run compute mode,batches --compute --layers 64,256,32 --batches 1,17 --rounds 2
 run batching batched,unbatched,batched_vs_unbatched --batching --clients 2 --requests 40 --rounds 1 --layers 64,128,64
 run regions memcpy,region,in-place,frames,ratio_region_vs_memcpy --regions --payload-mib 2 --iterations 2
+run restart mode,warm,cold,cold_vs_warm --restart --iterations 1 --model-mib 4
