@@ -89,7 +89,7 @@ Status ClientServer::Listen(const std::string& path, std::optional<gid_t> group)
   return OkStatus();
 }
 
-Status ClientServer::Adopt(int fd) {
+Status ClientServer::Adopt(int fd, bool owns_path) {
   int type = 0;
   socklen_t len = sizeof(type);
   int listening = 0;
@@ -109,7 +109,7 @@ Status ClientServer::Adopt(int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   fcntl(fd, F_SETFD, FD_CLOEXEC);
   path_ = addr_len > offsetof(sockaddr_un, sun_path) ? std::string(addr.sun_path) : "";
-  owns_path_ = false;
+  owns_path_ = owns_path;
   StartPolling(fd);
   return OkStatus();
 }
@@ -482,7 +482,8 @@ void ClientServer::OpenFramed(uint64_t id, int fd) {
     options.max_frame_bytes = options_.max_frame_bytes;
     options.max_pending_write_bytes = options_.max_unread_reply_bytes;
     options.farewell = [](const Status& why) { return ipc::Frame(ErrorReply(0, why)); };
-    // Only a region request carries a descriptor (its memfd); any other is closed.
+    // Only a region request (its memfd) and a takeover request (its channel) carry a descriptor;
+    // any other is closed.
     options.accept_fds = true;
     options.close_unclaimed_fds = true;
     options.max_held_fds = 4;
@@ -558,11 +559,10 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  // A region request's memfd is taken now, whatever becomes of the request, so that it is never
-  // left for a later frame to take.
-  const int fd = request.has_region() && request.region().remove() == 0
-                     ? it->second.connection->TakeFd()
-                     : -1;
+  // A region request's memfd (a takeover's channel) is taken now, whatever becomes of the request,
+  // so that it is never left for a later frame to take.
+  const bool carries = (request.has_region() && request.region().remove() == 0) || request.has_takeover();
+  const int fd = carries ? it->second.connection->TakeFd() : -1;
   Accept(session, std::move(request), fd, false);
 }
 

@@ -87,7 +87,13 @@ class ClientServer {
   Status Listen(const std::string& path, std::optional<gid_t> group = std::nullopt);
   // Serves on a listening socket somebody else bound (systemd socket activation). Its file is
   // theirs: it is never unlinked here.
-  Status Adopt(int fd);
+  // owns_path: the file is this daemon's after all (a socket handed over by `--takeover`): it is
+  // unlinked at stop as one bound here.
+  Status Adopt(int fd, bool owns_path = false);
+  // The listening socket, for a daemon taking over (supervisor/takeover.h); -1 when not listening.
+  int HandOverListener() const { return listen_fd_; }
+  // Once it is handed over: the socket's file is the other daemon's, never unlinked here.
+  void ReleasePath() { owns_path_ = false; }
   // The HTTP API on a loopback TCP address ("127.0.0.1:8080", "[::1]:8080"); any other address
   // is refused: the API has no TLS, and reads need no credentials.
   Status ListenTcp(const std::string& address);

@@ -101,6 +101,7 @@ struct Config {
   std::string http_admin_token_file;
   // recovery
   bool enable_fault_injection = false;  // only from the command line, never from a file
+  bool takeover = false;  // --takeover (supervisor/takeover.h); only from the command line
   uint32_t inference_grace_ms = 1000;   // past a request's deadline, a worker still on it is killed
   uint32_t load_stall_ms = 30000;       // a load (or unload) with no progress this long is killed
   uint32_t crash_loop_crashes = 3;      // this many worker crashes caused by one model ...

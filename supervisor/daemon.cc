@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "metrics/prometheus.h"
+#include "ipc/error_proto.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/model_roots.h"
 #include "supervisor/region_check.h"
@@ -127,7 +129,7 @@ Status Daemon::Start() {
                  "models will load again after a restart",
                  fdstore, config_.max_models + 2ul);
   }
-  std::vector<KeptWeights> kept = warm_store_->Receive(*passed);
+
 
   // Which backend serves, asked of a probe child (this process never loads the CUDA driver).
   const std::string owner_path = worker_path_.substr(0, worker_path_.rfind('/') + 1) + "warmpool-owner";
@@ -143,6 +145,26 @@ Status Daemon::Start() {
   }
   std::vector<uint64_t> budgets;
   for (const DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
+
+  // --takeover: what the running daemon hands over (its listening socket among them) joins what the
+  // service manager passed. Late in the start, so that what can fail on its own fails before the
+  // running daemon stops serving.
+  int taken_socket = -1;
+  if (config_.takeover) {
+    if (*activated >= 0 || service_->notifying()) {
+      return Error(Code::kFailedPrecondition,
+                   "--takeover is for a daemon started by hand; under systemd restart the service "
+                   "instead (systemctl restart warmpool): the descriptor store keeps models warm");
+    }
+    Result<std::vector<PassedDescriptor>> handed = TakeOver(config_.socket_path);
+    if (!handed.ok()) return handed.status();
+    for (PassedDescriptor& d : *handed) {
+      if (d.name == kHandedSocketName) taken_socket = d.fd;
+      else passed->push_back(d);
+    }
+    spdlog::info("took over from the daemon on {}: {} descriptors", config_.socket_path, handed->size());
+  }
+  std::vector<KeptWeights> kept = warm_store_->Receive(*passed);
 
   shm::Limits limits{config_.max_models,
                      config_.workers_per_device * static_cast<uint32_t>(budgets.size()),
@@ -180,7 +202,10 @@ Status Daemon::Start() {
         request_stats_->SessionGone(session);
         Dispatch(event::ClientGone{session});
       });
-  if (*activated >= 0) {
+  activated_ = *activated >= 0;
+  if (taken_socket >= 0) {
+    if (Status s = server_->Adopt(taken_socket, /*owns_path=*/true); !s.ok()) return s;
+  } else if (*activated >= 0) {
     if (Status s = server_->Adopt(*activated); !s.ok()) return s;
   } else if (Status s = server_->Listen(config_.socket_path, socket_gid_); !s.ok()) {
     return s;
@@ -231,7 +256,8 @@ Status Daemon::Start() {
   for (uint64_t b : budgets) budget_text += (budget_text.empty() ? "" : " + ") + FormatBytes(b);
   spdlog::info("warmpoold {} serving on {}{} (instance {}, backend {}, budget {}, {} workers of {} "
                "threads, {} models registered{}{})",
-               kVersion, server_->path(), *activated >= 0 ? " (socket activation)" : "",
+               kVersion, server_->path(),
+               taken_socket >= 0 ? " (taken over)" : *activated >= 0 ? " (socket activation)" : "",
                config_.instance, config_.backend, budget_text, config_.workers_per_device * budgets.size(),
                pool.threads,
                core_->index().All().size(),
@@ -430,6 +456,7 @@ bool Daemon::IsAdmin(const Peer& peer) const {
 }
 
 void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
+  if (request.has_takeover()) return OnTakeover(session, peer, request.request_id(), fd);
   event::ClientRequest e;
   e.session = session;
   e.handle = fd;  // the core keeps it or closes it
@@ -445,6 +472,59 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
   request_stats_->Received(session, request, core_->index(), MonotonicNanos());
   e.envelope = std::move(request);
   Dispatch(std::move(e));
+}
+
+void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id, int channel) {
+  v1::Envelope reply;
+  reply.set_request_id(request_id);
+  auto refuse = [&](const Status& why) {
+    if (channel >= 0) close(channel);
+    spdlog::warn("takeover refused: {}", why.message());
+    ipc::SetError(reply.mutable_error(), why);
+    server_->Send(session, reply);
+  };
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (peer.tcp || !IsAdmin(peer)) {
+    return refuse(Error(Code::kPermissionDenied, "a takeover needs root or the daemon's user"));
+  }
+  if (channel < 0 || getsockopt(channel, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) {
+    return refuse(Error(Code::kInvalidArgument, "a takeover request carries one end of a SOCK_SEQPACKET socketpair"));
+  }
+  if (handed_over_ || core_->stopping()) return refuse(Error(Code::kUnavailable, "this daemon is stopping"));
+  if (activated_ || service_->notifying()) {
+    return refuse(Error(Code::kFailedPrecondition,
+                        "this daemon runs under a service manager: restart the service instead "
+                        "(systemctl restart warmpool); its descriptor store keeps models warm"));
+  }
+  const int listener = server_->HandOverListener();
+  if (listener < 0) return refuse(Error(Code::kUnavailable, "this daemon is not accepting connections"));
+  // From here on no memory this daemon lets go of is reused: the new daemon maps the same regions.
+  handed_over_ = true;
+  ForgetMappings(freed_memory_.TrimTo(0));
+  const std::vector<KeptWeights> kept = core_->Kept();
+  // The segment's name goes before the last message: the new daemon creates its own under it.
+  bool name_gone = false;
+  Status sent = HandOver(channel, listener, kept, config_.instance, [&] {
+    segment_.Remove();
+    name_gone = true;
+  });
+  if (!sent.ok() && !name_gone) {
+    // The new daemon went away before it had everything: it gives up, this one goes on serving.
+    handed_over_ = false;
+    return refuse(Error(Code::kUnavailable, "the takeover failed: {}", sent.message()));
+  }
+  close(channel);
+  if (!sent.ok()) {
+    spdlog::error("takeover failed at its last step, stopping: {}", sent.ToString());
+  } else {
+    spdlog::info("handed the socket and {} kept weights to a new warmpoold; draining and stopping",
+                 kept.size());
+    server_->ReleasePath();
+    reply.mutable_takeover_reply()->set_models(static_cast<uint32_t>(kept.size()));
+    server_->Send(session, reply);
+  }
+  Dispatch(event::Stop{/*handed_over=*/true});
 }
 
 Result<ModelEntry> Daemon::LookAtRegistration(const v1::RegisterRequest& request) const {
@@ -529,7 +609,7 @@ void Daemon::FinishStop() {
     spdlog::error("segment invariant broken at shutdown: {}", s.ToString());
     exit_code_ = 1;
   }
-  segment_.Remove();
+  segment_.Remove();  // a no-op once handed over: the name is the new daemon's
   if (owners_ != nullptr) owners_->Shutdown();
   for (auto& o : owner_states_) {
     if (o->restart_timer.active()) uv_timer_stop(o->restart_timer.get());

@@ -33,6 +33,7 @@
 #include "supervisor/region_cache.h"
 #include "supervisor/request_stats.h"
 #include "supervisor/service_manager.h"
+#include "supervisor/takeover.h"
 #include "supervisor/warm_store.h"
 #include "supervisor/worker_pool.h"
 
@@ -61,6 +62,8 @@ class Daemon {
   // Root, the daemon's own user, or a member of [access] admin_group.
   bool IsAdmin(const Peer& peer) const;
   void OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request, int fd);
+  // `warmpoold --takeover` asks for everything (supervisor/takeover.h); `channel` came with it.
+  void OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id, int channel);
   // `warmpool register`: where the path leads and what its header says.
   Result<ModelEntry> LookAtRegistration(const v1::RegisterRequest& request) const;
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;
@@ -123,6 +126,8 @@ class Daemon {
   std::unique_ptr<ServiceManager> service_;
   std::unique_ptr<WarmStore> warm_store_;
   uint64_t kept_synced_changes_ = 0;
+  bool activated_ = false;    // serving a socket the service manager passed
+  bool handed_over_ = false;  // a new daemon took over: its segment and socket are not ours
   uint64_t kept_synced_ms_ = 0;
   std::optional<gid_t> admin_gid_;
   std::optional<gid_t> socket_gid_;

@@ -244,7 +244,7 @@ void Daemon::CloseHandle(int fd, bool reusable) {
   // never adopt a region under a name whose bytes it no longer holds.
   warm_store_->Forget(fd);
   if (config_.backend == "host") {
-    if (reusable) return freed_memory_.Keep(fd);
+    if (reusable && !handed_over_) return freed_memory_.Keep(fd);
     // The worker that allocated it may keep a mapping of it: named to the workers, it goes too.
     struct stat st {};
     const bool known = fstat(fd, &st) == 0;

@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   bool fault_injection = false;
   app.add_flag("--enable-fault-injection", fault_injection,
                "accept 'warmpool fault arm/clear' (for testing and the chaos harness only)");
+  bool takeover = false;
+  app.add_flag("--takeover", takeover,
+               "take over from the warmpoold serving the same socket and instance: it hands over its "
+               "listening socket and every resident weights region and parked copy, drains and exits; "
+               "this one serves them without reading a file (an upgrade without a reload)");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   SetupLogging("warmpoold", "warmpoold", log_level);
@@ -71,6 +76,7 @@ int main(int argc, char** argv) {
       config.budget_bytes = *bytes;
     }
     config.enable_fault_injection = fault_injection;
+    config.takeover = takeover;
     supervisor::FinishDefaults(config);
     if (Status s = supervisor::CheckInstanceName(config.instance); !s.ok()) return s;
     return config;

@@ -73,26 +73,6 @@ Result<v1::KeptManifest> ReadManifest(int fd) {
   return manifest;
 }
 
-v1::KeptModel Describe(const KeptWeights& k, const std::string& fd_name) {
-  v1::KeptModel m;
-  m.set_name(k.name);
-  m.set_engine(k.engine);
-  m.set_path(k.path);
-  m.set_file_size(k.version.size);
-  m.set_file_mtime_ns(k.version.mtime_ns);
-  m.set_file_inode(k.version.inode);
-  m.set_file_device(k.version.device);
-  m.set_parked(k.parked);
-  m.set_device(k.weights.device);
-  m.set_header(k.weights.header);
-  m.set_weight_bytes(k.weights.weight_bytes);
-  m.set_workspace_bytes(k.weights.workspace_bytes);
-  m.set_in_features(k.weights.in_features);
-  m.set_out_features(k.weights.out_features);
-  m.set_fd_name(fd_name);
-  return m;
-}
-
 KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
   KeptWeights k;
   k.name = m.name();
@@ -112,6 +92,45 @@ KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
 }
 
 }  // namespace
+
+v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name) {
+  v1::KeptModel m;
+  m.set_name(k.name);
+  m.set_engine(k.engine);
+  m.set_path(k.path);
+  m.set_file_size(k.version.size);
+  m.set_file_mtime_ns(k.version.mtime_ns);
+  m.set_file_inode(k.version.inode);
+  m.set_file_device(k.version.device);
+  m.set_parked(k.parked);
+  m.set_device(k.weights.device);
+  m.set_header(k.weights.header);
+  m.set_weight_bytes(k.weights.weight_bytes);
+  m.set_workspace_bytes(k.weights.workspace_bytes);
+  m.set_in_features(k.weights.in_features);
+  m.set_out_features(k.weights.out_features);
+  m.set_fd_name(fd_name);
+  return m;
+}
+
+Result<int> WriteManifest(const v1::KeptManifest& manifest) {
+  const std::string content = manifest.SerializeAsString();
+  const int fd = memfd_create("warmpool-manifest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Error(Code::kInternal, "memfd_create: {}", std::strerror(errno));
+  for (size_t done = 0; done < content.size();) {
+    ssize_t n = write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      close(fd);
+      return Error(Code::kInternal, "writing the manifest: {}", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  // Sealed: whoever gets it next reads exactly what was written.
+  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return fd;
+}
 
 std::string KeptName(const KeptWeights& kept, uint64_t inode) {
   return fmt::format("wp.{}.{}.{:016x}.{:x}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.version),
@@ -233,7 +252,7 @@ std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passe
     close(fd);
   }
   if (!kept.empty() || !received_.empty()) {
-    spdlog::info("received {} kept weights from the service manager{}", kept.size(),
+    spdlog::info("received {} kept weights{}", kept.size(),
                  received_.empty() ? "" : fmt::format(" ({} other descriptors let go)", received_.size()));
   }
   return kept;
@@ -272,31 +291,24 @@ void WarmStore::Sync(const std::vector<KeptWeights>& kept) {
       it = stored_.emplace(inode, name).first;
     }
     wanted.insert(inode);
-    *manifest.add_models() = Describe(k, it->second);
+    *manifest.add_models() = DescribeKept(k, it->second);
   }
   std::string bytes = manifest.SerializeAsString();
   if (bytes != manifest_bytes_) {
     const uint64_t sequence = ++sequence_;
     manifest.set_sequence(sequence);
-    const std::string content = manifest.SerializeAsString();
-    const int fd = memfd_create("warmpool-manifest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    bool written = fd >= 0;
-    for (size_t done = 0; written && done < content.size();) {
-      ssize_t n = write(fd, content.data() + done, content.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      written = n > 0;
-      if (written) done += static_cast<size_t>(n);
-    }
-    if (written) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
     const std::string name = fmt::format("{}{}", kManifestPrefix, sequence);
-    if (written && Store(fd, name)) {
-      if (!manifest_name_.empty()) Remove(manifest_name_);
-      manifest_name_ = name;
-      manifest_bytes_ = std::move(bytes);
-    } else if (fd < 0 || !written) {
-      spdlog::warn("cannot write the manifest of the kept weights: {}", std::strerror(errno));
+    Result<int> fd = WriteManifest(manifest);
+    if (!fd.ok()) {
+      spdlog::warn("cannot write the manifest of the kept weights: {}", fd.status().message());
+    } else {
+      if (Store(*fd, name)) {
+        if (!manifest_name_.empty()) Remove(manifest_name_);
+        manifest_name_ = name;
+        manifest_bytes_ = std::move(bytes);
+      }
+      close(*fd);
     }
-    if (fd >= 0) close(fd);
   }
   for (auto it = stored_.begin(); it != stored_.end();) {
     if (wanted.count(it->first) != 0) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "ipc/warmpool.pb.h"
 #include "supervisor/core/kept.h"
 
 namespace warmpool::supervisor {
@@ -76,5 +77,9 @@ class WarmStore {
 
 // wp.<w|p>.<model>.<version>.<inode>
 std::string KeptName(const KeptWeights& kept, uint64_t inode);
+// The manifest's record of one kept handle, stored under fd_name.
+v1::KeptModel DescribeKept(const KeptWeights& kept, const std::string& fd_name);
+// A sealed memfd holding the manifest (the caller owns it).
+Result<int> WriteManifest(const v1::KeptManifest& manifest);
 
 }  // namespace warmpool::supervisor

@@ -56,7 +56,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
         else if constexpr (std::is_same_v<E, event::Tick>) OnTick();
         else if constexpr (std::is_same_v<E, event::Reload>) Reload(std::move(e));
         else if constexpr (std::is_same_v<E, event::ModelInspected>) OnModelInspected(e);
-        else if constexpr (std::is_same_v<E, event::Stop>) BeginStop();
+        else if constexpr (std::is_same_v<E, event::Stop>) BeginStop(e.handed_over);
         else if constexpr (std::is_same_v<E, event::WorkersStopped>) stopped_ = true;
         else if constexpr (std::is_same_v<E, event::DeviceLost>) OnDeviceLost(e);
         else if constexpr (std::is_same_v<E, event::DeviceRestored>) OnDeviceRestored(e);
@@ -233,7 +233,8 @@ std::string Core::StatusLine() const {
   return stopping_ ? "stopping: " + line : line;
 }
 
-void Core::BeginStop() {
+void Core::BeginStop(bool handed_over) {
+  handed_over_ = handed_over_ || handed_over;
   if (stopping_) {
     // A second signal: the operator does not want to wait for the drain.
     if (!drain_ended_) EndDrain("a second stop signal");

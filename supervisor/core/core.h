@@ -70,6 +70,7 @@ class Core {
 
   // For the shell's exit status and for the simulator's checks.
   bool stopped() const { return stopped_; }
+  bool stopping() const { return stopping_; }
   // Requests accepted and not yet answered, over every open session.
   uint64_t unanswered() const { return unanswered_; }
   // Bytes of requests the daemon holds (queued or running), over every open session.
@@ -219,7 +220,7 @@ class Core {
   void Preload();
   void CheckPreload();
   std::string StatusLine() const;
-  void BeginStop();
+  void BeginStop(bool handed_over);
   void CheckDrained();
   void EndDrain(const std::string& why);
   uint64_t MonoMs() const { return now_.mono_ms; }
@@ -408,6 +409,7 @@ class Core {
   uint64_t held_bytes_ = 0;
   bool retrying_ = false;
   bool stopping_ = false;     // no new requests; accepted ones drain
+  bool handed_over_ = false;  // ... and a new daemon serves the socket (supervisor/takeover.h)
   bool drain_ended_ = false;  // workers are being stopped
   bool stopped_ = false;
   uint64_t drain_deadline_ms_ = 0;

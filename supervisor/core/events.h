@@ -104,8 +104,11 @@ struct ModelInspected {
   Result<std::string> resolved = Status();  // where it leads now, under the model roots
   ModelEntry entry;           // the file's description (problem set when it is not loadable)
 };
-// SIGTERM or SIGINT.
-struct Stop {};
+// SIGTERM or SIGINT; or the daemon handed its socket to a new one (`warmpoold --takeover`), whose
+// clients are told to reconnect.
+struct Stop {
+  bool handed_over = false;
+};
 // The workers are all gone after action::StopWorkers.
 struct WorkersStopped {};
 

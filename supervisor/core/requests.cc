@@ -60,6 +60,11 @@ void Core::OnRequest(event::ClientRequest&& event) {
   }
   if (!checked.ok()) return AnswerError(call, checked);
   if (stopping_) {
+    if (handed_over_) {
+      return AnswerError(call, Error(Code::kUnavailable,
+                                     "this warmpoold handed its socket to a new one: reconnect and send "
+                                     "the request again"));
+    }
     return AnswerError(call, Error(Code::kUnavailable, "the daemon is stopping; retry after it restarts"));
   }
   switch (request.body_case()) {
