@@ -188,6 +188,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
         }
       } else if (k == "reserve") s = ReadSize(node, key, c.cuda_reserve_bytes);
       else if (k == "tf32") s = ReadBool(node, key, c.cuda_tf32);
+      else if (k == "keep_across_restarts") s = ReadBool(node, key, c.cuda_keep_across_restarts);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "limits") {
       uint64_t size = 0;

@@ -72,6 +72,9 @@ struct Config {
   std::string cuda_sharing = "auto";          // [cuda] sharing: auto | vmm | legacy
   uint64_t cuda_reserve_bytes = 1ull << 30;   // [cuda] reserve: left free on each device
   bool cuda_tf32 = false;                     // [cuda] tf32: f32 dense layers on TF32 tensor cores
+  // [cuda] keep_across_restarts: device weights (vmm sharing) kept across a restart of warmpoold,
+  // which relies on an allocation outliving the owner that made it (warmpool-driver-check lifetime).
+  bool cuda_keep_across_restarts = false;
   // limits
   uint32_t max_frame_bytes = 64u << 20;
   uint32_t max_connections = 1024;

@@ -71,6 +71,7 @@ Status Daemon::StartCuda(const BackendChoice& choice, const std::string& owner_p
   config_.backend = "cuda";  // resolved: what status and the log report
   pool.backend = "cuda";
   pool.sharing = sharing;
+  config_.cuda_sharing = sharing;  // as resolved: the core keeps device weights only if shared by descriptor
   pool.tf32 = config_.cuda_tf32;
 
   DeviceOwnersOptions options{owner_path, sharing, ordinals};

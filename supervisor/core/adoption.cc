@@ -9,8 +9,8 @@
 // Budgets and limits may have changed across the restart: adoption fills the devices most
 // recently used first, as far as the budget, capacity, single_active and max_cached allow; what no
 // longer fits is parked where the park budget has room (host backend: device weights are host
-// memory already, so the region itself becomes the parked copy) and dropped otherwise. The LRU
-// order is the one the models had.
+// memory already, so the region itself becomes the parked copy) and dropped otherwise (cuda
+// device memory). The LRU order is the one the models had.
 #include <algorithm>
 
 #include "common/units.h"
@@ -20,9 +20,16 @@ namespace warmpool::supervisor {
 
 using namespace residency;
 
+bool Core::KeepsDeviceWeights() const {
+  // Host memory is a memfd of its own. Device memory on cuda belongs to the owner process, which
+  // exits with the supervisor: kept only where the operator says allocations outlive it, and only
+  // when shared by descriptor (a legacy IPC handle names memory in the dead owner).
+  return config_.backend != "cuda" || (config_.cuda_keep_across_restarts && config_.cuda_sharing == "vmm");
+}
+
 std::vector<KeptWeights> Core::Kept() const {
   std::vector<KeptWeights> kept;
-  const bool host = config_.backend != "cuda";
+  const bool host = KeepsDeviceWeights();
   for (uint32_t model : index_->LruOrder()) {
     const Model& m = models_[model];
     if (m.changing()) continue;  // a new version replaces it: not worth keeping
@@ -61,7 +68,7 @@ Status Core::CheckKept(const KeptWeights& k) const {
   if (k.weights.handle < 0 || k.weights.header.empty()) {
     return Error(Code::kInvalidArgument, "the record kept describes no weights");
   }
-  if (!k.parked && (k.weights.device >= DeviceCount() || config_.backend == "cuda")) {
+  if (!k.parked && (k.weights.device >= DeviceCount() || !KeepsDeviceWeights())) {
     return Error(Code::kFailedPrecondition, "its device memory cannot be adopted here");
   }
   if (m.entry.problem.ok()) {
@@ -116,8 +123,18 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
         cached++;
         continue;
       }
-      k.parked = true;  // host memory already (CheckKept): it can stay as the parked copy
-      Log(LogLevel::kInfo, "\"{}\" no longer fits on device {} under this configuration: parking it", k.name, d);
+      if (config_.backend != "cuda") {
+        k.parked = true;  // host memory already: it can stay as the parked copy
+        Log(LogLevel::kInfo, "\"{}\" no longer fits on device {} under this configuration: parking it", k.name, d);
+      }
+    }
+    if (!k.parked) {
+      // Device memory that does not fit: a copy to host memory would need a worker to make it.
+      Log(LogLevel::kInfo, "dropping the weights kept of \"{}\": no room on device {} under this configuration",
+          k.name, k.weights.device);
+      CloseMemory(k.weights.handle);
+      keep[i] = false;
+      continue;
     }
     if (count_ok && limits.park_budget_bytes != 0 && park_used + bytes <= limits.park_budget_bytes) {
       park_used += bytes;

@@ -283,6 +283,7 @@ class Core {
   void Release(uint32_t model, shm::ReleaseReason reason, bool allow_park);
   // adoption.cc
   Status CheckKept(const KeptWeights& kept) const;
+  bool KeepsDeviceWeights() const;
   void Adopt(std::vector<KeptWeights> kept);
   // A load, attach or unpark that succeeded, for the segment's stats (shm/stats.h).
   void CountLoad(uint32_t model, shm::LoadSource source, uint64_t started_ms);

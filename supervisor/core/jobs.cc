@@ -78,7 +78,6 @@ void Core::FollowFile(uint32_t model, const ModelEntry& now) {
   Model& m = models_[model];
   m.entry.header = now.header;
   m.entry.file_size = now.file_size;
-  // A worker's report does not say which version it read (zero: a warm restart will not adopt it).
   m.entry.version = now.version;
   m.entry.weight_bytes = now.weight_bytes;
   m.entry.workspace_bytes = now.workspace_bytes;
@@ -89,6 +88,10 @@ void Core::FollowFile(uint32_t model, const ModelEntry& now) {
 
 void Core::FollowFile(uint32_t model, const v1::WorkerLoadDone& done) {
   ModelEntry now;
+  // A worker's report does not say which version of the file it read: the same header is the same
+  // file (only what it needs was corrected); another one is a version not known here (zero, which
+  // a warm restart never adopts).
+  if (done.header() == models_[model].entry.header) now.version = models_[model].entry.version;
   now.header = done.header();
   now.file_size = done.file_size();
   now.weight_bytes = done.weight_bytes();

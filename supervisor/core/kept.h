@@ -4,8 +4,10 @@
 // back to the next warmpoold, whose core adopts those that still match its registry.
 //
 // Only what the handle alone can bring back is kept: weights whose memory is a file descriptor of
-// their own (the host backend's memfd; on cuda the device memory belongs to the owner process,
-// which dies with the supervisor, so only parked copies in host memory are kept there).
+// their own (the host backend's memfd, parked copies). On cuda the device memory belongs to the
+// owner process, which exits with the supervisor: device weights are kept only with [cuda]
+// keep_across_restarts, where an allocation outlives its owner while an exported descriptor is
+// held (`warmpool-driver-check lifetime` answers that for a driver).
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "tests/integration/daemon_fixture.h"
@@ -220,6 +221,65 @@ TEST_F(CudaTest, CudaWithoutAUsableGpuIsRefusedWithWhatToDo) {
   EXPECT_EQ(rc, 2) << err;
   EXPECT_NE(err.find("CUDA_ERROR_NO_DEVICE"), std::string::npos) << err;
   EXPECT_NE(err.find("--backend host"), std::string::npos) << err;
+}
+
+// Across a restart of warmpoold under the stand-in for systemd's store: parked copies (host memory)
+// always; device weights only with [cuda] keep_across_restarts, where the double's memory, a memfd,
+// outlives the owner that made it (what warmpool-driver-check lifetime asks of a real driver).
+TEST_F(CudaTest, ARestartKeepsParkedCopiesAndWithKeepAcrossRestartsDeviceWeights) {
+  for (bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "keep_across_restarts" : "default");
+    auto manager = launch::ServiceManagerDouble::Open(dir_ + (keep ? "/notify-keep" : "/notify"));
+    ASSERT_TRUE(manager.ok()) << manager.status().ToString();
+    service_manager_ = std::move(*manager);
+    std::string a = MakeModel("a", "32,128,8");
+    std::string b = MakeModel("b", "32,64,8", "relu", "f32", 2);
+    std::string toml = std::string("[pool]\npark_budget = \"64MiB\"\n[cuda]\nkeep_across_restarts = ") +
+                       (keep ? "true" : "false") + "\n[[models]]\nname = \"a\"\npath = \"" + a +
+                       "\"\n[[models]]\nname = \"b\"\npath = \"" + b + "\"\n";
+    StartDaemon(toml, {"--backend", "cuda"});
+    client::Matrix input = RandomMatrix(3, 32, 4);
+    client::Matrix expect_a = ReferenceInfer(a, input), expect_b = ReferenceInfer(b, input);
+    {
+      auto client = Connect();
+      ASSERT_TRUE(client->Load("b").ok());
+      ASSERT_TRUE(client->Unload("b", /*park=*/true).ok());
+      ASSERT_TRUE(client->Load("a").ok());
+    }
+    // Until the store holds what this configuration keeps: b's copy, and a's weights with keep.
+    bool stored = false;
+    for (int i = 0; i < 200 && !stored; i++) {
+      size_t handles = 0;
+      for (const auto& [name, count] : service_manager_->Stored()) handles += name.rfind("wp.manifest.", 0) != 0;
+      stored = handles == (keep ? 2u : 1u);
+      if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(stored);
+    KillDaemon();
+    StartDaemon(toml, {"--backend", "cuda"});
+    auto client = Connect();
+    std::map<std::string, std::string> states;
+    auto ps = client->Ps();
+    ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+    for (const auto& m : ps->models()) states[m.name()] = m.state();
+    EXPECT_EQ(states["b"], "parked");
+    EXPECT_EQ(states.count("a"), keep ? 1u : 0u) << "ps lists what is resident";
+    if (keep) EXPECT_EQ(states["a"], "ready");
+    auto out = client->Infer("a", input);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectNear(expect_a, *out);
+    out = client->Infer("b", input);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectNear(expect_b, *out);
+    const std::string log = DaemonLog();
+    const size_t restart = log.rfind("received ");
+    ASSERT_NE(restart, std::string::npos) << log;
+    EXPECT_EQ(log.find("loading \"a\"", restart) == std::string::npos, keep) << log.substr(restart);
+    EXPECT_EQ(log.find("loading \"b\"", restart), std::string::npos) << "b unparks" << log.substr(restart);
+    client.reset();
+    ExpectQuiescentAndValid();
+    ASSERT_EQ(StopDaemon(), 0);
+  }
 }
 
 }  // namespace

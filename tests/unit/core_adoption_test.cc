@@ -228,5 +228,55 @@ TEST(CoreAdoptionTest, OnCudaOnlyParkedCopiesAreKeptAndAdopted) {
   EXPECT_EQ(again[0].name, "b");
 }
 
+TEST(CoreAdoptionTest, OnCudaDeviceWeightsAreKeptOnlyWhenAskedForAndSharedByDescriptor) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  for (const char* sharing : {"vmm", "legacy"}) {
+    Config c = WithPark();
+    c.backend = "cuda";
+    c.cuda_keep_across_restarts = true;
+    c.cuda_sharing = sharing;
+    CoreRig rig(c);
+    rig.Start({a, b}, kept);
+    const bool vmm = std::string(sharing) == "vmm";
+    EXPECT_EQ(rig.State("a"), vmm ? shm::ModelState::kReady : shm::ModelState::kRegistered) << sharing;
+    EXPECT_EQ(rig.core().Kept().size(), vmm ? 2u : 1u) << sharing;
+  }
+  // Device memory that no longer fits is dropped: no worker is there to copy it out.
+  Config c = WithPark();
+  c.backend = "cuda";
+  c.cuda_keep_across_restarts = true;
+  c.cuda_sharing = "vmm";
+  c.budget_bytes = 200;
+  CoreRig rig(c);
+  rig.Start({a, b}, kept);
+  EXPECT_EQ(rig.State("a"), shm::ModelState::kRegistered);
+  EXPECT_EQ(rig.Closed(), (std::vector<int>{100}));
+}
+
+TEST(CoreAdoptionTest, ALoadThatCorrectsWhatTheModelNeedsKeepsItsFileVersion) {
+  // A cuda worker reports a larger workspace than the registry estimated: the same file (header),
+  // admitted again for what it needs, and still the version a restart may adopt.
+  ModelEntry a = Entry("a", 300, 50);
+  CoreRig rig(WithPark());
+  rig.Start({a});
+  rig.Up(0);
+  rig.Load(1, "a");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ModelEntry bigger = a;
+  bigger.workspace_bytes = 80;
+  v1::WorkerEnvelope done = CoreRig::LoadDone(sent[0].load().job(), bigger);
+  done.mutable_load_done()->set_file_changed(true);
+  rig.Reply(0, done);
+  sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_load()) << "admitted again";
+  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), bigger), {100});
+  std::vector<KeptWeights> kept = rig.core().Kept();
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].version, a.version);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor::testing
