@@ -168,6 +168,9 @@ Status Harness::MakeModels() {
          << "crash_loop_crashes = 3\ncrash_loop_window_ms = 20000\n"
          << "failed_cooldown_ms = 1000\nfailed_cooldown_max_ms = 4000\n"
          << "respawn_min_ms = 20\nrespawn_max_ms = 400\nrespawn_stable_ms = 5000\n"
+         // cuda: device weights kept across a restart too (on a GPU the warm-restart scenario then
+         // shows whether an allocation outlives its owner; the driver double's always does).
+         << "[cuda]\nkeep_across_restarts = true\n"
          << "[[models]]\nname = \"echo\"\nengine = \"echo\"\n";
   return OkStatus();
 }

@@ -92,6 +92,7 @@ Daemon::~Daemon() {
   for (auto& o : owner_states_) o->restart_timer.Close();
   service_.reset();
   tick_timer_.Close();
+  handover_timer_.Close();
   sigterm_.Close();
   sigint_.Close();
   sighup_.Close();
@@ -521,10 +522,18 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
     spdlog::info("handed the socket and {} kept weights to a new warmpoold; draining and stopping",
                  kept.size());
     server_->ReleasePath();
+    server_->StopAccepting();  // now: a connection from here on is the new daemon's
     reply.mutable_takeover_reply()->set_models(static_cast<uint32_t>(kept.size()));
     server_->Send(session, reply);
   }
-  Dispatch(event::Stop{/*handed_over=*/true});
+  // The drain starts on the next turn of the loop, outside this session's frame callback: it may
+  // close every session at once (this one among them) when nothing is in flight.
+  uv_timer_init(&loop_, handover_timer_.get());
+  handover_timer_.MarkInitialized();
+  handover_timer_.get()->data = this;
+  uv_timer_start(handover_timer_.get(), [](uv_timer_t* t) {
+    static_cast<Daemon*>(t->data)->Dispatch(event::Stop{/*handed_over=*/true});
+  }, 0, 0);
 }
 
 Result<ModelEntry> Daemon::LookAtRegistration(const v1::RegisterRequest& request) const {

@@ -140,6 +140,7 @@ class Daemon {
   int exit_code_ = 0;
 
   ipc::UvHandle<uv_timer_t> tick_timer_;
+  ipc::UvHandle<uv_timer_t> handover_timer_;  // the drain after a takeover, on the next turn
   ipc::UvHandle<uv_signal_t> sigterm_;
   ipc::UvHandle<uv_signal_t> sigint_;
   ipc::UvHandle<uv_signal_t> sighup_;
