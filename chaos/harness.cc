@@ -292,16 +292,16 @@ Status Harness::Quiesce(int timeout_ms) {
                timeout_ms, last);
 }
 
-uint64_t Harness::FileLoads(const std::string& model) {
+int64_t Harness::FileLoads(const std::string& model) {
   auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
-  if (!segment.ok()) return 0;
+  if (!segment.ok()) return -1;
   const shm::SegmentView& v = segment->view();
   for (uint32_t i = 0; i < v.header().max_models; i++) {
     if (v.model(i).state != 0 && model == v.model(i).name) {
-      return shm::StatLoad(v.model_stats(i).loads[static_cast<uint32_t>(shm::LoadSource::kFile)]);
+      return static_cast<int64_t>(shm::StatLoad(v.model_stats(i).loads[static_cast<uint32_t>(shm::LoadSource::kFile)]));
     }
   }
-  return 0;
+  return -1;
 }
 
 pid_t Harness::SupervisorPid() {

@@ -95,8 +95,9 @@ class Harness {
   // store (launch/service_manager_double.h), which keeps what the killed one stored; otherwise the
   // store is emptied first, as `systemctl stop` does, and every model loads again.
   void KillAndRestart(Checks& checks, bool warm = false);
-  // Loads from a model file the daemon counted for this model (the segment's stats).
-  uint64_t FileLoads(const std::string& model);
+  // Loads from a model file the daemon counted for this model (the segment's stats); -1 when the
+  // segment or the model cannot be found.
+  int64_t FileLoads(const std::string& model);
   // From the segment's header; -1 when there is no segment.
   pid_t SupervisorPid();
   // The backend serving ("host" or "cuda"), as the daemon's status says.

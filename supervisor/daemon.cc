@@ -150,6 +150,12 @@ Status Daemon::Start() {
   // --takeover: what the running daemon hands over (its listening socket among them) joins what the
   // service manager passed. Late in the start, so that what can fail on its own fails before the
   // running daemon stops serving.
+  std::string admin_token;
+  if (!config_.http_admin_token_file.empty()) {
+    Result<std::string> token = ReadAdminToken(config_.http_admin_token_file);
+    if (!token.ok()) return token.status();
+    admin_token = *token;
+  }
   int taken_socket = -1;
   if (config_.takeover) {
     if (*activated >= 0 || service_->notifying()) {
@@ -165,7 +171,10 @@ Status Daemon::Start() {
     }
     spdlog::info("took over from the daemon on {}: {} descriptors", config_.socket_path, handed->size());
   }
-  std::vector<KeptWeights> kept = warm_store_->Receive(*passed);
+  std::vector<KeptWeights> kept = warm_store_->Receive(*passed, /*device_memfds=*/config_.backend != "cuda");
+  // Memory a daemon before this one held may still be mapped by its workers (a takeover drains
+  // while this one serves): it is never reused for anything else here (CloseHandle).
+  for (const KeptWeights& k : kept) adopted_handles_.insert(k.weights.handle);
 
   shm::Limits limits{config_.max_models,
                      config_.workers_per_device * static_cast<uint32_t>(budgets.size()),
@@ -189,11 +198,7 @@ Status Daemon::Start() {
   server_options.metrics = [this] {
     return metrics::RenderPrometheus(segment_.view(), {kVersion, config_.backend, config_.instance});
   };
-  if (!config_.http_admin_token_file.empty()) {
-    Result<std::string> token = ReadAdminToken(config_.http_admin_token_file);
-    if (!token.ok()) return token.status();
-    server_options.admin_token = *token;
-  }
+  server_options.admin_token = admin_token;
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
       [this](uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
@@ -342,7 +347,7 @@ void Daemon::SyncKeptWeights(bool now) {
   if (!now && now_ms - kept_synced_ms_ < kKeptSyncMs) return;
   kept_synced_changes_ = changes;
   kept_synced_ms_ = now_ms;
-  warm_store_->Sync(core_->Kept());
+  warm_store_->Sync(core_->Kept(), now_ms);
 }
 
 void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <set>
 #include <unordered_map>
 
 #include <uv.h>
@@ -127,6 +128,7 @@ class Daemon {
   std::unique_ptr<WarmStore> warm_store_;
   uint64_t kept_synced_changes_ = 0;
   bool activated_ = false;    // serving a socket the service manager passed
+  std::set<int> adopted_handles_;  // handles kept by a daemon before this one, while the core holds them
   bool handed_over_ = false;  // a new daemon took over: its segment and socket are not ours
   uint64_t kept_synced_ms_ = 0;
   std::optional<gid_t> admin_gid_;

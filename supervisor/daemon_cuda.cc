@@ -244,8 +244,11 @@ void Daemon::CloseHandle(int fd, bool reusable) {
   // Out of the descriptor store before its memory can be reused for anything else: a restart must
   // never adopt a region under a name whose bytes it no longer holds.
   warm_store_->Forget(fd);
+  // Never reused: memory a new daemon maps now (handed over), or a daemon before this one mapped
+  // (its workers may still read it while it drains).
+  if (adopted_handles_.erase(fd) != 0 || handed_over_) reusable = false;
   if (config_.backend == "host") {
-    if (reusable && !handed_over_) return freed_memory_.Keep(fd);
+    if (reusable) return freed_memory_.Keep(fd);
     // The worker that allocated it may keep a mapping of it: named to the workers, it goes too.
     struct stat st {};
     const bool known = fstat(fd, &st) == 0;

@@ -46,10 +46,9 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
   }
   struct stat st {};
   if (stat(path.c_str(), &st) == 0) {
-    entry.version = FileVersion{static_cast<uint64_t>(st.st_size),
-                                static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
-                                    static_cast<uint64_t>(st.st_mtim.tv_nsec),
-                                static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+    auto ns = [](const timespec& t) { return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec); };
+    entry.version = FileVersion{static_cast<uint64_t>(st.st_size), ns(st.st_mtim), static_cast<uint64_t>(st.st_ino),
+                                static_cast<uint64_t>(st.st_dev), ns(st.st_ctim)};
   } else if (errno == ENOENT) {
     entry.file_missing = true;
   }

@@ -59,10 +59,9 @@ Status HandOver(int channel, int listen_fd, const std::vector<KeptWeights>& kept
   manifest.set_sequence(1);
   std::vector<std::pair<int, std::string>> handles;
   for (const KeptWeights& k : kept) {
-    struct stat st {};
-    if (fstat(k.weights.handle, &st) != 0) continue;
-    const std::string name = KeptName(k, static_cast<uint64_t>(st.st_ino));
-    *manifest.add_models() = DescribeKept(k, name);
+    if (!Keepable(k)) continue;
+    const std::string name = KeptName(k, fmt::format("{:x}-t{}", getpid(), handles.size()));
+    *manifest.add_models() = DescribeKept(k, name, RegionFingerprint(k.weights.handle));
     handles.emplace_back(k.weights.handle, name);
   }
   Result<int> manifest_fd = WriteManifest(manifest);

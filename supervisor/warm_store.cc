@@ -28,14 +28,9 @@ constexpr uint64_t kMaxManifestBytes = 64ull << 20;
 
 bool Ours(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
 
-uint64_t Inode(int fd) {
-  struct stat st {};
-  return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-}
-
 uint64_t VersionHash(const FileVersion& v) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the four fields
-  for (uint64_t x : {v.size, v.mtime_ns, v.inode, v.device}) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+  for (uint64_t x : {v.size, v.mtime_ns, v.inode, v.device, v.ctime_ns}) {
     for (int i = 0; i < 8; i++) {
       h ^= (x >> (8 * i)) & 0xff;
       h *= 1099511628211ull;
@@ -44,10 +39,13 @@ uint64_t VersionHash(const FileVersion& v) {
   return h;
 }
 
-// A memfd (F_GET_SEALS answers only for those) that is a regular file of at least `bytes`.
-Status CheckRegion(int fd, uint64_t bytes) {
+// A memfd (F_GET_SEALS answers only for those) that is a regular file of at least `bytes`; with
+// memfd_required false, any open descriptor that is not one passes (cuda's exported memory).
+Status CheckRegion(int fd, uint64_t bytes, bool memfd_required) {
   struct stat st {};
-  if (fcntl(fd, F_GET_SEALS) < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  const bool memfd = fcntl(fd, F_GET_SEALS) >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (!memfd) {
+    if (!memfd_required && fcntl(fd, F_GETFD) >= 0) return OkStatus();
     return Error(Code::kInvalidArgument, "it is not a memory region");
   }
   if (static_cast<uint64_t>(st.st_size) < bytes) {
@@ -78,7 +76,7 @@ KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
   k.name = m.name();
   k.engine = m.engine();
   k.path = m.path();
-  k.version = FileVersion{m.file_size(), m.file_mtime_ns(), m.file_inode(), m.file_device()};
+  k.version = FileVersion{m.file_size(), m.file_mtime_ns(), m.file_inode(), m.file_device(), m.file_ctime_ns()};
   k.parked = m.parked();
   k.weights.device = m.device();
   k.weights.handle = fd;
@@ -93,7 +91,7 @@ KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
 
 }  // namespace
 
-v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name) {
+v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name, uint64_t fingerprint) {
   v1::KeptModel m;
   m.set_name(k.name);
   m.set_engine(k.engine);
@@ -102,6 +100,7 @@ v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name) {
   m.set_file_mtime_ns(k.version.mtime_ns);
   m.set_file_inode(k.version.inode);
   m.set_file_device(k.version.device);
+  m.set_file_ctime_ns(k.version.ctime_ns);
   m.set_parked(k.parked);
   m.set_device(k.weights.device);
   m.set_header(k.weights.header);
@@ -110,7 +109,29 @@ v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name) {
   m.set_in_features(k.weights.in_features);
   m.set_out_features(k.weights.out_features);
   m.set_fd_name(fd_name);
+  m.set_fingerprint(fingerprint);
   return m;
+}
+
+uint64_t RegionFingerprint(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) return 0;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  constexpr uint64_t kSamples = 256;
+  uint64_t h = 1469598103934665603ull ^ size;
+  for (uint64_t i = 0; i <= kSamples + 1; i++) {
+    // The first word, 256 spread between, the last: a load into reused memory rewrites most of it.
+    const uint64_t at = i == kSamples + 1 ? size - 8 : (size - 8) * i / (kSamples + 1);
+    uint64_t word = 0;
+    if (pread(fd, &word, sizeof(word), static_cast<off_t>(at)) != static_cast<ssize_t>(sizeof(word))) return 0;
+    h = (h ^ word) * 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return h == 0 ? 1 : h;
+}
+
+bool Keepable(const KeptWeights& kept) {
+  return kept.weights.handle >= 0 && kept.weights.header.size() <= WarmStore::kMaxKeptHeaderBytes;
 }
 
 Result<int> WriteManifest(const v1::KeptManifest& manifest) {
@@ -132,9 +153,8 @@ Result<int> WriteManifest(const v1::KeptManifest& manifest) {
   return fd;
 }
 
-std::string KeptName(const KeptWeights& kept, uint64_t inode) {
-  return fmt::format("wp.{}.{}.{:016x}.{:x}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.version),
-                     inode);
+std::string KeptName(const KeptWeights& kept, const std::string& unique) {
+  return fmt::format("wp.{}.{}.{:016x}.{}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.version), unique);
 }
 
 Result<std::vector<PassedDescriptor>> PassedDescriptors() {
@@ -180,14 +200,12 @@ Result<int> ActivatedSocket(std::vector<PassedDescriptor>& passed) {
 }
 
 WarmStore::WarmStore(std::string instance, bool enabled) : instance_(std::move(instance)), enabled_(enabled) {
-  v1::KeptManifest empty;
-  empty.set_instance(instance_);
-  manifest_bytes_ = empty.SerializeAsString();  // nothing kept: no manifest needed
+  manifest_.set_instance(instance_);  // nothing kept: no manifest needed
 }
 
 WarmStore::~WarmStore() = default;
 
-std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passed) {
+std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passed, bool device_memfds) {
   std::map<std::string, int> handles;
   std::vector<std::pair<uint64_t, PassedDescriptor>> manifests;  // (sequence, descriptor)
   std::vector<PassedDescriptor> rest;
@@ -198,7 +216,11 @@ std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passe
     }
     received_.insert(d.name);
     if (d.name.rfind(kManifestPrefix, 0) == 0) {
-      manifests.emplace_back(std::strtoull(d.name.c_str() + std::strlen(kManifestPrefix), nullptr, 10), d);
+      const uint64_t sequence = std::strtoull(d.name.c_str() + std::strlen(kManifestPrefix), nullptr, 10);
+      // Every manifest's number, readable or not: a new one must never take the name of one still
+      // in the store (its removal below would remove the new one too).
+      sequence_ = std::max(sequence_, sequence);
+      manifests.emplace_back(sequence, d);
     } else if (!handles.emplace(d.name, d.fd).second) {
       close(d.fd);  // the same name twice: the first one is the one a manifest means
     }
@@ -216,7 +238,6 @@ std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passe
                      read->instance(), instance_);
       } else {
         manifest = std::move(*read);
-        sequence_ = std::max(sequence_, sequence);
         manifest_name_ = d.name;
         received_.erase(d.name);
       }
@@ -225,8 +246,6 @@ std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passe
   }
   std::vector<KeptWeights> kept;
   if (manifest) {
-    v1::KeptManifest again;
-    again.set_instance(instance_);
     for (const v1::KeptModel& m : manifest->models()) {
       auto it = handles.find(m.fd_name());
       if (it == handles.end()) {
@@ -235,17 +254,21 @@ std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passe
       }
       const int fd = it->second;
       handles.erase(it);
-      if (Status s = CheckRegion(fd, m.weight_bytes()); !s.ok()) {
+      Status s = CheckRegion(fd, m.weight_bytes(), m.parked() || device_memfds);
+      const uint64_t fingerprint = s.ok() ? RegionFingerprint(fd) : 0;
+      if (s.ok() && fingerprint != m.fingerprint()) {
+        s = Error(Code::kFailedPrecondition, "its bytes are not the ones stored (the memory was reused)");
+      }
+      if (!s.ok()) {
         spdlog::warn("closing the weights kept of \"{}\" (\"{}\"): {}", m.name(), m.fd_name(), s.message());
         close(fd);
         continue;
       }
-      stored_[Inode(fd)] = m.fd_name();
+      stored_[fd] = Stored{m.fd_name(), fingerprint};
       received_.erase(m.fd_name());
-      *again.add_models() = m;
+      *manifest_.add_models() = m;
       kept.push_back(FromRecord(m, fd));
     }
-    manifest_bytes_ = again.SerializeAsString();
   }
   for (auto& [name, fd] : handles) {
     spdlog::warn("closing kept descriptor \"{}\": no manifest names it", name);
@@ -276,58 +299,82 @@ void WarmStore::Remove(const std::string& name) {
   sd_notify(0, state.c_str());
 }
 
-void WarmStore::Sync(const std::vector<KeptWeights>& kept) {
+void WarmStore::WriteNewManifest(v1::KeptManifest manifest) {
+  const uint64_t sequence = ++sequence_;
+  manifest.set_sequence(sequence);
+  const std::string name = fmt::format("{}{}", kManifestPrefix, sequence);
+  Result<int> fd = WriteManifest(manifest);
+  if (!fd.ok()) {
+    spdlog::warn("cannot write the manifest of the kept weights: {}", fd.status().message());
+    return;
+  }
+  if (Store(*fd, name)) {
+    if (!manifest_name_.empty()) Remove(manifest_name_);
+    manifest_name_ = name;
+    manifest.clear_sequence();
+    manifest_ = std::move(manifest);
+  }
+  close(*fd);
+}
+
+void WarmStore::Sync(const std::vector<KeptWeights>& kept, uint64_t now_ms) {
   if (!enabled_) return;
+  // What the start left behind goes first: it takes room in the store that new handles need.
+  for (const std::string& name : received_) Remove(name);
+  received_.clear();
   v1::KeptManifest manifest;
   manifest.set_instance(instance_);
-  std::set<uint64_t> wanted;
+  std::set<int> wanted;
   for (const KeptWeights& k : kept) {
-    const uint64_t inode = Inode(k.weights.handle);
-    if (inode == 0) continue;
-    auto it = stored_.find(inode);
+    if (!Keepable(k)) continue;
+    auto it = stored_.find(k.weights.handle);
     if (it == stored_.end()) {
-      const std::string name = KeptName(k, inode);
+      // Unique across daemons: the store may still hold names a daemon before this one gave.
+      const std::string name = KeptName(k, fmt::format("{:x}-{:x}", getpid(), ++next_name_));
       if (!Store(k.weights.handle, name)) continue;
-      it = stored_.emplace(inode, name).first;
+      it = stored_.emplace(k.weights.handle, Stored{name, RegionFingerprint(k.weights.handle)}).first;
     }
-    wanted.insert(inode);
-    *manifest.add_models() = DescribeKept(k, it->second);
+    wanted.insert(k.weights.handle);
+    *manifest.add_models() = DescribeKept(k, it->second.name, it->second.fingerprint);
   }
-  std::string bytes = manifest.SerializeAsString();
-  if (bytes != manifest_bytes_) {
-    const uint64_t sequence = ++sequence_;
-    manifest.set_sequence(sequence);
-    const std::string name = fmt::format("{}{}", kManifestPrefix, sequence);
-    Result<int> fd = WriteManifest(manifest);
-    if (!fd.ok()) {
-      spdlog::warn("cannot write the manifest of the kept weights: {}", fd.status().message());
-    } else {
-      if (Store(*fd, name)) {
-        if (!manifest_name_.empty()) Remove(manifest_name_);
-        manifest_name_ = name;
-        manifest_bytes_ = std::move(bytes);
-      }
-      close(*fd);
-    }
+  // Only the order changed (every request moves its model in the LRU list): not worth a manifest
+  // more often than kLruOnlyMs.
+  bool same_members = manifest.models_size() == manifest_.models_size();
+  if (same_members) {
+    std::set<std::string> before, now;
+    for (const auto& m : manifest_.models()) before.insert(m.fd_name());
+    for (const auto& m : manifest.models()) now.insert(m.fd_name());
+    same_members = before == now;
+  }
+  if (manifest.SerializeAsString() != manifest_.SerializeAsString() &&
+      (!same_members || now_ms - written_ms_ >= kLruOnlyMs)) {
+    written_ms_ = now_ms;
+    WriteNewManifest(std::move(manifest));
   }
   for (auto it = stored_.begin(); it != stored_.end();) {
     if (wanted.count(it->first) != 0) {
       ++it;
       continue;
     }
-    Remove(it->second);
+    Remove(it->second.name);
     it = stored_.erase(it);
   }
-  for (const std::string& name : received_) Remove(name);
-  received_.clear();
 }
 
 void WarmStore::Forget(int fd) {
-  if (!enabled_ || stored_.empty()) return;
-  auto it = stored_.find(Inode(fd));
+  if (!enabled_) return;
+  auto it = stored_.find(fd);
   if (it == stored_.end()) return;
-  Remove(it->second);
+  const std::string name = it->second.name;
   stored_.erase(it);
+  Remove(name);
+  // And a manifest that no longer names it, before its memory can hold anything else.
+  v1::KeptManifest manifest;
+  manifest.set_instance(instance_);
+  for (const v1::KeptModel& m : manifest_.models()) {
+    if (m.fd_name() != name) *manifest.add_models() = m;
+  }
+  if (manifest.models_size() != manifest_.models_size()) WriteNewManifest(std::move(manifest));
 }
 
 }  // namespace warmpool::supervisor

@@ -5,13 +5,15 @@
 // upgrade then reloads nothing.
 //
 // What is stored: one descriptor per kept handle, named
-//   wp.<w|p>.<model>.<file version>.<inode>     (w: weights on the device, p: a parked copy)
+//   wp.<w|p>.<model>.<file version>.<pid>-<n>     (w: weights on the device, p: a parked copy)
 // and a manifest, "wp.manifest.<sequence>": a sealed memfd holding v1::KeptManifest (what each
-// handle is, which file version it came from, the LRU order). The store changes in an order that a
-// crash at any point leaves consistent: new handles are stored before the manifest that names
-// them, a new manifest before the old one goes, and a handle goes from the store before its memory
-// can be reused for anything else (Forget). A manifest naming a descriptor the store lacks costs
-// only that model's warmth.
+// handle is, which file version it came from, a fingerprint of its bytes, the LRU order). The
+// store changes in an order that a crash at any point leaves consistent: new handles are stored
+// before the manifest that names them, a new manifest before the old one goes, and before a
+// handle's memory can be reused for anything else it leaves the store and a manifest without it
+// is stored (Forget). Should the service manager not have taken those last messages when the
+// daemon died, the fingerprint still tells memory reused since from the weights described. A
+// manifest naming a descriptor the store lacks costs only that model's warmth.
 //
 // The store needs FileDescriptorStoreMax= in the unit (systemd/warmpool.service.in); without it
 // systemd refuses the descriptors and models load again after a restart, as before.
@@ -51,34 +53,54 @@ class WarmStore {
 
   bool enabled() const { return enabled_; }
   // Takes the "wp." descriptors among those passed (the rest stay in `passed`): the newest
-  // manifest's models with their handles, each checked to be a memfd holding at least the bytes it
-  // describes, least recently used first. What is not returned is closed here, with a log line.
-  // Every name received stays in the store until a Sync lets it go.
-  std::vector<KeptWeights> Receive(std::vector<PassedDescriptor>& passed);
-  // Makes the store hold exactly `kept` (Core::Kept): new handles, then a manifest when what it
-  // would say changed, then removals.
-  void Sync(const std::vector<KeptWeights>& kept);
-  // A handle about to be closed (or its memory reused): out of the store now.
+  // manifest's models with their handles, least recently used first, each checked to be a memfd
+  // holding at least the bytes it describes, with the fingerprint recorded (device_memfds false:
+  // weights on a device may be another kind of descriptor, cuda's). What is not returned is closed
+  // here, with a log line. Every name received stays in the store until a Sync lets it go.
+  std::vector<KeptWeights> Receive(std::vector<PassedDescriptor>& passed, bool device_memfds = true);
+  // Makes the store hold exactly `kept` (Core::Kept): leftovers of the start removed, new handles
+  // stored, then a manifest when what it would say changed (when only the LRU order did, at most
+  // every kLruOnlyMs), then what is no longer kept removed.
+  void Sync(const std::vector<KeptWeights>& kept, uint64_t now_ms);
+  // A handle about to be closed (or its memory reused): out of the store, and out of the manifest,
+  // now.
   void Forget(int fd);
 
+  static constexpr uint64_t kLruOnlyMs = 5000;
+  // A model whose header is larger is not kept (the manifest carries every header).
+  static constexpr size_t kMaxKeptHeaderBytes = 256 * 1024;
+
  private:
+  struct Stored {
+    std::string name;
+    uint64_t fingerprint = 0;
+  };
   bool Store(int fd, const std::string& name);
   void Remove(const std::string& name);
+  // Stores `manifest` under a new sequence and removes the one it replaces.
+  void WriteNewManifest(v1::KeptManifest manifest);
 
   std::string instance_;
   bool enabled_ = false;
   bool refused_logged_ = false;
   uint64_t sequence_ = 0;
-  std::string manifest_name_;   // in the store now ("" when none)
-  std::string manifest_bytes_;  // what it says
-  std::map<uint64_t, std::string> stored_;  // inode -> name, the handles in the store
-  std::set<std::string> received_;          // names passed at start not (yet) accounted for
+  uint64_t next_name_ = 0;
+  uint64_t written_ms_ = 0;
+  std::string manifest_name_;    // in the store now ("" when none)
+  v1::KeptManifest manifest_;    // what it says
+  std::map<int, Stored> stored_;  // handle (held by the core) -> its entry in the store
+  std::set<std::string> received_;  // names passed at start not (yet) accounted for
 };
 
-// wp.<w|p>.<model>.<version>.<inode>
-std::string KeptName(const KeptWeights& kept, uint64_t inode);
+// wp.<w|p>.<model>.<version>.<unique>
+std::string KeptName(const KeptWeights& kept, const std::string& unique);
+// Of a memfd's bytes: 256 words spread over it, plus its first and last ones; 0 for a descriptor
+// that is not a regular file (cuda device memory).
+uint64_t RegionFingerprint(int fd);
+// Kept at all: a handle, and a header the manifest can carry.
+bool Keepable(const KeptWeights& kept);
 // The manifest's record of one kept handle, stored under fd_name.
-v1::KeptModel DescribeKept(const KeptWeights& kept, const std::string& fd_name);
+v1::KeptModel DescribeKept(const KeptWeights& kept, const std::string& fd_name, uint64_t fingerprint);
 // A sealed memfd holding the manifest (the caller owns it).
 Result<int> WriteManifest(const v1::KeptManifest& manifest);
 

@@ -55,7 +55,10 @@ Status Core::CheckKept(const KeptWeights& k) const {
   const uint32_t model = index_->Find(k.name);
   if (model == shm::kNil) return Error(Code::kNotFound, "it is not in the registry any more");
   const Model& m = models_[model];
-  if (m.entry.engine != k.engine || m.entry.path != k.path) {
+  // A deleted file's registration keeps the path as configured, which need not be the real path
+  // the weights were loaded from (a symlink, a relative path): the engine must still agree.
+  const bool path_differs = m.entry.path != k.path && !m.entry.file_missing;
+  if (m.entry.engine != k.engine || path_differs) {
     return Error(Code::kFailedPrecondition, "it is registered as engine \"{}\" at {} now, not \"{}\" at {}",
                  m.entry.engine, m.entry.path, k.engine, k.path);
   }

@@ -236,6 +236,8 @@ std::string Core::StatusLine() const {
 void Core::BeginStop(bool handed_over) {
   handed_over_ = handed_over_ || handed_over;
   if (stopping_) {
+    // The drain after a takeover, behind a SIGTERM that started it already: not a second signal.
+    if (handed_over) return;
     // A second signal: the operator does not want to wait for the drain.
     if (!drain_ended_) EndDrain("a second stop signal");
     return;

@@ -112,12 +112,15 @@ TEST(CoreAdoptionTest, WeightsThatNoLongerMatchTheRegistryAreClosedAndLogged) {
   ModelEntry a2 = Entry("a", 300, 50, /*version=*/2);  // rewritten since
   ModelEntry a_touched = a;
   a_touched.version.mtime_ns++;  // same header, another modification time
+  ModelEntry a_rewritten = a;
+  a_rewritten.version.ctime_ns++;  // written in place, its modification time put back (cp -p)
   ModelEntry a_engine = a;
   a_engine.engine = "echo";
   ModelEntry a_broken = a;
   a_broken.problem = Error(Code::kInvalidArgument, "garbage header");
   for (const Case& c : {Case{"a new version", {a2, b}, "its file changed since it was loaded"},
                         Case{"another mtime", {a_touched, b}, "its file changed since it was loaded"},
+                        Case{"another ctime", {a_rewritten, b}, "its file changed since it was loaded"},
                         Case{"another engine", {a_engine, b}, "registered as engine \"echo\""},
                         Case{"a broken file", {a_broken, b}, "registered as failed: garbage header"},
                         Case{"gone from the registry", {b}, "not in the registry any more"}}) {
@@ -138,6 +141,7 @@ TEST(CoreAdoptionTest, AFileDeletedSinceStillServesTheWeightsKept) {
   gone.problem = Error(Code::kNotFound, "no such file");
   gone.file_missing = true;
   gone.path_refused = true;
+  gone.path = "/models/current.safetensors";  // as configured: a symlink to the file, say
   gone.header.clear();
   gone.version = {};
   CoreRig rig(WithPark());

@@ -31,7 +31,7 @@ inline ModelEntry Entry(const std::string& name, uint64_t weight_bytes, uint64_t
   e.out_features = 4;
   e.header = name + " header v" + std::to_string(version);
   e.file_size = e.header.size() + weight_bytes;
-  e.version = FileVersion{e.file_size, 1000u + static_cast<uint64_t>(version), 42, 1};
+  e.version = FileVersion{e.file_size, 1000u + static_cast<uint64_t>(version), 42, 1, 2000u + static_cast<uint64_t>(version)};
   return e;
 }
 
