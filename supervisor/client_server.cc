@@ -177,20 +177,9 @@ Status ClientServer::ListenTcp(const std::string& address) {
 
 void ClientServer::OnTcpConnection() {
   if (!tcp_listening_) return;
-  HttpSession::Options options;
-  options.limits = HttpLimits();
-  options.max_unread_bytes = options_.max_unread_reply_bytes;
-  options.tcp = true;
-  options.admin_token = options_.admin_token;
   const uint64_t id = next_session_++;
-  HttpSession::Hooks hooks;
-  hooks.request = [this, id](v1::Envelope&& request, bool admin_token) {
-    Accept(id, std::move(request), -1, admin_token);
-  };
-  hooks.metrics = options_.metrics;
-  hooks.closed = [this, id](const Status& why) { OnSessionClosed(id, why); };
   HttpSession* http = HttpSession::AcceptTcp(loop_, reinterpret_cast<uv_stream_t*>(tcp_listener_.get()),
-                                             options, std::move(hooks));
+                                             HttpOptions(/*tcp=*/true), HttpHooks(id));
   if (http == nullptr) return;
   if (sessions_.size() >= options_.max_connections || tcp_sessions_ >= kMaxTcpSessions) {
     return http->Close(Error(Code::kResourceExhausted, "too many connections"));  // before it is a session
@@ -447,17 +436,27 @@ void ClientServer::Classify(uint64_t id) {
   else OpenFramed(id, fd);
 }
 
-void ClientServer::OpenHttp(uint64_t id, int fd) {
+HttpSession::Options ClientServer::HttpOptions(bool tcp) const {
   HttpSession::Options options;
   options.limits = HttpLimits();
   options.max_unread_bytes = options_.max_unread_reply_bytes;
+  options.tcp = tcp;
+  if (tcp) options.admin_token = options_.admin_token;  // on the Unix socket, peer credentials decide
+  return options;
+}
+
+HttpSession::Hooks ClientServer::HttpHooks(uint64_t id) {
   HttpSession::Hooks hooks;
   hooks.request = [this, id](v1::Envelope&& request, bool admin_token) {
     Accept(id, std::move(request), -1, admin_token);
   };
   hooks.metrics = options_.metrics;
   hooks.closed = [this, id](const Status& why) { OnSessionClosed(id, why); };
-  HttpSession* http = HttpSession::OpenPipe(loop_, fd, options, std::move(hooks));
+  return hooks;
+}
+
+void ClientServer::OpenHttp(uint64_t id, int fd) {
+  HttpSession* http = HttpSession::OpenPipe(loop_, fd, HttpOptions(/*tcp=*/false), HttpHooks(id));
   if (http == nullptr) {
     sessions_.erase(id);
     ResumeAccepting();

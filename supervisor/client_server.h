@@ -126,6 +126,9 @@ class ClientServer {
   void Classify(uint64_t session);
   void OpenFramed(uint64_t session, int fd);
   void OpenHttp(uint64_t session, int fd);
+  // What an HTTP session gets on either listener (the admin token only over TCP), and its hooks.
+  HttpSession::Options HttpOptions(bool tcp) const;
+  HttpSession::Hooks HttpHooks(uint64_t session);
   void OnTcpConnection();
   void OnSessionClosed(uint64_t session, const Status& why);
   void CloseSlowStarters();

@@ -209,11 +209,13 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
   return plan;
 }
 
-Result<Plan> Route(const http::Request& request) {
+// A refusal of the method (not of the path or the body) sets *status to 405.
+Result<Plan> Route(const http::Request& request, int* status) {
   const std::string& path = request.path;
   const std::string& method = request.method;
   auto only = [&](const char* allowed) -> Status {
     if (method == allowed || (std::strcmp(allowed, "GET") == 0 && method == "HEAD")) return OkStatus();
+    *status = 405;
     return Error(Code::kInvalidArgument, "{} {} is not served: use {}", method, path, allowed);
   };
   Plan plan;
@@ -276,6 +278,7 @@ Result<Plan> Route(const http::Request& request) {
     if (model.empty()) return Error(Code::kNotFound, "no model named in {}", path);
     if (slash == std::string::npos) {  // the model itself: register or forget
       if (method != "PUT" && method != "DELETE") {
+        *status = 405;
         return Error(Code::kInvalidArgument, "{} {} is not served: PUT registers the model, DELETE forgets it", method, path);
       }
       plan.kind = Kind::kRegister;
@@ -322,16 +325,13 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
 
 Plan PlanRequest(const http::Request& request, bool keep_alive) {
   Result<Plan> plan = Error(Code::kInternal, "not planned");
+  int status = 0;  // the status the error's code implies, unless Route says otherwise
   try {
-    plan = Route(request);
+    plan = Route(request, &status);
   } catch (const std::exception& e) {  // a JSON access the checks above missed: the client's fault
     plan = Error(Code::kInvalidArgument, "the request body could not be read: {}", e.what());
   }
-  if (!plan.ok()) {
-    const bool method = plan.status().code() == Code::kInvalidArgument &&
-                        plan.status().message().find("is not served") != std::string::npos;
-    return Refuse(plan.status(), keep_alive, method ? 405 : 0);
-  }
+  if (!plan.ok()) return Refuse(plan.status(), keep_alive, status);
   return std::move(*plan);
 }
 

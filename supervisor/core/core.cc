@@ -72,9 +72,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
 
 void Core::PublishGauges() {
   shm::PoolStats& pool = segment_.pool_stats();
-  uint64_t inflight = 0;
-  for (const auto& [id, job] : jobs_) inflight += job.kind == Job::Kind::kInfer;
-  shm::StatStore(pool.inflight, inflight);
+  shm::StatStore(pool.inflight, infer_jobs_);
   shm::StatStore(pool.queued, queued_);
   if (shm::StatLoad(pool.started_unix_ns) == 0) shm::StatStore(pool.started_unix_ns, now_.unix_ns);
 }
@@ -139,6 +137,7 @@ uint64_t Core::NewJob(Job&& job) {
   w.outstanding++;
   w.pending_bytes += job.frame_bytes;
   w.retries += job.retry ? 1 : 0;
+  if (job.kind == Job::Kind::kInfer) infer_jobs_++;
   jobs_.emplace(id, std::move(job));
   return id;
 }

@@ -397,6 +397,7 @@ class Core {
   std::vector<bool> devices_down_;
   std::vector<bool> devices_gone_;  // for good
   uint32_t adopted_ = 0;
+  uint64_t infer_jobs_ = 0;  // jobs_ of kind kInfer: the in-flight gauge, without a walk per tick
   std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;
   uint64_t next_bulk_ = 1;

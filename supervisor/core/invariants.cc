@@ -16,6 +16,11 @@ Status Core::CheckInvariants() const {
   if (regions != regions_ || regions_ > kMaxRegions) {
     return Error(Code::kInternal, "{} client regions held, {} counted (at most {})", regions, regions_, kMaxRegions);
   }
+  uint64_t infer_jobs = 0;
+  for (const auto& [id, job] : jobs_) infer_jobs += job.kind == Job::Kind::kInfer;
+  if (infer_jobs != infer_jobs_) {
+    return Error(Code::kInternal, "{} inference jobs, {} counted", infer_jobs, infer_jobs_);
+  }
   std::map<uint32_t, uint32_t> file_loads, infers;
   std::vector<uint32_t> outstanding(workers_.size(), 0);
   std::vector<uint64_t> pending(workers_.size(), 0);

@@ -106,9 +106,7 @@ v1::Envelope Core::StatusSnapshot() const {
       if (models_[model].machine.HasWorker(slot)) ws->add_models(models_[model].entry.name);
     }
   }
-  uint32_t inflight = 0;
-  for (const auto& [id, job] : jobs_) inflight += job.kind == Job::Kind::kInfer;
-  status->set_inflight(inflight);
+  status->set_inflight(static_cast<uint32_t>(infer_jobs_));
   status->set_queued(queued_);
   status->set_fault_injection(config_.enable_fault_injection);
   for (uint32_t i : index_->LruOrder()) {

@@ -67,6 +67,7 @@ void Core::JobDone(Job& job) {
   w.pending_bytes -= std::min(w.pending_bytes, job.frame_bytes);
   w.retries -= job.retry && w.retries > 0 ? 1 : 0;
   w.served++;
+  if (job.kind == Job::Kind::kInfer) infer_jobs_--;
   (OnLoadThread(job) ? w.load_done_ms : w.serving_done_ms) = MonoMs();
   ReturnFaults(job);
 }
