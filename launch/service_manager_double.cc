@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ipc/socket_io.h"
+
 namespace warmpool::launch {
 
 namespace {
@@ -71,22 +73,9 @@ void ServiceManagerDouble::ReadLoop() {
     if (poll(fds, 2, -1) < 0 && errno != EINTR) return;
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)];
-    iovec iov{buffer.data(), buffer.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) continue;
     std::vector<int> received;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* fds_in = reinterpret_cast<const int*>(CMSG_DATA(c));
-      received.insert(received.end(), fds_in, fds_in + count);
-    }
+    const ssize_t n = ipc::RecvWithFds(fd_, buffer.data(), buffer.size(), received);
+    if (n < 0) continue;
     Take(std::string(buffer.data(), static_cast<size_t>(n)), received);
     for (int fd : received) close(fd);  // what the store did not keep
   }

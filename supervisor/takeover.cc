@@ -11,13 +11,14 @@
 #include <fmt/format.h>
 
 #include "client/client.h"
+#include "ipc/socket_io.h"
 
 namespace warmpool::supervisor {
 
 namespace {
 
 constexpr char kEnd[] = "END";
-constexpr size_t kFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
+constexpr size_t kFdsPerMessage = ipc::kMaxFdsPerMessage;  // what RecvWithFds takes in one message
 constexpr size_t kNamesBytes = 64 * 1024;
 
 Status SendNamed(int channel, const std::vector<std::pair<int, std::string>>& named) {
@@ -27,25 +28,10 @@ Status SendNamed(int channel, const std::vector<std::pair<int, std::string>>& na
     names += name + "\n";
     if (fd >= 0) fds.push_back(fd);  // a name alone: a word (END)
   }
-  if (names.empty()) names = "\n";
-  iovec iov{names.data(), names.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  if (ipc::SendWithFds(channel, names.data(), names.size(), fds) < 0) {
+    return Error(Code::kUnavailable, "handing over: {}", std::strerror(errno));
   }
-  for (;;) {
-    if (sendmsg(channel, &msg, MSG_NOSIGNAL) >= 0) return OkStatus();
-    if (errno != EINTR) return Error(Code::kUnavailable, "handing over: {}", std::strerror(errno));
-  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -108,23 +94,9 @@ Result<std::vector<PassedDescriptor>> TakeOver(const std::string& socket_path, i
   };
   for (bool end = false; !end;) {
     std::vector<char> names(kNamesBytes);
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerMessage)];
-    iovec iov{names.data(), names.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(pair[0], &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
     std::vector<int> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* in = reinterpret_cast<const int*>(CMSG_DATA(c));
-      fds.insert(fds.end(), in, in + count);
-    }
-    if (n <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    const ssize_t n = ipc::RecvWithFds(pair[0], names.data(), names.size(), fds);
+    if (n <= 0) {
       for (int fd : fds) close(fd);
       // The daemon said why (not an admin, already stopping, ...), or it went away.
       Result<v1::Envelope> reply = (*client)->Wait(*id);
