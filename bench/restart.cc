@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,7 +37,17 @@ double Median(std::vector<double> v) {
 struct Sample {
   double ready_ms = 0;  // (a) fork of the new daemon -> the model listed ready
   double first_ms = 0;  // (b) fork -> first successful inference
+  double attach_ms = -1;  // of (b), the worker's attach of the kept weights (the daemon's log)
 };
+
+// The duration of the daemon's last `"m" ready on worker N (... weights attached, T ms)`; -1 when
+// its log has none.
+double LastAttachMs(const std::string& log) {
+  constexpr std::string_view kAttached = "weights attached, ";
+  const size_t at = log.rfind(kAttached);
+  if (at == std::string::npos) return -1;
+  return std::strtod(log.c_str() + at + kAttached.size(), nullptr);
+}
 
 class Restart {
  public:
@@ -85,6 +98,7 @@ class Restart {
         if (!keep) manager_->Clear();
         Result<Sample> sample = Once();
         if (!sample.ok()) return run_.WithLog(sample.status());
+        if (!keep) sample->attach_ms = -1;  // a load, not an attach
         (keep ? warm : cold).push_back(*sample);
       }
     }
@@ -103,6 +117,7 @@ class Restart {
     if (!first.ok()) return first.status();
     sample.first_ms = *first;
     sample.ready_ms = ready_at;
+    sample.attach_ms = LastAttachMs(run_.daemon().Log());
     return sample;
   }
 
@@ -168,14 +183,15 @@ class Restart {
     };
     const double warm_ready = median(warm, &Sample::ready_ms), warm_first = median(warm, &Sample::first_ms);
     const double cold_ready = median(cold, &Sample::ready_ms), cold_first = median(cold, &Sample::first_ms);
+    const double warm_attach = median(warm, &Sample::attach_ms);
     if (options_.json) {
       std::printf(
           "{\"mode\": \"restart\", \"model_mib\": %llu, \"iterations\": %u, \"steady_infer_ms\": %.1f, "
-          "\"cat_ms\": %.1f, \"warm\": {\"ready_ms\": %.1f, \"first_infer_ms\": %.1f}, "
+          "\"cat_ms\": %.1f, \"warm\": {\"ready_ms\": %.1f, \"first_infer_ms\": %.1f, \"attach_ms\": %.1f}, "
           "\"cold\": {\"ready_ms\": %.1f, \"first_infer_ms\": %.1f}, \"cold_vs_warm\": %.2f, "
           "\"warm_first_minus_steady_ms\": %.1f}\n",
           static_cast<unsigned long long>(options_.model_mib), options_.iterations, steady_ms, cat_ms, warm_ready,
-          warm_first, cold_ready, cold_first, warm_first > 0 ? cold_first / warm_first : 0.0,
+          warm_first, warm_attach, cold_ready, cold_first, warm_first > 0 ? cold_first / warm_first : 0.0,
           warm_first - steady_ms);
       return;
     }
@@ -188,6 +204,7 @@ class Restart {
     std::printf("  new warmpoold -> first inference        with store %8.1f ms   without %8.1f ms   (%.1fx)\n",
                 warm_first, cold_first, warm_first > 0 ? cold_first / warm_first : 0.0);
     std::printf("  first inference less a steady one       with store %8.1f ms\n", warm_first - steady_ms);
+    std::printf("    of which the worker's attach (daemon log)          %8.1f ms\n", warm_attach);
   }
 
   RestartOptions options_;

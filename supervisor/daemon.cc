@@ -492,7 +492,7 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
   int type = 0;
   socklen_t len = sizeof(type);
   if (peer.tcp || !IsAdmin(peer)) {
-    return refuse(Error(Code::kPermissionDenied, "a takeover needs root or the daemon's user"));
+    return refuse(Error(Code::kPermissionDenied, "a takeover needs root, the daemon's user or a member of [access] admin_group"));
   }
   if (channel < 0 || getsockopt(channel, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) {
     return refuse(Error(Code::kInvalidArgument, "a takeover request carries one end of a SOCK_SEQPACKET socketpair"));

@@ -1,8 +1,6 @@
 #include "supervisor/takeover.h"
 
-#include <fcntl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>

@@ -29,7 +29,7 @@ bool Core::KeepsDeviceWeights() const {
 
 std::vector<KeptWeights> Core::Kept() const {
   std::vector<KeptWeights> kept;
-  const bool host = KeepsDeviceWeights();
+  const bool device_weights = KeepsDeviceWeights();
   for (uint32_t model : index_->LruOrder()) {
     const Model& m = models_[model];
     if (m.changing()) continue;  // a new version replaces it: not worth keeping
@@ -40,7 +40,7 @@ std::vector<KeptWeights> Core::Kept() const {
     } else if (const Unparking* u = m.machine.As<Unparking>()) {
       k.parked = true;  // the copy stays what it was until the device has it
       k.weights = u->copy;
-    } else if (const Weights* w = m.machine.DeviceWeights(); w != nullptr && host) {
+    } else if (const Weights* w = m.machine.DeviceWeights(); w != nullptr && device_weights) {
       k.weights = *w;  // ready or releasing: the region is intact until it is closed
     } else {
       continue;
