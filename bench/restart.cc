@@ -154,14 +154,7 @@ class Restart {
   }
 
   Status WaitUntilStored() {
-    for (int i = 0; i < 500; i++) {
-      size_t manifests = 0, handles = 0;
-      for (const auto& [name, count] : manager_->Stored()) {
-        (name.rfind("wp.manifest.", 0) == 0 ? manifests : handles) += count;
-      }
-      if (manifests == 1 && handles == 1) return OkStatus();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (manager_->WaitForKept(1, std::chrono::seconds(5))) return OkStatus();
     return Error(Code::kDeadlineExceeded, "the daemon never stored the model's weights");
   }
 

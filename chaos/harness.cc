@@ -505,6 +505,27 @@ void Harness::KillAndRestart(Checks& checks, bool warm) {
   }
 }
 
+bool Harness::WaitUntilKept(const std::vector<std::string>& ready, const std::vector<std::string>& parked) {
+  if (service_manager_ == nullptr) return false;
+  auto holds = [](const v1::KeptManifest& m, const std::string& name, bool is_parked) {
+    for (const v1::KeptModel& k : m.models()) {
+      if (k.name() == name && k.parked() == is_parked) return true;
+    }
+    return false;
+  };
+  return service_manager_->WaitForKept(
+      [&](const v1::KeptManifest& m) {
+        for (const std::string& name : ready) {
+          if (!holds(m, name, false)) return false;
+        }
+        for (const std::string& name : parked) {
+          if (!holds(m, name, true)) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(5));
+}
+
 void Harness::Stop(Checks* checks) {
   if (!daemon_ || !daemon_->running()) return;
   RememberWorkers();

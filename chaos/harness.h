@@ -95,6 +95,9 @@ class Harness {
   // store (launch/service_manager_double.h), which keeps what the killed one stored; otherwise the
   // store is emptied first, as `systemctl stop` does, and every model loads again.
   void KillAndRestart(Checks& checks, bool warm = false);
+  // Own daemon only: until the descriptor store is up to date and keeps the weights of each of
+  // `ready` and the parked copy of each of `parked`; false after a few seconds.
+  bool WaitUntilKept(const std::vector<std::string>& ready, const std::vector<std::string>& parked);
   // Loads from a model file the daemon counted for this model (the segment's stats); -1 when the
   // segment or the model cannot be found.
   int64_t FileLoads(const std::string& model);

@@ -361,7 +361,8 @@ void SupervisorKillWarmScenario(Harness& h, Checks& checks, size_t index) {
   }
   Traffic traffic(h, TrafficSpec{&victim, 2, 0, 2, 2, 0, {Code::kUnavailable}, true, index});
   traffic.Start();
-  Sleep(300);  // the store is brought up to date within warmpoold's sync period (200 ms)
+  checks.Expect(h.WaitUntilKept({victim.name, h.bystander().name}, {parked.name}),
+                "the descriptor store keeps the ready models' weights and the parked copy");
   h.KillAndRestart(checks, /*warm=*/true);
   traffic.Stop();
   traffic.Join();  // replies were lost with the supervisor: only the restart is judged

@@ -6,14 +6,21 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "ipc/socket_io.h"
+#include "ipc/warmpool.pb.h"
 
 namespace warmpool::launch {
 
 namespace {
+
+constexpr char kSettle[] = "X-SETTLE=";  // Settle's marker: not a notification systemd knows
+constexpr char kManifestPrefix[] = "wp.manifest.";
 
 // The value of KEY= among the message's lines; empty when absent.
 std::string Field(const std::string& message, const std::string& key) {
@@ -83,6 +90,11 @@ void ServiceManagerDouble::ReadLoop() {
 
 void ServiceManagerDouble::Take(const std::string& message, std::vector<int>& fds) {
   std::lock_guard lock(mutex_);
+  if (message.rfind(kSettle, 0) == 0) {
+    settle_taken_ = std::max<uint64_t>(settle_taken_, std::strtoull(message.c_str() + std::strlen(kSettle), nullptr, 10));
+    taken_.notify_all();
+    return;
+  }
   notifications_.push_back(message);
   // As systemd: FDNAME= names what comes with FDSTORE=1 ("stored" when missing); FDSTOREREMOVE=1
   // drops every descriptor kept under the name.
@@ -108,7 +120,83 @@ void ServiceManagerDouble::Take(const std::string& message, std::vector<int>& fd
   }
 }
 
+void ServiceManagerDouble::Settle() {
+  uint64_t marker = 0;
+  {
+    std::lock_guard lock(mutex_);
+    marker = ++settle_sent_;
+  }
+  // A datagram socket's queue is first come, first served across senders: once the reader has
+  // taken this marker it has taken everything that arrived before it.
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+  const std::string message = kSettle + std::to_string(marker);
+  const bool sent = sendto(fd, message.data(), message.size(), 0, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
+                    static_cast<ssize_t>(message.size());
+  close(fd);
+  if (!sent) return;
+  std::unique_lock lock(mutex_);
+  // Bounded: should the reader have stopped, the caller goes on with what was taken.
+  taken_.wait_for(lock, std::chrono::seconds(10), [&] { return settle_taken_ >= marker; });
+}
+
+bool ServiceManagerDouble::WaitForKept(const std::function<bool(const v1::KeptManifest&)>& done,
+                                       std::chrono::milliseconds timeout) {
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    Settle();
+    std::optional<v1::KeptManifest> manifest;
+    {
+      std::lock_guard lock(mutex_);
+      manifest = ConsistentManifest();
+    }
+    if (manifest && done(*manifest)) return true;
+    if (std::chrono::steady_clock::now() >= give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+bool ServiceManagerDouble::WaitForKept(size_t handles, std::chrono::milliseconds timeout) {
+  return WaitForKept([&](const v1::KeptManifest& m) { return static_cast<size_t>(m.models_size()) == handles; },
+                     timeout);
+}
+
+std::optional<v1::KeptManifest> ServiceManagerDouble::ConsistentManifest() const {
+  int manifest_fd = -1;
+  std::multiset<std::string> kept;
+  for (const auto& [name, fd] : stored_) {
+    if (name.rfind(kManifestPrefix, 0) != 0) {
+      kept.insert(name);
+    } else if (manifest_fd >= 0) {
+      return std::nullopt;  // the old one goes after the new one is stored
+    } else {
+      manifest_fd = fd;
+    }
+  }
+  if (manifest_fd < 0) return std::nullopt;
+  std::string bytes;
+  char buffer[64 * 1024];
+  for (off_t at = 0;;) {
+    const ssize_t n = pread(manifest_fd, buffer, sizeof(buffer), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::nullopt;
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+    at += n;
+  }
+  v1::KeptManifest manifest;
+  if (!manifest.ParseFromString(bytes)) return std::nullopt;
+  std::multiset<std::string> named;
+  for (const v1::KeptModel& m : manifest.models()) named.insert(m.fd_name());
+  if (named != kept) return std::nullopt;
+  return manifest;
+}
+
 void ServiceManagerDouble::PrepareStart(DaemonSpec& spec) {
+  Settle();
   std::lock_guard lock(mutex_);
   spec.env.push_back("NOTIFY_SOCKET=" + path_);
   spec.listen_fds.clear();

@@ -7,8 +7,12 @@
 // LISTEN_PID (PrepareStart). A thread reads the socket all along, so a sender never blocks on it.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "ipc/warmpool.pb.h"
 #include "launch/daemon_process.h"
 
 namespace warmpool::launch {
@@ -30,8 +35,18 @@ class ServiceManagerDouble {
   ServiceManagerDouble& operator=(const ServiceManagerDouble&) = delete;
 
   // NOTIFY_SOCKET for the spec, and the descriptors kept as its LISTEN_FDS. The descriptors stay
-  // the store's (systemd keeps its own copies while the service runs).
+  // the store's (systemd keeps its own copies while the service runs). Every message sent before
+  // the call is taken first, as systemd reads what a service sent before it handles its exit.
   void PrepareStart(DaemonSpec& spec);
+  // Returns once every message sent to the socket before the call has been taken.
+  void Settle();
+  // Until the store is what a warmpoold leaves when it is up to date (supervisor/warm_store.h) and
+  // its manifest satisfies `done`: one manifest, naming exactly the other descriptors kept.
+  // Counting names is not enough: a daemon stores a handle before the manifest that names it, and
+  // dies between the two as easily as anywhere. False after `timeout`.
+  bool WaitForKept(const std::function<bool(const v1::KeptManifest&)>& done, std::chrono::milliseconds timeout);
+  // ... naming `handles` descriptors.
+  bool WaitForKept(size_t handles, std::chrono::milliseconds timeout);
   // Everything received so far, one datagram each (descriptors left out).
   std::vector<std::string> Notifications() const;
   // Name -> how many descriptors are kept under it.
@@ -44,6 +59,8 @@ class ServiceManagerDouble {
   ServiceManagerDouble(int fd, std::string path, size_t max_fds);
   void ReadLoop();
   void Take(const std::string& message, std::vector<int>& fds);
+  // The manifest, when the store holds one naming exactly the other descriptors kept.
+  std::optional<v1::KeptManifest> ConsistentManifest() const;
 
   int fd_ = -1;
   int stop_pipe_[2] = {-1, -1};
@@ -52,6 +69,9 @@ class ServiceManagerDouble {
   mutable std::mutex mutex_;
   std::vector<std::string> notifications_;
   std::vector<std::pair<std::string, int>> stored_;  // in the order stored, as systemd passes them
+  uint64_t settle_sent_ = 0;    // markers Settle sent through the socket
+  uint64_t settle_taken_ = 0;   // the highest the reader has taken
+  std::condition_variable taken_;
   std::thread reader_;
 };
 

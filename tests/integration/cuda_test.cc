@@ -247,14 +247,7 @@ TEST_F(CudaTest, ARestartKeepsParkedCopiesAndWithKeepAcrossRestartsDeviceWeights
       ASSERT_TRUE(client->Load("a").ok());
     }
     // Until the store holds what this configuration keeps: b's copy, and a's weights with keep.
-    bool stored = false;
-    for (int i = 0; i < 200 && !stored; i++) {
-      size_t handles = 0;
-      for (const auto& [name, count] : service_manager_->Stored()) handles += name.rfind("wp.manifest.", 0) != 0;
-      stored = handles == (keep ? 2u : 1u);
-      if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ASSERT_TRUE(stored);
+    ASSERT_TRUE(service_manager_->WaitForKept(keep ? 2u : 1u, std::chrono::seconds(4)));
     KillDaemon();
     StartDaemon(toml, {"--backend", "cuda"});
     auto client = Connect();

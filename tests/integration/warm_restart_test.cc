@@ -51,19 +51,9 @@ class WarmRestartTest : public DaemonTest {
     return states;
   }
 
-  // Until the store holds a manifest and `handles` kept handles (the daemon writes it within
-  // Daemon::kKeptSyncMs of a change).
-  bool WaitForStore(size_t handles) {
-    for (int i = 0; i < 200; i++) {
-      size_t manifests = 0, kept = 0;
-      for (const auto& [name, count] : service_manager_->Stored()) {
-        (name.rfind("wp.manifest.", 0) == 0 ? manifests : kept) += count;
-      }
-      if (manifests == 1 && kept == handles) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
-  }
+  // Until the store holds a manifest naming `handles` kept handles, and nothing else (the daemon
+  // brings it up to date within kKeptSyncMs (supervisor/core/kept.h) of a change).
+  bool WaitForStore(size_t handles) { return service_manager_->WaitForKept(handles, 4s); }
 
   std::string StoredNames() {
     std::string names;
