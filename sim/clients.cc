@@ -25,7 +25,7 @@ std::string Simulator::PickModel() {
 void Simulator::ClientAct(uint32_t index) {
   if (failed_ || workers_stopped_) return;
   Client& c = clients_[index];
-  After(rng_.Range(1, 40), [this, index] { ClientAct(index); });
+  After(rng_.Range(1, 40), [this, index] { ClientAct(index); }, /*outlives=*/true);
   if (!c.connected) {
     if (stopping_) return;  // no new connections once the daemon stops accepting
     c.connected = true;

@@ -36,6 +36,8 @@ supervisor::ModelEntry EntryOf(const SimFile& file) {
   e.workspace_bytes = file.workspace_bytes;
   e.header = HeaderOf(file);
   e.file_size = e.header.size() + e.weight_bytes;
+  // What stat(2) would say: another version has another size or times.
+  e.version = supervisor::FileVersion{e.file_size, file.version, file.id + 1u, 1, file.version};
   return e;
 }
 

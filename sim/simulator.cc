@@ -31,8 +31,8 @@ Simulator::~Simulator() = default;
 
 supervisor::Time Simulator::Now() const { return supervisor::Time{now_, kUnixBaseNs + now_ * 1000000}; }
 
-void Simulator::At(uint64_t time, std::function<void()> fn) {
-  queue_.push(Scheduled{std::max(time, now_), seq_++, std::move(fn)});
+void Simulator::At(uint64_t time, std::function<void()> fn, bool outlives) {
+  queue_.push(Scheduled{std::max(time, now_), seq_++, outlives ? 0 : life_, std::move(fn)});
 }
 
 void Simulator::Trace(const std::string& line) {
@@ -92,6 +92,7 @@ void Simulator::MakeWorld() {
     largest = std::max(largest, f.base_bytes + 3 * 4096 + 2 * f.workspace_bytes);
     files_.push_back(f);
   }
+  largest_model_ = largest;
   SimFile echo;
   echo.id = 5;
   echo.name = "echo";
@@ -141,16 +142,9 @@ void Simulator::MakeWorld() {
   congestion_per_mille_ = static_cast<uint32_t>(rng_.Range(0, 200));
   if (calm_) crash_per_mille_ = hang_per_mille_ = 0;
 
-  std::vector<uint64_t> budgets;
-  for (const supervisor::DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
-  shm::Limits limits{config_.max_models, config_.workers_per_device * devices, config_.max_inflight};
-  segment_bytes_.assign(shm::SegmentSize(limits), std::byte{0});
-  auto view = shm::SegmentView::Format(segment_bytes_, limits, budgets, 1);
-  segment_ = *view;
-  core_ = std::make_unique<supervisor::Core>(config_, segment_);
-
   workers_.resize(config_.workers_per_device * devices);
   devices_gone_.assign(devices, false);
+  devices_down_.assign(devices, false);
   device_epochs_.assign(devices, 0);
   for (uint32_t i = 0; i < workers_.size(); i++) {
     workers_[i].slot = i;
@@ -162,6 +156,8 @@ void Simulator::MakeWorld() {
     clients_[i].admin = i != 0 || rng_.Chance(500);  // client 0 is often a plain user
   }
   if (rng_.Chance(200)) clients_.back().greedy = true;
+  std::vector<uint64_t> budgets;
+  for (const supervisor::DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
   Trace(fmt::format("world: seed {} devices {} workers {} clients {} budget {} park {} single_active {} "
                     "max_cached {} capacity {} keep_alive {} chaos crash {} hang {} slow {} "
                     "congestion {} models in use {} greedy client {} calm {}",
@@ -169,6 +165,24 @@ void Simulator::MakeWorld() {
                     config_.park_budget_bytes, config_.single_active, config_.max_cached,
                     config_.capacity, config_.keep_alive_ms, crash_per_mille_, hang_per_mille_,
                     slow_per_mille_, congestion_per_mille_, models_in_use_, clients_.back().greedy, calm_));
+}
+
+void Simulator::StartCore(std::vector<supervisor::KeptWeights> kept) {
+  std::vector<uint64_t> budgets;
+  for (const supervisor::DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
+  shm::Limits limits{config_.max_models, static_cast<uint32_t>(workers_.size()), config_.max_inflight};
+  segment_bytes_.assign(shm::SegmentSize(limits), std::byte{0});
+  auto view = shm::SegmentView::Format(segment_bytes_, limits, budgets, 1);
+  segment_ = *view;
+  core_ = std::make_unique<supervisor::Core>(config_, segment_);
+  NoteRegisteredVersions();
+  std::vector<Action> actions = core_->Start(Registry(), {}, Now(), std::move(kept));
+  for (Action& a : actions) Execute(a);
+  CheckAfterEvent();
+  CheckAdopted();
+  SyncStore(/*now=*/true);  // as the shell does once the core has started
+  RunPendingEvents();
+  After(supervisor::kTickMs, [this] { Tick(); });
 }
 
 void Simulator::NoteRegisteredVersions() {
@@ -246,6 +260,7 @@ void Simulator::Execute(Action& a) {
           Kill(act.slot, act.reason);
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
           Trace(fmt::format("<- close handle {}", act.handle));
+          ForgetStored(act.handle);
           if (supervisor_handles_.erase(act.handle) == 0) {
             Fail(fmt::format("closed handle {}, which the supervisor does not hold", act.handle));
           }
@@ -305,6 +320,7 @@ void Simulator::Execute(Action& a) {
 void Simulator::Tick() {
   if (workers_stopped_ || failed_) return;
   Deliver(event::Tick{}, "tick");
+  SyncStore(/*now=*/false);
   CheckPeriodic();
   After(supervisor::kTickMs, [this] { Tick(); });
 }
@@ -373,32 +389,31 @@ void Simulator::EnvironmentAct() {
     const bool for_good = device != 0 && rng_.Chance(100);
     devices_gone_[device] = for_good;
     const uint32_t epoch = ++device_epochs_[device];
+    devices_down_[device] = true;
     Trace(fmt::format("== the memory owner of device {} killed ({} device regions lost){}", device, lost,
                       for_good ? ", for good" : ""));
     Deliver(event::DeviceLost{device, "killed by signal 9", for_good}, fmt::format("device {} lost", device));
     if (!for_good) {
       After(rng_.Range(20, 600), [this, device, epoch] {
         if (device_epochs_[device] != epoch) return;  // it died again meanwhile
+        devices_down_[device] = false;
         Deliver(event::DeviceRestored{device}, fmt::format("device {} restored", device));
       });
     }
+  } else if (roll < 735) {
+    RestartSupervisor();
   }
-  After(rng_.Range(100, 800), [this] { EnvironmentAct(); });
+  After(rng_.Range(100, 800), [this] { EnvironmentAct(); }, /*outlives=*/true);
 }
 
 Outcome Simulator::Run() {
   MakeWorld();
-  NoteRegisteredVersions();
-  std::vector<Action> actions = core_->Start(Registry(), {}, Now());
-  for (Action& a : actions) Execute(a);
-  CheckAfterEvent();
-  RunPendingEvents();
+  StartCore({});
   for (uint32_t i = 0; i < clients_.size(); i++) {
     uint32_t index = i;
-    After(rng_.Range(0, 50), [this, index] { ClientAct(index); });
+    After(rng_.Range(0, 50), [this, index] { ClientAct(index); }, /*outlives=*/true);
   }
-  After(supervisor::kTickMs, [this] { Tick(); });
-  After(rng_.Range(100, 500), [this] { EnvironmentAct(); });
+  After(rng_.Range(100, 500), [this] { EnvironmentAct(); }, /*outlives=*/true);
 
   while (!queue_.empty() && !failed_) {
     if (!stopping_ && outcome_.events >= options_.events) {
@@ -407,6 +422,7 @@ Outcome Simulator::Run() {
     }
     Scheduled next = queue_.top();
     queue_.pop();
+    if (next.life != 0 && next.life != life_) continue;  // its supervisor died before it came
     now_ = next.time;
     next.fn();
     if (stopping_ && workers_stopped_) break;

@@ -14,6 +14,10 @@
 // the requests' bytes the daemon holds within its bounds; no request of a departed client run;
 // no worker left idle while another holds several models; no request waiting long for a resident
 // model that no busy worker holds while a worker idles.
+//
+// The supervisor itself is killed and started again now and then (restart.cc): what the shell
+// had put in the service manager's descriptor store goes to a new core, under budgets that may
+// have changed; what that core adopts must be exactly the current version of its model's file.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +53,8 @@ struct Outcome {
   uint64_t requests = 0;           // client requests sent
   uint64_t replies_ok = 0;         // successful infer replies checked
   uint64_t worker_deaths = 0;
+  uint64_t restarts = 0;           // of the supervisor
+  uint64_t adopted = 0;            // models adopted warm by the supervisors after them
   std::vector<std::string> trace;  // the last lines before a failure
 };
 
@@ -134,9 +140,12 @@ class Simulator {
     std::vector<uint64_t> regions;  // registered shared-memory regions (ids), kRegionBytes each
   };
 
-  // Scheduling.
-  void At(uint64_t time, std::function<void()> fn);
-  void After(uint64_t delay, std::function<void()> fn) { At(now_ + delay, std::move(fn)); }
+  // Scheduling. What is scheduled belongs to the supervisor running now, and is dropped should it
+  // die first (its workers, its sockets, its timers), unless it `outlives` it (clients, the world).
+  void At(uint64_t time, std::function<void()> fn, bool outlives = false);
+  void After(uint64_t delay, std::function<void()> fn, bool outlives = false) {
+    At(now_ + delay, std::move(fn), outlives);
+  }
   supervisor::Time Now() const;
   void Deliver(supervisor::Event event, const std::string& what);
   void RunPendingEvents();
@@ -184,6 +193,18 @@ class Simulator {
   void EnvironmentAct();
   void Tick();
 
+  // Restarts of the supervisor (restart.cc).
+  // The shell brings the descriptor store up to date at most every kKeptSyncMs (`now`: at once).
+  void SyncStore(bool now);
+  // A handle the core closes leaves the store first (WarmStore::Forget).
+  void ForgetStored(int handle);
+  // SIGKILL of the supervisor: its workers, connections and descriptors go with it, but for what
+  // the store holds; the next one starts from the store, its configuration's budgets maybe changed.
+  void RestartSupervisor();
+  // What the new core adopted is the current version of its own model's file.
+  void CheckAdopted();
+  void StartCore(std::vector<supervisor::KeptWeights> kept);
+
   // Checks (checks.cc).
   void CheckAfterEvent();
   void CheckPeriodic();
@@ -196,9 +217,11 @@ class Simulator {
   Outcome outcome_;
   uint64_t now_ = 0;
   uint64_t seq_ = 0;
+  uint64_t life_ = 1;  // which supervisor runs: one more at each restart
   struct Scheduled {
     uint64_t time;
     uint64_t seq;
+    uint64_t life;  // 0: outlives the supervisor
     std::function<void()> fn;
     bool operator>(const Scheduled& o) const { return time != o.time ? time > o.time : seq > o.seq; }
   };
@@ -222,6 +245,7 @@ class Simulator {
   uint32_t hang_per_mille_ = 0;
   uint32_t slow_per_mille_ = 0;
   uint32_t congestion_per_mille_ = 0;
+  uint64_t largest_model_ = 0;  // bytes a device needs for the largest model and its workspace
   // How many of the configured models the clients use in this seed (few: placement matters).
   uint32_t models_in_use_ = 5;
   // Calm seeds: clients only infer and read (nothing unloads or loads by hand), so that what the
@@ -245,6 +269,10 @@ class Simulator {
   std::set<int> lost_handles_;  // device regions whose owner died: never to be attached again
   std::vector<bool> devices_gone_;       // lost for good (their owner cannot run)
   std::vector<uint32_t> device_epochs_;  // losses so far: a restore is for the latest one
+  std::vector<bool> devices_down_;       // lost and not (yet) restored
+  // The service manager's descriptor store, as the shell last wrote it.
+  std::vector<supervisor::KeptWeights> stored_;
+  uint64_t stored_ms_ = 0;
   // File loads running now, per model name.
   std::map<std::string, int> loads_running_;
   // Tokens of infer requests by session, to tell whose request a worker runs.

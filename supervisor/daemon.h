@@ -42,8 +42,6 @@ namespace warmpool::supervisor {
 
 class Daemon {
  public:
-  // What is kept across a restart is brought up to date at most this often (SyncKeptWeights).
-  static constexpr uint64_t kKeptSyncMs = 200;
   // Reads the configuration again (file, then flags) for SIGHUP.
   using ConfigLoader = std::function<Result<Config>()>;
   Daemon(Config config, std::string worker_path, ConfigLoader reload_config = nullptr);

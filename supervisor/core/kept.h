@@ -18,6 +18,11 @@
 
 namespace warmpool::supervisor {
 
+// The shell brings the store up to date at most this often after a change (its tick makes sure a
+// change is not left waiting): a model loaded or used within that time of a crash is what the
+// next supervisor may not know of.
+inline constexpr uint64_t kKeptSyncMs = 200;
+
 struct KeptWeights {
   std::string name;
   std::string engine;

@@ -1,0 +1,117 @@
+// Restarts of the supervisor. The shell keeps what Core::Kept names in the service manager's
+// descriptor store (supervisor/warm_store.h): it writes the store at most every kKeptSyncMs, and
+// takes a handle out of it before the core's CloseHandle lets the memory go. A SIGKILL can come
+// at any moment, so the store a new supervisor gets is the one of the last write, less what was
+// closed since: models loaded after it load again, and handles of models whose file changed since
+// they were loaded must be refused by the new core. Budgets, capacity and the park budget may
+// differ in the configuration the new supervisor reads.
+#include <fmt/format.h>
+
+#include "sim/simulator.h"
+#include "supervisor/core/kept.h"
+
+namespace warmpool::sim {
+
+namespace event = supervisor::event;
+
+void Simulator::SyncStore(bool now) {
+  if (!now && now_ - stored_ms_ < supervisor::kKeptSyncMs) return;
+  stored_ms_ = now_;
+  stored_ = core_->Kept();
+}
+
+void Simulator::ForgetStored(int handle) {
+  std::erase_if(stored_, [&](const supervisor::KeptWeights& k) { return k.weights.handle == handle; });
+}
+
+void Simulator::RestartSupervisor() {
+  if (stopping_ || failed_) return;
+  // A device whose owner is down would have to be found down again by the next supervisor's probe:
+  // not simulated, so no restart meanwhile.
+  for (bool down : devices_down_) {
+    if (down) return;
+  }
+  // Stopped by SIGTERM, the shell writes the store as the core has it; killed, it is as last written.
+  const bool killed = rng_.Chance(700);
+  if (!killed) SyncStore(/*now=*/true);
+  Trace(fmt::format("== the supervisor is {}; the store keeps {} handles", killed ? "killed" : "stopped",
+                    stored_.size()));
+  outcome_.restarts++;
+  life_++;  // what it had scheduled dies with it
+  pending_events_.clear();
+  core_.reset();
+
+  // Its workers exit with it (PR_SET_PDEATHSIG); its connections close under their clients.
+  for (Worker& w : workers_) {
+    w.state = Worker::State::kDown;
+    w.kill_reason.clear();
+    w.serving.clear();
+    w.loads.clear();
+    w.engines.clear();
+    w.serving_job = w.load_job = 0;
+    w.unwritten = 0;
+    w.to_core.clear();
+  }
+  loads_running_.clear();
+  for (Client& c : clients_) {
+    if (!c.connected) continue;
+    c.connected = false;
+    c.outstanding.clear();
+    c.regions.clear();
+    gone_sessions_.insert(c.session);
+  }
+  stacked_since_ms_ = starved_since_ms_ = 0;
+
+  // Its descriptors close, but for those the store holds: they are the next one's.
+  supervisor_handles_.clear();
+  for (const supervisor::KeptWeights& k : stored_) {
+    if (lost_handles_.count(k.weights.handle) != 0) {
+      return Fail(fmt::format("the store holds handle {} of \"{}\", device memory lost with its owner",
+                              k.weights.handle, k.name));
+    }
+    supervisor_handles_.insert(k.weights.handle);
+  }
+
+  if (rng_.Chance(400)) {
+    // The operator changed the budgets for the next start.
+    for (supervisor::DeviceConfig& d : config_.devices) d.budget_bytes = largest_model_ * rng_.Range(1, 4);
+    config_.budget_bytes = config_.devices.front().budget_bytes;
+    config_.park_budget_bytes = rng_.Chance(400) ? 0 : largest_model_ * rng_.Range(1, 3);
+    config_.capacity = rng_.Chance(300) ? static_cast<uint32_t>(rng_.Range(1, 3)) : 0;
+    config_.max_cached = rng_.Chance(200) ? static_cast<uint32_t>(rng_.Range(2, 4)) : 0;
+    std::string budgets;
+    for (const supervisor::DeviceConfig& d : config_.devices) budgets += fmt::format(" {}", d.budget_bytes);
+    Trace(fmt::format("== the next start's configuration: budgets{} park {} capacity {} max_cached {}", budgets,
+                      config_.park_budget_bytes, config_.capacity, config_.max_cached));
+  }
+  std::vector<supervisor::KeptWeights> kept = std::move(stored_);
+  stored_.clear();
+  stored_ms_ = now_;
+  StartCore(std::move(kept));
+}
+
+void Simulator::CheckAdopted() {
+  if (failed_) return;
+  outcome_.adopted += core_->adopted();
+  const shm::ModelIndex& index = core_->index();
+  for (const auto& [model, handle] : core_->HeldHandles()) {
+    if (model == shm::kNil) continue;
+    const std::string name(index.Get(model).name);
+    const SimFile* file = nullptr;
+    for (const SimFile& f : files_) {
+      if (f.name == name) file = &f;
+    }
+    const Region& region = regions_[handle];
+    if (file == nullptr || region.file != file->id || region.version != file->version || file->broken) {
+      return Fail(fmt::format("the new supervisor adopted handle {} (file {} version {}) for \"{}\", whose file "
+                              "is now {} version {}{}",
+                              handle, region.file, region.version, name, file != nullptr ? file->id : 0,
+                              file != nullptr ? file->version : 0,
+                              file != nullptr && file->broken ? " and broken" : ""));
+    }
+    // On the host backend a device region is host memory already: adopted as a parked copy it is one.
+    if (index.State(model) == shm::ModelState::kParked) regions_[handle].host = true;
+  }
+}
+
+}  // namespace warmpool::sim
