@@ -31,11 +31,12 @@ void Simulator::RestartSupervisor() {
   for (bool down : devices_down_) {
     if (down) return;
   }
-  // Stopped by SIGTERM, the shell writes the store as the core has it; killed, it is as last written.
-  const bool killed = rng_.Chance(700);
-  if (!killed) SyncStore(/*now=*/true);
-  Trace(fmt::format("== the supervisor is {}; the store keeps {} handles", killed ? "killed" : "stopped",
-                    stored_.size()));
+  // Killed with the store as last written, or just after the shell brought it up to date (as a
+  // stop, or a takeover's hand-over, leaves it).
+  const bool stale = rng_.Chance(700);
+  if (!stale) SyncStore(/*now=*/true);
+  Trace(fmt::format("== the supervisor is killed{}; the store keeps {} handles",
+                    stale ? "" : " just after writing the store", stored_.size()));
   outcome_.restarts++;
   life_++;  // what it had scheduled dies with it
   pending_events_.clear();
