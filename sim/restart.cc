@@ -44,14 +44,8 @@ void Simulator::RestartSupervisor() {
 
   // Its workers exit with it (PR_SET_PDEATHSIG); its connections close under their clients.
   for (Worker& w : workers_) {
+    w.ForgetProcess();
     w.state = Worker::State::kDown;
-    w.kill_reason.clear();
-    w.serving.clear();
-    w.loads.clear();
-    w.engines.clear();
-    w.serving_job = w.load_job = 0;
-    w.unwritten = 0;
-    w.to_core.clear();
   }
   loads_running_.clear();
   for (Client& c : clients_) {

@@ -110,6 +110,16 @@ class Simulator {
     // Messages for the supervisor, in order.
     std::deque<std::pair<v1::WorkerEnvelope, std::vector<int>>> to_core;
     uint64_t last_reply_ms = 0;
+    // Nothing of the process before (its jobs, engines, frames either way) is left.
+    void ForgetProcess() {
+      kill_reason.clear();
+      serving.clear();
+      loads.clear();
+      engines.clear();
+      serving_job = load_job = 0;
+      unwritten = 0;
+      to_core.clear();
+    }
   };
   struct Pending {
     enum class Kind { kInfer, kLoad, kRegion, kOther } kind = Kind::kOther;

@@ -20,14 +20,8 @@ void Simulator::Spawn(uint32_t slot, uint32_t generation) {
   if (w.state != Worker::State::kDown) return Fail(fmt::format("worker {} spawned while it runs", slot));
   w.generation = generation;
   w.pid = next_pid_++;
+  w.ForgetProcess();
   w.state = Worker::State::kStarting;
-  w.kill_reason.clear();
-  w.serving.clear();
-  w.loads.clear();
-  w.engines.clear();
-  w.serving_job = w.load_job = 0;
-  w.unwritten = 0;
-  w.to_core.clear();
   Trace(fmt::format("== worker {} starting (generation {})", slot, w.generation));
   pending_events_.push_back([this, slot, generation, pid = w.pid] {
     Deliver(event::WorkerSpawned{slot, generation, pid}, fmt::format("worker {} spawned", slot));
