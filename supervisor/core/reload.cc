@@ -69,7 +69,14 @@ bool Core::RegisterModel(const ModelEntry& entry) {
 }
 
 void Core::Retire(uint32_t model, std::optional<ModelEntry> next) {
-  models_[model].retiring = std::move(next);
+  Model& m = models_[model];
+  // Changed, then removed before the new version registered: the requests waiting wait for a
+  // version that will never come, and the one leaving (it serves a removed model's requests) is
+  // older than what the registry held when they came. They end here; what runs finishes.
+  if (!next && m.retiring && m.retiring->has_value()) {
+    FailWaiters(model, Error(Code::kNotFound, "model \"{}\" was removed from the registry", m.entry.name));
+  }
+  m.retiring = std::move(next);
 }
 
 void Core::ProcessRetirements() {

@@ -219,6 +219,45 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsReloadedServesNothingOld) {
   EXPECT_TRUE(ran) << "the waiting request runs on the new version";
 }
 
+// A reload changes the model while a request runs on it (a new request waits for the new version),
+// and the next reload removes it before the new version registered. The waiting request is not
+// served by the version leaving, which is older than the one registered when it came.
+TEST(CoreTest, ARequestWaitingForANewVersionIsNotServedByTheOldOneWhenTheModelIsRemoved) {
+  CoreRig rig(CoreRig::SmallConfig());
+  ModelEntry old_version = Entry("m", 100, 10, 1), new_version = Entry("m", 200, 10, 2);
+  rig.Start({old_version});
+  rig.Up(0);
+  rig.Loaded(0, old_version, 100);
+  rig.Forget();
+  rig.Infer(2, "m");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_infer());
+  const uint64_t running = sent[0].infer().job();
+  event::Reload changed;
+  changed.config = CoreRig::SmallConfig();
+  changed.entries = {new_version};
+  rig.Handle(std::move(changed));
+  rig.Infer(3, "m");  // waits for the new version
+  event::Reload removed;
+  removed.config = CoreRig::SmallConfig();
+  rig.Handle(std::move(removed));
+  std::vector<v1::Envelope> replies = rig.Replies(3);
+  ASSERT_EQ(replies.size(), 1u) << "answered when the version it waits for is gone";
+  EXPECT_EQ(replies[0].error().code(), v1::NOT_FOUND) << replies[0].ShortDebugString();
+  rig.Forget();
+  rig.Reply(0, CoreRig::InferDone(running));  // what ran on the old version finishes
+  EXPECT_EQ(rig.Replies(2).size(), 1u);
+  for (int round = 0; round < 3; round++) {
+    for (const v1::WorkerEnvelope& w : rig.Sent(0)) {
+      EXPECT_FALSE(w.has_infer()) << "nothing more runs on the old version";
+      if (w.has_unload()) rig.Reply(0, CoreRig::UnloadDone(w.unload().job()));
+      if (w.has_park()) rig.Reply(0, CoreRig::ParkDone(w.park().job(), 100), {101});
+    }
+  }
+  EXPECT_EQ(rig.index().Find("m"), shm::kNil) << "forgotten once its work ended";
+}
+
 // A shrink to one replica sends the other away; the one that stays dies with a request before the
 // leaving one has let go. The request is not left waiting: once the leaving replica is gone, a
 // worker attaches the held weights and serves it.
