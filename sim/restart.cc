@@ -5,14 +5,14 @@
 // closed since: models loaded after it load again, and handles of models whose file changed since
 // they were loaded must be refused by the new core. Budgets, capacity and the park budget may
 // differ in the configuration the new supervisor reads.
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "sim/simulator.h"
 #include "supervisor/core/kept.h"
 
 namespace warmpool::sim {
-
-namespace event = supervisor::event;
 
 void Simulator::SyncStore(bool now) {
   if (!now && now_ - stored_ms_ < supervisor::kKeptSyncMs) return;
@@ -79,10 +79,7 @@ void Simulator::RestartSupervisor() {
     Trace(fmt::format("== the next start's configuration: budgets{} park {} capacity {} max_cached {}", budgets,
                       config_.park_budget_bytes, config_.capacity, config_.max_cached));
   }
-  std::vector<supervisor::KeptWeights> kept = std::move(stored_);
-  stored_.clear();
-  stored_ms_ = now_;
-  StartCore(std::move(kept));
+  StartCore(std::exchange(stored_, {}));  // which writes the store anew once it has started
 }
 
 void Simulator::CheckAdopted() {

@@ -15,29 +15,15 @@
 #include <gtest/gtest.h>
 
 #include "supervisor/warm_store.h"
+#include "tests/unit/kept_weights.h"
 
 namespace warmpool::launch {
 namespace {
 
 using namespace std::chrono_literals;
 
-int Region(uint64_t bytes, char fill) {
-  const int fd = memfd_create("weights", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  std::string data(bytes, fill);
-  EXPECT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(bytes));
-  return fd;
-}
-
 supervisor::KeptWeights Kept(const std::string& name, int fd) {
-  supervisor::KeptWeights k;
-  k.name = name;
-  k.engine = "dense";
-  k.path = "/models/" + name + ".safetensors";
-  k.version = supervisor::FileVersion{4106, 5, 6, 7, 8};
-  k.weights.handle = fd;
-  k.weights.header = name + " header";
-  k.weights.weight_bytes = 4096;
-  return k;
+  return supervisor::testing::Kept(name, fd, 4096, /*parked=*/false);
 }
 
 class ServiceManagerDoubleTest : public ::testing::Test {
@@ -63,7 +49,7 @@ class ServiceManagerDoubleTest : public ::testing::Test {
 
 TEST_F(ServiceManagerDoubleTest, AStartGetsEverythingSentBeforeIt) {
   for (int round = 0; round < 50; round++) {
-    const int fd = Region(64, 'x');
+    const int fd = supervisor::testing::Region(64, 1);
     const std::string name = "wp.w.m." + std::to_string(round);
     const std::string state = "FDSTORE=1\nFDNAME=" + name;
     ASSERT_GT(sd_pid_notify_with_fds(0, 0, state.c_str(), &fd, 1), 0);
@@ -76,7 +62,7 @@ TEST_F(ServiceManagerDoubleTest, AStartGetsEverythingSentBeforeIt) {
 }
 
 TEST_F(ServiceManagerDoubleTest, AHandleStoredBeforeTheManifestThatNamesItIsNotAnUpToDateStore) {
-  const int a = Region(4096, 'a'), b = Region(4096, 'b');
+  const int a = supervisor::testing::Region(4096, 1), b = supervisor::testing::Region(4096, 2);
   supervisor::WarmStore store("x", /*enabled=*/true);
   store.Sync({Kept("a", a)}, 0);
   ASSERT_TRUE(manager_->WaitForKept(1, 2s));

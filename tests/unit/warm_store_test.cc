@@ -9,31 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/unit/kept_weights.h"
+
 namespace warmpool::supervisor {
 namespace {
 
-int Region(uint64_t bytes, uint8_t seed) {
-  int fd = memfd_create("weights", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  std::string data(bytes, '\0');
-  for (uint64_t i = 0; i < bytes; i++) data[i] = static_cast<char>((i * 31 + seed) & 0xff);
-  EXPECT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(bytes));
-  return fd;
-}
+using testing::Kept;
+using testing::Region;
 
 bool Open(int fd) { return fcntl(fd, F_GETFD) >= 0; }
-
-KeptWeights Kept(const std::string& name, int fd, uint64_t bytes, bool parked) {
-  KeptWeights k;
-  k.name = name;
-  k.engine = "dense";
-  k.path = "/models/" + name + ".safetensors";
-  k.version = FileVersion{bytes + 10, 5, 6, 7, 8};
-  k.parked = parked;
-  k.weights.handle = fd;
-  k.weights.header = name + " header";
-  k.weights.weight_bytes = bytes;
-  return k;
-}
 
 // A manifest of `kept` (for `instance`) and the descriptors to pass, named as the store names them.
 std::vector<PassedDescriptor> Passed(const std::vector<KeptWeights>& kept, const std::string& instance,
