@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <new>
 #include <numbers>
+#include <optional>
 #include <vector>
 
 #include <dnnl.hpp>
@@ -31,6 +33,7 @@ std::atomic<int> g_threads{1};
 constexpr size_t kMatmulsPerLayer = 32;
 
 constexpr float kInvSqrt2 = 1.0f / std::numbers::sqrt2_v<float>;
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 dnnl::engine& CpuEngine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -61,6 +64,7 @@ std::string_view PathName(Path path) {
 struct Matmul {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
+  std::optional<dnnl::eltwise_forward> gelu;  // in place on the output, for a GELU layer
 };
 
 struct Layer {
@@ -71,33 +75,13 @@ struct Layer {
   std::map<uint32_t, Matmul> matmuls;  // by batch size, made on first use (kMatmulsPerLayer at most)
 };
 
-void Activate(Activation activation, float* values, uint64_t count) {
-  switch (activation) {
-    case Activation::kRelu:
-      for (uint64_t i = 0; i < count; ++i) values[i] = std::max(values[i], 0.0f);
-      return;
-    case Activation::kGelu:
-      for (uint64_t i = 0; i < count; ++i) values[i] = 0.5f * values[i] * (1.0f + std::erf(values[i] * kInvSqrt2));
-      return;
-    case Activation::kTanh:
-      for (uint64_t i = 0; i < count; ++i) values[i] = std::tanh(values[i]);
-      return;
-    case Activation::kNone:
-      return;
-  }
-}
+// The activations oneDNN may fuse into the matmul. Not ReLU: oneDNN's eltwise_relu with alpha 0 is
+// vmaxps(x, 0), which returns its second operand, 0, when x is NaN (no alpha, clip or binary_max
+// post-op keeps NaN either). Not GELU: oneDNN's gelu_erf of -Inf is NaN (-Inf * 0), where the
+// limit is 0. Those two run after the matmul (ActivateAfterMatmul).
+bool FusedInMatmul(Activation activation) { return activation == Activation::kTanh; }
 
-dnnl::algorithm EltwiseOf(Activation activation) {
-  switch (activation) {
-    case Activation::kRelu: return dnnl::algorithm::eltwise_relu;
-    case Activation::kGelu: return dnnl::algorithm::eltwise_gelu_erf;  // the exact form, as the reference
-    case Activation::kTanh: return dnnl::algorithm::eltwise_tanh;
-    case Activation::kNone: break;
-  }
-  return dnnl::algorithm::undef;
-}
-
-// y (rows x out, f32) = x (rows x in) * W^T + b, then the activation. W is [out, in] as stored,
+// y (rows x out, f32) = x (rows x in) * W^T + b, then tanh if fused. W is [out, in] as stored,
 // which is the (in x out) weights matrix in oneDNN's "ba" layout: no repacking.
 Matmul MakeMatmul(const Layer& layer, uint32_t rows, dt type, Activation activation) {
   const auto m = static_cast<dnnl::memory::dim>(rows);
@@ -107,16 +91,20 @@ Matmul MakeMatmul(const Layer& layer, uint32_t rows, dt type, Activation activat
   dnnl::memory::desc weights({k, n}, type, tag::ba);
   dnnl::memory::desc dst({m, n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
-  if (layer.activate && activation != Activation::kNone) {
+  if (layer.activate && FusedInMatmul(activation)) {
     dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, EltwiseOf(activation), 0.0f, 0.0f);
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_tanh, 0.0f, 0.0f);
     attr.set_post_ops(ops);
   }
   dnnl::matmul::desc desc = layer.bias.empty()
                                 ? dnnl::matmul::desc(src, weights, dst)
                                 : dnnl::matmul::desc(src, weights, dnnl::memory::desc({1, n}, dt::f32, tag::ab), dst);
-  Matmul made{dnnl::matmul::primitive_desc(desc, attr, CpuEngine()), {}};
+  Matmul made{dnnl::matmul::primitive_desc(desc, attr, CpuEngine()), {}, {}};
   made.primitive = dnnl::matmul(made.pd);
+  if (layer.activate && activation == Activation::kGelu) {
+    dnnl::eltwise_forward::desc gelu(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_gelu_erf, dst);
+    made.gelu = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(gelu, CpuEngine()));
+  }
   return made;
 }
 
@@ -259,11 +247,27 @@ class OneDnnLayers final : public CpuLayers {
       }
       mm.primitive.execute(stream_, args);
       stream_.wait();
+      if (layer.activate) ActivateAfterMatmul(mm, y, uint64_t{rows} * spec.out_features);
     } catch (const dnnl::error& e) {
       return Error(Code::kInternal, "layer {} ({} x {}, {}): oneDNN: {}", spec.index, spec.out_features,
                    spec.in_features, PathName(layer.path), e.what());
     }
     return OkStatus();
+  }
+
+  void ActivateAfterMatmul(Matmul& mm, float* y, uint64_t count) {
+    if (FusedInMatmul(activation_)) return;
+    if (!mm.gelu) {
+      Activate(activation_, y, count);
+      return;
+    }
+    // oneDNN's own GELU (vectorized; ours is scalar erf), with -Inf first made -FLT_MAX, whose
+    // GELU it computes as 0, the limit at -Inf.
+#pragma omp simd
+    for (uint64_t i = 0; i < count; ++i) y[i] = y[i] == -kInfinity ? -std::numeric_limits<float>::max() : y[i];
+    dnnl::memory values(mm.pd.dst_desc(), CpuEngine(), y);
+    mm.gelu->execute(stream_, {{DNNL_ARG_SRC, values}, {DNNL_ARG_DST, values}});
+    stream_.wait();
   }
 
   void NarrowToBF16(const float* x, uint64_t count) {
@@ -279,6 +283,30 @@ class OneDnnLayers final : public CpuLayers {
 };
 
 }  // namespace
+
+void Activate(Activation activation, float* values, uint64_t count) {
+  switch (activation) {
+    case Activation::kRelu:
+      // `x < 0 ? 0 : x`, not std::max(0.0f, x) or fmaxf(x, 0), which give 0 for NaN: a comparison
+      // with NaN is false, so NaN passes, and vectorized this is vmaxps(0, x), the operand order
+      // that returns x when x is NaN (vmaxps returns its second operand when either is NaN).
+#pragma omp simd
+      for (uint64_t i = 0; i < count; ++i) values[i] = values[i] < 0.0f ? 0.0f : values[i];
+      return;
+    case Activation::kGelu:
+      // x * Phi(x) tends to 0 at -Inf, where 0.5 x (1 + erf(x / sqrt 2)) is -Inf * 0 = NaN.
+      for (uint64_t i = 0; i < count; ++i) {
+        const float x = values[i];
+        values[i] = x == -kInfinity ? 0.0f : 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+      }
+      return;
+    case Activation::kTanh:
+      for (uint64_t i = 0; i < count; ++i) values[i] = std::tanh(values[i]);
+      return;
+    case Activation::kNone:
+      return;
+  }
+}
 
 void SetCpuThreads(int threads) { g_threads.store(std::max(1, threads)); }
 int CpuThreads() { return g_threads.load(); }

@@ -3,13 +3,15 @@
 // Each layer runs with oneDNN's matmul (the library PyTorch uses on CPUs) on the weights where they
 // are stored, never repacked: f32 as f32; bf16 as bf16 with the activations narrowed to bf16 and
 // f32 accumulation (AMX or AVX-512 BF16 where the CPU has them, which oneDNN picks at run time);
-// bias and activation fused into the same call. Weights are streamed once per call, so a small
-// batch runs at the memory bandwidth. oneDNN 2.6 runs one to four rows at about half of it, so
-// those go to kernels of ours where the CPU has AVX-512 (engines/gemv.h for f32,
-// engines/bf16_gemv.h with AVX-512 BF16 for bf16). oneDNN 2.x has no f16 matmul on CPUs: f16 layers
-// of up to kGemvRows rows run in a small F16C kernel here (16-bit weights converted in registers,
-// streamed once for all rows), and bigger batches widen the layer into f32 scratch and run the f32
-// matmul. Where the CPU lacks what a path needs (AVX2+FMA+F16C, oneDNN's bf16), the layer is widened.
+// the bias (and tanh) fused into the same call, ReLU and GELU in a pass over the output after it
+// (oneDNN's fused ReLU turns NaN into 0, its GELU turns -Inf into NaN). Weights are streamed once
+// per call, so a small batch runs at the memory bandwidth. oneDNN 2.6 runs one to four rows at
+// about half of it, so those go to kernels of ours where the CPU has AVX-512 (engines/gemv.h for
+// f32, engines/bf16_gemv.h with AVX-512 BF16 for bf16). oneDNN 2.x has no f16 matmul on CPUs: f16
+// layers of up to kGemvRows rows run in a small F16C kernel here (16-bit weights converted in
+// registers, streamed once for all rows), and bigger batches widen the layer into f32 scratch and
+// run the f32 matmul. Where the CPU lacks what a path needs (AVX2+FMA+F16C, oneDNN's bf16), the
+// layer is widened.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +36,10 @@ inline constexpr uint32_t kGemvRows = 16;
 inline constexpr uint32_t kF32GemvRows = 4;
 // bf16 layers with at most this many rows run in the AVX-512 BF16 kernel where the CPU has it.
 inline constexpr uint32_t kBF16GemvRows = 4;
+
+// The activation in place, as the layers apply it after the small-batch kernels: NaN stays NaN,
+// and +-Inf give the limits (ReLU 0 and +Inf, GELU 0 and +Inf, tanh -1 and 1).
+void Activate(Activation activation, float* values, uint64_t count);
 
 // The stored bytes of a tensor (its dtype as in the file): in place for weights in host memory,
 // or copied out of device memory. Valid until the next call.

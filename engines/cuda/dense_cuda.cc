@@ -7,11 +7,13 @@
 //
 // Types: f32 layers run in f32 (TF32 tensor cores only when configured); f16 and bf16 weights are
 // used as stored (half the memory and bandwidth) and the activations are narrowed to the same type
-// before the GEMM, accumulating and writing f32 (cuBLAS takes A and B of one type). Bias and ReLU
-// go into cuBLASLt's epilogue; GELU (the exact erf form the CPU reference uses, not the epilogue's
-// tanh approximation) and tanh run in a small kernel after it. When cuBLASLt has no algorithm for a
-// shape, cublasGemmEx runs it and the kernel adds bias and activation. What cuBLASLt is told about
-// a layer at a batch size, and the algorithm it picks, is kept for the next call of that shape.
+// before the GEMM, accumulating and writing f32 (cuBLAS takes A and B of one type). The bias goes
+// into cuBLASLt's epilogue; the activations run in a small kernel after it: GELU is the exact erf
+// form the CPU reference uses (not the epilogue's tanh approximation), and ReLU must keep NaN,
+// which cuBLASLt does not promise for its ReLU epilogue (a max(x, 0) in the CUTLASS manner is 0 for
+// NaN). When cuBLASLt has no algorithm for a shape, cublasGemmEx runs it and the kernel adds bias
+// and activation. What cuBLASLt is told about a layer at a batch size, and the algorithm it picks,
+// is kept for the next call of that shape.
 //
 // Alignment: safetensors packs tensors without padding, so a weight may start 2, 4 or 8 bytes
 // past a 16-byte boundary. cuBLASLt assumes 256-byte alignment unless told otherwise, and a kernel
@@ -70,7 +72,7 @@ struct LtGemm {
   cublasLtMatmulPreference_t preference = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;
-  bool activates = false;  // the epilogue applies the activation (ReLU) as well as the bias
+  bool activates = false;  // nothing is left after the epilogue (no activation: ours run after it)
   LtGemm() = default;
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -275,10 +277,7 @@ class CudaRunner final : public GpuRunner {
       return s;
     }
     const cublasOperation_t transpose = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-    const bool relu = activation == cuda::kRelu;
-    const cublasLtEpilogue_t epilogue =
-        layer.bias != nullptr ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                              : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+    const cublasLtEpilogue_t epilogue = layer.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     const cudaDataType_t bias_type = CUDA_R_32F;
     Status s = set(CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
     if (s.ok()) s = set(CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain));
@@ -308,7 +307,7 @@ class CudaRunner final : public GpuRunner {
     if (Status h = Check(asked, "cublasLtMatmulAlgoGetHeuristic"); !h.ok()) return h;
     g.algo = found.algo;
     g.usable = true;
-    g.activates = relu || activation == cuda::kNone;
+    g.activates = activation == cuda::kNone;
     return OkStatus();
   }
 

@@ -30,8 +30,10 @@ __global__ void BiasActivate(float* y, const float* bias, uint32_t rows, uint32_
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
     float v = y[i] + (bias != nullptr ? bias[i % out] : 0.0f);
     switch (activation) {
-      case kRelu: v = fmaxf(v, 0.0f); break;
-      case kGelu: v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;
+      // Not fmaxf(v, 0), which returns 0 for NaN: a comparison with NaN is false, so NaN passes.
+      case kRelu: v = v < 0.0f ? 0.0f : v; break;
+      // x * Phi(x) tends to 0 at -Inf, where 0.5 x (1 + erf(x / sqrt 2)) is -Inf * 0 = NaN.
+      case kGelu: v = v == -INFINITY ? 0.0f : 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;
       case kTanh: v = tanhf(v); break;
       default: break;
     }

@@ -127,6 +127,35 @@ TEST_F(DenseGpuTest, SixteenBitWeightsAtAnyEvenOffset) {
   }
 }
 
+// Rows with a NaN, +Inf or -Inf among ordinary ones, for every activation: on a GPU the activation
+// runs in engines/cuda's kernel (not cuBLASLt's ReLU epilogue, which does not promise to keep NaN),
+// and the non-finite rows must come out non-finite as the reference says, the others unaffected.
+// Infinities stay infinities when the activations are narrowed to f16 or bf16.
+TEST_F(DenseGpuTest, NonFiniteRowsStayNonFiniteAndTheOthersAreUnaffected) {
+  TempDir dir;
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    for (const char* activation : {"relu", "gelu", "tanh", "none"}) {
+      std::vector<LayerSpec> specs = {{0, 64, 48}, {2, 48, 40, false}, {4, 40, 10}};
+      for (LayerSpec& spec : specs) spec.weight_dtype = spec.bias_dtype = dtype;
+      const std::string path = dir.File(fmt::format("nonfinite_{}_{}.safetensors", DTypeName(dtype), activation));
+      ReferenceModel model = WriteModel(path, specs, activation, 13);
+      Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(path), memory_->service());
+      ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+      ASSERT_TRUE(engine->Load().ok());
+      std::mt19937 generator(59);
+      for (uint32_t rows : {1u, 4u, 7u, 64u}) {
+        std::vector<float> input = RandomValues(size_t{rows} * 64, 1.0, generator);
+        const float specials[] = {NAN, INFINITY, -INFINITY};
+        for (uint32_t r = 0; r < rows; r += 2) input[size_t{r} * 64 + (r * 7) % 64] = specials[(r / 2) % 3];
+        std::vector<float> output;
+        ASSERT_TRUE(engine->Infer(input, rows, 64, output).ok());
+        ExpectClose(output, ReferenceForward(model, input, rows), Relative(dtype), Absolute(dtype),
+                    fmt::format("{} {} rows {}", DTypeName(dtype), activation, rows));
+      }
+    }
+  }
+}
+
 // Whether the layers run on the GPU at all: on a GPU they must; on the double they cannot, and the
 // reason says so.
 TEST_F(DenseGpuTest, TheGpuKernelsStartOnAGpuAndSayWhyNotElsewhere) {
