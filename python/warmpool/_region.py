@@ -30,8 +30,12 @@ class SharedRegion:
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as error:
+        except BaseException as error:
+            # Whatever stops it (an interrupt included), a region half made leaks no memfd.
             os.close(self.fd)
+            self.fd = -1
+            if not isinstance(error, OSError):
+                raise
             raise resource_exhausted(
                 f"cannot create a shared-memory region of {size} bytes: {error.strerror}"
             ) from None
@@ -51,10 +55,12 @@ class SharedRegion:
 
     def close(self):
         if self.fd >= 0:
-            self._map.close()
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
             self.id = 0
+            try:
+                self._map.close()
+            finally:
+                os.close(fd)
 
     def __del__(self):
         try:

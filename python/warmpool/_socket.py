@@ -82,12 +82,16 @@ def connect_blocking(path):
     return sock
 
 
-def send_all(sock, data, fds=()):
-    """Writes data whole to a blocking socket; fds (SCM_RIGHTS) go with its first byte."""
+def send_frame(sock, data, fds=(), progress=None):
+    """Writes data whole to a blocking socket; fds (SCM_RIGHTS) go with its first byte.
+
+    progress[0] counts the bytes written as they go, so that a caller interrupted in the middle
+    (an exception out of a signal handler, a timeout) knows whether the stream is still at a
+    frame boundary (0 bytes out) or holds part of a frame."""
+    progress = [0] if progress is None else progress
     view = memoryview(data)
     if fds:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-        sent = sock.sendmsg([view], ancillary, socket.MSG_NOSIGNAL)
-        view = view[sent:]
-    if view:
-        sock.sendall(view, socket.MSG_NOSIGNAL)
+        progress[0] += sock.sendmsg([view], ancillary, socket.MSG_NOSIGNAL)
+    while progress[0] < len(view):
+        progress[0] += sock.send(view[progress[0]:], socket.MSG_NOSIGNAL)

@@ -2,16 +2,18 @@
 and pipelining (several requests in flight, replies matched by request_id).
 
 Not thread-safe: use one Client per thread (or AsyncClient for concurrency on one connection).
+A call interrupted mid-request (KeyboardInterrupt, a timeout, any exception) resets the
+connection and the next call connects again: see warmpool._connection.
 """
 
 import collections
 
 from . import _replies, _requests
-from ._errors import error_from_code, fresh, internal, unavailable
-from ._framing import PROTOCOL_MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameDecoder, encode_frame
+from ._connection import Connection
+from ._errors import internal, unavailable
+from ._framing import PROTOCOL_MAX_FRAME_BYTES
 from ._region import SharedRegion, round_up
-from ._replies import parse_envelope
-from ._socket import connect_blocking, resolve_socket_path, send_all
+from ._socket import resolve_socket_path
 from ._tensors import as_input_matrix, matrix_from_tensor
 
 #: Inputs of this many bytes or more go through a shared-memory region by default.
@@ -22,11 +24,8 @@ DEFAULT_PIPELINE_WINDOW = 256
 #: defaults to 256 MiB and its bound on unread replies to 128 MiB).
 DEFAULT_PIPELINE_WINDOW_BYTES = 64 << 20
 
-_READ_CHUNK = 64 << 10
-_MAX_READ = 16 << 20
 
-
-class Client:
+class Client(Connection):
     """A connection to warmpoold.
 
     Args:
@@ -41,19 +40,18 @@ class Client:
 
     Raises:
         Unavailable: no daemon listens on the socket (the message names the socket).
+
+    A call interrupted between the first byte of its request and its reply (KeyboardInterrupt,
+    a socket timeout, an exception raised by a signal handler) raises what interrupted it and
+    resets the connection: requests pipelined on it raise Unavailable at wait(), the daemon
+    drops what it held for it (this client's region included), and the next call connects
+    again. An interruption before the first byte or after the reply changes nothing.
     """
 
     def __init__(self, socket=None, *, max_frame_bytes=PROTOCOL_MAX_FRAME_BYTES,
                  region_threshold=DEFAULT_REGION_THRESHOLD):
-        self.socket_path = resolve_socket_path(socket)
+        super().__init__(resolve_socket_path(socket), max_frame_bytes)
         self.region_threshold = region_threshold
-        self._decoder = FrameDecoder(max_frame_bytes)
-        self._sock = connect_blocking(self.socket_path)
-        self._next_id = 1
-        self._sent_version = False
-        self._pending = set()  # request ids sent and not yet received
-        self._stash = {}  # replies received while waiting for another
-        self._broken = None  # the error that ended the connection
         self._region = None
         self._largest_output = 0
 
@@ -62,12 +60,8 @@ class Client:
     def close(self):
         """Closes the connection; the daemon lets go of this connection's region and drops
         requests still unanswered."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._region is not None:
-            self._region.close()
-            self._region = None
+        self._close_socket()
+        self._connection_reset()
         if self._broken is None:
             self._broken = unavailable("the client was closed")
 
@@ -77,36 +71,7 @@ class Client:
     def __exit__(self, *exc_info):
         self.close()
 
-    def __del__(self):
-        sock = getattr(self, "_sock", None)
-        if sock is not None:
-            sock.close()
-
-    def fileno(self):
-        return self._sock.fileno() if self._sock is not None else -1
-
     # ---- pipelining ----
-
-    def send(self, envelope, fds=()):
-        """Sends a request Envelope without waiting; returns its request_id.
-
-        The client sets request_id (and protocol_version on the first request). fds travel
-        with the frame (SCM_RIGHTS), e.g. a region's memfd.
-        """
-        self._check_open()
-        request_id = self._next_id
-        self._next_id += 1
-        envelope.request_id = request_id
-        if not self._sent_version:
-            envelope.protocol_version = PROTOCOL_VERSION
-        frame = encode_frame(envelope.SerializeToString())
-        try:
-            send_all(self._sock, frame, fds)
-        except OSError as error:
-            raise self._write_failed(error) from None
-        self._sent_version = True
-        self._pending.add(request_id)
-        return request_id
 
     def send_infer(self, model, data, deadline_ms=None, keep_alive=None):
         """Sends an inference request without waiting (always in a frame, never a region);
@@ -118,25 +83,6 @@ class Client:
         """The reply to one request as the matching method returns it (infer: a numpy array),
         stashing replies to other requests that arrive first. An error reply raises."""
         return _replies.decode(self.wait_envelope(request_id))
-
-    def wait_envelope(self, request_id):
-        """The raw reply Envelope to one request (an error reply is returned, not raised)."""
-        if request_id in self._stash:
-            self._pending.discard(request_id)
-            return self._stash.pop(request_id)
-        if request_id not in self._pending:
-            raise ValueError(f"request {request_id} is not waiting for a reply on this connection")
-        while True:
-            envelope = self._read_envelope()
-            if envelope.request_id == request_id:
-                self._pending.discard(request_id)
-                return envelope
-            self._stash[envelope.request_id] = envelope
-
-    @property
-    def pending(self):
-        """Request ids sent whose replies have not been taken by wait() yet."""
-        return frozenset(self._pending)
 
     def infer_many(self, model, inputs, deadline_ms=None, keep_alive=None, *,
                    window=DEFAULT_PIPELINE_WINDOW, window_bytes=DEFAULT_PIPELINE_WINDOW_BYTES,
@@ -166,7 +112,7 @@ class Client:
             try:
                 results[index] = self.wait(ids[index])
             except Exception as error:  # noqa: BLE001 - a reply's error, kept for its slot
-                if self._broken is not None:
+                if self._broken is not None or self._sock is None:  # the connection's end
                     raise
                 results[index] = error
                 if first_error is None:
@@ -290,7 +236,9 @@ class Client:
         output_bytes = region.size - output_offset
         request = _requests.infer_in_region(model, rows, cols, region.id, 0, output_offset,
                                             output_bytes, deadline_ms, keep_alive)
-        reply = _replies.body(self.wait_envelope(self.send(request)), "infer_reply")
+        # Until its reply is in, the daemon's worker may still read the input and write the
+        # output: _exchange resets the connection (and drops this region) if interrupted.
+        reply = _replies.body(self._exchange(request), "infer_reply")
         if not reply.output_in_region:
             out = matrix_from_tensor(reply.output)
             self._largest_output = max(self._largest_output, out.nbytes)
@@ -312,7 +260,7 @@ class Client:
                 old.close()
         region = SharedRegion(size)
         try:
-            reply = self.wait_envelope(self.send(_requests.region(size), fds=[region.fd]))
+            reply = self._exchange(_requests.region(size), fds=[region.fd])
             region.id = _replies.expect(reply, "region_reply")
         except BaseException:
             region.close()
@@ -322,64 +270,10 @@ class Client:
     # ---- internals ----
 
     def _call(self, envelope, expected):
-        return _replies.expect(self.wait_envelope(self.send(envelope)), expected)
+        return _replies.expect(self._exchange(envelope), expected)
 
-    def _check_open(self):
-        if self._broken is not None:
-            raise fresh(self._broken)
-
-    def _fail(self, error):
-        if self._broken is None:
-            self._broken = error
-        return self._broken
-
-    def _read_envelope(self):
-        """The next frame from the socket, as an Envelope. A connection-level error from the
-        daemon (request_id 0) raises its typed exception."""
-        self._check_open()
-        while True:
-            body = self._decoder.next_frame()  # an oversized prefix raises ResourceExhausted
-            if body is not None:
-                break
-            try:
-                data = self._sock.recv(max(_READ_CHUNK, min(self._decoder.missing(), _MAX_READ)))
-            except OSError as error:
-                raise self._fail(unavailable(
-                    f"reading from warmpoold failed: {error.strerror or error}")) from None
-            if not data:
-                raise self._fail(self._decoder.end_of_stream_error())
-            try:
-                self._decoder.feed(data)
-            except Exception as error:
-                raise self._fail(error) from None
-        envelope = parse_envelope(body)
-        if envelope.request_id == 0 and envelope.HasField("error"):
-            # The daemon's word on the connection itself (e.g. a refused frame); it closes next.
-            raise self._fail(error_from_code(envelope.error.code, envelope.error.message))
-        return envelope
-
-    def _write_failed(self, error):
-        """The error for a write that failed: the daemon may have said why it closed the
-        connection (too many connections, a refused frame) before closing; that beats
-        "broken pipe". Replies that arrived before stay available to wait()."""
-        farewell = None
-        try:
-            # After the peer closed, a read finds the bytes it left or end-of-file.
-            self._sock.settimeout(1.0)
-            while farewell is None:
-                body = self._decoder.next_frame()
-                if body is None:
-                    data = self._sock.recv(_READ_CHUNK)
-                    if not data:
-                        break
-                    self._decoder.feed(data)
-                    continue
-                envelope = parse_envelope(body)
-                if envelope.request_id == 0 and envelope.HasField("error"):
-                    farewell = error_from_code(envelope.error.code, envelope.error.message)
-                else:
-                    self._stash[envelope.request_id] = envelope
-        except Exception:  # noqa: BLE001 - nothing more to learn from the connection
-            pass
-        return self._fail(farewell or unavailable(
-            f"warmpoold closed the connection (writing failed: {error.strerror or error})"))
+    def _connection_reset(self):
+        # The region goes with its connection: the daemon forgets it when the socket closes.
+        region, self._region = self._region, None
+        if region is not None:
+            region.close()
