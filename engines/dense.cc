@@ -146,8 +146,10 @@ Status ReadInPlace(int fd, DenseEngine& engine, wp_progress_fn progress, void* p
 // Copies the data area of the file into the weights region. pread, not mmap: a file truncated
 // under us must give an error, not SIGBUS.
 Status ReadWeights(DenseEngine& engine, wp_progress_fn progress, void* progress_ctx) {
-  // As in safetensors::ReadHeader: no symlink swapped in since registration, no blocking open.
-  int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  // A worker names the file the supervisor opened for it as /proc/self/fd/N (worker/load.cc), a
+  // link to that open file that nothing can redirect: it must be followed, so no O_NOFOLLOW here.
+  // O_NONBLOCK: a FIFO must not block the open (the size check below refuses it).
+  int fd = open(engine.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const Code code = err == ENOENT ? Code::kNotFound : err == EACCES ? Code::kPermissionDenied : Code::kInternal;

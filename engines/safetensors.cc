@@ -359,6 +359,10 @@ Result<Header> ReadHeader(const std::string& path, std::vector<uint8_t>* raw) {
     ~FdCloser() { close(fd); }
   } closer{fd};
 
+  return ReadHeaderFrom(fd, path, raw);
+}
+
+Result<Header> ReadHeaderFrom(int fd, std::string_view path, std::vector<uint8_t>* raw) {
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     int err = errno;

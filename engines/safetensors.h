@@ -60,6 +60,9 @@ Result<Header> ParseHeader(std::span<const uint8_t> file_prefix, uint64_t file_s
 // raw, when given, receives the bytes the header was parsed from (length prefix included), so that
 // the model can be described again later without the file.
 Result<Header> ReadHeader(const std::string& path, std::vector<uint8_t>* raw = nullptr);
+// The same from a file already open (opened beneath a model root by the supervisor); `path` names
+// it in messages only. Reads with pread: the descriptor's offset is left alone.
+Result<Header> ReadHeaderFrom(int fd, std::string_view path, std::vector<uint8_t>* raw = nullptr);
 
 struct TensorToWrite {
   std::string name;

@@ -84,7 +84,9 @@ void Simulator::CheckPeriodic() {
     if (!c.connected) continue;
     for (const auto& [id, p] : c.outstanding) {
       if (p.kind != Pending::Kind::kInfer || !p.accepted) continue;
-      if (now_ > p.sent_ms + p.deadline_ms + kDeadlineSlackMs) {
+      // A pause of the supervisor stops its clock for this check: a request sent meanwhile is
+      // read when it resumes, and its deadline runs from then (as the daemon measures it).
+      if (now_ > std::max(p.sent_ms, resumed_ms_) + p.deadline_ms + kDeadlineSlackMs) {
         return Fail(fmt::format("session {} request {} (infer \"{}\", deadline {} ms) has no answer "
                                 "after {} ms",
                                 c.session, id, p.model, p.deadline_ms, now_ - p.sent_ms));

@@ -41,10 +41,10 @@ void Simulator::ClientAct(uint32_t index) {
     c.connected = false;
     c.outstanding.clear();
     c.regions.clear();
-    After(rng_.Range(0, 3), [this, session] {
+    After(rng_.Range(0, 3), Reading([this, session] {
       gone_sessions_.insert(session);
       Deliver(event::ClientGone{session}, fmt::format("session {} gone", session));
-    });
+    }));
     return;
   }
   if (c.outstanding.size() >= (c.greedy ? 30u : 8u)) return;
@@ -157,7 +157,7 @@ void Simulator::SendRequest(Client& c, v1::Envelope request, Pending pending) {
   c.last_delivery_ms = at;
   uint64_t session = c.session;
   uint32_t index = c.index;
-  At(at, [this, index, session, id, request = std::move(request)]() mutable {
+  At(at, Reading([this, index, session, id, request = std::move(request)]() mutable {
     Client& c = clients_[index];
     if (!c.connected || c.session != session) return;  // it left before the bytes went out
     auto it = c.outstanding.find(id);
@@ -182,9 +182,9 @@ void Simulator::SendRequest(Client& c, v1::Envelope request, Pending pending) {
     }
     std::string what = fmt::format("session {} request {}: {}", session, id,
                                    Brief(request));
-    e.envelope = std::move(request);
+    e.envelope = request;  // copied: a delivery held over a pause runs from a copy of this closure
     Deliver(std::move(e), what);
-  });
+  }));
 }
 
 void Simulator::ClientReceives(uint64_t session, const v1::Envelope& reply) {

@@ -37,7 +37,7 @@ supervisor::ModelEntry EntryOf(const SimFile& file) {
   e.header = HeaderOf(file);
   e.file_size = e.header.size() + e.weight_bytes;
   // What stat(2) would say: another version has another size or times.
-  e.version = supervisor::FileVersion{e.file_size, file.version, file.id + 1u, 1, file.version};
+  e.version = FileVersion{e.file_size, file.version, file.id + 1u, 1, file.version};
   return e;
 }
 

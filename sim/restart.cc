@@ -56,6 +56,7 @@ void Simulator::RestartSupervisor() {
     gone_sessions_.insert(c.session);
   }
   stacked_since_ms_ = starved_since_ms_ = 0;
+  sent_infers_.clear();
 
   // Its descriptors close, but for those the store holds: they are the next one's.
   supervisor_handles_.clear();

@@ -202,6 +202,7 @@ std::vector<supervisor::ModelEntry> Simulator::Registry() const {
 
 void Simulator::Deliver(Event event, const std::string& what) {
   if (failed_ || workers_stopped_) return;
+  if (paused_) return Fail("an event reached the core while the supervisor was paused: " + what);
   outcome_.events++;
   Trace("-> " + what);
   std::vector<Action> actions = core_->Handle(std::move(event), Now());
@@ -234,6 +235,7 @@ void Simulator::Execute(Action& a) {
                             act.envelope.request_id(),
                             act.envelope.has_error() ? act.envelope.error().message()
                                                      : std::string("ok")));
+          CheckDeadlineReply(act.session, act.envelope);
           if (gone_sessions_.count(act.session) != 0) {
             Fail(fmt::format("replied to request {} of session {} after the client was gone",
                              act.envelope.request_id(), act.session));
@@ -257,6 +259,7 @@ void Simulator::Execute(Action& a) {
           }
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
           Trace(fmt::format("<- kill worker {}: {}", act.slot, act.reason));
+          CheckKill(act.slot, act.reason);
           Kill(act.slot, act.reason);
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
           Trace(fmt::format("<- close handle {}", act.handle));
@@ -266,7 +269,7 @@ void Simulator::Execute(Action& a) {
           }
         } else if constexpr (std::is_same_v<A, action::InspectModel>) {
           Trace(fmt::format("<- inspect model {} ({})", act.model, act.path));
-          After(rng_.Range(0, 5), [this, inspect = act] {
+          After(rng_.Range(0, 5), Reading([this, inspect = act] {
             event::ModelInspected e;
             e.model = inspect.model;
             e.path = inspect.path;
@@ -275,7 +278,7 @@ void Simulator::Execute(Action& a) {
               if (f.path == inspect.path && f.name == inspect.name) e.entry = EntryOf(f);
             }
             Deliver(std::move(e), fmt::format("model {} inspected", inspect.model));
-          });
+          }));
         } else if constexpr (std::is_same_v<A, action::Log>) {
           Trace("   log: " + act.text);
         } else if constexpr (std::is_same_v<A, action::Notify>) {
@@ -305,28 +308,21 @@ void Simulator::Execute(Action& a) {
               Die(slot, generation, "exited with status 0", false);
             });
           }
-          After(act.kill_after_ms + 1, [this] {
+          After(act.kill_after_ms + 1, Reading([this] {
             for (Worker& w : workers_) {
               if (w.state != Worker::State::kDown) return Fail("a worker outlived the stop");
             }
             Deliver(event::WorkersStopped{}, "workers stopped");
             workers_stopped_ = true;
-          });
+          }));
         }
       },
       a);
 }
 
-void Simulator::Tick() {
-  if (workers_stopped_ || failed_) return;
-  Deliver(event::Tick{}, "tick");
-  SyncStore(/*now=*/false);
-  CheckPeriodic();
-  After(supervisor::kTickMs, [this] { Tick(); });
-}
-
 void Simulator::EnvironmentAct() {
   if (stopping_ || failed_) return;
+  if (Hold([this] { EnvironmentAct(); })) return;  // signals and the shell's findings are read later
   uint64_t roll = rng_.Below(1000);
   if (calm_ && roll >= 300) roll = 999;  // files change, nothing else happens
   if (roll < 300) {
@@ -392,16 +388,19 @@ void Simulator::EnvironmentAct() {
     devices_down_[device] = true;
     Trace(fmt::format("== the memory owner of device {} killed ({} device regions lost){}", device, lost,
                       for_good ? ", for good" : ""));
+    DisbelieveDevice(device);
     Deliver(event::DeviceLost{device, "killed by signal 9", for_good}, fmt::format("device {} lost", device));
     if (!for_good) {
-      After(rng_.Range(20, 600), [this, device, epoch] {
+      After(rng_.Range(20, 600), Reading([this, device, epoch] {
         if (device_epochs_[device] != epoch) return;  // it died again meanwhile
         devices_down_[device] = false;
         Deliver(event::DeviceRestored{device}, fmt::format("device {} restored", device));
-      });
+      }));
     }
   } else if (roll < 735) {
     RestartSupervisor();
+  } else if (roll < 760) {
+    Pause(rng_.Range(100, 3000));
   }
   After(rng_.Range(100, 800), [this] { EnvironmentAct(); }, /*outlives=*/true);
 }
@@ -416,7 +415,7 @@ Outcome Simulator::Run() {
   After(rng_.Range(100, 500), [this] { EnvironmentAct(); }, /*outlives=*/true);
 
   while (!queue_.empty() && !failed_) {
-    if (!stopping_ && outcome_.events >= options_.events) {
+    if (!stopping_ && !paused_ && outcome_.events >= options_.events) {
       stopping_ = true;
       Deliver(event::Stop{}, "SIGTERM");
     }

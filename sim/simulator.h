@@ -107,8 +107,13 @@ class Simulator {
     // behind others is written (and its handles looked up) only when its turn comes.
     uint32_t unwritten = 0;
     uint64_t last_delivery_ms = 0;
-    // Messages for the supervisor, in order.
-    std::deque<std::pair<v1::WorkerEnvelope, std::vector<int>>> to_core;
+    // Messages for the supervisor, in order, with when each was written.
+    struct ToCore {
+      v1::WorkerEnvelope message;
+      std::vector<int> handles;
+      uint64_t sent_ms = 0;
+    };
+    std::deque<ToCore> to_core;
     uint64_t last_reply_ms = 0;
     // Nothing of the process before (its jobs, engines, frames either way) is left.
     void ForgetProcess() {
@@ -215,6 +220,28 @@ class Simulator {
   void CheckAdopted();
   void StartCore(std::vector<supervisor::KeptWeights> kept);
 
+  // The supervisor paused (pause.cc): a SIGSTOP, a VM stall. The world goes on; nothing reaches
+  // the core until it resumes, and then the tick comes before what was sent meanwhile.
+  void Pause(uint64_t ms);
+  void Resume();
+  // While paused, keeps fn for the first poll for I/O after the pause (true); else false.
+  bool Hold(std::function<void()> fn);
+  // fn as a delivery to the supervisor: held while it is paused.
+  std::function<void()> Reading(std::function<void()> fn);
+  // Judgements on fresh information (pause.cc): what workers were sent and when they answered.
+  void NoteInferSent(uint32_t slot, const v1::WorkerEnvelope& message);
+  void NoteReplySent(const v1::WorkerEnvelope& reply);
+  void ForgetInfers(uint32_t slot, uint32_t generation);
+  // The device's memory is gone: the core believes nothing its workers say from now on, answers
+  // written before included (they may have been computed from dead memory).
+  void DisbelieveDevice(uint32_t device);
+  void CheckKill(uint32_t slot, const std::string& reason);
+  void CheckDeadlineReply(uint64_t session, const v1::Envelope& reply);
+  // How far the shell has read (event::Tick): the time of the oldest message a worker wrote, or
+  // request a client sent, that has not reached the core; now when there is none.
+  uint64_t WorkersReadThrough() const;
+  uint64_t ClientsReadThrough() const;
+
   // Checks (checks.cc).
   void CheckAfterEvent();
   void CheckPeriodic();
@@ -287,6 +314,21 @@ class Simulator {
   std::map<std::string, int> loads_running_;
   // Tokens of infer requests by session, to tell whose request a worker runs.
   std::map<uint32_t, uint64_t> token_session_;
+  // Pauses of the supervisor (pause.cc).
+  bool paused_ = false;
+  bool tick_missed_ = false;  // a tick came due while paused
+  uint64_t resumed_ms_ = 0;
+  std::vector<std::function<void()>> held_;
+  struct SentInfer {
+    uint32_t slot = 0;
+    uint32_t generation = 0;
+    uint32_t token = 0;
+    uint64_t deadline_ms = 0;  // monotonic; 0: none
+    uint64_t replied_ms = UINT64_MAX;
+  };
+  std::map<uint64_t, SentInfer> sent_infers_;    // by job, until answered in time or its worker died
+  std::map<uint32_t, uint64_t> in_time_tokens_;  // requests a worker answered before the deadline
+  std::map<uint64_t, uint32_t> job_tokens_;      // every infer job sent: its request's token
   // The stack check: since when a worker has idled while another holds several models.
   uint64_t stacked_since_ms_ = 0;
   uint64_t starved_since_ms_ = 0;

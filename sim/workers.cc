@@ -26,12 +26,12 @@ void Simulator::Spawn(uint32_t slot, uint32_t generation) {
   pending_events_.push_back([this, slot, generation, pid = w.pid] {
     Deliver(event::WorkerSpawned{slot, generation, pid}, fmt::format("worker {} spawned", slot));
   });
-  After(rng_.Range(2, 40), [this, slot, generation] {
+  After(rng_.Range(2, 40), Reading([this, slot, generation] {
     Worker& w = workers_[slot];
     if (w.generation != generation || w.state != Worker::State::kStarting) return;
     w.state = Worker::State::kUp;
     Deliver(event::WorkerUp{slot, generation}, fmt::format("worker {} up", slot));
-  });
+  }));
 }
 
 void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> handles) {
@@ -60,6 +60,7 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               it->second, slot));
     }
   }
+  if (message.has_infer()) NoteInferSent(slot, message);
   Worker& w = workers_[slot];
   if (w.state != Worker::State::kUp) return;  // the shell drops frames for a worker not up
   // Written now, unless frames wait before it (a full socket buffer): then when its turn comes.
@@ -383,7 +384,8 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
 }
 
 void Simulator::ReplyToCore(Worker& w, v1::WorkerEnvelope message, std::vector<int> regions) {
-  w.to_core.emplace_back(std::move(message), std::move(regions));
+  NoteReplySent(message);
+  w.to_core.push_back(Worker::ToCore{std::move(message), std::move(regions), now_});
   uint64_t at = std::max(now_ + rng_.Range(0, 2), w.last_reply_ms);
   w.last_reply_ms = at;
   uint32_t slot = w.slot, generation = w.generation;
@@ -391,10 +393,13 @@ void Simulator::ReplyToCore(Worker& w, v1::WorkerEnvelope message, std::vector<i
 }
 
 void Simulator::DeliverToCore(uint32_t slot, uint32_t generation) {
+  if (Hold([this, slot, generation] { DeliverToCore(slot, generation); })) return;
   Worker& w = workers_[slot];
   if (w.generation != generation || w.to_core.empty()) return;
-  auto [message, handles] = std::move(w.to_core.front());
+  Worker::ToCore next = std::move(w.to_core.front());
   w.to_core.pop_front();
+  v1::WorkerEnvelope& message = next.message;
+  std::vector<int>& handles = next.handles;
   for (int h : handles) supervisor_handles_.insert(h);
   std::string what = fmt::format("worker {}: {}", slot, Brief(message));
   Deliver(event::WorkerMessage{slot, std::move(message), std::move(handles)}, what);
@@ -417,8 +422,11 @@ void Simulator::Kill(uint32_t slot, const std::string& reason, bool fatal) {
 }
 
 void Simulator::Die(uint32_t slot, uint32_t generation, const std::string& why, bool fatal) {
+  // The kernel reports the exit through the loop: read after the pause, like the channel.
+  if (Hold([this, slot, generation, why, fatal] { Die(slot, generation, why, fatal); })) return;
   Worker& w = workers_[slot];
   if (w.generation != generation || w.state == Worker::State::kDown) return;
+  ForgetInfers(slot, generation);
   outcome_.worker_deaths++;
   // What it wrote before it died is read first, as the shell drains the channel at the exit.
   while (!w.to_core.empty() && !failed_) DeliverToCore(slot, generation);

@@ -247,7 +247,8 @@ Status Daemon::Start() {
   }
 
   std::vector<std::string> warnings;
-  std::vector<ModelEntry> entries = DiscoverModels(config_, warnings);
+  roots_ = ModelRoots(EffectiveModelRoots(config_));
+  std::vector<ModelEntry> entries = DiscoverModels(config_, roots_, warnings);
   dispatching_ = true;
   Execute(core_->Start(std::move(entries), std::move(warnings), Now(), std::move(kept)));
   dispatching_ = false;
@@ -278,7 +279,17 @@ void Daemon::StartTimers() {
   tick_timer_.get()->data = this;
   uv_timer_start(tick_timer_.get(), [](uv_timer_t* t) {
     auto* daemon = static_cast<Daemon*>(t->data);
-    daemon->Dispatch(event::Tick{});
+    // One turn of libuv's loop runs expired timers, then polls for I/O. After the daemon was
+    // stopped (SIGSTOP, a VM stall, swap), this tick runs before anything sent meanwhile has been
+    // read: the workers' channels are read here first (their messages reach the core as events
+    // ahead of the tick), and the tick tells the core how far the reading goes, so that it judges
+    // no worker or request on what it has not read (event::Tick). Clients are read by the next
+    // poll: they count as read up to the start of the last poll that completed.
+    event::Tick tick;
+    tick.clients_read_ms = daemon->workers_->polled_through_ms();
+    tick.workers_read_ms = MonotonicMillis();
+    daemon->workers_->ReadChannels();
+    daemon->Dispatch(tick);
     daemon->TrimWhenIdle();
   }, kTickMs, kTickMs);
 }
@@ -395,6 +406,7 @@ void Daemon::Execute(Action& a) {
       [&](auto&& act) {
         using A = std::decay_t<decltype(act)>;
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
+          if (!act.model_file.empty() && !OpenModelFile(act)) return;
           if (act.allocates != 0) OfferFreedMemory(act.slot, act.job, act.allocates);
           // A worker that is not ready is dying: its death fails the job.
           workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
@@ -542,20 +554,37 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
 }
 
 Result<ModelEntry> Daemon::LookAtRegistration(const v1::RegisterRequest& request) const {
-  Result<std::string> path = ResolveModelPath(request.path(), EffectiveModelRoots(config_));
-  if (!path.ok()) return path.status();
-  std::string engine = request.engine().empty() ? EngineNamedBy(*path) : request.engine();
-  return InspectModel(request.model(), engine, *path, config_.engine_dir);
+  ModelEntry entry = InspectModel(request.model(), request.engine(), request.path(), roots_, config_.engine_dir);
+  if (entry.path_refused) return entry.problem;  // never registered, not even as failed
+  return entry;
 }
 
 event::ModelInspected Daemon::Inspect(const action::InspectModel& inspect) const {
   event::ModelInspected e;
   e.model = inspect.model;
   e.path = inspect.path;
-  if (!inspect.path.empty()) e.resolved = ResolveModelPath(inspect.path, EffectiveModelRoots(config_));
+  if (!inspect.path.empty()) e.resolved = roots_.Resolve(inspect.path);
   else e.resolved = std::string();
-  e.entry = InspectModel(inspect.name, inspect.engine, inspect.path, config_.engine_dir);
+  e.entry = InspectModel(inspect.name, inspect.engine, inspect.path, roots_, config_.engine_dir);
   return e;
+}
+
+bool Daemon::OpenModelFile(action::SendToWorker& send) {
+  Result<ModelFile> file = roots_.OpenResolved(send.model_file);
+  if (file.ok()) {
+    send.handles.insert(send.handles.begin(), file->Release());
+    return true;
+  }
+  // The load ends here, before the worker hears of it (so no memory is offered to it either):
+  // the core learns of it as of any load that failed.
+  event::WorkerMessage e;
+  e.slot = send.slot;
+  v1::WorkerLoadDone* done = e.message.mutable_load_done();
+  done->set_job(send.job);
+  ipc::SetError(done->mutable_error(), file.status());
+  for (int h : send.handles) close(h);
+  pending_.push_back(std::move(e));
+  return false;
 }
 
 event::Reload Daemon::ReadRegistry() {
@@ -568,8 +597,9 @@ event::Reload Daemon::ReadRegistry() {
     }
     // The shell resolves `register` paths and inspects files under the same roots as the core.
     TakeRegistrySettings(config_, *read);
+    roots_ = ModelRoots(EffectiveModelRoots(config_));
   }
-  e.entries = DiscoverModels(config_, e.warnings);
+  e.entries = DiscoverModels(config_, roots_, e.warnings);
   e.config = config_;
   return e;
 }

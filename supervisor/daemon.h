@@ -31,6 +31,7 @@
 #include "supervisor/device_owners.h"
 #include "supervisor/device_probe.h"
 #include "supervisor/grants.h"
+#include "supervisor/model_roots.h"
 #include "supervisor/region_cache.h"
 #include "supervisor/request_stats.h"
 #include "supervisor/service_manager.h"
@@ -65,6 +66,9 @@ class Daemon {
   void OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id, int channel);
   // `warmpool register`: where the path leads and what its header says.
   Result<ModelEntry> LookAtRegistration(const v1::RegisterRequest& request) const;
+  // A load's model file, opened beneath its root and put first among the frame's descriptors;
+  // false (and the load's failure queued for the core) when it cannot be opened.
+  bool OpenModelFile(action::SendToWorker& send);
   event::ModelInspected Inspect(const action::InspectModel& inspect) const;
   event::Reload ReadRegistry();
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
@@ -97,6 +101,7 @@ class Daemon {
   void FinishStop();
 
   Config config_;
+  ModelRoots roots_;  // the model roots as descriptors: every model file is opened beneath one
   std::string worker_path_;
   ConfigLoader reload_config_;
   uv_loop_t loop_{};

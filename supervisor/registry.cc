@@ -1,7 +1,5 @@
 #include "supervisor/registry.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
@@ -13,47 +11,74 @@
 #include "engines/plugin_loader.h"
 #include "common/utf8.h"
 #include "engines/safetensors.h"
-#include "supervisor/model_roots.h"
 
 namespace warmpool::supervisor {
 
 namespace fs = std::filesystem;
 
-ModelEntry InspectModel(const std::string& name, const std::string& engine,
-                        const std::string& path, const std::string& engine_dir) {
+namespace {
+
+ModelEntry Refused(const std::string& name, const std::string& engine, const std::string& path,
+                   const Status& why) {
   ModelEntry entry;
   entry.name = name;
   entry.engine = engine;
   entry.path = path;
+  entry.problem = why;
+  entry.path_refused = true;
+  entry.file_missing = why.code() == Code::kNotFound;
+  return entry;
+}
+
+}  // namespace
+
+ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
+                        const ModelRoots& roots, const std::string& engine_dir) {
   if (Status s = CheckModelName(name); !s.ok()) {
+    ModelEntry entry;
+    entry.name = name;
+    entry.engine = engine;
+    entry.path = path;
     entry.problem = s;
     return entry;
   }
   // Built in, or a plugin file in engine_dir that passes the file checks. Never dlopen here: plugin
   // code runs in workers only. A plugin's workspace is unknown until a worker opens it (0 here);
   // the worker's load_done report corrects the account.
-  Result<EngineSource> source = CheckEngine(engine, engine_dir);
-  if (!source.ok()) {
-    entry.problem = Status(source.status().code(),
-                           fmt::format("model \"{}\": {}", name, source.status().message()));
-    return entry;
-  }
-  if (path.empty()) {
-    if (source->builtin && engine != "echo") {
-      entry.problem = Error(Code::kInvalidArgument, "model \"{}\" has no path", name);
+  auto check_engine = [&](ModelEntry& entry) {
+    Result<EngineSource> source = CheckEngine(entry.engine, engine_dir);
+    if (!source.ok()) {
+      entry.problem = Status(source.status().code(),
+                             fmt::format("model \"{}\": {}", name, source.status().message()));
+      return false;
     }
+    if (path.empty() && source->builtin && entry.engine != "echo") {
+      entry.problem = Error(Code::kInvalidArgument, "model \"{}\" has no path", name);
+      return false;
+    }
+    return true;
+  };
+  if (path.empty()) {
+    ModelEntry entry;
+    entry.name = name;
+    entry.engine = engine.empty() ? "dense" : engine;
+    check_engine(entry);
     return entry;
   }
-  struct stat st {};
-  if (stat(path.c_str(), &st) == 0) {
-    auto ns = [](const timespec& t) { return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec); };
-    entry.version = FileVersion{static_cast<uint64_t>(st.st_size), ns(st.st_mtim), static_cast<uint64_t>(st.st_ino),
-                                static_cast<uint64_t>(st.st_dev), ns(st.st_ctim)};
-  } else if (errno == ENOENT) {
-    entry.file_missing = true;
-  }
+  Result<ModelFile> file = roots.Open(path);
+  if (!file.ok()) return Refused(name, engine.empty() ? "dense" : engine, path, file.status());
+  ModelEntry entry;
+  entry.name = name;
+  entry.engine = engine;
+  entry.path = file->path();
+  entry.version = file->version();
   std::vector<uint8_t> raw;
-  Result<safetensors::Header> header = safetensors::ReadHeader(path, &raw);
+  Result<safetensors::Header> header = safetensors::ReadHeaderFrom(file->fd(), file->path(), &raw);
+  if (entry.engine.empty()) {
+    auto named = header.ok() ? header->metadata.find("engine") : std::map<std::string, std::string>::const_iterator{};
+    entry.engine = header.ok() && named != header->metadata.end() ? named->second : "dense";
+  }
+  if (!check_engine(entry)) return entry;
   if (!header.ok()) {
     entry.problem = header.status();
     return entry;
@@ -61,15 +86,15 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
   entry.header.assign(raw.begin(), raw.end());
   entry.file_size = header->file_size;
   auto it = header->metadata.find("engine");
-  if (it != header->metadata.end() && it->second != engine) {
+  if (it != header->metadata.end() && it->second != entry.engine) {
     entry.problem = Error(Code::kInvalidArgument,
                           "model file \"{}\" is for engine \"{}\" but is configured for \"{}\"",
-                          path, it->second, engine);
+                          entry.path, it->second, entry.engine);
     return entry;
   }
   entry.weight_bytes = header->data_bytes;
-  if (engine == "dense") {
-    Result<dense::DenseModel> model = dense::DescribeModel(*header, path);
+  if (entry.engine == "dense") {
+    Result<dense::DenseModel> model = dense::DescribeModel(*header, entry.path);
     if (!model.ok()) {
       entry.problem = model.status();
       return entry;
@@ -81,35 +106,8 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine,
   return entry;
 }
 
-std::string EngineNamedBy(const std::string& path) {
-  if (Result<safetensors::Header> h = safetensors::ReadHeader(path); h.ok()) {
-    if (auto it = h->metadata.find("engine"); it != h->metadata.end()) return it->second;
-  }
-  return "dense";
-}
-
-std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings) {
-  const std::vector<std::string> roots = EffectiveModelRoots(config);
-  // Every path is resolved under the model roots before anything reads it: a symlink or `..`
-  // leading out of them registers the model as failed and the file is never opened. The
-  // registered path is the resolved one, so a symlink switched to a new file is a changed model.
-  auto inspect = [&](const std::string& name, std::string engine, const std::string& path,
-                     bool engine_from_file) {
-    if (path.empty()) return InspectModel(name, engine, path, config.engine_dir);  // echo
-    Result<std::string> real = ResolveModelPath(path, roots);
-    if (!real.ok()) {
-      ModelEntry entry;
-      entry.name = name;
-      entry.engine = engine;
-      entry.path = path;
-      entry.problem = real.status();
-      entry.path_refused = true;
-      entry.file_missing = real.status().code() == Code::kNotFound;
-      return entry;
-    }
-    if (engine_from_file) engine = EngineNamedBy(*real);
-    return InspectModel(name, engine, *real, config.engine_dir);
-  };
+std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& roots,
+                                       std::vector<std::string>& warnings) {
   std::vector<ModelEntry> entries;
   std::set<std::string> names;
   for (const ModelConfig& m : config.models) {
@@ -117,7 +115,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
       warnings.push_back(fmt::format("model \"{}\" is configured twice; the first entry wins", m.name));
       continue;
     }
-    entries.push_back(inspect(m.name, m.engine, m.path, /*engine_from_file=*/false));
+    entries.push_back(InspectModel(m.name, m.engine, m.path, roots, config.engine_dir));
   }
   std::error_code ec;
   if (config.models_dir.empty() || !fs::is_directory(config.models_dir, ec)) {
@@ -149,8 +147,8 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::st
                                      file.string()));
       continue;
     }
-    entries.push_back(inspect(name, "dense", fs::absolute(file, ec).lexically_normal().string(),
-                              /*engine_from_file=*/true));
+    entries.push_back(InspectModel(name, /*engine=*/"", fs::absolute(file, ec).lexically_normal().string(),
+                                   roots, config.engine_dir));
   }
   return entries;
 }

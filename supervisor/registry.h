@@ -10,18 +10,20 @@
 #include "common/status.h"
 #include "supervisor/config.h"
 #include "supervisor/core/model_entry.h"
+#include "supervisor/model_roots.h"
 
 namespace warmpool::supervisor {
 
-// Inspects one model (header only). Never fails: problems land in entry.problem. An engine that is
-// not built in must be <engine_dir>/<engine>.so and pass CheckEngine (engines/plugin_loader.h); it is
-// never loaded here.
+// Inspects one model (header only), opening its file beneath the model roots: a path that is
+// refused (outside the roots, not a regular file) sets entry.path_refused. Never fails: problems
+// land in entry.problem. `engine` empty: the engine the file's metadata names ("engine"), else
+// "dense". An engine that is not built in must be <engine_dir>/<engine>.so and pass CheckEngine
+// (engines/plugin_loader.h); it is never loaded here. The entry's path is the resolved one, and
+// its version is the open file's.
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
-                        const std::string& engine_dir = {});
-// The engine a model file names in its metadata ("engine"), else "dense" (also when the header
-// cannot be read: InspectModel then says why).
-std::string EngineNamedBy(const std::string& path);
+                        const ModelRoots& roots, const std::string& engine_dir = {});
 // Config models first; a file whose stem matches a configured name is skipped with a warning.
-std::vector<ModelEntry> DiscoverModels(const Config& config, std::vector<std::string>& warnings);
+std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& roots,
+                                       std::vector<std::string>& warnings);
 
 }  // namespace warmpool::supervisor

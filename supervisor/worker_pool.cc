@@ -1,6 +1,7 @@
 #include "supervisor/worker_pool.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
 #include "ipc/framing.h"
 #include "supervisor/child_process.h"
 
@@ -38,6 +40,23 @@ WorkerPool::WorkerPool(uv_loop_t* loop, WorkerPoolOptions options, WorkerEvents 
   uv_timer_init(loop_, kill_timer_.get());
   kill_timer_.MarkInitialized();
   kill_timer_.get()->data = this;
+  // Stamps of the poll phase for polled_through_ms(); unreferenced: they keep no loop alive.
+  poll_began_ms_ = polled_through_ms_ = MonotonicMillis();
+  uv_prepare_init(loop_, before_poll_.get());
+  before_poll_.MarkInitialized();
+  before_poll_.get()->data = this;
+  uv_prepare_start(before_poll_.get(), [](uv_prepare_t* h) {
+    static_cast<WorkerPool*>(h->data)->poll_began_ms_ = MonotonicMillis();
+  });
+  uv_unref(reinterpret_cast<uv_handle_t*>(before_poll_.get()));
+  uv_check_init(loop_, after_poll_.get());
+  after_poll_.MarkInitialized();
+  after_poll_.get()->data = this;
+  uv_check_start(after_poll_.get(), [](uv_check_t* h) {
+    auto* pool = static_cast<WorkerPool*>(h->data);
+    pool->polled_through_ms_ = pool->poll_began_ms_;
+  });
+  uv_unref(reinterpret_cast<uv_handle_t*>(after_poll_.get()));
 }
 
 WorkerPool::~WorkerPool() {
@@ -184,6 +203,23 @@ bool WorkerPool::SendFrame(uint32_t slot, std::string frame, const std::vector<i
 
 void WorkerPool::SendFrameToAll(const std::string& frame) {
   for (uint32_t slot = 0; slot < workers_.size(); ++slot) SendFrame(slot, frame);
+}
+
+void WorkerPool::ReadChannels() {
+  // Connection::Drain reads a bounded amount at a time (one busy peer must not starve the loop);
+  // here reading goes on while the socket has more, so that a reply larger than one round is
+  // whole before its worker is judged. At most about a frame: a worker that never stops writing
+  // is read by the loop, not here.
+  const size_t rounds = (options_.max_frame_bytes + kWorkerFrameHeadroom) / (1u << 20) + 2;
+  for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
+    for (size_t i = 0; i < rounds; i++) {
+      ipc::Connection* channel = workers_[slot]->channel;  // a message handled may close it
+      if (channel == nullptr || channel->closing()) break;
+      pollfd p{channel->fd(), POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) break;
+      channel->Drain();
+    }
+  }
 }
 
 int WorkerPool::TakeFd(uint32_t slot) {

@@ -68,6 +68,14 @@ class WorkerPool {
 
   // SIGKILLs the worker; its death is reported with `reason` instead of the bare signal.
   void Kill(uint32_t slot, const std::string& reason);
+  // Reads, without blocking, what every worker has already written to its channel, handing it to
+  // on_message now. The tick calls it before the core judges workers (event::Tick): libuv runs
+  // expired timers before it polls for I/O, so after the daemon was paused a worker's reply can
+  // wait unread in its socket while its deadline timer fires.
+  void ReadChannels();
+  // The time the loop last began a poll for I/O that has since completed: everything any peer,
+  // worker or client, had sent before then has been read (event::Tick::clients_read_ms).
+  uint64_t polled_through_ms() const { return polled_through_ms_; }
   // The oldest descriptor received from the worker and not yet taken (caller owns it), or -1.
   int TakeFd(uint32_t slot);
   // "killed by signal 9", "exited with status 1", or "" for a worker that never died.
@@ -86,6 +94,11 @@ class WorkerPool {
   bool shutting_down_ = false;
   std::function<void()> shutdown_done_;
   ipc::UvHandle<uv_timer_t> kill_timer_;
+  // Around the loop's poll phase: prepare runs just before it, check just after.
+  ipc::UvHandle<uv_prepare_t> before_poll_;
+  ipc::UvHandle<uv_check_t> after_poll_;
+  uint64_t poll_began_ms_ = 0;
+  uint64_t polled_through_ms_ = 0;
 };
 
 }  // namespace warmpool::supervisor

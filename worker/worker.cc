@@ -173,7 +173,7 @@ Worker::~Worker() {
   grant_cv_.notify_all();
   if (load_thread_.joinable()) load_thread_.join();
   for (LoadJob& job : load_queue_) {
-    if (job.weights_fd >= 0) close(job.weights_fd);
+    if (job.fd >= 0) close(job.fd);
   }
   for (auto& [request, grant] : grants_) {
     if (grant.fd >= 0) close(grant.fd);
@@ -204,11 +204,11 @@ Status Worker::ReadIncoming(Incoming& in) {
   in.fd = -1;
   Status s = channel_.Read(in.message);
   if (!s.ok()) return s;
-  // Only an attach of a model with weights carries a descriptor (the weights region), a grant of
-  // device memory, and an offer of memory to reuse.
+  // Only an attach of a model with weights carries a descriptor (the weights region), a load of a
+  // model with a file (the file), a grant of device memory, and an offer of memory to reuse.
   const v1::WorkerEnvelope& m = in.message;
-  if ((m.has_attach() && m.attach().weight_bytes() > 0) || (m.has_allocated() && !m.allocated().has_error()) ||
-      m.has_offer()) {
+  if ((m.has_attach() && m.attach().weight_bytes() > 0) || (m.has_load() && !m.load().path().empty()) ||
+      (m.has_allocated() && !m.allocated().has_error()) || m.has_offer()) {
     in.fd = channel_.TakeFd();
   }
   // An inference on tensors in a client's region carries its memfd: input's first.
@@ -284,7 +284,7 @@ int Worker::Run() {
         LoadJob job;
         if (message.has_load()) job.load = std::move(*message.mutable_load());
         else job.attach = std::move(*message.mutable_attach());
-        job.weights_fd = message.has_attach() ? weights_fd : -1;
+        job.fd = weights_fd;
         std::lock_guard lock(load_mutex_);
         load_thread_jobs_[job.load ? job.load->model() : job.attach->model()]++;
         load_queue_.push_back(std::move(job));
@@ -383,113 +383,12 @@ void Worker::LoadLoop() {
     }
     const uint64_t id = job.load ? job.load->job() : job.attach ? job.attach->job() : 0;
     load_thread_job_.store(id);
-    if (job.load) RunLoad(*job.load);
-    else if (job.attach) HandleAttach(*job.attach, job.weights_fd);
+    if (job.load) RunLoad(*job.load, job.fd);
+    else if (job.attach) HandleAttach(*job.attach, job.fd);
     else HandleUnload(*job.unload, /*on_load_thread=*/true);
     load_thread_job_.store(0);
     if (id != 0) DropOffer(id);
   }
-}
-
-void Worker::RunLoad(const v1::WorkerLoad& request) {
-  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
-  v1::WorkerEnvelope reply;
-  v1::WorkerLoadDone* done = reply.mutable_load_done();
-  done->set_job(request.job());
-  JobFaults faults = FaultsFor(request.job(), request.faults());
-  load_faults_ = &faults;
-  faults.Hit("load.begin");
-  int shared = -1;
-  Status status = Load(request, faults, *done, shared);
-  load_faults_ = nullptr;
-  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
-  mark.reset();
-  LoadThreadJobDone(request.model());
-  // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
-  Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
-}
-
-Status Worker::Load(const v1::WorkerLoad& request, JobFaults& faults, v1::WorkerLoadDone& done,
-                    int& shared) {
-  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
-  if (!vtable.ok()) return vtable.status();
-  // The header is read here, once, and the engine is opened from these very bytes: what the
-  // supervisor records with the weights is exactly what they were loaded by, whatever the file
-  // on disk says later.
-  std::vector<uint8_t> header;
-  uint64_t file_size = 0;
-  if (!request.path().empty()) {
-    Result<safetensors::Header> read = safetensors::ReadHeader(request.path(), &header);
-    if (!read.ok()) return read.status();
-    file_size = read->file_size;
-    done.set_header(header.data(), header.size());
-    done.set_file_size(file_size);
-  }
-  wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
-                      header.empty() ? nullptr : header.data(), header.size(), file_size};
-  Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
-  if (!engine.ok()) return engine.status();
-  const wp_engine_info& info = engine->info();
-  done.set_weight_bytes(info.weight_bytes);
-  done.set_workspace_bytes(info.workspace_bytes);
-  done.set_in_features(info.in_features);
-  done.set_out_features(info.out_features);
-  if (request.admitted_bytes() != 0 &&
-      info.weight_bytes + info.workspace_bytes > request.admitted_bytes()) {
-    // The file changed since it was registered (or its engine's workspace was unknown): room was
-    // made for less than it needs. Nothing is allocated; the supervisor admits it again.
-    done.set_file_changed(true);
-    return OkStatus();
-  }
-  auto last_report = std::chrono::steady_clock::now();
-  bool first_progress = true;
-  Status status = engine->Load([&](uint64_t done_bytes, uint64_t total_bytes) {
-    if (first_progress) {
-      first_progress = false;
-      faults.Hit("load.mid_copy");
-    }
-    {
-      std::lock_guard lock(load_mutex_);
-      if (stopping_) return false;
-    }
-    auto now = std::chrono::steady_clock::now();
-    if (now - last_report > std::chrono::milliseconds(100)) {
-      last_report = now;
-      v1::WorkerEnvelope progress;
-      progress.mutable_load_progress()->set_job(request.job());
-      progress.mutable_load_progress()->set_done_bytes(done_bytes);
-      progress.mutable_load_progress()->set_total_bytes(total_bytes);
-      Send(progress);
-    }
-    return true;
-  });
-  if (!status.ok()) return status;
-  if (!request.path().empty()) {
-    // Replaced while it was read (same size, so the engine did not notice)? Then these weights
-    // are of neither version: the supervisor loads the file again as it is now.
-    std::vector<uint8_t> after;
-    Result<safetensors::Header> again = safetensors::ReadHeader(request.path(), &after);
-    if (!again.ok() || after != header) {
-      if (again.ok()) {
-        done.set_header(after.data(), after.size());
-        done.set_file_size(again->file_size);
-      }
-      done.set_file_changed(true);
-      return OkStatus();
-    }
-  }
-  faults.Hit("load.before_ready");
-  // The weights' handle goes to the supervisor, which keeps them alive past this process.
-  Result<wp_region> weights = engine->ExportWeights();
-  if (weights.ok() && weights->handle >= 0) {
-    shared = weights->handle;
-    done.set_weights_shared(true);
-    done.set_grant(GrantOf(*weights));
-    KeepMappingOf(shared);
-  }
-  std::lock_guard lock(models_mutex_);
-  models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
-  return OkStatus();
 }
 
 void Worker::HandleAttach(const v1::WorkerAttach& request, int weights_fd) {

@@ -71,7 +71,7 @@ class Worker {
     std::optional<v1::WorkerLoad> load;
     std::optional<v1::WorkerAttach> attach;
     std::optional<v1::WorkerUnload> unload;
-    int weights_fd = -1;  // the attach's region, owned by the job
+    int fd = -1;  // the attach's weights region or the load's model file, owned by the job
   };
   // Picks the device memory engines allocate from: the host backend, or (cuda) the device.
   Status OpenDeviceMemory();
@@ -114,9 +114,11 @@ class Worker {
   OwnerGrantReply RequestGrant(uint64_t bytes);
   void OnGrant(const v1::WorkerAllocated& reply, int fd);
   void LoadLoop();
-  void RunLoad(const v1::WorkerLoad& request);
+  // A load (worker/load.cc): `file` is the model file the supervisor opened (-1 for engines
+  // without one), read through and closed here.
+  void RunLoad(const v1::WorkerLoad& request, int file);
   // The load itself: fills done (and shared, the weights' handle) or says why not.
-  Status Load(const v1::WorkerLoad& request, JobFaults& faults, v1::WorkerLoadDone& done,
+  Status Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
               int& shared);
   void Send(const v1::WorkerEnvelope& message, const std::vector<int>& fds = {});
   // An in-flight marker for a job other than inference (load, attach, unload, park), held while

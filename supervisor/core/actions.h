@@ -26,6 +26,11 @@ struct SendToWorker {
   // (a load, an unpark): the shell may offer it memory to reuse (supervisor/region_cache.h).
   uint64_t allocates = 0;
   uint64_t job = 0;
+  // A load's model file (the registered, resolved path): the shell opens it beneath its model root
+  // and sends it as the frame's first descriptor. When it cannot (a part of the path is a symlink
+  // now, the file is gone), the frame is not sent and the job ends with that error, as if the
+  // worker had answered it: the open is the load's first step.
+  std::string model_file;
 };
 // Whether an allocating frame says what it allocates: it starts job `job`, and an unpark
 // allocates exactly the copy's bytes, a load at most what was admitted. What the simulator and

@@ -205,6 +205,7 @@ void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   Log(LogLevel::kInfo, "loading \"{}\" ({}) on worker {}{}", m.entry.name, FormatBytes(bytes), worker,
       DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
   SendAllocating(worker, message, id, m.entry.weight_bytes);
+  std::get<action::SendToWorker>(actions_.back()).model_file = m.entry.path;
 }
 
 void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
@@ -303,8 +304,8 @@ void Core::EnforceMaxCached(uint32_t keep) {
   }
 }
 
-void Core::ExpireIdle() {
-  for (uint32_t model : policy::PlanExpiry(Residents(), MonoMs())) {
+void Core::ExpireIdle(uint64_t as_of) {
+  for (uint32_t model : policy::PlanExpiry(Residents(), as_of)) {
     Log(LogLevel::kInfo, "\"{}\" idle past its keep_alive; releasing it", models_[model].entry.name);
     Release(model, shm::ReleaseReason::kKeepAlive, /*allow_park=*/true);
   }

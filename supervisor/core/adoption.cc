@@ -33,7 +33,10 @@ std::vector<KeptWeights> Core::Kept() const {
   for (uint32_t model : index_->LruOrder()) {
     const Model& m = models_[model];
     if (m.changing()) continue;  // a new version replaces it: not worth keeping
-    KeptWeights k{m.entry.name, m.entry.engine, m.entry.path, m.entry.version, false, {}};
+    // The version the weights were read from, not the registration's (which is empty for a file
+    // deleted since: the weights are then all there is of it, and a later restart must still know
+    // what they are).
+    KeptWeights k{m.entry.name, m.entry.engine, m.entry.path, {}, false, {}};
     if (const Parked* p = m.machine.As<Parked>()) {
       k.parked = true;
       k.weights = p->copy;
@@ -46,6 +49,7 @@ std::vector<KeptWeights> Core::Kept() const {
       continue;
     }
     if (k.weights.handle < 0) continue;
+    k.version = k.weights.version;
     kept.push_back(std::move(k));
   }
   return kept;
@@ -100,6 +104,7 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
       continue;
     }
     seen[model] = true;
+    k.weights.version = k.version;  // the manifest's record of what they were read from
     accepted.push_back(std::move(k));
   }
   // Room, most recently used first: the budgets of this configuration, which may differ from the

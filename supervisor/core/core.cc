@@ -53,7 +53,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
         else if constexpr (std::is_same_v<E, event::WorkerUp>) OnWorkerUp(e);
         else if constexpr (std::is_same_v<E, event::WorkerMessage>) OnWorkerMessage(std::move(e));
         else if constexpr (std::is_same_v<E, event::WorkerDown>) OnWorkerDown(e);
-        else if constexpr (std::is_same_v<E, event::Tick>) OnTick();
+        else if constexpr (std::is_same_v<E, event::Tick>) OnTick(e);
         else if constexpr (std::is_same_v<E, event::Reload>) Reload(std::move(e));
         else if constexpr (std::is_same_v<E, event::ModelInspected>) OnModelInspected(e);
         else if constexpr (std::is_same_v<E, event::Stop>) BeginStop(e.handed_over);
@@ -158,15 +158,21 @@ std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
   return held;
 }
 
-void Core::OnTick() {
+void Core::OnTick(const event::Tick& tick) {
   PublishGauges();  // a tick apart at most: observers sample them far less often
   if (drain_ended_) return;
+  // Judgements of peers are made as of what the shell had read (event::Tick): a late tick (the
+  // daemon was paused) judges nothing that came due after its reading; the next tick does, once
+  // what was sent meanwhile has been read. Spawning and rebalancing judge no one: as of now.
+  const uint64_t workers_read = std::min(MonoMs(), tick.workers_read_ms);
+  const uint64_t clients_read = std::min(MonoMs(), tick.clients_read_ms);
   SpawnDue();
-  SweepDeadlines();
-  SweepStalls();
-  ExpireIdle();
+  SweepDeadlines(workers_read);
+  SweepStalls(workers_read);
+  ExpireIdle(clients_read);  // a request for the model may wait unread in a client's socket
   Rebalance();
-  if (stopping_ && MonoMs() >= drain_deadline_ms_) return EndDrain("the drain timeout");
+  // The drain ends early only when no worker's answer to a request it holds waits unread.
+  if (stopping_ && workers_read >= drain_deadline_ms_) return EndDrain("the drain timeout");
   if (MonoMs() < next_status_ms_) return;
   next_status_ms_ = MonoMs() + kStatusPeriodMs;
   OnStatusTick();

@@ -215,7 +215,7 @@ class Core {
   // shell may keep it for the next allocation (action::CloseHandle::reusable).
   void CloseMemory(int handle);
   void CloseMemory(const std::vector<int>& handles);
-  void OnTick();
+  void OnTick(const event::Tick& tick);
   void OnStatusTick();
   void Preload();
   void CheckPreload();
@@ -300,7 +300,8 @@ class Core {
   // Replicas up to the target (as room allows), down to it (the most crowded worker's goes).
   void AdjustReplicas(uint32_t model);
   void EnforceMaxCached(uint32_t keep);
-  void ExpireIdle();
+  // keep_alive expiry judged as of `as_of`: what clients sent before then was read.
+  void ExpireIdle(uint64_t as_of);
   void Rebalance();
   void Rebalance(uint32_t device);
 
@@ -317,6 +318,8 @@ class Core {
   // registered with).
   void FollowFile(uint32_t model, const ModelEntry& now);
   void FollowFile(uint32_t model, const v1::WorkerLoadDone& done);
+  // The version of the file a load read (its worker's report).
+  FileVersion LoadedVersion(uint32_t model, const v1::WorkerLoadDone& done) const;
 
   // dispatch.cc: inference
   void Enqueue(uint32_t model, Waiter&& waiter);
@@ -338,8 +341,10 @@ class Core {
   void MarkFailed(uint32_t model, const std::string& reason);
   Status FailedStatus(uint32_t model) const;
   void OnModelInspected(const event::ModelInspected& inspected);
-  void SweepDeadlines();
-  void SweepStalls();
+  // Deadlines and stalls judged as of `as_of` (event::Tick::workers_read_ms), not of now: a
+  // worker is judged only on what it had said by then.
+  void SweepDeadlines(uint64_t as_of);
+  void SweepStalls(uint64_t as_of);
   void FailEverything(const Status& status);
 
   // workers.cc: the worker processes

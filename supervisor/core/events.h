@@ -89,8 +89,22 @@ struct DeviceLost {
 struct DeviceRestored {
   uint32_t device = 0;
 };
-// Time passes (the shell ticks every 50 ms).
-struct Tick {};
+// Time passes (the shell ticks every 50 ms), and how far the shell had read when it ticked:
+// everything workers wrote to their channels before workers_read_ms, and everything clients sent
+// before clients_read_ms, was handed to the core before this tick.
+//
+// A timeout that judges a peer (a worker hung, a load stalled, a request past its deadline, the
+// drain over, a model idle past its keep_alive) is decided as of those times, never as of the
+// tick's own: libuv runs expired timers before it polls for I/O, so after the daemon was stopped
+// for a while (SIGSTOP, a VM stall, swap) a tick comes before whatever was sent meanwhile has
+// been read, and a worker that answered in time would otherwise be killed as hung. What came
+// due after them is judged by a later tick, once the shell has read what came before it.
+// kReadAll: as of the tick itself (everything was read).
+struct Tick {
+  static constexpr uint64_t kReadAll = UINT64_MAX;
+  uint64_t workers_read_ms = kReadAll;
+  uint64_t clients_read_ms = kReadAll;
+};
 // SIGHUP: the configuration read again (or why it could not be) and the registry it describes.
 struct Reload {
   Result<Config> config = Status();

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/units.h"
+#include "ipc/file_version_proto.h"
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
@@ -74,6 +75,15 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   }
 }
 
+FileVersion Core::LoadedVersion(uint32_t model, const v1::WorkerLoadDone& done) const {
+  if (done.has_file_version()) return ipc::FileVersionFrom(done.file_version());
+  // A report without one (a test's or the simulator's worker): the same header is taken for the
+  // registered file; another one is a version not known here (zero, which a warm restart never
+  // adopts).
+  const ModelEntry& entry = models_[model].entry;
+  return done.header().empty() || done.header() == entry.header ? entry.version : FileVersion{};
+}
+
 void Core::FollowFile(uint32_t model, const ModelEntry& now) {
   Model& m = models_[model];
   m.entry.header = now.header;
@@ -88,10 +98,7 @@ void Core::FollowFile(uint32_t model, const ModelEntry& now) {
 
 void Core::FollowFile(uint32_t model, const v1::WorkerLoadDone& done) {
   ModelEntry now;
-  // A worker's report does not say which version of the file it read: the same header is the same
-  // file (only what it needs was corrected); another one is a version not known here (zero, which
-  // a warm restart never adopts).
-  if (done.header() == models_[model].entry.header) now.version = models_[model].entry.version;
+  now.version = LoadedVersion(model, done);
   now.header = done.header();
   now.file_size = done.file_size();
   now.weight_bytes = done.weight_bytes();
@@ -141,8 +148,10 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
     Log(LogLevel::kError, "worker {} announced shared weights but sent none", job.worker);
   }
   // The weights are described by what the worker read, not by the registration: if the file
-  // changed since, this is the version now served (and registered).
-  if (!done.header().empty() && done.header() != m.entry.header) {
+  // changed since, this is the version now served (and registered), so that a reload compares the
+  // file with what is served.
+  w.version = LoadedVersion(model, done);
+  if (!done.header().empty() && (done.header() != m.entry.header || w.version != m.entry.version)) {
     Log(LogLevel::kInfo, "\"{}\" loaded a newer version of its file than was registered", name);
     FollowFile(model, done);
   }

@@ -29,6 +29,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/file_version.h"
 #include "shm/model_index.h"
 
 namespace warmpool::supervisor {
@@ -47,6 +48,9 @@ struct Weights {
   int handle = -1;  // the region (held while resident); -1 for engines without weights (echo)
   std::string header;
   uint64_t file_size = 0;
+  // Of the file they were read from, as the worker that read them saw it: what a reload and a warm
+  // restart compare with the file as it is now. Zero when nobody said (engines without a file).
+  FileVersion version;
   uint64_t weight_bytes = 0;
   uint64_t workspace_bytes = 0;  // per replica
   uint32_t in_features = 0;

@@ -4,21 +4,10 @@
 #include <cstdint>
 #include <string>
 
+#include "common/file_version.h"
 #include "common/status.h"
 
 namespace warmpool::supervisor {
-
-// Which version of a file this is: what a warm restart compares before it adopts weights that were
-// loaded from it (a file replaced or rewritten since has another inode, or change time: the kernel
-// sets that on every write, even one that puts the modification time back, as `cp -p` does).
-struct FileVersion {
-  uint64_t size = 0;
-  uint64_t mtime_ns = 0;
-  uint64_t inode = 0;
-  uint64_t device = 0;
-  uint64_t ctime_ns = 0;
-  bool operator==(const FileVersion&) const = default;
-};
 
 struct ModelEntry {
   std::string name;

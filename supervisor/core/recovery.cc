@@ -276,8 +276,12 @@ void Core::OnModelInspected(const event::ModelInspected& inspected) {
   TryAdmit(model);
 }
 
-void Core::SweepDeadlines() {
-  const uint64_t now = MonoMs();
+void Core::SweepDeadlines(uint64_t as_of) {
+  // `now` is the time up to which the workers' channels had been read, which a late tick puts
+  // before its own: a worker whose reply was written before then has been heard, one whose reply
+  // came later had indeed overrun. Judged as of the tick's own time, a reply waiting unread in the
+  // socket after a pause would be dropped and its healthy worker killed.
+  const uint64_t now = as_of;
   for (uint32_t model : index_->All()) {
     Model& m = models_[model];
     bool ready = m.machine.Serving();
@@ -315,15 +319,18 @@ void Core::SweepDeadlines() {
                                   models_[job.model].entry.name));
       job.request.Clear();  // no retry for it: let its input go
     }
-    if (now > job.deadline_ms + config_.inference_grace_ms) {
+    // The grace runs from when the worker got the job: one dispatched already past its deadline
+    // (its load came in late, after a pause) has not had its grace yet.
+    if (now > std::max(job.deadline_ms, job.started_ms) + config_.inference_grace_ms) {
       KillWorker(job.worker, fmt::format("inference on \"{}\" overran its deadline by {} ms",
-                                         models_[job.model].entry.name, now - job.deadline_ms));
+                                         models_[job.model].entry.name, MonoMs() - job.deadline_ms));
     }
   }
 }
 
-void Core::SweepStalls() {
-  const uint64_t now = MonoMs();
+void Core::SweepStalls(uint64_t as_of) {
+  // As of the workers' reading, as SweepDeadlines: their progress reports may wait unread.
+  const uint64_t now = as_of;
   // A worker runs one load at a time (its load thread) and everything else one at a time in
   // order (its serving thread): only the job at the head of each may be judged as stalled, and
   // its clock starts no earlier than the moment the job before it finished.
@@ -339,12 +346,12 @@ void Core::SweepStalls() {
     if (id != (load_thread ? head_load[job.worker] : head_serving[job.worker])) continue;
     const WorkerSlot& w = workers_[job.worker];
     uint64_t since = std::max(job.progress_ms, load_thread ? w.load_done_ms : w.serving_done_ms);
-    if (now - since <= config_.load_stall_ms) continue;
+    if (now <= since || now - since <= config_.load_stall_ms) continue;  // heard from after `now`
     static constexpr const char* kWhat[] = {"loading", "attaching", "unparking", "running",
                                             "unloading", "parking"};
     KillWorker(job.worker, fmt::format("{} of \"{}\" made no progress for {} ms",
                                        kWhat[static_cast<int>(job.kind)],
-                                       models_[job.model].entry.name, now - since));
+                                       models_[job.model].entry.name, MonoMs() - since));
   }
 }
 

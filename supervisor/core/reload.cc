@@ -13,14 +13,16 @@ using namespace residency;
 
 namespace {
 
-// Same model, as far as serving it goes: the same engine, file and bytes in the header, and the
-// same problem if it had one (a broken file that stays broken is left as it is). The registered
-// entry keeps the problem it was registered with; only its file's description follows the file.
+// Same model, as far as serving it goes: the same engine, path and version of the file (a
+// retrained model of the same architecture has the same header and size, but not the same
+// version: common/file_version.h), and the same problem if it had one (a broken file that stays
+// broken is left as it is). The registered entry keeps the problem it was registered with; only
+// its file's description follows the file (FollowFile, when a load read a newer version).
 bool SameModel(const ModelEntry& registered, const ModelEntry& entry) {
   return entry.problem.message() == registered.problem.message() &&
          entry.engine == registered.engine &&
          entry.path == registered.path && entry.header == registered.header &&
-         entry.file_size == registered.file_size;
+         entry.file_size == registered.file_size && entry.version == registered.version;
 }
 
 }  // namespace

@@ -375,6 +375,34 @@ TEST_F(TakeoverTest, UnderLoadEveryRequestIsAnsweredOnceAndTheNewDaemonReadsNoFi
   ExpectNear(expected[0], *got);
 }
 
+// The manifest a daemon hands over records the version the weights were read from, not what the
+// registry says of a file deleted since (nothing): so a second takeover adopts them as the first did.
+TEST_F(TakeoverTest, AModelWhoseFileWasDeletedIsKeptAcrossTwoTakeovers) {
+  std::string a = MakeModel("a", "16,32,8");
+  StartDaemon("[[models]]\nname = \"a\"\npath = \"" + a + "\"\n");
+  std::string out, err;
+  ASSERT_EQ(Cli({"load", "a"}, &out, &err), 0) << err;
+  const client::Matrix input = RandomMatrix(2, 16, 3);
+  const client::Matrix expected = ReferenceInfer(a, input);
+  fs::remove(a);
+  for (int round = 1; round <= 2; round++) {
+    SCOPED_TRACE(round);
+    launch::DaemonSpec spec = daemon_->spec();
+    if (round == 1) spec.args.push_back("--takeover");
+    spec.log = dir_ + "/takeover" + std::to_string(round) + ".log";
+    auto next = std::make_unique<launch::DaemonProcess>(spec);
+    ASSERT_TRUE(next->Start().ok());
+    EXPECT_EQ(daemon_->Wait(20000), 0) << DaemonLog();
+    daemon_ = std::move(next);
+    WorkerPids();
+    const std::string log = daemon_->Log();
+    EXPECT_NE(log.find("adopted \"a\" ready"), std::string::npos) << log;
+    auto got = Connect()->Infer("a", input);
+    ASSERT_TRUE(got.ok()) << got.status().ToString() << "\n" << log;
+    ExpectNear(expected, *got);
+  }
+}
+
 TEST_F(TakeoverTest, WithNoDaemonToTakeOverFromItSaysSo) {
   std::string out, err;
   int rc = RunProgram({BinDir() + "/warmpoold", "--socket", socket_, "--instance", instance_, "--takeover"}, &out, &err);

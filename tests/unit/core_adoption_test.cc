@@ -162,6 +162,30 @@ TEST(CoreAdoptionTest, AFileDeletedSinceStillServesTheWeightsKept) {
   EXPECT_TRUE(rig.Replies(3).empty()) << "not refused";
 }
 
+// What a core adopted of a deleted file it keeps again with the version the weights were read
+// from (the registry has none for a missing file): a third supervisor adopts them as the second did.
+TEST(CoreAdoptionTest, WeightsOfADeletedFileAreKeptAgainWithTheVersionTheyWereReadFrom) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
+  ModelEntry gone = a;
+  gone.problem = Error(Code::kNotFound, "no such file");
+  gone.file_missing = true;
+  gone.path_refused = true;
+  gone.header.clear();
+  gone.version = {};
+  for (int restart = 1; restart <= 2; restart++) {
+    SCOPED_TRACE(restart);
+    CoreRig rig(WithPark());
+    rig.Start({gone, b}, kept);
+    EXPECT_TRUE(rig.Closed().empty()) << rig.Logs();
+    EXPECT_EQ(rig.State("a"), shm::ModelState::kReady);
+    kept = rig.core().Kept();
+    ASSERT_EQ(kept.size(), 2u);
+    EXPECT_EQ(kept[1].name, "a");
+    EXPECT_EQ(kept[1].version, a.version) << "what the weights were read from, not the registry's nothing";
+  }
+}
+
 TEST(CoreAdoptionTest, TheSameModelKeptTwiceIsAdoptedOnce) {
   ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
   std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);

@@ -1,0 +1,135 @@
+// The model roots (supervisor/model_roots.h): a file is opened beneath the root that holds it, and
+// a path that changed since it was resolved (a directory swapped for a symlink) fails to open
+// instead of leading out, with openat2 and with the walk older kernels get.
+#include "supervisor/model_roots.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace warmpool::supervisor {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ModelRootsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::temp_directory_path() / ("warmpool-roots-" + std::to_string(getpid()));
+    fs::remove_all(base_);
+    root_ = base_ + "/root";
+    outside_ = base_ + "/outside";
+    fs::create_directories(root_ + "/sub");
+    fs::create_directories(outside_ + "/sub");
+    Write(root_ + "/sub/m.bin", "inside");
+    Write(outside_ + "/sub/m.bin", "OUTSIDE");
+    Write(outside_ + "/secret", "OUTSIDE");
+  }
+  void TearDown() override { fs::remove_all(base_); }
+
+  static void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+  static std::string Read(int fd) {
+    char buffer[64] = {};
+    ssize_t n = pread(fd, buffer, sizeof(buffer), 0);
+    return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
+  }
+  // The swap a hostile user makes after registration: the directory on the way becomes a symlink
+  // to one outside every root that holds a file of the same name.
+  void SwapSubForSymlinkOut() {
+    fs::rename(root_ + "/sub", root_ + "/sub.old");
+    fs::create_directory_symlink(outside_ + "/sub", root_ + "/sub");
+  }
+
+  std::string base_, root_, outside_;
+};
+
+TEST_F(ModelRootsTest, AFileUnderARootOpensWithItsVersion) {
+  ModelRoots roots({root_});
+  Result<ModelFile> file = roots.Open(root_ + "/sub/../sub/m.bin");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->path(), fs::canonical(root_ + "/sub/m.bin").string());
+  EXPECT_EQ(Read(file->fd()), "inside");
+  struct stat st{};
+  ASSERT_EQ(stat((root_ + "/sub/m.bin").c_str(), &st), 0);
+  EXPECT_EQ(file->version(), FileVersionOf(st));
+  EXPECT_TRUE(file->version().known());
+  EXPECT_EQ(fcntl(file->fd(), F_GETFL) & O_NONBLOCK, 0) << "a worker reads it blocking";
+}
+
+TEST_F(ModelRootsTest, SymlinksInsideTheRootsAreFollowedAndOutsideRefused) {
+  fs::create_symlink(root_ + "/sub/m.bin", root_ + "/inner-link");
+  fs::create_symlink(outside_ + "/secret", root_ + "/escape");
+  ModelRoots roots({root_});
+  Result<ModelFile> inner = roots.Open(root_ + "/inner-link");
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  EXPECT_EQ(Read(inner->fd()), "inside");
+  for (const std::string& path : {root_ + "/escape", outside_ + "/secret", root_ + "/../outside/secret"}) {
+    Result<ModelFile> out = roots.Open(path);
+    ASSERT_FALSE(out.ok()) << path;
+    EXPECT_EQ(out.status().code(), Code::kPermissionDenied) << out.status().ToString();
+  }
+  EXPECT_EQ(roots.Open(root_ + "/missing").status().code(), Code::kNotFound);
+}
+
+TEST_F(ModelRootsTest, APathSwappedForASymlinkAfterItWasResolvedDoesNotLeadOut) {
+  ModelRoots roots({root_});
+  Result<std::string> real = roots.Resolve(root_ + "/sub/m.bin");
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  SwapSubForSymlinkOut();
+  Result<ModelFile> file = roots.OpenResolved(*real);
+  ASSERT_FALSE(file.ok()) << "opened " << Read(file->fd());
+  EXPECT_EQ(file.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(file.status().message().find("symlink"), std::string::npos) << file.status().ToString();
+  // Resolved anew, the path leads outside: refused for that.
+  EXPECT_EQ(roots.Open(root_ + "/sub/m.bin").status().code(), Code::kPermissionDenied);
+}
+
+TEST_F(ModelRootsTest, TheWalkForKernelsWithoutOpenat2RefusesWhatOpenat2Refuses) {
+  int dir = open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir, 0);
+  for (bool use_openat2 : {true, false}) {
+    SCOPED_TRACE(use_openat2 ? "openat2" : "walk");
+    int fd = OpenBeneath(dir, "sub/m.bin", use_openat2);
+    ASSERT_GE(fd, 0) << std::strerror(-fd);
+    EXPECT_EQ(Read(fd), "inside");
+    close(fd);
+    EXPECT_LT(OpenBeneath(dir, "../outside/secret", use_openat2), 0);
+  }
+  SwapSubForSymlinkOut();
+  for (bool use_openat2 : {true, false}) {
+    SCOPED_TRACE(use_openat2 ? "openat2" : "walk");
+    int fd = OpenBeneath(dir, "sub/m.bin", use_openat2);
+    EXPECT_LT(fd, 0) << "opened " << Read(fd);
+    if (fd >= 0) close(fd);
+  }
+  fs::create_symlink(outside_ + "/secret", root_ + "/last");
+  for (bool use_openat2 : {true, false}) EXPECT_LT(OpenBeneath(dir, "last", use_openat2), 0);
+  close(dir);
+}
+
+TEST_F(ModelRootsTest, AFifoIsRefusedWithoutBlockingAndADirectoryIsNoFile) {
+  ASSERT_EQ(mkfifo((root_ + "/fifo").c_str(), 0600), 0);
+  ModelRoots roots({root_});
+  EXPECT_EQ(roots.Open(root_ + "/fifo").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(roots.Open(root_ + "/sub").status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(ModelRootsTest, ARootThatDoesNotExistHoldsNothingAndRootsMove) {
+  ModelRoots roots({base_ + "/nowhere", root_});
+  EXPECT_TRUE(roots.Open(root_ + "/sub/m.bin").ok());
+  ModelRoots moved = std::move(roots);
+  EXPECT_TRUE(moved.Open(root_ + "/sub/m.bin").ok());
+  ModelRoots none({base_ + "/nowhere"});
+  Result<ModelFile> refused = none.Open(root_ + "/sub/m.bin");
+  EXPECT_EQ(refused.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("none exists"), std::string::npos) << refused.status().ToString();
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor

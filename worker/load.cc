@@ -1,0 +1,164 @@
+// A model's load, on the load thread. The model file comes open from the supervisor, which opened
+// it beneath its model root (supervisor/model_roots.h): this process never resolves a path, so a
+// directory swapped for a symlink since registration cannot lead it out of the roots. Engines,
+// which take a path (engine.h), get /proc/self/fd/N: a name for this very open file that no
+// rename or symlink can redirect.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "engines/plugin_loader.h"
+#include "engines/safetensors.h"
+#include "ipc/error_proto.h"
+#include "ipc/file_version_proto.h"
+#include "worker/worker.h"
+
+namespace warmpool::worker {
+
+namespace {
+
+Result<FileVersion> VersionOf(int fd, const std::string& path) {
+  struct stat st{};
+  if (fstat(fd, &st) != 0) {
+    return Error(Code::kInternal, "model file \"{}\": cannot look at it: {}", path, std::strerror(errno));
+  }
+  return FileVersionOf(st);
+}
+
+// Written in place while it was read (same inode: a rename leaves the open file as it was).
+bool ChangedInPlace(const FileVersion& before, const FileVersion& after) {
+  return before.size != after.size || before.mtime_ns != after.mtime_ns || before.ctime_ns != after.ctime_ns;
+}
+
+// Engines name their file in messages: the path the model is registered at, not /proc/self/fd/N.
+Status Named(const Status& status, const std::string& fd_path, const std::string& path) {
+  if (status.ok() || fd_path.empty()) return status;
+  std::string message = status.message();
+  for (size_t at = message.find(fd_path); at != std::string::npos; at = message.find(fd_path, at + path.size())) {
+    message.replace(at, fd_path.size(), path);
+  }
+  return Status(status.code(), message);
+}
+
+}  // namespace
+
+void Worker::RunLoad(const v1::WorkerLoad& request, int file) {
+  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
+  v1::WorkerEnvelope reply;
+  v1::WorkerLoadDone* done = reply.mutable_load_done();
+  done->set_job(request.job());
+  JobFaults faults = FaultsFor(request.job(), request.faults());
+  load_faults_ = &faults;
+  faults.Hit("load.begin");
+  int shared = -1;
+  Status status = Load(request, file, faults, *done, shared);
+  if (file >= 0) close(file);
+  load_faults_ = nullptr;
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
+  mark.reset();
+  LoadThreadJobDone(request.model());
+  // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
+  Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+}
+
+Status Worker::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
+                    int& shared) {
+  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
+  if (!vtable.ok()) return vtable.status();
+  const std::string& path = request.path();
+  // The header is read here, once, and the engine is opened from these very bytes: what the
+  // supervisor records with the weights is exactly what they were loaded by, whatever the file
+  // on disk says later.
+  std::vector<uint8_t> header;
+  uint64_t file_size = 0;
+  std::string fd_path;
+  FileVersion version;
+  if (!path.empty()) {
+    if (file < 0) return Error(Code::kInternal, "the load of \"{}\" came without its file", request.name());
+    Result<FileVersion> before = VersionOf(file, path);
+    if (!before.ok()) return before.status();
+    version = *before;
+    Result<safetensors::Header> read = safetensors::ReadHeaderFrom(file, path, &header);
+    if (!read.ok()) return read.status();
+    file_size = read->file_size;
+    done.set_header(header.data(), header.size());
+    done.set_file_size(file_size);
+    ipc::SetFileVersion(done.mutable_file_version(), version);
+    fd_path = fmt::format("/proc/self/fd/{}", file);
+  }
+  wp_engine_spec spec{request.name().c_str(), fd_path.c_str(), header.empty() ? nullptr : header.data(),
+                      header.size(), file_size};
+  Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
+  if (!engine.ok()) return Named(engine.status(), fd_path, path);
+  const wp_engine_info& info = engine->info();
+  done.set_weight_bytes(info.weight_bytes);
+  done.set_workspace_bytes(info.workspace_bytes);
+  done.set_in_features(info.in_features);
+  done.set_out_features(info.out_features);
+  if (request.admitted_bytes() != 0 &&
+      info.weight_bytes + info.workspace_bytes > request.admitted_bytes()) {
+    // The file changed since it was registered (or its engine's workspace was unknown): room was
+    // made for less than it needs. Nothing is allocated; the supervisor admits it again.
+    done.set_file_changed(true);
+    return OkStatus();
+  }
+  auto last_report = std::chrono::steady_clock::now();
+  bool first_progress = true;
+  Status status = engine->Load([&](uint64_t done_bytes, uint64_t total_bytes) {
+    if (first_progress) {
+      first_progress = false;
+      faults.Hit("load.mid_copy");
+    }
+    {
+      std::lock_guard lock(load_mutex_);
+      if (stopping_) return false;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_report > std::chrono::milliseconds(100)) {
+      last_report = now;
+      v1::WorkerEnvelope progress;
+      progress.mutable_load_progress()->set_job(request.job());
+      progress.mutable_load_progress()->set_done_bytes(done_bytes);
+      progress.mutable_load_progress()->set_total_bytes(total_bytes);
+      Send(progress);
+    }
+    return true;
+  });
+  if (!status.ok()) return Named(status, fd_path, path);
+  if (!path.empty()) {
+    // Rewritten while it was read (the same size, so the engine did not notice)? Then these
+    // weights are of neither version: the supervisor loads the file again as it is now.
+    Result<FileVersion> after = VersionOf(file, path);
+    if (!after.ok()) return after.status();
+    if (ChangedInPlace(version, *after)) {
+      std::vector<uint8_t> now;
+      Result<safetensors::Header> again = safetensors::ReadHeaderFrom(file, path, &now);
+      if (again.ok()) {
+        done.set_header(now.data(), now.size());
+        done.set_file_size(again->file_size);
+      }
+      ipc::SetFileVersion(done.mutable_file_version(), *after);
+      done.set_file_changed(true);
+      return OkStatus();
+    }
+  }
+  faults.Hit("load.before_ready");
+  // The weights' handle goes to the supervisor, which keeps them alive past this process.
+  Result<wp_region> weights = engine->ExportWeights();
+  if (weights.ok() && weights->handle >= 0) {
+    shared = weights->handle;
+    done.set_weights_shared(true);
+    done.set_grant(GrantOf(*weights));
+    KeepMappingOf(shared);
+  }
+  std::lock_guard lock(models_mutex_);
+  models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
+  return OkStatus();
+}
+
+}  // namespace warmpool::worker
