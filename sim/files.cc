@@ -20,6 +20,10 @@ std::optional<Described> ParseHeader(const std::string& header) {
   return d;
 }
 
+FileVersion VersionOf(const SimFile& file) {
+  return FileVersion{HeaderOf(file).size() + file.WeightBytes(), file.version, file.id + 1u, 1, file.version};
+}
+
 supervisor::ModelEntry EntryOf(const SimFile& file) {
   supervisor::ModelEntry e;
   e.name = file.name;
@@ -36,8 +40,7 @@ supervisor::ModelEntry EntryOf(const SimFile& file) {
   e.workspace_bytes = file.workspace_bytes;
   e.header = HeaderOf(file);
   e.file_size = e.header.size() + e.weight_bytes;
-  // What stat(2) would say: another version has another size or times.
-  e.version = FileVersion{e.file_size, file.version, file.id + 1u, 1, file.version};
+  e.version = VersionOf(file);
   return e;
 }
 

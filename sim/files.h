@@ -34,6 +34,8 @@ struct Described {
 
 std::string HeaderOf(const SimFile& file);
 std::optional<Described> ParseHeader(const std::string& header);
+// What fstat(2) would say of this version of the file: another version has another size or times.
+FileVersion VersionOf(const SimFile& file);
 // The registry's view of the file now (what InspectModel would find).
 supervisor::ModelEntry EntryOf(const SimFile& file);
 

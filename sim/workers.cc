@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ipc/file_version_proto.h"
 #include "ipc/framing.h"
 #include "shm/seqlock.h"
 #include "sim/simulator.h"
@@ -252,6 +253,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     if (!read.echo) {
       done->set_header(HeaderOf(read));
       done->set_file_size(HeaderOf(read).size() + read.WeightBytes());
+      ipc::SetFileVersion(done->mutable_file_version(), VersionOf(read));  // fstat of what it read
     }
     uint64_t needs = read.WeightBytes() + (read.echo ? 0 : read.workspace_bytes);
     if (m.load().admitted_bytes() != 0 && needs > m.load().admitted_bytes()) {
@@ -261,6 +263,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     if (!read.echo && (file->version != read.version)) {
       done->set_header(HeaderOf(*file));
       done->set_file_size(HeaderOf(*file).size() + file->WeightBytes());
+      ipc::SetFileVersion(done->mutable_file_version(), VersionOf(*file));
       done->set_weight_bytes(file->WeightBytes());
       done->set_file_changed(true);
       return reply;
