@@ -7,7 +7,10 @@
 //     do not depend on how the stream was split (the reference is the whole stream at once);
 //   - no body is over the limit; an error is sticky;
 //   - every immediate response and every rendered reply is a whole HTTP/1.1 response with a
-//     status of 200..599 and `CODE: message` text for errors.
+//     status of 200..599 and `CODE: message` text for errors, and an immediate one carries the
+//     code of an error (it is counted by it);
+//   - every query value read as a number (http/numbers.h) is taken only when it is decimal
+//     digits alone, within the range, and reads back as the same number.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_check.h"
+#include "http/numbers.h"
 #include "http/request_parser.h"
 #include "supervisor/http_api.h"
 
@@ -74,6 +78,25 @@ void CheckResponse(const std::string& response) {
   FUZZ_CHECK(response.find("\r\n\r\n") != std::string::npos);
 }
 
+void CheckDecimal(const std::string& text) {
+  constexpr uint64_t kMax = 4294967295u;
+  auto value = warmpool::http::ParseDecimal(text, "fuzz", 0, kMax);
+  bool digits = !text.empty();
+  for (char c : text) digits = digits && c >= '0' && c <= '9';
+  if (!value.ok()) {
+    FUZZ_CHECK(value.status().code() == warmpool::Code::kInvalidArgument);
+    // Refused: not digits, or digits of a number past the range.
+    if (digits) {
+      size_t first = text.find_first_not_of('0');
+      FUZZ_CHECK(first != std::string::npos && text.size() - first >= 10);
+    }
+    return;
+  }
+  FUZZ_CHECK(digits && *value <= kMax);
+  size_t first = text.find_first_not_of('0');
+  FUZZ_CHECK(std::to_string(*value) == (first == std::string::npos ? "0" : text.substr(first)));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -95,9 +118,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   error.mutable_error()->set_code(warmpool::v1::NOT_FOUND);
   error.mutable_error()->set_message("fuzz");
   for (const Request& r : reference.requests) {
+    for (const auto& [key, value] : r.query) CheckDecimal(value);
     auto plan = warmpool::supervisor::httpapi::PlanRequest(r, r.keep_alive);
     if (plan.immediate) {
       CheckResponse(*plan.immediate);
+      FUZZ_CHECK(plan.code != warmpool::Code::kOk);
       continue;
     }
     std::string reply = warmpool::supervisor::httpapi::RenderReply(plan, error, true);

@@ -137,8 +137,12 @@ void Connection::OnReadable() {
     }
     std::string_view body;
     while (!closing_ && decoder_.Next(body)) {
+      frame_started_ms_ = 0;
       on_frame_(body);
     }
+    if (closing_) return;
+    if (decoder_.buffered() == 0) frame_started_ms_ = 0;
+    else if (frame_started_ms_ == 0) frame_started_ms_ = std::max<uint64_t>(1, uv_now(poll_->loop));
     if (options_.close_unclaimed_fds && decoder_.buffered() == 0) {
       for (int fd : received_fds_) ::close(fd);
       received_fds_.clear();

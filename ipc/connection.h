@@ -91,6 +91,10 @@ class Connection {
   bool closing() const { return closing_; }
   int fd() const { return fd_; }
   size_t pending_write_bytes() const { return pending_bytes_; }
+  // When the first byte of a frame not yet complete arrived (the loop's uv_now), or 0 when no
+  // frame is partly read: a peer that trickles a frame is timed from its start, not from its
+  // last byte, so that one byte now and then cannot hold the connection for ever.
+  uint64_t frame_started_ms() const { return frame_started_ms_; }
 
  private:
   friend class WriteBatcher;
@@ -120,6 +124,7 @@ class Connection {
   int interest_ = 0;
   bool closing_ = false;
   bool scheduled_ = false;  // with the batcher, to be flushed at the end of this turn
+  uint64_t frame_started_ms_ = 0;
 };
 
 }  // namespace warmpool::ipc

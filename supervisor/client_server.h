@@ -3,16 +3,24 @@
 // replies to it are dropped, and nothing else is disturbed. Bad input (a frame over the limit, bytes
 // that are not an Envelope) gets one error reply and the connection is closed. Each limit (frame
 // size, connections, unanswered requests per connection, replies left unread) answers
-// RESOURCE_EXHAUSTED or INVALID_ARGUMENT to the one client over it.
+// RESOURCE_EXHAUSTED or INVALID_ARGUMENT to the one client over it. Each peer (a local user, a
+// TCP address) also has a share of connections, requests and bytes (supervisor/peer_limits.h),
+// so that one user's abuse leaves room for everybody else; a connection past a share is served
+// from a small reserve that still answers /metrics and tells anything else why.
 //
-// Out of file descriptors (EMFILE, ENFILE), accepting stops instead of spinning: the clients
-// waiting are told why with a descriptor kept in reserve for that, accepting resumes when a
-// session closes or after a pause, and the log says so at most once a second. Connections idle
-// longer than idle_timeout_ms (nothing outstanding) are closed, so that idle clients cannot hold
-// every one of max_connections.
+// Descriptors (client_accept.cc): descriptors are kept open in reserve, one for each reserve
+// connection, so that a connection past a share can be accepted and told why even when the
+// daemon's descriptors are all in use. Out of file descriptors (EMFILE, ENFILE) and with the
+// reserve spent, accepting stops instead of spinning: accepting resumes when a session closes or
+// after a pause, and the log says so at most once a second. Connections idle longer than
+// idle_timeout_ms (nothing outstanding) are closed, and a request (or the first bytes of a
+// connection) not complete request_read_timeout_ms after its first byte ends its connection:
+// trickling a byte now and then does not hold a connection.
 //
-// Every request handed to the daemon is answered exactly once through Send(), so the requests a
-// session has outstanding are counted as handed minus answered.
+// Every request handed to the daemon is answered exactly once through Send(): a session knows
+// the ids it has outstanding, and a framed request that reuses one of them is refused
+// (INVALID_ARGUMENT) rather than merged with it. Every reply and every refusal made here is
+// counted (metrics/session_metrics.h) and shown after the segment's series in GET /metrics.
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <uv.h>
 
@@ -30,8 +39,10 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
+#include "metrics/session_metrics.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/http_session.h"
+#include "supervisor/peer_limits.h"
 
 namespace warmpool::supervisor {
 
@@ -69,6 +80,14 @@ class ClientServer {
     // cut off; past the second, the client with the most unread.
     uint64_t max_unread_reply_bytes = 128ull << 20;
     uint64_t max_unread_reply_bytes_total = 1ull << 30;
+    // Each peer's share (supervisor/peer_limits.h); config.cc resolves the defaults.
+    uint32_t max_connections_per_peer = 256;
+    uint32_t max_requests_per_peer = 512;
+    uint64_t max_queued_bytes_per_peer = 256ull << 20;
+    uint64_t max_unread_reply_bytes_per_peer = 256ull << 20;
+    uint32_t reserved_connections = 16;
+    // From a request's first byte (a connection's, until it says what it speaks) to its last.
+    uint64_t request_read_timeout_ms = 10'000;
     uint64_t idle_timeout_ms = 0;  // 0: never
     ipc::WriteBatcher* batcher = nullptr;  // replies coalesced per turn of the loop
     // HTTP (supervisor/http_session.h): the body of GET /metrics; the token that makes a TCP
@@ -106,30 +125,45 @@ class ClientServer {
   void Send(uint64_t session, const v1::Envelope& reply);
   bool HasSession(uint64_t session) const { return sessions_.count(session) != 0; }
   size_t session_count() const { return sessions_.size(); }
+  const metrics::SessionCounters& counters() const { return counters_; }
   const std::string& path() const { return path_; }
 
  private:
+  struct Session;
   void StartPolling(int fd);
   void OnAcceptable();
-  // EMFILE/ENFILE: tell the waiting clients why (through the reserve descriptor) and pause.
+  // EMFILE/ENFILE: accept into the reserve with the descriptors kept for it; else pause.
   void OnOutOfDescriptors(int err);
+  // A connection accepted on the Unix socket: served, in the reserve, or refused at once.
+  void Admit(int fd, const Peer& peer, bool out_of_descriptors);
+  // Keeps one descriptor open for each reserve place not in use.
+  void RefillReserve();
+  void LogRefusals(const char* what);
   void PauseAccepting(uint64_t ms);
   void ResumeAccepting();
   void CloseIdle();
-  // Cuts off the client with the most unread replies while all of them are over the total.
-  void CheckUnreadTotal();
+  // Cuts off connections for replies left unread: past a peer's share, past the total.
+  void CheckUnread();
   void OnFrame(uint64_t session, std::string_view body);
-  // A request from either protocol, past its own parsing: the per-connection bound, then the
-  // daemon.
+  // A request from either protocol, past its own parsing: its id, the per-connection and
+  // per-peer bounds, then the daemon.
   void Accept(uint64_t session, v1::Envelope&& request, int fd, bool admin_token);
+  // Answers a request here, never handing it on, and counts why.
+  void Refuse(Session& s, uint64_t request_id, metrics::Refusal reason, const Status& why);
+  // Writes a framed reply and counts it: every framed reply goes through here.
+  void SendFramed(Session& s, const v1::Envelope& reply);
   // A Unix connection's first bytes: framed protocol or HTTP (http::SniffFirstBytes).
   void Classify(uint64_t session);
   void OpenFramed(uint64_t session, int fd);
   void OpenHttp(uint64_t session, int fd);
   // What an HTTP session gets on either listener (the admin token only over TCP), and its hooks.
-  HttpSession::Options HttpOptions(bool tcp) const;
+  HttpSession::Options HttpOptions(bool tcp, const Status& reserve_refusal) const;
   HttpSession::Hooks HttpHooks(uint64_t session);
-  void OnTcpConnection();
+  void OnTcpConnection(int status);
+  // Erases a session that is gone and gives back what it held of its peer's share.
+  void Forget(uint64_t session);
+  // A session past request_read_timeout (or a reserve one past kReserveTimeoutMs).
+  void TimeOutSession(uint64_t session);
   void OnSessionClosed(uint64_t session, const Status& why);
   void CloseSlowStarters();
   http::ParserLimits HttpLimits() const;
@@ -143,32 +177,39 @@ class ClientServer {
   bool owns_path_ = false;  // false for an activated socket
   ipc::UvHandle<uv_poll_t> listen_poll_;
   bool accepting_ = false;
-  int reserve_fd_ = -1;           // spent to answer clients when the descriptors run out
   ipc::UvHandle<uv_timer_t> resume_timer_;
   ipc::UvHandle<uv_timer_t> idle_timer_;
-  uint64_t refused_since_log_ = 0;
+  uint64_t refused_since_log_ = 0;  // connections refused at once since the last log line
   uint64_t last_refusal_log_ms_ = 0;
   uint64_t next_session_ = 1;
   struct Session {
     ipc::Connection* connection = nullptr;  // framed protocol
     HttpSession* http = nullptr;            // HTTP
-    // Neither yet: waiting for the first bytes (at most kSniffTimeoutMs).
+    // Neither yet: waiting for the first bytes (at most request_read_timeout_ms).
     int sniff_fd = -1;
     std::unique_ptr<SniffWatch> sniff;
     Peer peer;
-    uint32_t outstanding = 0;  // handed to the daemon, not yet answered
+    PeerKey key;
+    Admission admission = Admission::kServe;
+    Status refusal;  // in the reserve: what a request other than a scrape is told
+    metrics::Refusal reserve_reason = metrics::Refusal::kPeerConnections;
+    bool close_counted = false;  // why it is closing is counted already
+    // Handed to the daemon, not yet answered: request id -> bytes counted against the peer.
+    std::unordered_map<uint64_t, uint64_t> outstanding;
+    uint64_t accepted_ms = 0;
     uint64_t last_active_ms = 0;
     uint64_t Unread() const;
     void Close(const Status& why);
   };
-  // A connection that has not said what it speaks, or an HTTP request not read whole, this long
-  // is closed (slow clients holding connections); an HTTP connection with nothing under way is
-  // closed after kHttpKeepAliveMs.
-  static constexpr uint64_t kSniffTimeoutMs = 10'000;
+  // A connection from the reserve must have asked within this (it serves one request); an HTTP
+  // connection with nothing under way is closed after kHttpKeepAliveMs.
+  static constexpr uint64_t kReserveTimeoutMs = 2'000;
   static constexpr uint64_t kHttpKeepAliveMs = 60'000;
-  // TCP connections need no credentials: they get a share of max_connections, not all of it.
-  static constexpr size_t kMaxTcpSessions = 128;
-  size_t tcp_sessions_ = 0;
+  // A session holding this much unread makes the server look at every peer's share.
+  static constexpr uint64_t kUnreadCheckBytes = 256u << 10;
+  PeerAccounting accounting_;
+  metrics::SessionCounters counters_;
+  std::vector<int> reserve_fds_;  // one per reserve place not in use
   ipc::UvHandle<uv_tcp_t> tcp_listener_;
   bool tcp_listening_ = false;
   ipc::UvHandle<uv_timer_t> sniff_timer_;

@@ -1,8 +1,10 @@
 #include "supervisor/config.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -66,6 +68,14 @@ Status ReadUintAtMost(const toml::node& node, const std::string& key, T& out, ui
 // The most threads a worker takes (warmpool-worker --threads) and the longest batching wait.
 constexpr uint64_t kMaxThreadsPerWorker = 4096;
 constexpr uint64_t kMaxBatchDelayUs = 1000000;
+// Each reserve place holds a descriptor open: a reserve larger than this is a mistake.
+constexpr uint64_t kMaxReservedConnections = 1024;
+
+uint64_t OpenFilesLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 1 << 20;
+  return limit.rlim_cur;
+}
 
 template <typename T>
 Status ReadUint(const toml::node& node, const std::string& key, T& out) {
@@ -202,10 +212,26 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
       else if (k == "max_models") s = ReadUint(node, key, c.max_models);
       else if (k == "max_inflight") s = ReadUint(node, key, c.max_inflight);
       else if (k == "max_requests_per_connection") s = ReadUint(node, key, c.max_requests_per_connection);
-      else if (k == "max_queued_bytes") s = ReadSize(node, key, c.max_queued_bytes);
+      else if (k == "max_queued_bytes") {
+        s = ReadSize(node, key, c.max_queued_bytes);
+        c.max_queued_bytes_configured = true;
+      }
       else if (k == "max_queued_bytes_per_connection") s = ReadSize(node, key, c.max_queued_bytes_per_connection);
       else if (k == "max_unread_reply_bytes") s = ReadSize(node, key, c.max_unread_reply_bytes);
       else if (k == "idle_timeout") s = ReadDurationMs(node, key, c.idle_timeout_ms);
+      else if (k == "max_connections_per_peer") s = ReadUint(node, key, c.max_connections_per_peer);
+      else if (k == "max_requests_per_peer") s = ReadUint(node, key, c.max_requests_per_peer);
+      else if (k == "max_queued_bytes_per_peer") s = ReadSize(node, key, c.max_queued_bytes_per_peer);
+      else if (k == "max_unread_reply_bytes_per_peer") {
+        s = ReadSize(node, key, c.max_unread_reply_bytes_per_peer);
+      } else if (k == "reserved_connections") {
+        s = ReadUintAtMost(node, key, c.reserved_connections, kMaxReservedConnections);
+      } else if (k == "request_read_timeout") {
+        s = ReadDurationMs(node, key, c.request_read_timeout_ms);
+        if (s.ok() && (c.request_read_timeout_ms < 100 || c.request_read_timeout_ms > 3'600'000)) {
+          s = Error(Code::kInvalidArgument, "{} must be between 100ms and 1h", key);
+        }
+      }
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     }
     if (!s.ok()) return s;
@@ -318,6 +344,34 @@ void FinishDefaults(Config& config) {
   config.max_queued_bytes = std::max(config.max_queued_bytes, config.max_queued_bytes_per_connection);
   config.max_unread_reply_bytes =
       std::max<uint64_t>(config.max_unread_reply_bytes, uint64_t{config.max_frame_bytes} + (64u << 10));
+  FinishShares(config, PhysicalMemoryBytes(), OpenFilesLimit());
+}
+
+void FinishShares(Config& c, uint64_t physical_bytes, uint64_t open_files) {
+  // Client bytes the daemon holds (requests waiting or running, and replies unread, each up to
+  // max_queued_bytes) in proportion to the machine: at most a 32nd of it by default.
+  if (!c.max_queued_bytes_configured) {
+    c.max_queued_bytes = std::clamp<uint64_t>(physical_bytes / 64, 256ull << 20, 1ull << 30);
+  }
+  const uint64_t frame = c.max_frame_bytes;
+  c.max_queued_bytes_per_connection = std::max(c.max_queued_bytes_per_connection, frame);
+  c.max_queued_bytes = std::max(c.max_queued_bytes, c.max_queued_bytes_per_connection);
+  // A peer's share is a quarter: one user (or all TCP clients) pushing as hard as it can leaves
+  // three quarters to everybody else. Half the descriptors are left to workers, model files and
+  // regions, so one peer can hold at most an eighth of them.
+  if (c.max_connections_per_peer == 0) {
+    const uint64_t connections = std::min<uint64_t>(c.max_connections, open_files / 2);
+    c.max_connections_per_peer = static_cast<uint32_t>(std::max<uint64_t>(1, connections / 4));
+  }
+  if (c.max_requests_per_peer == 0) {
+    const uint64_t requests = uint64_t{c.max_queue} + c.max_inflight;
+    c.max_requests_per_peer = static_cast<uint32_t>(std::clamp<uint64_t>(requests / 4, 1, UINT32_MAX));
+  }
+  if (c.max_queued_bytes_per_peer == 0) c.max_queued_bytes_per_peer = c.max_queued_bytes / 4;
+  if (c.max_unread_reply_bytes_per_peer == 0) c.max_unread_reply_bytes_per_peer = c.max_queued_bytes / 4;
+  // A request as large as a frame may always be held, and its reply be unread.
+  c.max_queued_bytes_per_peer = std::max(c.max_queued_bytes_per_peer, frame);
+  c.max_unread_reply_bytes_per_peer = std::max(c.max_unread_reply_bytes_per_peer, frame + (64u << 10));
 }
 
 uint32_t ThreadsPerWorker(uint32_t configured, size_t workers) {

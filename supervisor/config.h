@@ -83,10 +83,26 @@ struct Config {
   uint32_t max_requests_per_connection = 256;  // unanswered requests one client may have
   // Bytes of requests the daemon holds (waiting or running): in all, and for one connection.
   // Beyond them a request is answered RESOURCE_EXHAUSTED. At least max_frame_bytes each.
+  // Unless configured, FinishDefaults makes max_queued_bytes a 64th of physical memory, between
+  // 256 MiB and 1 GiB (it also bounds the replies left unread by all clients together).
   uint64_t max_queued_bytes = 1ull << 30;
+  bool max_queued_bytes_configured = false;
   uint64_t max_queued_bytes_per_connection = 256ull << 20;
   // Replies a client has not read: past this it is cut off (at least max_frame_bytes + 64 KiB).
   uint64_t max_unread_reply_bytes = 128ull << 20;
+  // Each peer's share (a local user; all loopback TCP clients together), docs/limits.md. 0 here:
+  // FinishDefaults makes it a quarter of what it divides (connections: of max_connections, and
+  // of half the descriptors the daemon may open; requests: of [pool] max_queue + max_inflight;
+  // bytes: of max_queued_bytes, at least one frame).
+  uint32_t max_connections_per_peer = 0;
+  uint32_t max_requests_per_peer = 0;
+  uint64_t max_queued_bytes_per_peer = 0;
+  uint64_t max_unread_reply_bytes_per_peer = 0;
+  // Connections kept beyond the shares for /metrics scrapes and for telling clients past a
+  // share why they are refused; one descriptor is held open for each.
+  uint32_t reserved_connections = 16;
+  // A request (or a connection's first bytes) must be complete this long after its first byte.
+  uint64_t request_read_timeout_ms = 10'000;
   // A connection with no request outstanding for this long is closed; 0: never.
   uint64_t idle_timeout_ms = 0;
   // access: root, the daemon's own user and members of admin_group may load, unload, pin and arm
@@ -123,8 +139,12 @@ Status ApplyToml(Config& config, const std::string& text, const std::string& ori
 Status LoadConfigFile(Config& config, const std::string& path);
 // Instance names become part of a /dev/shm name: 1..32 of [A-Za-z0-9_-].
 Status CheckInstanceName(const std::string& instance);
-// Fills the defaults that depend on the machine (socket path, budget).
+// Fills the defaults that depend on the machine (socket path, budget, client byte limits and
+// shares).
 void FinishDefaults(Config& config);
+// The client limits' defaults and each peer's share, for a machine of physical_bytes of memory
+// and a daemon that may open open_files descriptors (FinishDefaults passes this machine's).
+void FinishShares(Config& config, uint64_t physical_bytes, uint64_t open_files);
 // What a reload (SIGHUP) takes from a config file read again: the registry's settings (models,
 // models_dir, model_roots, keep_alive). Everything else needs a restart. Inline: the core, which
 // does not link the config parser, applies it too.

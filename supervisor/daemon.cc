@@ -194,6 +194,12 @@ Status Daemon::Start() {
   server_options.max_unread_reply_bytes = config_.max_unread_reply_bytes;
   server_options.max_unread_reply_bytes_total = config_.max_queued_bytes;
   server_options.idle_timeout_ms = config_.idle_timeout_ms;
+  server_options.max_connections_per_peer = config_.max_connections_per_peer;
+  server_options.max_requests_per_peer = config_.max_requests_per_peer;
+  server_options.max_queued_bytes_per_peer = config_.max_queued_bytes_per_peer;
+  server_options.max_unread_reply_bytes_per_peer = config_.max_unread_reply_bytes_per_peer;
+  server_options.reserved_connections = config_.reserved_connections;
+  server_options.request_read_timeout_ms = config_.request_read_timeout_ms;
   server_options.batcher = batcher_.get();
   server_options.metrics = [this] {
     return metrics::RenderPrometheus(segment_.view(), {kVersion, config_.backend, config_.instance});

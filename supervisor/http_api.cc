@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/units.h"
+#include "http/numbers.h"
 #include "http/response.h"
 #include "ipc/error_proto.h"
 #include "replyjson/reply_json.h"
@@ -19,15 +20,11 @@ namespace {
 constexpr char kJson[] = "application/json";
 constexpr char kBinary[] = "application/octet-stream";
 
-Plan Immediate(Kind kind, std::string response) {
-  Plan plan;
-  plan.kind = kind;
-  plan.immediate = std::move(response);
-  return plan;
-}
-
 Plan Refuse(const Status& why, bool keep_alive, int status = 0) {
-  return Immediate(Kind::kModels, http::ErrorResponse(why, keep_alive, status));
+  Plan plan;
+  plan.immediate = http::ErrorResponse(why, keep_alive, status);
+  plan.code = why.code();
+  return plan;
 }
 
 // Deeper documents are refused before they are parsed: copying or walking one recursively would
@@ -124,14 +121,16 @@ Result<Plan> PlanInfer(const http::Request& request, const std::string& model) {
   infer->set_model(model);
   const std::string& type = request.Header("content-type");
   if (type.rfind(kBinary, 0) == 0) {
-    std::string rows_text = request.Header("x-warmpool-rows");
-    if (rows_text.empty() && request.query.count("rows")) rows_text = request.query.at("rows");
-    char* end = nullptr;
-    unsigned long long rows = std::strtoull(rows_text.c_str(), &end, 10);
-    if (rows_text.empty() || *end != '\0' || rows == 0 || rows > UINT32_MAX) {
+    const bool in_header = request.headers.count("x-warmpool-rows") != 0;
+    if (!in_header && request.query.count("rows") == 0) {
       return Error(Code::kInvalidArgument,
                    "a binary input needs its row count: X-Warmpool-Rows: N (or ?rows=N)");
     }
+    Result<uint64_t> rows_read =
+        in_header ? http::ParseDecimal(request.Header("x-warmpool-rows"), "header X-Warmpool-Rows", 1, UINT32_MAX)
+                  : http::ParseDecimal(request.query.at("rows"), "query parameter rows", 1, UINT32_MAX);
+    if (!rows_read.ok()) return rows_read.status();
+    const uint64_t rows = *rows_read;
     const uint64_t bytes = request.body.size();
     if (bytes == 0 || bytes % (rows * 4) != 0) {
       return Error(Code::kInvalidArgument,
@@ -141,11 +140,15 @@ Result<Plan> PlanInfer(const http::Request& request, const std::string& model) {
     infer->mutable_input()->set_cols(static_cast<uint32_t>(bytes / (rows * 4)));
     infer->mutable_input()->set_data(request.body);
     if (auto it = request.query.find("deadline_ms"); it != request.query.end()) {
-      infer->set_deadline_ms(static_cast<uint32_t>(std::strtoul(it->second.c_str(), nullptr, 10)));
+      Result<uint64_t> ms = http::ParseDecimal(it->second, "query parameter deadline_ms", 0, UINT32_MAX);
+      if (!ms.ok()) return ms.status();
+      infer->set_deadline_ms(static_cast<uint32_t>(*ms));
     }
     if (auto it = request.query.find("keep_alive"); it != request.query.end()) {
       Result<int64_t> ms = ParseDurationMs(it->second);
-      if (!ms.ok()) return ms.status();
+      if (!ms.ok()) {
+        return Error(Code::kInvalidArgument, "query parameter keep_alive: {}", ms.status().message());
+      }
       infer->set_keep_alive_ms(*ms);
     }
     plan.binary_output = true;

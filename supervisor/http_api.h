@@ -33,6 +33,7 @@ struct Plan {
   Kind kind = Kind::kModels;
   // Set: answered at once with this complete response (a bad request, an unknown endpoint).
   std::optional<std::string> immediate;
+  Code code = Code::kOk;  // of `immediate`, for the metrics
   v1::Envelope request;  // for the daemon (request_id set by the session)
   std::string model;     // load: whose progress to report
   bool binary_output = false;  // infer: f32 bytes out

@@ -84,12 +84,53 @@ void HttpSession::StartReading() {
       });
 }
 
+bool HttpSession::RoomToRead() const {
+  return exchanges_.size() < kMaxPipelined && pending_write_bytes() < kMaxUnreadWhileReading;
+}
+
+void HttpSession::MakeReady(Exchange& e, std::string response, Code code) {
+  e.response = std::move(response);
+  e.code = code;
+  e.ready = true;
+  held_bytes_ += e.response.size();
+}
+
+void HttpSession::EndWith(const Status& why, int status, bool linger) {
+  if (closed_) return;
+  if (!exchanges_.empty() || lingering_) return Close(why);  // answers owed come first: none
+  no_more_requests_ = true;
+  linger_ = linger;
+  Exchange e;
+  e.keep_alive = false;
+  MakeReady(e, http::ErrorResponse(why, false, status), why.code());
+  exchanges_.push_back(std::move(e));
+  Flush();
+}
+
+std::string HttpSession::PeerAddress() const {
+  if (!options_.tcp) return "";
+  sockaddr_storage addr{};
+  int len = sizeof(addr);
+  if (uv_tcp_getpeername(&handle_.tcp, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char name[64] = {};
+  if (addr.ss_family == AF_INET6) {
+    uv_ip6_name(reinterpret_cast<const sockaddr_in6*>(&addr), name, sizeof(name));
+  } else {
+    uv_ip4_name(reinterpret_cast<const sockaddr_in*>(&addr), name, sizeof(name));
+  }
+  return name;
+}
+
 void HttpSession::UpdateReading() {
-  const bool want = !closed_ && !no_more_requests_ && exchanges_.size() < kMaxPipelined &&
-                    unread_bytes_ < kMaxUnreadWhileReading;
+  const bool want = !closed_ && !no_more_requests_ && RoomToRead();
   if (closed_ || want == reading_) return;
-  if (want) StartReading();
-  else uv_read_stop(stream());
+  if (want) {
+    if (parser_.mid_request()) request_started_ms_ += uv_now(loop_) - paused_at_ms_;
+    StartReading();
+  } else {
+    uv_read_stop(stream());
+    paused_at_ms_ = uv_now(loop_);
+  }
   reading_ = want;
 }
 
@@ -145,8 +186,8 @@ void HttpSession::Consume() {
   if (consuming_) return;  // Flush below resumes reading: not from inside this loop
   consuming_ = true;
   size_t offset = 0;  // of unparsed_ taken by the parser (erased once, after the loop)
-  while (!closed_ && !no_more_requests_ && offset < unparsed_.size() &&
-         exchanges_.size() < kMaxPipelined && unread_bytes_ < kMaxUnreadWhileReading) {
+  while (!closed_ && !no_more_requests_ && offset < unparsed_.size() && RoomToRead()) {
+    if (!parser_.mid_request()) request_started_ms_ = uv_now(loop_);
     Result<size_t> taken = parser_.Feed(std::string_view(unparsed_).substr(offset));
     if (!taken.ok()) {
       // The request cannot be read: answered after the ones before it, then the connection goes.
@@ -155,9 +196,10 @@ void HttpSession::Consume() {
       offset = unparsed_.size();
       Exchange e;
       e.keep_alive = false;
-      e.response = http::ErrorResponse(taken.status(), false, parser_.status_code());
-      e.ready = true;
+      MakeReady(e, http::ErrorResponse(taken.status(), false, parser_.status_code()),
+                taken.status().code());
       exchanges_.push_back(std::move(e));
+      if (hooks_.refused) hooks_.refused(metrics::Refusal::kHttpUnreadable);
       break;
     }
     offset += *taken;
@@ -179,20 +221,28 @@ void HttpSession::Consume() {
 }
 
 void HttpSession::Handle(http::Request&& request) {
-  const bool keep_alive = request.keep_alive;
+  const bool reserve = !options_.reserve_refusal.ok();
+  const bool keep_alive = request.keep_alive && !reserve;  // a reserve place serves one request
   if (!keep_alive) no_more_requests_ = true;
   Exchange e;
   e.keep_alive = keep_alive;
   e.http11 = request.http11;
   e.head_only = request.method == "HEAD";
   e.plan = httpapi::PlanRequest(request, keep_alive);
+  if (reserve && !e.plan.immediate && e.plan.kind != httpapi::Kind::kMetrics) {
+    e.plan.immediate = http::ErrorResponse(options_.reserve_refusal, false);
+    e.plan.code = options_.reserve_refusal.code();
+    if (hooks_.refused) hooks_.refused(options_.reserve_reason);
+  } else if (e.plan.immediate && e.plan.code != Code::kOk && hooks_.refused) {
+    hooks_.refused(metrics::Refusal::kHttpInvalid);
+  }
   if (e.plan.immediate) {
-    e.response = std::move(*e.plan.immediate);
-    e.ready = true;
+    MakeReady(e, std::move(*e.plan.immediate), e.plan.code);
   } else if (e.plan.kind == httpapi::Kind::kMetrics) {
-    e.response = http::Response(200, "text/plain; version=0.0.4; charset=utf-8",
-                                hooks_.metrics ? hooks_.metrics() : "", keep_alive);
-    e.ready = true;
+    MakeReady(e,
+              http::Response(200, "text/plain; version=0.0.4; charset=utf-8",
+                             hooks_.metrics ? hooks_.metrics() : "", keep_alive),
+              Code::kOk);
   }
   if (e.ready) {
     exchanges_.push_back(std::move(e));
@@ -254,12 +304,12 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
   }
   for (Exchange& e : exchanges_) {
     if (e.ready || e.request_id != reply.request_id()) continue;
+    const Code code = reply.has_error() ? static_cast<Code>(reply.error().code()) : Code::kOk;
     if (e.streaming) {
-      e.response = http::Chunk(httpapi::FinalLoadLine(reply)) + http::LastChunk();
+      MakeReady(e, http::Chunk(httpapi::FinalLoadLine(reply)) + http::LastChunk(), code);
     } else {
-      e.response = httpapi::RenderReply(e.plan, reply, e.keep_alive);
+      MakeReady(e, httpapi::RenderReply(e.plan, reply, e.keep_alive), code);
     }
-    e.ready = true;
     break;
   }
   Flush();
@@ -269,20 +319,26 @@ void HttpSession::Flush() {
   while (!closed_ && !exchanges_.empty() && exchanges_.front().ready) {
     Exchange e = std::move(exchanges_.front());
     exchanges_.pop_front();
+    held_bytes_ -= e.response.size();
     if (e.head_only) e.response.resize(e.response.find("\r\n\r\n") + 4);
+    if (hooks_.answered) hooks_.answered(e.code);
     Write(std::move(e.response));
     if (!e.keep_alive) {
       no_more_requests_ = true;
       exchanges_.clear();  // answered nothing after a close: HTTP says no more
+      held_bytes_ = 0;
     }
   }
   if (closed_) return;
+  if (pending_write_bytes() > options_.max_unread_bytes) {
+    return Close(Error(Code::kResourceExhausted,
+                       "the client leaves {} bytes of responses unread or held behind an earlier "
+                       "request ([limits] max_unread_reply_bytes)",
+                       pending_write_bytes()));
+  }
   if (no_more_requests_ && exchanges_.empty()) return CloseWhenWritten();
   // Room again for requests held back: parse what waits and read on.
-  if (!reading_ && !no_more_requests_ && exchanges_.size() < kMaxPipelined &&
-      unread_bytes_ < kMaxUnreadWhileReading) {
-    Consume();
-  }
+  if (!reading_ && !no_more_requests_ && RoomToRead()) Consume();
 }
 
 void HttpSession::Write(std::string bytes) {
@@ -300,15 +356,16 @@ void HttpSession::Write(std::string bytes) {
     if (self->closed_) return;
     if (status != 0) return self->Close(Error(Code::kUnavailable, "write: {}", uv_strerror(status)));
     if (self->no_more_requests_ && self->exchanges_.empty()) return self->CloseWhenWritten();
-    if (!self->reading_ && self->unread_bytes_ < kMaxUnreadWhileReading) self->Consume();
+    if (!self->reading_ && self->RoomToRead()) self->Consume();
   });
   if (rc != 0) {
     unread_bytes_ -= w->bytes.size();
     delete w;
     return Close(Error(Code::kUnavailable, "write: {}", uv_strerror(rc)));
   }
-  if (unread_bytes_ > options_.max_unread_bytes) {
-    Close(Error(Code::kResourceExhausted, "the client leaves {} bytes of responses unread", unread_bytes_));
+  if (pending_write_bytes() > options_.max_unread_bytes) {
+    Close(Error(Code::kResourceExhausted, "the client leaves {} bytes of responses unread",
+                pending_write_bytes()));
   }
 }
 

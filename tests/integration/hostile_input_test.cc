@@ -224,7 +224,7 @@ TEST_F(HostileInputTest, OneConnectionOverItsRequestLimitDoesNotDisturbOthers) {
 
 TEST_F(HostileInputTest, ConnectionsOverTheLimitAreToldWhyAndOthersKeepServing) {
   MakeModel("m", "8,4");
-  StartDaemon("[limits]\nmax_connections = 3\n");
+  StartDaemon("[limits]\nmax_connections = 3\nmax_connections_per_peer = 3\n");  // one user: all
   std::vector<std::unique_ptr<client::Client>> held;
   for (int i = 0; i < 3; i++) {
     held.push_back(Connect());

@@ -1,12 +1,17 @@
-// The HTTP layer without sockets: the parser (pieces, pipelining, limits, garbage), the sniffing
-// of a connection's first bytes, and the API's translation of requests and replies.
+// The HTTP layer: the parser (pieces, pipelining, limits, garbage), the sniffing of a
+// connection's first bytes, the numbers clients write, and the API's translation of requests and
+// replies, all without sockets; and one HTTP session on a socketpair, for the bytes it holds.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <string>
 
+#include "http/numbers.h"
 #include "http/request_parser.h"
 #include "http/response.h"
 #include "supervisor/http_api.h"
+#include "supervisor/http_session.h"
 
 namespace warmpool {
 namespace {
@@ -267,6 +272,152 @@ TEST(HttpApiTest, RepliesRender) {
   auto infer = PlanRequest(Req("POST", "/v1/models/m/infer", "[[1]]"), true);
   text = supervisor::httpapi::RenderReply(infer, out, true);
   EXPECT_NE(text.find(R"({"batch_rows":1,"output":[[1.5,-2.0]]})"), std::string::npos) << text;
+}
+
+TEST(HttpNumbersTest, OnlyDecimalDigitsAllOfThemWithinTheRange) {
+  EXPECT_EQ(*http::ParseDecimal("0", "x", 0, 10), 0u);
+  EXPECT_EQ(*http::ParseDecimal("10", "x", 0, 10), 10u);
+  EXPECT_EQ(*http::ParseDecimal("007", "x", 0, 10), 7u);
+  EXPECT_EQ(*http::ParseDecimal("4294967295", "x", 0, UINT32_MAX), 4294967295u);
+  EXPECT_EQ(*http::ParseDecimal("18446744073709551615", "x", 0, UINT64_MAX), UINT64_MAX);
+  for (const char* bad : {"", "abc", "-5", "+5", " 5", "5 ", "12x", "0x10", "1e3", "1.5", "4294967296",
+                          "18446744073709551616", "99999999999999999999999", "\t5", "5\n"}) {
+    Result<uint64_t> r = http::ParseDecimal(bad, "query parameter deadline_ms", 0, UINT32_MAX);
+    ASSERT_FALSE(r.ok()) << "\"" << bad << "\" was taken as " << *r;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("query parameter deadline_ms must be an integer from 0 to 4294967295"),
+              std::string::npos) << r.status().message();
+  }
+  EXPECT_FALSE(http::ParseDecimal("0", "rows", 1, 10).ok());
+  EXPECT_FALSE(http::ParseDecimal("11", "rows", 1, 10).ok());
+  // What the client sent is quoted bounded and printable.
+  std::string message = http::ParseDecimal(std::string(100, '\x01'), "x", 0, 1).status().message();
+  EXPECT_LT(message.size(), 120u) << message;
+  EXPECT_EQ(message.find('\x01'), std::string::npos);
+}
+
+TEST(HttpApiTest, NumbersInQueryParametersAndHeadersAreCheckedStrictly) {
+  std::string bytes(8, '\0');
+  auto binary = [&](std::string query_deadline, std::string rows_header) {
+    http::Request r = Req("POST", "/v1/models/m/infer", bytes, {{"content-type", "application/octet-stream"}});
+    if (!rows_header.empty()) r.headers["x-warmpool-rows"] = rows_header;
+    else r.query["rows"] = "1";
+    r.query["deadline_ms"] = query_deadline;
+    return PlanRequest(r, true);
+  };
+  auto good = binary("250", "1");
+  ASSERT_FALSE(good.immediate.has_value()) << *good.immediate;
+  EXPECT_EQ(good.request.infer().deadline_ms(), 250u);
+  EXPECT_EQ(binary("4294967295", "2").request.infer().deadline_ms(), 4294967295u);
+  for (const char* bad : {"abc", "-5", "12x", "4294967296", "", "+5", " 5"}) {
+    auto plan = binary(bad, "1");
+    ASSERT_TRUE(plan.immediate.has_value()) << "deadline_ms=" << bad << " was served";
+    EXPECT_EQ(plan.code, Code::kInvalidArgument);
+    EXPECT_NE(plan.immediate->find("HTTP/1.1 400 "), std::string::npos) << *plan.immediate;
+    EXPECT_NE(plan.immediate->find("query parameter deadline_ms must be an integer from 0 to 4294967295"),
+              std::string::npos) << *plan.immediate;
+  }
+  for (const char* bad : {"abc", "-1", "2x", "0", "4294967296", "+2", " 2"}) {
+    auto plan = binary("1", bad);
+    ASSERT_TRUE(plan.immediate.has_value()) << "X-Warmpool-Rows: " << bad << " was served";
+    EXPECT_NE(plan.immediate->find("header X-Warmpool-Rows must be an integer from 1 to 4294967295"),
+              std::string::npos) << *plan.immediate;
+  }
+  http::Request r = Req("POST", "/v1/models/m/infer", bytes, {{"content-type", "application/octet-stream"}});
+  r.query["rows"] = "2x";
+  EXPECT_NE(PlanRequest(r, true).immediate->find("query parameter rows must be"), std::string::npos);
+  r.query["rows"] = "2";
+  r.query["keep_alive"] = "soon";
+  EXPECT_NE(PlanRequest(r, true).immediate->find("query parameter keep_alive"), std::string::npos);
+}
+
+// One HTTP session on a socketpair and a loop of its own: what it holds for the client.
+class HttpSessionBytesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    uv_loop_init(&loop_);
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds_), 0);
+  }
+  void TearDown() override {
+    if (session_ != nullptr && !closed_) session_->Close(OkStatus());
+    uv_run(&loop_, UV_RUN_NOWAIT);
+    close(fds_[1]);
+    uv_loop_close(&loop_);
+  }
+  void Open(uint64_t max_unread) {
+    supervisor::HttpSession::Options options;
+    options.max_unread_bytes = max_unread;
+    supervisor::HttpSession::Hooks hooks;
+    hooks.request = [this](v1::Envelope&& e, bool) { requests_.push_back(std::move(e)); };
+    hooks.closed = [this](const Status& why) {
+      closed_ = true;
+      why_ = why;
+    };
+    hooks.answered = [this](Code) { answered_++; };
+    session_ = supervisor::HttpSession::OpenPipe(&loop_, fds_[0], options, hooks);
+    ASSERT_NE(session_, nullptr);
+  }
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(write(fds_[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    for (int i = 0; i < 10; i++) uv_run(&loop_, UV_RUN_NOWAIT);
+  }
+  v1::Envelope Reply(uint64_t id, size_t bytes) {
+    v1::Envelope reply;
+    reply.set_request_id(id);
+    reply.mutable_infer_reply()->mutable_output()->set_rows(1);
+    reply.mutable_infer_reply()->mutable_output()->set_cols(static_cast<uint32_t>(bytes / 4));
+    reply.mutable_infer_reply()->mutable_output()->set_data(std::string(bytes, '\0'));
+    return reply;
+  }
+
+  uv_loop_t loop_{};
+  int fds_[2] = {-1, -1};
+  supervisor::HttpSession* session_ = nullptr;
+  std::vector<v1::Envelope> requests_;
+  bool closed_ = false;
+  Status why_;
+  int answered_ = 0;
+};
+
+std::string BinaryInfer() {
+  return "POST /v1/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Type: application/octet-stream\r\n"
+         "X-Warmpool-Rows: 1\r\nContent-Length: 4\r\n\r\nabcd";
+}
+
+TEST_F(HttpSessionBytesTest, RepliesHeldBehindASlowFirstRequestCountAsUnread) {
+  Open(/*max_unread=*/1 << 20);
+  std::string pipelined;
+  for (int i = 0; i < 4; i++) pipelined += BinaryInfer();
+  Send(pipelined);
+  ASSERT_EQ(requests_.size(), 4u);
+  // The first is slow; the later ones are answered, held in order behind it.
+  session_->OnReply(Reply(requests_[1].request_id(), 300 << 10));
+  EXPECT_GE(session_->held_bytes(), 300u << 10);
+  EXPECT_EQ(session_->pending_write_bytes(), session_->held_bytes());
+  session_->OnReply(Reply(requests_[2].request_id(), 300 << 10));
+  EXPECT_GE(session_->pending_write_bytes(), 600u << 10);
+  EXPECT_FALSE(closed_);
+  EXPECT_EQ(answered_, 0);  // nothing written: the first is not answered
+  // The next one takes what the client makes the daemon hold past its bound: cut off.
+  session_->OnReply(Reply(requests_[3].request_id(), 500 << 10));
+  EXPECT_TRUE(closed_);
+  EXPECT_EQ(why_.code(), Code::kResourceExhausted) << why_.ToString();
+  EXPECT_NE(why_.message().find("held behind an earlier request"), std::string::npos) << why_.ToString();
+  session_ = nullptr;
+}
+
+TEST_F(HttpSessionBytesTest, HeldRepliesMoveToWrittenWhenTheFirstIsAnswered) {
+  Open(/*max_unread=*/64 << 20);
+  Send(BinaryInfer() + BinaryInfer());
+  ASSERT_EQ(requests_.size(), 2u);
+  session_->OnReply(Reply(requests_[1].request_id(), 100 << 10));
+  const uint64_t held = session_->held_bytes();
+  EXPECT_GE(held, 100u << 10);
+  session_->OnReply(Reply(requests_[0].request_id(), 10));
+  EXPECT_EQ(session_->held_bytes(), 0u);
+  EXPECT_EQ(answered_, 2);
+  // Written now (or taken by the socket): whatever is left counts, and nothing twice.
+  EXPECT_LE(session_->pending_write_bytes(), held + 1024);
 }
 
 TEST(HttpResponseTest, Chunks) {
