@@ -416,6 +416,9 @@ void Daemon::Execute(Action& a) {
           if (act.allocates != 0) OfferFreedMemory(act.slot, act.job, act.allocates);
           // A worker that is not ready is dying: its death fails the job.
           workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
+          // The channel sends duplicates: the model file opened for this frame is the shell's to
+          // close (the other handles are the core's).
+          if (!act.model_file.empty()) close(act.handles.front());
         } else if constexpr (std::is_same_v<A, action::SpawnWorker>) {
           int pid = workers_->Spawn(act.slot, act.generation);
           if (pid > 0) pending_.push_back(event::WorkerSpawned{act.slot, act.generation, pid});

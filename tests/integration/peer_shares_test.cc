@@ -110,6 +110,19 @@ const char kScrape[] = "GET /metrics HTTP/1.1\r\nHost: warmpool\r\nConnection: c
 
 class PeerSharesTest : public DaemonTest {
  protected:
+  // A test ends with its connections closed by this process, but the daemon learns of each close
+  // on a later turn of its loop: until then they still count against this uid's share, and the
+  // fixture's teardown (which checks the daemon as this uid) would be refused. Wait for that.
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      for (int i = 0; i < 200; i++) {
+        auto c = client::Client::Connect(socket_);
+        if (c.ok() && (*c)->GetStatus().ok()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    DaemonTest::TearDown();
+  }
   // `warmpool status` as another user (nobody); its exit status, and what it said on stderr.
   int StatusAsNobody(std::string* err) {
     std::string cli = dir_ + "/warmpool-cli";
