@@ -591,8 +591,7 @@ bool Daemon::OpenModelFile(action::SendToWorker& send) {
   v1::WorkerLoadDone* done = e.message.mutable_load_done();
   done->set_job(send.job);
   ipc::SetError(done->mutable_error(), file.status());
-  for (int h : send.handles) close(h);
-  pending_.push_back(std::move(e));
+  pending_.push_back(std::move(e));  // any other handle of the frame stays the core's
   return false;
 }
 

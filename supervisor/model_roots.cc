@@ -183,8 +183,12 @@ Result<ModelFile> ModelRoots::OpenResolved(const std::string& real) const {
                    "model again to resolve it anew",
                    real);
     }
-    return Error(err == EACCES ? Code::kPermissionDenied : Code::kInvalidArgument,
-                 "model file {} cannot be opened: {}", real, std::strerror(err));
+    // Out of descriptors or memory is the daemon's state, not the model's: RESOURCE_EXHAUSTED
+    // fails the requests waiting without putting a healthy model into a failed cooldown.
+    const Code code = err == EACCES                                      ? Code::kPermissionDenied
+                      : err == EMFILE || err == ENFILE || err == ENOMEM ? Code::kResourceExhausted
+                                                                          : Code::kInvalidArgument;
+    return Error(code, "model file {} cannot be opened: {}", real, std::strerror(err));
   }
   ModelFile file(fd, real, {});
   struct stat st{};
