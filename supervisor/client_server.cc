@@ -2,6 +2,8 @@
 // client_listen.cc, accepting client_accept.cc, the shares of each peer peer_limits.h.
 #include "supervisor/client_server.h"
 
+#include <sys/ioctl.h>
+
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -84,7 +86,9 @@ void ClientServer::CloseSlowStarters() {
     // trickles a byte now and then must not hold a connection (or a reserve place) for ever.
     const bool reserve_late = s.admission == Admission::kReserve && now - s.accepted_ms >= kReserveTimeoutMs;
     if (s.sniff_fd >= 0) {
-      if (reserve_late || now - s.accepted_ms >= bound) slow.push_back(id);
+      int waiting = 0;
+      if (s.first_byte_ms == 0 && ioctl(s.sniff_fd, FIONREAD, &waiting) == 0 && waiting > 0) s.first_byte_ms = now;
+      if (reserve_late || (s.first_byte_ms != 0 && now - s.first_byte_ms >= bound)) slow.push_back(id);
     } else if (s.connection != nullptr) {
       const uint64_t started = s.connection->frame_started_ms();
       if (reserve_late || (started != 0 && now - started >= bound)) slow.push_back(id);

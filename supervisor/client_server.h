@@ -197,6 +197,9 @@ class ClientServer {
     // Handed to the daemon, not yet answered: request id -> bytes counted against the peer.
     std::unordered_map<uint64_t, uint64_t> outstanding;
     uint64_t accepted_ms = 0;
+    // While its protocol is not known yet: when its first byte was seen waiting (0: none yet). A
+    // connection that has sent nothing is idle, not slow: only idle_timeout closes it.
+    uint64_t first_byte_ms = 0;
     uint64_t last_active_ms = 0;
     uint64_t Unread() const;
     void Close(const Status& why);

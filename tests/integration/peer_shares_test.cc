@@ -228,6 +228,16 @@ TEST_F(PeerSharesTest, AMetricsScrapeSucceedsWhileOnePeerHasSpentItsShare) {
   for (int fd : silent) close(fd);
 }
 
+// The bound is on a request's arrival, from its first byte: a client that connects and sends its
+// first request later (a connection pool, a client made long before it is used) is idle, not slow.
+TEST_F(PeerSharesTest, AConnectionThatSendsItsFirstRequestAfterTheBoundIsServed) {
+  StartDaemon("[limits]\nrequest_read_timeout = \"500ms\"\n");
+  auto c = Connect();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  auto status = c->GetStatus();
+  EXPECT_TRUE(status.ok()) << status.status().ToString();
+}
+
 TEST_F(PeerSharesTest, ARequestTrickledAByteAtATimeIsCutOffAfterTheBound) {
   StartDaemon("[limits]\nrequest_read_timeout = \"1s\"\n");
   // HTTP: a header line that never ends, a byte every 200 ms.
