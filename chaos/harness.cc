@@ -486,8 +486,11 @@ void Harness::KillAndRestart(Checks& checks, bool warm) {
   RememberWorkers();
   std::set<pid_t> workers = workers_seen_;
   daemon_->Kill();
+  // SIGKILL by PR_SET_PDEATHSIG is immediate, but the exit itself (unmapping the weights, a
+  // sanitizer's shadow memory) waits for a CPU that a loaded machine may not give for seconds: the
+  // promise is that they exit, not how fast, so the bound is generous and the loop ends early.
   bool gone = false;
-  for (int i = 0; i < 200 && !gone; i++) {
+  for (int i = 0; i < 2000 && !gone; i++) {
     gone = true;
     for (pid_t pid : workers) gone = gone && kill(pid, 0) != 0;
     if (!gone) Sleep(10);

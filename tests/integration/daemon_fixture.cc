@@ -148,8 +148,9 @@ void DaemonTest::KillDaemon() {
   if (!daemon_) return;
   daemon_->Kill();
   // Its workers die with it (PR_SET_PDEATHSIG) and are reaped by whoever inherits them: give that
-  // a moment, as a service manager's restart would take.
-  for (int i = 0; i < 200; i++) {
+  // a moment, as a service manager's restart would take. The exit can wait seconds for a CPU on a
+  // loaded machine: the bound is generous and the loop ends as soon as they are gone.
+  for (int i = 0; i < 2000; i++) {
     bool any = false;
     for (pid_t pid : seen_workers_) any = any || !ProcessGone(pid);
     if (!any) break;
