@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   app.add_option("--instance", options.instance, "instance name of that daemon (for its segment)");
   app.add_option("--victim", options.victim, "live daemon: model to inject faults into");
   app.add_option("--bystander", options.bystander, "live daemon: model that must keep serving");
-  app.add_option("--daemon", options.daemon_path, "warmpoold to start (default: next to this binary)");
+  app.add_option("--daemon", options.daemon_path, "warmpoold to start (default: $WARMPOOL_BIN_DIR/warmpoold, else next to this binary)");
   app.add_option("--backend", options.backend, "own daemon: warmpoold --backend (auto, host or cuda)")
       ->check(CLI::IsMember({"auto", "host", "cuda"}));
   app.add_option("--scenario", only, "run scenarios whose name contains this (repeatable)");
@@ -87,7 +88,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: INVALID_ARGUMENT: with --socket also pass --instance, --victim and --bystander\n");
     return 2;
   }
-  if (options.daemon_path.empty()) options.daemon_path = warmpool::NextToSelf("warmpoold");
+  if (options.daemon_path.empty()) {
+    // As the integration tests: WARMPOOL_BIN_DIR names other programs to run (the sanitizer pass).
+    const char* dir = std::getenv("WARMPOOL_BIN_DIR");
+    options.daemon_path = dir != nullptr && *dir != '\0' ? std::string(dir) + "/warmpoold"
+                                                          : warmpool::NextToSelf("warmpoold");
+  }
   signal(SIGPIPE, SIG_IGN);
 
   Harness harness(options);

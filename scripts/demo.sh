@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job on the embedded defaults: build, start warmpoold, write two demo models, load them,
-# run inference, show what is loaded, stop. Everything happens in a temporary directory.
+# The main job on the embedded defaults: build the product (not the tests: scripts/test.sh does),
+# start warmpoold, write two demo models, load them, run inference, show what is loaded, stop.
+# Everything but the build happens in a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$(nproc)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_TESTS=OFF >/dev/null
+cmake --build build -j"$(nproc)" --target product
 bin=$PWD/build/bin
 
 work=$(mktemp -d)
@@ -36,3 +37,13 @@ echo '[[0.5, -1, 0.25, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 "$bin/warmpool" infer encoder --random 1 --json | head -c 200; echo
 "$bin/warmpool" ps
 "$bin/warmpool" status
+set +x
+
+cat <<'NEXT'
+
+The demo's daemon stops with this script. To go on yourself (README.md, Quick start):
+  build/bin/warmpoold --help            the daemon's options; docs/configuration.md for its file
+  build/bin/warmpool --help             every command: models, load, infer, ps, top, unload, ...
+  build/bin/warmpool-mkmodel --help     make more models to serve
+  ./scripts/test.sh                     build and run the whole test suite (about 20 minutes)
+NEXT

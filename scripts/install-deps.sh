@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages warmpool builds with, when any is missing. Nothing is downloaded
-# at build or run time; this is the only step that needs the package archive.
+# Installs the Debian 12 packages warmpool needs, when any is missing. Nothing is downloaded at
+# build or run time; this is the only step that needs the package archive.
+#   scripts/install-deps.sh          what building and running the product needs (scripts/demo.sh)
+#   scripts/install-deps.sh --test   and the test tools (scripts/test.sh): GoogleTest, clang for the
+#                                    fuzz targets, pytest, Prometheus, tmux, systemd's analyzers
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
   libboost-dev libuv1-dev libprotobuf-dev protobuf-compiler libfmt-dev libspdlog-dev
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev libgtest-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev
   ocl-icd-opencl-dev  # dnnl's CMake package looks for OpenCL (only recommended by libdnnl-dev)
-  libsystemd-dev systemd clang libclang-rt-14-dev libomp-dev  # libomp: the fuzz build (clang) with OpenMP
-  python3  # scripts/gpu-check.sh writes its summary with it
-  libhttp-parser-dev  # the HTTP/JSON API's request parser
-  python3-protobuf python3-numpy python3-pytest python3-setuptools python3-wheel python3-pip python3-venv  # python/ and its tests
-  prometheus curl tmux  # tests: a real Prometheus scrapes warmpoold; curl examples; `warmpool top` under tmux
+  libsystemd-dev      # sd_notify and socket activation
+  libhttp-parser-dev  # the HTTP API's request parser
+  python3 python3-protobuf python3-numpy python3-setuptools python3-wheel python3-pip python3-venv  # python/
+  curl                # the quick start's HTTP example
 )
+case "${1:-}" in
+  "") ;;
+  --test)
+    packages+=(
+      libgtest-dev
+      clang libclang-rt-14-dev libomp-dev  # the fuzz targets (libFuzzer), with OpenMP for oneDNN
+      python3-pytest
+      systemd             # systemd-analyze verify of the units
+      prometheus tmux     # a real Prometheus scrapes warmpoold; `warmpool top` under tmux
+    ) ;;
+  -h | --help) sed -n '2,6p' "$0"; exit 0 ;;
+  *) echo "usage: $0 [--test]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

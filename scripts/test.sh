@@ -1,20 +1,68 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, and runs every test twice — a normal
-# build and an AddressSanitizer + UndefinedBehaviorSanitizer build.
+# The whole test suite (docs/testing.md); installs what is missing first.
+#   1. A normal build of everything, and every test.
+#   2. A sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) of the product, the unit
+#      tests and the simulator. The unit tests and the simulator run under the sanitizers; then the
+#      daemon-level tests of pass 1 (integration, chaos) run again against its programs. Any report a
+#      sanitizer writes, in any process, fails the pass.
+#   3. A short bounded run of each libFuzzer target (scripts/fuzz.sh).
+# Usage:
+#   scripts/test.sh            all of it (CI runs exactly this)
+#   scripts/test.sh --quick    pass 1 without the tests labelled slow: the edit loop
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh
+
+quick=0
+case "${1:-}" in
+  "") ;;
+  --quick) quick=1 ;;
+  -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+  *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
+
+stage() { printf '\n=== %s (at %d s)\n' "$1" "$SECONDS"; }
+
+stage "packages"
+./scripts/install-deps.sh --test
 
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# Most tests wait on sockets and child processes rather than compute: run twice as many as CPUs.
+test_jobs=$((2 * jobs))
+
+stage "pass 1: normal build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure -j"$jobs"
+stage "pass 1: tests"
+if ((quick)); then
+  ctest --test-dir build --output-on-failure -j"$test_jobs" -LE slow
+  stage "done (quick)"
+  exit 0
+fi
+ctest --test-dir build --output-on-failure -j"$test_jobs"
 
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWARMPOOL_SANITIZE=ON
-cmake --build build-asan -j"$jobs"
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir build-asan --output-on-failure -j"$jobs"
+stage "pass 2: sanitizer build"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWARMPOOL_SANITIZE=ON \
+  -DWARMPOOL_BUILD_TESTS=ON >/dev/null
+cmake --build build-asan -j"$jobs" --target sanitizer_pass
+# Reports go to files, so that one written by a worker or an owner (whose crash the daemon survives
+# by design) is seen too.
+reports=$(mktemp -d "${TMPDIR:-/tmp}/warmpool-sanitizer-reports.XXXXXX")
+trap 'rm -rf "$reports"' EXIT
+asan="detect_leaks=1:abort_on_error=1:strict_string_checks=1:log_path=$reports/asan"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+stage "pass 2: unit tests and the simulator under the sanitizers"
+ASAN_OPTIONS=$asan ctest --test-dir build-asan --output-on-failure -j"$jobs" || failed=1
+stage "pass 2: daemon-level tests against the sanitizer build's programs"
+# handle_segv=0: the fault tests crash workers on purpose (SIGSEGV); that is not a finding.
+ASAN_OPTIONS=$asan:handle_segv=0 WARMPOOL_BIN_DIR=$PWD/build-asan/bin \
+  ctest --test-dir build --output-on-failure -j"$test_jobs" -L daemon || failed=1
+if [ -n "$(ls -A "$reports")" ]; then
+  echo "sanitizer reports:"
+  for f in "$reports"/*; do echo "--- $(basename "$f")"; head -60 "$f"; done
+  failed=1
+fi
+[ -z "${failed:-}" ] || { echo "pass 2 failed" >&2; exit 1; }
 
-# libFuzzer targets (fuzz/README.md): a short bounded run of each; fails on any crash or sanitizer report.
+stage "pass 3: fuzz targets"
 ./scripts/fuzz.sh
+stage "done"

@@ -27,7 +27,12 @@ namespace warmpool::testing {
 
 namespace fs = std::filesystem;
 
-std::string BinDir() { return WARMPOOL_BIN_DIR; }
+// The programs under test: this build's, or those WARMPOOL_BIN_DIR names (the sanitizer pass runs
+// these tests against the sanitizer build's programs; the GPU check against its bundle's).
+std::string BinDir() {
+  const char* dir = std::getenv("WARMPOOL_BIN_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : WARMPOOL_BIN_DIR;
+}
 
 namespace {
 

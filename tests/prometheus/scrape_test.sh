@@ -7,7 +7,7 @@ set -euo pipefail
 bin=$1
 src=$2
 python=/usr/bin/python3
-command -v prometheus >/dev/null || { echo "prometheus is not installed (scripts/install-deps.sh)"; exit 1; }
+command -v prometheus >/dev/null || { echo "prometheus is not installed (scripts/install-deps.sh --test)"; exit 1; }
 
 work=$(mktemp -d)
 pids=()
