@@ -3,7 +3,8 @@
 # build or run time; this is the only step that needs the package archive.
 #   scripts/install-deps.sh          what building and running the product needs (scripts/demo.sh)
 #   scripts/install-deps.sh --test   and the test tools (scripts/test.sh): GoogleTest, clang for the
-#                                    fuzz targets, pytest, Prometheus, tmux, systemd's analyzers
+#                                    fuzz targets, pytest, Prometheus, tmux, systemd's analyzers,
+#                                    groff and mandoc
 set -euo pipefail
 
 packages=(
@@ -25,6 +26,7 @@ case "${1:-}" in
       python3-pytest
       systemd             # systemd-analyze verify of the units
       prometheus tmux     # a real Prometheus scrapes warmpoold; `warmpool top` under tmux
+      groff-base mandoc   # the man pages render without a warning (tests/docs/man_pages_test.sh)
     ) ;;
   -h | --help) sed -n '2,6p' "$0"; exit 0 ;;
   *) echo "usage: $0 [--test]" >&2; exit 2 ;;
