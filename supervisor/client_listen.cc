@@ -163,7 +163,7 @@ Status ClientServer::ListenTcp(const std::string& address) {
                  "cannot listen on {}: {} ([http] listen){}", address, uv_strerror(rc),
                  rc == UV_EAFNOSUPPORT || rc == UV_EADDRNOTAVAIL
                      ? "; under the shipped warmpool.service the network is off: install the "
-                       "drop-in warmpool-http.conf (see the README)"
+                       "drop-in warmpool-http.conf (see docs/metrics.md)"
                      : "");
   }
   tcp_listening_ = true;

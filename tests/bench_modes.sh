@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every mode of warmpool-bench, briefly: each must run to the end and print one JSON object with
-# the fields its README section quotes. The figures themselves are not checked (no timed
+# the fields docs/benchmarks.md quotes. The figures themselves are not checked (no timed
 # assertions); this only keeps a mode from breaking unseen.
 set -euo pipefail
 bench=$1
@@ -34,3 +34,4 @@ run compute mode,batches --compute --layers 64,256,32 --batches 1,17 --rounds 2
 run batching batched,unbatched,batched_vs_unbatched --batching --clients 2 --requests 40 --rounds 1 --layers 64,128,64
 run regions memcpy,region,in-place,frames,ratio_region_vs_memcpy --regions --payload-mib 2 --iterations 2
 run restart mode,warm,cold,cold_vs_warm --restart --iterations 1 --model-mib 4
+run switch mode,switch_ms,cat_ms,cat_vs_switch --switch --iterations 2 --model-mib 4

@@ -5,7 +5,7 @@
 // or munmap per request. Only the slices requests name are populated (one pass over their page
 // tables), so a worker never faults in more of a client's memory than its requests use; a 2 MiB
 // piece a slice covers whole is populated once, not at every request (walking page tables that
-// are there already, at every request, cost about as much as the echo itself: README "Large tensors").
+// are there already, at every request, cost about as much as the echo itself: docs/benchmarks.md, "Large tensors").
 // A mapping lasts until the supervisor says the region is gone (WorkerRegionsGone: removed, or its
 // client left), or until it is the least recently used of more than kMaxMapped.
 //
