@@ -83,7 +83,7 @@ void Core::Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<
 
 void Core::SendAllocating(uint32_t worker, const v1::WorkerEnvelope& message, uint64_t job, uint64_t bytes,
                           std::vector<int> handles) {
-  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), bytes, job});
+  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), bytes, job, {}});
 }
 
 void Core::Close(int handle) {
