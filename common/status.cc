@@ -2,6 +2,8 @@
 
 namespace warmpool {
 
+// The names of ipc/codes.h, which common/ cannot include (it is below ipc/ in the link order):
+// tests/unit/wire_tables_test.cc holds the two together.
 std::string_view CodeName(Code code) {
   switch (code) {
     case Code::kOk: return "OK";

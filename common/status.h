@@ -12,7 +12,8 @@
 
 namespace warmpool {
 
-// Values match warmpool.v1.Code on the wire.
+// Values match warmpool.v1.Code on the wire. ipc/codes.h is the table of what each code becomes at
+// every boundary (name, HTTP status, CLI exit, Python exception); a new code is added there too.
 enum class Code : int {
   kOk = 0,
   kNotFound = 1,

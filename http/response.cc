@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "ipc/codes.h"
+
 namespace warmpool::http {
 
 std::string_view Reason(int status) {
@@ -26,20 +28,9 @@ std::string_view Reason(int status) {
   return "Unknown";
 }
 
-int StatusFor(Code code) {
-  switch (code) {
-    case Code::kOk: return 200;
-    case Code::kNotFound: return 404;
-    case Code::kInvalidArgument: return 400;
-    case Code::kResourceExhausted: return 429;
-    case Code::kUnavailable: return 503;
-    case Code::kDeadlineExceeded: return 504;
-    case Code::kFailedPrecondition: return 409;
-    case Code::kPermissionDenied: return 403;
-    case Code::kInternal: return 500;
-  }
-  return 500;
-}
+// The codes' table (ipc/codes.h) holds the mapping, so that the HTTP API, the CLI and the clients
+// cannot disagree on it.
+int StatusFor(Code code) { return ipc::HttpStatusOf(code); }
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <optional>
 
+#include "common/status.h"
 #include "shm/model_index.h"
 #include "shm/seqlock.h"
 
@@ -14,9 +15,6 @@ namespace {
 
 constexpr std::array<const char*, static_cast<size_t>(shm::RequestKind::kCount)> kKinds = {
     "infer", "load", "unload", "pin", "register"};
-constexpr std::array<const char*, shm::kCodes> kCodeNames = {
-    "OK",         "NOT_FOUND",           "INVALID_ARGUMENT",  "RESOURCE_EXHAUSTED", "UNAVAILABLE",
-    "DEADLINE_EXCEEDED", "FAILED_PRECONDITION", "PERMISSION_DENIED", "INTERNAL"};
 constexpr std::array<const char*, static_cast<size_t>(shm::LoadSource::kCount)> kSources = {
     "file", "attach", "unpark"};
 constexpr std::array<const char*, static_cast<size_t>(shm::ReleaseReason::kCount)> kReasons = {
@@ -115,7 +113,7 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
         // Every kind's OK series always, the rest once they happened: fewer series, no gaps in rates.
         if (n == 0 && c != 0) continue;
         w.Sample("warmpool_model_requests_total",
-                 fmt::format("{},request=\"{}\",code=\"{}\"", m.label, kKinds[k], kCodeNames[c]),
+                 fmt::format("{},request=\"{}\",code=\"{}\"", m.label, kKinds[k], CodeName(static_cast<Code>(c))),
                  static_cast<double>(n));
       }
     }

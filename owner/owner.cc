@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ipc/error_proto.h"
+#include "ipc/exit_status.h"
 
 namespace warmpool::owner {
 
@@ -55,9 +56,9 @@ int DeviceOwner::Run() {
     v1::OwnerEnvelope message;
     Status s = channel_.Read(message);
     if (!s.ok()) {
-      if (s.code() == Code::kUnavailable) return 0;  // the supervisor closed the channel
+      if (s.code() == Code::kUnavailable) return ipc::kChildStopped;  // the supervisor closed the channel
       spdlog::error("owner of device {}: bad message from the supervisor: {}", options_.device, s.ToString());
-      return 1;
+      return ipc::kChildFailed;
     }
     switch (message.body_case()) {
       case v1::OwnerEnvelope::kAllocate: Allocate(message.allocate()); break;
@@ -65,7 +66,7 @@ int DeviceOwner::Run() {
       default:
         spdlog::error("owner of device {}: unexpected message {} from the supervisor", options_.device,
                       static_cast<int>(message.body_case()));
-        return 1;
+        return ipc::kChildFailed;
     }
   }
 }

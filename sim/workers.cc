@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ipc/error_proto.h"
 #include "ipc/file_version_proto.h"
 #include "ipc/framing.h"
 #include "shm/seqlock.h"
@@ -232,7 +233,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
   v1::WorkerEnvelope reply;
   const v1::WorkerEnvelope& m = work.message;
   auto set_error = [](v1::Error* e, Code code, const std::string& text) {
-    e->set_code(static_cast<v1::Code>(static_cast<int>(code)));
+    e->set_code(ipc::ToProto(code));
     e->set_message(text);
   };
   if (m.has_load()) {

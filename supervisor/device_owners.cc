@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "ipc/descriptors.h"
+#include "ipc/exit_status.h"
 #include "ipc/framing.h"
 #include "supervisor/child_process.h"
 
@@ -106,9 +108,7 @@ bool DeviceOwners::Start(uint32_t device) {
           self->ready = true;
           if (events_.on_ready) events_.on_ready(self->device, message.hello());
         } else if (message.has_allocated()) {
-          int fd = message.allocated().has_error() || !message.allocated().ipc_handle().empty()
-                       ? -1
-                       : self->channel->TakeFd();
+          const int fd = ipc::DescriptorsCarried(message) > 0 ? self->channel->TakeFd() : -1;
           if (events_.on_allocated) events_.on_allocated(self->device, message.allocated(), fd);
           else if (fd >= 0) close(fd);
         }
@@ -133,7 +133,7 @@ void DeviceOwners::OnExit(Owner& o, int64_t exit_status, int term_signal) {
     if (channel != nullptr) channel->Close(OkStatus());
   }
   o.process.reset();
-  if (!shutting_down_ && events_.on_death) events_.on_death(o.device, why, term_signal == 0 && exit_status == 2);
+  if (!shutting_down_ && events_.on_death) events_.on_death(o.device, why, ipc::IsFatalExit(exit_status, term_signal));
 }
 
 bool DeviceOwners::Send(uint32_t device, const v1::OwnerEnvelope& message) {

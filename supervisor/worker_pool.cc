@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "ipc/exit_status.h"
 #include "ipc/framing.h"
 #include "supervisor/child_process.h"
 
@@ -188,7 +189,7 @@ void WorkerPool::OnExit(uint32_t slot, int64_t exit_status, int term_signal) {
     channel->Close(OkStatus());
   }
   w.process.reset();
-  bool fatal = term_signal == 0 && exit_status == 2;
+  const bool fatal = ipc::IsFatalExit(exit_status, term_signal);
   if (events_.on_death) events_.on_death(slot, w.generation, why, exit_code, fatal);
   if (shutting_down_) MaybeFinishShutdown();
 }

@@ -3,7 +3,13 @@
 Every error the daemon answers becomes a :class:`WarmpoolError` subclass named after its code;
 ``str(error)`` is ``CODE: message``, the same text the ``warmpool`` CLI prints after ``error:``.
 Connection failures (no daemon, a closed connection, a broken frame) raise :class:`Unavailable`.
+
+The classes are written out (users import them by name and read their docstrings); which number
+and name each answers to comes from the generated proto module, and importing fails when the two
+disagree.
 """
+
+from ._proto import pb
 
 
 class WarmpoolError(Exception):
@@ -60,17 +66,42 @@ class Internal(WarmpoolError):
     """INTERNAL: a bug, or a reply this client cannot make sense of."""
 
 
-# Index = the wire value of warmpool.v1.Code (OK = 0 has no exception).
-_BY_NUMBER = {
-    1: ("NOT_FOUND", NotFound),
-    2: ("INVALID_ARGUMENT", InvalidArgument),
-    3: ("RESOURCE_EXHAUSTED", ResourceExhausted),
-    4: ("UNAVAILABLE", Unavailable),
-    5: ("DEADLINE_EXCEEDED", DeadlineExceeded),
-    6: ("FAILED_PRECONDITION", FailedPrecondition),
-    7: ("PERMISSION_DENIED", PermissionDenied),
-    8: ("INTERNAL", Internal),
-}
+def class_name(code_name):
+    """The exception class of a code: its proto name in CamelCase (NOT_FOUND -> NotFound)."""
+    return "".join(word.capitalize() for word in code_name.split("_"))
+
+
+def _table():
+    """{wire number: (name, class)}, from the proto's enum (warmpool.v1.Code, the same enum the
+    daemon's ipc/codes.h is tested against), so that a code added there cannot be missed here."""
+    classes = {
+        cls.__name__: cls
+        for cls in globals().values()
+        if isinstance(cls, type) and issubclass(cls, WarmpoolError) and cls is not WarmpoolError
+        and cls.__module__ == __name__
+    }
+    by_number = {}
+    for name, number in pb.Code.items():
+        if name == "OK":  # success has no exception
+            if number != 0:
+                raise ImportError(f"warmpool.v1.Code.OK is {number}, not 0: the proto is not this client's")
+            continue
+        cls = classes.pop(class_name(name), None)
+        if cls is None:
+            raise ImportError(
+                f"warmpool.v1.Code.{name} ({number}) has no exception class {class_name(name)} in "
+                "warmpool/_errors.py: add one (ipc/codes.h lists every code)"
+            )
+        by_number[number] = (name, cls)
+    if classes:
+        raise ImportError(
+            f"exception classes without a code in warmpool.v1.Code: {', '.join(sorted(classes))} "
+            "(warmpool/_errors.py names each class after its code)"
+        )
+    return by_number
+
+
+_BY_NUMBER = _table()
 _BY_NAME = {name: cls for name, cls in _BY_NUMBER.values()}
 
 

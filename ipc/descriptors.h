@@ -1,0 +1,38 @@
+// Which messages carry descriptors, and how many: the one rule every receiver follows.
+//
+// A descriptor travels as SCM_RIGHTS with the first byte of its message's frame, but a stream socket
+// does not say which frame it came with (recvmsg may return it together with earlier frames'
+// bytes), so a receiver queues what arrives (Connection::TakeFd, BlockingChannel::TakeFd) and takes
+// as many as the message it is handling says it carries, in the order listed here. A receiver that
+// took one too few would hand the next message a descriptor that is not its own; one too many would
+// steal it. So the count depends only on the message, never on the receiver's state, and the sender
+// attaches exactly that many (when it cannot, it sends an error or a body that carries none).
+//
+//   Envelope (client -> warmpoold)
+//     region, unless remove           1  the client's memfd
+//     takeover                        1  one end of the new daemon's socketpair
+//   WorkerEnvelope (warmpoold -> worker)
+//     load with a path                1  the model file, opened beneath its root
+//     attach with weight_bytes > 0    1  the weights region
+//     allocated without an error      1  the device memory granted
+//     offer                           1  memory to reuse
+//     infer                         0-2  input_region's memfd, then output_region's
+//   WorkerEnvelope (worker -> warmpoold)
+//     load_done with weights_shared   1  the weights region
+//     park_done with copy_shared      1  the host copy
+//   OwnerEnvelope (owner -> warmpoold)
+//     allocated, no error, no handle  1  the exported allocation (vmm; legacy names it in ipc_handle)
+//
+// Every other message carries none. (The takeover's own socketpair and the service manager's store
+// pass named descriptors, not envelopes: supervisor/takeover.cc, supervisor/warm_store.cc.)
+#pragma once
+
+#include "ipc/warmpool.pb.h"
+
+namespace warmpool::ipc {
+
+int DescriptorsCarried(const v1::Envelope& message);
+int DescriptorsCarried(const v1::WorkerEnvelope& message);
+int DescriptorsCarried(const v1::OwnerEnvelope& message);
+
+}  // namespace warmpool::ipc
