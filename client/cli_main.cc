@@ -1,6 +1,7 @@
 // warmpool: the command-line client of warmpoold.
 // Exit status: 0 on success, 1 when the daemon answered with an error, 2 on bad usage or input.
-// Errors print one line: "error: CODE: message".
+// Errors print one line: "error: CODE: message"; usage errors "warmpool: MESSAGE; see warmpool
+// --help" (common/command_line.h). Both are told in --help (kFooter).
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@
 
 #include "client/cli_output.h"
 #include "client/client.h"
+#include "ipc/codes.h"
 #include "top/top.h"
 
 namespace {
@@ -32,7 +34,25 @@ using warmpool::Status;
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
-  return status.code() == Code::kInvalidArgument ? 2 : 1;
+  return warmpool::ipc::CliExitOf(status.code());
+}
+
+// `status --wait`: connects and asks for the status until the daemon answers or `wait_ms` pass —
+// the one readiness check for scripts and tests that start a daemon (no poll-and-sleep loop of
+// their own). A daemon that is starting may not have its socket yet, or not accept yet.
+warmpool::Result<std::unique_ptr<warmpool::client::Client>> ConnectWaiting(const std::string& socket,
+                                                                          int64_t wait_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (true) {
+    auto connected = warmpool::client::Client::Connect(socket);
+    if (connected.ok() && (*connected)->GetStatus().ok()) return connected;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      const Status why = connected.ok() ? Status(Code::kUnavailable, "it did not answer") : connected.status();
+      return warmpool::Error(Code::kUnavailable, "no daemon answered on {} within {} ms: {}", socket, wait_ms,
+                             why.message());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void Print(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
@@ -54,6 +74,12 @@ warmpool::Result<std::string> ReadInput(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"warmpool: talk to the warmpool daemon (warmpoold)."};
   app.require_subcommand(1);
+  app.footer(
+      "Sizes: WEIGHTS (held once), WORKSPACE (every replica's), TOTAL (their sum: what a model holds of\n"
+      "its device's budget); the same names in --json and the HTTP API (weight_bytes, workspace_bytes,\n"
+      "total_bytes).\n"
+      "Exit status: 0 done; 1 the daemon refused (stderr: \"error: CODE: message\"); 2 bad usage or input\n"
+      "(stderr: \"warmpool[ COMMAND]: MESSAGE; see warmpool[ COMMAND] --help\", or \"error: INVALID_ARGUMENT: ...\").");
   std::string socket = warmpool::client::DefaultSocketPath();
   app.add_option("--socket", socket,
                  "daemon socket (env WARMPOOL_SOCKET; default $XDG_RUNTIME_DIR/warmpool.sock or "
@@ -67,13 +93,18 @@ int main(int argc, char** argv) {
   ps->add_flag("--json", json, "print JSON");
   auto* status = app.add_subcommand("status", "daemon, devices and workers");
   status->add_flag("--json", json, "print JSON");
+  std::string wait;
+  status->add_option("--wait", wait,
+                     "first wait up to this long (e.g. 10s) for a daemon to answer: for scripts that "
+                     "start one; UNAVAILABLE (exit 1) when none does");
 
   std::string model;
   std::string keep_alive;
   auto* load = app.add_subcommand("load", "load a model and wait until it is ready");
   load->add_option("MODEL", model, "model name")->required();
   load->add_option("--keep-alive", keep_alive,
-                   "keep it warm this long after its last request (5m, 30s, 0, -1 = until evicted)");
+                   "keep it warm this long after its last request (5m, 30s; 0 = release it as soon as its "
+                   "requests end; -1 = until evicted)");
   uint32_t replicas = 0;
   load->add_option("--replicas", replicas, "workers serving it from one copy of its weights");
   std::string path, engine;
@@ -109,7 +140,8 @@ int main(int argc, char** argv) {
   infer->add_option("--seed", seed, "seed of --random input");
   infer->add_option("--deadline-ms", deadline_ms, "give up after this many milliseconds");
   infer->add_flag("--json", json, "print the output rows as JSON");
-  infer->add_option("--keep-alive", keep_alive, "keep the model warm this long after this request");
+  infer->add_option("--keep-alive", keep_alive,
+                    "keep the model warm this long after this request (0: release it when it ends)");
 
   auto* fault = app.add_subcommand(
       "fault", "arm or clear injected faults (daemon started with --enable-fault-injection only)");
@@ -154,7 +186,13 @@ int main(int argc, char** argv) {
     if (!ms.ok()) return Fail(ms.status());
     keep_alive_ms = *ms;
   }
-  auto connected = warmpool::client::Client::Connect(socket);
+  int64_t wait_ms = 0;
+  if (!wait.empty()) {
+    auto ms = warmpool::ParseDurationMs(wait);
+    if (!ms.ok()) return Fail(ms.status());
+    wait_ms = *ms;
+  }
+  auto connected = wait.empty() ? warmpool::client::Client::Connect(socket) : ConnectWaiting(socket, wait_ms);
   if (!connected.ok()) return Fail(connected.status());
   warmpool::client::Client& client = **connected;
 
@@ -207,12 +245,7 @@ int main(int argc, char** argv) {
     progress.join();
     if (tty) std::fprintf(stderr, "\r\033[K");
     if (!reply.ok()) return Fail(reply.status());
-    if (reply->already_loaded()) {
-      Print(fmt::format("{} is already loaded\n", model));
-    } else {
-      Print(fmt::format("{} ready ({:.1f} MiB in {} ms)\n", model, reply->bytes() / 1048576.0,
-                        reply->load_ms()));
-    }
+    Print(warmpool::cli::LoadText(*reply));
   } else if (reg->parsed()) {
     if (!remove && path.empty()) {
       return Fail(warmpool::Error(Code::kInvalidArgument, "register needs PATH (or --remove)"));

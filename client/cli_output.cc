@@ -44,34 +44,93 @@ std::string Ago(int64_t unix_seconds) {
   return fmt::format("{}h ago", d / 3600);
 }
 
+// Why a model is failed or refused, and what comes next: a countdown to the next retry, or what
+// to do when retrying cannot help (a broken file).
+std::string Reason(const std::string& name, const std::string& error, int64_t retry_in_ms,
+                   bool file_broken) {
+  if (error.empty()) return "-";
+  if (file_broken) return fmt::format("{}; fix the file, then 'warmpool load {}'", error, name);
+  if (retry_in_ms > 0) return fmt::format("{}; retry in {:.1f} s", error, retry_in_ms / 1000.0);
+  return error;
+}
+
+// The three sizes, named the same in every table and document: WEIGHTS, WORKSPACE (every
+// replica's), TOTAL (what the model holds of its device's budget).
+void AddSizes(std::vector<std::string>& row, uint64_t weights, uint64_t workspace) {
+  row.push_back(FormatBytes(weights));
+  row.push_back(FormatBytes(workspace));
+  row.push_back(FormatBytes(weights + workspace));
+}
+
 }  // namespace
 
+// Reasons go in the last column, after everything that aligns: they are long.
 std::string ModelsTable(const v1::ModelsReply& reply) {
-  std::vector<std::vector<std::string>> rows = {{"NAME", "ENGINE", "STATE", "SIZE", "PATH"}};
+  bool any_reason = false;
+  for (const v1::ModelInfo& m : reply.models()) any_reason = any_reason || !m.last_error().empty();
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "ENGINE", "STATE", "WEIGHTS", "WORKSPACE", "TOTAL", "PIN", "PATH"}};
+  if (any_reason) rows[0].push_back("REASON");
   for (const v1::ModelInfo& m : reply.models()) {
-    std::string state = m.state();
-    if (!m.last_error().empty()) state += " (" + m.last_error() + ")";
-    rows.push_back({m.name(), m.engine(), state, FormatBytes(m.bytes()), m.path()});
+    std::vector<std::string> row = {m.name(), m.engine().empty() ? "-" : m.engine(), m.state()};
+    AddSizes(row, m.weight_bytes(), m.workspace_bytes());
+    row.push_back(m.pinned() ? "yes" : "-");
+    row.push_back(m.path().empty() ? "-" : m.path());
+    if (any_reason) row.push_back(Reason(m.name(), m.last_error(), m.retry_in_ms(), m.file_broken()));
+    rows.push_back(std::move(row));
   }
   return Table(rows);
 }
 
 std::string PsTable(const v1::PsReply& reply) {
-  std::vector<std::vector<std::string>> rows = {
-      {"NAME", "STATE", "DEVICE", "SIZE", "INFLIGHT", "REPLICAS", "LAST USED", "EXPIRES"}};
+  bool any_reason = false;
+  for (const v1::PsEntry& e : reply.models()) any_reason = any_reason || !e.last_error().empty();
+  std::vector<std::vector<std::string>> rows = {{"NAME", "STATE", "DEVICE", "WEIGHTS", "WORKSPACE", "TOTAL",
+                                                 "INFLIGHT", "REPLICAS", "PIN", "LAST USED", "EXPIRES"}};
+  if (any_reason) rows[0].push_back("REASON");
   for (const v1::PsEntry& e : reply.models()) {
     std::string state = e.state();
-    if (e.state() == "loading" && e.bytes() > 0) {
-      state += fmt::format(" {}%", e.loaded_bytes() * 100 / std::max<uint64_t>(1, e.bytes()));
+    if (e.state() == "loading" && e.weight_bytes() > 0) {
+      state += fmt::format(" {}%", std::min<uint64_t>(100, e.loaded_bytes() * 100 / e.weight_bytes()));
     }
-    if (!e.last_error().empty()) {
-      state += fmt::format(" ({}; retry in {:.1f} s)", e.last_error(), e.retry_in_ms() / 1000.0);
-    }
-    rows.push_back({e.name(), state, std::to_string(e.device()), FormatBytes(e.bytes()),
-                    std::to_string(e.inflight()), std::to_string(e.replicas()), Ago(e.last_used()),
-                    e.has_expiry() ? fmt::format("{}s", e.expires_in()) : "never"});
+    // A pinned model never expires; only a ready one counts down.
+    std::string expires = e.state() != "ready" ? "-"
+                          : e.pinned()         ? "never (pinned)"
+                          : e.has_expiry()     ? fmt::format("{}s", e.expires_in())
+                                               : "never";
+    std::vector<std::string> row = {e.name(), state, std::to_string(e.device())};
+    AddSizes(row, e.weight_bytes(), e.workspace_bytes());
+    row.insert(row.end(), {std::to_string(e.inflight()), std::to_string(e.replicas()), e.pinned() ? "yes" : "-",
+                           Ago(e.last_used()), expires});
+    if (any_reason) row.push_back(Reason(e.name(), e.last_error(), e.retry_in_ms(), e.file_broken()));
+    rows.push_back(std::move(row));
   }
   return Table(rows);
+}
+
+std::string LoadText(const v1::LoadReply& r) {
+  const std::string sizes = fmt::format("{} weights + {} workspace = {} total", FormatBytes(r.weight_bytes()),
+                                        FormatBytes(r.workspace_bytes()),
+                                        FormatBytes(r.weight_bytes() + r.workspace_bytes()));
+  auto replicas = [](uint32_t n) { return fmt::format("{} replica{}", n, n == 1 ? "" : "s"); };
+  std::string out;
+  if (!r.already_loaded()) {
+    out = fmt::format("{} ready in {} ms: {}; {}\n", r.model(), r.load_ms(), replicas(r.replicas()), sizes);
+  } else if (r.replicas() != r.replicas_before()) {
+    out = fmt::format("{} was already loaded: {} now, was {} ({})\n", r.model(), replicas(r.replicas()),
+                      r.replicas_before(), sizes);
+  } else {
+    out = fmt::format("{} is already loaded: {}; {}\n", r.model(), replicas(r.replicas()), sizes);
+  }
+  if (!r.replicas_capped().empty()) {
+    out += fmt::format("replicas: {} of {} asked for: {}\n", r.replicas(), r.replicas_asked(), r.replicas_capped());
+  }
+  if (r.evicted_size() > 0) {
+    std::string names;
+    for (const std::string& n : r.evicted()) names += (names.empty() ? "" : ", ") + n;
+    out += fmt::format("evicted to make room: {}\n", names);
+  }
+  return out;
 }
 
 std::string StatusText(const v1::StatusReply& reply) {
@@ -96,7 +155,8 @@ std::string StatusText(const v1::StatusReply& reply) {
   if (reply.failed_size() > 0) {
     std::vector<std::vector<std::string>> failed = {{"FAILED", "RETRY IN", "REASON"}};
     for (const v1::ModelInfo& m : reply.failed()) {
-      failed.push_back({m.name(), fmt::format("{:.1f} s", m.retry_in_ms() / 1000.0), m.last_error()});
+      failed.push_back({m.name(), m.file_broken() ? "-" : fmt::format("{:.1f} s", m.retry_in_ms() / 1000.0),
+                        Reason(m.name(), m.last_error(), 0, m.file_broken())});
     }
     out += "\n" + Table(failed);
   }

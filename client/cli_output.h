@@ -21,5 +21,8 @@ std::string ModelsTable(const v1::ModelsReply& reply);
 std::string PsTable(const v1::PsReply& reply);
 std::string StatusText(const v1::StatusReply& reply);
 std::string MatrixText(const client::Matrix& m);
+// What `warmpool load` did: ready (or already), its replicas (capped, and why), its sizes, the
+// models evicted to make room.
+std::string LoadText(const v1::LoadReply& reply);
 
 }  // namespace warmpool::cli

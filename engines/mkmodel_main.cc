@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "engines/half.h"
@@ -140,12 +141,7 @@ int Run(int argc, char** argv) {
   app.add_option("--activation", activation, "relu, gelu, tanh or none, applied between layers (default relu)");
   app.add_option("--dtype", dtype_text, "storage dtype: f32, f16 or bf16 (default f32)");
   app.add_option("--seed", seed, "random seed; the same seed writes the same weights (default 0)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    return Fail(Status(Code::kInvalidArgument, fmt::format("{} (see --help)", e.what())), kExitUsage);
-  }
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;  // --help, --version, usage
 
   ModelSpec spec;
   spec.seed = seed;

@@ -1,8 +1,9 @@
 // warmpool-owner: the allocation owner of one CUDA device, started by warmpoold (see owner.h); or,
 // with --probe, a short-lived child that prints the machine's CUDA devices as JSON and exits, so
 // that warmpoold learns about devices without ever loading the driver itself.
-// Exit status: 0 on a clean stop or a successful probe, 2 on fatal configuration (no driver, no
-// such device, a sharing mode the device lacks), 1 otherwise.
+// Exit status (ipc/exit_status.h): kChildStopped on a clean stop or a successful probe, kChildFatal
+// on fatal configuration (no driver, no such device, a sharing mode the device lacks), kChildFailed
+// otherwise.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "ipc/exit_status.h"
 #include "owner/owner.h"
 
 int main(int argc, char** argv) {
@@ -35,27 +37,27 @@ int main(int argc, char** argv) {
     warmpool::Result<std::string> devices = warmpool::owner::ProbeDevices();
     if (!devices.ok()) {
       std::printf("%s\n", nlohmann::json{{"error", devices.status().message()}}.dump().c_str());
-      return 2;
+      return warmpool::ipc::kChildFatal;
     }
     std::printf("%s\n", devices->c_str());
-    return 0;
+    return warmpool::ipc::kChildStopped;
   }
 
   // Die with the supervisor; it may have died before prctl took effect: check after.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent != 0 && getppid() != parent) return 0;
+  if (parent != 0 && getppid() != parent) return warmpool::ipc::kChildStopped;
   signal(SIGPIPE, SIG_IGN);
   warmpool::SetupLogging("owner", fmt::format("owner[{}]", options.device), "info");
   warmpool::Result<warmpool::owner::Sharing> mode = warmpool::owner::ParseSharing(sharing);
   if (!mode.ok()) {
     spdlog::critical("{}", mode.status().message());
-    return 2;
+    return warmpool::ipc::kChildFatal;
   }
   options.sharing = *mode;
   warmpool::owner::DeviceOwner owner(options);
   if (warmpool::Status s = owner.Start(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());
-    return 2;
+    return warmpool::ipc::kChildFatal;
   }
   return owner.Run();
 }

@@ -12,6 +12,11 @@ json ModelsJson(const v1::ModelsReply& reply) {
   for (const v1::ModelInfo& m : reply.models()) {
     json j = {{"name", m.name()}, {"engine", m.engine()}, {"path", m.path()},
               {"state", m.state()}, {"bytes", m.bytes()}};
+    j["weight_bytes"] = m.weight_bytes();
+    j["workspace_bytes"] = m.workspace_bytes();
+    j["total_bytes"] = m.weight_bytes() + m.workspace_bytes();
+    j["pinned"] = m.pinned();
+    j["file_broken"] = m.file_broken();
     j["in_features"] = m.in_features();
     j["out_features"] = m.out_features();
     j["error"] = m.last_error().empty() ? json(nullptr) : json(m.last_error());
@@ -37,7 +42,10 @@ json PsJson(const v1::PsReply& reply) {
                    {"retry_in_ms", e.retry_in_ms()},
                    {"worker", e.worker() < 0 ? json(nullptr) : json(e.worker())},
                    {"weight_bytes", e.weight_bytes()},
-                   {"pinned", e.pinned()}});
+                   {"workspace_bytes", e.workspace_bytes()},
+                   {"total_bytes", e.weight_bytes() + e.workspace_bytes()},
+                   {"pinned", e.pinned()},
+                   {"file_broken", e.file_broken()}});
   }
   return out;
 }
@@ -64,11 +72,29 @@ json StatusJson(const v1::StatusReply& reply) {
   }
   json failed = json::array();
   for (const v1::ModelInfo& m : reply.failed()) {
-    failed.push_back({{"name", m.name()}, {"error", m.last_error()}, {"retry_in_ms", m.retry_in_ms()}});
+    failed.push_back({{"name", m.name()}, {"error", m.last_error()}, {"retry_in_ms", m.retry_in_ms()},
+                      {"file_broken", m.file_broken()}});
   }
   return {{"version", reply.version()}, {"instance", reply.instance()}, {"backend", reply.backend()}, {"devices", devices},
           {"workers", workers}, {"inflight", reply.inflight()}, {"queued", reply.queued()},
           {"failed", failed}, {"fault_injection", reply.fault_injection()}, {"loading", loading}};
+}
+
+json LoadJson(const v1::LoadReply& r) {
+  json evicted = json::array();
+  for (const std::string& name : r.evicted()) evicted.push_back(name);
+  return {{"model", r.model()},
+          {"bytes", r.bytes()},
+          {"weight_bytes", r.weight_bytes()},
+          {"workspace_bytes", r.workspace_bytes()},
+          {"total_bytes", r.weight_bytes() + r.workspace_bytes()},
+          {"load_ms", r.load_ms()},
+          {"already_loaded", r.already_loaded()},
+          {"replicas", r.replicas()},
+          {"replicas_before", r.replicas_before()},
+          {"replicas_asked", r.replicas_asked()},
+          {"replicas_capped", r.replicas_capped().empty() ? json(nullptr) : json(r.replicas_capped())},
+          {"evicted", evicted}};
 }
 
 json MatrixJson(const client::Matrix& m) {

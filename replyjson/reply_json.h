@@ -12,9 +12,15 @@
 
 namespace warmpool::replyjson {
 
+// Sizes have the same names in every document: weight_bytes, workspace_bytes (every replica's
+// workspace), total_bytes (their sum: what the model holds of its device's budget). `bytes` stays
+// for clients written before these names; it means what it meant (models: weights, ps: total,
+// load: weights).
 nlohmann::json ModelsJson(const v1::ModelsReply& reply);
 nlohmann::json PsJson(const v1::PsReply& reply);
 nlohmann::json StatusJson(const v1::StatusReply& reply);
+// POST /v1/models/NAME/load: what the load did (replicas added or capped, models evicted).
+nlohmann::json LoadJson(const v1::LoadReply& reply);
 // A list of rows, each a list of numbers.
 nlohmann::json MatrixJson(const client::Matrix& m);
 

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "http/request_parser.h"
+#include "ipc/descriptors.h"
 #include "ipc/framing.h"
 
 namespace warmpool::supervisor {
@@ -272,8 +273,7 @@ void ClientServer::OnFrame(uint64_t session, std::string_view body) {
   }
   // A region request's memfd (a takeover's channel) is taken now, whatever becomes of the request,
   // so that it is never left for a later frame to take.
-  const bool carries = (request.has_region() && request.region().remove() == 0) || request.has_takeover();
-  const int fd = carries ? s.connection->TakeFd() : -1;
+  const int fd = ipc::DescriptorsCarried(request) > 0 ? s.connection->TakeFd() : -1;
   if (s.admission == Admission::kReserve) {
     // Its request is read, so the client gets the answer rather than a broken pipe; then the
     // place goes back to the reserve.

@@ -10,6 +10,7 @@
 #include "http/response.h"
 #include "ipc/error_proto.h"
 #include "replyjson/reply_json.h"
+#include "supervisor/http_api_body.h"
 
 namespace warmpool::supervisor::httpapi {
 
@@ -25,88 +26,6 @@ Plan Refuse(const Status& why, bool keep_alive, int status = 0) {
   plan.immediate = http::ErrorResponse(why, keep_alive, status);
   plan.code = why.code();
   return plan;
-}
-
-// Deeper documents are refused before they are parsed: copying or walking one recursively would
-// take a stack frame per level.
-constexpr int kMaxJsonDepth = 32;
-
-// How deeply the brackets of a JSON text nest (strings skipped), up to kMaxJsonDepth + 1.
-int NestingDepth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if (c == ']' || c == '}') depth--;
-    if (deepest > kMaxJsonDepth) break;
-  }
-  return deepest;
-}
-
-// A JSON text of bounded depth; discarded (is_discarded) when it is not valid JSON.
-Result<json> ParseJson(std::string_view text) {
-  if (NestingDepth(text) > kMaxJsonDepth) {
-    return Error(Code::kInvalidArgument, "the JSON body nests deeper than {} levels", kMaxJsonDepth);
-  }
-  return json::parse(text, nullptr, /*allow_exceptions=*/false);
-}
-
-// The body as a JSON object; an empty body is an empty object.
-Result<json> BodyObject(const http::Request& request) {
-  if (request.body.empty()) return json::object();
-  Result<json> parsed = ParseJson(request.body);
-  if (!parsed.ok()) return parsed.status();
-  json doc = std::move(*parsed);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return Error(Code::kInvalidArgument, "the request body must be a JSON object, e.g. {{}}");
-  }
-  return doc;
-}
-
-// keep_alive: a duration text ("5m", "30s", "-1") or a number of seconds (negative: forever).
-Result<std::optional<int64_t>> KeepAlive(const json& body) {
-  if (!body.contains("keep_alive") || body["keep_alive"].is_null()) return std::optional<int64_t>();
-  const json& v = body["keep_alive"];
-  if (v.is_string()) {
-    Result<int64_t> ms = ParseDurationMs(v.get<std::string>());
-    if (!ms.ok()) return ms.status();
-    return std::optional<int64_t>(*ms);
-  }
-  if (v.is_number()) {
-    double s = v.get<double>();
-    if (s < 0) return std::optional<int64_t>(-1);
-    if (s > 1e12) return Error(Code::kInvalidArgument, "keep_alive {} s is too long", s);
-    return std::optional<int64_t>(static_cast<int64_t>(s * 1000));
-  }
-  return Error(Code::kInvalidArgument, "keep_alive must be a duration such as \"5m\" or a number of seconds");
-}
-
-Result<uint32_t> Uint(const json& body, const char* key, uint32_t fallback = 0) {
-  if (!body.contains(key) || body[key].is_null()) return fallback;
-  const json& v = body[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > UINT32_MAX) {
-    return Error(Code::kInvalidArgument, "{} must be a non-negative integer", key);
-  }
-  return static_cast<uint32_t>(v.get<int64_t>());
-}
-
-Result<bool> Bool(const json& body, const char* key) {
-  if (!body.contains(key) || body[key].is_null()) return false;
-  if (!body[key].is_boolean()) return Error(Code::kInvalidArgument, "{} must be true or false", key);
-  return body[key].get<bool>();
-}
-
-Result<std::string> String(const json& body, const char* key) {
-  if (!body.contains(key) || body[key].is_null()) return std::string();
-  if (!body[key].is_string()) return Error(Code::kInvalidArgument, "{} must be a string", key);
-  return body[key].get<std::string>();
 }
 
 bool Wants(const http::Request& request, std::string_view type) {
@@ -164,6 +83,7 @@ Result<Plan> PlanInfer(const http::Request& request, const std::string& model) {
   }
   const json* rows = &doc;
   if (doc.is_object()) {
+    if (Status s = OnlyKeys(doc, {"input", "deadline_ms", "keep_alive"}, request); !s.ok()) return s;
     if (!doc.contains("input")) return Error(Code::kInvalidArgument, "the body has no \"input\" rows");
     rows = &doc["input"];
     Result<uint32_t> deadline = Uint(doc, "deadline_ms");
@@ -187,6 +107,7 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
   Result<json> body = BodyObject(request);
   if (!body.ok()) return body.status();
   if (action == "load") {
+    if (Status s = OnlyKeys(*body, {"replicas", "keep_alive"}, request); !s.ok()) return s;
     plan.kind = Kind::kLoad;
     v1::LoadRequest* load = plan.request.mutable_load();
     load->set_model(model);
@@ -197,12 +118,14 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
     if (!keep.ok()) return keep.status();
     if (*keep) load->set_keep_alive_ms(**keep);
   } else if (action == "unload") {
+    if (Status s = OnlyKeys(*body, {"park"}, request); !s.ok()) return s;
     plan.kind = Kind::kUnload;
     plan.request.mutable_unload()->set_model(model);
     Result<bool> park = Bool(*body, "park");
     if (!park.ok()) return park.status();
     plan.request.mutable_unload()->set_park(*park);
   } else if (action == "pin" || action == "unpin") {
+    if (Status s = OnlyKeys(*body, {}, request); !s.ok()) return s;
     plan.kind = Kind::kPin;
     plan.request.mutable_pin()->set_model(model);
     plan.request.mutable_pin()->set_pin(action == "pin");
@@ -243,6 +166,9 @@ Result<Plan> Route(const http::Request& request, int* status) {
   }
   if (path == "/v1/unload") {
     if (Status s = only("POST"); !s.ok()) return s;
+    Result<json> body = BodyObject(request);
+    if (!body.ok()) return body.status();
+    if (Status s = OnlyKeys(*body, {}, request); !s.ok()) return s;
     plan.kind = Kind::kUnload;
     plan.request.mutable_unload()->set_all(true);
     return plan;
@@ -256,6 +182,7 @@ Result<Plan> Route(const http::Request& request, int* status) {
     if (Status s = only("POST"); !s.ok()) return s;
     Result<json> body = BodyObject(request);
     if (!body.ok()) return body.status();
+    if (Status s = OnlyKeys(*body, {"point", "action", "model", "after", "times"}, request); !s.ok()) return s;
     plan.kind = Kind::kFaultArm;
     v1::FaultArmRequest* arm = plan.request.mutable_fault_arm();
     Result<std::string> point = String(*body, "point"), action = String(*body, "action"),
@@ -293,6 +220,7 @@ Result<Plan> Route(const http::Request& request, int* status) {
       }
       Result<json> body = BodyObject(request);
       if (!body.ok()) return body.status();
+      if (Status s = OnlyKeys(*body, {"path", "engine"}, request); !s.ok()) return s;
       Result<std::string> file = String(*body, "path"), engine = String(*body, "engine");
       if (!file.ok()) return file.status();
       if (!engine.ok()) return engine.status();
@@ -356,9 +284,7 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
     case Kind::kPs: return JsonResponse(replyjson::PsJson(reply.ps_reply()), keep_alive);
     case Kind::kStatus: return JsonResponse(replyjson::StatusJson(reply.status_reply()), keep_alive);
     case Kind::kLoad: {
-      const v1::LoadReply& r = reply.load_reply();
-      return JsonResponse({{"model", r.model()}, {"bytes", r.bytes()}, {"load_ms", r.load_ms()},
-                           {"already_loaded", r.already_loaded()}}, keep_alive);
+      return JsonResponse(replyjson::LoadJson(reply.load_reply()), keep_alive);
     }
     case Kind::kUnload: return JsonResponse({{"model", reply.unload_reply().model()}}, keep_alive);
     case Kind::kPin:
@@ -401,9 +327,9 @@ std::string FinalLoadLine(const v1::Envelope& reply) {
     Status s = ipc::StatusFromError(reply.error());
     return Dump({{"error", s.ToString()}, {"code", v1::Code_Name(reply.error().code())}});
   }
-  const v1::LoadReply& r = reply.load_reply();
-  return Dump({{"model", r.model()}, {"bytes", r.bytes()}, {"load_ms", r.load_ms()},
-               {"already_loaded", r.already_loaded()}, {"done", true}});
+  json done = replyjson::LoadJson(reply.load_reply());
+  done["done"] = true;
+  return Dump(done);
 }
 
 }  // namespace warmpool::supervisor::httpapi

@@ -149,6 +149,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& r
     }
     entries.push_back(InspectModel(name, /*engine=*/"", fs::absolute(file, ec).lexically_normal().string(),
                                    roots, config.engine_dir));
+    entries.back().from_models_dir = true;
   }
   return entries;
 }

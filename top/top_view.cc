@@ -89,7 +89,7 @@ std::string StateCell(const ModelSample& m) {
 Lines ModelTable(const Frame& frame, size_t width) {
   const bool rates = frame.pool.from_segment();
   std::vector<Column> columns = {{"MODEL"},          {"STATE"},         {"DEV", true, 7},
-                                 {"BYTES", true, 4}, {"REPL", true, 8}, {"PIN", false, 9},
+                                 {"TOTAL", true, 4}, {"REPL", true, 8}, {"PIN", false, 9},
                                  {"INFL", true, 3}};
   if (rates) {
     columns.insert(columns.end(),

@@ -1,6 +1,6 @@
-// warmpool-worker: started by warmpoold, never by hand. Exit status 2 means "fatal configuration,
-// do not respawn"; any other exit (1 for a start that may succeed later) is a crash the supervisor
-// recovers from.
+// warmpool-worker: started by warmpoold, never by hand. Its exit status is read by the supervisor
+// (ipc/exit_status.h): kChildFatal means "fatal configuration, do not respawn"; any other exit
+// (kChildFailed for a start that may succeed later) is a crash the supervisor recovers from.
 #include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "engines/dense_cpu.h"
 #include "engines/dense_gpu.h"
+#include "ipc/exit_status.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
 
   // Die with the supervisor. The parent may have died before prctl took effect: check after.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent != 0 && getppid() != parent) return 0;
+  if (parent != 0 && getppid() != parent) return warmpool::ipc::kChildStopped;
   signal(SIGPIPE, SIG_IGN);
   // Requests allocate and free payload-sized buffers; without this glibc hands the heap back to
   // the kernel after each one and faults fresh pages in for the next.
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
     // Out of device memory for a context, or a driver error, may pass: the supervisor starts it
     // again later. Anything else is configuration, which starting again cannot fix.
     const bool transient = s.code() == warmpool::Code::kResourceExhausted || s.code() == warmpool::Code::kInternal;
-    return transient ? 1 : 2;
+    return transient ? warmpool::ipc::kChildFailed : warmpool::ipc::kChildFatal;
   }
   return worker.Run();
 }

@@ -13,7 +13,9 @@
 #include "common/chunks.h"
 #include "engines/plugin_loader.h"
 #include "engines/safetensors.h"
+#include "ipc/descriptors.h"
 #include "ipc/error_proto.h"
+#include "ipc/exit_status.h"
 
 namespace warmpool::worker {
 
@@ -204,18 +206,14 @@ Status Worker::ReadIncoming(Incoming& in) {
   in.fd = -1;
   Status s = channel_.Read(in.message);
   if (!s.ok()) return s;
-  // Only an attach of a model with weights carries a descriptor (the weights region), a load of a
-  // model with a file (the file), a grant of device memory, and an offer of memory to reuse.
+  // ipc/descriptors.h says which messages carry descriptors: exactly that many queued are this one's.
   const v1::WorkerEnvelope& m = in.message;
-  if ((m.has_attach() && m.attach().weight_bytes() > 0) || (m.has_load() && !m.load().path().empty()) ||
-      (m.has_allocated() && !m.allocated().has_error()) || m.has_offer()) {
-    in.fd = channel_.TakeFd();
-  }
-  // An inference on tensors in a client's region carries its memfd: input's first.
-  if (m.has_infer()) {
+  if (m.has_infer()) {  // a client's region memfds, input's first
     in.regions = RegionFds{};
     if (m.infer().has_input_region()) in.regions.input = channel_.TakeFd();
     if (m.infer().has_output_region()) in.regions.output = channel_.TakeFd();
+  } else if (ipc::DescriptorsCarried(m) > 0) {
+    in.fd = channel_.TakeFd();
   }
   return OkStatus();
 }
@@ -234,9 +232,9 @@ int Worker::Run() {
       s = ReadIncoming(in);
     }
     if (!s.ok()) {
-      if (s.code() == Code::kUnavailable) return 0;  // supervisor closed the channel: stop
+      if (s.code() == Code::kUnavailable) return ipc::kChildStopped;  // supervisor closed the channel
       spdlog::error("worker {}: bad message from the supervisor: {}", options_.slot, s.ToString());
-      return 1;
+      return ipc::kChildFailed;
     }
     v1::WorkerEnvelope& message = in.message;
     const int weights_fd = in.fd;
@@ -294,7 +292,7 @@ int Worker::Run() {
       default:
         spdlog::error("worker {}: unexpected message {} from the supervisor", options_.slot,
                       static_cast<int>(message.body_case()));
-        return 1;
+        return ipc::kChildFailed;
     }
   }
 }

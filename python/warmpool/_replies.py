@@ -28,7 +28,8 @@ def model_info(m):
     return results.ModelInfo(
         name=m.name, engine=m.engine, path=m.path, state=m.state, bytes=m.bytes,
         in_features=m.in_features, out_features=m.out_features, error=_or_none(m.last_error),
-        retry_in_ms=m.retry_in_ms,
+        retry_in_ms=m.retry_in_ms, weight_bytes=m.weight_bytes, workspace_bytes=m.workspace_bytes,
+        total_bytes=m.weight_bytes + m.workspace_bytes, pinned=m.pinned, file_broken=m.file_broken,
     )
 
 
@@ -39,6 +40,8 @@ def ps_entry(e):
         expires_in=e.expires_in if e.has_expiry else None, loaded_bytes=e.loaded_bytes,
         error=_or_none(e.last_error), retry_in_ms=e.retry_in_ms,
         worker=e.worker if e.worker >= 0 else None, weight_bytes=e.weight_bytes, pinned=e.pinned,
+        workspace_bytes=e.workspace_bytes, total_bytes=e.weight_bytes + e.workspace_bytes,
+        file_broken=e.file_broken,
     )
 
 
@@ -61,7 +64,7 @@ def status(s):
             for w in s.workers
         ],
         inflight=s.inflight, queued=s.queued,
-        failed=[results.FailedModel(m.name, m.last_error, m.retry_in_ms) for m in s.failed],
+        failed=[results.FailedModel(m.name, m.last_error, m.retry_in_ms, m.file_broken) for m in s.failed],
         fault_injection=s.fault_injection,
         loading=[results.LoadingModel(e.name, e.loaded_bytes, e.weight_bytes) for e in s.loading],
     )
@@ -85,7 +88,12 @@ def body(envelope, expected):
 
 
 _DECODERS = {
-    "load_reply": lambda r: results.LoadResult(r.model, r.bytes, r.load_ms, r.already_loaded),
+    "load_reply": lambda r: results.LoadResult(
+        r.model, r.bytes, r.load_ms, r.already_loaded, weight_bytes=r.weight_bytes,
+        workspace_bytes=r.workspace_bytes, total_bytes=r.weight_bytes + r.workspace_bytes,
+        replicas=r.replicas, replicas_before=r.replicas_before, replicas_asked=r.replicas_asked,
+        replicas_capped=_or_none(r.replicas_capped), evicted=list(r.evicted),
+    ),
     "unload_reply": lambda r: r.model,
     "infer_reply": lambda r: matrix_from_tensor(r.output),
     "models_reply": lambda r: [model_info(m) for m in r.models],

@@ -14,11 +14,18 @@ class ModelInfo:
     engine: str
     path: str
     state: str  # e.g. "unloaded", "loading", "ready", "parked", "failed", "refused"
-    bytes: int  # weights
+    bytes: int  # weights (the name older clients know; weight_bytes says it plainly)
     in_features: int  # 0: unknown until loaded, or any width (echo)
     out_features: int
     error: Optional[str]
     retry_in_ms: int  # failed: milliseconds until a request may load it again
+    # Sizes are named the same everywhere: the weights (held once), every replica's workspace
+    # (on a device; else what one replica will need), and their sum.
+    weight_bytes: int = 0
+    workspace_bytes: int = 0
+    total_bytes: int = 0
+    pinned: bool = False
+    file_broken: bool = False  # failed because of its file: fix it, then load() reads it again
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,9 @@ class PsEntry:
     worker: Optional[int]  # slot of the worker holding it; None when none
     weight_bytes: int
     pinned: bool
+    workspace_bytes: int = 0  # every replica's
+    total_bytes: int = 0  # weight_bytes + workspace_bytes (what ``bytes`` has always been here)
+    file_broken: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class FailedModel:
     name: str
     error: str
     retry_in_ms: int
+    file_broken: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,12 +108,20 @@ class Status:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The answer to load(): the model is ready."""
+    """The answer to load(): the model is ready, and what the load did."""
 
     model: str
-    bytes: int
+    bytes: int  # weights (older name)
     load_ms: int
     already_loaded: bool
+    weight_bytes: int = 0
+    workspace_bytes: int = 0
+    total_bytes: int = 0
+    replicas: int = 0  # serving or attaching now
+    replicas_before: int = 0  # already_loaded: before this load
+    replicas_asked: int = 0  # 0: not asked
+    replicas_capped: Optional[str] = None  # why fewer replicas than asked
+    evicted: List[str] = field(default_factory=list)  # released to make room for it
 
 
 @dataclass(frozen=True)

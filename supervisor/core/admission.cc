@@ -24,6 +24,7 @@ std::vector<policy::Resident> Core::Residents() const {
     p.device = m.machine.Device() == shm::kNil ? 0 : m.machine.Device();
     p.busy = m.inflight != 0 || !m.waiters.empty() || !m.unload_waiters.empty();
     p.expires_at_ms = m.expires_at_ms;
+    p.release_when_idle = m.keep_alive_override_ms.value_or(m.keep_alive_ms) == 0;
     if (m.machine.Is<Parked>()) {
       p.where = Where::kParked;
       p.device_bytes = 0;
@@ -93,7 +94,8 @@ void Core::TryAdmit(uint32_t model) {
       // 2, or its memory owner cannot run): let them go; the model loads where it can be served.
       Log(LogLevel::kWarn, "\"{}\" is on device {}, which can no longer serve it: loading it elsewhere",
           m.entry.name, device);
-      return Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
+      return Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false,
+                     fmt::format("device {} can no longer serve it", device));
     }
     // A detached model keeps one workspace reserved (model.h): its first attach needs no room.
     // Any other replica does: its workspace must fit (a leaving one still holds its own).
@@ -153,9 +155,10 @@ void Core::TryAdmit(uint32_t model) {
                                      : config_.single_active ? shm::ReleaseReason::kSingleActive
                                                              : shm::ReleaseReason::kCapacity;
       for (uint32_t victim : plan.victims) {
-        Log(LogLevel::kInfo, "evicting \"{}\" to make room for \"{}\"{}", models_[victim].entry.name,
-            m.entry.name, DeviceCount() > 1 ? fmt::format(" on device {}", placed.device) : "");
-        Release(victim, why, /*allow_park=*/true);
+        m.evicted_for.push_back(models_[victim].entry.name);
+        Release(victim, why, /*allow_park=*/true,
+                fmt::format("evicted to make room for \"{}\"{}", m.entry.name,
+                            DeviceCount() > 1 ? fmt::format(" on device {}", placed.device) : ""));
         freed_now = freed_now || !models_[victim].machine.Is<Releasing>();
       }
       // Detached victims go at once (no worker to ask): plan again with the room made.
@@ -228,7 +231,15 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   SendAllocating(worker, message, id, allocates, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
 }
 
-void Core::Release(uint32_t model, shm::ReleaseReason reason, bool allow_park) {
+// The reason as the metrics name it (warmpool_model_releases_total{reason}).
+static const char* ReasonName(shm::ReleaseReason reason) {
+  static constexpr const char* kNames[] = {"budget",        "capacity", "keep_alive", "single_active",
+                                           "explicit",      "reload",   "failure"};
+  const auto i = static_cast<uint32_t>(reason);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+void Core::Release(uint32_t model, shm::ReleaseReason reason, bool allow_park, std::string_view why) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
   if (ready == nullptr) return;
@@ -241,6 +252,12 @@ void Core::Release(uint32_t model, shm::ReleaseReason reason, bool allow_park) {
   bool park = allow_park && policy::ShouldPark(ready->weights.weight_bytes,
                                                ready->weights.handle >= 0 && attached,
                                                ParkCommitted(), Limits());
+  // Every release is logged here, whoever decided it, with the reason the metrics count it under:
+  // an operator reading the log sees every model that left a device and why.
+  Log(reason == shm::ReleaseReason::kFailure ? LogLevel::kWarn : LogLevel::kInfo,
+      "releasing \"{}\" ({}{}{}): {}{}", m.entry.name, ReasonName(reason), why.empty() ? "" : ": ", why,
+      park ? "parking it" : "dropping its weights",
+      m.inflight != 0 ? fmt::format(" once its {} request(s) end", m.inflight) : "");
   m.machine.StartRelease(park);
   m.expires_at_ms = 0;
   if (m.inflight == 0) SendRelease(model);  // else the last request's end sends it
@@ -280,6 +297,7 @@ void Core::SendRelease(uint32_t model) {
 void Core::FinishRelease(uint32_t model) {
   Model& m = models_[model];
   CloseMemory(m.machine.FinishRelease());
+  m.evicted_for.clear();  // made room for it while it was on a device: no load of it to tell now
   if (const Parked* p = m.machine.As<Parked>()) {
     Log(LogLevel::kInfo, "\"{}\" parked ({} in host memory)", m.entry.name,
         FormatBytes(p->copy.weight_bytes));
@@ -289,25 +307,35 @@ void Core::FinishRelease(uint32_t model) {
   RetryPending();
 }
 
-void Core::DropParked(uint32_t model) {
-  CloseMemory(models_[model].machine.DropParked());
+void Core::DropParked(uint32_t model, shm::ReleaseReason reason, std::string_view why) {
+  Model& m = models_[model];
+  if (const Parked* p = m.machine.As<Parked>()) {
+    Log(LogLevel::kInfo, "dropping the parked copy of \"{}\" ({}, {}{}{})", m.entry.name,
+        FormatBytes(p->copy.weight_bytes), ReasonName(reason), why.empty() ? "" : ": ", why);
+  }
+  CloseMemory(m.machine.DropParked());
 }
 
 void Core::EnforceMaxCached(uint32_t keep) {
+  const std::string why = fmt::format("more than [pool] max_cached = {} models cached", config_.max_cached);
   for (uint32_t victim : policy::PlanMaxCached(Residents(), keep, Limits())) {
     if (models_[victim].machine.Is<Parked>()) {
       shm::StatAdd(segment_.model_stats(victim).releases[static_cast<uint32_t>(shm::ReleaseReason::kCapacity)]);
-      DropParked(victim);
+      DropParked(victim, shm::ReleaseReason::kCapacity, why);
     } else {
-      Release(victim, shm::ReleaseReason::kCapacity, /*allow_park=*/false);  // parked copies count too: drop
+      // Parked copies count too: dropped, not parked.
+      Release(victim, shm::ReleaseReason::kCapacity, /*allow_park=*/false, why);
     }
   }
 }
 
 void Core::ExpireIdle(uint64_t as_of) {
   for (uint32_t model : policy::PlanExpiry(Residents(), as_of)) {
-    Log(LogLevel::kInfo, "\"{}\" idle past its keep_alive; releasing it", models_[model].entry.name);
-    Release(model, shm::ReleaseReason::kKeepAlive, /*allow_park=*/true);
+    const Model& m = models_[model];
+    const int64_t keep = m.keep_alive_override_ms.value_or(m.keep_alive_ms);
+    Release(model, shm::ReleaseReason::kKeepAlive, /*allow_park=*/true,
+            keep == 0 ? std::string("keep_alive 0: released when its requests end")
+                      : fmt::format("idle for its keep_alive of {:g} s", keep / 1000.0));
   }
 }
 

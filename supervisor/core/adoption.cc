@@ -168,7 +168,12 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
       Log(LogLevel::kWarn, "\"{}\": its file {} is gone; serving the weights kept", k.name, k.path);
     }
     m.machine.Adopt(std::move(k.weights), parked);
-    if (!parked) m.entry.workspace_bytes = m.machine.DeviceWeights()->workspace_bytes;
+    // Adopted weights keep the model's keep_alive, counted from now as if a request had just
+    // ended: without it they would stay on the device until evicted.
+    if (!parked) {
+      m.entry.workspace_bytes = m.machine.DeviceWeights()->workspace_bytes;
+      StartKeepAlive(model);
+    }
     Log(LogLevel::kInfo, "adopted \"{}\" {}, kept across the restart", m.entry.name, what);
     adopted_++;
   }

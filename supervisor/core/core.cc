@@ -103,7 +103,8 @@ void Core::CloseMemory(const std::vector<int>& handles) {
 }
 
 policy::Limits Core::Limits() const {
-  return policy::Limits{0, config_.capacity, config_.max_cached, config_.park_budget_bytes};
+  return policy::Limits{0, config_.capacity, config_.max_cached, config_.park_budget_bytes,
+                        config_.single_active};
 }
 
 bool Core::DeviceUsable(uint32_t device) const {
@@ -208,11 +209,17 @@ void Core::CheckPreload() {
   });
   if (ready_sent_ || !preloading_.empty() || stopping_) return;
   ready_sent_ = true;
-  uint32_t ready = 0;
-  for (uint32_t model : index_->All()) ready += models_[model].machine.Is<residency::Ready>();
-  if (!config_.preload.empty()) {
-    Log(LogLevel::kInfo, "preload complete: {} of {} preloaded model(s) ready", ready,
-        config_.preload.size());
+  // Counted over the preload list only: models adopted across a restart are ready too, and are
+  // told apart (a count over every model said "3 of 2").
+  uint32_t ready = 0, listed = 0;
+  for (const std::string& name : config_.preload) {
+    const uint32_t model = index_->Find(name);
+    listed++;
+    ready += model != shm::kNil && models_[model].machine.Is<residency::Ready>();
+  }
+  if (listed != 0) {
+    Log(LogLevel::kInfo, "preload complete: {} of {} preloaded model(s) ready{}", ready, listed,
+        adopted_ != 0 ? fmt::format(" ({} adopted across the restart)", adopted_) : std::string());
   }
   actions_.push_back(action::Notify{action::Notify::Kind::kReady, StatusLine()});
 }

@@ -11,9 +11,9 @@
 //
 // Files: core.cc (events, start, ticks, stop), requests.cc (client requests, sessions, budgets),
 // admission.cc (room, loads, releases, eviction), replicas.cc (replicas, placement), jobs.cc
-// (what workers report), dispatch.cc (inference), recovery.cc (deaths, crash loops, deadlines,
-// stalls), workers.cc (worker processes), reload.cc (reload, register, retirement), faults.cc,
-// snapshots.cc, invariants.cc.
+// (what workers report), dispatch.cc (inference), recovery.cc (deaths, deadlines, stalls),
+// failures.cc (crash loops, broken files), workers.cc (worker processes), reload.cc (reload,
+// register, retirement), faults.cc, snapshots.cc, invariants.cc.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/version.h"
 #include "ipc/warmpool.pb.h"
 #include "shm/model_index.h"
 #include "shm/segment.h"
@@ -40,7 +41,8 @@
 
 namespace warmpool::supervisor {
 
-inline constexpr char kVersion[] = "0.2.0";
+// The project's version (project(... VERSION) in CMake), as status and the metrics report it.
+inline constexpr const char* kVersion = kProjectVersion;
 // The shell ticks the core this often; the status line goes out at most this often.
 inline constexpr uint64_t kTickMs = 50;
 inline constexpr uint64_t kStatusPeriodMs = 250;
@@ -56,6 +58,9 @@ inline constexpr uint32_t kPassingRetryJobs = 4;
 // holds one of the daemon's descriptors, which its worker channels need too.
 inline constexpr uint32_t kMaxRegionsPerConnection = 16;
 inline constexpr uint32_t kMaxRegions = 1024;
+
+// A failure a retry of the same file cannot cure: its contents, its absence, its permissions.
+bool IsFileProblem(const Status& cause);
 
 class Core {
  public:
@@ -105,6 +110,7 @@ class Core {
     uint32_t shared_crashes = 0;
     // Sent to a worker that died before answering: runs again, one at a time per worker (below).
     bool retry = false;
+    uint32_t replicas_asked = 0;  // a load: LoadRequest.replicas, for its reply
   };
   struct Job {
     enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -139,6 +145,9 @@ class Core {
     uint32_t inflight = 0;
     policy::CrashRecord crashes;
     std::string last_error;  // in full (the segment keeps a truncated copy)
+    bool file_broken = false;  // last_error is about its file (Core::MarkFailed)
+    // Models released to make room for its load or its replicas, told in the next load reply.
+    std::vector<std::string> evicted_for;
     int64_t keep_alive_ms = -1;
     std::optional<int64_t> keep_alive_override_ms;
     uint64_t expires_at_ms = 0;
@@ -280,7 +289,8 @@ class Core {
   static void DescribeAttach(v1::WorkerAttach* attach, uint32_t model, const ModelEntry& entry,
                              const Weights& weights);
   // Releases the device memory of a ready model (parked when allowed and the budget has room).
-  void Release(uint32_t model, shm::ReleaseReason reason, bool allow_park);
+  // Logged here with its reason, whoever decided it; `why` says more (whose room, which limit).
+  void Release(uint32_t model, shm::ReleaseReason reason, bool allow_park, std::string_view why = {});
   // adoption.cc
   Status CheckKept(const KeptWeights& kept) const;
   bool KeepsDeviceWeights() const;
@@ -291,14 +301,15 @@ class Core {
   void PublishGauges();
   void SendRelease(uint32_t model);
   void FinishRelease(uint32_t model);
-  void DropParked(uint32_t model);
+  void DropParked(uint32_t model, shm::ReleaseReason reason, std::string_view why = {});
   // Tells a worker to let go of its replica of the model; the job's id.
   uint64_t SendUnload(uint32_t model, uint32_t worker);
   // A replica of a ready model leaves (fewer replicas, or a move).
   void SendLeave(uint32_t model, uint32_t worker);
   void FailWaiters(uint32_t model, const Status& status);
-  // Replicas up to the target (as room allows), down to it (the most crowded worker's goes).
-  void AdjustReplicas(uint32_t model);
+  // Replicas up to the target (as room allows), down to it (the most crowded worker's goes);
+  // why it stopped short of the target (empty: it did not).
+  std::string AdjustReplicas(uint32_t model);
   void EnforceMaxCached(uint32_t keep);
   // keep_alive expiry judged as of `as_of`: what clients sent before then was read.
   void ExpireIdle(uint64_t as_of);
@@ -330,7 +341,7 @@ class Core {
   void DoneOnCurrent(uint32_t model);
   void StartKeepAlive(uint32_t model);
 
-  // recovery.cc: worker deaths, crash loops, hangs, deadlines
+  // recovery.cc: worker deaths, hangs, deadlines; failures.cc: crash loops, broken files
   void OnWorkerDown(const event::WorkerDown& down);
   void OnDeviceLost(const event::DeviceLost& lost);
   void OnDeviceRestored(const event::DeviceRestored& restored);
@@ -338,7 +349,10 @@ class Core {
   // connections taking turns, the ones with fewer to retry first within a turn.
   static std::vector<std::pair<uint32_t, Waiter>> TakingTurns(std::vector<std::pair<uint32_t, Waiter>> retries);
   void ChargeCrash(uint32_t model, const std::string& why, bool alone);
-  void MarkFailed(uint32_t model, const std::string& reason);
+  // file_broken: the file's contents (or its absence) are the cause; the messages say to fix it.
+  void MarkFailed(uint32_t model, const std::string& reason, bool file_broken = false);
+  // What to do about a broken file: where it is, and what reads it again.
+  std::string FileFix(uint32_t model) const;
   Status FailedStatus(uint32_t model) const;
   void OnModelInspected(const event::ModelInspected& inspected);
   // Deadlines and stalls judged as of `as_of` (event::Tick::workers_read_ms), not of now: a
@@ -378,6 +392,17 @@ class Core {
   void ProcessRetirements();
 
   // snapshots.cc
+  // A model's sizes as every view names them (ModelInfo, PsEntry, LoadReply).
+  struct Sizes {
+    uint64_t weights = 0;
+    uint64_t workspace = 0;  // every replica's on a device; else what one replica will need
+  };
+  Sizes SizesOf(uint32_t model) const;
+  // Replicas serving or attaching (not leaving).
+  uint32_t StayingReplicas(uint32_t model) const;
+  // A load's answer: sizes, replicas (capped: why fewer than `asked`; `short_by` is what
+  // AdjustReplicas said), the models evicted for it (Model::evicted_for).
+  v1::Envelope LoadReplyFor(uint32_t model, uint32_t asked, const std::string& short_by) const;
   v1::Envelope ModelsSnapshot() const;
   v1::Envelope PsSnapshot() const;
   v1::Envelope StatusSnapshot() const;

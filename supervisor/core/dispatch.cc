@@ -56,9 +56,7 @@ void Core::DrainReady(uint32_t model) {
       Waiter w = std::move(front);
       m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
       queued_--;
-      v1::Envelope reply;
-      reply.mutable_load_reply()->set_model(m.entry.name);
-      reply.mutable_load_reply()->set_bytes(index_->Get(model).weight_bytes);
+      v1::Envelope reply = LoadReplyFor(model, w.replicas_asked, {});
       reply.mutable_load_reply()->set_already_loaded(true);
       Answer(w.call, std::move(reply));
       continue;

@@ -137,7 +137,7 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
       FailWaiters(model, Error(Code::kResourceExhausted, "model \"{}\" did not fit: {}", name,
                                cause.message()));
     } else {
-      MarkFailed(model, cause.message());
+      MarkFailed(model, cause.message(), IsFileProblem(cause));
     }
     return RetryPending();
   }
@@ -182,7 +182,7 @@ void Core::OnAttachDone(const Job& job, const v1::WorkerLoadDone& done) {
     m.machine.DropReplica(job.worker);
     if (const Ready* ready = m.machine.As<Ready>(); ready != nullptr && ready->replicas.empty()) {
       // The held weights cannot be attached: let them go and load from the file instead.
-      Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
+      Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false, "its weights could not be attached");
     } else if (const Releasing* r = m.machine.As<Releasing>();
                r != nullptr && r->replicas.empty() && r->park_job == 0 && !r->draining) {
       FinishRelease(model);
@@ -240,6 +240,7 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
   m.last_error.clear();
+  m.file_broken = false;
   Log(LogLevel::kInfo, "\"{}\" ready on worker {} ({} weights {}, {} ms)", m.entry.name,
       m.machine.ServingWorkers().front(), FormatBytes(ready->weights.weight_bytes), how,
       MonoMs() - started_ms);
@@ -254,25 +255,30 @@ void Core::OnReady(uint32_t model, uint64_t started_ms, const char* how) {
                              "model \"{}\" took more memory than it announced and does not fit the "
                              "budget: unloaded",
                              m.entry.name));
-    return Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
+    return Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false,
+                   "it took more memory than it announced");
   }
-  // Load waiters are answered; inference waiters go to the workers in arrival order.
+  // Inference waiters go to the workers in arrival order; load waiters are answered once the
+  // replicas asked for are on their way, so that the reply says how many there are.
   std::deque<Waiter> rest;
+  std::vector<Waiter> loads;
   for (Waiter& w : m.waiters) {
     if (w.is_infer) {
       rest.push_back(std::move(w));
       continue;
     }
     queued_--;
-    v1::Envelope reply;
-    reply.mutable_load_reply()->set_model(m.entry.name);
-    reply.mutable_load_reply()->set_bytes(ready->weights.weight_bytes);
-    reply.mutable_load_reply()->set_load_ms(MonoMs() - started_ms);
-    Answer(w.call, std::move(reply));
+    loads.push_back(std::move(w));
   }
   m.waiters.swap(rest);
   DrainReady(model);
-  AdjustReplicas(model);
+  const std::string short_by = AdjustReplicas(model);
+  for (const Waiter& w : loads) {
+    v1::Envelope reply = LoadReplyFor(model, w.replicas_asked, short_by);
+    reply.mutable_load_reply()->set_load_ms(MonoMs() - started_ms);
+    Answer(w.call, std::move(reply));
+  }
+  m.evicted_for.clear();
   EnforceMaxCached(model);
   RetryPending();
 }

@@ -27,6 +27,9 @@ struct ModelEntry {
   // The path is refused (outside the model roots, not a regular file): no worker may open it,
   // not even to retry after a cooldown. Other problems are retried like failed loads.
   bool path_refused = false;
+  // Found in the models directory (its file name is its name), not listed in the configuration:
+  // what owns it, for the messages that say where to change it.
+  bool from_models_dir = false;
 };
 
 // Names are 1..63 bytes of [A-Za-z0-9._-], not starting with '.'.

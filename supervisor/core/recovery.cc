@@ -197,7 +197,10 @@ void Core::OnDeviceLost(const event::DeviceLost& lost) {
   for (uint32_t model : index_->All()) {
     Model& m = models_[model];
     if (m.machine.Device() != lost.device) continue;
-    if (m.machine.Is<Ready>() && !stopping_) Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
+    if (m.machine.Is<Ready>() && !stopping_) {
+      Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false,
+              fmt::format("the memory of device {} was lost", lost.device));
+    }
     if (Releasing* r = m.machine.As<Releasing>()) r->park = false;  // a copy already made survives
   }
   // Waiting requests may go to another device now.
@@ -214,48 +217,6 @@ void Core::OnDeviceRestored(const event::DeviceRestored& restored) {
   }
 }
 
-void Core::ChargeCrash(uint32_t model, const std::string& why, bool alone) {
-  Model& m = models_[model];
-  shm::StatAdd(segment_.model_stats(model).crashes_charged);
-  size_t crashes = m.crashes.times_ms.size() + 1;
-  if (!policy::ChargeCrash(m.crashes, MonoMs(), RetrySettings(), alone)) return;
-  MarkFailed(model, fmt::format("crashed its worker {} times within {} s (last: {})", crashes,
-                                config_.crash_loop_window_ms / 1000, why));
-}
-
-void Core::MarkFailed(uint32_t model, const std::string& reason) {
-  Model& m = models_[model];
-  uint64_t cooldown = policy::NextCooldown(m.crashes, RetrySettings());
-  uint64_t until = MonoMs() + cooldown;
-  m.last_error = reason;
-  Log(LogLevel::kWarn, "model \"{}\" failed: {}; retried in {} ms at the earliest", m.entry.name,
-      reason, cooldown);
-  // Those waiting are told first: nothing must load it again on their behalf. Unless a reload
-  // replaced the version that failed: they wait for the new one, registered after this event.
-  if (!m.changing()) {
-    FailWaiters(model, Error(Code::kFailedPrecondition,
-                             "model \"{}\" failed: {}; it will be retried in {:.1f} s (or retry "
-                             "now with 'warmpool load {}')",
-                             m.entry.name, reason, cooldown / 1000.0, m.entry.name));
-  }
-  // Still resident (its weights survived the crash): let them go; it ends failed.
-  if (m.machine.Is<Ready>()) Release(model, shm::ReleaseReason::kFailure, /*allow_park=*/false);
-  if (m.machine.Is<Parked>()) DropParked(model);
-  if (m.machine.Is<Loading>() || m.machine.Is<Unparking>()) return;  // its end decides
-  m.machine.Fail(until, reason);
-}
-
-Status Core::FailedStatus(uint32_t model) const {
-  const std::string& name = models_[model].entry.name;
-  int64_t retry = RetryInMs(model);
-  return Error(Code::kFailedPrecondition,
-               "model \"{}\" failed: {}; {} (or retry now with 'warmpool load {}')", name,
-               models_[model].last_error,
-               retry > 0 ? fmt::format("it will be retried in {:.1f} s", retry / 1000.0)
-                         : std::string("the next request retries it"),
-               name);
-}
-
 void Core::OnModelInspected(const event::ModelInspected& inspected) {
   const uint32_t model = inspected.model;
   Model& m = models_[model];
@@ -267,10 +228,11 @@ void Core::OnModelInspected(const event::ModelInspected& inspected) {
                                  ? fmt::format("model path {} leads to {} now; reload to register "
                                                "it again",
                                                m.entry.path, *inspected.resolved)
-                                 : inspected.resolved.status().message());
+                                 : inspected.resolved.status().message(),
+                      /*file_broken=*/true);
   }
   const ModelEntry& entry = inspected.entry;
-  if (!entry.problem.ok()) return MarkFailed(model, entry.problem.message());
+  if (!entry.problem.ok()) return MarkFailed(model, entry.problem.message(), IsFileProblem(entry.problem));
   FollowFile(model, entry);
   m.machine.Recover();  // loadable again: through admission like any other
   TryAdmit(model);

@@ -58,11 +58,13 @@ bool Core::RegisterModel(const ModelEntry& entry) {
                                           entry.name, entry.problem.message());
   m.crashes = {};
   m.last_error.clear();
+  m.file_broken = false;
   ApplySettings(m);
   m.machine.SetRegisteredBytes(entry.weight_bytes);
   if (!entry.problem.ok()) {
     Log(LogLevel::kWarn, "model \"{}\" registered as failed: {}", entry.name, entry.problem.ToString());
     m.last_error = entry.problem.message();
+    m.file_broken = IsFileProblem(entry.problem);
     m.machine.Fail(0, entry.problem.message());  // the next request looks at the file again
   } else if (m.machine.Is<Failed>()) {
     m.machine.Recover();
@@ -90,10 +92,13 @@ void Core::ProcessRetirements() {
       // A removed model first serves the requests it has; a changed one stops taking new ones
       // (they wait for the new version) and goes as soon as its in-flight work ends.
       if (removed && (!m.waiters.empty() || m.inflight != 0)) continue;
-      Release(model, shm::ReleaseReason::kReload, /*allow_park=*/false);
+      Release(model, shm::ReleaseReason::kReload, /*allow_park=*/false,
+              removed ? "no longer registered" : "its registration changed");
       continue;
     }
-    if (m.machine.Is<Parked>()) DropParked(model);  // a copy of what is leaving
+    if (m.machine.Is<Parked>()) {  // a copy of what is leaving
+      DropParked(model, shm::ReleaseReason::kReload, removed ? "no longer registered" : "its registration changed");
+    }
     if (!m.machine.Is<Absent>() && !m.machine.Is<Failed>()) continue;  // its end comes back here
     // Requests queued for a removed model that is not loaded: it loads for them first.
     if (removed && !m.waiters.empty()) continue;
@@ -150,6 +155,7 @@ void Core::Reload(event::Reload&& reload) {
     }
     if (SameModel(m.entry, entry) && !m.retiring) {
       ApplySettings(m);  // settings only: they apply to the next request
+      m.entry.from_models_dir = entry.from_models_dir;
       continue;
     }
     changed++;
@@ -177,9 +183,18 @@ void Core::HandleRegister(const Call& call, const v1::RegisterRequest& request,
   const std::string& name = request.model();  // name and path form: checked by CheckRequest
   uint32_t model = index_->Find(name);
   if (model != shm::kNil && !models_[model].registered_by_client) {
+    const ModelEntry& owner = models_[model].entry;
+    if (owner.from_models_dir) {
+      return AnswerError(call, Error(Code::kFailedPrecondition,
+                                     "model \"{}\" comes from the models directory ({}); replace or "
+                                     "remove that file and reload (systemctl reload warmpool, or "
+                                     "SIGHUP), or register this file under another name",
+                                     name, owner.path));
+    }
     return AnswerError(call, Error(Code::kFailedPrecondition,
-                                   "model \"{}\" comes from the configuration; change it there and "
-                                   "reload (systemctl reload warmpool, or SIGHUP)",
+                                   "model \"{}\" comes from the configuration ([[models]] in the config "
+                                   "file); change it there and reload (systemctl reload warmpool, or "
+                                   "SIGHUP), or register this file under another name",
                                    name));
   }
   v1::Envelope reply;

@@ -3,6 +3,7 @@
 // several to one holding none. What each worker holds is derived from the machines (WorkerViews).
 #include <algorithm>
 
+#include "common/units.h"
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
@@ -99,10 +100,10 @@ void Core::SendLeave(uint32_t model, uint32_t worker) {
   models_[model].machine.ReplicaLeaving(worker, SendUnload(model, worker));
 }
 
-void Core::AdjustReplicas(uint32_t model) {
+std::string Core::AdjustReplicas(uint32_t model) {
   Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
-  if (ready == nullptr || ready->replicas.empty() || stopping_ || m.changing()) return;
+  if (ready == nullptr || ready->replicas.empty() || stopping_ || m.changing()) return {};
   // Replicas share the weights where they are: at most one per worker of their device.
   const uint32_t device = ready->weights.device;
   uint32_t target = std::min<uint32_t>(m.target_replicas, config_.workers_per_device);
@@ -110,22 +111,26 @@ void Core::AdjustReplicas(uint32_t model) {
                                  [](const Replica& r) { return r.leave_job == 0; });
   if (staying > target) {
     std::vector<uint32_t> serving = m.machine.ServingWorkers();
-    if (serving.size() < 2) return;  // only serving replicas leave, and never the last
+    if (serving.size() < 2) return {};  // only serving replicas leave, and never the last
     SendLeave(model, policy::PickReplicaToDrop(WorkerViews(), serving));
-    return;
+    return {};
   }
   for (;;) {
     // Everything is looked up again each time round: making room may release models, and their
     // release may have grown this one already (RetryPending).
     ready = m.machine.As<Ready>();
-    if (ready == nullptr || ready->replicas.empty()) return;
+    if (ready == nullptr || ready->replicas.empty()) return {};
     std::vector<uint32_t> busy;
     for (const Replica& r : ready->replicas) busy.push_back(r.worker);
     size_t staying_now = std::count_if(ready->replicas.begin(), ready->replicas.end(),
                                        [](const Replica& r) { return r.leave_job == 0; });
-    if (staying_now >= target) return;
+    if (staying_now >= target) return {};
     uint32_t worker = policy::PickWorkerForLoad(WorkerViewsOn(device), busy);
-    if (worker == policy::kNone) return;  // fewer workers up than replicas: a hello grows it
+    if (worker == policy::kNone) {
+      // A hello grows it later.
+      return fmt::format("no other worker of device {} is up to serve it yet (it grows when one is)",
+                         device);
+    }
     uint64_t workspace = ready->weights.workspace_bytes;
     if (!Fits(device, workspace)) {
       // Room for the replica's workspace comes like room for a load: idle models of its device,
@@ -134,9 +139,16 @@ void Core::AdjustReplicas(uint32_t model) {
       policy::AdmissionPlan plan =
           policy::PlanAdmission(policy::OnDevice(Residents(), device), model, m.entry.name,
                                 workspace, index_->DeviceUsed(device), bytes_only);
-      if (plan.kind != policy::AdmissionPlan::Kind::kEvict) return;  // RetryPending grows it later
-      for (uint32_t victim : plan.victims) Release(victim, shm::ReleaseReason::kBudget, /*allow_park=*/true);
-      if (!Fits(device, workspace)) return;
+      const std::string no_room =
+          fmt::format("no room on device {} for another workspace of {} (budget {}, {} in use)", device,
+                      FormatBytes(workspace), FormatBytes(Budget(device)), FormatBytes(index_->DeviceUsed(device)));
+      if (plan.kind != policy::AdmissionPlan::Kind::kEvict) return no_room;  // RetryPending grows it later
+      for (uint32_t victim : plan.victims) {
+        m.evicted_for.push_back(models_[victim].entry.name);
+        Release(victim, shm::ReleaseReason::kBudget, /*allow_park=*/true,
+                fmt::format("evicted to make room for a replica of \"{}\"", m.entry.name));
+      }
+      if (!Fits(device, workspace)) return no_room;
       continue;
     }
     AttachReplica(model, worker);

@@ -149,13 +149,17 @@ void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
     m.target_replicas = std::min(request.replicas(), config_.workers_per_device);  // one device's workers
   }
   if (const Ready* ready = m.machine.As<Ready>(); ready != nullptr && !ready->replicas.empty()) {
-    AdjustReplicas(model);
+    // What this request did is told in its reply: replicas added (or capped, and why), models
+    // evicted to make room for them.
+    const uint32_t before = StayingReplicas(model);
+    m.evicted_for.clear();
+    const std::string short_by = AdjustReplicas(model);
     index_->Touch(model);
     if (m.inflight == 0) StartKeepAlive(model);
-    v1::Envelope reply;
-    reply.mutable_load_reply()->set_model(request.model());
-    reply.mutable_load_reply()->set_bytes(ready->weights.weight_bytes);
+    v1::Envelope reply = LoadReplyFor(model, request.replicas(), short_by);
     reply.mutable_load_reply()->set_already_loaded(true);
+    reply.mutable_load_reply()->set_replicas_before(before);
+    m.evicted_for.clear();
     return Answer(call, std::move(reply));
   }
   if (queued_ >= config_.max_queue) {
@@ -164,7 +168,9 @@ void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
   }
   // An explicit load retries a failed model at once, cooldown or not.
   if (Failed* f = m.machine.As<Failed>()) f->until_ms = 0;
-  Enqueue(model, Waiter{call, false, {}, 0, 0});
+  Waiter waiter{call, false, {}, 0, 0};
+  waiter.replicas_asked = request.replicas();
+  Enqueue(model, std::move(waiter));
 }
 
 void Core::HandleUnloadAll(const Call& call) {
@@ -184,7 +190,7 @@ void Core::HandleUnloadAll(const Call& call) {
     return Answer(call, std::move(reply));
   }
   bulk_unloads_.emplace(id, bulk);
-  for (uint32_t model : ready) Release(model, shm::ReleaseReason::kExplicit, /*allow_park=*/true);
+  for (uint32_t model : ready) Release(model, shm::ReleaseReason::kExplicit, /*allow_park=*/true, "unload --all");
 }
 
 void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
@@ -218,10 +224,10 @@ void Core::HandleUnload(const Call& call, const v1::UnloadRequest& request) {
       }
     }
     m.unload_waiters.push_back(call);
-    return Release(model, shm::ReleaseReason::kExplicit, /*allow_park=*/request.park());
+    return Release(model, shm::ReleaseReason::kExplicit, /*allow_park=*/request.park(), "unload");
   }
   if (m.machine.Is<Parked>()) {
-    if (!request.park()) DropParked(model);  // dropping the parked copy
+    if (!request.park()) DropParked(model, shm::ReleaseReason::kExplicit, "unload");
     return done();
   }
   if (m.machine.Is<Releasing>()) {

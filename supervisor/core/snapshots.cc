@@ -1,5 +1,7 @@
 // The read-only views (models, ps, status), built from the index and the machines themselves so
 // that no parallel copy can drift from them.
+#include <algorithm>
+
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
@@ -10,6 +12,58 @@ int64_t Core::RetryInMs(uint32_t model) const {
   const Failed* f = models_[model].machine.As<Failed>();
   if (f == nullptr || f->until_ms <= MonoMs()) return 0;
   return static_cast<int64_t>(f->until_ms - MonoMs());
+}
+
+Core::Sizes Core::SizesOf(uint32_t model) const {
+  const shm::ModelRecord& r = index_->Get(model);
+  const Model& m = models_[model];
+  switch (static_cast<shm::ModelState>(r.state)) {
+    case shm::ModelState::kLoading:
+    case shm::ModelState::kReady:
+    case shm::ModelState::kUnloading:
+      return Sizes{r.weight_bytes, r.workspace_bytes};  // what it holds of its device now
+    case shm::ModelState::kParked:
+      return Sizes{r.weight_bytes, 0};  // the host copy of its weights; no workspace anywhere
+    default:
+      // Registered or failed: what a load of it will need (one replica).
+      return Sizes{r.weight_bytes, m.entry.workspace_bytes};
+  }
+}
+
+uint32_t Core::StayingReplicas(uint32_t model) const {
+  const std::vector<Replica>* replicas = models_[model].machine.Replicas();
+  if (replicas == nullptr) return 0;
+  return static_cast<uint32_t>(std::count_if(replicas->begin(), replicas->end(),
+                                             [](const Replica& r) { return r.leave_job == 0; }));
+}
+
+v1::Envelope Core::LoadReplyFor(uint32_t model, uint32_t asked, const std::string& short_by) const {
+  const Model& m = models_[model];
+  v1::Envelope reply;
+  v1::LoadReply* out = reply.mutable_load_reply();
+  out->set_model(m.entry.name);
+  const Sizes sizes = SizesOf(model);
+  out->set_bytes(sizes.weights);
+  out->set_weight_bytes(sizes.weights);
+  out->set_workspace_bytes(sizes.workspace);
+  const uint32_t replicas = StayingReplicas(model);
+  out->set_replicas(replicas);
+  out->set_replicas_asked(asked);
+  if (asked > replicas) {
+    const uint32_t per_device = config_.workers_per_device;
+    std::string why;
+    if (asked > per_device) {
+      why = fmt::format("at most {}: a model's replicas share its weights on one device and each needs a "
+                        "worker of its own ([daemon] workers_per_device = {})",
+                        per_device, per_device);
+    }
+    if (replicas < std::min(asked, per_device) && !short_by.empty()) {
+      why += (why.empty() ? "" : "; ") + short_by;
+    }
+    out->set_replicas_capped(why);
+  }
+  for (const std::string& name : m.evicted_for) out->add_evicted(name);
+  return reply;
 }
 
 v1::Envelope Core::ModelsSnapshot() const {
@@ -23,9 +77,14 @@ v1::Envelope Core::ModelsSnapshot() const {
     info->set_engine(r.engine);
     info->set_path(r.path);
     info->set_state(std::string(shm::ModelStateName(static_cast<shm::ModelState>(r.state))));
-    info->set_bytes(m.entry.weight_bytes);
+    const Sizes sizes = SizesOf(i);
+    info->set_bytes(sizes.weights);
+    info->set_weight_bytes(sizes.weights);
+    info->set_workspace_bytes(sizes.workspace);
+    info->set_pinned(m.pinned);
     info->set_last_error(m.last_error);
     info->set_retry_in_ms(RetryInMs(i));
+    info->set_file_broken(m.file_broken && m.machine.Is<Failed>());
     info->set_in_features(m.entry.in_features);
     info->set_out_features(m.entry.out_features);
   }
@@ -53,21 +112,25 @@ v1::Envelope Core::PsSnapshot() const {
     v1::PsEntry* e = ps->add_models();
     e->set_last_error(m.last_error);
     e->set_retry_in_ms(RetryInMs(i));
+    e->set_file_broken(m.file_broken && m.machine.Is<Failed>());
     e->set_worker(r.worker_slot == shm::kNil ? -1 : static_cast<int32_t>(r.worker_slot));
     e->set_name(r.name);
     e->set_state(std::string(shm::ModelStateName(static_cast<shm::ModelState>(r.state))));
     e->set_device(r.device);
-    e->set_bytes(r.weight_bytes + r.workspace_bytes);
+    const Sizes sizes = SizesOf(i);
+    e->set_bytes(sizes.weights + sizes.workspace);
     e->set_inflight(m.inflight);
     e->set_replicas(r.replicas);
     e->set_last_used(static_cast<int64_t>(r.last_used_ns / 1000000000ull));
-    if (m.expires_at_ms != 0 && m.machine.Is<Ready>()) {
+    // A pinned model never expires (PlanExpiry): it shows no countdown.
+    if (m.expires_at_ms != 0 && m.machine.Is<Ready>() && !m.pinned) {
       e->set_has_expiry(true);
       e->set_expires_in(m.expires_at_ms > MonoMs()
                             ? static_cast<int64_t>((m.expires_at_ms - MonoMs() + 999) / 1000)
                             : 0);
     }
-    e->set_weight_bytes(r.weight_bytes);
+    e->set_weight_bytes(sizes.weights);
+    e->set_workspace_bytes(sizes.workspace);
     e->set_pinned(m.pinned);
     e->set_loaded_bytes(r.loaded_bytes);
   }
@@ -126,6 +189,7 @@ v1::Envelope Core::StatusSnapshot() const {
     f->set_state("failed");
     f->set_last_error(models_[i].last_error);
     f->set_retry_in_ms(RetryInMs(i));
+    f->set_file_broken(models_[i].file_broken);
   }
   return reply;
 }

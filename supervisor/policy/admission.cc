@@ -72,11 +72,25 @@ AdmissionPlan PlanAdmission(const std::vector<Resident>& lru, uint32_t model,
   plan.victims.clear();
   std::string names;
   for (const std::string& n : pinned) names += (names.empty() ? "" : ", ") + n;
-  plan.reason = Error(Code::kResourceExhausted,
-                      "no room for model \"{}\" ({}): {} of {} in use{}{}; unpin or unload a model, "
-                      "or raise the budget",
-                      name, FormatBytes(bytes), FormatBytes(used), FormatBytes(budget),
-                      pinned.empty() ? "" : ", pinned: ", names);
+  const std::string pins = pinned.empty() ? "" : ", pinned: " + names;
+  // The refusal names the limit in the way: the count of models (single_active, capacity) or
+  // the bytes (the budget). Raising the budget does nothing for the first.
+  if (plan.by_count && limits.single_active) {
+    plan.reason = Error(Code::kResourceExhausted,
+                        "no room for model \"{}\": [pool] single_active keeps one model on the device{}; "
+                        "unpin or unload it, or turn single_active off",
+                        name, pins);
+  } else if (plan.by_count) {
+    plan.reason = Error(Code::kResourceExhausted,
+                        "no room for model \"{}\": the device holds its [pool] capacity of {} model(s){}; "
+                        "unpin or unload a model, or raise [pool] capacity",
+                        name, limits.capacity, pins);
+  } else {
+    plan.reason = Error(Code::kResourceExhausted,
+                        "no room for model \"{}\" ({}): {} of {} in use{}; unpin or unload a model, "
+                        "or raise the budget (--budget or [pool] budget)",
+                        name, FormatBytes(bytes), FormatBytes(used), FormatBytes(budget), pins);
+  }
   return plan;
 }
 
@@ -175,13 +189,14 @@ std::vector<uint32_t> PlanMaxCached(const std::vector<Resident>& lru, uint32_t k
 
 std::vector<uint32_t> PlanExpiry(const std::vector<Resident>& lru, uint64_t now_ms) {
   std::vector<uint32_t> expired;
-  if (lru.size() <= 1) return expired;
-  for (size_t i = 0; i + 1 < lru.size(); i++) {  // never the most recently used (the last)
+  for (size_t i = 0; i < lru.size(); i++) {
     const Resident& r = lru[i];
     if (r.where != Where::kDevice || r.expires_at_ms == 0 || now_ms < r.expires_at_ms ||
         r.busy || r.pinned) {
       continue;
     }
+    const bool last_warm = lru.size() <= 1 || i + 1 == lru.size();  // the only one, or the MRU
+    if (last_warm && !r.release_when_idle) continue;
     expired.push_back(r.model);
   }
   return expired;

@@ -30,6 +30,7 @@ struct Resident {
   bool pinned = false;
   bool busy = false;          // requests in flight or waiting: not released now
   uint64_t expires_at_ms = 0; // keep_alive: 0 never
+  bool release_when_idle = false;  // keep_alive 0: released as soon as its requests end
 };
 
 struct Limits {
@@ -37,6 +38,7 @@ struct Limits {
   uint32_t capacity = 0;          // models on one device at once; 0 unlimited
   uint32_t max_cached = 0;        // on the device plus parked; 0 unlimited
   uint64_t park_budget_bytes = 0; // 0: parking is off
+  bool single_active = false;     // capacity is 1 because of [pool] single_active (refusals say so)
 };
 
 struct AdmissionPlan {
@@ -101,8 +103,10 @@ bool ShouldPark(uint64_t weight_bytes, bool can_copy, uint64_t park_used, const 
 std::vector<uint32_t> PlanMaxCached(const std::vector<Resident>& lru, uint32_t keep,
                                     const Limits& limits);
 
-// keep_alive: idle device models past their expiry, never the only cached model, never the most
-// recently used one, never busy or pinned.
+// keep_alive: idle device models past their expiry, never busy or pinned. Never the only cached
+// model, nor the most recently used one (a quiet period does not tear down the last warm model:
+// the reference's evict_idle), unless its keep_alive is 0: that asks for exactly this teardown
+// (Ollama's keep_alive 0), so it is released as soon as its requests end.
 std::vector<uint32_t> PlanExpiry(const std::vector<Resident>& lru, uint64_t now_ms);
 
 }  // namespace warmpool::supervisor::policy

@@ -273,6 +273,47 @@ TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
   ExpectQuiescentAndValid();
 }
 
+// A misspelt key is refused like an unknown key of the configuration, naming it: silently
+// ignored, {"keep_alive_": "10m"} would keep nothing alive and say nothing.
+TEST_F(HttpApiTest, UnknownKeysInBodiesAreRefusedByName) {
+  MakeModel("m", "8,4");
+  StartDaemon("", {"--enable-fault-injection"});
+  struct Case {
+    std::string path, body;
+  };
+  for (const Case& c : {Case{"/v1/models/m/load", R"({"keep_alive_": "10m"})"},
+                        Case{"/v1/models/m/unload", R"({"park": true, "keep_alive_": 1})"},
+                        Case{"/v1/models/m/pin", R"({"keep_alive_": 1})"},
+                        Case{"/v1/models/m/infer", R"({"input": [[1,2,3,4,5,6,7,8]], "keep_alive_": 1})"},
+                        Case{"/v1/unload", R"({"keep_alive_": 1})"},
+                        Case{"/v1/faults", R"({"point": "infer.mid", "action": "kill", "keep_alive_": 1})"}}) {
+    Response r = One(Post(c.path, c.body, true));
+    EXPECT_EQ(r.status, 400) << c.path << ": " << r.body;
+    EXPECT_NE(r.body.find("unknown key \"keep_alive_\" in the body of POST " + c.path), std::string::npos)
+        << r.body;
+  }
+  const std::string body = json({{"path", "/x.safetensors"}, {"engin", "dense"}}).dump();
+  Response reg = One("PUT /v1/models/extra HTTP/1.1\r\nContent-Length: " + std::to_string(body.size()) +
+                     "\r\nConnection: close\r\n\r\n" + body);
+  EXPECT_EQ(reg.status, 400) << reg.body;
+  EXPECT_NE(reg.body.find("unknown key \"engin\""), std::string::npos) << reg.body;
+  // Nothing was loaded by the refused load; the keys it takes still work, and the reply names
+  // the sizes and replicas.
+  EXPECT_EQ(json::parse(One(Get("/v1/ps", true)).body).size(), 0u);
+  Response load = One(Post("/v1/models/m/load", R"({"keep_alive": "10m", "replicas": 1})", true));
+  ASSERT_EQ(load.status, 200) << load.body;
+  json done = json::parse(load.body);
+  EXPECT_EQ(done["total_bytes"], done["weight_bytes"].get<uint64_t>() + done["workspace_bytes"].get<uint64_t>());
+  EXPECT_EQ(done["replicas"], 1);
+  EXPECT_TRUE(done["replicas_capped"].is_null()) << done.dump();
+  EXPECT_EQ(done["evicted"], json::array());
+  json ps = json::parse(One(Get("/v1/ps", true)).body);
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_EQ(ps[0]["total_bytes"], done["total_bytes"]);
+  EXPECT_EQ(ps[0]["workspace_bytes"], done["workspace_bytes"]);
+  ExpectQuiescentAndValid();
+}
+
 TEST_F(HttpApiTest, ExpectContinueAndHttp10KeepAlive) {
   MakeModel("m", "8,4");
   StartDaemon();

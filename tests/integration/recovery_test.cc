@@ -470,7 +470,15 @@ TEST_F(RecoveryTest, MalformedModelFileFailsWithTheReasonEverywhere) {
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), Code::kFailedPrecondition) << out.status().ToString();
   EXPECT_TRUE(Contains(out.status().message(), "model \"m\" failed: ")) << out.status().message();
-  EXPECT_TRUE(Contains(out.status().message(), "it will be retried in")) << out.status().message();
+  // A broken file is not "retried": the message says to fix it and what reads it again.
+  EXPECT_TRUE(Contains(out.status().message(), "its file is broken")) << out.status().message();
+  EXPECT_TRUE(Contains(out.status().message(), "then run 'warmpool load m'")) << out.status().message();
+  EXPECT_FALSE(Contains(out.status().message(), "retried in")) << out.status().message();
+  std::string table, err;
+  ASSERT_EQ(Cli({"ps"}, &table, &err), 0) << err;
+  EXPECT_TRUE(Contains(table, "REASON")) << table;
+  EXPECT_TRUE(Contains(table, "fix the file, then 'warmpool load m'")) << table;
+  EXPECT_EQ(Named(CliJson({"ps", "--json"}), "m")["file_broken"], true);
   auto load = c->Load("m");
   ASSERT_FALSE(load.ok());
   EXPECT_EQ(load.status().code(), Code::kFailedPrecondition) << load.status().ToString();
@@ -496,7 +504,8 @@ TEST_F(RecoveryTest, ModelFileBrokenAfterRegistrationFailsInTheWorkerLoad) {
   ASSERT_FALSE(load.ok());
   EXPECT_EQ(load.status().code(), Code::kFailedPrecondition) << load.status().ToString();
   EXPECT_TRUE(Contains(load.status().message(), "model \"m\" failed: ")) << load.status().message();
-  EXPECT_TRUE(Contains(load.status().message(), "it will be retried in")) << load.status().message();
+  EXPECT_TRUE(Contains(load.status().message(), "its file is broken")) << load.status().message();
+  EXPECT_FALSE(Contains(load.status().message(), "retried in")) << load.status().message();
   auto out = c->Infer("m", RandomMatrix(1, 8, 1));
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), Code::kFailedPrecondition) << out.status().ToString();

@@ -24,7 +24,9 @@ def test_models_lists_every_model_with_its_shape(client, daemon):
     # The CLI's --json field names.
     assert list(dataclasses.asdict(models["tiny"])) == [
         "name", "engine", "path", "state", "bytes", "in_features", "out_features", "error",
-        "retry_in_ms"]
+        "retry_in_ms", "weight_bytes", "workspace_bytes", "total_bytes", "pinned", "file_broken"]
+    assert models["tiny"].weight_bytes == models["tiny"].bytes
+    assert models["tiny"].total_bytes == models["tiny"].weight_bytes + models["tiny"].workspace_bytes
 
 
 def _header_len(path):
@@ -111,7 +113,16 @@ def test_an_output_larger_than_the_regions_room_comes_in_the_reply(daemon):
 def test_load_ps_pin_unload_park(client):
     result = client.load("wide", replicas=1, keep_alive="10m")
     assert result.model == "wide" and result.bytes > 0
-    assert client.load("wide").already_loaded
+    assert result.replicas == 1 and result.replicas_capped is None
+    again = client.load("wide")
+    assert again.already_loaded and again.replicas_before == again.replicas == 1
+    # One model, one set of sizes, under the same names in models(), ps() and load().
+    info = next(m for m in client.models() if m.name == "wide")
+    entry = next(e for e in client.ps() if e.name == "wide")
+    for sizes in (info, entry, again):
+        assert (sizes.weight_bytes, sizes.workspace_bytes, sizes.total_bytes) == (
+            result.weight_bytes, result.workspace_bytes, result.total_bytes)
+    assert result.total_bytes == result.weight_bytes + result.workspace_bytes == entry.bytes
     ps = {e.name: e for e in client.ps()}
     assert ps["wide"].state == "ready" and ps["wide"].replicas == 1
     assert ps["wide"].worker is not None and ps["wide"].weight_bytes > 0

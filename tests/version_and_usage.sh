@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every program prints "NAME VERSION" for --version (the project's version, from CMake) and exits 0;
+# warmpool's usage errors are one line, "warmpool[ COMMAND]: MESSAGE; see warmpool[ COMMAND] --help",
+# with exit status 2 (common/command_line.h).
+set -u
+version=${1:?usage: version_and_usage.sh VERSION PROGRAM...}
+shift
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+cli=
+for program in "$@"; do
+  name=$(basename "$program")
+  [ "$name" = warmpool ] && cli=$program
+  out=$("$program" --version 2>&1); rc=$?
+  [ $rc -eq 0 ] || fail "$name --version exited $rc: $out"
+  [ "$out" = "$name $version" ] || fail "$name --version printed \"$out\", expected \"$name $version\""
+done
+[ -n "$cli" ] || { echo "FAIL: warmpool is not among the programs"; exit 1; }
+
+# expect_usage EXPECTED_STDERR ARGS...: exit status 2 and exactly this line on stderr.
+expect_usage() {
+  local expected=$1; shift
+  local err rc
+  err=$("$cli" --socket /nonexistent "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] || fail "warmpool $* exited $rc (expected 2): $err"
+  [ "$err" = "$expected" ] || fail "warmpool $*: stderr \"$err\", expected \"$expected\""
+}
+expect_usage 'warmpool: unknown command "frob"; see warmpool --help' frob
+expect_usage 'warmpool: unknown option "--frob"; see warmpool --help' --frob
+expect_usage 'warmpool ps: unknown option "--frob"; see warmpool ps --help' ps --frob
+expect_usage 'warmpool fault: unknown command "frob"; see warmpool fault --help' fault frob
+case $("$cli" 2>&1 >/dev/null) in
+  "warmpool: a command is required ("*"); see warmpool --help") ;;
+  *) fail "warmpool with no command: $("$cli" 2>&1 >/dev/null)" ;;
+esac
+"$cli" --help | grep -q 'Exit status: 0 done; 1 the daemon refused' || fail "warmpool --help does not document the exit status"
+"$cli" --help | grep -q 'WEIGHTS (held once), WORKSPACE' || fail "warmpool --help does not name the sizes"
+
+[ $failed -eq 0 ] && echo "version and usage: every program agrees"
+exit $failed
