@@ -25,7 +25,7 @@ mkdir models
 export WARMPOOL_SOCKET=$work/warmpool.sock
 "$bin/warmpoold" --socket "$WARMPOOL_SOCKET" --instance "demo-$$" &
 daemon=$!
-for _ in $(seq 100); do "$bin/warmpool" status >/dev/null 2>&1 && break; sleep 0.05; done
+"$bin/warmpool" status --wait 10s >/dev/null
 
 set -x
 "$bin/warmpool" models

@@ -30,7 +30,10 @@ jobs=$(nproc)
 test_jobs=$((2 * jobs))
 
 stage "pass 1: normal build"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_TESTS=ON >/dev/null
+# Line tables only (-g1): backtraces keep their file:line, and the build takes a third less time
+# than with full debug information.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_TESTS=ON \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" >/dev/null
 cmake --build build -j"$jobs"
 stage "pass 1: tests"
 if ((quick)); then

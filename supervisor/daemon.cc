@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "metrics/prometheus.h"
+#include "ipc/descriptors.h"
 #include "ipc/error_proto.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/model_roots.h"
@@ -369,9 +370,12 @@ void Daemon::SyncKeptWeights(bool now) {
 
 void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {
   if (config_.backend != "host") return;
-  TrimFreedMemory();  // the core has just counted this job's bytes as used
+  // Take before trimming: the core has just counted this job's bytes as used, so under a full
+  // budget used + kept passes it — and the kept region that made room (the model this load
+  // evicted) is the one to reuse, not the first to go. Once it is taken, the rest is trimmed.
   uint64_t size = 0;
   const int fd = freed_memory_.Take(bytes, &size);
+  TrimFreedMemory();
   if (fd < 0) return;
   // A larger region shrinks now, not when the worker gets to the job: its tail is counted nowhere
   // once it has left the cache (the core counts `bytes`).
@@ -621,10 +625,8 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   }
   event::WorkerMessage e;
   e.slot = slot;
-  // A successful load carries the weights region, a park its host copy: one descriptor each.
-  bool carries = (message.has_load_done() && message.load_done().weights_shared()) ||
-                 (message.has_park_done() && message.park_done().copy_shared());
-  if (carries) {
+  // A successful load carries the weights region, a park its host copy (ipc/descriptors.h).
+  if (ipc::DescriptorsCarried(message) > 0) {
     int fd = workers_->TakeFd(slot);
     if (fd >= 0) e.handles.push_back(fd);
     // The weights of a cuda load live in a grant: it is released when the core lets them go.

@@ -27,7 +27,7 @@ mkdir "$work/models"
 "$bin/warmpoold" --socket "$sock" --models-dir "$work/models" --instance "prom$$" \
   --http "127.0.0.1:$wp_port" >"$work/warmpoold.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 200); do "$bin/warmpool" --socket "$sock" status >/dev/null 2>&1 && break; sleep 0.05; done
+"$bin/warmpool" --socket "$sock" status --wait 10s >/dev/null
 
 # What the series must say: 1 load from the file, 7 inferences answered OK and 2 refused
 # (a row of the wrong width), 1 explicit unload.

@@ -93,8 +93,7 @@ mkdir "$work/models"
 "$bin/warmpoold" --socket "$sock" --models-dir "$work/models" --instance "$instance" --budget 256MiB \
   2>"$work/daemon.log" &
 daemon=$!
-for _ in $(seq 100); do wp status >/dev/null 2>&1 && break; sleep 0.05; done
-wp status >/dev/null || fail "warmpoold did not start"
+wp status --wait 10s >/dev/null || fail "warmpoold did not start"
 wp load classifier >/dev/null
 for _ in 1 2 3; do wp infer classifier --random 1 >/dev/null; done
 
