@@ -47,18 +47,20 @@ stage "pass 2: sanitizer build"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWARMPOOL_SANITIZE=ON \
   -DWARMPOOL_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j"$jobs" --target sanitizer_pass
-# Reports go to files, so that one written by a worker or an owner (whose crash the daemon survives
-# by design) is seen too.
+asan="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
+ubsan="print_stacktrace=1:halt_on_error=1"
+stage "pass 2: unit tests and the simulator under the sanitizers"
+# A report fails its test (and a death test's expected crash is its own business).
+ASAN_OPTIONS=$asan UBSAN_OPTIONS=$ubsan ctest --test-dir build-asan --output-on-failure -j"$jobs" || failed=1
+stage "pass 2: daemon-level tests against the sanitizer build's programs"
+# Here reports go to files, so that one written by a worker or an owner — whose crash the daemon
+# survives by design, and the test with it — is seen too. handle_segv=0: the fault tests crash
+# workers with SIGSEGV on purpose; that is not a finding.
 reports=$(mktemp -d "${TMPDIR:-/tmp}/warmpool-sanitizer-reports.XXXXXX")
 trap 'rm -rf "$reports"' EXIT
-asan="detect_leaks=1:abort_on_error=1:strict_string_checks=1:log_path=$reports/asan"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
-stage "pass 2: unit tests and the simulator under the sanitizers"
-ASAN_OPTIONS=$asan ctest --test-dir build-asan --output-on-failure -j"$jobs" || failed=1
-stage "pass 2: daemon-level tests against the sanitizer build's programs"
-# handle_segv=0: the fault tests crash workers on purpose (SIGSEGV); that is not a finding.
-ASAN_OPTIONS=$asan:handle_segv=0 WARMPOOL_BIN_DIR=$PWD/build-asan/bin \
-  ctest --test-dir build --output-on-failure -j"$test_jobs" -L daemon || failed=1
+ASAN_OPTIONS=$asan:handle_segv=0:log_path=$reports/asan UBSAN_OPTIONS=$ubsan:log_path=$reports/ubsan \
+  WARMPOOL_BIN_DIR=$PWD/build-asan/bin ctest --test-dir build --output-on-failure -j"$test_jobs" -L daemon ||
+  failed=1
 if [ -n "$(ls -A "$reports")" ]; then
   echo "sanitizer reports:"
   for f in "$reports"/*; do echo "--- $(basename "$f")"; head -60 "$f"; done
