@@ -29,6 +29,7 @@
 #include "bench/compute.h"
 #include "bench/recovery.h"
 #include "bench/restart.h"
+#include "bench/switch.h"
 #include "bench/regions.h"
 #include "bench/relay.h"
 #include "bench/session.h"
@@ -54,6 +55,8 @@ struct Options {
   bool json = false;
   // --restart
   bool restart = false;
+  // --switch
+  bool switch_models = false;
   // --recovery
   bool recovery = false;
   uint32_t iterations = 20;
@@ -302,7 +305,7 @@ int main(int argc, char** argv) {
                      "sequences and unparks per size (default 10 there)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
-  app.add_option("--model-mib", options.model_mib, "--recovery, --restart: MiB of f32 weights in the model")
+  app.add_option("--model-mib", options.model_mib, "--recovery, --restart, --switch: MiB of f32 weights in each model")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--inflight", options.inflight,
@@ -356,6 +359,11 @@ int main(int argc, char** argv) {
                "instead: a restart of warmpoold with a warm --model-mib model (default 1024): from the new "
                "daemon's start to the model ready and to its first inference, with the descriptor store "
                "(weights kept) and without it (a load from the page cache) (see bench/restart.h)");
+  app.add_flag("--switch", options.switch_models,
+               "instead: two --model-mib models (default 512) under a budget of one, requested in turn: "
+               "each request evicts the other and loads its own, against `cat` of the file (see "
+               "bench/switch.h)");
+  app.get_option("--switch")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching")->excludes("--regions")->excludes("--restart");
   app.get_option("--restart")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching")->excludes("--regions");
   app.get_option("--regions")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching");
   app.get_option("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
@@ -414,6 +422,15 @@ int main(int argc, char** argv) {
     sharing.features = options.features;
     sharing.json = options.json;
     return warmpool::bench::RunSharing(sharing);
+  }
+  if (options.switch_models) {
+    warmpool::bench::SwitchOptions switch_options;
+    switch_options.daemon = options.daemon;
+    switch_options.backend = options.backend;
+    if (iterations->count() > 0) switch_options.iterations = options.iterations;
+    if (app.get_option("--model-mib")->count() > 0) switch_options.model_mib = options.model_mib;
+    switch_options.json = options.json;
+    return warmpool::bench::RunSwitch(switch_options);
   }
   if (options.restart) {
     warmpool::bench::RestartOptions restart;
