@@ -45,9 +45,16 @@ warmpool::Result<std::unique_ptr<warmpool::client::Client>> ConnectWaiting(const
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   while (true) {
     auto connected = warmpool::client::Client::Connect(socket);
-    if (connected.ok() && (*connected)->GetStatus().ok()) return connected;
+    Status why = connected.status();
+    if (connected.ok()) {
+      auto answered = (*connected)->GetStatus();
+      if (answered.ok()) return connected;
+      // A daemon that answers with an error (it refuses this user) has answered: waiting longer
+      // would only hide why.
+      if (answered.status().code() != Code::kUnavailable) return answered.status();
+      why = answered.status();
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      const Status why = connected.ok() ? Status(Code::kUnavailable, "it did not answer") : connected.status();
       return warmpool::Error(Code::kUnavailable, "no daemon answered on {} within {} ms: {}", socket, wait_ms,
                              why.message());
     }

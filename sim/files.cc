@@ -34,6 +34,7 @@ supervisor::ModelEntry EntryOf(const SimFile& file) {
   e.out_features = 4;
   if (file.broken) {
     e.problem = Error(Code::kInvalidArgument, "model file \"{}\": header is not valid JSON", file.path);
+    e.problem_in_file = true;
     return e;
   }
   e.weight_bytes = file.WeightBytes();

@@ -625,8 +625,11 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   }
   event::WorkerMessage e;
   e.slot = slot;
-  // A successful load carries the weights region, a park its host copy (ipc/descriptors.h).
-  if (ipc::DescriptorsCarried(message) > 0) {
+  // A successful load carries the weights region, a park its host copy (ipc/descriptors.h). The
+  // rule covers both directions; from a worker only these two bodies may carry one, so a worker
+  // that sends a supervisor's body (an offer) makes this side take nothing: the descriptor it
+  // sent stays queued and is closed with the frames that arrived (ipc/connection.h).
+  if ((message.has_load_done() || message.has_park_done()) && ipc::DescriptorsCarried(message) > 0) {
     int fd = workers_->TakeFd(slot);
     if (fd >= 0) e.handles.push_back(fd);
     // The weights of a cuda load live in a grant: it is released when the core lets them go.

@@ -27,6 +27,7 @@ ModelEntry Refused(const std::string& name, const std::string& engine, const std
   entry.problem = why;
   entry.path_refused = true;
   entry.file_missing = why.code() == Code::kNotFound;
+  entry.problem_in_file = entry.file_missing;  // putting the file back is what helps
   return entry;
 }
 
@@ -81,6 +82,7 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine, cons
   if (!check_engine(entry)) return entry;
   if (!header.ok()) {
     entry.problem = header.status();
+    entry.problem_in_file = true;
     return entry;
   }
   entry.header.assign(raw.begin(), raw.end());
@@ -97,6 +99,7 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine, cons
     Result<dense::DenseModel> model = dense::DescribeModel(*header, entry.path);
     if (!model.ok()) {
       entry.problem = model.status();
+      entry.problem_in_file = true;
       return entry;
     }
     entry.workspace_bytes = dense::WorkspaceBytes(dense::ScratchFor(*model));

@@ -78,7 +78,7 @@ void Core::PublishGauges() {
 }
 
 void Core::Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<int> handles) {
-  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles)});
+  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), 0, 0, {}});
 }
 
 void Core::SendAllocating(uint32_t worker, const v1::WorkerEnvelope& message, uint64_t job, uint64_t bytes,

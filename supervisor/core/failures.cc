@@ -38,6 +38,7 @@ void Core::MarkFailed(uint32_t model, const std::string& reason, bool file_broke
   uint64_t until = MonoMs() + cooldown;
   m.last_error = reason;
   m.file_broken = file_broken;
+  m.evicted_for.clear();  // told to no one: a later load of it did not evict them
   // A broken file keeps its cooldown (a request after it reads the file again, one at a time), but
   // nobody is told it "will be retried": unchanged, it fails the same way.
   if (file_broken) {

@@ -24,6 +24,10 @@ struct ModelEntry {
   // weights it holds of a file deleted since, as the daemon before it did.
   bool file_missing = false;
   Status problem;  // not ok: the model is registered as failed with this reason
+  // The problem is the file's contents or its absence (a header that does not parse, layers that
+  // do not chain, no such file): fixing the file is what helps. Not so for an engine that is not
+  // installed or a file configured for another engine: those are the configuration's.
+  bool problem_in_file = false;
   // The path is refused (outside the model roots, not a regular file): no worker may open it,
   // not even to retry after a cooldown. Other problems are retried like failed loads.
   bool path_refused = false;

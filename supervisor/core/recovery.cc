@@ -229,10 +229,10 @@ void Core::OnModelInspected(const event::ModelInspected& inspected) {
                                                "it again",
                                                m.entry.path, *inspected.resolved)
                                  : inspected.resolved.status().message(),
-                      /*file_broken=*/true);
+                      /*file_broken=*/!inspected.resolved.ok());
   }
   const ModelEntry& entry = inspected.entry;
-  if (!entry.problem.ok()) return MarkFailed(model, entry.problem.message(), IsFileProblem(entry.problem));
+  if (!entry.problem.ok()) return MarkFailed(model, entry.problem.message(), entry.problem_in_file);
   FollowFile(model, entry);
   m.machine.Recover();  // loadable again: through admission like any other
   TryAdmit(model);

@@ -64,7 +64,7 @@ bool Core::RegisterModel(const ModelEntry& entry) {
   if (!entry.problem.ok()) {
     Log(LogLevel::kWarn, "model \"{}\" registered as failed: {}", entry.name, entry.problem.ToString());
     m.last_error = entry.problem.message();
-    m.file_broken = IsFileProblem(entry.problem);
+    m.file_broken = entry.problem_in_file;
     m.machine.Fail(0, entry.problem.message());  // the next request looks at the file again
   } else if (m.machine.Is<Failed>()) {
     m.machine.Recover();

@@ -130,7 +130,9 @@ TEST(CoreAdoptionTest, WeightsThatNoLongerMatchTheRegistryAreClosedAndLogged) {
     EXPECT_NE(rig.Logs().find(c.log), std::string::npos) << c.what << ":\n" << rig.Logs();
     EXPECT_EQ(rig.State("b"), shm::ModelState::kParked) << c.what << ": the other model is adopted";
     EXPECT_EQ(rig.core().adopted(), 1u) << c.what;
-    if (rig.index().Find("a") != shm::kNil) EXPECT_NE(rig.State("a"), shm::ModelState::kReady) << c.what;
+    if (rig.index().Find("a") != shm::kNil) {
+      EXPECT_NE(rig.State("a"), shm::ModelState::kReady) << c.what;
+    }
   }
 }
 

@@ -40,13 +40,6 @@ v1::ModelInfo ModelOf(CoreRig& rig, const std::string& name) {
   return {};
 }
 
-// Replies to the attaches sent to `slot` since the last call.
-void Attached(CoreRig& rig, uint32_t slot, const ModelEntry& entry) {
-  for (const v1::WorkerEnvelope& m : rig.Sent(slot)) {
-    if (m.has_attach()) rig.Reply(slot, CoreRig::LoadDone(m.attach().job(), entry, /*shared=*/false));
-  }
-}
-
 TEST(CoreTruthTest, OneModelHasOneSetOfSizesInLoadModelsAndPs) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry a = Entry("a", 300, 50);
@@ -237,6 +230,7 @@ TEST(CoreTruthTest, ABrokenFileIsCalledBrokenNotRetried) {
   CoreRig rig(CoreRig::SmallConfig());
   ModelEntry a = Entry("a", 300, 50);
   a.problem = Error(Code::kInvalidArgument, "model file \"/models/a.safetensors\": header is not JSON");
+  a.problem_in_file = true;  // the registry's verdict (registry.cc; model_roots_test checks it)
   rig.Start({a});
   rig.Up(0);
   rig.Up(1);

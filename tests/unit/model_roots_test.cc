@@ -2,6 +2,7 @@
 // a path that changed since it was resolved (a directory swapped for a symlink) fails to open
 // instead of leading out, with openat2 and with the walk older kernels get.
 #include "supervisor/model_roots.h"
+#include "supervisor/registry.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -129,6 +130,25 @@ TEST_F(ModelRootsTest, ARootThatDoesNotExistHoldsNothingAndRootsMove) {
   Result<ModelFile> refused = none.Open(root_ + "/sub/m.bin");
   EXPECT_EQ(refused.status().code(), Code::kPermissionDenied);
   EXPECT_NE(refused.status().message().find("none exists"), std::string::npos) << refused.status().ToString();
+}
+
+// What the registry says of a problem: the file's (fix the file) or the configuration's (install
+// the engine, name the right one), so that a broken-file message never blames a good file.
+TEST_F(ModelRootsTest, AProblemIsTheFilesOnlyWhenTheFileIsWhatIsWrong) {
+  ModelRoots roots({root_});
+  Write(root_ + "/bad.safetensors", "not a safetensors header");
+  ModelEntry malformed = InspectModel("bad", "dense", root_ + "/bad.safetensors", roots, base_);
+  EXPECT_FALSE(malformed.problem.ok());
+  EXPECT_TRUE(malformed.problem_in_file) << malformed.problem.ToString();
+
+  ModelEntry missing = InspectModel("gone", "dense", root_ + "/gone.safetensors", roots, base_);
+  EXPECT_FALSE(missing.problem.ok());
+  EXPECT_TRUE(missing.problem_in_file) << missing.problem.ToString();
+
+  ModelEntry no_engine = InspectModel("bad", "nosuchengine", root_ + "/bad.safetensors", roots, base_);
+  EXPECT_FALSE(no_engine.problem.ok());
+  EXPECT_FALSE(no_engine.problem_in_file) << "an engine that is not installed is no fault of the file: "
+                                          << no_engine.problem.ToString();
 }
 
 }  // namespace
