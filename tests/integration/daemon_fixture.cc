@@ -240,7 +240,7 @@ std::string DaemonTest::DaemonLog() const {
 
 client::Matrix ReferenceInfer(const std::string& path, const client::Matrix& input) {
   HostMemory memory;
-  wp_engine_spec spec{"reference", path.c_str()};
+  wp_engine_spec spec{"reference", path.c_str(), nullptr, 0, 0};
   auto engine = Engine::Open(FindBuiltinEngine("dense"), spec, memory.service());
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_TRUE(engine->Load().ok());

@@ -110,7 +110,7 @@ TEST_F(ModelFilesTest, AFileReplacedByARetrainedOneIsServedNewAfterAReload) {
   const client::Matrix input = RandomMatrix(3, 8, 11);
   const client::Matrix first = ReferenceInfer(in_place, input);
   auto c = Connect();
-  for (const std::string& name : {"in_place", "renamed"}) {
+  for (const char* name : {"in_place", "renamed"}) {
     auto got = c->Infer(name, input);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ExpectNear(first, *got);
@@ -122,7 +122,7 @@ TEST_F(ModelFilesTest, AFileReplacedByARetrainedOneIsServedNewAfterAReload) {
   ASSERT_GT(std::abs(second.data[0] - first.data[0]) + std::abs(second.data[1] - first.data[1]), 1e-4f);
   Reload();
   EXPECT_NE(DaemonLog().find("2 changed"), std::string::npos) << DaemonLog();
-  for (const std::string& name : {"in_place", "renamed"}) {
+  for (const char* name : {"in_place", "renamed"}) {
     SCOPED_TRACE(name);
     auto got = c->Infer(name, input);
     ASSERT_TRUE(got.ok()) << got.status().ToString();

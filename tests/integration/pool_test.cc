@@ -77,7 +77,9 @@ TEST_F(PoolTest, KeepAliveReleasesIdleModelsButNeverTheLastOrTheMostRecent) {
   EXPECT_NE(std::find(names.begin(), names.end(), "c"), names.end());
   ASSERT_EQ(Cli({"ps", "--json"}, &out, &err), 0);
   for (const auto& m : json::parse(out)) {
-    if (m["name"] == "c") EXPECT_TRUE(m["expires_in"].is_null());
+    if (m["name"] == "c") {
+      EXPECT_TRUE(m["expires_in"].is_null());
+    }
   }
 }
 
@@ -145,7 +147,9 @@ TEST_F(PoolTest, EvictionParksAndSingleActiveSwitchesByParking) {
     ExpectNear(ReferenceInfer(path, input), *out);
     auto states = States(*client);
     EXPECT_EQ(states[i % 2 ? "b" : "a"], "ready");
-    if (i > 0) EXPECT_EQ(states[i % 2 ? "a" : "b"], "parked");
+    if (i > 0) {
+      EXPECT_EQ(states[i % 2 ? "a" : "b"], "parked");
+    }
   }
   EXPECT_EQ(client->GetStatus()->devices(0).used_bytes(), AccountedBytes(b));
 }

@@ -87,7 +87,9 @@ TEST(CoreRecoveryTest, RetriesGoOneAtATimeAndNewRequestsPassThem) {
   std::vector<uint64_t> order;
   for (int i = 0; i < 5; ++i) {
     ASSERT_EQ(retried.size(), 1u) << "retry " << i;
-    if (i == 4) EXPECT_FALSE(retried[0].batch()) << "the one that was running is a suspect: alone";
+    if (i == 4) {
+      EXPECT_FALSE(retried[0].batch()) << "the one that was running is a suspect: alone";
+    }
     rig.Reply(1, CoreRig::InferDone(retried[0].job()));
     for (uint64_t session : {7u, 8u}) {
       for (const v1::Envelope& r : rig.Replies(session)) {

@@ -607,7 +607,7 @@ TEST(DenseLoad, CancelStopsTheLoadAndALaterLoadSucceeds) {
 
 TEST(EchoEngine, ReturnsItsInput) {
   HostMemory memory;
-  Result<Engine> engine = Engine::Open(FindBuiltinEngine("echo"), wp_engine_spec{"echo", ""}, memory.service());
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("echo"), wp_engine_spec{"echo", "", nullptr, 0, 0}, memory.service());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_EQ(engine->info().weight_bytes, 0u);
   EXPECT_EQ(engine->info().in_features, 0u);
@@ -632,7 +632,7 @@ TEST(BuiltinEngines, WrongAbiVersionIsRefused) {
   wp_engine_vtable vtable = *FindBuiltinEngine("echo");
   vtable.abi_version = 99;
   HostMemory memory;
-  Result<Engine> engine = Engine::Open(&vtable, wp_engine_spec{"echo", ""}, memory.service());
+  Result<Engine> engine = Engine::Open(&vtable, wp_engine_spec{"echo", "", nullptr, 0, 0}, memory.service());
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), Code::kFailedPrecondition);
 }

@@ -250,6 +250,6 @@ inline void ExpectCpuClose(const std::vector<float>& got, const ReferenceModel& 
   ExpectClose(got, ReferenceForward(model, input, rows, Bf16Input::kNarrowed), t.relative, t.absolute, context);
 }
 
-inline wp_engine_spec Spec(const std::string& path, const char* name = "m") { return wp_engine_spec{name, path.c_str()}; }
+inline wp_engine_spec Spec(const std::string& path, const char* name = "m") { return wp_engine_spec{name, path.c_str(), nullptr, 0, 0}; }
 
 }  // namespace warmpool::testing

@@ -15,7 +15,7 @@ wp_status Load(wp_engine*, wp_progress_fn, void*, char*, size_t) { return WP_INT
 wp_status Infer(wp_engine*, const float*, uint32_t, uint32_t, float*, char*, size_t) { return WP_INTERNAL; }
 void Close(wp_engine*) {}
 wp_status Export(wp_engine*, wp_region*) { return WP_NOT_FOUND; }
-wp_status Attach(wp_engine*, const wp_region*, char*, size_t) { return WP_INTERNAL; }
+[[maybe_unused]] wp_status Attach(wp_engine*, const wp_region*, char*, size_t) { return WP_INTERNAL; }
 
 #if defined(BROKEN_OLD_ABI)
 [[maybe_unused]] const wp_engine_vtable kVtable = {1u, BROKEN_ENGINE_NAME, &Open, &Load, &Infer, &Close, &Export, &Attach};
