@@ -48,7 +48,7 @@ void Simulator::Tick() {
                     ? fmt::format("tick (workers read through {} ms, clients through {} ms)",
                                   tick.workers_read_ms, tick.clients_read_ms)
                     : std::string("tick"));
-  SyncStore(/*now=*/false);
+  if (!failed_ && !workers_stopped_) CheckStoreKeepsUp();
   CheckPeriodic();
   After(supervisor::kTickMs, [this] { Tick(); });
 }

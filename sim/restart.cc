@@ -1,10 +1,11 @@
-// Restarts of the supervisor. The shell keeps what Core::Kept names in the service manager's
-// descriptor store (supervisor/warm_store.h): it writes the store at most every kKeptSyncMs, and
+// Restarts of the supervisor. The shell keeps what the core's action::StoreKept names in the
+// service manager's descriptor store (supervisor/warm_store.h), as often as the core sends it, and
 // takes a handle out of it before the core's CloseHandle lets the memory go. A SIGKILL can come
 // at any moment, so the store a new supervisor gets is the one of the last write, less what was
 // closed since: models loaded after it load again, and handles of models whose file changed since
 // they were loaded must be refused by the new core. Budgets, capacity and the park budget may
 // differ in the configuration the new supervisor reads.
+#include <set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -14,10 +15,18 @@
 
 namespace warmpool::sim {
 
-void Simulator::SyncStore(bool now) {
-  if (!now && now_ - stored_ms_ < supervisor::kKeptSyncMs) return;
-  stored_ms_ = now_;
-  stored_ = core_->Kept();
+void Simulator::CheckStoreKeepsUp() {
+  std::set<std::pair<int, bool>> kept, stored;
+  for (const supervisor::KeptWeights& k : core_->Kept()) kept.emplace(k.weights.handle, k.parked);
+  for (const supervisor::KeptWeights& k : stored_) stored.emplace(k.weights.handle, k.parked);
+  ticks_since_stored_++;
+  ticks_store_behind_ = kept == stored ? 0 : ticks_store_behind_ + 1;
+  // Counted in ticks the core handled, not in time: a paused supervisor writes nothing either.
+  const uint32_t allowed = supervisor::kKeptSyncMs / supervisor::kTickMs + 1;
+  if (ticks_store_behind_ > allowed && ticks_since_stored_ > allowed) {
+    Fail(fmt::format("the store has held other models than Core::Kept for {} ticks ({} kept, {} stored)",
+                     ticks_store_behind_, kept.size(), stored.size()));
+  }
 }
 
 void Simulator::ForgetStored(int handle) {
@@ -31,10 +40,10 @@ void Simulator::RestartSupervisor() {
   for (bool down : devices_down_) {
     if (down) return;
   }
-  // Killed with the store as last written, or just after the shell brought it up to date (as a
-  // stop, or a takeover's hand-over, leaves it).
+  // Killed with the store as the core last had it written, or with everything the core holds
+  // handed over (as a takeover's hand-over does, supervisor/takeover.h).
   const bool stale = rng_.Chance(700);
-  if (!stale) SyncStore(/*now=*/true);
+  if (!stale) stored_ = core_->Kept();
   Trace(fmt::format("== the supervisor is killed{}; the store keeps {} handles",
                     stale ? "" : " just after writing the store", stored_.size()));
   outcome_.restarts++;

@@ -180,7 +180,6 @@ void Simulator::StartCore(std::vector<supervisor::KeptWeights> kept) {
   for (Action& a : actions) Execute(a);
   CheckAfterEvent();
   CheckAdopted();
-  SyncStore(/*now=*/true);  // as the shell does once the core has started
   RunPendingEvents();
   After(supervisor::kTickMs, [this] { Tick(); });
 }
@@ -298,6 +297,10 @@ void Simulator::Execute(Action& a) {
             c.connected = false;
             gone_sessions_.insert(c.session);
           }
+        } else if constexpr (std::is_same_v<A, action::StoreKept>) {
+          Trace(fmt::format("<- store {} kept", act.kept.size()));
+          stored_ = std::move(act.kept);
+          ticks_since_stored_ = 0;
         } else if constexpr (std::is_same_v<A, action::StopWorkers>) {
           Trace("<- stop workers");
           stop_workers_sent_ = true;

@@ -209,10 +209,11 @@ class Simulator {
   void Tick();
 
   // Restarts of the supervisor (restart.cc).
-  // The shell brings the descriptor store up to date at most every kKeptSyncMs (`now`: at once).
-  void SyncStore(bool now);
   // A handle the core closes leaves the store first (WarmStore::Forget).
   void ForgetStored(int handle);
+  // After every tick: a model that joined or left what is worth keeping is in the store within
+  // kKeptSyncMs of ticks, or the core has written the store within that time (under churn).
+  void CheckStoreKeepsUp();
   // SIGKILL of the supervisor: its workers, connections and descriptors go with it, but for what
   // the store holds; the next one starts from the store, its configuration's budgets maybe changed.
   void RestartSupervisor();
@@ -307,9 +308,10 @@ class Simulator {
   std::vector<bool> devices_gone_;       // lost for good (their owner cannot run)
   std::vector<uint32_t> device_epochs_;  // losses so far: a restore is for the latest one
   std::vector<bool> devices_down_;       // lost and not (yet) restored
-  // The service manager's descriptor store, as the shell last wrote it.
+  // The service manager's descriptor store, as the shell last wrote it (action::StoreKept).
   std::vector<supervisor::KeptWeights> stored_;
-  uint64_t stored_ms_ = 0;
+  uint32_t ticks_since_stored_ = 0;
+  uint32_t ticks_store_behind_ = 0;  // ticks since what the store holds differs from Core::Kept
   // File loads running now, per model name.
   std::map<std::string, int> loads_running_;
   // Tokens of infer requests by session, to tell whose request a worker runs.

@@ -260,7 +260,6 @@ Status Daemon::Start() {
   Execute(core_->Start(std::move(entries), std::move(warnings), Now(), std::move(kept)));
   dispatching_ = false;
   RunPending();
-  SyncKeptWeights(/*now=*/true);
 
   StartTimers();
   InstallSignals();
@@ -350,22 +349,6 @@ void Daemon::RunPending() {
     TrimFreedMemory();
   }
   dispatching_ = false;
-  SyncKeptWeights(/*now=*/false);
-}
-
-void Daemon::SyncKeptWeights(bool now) {
-  if (!warm_store_->enabled() || core_ == nullptr) return;
-  // The index changes with every request (the LRU order): what is kept is looked at again at most
-  // every kKeptSyncMs (the tick makes sure a change is not left waiting), and the store is written
-  // only when what it would hold differs. A model loaded or a use made within that time of a
-  // crash is what a restart may not know of.
-  const uint64_t changes = segment_.view().header().changes;
-  const uint64_t now_ms = MonotonicMillis();
-  if (changes == kept_synced_changes_) return;
-  if (!now && now_ms - kept_synced_ms_ < kKeptSyncMs) return;
-  kept_synced_changes_ = changes;
-  kept_synced_ms_ = now_ms;
-  warm_store_->Sync(core_->Kept(), now_ms);
 }
 
 void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {
@@ -455,6 +438,8 @@ void Daemon::Execute(Action& a) {
           server_->StopAccepting();
         } else if constexpr (std::is_same_v<A, action::CloseSessions>) {
           server_->Close();
+        } else if constexpr (std::is_same_v<A, action::StoreKept>) {
+          warm_store_->Sync(act.kept);
         } else if constexpr (std::is_same_v<A, action::StopWorkers>) {
           uv_timer_stop(tick_timer_.get());
           workers_->Shutdown(act.kill_after_ms, [this] {
@@ -661,7 +646,6 @@ void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string
 }
 
 void Daemon::FinishStop() {
-  SyncKeptWeights(/*now=*/true);  // the LRU order as it is at the end, for a restart
   if (Status s = shm::Validate(segment_.view()); !s.ok()) {
     spdlog::error("segment invariant broken at shutdown: {}", s.ToString());
     exit_code_ = 1;

@@ -90,9 +90,6 @@ class Daemon {
   // Host backend: memory closed (by inode) that workers may still keep mapped: they unmap it.
   void ForgetMappings(const std::vector<uint64_t>& inodes);
   void TrimFreedMemory();
-  // What the core holds worth keeping goes to the service manager's store (supervisor/warm_store.h):
-  // when the index changed, at most every kKeptSyncMs unless `now`.
-  void SyncKeptWeights(bool now);
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);
   void InstallSignals();
@@ -129,11 +126,9 @@ class Daemon {
   std::unique_ptr<ClientServer> server_;
   std::unique_ptr<ServiceManager> service_;
   std::unique_ptr<WarmStore> warm_store_;
-  uint64_t kept_synced_changes_ = 0;
   bool activated_ = false;    // serving a socket the service manager passed
   std::set<int> adopted_handles_;  // handles kept by a daemon before this one, while the core holds them
   bool handed_over_ = false;  // a new daemon took over: its segment and socket are not ours
-  uint64_t kept_synced_ms_ = 0;
   std::optional<gid_t> admin_gid_;
   std::optional<gid_t> socket_gid_;
   std::optional<gid_t> observer_gid_;

@@ -317,7 +317,7 @@ void WarmStore::WriteNewManifest(v1::KeptManifest manifest) {
   close(*fd);
 }
 
-void WarmStore::Sync(const std::vector<KeptWeights>& kept, uint64_t now_ms) {
+void WarmStore::Sync(const std::vector<KeptWeights>& kept) {
   if (!enabled_) return;
   // What the start left behind goes first: it takes room in the store that new handles need.
   for (const std::string& name : received_) Remove(name);
@@ -337,18 +337,7 @@ void WarmStore::Sync(const std::vector<KeptWeights>& kept, uint64_t now_ms) {
     wanted.insert(k.weights.handle);
     *manifest.add_models() = DescribeKept(k, it->second.name, it->second.fingerprint);
   }
-  // Only the order changed (every request moves its model in the LRU list): not worth a manifest
-  // more often than kLruOnlyMs.
-  bool same_members = manifest.models_size() == manifest_.models_size();
-  if (same_members) {
-    std::set<std::string> before, now;
-    for (const auto& m : manifest_.models()) before.insert(m.fd_name());
-    for (const auto& m : manifest.models()) now.insert(m.fd_name());
-    same_members = before == now;
-  }
-  if (manifest.SerializeAsString() != manifest_.SerializeAsString() &&
-      (!same_members || now_ms - written_ms_ >= kLruOnlyMs)) {
-    written_ms_ = now_ms;
+  if (manifest.SerializeAsString() != manifest_.SerializeAsString()) {
     WriteNewManifest(std::move(manifest));
   }
   for (auto it = stored_.begin(); it != stored_.end();) {

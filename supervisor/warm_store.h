@@ -58,15 +58,14 @@ class WarmStore {
   // weights on a device may be another kind of descriptor, cuda's). What is not returned is closed
   // here, with a log line. Every name received stays in the store until a Sync lets it go.
   std::vector<KeptWeights> Receive(std::vector<PassedDescriptor>& passed, bool device_memfds = true);
-  // Makes the store hold exactly `kept` (Core::Kept): leftovers of the start removed, new handles
-  // stored, then a manifest when what it would say changed (when only the LRU order did, at most
-  // every kLruOnlyMs), then what is no longer kept removed.
-  void Sync(const std::vector<KeptWeights>& kept, uint64_t now_ms);
+  // Makes the store hold exactly `kept` (action::StoreKept, sent as often as the core decides):
+  // leftovers of the start removed, new handles stored, then a manifest when what it would say
+  // changed, then what is no longer kept removed.
+  void Sync(const std::vector<KeptWeights>& kept);
   // A handle about to be closed (or its memory reused): out of the store, and out of the manifest,
   // now.
   void Forget(int fd);
 
-  static constexpr uint64_t kLruOnlyMs = 5000;
   // A model whose header is larger is not kept (the manifest carries every header).
   static constexpr size_t kMaxKeptHeaderBytes = 256 * 1024;
 
@@ -85,7 +84,6 @@ class WarmStore {
   bool refused_logged_ = false;
   uint64_t sequence_ = 0;
   uint64_t next_name_ = 0;
-  uint64_t written_ms_ = 0;
   std::string manifest_name_;    // in the store now ("" when none)
   v1::KeptManifest manifest_;    // what it says
   std::map<int, Stored> stored_;  // handle (held by the core) -> its entry in the store

@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
+#include "supervisor/core/kept.h"
 
 namespace warmpool::supervisor {
 
@@ -89,10 +90,17 @@ struct StopWorkers {
   uint64_t kill_after_ms = 0;
 };
 
+// What is worth keeping across a restart, least recently used first (Core::Kept): the shell makes
+// the service manager's descriptor store hold exactly this (supervisor/warm_store.h). Sent after
+// the start, when it changed (kKeptSyncMs, kKeptOrderOnlyMs) and at the end of a stop.
+struct StoreKept {
+  std::vector<KeptWeights> kept;
+};
+
 }  // namespace action
 
 using Action = std::variant<action::SendToWorker, action::Reply, action::SpawnWorker, action::KillWorker,
                             action::CloseHandle, action::InspectModel, action::Notify, action::Log,
-                            action::StopAccepting, action::CloseSessions, action::StopWorkers>;
+                            action::StopAccepting, action::CloseSessions, action::StopWorkers, action::StoreKept>;
 
 }  // namespace warmpool::supervisor

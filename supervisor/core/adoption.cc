@@ -27,6 +27,33 @@ bool Core::KeepsDeviceWeights() const {
   return config_.backend != "cuda" || (config_.cuda_keep_across_restarts && config_.cuda_sharing == "vmm");
 }
 
+void Core::StoreKeptWhenDue(bool now) {
+  // The segment counts every batch of changes: with none since the last look, nothing changed.
+  const uint64_t changes = segment_.header().changes;
+  const uint64_t ms = MonoMs();
+  if (kept_stored_once_ && (changes == kept_looked_changes_ || (!now && ms - kept_looked_ms_ < kKeptSyncMs))) {
+    return;
+  }
+  kept_looked_ms_ = ms;
+  std::vector<KeptWeights> kept = Kept();
+  std::vector<std::tuple<int, bool, std::string>> said;
+  for (const KeptWeights& k : kept) said.emplace_back(k.weights.handle, k.parked, k.name);
+  if (kept_stored_once_ && said == kept_stored_) {
+    kept_looked_changes_ = changes;
+    return;
+  }
+  std::vector<std::tuple<int, bool, std::string>> members = said, before = kept_stored_;
+  std::sort(members.begin(), members.end());
+  std::sort(before.begin(), before.end());
+  // Only the order moved: looked at again at the next tick until kKeptOrderOnlyMs have passed.
+  if (kept_stored_once_ && !now && members == before && ms - kept_stored_ms_ < kKeptOrderOnlyMs) return;
+  kept_looked_changes_ = changes;
+  kept_stored_ = std::move(said);
+  kept_stored_once_ = true;
+  kept_stored_ms_ = ms;
+  actions_.push_back(action::StoreKept{std::move(kept)});
+}
+
 std::vector<KeptWeights> Core::Kept() const {
   std::vector<KeptWeights> kept;
   const bool device_weights = KeepsDeviceWeights();

@@ -37,6 +37,7 @@ std::vector<Action> Core::Start(std::vector<ModelEntry> entries, std::vector<std
   PublishWorkers();
   PublishGauges();
   index_->EndChanges();
+  StoreKeptWhenDue(/*now=*/true);  // also lets go of what the start was given and did not adopt
   return std::move(actions_);
 }
 
@@ -67,6 +68,8 @@ std::vector<Action> Core::Handle(Event event, Time now) {
   CheckDrained();
   PublishWorkers();
   index_->EndChanges();
+  // At the end of a stop, the LRU order as it is then, for the next start.
+  StoreKeptWhenDue(/*now=*/stopped_);
   return std::move(actions_);
 }
 

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -294,6 +295,9 @@ class Core {
   // adoption.cc
   Status CheckKept(const KeptWeights& kept) const;
   bool KeepsDeviceWeights() const;
+  // action::StoreKept when what is worth keeping changed (kept.h's cadence); `now`: after the
+  // start and at the end of a stop, whatever the time since the last one.
+  void StoreKeptWhenDue(bool now);
   void Adopt(std::vector<KeptWeights> kept);
   // A load, attach or unpark that succeeded, for the segment's stats (shm/stats.h).
   void CountLoad(uint32_t model, shm::LoadSource source, uint64_t started_ms);
@@ -427,6 +431,12 @@ class Core {
   std::vector<bool> devices_down_;
   std::vector<bool> devices_gone_;  // for good
   uint32_t adopted_ = 0;
+  // What action::StoreKept last said (adoption.cc): handle, parked, name of each, in order.
+  std::vector<std::tuple<int, bool, std::string>> kept_stored_;
+  bool kept_stored_once_ = false;
+  uint64_t kept_stored_ms_ = 0;
+  uint64_t kept_looked_changes_ = 0;  // the segment's change count when Kept() was last looked at
+  uint64_t kept_looked_ms_ = 0;
   uint64_t infer_jobs_ = 0;  // jobs_ of kind kInfer: the in-flight gauge, without a walk per tick
   std::vector<uint32_t> preloading_;  // preload models not yet ready (or failed)
   std::unordered_map<uint64_t, BulkUnload> bulk_unloads_;

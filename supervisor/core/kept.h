@@ -18,10 +18,13 @@
 
 namespace warmpool::supervisor {
 
-// The shell brings the store up to date at most this often after a change (its tick makes sure a
-// change is not left waiting): a model loaded or used within that time of a crash is what the
-// next supervisor may not know of.
+// The core looks at what is worth keeping at most this often after the index changed (the tick
+// makes sure a change is not left waiting), and sends it (action::StoreKept) when a model joined
+// or left it; when only the LRU order moved (every request moves its model), at most every
+// kKeptOrderOnlyMs. A model loaded or used within that time of a crash is what the next
+// supervisor may not know of.
 inline constexpr uint64_t kKeptSyncMs = 200;
+inline constexpr uint64_t kKeptOrderOnlyMs = 5000;
 
 struct KeptWeights {
   std::string name;

@@ -308,5 +308,70 @@ TEST(CoreAdoptionTest, ALoadThatCorrectsWhatTheModelNeedsKeepsItsFileVersion) {
   EXPECT_EQ(kept[0].version, a.version);
 }
 
+
+namespace store_cadence {
+
+std::vector<std::string> Names(const action::StoreKept& store) {
+  std::vector<std::string> names;
+  for (const KeptWeights& k : store.kept) names.push_back(k.name);
+  return names;
+}
+
+// The core decides when the service manager's store is written (kept.h): the shell and the
+// simulator only carry action::StoreKept out.
+TEST(CoreStoreCadenceTest, AStartStoresOnceAndANewModelWithinTheSyncPeriod) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  CoreRig rig(WithPark());
+  rig.Start({a, b});
+  // Even with nothing kept: the store lets go of what the start was given and did not adopt.
+  ASSERT_EQ(rig.Count<action::StoreKept>(), 1u);
+  EXPECT_TRUE(rig.Of<action::StoreKept>()[0].kept.empty());
+  rig.Up(0);
+  rig.Up(1);
+  rig.Forget();
+  rig.Loaded(0, a, 100);
+  EXPECT_EQ(rig.Count<action::StoreKept>(), 0u) << "within kKeptSyncMs of the last look";
+  rig.Advance(kKeptSyncMs);
+  ASSERT_EQ(rig.Count<action::StoreKept>(), 1u);
+  EXPECT_EQ(Names(rig.Of<action::StoreKept>()[0]), std::vector<std::string>{"a"});
+  rig.Forget();
+  rig.Advance(10 * kKeptSyncMs);
+  EXPECT_EQ(rig.Count<action::StoreKept>(), 0u) << "nothing changed";
+}
+
+TEST(CoreStoreCadenceTest, AnOrderThatMovedWaitsForTheOrderPeriodOrTheStop) {
+  ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
+  CoreRig rig(WithPark());
+  rig.Start({a, b});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Forget();
+  rig.Loaded(0, a, 100);
+  rig.Loaded(1, b, 101);
+  rig.Advance(kKeptSyncMs);
+  ASSERT_EQ(rig.Count<action::StoreKept>(), 1u);
+  EXPECT_EQ(Names(rig.Of<action::StoreKept>().back()), (std::vector<std::string>{"a", "b"}));
+  rig.Forget();
+
+  // A request for a moves it to the most recently used end: the same models, another order.
+  rig.Infer(2, "a");
+  rig.Advance(kKeptSyncMs);
+  EXPECT_EQ(rig.Count<action::StoreKept>(), 0u) << "only the order moved";
+  rig.Advance(kKeptOrderOnlyMs);
+  ASSERT_EQ(rig.Count<action::StoreKept>(), 1u);
+  EXPECT_EQ(Names(rig.Of<action::StoreKept>()[0]), (std::vector<std::string>{"b", "a"}));
+  rig.Forget();
+
+  // Moved again, and a stop comes before the period is over: the order as it is at the end.
+  rig.Infer(2, "b");
+  rig.Advance(kKeptSyncMs);
+  EXPECT_EQ(rig.Count<action::StoreKept>(), 0u);
+  rig.Handle(event::WorkersStopped{});
+  ASSERT_EQ(rig.Count<action::StoreKept>(), 1u);
+  EXPECT_EQ(Names(rig.Of<action::StoreKept>()[0]), (std::vector<std::string>{"a", "b"}));
+}
+
+}  // namespace store_cadence
+
 }  // namespace
 }  // namespace warmpool::supervisor::testing

@@ -243,6 +243,15 @@ class CoreRig {
     }
     return out;
   }
+  // The actions of type A since the last Forget, in order.
+  template <typename A>
+  std::vector<A> Of() const {
+    std::vector<A> out;
+    for (const Action& a : actions_) {
+      if (auto* x = std::get_if<A>(&a)) out.push_back(*x);
+    }
+    return out;
+  }
   template <typename A>
   size_t Count() const {
     size_t n = 0;

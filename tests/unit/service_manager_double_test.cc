@@ -64,7 +64,7 @@ TEST_F(ServiceManagerDoubleTest, AStartGetsEverythingSentBeforeIt) {
 TEST_F(ServiceManagerDoubleTest, AHandleStoredBeforeTheManifestThatNamesItIsNotAnUpToDateStore) {
   const int a = supervisor::testing::Region(4096, 1), b = supervisor::testing::Region(4096, 2);
   supervisor::WarmStore store("x", /*enabled=*/true);
-  store.Sync({Kept("a", a)}, 0);
+  store.Sync({Kept("a", a)});
   ASSERT_TRUE(manager_->WaitForKept(1, 2s));
 
   // Where a daemon killed in the middle of a Sync leaves the store: b's handle is there, the
@@ -80,7 +80,7 @@ TEST_F(ServiceManagerDoubleTest, AHandleStoredBeforeTheManifestThatNamesItIsNotA
   EXPECT_FALSE(manager_->WaitForKept(2, 100ms));
 
   sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=wp.w.b.0000000000000000.1-1");
-  store.Sync({Kept("a", a), Kept("b", b)}, 1);
+  store.Sync({Kept("a", a), Kept("b", b)});
   EXPECT_TRUE(manager_->WaitForKept(2, 2s));
   bool names_both = manager_->WaitForKept(
       [](const v1::KeptManifest& m) { return m.models_size() == 2 && m.models(0).name() == "a" && m.models(1).name() == "b"; },
