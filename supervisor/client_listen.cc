@@ -18,18 +18,15 @@
 
 #include <spdlog/spdlog.h>
 
-#include "http/numbers.h"
 #include "http/request_parser.h"
 #include "ipc/framing.h"
+#include "supervisor/listen_address.h"
 
 namespace warmpool::supervisor {
 
 Status ClientServer::Listen(const std::string& path, std::optional<gid_t> group) {
+  if (Status s = CheckSocketPath(path); !s.ok()) return s;
   sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return Error(Code::kInvalidArgument, "socket path \"{}\" is longer than {} bytes", path,
-                 sizeof(addr.sun_path) - 1);
-  }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
 
@@ -110,43 +107,9 @@ Status ClientServer::Adopt(int fd, bool owns_path) {
 }
 
 Status ClientServer::ListenTcp(const std::string& address) {
-  // "HOST:PORT" or "[V6]:PORT".
-  std::string host, port;
-  if (!address.empty() && address[0] == '[') {
-    size_t close = address.find("]:");
-    if (close != std::string::npos) {
-      host = address.substr(1, close - 1);
-      port = address.substr(close + 2);
-    }
-  } else if (size_t colon = address.rfind(':'); colon != std::string::npos) {
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  Result<uint64_t> port_number = http::ParseDecimal(port, "the port", 0, 65535);
-  const uint64_t number = port_number.ok() ? *port_number : 0;
-  sockaddr_storage storage{};
-  bool parsed = port_number.ok();
-  bool loopback = false;
-  if (parsed && uv_ip4_addr(host.c_str(), static_cast<int>(number),
-                            reinterpret_cast<sockaddr_in*>(&storage)) == 0) {
-    loopback = (ntohl(reinterpret_cast<sockaddr_in*>(&storage)->sin_addr.s_addr) >> 24) == 127;
-  } else if (parsed && uv_ip6_addr(host.c_str(), static_cast<int>(number),
-                                   reinterpret_cast<sockaddr_in6*>(&storage)) == 0) {
-    loopback = IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(&storage)->sin6_addr);
-  } else {
-    parsed = false;
-  }
-  if (!parsed) {
-    return Error(Code::kInvalidArgument,
-                 "[http] listen \"{}\" is not HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464", address);
-  }
-  if (!loopback) {
-    return Error(Code::kInvalidArgument,
-                 "[http] listen \"{}\" is not a loopback address: the HTTP API has no TLS and its "
-                 "reads need no credentials, so it serves only 127.0.0.0/8 or ::1 (put a proxy in "
-                 "front of it to serve further)",
-                 address);
-  }
+  Result<sockaddr_storage> parsed = ParseLoopbackAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  sockaddr_storage storage = *parsed;
   uv_tcp_init(loop_, tcp_listener_.get());
   tcp_listener_.MarkInitialized();
   tcp_listener_.get()->data = this;

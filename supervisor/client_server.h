@@ -42,18 +42,10 @@
 #include "metrics/session_metrics.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/http_session.h"
+#include "supervisor/access.h"
 #include "supervisor/peer_limits.h"
 
 namespace warmpool::supervisor {
-
-// Who is on the other end of a session, from the kernel (SO_PEERCRED) at accept time.
-struct Peer {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  bool tcp = false;          // the HTTP API on loopback TCP: no credentials (uid and gid are -1)
-  bool admin_token = false;  // ... and this request carried [http] admin_token
-};
 
 class ClientServer;
 

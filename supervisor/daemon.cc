@@ -1,18 +1,14 @@
 #include "supervisor/daemon.h"
 
-#include <grp.h>
 #include <malloc.h>
-#include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include <spdlog/spdlog.h>
 
@@ -21,25 +17,16 @@
 #include "metrics/prometheus.h"
 #include "ipc/descriptors.h"
 #include "ipc/error_proto.h"
+#include "supervisor/boot.h"
+#include "supervisor/cuda_devices.h"
+#include "supervisor/host_memory.h"
+#include "supervisor/takeover.h"
 #include "supervisor/core/request_check.h"
-#include "supervisor/model_roots.h"
 #include "supervisor/region_check.h"
-#include "supervisor/registry.h"
 
 namespace warmpool::supervisor {
 
 namespace {
-
-Result<gid_t> LookupGroup(const std::string& name, const std::string& key) {
-  group* g = getgrnam(name.c_str());
-  if (g == nullptr) {
-    return Error(Code::kFailedPrecondition,
-                 "[access] {} \"{}\" is not a group on this machine: create it (groupadd {}) or "
-                 "fix the name",
-                 key, name, name);
-  }
-  return g->gr_gid;
-}
 
 spdlog::level::level_enum SpdlogLevel(LogLevel level) {
   switch (level) {
@@ -50,29 +37,6 @@ spdlog::level::level_enum SpdlogLevel(LogLevel level) {
     case LogLevel::kCritical: return spdlog::level::critical;
   }
   return spdlog::level::info;
-}
-
-// The first line of the file; the file must not be readable by others (it is a password).
-Result<std::string> ReadAdminToken(const std::string& path) {
-  struct stat st{};
-  if (stat(path.c_str(), &st) != 0) {
-    return Error(Code::kFailedPrecondition, "[http] admin_token_file {}: {}", path, std::strerror(errno));
-  }
-  if ((st.st_mode & 0077) != 0) {
-    return Error(Code::kFailedPrecondition,
-                 "[http] admin_token_file {} is readable by others: chmod 600 it", path);
-  }
-  std::ifstream in(path);
-  std::string token;
-  std::getline(in, token);
-  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.size() < 16) {
-    return Error(Code::kFailedPrecondition,
-                 "[http] admin_token_file {} holds a token of {} characters: use at least 16 (e.g. "
-                 "head -c 32 /dev/urandom | base64 > FILE)",
-                 path, token.size());
-  }
-  return token;
 }
 
 }  // namespace
@@ -89,8 +53,7 @@ Daemon::~Daemon() {
   // The handles the core still holds die with the process; nothing else needs them.
   server_.reset();
   workers_.reset();
-  owners_.reset();
-  for (auto& o : owner_states_) o->restart_timer.Close();
+  devices_.reset();
   service_.reset();
   tick_timer_.Close();
   handover_timer_.Close();
@@ -106,106 +69,55 @@ Daemon::~Daemon() {
 Time Daemon::Now() const { return Time{MonotonicMillis(), UnixNanos()}; }
 
 Status Daemon::Start() {
-  for (auto [name, key, gid] : {std::tuple{&config_.admin_group, "admin_group", &admin_gid_},
-                                std::tuple{&config_.socket_group, "socket_group", &socket_gid_},
-                                std::tuple{&config_.observer_group, "observer_group", &observer_gid_}}) {
-    if (name->empty()) continue;
-    Result<gid_t> g = LookupGroup(*name, key);
-    if (!g.ok()) return g.status();
-    *gid = *g;
-  }
+  Result<BootPlan> plan = CheckBoot(config_, worker_path_);
+  if (!plan.ok()) return plan.status();
+  plan_ = std::move(*plan);
+  access_ = Access(plan_.admin_gid);
   service_ = std::make_unique<ServiceManager>(&loop_);
   // Before anything else can fail half-way: a bad activation environment is a fatal error.
   Result<std::vector<PassedDescriptor>> passed = PassedDescriptors();
   if (!passed.ok()) return passed.status();
   Result<int> activated = ActivatedSocket(*passed);
   if (!activated.ok()) return activated.status();
-  // The descriptor store keeps weights across restarts where the service manager has one
-  // (systemd >= 254 says how large in $FDSTORE; older ones say nothing, and are asked anyway).
-  const char* fdstore = std::getenv("FDSTORE");
-  warm_store_ = std::make_unique<WarmStore>(
-      config_.instance, service_->notifying() && (fdstore == nullptr || std::strtoul(fdstore, nullptr, 10) != 0));
-  if (fdstore != nullptr && std::strtoul(fdstore, nullptr, 10) != 0 &&
-      std::strtoul(fdstore, nullptr, 10) < config_.max_models + 2ul) {
-    spdlog::warn("FileDescriptorStoreMax={} is less than [limits] max_models + 2 ({}): some warm "
-                 "models will load again after a restart",
-                 fdstore, config_.max_models + 2ul);
-  }
-
+  restart_ = std::make_unique<Restart>(config_, service_->notifying());
 
   // Which backend serves, asked of a probe child (this process never loads the CUDA driver).
-  const std::string owner_path = worker_path_.substr(0, worker_path_.rfind('/') + 1) + "warmpool-owner";
+  const std::string& owner_path = plan_.owner_path;
   Result<BackendChoice> choice = ChooseBackend(config_.backend, owner_path);
   if (!choice.ok()) return choice.status();
-  WorkerPoolOptions pool;
   if (choice->cuda) {
-    if (Status s = StartCuda(*choice, owner_path, pool); !s.ok()) return s;
+    auto cuda = std::make_unique<CudaDevices>(&loop_, owner_path, [this](Event e) { Dispatch(std::move(e)); });
+    if (Status s = cuda->Configure(*choice, config_); !s.ok()) return s;
+    devices_ = std::move(cuda);
   } else {
     config_.backend = "host";
     config_.devices = {DeviceConfig{"", 0, config_.budget_bytes}};
+    devices_ = std::make_unique<HostMemory>();
     spdlog::info("backend host ({})", choice->why);
   }
   std::vector<uint64_t> budgets;
   for (const DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
 
-  // --takeover: what the running daemon hands over (its listening socket among them) joins what the
-  // service manager passed. Late in the start, so that what can fail on its own fails before the
-  // running daemon stops serving.
-  std::string admin_token;
-  if (!config_.http_admin_token_file.empty()) {
-    Result<std::string> token = ReadAdminToken(config_.http_admin_token_file);
-    if (!token.ok()) return token.status();
-    admin_token = *token;
-  }
-  int taken_socket = -1;
-  if (config_.takeover) {
-    if (*activated >= 0 || service_->notifying()) {
-      return Error(Code::kFailedPrecondition,
-                   "--takeover is for a daemon started by hand; under systemd restart the service "
-                   "instead (systemctl restart warmpool): the descriptor store keeps models warm");
-    }
-    Result<std::vector<PassedDescriptor>> handed = TakeOver(config_.socket_path);
-    if (!handed.ok()) return handed.status();
-    for (PassedDescriptor& d : *handed) {
-      if (d.name == kHandedSocketName) taken_socket = d.fd;
-      else passed->push_back(d);
-    }
-    spdlog::info("took over from the daemon on {}: {} descriptors", config_.socket_path, handed->size());
-  }
-  std::vector<KeptWeights> kept = warm_store_->Receive(*passed, /*device_memfds=*/config_.backend != "cuda");
-  // Memory a daemon before this one held may still be mapped by its workers (a takeover drains
-  // while this one serves): it is never reused for anything else here (CloseHandle).
-  for (const KeptWeights& k : kept) adopted_handles_.insert(k.weights.handle);
+  Result<Restart::Received> received = restart_->Receive(*passed, *activated >= 0);
+  if (!received.ok()) return received.status();
+  const int taken_socket = received->taken_socket;
 
   shm::Limits limits{config_.max_models,
                      config_.workers_per_device * static_cast<uint32_t>(budgets.size()),
                      config_.max_inflight};
   Result<shm::SharedSegment> segment =
-      shm::SharedSegment::Create(config_.instance, limits, budgets, observer_gid_);
+      shm::SharedSegment::Create(config_.instance, limits, budgets, plan_.observer_gid);
   if (!segment.ok()) return segment.status();
   segment_ = std::move(*segment);
   inflight_ = std::make_unique<shm::InflightTable>(segment_.view());
   core_ = std::make_unique<Core>(config_, segment_.view());
   request_stats_ = std::make_unique<RequestStats>(segment_.view());
 
-  ClientServer::Options server_options;
-  server_options.max_frame_bytes = config_.max_frame_bytes;
-  server_options.max_connections = config_.max_connections;
-  server_options.max_requests_per_connection = config_.max_requests_per_connection;
-  server_options.max_unread_reply_bytes = config_.max_unread_reply_bytes;
-  server_options.max_unread_reply_bytes_total = config_.max_queued_bytes;
-  server_options.idle_timeout_ms = config_.idle_timeout_ms;
-  server_options.max_connections_per_peer = config_.max_connections_per_peer;
-  server_options.max_requests_per_peer = config_.max_requests_per_peer;
-  server_options.max_queued_bytes_per_peer = config_.max_queued_bytes_per_peer;
-  server_options.max_unread_reply_bytes_per_peer = config_.max_unread_reply_bytes_per_peer;
-  server_options.reserved_connections = config_.reserved_connections;
-  server_options.request_read_timeout_ms = config_.request_read_timeout_ms;
+  ClientServer::Options server_options = ServerOptions(config_, plan_);
   server_options.batcher = batcher_.get();
   server_options.metrics = [this] {
     return metrics::RenderPrometheus(segment_.view(), {kVersion, config_.backend, config_.instance});
   };
-  server_options.admin_token = admin_token;
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
       [this](uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
@@ -220,7 +132,7 @@ Status Daemon::Start() {
     if (Status s = server_->Adopt(taken_socket, /*owns_path=*/true); !s.ok()) return s;
   } else if (*activated >= 0) {
     if (Status s = server_->Adopt(*activated); !s.ok()) return s;
-  } else if (Status s = server_->Listen(config_.socket_path, socket_gid_); !s.ok()) {
+  } else if (Status s = server_->Listen(config_.socket_path, plan_.socket_gid); !s.ok()) {
     return s;
   }
   if (!config_.http_listen.empty()) {
@@ -229,14 +141,8 @@ Status Daemon::Start() {
                  server_options.admin_token.empty() ? " (reads and infer only)" : " (admin token set)");
   }
 
-  pool.worker_path = worker_path_;
+  WorkerPoolOptions pool = PoolOptions(config_, worker_path_, budgets);
   pool.batcher = batcher_.get();
-  pool.instance = config_.instance;
-  pool.engine_dir = config_.engine_dir;
-  pool.workers_per_device = config_.workers_per_device;
-  pool.device_budgets = budgets;
-  pool.max_frame_bytes = config_.max_frame_bytes;
-  pool.threads = ThreadsPerWorker(config_.threads_per_worker, config_.workers_per_device * budgets.size());
   WorkerEvents events;
   events.on_ready = [this](uint32_t slot) {
     Dispatch(event::WorkerUp{slot, workers_->generation(slot)});
@@ -249,15 +155,13 @@ Status Daemon::Start() {
     OnWorkerDeath(slot, generation, why, exit_code, fatal);
   };
   workers_ = std::make_unique<WorkerPool>(&loop_, pool, std::move(events));
-  if (owners_ != nullptr) {
-    if (Status s = StartOwners(owner_path); !s.ok()) return s;
-  }
+  if (Status s = devices_->Start(workers_.get()); !s.ok()) return s;
 
   std::vector<std::string> warnings;
-  roots_ = ModelRoots(EffectiveModelRoots(config_));
-  std::vector<ModelEntry> entries = DiscoverModels(config_, roots_, warnings);
+  model_files_.Configure(config_);
+  std::vector<ModelEntry> entries = model_files_.Discover(config_, warnings);
   dispatching_ = true;
-  Execute(core_->Start(std::move(entries), std::move(warnings), Now(), std::move(kept)));
+  Execute(core_->Start(std::move(entries), std::move(warnings), Now(), std::move(received->kept)));
   dispatching_ = false;
   RunPending();
 
@@ -346,48 +250,15 @@ void Daemon::RunPending() {
     Event next = std::move(pending_.front());
     pending_.pop_front();
     Execute(core_->Handle(std::move(next), Now()));
-    TrimFreedMemory();
+    devices_->AfterActions(core_->index());
   }
   dispatching_ = false;
 }
 
-void Daemon::OfferFreedMemory(uint32_t slot, uint64_t job, uint64_t bytes) {
-  if (config_.backend != "host") return;
-  // Take before trimming: the core has just counted this job's bytes as used, so under a full
-  // budget used + kept passes it — and the kept region that made room (the model this load
-  // evicted) is the one to reuse, not the first to go. Once it is taken, the rest is trimmed.
-  uint64_t size = 0;
-  const int fd = freed_memory_.Take(bytes, &size);
-  TrimFreedMemory();
-  if (fd < 0) return;
-  // A larger region shrinks now, not when the worker gets to the job: its tail is counted nowhere
-  // once it has left the cache (the core counts `bytes`).
-  if (size > bytes && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    close(fd);
-    return;
-  }
-  spdlog::info("worker {}: job {} reuses {} of freed memory for {}", slot, job, FormatBytes(size), FormatBytes(bytes));
-  v1::WorkerEnvelope offer;
-  offer.mutable_offer()->set_job(job);
-  offer.mutable_offer()->set_bytes(bytes);
-  workers_->SendFrame(slot, ipc::Frame(offer), {fd});
-  close(fd);  // the channel sends its own copy (or none, to a worker that is dying)
-}
-
-void Daemon::TrimFreedMemory() {
-  // The host backend has one device. used + kept never passes the budget: a load the core admits
-  // into room that kept memory occupies makes the oldest kept memory go first.
-  if (freed_memory_.size() == 0) return;
-  const uint64_t used = core_->index().DeviceUsed(0);
-  const uint64_t budget = core_->index().DeviceBudget(0);
-  ForgetMappings(freed_memory_.TrimTo(budget > used ? budget - used : 0));
-}
-
-void Daemon::ForgetMappings(const std::vector<uint64_t>& inodes) {
-  if (inodes.empty()) return;
-  v1::WorkerEnvelope gone;
-  for (uint64_t inode : inodes) gone.mutable_mappings_gone()->add_inodes(inode);
-  workers_->SendFrameToAll(ipc::Frame(gone));
+void Daemon::CloseHandle(int fd, bool reusable) {
+  // Out of the descriptor store before its memory can be reused for anything else: a restart must
+  // never adopt a region under a name whose bytes it no longer holds.
+  devices_->Release(fd, restart_->Forget(fd, reusable));
 }
 
 void Daemon::Execute(std::vector<Action>&& actions) {
@@ -399,8 +270,13 @@ void Daemon::Execute(Action& a) {
       [&](auto&& act) {
         using A = std::decay_t<decltype(act)>;
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
-          if (!act.model_file.empty() && !OpenModelFile(act)) return;
-          if (act.allocates != 0) OfferFreedMemory(act.slot, act.job, act.allocates);
+          if (!act.model_file.empty()) {
+            if (std::optional<event::WorkerMessage> failed = model_files_.OpenFor(act)) {
+              pending_.push_back(std::move(*failed));
+              return;
+            }
+          }
+          if (act.allocates != 0) devices_->BeforeAllocatingJob(act.slot, act.job, act.allocates, core_->index());
           // A worker that is not ready is dying: its death fails the job.
           workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
           // The channel sends duplicates: the model file opened for this frame is the shell's to
@@ -410,13 +286,8 @@ void Daemon::Execute(Action& a) {
           int pid = workers_->Spawn(act.slot, act.generation);
           if (pid > 0) pending_.push_back(event::WorkerSpawned{act.slot, act.generation, pid});
         } else if constexpr (std::is_same_v<A, action::Reply>) {
-          if (act.envelope.has_status_reply() && act.envelope.status_reply().devices_size() > 0 &&
-              config_.backend == "host") {
-            // What the shell keeps is the shell's to say.
-            v1::DeviceStatus* device = act.envelope.mutable_status_reply()->mutable_devices(0);
-            device->set_kept_bytes(freed_memory_.bytes());
-            device->set_kept_regions(static_cast<uint32_t>(freed_memory_.size()));
-          }
+          // What the shell holds of device memory is the shell's to say.
+          if (act.envelope.has_status_reply()) devices_->Describe(*act.envelope.mutable_status_reply());
           request_stats_->Answered(act.session, act.envelope, MonotonicNanos());
           server_->Send(act.session, act.envelope);
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
@@ -424,7 +295,7 @@ void Daemon::Execute(Action& a) {
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
           CloseHandle(act.handle, act.reusable);
         } else if constexpr (std::is_same_v<A, action::InspectModel>) {
-          pending_.push_back(Inspect(act));
+          pending_.push_back(model_files_.Inspect(act));
         } else if constexpr (std::is_same_v<A, action::Notify>) {
           switch (act.kind) {
             case action::Notify::Kind::kReady: service_->Ready(act.status); break;
@@ -439,7 +310,7 @@ void Daemon::Execute(Action& a) {
         } else if constexpr (std::is_same_v<A, action::CloseSessions>) {
           server_->Close();
         } else if constexpr (std::is_same_v<A, action::StoreKept>) {
-          warm_store_->Sync(act.kept);
+          restart_->Store(act.kept);
         } else if constexpr (std::is_same_v<A, action::StopWorkers>) {
           uv_timer_stop(tick_timer_.get());
           workers_->Shutdown(act.kill_after_ms, [this] {
@@ -451,26 +322,6 @@ void Daemon::Execute(Action& a) {
       a);
 }
 
-bool Daemon::IsAdmin(const Peer& peer) const {
-  if (peer.tcp) return peer.admin_token;  // no credentials over TCP: only the token
-  if (peer.uid == 0 || peer.uid == geteuid()) return true;
-  if (!admin_gid_) return false;
-  if (peer.gid == *admin_gid_) return true;
-  // Supplementary groups of the peer's user.
-  passwd pw{};
-  passwd* found = nullptr;
-  char buffer[4096];
-  if (getpwuid_r(peer.uid, &pw, buffer, sizeof(buffer), &found) != 0 || found == nullptr) return false;
-  int count = 64;
-  std::vector<gid_t> groups(count);
-  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
-    groups.resize(count);
-    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
-  }
-  groups.resize(count);
-  return std::find(groups.begin(), groups.end(), *admin_gid_) != groups.end();
-}
-
 void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& request, int fd) {
   if (request.has_takeover()) return OnTakeover(session, peer, request.request_id(), fd);
   event::ClientRequest e;
@@ -479,11 +330,11 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
   if (fd >= 0) e.handle_check = CheckClientRegion(fd, request.region().bytes());
   e.uid = peer.uid;
   e.tcp = peer.tcp;
-  e.admin = IsAdminRequest(request) && IsAdmin(peer);
+  e.admin = IsAdminRequest(request) && access_.IsAdmin(peer);
   // Only an admin's well-formed register request makes the daemon look at a file.
   if (e.admin && request.has_register_model() && !request.register_model().remove() &&
       CheckRequest(request).ok()) {
-    e.registration = LookAtRegistration(request.register_model());
+    e.registration = model_files_.LookAtRegistration(request.register_model());
   }
   request_stats_->Received(session, request, core_->index(), MonotonicNanos());
   e.envelope = std::move(request);
@@ -501,41 +352,25 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
   };
   int type = 0;
   socklen_t len = sizeof(type);
-  if (peer.tcp || !IsAdmin(peer)) {
-    return refuse(Error(Code::kPermissionDenied, "a takeover needs root, the daemon's user or a member of [access] admin_group"));
-  }
-  if (channel < 0 || getsockopt(channel, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) {
-    return refuse(Error(Code::kInvalidArgument, "a takeover request carries one end of a SOCK_SEQPACKET socketpair"));
-  }
-  if (handed_over_ || core_->stopping()) return refuse(Error(Code::kUnavailable, "this daemon is stopping"));
-  if (activated_ || service_->notifying()) {
-    return refuse(Error(Code::kFailedPrecondition,
-                        "this daemon runs under a service manager: restart the service instead "
-                        "(systemctl restart warmpool); its descriptor store keeps models warm"));
-  }
+  TakeoverAsk ask;
+  ask.tcp = peer.tcp;
+  ask.admin = access_.IsAdmin(peer);
+  ask.seqpacket_channel = channel >= 0 && getsockopt(channel, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+                          type == SOCK_SEQPACKET;
+  ask.stopping = restart_->handed_over() || core_->stopping();
+  ask.under_service_manager = activated_ || service_->notifying();
   const int listener = server_->HandOverListener();
-  if (listener < 0) return refuse(Error(Code::kUnavailable, "this daemon is not accepting connections"));
-  // From here on no memory this daemon lets go of is reused: the new daemon maps the same regions.
-  handed_over_ = true;
-  ForgetMappings(freed_memory_.TrimTo(0));
+  ask.accepting = listener >= 0;
+  if (Status s = CheckTakeover(ask); !s.ok()) return refuse(s);
+  devices_->HandedOver();  // the new daemon maps the same regions
   const std::vector<KeptWeights> kept = core_->Kept();
-  // The segment's name goes before the last message: the new daemon creates its own under it.
-  bool name_gone = false;
-  Status sent = HandOver(channel, listener, kept, config_.instance, [&] {
-    segment_.Remove();
-    name_gone = true;
-  });
-  if (!sent.ok() && !name_gone) {
-    // The new daemon went away before it had everything: it gives up, this one goes on serving.
-    handed_over_ = false;
-    return refuse(Error(Code::kUnavailable, "the takeover failed: {}", sent.message()));
+  Status failed;
+  if (!restart_->HandOverTo(channel, listener, kept, [this] { segment_.Remove(); }, &failed)) {
+    spdlog::warn("takeover refused: {}", failed.message());
+    ipc::SetError(reply.mutable_error(), failed);
+    return server_->Send(session, reply);
   }
-  close(channel);
-  if (!sent.ok()) {
-    spdlog::error("takeover failed at its last step, stopping: {}", sent.ToString());
-  } else {
-    spdlog::info("handed the socket and {} kept weights to a new warmpoold; draining and stopping",
-                 kept.size());
+  if (failed.ok()) {
     server_->ReleasePath();
     server_->StopAccepting();  // now: a connection from here on is the new daemon's
     reply.mutable_takeover_reply()->set_models(static_cast<uint32_t>(kept.size()));
@@ -551,39 +386,6 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
   }, 0, 0);
 }
 
-Result<ModelEntry> Daemon::LookAtRegistration(const v1::RegisterRequest& request) const {
-  ModelEntry entry = InspectModel(request.model(), request.engine(), request.path(), roots_, config_.engine_dir);
-  if (entry.path_refused) return entry.problem;  // never registered, not even as failed
-  return entry;
-}
-
-event::ModelInspected Daemon::Inspect(const action::InspectModel& inspect) const {
-  event::ModelInspected e;
-  e.model = inspect.model;
-  e.path = inspect.path;
-  if (!inspect.path.empty()) e.resolved = roots_.Resolve(inspect.path);
-  else e.resolved = std::string();
-  e.entry = InspectModel(inspect.name, inspect.engine, inspect.path, roots_, config_.engine_dir);
-  return e;
-}
-
-bool Daemon::OpenModelFile(action::SendToWorker& send) {
-  Result<ModelFile> file = roots_.OpenResolved(send.model_file);
-  if (file.ok()) {
-    send.handles.insert(send.handles.begin(), file->Release());
-    return true;
-  }
-  // The load ends here, before the worker hears of it (so no memory is offered to it either):
-  // the core learns of it as of any load that failed.
-  event::WorkerMessage e;
-  e.slot = send.slot;
-  v1::WorkerLoadDone* done = e.message.mutable_load_done();
-  done->set_job(send.job);
-  ipc::SetError(done->mutable_error(), file.status());
-  pending_.push_back(std::move(e));  // any other handle of the frame stays the core's
-  return false;
-}
-
 event::Reload Daemon::ReadRegistry() {
   event::Reload e;
   if (reload_config_) {
@@ -594,20 +396,16 @@ event::Reload Daemon::ReadRegistry() {
     }
     // The shell resolves `register` paths and inspects files under the same roots as the core.
     TakeRegistrySettings(config_, *read);
-    roots_ = ModelRoots(EffectiveModelRoots(config_));
+    model_files_.Configure(config_);
   }
-  e.entries = DiscoverModels(config_, roots_, e.warnings);
+  e.entries = model_files_.Discover(config_, e.warnings);
   e.config = config_;
   return e;
 }
 
 void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
-  // Device memory (cuda) is the shell's business: the core only ever sees the weights' handles.
-  if (message.has_allocate()) return OnWorkerAllocate(slot, message.allocate());
-  if (message.has_free()) {
-    if (std::optional<GrantRelease> r = grants_.Freed(message.free().grant(), slot)) ReleaseGrant(*r);
-    return;
-  }
+  // Device memory is the shell's business: the core only ever sees the weights' handles.
+  if (devices_->OnWorkerMessage(slot, message)) return;
   event::WorkerMessage e;
   e.slot = slot;
   // A successful load carries the weights region, a park its host copy (ipc/descriptors.h). The
@@ -617,12 +415,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   if ((message.has_load_done() || message.has_park_done()) && ipc::DescriptorsCarried(message) > 0) {
     int fd = workers_->TakeFd(slot);
     if (fd >= 0) e.handles.push_back(fd);
-    // The weights of a cuda load live in a grant: it is released when the core lets them go.
-    if (fd >= 0 && message.has_load_done() && message.load_done().grant() != 0 &&
-        !grants_.Kept(message.load_done().grant(), slot, fd)) {
-      spdlog::warn("worker {} named grant {} for its weights, which it was not given", slot,
-                   message.load_done().grant());
-    }
+    if (fd >= 0 && message.has_load_done()) devices_->OnWeights(slot, message.load_done(), fd);
   }
   e.message = std::move(message);
   Dispatch(std::move(e));
@@ -630,7 +423,7 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
 
 void Daemon::OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why,
                            int exit_code, bool fatal) {
-  for (const GrantRelease& r : grants_.WorkerGone(slot, generation)) ReleaseGrant(r);
+  devices_->OnWorkerGone(slot, generation);
   event::WorkerDown e;
   e.slot = slot;
   e.generation = generation;
@@ -651,10 +444,7 @@ void Daemon::FinishStop() {
     exit_code_ = 1;
   }
   segment_.Remove();  // a no-op once handed over: the name is the new daemon's
-  if (owners_ != nullptr) owners_->Shutdown();
-  for (auto& o : owner_states_) {
-    if (o->restart_timer.active()) uv_timer_stop(o->restart_timer.get());
-  }
+  devices_->Shutdown();
   uv_signal_stop(sigterm_.get());
   uv_signal_stop(sigint_.get());
   uv_signal_stop(sighup_.get());

@@ -16,6 +16,7 @@
 #include "common/paths.h"
 
 #include "common/units.h"
+#include "supervisor/boot.h"
 #include "supervisor/config.h"
 #include "supervisor/daemon.h"
 
@@ -51,6 +52,10 @@ int main(int argc, char** argv) {
                "take over from the warmpoold serving the same socket and instance: it hands over its "
                "listening socket and every resident weights region and parked copy, drains and exits; "
                "this one serves them without reading a file (an upgrade without a reload)");
+  bool check = false;
+  app.add_flag("--check", check,
+               "check the configuration and the model files as a start would, print what would be "
+               "served, and exit: 0 when the daemon would start, 1 when it would not");
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   SetupLogging("warmpoold", "warmpoold", log_level);
@@ -82,14 +87,15 @@ int main(int argc, char** argv) {
     return config;
   };
   Result<supervisor::Config> config = assemble();
-  if (!config.ok()) return fail(config.status());
   if (worker_path.empty()) worker_path = NextToSelf("warmpool-worker");
-  if (access(worker_path.c_str(), X_OK) != 0) {
-    return fail(Error(Code::kFailedPrecondition,
-                      "worker binary {} is missing or not executable: install warmpool-worker "
-                      "next to warmpoold or pass --worker",
-                      worker_path));
+  if (check) {
+    if (!config.ok()) {
+      std::printf("warmpoold: the configuration would not start: %s\n", config.status().message().c_str());
+      return 1;
+    }
+    return supervisor::RunCheck(*config, worker_path, stdout);
   }
+  if (!config.ok()) return fail(config.status());
   signal(SIGPIPE, SIG_IGN);
   // Requests allocate and free payload-sized buffers; without this glibc hands the heap back to
   // the kernel after each one and faults fresh pages in for the next.

@@ -34,6 +34,24 @@ Status SendNamed(int channel, const std::vector<std::pair<int, std::string>>& na
 
 }  // namespace
 
+Status CheckTakeover(const TakeoverAsk& ask) {
+  if (ask.tcp || !ask.admin) {
+    return Error(Code::kPermissionDenied,
+                 "a takeover needs root, the daemon's user or a member of [access] admin_group");
+  }
+  if (!ask.seqpacket_channel) {
+    return Error(Code::kInvalidArgument, "a takeover request carries one end of a SOCK_SEQPACKET socketpair");
+  }
+  if (ask.stopping) return Error(Code::kUnavailable, "this daemon is stopping");
+  if (ask.under_service_manager) {
+    return Error(Code::kFailedPrecondition,
+                 "this daemon runs under a service manager: restart the service instead "
+                 "(systemctl restart warmpool); its descriptor store keeps models warm");
+  }
+  if (!ask.accepting) return Error(Code::kUnavailable, "this daemon is not accepting connections");
+  return OkStatus();
+}
+
 Status HandOver(int channel, int listen_fd, const std::vector<KeptWeights>& kept, const std::string& instance,
                 const std::function<void()>& before_end) {
   timeval timeout{5, 0};

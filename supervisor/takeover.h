@@ -29,6 +29,18 @@
 
 namespace warmpool::supervisor {
 
+// What a running daemon knows when a takeover is asked, and whether it hands over: the checks in
+// order, each refusal a typed error the asking daemon prints (no socket is touched here).
+struct TakeoverAsk {
+  bool tcp = false;                // asked over the HTTP listener
+  bool admin = false;              // root, the daemon's user or a member of [access] admin_group
+  bool seqpacket_channel = false;  // the request carried one end of a SOCK_SEQPACKET socketpair
+  bool stopping = false;           // this daemon is stopping, or handed over already
+  bool under_service_manager = false;  // socket-activated or notifying systemd
+  bool accepting = false;          // it still has its listening socket to hand over
+};
+Status CheckTakeover(const TakeoverAsk& ask);
+
 // The name the listening socket travels under.
 inline constexpr char kHandedSocketName[] = "listen";
 

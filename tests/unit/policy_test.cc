@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "supervisor/policy/admission.h"
+#include "supervisor/policy/device_owner.h"
 #include "supervisor/policy/placement.h"
 #include "supervisor/policy/retry.h"
 
@@ -491,6 +492,47 @@ TEST(PlacementTest, AReplicaOfAModelWithSeveralMovesFromItsMostCrowdedWorker) {
   EXPECT_EQ(move->model, 7u);
   EXPECT_EQ(move->from, 1u);
   EXPECT_EQ(move->to, 2u);
+}
+
+// cuda: a device's memory owner that died starts again after the workers' backoff, with its own
+// settings (it restarts in 100 ms unless it keeps dying young).
+TEST(DeviceOwnerPolicyTest, AnOwnerThatDiesYoungWaitsLongerEachTimeOneThatLivedStartsSoon) {
+  const RetrySettings& s = kOwnerRespawn;
+  EXPECT_EQ(RespawnDelay(0, 50, s), 100u);
+  EXPECT_EQ(RespawnDelay(100, 50, s), 200u);
+  EXPECT_EQ(RespawnDelay(16000, 50, s), 30000u);
+  EXPECT_EQ(RespawnDelay(30000, 50, s), 30000u);
+  EXPECT_EQ(RespawnDelay(30000, s.respawn_stable_ms, s), 100u);
+}
+
+TEST(DeviceOwnerPolicyTest, AGrantGoesToTheOwnerUnlessItCannotRunKeepsDyingOrPassesTheBudget) {
+  GrantAsk ask;
+  ask.slot = 3;
+  ask.device = 1;
+  ask.bytes = 600;
+  ask.held = 300;
+  ask.budget = 1000;
+  EXPECT_TRUE(AdmitGrant(ask).ok());
+  ask.owner_running = false;
+  ask.owner_restart_delay_ms = kOwnerPatienceMs;
+  EXPECT_TRUE(AdmitGrant(ask).ok()) << "it waits for an owner that is back within the patience";
+
+  GrantAsk dying = ask;
+  dying.owner_restart_delay_ms = kOwnerPatienceMs + 1;
+  EXPECT_EQ(AdmitGrant(dying).code(), Code::kUnavailable);
+  EXPECT_NE(AdmitGrant(dying).message().find("keeps dying"), std::string::npos);
+
+  GrantAsk fatal = ask;
+  fatal.owner_fatal = true;
+  EXPECT_EQ(AdmitGrant(fatal).code(), Code::kUnavailable);
+  EXPECT_NE(AdmitGrant(fatal).message().find("cannot run"), std::string::npos);
+
+  GrantAsk greedy = ask;
+  greedy.bytes = 701;  // 300 held + 701 > 1000
+  EXPECT_EQ(AdmitGrant(greedy).code(), Code::kResourceExhausted);
+  EXPECT_NE(AdmitGrant(greedy).message().find("worker 3"), std::string::npos);
+  greedy.budget = 0;  // unlimited
+  EXPECT_TRUE(AdmitGrant(greedy).ok());
 }
 
 }  // namespace

@@ -1,0 +1,46 @@
+// The shell's one seam to device memory. Two backends stand behind it: host (memfd regions, and
+// the memory freed between models kept for reuse: host_memory.h) and cuda (one memory-owner
+// process per device and the grants of its memory to workers: cuda_devices.h). The daemon calls
+// it at these points and never asks which backend serves; the core sees neither, only the
+// weights' handles and event::DeviceLost / DeviceRestored.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "ipc/warmpool.pb.h"
+#include "shm/model_index.h"
+
+namespace warmpool::supervisor {
+
+class WorkerPool;
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+
+  // Once the workers exist: starts what serves the devices (cuda: the owners).
+  virtual Status Start(WorkerPool* workers) = 0;
+  // The stop: nothing is started again.
+  virtual void Shutdown() = 0;
+
+  // A frame that starts job `job`, which allocates `bytes`, is about to go to worker `slot`; the
+  // core has counted the bytes as used (index).
+  virtual void BeforeAllocatingJob(uint32_t slot, uint64_t job, uint64_t bytes, const shm::ModelIndex& index) = 0;
+  // After every batch of the core's actions.
+  virtual void AfterActions(const shm::ModelIndex& index) = 0;
+  // A handle the core let go of; `reusable`: its memory may hold something else now.
+  virtual void Release(int fd, bool reusable) = 0;
+  // A new daemon maps this memory from now on (a takeover): none of it is reused here.
+  virtual void HandedOver() = 0;
+  // What the shell holds of device memory that status reports beside the core's figures.
+  virtual void Describe(v1::StatusReply& status) const = 0;
+
+  // A worker's message about device memory (allocate, free): true when it was one, and handled.
+  virtual bool OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) = 0;
+  // A load's weights arrived from worker `slot` with descriptor `fd` (the core's from now on).
+  virtual void OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) = 0;
+  virtual void OnWorkerGone(uint32_t slot, uint32_t generation) = 0;
+};
+
+}  // namespace warmpool::supervisor
