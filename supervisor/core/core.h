@@ -13,7 +13,7 @@
 // admission.cc (room, loads, releases, eviction), replicas.cc (replicas, placement), jobs.cc
 // (what workers report), dispatch.cc (inference), recovery.cc (deaths, deadlines, stalls),
 // failures.cc (crash loops, broken files), workers.cc (worker processes), reload.cc (reload,
-// register, retirement), faults.cc, snapshots.cc, invariants.cc.
+// register, retirement), faults.cc, snapshots.cc, invariants.cc; records.h, what it keeps.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,7 @@
 #include "supervisor/core/kept.h"
 #include "supervisor/core/model.h"
 #include "supervisor/core/model_entry.h"
+#include "supervisor/core/records.h"
 #include "supervisor/policy/admission.h"
 #include "supervisor/policy/placement.h"
 #include "supervisor/policy/retry.h"
@@ -93,122 +94,16 @@ class Core {
   Status CheckInvariants() const;
 
  private:
-  // Who to answer, and what the request holds of the budgets.
-  struct Call {
-    uint64_t session = 0;
-    uint64_t request_id = 0;
-    uint64_t bytes = 0;
-    uint64_t accepted_ms = 0;  // when the request came in (queue wait, shm/stats.h)
-  };
-  // A request waiting for its model to be loaded, for room to load it, or for room in a worker.
-  struct Waiter {
-    Call call;
-    bool is_infer = false;
-    v1::InferRequest infer;
-    uint64_t deadline_ms = 0;  // monotonic; 0 = none
-    uint32_t crashes = 0;      // workers that died while running this very request, alone
-    // ... and while it ran beside other jobs (in one batch, beside a load): it may be innocent
-    uint32_t shared_crashes = 0;
-    // Sent to a worker that died before answering: runs again, one at a time per worker (below).
-    bool retry = false;
-    uint32_t replicas_asked = 0;  // a load: LoadRequest.replicas, for its reply
-  };
-  struct Job {
-    enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
-    Kind kind = Kind::kInfer;
-    uint32_t worker = 0;
-    uint32_t model = 0;
-    uint64_t epoch = 0;         // of the model's registration: a reply for an older one is stale
-    Call call{};                // infer
-    bool answered = false;
-    uint64_t deadline_ms = 0;   // infer: the request's deadline
-    uint64_t started_ms = 0;
-    uint64_t progress_ms = 0;   // last sign of progress
-    uint64_t frame_bytes = 0;   // in the worker's channel
-    uint32_t crashes = 0;
-    uint32_t shared_crashes = 0;
-    bool retry = false;  // infer: a Waiter::retry
-    v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
-    std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
-    uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
-    // Runs on the worker's load thread: loads, attaches and unparks, and an unload of a model
-    // with one of those still before it there (the worker keeps one model's jobs in order).
-    bool load_thread = false;
-  };
+  using Call = records::Call;
+  using Waiter = records::Waiter;
+  using Job = records::Job;
+  using Model = records::Model;
+  using ClientRegion = records::ClientRegion;
+  using Session = records::Session;
+  using WorkerSlot = records::WorkerSlot;
+  using ArmedFault = records::ArmedFault;
+  using BulkUnload = records::BulkUnload;
   static bool OnLoadThread(const Job& job) { return job.load_thread; }
-  struct Model {
-    uint64_t epoch = 0;
-    ModelEntry entry;  // as registered; updated when a load finds the file changed
-    ModelMachine machine;
-    std::deque<Waiter> waiters;
-    std::vector<Call> unload_waiters;
-    std::vector<uint64_t> bulk;  // `unload --all` requests waiting for this model
-    uint32_t inflight = 0;
-    policy::CrashRecord crashes;
-    std::string last_error;  // in full (the segment keeps a truncated copy)
-    bool file_broken = false;  // last_error is about its file (Core::MarkFailed)
-    // Models released to make room for its load or its replicas, told in the next load reply.
-    std::vector<std::string> evicted_for;
-    int64_t keep_alive_ms = -1;
-    std::optional<int64_t> keep_alive_override_ms;
-    uint64_t expires_at_ms = 0;
-    uint32_t target_replicas = 1;
-    uint32_t max_batch_delay_us = 0;  // dynamic batching (Config::max_batch_delay_us)
-    bool pinned = false;
-    bool registered_by_client = false;  // `warmpool register`: a reload leaves it alone
-    Status refused;  // its path was refused at registration: requests get this, no worker loads it
-    // Leaving the registry (a reload, `register --remove`) or changing: `retiring` set; the inner
-    // value is what replaces it once it is idle and not resident (empty: it is forgotten).
-    std::optional<std::optional<ModelEntry>> retiring;
-    // A new version replaces it: nothing more of the old one is started (no load, attach,
-    // replica, move or dispatch); requests wait until ProcessRetirements registers the new one.
-    bool changing() const { return retiring.has_value() && retiring->has_value(); }
-  };
-  // A client's shared memory (RegionRequest): its memfd, and how much of it tensors may use.
-  struct ClientRegion {
-    int handle = -1;
-    uint64_t bytes = 0;
-  };
-  struct Session {
-    uint32_t outstanding = 0;
-    uint64_t held_bytes = 0;
-    std::unordered_map<uint64_t, ClientRegion> regions;
-  };
-  struct WorkerSlot {
-    enum class State { kDown, kStarting, kUp, kFatal };
-    State state = State::kDown;
-    uint32_t generation = 0;
-    int pid = 0;
-    uint32_t restarts = 0;
-    int32_t last_exit_code = -1;
-    std::string last_exit;
-    uint64_t started_ms = 0;
-    uint64_t started_unix_ns = 0;  // for the segment's record
-    uint64_t respawn_at_ms = 0;
-    uint64_t backoff_ms = 0;
-    bool killing = false;
-    // Killed because its device's memory died (event::DeviceLost): what it says from then on is
-    // not believed, and its death is no model's fault.
-    bool device_lost = false;
-    uint32_t outstanding = 0;
-    uint64_t pending_bytes = 0;
-    uint32_t retries = 0;  // of the outstanding jobs, retried requests (at most one: DrainReady)
-    uint64_t load_done_ms = 0;     // when it last finished a load
-    uint64_t serving_done_ms = 0;  // ... anything on its serving thread
-    uint64_t served = 0;
-  };
-  struct ArmedFault {
-    v1::Fault fault;
-    uint32_t remaining = 1;  // shots not granted yet
-    uint32_t granted = 0;    // granted to jobs not finished
-    uint32_t matched = 0;    // matching jobs seen (for `after`)
-  };
-  struct BulkUnload {
-    Call call;
-    uint32_t remaining = 0;
-    uint32_t parked = 0;
-    uint32_t total = 0;
-  };
 
   // core.cc
   template <typename... Args>
