@@ -24,6 +24,18 @@
 
 namespace warmpool::supervisor {
 
+Status ClientServer::Open(int taken, int activated, const std::string& path, std::optional<gid_t> group,
+                          const std::string& http_listen) {
+  Status listening = taken >= 0       ? Adopt(taken, /*owns_path=*/true)
+                     : activated >= 0 ? Adopt(activated)
+                                      : Listen(path, group);
+  if (!listening.ok() || http_listen.empty()) return listening;
+  if (Status s = ListenTcp(http_listen); !s.ok()) return s;
+  spdlog::info("HTTP API and /metrics on http://{}{}", http_listen,
+               options_.admin_token.empty() ? " (reads and infer only)" : " (admin token set)");
+  return OkStatus();
+}
+
 Status ClientServer::Listen(const std::string& path, std::optional<gid_t> group) {
   if (Status s = CheckSocketPath(path); !s.ok()) return s;
   sockaddr_un addr{};

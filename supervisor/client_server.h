@@ -93,6 +93,11 @@ class ClientServer {
                ClosedHandler on_closed = nullptr);
   ~ClientServer();
 
+  // Where the daemon serves, in order of precedence: the socket a takeover handed over
+  // (`taken`, its file this daemon's), the one the service manager passed (`activated`), else a new
+  // one at `path` (Listen); then HTTP on `http_listen` when it is set. -1: none.
+  Status Open(int taken, int activated, const std::string& path, std::optional<gid_t> group,
+              const std::string& http_listen);
   // Binds path, removing a stale socket; refuses one that a live daemon answers on. The socket is
   // 0600, or 0660 owned by `group` when one is given.
   Status Listen(const std::string& path, std::optional<gid_t> group = std::nullopt);

@@ -128,17 +128,9 @@ Status Daemon::Start() {
         Dispatch(event::ClientGone{session});
       });
   activated_ = *activated >= 0;
-  if (taken_socket >= 0) {
-    if (Status s = server_->Adopt(taken_socket, /*owns_path=*/true); !s.ok()) return s;
-  } else if (*activated >= 0) {
-    if (Status s = server_->Adopt(*activated); !s.ok()) return s;
-  } else if (Status s = server_->Listen(config_.socket_path, plan_.socket_gid); !s.ok()) {
+  if (Status s = server_->Open(taken_socket, *activated, config_.socket_path, plan_.socket_gid, config_.http_listen);
+      !s.ok()) {
     return s;
-  }
-  if (!config_.http_listen.empty()) {
-    if (Status s = server_->ListenTcp(config_.http_listen); !s.ok()) return s;
-    spdlog::info("HTTP API and /metrics on http://{}{}", config_.http_listen,
-                 server_options.admin_token.empty() ? " (reads and infer only)" : " (admin token set)");
   }
 
   WorkerPoolOptions pool = PoolOptions(config_, worker_path_, budgets);
