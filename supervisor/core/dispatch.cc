@@ -12,6 +12,7 @@ using namespace residency;
 
 void Core::Enqueue(uint32_t model, Waiter&& waiter) {
   Model& m = models_[model];
+  if (waiter.call.session != 0) m.asked = true;  // a preload (session 0) is nobody's request
   m.waiters.push_back(std::move(waiter));
   queued_++;
   if (m.machine.Serving()) return DrainReady(model);
@@ -220,6 +221,9 @@ void Core::DoneOnCurrent(uint32_t model) {
 void Core::StartKeepAlive(uint32_t model) {
   Model& m = models_[model];
   int64_t keep = m.keep_alive_override_ms.value_or(m.keep_alive_ms);
+  // keep_alive 0 is "released when its requests end": with none yet (a preload, weights adopted
+  // across a restart) there is nothing to end, and it stays until its first request has.
+  if (keep == 0 && !m.asked) keep = -1;
   m.expires_at_ms = keep < 0 ? 0 : std::max<uint64_t>(1, MonoMs() + static_cast<uint64_t>(keep));
 }
 

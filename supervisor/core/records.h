@@ -75,6 +75,9 @@ struct Model {
   // Models released to make room for its load or its replicas, told in the next load reply.
   std::vector<std::string> evicted_for;
   int64_t keep_alive_ms = -1;
+  // A request (infer, load) has named it since it was registered: keep_alive 0 releases a model
+  // when its requests end, so a preloaded or adopted one that nobody has asked for yet stays.
+  bool asked = false;
   std::optional<int64_t> keep_alive_override_ms;
   uint64_t expires_at_ms = 0;
   uint32_t target_replicas = 1;

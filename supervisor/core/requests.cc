@@ -155,6 +155,7 @@ void Core::HandleLoad(const Call& call, const v1::LoadRequest& request) {
     m.evicted_for.clear();
     const std::string short_by = AdjustReplicas(model);
     index_->Touch(model);
+    m.asked = true;
     if (m.inflight == 0) StartKeepAlive(model);
     v1::Envelope reply = LoadReplyFor(model, request.replicas(), short_by);
     reply.mutable_load_reply()->set_already_loaded(true);

@@ -300,5 +300,37 @@ TEST(CoreTruthTest, AdoptedModelsKeepTheirKeepAliveAndThePreloadCountCountsThePr
   EXPECT_TRUE(Contains(rig.Logs(), "releasing \"b\" (keep_alive")) << rig.Logs();
 }
 
+TEST(CoreTruthTest, KeepAliveZeroSparesPreloadedAndAdoptedModelsUntilTheirFirstRequestEnds) {
+  Config config = CoreRig::SmallConfig();
+  config.keep_alive_ms = 0;
+  config.preload = {"a"};
+  CoreRig rig(config);
+  ModelEntry a = Entry("a", 200, 50), b = Entry("b", 200, 50);
+  rig.Start({a, b}, {KeptReady(b, 101)});
+  rig.Up(0);
+  rig.Up(1);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0), to1 = rig.Sent(1);
+  const uint32_t slot = to0.empty() ? 1 : 0;
+  if (to0.empty()) to0 = to1;
+  ASSERT_EQ(to0.size(), 1u);
+  ASSERT_TRUE(to0[0].has_load());
+  rig.Reply(slot, CoreRig::LoadDone(to0[0].load().job(), a), {100});
+  rig.Advance(1000);
+  EXPECT_EQ(rig.State("a"), shm::ModelState::kReady) << "a preload nobody has asked for yet stays";
+  EXPECT_EQ(rig.State("b"), shm::ModelState::kReady) << "so do weights adopted across a restart";
+  EXPECT_FALSE(PsOf(rig, "a").has_expiry());
+
+  // Its first request ends: keep_alive 0 applies from then on.
+  rig.Forget();
+  rig.Infer(2, "a");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(slot);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_infer());
+  rig.Reply(slot, CoreRig::InferDone(sent[0].infer().job()));
+  rig.Advance(kTickMs);
+  EXPECT_EQ(rig.State("a"), shm::ModelState::kUnloading);
+  EXPECT_EQ(rig.State("b"), shm::ModelState::kReady);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor::testing
