@@ -30,6 +30,7 @@
 #include "bench/recovery.h"
 #include "bench/restart.h"
 #include "bench/switch.h"
+#include "bench/wakeups.h"
 #include "bench/regions.h"
 #include "bench/relay.h"
 #include "bench/session.h"
@@ -90,6 +91,11 @@ struct Options {
 struct Measured {
   std::vector<uint64_t> latencies;
   double wall_s = 0;
+  std::vector<pid_t> processes;  // the path's own (relay and echo server; daemon and workers)
+  uint64_t switches = 0;         // their context switches during the measured rounds
+  double SwitchesPerRequest() const {
+    return latencies.empty() ? 0 : static_cast<double>(switches) / static_cast<double>(latencies.size());
+  }
 };
 
 std::string SummaryJson(const Summary& s) {
@@ -165,6 +171,9 @@ class Bench {
       }
     }
     Measured relay_m, warmpool_m;
+    relay_m.processes = WithChildren(*relay);
+    relay_m.processes.push_back(*server);
+    warmpool_m.processes = WithChildren(run_.daemon().pid());
     relay_m.latencies.reserve(options_.requests);
     warmpool_m.latencies.reserve(options_.requests);
     uint32_t rounds = static_cast<uint32_t>(
@@ -173,15 +182,14 @@ class Bench {
       uint64_t count = options_.requests / rounds + (round < options_.requests % rounds ? 1 : 0);
       for (int half = 0; half < 2; ++half) {
         bool relay_turn = (round % 2 == 0) == (half == 0);
-        if (relay_turn) {
-          Result<double> r = RunPhase(relay_sessions, count, &relay_m.latencies, options_.pipeline);
-          if (!r.ok()) return Error(r.status().code(), "baseline relay: {}", r.status().message());
-          relay_m.wall_s += *r;
-        } else {
-          Result<double> r = RunPhase(warmpool_sessions, count, &warmpool_m.latencies, options_.pipeline);
-          if (!r.ok()) return run_.WithLog(r.status());
-          warmpool_m.wall_s += *r;
-        }
+        Measured& m = relay_turn ? relay_m : warmpool_m;
+        const uint64_t switches_before = ContextSwitches(m.processes);
+        Result<double> r = RunPhase(relay_turn ? relay_sessions : warmpool_sessions, count, &m.latencies,
+                                    options_.pipeline);
+        if (!r.ok() && relay_turn) return Error(r.status().code(), "baseline relay: {}", r.status().message());
+        if (!r.ok()) return run_.WithLog(r.status());
+        m.wall_s += *r;
+        m.switches += ContextSwitches(m.processes) - switches_before;
       }
     }
     relay_sessions.clear();
@@ -193,12 +201,14 @@ class Bench {
     // Stop everything before reporting, so a daemon that fails to stop is reported too.
     run_.StopChildren();
     Status stopped = run_.StopDaemon();
-    Report(relay_s, warmpool_s, rounds);
+    Report(relay_s, warmpool_s, rounds, relay_m.SwitchesPerRequest(), warmpool_m.SwitchesPerRequest());
     return stopped;
   }
 
  private:
-  void Report(const Summary& relay, const Summary& warmpool, uint32_t rounds) {
+  // switches_*: context switches per request of each path's own processes (bench/wakeups.h).
+  void Report(const Summary& relay, const Summary& warmpool, uint32_t rounds, double relay_switches,
+              double warmpool_switches) {
     double r50 = relay.p50_us > 0 ? warmpool.p50_us / relay.p50_us : 0;
     double r99 = relay.p99_us > 0 ? warmpool.p99_us / relay.p99_us : 0;
     // Throughput matters once requests are pipelined (target >= 0.6x of the relay's).
@@ -210,11 +220,12 @@ class Bench {
                       "\"clients\": {}, \"pipeline\": {}, \"requests\": {}, \"warmup\": {}, \"rounds\": {}, "
                       "\"relay\": {}, \"warmpool\": {}, \"ratio_p50\": {:.3f}, \"ratio_p99\": "
                       "{:.3f}, \"target_p50\": {}, \"target_p99\": {}, \"p50_target_met\": {}, "
-                      "\"p99_target_met\": {}, \"ratio_throughput\": {:.3f}}}",
+                      "\"p99_target_met\": {}, \"ratio_throughput\": {:.3f}, "
+                      "\"switches_per_request\": {{\"relay\": {:.2f}, \"warmpool\": {:.2f}}}}}",
                       model_, input_.cols * sizeof(float), request_frame_bytes_, options_.clients,
                       options_.pipeline, options_.requests, options_.warmup, rounds, SummaryJson(relay),
                       SummaryJson(warmpool), r50, r99, kTargetP50, kTargetP99,
-                      r50 <= kTargetP50, r99 <= kTargetP99, rthroughput)
+                      r50 <= kTargetP50, r99 <= kTargetP99, rthroughput, relay_switches, warmpool_switches)
               .c_str());
       return;
     }
@@ -235,6 +246,9 @@ class Bench {
     out += fmt::format("ratio p99 {:.2f}x (target <= {}x): {}\n", r99, kTargetP99,
                        Verdict(r99, kTargetP99));
     out += fmt::format("throughput {:.2f}x of the relay's (pipelined target >= 0.6x)\n", rthroughput);
+    out += fmt::format("context switches per request: relay {:.2f} (relay and echo server), warmpool {:.2f} "
+                       "(daemon and workers)\n",
+                       relay_switches, warmpool_switches);
     std::fputs(out.c_str(), stdout);
   }
 
