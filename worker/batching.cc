@@ -18,7 +18,7 @@
 #include "common/clock.h"
 #include "ipc/error_proto.h"
 #include "ipc/framing.h"
-#include "worker/worker.h"
+#include "worker/serving.h"
 
 namespace warmpool::worker {
 namespace {
@@ -43,26 +43,21 @@ bool Joins(const BatchKey& key, const v1::WorkerInfer& next) {
 
 }  // namespace
 
-Status Worker::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<Incoming>& ahead) {
+Status Serving::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<Incoming>& ahead) {
   const v1::WorkerInfer& first = batch.front();
   if (!first.batch() || !WellFormed(first)) return OkStatus();
   const BatchKey key{first.model(), first.input().cols()};
-  uint32_t max_rows = 0;
-  {
-    std::lock_guard lock(models_mutex_);
-    auto it = models_.find(key.model);
-    if (it == models_.end()) return OkStatus();
-    max_rows = it->second->info().max_batch;
-  }
+  const std::optional<uint32_t> max_rows = models_.MaxBatch(key.model);
+  if (!max_rows) return OkStatus();
   uint64_t rows = first.input().rows();
   Clock::time_point until = Clock::now() + std::chrono::microseconds(first.batch_delay_us());
-  while (rows < max_rows) {
+  while (rows < *max_rows) {
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - Clock::now()).count();
     if (!channel_.WaitForFrame(left)) break;  // left <= 0: only what has arrived already
     Incoming next;
     if (Status s = ReadIncoming(next); !s.ok()) return s;
     if (!next.message.has_infer() || !Joins(key, next.message.infer()) ||
-        rows + next.message.infer().input().rows() > max_rows) {
+        rows + next.message.infer().input().rows() > *max_rows) {
       ahead = std::move(next);
       break;
     }
@@ -76,14 +71,9 @@ Status Worker::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<In
   return OkStatus();
 }
 
-void Worker::HandleInfers(std::vector<v1::WorkerInfer>& batch) {
+void Serving::HandleInfers(std::vector<v1::WorkerInfer>& batch) {
   if (batch.size() == 1) return HandleInfer(batch.front());
-  std::shared_ptr<Engine> engine;
-  {
-    std::lock_guard lock(models_mutex_);
-    auto it = models_.find(batch.front().model());
-    if (it != models_.end()) engine = it->second;
-  }
+  std::shared_ptr<Engine> engine = models_.Find(batch.front().model());
   if (engine == nullptr) {
     for (const v1::WorkerInfer& request : batch) HandleInfer(request);  // each answered UNAVAILABLE
     return;
@@ -125,8 +115,7 @@ void Worker::HandleInfers(std::vector<v1::WorkerInfer>& batch) {
     }
     // Each request has its marker, taken before the engine runs and cleared after: if this
     // process dies in between, the supervisor finds every one of them and runs them again.
-    Result<uint32_t> slot = inflight_->Take(options_.generation, options_.slot, request.request_id(),
-                                           request.model(), UnixNanos(), options_.slot * 16);
+    Result<uint32_t> slot = marks_.Take(request.request_id(), request.model());
     if (!slot.ok()) {
       // A full table: the batch runs with the markers it has, the rest after it (one at a time
       // they would each have found a marker, so none fails for being batched).
@@ -134,7 +123,7 @@ void Worker::HandleInfers(std::vector<v1::WorkerInfer>& batch) {
       reply(request, slot.status(), nullptr, 0, 0);
       continue;
     }
-    members.push_back({&request, *slot, FaultsFor(request.job(), request.faults()), rows});
+    members.push_back({&request, *slot, outbox_.FaultsFor(request.job(), request.faults()), rows});
     rows += request.input().rows();
   }
   if (!members.empty()) {
@@ -150,15 +139,13 @@ void Worker::HandleInfers(std::vector<v1::WorkerInfer>& batch) {
       m.faults.Hit("infer.mid");
       m.faults.Hit("infer.before_restore");
     }
-    for (const Member& m : members) inflight_->Release(m.slot, options_.generation, options_.slot);
+    for (const Member& m : members) marks_.Release(m.slot);
     const uint32_t out_cols = engine->OutputColumns(cols);
     for (const Member& m : members) {
       reply(*m.request, status, output_.data() + m.first_row * out_cols, m.request->input().rows(), out_cols);
     }
   }
-  if (Status s = channel_.WriteRaw(replies); !s.ok()) {
-    spdlog::debug("worker {}: replies dropped: {}", options_.slot, s.ToString());
-  }
+  outbox_.SendFramed(replies);
   if (next < batch.size()) {
     std::vector<v1::WorkerInfer> rest(std::make_move_iterator(batch.begin() + static_cast<ptrdiff_t>(next)),
                                       std::make_move_iterator(batch.end()));

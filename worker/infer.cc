@@ -8,27 +8,22 @@
 
 #include "common/clock.h"
 #include "ipc/error_proto.h"
-#include "worker/worker.h"
+#include "worker/serving.h"
 
 namespace warmpool::worker {
 
-void Worker::RegionFds::Close() {
+void Serving::RegionFds::Close() {
   for (int* fd : {&input, &output}) {
     if (*fd >= 0) close(*fd);
     *fd = -1;
   }
 }
 
-void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
+void Serving::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
   v1::WorkerEnvelope reply;
   v1::WorkerInferDone* done = reply.mutable_infer_done();
   done->set_job(request.job());
-  std::shared_ptr<Engine> engine;
-  {
-    std::lock_guard lock(models_mutex_);
-    auto it = models_.find(request.model());
-    if (it != models_.end()) engine = it->second;
-  }
+  std::shared_ptr<Engine> engine = models_.Find(request.model());
   const v1::Tensor& input = request.input();
   const uint64_t input_bytes = uint64_t{input.rows()} * input.cols() * sizeof(float);
   const uint64_t given_bytes =
@@ -66,13 +61,11 @@ void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
     }
     // Take the in-flight marker before touching the engine and clear it after: if this process
     // dies in between, the supervisor finds the marker tagged with our (slot, generation).
-    Result<uint32_t> slot = status.ok() ? inflight_->Take(options_.generation, options_.slot, request.request_id(),
-                                                          request.model(), UnixNanos(), options_.slot * 16)
-                                        : Result<uint32_t>(status);
+    Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
     if (!slot.ok()) {
       status = slot.status();
     } else {
-      JobFaults faults = FaultsFor(request.job(), request.faults());
+      JobFaults faults = outbox_.FaultsFor(request.job(), request.faults());
       faults.Hit("infer.after_take");
       std::span<const float> in;
       if (in_region != nullptr) {
@@ -93,7 +86,7 @@ void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
       status = engine->Infer(in, input.rows(), input.cols(), out);
       faults.Hit("infer.mid");
       faults.Hit("infer.before_restore");
-      inflight_->Release(*slot, options_.generation, options_.slot);
+      marks_.Release(*slot);
       if (status.ok()) {
         v1::Tensor* output = done->mutable_output();
         output->set_rows(input.rows());
@@ -109,7 +102,7 @@ void Worker::HandleInfer(const v1::WorkerInfer& request, RegionFds regions) {
   }
   regions.Close();
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
-  Send(reply);
+  outbox_.Send(reply);
 }
 
 }  // namespace warmpool::worker

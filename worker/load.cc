@@ -16,7 +16,7 @@
 #include "engines/safetensors.h"
 #include "ipc/error_proto.h"
 #include "ipc/file_version_proto.h"
-#include "worker/worker.h"
+#include "worker/load_thread.h"
 
 namespace warmpool::worker {
 
@@ -47,27 +47,27 @@ Status Named(const Status& status, const std::string& fd_path, const std::string
 
 }  // namespace
 
-void Worker::RunLoad(const v1::WorkerLoad& request, int file) {
-  std::optional<JobMark> mark(std::in_place, *this, request.job(), request.model());
+void LoadThread::RunLoad(const v1::WorkerLoad& request, int file) {
+  std::optional<JobMark> mark(std::in_place, marks_, request.job(), request.model());
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
   done->set_job(request.job());
-  JobFaults faults = FaultsFor(request.job(), request.faults());
-  load_faults_ = &faults;
+  JobFaults faults = outbox_.FaultsFor(request.job(), request.faults());
+  memory_.SetAllocFaults(&faults);
   faults.Hit("load.begin");
   int shared = -1;
   Status status = Load(request, file, faults, *done, shared);
   if (file >= 0) close(file);
-  load_faults_ = nullptr;
+  memory_.SetAllocFaults(nullptr);
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
-  LoadThreadJobDone(request.model());
+  JobDone(request.model());
   // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
-  Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+  outbox_.Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
 }
 
-Status Worker::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
-                    int& shared) {
+Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
+                        int& shared) {
   Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
   if (!vtable.ok()) return vtable.status();
   const std::string& path = request.path();
@@ -93,7 +93,7 @@ Status Worker::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, 
   }
   wp_engine_spec spec{request.name().c_str(), fd_path.c_str(), header.empty() ? nullptr : header.data(),
                       header.size(), file_size};
-  Result<Engine> engine = Engine::Open(*vtable, spec, &memory_service_);
+  Result<Engine> engine = Engine::Open(*vtable, spec, memory_.engines());
   if (!engine.ok()) return Named(engine.status(), fd_path, path);
   const wp_engine_info& info = engine->info();
   done.set_weight_bytes(info.weight_bytes);
@@ -114,10 +114,7 @@ Status Worker::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, 
       first_progress = false;
       faults.Hit("load.mid_copy");
     }
-    {
-      std::lock_guard lock(load_mutex_);
-      if (stopping_) return false;
-    }
+    if (Stopping()) return false;  // the worker is shutting down: the load gives up
     auto now = std::chrono::steady_clock::now();
     if (now - last_report > std::chrono::milliseconds(100)) {
       last_report = now;
@@ -125,7 +122,7 @@ Status Worker::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, 
       progress.mutable_load_progress()->set_job(request.job());
       progress.mutable_load_progress()->set_done_bytes(done_bytes);
       progress.mutable_load_progress()->set_total_bytes(total_bytes);
-      Send(progress);
+      outbox_.Send(progress);
     }
     return true;
   });
@@ -153,11 +150,10 @@ Status Worker::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, 
   if (weights.ok() && weights->handle >= 0) {
     shared = weights->handle;
     done.set_weights_shared(true);
-    done.set_grant(GrantOf(*weights));
-    KeepMappingOf(shared);
+    done.set_grant(memory_.GrantOf(*weights));
+    memory_.KeepMappingOf(shared);
   }
-  std::lock_guard lock(models_mutex_);
-  models_[request.model()] = std::make_shared<Engine>(std::move(*engine));
+  models_.Put(request.model(), std::move(*engine));
   return OkStatus();
 }
 

@@ -1,0 +1,195 @@
+// The load thread's queue and loop, attach and unload. Loads are worker/load.cc.
+#include "worker/load_thread.h"
+
+#include <unistd.h>
+
+#include <string>
+
+#include "engines/plugin_loader.h"
+#include "ipc/error_proto.h"
+
+namespace warmpool::worker {
+
+LoadThread::LoadThread(const WorkerOptions& options, Outbox& outbox, MemoryService& memory, InflightMarks& marks,
+                       ModelTable& models)
+    : options_(options), outbox_(outbox), memory_(memory), marks_(marks), models_(models) {}
+
+LoadThread::~LoadThread() {
+  Stop();
+  Join();
+}
+
+void LoadThread::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void LoadThread::Stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+void LoadThread::Join() {
+  if (thread_.joinable()) thread_.join();
+  for (Job& job : queue_) {
+    if (job.fd >= 0) close(job.fd);
+    job.fd = -1;
+  }
+}
+
+bool LoadThread::Stopping() {
+  std::lock_guard lock(mutex_);
+  return stopping_;
+}
+
+void LoadThread::QueueLoad(v1::WorkerLoad request, int file) {
+  const uint32_t model = request.model();
+  Job job;
+  job.load = std::move(request);
+  job.fd = file;
+  Queue(std::move(job), model);
+}
+
+void LoadThread::QueueAttach(v1::WorkerAttach request, int weights_fd) {
+  const uint32_t model = request.model();
+  Job job;
+  job.attach = std::move(request);
+  job.fd = weights_fd;
+  Queue(std::move(job), model);
+}
+
+void LoadThread::Queue(Job job, uint32_t model) {
+  std::lock_guard lock(mutex_);
+  jobs_of_[model]++;
+  queue_.push_back(std::move(job));
+  cv_.notify_one();
+}
+
+void LoadThread::Unload(v1::WorkerUnload request) {
+  std::unique_lock lock(mutex_);
+  auto pending = jobs_of_.find(request.model());
+  if (pending == jobs_of_.end()) {
+    // Nothing of the model here, and only the caller (the serving thread) queues: nothing can
+    // come before it once the lock is let go.
+    lock.unlock();
+    RunUnload(request, /*on_load_thread=*/false);
+    return;
+  }
+  pending->second++;
+  Job job;
+  job.unload = std::move(request);
+  queue_.push_back(std::move(job));
+  cv_.notify_one();
+}
+
+void LoadThread::JobDone(uint32_t model) {
+  std::lock_guard lock(mutex_);
+  auto it = jobs_of_.find(model);
+  if (it != jobs_of_.end() && --it->second == 0) jobs_of_.erase(it);
+}
+
+void LoadThread::Loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const uint64_t id = job.load ? job.load->job() : job.attach ? job.attach->job() : 0;
+    memory_.SetLoadThreadJob(id);
+    if (job.load) RunLoad(*job.load, job.fd);
+    else if (job.attach) Attach(*job.attach, job.fd);
+    else RunUnload(*job.unload, /*on_load_thread=*/true);
+    memory_.SetLoadThreadJob(0);
+    if (id != 0) memory_.DropOffer(id);
+  }
+}
+
+void LoadThread::RunUnload(const v1::WorkerUnload& request, bool on_load_thread) {
+  std::optional<JobMark> mark(std::in_place, marks_, request.job(), request.model());
+  std::shared_ptr<Engine> engine = models_.Take(request.model());
+  outbox_.FaultsFor(request.job(), request.faults()).Hit("unload.mid");
+  engine.reset();  // closes the engine (unless a job still uses it): its regions go back to the memory service
+  mark.reset();
+  v1::WorkerEnvelope reply;
+  reply.mutable_unload_done()->set_job(request.job());
+  if (on_load_thread) JobDone(request.model());
+  outbox_.Send(reply);
+}
+
+void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
+  std::optional<JobMark> mark(std::in_place, marks_, request.job(), request.model());
+  v1::WorkerEnvelope reply;
+  v1::WorkerLoadDone* done = reply.mutable_load_done();
+  done->set_job(request.job());
+  JobFaults faults = outbox_.FaultsFor(request.job(), request.faults());
+  const wp_device_memory& memory = *memory_.engines();
+  Status status;
+  Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
+  const std::string& header = request.header();
+  wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
+                      reinterpret_cast<const uint8_t*>(header.data()), header.size(),
+                      request.file_size()};
+  if (!vtable.ok()) {
+    status = vtable.status();
+  } else {
+    Result<Engine> engine = Engine::Open(*vtable, spec, &memory);
+    if (!engine.ok()) {
+      status = engine.status();
+    } else {
+      wp_region region{nullptr, 0, -1};
+      if (request.weight_bytes() > 0) {
+        if (weights_fd < 0) {
+          status = Error(Code::kInternal, "attach of \"{}\" came without its weights", request.name());
+        } else if (request.copy()) {
+          Result<wp_region> copied = memory_.CopyToDevice(weights_fd, request.weight_bytes());
+          if (copied.ok()) region = *copied;
+          else status = copied.status();
+        } else if (memory.import(memory.ctx, weights_fd, request.weight_bytes(), &region) != WP_OK) {
+          status = Error(Code::kInternal, "cannot map the shared weights of \"{}\"", request.name());
+        }
+      }
+      if (status.ok()) {
+        faults.Hit("attach.mid");  // weights mapped, engine not yet serving
+        status = engine->Attach(region);
+        if (!status.ok() && region.ptr != nullptr) memory.free(memory.ctx, &region);
+      }
+      int shared = -1;
+      if (status.ok()) {
+        const wp_engine_info& info = engine->info();
+        done->set_weight_bytes(info.weight_bytes);
+        done->set_workspace_bytes(info.workspace_bytes);
+        done->set_in_features(info.in_features);
+        done->set_out_features(info.out_features);
+        done->set_header(request.header());  // what it was told the weights are
+        done->set_file_size(request.file_size());
+        // Unparked weights live in a new device region: the supervisor holds that one now.
+        if (request.copy() && region.handle >= 0) {
+          shared = region.handle;
+          done->set_weights_shared(true);
+          done->set_grant(memory_.GrantOf(region));
+          memory_.KeepMappingOf(shared);
+        }
+        models_.Put(request.model(), std::move(*engine));
+      }
+      if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
+      if (!status.ok()) ipc::SetError(done->mutable_error(), status);
+      mark.reset();
+      JobDone(request.model());
+      outbox_.Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+      return;
+    }
+  }
+  if (weights_fd >= 0) close(weights_fd);
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
+  mark.reset();
+  JobDone(request.model());
+  outbox_.Send(reply);
+}
+
+}  // namespace warmpool::worker

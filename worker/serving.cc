@@ -1,0 +1,129 @@
+// The serving thread's loop: reads the channel and routes each message; parks run here.
+#include "worker/serving.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "ipc/descriptors.h"
+#include "ipc/error_proto.h"
+#include "ipc/exit_status.h"
+
+namespace warmpool::worker {
+
+Serving::Serving(const WorkerOptions& options, ipc::BlockingChannel& channel, Outbox& outbox, MemoryService& memory,
+                 InflightMarks& marks, ModelTable& models, LoadThread& load_thread)
+    : options_(options),
+      channel_(channel),
+      outbox_(outbox),
+      memory_(memory),
+      marks_(marks),
+      models_(models),
+      load_thread_(load_thread) {}
+
+Status Serving::ReadIncoming(Incoming& in) {
+  in.fd = -1;
+  Status s = channel_.Read(in.message);
+  if (!s.ok()) return s;
+  // ipc/descriptors.h says which messages carry descriptors: exactly that many queued are this one's.
+  const v1::WorkerEnvelope& m = in.message;
+  if (m.has_infer()) {  // a client's region memfds, input's first
+    in.regions = RegionFds{};
+    if (m.infer().has_input_region()) in.regions.input = channel_.TakeFd();
+    if (m.infer().has_output_region()) in.regions.output = channel_.TakeFd();
+  } else if (ipc::DescriptorsCarried(m) > 0) {
+    in.fd = channel_.TakeFd();
+  }
+  return OkStatus();
+}
+
+int Serving::Run() {
+  memory_.SetReaderThread(std::this_thread::get_id());
+  std::optional<Incoming> ahead;  // read while gathering a batch, not part of it: handled next
+  Status read_error;              // met while gathering: reported once the batch is answered
+  for (;;) {
+    Incoming in;
+    Status s = read_error;
+    if (ahead) {
+      in = std::move(*ahead);
+      ahead.reset();
+    } else if (s.ok()) {
+      s = ReadIncoming(in);
+    }
+    if (!s.ok()) {
+      if (s.code() == Code::kUnavailable) return ipc::kChildStopped;  // supervisor closed the channel
+      spdlog::error("worker {}: bad message from the supervisor: {}", options_.slot, s.ToString());
+      return ipc::kChildFailed;
+    }
+    v1::WorkerEnvelope& message = in.message;
+    const int fd = in.fd;
+    switch (message.body_case()) {
+      case v1::WorkerEnvelope::kInfer: {
+        const v1::WorkerInfer& infer = message.infer();
+        if (infer.has_input_region() || infer.has_output_region()) {  // never batched
+          HandleInfer(infer, in.regions);
+          break;
+        }
+        std::vector<v1::WorkerInfer> batch;
+        batch.push_back(std::move(*message.mutable_infer()));
+        read_error = GatherBatch(batch, ahead);
+        HandleInfers(batch);
+        break;
+      }
+      case v1::WorkerEnvelope::kUnload: load_thread_.Unload(std::move(*message.mutable_unload())); break;
+      case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
+      case v1::WorkerEnvelope::kRegionsGone:
+        for (uint64_t id : message.regions_gone().regions()) regions_.Forget(id);
+        break;
+      case v1::WorkerEnvelope::kMappingsGone:
+        memory_.ForgetMappings({message.mappings_gone().inodes().begin(), message.mappings_gone().inodes().end()});
+        break;
+      case v1::WorkerEnvelope::kAllocated: memory_.OnGrant(message.allocated(), fd); break;
+      case v1::WorkerEnvelope::kOffer:
+        if (fd >= 0) memory_.StoreOffer(message.offer().job(), fd);
+        break;
+      case v1::WorkerEnvelope::kLoad: load_thread_.QueueLoad(std::move(*message.mutable_load()), fd); break;
+      case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), fd); break;
+      default:
+        spdlog::error("worker {}: unexpected message {} from the supervisor", options_.slot,
+                      static_cast<int>(message.body_case()));
+        return ipc::kChildFailed;
+    }
+  }
+}
+
+void Serving::HandlePark(const v1::WorkerPark& request) {
+  std::optional<JobMark> mark(std::in_place, marks_, request.job(), request.model());
+  v1::WorkerEnvelope reply;
+  v1::WorkerParkDone* done = reply.mutable_park_done();
+  done->set_job(request.job());
+  std::shared_ptr<Engine> engine = models_.Find(request.model());
+  int copy = -1;
+  Status status;
+  if (engine == nullptr) {
+    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
+  } else {
+    Result<wp_region> weights = engine->ExportWeights();
+    if (!weights.ok() || weights->ptr == nullptr) {
+      status = Error(Code::kFailedPrecondition, "the model has no weights to park");
+    } else {
+      Result<int> host = memory_.CopyToHost(*weights, request.job());
+      if (!host.ok()) status = host.status();
+      else {
+        copy = *host;
+        done->set_bytes(weights->bytes);
+        done->set_copy_shared(true);
+      }
+    }
+  }
+  memory_.DropOffer(request.job());  // offered memory the park did not get to use
+  outbox_.FaultsFor(request.job(), request.faults()).Hit("park.mid");
+  if (!status.ok()) ipc::SetError(done->mutable_error(), status);
+  mark.reset();
+  outbox_.Send(reply, copy >= 0 ? std::vector<int>{copy} : std::vector<int>{});
+  if (copy >= 0) close(copy);  // the supervisor got its own descriptor
+}
+
+}  // namespace warmpool::worker

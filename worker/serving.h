@@ -1,0 +1,75 @@
+// Serving: the main thread. It is the channel's only reader. In arrival order it answers
+// inferences (batched: worker/batching.cc; alone: worker/infer.cc), parks models, and runs the
+// unloads that nothing queued on the load thread comes before; it hands loads, attaches and the
+// other unloads to the load thread, and to the memory service what the supervisor sends it
+// (grants, offers, mappings gone). Everything it owns (client regions, the inference buffers) is
+// touched by this thread alone.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "common/status.h"
+#include "ipc/blocking_channel.h"
+#include "ipc/warmpool.pb.h"
+#include "worker/client_regions.h"
+#include "worker/inflight_marks.h"
+#include "worker/load_thread.h"
+#include "worker/memory_service.h"
+#include "worker/model_table.h"
+#include "worker/options.h"
+#include "worker/outbox.h"
+
+namespace warmpool::worker {
+
+class Serving {
+ public:
+  Serving(const WorkerOptions& options, ipc::BlockingChannel& channel, Outbox& outbox, MemoryService& memory,
+          InflightMarks& marks, ModelTable& models, LoadThread& load_thread);
+
+  // Serves until the supervisor closes the channel. Returns the process exit code.
+  int Run();
+
+ private:
+  // The memfds of a client's regions that came with an inference (WorkerInfer.input_region,
+  // output_region): owned by whoever holds them, -1 when none.
+  struct RegionFds {
+    int input = -1;
+    int output = -1;
+    void Close();
+  };
+  // A frame from the supervisor with the descriptor it carries (-1: none).
+  struct Incoming {
+    v1::WorkerEnvelope message;
+    int fd = -1;
+    RegionFds regions;  // an inference's regions
+  };
+  Status ReadIncoming(Incoming& in);
+  // Dynamic batching (worker/batching.cc). Adds to `batch` (one request so far) the requests for
+  // the same model that reach this worker now, or within the first one's batch_delay_us, up to the
+  // engine's max_batch rows; a frame read that does not join goes to `ahead`. A read error ends
+  // the gathering and is returned.
+  Status GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<Incoming>& ahead);
+  // Answers each request: one engine call for all of them when they can share one.
+  void HandleInfers(std::vector<v1::WorkerInfer>& batch);
+  // Runs one request alone (worker/infer.cc); takes (and closes) its regions' descriptors.
+  void HandleInfer(const v1::WorkerInfer& request, RegionFds regions);
+  void HandleInfer(const v1::WorkerInfer& request) { HandleInfer(request, RegionFds()); }
+  // Copies a model's weights into host memory (the parked copy) and hands it to the supervisor.
+  void HandlePark(const v1::WorkerPark& request);
+
+  const WorkerOptions& options_;
+  ipc::BlockingChannel& channel_;  // read here only; written through outbox_
+  Outbox& outbox_;
+  MemoryService& memory_;
+  InflightMarks& marks_;
+  ModelTable& models_;
+  LoadThread& load_thread_;
+
+  ClientRegions regions_;
+  // Reused by every inference, so requests do not allocate.
+  std::vector<float> input_;
+  std::vector<float> output_;
+};
+
+}  // namespace warmpool::worker
