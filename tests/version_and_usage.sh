@@ -37,5 +37,19 @@ esac
 "$cli" --help | grep -q 'Exit status: 0 done; 1 the daemon refused' || fail "warmpool --help does not document the exit status"
 "$cli" --help | grep -q 'WEIGHTS (held once), WORKSPACE' || fail "warmpool --help does not name the sizes"
 
+# status --wait gives up at its deadline: with no socket, and with a socket that accepts and never
+# answers (a stopped daemon, another program), where it once waited for ever.
+scratch=$(mktemp -d)
+trap 'kill $listener 2>/dev/null; rm -rf "$scratch"' EXIT
+"$cli" --socket "$scratch/none.sock" status --wait 300ms >/dev/null 2>&1; rc=$?
+[ $rc -eq 1 ] || fail "status --wait with no socket exited $rc (expected 1)"
+python3 -c 'import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); time.sleep(60)' "$scratch/mute.sock" &
+listener=$!
+for _ in $(seq 100); do [ -S "$scratch/mute.sock" ] && break; sleep 0.05; done
+err=$(timeout 10 "$cli" --socket "$scratch/mute.sock" status --wait 500ms 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] || fail "status --wait on a socket that never answers exited $rc (expected 1; 124: it hung): $err"
+case $err in *"no daemon answered"*) ;; *) fail "status --wait on a mute socket said: $err" ;; esac
+
 [ $failed -eq 0 ] && echo "version and usage: every program agrees"
 exit $failed

@@ -2,18 +2,21 @@
 // Exit status: 0 on success, 1 when the daemon answered with an error, 2 on bad usage or input.
 // Errors print one line: "error: CODE: message"; usage errors "warmpool: MESSAGE; see warmpool
 // --help" (common/command_line.h). Both are told in --help (kFooter).
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-#include <filesystem>
 #include <chrono>
 #include <cstdio>
-#include <optional>
-#include <thread>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
@@ -22,7 +25,7 @@
 #include "common/paths.h"
 #include "common/units.h"
 
-#include "client/cli_output.h"
+#include "cli/cli_output.h"
 #include "client/client.h"
 #include "ipc/codes.h"
 #include "top/top.h"
@@ -47,7 +50,16 @@ warmpool::Result<std::unique_ptr<warmpool::client::Client>> ConnectWaiting(const
     auto connected = warmpool::client::Client::Connect(socket);
     Status why = connected.status();
     if (connected.ok()) {
+      // A socket that accepts and never answers (a daemon stopped with SIGSTOP, another program)
+      // must not hold the wait past its deadline: the answer is awaited until then only.
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
+      timeval until{};
+      until.tv_sec = std::max<int64_t>(left.count(), 1000) / 1000000;
+      until.tv_usec = std::max<int64_t>(left.count(), 1000) % 1000000;
+      setsockopt((*connected)->fd(), SOL_SOCKET, SO_RCVTIMEO, &until, sizeof(until));
       auto answered = (*connected)->GetStatus();
+      const timeval forever{};
+      setsockopt((*connected)->fd(), SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof(forever));
       if (answered.ok()) return connected;
       // A daemon that answers with an error (it refuses this user) has answered: waiting longer
       // would only hide why.

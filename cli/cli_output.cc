@@ -1,4 +1,4 @@
-#include "client/cli_output.h"
+#include "cli/cli_output.h"
 
 #include <algorithm>
 #include <cmath>
