@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "bench/skeleton.h"
+#include "bench/stats.h"
 #include "bench/torch_baseline.h"
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
@@ -27,15 +28,6 @@ namespace {
 
 using safetensors::DType;
 using Clock = std::chrono::steady_clock;
-
-struct Spread {
-  double median_ms = 0, min_ms = 0, max_ms = 0;
-};
-
-Spread SpreadOf(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front(), ms.back()};
-}
 
 // The f32 weights [out, in] and biases of every layer, as generated.
 struct Weights {
@@ -159,7 +151,7 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
     const std::string path = run.File(fmt::format("{}.safetensors", safetensors::DTypeName(dtype)));
     if (Status s = WriteModel(path, o.layers, weights, dtype); !s.ok()) return s;
     const std::string name(safetensors::DTypeName(dtype));
-    Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), wp_engine_spec{name.c_str(), path.c_str()},
+    Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), wp_engine_spec{name.c_str(), path.c_str(), nullptr, 0, 0},
                                          memory.service());
     if (dtype == DType::BF16 && torch.missing.empty()) {  // forked before the engines start threads
       Result<std::unique_ptr<TorchBaseline>> started = TorchBaseline::Start(run, o.torch_python, path, o.threads);
@@ -206,10 +198,6 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
                        torch_ms.empty() ? std::nullopt : std::optional<Spread>(SpreadOf(torch_ms))});
   }
   return OkStatus();
-}
-
-std::string SpreadJson(const Spread& s) {
-  return fmt::format("{{\"median_ms\": {:.3f}, \"min_ms\": {:.3f}, \"max_ms\": {:.3f}}}", s.median_ms, s.min_ms, s.max_ms);
 }
 
 void Print(const ComputeOptions& o, const std::vector<BatchResult>& results, const Torch& torch) {

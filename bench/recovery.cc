@@ -64,23 +64,6 @@ struct Sample {
   RecoveryLogEvents log;
 };
 
-// Median and p90 of a list of nanosecond values, in ms.
-struct Spread {
-  uint64_t count = 0;
-  double median_ms = 0;
-  double p90_ms = 0;
-};
-
-Spread SpreadOf(std::vector<uint64_t> ns) {
-  Spread s;
-  s.count = ns.size();
-  if (ns.empty()) return s;
-  std::sort(ns.begin(), ns.end());
-  s.median_ms = Percentile(ns, 50) / 1e6;
-  s.p90_ms = Percentile(ns, 90) / 1e6;
-  return s;
-}
-
 // Median of log-derived times (ms after the kill) over the iterations that have them.
 std::optional<double> MedianOf(const std::vector<Sample>& samples,
                                std::optional<double> RecoveryLogEvents::*field) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "bench/skeleton.h"
+#include "bench/stats.h"
 #include "client/requests.h"
 
 namespace warmpool::bench {
@@ -17,15 +18,6 @@ namespace {
 
 constexpr double kTarget = 2.0;
 constexpr uint32_t kCols = 1024;
-
-struct Spread {
-  double median_ms = 0, min_ms = 0, max_ms = 0;
-};
-
-Spread Of(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front(), ms.back()};
-}
 
 Result<double> TimedMs(const std::function<Status()>& body) {
   auto t0 = std::chrono::steady_clock::now();
@@ -119,13 +111,13 @@ int RunRegions(const RegionsOptions& options) {
     connected->reset();
     Status stopped = run.StopDaemon();
 
-    const Spread base = Of(paths[0].ms);
-    const Spread via_region = Of(paths[1].ms);
+    const Spread base = SpreadOf(paths[0].ms);
+    const Spread via_region = SpreadOf(paths[1].ms);
     const double ratio = via_region.median_ms / base.median_ms;
     if (options.json) {
       std::string fields;
       for (const Path& p : paths) {
-        Spread s = Of(p.ms);
+        Spread s = SpreadOf(p.ms);
         fields += fmt::format("\"{}\": {{\"median_ms\": {:.3f}, \"min_ms\": {:.3f}, \"max_ms\": {:.3f}}}, ",
                               p.name, s.median_ms, s.min_ms, s.max_ms);
       }
@@ -140,7 +132,7 @@ int RunRegions(const RegionsOptions& options) {
         options.payload_mib, rows, kCols, options.iterations);
     out += fmt::format("{:<10} {:>10} {:>10} {:>10} {:>8}\n", "path", "median ms", "min ms", "max ms", "GiB/s");
     for (const Path& p : paths) {
-      Spread s = Of(p.ms);
+      Spread s = SpreadOf(p.ms);
       out += fmt::format("{:<10} {:>10.2f} {:>10.2f} {:>10.2f} {:>8.2f}\n", p.name, s.median_ms, s.min_ms,
                          s.max_ms, static_cast<double>(bytes) / (1 << 30) / (s.median_ms / 1000));
     }

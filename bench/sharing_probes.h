@@ -30,32 +30,6 @@ inline uint64_t Ns(Clock::duration d) {
 
 inline constexpr const char* kCat = "/bin/cat";
 
-struct Spread {
-  uint64_t count = 0;
-  double median_ms = 0;
-  double p90_ms = 0;
-  double min_ms = 0;
-  double max_ms = 0;
-};
-
-inline Spread SpreadOf(std::vector<uint64_t> ns) {
-  Spread s;
-  s.count = ns.size();
-  if (ns.empty()) return s;
-  std::sort(ns.begin(), ns.end());
-  s.median_ms = Percentile(ns, 50) / 1e6;
-  s.p90_ms = Percentile(ns, 90) / 1e6;
-  s.min_ms = ns.front() / 1e6;
-  s.max_ms = ns.back() / 1e6;
-  return s;
-}
-
-inline std::string SpreadJson(const Spread& s) {
-  return fmt::format(
-      "{{\"count\": {}, \"median_ms\": {:.4f}, \"p90_ms\": {:.4f}, \"min_ms\": {:.4f}, "
-      "\"max_ms\": {:.4f}}}",
-      s.count, s.median_ms, s.p90_ms, s.min_ms, s.max_ms);
-}
 
 // GB/s (10^9 bytes per second) of bytes moved in ms.
 inline double Throughput(uint64_t bytes, double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0; }

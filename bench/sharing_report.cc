@@ -8,7 +8,7 @@
 
 namespace warmpool::bench {
 
-using namespace probes;  // NOLINT: Spread, SpreadJson, MiB, JsonEscape
+using namespace probes;  // NOLINT: MiB, JsonEscape
 
 void ReportSharing(const SharingOptions& options, const std::vector<SizeResult>& results, uint64_t budget,
                  uint64_t park_budget) {

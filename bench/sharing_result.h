@@ -38,15 +38,15 @@ struct SizeResult {
   uint64_t file_bytes = 0;
   uint32_t iterations = 0;
   // 1. cold load vs cat
-  probes::Spread cat, cat_empty, load, load_reported;
+  Spread cat, cat_empty, load, load_reported;
   double cat_gbps = 0, load_gbps = 0, load_ratio = 0;
   // cat less the median fork+exec+wait of an empty cat (the reading alone)
   double cat_read_ms = 0, cat_read_gbps = 0, load_ratio_read = 0;
   // 2. attach: index 0 = 1 -> 2, 1 = 2 -> 3, 2 = 3 -> 4
-  probes::Spread attach[kSharingWorkers - 1], attach_reply[kSharingWorkers - 1];
-  probes::Spread attach_all;
+  Spread attach[kSharingWorkers - 1], attach_reply[kSharingWorkers - 1];
+  Spread attach_all;
   uint64_t polls = 0;
-  probes::Spread poll_rtt;  // one ps round trip, measured while polling
+  Spread poll_rtt;  // one ps round trip, measured while polling
   // 3. PSS
   std::vector<WorkerMemory> workers;
   probes::MemoryUse supervisor;
@@ -57,14 +57,14 @@ struct SizeResult {
   uint64_t pss_idle_sum = 0;   // the same workers idle, before any model was loaded
   double pss_ratio = 0, rss_ratio = 0, pss_shmem_ratio = 0, pss_above_idle_ratio = 0;
   // 4. unpark (load of a parked model, replicas 1) vs memcpy of weight_bytes, in the same loop
-  probes::Spread unpark, unpark_reported, park;  // park: the `unload --park` call, for information
-  probes::Spread memcpy_fresh, memcpy_memfd, memcpy_reused;
+  Spread unpark, unpark_reported, park;  // park: the `unload --park` call, for information
+  Spread memcpy_fresh, memcpy_memfd, memcpy_reused;
   uint64_t unpark_log_lines = 0;  // 'unparking "NAME"' lines the daemon logged during the phase
   double unpark_gbps = 0, memcpy_fresh_gbps = 0, memcpy_memfd_gbps = 0, memcpy_reused_gbps = 0;
   double unpark_ratio_fresh = 0, unpark_ratio_memfd = 0, unpark_ratio_reused = 0;
   // 5. the first request after a load (one 1-row request) and after a replica's attach (two at
   // once, one for each replica), against the same requests once the replicas have served
-  probes::Spread first_after_load, steady_after_load, first_after_attach, steady_after_attach;
+  Spread first_after_load, steady_after_load, first_after_attach, steady_after_attach;
   double first_load_ratio = 0, first_attach_ratio = 0;
 };
 

@@ -11,6 +11,7 @@
 #include "bench/model_file.h"
 #include "bench/sharing_probes.h"
 #include "bench/skeleton.h"
+#include "bench/stats.h"
 #include "common/units.h"
 #include "engines/dense_model.h"
 #include "engines/safetensors.h"
@@ -21,14 +22,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kNames[2] = {"a", "b"};
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // What the daemon counts for one loaded replica of the model: its weights and the workspace its
 // engine declares (the budget below holds exactly one).

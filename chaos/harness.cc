@@ -33,8 +33,6 @@ void Checks::Expect(bool ok, const std::string& what, const std::string& detail)
 
 namespace {
 
-void Sleep(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
-
 // A dense model with random weights, as warmpool-mkmodel writes them.
 Status WriteDense(const std::string& path, const std::vector<uint64_t>& layers, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -223,7 +221,7 @@ client::Matrix Harness::Expected(const ModelUnderTest& model, const client::Matr
   std::lock_guard lock(engines_mutex_);
   auto it = engines_.find(model.path);
   if (it == engines_.end()) {
-    wp_engine_spec spec{model.name.c_str(), model.path.c_str()};
+    wp_engine_spec spec{model.name.c_str(), model.path.c_str(), nullptr, 0, 0};
     auto engine = Engine::Open(FindBuiltinEngine("dense"), spec, memory_.service());
     if (!engine.ok() || !engine->Load().ok()) return {};
     it = engines_.emplace(model.path, std::make_unique<Engine>(std::move(*engine))).first;

@@ -5,11 +5,13 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/client.h"
@@ -20,6 +22,8 @@
 #include "launch/service_manager_double.h"
 
 namespace warmpool::chaos {
+
+inline void Sleep(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 struct Options {
   std::string socket;       // live daemon; empty: start our own

@@ -15,8 +15,6 @@ namespace warmpool::chaos {
 
 namespace {
 
-void Sleep(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
-
 void ExpectTraffic(Checks& checks, const std::string& who, const TrafficResult& r) {
   std::string detail = r.Summary();
   for (size_t i = 0; i < r.problems.size() && i < 3; i++) detail += "; " + r.problems[i];

@@ -10,8 +10,6 @@ namespace {
 
 using nlohmann::json;
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // The line of a table that starts with the model's name.

@@ -21,10 +21,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 class ContractTest : public DaemonTest {
  protected:
   json CliJson(const std::vector<std::string>& args) {

@@ -257,7 +257,9 @@ TEST_F(CudaTest, ARestartKeepsParkedCopiesAndWithKeepAcrossRestartsDeviceWeights
     for (const auto& m : ps->models()) states[m.name()] = m.state();
     EXPECT_EQ(states["b"], "parked");
     EXPECT_EQ(states.count("a"), keep ? 1u : 0u) << "ps lists what is resident";
-    if (keep) EXPECT_EQ(states["a"], "ready");
+    if (keep) {
+      EXPECT_EQ(states["a"], "ready");
+    }
     auto out = client->Infer("a", input);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     ExpectNear(expect_a, *out);

@@ -19,6 +19,8 @@
 
 namespace warmpool::testing {
 
+inline bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 std::string BinDir();
 
 // Runs a program to completion; returns its exit status (-1 if it could not run).

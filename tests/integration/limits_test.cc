@@ -18,10 +18,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 // A client that gives up on a reply after two seconds (instead of waiting for ever on a daemon
 // that never answers).
 Result<std::unique_ptr<client::Client>> Impatient(const std::string& socket) {

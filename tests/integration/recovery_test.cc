@@ -31,10 +31,6 @@ const std::vector<std::string> kFaults = {"--enable-fault-injection"};
 // Respawn quickly so that tests do not wait on the production backoff.
 const char* kFastRespawn = "[recovery]\nrespawn_min_ms = 20\nrespawn_max_ms = 200\n";
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 int64_t ElapsedMs(Clock::time_point since) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - since).count();
 }
