@@ -55,6 +55,9 @@ done | sort -u | while read -r name path; do
   cp -L "$path" "$bundle/lib/$name"
 done
 strip --strip-unneeded "$bundle"/lib/*.so* 2>/dev/null || true
+# oneDNN alone is about 38 MiB: libraries over 8 MiB travel gzipped (oneDNN to 11 MiB), and
+# gpu-check.sh unpacks them before anything runs.
+find "$bundle/lib" -type f -size +8M -exec gzip -9 {} +
 cp scripts/gpu-check.sh "$bundle/"
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"

@@ -31,6 +31,15 @@ steps=$out/.steps
 : >"$steps"
 
 export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The bundle's largest libraries come gzipped (gpu-bundle.sh): unpacked here, ahead of the rest.
+unpacked=$(mktemp -d)
+trap 'rm -rf "$unpacked"' EXIT
+for packed in "$bundle"/lib/*.gz; do
+  [[ -e $packed ]] || continue
+  name=$(basename "$packed" .gz)
+  gzip -dc "$packed" >"$unpacked/$name" || { echo "cannot unpack $packed" >&2; exit 1; }
+done
+export LD_LIBRARY_PATH=$unpacked:$LD_LIBRARY_PATH
 # cuBLAS comes from the machine's CUDA toolkit (the bundle does not carry it).
 for cuda_lib in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
   [[ -d $cuda_lib ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cuda_lib
@@ -43,7 +52,7 @@ fi
 bin=$bundle/bin
 export WARMPOOL_BIN_DIR=$bin  # tests find the bundle's binaries, not the build's
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" "$unpacked"' EXIT
 
 # The whole check ends within 7.5 minutes: each step gets its own limit or what is left, and a
 # step with under 10 s left is recorded as skipped (exit 124) rather than started.
