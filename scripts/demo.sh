@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_TESTS=OFF >/dev/null
+# A unity build (16 sources to a translation unit): a quarter less compile time (docs/testing.md).
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_TESTS=OFF \
+  -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
 cmake --build build -j"$(nproc)" --target product
 bin=$PWD/build/bin
 
