@@ -62,4 +62,14 @@ void SetupLogging(const std::string& name, const std::string& tag, const std::st
   spdlog::set_level(spdlog::level::from_str(level));
 }
 
+void Log(LogLevel level, const std::string& text) {
+  switch (level) {
+    case LogLevel::kDebug: return spdlog::debug("{}", text);
+    case LogLevel::kInfo: return spdlog::info("{}", text);
+    case LogLevel::kWarn: return spdlog::warn("{}", text);
+    case LogLevel::kError: return spdlog::error("{}", text);
+    case LogLevel::kCritical: return spdlog::critical("{}", text);
+  }
+}
+
 }  // namespace warmpool

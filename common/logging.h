@@ -7,6 +7,11 @@
 
 namespace warmpool {
 
+// How much a line matters, in the words of the code that decides it (the core's action::Log).
+enum class LogLevel { kDebug, kInfo, kWarn, kError, kCritical };
+// Logs `text` at `level` through the default logger.
+void Log(LogLevel level, const std::string& text);
+
 // True when stderr is connected to the journal.
 bool StderrIsJournal();
 // Installs the default logger named `name`; `tag` is printed in each line (e.g. "worker[1]").

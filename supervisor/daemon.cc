@@ -1,10 +1,8 @@
 #include "supervisor/daemon.h"
 
-#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -18,28 +16,11 @@
 #include "ipc/descriptors.h"
 #include "ipc/error_proto.h"
 #include "supervisor/boot.h"
-#include "supervisor/cuda_devices.h"
-#include "supervisor/host_memory.h"
 #include "supervisor/takeover.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/region_check.h"
 
 namespace warmpool::supervisor {
-
-namespace {
-
-spdlog::level::level_enum SpdlogLevel(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarn: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
-    case LogLevel::kCritical: return spdlog::level::critical;
-  }
-  return spdlog::level::info;
-}
-
-}  // namespace
 
 Daemon::Daemon(Config config, std::string worker_path, ConfigLoader reload_config)
     : config_(std::move(config)),
@@ -81,20 +62,10 @@ Status Daemon::Start() {
   if (!activated.ok()) return activated.status();
   restart_ = std::make_unique<Restart>(config_, service_->notifying());
 
-  // Which backend serves, asked of a probe child (this process never loads the CUDA driver).
-  const std::string& owner_path = plan_.owner_path;
-  Result<BackendChoice> choice = ChooseBackend(config_.backend, owner_path);
-  if (!choice.ok()) return choice.status();
-  if (choice->cuda) {
-    auto cuda = std::make_unique<CudaDevices>(&loop_, owner_path, [this](Event e) { Dispatch(std::move(e)); });
-    if (Status s = cuda->Configure(*choice, config_); !s.ok()) return s;
-    devices_ = std::move(cuda);
-  } else {
-    config_.backend = "host";
-    config_.devices = {DeviceConfig{"", 0, config_.budget_bytes}};
-    devices_ = std::make_unique<HostMemory>();
-    spdlog::info("backend host ({})", choice->why);
-  }
+  Result<std::unique_ptr<DeviceBackend>> devices =
+      OpenDeviceBackend(config_, &loop_, plan_.owner_path, [this](Event e) { Dispatch(std::move(e)); });
+  if (!devices.ok()) return devices.status();
+  devices_ = std::move(*devices);
   std::vector<uint64_t> budgets;
   for (const DeviceConfig& d : config_.devices) budgets.push_back(d.budget_bytes);
 
@@ -192,22 +163,8 @@ void Daemon::StartTimers() {
     tick.workers_read_ms = MonotonicMillis();
     daemon->workers_->ReadChannels();
     daemon->Dispatch(tick);
-    daemon->TrimWhenIdle();
+    daemon->heap_trim_.OnTick(daemon->core_->unanswered(), MonotonicMillis());
   }, kTickMs, kTickMs);
-}
-
-void Daemon::TrimWhenIdle() {
-  // After a burst of large requests the heap keeps its high-water mark: glibc returns memory to
-  // the kernel only from the top of the heap. Once nothing is open, give back what is free.
-  if (core_->unanswered() != 0) {
-    busy_since_trim_ = true;
-    return;
-  }
-  uint64_t now = MonotonicMillis();
-  if (!busy_since_trim_ || now - last_trim_ms_ < 1000) return;
-  busy_since_trim_ = false;
-  last_trim_ms_ = now;
-  malloc_trim(0);
 }
 
 void Daemon::InstallSignals() {
@@ -296,7 +253,7 @@ void Daemon::Execute(Action& a) {
             case action::Notify::Kind::kStatus: service_->Status(act.status); break;
           }
         } else if constexpr (std::is_same_v<A, action::Log>) {
-          spdlog::log(SpdlogLevel(act.level), "{}", act.text);
+          Log(act.level, act.text);
         } else if constexpr (std::is_same_v<A, action::StopAccepting>) {
           server_->StopAccepting();
         } else if constexpr (std::is_same_v<A, action::CloseSessions>) {
@@ -342,13 +299,10 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
     ipc::SetError(reply.mutable_error(), why);
     server_->Send(session, reply);
   };
-  int type = 0;
-  socklen_t len = sizeof(type);
   TakeoverAsk ask;
   ask.tcp = peer.tcp;
   ask.admin = access_.IsAdmin(peer);
-  ask.seqpacket_channel = channel >= 0 && getsockopt(channel, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
-                          type == SOCK_SEQPACKET;
+  ask.seqpacket_channel = IsSeqpacketSocket(channel);
   ask.stopping = restart_->handed_over() || core_->stopping();
   ask.under_service_manager = activated_ || service_->notifying();
   const int listener = server_->HandOverListener();

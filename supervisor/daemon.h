@@ -27,6 +27,7 @@
 #include "supervisor/config.h"
 #include "supervisor/core/core.h"
 #include "supervisor/device_backend.h"
+#include "supervisor/heap_trim.h"
 #include "supervisor/model_files.h"
 #include "supervisor/request_stats.h"
 #include "supervisor/restart.h"
@@ -64,7 +65,6 @@ class Daemon {
                      bool fatal);
   void InstallSignals();
   void StartTimers();
-  void TrimWhenIdle();
   void FinishStop();
 
   Config config_;
@@ -90,8 +90,7 @@ class Daemon {
 
   std::deque<Event> pending_;
   bool dispatching_ = false;
-  bool busy_since_trim_ = false;
-  uint64_t last_trim_ms_ = 0;
+  HeapTrim heap_trim_;
   int exit_code_ = 0;
 
   ipc::UvHandle<uv_timer_t> tick_timer_;

@@ -6,10 +6,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <uv.h>
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
 #include "shm/model_index.h"
+#include "supervisor/config.h"
+#include "supervisor/core/events.h"
 
 namespace warmpool::supervisor {
 
@@ -42,5 +49,12 @@ class DeviceBackend {
   virtual void OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) = 0;
   virtual void OnWorkerGone(uint32_t slot, uint32_t generation) = 0;
 };
+
+// The backend that serves, as config.backend asks (auto: cuda when a probe child finds a working
+// GPU; this process never loads the CUDA driver itself), set up for config.devices. On host,
+// `config` is made to say so: backend "host" and one device with the whole budget. Events (an
+// owner's death, its return) go to `dispatch`.
+Result<std::unique_ptr<DeviceBackend>> OpenDeviceBackend(Config& config, uv_loop_t* loop, const std::string& owner_path,
+                                                         std::function<void(Event)> dispatch);
 
 }  // namespace warmpool::supervisor

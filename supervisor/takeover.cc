@@ -34,6 +34,12 @@ Status SendNamed(int channel, const std::vector<std::pair<int, std::string>>& na
 
 }  // namespace
 
+bool IsSeqpacketSocket(int fd) {
+  int type = 0;
+  socklen_t len = sizeof(type);
+  return fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_SEQPACKET;
+}
+
 Status CheckTakeover(const TakeoverAsk& ask) {
   if (ask.tcp || !ask.admin) {
     return Error(Code::kPermissionDenied,

@@ -40,6 +40,8 @@ struct TakeoverAsk {
   bool accepting = false;          // it still has its listening socket to hand over
 };
 Status CheckTakeover(const TakeoverAsk& ask);
+// What TakeoverAsk::seqpacket_channel asks of the descriptor that came with the request (-1: none).
+bool IsSeqpacketSocket(int fd);
 
 // The name the listening socket travels under.
 inline constexpr char kHandedSocketName[] = "listen";

@@ -8,12 +8,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/logging.h"
 #include "ipc/warmpool.pb.h"
 #include "supervisor/core/kept.h"
 
 namespace warmpool::supervisor {
-
-enum class LogLevel { kDebug, kInfo, kWarn, kError, kCritical };
 
 namespace action {
 
