@@ -26,6 +26,7 @@ void Simulator::CheckAfterEvent() {
   if (failed_) return;
   if (Status s = shm::Validate(segment_); !s.ok()) return Fail("segment: " + s.message());
   if (Status s = core_->CheckInvariants(); !s.ok()) return Fail("core: " + s.message());
+  if (ticks_store_behind_ > 0 && StoreHoldsKept()) ticks_store_behind_ = 0;
 
   // Handles: the core holds exactly the open ones the supervisor was given, each for one model.
   std::map<int, uint32_t> held;
@@ -45,6 +46,8 @@ void Simulator::CheckAfterEvent() {
                               handle));
     }
   }
+  CheckKeptMemory();
+  if (failed_) return;
 
   // Bytes of accepted, unanswered requests: the simulated clients can pipeline more than the
   // daemon may hold in large inputs; it must refuse what does not fit.

@@ -15,17 +15,21 @@
 
 namespace warmpool::sim {
 
-void Simulator::CheckStoreKeepsUp() {
+bool Simulator::StoreHoldsKept() const {
   std::set<std::pair<int, bool>> kept, stored;
   for (const supervisor::KeptWeights& k : core_->Kept()) kept.emplace(k.weights.handle, k.parked);
   for (const supervisor::KeptWeights& k : stored_) stored.emplace(k.weights.handle, k.parked);
+  return kept == stored;
+}
+
+void Simulator::CheckStoreKeepsUp() {
   ticks_since_stored_++;
-  ticks_store_behind_ = kept == stored ? 0 : ticks_store_behind_ + 1;
+  ticks_store_behind_ = StoreHoldsKept() ? 0 : ticks_store_behind_ + 1;
   // Counted in ticks the core handled, not in time: a paused supervisor writes nothing either.
   const uint32_t allowed = supervisor::kKeptSyncMs / supervisor::kTickMs + 1;
   if (ticks_store_behind_ > allowed && ticks_since_stored_ > allowed) {
     Fail(fmt::format("the store has held other models than Core::Kept for {} ticks ({} kept, {} stored)",
-                     ticks_store_behind_, kept.size(), stored.size()));
+                     ticks_store_behind_, core_->Kept().size(), stored_.size()));
   }
 }
 
@@ -43,6 +47,12 @@ void Simulator::RestartSupervisor() {
   // Killed with the store as the core last had it written, or with everything the core holds
   // handed over (as a takeover's hand-over does, supervisor/takeover.h).
   const bool stale = rng_.Chance(700);
+  if (!stale && rng_.Chance(2)) {
+    // A takeover: the new daemon maps this one's memory, so nothing stays kept for reuse here.
+    Deliver(supervisor::event::HandingOver{}, "a takeover");
+    if (failed_) return;
+    if (!kept_handles_.empty()) return Fail("memory is still kept for reuse after a takeover was accepted");
+  }
   if (!stale) stored_ = core_->Kept();
   Trace(fmt::format("== the supervisor is killed{}; the store keeps {} handles",
                     stale ? "" : " just after writing the store", stored_.size()));
@@ -69,6 +79,7 @@ void Simulator::RestartSupervisor() {
 
   // Its descriptors close, but for those the store holds: they are the next one's.
   supervisor_handles_.clear();
+  kept_handles_.clear();
   for (const supervisor::KeptWeights& k : stored_) {
     if (lost_handles_.count(k.weights.handle) != 0) {
       return Fail(fmt::format("the store holds handle {} of \"{}\", device memory lost with its owner",

@@ -224,6 +224,7 @@ void Simulator::Execute(Action& a) {
         using A = std::decay_t<decltype(act)>;
         if constexpr (std::is_same_v<A, action::SendToWorker>) {
           if (Status allocation = action::CheckAllocation(act); !allocation.ok()) return Fail(allocation.message());
+          if (act.offer >= 0 && !OfferKept(act)) return;
           SendToWorker(act.slot, std::move(act.frame), act.handles);
         } else if constexpr (std::is_same_v<A, action::SpawnWorker>) {
           Trace(fmt::format("<- spawn worker {} generation {}", act.slot, act.generation));
@@ -261,11 +262,14 @@ void Simulator::Execute(Action& a) {
           CheckKill(act.slot, act.reason);
           Kill(act.slot, act.reason);
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
-          Trace(fmt::format("<- close handle {}", act.handle));
+          Trace(fmt::format("<- close handle {}{}", act.handle, act.keep ? " (kept for reuse)" : ""));
           ForgetStored(act.handle);
           if (supervisor_handles_.erase(act.handle) == 0) {
             Fail(fmt::format("closed handle {}, which the supervisor does not hold", act.handle));
           }
+          if (act.keep) kept_handles_.insert(act.handle);
+        } else if constexpr (std::is_same_v<A, action::DropKept>) {
+          DropKept(act.handle);
         } else if constexpr (std::is_same_v<A, action::InspectModel>) {
           Trace(fmt::format("<- inspect model {} ({})", act.model, act.path));
           After(rng_.Range(0, 5), Reading([this, inspect = act] {

@@ -214,6 +214,15 @@ class Simulator {
   // After every tick: a model that joined or left what is worth keeping is in the store within
   // kKeptSyncMs of ticks, or the core has written the store within that time (under churn).
   void CheckStoreKeepsUp();
+  // Whether the store holds what Core::Kept says now. Checked after every event while the store
+  // is behind: a difference that ends between two ticks (a model joins and leaves again, a paused
+  // supervisor's first events) is over, and the next one is counted from its own start.
+  bool StoreHoldsKept() const;
+  // Memory kept for reuse (kept_memory.cc): an offer to a job, a region dropped, and after every
+  // event that the shell keeps exactly what the core counts.
+  bool OfferKept(const supervisor::action::SendToWorker& send);
+  void DropKept(int handle);
+  void CheckKeptMemory();
   // SIGKILL of the supervisor: its workers, connections and descriptors go with it, but for what
   // the store holds; the next one starts from the store, its configuration's budgets maybe changed.
   void RestartSupervisor();
@@ -304,6 +313,9 @@ class Simulator {
   int next_handle_ = 100;
   std::map<int, Region> regions_;
   std::set<int> supervisor_handles_;
+  // Memory the shell keeps for reuse (action::CloseHandle::keep) until an offer or a DropKept: the
+  // core must count exactly these (core/kept_memory.h).
+  std::set<int> kept_handles_;
   std::set<int> lost_handles_;  // device regions whose owner died: never to be attached again
   std::vector<bool> devices_gone_;       // lost for good (their owner cannot run)
   std::vector<uint32_t> device_epochs_;  // losses so far: a restore is for the latest one

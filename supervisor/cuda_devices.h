@@ -35,12 +35,12 @@ class CudaDevices final : public DeviceBackend {
 
   Status Start(WorkerPool* workers) override;
   void Shutdown() override;
-  void BeforeAllocatingJob(uint32_t, uint64_t, uint64_t, const shm::ModelIndex&) override {}
-  void AfterActions(const shm::ModelIndex&) override {}
-  // Its grant released (memory a worker freed, or the core let go of).
-  void Release(int fd, bool reusable) override;
+  // Its grant released (memory a worker freed, or the core let go of). Nothing is kept on cuda:
+  // the memory is the owner's, and the core never asks (so neither offers nor drops come).
+  void Release(int fd, bool keep) override;
+  void Offer(uint32_t, uint64_t, uint64_t, int) override {}
+  void DropKept(int) override {}
   void HandedOver() override {}
-  void Describe(v1::StatusReply&) const override {}
   bool OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) override;
   // The weights of a cuda load live in a grant: released when the core lets them go.
   void OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) override;

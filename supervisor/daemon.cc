@@ -199,15 +199,15 @@ void Daemon::RunPending() {
     Event next = std::move(pending_.front());
     pending_.pop_front();
     Execute(core_->Handle(std::move(next), Now()));
-    devices_->AfterActions(core_->index());
   }
   dispatching_ = false;
 }
 
-void Daemon::CloseHandle(int fd, bool reusable) {
+void Daemon::CloseHandle(int fd, bool keep) {
   // Out of the descriptor store before its memory can be reused for anything else: a restart must
   // never adopt a region under a name whose bytes it no longer holds.
-  devices_->Release(fd, restart_->Forget(fd, reusable));
+  restart_->Forget(fd);
+  devices_->Release(fd, keep);
 }
 
 void Daemon::Execute(std::vector<Action>&& actions) {
@@ -225,7 +225,7 @@ void Daemon::Execute(Action& a) {
               return;
             }
           }
-          if (act.allocates != 0) devices_->BeforeAllocatingJob(act.slot, act.job, act.allocates, core_->index());
+          if (act.offer >= 0) devices_->Offer(act.slot, act.job, act.allocates, act.offer);
           // A worker that is not ready is dying: its death fails the job.
           workers_->SendFrame(act.slot, std::move(act.frame), act.handles);
           // The channel sends duplicates: the model file opened for this frame is the shell's to
@@ -235,14 +235,14 @@ void Daemon::Execute(Action& a) {
           int pid = workers_->Spawn(act.slot, act.generation);
           if (pid > 0) pending_.push_back(event::WorkerSpawned{act.slot, act.generation, pid});
         } else if constexpr (std::is_same_v<A, action::Reply>) {
-          // What the shell holds of device memory is the shell's to say.
-          if (act.envelope.has_status_reply()) devices_->Describe(*act.envelope.mutable_status_reply());
           request_stats_->Answered(act.session, act.envelope, MonotonicNanos());
           server_->Send(act.session, act.envelope);
         } else if constexpr (std::is_same_v<A, action::KillWorker>) {
           workers_->Kill(act.slot, act.reason);
         } else if constexpr (std::is_same_v<A, action::CloseHandle>) {
-          CloseHandle(act.handle, act.reusable);
+          CloseHandle(act.handle, act.keep);
+        } else if constexpr (std::is_same_v<A, action::DropKept>) {
+          devices_->DropKept(act.handle);
         } else if constexpr (std::is_same_v<A, action::InspectModel>) {
           pending_.push_back(model_files_.Inspect(act));
         } else if constexpr (std::is_same_v<A, action::Notify>) {
@@ -308,7 +308,9 @@ void Daemon::OnTakeover(uint64_t session, const Peer& peer, uint64_t request_id,
   const int listener = server_->HandOverListener();
   ask.accepting = listener >= 0;
   if (Status s = CheckTakeover(ask); !s.ok()) return refuse(s);
-  devices_->HandedOver();  // the new daemon maps the same regions
+  // The new daemon maps the same regions: nothing is kept for reuse here from now on.
+  Dispatch(event::HandingOver{});
+  devices_->HandedOver();
   const std::vector<KeptWeights> kept = core_->Kept();
   Status failed;
   if (!restart_->HandOverTo(channel, listener, kept, [this] { segment_.Remove(); }, &failed)) {

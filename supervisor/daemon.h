@@ -60,7 +60,7 @@ class Daemon {
   event::Reload ReadRegistry();
   void OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message);
   // A handle the core let go of: out of the store, then the device backend's.
-  void CloseHandle(int fd, bool reusable);
+  void CloseHandle(int fd, bool keep);
   void OnWorkerDeath(uint32_t slot, uint32_t generation, const std::string& why, int exit_code,
                      bool fatal);
   void InstallSignals();

@@ -14,7 +14,6 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
-#include "shm/model_index.h"
 #include "supervisor/config.h"
 #include "supervisor/core/events.h"
 
@@ -31,17 +30,16 @@ class DeviceBackend {
   // The stop: nothing is started again.
   virtual void Shutdown() = 0;
 
-  // A frame that starts job `job`, which allocates `bytes`, is about to go to worker `slot`; the
-  // core has counted the bytes as used (index).
-  virtual void BeforeAllocatingJob(uint32_t slot, uint64_t job, uint64_t bytes, const shm::ModelIndex& index) = 0;
-  // After every batch of the core's actions.
-  virtual void AfterActions(const shm::ModelIndex& index) = 0;
-  // A handle the core let go of; `reusable`: its memory may hold something else now.
-  virtual void Release(int fd, bool reusable) = 0;
-  // A new daemon maps this memory from now on (a takeover): none of it is reused here.
+  // action::CloseHandle: a handle the core let go of. `keep`: the core counts it as kept memory
+  // (supervisor/core/kept_memory.h) until it offers or drops it.
+  virtual void Release(int fd, bool keep) = 0;
+  // action::SendToWorker::offer: the kept region `fd` goes to job `job` on worker `slot`, which
+  // allocates `bytes`; sent ahead of the job's frame.
+  virtual void Offer(uint32_t slot, uint64_t job, uint64_t bytes, int fd) = 0;
+  // action::DropKept.
+  virtual void DropKept(int fd) = 0;
+  // A new daemon maps this memory from now on (a takeover): none of it is kept here any more.
   virtual void HandedOver() = 0;
-  // What the shell holds of device memory that status reports beside the core's figures.
-  virtual void Describe(v1::StatusReply& status) const = 0;
 
   // A worker's message about device memory (allocate, free): true when it was one, and handled.
   virtual bool OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) = 0;

@@ -17,8 +17,10 @@ Status HostMemory::Start(WorkerPool* workers) {
   return OkStatus();
 }
 
-void HostMemory::Release(int fd, bool reusable) {
-  if (reusable) return cache_.Keep(fd);
+void HostMemory::Release(int fd, bool keep) {
+  // After a takeover the new daemon maps this memory: the core knows (event::HandingOver), and
+  // this holds whatever it was told meanwhile.
+  if (keep && !handed_over_) return cache_.Keep(fd);
   // The worker that allocated it may keep a mapping of it: named to the workers, it goes too.
   struct stat st {};
   const bool known = fstat(fd, &st) == 0;
@@ -26,40 +28,26 @@ void HostMemory::Release(int fd, bool reusable) {
   if (known) ForgetMappings({static_cast<uint64_t>(st.st_ino)});
 }
 
-void HostMemory::BeforeAllocatingJob(uint32_t slot, uint64_t job, uint64_t bytes, const shm::ModelIndex& index) {
-  // Take before trimming: the core has just counted this job's bytes as used, so under a full
-  // budget used + kept passes it — and the kept region that made room (the model this load
-  // evicted) is the one to reuse, not the first to go. Once it is taken, the rest is trimmed.
-  uint64_t size = 0;
-  const int fd = cache_.Take(bytes, &size);
-  AfterActions(index);
-  if (fd < 0) return;
-  // A larger region shrinks now, not when the worker gets to the job: its tail is counted nowhere
-  // once it has left the cache (the core counts `bytes`).
-  if (size > bytes && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    close(fd);
-    return;
-  }
-  spdlog::info("worker {}: job {} reuses {} of freed memory for {}", slot, job, FormatBytes(size), FormatBytes(bytes));
+void HostMemory::Offer(uint32_t slot, uint64_t job, uint64_t bytes, int fd) {
+  std::vector<uint64_t> gone;
+  const int region = cache_.Take(fd, bytes, gone);
+  ForgetMappings(gone);
+  if (region < 0) return;  // the job allocates fresh memory
+  spdlog::info("worker {}: job {} reuses {} of freed memory", slot, job, FormatBytes(bytes));
   v1::WorkerEnvelope offer;
   offer.mutable_offer()->set_job(job);
   offer.mutable_offer()->set_bytes(bytes);
-  workers_->SendFrame(slot, ipc::Frame(offer), {fd});
-  close(fd);  // the channel sends its own copy (or none, to a worker that is dying)
+  workers_->SendFrame(slot, ipc::Frame(offer), {region});
+  close(region);  // the channel sends its own copy (or none, to a worker that is dying)
 }
 
-void HostMemory::AfterActions(const shm::ModelIndex& index) {
-  if (cache_.size() == 0) return;
-  const uint64_t used = index.DeviceUsed(0), budget = index.DeviceBudget(0);
-  ForgetMappings(cache_.TrimTo(budget > used ? budget - used : 0));
+void HostMemory::DropKept(int fd) {
+  if (std::optional<uint64_t> inode = cache_.Drop(fd)) ForgetMappings({*inode});
 }
 
-void HostMemory::HandedOver() { ForgetMappings(cache_.TrimTo(0)); }
-
-void HostMemory::Describe(v1::StatusReply& status) const {
-  if (status.devices_size() == 0) return;
-  status.mutable_devices(0)->set_kept_bytes(cache_.bytes());
-  status.mutable_devices(0)->set_kept_regions(static_cast<uint32_t>(cache_.size()));
+void HostMemory::HandedOver() {
+  handed_over_ = true;
+  ForgetMappings(cache_.DropAll());
 }
 
 bool HostMemory::OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) {

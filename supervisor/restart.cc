@@ -42,7 +42,6 @@ Result<Restart::Received> Restart::Receive(std::vector<PassedDescriptor>& passed
     spdlog::info("took over from the daemon on {}: {} descriptors", config_.socket_path, handed->size());
   }
   received.kept = store_->Receive(passed, /*device_memfds=*/config_.backend != "cuda");
-  for (const KeptWeights& k : received.kept) adopted_.insert(k.weights.handle);
   return received;
 }
 
@@ -71,9 +70,5 @@ bool Restart::HandOverTo(int channel, int listener, const std::vector<KeptWeight
   return true;
 }
 
-bool Restart::Forget(int fd, bool reusable) {
-  store_->Forget(fd);
-  return adopted_.erase(fd) == 0 && !handed_over_ && reusable;
-}
 
 }  // namespace warmpool::supervisor

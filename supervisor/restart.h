@@ -3,12 +3,10 @@
 //        what the running daemon hands over (supervisor/takeover.h);
 //   out: the store kept as the core decides (action::StoreKept), and the hand-over to a daemon
 //        that takes over (Daemon::OnTakeover, whose checks are CheckTakeover).
-// It also owns the rule that memory another daemon may still map is never reused here.
 #pragma once
 
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -37,10 +35,9 @@ class Restart {
 
   // action::StoreKept.
   void Store(const std::vector<KeptWeights>& kept) { store_->Sync(kept); }
-  // A handle the core lets go of: out of the store before its memory can hold anything else.
-  // Returns whether the memory may be reused here: not when a daemon before this one kept it (its
-  // workers may still read it while it drains), nor once handed over (the new daemon maps it).
-  bool Forget(int fd, bool reusable);
+  // A handle the core lets go of: out of the store before its memory can hold anything else
+  // (whether it may be reused here is the core's to say: core/kept_memory.h).
+  void Forget(int fd) { store_->Forget(fd); }
 
   // Running daemon, once CheckTakeover said yes: hands `listener` and `kept` (Core::Kept) over on
   // `channel` (the new daemon's end, closed here). `before_end` runs before the last message (the
@@ -55,7 +52,6 @@ class Restart {
   const Config& config_;
   bool notifying_;
   std::unique_ptr<WarmStore> store_;
-  std::set<int> adopted_;  // handles kept by a daemon before this one, while the core holds them
   bool handed_over_ = false;
 };
 

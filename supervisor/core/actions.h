@@ -23,7 +23,7 @@ struct SendToWorker {
   std::string frame;
   std::vector<int> handles;
   // The frame starts job `job`, which allocates this many bytes of device memory on the worker
-  // (a load, an unpark): the shell may offer it memory to reuse (supervisor/region_cache.h).
+  // (a load, an unpark, a park's host copy).
   uint64_t allocates = 0;
   uint64_t job = 0;
   // A load's model file (the registered, resolved path): the shell opens it beneath its model root
@@ -31,6 +31,9 @@ struct SendToWorker {
   // now, the file is gone), the frame is not sent and the job ends with that error, as if the
   // worker had answered it: the open is the load's first step.
   std::string model_file;
+  // A kept region (action::CloseHandle::keep) the job is to reuse, sent to the worker ahead of the
+  // frame (WorkerOffer); -1: none. The core no longer counts it as kept (core/kept_memory.h).
+  int offer = -1;
 };
 // Whether an allocating frame says what it allocates: it starts job `job`, and an unpark
 // allocates exactly the copy's bytes, a load at most what was admitted. What the simulator and
@@ -56,10 +59,14 @@ struct KillWorker {
 // The core no longer needs this handle (a weights region or a parked copy).
 struct CloseHandle {
   int handle = -1;
-  // Memory that no worker maps any more (weights every replica let go, a parked copy): the shell
-  // may keep it to reuse (supervisor/region_cache.h). Anything else (a handle that came with a
-  // stale or unwanted reply, whose sender may still map it) is only closed.
-  bool reusable = false;
+  // Memory that no worker maps any more, which the core now counts as kept (core/kept_memory.h):
+  // the shell keeps it, out of the descriptor store, until an offer (SendToWorker::offer) or a
+  // DropKept. Anything else is only closed.
+  bool keep = false;
+};
+// A kept region goes: closed, and named to the workers, which may keep a mapping of it.
+struct DropKept {
+  int handle = -1;
 };
 // Look at a model's file again (after a failed model's cooldown); answered by
 // event::ModelInspected.
@@ -99,7 +106,7 @@ struct StoreKept {
 }  // namespace action
 
 using Action = std::variant<action::SendToWorker, action::Reply, action::SpawnWorker, action::KillWorker,
-                            action::CloseHandle, action::InspectModel, action::Notify, action::Log,
+                            action::CloseHandle, action::DropKept, action::InspectModel, action::Notify, action::Log,
                             action::StopAccepting, action::CloseSessions, action::StopWorkers, action::StoreKept>;
 
 }  // namespace warmpool::supervisor

@@ -296,7 +296,9 @@ void Core::SendRelease(uint32_t model) {
 
 void Core::FinishRelease(uint32_t model) {
   Model& m = models_[model];
-  CloseMemory(m.machine.FinishRelease());
+  const Releasing* r = m.machine.As<Releasing>();
+  const uint64_t bytes = r != nullptr ? r->weights.weight_bytes : 0;  // the copy's too
+  CloseMemory(m.machine.FinishRelease(), bytes);
   m.evicted_for.clear();  // made room for it while it was on a device: no load of it to tell now
   if (const Parked* p = m.machine.As<Parked>()) {
     Log(LogLevel::kInfo, "\"{}\" parked ({} in host memory)", m.entry.name,
@@ -309,11 +311,13 @@ void Core::FinishRelease(uint32_t model) {
 
 void Core::DropParked(uint32_t model, shm::ReleaseReason reason, std::string_view why) {
   Model& m = models_[model];
+  uint64_t bytes = 0;
   if (const Parked* p = m.machine.As<Parked>()) {
-    Log(LogLevel::kInfo, "dropping the parked copy of \"{}\" ({}, {}{}{})", m.entry.name,
-        FormatBytes(p->copy.weight_bytes), ReasonName(reason), why.empty() ? "" : ": ", why);
+    bytes = p->copy.weight_bytes;
+    Log(LogLevel::kInfo, "dropping the parked copy of \"{}\" ({}, {}{}{})", m.entry.name, FormatBytes(bytes),
+        ReasonName(reason), why.empty() ? "" : ": ", why);
   }
-  CloseMemory(m.machine.DropParked());
+  CloseMemory(m.machine.DropParked(), bytes);
 }
 
 void Core::EnforceMaxCached(uint32_t keep) {

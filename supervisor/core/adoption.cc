@@ -167,7 +167,7 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
       // Device memory that does not fit: a copy to host memory would need a worker to make it.
       Log(LogLevel::kInfo, "dropping the weights kept of \"{}\": no room on device {} under this configuration",
           k.name, k.weights.device);
-      CloseMemory(k.weights.handle);
+      Close(k.weights.handle);  // a daemon before this one kept it: not reused here
       keep[i] = false;
       continue;
     }
@@ -178,7 +178,7 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
     }
     Log(LogLevel::kInfo, "dropping the weights kept of \"{}\": no room for them under this configuration",
         k.name);
-    CloseMemory(k.weights.handle);
+    Close(k.weights.handle);
     keep[i] = false;
   }
   // Least recently used first: each adoption links its record at the most recent end.
@@ -194,6 +194,8 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
     if (m.entry.file_missing) {
       Log(LogLevel::kWarn, "\"{}\": its file {} is gone; serving the weights kept", k.name, k.path);
     }
+    // Memory a daemon before this one kept: never reused here (its workers may still map it).
+    if (k.weights.handle >= 0) adopted_memory_.insert(k.weights.handle);
     m.machine.Adopt(std::move(k.weights), parked);
     // Adopted weights keep the model's keep_alive, counted from now as if a request had just
     // ended: without it they would stay on the device until evicted.

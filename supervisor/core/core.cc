@@ -61,12 +61,14 @@ std::vector<Action> Core::Handle(Event event, Time now) {
         else if constexpr (std::is_same_v<E, event::WorkersStopped>) stopped_ = true;
         else if constexpr (std::is_same_v<E, event::DeviceLost>) OnDeviceLost(e);
         else if constexpr (std::is_same_v<E, event::DeviceRestored>) OnDeviceRestored(e);
+        else if constexpr (std::is_same_v<E, event::HandingOver>) OnHandingOver();
       },
       std::move(event));
   // Forgetting a model frees its record for reuse: done here, when nothing up the stack holds it.
   if (!drain_ended_) ProcessRetirements();
   CheckDrained();
   PublishWorkers();
+  TrimKept();
   index_->EndChanges();
   // At the end of a stop, the LRU order as it is then, for the next start.
   StoreKeptWhenDue(/*now=*/stopped_);
@@ -81,28 +83,55 @@ void Core::PublishGauges() {
 }
 
 void Core::Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<int> handles) {
-  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), 0, 0, {}});
+  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), 0, 0, {}, -1});
 }
 
 void Core::SendAllocating(uint32_t worker, const v1::WorkerEnvelope& message, uint64_t job, uint64_t bytes,
                           std::vector<int> handles) {
-  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), bytes, job, {}});
+  // Kept memory goes to the first job that allocates, before the trim at the end of the event:
+  // under a full budget the region kept is the one this job's eviction freed, and the job's bytes
+  // are counted as used already.
+  std::optional<KeptMemory::Region> kept = bytes > 0 ? kept_memory_.Take(bytes) : std::nullopt;
+  const int offer = kept ? kept->handle : -1;
+  actions_.push_back(action::SendToWorker{worker, ipc::Frame(message), std::move(handles), bytes, job, {}, offer});
 }
 
 void Core::Close(int handle) {
-  if (handle >= 0) actions_.push_back(action::CloseHandle{handle});
+  if (handle < 0) return;
+  adopted_memory_.erase(handle);
+  actions_.push_back(action::CloseHandle{handle, /*keep=*/false});
 }
 
 void Core::Close(const std::vector<int>& handles) {
   for (int h : handles) Close(h);
 }
 
-void Core::CloseMemory(int handle) {
-  if (handle >= 0) actions_.push_back(action::CloseHandle{handle, /*reusable=*/true});
+void Core::CloseMemory(int handle, uint64_t bytes) {
+  if (handle < 0) return;
+  // Only the host backend's memory is a region of its own to reuse (on cuda it is the owner's);
+  // memory a daemon before this one kept may still be mapped by its workers, and once a takeover
+  // is under way by the new daemon's.
+  const bool adopted = adopted_memory_.erase(handle) != 0;
+  const bool keep = config_.backend != "cuda" && !handing_over_ && !adopted && bytes > 0;
+  if (keep) kept_memory_.Keep(handle, bytes);
+  actions_.push_back(action::CloseHandle{handle, keep});
 }
 
-void Core::CloseMemory(const std::vector<int>& handles) {
-  for (int h : handles) CloseMemory(h);
+void Core::CloseMemory(const std::vector<int>& handles, uint64_t bytes) {
+  for (int h : handles) CloseMemory(h, bytes);
+}
+
+void Core::TrimKept() {
+  if (kept_memory_.size() == 0) return;
+  const uint64_t used = index_->DeviceUsed(0), budget = index_->DeviceBudget(0);
+  for (int handle : kept_memory_.TrimTo(budget > used ? budget - used : 0)) {
+    actions_.push_back(action::DropKept{handle});
+  }
+}
+
+void Core::OnHandingOver() {
+  handing_over_ = true;
+  for (int handle : kept_memory_.TrimTo(0)) actions_.push_back(action::DropKept{handle});
 }
 
 policy::Limits Core::Limits() const {

@@ -23,6 +23,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -34,6 +35,7 @@
 #include "supervisor/core/actions.h"
 #include "supervisor/core/events.h"
 #include "supervisor/core/kept.h"
+#include "supervisor/core/kept_memory.h"
 #include "supervisor/core/model.h"
 #include "supervisor/core/model_entry.h"
 #include "supervisor/core/records.h"
@@ -89,6 +91,8 @@ class Core {
   uint32_t adopted() const { return adopted_; }
   // Handles the core holds: (model, handle); clients' regions with model shm::kNil.
   std::vector<std::pair<uint32_t, int>> HeldHandles() const;
+  // Memory let go of that the shell keeps for reuse, as the core counts it (core/kept_memory.h).
+  const KeptMemory& kept_memory() const { return kept_memory_; }
   // Cross-checks of the core's own records (invariants.cc); the simulator calls it after every
   // event.
   Status CheckInvariants() const;
@@ -116,10 +120,14 @@ class Core {
                       std::vector<int> handles = {});
   void Close(int handle);
   void Close(const std::vector<int>& handles);
-  // The same for memory no process maps any more (released weights, a parked copy let go): the
-  // shell may keep it for the next allocation (action::CloseHandle::reusable).
-  void CloseMemory(int handle);
-  void CloseMemory(const std::vector<int>& handles);
+  // The same for memory no process maps any more (released weights, a parked copy let go), each
+  // region of `bytes`: kept for the next allocation where the backend reuses memory, unless a
+  // daemon before this one kept it or a takeover is under way (core/kept_memory.h).
+  void CloseMemory(int handle, uint64_t bytes);
+  void CloseMemory(const std::vector<int>& handles, uint64_t bytes);
+  // After every event: kept memory goes, oldest first, until used + kept fits the budget.
+  void TrimKept();
+  void OnHandingOver();
   void OnTick(const event::Tick& tick);
   void OnStatusTick();
   void Preload();
@@ -326,6 +334,9 @@ class Core {
   std::vector<bool> devices_down_;
   std::vector<bool> devices_gone_;  // for good
   uint32_t adopted_ = 0;
+  KeptMemory kept_memory_;  // device 0's: only the host backend keeps (one device)
+  std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
+  bool handing_over_ = false;  // event::HandingOver: nothing is kept from then on
   // What action::StoreKept last said (adoption.cc): handle, parked, name of each, in order.
   std::vector<std::tuple<int, bool, std::string>> kept_stored_;
   bool kept_stored_once_ = false;

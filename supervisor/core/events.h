@@ -125,12 +125,15 @@ struct Stop {
 };
 // The workers are all gone after action::StopWorkers.
 struct WorkersStopped {};
+// A takeover was accepted: a new daemon maps this one's memory from now on, so none of it is kept
+// for reuse here any more (what is kept goes now). The stop follows (Stop::handed_over).
+struct HandingOver {};
 
 }  // namespace event
 
 using Event = std::variant<event::ClientRequest, event::ClientGone, event::WorkerSpawned, event::WorkerUp,
                            event::WorkerMessage, event::WorkerDown, event::Tick, event::Reload,
                            event::ModelInspected, event::Stop, event::WorkersStopped,
-                           event::DeviceLost, event::DeviceRestored>;
+                           event::DeviceLost, event::DeviceRestored, event::HandingOver>;
 
 }  // namespace warmpool::supervisor

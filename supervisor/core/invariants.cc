@@ -11,6 +11,23 @@ namespace warmpool::supervisor {
 using namespace residency;
 
 Status Core::CheckInvariants() const {
+  // Kept memory is memory the budget promised: used + kept never passes it, and a kept region is
+  // no model's (each counted once).
+  if (kept_memory_.size() != 0) {
+    const uint64_t used = index_->DeviceUsed(0), budget = index_->DeviceBudget(0);
+    if (used + kept_memory_.bytes() > budget) {
+      return Error(Code::kInternal, "device 0 uses {} and keeps {} bytes, over its budget of {}", used,
+                   kept_memory_.bytes(), budget);
+    }
+    if (config_.backend == "cuda" || handing_over_) {
+      return Error(Code::kInternal, "{} regions kept where nothing may be", kept_memory_.size());
+    }
+    for (const auto& [model, handle] : HeldHandles()) {
+      for (const KeptMemory::Region& r : kept_memory_.regions()) {
+        if (r.handle == handle) return Error(Code::kInternal, "handle {} is kept and held at once", handle);
+      }
+    }
+  }
   size_t regions = 0;
   for (const auto& [id, session] : sessions_) regions += session.regions.size();
   if (regions != regions_ || regions_ > kMaxRegions) {

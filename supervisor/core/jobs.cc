@@ -213,17 +213,19 @@ void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int hand
     Close(handle);
     Log(LogLevel::kWarn, "unparking \"{}\" failed ({}); loading it from its file", m.entry.name,
         done.has_error() ? done.error().message() : std::string("no device copy came back"));
-    CloseMemory(m.machine.FailUnpark());
+    const uint64_t copy_bytes = u->copy.weight_bytes;
+    CloseMemory(m.machine.FailUnpark(), copy_bytes);
     TryAdmit(model);
     return RetryPending();
   }
+  const uint64_t copy_bytes = u->copy.weight_bytes;
   Weights w = u->copy;  // the copy's description is the weights' (whatever the file says now)
   w.handle = handle;
   w.weight_bytes = done.weight_bytes();
   w.workspace_bytes = done.workspace_bytes();
   w.in_features = done.in_features();
   w.out_features = done.out_features();
-  CloseMemory(m.machine.FinishUnpark(std::move(w)));  // back on the device: the host copy goes
+  CloseMemory(m.machine.FinishUnpark(std::move(w)), copy_bytes);  // back on the device: the host copy goes
   CountLoad(model, shm::LoadSource::kUnpark, job.started_ms);
   OnReady(model, job.started_ms, "unparked");
 }

@@ -152,6 +152,10 @@ v1::Envelope Core::StatusSnapshot() const {
     device->set_total_bytes(config_.devices[d].total_bytes);
     device->set_budget_bytes(index_->DeviceBudget(d));
     device->set_used_bytes(index_->DeviceUsed(d));
+    if (d == 0) {  // only the host backend keeps memory, and it has one device
+      device->set_kept_bytes(kept_memory_.bytes());
+      device->set_kept_regions(static_cast<uint32_t>(kept_memory_.size()));
+    }
   }
   for (uint32_t slot = 0; slot < workers_.size(); slot++) {
     const WorkerSlot& w = workers_[slot];

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -34,62 +35,49 @@ struct stat StatOf(int fd) {
 uint64_t SizeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_size); }
 uint64_t InodeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_ino); }
 
-TEST(RegionCache, KeepsMemfdsAndClosesAnythingElse) {
+TEST(RegionCache, OffersOnlyMemoryThatCanBeResizedAndClosesAnythingElse) {
   RegionCache cache;
   int pipe_fds[2];
   ASSERT_EQ(pipe(pipe_fds), 0);
-  cache.Keep(pipe_fds[0]);
-  EXPECT_FALSE(IsOpen(pipe_fds[0])) << "a pipe is not memory";
-  close(pipe_fds[1]);
   int sealed = Memfd(4096);
   ASSERT_EQ(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-  cache.Keep(sealed);
-  EXPECT_FALSE(IsOpen(sealed)) << "a region sealed against resizing cannot be reused";
   int empty = Memfd(0);
-  cache.Keep(empty);
-  EXPECT_FALSE(IsOpen(empty));
-  cache.Keep(-1);
-  EXPECT_EQ(cache.size(), 0u);
-
   int parked = Memfd(8192, MFD_CLOEXEC);  // without sealing (a parked copy): F_SEAL_SEAL only
-  cache.Keep(parked);
-  EXPECT_TRUE(IsOpen(parked));
-  EXPECT_EQ(cache.size(), 1u);
-  EXPECT_EQ(cache.bytes(), 8192u);
+  for (int fd : {pipe_fds[0], sealed, empty, parked}) cache.Keep(fd);
+  cache.Keep(-1);
+  EXPECT_EQ(cache.size(), 4u);
+  std::vector<uint64_t> gone;
+  EXPECT_EQ(cache.Take(pipe_fds[0], 4096, gone), -1) << "a pipe is not memory";
+  EXPECT_FALSE(IsOpen(pipe_fds[0]));
+  close(pipe_fds[1]);
+  EXPECT_EQ(cache.Take(sealed, 4096, gone), -1) << "a region sealed against resizing cannot be reused";
+  EXPECT_FALSE(IsOpen(sealed));
+  EXPECT_EQ(cache.Take(empty, 4096, gone), -1);
+  EXPECT_FALSE(IsOpen(empty));
+  EXPECT_EQ(gone.size(), 3u) << "each closed one is named to the workers";
+  EXPECT_EQ(cache.Take(parked, 4096, gone), parked);
+  EXPECT_EQ(SizeOf(parked), 4096u) << "shrunk to what the job allocates";
+  EXPECT_EQ(cache.size(), 0u);
+  EXPECT_EQ(cache.Take(parked, 4096, gone), -1) << "taken already";
+  EXPECT_TRUE(IsOpen(parked)) << "what it does not hold it never closes";
+  close(parked);
 }
 
-TEST(RegionCache, TakesTheSmallestThatFitsElseTheLargest) {
-  RegionCache cache;
-  int small = Memfd(4096), large = Memfd(65536), medium = Memfd(16384);
-  cache.Keep(small);
-  cache.Keep(large);
-  cache.Keep(medium);
-  EXPECT_EQ(cache.bytes(), 4096u + 65536 + 16384);
-  EXPECT_EQ(cache.Take(10000), medium);
-  EXPECT_EQ(cache.Take(1u << 20), large) << "nothing fits: the largest, grown by its user";
-  EXPECT_EQ(cache.bytes(), 4096u);
-  EXPECT_EQ(cache.Take(1), small);
-  EXPECT_EQ(cache.Take(1), -1);
-  for (int fd : {small, medium, large}) close(fd);
-}
-
-TEST(RegionCache, TrimClosesTheOldestFirstAndTheRestOnDestruction) {
-  int first = Memfd(4096), second = Memfd(4096), third = Memfd(4096);
+TEST(RegionCache, DropClosesOnlyWhatItHoldsAndTheRestGoesWithIt) {
+  int first = Memfd(4096), second = Memfd(4096), stranger = Memfd(4096);
+  const uint64_t first_inode = InodeOf(first);
   {
     RegionCache cache;
     cache.Keep(first);
     cache.Keep(second);
-    cache.Keep(third);
-    cache.TrimTo(8192);
+    EXPECT_EQ(cache.Drop(first), first_inode);
     EXPECT_FALSE(IsOpen(first));
+    EXPECT_EQ(cache.Drop(stranger), std::nullopt);
+    EXPECT_TRUE(IsOpen(stranger));
     EXPECT_TRUE(IsOpen(second));
-    cache.TrimTo(5000);
-    EXPECT_FALSE(IsOpen(second));
-    EXPECT_EQ(cache.bytes(), 4096u);
-    cache.TrimTo(4096);
-    EXPECT_TRUE(IsOpen(third));
   }
-  EXPECT_FALSE(IsOpen(third));
+  EXPECT_FALSE(IsOpen(second));
+  close(stranger);
 }
 
 TEST(HostMemoryReuse, AResizedRegionKeepsItsPagesAndCountsAgainstTheBudget) {
