@@ -21,8 +21,9 @@ if ! command -v clang >/dev/null || ! command -v clang++ >/dev/null; then
 fi
 
 jobs=$(nproc)
+# A unity build, as the test command's passes (186 -> 122 s here).
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DWARMPOOL_FUZZ=ON -DWARMPOOL_BUILD_TESTS=OFF >/dev/null
+  -DWARMPOOL_FUZZ=ON -DWARMPOOL_BUILD_TESTS=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
 cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/warmpool-fuzz.XXXXXX")
