@@ -47,5 +47,5 @@ The demo's daemon stops with this script. To go on yourself (README.md, Quick st
   build/bin/warmpoold --help            the daemon's options; docs/configuration.md for its file
   build/bin/warmpool --help             every command: models, load, infer, ps, top, unload, ...
   build/bin/warmpool-mkmodel --help     make more models to serve
-  ./scripts/test.sh                     build and run the whole test suite (about 30 minutes on 2 cores)
+  ./scripts/test.sh                     build and run the whole test suite (about 28 minutes on 2 cores)
 NEXT
