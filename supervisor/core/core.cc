@@ -108,11 +108,12 @@ void Core::Close(const std::vector<int>& handles) {
 
 void Core::CloseMemory(int handle, uint64_t bytes) {
   if (handle < 0) return;
-  // Only the host backend's memory is a region of its own to reuse (on cuda it is the owner's);
-  // memory a daemon before this one kept may still be mapped by its workers, and once a takeover
-  // is under way by the new daemon's.
+  // Only the host backend's memory is a region of its own to reuse (on cuda it is the owner's),
+  // and the host backend has one device, whose budget the kept memory counts against; memory a
+  // daemon before this one kept may still be mapped by its workers, and once a takeover is under
+  // way by the new daemon's.
   const bool adopted = adopted_memory_.erase(handle) != 0;
-  const bool keep = config_.backend != "cuda" && !handing_over_ && !adopted && bytes > 0;
+  const bool keep = KeepsFreedMemory() && !handing_over_ && !adopted && bytes > 0;
   if (keep) kept_memory_.Keep(handle, bytes);
   actions_.push_back(action::CloseHandle{handle, keep});
 }

@@ -19,7 +19,7 @@ Status Core::CheckInvariants() const {
       return Error(Code::kInternal, "device 0 uses {} and keeps {} bytes, over its budget of {}", used,
                    kept_memory_.bytes(), budget);
     }
-    if (config_.backend == "cuda" || handing_over_) {
+    if (!KeepsFreedMemory() || handing_over_) {
       return Error(Code::kInternal, "{} regions kept where nothing may be", kept_memory_.size());
     }
     for (const auto& [model, handle] : HeldHandles()) {

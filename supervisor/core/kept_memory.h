@@ -1,8 +1,9 @@
-// Memory the core let go of that the shell keeps for the next allocation: on the host backend, a
-// memfd region whose pages are allocated and zeroed already (weights every replica released, a
-// parked copy unparked or dropped). A load handed one of them writes into those pages instead of
-// faulting in fresh ones, which on a VM costs several times the copy itself; under a full budget
-// the region a load reuses is the one its eviction just freed.
+// Memory the core let go of that the shell keeps for the next allocation: on the host backend (one
+// device, whose budget it counts against), a memfd region whose pages are allocated and zeroed
+// already (weights every replica released, a parked copy unparked or dropped). A load handed one
+// of them writes into those pages instead of faulting in fresh ones, which on a VM costs several
+// times the copy itself; under a full budget the region a load reuses is the one its eviction
+// just freed.
 //
 // The core decides everything here and the shell only carries it out: what is kept
 // (action::CloseHandle::keep), which region a job that allocates is offered
