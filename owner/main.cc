@@ -17,23 +17,17 @@
 
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "ipc/child_arguments.h"
 #include "ipc/exit_status.h"
 #include "owner/owner.h"
 
 int main(int argc, char** argv) {
-  warmpool::owner::OwnerOptions options;
-  std::string sharing = "auto";
-  pid_t parent = 0;
-  bool probe = false;
+  warmpool::ipc::OwnerArguments arguments;
   CLI::App app{"warmpool device owner; started by warmpoold, not meant to be run by hand"};
-  app.add_flag("--probe", probe, "print this machine's CUDA devices as JSON and exit");
-  app.add_option("--channel-fd", options.channel_fd, "inherited socketpair end");
-  app.add_option("--device", options.device, "CUDA device ordinal");
-  app.add_option("--sharing", sharing, "auto, vmm or legacy");
-  app.add_option("--parent", parent, "pid of the supervisor");
+  warmpool::ipc::DeclareOwnerArguments(app, arguments);
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
-  if (probe) {
+  if (arguments.probe) {
     warmpool::Result<std::string> devices = warmpool::owner::ProbeDevices();
     if (!devices.ok()) {
       std::printf("%s\n", nlohmann::json{{"error", devices.status().message()}}.dump().c_str());
@@ -45,14 +39,17 @@ int main(int argc, char** argv) {
 
   // Die with the supervisor; it may have died before prctl took effect: check after.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent != 0 && getppid() != parent) return warmpool::ipc::kChildStopped;
+  if (arguments.parent != 0 && getppid() != arguments.parent) return warmpool::ipc::kChildStopped;
   signal(SIGPIPE, SIG_IGN);
-  warmpool::SetupLogging("owner", fmt::format("owner[{}]", options.device), "info");
-  warmpool::Result<warmpool::owner::Sharing> mode = warmpool::owner::ParseSharing(sharing);
+  warmpool::SetupLogging("owner", fmt::format("owner[{}]", arguments.device), "info");
+  warmpool::Result<warmpool::owner::Sharing> mode = warmpool::owner::ParseSharing(arguments.sharing);
   if (!mode.ok()) {
     spdlog::critical("{}", mode.status().message());
     return warmpool::ipc::kChildFatal;
   }
+  warmpool::owner::OwnerOptions options;
+  options.channel_fd = arguments.channel_fd;
+  options.device = arguments.device;
   options.sharing = *mode;
   warmpool::owner::DeviceOwner owner(options);
   if (warmpool::Status s = owner.Start(); !s.ok()) {

@@ -15,6 +15,7 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
+#include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {
 
@@ -43,7 +44,8 @@ class DeviceOwners {
   // False when the device's owner is not running (the caller answers for it).
   bool Send(uint32_t device, const v1::OwnerEnvelope& message);
   bool running(uint32_t device) const;
-  // Closes every channel (owners exit on EOF) and SIGKILLs those still there after grace_ms.
+  // Closes every channel: owners release everything and exit on EOF (one still there when this
+  // object goes is SIGKILLed).
   void Shutdown();
   // For the fault-injection harness and tests: SIGKILL the owner.
   void Kill(uint32_t device);
@@ -52,7 +54,7 @@ class DeviceOwners {
   struct Owner;
   Owner* Find(uint32_t device);
   const Owner* Find(uint32_t device) const;
-  void OnExit(Owner& owner, int64_t exit_status, int term_signal);
+  void OnFrame(Owner& owner, std::string_view body);
 
   uv_loop_t* loop_;
   DeviceOwnersOptions options_;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ipc/child_arguments.h"
 #include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {
@@ -28,7 +29,14 @@ Result<std::vector<ProbedDevice>> ProbeDevices(const std::string& owner_path, ui
   }
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return Error(Code::kUnavailable, "pipe: {}", std::strerror(errno));
-  std::vector<char*> env = ChildEnvironment();  // built before fork: the child only execs
+  // Built before fork: the child only execs.
+  std::vector<char*> env = ChildEnvironment();
+  ipc::OwnerArguments arguments;
+  arguments.probe = true;
+  std::vector<std::string> args = ipc::OwnerCommandLine(owner_path, arguments);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) {
     close(out[0]);
@@ -40,8 +48,7 @@ Result<std::vector<ProbedDevice>> ProbeDevices(const std::string& owner_path, ui
     // listener, say), none of the service manager's variables.
     dup2(out[1], 1);
     close_range(3, ~0u, 0);
-    const char* argv[] = {owner_path.c_str(), "--probe", nullptr};
-    execve(argv[0], const_cast<char* const*>(argv), env.data());
+    execve(argv[0], argv.data(), env.data());
     _exit(127);
   }
   close(out[1]);

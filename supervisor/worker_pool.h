@@ -17,6 +17,7 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
+#include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {
 
@@ -84,7 +85,8 @@ class WorkerPool {
 
  private:
   struct Worker;
-  void OnExit(uint32_t slot, int64_t exit_status, int term_signal);
+  void OnFrame(uint32_t slot, uint32_t generation, std::string_view body);
+  void OnExit(uint32_t slot, const ChildEnd& end);
   void MaybeFinishShutdown();
 
   uv_loop_t* loop_;

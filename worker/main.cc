@@ -19,30 +19,13 @@
 
 int main(int argc, char** argv) {
   warmpool::worker::WorkerOptions options;
-  pid_t parent = 0;
   CLI::App app{"warmpool worker process; started by warmpoold, not meant to be run by hand"};
-  app.add_option("--channel-fd", options.channel_fd, "inherited socketpair end")->required();
-  app.add_option("--slot", options.slot, "worker slot in the segment")->required();
-  app.add_option("--generation", options.generation, "spawn generation of this slot")->required();
-  app.add_option("--device", options.device, "device index");
-  app.add_option("--instance", options.instance, "daemon instance (segment name)");
-  app.add_option("--budget", options.budget_bytes, "device memory budget in bytes (0: unlimited)");
-  app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest frame accepted");
-  app.add_option("--parent", parent, "pid of the supervisor");
-  app.add_option("--engine-dir", options.engine_dir, "directory of engine plugins (empty: built-ins only)");
-  app.add_option("--backend", options.backend, "device memory: host or cuda")
-      ->check(CLI::IsMember({"host", "cuda"}));
-  app.add_option("--sharing", options.sharing, "cuda: how the device's owner shares memory")
-      ->check(CLI::IsMember({"vmm", "legacy"}));
-  bool tf32 = false;
-  int threads = 1;
-  app.add_option("--threads", threads, "threads the engines compute with")->check(CLI::Range(1, 4096));
-  app.add_flag("--tf32", tf32, "cuda: f32 dense layers on TF32 tensor cores");
+  warmpool::ipc::DeclareWorkerArguments(app, options);
   if (int rc = warmpool::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   // Die with the supervisor. The parent may have died before prctl took effect: check after.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent != 0 && getppid() != parent) return warmpool::ipc::kChildStopped;
+  if (options.parent != 0 && getppid() != options.parent) return warmpool::ipc::kChildStopped;
   signal(SIGPIPE, SIG_IGN);
   // Requests allocate and free payload-sized buffers; without this glibc hands the heap back to
   // the kernel after each one and faults fresh pages in for the next.
@@ -50,8 +33,8 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts
 
   warmpool::SetupLogging("worker", fmt::format("worker[{}]", options.slot), "info");
-  warmpool::dense::SetGpuOptions({tf32});
-  warmpool::dense::SetCpuThreads(threads);
+  warmpool::dense::SetGpuOptions({options.tf32});
+  warmpool::dense::SetCpuThreads(static_cast<int>(options.threads));
   if (options.backend != "host") warmpool::dense::PreloadGpuModule();  // before the hello
 
   warmpool::worker::Worker worker(options);

@@ -39,6 +39,7 @@
 #include "devmem/cuda_service.h"
 #include "devmem/host_memory.h"
 #include "ipc/blocking_channel.h"
+#include "ipc/child_arguments.h"
 #include "ipc/warmpool.pb.h"
 
 namespace warmpool {
@@ -108,11 +109,18 @@ struct Owner {
 Result<Owner> StartOwner(const std::string& owner_path) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return Error(Code::kInternal, "socketpair failed");
+  ipc::OwnerArguments arguments;
+  arguments.channel_fd = kInheritedFd;
+  arguments.sharing = "auto";
+  std::vector<std::string> args = ipc::OwnerCommandLine(owner_path, arguments);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   Owner owner;
   owner.pid = fork();
   if (owner.pid == 0) {
     dup2(sv[1], kInheritedFd);
-    execl(owner_path.c_str(), owner_path.c_str(), "--channel-fd", "3", "--device", "0", nullptr);
+    execv(argv[0], argv.data());
     _exit(127);
   }
   close(sv[1]);

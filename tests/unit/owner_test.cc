@@ -18,6 +18,7 @@
 #include "devmem/cuda_memory.h"
 #include "devmem/cuda_service.h"
 #include "ipc/blocking_channel.h"
+#include "ipc/child_arguments.h"
 #include "tests/unit/cuda_device_fixture.h"
 
 namespace warmpool::owner {
@@ -76,7 +77,9 @@ class OwnerProcess {
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv);
     // The child's end must survive exec: dup2 onto 3 clears CLOEXEC.
-    pid_ = Spawn({kOwner, "--channel-fd", "3", "--device", "0", "--sharing", sharing}, env, sv[1]);
+    ipc::OwnerArguments arguments;
+    arguments.sharing = sharing;
+    pid_ = Spawn(ipc::OwnerCommandLine(kOwner, arguments), env, sv[1]);
     close(sv[1]);
     channel_.emplace(sv[0], 1u << 20);
     fd_ = sv[0];
@@ -260,7 +263,9 @@ TEST_F(OwnerTest, NoDeviceIsFatalConfiguration) {
 
 TEST(ProbeTest, ListsTheDevices) {
   int out = -1;
-  pid_t pid = Spawn({kOwner, "--probe"}, kTwoDevices, -1, &out);
+  ipc::OwnerArguments arguments;
+  arguments.probe = true;
+  pid_t pid = Spawn(ipc::OwnerCommandLine(kOwner, arguments), kTwoDevices, -1, &out);
   std::string text = ReadAll(out);
   ASSERT_EQ(Wait(pid), 0) << text;
   nlohmann::json probe = nlohmann::json::parse(text);

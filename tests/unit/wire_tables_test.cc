@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "engines/include/warmpool/engine.h"
 #include "http/response.h"
+#include "ipc/child_arguments.h"
 #include "ipc/codes.h"
 #include "ipc/descriptors.h"
 #include "ipc/error_proto.h"
@@ -143,16 +144,86 @@ TEST(ChildExitTest, FatalOnlyByStatusNeverBySignal) {
   EXPECT_FALSE(IsFatalExit(0, 11));
 }
 
+// Parses a command line with the child's own declarations, as its main() does.
+template <typename Arguments, typename Declare>
+int ParseAs(Declare declare, std::vector<std::string> words, Arguments& into) {
+  CLI::App app{"child"};
+  declare(app, into);
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  return ParseCommandLine(app, static_cast<int>(argv.size()), argv.data());
+}
+
 // A child started with a command line it does not take (a supervisor and a child of different
 // versions) must not be started again and again: its usage error is kChildFatal.
 TEST(ChildExitTest, AUsageErrorIsFatal) {
-  CLI::App app{"child"};
-  int fd = -1;
-  app.add_option("--channel-fd", fd, "")->required();
-  std::vector<std::string> words = {"warmpool-worker", "--no-such-option"};
-  std::vector<char*> argv;
-  for (std::string& w : words) argv.push_back(w.data());
-  EXPECT_EQ(ParseCommandLine(app, static_cast<int>(argv.size()), argv.data()), kChildFatal);
+  WorkerArguments worker;
+  EXPECT_EQ(ParseAs(DeclareWorkerArguments, {"warmpool-worker", "--no-such-option"}, worker), kChildFatal);
+  EXPECT_EQ(ParseAs(DeclareWorkerArguments, {"warmpool-worker"}, worker), kChildFatal);  // no --slot
+  OwnerArguments owner;
+  EXPECT_EQ(ParseAs(DeclareOwnerArguments, {"warmpool-owner", "--no-such-option"}, owner), kChildFatal);
+}
+
+// What the supervisor writes, the child reads back field for field: every field away from its
+// default, so that a flag the encoder forgot (or spells differently) leaves one unequal.
+TEST(ChildArgumentsTest, TheWorkersCommandLineRoundTrips) {
+  WorkerArguments sent;
+  sent.channel_fd = 7;
+  sent.slot = 5;
+  sent.generation = 9;
+  sent.device = 2;
+  sent.instance = "test instance";
+  sent.budget_bytes = (5ull << 30) + 1;
+  sent.max_frame_bytes = 12345;
+  sent.parent = 4242;
+  sent.engine_dir = "/engines with spaces";
+  sent.backend = "cuda";
+  sent.sharing = "legacy";
+  sent.threads = 3;
+  sent.tf32 = true;
+  WorkerArguments got;
+  ASSERT_EQ(ParseAs(DeclareWorkerArguments, WorkerCommandLine("warmpool-worker", sent), got), -1);
+  EXPECT_EQ(got.channel_fd, sent.channel_fd);
+  EXPECT_EQ(got.slot, sent.slot);
+  EXPECT_EQ(got.generation, sent.generation);
+  EXPECT_EQ(got.device, sent.device);
+  EXPECT_EQ(got.instance, sent.instance);
+  EXPECT_EQ(got.budget_bytes, sent.budget_bytes);
+  EXPECT_EQ(got.max_frame_bytes, sent.max_frame_bytes);
+  EXPECT_EQ(got.parent, sent.parent);
+  EXPECT_EQ(got.engine_dir, sent.engine_dir);
+  EXPECT_EQ(got.backend, sent.backend);
+  EXPECT_EQ(got.sharing, sent.sharing);
+  EXPECT_EQ(got.threads, sent.threads);
+  EXPECT_EQ(got.tf32, sent.tf32);
+
+  // And the defaults, read as the child reads them (into a fresh struct): an empty engine
+  // directory stays empty, no --tf32 means off.
+  WorkerArguments defaults, read;
+  ASSERT_EQ(ParseAs(DeclareWorkerArguments, WorkerCommandLine("warmpool-worker", defaults), read), -1);
+  EXPECT_EQ(read.engine_dir, "");
+  EXPECT_FALSE(read.tf32);
+  EXPECT_EQ(read.backend, "host");
+}
+
+TEST(ChildArgumentsTest, TheOwnersCommandLineRoundTrips) {
+  OwnerArguments sent;
+  sent.channel_fd = 6;
+  sent.device = 3;
+  sent.sharing = "legacy";
+  sent.parent = 99;
+  OwnerArguments got;
+  ASSERT_EQ(ParseAs(DeclareOwnerArguments, OwnerCommandLine("warmpool-owner", sent), got), -1);
+  EXPECT_EQ(got.channel_fd, sent.channel_fd);
+  EXPECT_EQ(got.device, sent.device);
+  EXPECT_EQ(got.sharing, sent.sharing);
+  EXPECT_EQ(got.parent, sent.parent);
+  EXPECT_FALSE(got.probe);
+
+  OwnerArguments probe, read;
+  probe.probe = true;
+  ASSERT_EQ(ParseAs(DeclareOwnerArguments, OwnerCommandLine("warmpool-owner", probe), read), -1);
+  EXPECT_TRUE(read.probe);
 }
 
 TEST(DescriptorRuleTest, ClientRequests) {
