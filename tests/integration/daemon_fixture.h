@@ -16,10 +16,11 @@
 #include "common/status.h"
 #include "launch/daemon_process.h"
 #include "launch/service_manager_double.h"
+#include "tests/text.h"
 
 namespace warmpool::testing {
 
-inline bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ::warmpool::testing::Contains;  // tests/text.h
 
 std::string BinDir();
 

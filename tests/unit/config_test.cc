@@ -1,6 +1,7 @@
 // Daemon configuration: the TOML document on top of the defaults, the errors an operator sees for a
 // typo or a wrong type, instance names, and the machine-dependent defaults.
 #include "supervisor/config.h"
+#include "tests/text.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -19,9 +20,7 @@ namespace {
 
 constexpr char kOrigin[] = "/etc/warmpool/warmpool.toml";
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 // The message of a document that must be refused with kInvalidArgument.
 std::string Refusal(const std::string& text, const std::string& origin = kOrigin) {

@@ -4,13 +4,12 @@
 #include <algorithm>
 
 #include "tests/unit/core_rig.h"
+#include "tests/text.h"
 
 namespace warmpool::supervisor::testing {
 namespace {
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 Config WithReplicas(Config c, const std::string& name, uint32_t replicas) {
   ModelConfig m;

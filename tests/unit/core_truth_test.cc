@@ -5,11 +5,12 @@
 #include <algorithm>
 
 #include "tests/unit/core_rig.h"
+#include "tests/text.h"
 
 namespace warmpool::supervisor::testing {
 namespace {
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ::warmpool::testing::Contains;
 
 v1::Envelope Ask(CoreRig& rig, uint64_t session, v1::Envelope request) {
   rig.Request(session, std::move(request));

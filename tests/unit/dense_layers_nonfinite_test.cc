@@ -21,11 +21,11 @@
 namespace warmpool::testing {
 namespace {
 
-constexpr float kInf = INFINITY;
+constexpr float kInfinity = INFINITY;
 
 // Every path of the CPU layers: the AVX-512 kernels (1 to 4 rows), the f16 kernel (to 16 rows) and
 // the oneDNN matmul above them.
-constexpr uint32_t kRowCounts[] = {1, 2, 3, 4, 5, 16, 17, 33};
+constexpr uint32_t kLayerRowCounts[] = {1, 2, 3, 4, 5, 16, 17, 33};
 
 const std::map<std::string, dense::Activation> kActivations = {
     {"relu", dense::Activation::kRelu}, {"gelu", dense::Activation::kGelu},
@@ -82,8 +82,8 @@ std::vector<float> PatternRow(size_t pattern, uint32_t in, std::mt19937& generat
   std::vector<float> row = RandomValues(in, 1.0, generator);
   switch (pattern % 8) {
     case 1: row[in / 2] = NAN; break;
-    case 2: row[0] = kInf; break;
-    case 3: row[in - 1] = -kInf; break;
+    case 2: row[0] = kInfinity; break;
+    case 3: row[in - 1] = -kInfinity; break;
     case 4: row.assign(in, 3e38f); break;
     case 5: row.assign(in, -3e38f); break;
     case 6: row[1] = -3e38f; break;
@@ -104,7 +104,7 @@ TEST(CpuLayersNonFinite, EveryPathKeepsNonFiniteRowsAndTheLimitsOfEachActivation
       Result<std::unique_ptr<dense::CpuLayers>> layers = dense::CpuLayers::Start(model.layers, stored);
       ASSERT_TRUE(layers.ok()) << layers.status().ToString();
       std::mt19937 generator(43);
-      for (uint32_t rows : kRowCounts) {
+      for (uint32_t rows : kLayerRowCounts) {
         std::vector<float> input;
         for (uint32_t r = 0; r < rows; ++r) {
           const std::vector<float> row = PatternRow(r + rows, in, generator);  // every pattern at each size
@@ -134,7 +134,7 @@ TEST(DenseEngineNonFinite, ANaNRowGivesNaNAndLeavesTheOtherRowsAlone) {
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     ASSERT_TRUE(engine->Load().ok());
     std::mt19937 generator(53);
-    for (uint32_t rows : kRowCounts) {
+    for (uint32_t rows : kLayerRowCounts) {
       std::vector<float> input = RandomValues(size_t{rows} * 67, 1.0, generator);
       const uint32_t bad = rows / 2;
       input[size_t{bad} * 67 + 33] = NAN;

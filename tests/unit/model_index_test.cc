@@ -17,15 +17,14 @@
 
 #include "shm/inflight.h"
 #include "shm/segment.h"
+#include "tests/text.h"
 
 namespace warmpool::shm {
 namespace {
 
 using Order = std::vector<uint32_t>;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 // The lifecycle steps the tests walk a record through, published the way an owner of the model's
 // state does it (ModelIndex::Publish): the record's bytes and device are carried over.

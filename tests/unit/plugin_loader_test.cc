@@ -16,6 +16,7 @@
 #include "engines/builtin.h"
 #include "engines/plugin_loader.h"
 #include "engines/safetensors.h"
+#include "tests/text.h"
 
 namespace warmpool {
 namespace {
@@ -25,9 +26,7 @@ namespace fs = std::filesystem;
 std::string ScalePlugin() { return WARMPOOL_SCALE_PLUGIN; }
 std::string BrokenPlugin(const std::string& stem) { return std::string(WARMPOOL_BROKEN_PLUGIN_DIR) + "/" + stem + ".so"; }
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 class PluginLoaderTest : public ::testing::Test {
  protected:

@@ -11,6 +11,7 @@
 #include "supervisor/policy/device_owner.h"
 #include "supervisor/policy/placement.h"
 #include "supervisor/policy/retry.h"
+#include "tests/text.h"
 
 namespace warmpool::supervisor::policy {
 namespace {
@@ -21,9 +22,7 @@ using Victims = std::vector<uint32_t>;
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 // A pool in LRU order (least recently used first): each Add puts a model at the MRU end.
 class Pool {

@@ -10,13 +10,12 @@
 #include "ipc/fault_spec.h"
 #include "ipc/framing.h"
 #include "ipc/warmpool.pb.h"
+#include "tests/text.h"
 
 namespace warmpool::supervisor {
 namespace {
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 #define EXPECT_REFUSED(envelope, code_, substring)                                 \
   do {                                                                             \

@@ -18,13 +18,12 @@
 #include <gtest/gtest.h>
 
 #include "shm/layout.h"
+#include "tests/text.h"
 
 namespace warmpool::shm {
 namespace {
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using ::warmpool::testing::Contains;
 
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
