@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(status.message().rfind(kOrigin, 0) == 0);
     return 0;
   }
-  FUZZ_CHECK(config.backend == "auto" || config.backend == "host" || config.backend == "cuda");
+  FUZZ_CHECK(config.backend == Backend::kAuto || config.backend == Backend::kHost || config.backend == Backend::kCuda);
   for (const supervisor::ModelConfig& model : config.models) FUZZ_CHECK(!model.name.empty());
   FUZZ_CHECK(config.max_frame_bytes >= 1024 && config.max_frame_bytes <= (1u << 31));
   (void)supervisor::CheckInstanceName(config.instance);

@@ -1,5 +1,7 @@
 #include "ipc/child_arguments.h"
 
+#include <map>
+
 #include <CLI/CLI.hpp>
 
 namespace warmpool::ipc {
@@ -16,7 +18,7 @@ std::vector<std::string> WorkerCommandLine(const std::string& program, const Wor
       "--max-frame-bytes", std::to_string(a.max_frame_bytes),
       "--parent", std::to_string(a.parent),
       "--engine-dir", a.engine_dir,
-      "--backend", a.backend,
+      "--backend", std::string(BackendName(a.backend)),
       "--sharing", a.sharing,
       "--threads", std::to_string(a.threads),
   };
@@ -34,7 +36,10 @@ void DeclareWorkerArguments(CLI::App& app, WorkerArguments& a) {
   app.add_option("--max-frame-bytes", a.max_frame_bytes, "largest frame accepted");
   app.add_option("--parent", a.parent, "pid of the supervisor");
   app.add_option("--engine-dir", a.engine_dir, "directory of engine plugins (empty: built-ins only)");
-  app.add_option("--backend", a.backend, "device memory: host or cuda")->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--backend", a.backend, "device memory: host or cuda")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, Backend>{
+          {std::string(BackendName(Backend::kHost)), Backend::kHost},
+          {std::string(BackendName(Backend::kCuda)), Backend::kCuda}}));
   app.add_option("--sharing", a.sharing, "cuda: how the device's owner shares memory")
       ->check(CLI::IsMember({"vmm", "legacy"}));
   app.add_option("--threads", a.threads, "threads the engines compute with")->check(CLI::Range(1, 4096));

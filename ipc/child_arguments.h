@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/backend.h"
+
 namespace CLI {
 class App;
 }
@@ -24,7 +26,7 @@ struct WorkerArguments {
   uint32_t max_frame_bytes = 64u << 20;
   int parent = 0;                // pid of the supervisor, to die with it; 0: none
   std::string engine_dir;        // engine plugins: <engine_dir>/<engine>.so; empty: built-ins only
-  std::string backend = "host";  // host | cuda
+  Backend backend = Backend::kHost;  // as the supervisor resolved it: host or cuda
   std::string sharing = "vmm";   // cuda: how the device's owner shares memory (vmm | legacy)
   uint32_t threads = 1;          // compute threads of the engines
   bool tf32 = false;             // cuda: f32 dense layers on TF32 tensor cores

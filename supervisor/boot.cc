@@ -113,9 +113,9 @@ WorkerPoolOptions PoolOptions(const Config& config, const std::string& worker_pa
   pool.device_budgets = budgets;
   pool.max_frame_bytes = config.max_frame_bytes;
   pool.threads = ThreadsPerWorker(config.threads_per_worker, config.workers_per_device * budgets.size());
-  // As resolved by the start (CudaDevices::Configure): "host" or "cuda", and cuda's sharing.
+  // As resolved by the start (CudaDevices::Configure): host or cuda, and cuda's sharing.
   pool.backend = config.backend;
-  if (config.backend == "cuda") {
+  if (config.backend == Backend::kCuda) {
     pool.sharing = config.cuda_sharing;
     pool.tf32 = config.cuda_tf32;
   }
@@ -134,7 +134,7 @@ int RunCheck(const Config& config, const std::string& worker_path, std::FILE* ou
   const std::vector<ModelEntry> entries = DiscoverModels(config, roots, warnings);
   fmt::print(out, "warmpoold: the configuration ({}) is valid\n", origin);
   fmt::print(out, "  socket {}, instance {}, backend {}, budget {}{}\n", config.socket_path, config.instance,
-             config.backend, FormatBytes(config.budget_bytes),
+             BackendName(config.backend), FormatBytes(config.budget_bytes),
              config.http_listen.empty() ? "" : fmt::format(", HTTP on {}", config.http_listen));
   size_t broken = 0;
   for (const ModelEntry& e : entries) broken += !e.problem.ok();

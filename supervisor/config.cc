@@ -130,6 +130,15 @@ Status ReadDurationMs(const toml::node& node, const std::string& key, uint64_t& 
   return Error(Code::kInvalidArgument, "{} must be a duration such as \"10m\" or 0 (never)", key);
 }
 
+Status ReadBackend(const toml::node& node, const std::string& key, Backend& out) {
+  std::string name;
+  if (Status s = ReadString(node, key, name); !s.ok()) return s;
+  std::optional<Backend> backend = ParseBackend(name);
+  if (!backend) return Error(Code::kInvalidArgument, "{} must be auto, host or cuda, not \"{}\"", key, name);
+  out = *backend;
+  return OkStatus();
+}
+
 Status ReadStrings(const toml::node& node, const std::string& key, std::vector<std::string>& out) {
   const toml::array* array = node.as_array();
   if (array == nullptr) return Error(Code::kInvalidArgument, "{} must be a list of strings", key);
@@ -149,7 +158,7 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
     if (section == "daemon") {
       if (k == "socket") s = ReadString(node, key, c.socket_path);
       else if (k == "models_dir") s = ReadString(node, key, c.models_dir);
-      else if (k == "backend") s = ReadString(node, key, c.backend);
+      else if (k == "backend") s = ReadBackend(node, key, c.backend);
       else if (k == "instance") s = ReadString(node, key, c.instance);
       else if (k == "workers_per_device") s = ReadUint(node, key, c.workers_per_device);
       else if (k == "threads_per_worker") s = ReadUintAtMost(node, key, c.threads_per_worker, kMaxThreadsPerWorker);
@@ -298,10 +307,6 @@ Status ApplyToml(Config& config, const std::string& text, const std::string& ori
       s = Error(Code::kInvalidArgument, "unknown section [{}]", k.str());
     }
     if (!s.ok()) return Error(Code::kInvalidArgument, "{}: {}", origin, s.message());
-  }
-  if (config.backend != "auto" && config.backend != "host" && config.backend != "cuda") {
-    return Error(Code::kInvalidArgument, "{}: daemon.backend must be auto, host or cuda, not \"{}\"",
-                 origin, config.backend);
   }
   return OkStatus();
 }

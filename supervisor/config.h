@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backend.h"
 #include "common/status.h"
 
 namespace warmpool::supervisor {
@@ -33,7 +34,7 @@ struct DeviceConfig {
 struct Config {
   std::string socket_path;    // default: DefaultSocketPath() (common/paths.h)
   std::string models_dir = "models";
-  std::string backend = "auto";  // auto | host | cuda
+  Backend backend = Backend::kAuto;  // as asked; resolved to host or cuda at start
   std::string instance = "default";
   uint32_t workers_per_device = 2;
   // Threads each worker computes with (the dense engine's layers); 0: the CPUs this daemon may
@@ -64,8 +65,8 @@ struct Config {
   // call. A request another of the model's requests is in flight beside waits up to this long
   // for more to join it; 0 turns batching off.
   uint32_t max_batch_delay_us = 500;
-  // What serves, as the daemon found it at start (never read from a file): the backend ("host"
-  // or "cuda" once resolved) and its devices, workers_per_device workers each (worker slot s
+  // What serves, as the daemon found it at start (never read from a file): the backend (host or
+  // cuda once resolved) and its devices, workers_per_device workers each (worker slot s
   // serves device s / workers_per_device). Empty: one device of budget_bytes.
   std::vector<DeviceConfig> devices;
   // cuda backend

@@ -68,7 +68,7 @@ Status CudaDevices::Configure(const BackendChoice& choice, Config& config) {
                  FormatBytes(device.free_bytes), FormatBytes(device.total_bytes), FormatBytes(budget),
                  config.budget_is_default ? " (free less [cuda] reserve)" : "");
   }
-  config.backend = "cuda";  // resolved: what status and the log report
+  config.backend = Backend::kCuda;  // resolved: what status and the log report
   // As resolved: the workers share memory this way, and the core keeps device weights only if
   // shared by descriptor.
   config.cuda_sharing = sharing_;

@@ -87,7 +87,7 @@ Status Daemon::Start() {
   ClientServer::Options server_options = ServerOptions(config_, plan_);
   server_options.batcher = batcher_.get();
   server_options.metrics = [this] {
-    return metrics::RenderPrometheus(segment_.view(), {kVersion, config_.backend, config_.instance});
+    return metrics::RenderPrometheus(segment_.view(), {kVersion, std::string(BackendName(config_.backend)), config_.instance});
   };
   server_ = std::make_unique<ClientServer>(
       &loop_, server_options,
@@ -138,7 +138,7 @@ Status Daemon::Start() {
                "threads, {} models registered{}{})",
                kVersion, server_->path(),
                taken_socket >= 0 ? " (taken over)" : *activated >= 0 ? " (socket activation)" : "",
-               config_.instance, config_.backend, budget_text, config_.workers_per_device * budgets.size(),
+               config_.instance, BackendName(config_.backend), budget_text, config_.workers_per_device * budgets.size(),
                pool.threads,
                core_->index().All().size(),
                core_->adopted() == 0 ? "" : fmt::format(", {} kept warm across the restart", core_->adopted()),

@@ -17,7 +17,7 @@ Result<std::unique_ptr<DeviceBackend>> OpenDeviceBackend(Config& config, uv_loop
     if (Status s = cuda->Configure(*choice, config); !s.ok()) return s;
     return std::unique_ptr<DeviceBackend>(std::move(cuda));
   }
-  config.backend = "host";
+  config.backend = Backend::kHost;
   config.devices = {DeviceConfig{"", 0, config.budget_bytes}};
   spdlog::info("backend host ({})", choice->why);
   return std::unique_ptr<DeviceBackend>(std::make_unique<HostMemory>());

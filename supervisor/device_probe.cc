@@ -102,14 +102,14 @@ Result<std::vector<ProbedDevice>> ProbeDevices(const std::string& owner_path, ui
   return devices;
 }
 
-Result<BackendChoice> ChooseBackend(const std::string& backend, const std::string& owner_path) {
+Result<BackendChoice> ChooseBackend(Backend asked, const std::string& owner_path) {
   BackendChoice choice;
-  if (backend == "host") {
+  if (asked == Backend::kHost) {
     choice.why = "asked for";
     return choice;
   }
 #ifndef WARMPOOL_HAVE_CUDA
-  if (backend == "cuda") {
+  if (asked == Backend::kCuda) {
     return Error(Code::kFailedPrecondition,
                  "backend \"cuda\" is not in this build (it was built without the CUDA toolkit): run "
                  "with --backend host (or auto)");
@@ -119,7 +119,7 @@ Result<BackendChoice> ChooseBackend(const std::string& backend, const std::strin
 #else
   Result<std::vector<ProbedDevice>> devices = ProbeDevices(owner_path, kProbeTimeoutMs);
   if (!devices.ok()) {
-    if (backend == "cuda") {
+    if (asked == Backend::kCuda) {
       return Error(Code::kFailedPrecondition, "backend \"cuda\" cannot start: {}", devices.status().message());
     }
     choice.why = "no usable GPU: " + devices.status().message();
@@ -127,7 +127,7 @@ Result<BackendChoice> ChooseBackend(const std::string& backend, const std::strin
   }
   choice.cuda = true;
   choice.devices = std::move(*devices);
-  choice.why = backend == "cuda" ? "asked for" : "a usable GPU was found";
+  choice.why = asked == Backend::kCuda ? "asked for" : "a usable GPU was found";
   return choice;
 #endif
 }

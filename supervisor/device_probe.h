@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backend.h"
 #include "common/status.h"
 
 namespace warmpool::supervisor {
@@ -31,8 +32,8 @@ struct BackendChoice {
   std::string why;                    // for the log: what was found, and why this backend
 };
 
-// backend "host": host. "cuda": cuda, or FAILED_PRECONDITION saying why not. "auto": cuda when a
-// build with the cuda backend finds a usable device, host otherwise.
-Result<BackendChoice> ChooseBackend(const std::string& backend, const std::string& owner_path);
+// Host: host. Cuda: cuda, or FAILED_PRECONDITION saying why not. Auto: cuda when a build with the
+// cuda backend finds a usable device, host otherwise.
+Result<BackendChoice> ChooseBackend(Backend asked, const std::string& owner_path);
 
 }  // namespace warmpool::supervisor

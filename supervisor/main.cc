@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     }
     if (!socket.empty()) config.socket_path = socket;
     if (!models_dir.empty()) config.models_dir = models_dir;
-    if (!backend.empty()) config.backend = backend;
+    if (!backend.empty()) config.backend = *ParseBackend(backend);  // checked by the option above
     if (!instance.empty()) config.instance = instance;
     if (!http_listen.empty()) config.http_listen = http_listen;
     if (!budget.empty()) {

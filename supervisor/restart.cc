@@ -41,7 +41,7 @@ Result<Restart::Received> Restart::Receive(std::vector<PassedDescriptor>& passed
     }
     spdlog::info("took over from the daemon on {}: {} descriptors", config_.socket_path, handed->size());
   }
-  received.kept = store_->Receive(passed, /*device_memfds=*/config_.backend != "cuda");
+  received.kept = store_->Receive(passed, /*device_memfds=*/config_.backend != Backend::kCuda);
   return received;
 }
 

@@ -13,6 +13,7 @@
 
 #include <uv.h>
 
+#include "common/backend.h"
 #include "common/status.h"
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
@@ -31,7 +32,7 @@ struct WorkerPoolOptions {
   uint32_t workers_per_device = 2;
   std::vector<uint64_t> device_budgets = {0};
   uint32_t max_frame_bytes = 64u << 20;
-  std::string backend = "host";  // host | cuda
+  Backend backend = Backend::kHost;  // as resolved: host or cuda
   std::string sharing = "vmm";   // cuda: vmm | legacy, as the device's owner shares memory
   bool tf32 = false;             // cuda: f32 dense layers on TF32 tensor cores
   uint32_t threads = 1;          // compute threads of each worker

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   warmpool::SetupLogging("worker", fmt::format("worker[{}]", options.slot), "info");
   warmpool::dense::SetGpuOptions({options.tf32});
   warmpool::dense::SetCpuThreads(static_cast<int>(options.threads));
-  if (options.backend != "host") warmpool::dense::PreloadGpuModule();  // before the hello
+  if (options.backend != warmpool::Backend::kHost) warmpool::dense::PreloadGpuModule();  // before the hello
 
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {

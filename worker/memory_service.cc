@@ -14,7 +14,7 @@ namespace warmpool::worker {
 MemoryService::MemoryService(const WorkerOptions& options, Outbox& outbox)
     : options_(options),
       outbox_(outbox),
-      host_memory_(options.backend == "host" ? options.budget_bytes : 0),
+      host_memory_(options.backend == Backend::kHost ? options.budget_bytes : 0),
       device_(host_memory_.service()),
       engines_{this, &MemoryService::AllocWithFaults, &MemoryService::FreeRegion, 1, &MemoryService::ImportRegion,
                &MemoryService::WriteRegion, &MemoryService::ReadRegion} {}
@@ -26,9 +26,9 @@ MemoryService::~MemoryService() {
 }
 
 Status MemoryService::Open() {
-  if (options_.backend == "host") return OkStatus();
+  if (options_.backend == Backend::kHost) return OkStatus();
 #ifdef WARMPOOL_HAVE_CUDA
-  if (options_.backend == "cuda") {
+  if (options_.backend == Backend::kCuda) {
     const CudaSharing sharing = options_.sharing == "legacy" ? CudaSharing::kLegacy : CudaSharing::kVmm;
     Result<std::unique_ptr<CudaMemory>> opened = CudaMemory::Open(
         static_cast<int>(options_.device), sharing,
@@ -49,7 +49,7 @@ Status MemoryService::Open() {
     return OkStatus();
   }
 #endif
-  return Error(Code::kInvalidArgument, "backend \"{}\" is not built into this worker", options_.backend);
+  return Error(Code::kInvalidArgument, "backend \"{}\" is not built into this worker", BackendName(options_.backend));
 }
 
 wp_status MemoryService::AllocWithFaults(void* ctx, uint64_t bytes, wp_region* out) {
@@ -103,7 +103,7 @@ uint64_t MemoryService::GrantOf(const wp_region& region) const {
 
 void MemoryService::KeepMappingOf(int fd) {
   // Host backend only: there the weights are this process's memfd mappings (devmem/host_memory.h).
-  if (options_.backend == "host") host_memory_.KeepMappingOf(fd);
+  if (options_.backend == Backend::kHost) host_memory_.KeepMappingOf(fd);
 }
 
 MemoryService::GrantReply MemoryService::RequestGrant(uint64_t bytes) {

@@ -34,7 +34,7 @@ Status Worker::Start() {
   hello.mutable_hello()->set_slot(options_.slot);
   hello.mutable_hello()->set_generation(options_.generation);
   hello.mutable_hello()->set_pid(getpid());
-  hello.mutable_hello()->set_backend(options_.backend);
+  hello.mutable_hello()->set_backend(std::string(BackendName(options_.backend)));
   // Not through the outbox: a hello that cannot be written fails the start.
   if (Status s = channel_.Write(hello); !s.ok()) return s;
   load_thread_.Start();

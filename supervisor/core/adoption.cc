@@ -24,7 +24,7 @@ bool Core::KeepsDeviceWeights() const {
   // Host memory is a memfd of its own. Device memory on cuda belongs to the owner process, which
   // exits with the supervisor: kept only where the operator says allocations outlive it, and only
   // when shared by descriptor (a legacy IPC handle names memory in the dead owner).
-  return config_.backend != "cuda" || (config_.cuda_keep_across_restarts && config_.cuda_sharing == "vmm");
+  return config_.backend != Backend::kCuda || (config_.cuda_keep_across_restarts && config_.cuda_sharing == "vmm");
 }
 
 void Core::StoreKeptWhenDue(bool now) {
@@ -158,7 +158,7 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
         cached++;
         continue;
       }
-      if (config_.backend != "cuda") {
+      if (config_.backend != Backend::kCuda) {
         k.parked = true;  // host memory already: it can stay as the parked copy
         Log(LogLevel::kInfo, "\"{}\" no longer fits on device {} under this configuration: parking it", k.name, d);
       }

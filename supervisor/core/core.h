@@ -127,7 +127,7 @@ class Core {
   void CloseMemory(const std::vector<int>& handles, uint64_t bytes);
   // After every event: kept memory goes, oldest first, until used + kept fits the budget.
   void TrimKept();
-  bool KeepsFreedMemory() const { return config_.backend != "cuda" && DeviceCount() == 1; }
+  bool KeepsFreedMemory() const { return config_.backend != Backend::kCuda && DeviceCount() == 1; }
   void OnHandingOver();
   void OnTick(const event::Tick& tick);
   void OnStatusTick();

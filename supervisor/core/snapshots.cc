@@ -142,7 +142,9 @@ v1::Envelope Core::StatusSnapshot() const {
   v1::StatusReply* status = reply.mutable_status_reply();
   status->set_version(kVersion);
   status->set_instance(config_.instance);
-  const std::string backend = config_.backend == "cuda" ? "cuda" : "host";
+  // As resolved at start; a core built from a configuration that was never resolved (the
+  // simulator's, some tests') serves from host memory.
+  const std::string backend(BackendName(config_.backend == Backend::kCuda ? Backend::kCuda : Backend::kHost));
   status->set_backend(backend);
   for (uint32_t d = 0; d < DeviceCount(); d++) {
     v1::DeviceStatus* device = status->add_devices();

@@ -125,15 +125,15 @@ TEST_F(BootTest, ATokenFileReadableByOthersOrTooShortIsRefused) {
 TEST_F(BootTest, TheWorkersOptionsCarryCudasSettingsOnlyOnCuda) {
   config_.cuda_sharing = "auto";  // resolved only by a cuda start; the workers accept vmm or legacy
   config_.cuda_tf32 = true;
-  config_.backend = "host";
+  config_.backend = Backend::kHost;
   WorkerPoolOptions host = PoolOptions(config_, worker_, {1000});
-  EXPECT_EQ(host.backend, "host");
+  EXPECT_EQ(host.backend, Backend::kHost);
   EXPECT_EQ(host.sharing, WorkerPoolOptions{}.sharing);
   EXPECT_FALSE(host.tf32);
-  config_.backend = "cuda";
+  config_.backend = Backend::kCuda;
   config_.cuda_sharing = "legacy";
   WorkerPoolOptions cuda = PoolOptions(config_, worker_, {1000, 2000});
-  EXPECT_EQ(cuda.backend, "cuda");
+  EXPECT_EQ(cuda.backend, Backend::kCuda);
   EXPECT_EQ(cuda.sharing, "legacy");
   EXPECT_TRUE(cuda.tf32);
   EXPECT_EQ(cuda.device_budgets, (std::vector<uint64_t>{1000, 2000}));

@@ -72,7 +72,7 @@ TEST(ApplyTomlTest, FullDocument) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(c.socket_path, "/run/wp/test.sock");
   EXPECT_EQ(c.models_dir, "/srv/models");
-  EXPECT_EQ(c.backend, "host");
+  EXPECT_EQ(c.backend, Backend::kHost);
   EXPECT_EQ(c.instance, "ci-1");
   EXPECT_EQ(c.workers_per_device, 3u);
   EXPECT_EQ(c.default_deadline_ms, 1500u);
@@ -120,7 +120,7 @@ TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {
   ASSERT_TRUE(ApplyToml(c, "", kOrigin).ok());
   Config d;
   EXPECT_EQ(c.socket_path, d.socket_path);
-  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.backend, Backend::kAuto);
   EXPECT_EQ(c.instance, "default");
   EXPECT_EQ(c.workers_per_device, 2u);
   EXPECT_EQ(c.budget_bytes, 0u);
@@ -134,7 +134,7 @@ TEST(ApplyTomlTest, LaterDocumentsOverrideOnlyWhatTheySet) {
   ASSERT_TRUE(ApplyToml(c, "[pool]\ncapacity = 9\n", "/other/override.toml").ok());
   EXPECT_EQ(c.capacity, 9u);
   EXPECT_EQ(c.budget_bytes, 2147483648u);
-  EXPECT_EQ(c.backend, "host");
+  EXPECT_EQ(c.backend, Backend::kHost);
   EXPECT_EQ(c.models.size(), 3u);
 }
 
@@ -203,7 +203,7 @@ TEST(ApplyTomlTest, BadBackendIsRefused) {
   for (const char* ok : {"auto", "host", "cuda"}) {
     Config c;
     EXPECT_TRUE(ApplyToml(c, std::string("[daemon]\nbackend = \"") + ok + "\"\n", kOrigin).ok()) << ok;
-    EXPECT_EQ(c.backend, ok);
+    EXPECT_EQ(BackendName(c.backend), ok);
   }
 }
 

@@ -247,7 +247,7 @@ TEST(CoreAdoptionTest, OnCudaOnlyParkedCopiesAreKeptAndAdopted) {
   ModelEntry a = Entry("a", 300, 50), b = Entry("b", 200, 50);
   std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
   Config c = WithPark();
-  c.backend = "cuda";
+  c.backend = Backend::kCuda;
   CoreRig rig(c);
   rig.Start({a, b}, kept);
   EXPECT_EQ(rig.Closed(), (std::vector<int>{100})) << "device memory of a dead owner process";
@@ -263,7 +263,7 @@ TEST(CoreAdoptionTest, OnCudaDeviceWeightsAreKeptOnlyWhenAskedForAndSharedByDesc
   std::vector<KeptWeights> kept = KeptFromARunningCore(a, b);
   for (const char* sharing : {"vmm", "legacy"}) {
     Config c = WithPark();
-    c.backend = "cuda";
+    c.backend = Backend::kCuda;
     c.cuda_keep_across_restarts = true;
     c.cuda_sharing = sharing;
     CoreRig rig(c);
@@ -274,7 +274,7 @@ TEST(CoreAdoptionTest, OnCudaDeviceWeightsAreKeptOnlyWhenAskedForAndSharedByDesc
   }
   // Device memory that no longer fits is dropped: no worker is there to copy it out.
   Config c = WithPark();
-  c.backend = "cuda";
+  c.backend = Backend::kCuda;
   c.cuda_keep_across_restarts = true;
   c.cuda_sharing = "vmm";
   c.budget_bytes = 200;

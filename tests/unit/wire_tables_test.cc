@@ -177,7 +177,7 @@ TEST(ChildArgumentsTest, TheWorkersCommandLineRoundTrips) {
   sent.max_frame_bytes = 12345;
   sent.parent = 4242;
   sent.engine_dir = "/engines with spaces";
-  sent.backend = "cuda";
+  sent.backend = Backend::kCuda;
   sent.sharing = "legacy";
   sent.threads = 3;
   sent.tf32 = true;
@@ -203,7 +203,7 @@ TEST(ChildArgumentsTest, TheWorkersCommandLineRoundTrips) {
   ASSERT_EQ(ParseAs(DeclareWorkerArguments, WorkerCommandLine("warmpool-worker", defaults), read), -1);
   EXPECT_EQ(read.engine_dir, "");
   EXPECT_FALSE(read.tf32);
-  EXPECT_EQ(read.backend, "host");
+  EXPECT_EQ(read.backend, Backend::kHost);
 }
 
 TEST(ChildArgumentsTest, TheOwnersCommandLineRoundTrips) {
