@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   Options options;
   std::vector<std::string> only;
   bool list = false;
+  bool no_scenarios = false;
   std::string soak;
   uint64_t seed = 1;
   app.add_option("--socket", options.socket, "socket of a live daemon (default: start our own)");
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "host", "cuda"}));
   app.add_option("--scenario", only, "run scenarios whose name contains this (repeatable)");
   app.add_flag("--list", list, "list the scenarios and exit");
+  app.add_flag("--no-scenarios", no_scenarios, "run no scenario: with --soak, the soak alone");
   app.add_option("--soak", soak, "after the scenarios, run randomized faults and traffic this long (e.g. 60s, 5m)");
   app.add_option("--seed", seed, "seed of the soak (printed with any failure)");
   app.add_flag("--verbose", options.verbose, "print every check, not only failures");
@@ -113,8 +115,10 @@ int main(int argc, char** argv) {
     }
     for (const std::string& c : checks.failed) std::printf("        FAIL  %s\n", c.c_str());
     if (!ok) {
-      std::printf("        reproduce: warmpool-chaos --scenario '%s'%s\n", name.c_str(),
-                  name == "soak" ? fmt::format(" --soak {}s --seed {}", soak_seconds, seed).c_str() : "");
+      const std::string again = name.rfind("soak ", 0) == 0
+                                    ? fmt::format("--no-scenarios --soak {}s --seed {}", soak_seconds, seed)
+                                    : fmt::format("--scenario '{}'", name);
+      std::printf("        reproduce: warmpool-chaos %s\n", again.c_str());
       std::printf("%s", harness.SegmentDump().c_str());
       harness.KeepDirectory();
     }
@@ -124,7 +128,7 @@ int main(int argc, char** argv) {
   size_t index = 0;
   for (const Scenario& scenario : scenarios) {
     index++;
-    bool selected = only.empty();
+    bool selected = only.empty() && !no_scenarios;
     for (const std::string& o : only) selected = selected || scenario.name.find(o) != std::string::npos;
     if (!selected) continue;
     if (scenario.needs_own_daemon && !harness.owns_daemon()) {

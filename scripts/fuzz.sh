@@ -7,12 +7,19 @@
 #   FUZZ_TARGETS="fuzz_config" scripts/fuzz.sh 300
 #   FUZZ_SEED=0 scripts/fuzz.sh 600     a random seed (default 1: the test command's runs follow one
 #                                       sequence of mutations, so a failure there can be replayed)
+#   scripts/fuzz.sh --build-dir DIR 20   the targets of an existing clang build configured with
+#                                       -DWARMPOOL_FUZZ=ON (the test command's sanitizer build)
 # Targets run side by side, as many at a time as there are CPUs. See fuzz/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_dir=""
+if [ "${1:-}" = "--build-dir" ]; then
+  build_dir=${2:?usage: $0 [--build-dir DIR] [SECONDS]}
+  shift 2
+fi
 seconds=${1:-20}
-case "$seconds" in '' | *[!0-9]*) echo "usage: $0 [SECONDS]" >&2; exit 2 ;; esac
+case "$seconds" in '' | *[!0-9]*) echo "usage: $0 [--build-dir DIR] [SECONDS]" >&2; exit 2 ;; esac
 read -r -a targets <<< "${FUZZ_TARGETS:-fuzz_frame_decoder fuzz_envelope fuzz_safetensors fuzz_config fuzz_http_request}"
 
 if ! command -v clang >/dev/null || ! command -v clang++ >/dev/null; then
@@ -21,10 +28,16 @@ if ! command -v clang >/dev/null || ! command -v clang++ >/dev/null; then
 fi
 
 jobs=$(nproc)
-# A unity build, as the test command's passes (186 -> 122 s here).
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DWARMPOOL_FUZZ=ON -DWARMPOOL_BUILD_TESTS=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
-cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"
+if [ -z "$build_dir" ]; then
+  build_dir=build-fuzz
+  # A unity build, as the test command's passes (186 -> 122 s here).
+  CC=clang CXX=clang++ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DWARMPOOL_FUZZ=ON -DWARMPOOL_BUILD_TESTS=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
+elif ! grep -q '^WARMPOOL_FUZZ:BOOL=ON' "$build_dir/CMakeCache.txt" 2>/dev/null; then
+  echo "error: $build_dir is not a build configured with -DWARMPOOL_FUZZ=ON (clang)" >&2
+  exit 2
+fi
+cmake --build "$build_dir" -j"$jobs" --target "${targets[@]}"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/warmpool-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -49,7 +62,7 @@ run_one() {
   [ -f "fuzz/$target.dict" ] && args+=(-dict="fuzz/$target.dict")
   # New inputs go to the first directory (the copy); the seed directory is only read.
   local rc=0
-  "build-fuzz/bin/$target" "${args[@]}" "$dir/corpus" "fuzz/corpus/$target" >"$dir/log" 2>&1 || rc=$?
+  "$build_dir/bin/$target" "${args[@]}" "$dir/corpus" "fuzz/corpus/$target" >"$dir/log" 2>&1 || rc=$?
   echo "$rc" >"$dir/rc"
 }
 
@@ -83,7 +96,7 @@ for target in "${targets[@]}"; do
     grep -E 'ERROR:|runtime error:|invariant failed|SUMMARY:|Test unit written' "$dir/log" | head -10 | sed 's/^/  /'
     if [ -n "$found" ]; then
       for f in $found; do
-        echo "  input saved: fuzz/crashes/$target/$(basename "$f")  (replay: build-fuzz/bin/$target fuzz/crashes/$target/$(basename "$f"))"
+        echo "  input saved: fuzz/crashes/$target/$(basename "$f")  (replay: $build_dir/bin/$target fuzz/crashes/$target/$(basename "$f"))"
       done
     fi
     echo "  log: fuzz/crashes/$target/last.log"

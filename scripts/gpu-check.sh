@@ -88,18 +88,26 @@ step() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 } >>"$log" 2>&1
 
+# Against the double the sizes are small: its figures are the double's (host memory), and what the
+# run shows there is that every step of the check works, which 64 MiB shows as well as 1 GiB.
+if ((double)); then
+  lifetime_bytes=$((64 << 20)) region_bytes=$((64 << 20)) attach_repeat=3 unpark_repeat=2 sharing_mib=32 sharing_iterations=1
+else
+  lifetime_bytes=$((256 << 20)) region_bytes=$((1 << 30)) attach_repeat=20 unpark_repeat=5 sharing_mib=256 sharing_iterations=3
+fi
+
 step probe 60 "$bin/warmpool-owner" --probe
 step cuda_memory_test 120 "$bin/cuda_memory_test"
 step owner_test 120 "$bin/owner_test"
 # The dense engine's layers with cuBLAS, every dtype and activation against the reference; it
 # fails on a GPU when the kernels do not start (on the double it checks the CPU fallback).
 step dense_gpu 120 "$bin/dense_gpu_test"
-step lifetime 120 "$bin/warmpool-driver-check" lifetime --bytes $((256 << 20))
-step attach 120 "$bin/warmpool-driver-check" attach --bytes $((1 << 30)) --repeat 20
-step unpark 120 "$bin/warmpool-driver-check" unpark --bytes $((1 << 30)) --repeat 5
+step lifetime 120 "$bin/warmpool-driver-check" lifetime --bytes "$lifetime_bytes"
+step attach 120 "$bin/warmpool-driver-check" attach --bytes "$region_bytes" --repeat "$attach_repeat"
+step unpark 120 "$bin/warmpool-driver-check" unpark --bytes "$region_bytes" --repeat "$unpark_repeat"
 # Cold load vs cat, replica attach and unpark through warmpoold (the bench's Pss figures are host
 # memory: on this backend they show what is not on the GPU).
-step sharing 180 "$bin/warmpool-bench" --sharing --backend cuda --sizes-mib 256 --iterations 3 --json
+step sharing 180 "$bin/warmpool-bench" --sharing --backend cuda --sizes-mib "$sharing_mib" --iterations "$sharing_iterations" --json
 # The whole backend under faults: warmpoold, owner and workers on the GPU.
 step chaos_cuda 240 "$bin/warmpool-chaos" --backend cuda --scenario "device memory owner" \
   --scenario "replica crash" --scenario "crash during unpark" --scenario "attach.mid x kill" \

@@ -189,9 +189,9 @@ void Simulator::Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob wo
   if (rng_.Chance(slow_per_mille_)) duration *= 20;
   uint32_t slot = w.slot, generation = w.generation;
   if (rng_.Chance(crash_per_mille_)) {
-    After(rng_.Range(0, duration), [this, slot, generation] {
-      Kill(slot, "");  // a crash in the middle of the job: its marker is still taken
-    });
+    // A crash in the middle of the job, its marker still taken; it strikes whichever generation of
+    // the slot is up by then (a crash is a crash), so it needs no generation of its own.
+    After(rng_.Range(0, duration), [this, slot] { Kill(slot, ""); });
     return;
   }
   if (rng_.Chance(hang_per_mille_)) {
