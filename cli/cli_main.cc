@@ -2,8 +2,6 @@
 // Exit status: 0 on success, 1 when the daemon answered with an error, 2 on bad usage or input.
 // Errors print one line: "error: CODE: message"; usage errors "warmpool: MESSAGE; see warmpool
 // --help" (common/command_line.h). Both are told in --help (kFooter).
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +25,7 @@
 
 #include "cli/cli_output.h"
 #include "client/client.h"
+#include "client/ready.h"
 #include "ipc/codes.h"
 #include "top/top.h"
 
@@ -38,40 +37,6 @@ using warmpool::Status;
 int Fail(const Status& status) {
   std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
   return warmpool::ipc::CliExitOf(status.code());
-}
-
-// `status --wait`: connects and asks for the status until the daemon answers or `wait_ms` pass —
-// the one readiness check for scripts and tests that start a daemon (no poll-and-sleep loop of
-// their own). A daemon that is starting may not have its socket yet, or not accept yet.
-warmpool::Result<std::unique_ptr<warmpool::client::Client>> ConnectWaiting(const std::string& socket,
-                                                                          int64_t wait_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
-  while (true) {
-    auto connected = warmpool::client::Client::Connect(socket);
-    Status why = connected.status();
-    if (connected.ok()) {
-      // A socket that accepts and never answers (a daemon stopped with SIGSTOP, another program)
-      // must not hold the wait past its deadline: the answer is awaited until then only.
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
-      timeval until{};
-      until.tv_sec = std::max<int64_t>(left.count(), 1000) / 1000000;
-      until.tv_usec = std::max<int64_t>(left.count(), 1000) % 1000000;
-      setsockopt((*connected)->fd(), SOL_SOCKET, SO_RCVTIMEO, &until, sizeof(until));
-      auto answered = (*connected)->GetStatus();
-      const timeval forever{};
-      setsockopt((*connected)->fd(), SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof(forever));
-      if (answered.ok()) return connected;
-      // A daemon that answers with an error (it refuses this user) has answered: waiting longer
-      // would only hide why.
-      if (answered.status().code() != Code::kUnavailable) return answered.status();
-      why = answered.status();
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return warmpool::Error(Code::kUnavailable, "no daemon answered on {} within {} ms: {}", socket, wait_ms,
-                             why.message());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
 }
 
 void Print(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
@@ -113,9 +78,14 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "daemon, devices and workers");
   status->add_flag("--json", json, "print JSON");
   std::string wait;
-  status->add_option("--wait", wait,
-                     "first wait up to this long (e.g. 10s) for a daemon to answer: for scripts that "
-                     "start one; UNAVAILABLE (exit 1) when none does");
+  auto* wait_option = status->add_option(
+      "--wait", wait,
+      "first wait up to this long (e.g. 10s) for a daemon to answer: for scripts that start one; "
+      "UNAVAILABLE (exit 1) when none does");
+  bool workers_idle = false;
+  status->add_flag("--workers-idle", workers_idle,
+                   "with --wait: also until every worker is up and idle (the first request waits for none)")
+      ->needs(wait_option);
 
   std::string model;
   std::string keep_alive;
@@ -211,7 +181,8 @@ int main(int argc, char** argv) {
     if (!ms.ok()) return Fail(ms.status());
     wait_ms = *ms;
   }
-  auto connected = wait.empty() ? warmpool::client::Client::Connect(socket) : ConnectWaiting(socket, wait_ms);
+  auto connected = wait.empty() ? warmpool::client::Client::Connect(socket)
+                                : warmpool::client::ConnectWhenReady(socket, {wait_ms, workers_idle, {}});
   if (!connected.ok()) return Fail(connected.status());
   warmpool::client::Client& client = **connected;
 

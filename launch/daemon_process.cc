@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "client/client.h"
+#include "client/ready.h"
 
 namespace warmpool::launch {
 
@@ -140,38 +141,21 @@ Status DaemonProcess::Start() {
 }
 
 Status DaemonProcess::WaitReady(int timeout_ms, bool workers_idle) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::string last = "no attempt made";
-  for (;;) {
+  client::ReadyWait wait;
+  wait.wait_ms = timeout_ms;
+  wait.workers_idle = workers_idle;
+  wait.still_starting = [this]() -> Status {
     int status = 0;
     if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      return Error(Code::kUnavailable, "warmpoold {} at start; its log:\n{}", DescribeExit(status),
-                   LogTail());
+      return Error(Code::kUnavailable, "warmpoold {} at start; its log:\n{}", DescribeExit(status), LogTail());
     }
-    auto c = client::Client::Connect(spec_.socket);
-    if (c.ok()) {
-      timeval one{1, 0};
-      setsockopt((*c)->fd(), SOL_SOCKET, SO_RCVTIMEO, &one, sizeof(one));
-      auto s = (*c)->GetStatus();
-      if (s.ok()) {
-        bool idle = s->workers_size() > 0;
-        for (const auto& w : s->workers()) idle = idle && w.state() == "idle";
-        if (!workers_idle || idle) return OkStatus();
-        last = "workers still starting";
-      } else {
-        last = s.status().ToString();
-      }
-    } else {
-      last = c.status().ToString();
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return Error(Code::kDeadlineExceeded,
-                   "warmpoold did not answer on {} within {} ms ({}); its log:\n{}", spec_.socket,
-                   timeout_ms, last, LogTail());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    return OkStatus();
+  };
+  Result<std::unique_ptr<client::Client>> ready = client::ConnectWhenReady(spec_.socket, wait);
+  if (ready.ok()) return OkStatus();
+  if (pid_ < 0) return ready.status();  // it exited: the message has its log already
+  return Error(ready.status().code(), "{}; its log:\n{}", ready.status().message(), LogTail());
 }
 
 int DaemonProcess::Stop(int timeout_ms) {

@@ -49,7 +49,9 @@ listener=$!
 for _ in $(seq 100); do [ -S "$scratch/mute.sock" ] && break; sleep 0.05; done
 err=$(timeout 10 "$cli" --socket "$scratch/mute.sock" status --wait 500ms 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] || fail "status --wait on a socket that never answers exited $rc (expected 1; 124: it hung): $err"
-case $err in *"no daemon answered"*) ;; *) fail "status --wait on a mute socket said: $err" ;; esac
+case $err in *"no daemon was ready"*) ;; *) fail "status --wait on a mute socket said: $err" ;; esac
+"$cli" --socket "$scratch/none.sock" status --workers-idle >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "status --workers-idle without --wait exited $rc (expected 2, a usage error)"
 
 [ $failed -eq 0 ] && echo "version and usage: every program agrees"
 exit $failed

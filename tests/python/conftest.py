@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -140,22 +139,17 @@ class Daemon:
         self._wait_ready(timeout=15)
 
     def _wait_ready(self, timeout):
-        """Until a status request is answered with every worker idle."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"warmpoold exited with status {self.process.returncode}:\n"
-                            f"{self.log_tail()}", pytrace=False)
-            try:
-                with warmpool.Client(self.socket) as c:
-                    status = c.status()
-                if status.workers and all(w.state == "idle" for w in status.workers):
-                    return
-            except warmpool.WarmpoolError as error:
-                last = error
-            time.sleep(0.02)
-        pytest.fail(f"warmpoold did not get ready in {timeout} s ({last}):\n{self.log_tail()}",
+        """Until every worker is up and idle, through the one readiness check that scripts use too
+        (`warmpool status --wait --workers-idle`, client/ready.h)."""
+        wait = subprocess.run(
+            [binary("warmpool"), "--socket", self.socket, "status", "--wait", f"{timeout}s", "--workers-idle"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if wait.returncode == 0:
+            return
+        if self.process.poll() is not None:
+            pytest.fail(f"warmpoold exited with status {self.process.returncode}:\n"
+                        f"{self.log_tail()}", pytrace=False)
+        pytest.fail(f"warmpoold did not get ready in {timeout} s ({wait.stderr.strip()}):\n{self.log_tail()}",
                     pytrace=False)
 
     def stop(self):
