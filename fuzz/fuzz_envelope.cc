@@ -17,6 +17,7 @@
 #include "fuzz/fuzz_check.h"
 #include "ipc/framing.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/core/request_check.h"
 

@@ -28,6 +28,8 @@
 #pragma once
 
 #include "ipc/warmpool.pb.h"
+#include "ipc/owner.pb.h"
+#include "ipc/worker.pb.h"
 
 namespace warmpool::ipc {
 

@@ -4,6 +4,7 @@
 
 #include "common/file_version.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 
 namespace warmpool::ipc {
 

@@ -14,6 +14,7 @@
 
 #include "ipc/socket_io.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/warm_store.pb.h"
 
 namespace warmpool::launch {
 

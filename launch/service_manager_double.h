@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/warm_store.pb.h"
 #include "launch/daemon_process.h"
 
 namespace warmpool::launch {

@@ -20,6 +20,7 @@
 #include "devmem/cuda_memory.h"
 #include "ipc/blocking_channel.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/owner.pb.h"
 
 namespace warmpool::owner {
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "supervisor/core/model_entry.h"
 
 namespace warmpool::sim {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "shm/segment.h"
 #include "sim/files.h"
 #include "sim/rng.h"

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "supervisor/config.h"
 #include "supervisor/core/events.h"
 

@@ -15,6 +15,7 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/owner.pb.h"
 #include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {

@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ipc/warmpool.pb.h"
+#include "ipc/warm_store.pb.h"
 
 namespace warmpool::supervisor {
 

@@ -27,6 +27,7 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/warm_store.pb.h"
 #include "supervisor/core/kept.h"
 
 namespace warmpool::supervisor {

@@ -18,6 +18,7 @@
 #include "ipc/connection.h"
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "supervisor/child_process.h"
 
 namespace warmpool::supervisor {

@@ -14,6 +14,7 @@
 
 #include "ipc/fault_spec.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 
 namespace warmpool::worker {
 

@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "worker/fault_injector.h"
 #include "worker/inflight_marks.h"
 #include "worker/memory_service.h"

@@ -31,6 +31,7 @@
 #include "devmem/cuda_service.h"
 #endif
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "worker/fault_injector.h"
 #include "worker/options.h"
 #include "worker/outbox.h"

@@ -13,6 +13,7 @@
 
 #include "ipc/blocking_channel.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "worker/fault_injector.h"
 
 namespace warmpool::worker {

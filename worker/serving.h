@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "ipc/blocking_channel.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "worker/client_regions.h"
 #include "worker/inflight_marks.h"
 #include "worker/load_thread.h"

@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "common/version.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "shm/model_index.h"
 #include "shm/segment.h"
 #include "supervisor/config.h"

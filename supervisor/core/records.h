@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/worker.pb.h"
 #include "shm/layout.h"
 #include "supervisor/core/model.h"
 #include "supervisor/core/model_entry.h"

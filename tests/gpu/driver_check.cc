@@ -41,6 +41,7 @@
 #include "ipc/blocking_channel.h"
 #include "ipc/child_arguments.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/owner.pb.h"
 
 namespace warmpool {
 namespace {

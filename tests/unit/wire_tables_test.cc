@@ -21,6 +21,8 @@
 #include "ipc/error_proto.h"
 #include "ipc/exit_status.h"
 #include "ipc/warmpool.pb.h"
+#include "ipc/owner.pb.h"
+#include "ipc/worker.pb.h"
 #include "shm/stats.h"
 
 namespace warmpool::ipc {
