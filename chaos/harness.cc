@@ -326,18 +326,22 @@ uint32_t Harness::DeviceCount() {
   return status.ok() && status->devices_size() > 0 ? static_cast<uint32_t>(status->devices_size()) : 1;
 }
 
-int Harness::CountFds(pid_t pid, int* weights, int* parked) {
+int Harness::CountFds(pid_t pid, int* weights, int* parked, FdListing* others) {
   std::string base = "/proc/" + std::to_string(pid) + "/fd";
   DIR* dir = opendir(base.c_str());
   if (dir == nullptr) return -1;
   int n = 0, memfd = 0, weight = 0, park = 0;
+  if (others != nullptr) others->clear();
   while (dirent* e = readdir(dir)) {
     if (e->d_name[0] == '.') continue;
     n++;
     char target[256];
     ssize_t len = readlink((base + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
     std::string_view link(target, len > 0 ? static_cast<size_t>(len) : 0);
-    if (!link.starts_with("/memfd:")) continue;
+    if (!link.starts_with("/memfd:")) {
+      if (others != nullptr) (*others)[std::atoi(e->d_name)] = std::string(link);
+      continue;
+    }
     memfd++;
     // Weights: host regions; on cuda through the driver test double, exported allocations (the
     // double's memfds) and legacy IPC handles. (A real driver's exported descriptors are not
@@ -371,7 +375,36 @@ void Harness::Baseline() {
   if (client.ok()) (void)(*client)->GetStatus();
   Sleep(50);  // let the daemon reap connections closed just before
   if (client.ok()) (void)(*client)->GetStatus();
-  baseline_fds_ = CountFds(SupervisorPid());
+  baseline_fds_ = CountFds(SupervisorPid(), nullptr, nullptr, &baseline_listing_);
+  baseline_children_ = ChildrenOf(SupervisorPid());
+}
+
+std::string Harness::ChildrenOf(pid_t pid) {
+  std::ifstream list(fmt::format("/proc/{}/task/{}/children", pid, pid));
+  std::string out;
+  for (pid_t child; list >> child;) {
+    std::ifstream comm(fmt::format("/proc/{}/comm", child));
+    std::string name;
+    std::getline(comm, name);
+    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", child, name);
+  }
+  return out;
+}
+
+std::string Harness::FdDifference(const FdListing& now, const std::string& children_now) const {
+  std::string out;
+  for (const auto& [fd, link] : baseline_listing_) {
+    auto it = now.find(fd);
+    if (it == now.end() || it->second != link) out += fmt::format("; at the start only: {} {}", fd, link);
+  }
+  for (const auto& [fd, link] : now) {
+    auto it = baseline_listing_.find(fd);
+    if (it == baseline_listing_.end() || it->second != link) out += fmt::format("; now only: {} {}", fd, link);
+  }
+  if (children_now != baseline_children_) {
+    out += fmt::format("; children at the start: {}; now: {}", baseline_children_, children_now);
+  }
+  return out;
 }
 
 void Harness::CheckQuiescent(Checks& checks) {
@@ -391,11 +424,12 @@ void Harness::CheckQuiescent(Checks& checks) {
     (void)(*client)->GetStatus();
     // Connections the harness just closed may not have been reaped by the daemon's loop yet.
     int weights = 0, parked = 0;
-    int fds = CountFds(SupervisorPid(), &weights, &parked);
+    FdListing listing;
+    int fds = CountFds(SupervisorPid(), &weights, &parked, &listing);
     for (int i = 0; i < 50 && fds != baseline_fds_; i++) {
       Sleep(10);
       (void)(*client)->GetStatus();
-      fds = CountFds(SupervisorPid(), &weights, &parked);
+      fds = CountFds(SupervisorPid(), &weights, &parked, &listing);
     }
     // Freed memory the daemon keeps for reuse is memfds too, and a reused one keeps the name it
     // was created with (a parked copy's may come to hold a ready model's weights): only the sum
@@ -411,7 +445,8 @@ void Harness::CheckQuiescent(Checks& checks) {
     }
     if (fds >= 0 && baseline_fds_ >= 0) {
       checks.Expect(fds == baseline_fds_, "no fd leaked by the supervisor",
-                    fmt::format("{} open besides weights, {} at the start", fds, baseline_fds_));
+                    fmt::format("{} open besides weights, {} at the start{}", fds, baseline_fds_,
+                                FdDifference(listing, ChildrenOf(SupervisorPid()))));
       int ready_models = 0, parked_models = 0;
       HeldRegions(&ready_models, &parked_models);
       checks.Expect(weights + parked == ready_models + parked_models + kept,

@@ -120,8 +120,13 @@ class Harness {
   Status Launch();
   Status DescribeLiveModels();
   void RememberWorkers();
-  // Open fds of pid besides memfd regions, and how many of those are weights and parked copies.
-  int CountFds(pid_t pid, int* weights = nullptr, int* parked = nullptr);
+  // Open fds of pid besides memfd regions (and, in `others`, each one's link), and how many of the
+  // memfds are weights and parked copies.
+  using FdListing = std::map<int, std::string>;
+  int CountFds(pid_t pid, int* weights = nullptr, int* parked = nullptr, FdListing* others = nullptr);
+  // "pid name, ..." of pid's children; and what differs from Baseline(), for a failed check.
+  static std::string ChildrenOf(pid_t pid);
+  std::string FdDifference(const FdListing& now, const std::string& children_now) const;
   // Models whose regions the supervisor should hold: ready with weights, and parked.
   void HeldRegions(int* ready, int* parked);
 
@@ -137,6 +142,8 @@ class Harness {
   std::vector<std::string> broken_;
   std::set<pid_t> workers_seen_;
   int baseline_fds_ = -1;
+  FdListing baseline_listing_;
+  std::string baseline_children_;
   bool keep_dir_ = false;
 
   std::mutex engines_mutex_;
