@@ -3,8 +3,7 @@
 #pragma once
 
 #include "common/file_version.h"
-#include "ipc/warmpool.pb.h"
-#include "ipc/worker.pb.h"
+#include "ipc/weights.pb.h"
 
 namespace warmpool::ipc {
 

@@ -247,14 +247,15 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       return reply;
     }
     const SimFile& read = *work.read;
-    done->set_weight_bytes(read.WeightBytes());
-    done->set_workspace_bytes(read.echo ? 0 : read.workspace_bytes);
-    done->set_in_features(read.echo ? 0 : 6);
-    done->set_out_features(read.echo ? 0 : 6);
+    v1::ModelWeights* weights = done->mutable_weights();
+    weights->set_weight_bytes(read.WeightBytes());
+    weights->set_workspace_bytes(read.echo ? 0 : read.workspace_bytes);
+    weights->set_in_features(read.echo ? 0 : 6);
+    weights->set_out_features(read.echo ? 0 : 6);
     if (!read.echo) {
-      done->set_header(HeaderOf(read));
-      done->set_file_size(HeaderOf(read).size() + read.WeightBytes());
-      ipc::SetFileVersion(done->mutable_file_version(), VersionOf(read));  // fstat of what it read
+      weights->set_header(HeaderOf(read));
+      weights->set_file_size(HeaderOf(read).size() + read.WeightBytes());
+      ipc::SetFileVersion(weights->mutable_file_version(), VersionOf(read));  // fstat of what it read
     }
     uint64_t needs = read.WeightBytes() + (read.echo ? 0 : read.workspace_bytes);
     if (m.load().admitted_bytes() != 0 && needs > m.load().admitted_bytes()) {
@@ -262,10 +263,10 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       return reply;
     }
     if (!read.echo && (file->version != read.version)) {
-      done->set_header(HeaderOf(*file));
-      done->set_file_size(HeaderOf(*file).size() + file->WeightBytes());
-      ipc::SetFileVersion(done->mutable_file_version(), VersionOf(*file));
-      done->set_weight_bytes(file->WeightBytes());
+      weights->set_header(HeaderOf(*file));
+      weights->set_file_size(HeaderOf(*file).size() + file->WeightBytes());
+      ipc::SetFileVersion(weights->mutable_file_version(), VersionOf(*file));
+      weights->set_weight_bytes(file->WeightBytes());
       done->set_file_changed(true);
       return reply;
     }
@@ -287,12 +288,12 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     done->set_job(a.job());
     Engine e;
     e.name = a.name();
-    if (a.weight_bytes() > 0) {
+    if (a.weights().weight_bytes() > 0) {
       if (work.region < 0) {
         set_error(done->mutable_error(), Code::kInternal, "attach came without its weights");
         return reply;
       }
-      std::optional<Described> described = ParseHeader(a.header());
+      std::optional<Described> described = ParseHeader(a.weights().header());
       if (!described) {
         set_error(done->mutable_error(), Code::kInvalidArgument, "attach with a header that does not parse");
         return reply;
@@ -312,14 +313,14 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
         done->set_weights_shared(true);
         out.push_back(NewSupervisorHandle(e.region));
       }
-      done->set_weight_bytes(described->weight_bytes);
+      v1::ModelWeights* weights = done->mutable_weights();
+      *weights = a.weights();  // what it was told the weights are, with the sizes its engine measures
+      weights->set_weight_bytes(described->weight_bytes);
       for (const SimFile& f : files_) {
-        if (f.id == described->file) done->set_workspace_bytes(f.workspace_bytes);
+        if (f.id == described->file) weights->set_workspace_bytes(f.workspace_bytes);
       }
-      done->set_in_features(6);
-      done->set_out_features(6);
-      done->set_header(a.header());
-      done->set_file_size(a.file_size());
+      weights->set_in_features(6);
+      weights->set_out_features(6);
     }
     w.engines[a.model()] = e;
     return reply;

@@ -77,16 +77,10 @@ KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
   k.name = m.name();
   k.engine = m.engine();
   k.path = m.path();
-  k.version = FileVersion{m.file_size(), m.file_mtime_ns(), m.file_inode(), m.file_device(), m.file_ctime_ns()};
   k.parked = m.parked();
+  k.weights = Weights{FromWire(m.weights())};
   k.weights.device = m.device();
   k.weights.handle = fd;
-  k.weights.header = m.header();
-  k.weights.file_size = m.file_size();
-  k.weights.weight_bytes = m.weight_bytes();
-  k.weights.workspace_bytes = m.workspace_bytes();
-  k.weights.in_features = m.in_features();
-  k.weights.out_features = m.out_features();
   return k;
 }
 
@@ -97,18 +91,9 @@ v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name, uin
   m.set_name(k.name);
   m.set_engine(k.engine);
   m.set_path(k.path);
-  m.set_file_size(k.version.size);
-  m.set_file_mtime_ns(k.version.mtime_ns);
-  m.set_file_inode(k.version.inode);
-  m.set_file_device(k.version.device);
-  m.set_file_ctime_ns(k.version.ctime_ns);
   m.set_parked(k.parked);
   m.set_device(k.weights.device);
-  m.set_header(k.weights.header);
-  m.set_weight_bytes(k.weights.weight_bytes);
-  m.set_workspace_bytes(k.weights.workspace_bytes);
-  m.set_in_features(k.weights.in_features);
-  m.set_out_features(k.weights.out_features);
+  ToWire(k.weights, m.mutable_weights());
   m.set_fd_name(fd_name);
   m.set_fingerprint(fingerprint);
   return m;
@@ -155,7 +140,7 @@ Result<int> WriteManifest(const v1::KeptManifest& manifest) {
 }
 
 std::string KeptName(const KeptWeights& kept, const std::string& unique) {
-  return fmt::format("wp.{}.{}.{:016x}.{}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.version), unique);
+  return fmt::format("wp.{}.{}.{:016x}.{}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.weights.version), unique);
 }
 
 Result<std::vector<PassedDescriptor>> PassedDescriptors() {
@@ -255,7 +240,10 @@ std::vector<KeptWeights> WarmStore::Receive(std::vector<PassedDescriptor>& passe
       }
       const int fd = it->second;
       handles.erase(it);
-      Status s = CheckRegion(fd, m.weight_bytes(), m.parked() || device_memfds);
+      // A record with no description is an older warmpoold's (it wrote the fields one by one).
+      Status s = m.has_weights() ? CheckRegion(fd, m.weights().weight_bytes(), m.parked() || device_memfds)
+                                 : Error(Code::kFailedPrecondition, "it was kept by an older warmpoold, whose "
+                                                                    "record of the weights this one does not read");
       const uint64_t fingerprint = s.ok() ? RegionFingerprint(fd) : 0;
       if (s.ok() && fingerprint != m.fingerprint()) {
         s = Error(Code::kFailedPrecondition, "its bytes are not the ones stored (the memory was reused)");

@@ -20,6 +20,13 @@
 
 namespace warmpool::worker {
 
+void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights) {
+  weights->set_weight_bytes(info.weight_bytes);
+  weights->set_workspace_bytes(info.workspace_bytes);
+  weights->set_in_features(info.in_features);
+  weights->set_out_features(info.out_features);
+}
+
 namespace {
 
 Result<FileVersion> VersionOf(int fd, const std::string& path) {
@@ -86,9 +93,9 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
     Result<safetensors::Header> read = safetensors::ReadHeaderFrom(file, path, &header);
     if (!read.ok()) return read.status();
     file_size = read->file_size;
-    done.set_header(header.data(), header.size());
-    done.set_file_size(file_size);
-    ipc::SetFileVersion(done.mutable_file_version(), version);
+    done.mutable_weights()->set_header(header.data(), header.size());
+    done.mutable_weights()->set_file_size(file_size);
+    ipc::SetFileVersion(done.mutable_weights()->mutable_file_version(), version);
     fd_path = fmt::format("/proc/self/fd/{}", file);
   }
   wp_engine_spec spec{request.name().c_str(), fd_path.c_str(), header.empty() ? nullptr : header.data(),
@@ -96,10 +103,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
   Result<Engine> engine = Engine::Open(*vtable, spec, memory_.engines());
   if (!engine.ok()) return Named(engine.status(), fd_path, path);
   const wp_engine_info& info = engine->info();
-  done.set_weight_bytes(info.weight_bytes);
-  done.set_workspace_bytes(info.workspace_bytes);
-  done.set_in_features(info.in_features);
-  done.set_out_features(info.out_features);
+  DescribeEngine(info, done.mutable_weights());
   if (request.admitted_bytes() != 0 &&
       info.weight_bytes + info.workspace_bytes > request.admitted_bytes()) {
     // The file changed since it was registered (or its engine's workspace was unknown): room was
@@ -136,10 +140,10 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
       std::vector<uint8_t> now;
       Result<safetensors::Header> again = safetensors::ReadHeaderFrom(file, path, &now);
       if (again.ok()) {
-        done.set_header(now.data(), now.size());
-        done.set_file_size(again->file_size);
+        done.mutable_weights()->set_header(now.data(), now.size());
+        done.mutable_weights()->set_file_size(again->file_size);
       }
-      ipc::SetFileVersion(done.mutable_file_version(), *after);
+      ipc::SetFileVersion(done.mutable_weights()->mutable_file_version(), *after);
       done.set_file_changed(true);
       return OkStatus();
     }

@@ -131,10 +131,11 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
   const wp_device_memory& memory = *memory_.engines();
   Status status;
   Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
-  const std::string& header = request.header();
+  const v1::ModelWeights& described = request.weights();
+  const std::string& header = described.header();
   wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
                       reinterpret_cast<const uint8_t*>(header.data()), header.size(),
-                      request.file_size()};
+                      described.file_size()};
   if (!vtable.ok()) {
     status = vtable.status();
   } else {
@@ -143,14 +144,14 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
       status = engine.status();
     } else {
       wp_region region{nullptr, 0, -1};
-      if (request.weight_bytes() > 0) {
+      if (described.weight_bytes() > 0) {
         if (weights_fd < 0) {
           status = Error(Code::kInternal, "attach of \"{}\" came without its weights", request.name());
         } else if (request.copy()) {
-          Result<wp_region> copied = memory_.CopyToDevice(weights_fd, request.weight_bytes());
+          Result<wp_region> copied = memory_.CopyToDevice(weights_fd, described.weight_bytes());
           if (copied.ok()) region = *copied;
           else status = copied.status();
-        } else if (memory.import(memory.ctx, weights_fd, request.weight_bytes(), &region) != WP_OK) {
+        } else if (memory.import(memory.ctx, weights_fd, described.weight_bytes(), &region) != WP_OK) {
           status = Error(Code::kInternal, "cannot map the shared weights of \"{}\"", request.name());
         }
       }
@@ -161,13 +162,8 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
       }
       int shared = -1;
       if (status.ok()) {
-        const wp_engine_info& info = engine->info();
-        done->set_weight_bytes(info.weight_bytes);
-        done->set_workspace_bytes(info.workspace_bytes);
-        done->set_in_features(info.in_features);
-        done->set_out_features(info.out_features);
-        done->set_header(request.header());  // what it was told the weights are
-        done->set_file_size(request.file_size());
+        *done->mutable_weights() = described;  // what it was told the weights are,
+        DescribeEngine(engine->info(), done->mutable_weights());  // as its engine measures them
         // Unparked weights live in a new device region: the supervisor holds that one now.
         if (request.copy() && region.handle >= 0) {
           shared = region.handle;

@@ -34,6 +34,9 @@
 
 namespace warmpool::worker {
 
+// The sizes and shape an engine reports, into the description a load or attach answers with.
+void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights);
+
 class LoadThread {
  public:
   LoadThread(const WorkerOptions& options, Outbox& outbox, MemoryService& memory, InflightMarks& marks,

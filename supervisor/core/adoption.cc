@@ -63,7 +63,7 @@ std::vector<KeptWeights> Core::Kept() const {
     // The version the weights were read from, not the registration's (which is empty for a file
     // deleted since: the weights are then all there is of it, and a later restart must still know
     // what they are).
-    KeptWeights k{m.entry.name, m.entry.engine, m.entry.path, {}, false, {}};
+    KeptWeights k{m.entry.name, m.entry.engine, m.entry.path, false, {}};
     if (const Parked* p = m.machine.As<Parked>()) {
       k.parked = true;
       k.weights = p->copy;
@@ -76,7 +76,6 @@ std::vector<KeptWeights> Core::Kept() const {
       continue;
     }
     if (k.weights.handle < 0) continue;
-    k.version = k.weights.version;
     kept.push_back(std::move(k));
   }
   return kept;
@@ -106,7 +105,7 @@ Status Core::CheckKept(const KeptWeights& k) const {
     return Error(Code::kFailedPrecondition, "its device memory cannot be adopted here");
   }
   if (m.entry.problem.ok()) {
-    if (k.version == FileVersion{} || k.version != m.entry.version || k.weights.header != m.entry.header ||
+    if (k.weights.version == FileVersion{} || k.weights.version != m.entry.version || k.weights.header != m.entry.header ||
         k.weights.file_size != m.entry.file_size) {
       return Error(Code::kFailedPrecondition, "its file changed since it was loaded");
     }
@@ -131,7 +130,6 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
       continue;
     }
     seen[model] = true;
-    k.weights.version = k.version;  // the manifest's record of what they were read from
     accepted.push_back(std::move(k));
   }
   // Room, most recently used first: the budgets of this configuration, which may differ from the

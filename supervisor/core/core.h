@@ -233,13 +233,12 @@ class Core {
   void OnReady(uint32_t model, uint64_t started_ms, const char* how);
   void OnUnloadDone(const Job& job, uint64_t id);
   void OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle);
-  // A load reported what the file says now: the registration follows the file.
   // The registration follows the file as a worker or the shell found it (not the problem it was
-  // registered with).
-  void FollowFile(uint32_t model, const ModelEntry& now);
-  void FollowFile(uint32_t model, const v1::WorkerLoadDone& done);
-  // The version of the file a load read (its worker's report).
-  FileVersion LoadedVersion(uint32_t model, const v1::WorkerLoadDone& done) const;
+  // registered with): `now` becomes its description.
+  void FollowFile(uint32_t model, const WeightsDescription& now);
+  // What a load read, as its worker reported it (the version from the registration when the
+  // report has none and the header is the registered one).
+  WeightsDescription LoadedWeights(uint32_t model, const v1::WorkerLoadDone& done) const;
 
   // dispatch.cc: inference
   void Enqueue(uint32_t model, Waiter&& waiter);

@@ -176,10 +176,10 @@ Status action::CheckAllocation(const SendToWorker& send) {
     }
   } else if (message.has_attach()) {
     job = message.attach().job();
-    if (!message.attach().copy() || send.allocates != message.attach().weight_bytes()) {
+    if (!message.attach().copy() || send.allocates != message.attach().weights().weight_bytes()) {
       return Error(Code::kInternal, "the {} of \"{}\" (job {}) allocates {} bytes for {} bytes of weights",
                    message.attach().copy() ? "unpark" : "attach", message.attach().name(), job, send.allocates,
-                   message.attach().weight_bytes());
+                   message.attach().weights().weight_bytes());
     }
   } else if (message.has_park()) {
     job = message.park().job();

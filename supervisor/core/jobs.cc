@@ -75,37 +75,21 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   }
 }
 
-FileVersion Core::LoadedVersion(uint32_t model, const v1::WorkerLoadDone& done) const {
-  if (done.has_file_version()) return ipc::FileVersionFrom(done.file_version());
+WeightsDescription Core::LoadedWeights(uint32_t model, const v1::WorkerLoadDone& done) const {
+  WeightsDescription read = FromWire(done.weights());
+  if (done.weights().has_file_version()) return read;
   // A report without one (a test's or the simulator's worker): the same header is taken for the
   // registered file; another one is a version not known here (zero, which a warm restart never
   // adopts).
   const ModelEntry& entry = models_[model].entry;
-  return done.header().empty() || done.header() == entry.header ? entry.version : FileVersion{};
+  if (read.header.empty() || read.header == entry.header) read.version = entry.version;
+  return read;
 }
 
-void Core::FollowFile(uint32_t model, const ModelEntry& now) {
+void Core::FollowFile(uint32_t model, const WeightsDescription& now) {
   Model& m = models_[model];
-  m.entry.header = now.header;
-  m.entry.file_size = now.file_size;
-  m.entry.version = now.version;
-  m.entry.weight_bytes = now.weight_bytes;
-  m.entry.workspace_bytes = now.workspace_bytes;
-  m.entry.in_features = now.in_features;
-  m.entry.out_features = now.out_features;
+  static_cast<WeightsDescription&>(m.entry) = now;
   m.machine.SetRegisteredBytes(now.weight_bytes);
-}
-
-void Core::FollowFile(uint32_t model, const v1::WorkerLoadDone& done) {
-  ModelEntry now;
-  now.version = LoadedVersion(model, done);
-  now.header = done.header();
-  now.file_size = done.file_size();
-  now.weight_bytes = done.weight_bytes();
-  now.workspace_bytes = done.workspace_bytes();
-  now.in_features = done.in_features();
-  now.out_features = done.out_features();
-  FollowFile(model, now);
 }
 
 void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle) {
@@ -118,10 +102,11 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
     // The file is not what admission counted (it changed since it was registered, or while it was
     // read): it is registered as it is now and admitted again, for what it really needs.
     Close(handle);
-    FollowFile(model, done);
+    const WeightsDescription now = LoadedWeights(model, done);
+    FollowFile(model, now);
     m.machine.AbandonLoad();
     Log(LogLevel::kInfo, "the file of \"{}\" changed: it needs {} now; admitting it again", name,
-        FormatBytes(done.weight_bytes() + done.workspace_bytes()));
+        FormatBytes(now.weight_bytes + now.workspace_bytes));
     TryAdmit(model);
     return RetryPending();
   }
@@ -141,26 +126,23 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
     }
     return RetryPending();
   }
-  Weights w;
+  // The weights are described by what the worker read, not by the registration: if the file
+  // changed since, this is the version now served (and registered), so that a reload compares the
+  // file with what is served.
+  Weights w{LoadedWeights(model, done)};
   w.handle = done.weights_shared() ? handle : -1;
   if (!done.weights_shared()) Close(handle);
   if (done.weights_shared() && handle < 0) {
     Log(LogLevel::kError, "worker {} announced shared weights but sent none", job.worker);
   }
-  // The weights are described by what the worker read, not by the registration: if the file
-  // changed since, this is the version now served (and registered), so that a reload compares the
-  // file with what is served.
-  w.version = LoadedVersion(model, done);
-  if (!done.header().empty() && (done.header() != m.entry.header || w.version != m.entry.version)) {
+  if (!w.header.empty() && (w.header != m.entry.header || w.version != m.entry.version)) {
     Log(LogLevel::kInfo, "\"{}\" loaded a newer version of its file than was registered", name);
-    FollowFile(model, done);
+    FollowFile(model, w);
   }
-  w.header = done.header().empty() ? m.entry.header : done.header();
-  w.file_size = done.header().empty() ? m.entry.file_size : done.file_size();
-  w.weight_bytes = done.weight_bytes();
-  w.workspace_bytes = done.workspace_bytes();
-  w.in_features = done.in_features();
-  w.out_features = done.out_features();
+  if (w.header.empty()) {  // an engine without a file: the registration says what it is
+    w.header = m.entry.header;
+    w.file_size = m.entry.file_size;
+  }
   m.entry.workspace_bytes = w.workspace_bytes;  // what the next admission counts
   m.machine.FinishLoad(std::move(w));
   CountLoad(model, shm::LoadSource::kFile, job.started_ms);
@@ -219,12 +201,15 @@ void Core::OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int hand
     return RetryPending();
   }
   const uint64_t copy_bytes = u->copy.weight_bytes;
-  Weights w = u->copy;  // the copy's description is the weights' (whatever the file says now)
+  // The copy's header and version are the weights' (whatever the file says now); the sizes are
+  // what the worker that copied them back measured.
+  Weights w = u->copy;
   w.handle = handle;
-  w.weight_bytes = done.weight_bytes();
-  w.workspace_bytes = done.workspace_bytes();
-  w.in_features = done.in_features();
-  w.out_features = done.out_features();
+  const WeightsDescription copied = FromWire(done.weights());
+  w.weight_bytes = copied.weight_bytes;
+  w.workspace_bytes = copied.workspace_bytes;
+  w.in_features = copied.in_features;
+  w.out_features = copied.out_features;
   CloseMemory(m.machine.FinishUnpark(std::move(w)), copy_bytes);  // back on the device: the host copy goes
   CountLoad(model, shm::LoadSource::kUnpark, job.started_ms);
   OnReady(model, job.started_ms, "unparked");

@@ -30,9 +30,10 @@ struct KeptWeights {
   std::string name;
   std::string engine;
   std::string path;
-  FileVersion version;  // of the file the weights were loaded from
   bool parked = false;  // a host copy, else weights on weights.device
-  Weights weights;      // weights.handle: the region (the host copy when parked)
+  // weights.handle: the region (the host copy when parked); weights.version: of the file they
+  // were loaded from.
+  Weights weights;
 };
 
 }  // namespace warmpool::supervisor

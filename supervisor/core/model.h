@@ -31,6 +31,7 @@
 
 #include "common/file_version.h"
 #include "shm/model_index.h"
+#include "supervisor/core/model_entry.h"
 
 namespace warmpool::supervisor {
 
@@ -41,20 +42,13 @@ namespace warmpool::supervisor {
   } while (0)
 [[noreturn]] void CheckFailed(const char* file, int line, const char* what);
 
-struct Weights {
+// The description is what the worker that read them said; its version is what a reload and a warm
+// restart compare with the file as it is now (zero when nobody said: engines without a file).
+struct Weights : WeightsDescription {
   // Where they are: the device the model was loaded or unparked on (a host copy keeps the device
   // it came from, which means nothing for it).
   uint32_t device = 0;
   int handle = -1;  // the region (held while resident); -1 for engines without weights (echo)
-  std::string header;
-  uint64_t file_size = 0;
-  // Of the file they were read from, as the worker that read them saw it: what a reload and a warm
-  // restart compare with the file as it is now. Zero when nobody said (engines without a file).
-  FileVersion version;
-  uint64_t weight_bytes = 0;
-  uint64_t workspace_bytes = 0;  // per replica
-  uint32_t in_features = 0;
-  uint32_t out_features = 0;
 };
 
 // A worker serving a resident model from its weights.

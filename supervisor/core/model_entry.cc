@@ -2,7 +2,31 @@
 
 #include <cctype>
 
+#include "ipc/file_version_proto.h"
+
 namespace warmpool::supervisor {
+
+WeightsDescription FromWire(const v1::ModelWeights& wire) {
+  WeightsDescription d;
+  d.header = wire.header();
+  d.file_size = wire.file_size();
+  if (wire.has_file_version()) d.version = ipc::FileVersionFrom(wire.file_version());
+  d.weight_bytes = wire.weight_bytes();
+  d.workspace_bytes = wire.workspace_bytes();
+  d.in_features = wire.in_features();
+  d.out_features = wire.out_features();
+  return d;
+}
+
+void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
+  wire->set_header(d.header);
+  wire->set_file_size(d.file_size);
+  if (d.version != FileVersion{}) ipc::SetFileVersion(wire->mutable_file_version(), d.version);
+  wire->set_weight_bytes(d.weight_bytes);
+  wire->set_workspace_bytes(d.workspace_bytes);
+  wire->set_in_features(d.in_features);
+  wire->set_out_features(d.out_features);
+}
 
 Status CheckModelName(const std::string& name) {
   bool ok = !name.empty() && name.size() <= 63 && name[0] != '.';

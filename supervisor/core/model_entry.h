@@ -6,20 +6,33 @@
 
 #include "common/file_version.h"
 #include "common/status.h"
+#include "ipc/weights.pb.h"
 
 namespace warmpool::supervisor {
 
-struct ModelEntry {
+// What a model's weights are: as its file's header says (a registration) or as the worker that
+// read them said (a resident model's weights, a kept copy). The core's side of v1::ModelWeights
+// (ipc/weights.proto), which the load reply, the attach and the restart manifest carry.
+struct WeightsDescription {
+  std::string header;  // raw header bytes (length prefix included), for attaching later
+  uint64_t file_size = 0;
+  FileVersion version;  // of the file as it was looked at or read (zero when nobody could say)
+  uint64_t weight_bytes = 0;
+  uint64_t workspace_bytes = 0;  // per replica; the engine's preflight estimate from the header
+  uint32_t in_features = 0;
+  uint32_t out_features = 0;
+};
+
+// The one conversion each way between the wire and the core. An absent file_version is a zero one.
+WeightsDescription FromWire(const v1::ModelWeights& wire);
+void ToWire(const WeightsDescription& description, v1::ModelWeights* wire);
+
+// The registration's description is its base: a registered file that changed is followed by
+// assigning the new description to it (static_cast<WeightsDescription&>(entry) = now).
+struct ModelEntry : WeightsDescription {
   std::string name;
   std::string engine;
   std::string path;
-  uint64_t weight_bytes = 0;
-  uint64_t workspace_bytes = 0;  // engine's preflight estimate, known from the header
-  uint32_t in_features = 0;
-  uint32_t out_features = 0;
-  std::string header;       // raw header bytes (length prefix included), for attaching later
-  uint64_t file_size = 0;
-  FileVersion version;  // of the file as it was looked at (zero when it could not be)
   // The path names nothing (ENOENT): besides `problem`, what lets a warm restart keep serving the
   // weights it holds of a file deleted since, as the daemon before it did.
   bool file_missing = false;

@@ -16,9 +16,8 @@ void Core::DescribeAttach(v1::WorkerAttach* attach, uint32_t model, const ModelE
   attach->set_name(entry.name);
   attach->set_engine(entry.engine);
   attach->set_path(entry.path);
-  attach->set_header(w.header);
-  attach->set_file_size(w.file_size);
-  attach->set_weight_bytes(w.handle >= 0 ? w.weight_bytes : 0);
+  ToWire(w, attach->mutable_weights());
+  if (w.handle < 0) attach->mutable_weights()->set_weight_bytes(0);  // no region comes with it
 }
 
 std::vector<policy::WorkerView> Core::WorkerLoads() const {

@@ -51,7 +51,7 @@ TEST(CoreAdoptionTest, ARunningCoreKeepsItsWeightsAndParkedCopiesLeastRecentlyUs
   EXPECT_FALSE(kept[1].parked);
   EXPECT_EQ(kept[1].weights.handle, 100);
   EXPECT_EQ(kept[1].weights.header, a.header);
-  EXPECT_EQ(kept[1].version, a.version);
+  EXPECT_EQ(kept[1].weights.version, a.version);
 }
 
 TEST(CoreAdoptionTest, TheNextCoreAdoptsThemAndTheFirstRequestAttachesWithoutAFileRead) {
@@ -184,7 +184,7 @@ TEST(CoreAdoptionTest, WeightsOfADeletedFileAreKeptAgainWithTheVersionTheyWereRe
     kept = rig.core().Kept();
     ASSERT_EQ(kept.size(), 2u);
     EXPECT_EQ(kept[1].name, "a");
-    EXPECT_EQ(kept[1].version, a.version) << "what the weights were read from, not the registry's nothing";
+    EXPECT_EQ(kept[1].weights.version, a.version) << "what the weights were read from, not the registry's nothing";
   }
 }
 
@@ -305,7 +305,7 @@ TEST(CoreAdoptionTest, ALoadThatCorrectsWhatTheModelNeedsKeepsItsFileVersion) {
   rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), bigger), {100});
   std::vector<KeptWeights> kept = rig.core().Kept();
   ASSERT_EQ(kept.size(), 1u);
-  EXPECT_EQ(kept[0].version, a.version);
+  EXPECT_EQ(kept[0].weights.version, a.version);
 }
 
 

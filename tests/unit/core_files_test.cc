@@ -1,6 +1,7 @@
 // Model files as the core sees them (common/file_version.h): a load asks the shell to open the
 // registered file beneath its root; what the worker read is the version the weights carry; a reload
 // tells a retrained file of the same header and size from the one loaded.
+#include "ipc/file_version_proto.h"
 #include "tests/unit/core_rig.h"
 
 namespace warmpool::supervisor::testing {
@@ -71,17 +72,11 @@ TEST(CoreFilesTest, TheWeightsCarryTheVersionTheWorkerRead) {
   ASSERT_EQ(sent.size(), 1u);
   const ModelEntry read = Retrained(m);
   v1::WorkerEnvelope done = CoreRig::LoadDone(sent[0].load().job(), read);
-  v1::FileVersion* v = done.mutable_load_done()->mutable_file_version();
-  v->set_size(read.version.size);
-  v->set_mtime_ns(read.version.mtime_ns);
-  v->set_inode(read.version.inode);
-  v->set_device(read.version.device);
-  v->set_ctime_ns(read.version.ctime_ns);
+  ipc::SetFileVersion(done.mutable_load_done()->mutable_weights()->mutable_file_version(), read.version);
   rig.Reply(0, std::move(done), {100});
   ASSERT_EQ(rig.State("m"), shm::ModelState::kReady);
   std::vector<KeptWeights> kept = rig.core().Kept();
   ASSERT_EQ(kept.size(), 1u);
-  EXPECT_EQ(kept[0].version, read.version);
   EXPECT_EQ(kept[0].weights.version, read.version);
   rig.Forget();
   // The file as it is now is the version loaded: a reload leaves it serving.

@@ -116,7 +116,6 @@ TEST(CoreKeptMemoryTest, AnAdoptedRegionIsNeverKeptNorIsAnythingOnceATakeoverIsU
   adopted.name = "a";
   adopted.engine = a.engine;
   adopted.path = a.path;
-  adopted.version = a.version;
   adopted.weights.handle = 100;
   adopted.weights.header = a.header;
   adopted.weights.file_size = a.file_size;

@@ -149,12 +149,11 @@ class CoreRig {
     v1::WorkerEnvelope m;
     v1::WorkerLoadDone* d = m.mutable_load_done();
     d->set_job(job);
-    d->set_weight_bytes(as_read.weight_bytes);
-    d->set_workspace_bytes(as_read.workspace_bytes);
-    d->set_in_features(4);
-    d->set_out_features(4);
-    d->set_header(as_read.header);
-    d->set_file_size(as_read.file_size);
+    ToWire(as_read, d->mutable_weights());
+    // As a worker that says nothing of the file's version: the core takes the registration's.
+    d->mutable_weights()->clear_file_version();
+    d->mutable_weights()->set_in_features(4);
+    d->mutable_weights()->set_out_features(4);
     d->set_weights_shared(shared);
     return m;
   }

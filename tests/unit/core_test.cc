@@ -51,7 +51,7 @@ TEST(CoreTest, LoadedWeightsAreDescribedByWhatTheWorkerRead) {
   sent = rig.Sent(1);
   ASSERT_EQ(sent.size(), 1u) << "the second replica attaches";
   ASSERT_TRUE(sent[0].has_attach());
-  EXPECT_EQ(sent[0].attach().header(), on_disk.header) << "not the registration's header";
+  EXPECT_EQ(sent[0].attach().weights().header(), on_disk.header) << "not the registration's header";
   rig.Reply(1, CoreRig::LoadDone(sent[0].attach().job(), on_disk, /*shared=*/false));
   // The worker that loaded it dies; its replacement attaches the same weights, same description.
   rig.Down(0);
@@ -60,7 +60,7 @@ TEST(CoreTest, LoadedWeightsAreDescribedByWhatTheWorkerRead) {
   sent = rig.Sent(0);
   ASSERT_EQ(sent.size(), 1u);
   ASSERT_TRUE(sent[0].has_attach());
-  EXPECT_EQ(sent[0].attach().header(), on_disk.header);
+  EXPECT_EQ(sent[0].attach().weights().header(), on_disk.header);
   EXPECT_TRUE(rig.Closed().empty()) << "the weights are held through the death";
 }
 
@@ -200,7 +200,7 @@ TEST(CoreTest, AReplicaAttachingWhenItsModelIsReloadedServesNothingOld) {
           ran = true;
         }
         if (w.has_attach()) {  // a replica for the waiting request: the new version's
-          EXPECT_EQ(w.attach().header(), new_version.header) << "the old weights go nowhere new";
+          EXPECT_EQ(w.attach().weights().header(), new_version.header) << "the old weights go nowhere new";
           rig.Reply(slot, CoreRig::LoadDone(w.attach().job(), new_version, /*shared=*/false));
         }
         if (w.has_unload()) rig.Reply(slot, CoreRig::UnloadDone(w.unload().job()));

@@ -265,7 +265,6 @@ KeptWeights KeptReady(const ModelEntry& e, int handle) {
   k.name = e.name;
   k.engine = e.engine;
   k.path = e.path;
-  k.version = e.version;
   k.weights.handle = handle;
   k.weights.header = e.header;
   k.weights.file_size = e.file_size;

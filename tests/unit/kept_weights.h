@@ -27,7 +27,7 @@ inline KeptWeights Kept(const std::string& name, int fd, uint64_t bytes, bool pa
   k.name = name;
   k.engine = "dense";
   k.path = "/models/" + name + ".safetensors";
-  k.version = FileVersion{bytes + 10, 5, 6, 7, 8};
+  k.weights.version = FileVersion{bytes + 10, 5, 6, 7, 8};
   k.parked = parked;
   k.weights.handle = fd;
   k.weights.header = name + " header";

@@ -47,11 +47,39 @@ TEST(WarmStoreTest, TheManifestsHandlesComeBackInTheirOrderAndOthersAreLeftInPla
   EXPECT_EQ(kept[0].name, "a");
   EXPECT_EQ(kept[0].weights.handle, a);
   EXPECT_EQ(kept[0].weights.weight_bytes, 1u << 16);
-  EXPECT_EQ(kept[0].version, (FileVersion{(1 << 16) + 10, 5, 6, 7, 8}));
+  EXPECT_EQ(kept[0].weights.version, (FileVersion{(1 << 16) + 10, 5, 6, 7, 8}));
   EXPECT_TRUE(kept[1].parked);
   ASSERT_EQ(passed.size(), 1u);
   EXPECT_EQ(passed[0].name, "warmpool.socket");
   close(a);
+  close(b);
+}
+
+// An older warmpoold wrote the description field by field (numbers now reserved in KeptModel):
+// to this one such a record has no `weights`, and its handle is closed, not guessed at.
+TEST(WarmStoreTest, ARecordWithoutTheWeightsDescriptionIsAnOlderDaemonsAndIsClosed) {
+  const int a = Region(4096, 1), b = Region(4096, 2);
+  std::vector<KeptWeights> kept = {Kept("a", a, 4096, false), Kept("b", b, 4096, false)};
+  v1::KeptManifest manifest;
+  manifest.set_instance("x");
+  manifest.set_sequence(1);
+  std::vector<PassedDescriptor> passed;
+  for (size_t i = 0; i < kept.size(); i++) {
+    const std::string name = KeptName(kept[i], "t" + std::to_string(i));
+    v1::KeptModel* record = manifest.add_models();
+    *record = DescribeKept(kept[i], name, RegionFingerprint(kept[i].weights.handle));
+    if (i == 0) record->clear_weights();
+    passed.push_back({kept[i].weights.handle, name});
+  }
+  Result<int> fd = WriteManifest(manifest);
+  ASSERT_TRUE(fd.ok());
+  passed.insert(passed.begin(), PassedDescriptor{*fd, "wp.manifest.1"});
+  WarmStore store("x", false);
+  std::vector<KeptWeights> received = store.Receive(passed);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].name, "b");
+  EXPECT_EQ(received[0].weights.header, "b header");
+  EXPECT_FALSE(Open(a)) << "closed";
   close(b);
 }
 

@@ -251,7 +251,7 @@ TEST(DescriptorRuleTest, SupervisorToWorker) {
   EXPECT_EQ(DescriptorsCarried(m), 1);
   m.mutable_attach()->set_model(1);
   EXPECT_EQ(DescriptorsCarried(m), 0);
-  m.mutable_attach()->set_weight_bytes(64);
+  m.mutable_attach()->mutable_weights()->set_weight_bytes(64);
   EXPECT_EQ(DescriptorsCarried(m), 1);
   m.mutable_allocated()->set_grant(3);
   EXPECT_EQ(DescriptorsCarried(m), 1);
