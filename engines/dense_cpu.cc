@@ -108,6 +108,27 @@ Matmul MakeMatmul(const Layer& layer, uint32_t rows, dt type, Activation activat
   return made;
 }
 
+}  // namespace
+
+bool HaveBF16Matmul() {
+  // oneDNN says whether this CPU has one when it is asked for a primitive (AVX-512 and up: on an
+  // AVX2 CPU it refuses).
+  static const bool have = [] {
+    try {
+      dnnl::memory::desc src({1, 16}, dt::bf16, tag::ab);
+      dnnl::memory::desc weights({16, 16}, dt::bf16, tag::ba);
+      dnnl::memory::desc dst({1, 16}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), CpuEngine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return have;
+}
+
+namespace {
+
 bool Aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
 
 class OneDnnLayers final : public CpuLayers {
@@ -168,8 +189,9 @@ class OneDnnLayers final : public CpuLayers {
       case DType::F16:
         return HaveF16Gemv() ? Path::kF16 : Path::kWiden;
       case DType::BF16:
+        if (!HaveBF16Matmul()) return Path::kWiden;
         try {
-          MakeMatmul(layer, 1, dt::bf16, activation_);  // oneDNN says here whether this CPU has one
+          MakeMatmul(layer, 1, dt::bf16, activation_);
           return Path::kBF16;
         } catch (const dnnl::error&) {
           return Path::kWiden;

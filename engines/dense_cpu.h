@@ -37,6 +37,11 @@ inline constexpr uint32_t kF32GemvRows = 4;
 // bf16 layers with at most this many rows run in the AVX-512 BF16 kernel where the CPU has it.
 inline constexpr uint32_t kBF16GemvRows = 4;
 
+// Whether bf16 layers run on oneDNN's bf16 matmul on this CPU, which takes the activations
+// narrowed to bf16; where it has none (an AVX2 CPU) a bf16 layer is widened to f32 and its
+// activations stay exact. Both accumulate in f32.
+bool HaveBF16Matmul();
+
 // The activation in place, as the layers apply it after the small-batch kernels: NaN stays NaN,
 // and +-Inf give the limits (ReLU 0 and +Inf, GELU 0 and +Inf, tanh -1 and 1).
 void Activate(Activation activation, float* values, uint64_t count);

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "engines/dense_cpu.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
 #include "warmpool/engine.h"
@@ -227,7 +228,7 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<double>
   }
 }
 
-// The CPU engine against ReferenceForward(..., Bf16Input::kNarrowed): f32 and f16 layers compute
+// The CPU engine against ReferenceForward: f32 and f16 layers compute
 // in f32 (f16 weights widen exactly); where a bf16 layer is involved, an input within f32 rounding
 // of a bf16 rounding boundary may round the other way (one bf16 step, 2^-8, on that element).
 struct Tolerance {
@@ -243,11 +244,13 @@ inline bool HasBf16Layer(const ReferenceModel& model) {
   }
   return false;
 }
-// The CPU engine's output against the reference, within CpuTolerance.
+// The CPU engine's output against the reference, within CpuTolerance. Whether a bf16 layer's input
+// is narrowed depends on the CPU (dense::HaveBF16Matmul): the engine says which.
 inline void ExpectCpuClose(const std::vector<float>& got, const ReferenceModel& model, const std::vector<float>& input,
                            size_t rows, const std::string& context) {
   const Tolerance t = CpuTolerance(HasBf16Layer(model));
-  ExpectClose(got, ReferenceForward(model, input, rows, Bf16Input::kNarrowed), t.relative, t.absolute, context);
+  const Bf16Input bf16_input = dense::HaveBF16Matmul() ? Bf16Input::kNarrowed : Bf16Input::kExact;
+  ExpectClose(got, ReferenceForward(model, input, rows, bf16_input), t.relative, t.absolute, context);
 }
 
 inline wp_engine_spec Spec(const std::string& path, const char* name = "m") { return wp_engine_spec{name, path.c_str(), nullptr, 0, 0}; }
