@@ -1,6 +1,5 @@
 #include "chaos/harness.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -94,8 +93,7 @@ Status Harness::Start() {
     }
   }
   if (Status s = Quiesce(); !s.ok()) return s;
-  Baseline();
-  return OkStatus();
+  return Baseline();
 }
 
 Status Harness::StartOwnDaemon() {
@@ -326,36 +324,6 @@ uint32_t Harness::DeviceCount() {
   return status.ok() && status->devices_size() > 0 ? static_cast<uint32_t>(status->devices_size()) : 1;
 }
 
-int Harness::CountFds(pid_t pid, int* weights, int* parked, FdListing* others) {
-  std::string base = "/proc/" + std::to_string(pid) + "/fd";
-  DIR* dir = opendir(base.c_str());
-  if (dir == nullptr) return -1;
-  int n = 0, memfd = 0, weight = 0, park = 0;
-  if (others != nullptr) others->clear();
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] == '.') continue;
-    n++;
-    char target[256];
-    ssize_t len = readlink((base + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
-    std::string_view link(target, len > 0 ? static_cast<size_t>(len) : 0);
-    if (!link.starts_with("/memfd:")) {
-      if (others != nullptr) (*others)[std::atoi(e->d_name)] = std::string(link);
-      continue;
-    }
-    memfd++;
-    // Weights: host regions; on cuda through the driver test double, exported allocations (the
-    // double's memfds) and legacy IPC handles. (A real driver's exported descriptors are not
-    // memfds: this count is for the host backend and the double.)
-    weight += link.starts_with("/memfd:warmpool-weights") || link.starts_with("/memfd:fake-cuda") ||
-              link.starts_with("/memfd:warmpool-cuda-ipc");
-    park += link.starts_with("/memfd:warmpool-parked");
-  }
-  closedir(dir);
-  if (weights != nullptr) *weights = weight;
-  if (parked != nullptr) *parked = park;
-  return n - memfd;
-}
-
 void Harness::HeldRegions(int* ready, int* parked) {
   *ready = *parked = -1;
   auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
@@ -369,42 +337,23 @@ void Harness::HeldRegions(int* ready, int* parked) {
   }
 }
 
-void Harness::Baseline() {
-  // Counted while exactly one harness connection is open, as in CheckQuiescent.
+Status Harness::Baseline() {
+  // A scenario's own clients would be counted too, and be gone by the check: the baseline is
+  // taken with the harness's one connection open and nothing else of the harness connected.
+  if (int open = open_traffic_.load(); open != 0) {
+    return Error(Code::kInternal, "{} traffic generator(s) still running at the fd baseline: join them first", open);
+  }
+  baseline_.reset();
+  const pid_t supervisor = SupervisorPid();
+  if (!FdCensus::Take(supervisor)) return OkStatus();  // not ours to read (a live daemon): not checked
   auto client = Connect();
   if (client.ok()) (void)(*client)->GetStatus();
-  Sleep(50);  // let the daemon reap connections closed just before
-  if (client.ok()) (void)(*client)->GetStatus();
-  baseline_fds_ = CountFds(SupervisorPid(), nullptr, nullptr, &baseline_listing_);
-  baseline_children_ = ChildrenOf(SupervisorPid());
-}
-
-std::string Harness::ChildrenOf(pid_t pid) {
-  std::ifstream list(fmt::format("/proc/{}/task/{}/children", pid, pid));
-  std::string out;
-  for (pid_t child; list >> child;) {
-    std::ifstream comm(fmt::format("/proc/{}/comm", child));
-    std::string name;
-    std::getline(comm, name);
-    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", child, name);
+  baseline_ = FdCensus::Settled(supervisor);
+  if (!baseline_) {
+    return Error(Code::kUnavailable, "the supervisor's descriptors did not hold still for a baseline");
   }
-  return out;
-}
-
-std::string Harness::FdDifference(const FdListing& now, const std::string& children_now) const {
-  std::string out;
-  for (const auto& [fd, link] : baseline_listing_) {
-    auto it = now.find(fd);
-    if (it == now.end() || it->second != link) out += fmt::format("; at the start only: {} {}", fd, link);
-  }
-  for (const auto& [fd, link] : now) {
-    auto it = baseline_listing_.find(fd);
-    if (it == baseline_listing_.end() || it->second != link) out += fmt::format("; now only: {} {}", fd, link);
-  }
-  if (children_now != baseline_children_) {
-    out += fmt::format("; children at the start: {}; now: {}", baseline_children_, children_now);
-  }
-  return out;
+  baseline_children_ = ChildrenOf(supervisor);
+  return OkStatus();
 }
 
 void Harness::CheckQuiescent(Checks& checks) {
@@ -423,13 +372,12 @@ void Harness::CheckQuiescent(Checks& checks) {
   if (client.ok()) {
     (void)(*client)->GetStatus();
     // Connections the harness just closed may not have been reaped by the daemon's loop yet.
-    int weights = 0, parked = 0;
-    FdListing listing;
-    int fds = CountFds(SupervisorPid(), &weights, &parked, &listing);
-    for (int i = 0; i < 50 && fds != baseline_fds_; i++) {
+    const pid_t supervisor = SupervisorPid();
+    std::optional<FdCensus> census = FdCensus::Take(supervisor);
+    for (int i = 0; i < 50 && census && baseline_ && census->count() != baseline_->count(); i++) {
       Sleep(10);
       (void)(*client)->GetStatus();
-      fds = CountFds(SupervisorPid(), &weights, &parked, &listing);
+      census = FdCensus::Take(supervisor);
     }
     // Freed memory the daemon keeps for reuse is memfds too, and a reused one keeps the name it
     // was created with (a parked copy's may come to hold a ready model's weights): only the sum
@@ -443,10 +391,15 @@ void Harness::CheckQuiescent(Checks& checks) {
                     fmt::format("{} used + {} kept > {} budget", device.used_bytes(), device.kept_bytes(),
                                 device.budget_bytes()));
     }
-    if (fds >= 0 && baseline_fds_ >= 0) {
-      checks.Expect(fds == baseline_fds_, "no fd leaked by the supervisor",
-                    fmt::format("{} open besides weights, {} at the start{}", fds, baseline_fds_,
-                                FdDifference(listing, ChildrenOf(SupervisorPid()))));
+    if (census && baseline_) {
+      std::string children = ChildrenOf(supervisor);
+      checks.Expect(census->count() == baseline_->count(), "no fd leaked by the supervisor",
+                    fmt::format("{} open besides weights, {} at the start{}{}", census->count(), baseline_->count(),
+                                census->DifferenceFrom(*baseline_),
+                                children == baseline_children_
+                                    ? ""
+                                    : fmt::format("; children at the start: {}; now: {}", baseline_children_, children)));
+      const int weights = census->weights, parked = census->parked;
       int ready_models = 0, parked_models = 0;
       HeldRegions(&ready_models, &parked_models);
       checks.Expect(weights + parked == ready_models + parked_models + kept,
@@ -515,7 +468,7 @@ std::string Harness::SegmentDump() {
   return out;
 }
 
-void Harness::KillAndRestart(Checks& checks, bool warm) {
+void Harness::Kill(Checks& checks) {
   RememberWorkers();
   std::set<pid_t> workers = workers_seen_;
   daemon_->Kill();
@@ -531,14 +484,17 @@ void Harness::KillAndRestart(Checks& checks, bool warm) {
   checks.Expect(gone, "workers exit with their supervisor (no orphans)");
   checks.Expect(fs::exists("/dev/shm/warmpool." + instance_),
                 "stale segment left by the killed supervisor (to be cleaned at restart)");
+}
+
+void Harness::Restart(Checks& checks, bool warm) {
   if (!warm && service_manager_ != nullptr) service_manager_->Clear();
   Status started = Launch();
   checks.Expect(started.ok(), "restart on the same instance and socket", started.message());
-  if (started.ok()) {
-    Status quiet = Quiesce();
-    checks.Expect(quiet.ok(), "restarted daemon quiescent", quiet.message());
-    Baseline();
-  }
+  if (!started.ok()) return;
+  Status quiet = Quiesce();
+  checks.Expect(quiet.ok(), "restarted daemon quiescent", quiet.message());
+  Status baseline = Baseline();
+  checks.Expect(baseline.ok(), "fd baseline of the restarted daemon", baseline.message());
 }
 
 bool Harness::WaitUntilKept(const std::vector<std::string>& ready, const std::vector<std::string>& parked) {

@@ -5,15 +5,18 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "chaos/fd_census.h"
 #include "client/client.h"
 #include "common/status.h"
 #include "devmem/host_memory.h"
@@ -50,6 +53,8 @@ struct Checks {
   bool ok() const { return failed.empty(); }
 };
 
+class Traffic;
+
 class Harness {
  public:
   explicit Harness(Options options) : options_(std::move(options)) {}
@@ -83,8 +88,10 @@ class Harness {
   // Waits until nothing is in flight, queued, loading or unloading and every worker runs.
   Status Quiesce(int timeout_ms = 15000);
   // Invariants 2-4 and 6 at quiescence: segment valid, in-flight table empty, byte accounting,
-  // LRU, budget, no fd leaked by the daemon since Baseline(), no orphan worker.
-  void Baseline();
+  // LRU, budget, no fd leaked by the daemon since Baseline(), no orphan worker. The baseline is a
+  // settled census (chaos/fd_census.h) taken with no Traffic running: their connections would be
+  // counted, and gone by the check.
+  Status Baseline();
   void CheckQuiescent(Checks& checks);
   // Worker restarts summed over the pool.
   uint32_t TotalRestarts();
@@ -94,11 +101,14 @@ class Harness {
   void KeepDirectory() { keep_dir_ = true; }
   const std::string& directory() const { return dir_; }
 
-  // Own daemon only: SIGKILL the supervisor, check its workers die and the next start serves.
-  // SIGKILL the supervisor and start it again. warm: under the stand-in for systemd's descriptor
-  // store (launch/service_manager_double.h), which keeps what the killed one stored; otherwise the
-  // store is emptied first, as `systemctl stop` does, and every model loads again.
-  void KillAndRestart(Checks& checks, bool warm = false);
+  // Own daemon only: SIGKILL the supervisor and check its workers die with it; then start it again.
+  // Between the two, a scenario stops and joins its traffic against the killed daemon: a client
+  // thread slow to start would otherwise connect to the new one. warm: under the stand-in for
+  // systemd's descriptor store (launch/service_manager_double.h), which keeps what the killed one
+  // stored; otherwise the store is emptied first, as `systemctl stop` does, and every model loads
+  // again.
+  void Kill(Checks& checks);
+  void Restart(Checks& checks, bool warm = false);
   // Own daemon only: until the descriptor store is up to date and keeps the weights of each of
   // `ready` and the parked copy of each of `parked`; false after a few seconds.
   bool WaitUntilKept(const std::vector<std::string>& ready, const std::vector<std::string>& parked);
@@ -115,18 +125,12 @@ class Harness {
   uint32_t DeviceCount();
 
  private:
+  friend class Traffic;  // counts itself in open_traffic_
   Status StartOwnDaemon();
   Status MakeModels();
   Status Launch();
   Status DescribeLiveModels();
   void RememberWorkers();
-  // Open fds of pid besides memfd regions (and, in `others`, each one's link), and how many of the
-  // memfds are weights and parked copies.
-  using FdListing = std::map<int, std::string>;
-  int CountFds(pid_t pid, int* weights = nullptr, int* parked = nullptr, FdListing* others = nullptr);
-  // "pid name, ..." of pid's children; and what differs from Baseline(), for a failed check.
-  static std::string ChildrenOf(pid_t pid);
-  std::string FdDifference(const FdListing& now, const std::string& children_now) const;
   // Models whose regions the supervisor should hold: ready with weights, and parked.
   void HeldRegions(int* ready, int* parked);
 
@@ -141,9 +145,9 @@ class Harness {
   std::vector<ModelUnderTest> fillers_;
   std::vector<std::string> broken_;
   std::set<pid_t> workers_seen_;
-  int baseline_fds_ = -1;
-  FdListing baseline_listing_;
+  std::optional<FdCensus> baseline_;  // unset: not readable (another user's daemon), not checked
   std::string baseline_children_;
+  std::atomic<int> open_traffic_{0};  // Traffic generators started and not yet joined
   bool keep_dir_ = false;
 
   std::mutex engines_mutex_;

@@ -334,9 +334,10 @@ void SupervisorKillScenario(Harness& h, Checks& checks, size_t) {
   Traffic traffic(h, TrafficSpec{&h.bystander(), 2, 0, 2, 2, 0, {Code::kUnavailable}, true, 5});
   traffic.Start();
   Sleep(100);
-  h.KillAndRestart(checks);
+  h.Kill(checks);
   traffic.Stop();
   traffic.Join();  // replies were lost with the supervisor: only the restart is judged
+  h.Restart(checks);
   Traffic after(h, TrafficSpec{&h.bystander(), 2, 5, 2, 2, 0, {}, false, 6});
   after.Start();
   ExpectTraffic(checks, "served after the restart", after.Join());
@@ -361,9 +362,10 @@ void SupervisorKillWarmScenario(Harness& h, Checks& checks, size_t index) {
   traffic.Start();
   checks.Expect(h.WaitUntilKept({victim.name, h.bystander().name}, {parked.name}),
                 "the descriptor store keeps the ready models' weights and the parked copy");
-  h.KillAndRestart(checks, /*warm=*/true);
+  h.Kill(checks);
   traffic.Stop();
   traffic.Join();  // replies were lost with the supervisor: only the restart is judged
+  h.Restart(checks, /*warm=*/true);
   std::map<std::string, std::string> states;
   if (auto client = h.Connect(); client.ok()) {
     if (auto ps = (*client)->Ps(); ps.ok()) {

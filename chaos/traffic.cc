@@ -19,15 +19,20 @@ Traffic::~Traffic() {
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
+  if (counted_) harness_.open_traffic_--;
 }
 
 void Traffic::Start() {
+  harness_.open_traffic_++;
+  counted_ = true;
   results_.resize(spec_.clients);
   for (int i = 0; i < spec_.clients; i++) threads_.emplace_back([this, i] { RunClient(i); });
 }
 
 TrafficResult Traffic::Join() {
   for (auto& t : threads_) t.join();
+  if (counted_) harness_.open_traffic_--;
+  counted_ = false;
   threads_.clear();
   TrafficResult total;
   for (const TrafficResult& r : results_) {

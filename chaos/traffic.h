@@ -50,6 +50,7 @@ class Traffic {
   std::vector<std::thread> threads_;
   std::vector<TrafficResult> results_;
   std::atomic<bool> stop_{false};
+  bool counted_ = false;  // in the harness's open_traffic_: started, not yet joined
 };
 
 }  // namespace warmpool::chaos
