@@ -22,6 +22,7 @@ std::optional<FdCensus> FdCensus::Take(pid_t pid) {
     char target[256];
     ssize_t len = readlink((base + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
     std::string_view link(target, len > 0 ? static_cast<size_t>(len) : 0);
+    if (link == base) continue;  // the census's own descriptor, when a process counts itself
     if (!link.starts_with("/memfd:")) {
       census.others[std::atoi(e->d_name)] = std::string(link);
       continue;
