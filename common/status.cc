@@ -1,5 +1,7 @@
 #include "common/status.h"
 
+#include <cerrno>
+
 namespace warmpool {
 
 // The names of ipc/codes.h, which common/ cannot include (it is below ipc/ in the link order):
@@ -27,6 +29,15 @@ Code CodeFromInt(int value) {
 std::string Status::ToString() const {
   if (ok()) return "OK";
   return fmt::format("{}: {}", CodeName(code_), message_);
+}
+
+Code CodeForErrno(int err) {
+  switch (err) {
+    case ENOENT: case ENOTDIR: return Code::kNotFound;
+    case EACCES: case EPERM: case EROFS: return Code::kPermissionDenied;
+    case ENOSPC: case EDQUOT: case ENOMEM: return Code::kResourceExhausted;
+    default: return Code::kInternal;
+  }
 }
 
 }  // namespace warmpool

@@ -30,6 +30,8 @@ enum class Code : int {
 std::string_view CodeName(Code code);
 // Codes read off the wire may be anything; unknown values become kInternal.
 Code CodeFromInt(int value);
+// The code for a failed file operation's errno: missing, not allowed, out of space, or internal.
+Code CodeForErrno(int err);
 
 class Status {
  public:

@@ -26,15 +26,6 @@ using Json = nlohmann::json;
 constexpr DType kAllDTypes[] = {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64,
                                 DType::I32, DType::I16, DType::I8,  DType::U8,   DType::BOOL};
 
-Code CodeForErrno(int err) {
-  switch (err) {
-    case ENOENT: case ENOTDIR: return Code::kNotFound;
-    case EACCES: case EPERM: case EROFS: return Code::kPermissionDenied;
-    case ENOSPC: case EDQUOT: case ENOMEM: return Code::kResourceExhausted;
-    default: return Code::kInternal;
-  }
-}
-
 // Every problem with a file is reported the same way, naming the file first.
 template <typename... Args>
 Status FileError(std::string_view source, fmt::format_string<Args...> format, Args&&... args) {

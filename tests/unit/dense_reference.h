@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "engines/dense_cpu.h"
+#include "tests/unit/temp_dir.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
 #include "warmpool/engine.h"
@@ -26,18 +27,6 @@ namespace warmpool::testing {
 using safetensors::DType;
 using safetensors::TensorToWrite;
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/dense_engine_test.XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // ---- building models and the reference they are checked against ----
 

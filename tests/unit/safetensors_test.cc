@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "engines/half.h"
+#include "tests/unit/temp_dir.h"
 
 namespace warmpool::safetensors {
 namespace {
@@ -43,18 +44,7 @@ Result<Header> Parse(const std::string& json, uint64_t data_bytes) {
         << "message: " << r_.status().message();                                       \
   } while (0)
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/safetensors_test.XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using warmpool::testing::TempDir;
 
 void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
