@@ -1,6 +1,7 @@
 // warmpool-mkmodel: writes a dense (MLP) model with random weights as a safetensors file, the way
-// PyTorch would save nn.Sequential(Linear, act, Linear, ...), so that tests and benchmarks have
-// models of any shape without a Python toolchain.
+// PyTorch would save nn.Sequential(Linear, act, Linear, ...), or (--arch) a random-initialised
+// Hugging Face decoder checkpoint directory, so that tests and benchmarks have models of any shape
+// without a Python toolchain.
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "common/units.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
+#include "engines/transformer/random_checkpoint.h"
 
 namespace warmpool {
 namespace {
@@ -123,26 +125,102 @@ int Fail(const Status& status, int exit_code) {
   return exit_code;
 }
 
+// --rope-scaling: none, linear:FACTOR or llama3:FACTOR (Llama 3.1's low 1, high 4, original 8192).
+Result<transformer::RopeScaling> ParseRopeScaling(const std::string& text) {
+  transformer::RopeScaling scaling;
+  if (text == "none") return scaling;
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  char* end = nullptr;
+  const double factor = colon == std::string::npos ? 0 : std::strtod(text.c_str() + colon + 1, &end);
+  if ((kind != "linear" && kind != "llama3") || !(factor > 0) || !std::isfinite(factor) || end == nullptr || *end != 0) {
+    return Error(Code::kInvalidArgument, "--rope-scaling \"{}\": expected none, linear:FACTOR or llama3:FACTOR", text);
+  }
+  scaling.kind = kind == "linear" ? transformer::RopeScaling::Kind::kLinear : transformer::RopeScaling::Kind::kLlama3;
+  scaling.factor = factor;
+  return scaling;
+}
+
+Result<transformer::Architecture> ParseArchitecture(const std::string& text) {
+  for (auto a : {transformer::Architecture::kLlama, transformer::Architecture::kMistral,
+                 transformer::Architecture::kQwen2, transformer::Architecture::kQwen3}) {
+    if (text == transformer::ArchitectureName(a)) return a;
+  }
+  return Error(Code::kInvalidArgument, "--arch \"{}\": expected llama, mistral, qwen2 or qwen3", text);
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{
       "Writes a dense (MLP) model with random weights as a safetensors file for the warmpool \"dense\" engine.\n"
       "Tensors are named like PyTorch's nn.Sequential(Linear, act, Linear, ...): 0.weight [out, in], 0.bias,\n"
       "2.weight, ... Weights are uniform in +-1/sqrt(in) (PyTorch's Linear init) and depend only on --seed.\n"
-      "Example: warmpool-mkmodel model.safetensors --layers 64,256,256,10 --activation gelu --dtype f16",
+      "Example: warmpool-mkmodel model.safetensors --layers 64,256,256,10 --activation gelu --dtype f16\n"
+      "With --arch it writes a Hugging Face decoder checkpoint directory (config.json, model.safetensors) with\n"
+      "random weights instead, for the transformer engine's tests and benchmarks.\n"
+      "Example: warmpool-mkmodel tiny-llama --arch llama --hidden 64 --num-layers 2 --dtype bf16",
       "warmpool-mkmodel"};
   std::string out_path;
   std::string layers_text;
   std::string activation = "relu";
   std::string dtype_text = "f32";
   uint64_t seed = 0;
-  app.add_option("OUT", out_path, "output file, e.g. model.safetensors")->required();
-  app.add_option("--layers", layers_text, "comma-separated widths: input, hidden..., output (e.g. 64,256,256,10)")
-      ->required();
-  app.add_option("--activation", activation, "relu, gelu, tanh or none, applied between layers (default relu)");
+  std::string arch_text;
+  transformer::RandomCheckpoint decoder;
+  std::string rope_scaling_text = "none";
+  app.add_option("OUT", out_path, "output file, e.g. model.safetensors (with --arch: a directory)")->required();
+  auto* layers_option = app.add_option(
+      "--layers", layers_text, "dense: comma-separated widths: input, hidden..., output (e.g. 64,256,256,10)");
+  auto* activation_option =
+      app.add_option("--activation", activation, "dense: relu, gelu, tanh or none, applied between layers (default relu)");
   app.add_option("--dtype", dtype_text, "storage dtype: f32, f16 or bf16 (default f32)");
   app.add_option("--seed", seed, "random seed; the same seed writes the same weights (default 0)");
+  auto* arch_option = app.add_option(
+      "--arch", arch_text,
+      "write a Hugging Face decoder checkpoint directory instead: llama, mistral, qwen2 or qwen3");
+  arch_option->excludes(layers_option)->excludes(activation_option);
+  const char* group = "Decoder checkpoints (--arch)";
+  app.add_option("--vocab", decoder.vocab_size, "vocabulary size (default 256)")->group(group);
+  app.add_option("--hidden", decoder.hidden_size, "hidden size (default 64)")->group(group);
+  app.add_option("--intermediate", decoder.intermediate_size, "MLP size (default 128)")->group(group);
+  app.add_option("--num-layers", decoder.num_hidden_layers, "decoder layers (default 2)")->group(group);
+  app.add_option("--heads", decoder.num_attention_heads, "attention heads (default 4)")->group(group);
+  app.add_option("--kv-heads", decoder.num_key_value_heads, "key/value heads (default 2)")->group(group);
+  app.add_option("--head-dim", decoder.head_dim, "head size (default hidden / heads)")->group(group);
+  app.add_option("--context", decoder.max_position_embeddings, "max_position_embeddings (default 2048)")->group(group);
+  app.add_option("--rope-theta", decoder.rope_theta, "rotary base (default 10000)")->group(group);
+  app.add_option("--rope-scaling", rope_scaling_text, "none, linear:FACTOR or llama3:FACTOR (default none)")->group(group);
+  app.add_option("--sliding-window", decoder.sliding_window, "mistral: attention window in tokens (default none)")
+      ->group(group);
+  app.add_flag("--tie-embeddings", decoder.tie_word_embeddings, "the output head is the embedding")->group(group);
+  app.add_flag("--attention-bias", decoder.attention_bias, "llama, qwen3: biases on q, k, v and o")->group(group);
+  app.add_option("--shards", decoder.shards, "weights files, with an index when more than one (default 1)")
+      ->group(group);
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_group() == group) option->needs(arch_option);
+  }
+  app.final_callback([&] {
+    if (layers_text.empty() && arch_text.empty()) throw CLI::RequiredError("--layers (a dense model) or --arch");
+  });
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;  // --help, --version, usage
 
+  if (!arch_text.empty()) {
+    Result<transformer::Architecture> architecture = ParseArchitecture(arch_text);
+    if (!architecture.ok()) return Fail(architecture.status(), kExitUsage);
+    Result<DType> dtype = ParseDType(dtype_text);
+    if (!dtype.ok()) return Fail(dtype.status(), kExitUsage);
+    Result<transformer::RopeScaling> scaling = ParseRopeScaling(rope_scaling_text);
+    if (!scaling.ok()) return Fail(scaling.status(), kExitUsage);
+    decoder.architecture = *architecture;
+    decoder.dtype = *dtype;
+    decoder.rope_scaling = *scaling;
+    decoder.seed = seed;
+    Status written = transformer::WriteRandomCheckpoint(out_path, decoder);
+    if (!written.ok()) return Fail(written, written.code() == Code::kInvalidArgument ? kExitUsage : kExitIo);
+    std::printf("wrote %s: a %s decoder, %u layers, hidden %u, vocabulary %u, %s weights\n", out_path.c_str(),
+                arch_text.c_str(), decoder.num_hidden_layers, decoder.hidden_size, decoder.vocab_size,
+                std::string(safetensors::DTypeName(decoder.dtype)).c_str());
+    return 0;
+  }
   ModelSpec spec;
   spec.seed = seed;
   Result<std::vector<uint64_t>> widths = ParseWidths(layers_text);

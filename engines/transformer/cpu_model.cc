@@ -1,0 +1,223 @@
+#include "engines/transformer/cpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "engines/half.h"
+
+namespace warmpool::transformer {
+namespace {
+
+using safetensors::DType;
+
+// count elements of a stored tensor from element `first` on, as f32.
+void Widen(const uint8_t* data, DType dtype, uint64_t first, uint32_t count, float* out) {
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(out, data + first * 4, uint64_t{count} * 4);
+      return;
+    case DType::F16:
+      for (uint32_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data + (first + i) * 2, 2);
+        out[i] = safetensors::HalfToFloat(h);
+      }
+      return;
+    default:  // BF16: BindWeights admits nothing else
+      for (uint32_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data + (first + i) * 2, 2);
+        out[i] = safetensors::BF16ToFloat(h);
+      }
+      return;
+  }
+}
+
+std::vector<float> WidenAll(const Vector& v) {
+  std::vector<float> out(v.size);
+  if (v) Widen(v.data, v.dtype, 0, v.size, out.data());
+  return out;
+}
+
+float Dot(const float* a, const float* b, uint32_t n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (uint32_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Each weight row is widened once and used for
+// every input row: a prefill reads the weights once, as a decode does.
+void Project(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y, int threads) {
+  const int64_t outputs = w.rows;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t o = 0; o < outputs; ++o) {
+    thread_local std::vector<float> row;
+    row.resize(w.cols);
+    Widen(w.data, w.dtype, static_cast<uint64_t>(o) * w.cols, w.cols, row.data());
+    float b = 0;
+    if (bias) Widen(bias.data, bias.dtype, static_cast<uint64_t>(o), 1, &b);
+    for (uint32_t r = 0; r < rows; ++r) y[uint64_t{r} * w.rows + o] = Dot(x + uint64_t{r} * w.cols, row.data(), w.cols) + b;
+  }
+}
+
+// x / sqrt(mean(x²) + eps) * weight over each of `rows` rows of `width`.
+void RmsNorm(const float* x, uint32_t rows, uint32_t width, const std::vector<float>& weight, double eps, float* y) {
+  for (uint32_t r = 0; r < rows; ++r) {
+    const float* in = x + uint64_t{r} * width;
+    float* out = y + uint64_t{r} * width;
+    double squares = 0;
+    for (uint32_t i = 0; i < width; ++i) squares += double{in[i]} * in[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(squares / width + eps));
+    for (uint32_t i = 0; i < width; ++i) out[i] = in[i] * scale * weight[i];
+  }
+}
+
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+KvCache::KvCache(const Config& config, uint32_t context)
+    : context_(context),
+      kv_size_(config.kv_size()),
+      keys_(uint64_t{config.num_hidden_layers} * context * config.kv_size()),
+      values_(keys_.size()) {}
+
+CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int threads)
+    : config_(config), weights_(weights), threads_(std::max(1, threads)) {
+  // inv_freq[i] = theta^(-2i/d), then the config's scaling (HF's rope initialisations).
+  const uint32_t half = config.head_dim / 2;
+  const RopeScaling& s = config.rope_scaling;
+  for (uint32_t i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(config.rope_theta, 2.0 * i / config.head_dim);
+    if (s.kind == RopeScaling::Kind::kLinear) f /= s.factor;
+    if (s.kind == RopeScaling::Kind::kLlama3) {
+      // Long wavelengths are stretched by factor, short ones kept, and those between blended.
+      const double original = static_cast<double>(s.original_max_position_embeddings);
+      const double wavelength = 2 * std::numbers::pi / f;
+      if (wavelength > original / s.low_freq_factor) {
+        f /= s.factor;
+      } else if (wavelength >= original / s.high_freq_factor) {
+        const double smooth = (original / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+    inv_freq_.push_back(f);
+  }
+}
+
+void CpuModel::Rope(float* heads, uint32_t count, uint32_t position) const {
+  // HF's rotate_half: the first and second halves of a head are the pairs' two coordinates.
+  const uint32_t half = config_.head_dim / 2;
+  for (uint32_t i = 0; i < half; ++i) {
+    const double angle = position * inv_freq_[i];
+    const auto c = static_cast<float>(std::cos(angle));
+    const auto s = static_cast<float>(std::sin(angle));
+    for (uint32_t h = 0; h < count; ++h) {
+      float* x = heads + uint64_t{h} * config_.head_dim;
+      const float a = x[i], b = x[i + half];
+      x[i] = a * c - b * s;
+      x[i + half] = b * c + a * s;
+    }
+  }
+}
+
+void CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out) {
+  const Config& c = config_;
+  const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t tasks = int64_t{rows} * c.num_attention_heads;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const auto r = static_cast<uint32_t>(task / c.num_attention_heads);
+    const auto h = static_cast<uint32_t>(task % c.num_attention_heads);
+    const uint32_t position = start + r;
+    // Causal, and within the sliding window where the config has one (the window counts the
+    // token itself).
+    const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
+                               ? static_cast<uint32_t>(position + 1 - c.sliding_window)
+                               : 0;
+    const float* query = q + uint64_t{r} * c.q_size() + uint64_t{h} * c.head_dim;
+    const uint64_t kv_offset = uint64_t{h / group} * c.head_dim;
+    thread_local std::vector<float> scores;
+    scores.resize(position + 1 - first);
+    float max = -INFINITY;
+    for (uint32_t j = first; j <= position; ++j) {
+      const float s = Dot(query, cache.key(layer, j) + kv_offset, c.head_dim) * scale;
+      scores[j - first] = s;
+      max = std::max(max, s);
+    }
+    float total = 0;
+    for (float& s : scores) total += (s = std::exp(s - max));
+    float* o = out + uint64_t{r} * c.q_size() + uint64_t{h} * c.head_dim;
+    std::fill(o, o + c.head_dim, 0.0f);
+    for (uint32_t j = first; j <= position; ++j) {
+      const float p = scores[j - first] / total;
+      const float* v = cache.value(layer, j) + kv_offset;
+      for (uint32_t d = 0; d < c.head_dim; ++d) o[d] += p * v[d];
+    }
+  }
+}
+
+Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
+                         bool all_positions) {
+  const Config& c = config_;
+  const auto rows = static_cast<uint32_t>(tokens.size());
+  if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
+  if (uint64_t{start} + rows > cache.context()) {
+    return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
+                 uint64_t{start} + rows - 1, cache.context());
+  }
+  const uint64_t needed = uint64_t{all_positions ? rows : 1} * c.vocab_size;
+  if (logits.size() < needed) {
+    return Error(Code::kInvalidArgument, "{} floats for logits where {} are needed", logits.size(), needed);
+  }
+  for (int32_t token : tokens) {
+    if (token < 0 || static_cast<uint32_t>(token) >= c.vocab_size) {
+      return Error(Code::kInvalidArgument, "token {} is outside the vocabulary of {}", token, c.vocab_size);
+    }
+  }
+  const uint32_t hidden = c.hidden_size;
+  std::vector<float> x(uint64_t{rows} * hidden), normed(x.size()), q(uint64_t{rows} * c.q_size()),
+      k(uint64_t{rows} * c.kv_size()), v(k.size()), attended(q.size()),
+      gate(uint64_t{rows} * c.intermediate_size), up(gate.size());
+  for (uint32_t r = 0; r < rows; ++r) {
+    Widen(weights_.embed.data, weights_.embed.dtype, uint64_t(tokens[r]) * hidden, hidden, &x[uint64_t{r} * hidden]);
+  }
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    RmsNorm(x.data(), rows, hidden, WidenAll(w.input_norm), c.rms_norm_eps, normed.data());
+    Project(normed.data(), rows, w.q, w.q_bias, q.data(), threads_);
+    Project(normed.data(), rows, w.k, w.k_bias, k.data(), threads_);
+    Project(normed.data(), rows, w.v, w.v_bias, v.data(), threads_);
+    if (c.qk_norm) {
+      RmsNorm(q.data(), rows * c.num_attention_heads, c.head_dim, WidenAll(w.q_norm), c.rms_norm_eps, q.data());
+      RmsNorm(k.data(), rows * c.num_key_value_heads, c.head_dim, WidenAll(w.k_norm), c.rms_norm_eps, k.data());
+    }
+    for (uint32_t r = 0; r < rows; ++r) {
+      Rope(&q[uint64_t{r} * c.q_size()], c.num_attention_heads, start + r);
+      Rope(&k[uint64_t{r} * c.kv_size()], c.num_key_value_heads, start + r);
+      std::memcpy(cache.key(l, start + r), &k[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
+      std::memcpy(cache.value(l, start + r), &v[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
+    }
+    Attention(l, rows, start, cache, q.data(), attended.data());
+    Project(attended.data(), rows, w.o, w.o_bias, normed.data(), threads_);
+    for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
+
+    RmsNorm(x.data(), rows, hidden, WidenAll(w.post_attention_norm), c.rms_norm_eps, normed.data());
+    Project(normed.data(), rows, w.gate, {}, gate.data(), threads_);
+    Project(normed.data(), rows, w.up, {}, up.data(), threads_);
+    for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
+    Project(gate.data(), rows, w.down, {}, normed.data(), threads_);
+    for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
+  }
+  const uint32_t first = all_positions ? 0 : rows - 1;
+  const uint32_t count = rows - first;
+  RmsNorm(&x[uint64_t{first} * hidden], count, hidden, WidenAll(weights_.final_norm), c.rms_norm_eps, normed.data());
+  Project(normed.data(), count, weights_.lm_head, {}, logits.data(), threads_);
+  return OkStatus();
+}
+
+}  // namespace warmpool::transformer

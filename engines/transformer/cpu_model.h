@@ -1,0 +1,63 @@
+// A decoder's forward pass on the CPU, in f32, on weights used as stored (f32, f16 or bf16,
+// widened in the inner loops): the architecture in engines/transformer/config.h.
+//
+// A sequence's keys and values live in its KvCache. Forward runs a run of tokens at consecutive
+// positions against it: a whole prompt at once (prefill: every projection reads each weight once
+// for all the tokens) or one token (decode). Either way each token attends to the cache's earlier
+// positions and to the run's tokens up to itself, so running a prompt at once or token by token
+// computes the same thing.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/transformer/config.h"
+#include "engines/transformer/weights.h"
+
+namespace warmpool::transformer {
+
+class KvCache {
+ public:
+  KvCache(const Config& config, uint32_t context);
+  uint32_t context() const { return context_; }
+  uint64_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
+  float* key(uint32_t layer, uint32_t position) { return &keys_[Offset(layer, position)]; }
+  float* value(uint32_t layer, uint32_t position) { return &values_[Offset(layer, position)]; }
+
+ private:
+  uint64_t Offset(uint32_t layer, uint32_t position) const {
+    return (uint64_t{layer} * context_ + position) * kv_size_;
+  }
+  uint32_t context_;
+  uint32_t kv_size_;
+  std::vector<float> keys_;    // [layer][position][kv head][head_dim]
+  std::vector<float> values_;
+};
+
+class CpuModel {
+ public:
+  // weights: bound to this config (BindWeights), and alive as long as this model.
+  CpuModel(const Config& config, const ModelWeights& weights, int threads);
+
+  // tokens at positions start, start + 1, ...: the cache holds positions before start and gets
+  // these. logits: vocab_size floats for the last token, or tokens.size() x vocab_size with
+  // all_positions. A token outside the vocabulary or a run past the cache's context is
+  // INVALID_ARGUMENT, and nothing is written.
+  Status Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
+                 bool all_positions = false);
+
+  const Config& config() const { return config_; }
+
+ private:
+  void Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out);
+  void Rope(float* heads, uint32_t count, uint32_t position) const;
+
+  Config config_;
+  ModelWeights weights_;
+  int threads_;
+  std::vector<double> inv_freq_;  // head_dim / 2 rotary frequencies, scaling applied
+};
+
+}  // namespace warmpool::transformer

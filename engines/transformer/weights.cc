@@ -1,0 +1,121 @@
+#include "engines/transformer/weights.h"
+
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace warmpool::transformer {
+namespace {
+
+using safetensors::DType;
+
+class Binder {
+ public:
+  Binder(const std::map<std::string, TensorView>& tensors, std::string_view source)
+      : tensors_(tensors), source_(source) {}
+
+  Status status() const { return status_; }
+  const std::set<std::string>& used() const { return used_; }
+  uint64_t bytes() const { return bytes_; }
+
+  Matrix Take(const std::string& name, uint64_t rows, uint64_t cols) {
+    const TensorView* t = Find(name, {rows, cols});
+    if (t == nullptr) return {};
+    return Matrix{t->dtype, static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), t->data};
+  }
+
+  Vector Take(const std::string& name, uint64_t size) {
+    const TensorView* t = Find(name, {size});
+    if (t == nullptr) return {};
+    return Vector{t->dtype, static_cast<uint32_t>(size), t->data};
+  }
+
+ private:
+  const TensorView* Find(const std::string& name, const std::vector<uint64_t>& shape) {
+    if (!status_.ok()) return nullptr;
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      status_ = Error(Code::kInvalidArgument, "{}: tensor \"{}\" is missing", source_, name);
+      return nullptr;
+    }
+    const TensorView& t = it->second;
+    if (t.shape != shape) {
+      status_ = Error(Code::kInvalidArgument, "{}: tensor \"{}\" is [{}], the config makes it [{}]", source_, name,
+                      fmt::join(t.shape, ", "), fmt::join(shape, ", "));
+      return nullptr;
+    }
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) {
+      status_ = Error(Code::kInvalidArgument, "{}: tensor \"{}\" is {}: supported are F32, F16 and BF16", source_,
+                      name, safetensors::DTypeName(t.dtype));
+      return nullptr;
+    }
+    used_.insert(name);
+    uint64_t numel = 1;
+    for (uint64_t d : shape) numel *= d;
+    bytes_ += numel * safetensors::DTypeSize(t.dtype);
+    return &t;
+  }
+
+  const std::map<std::string, TensorView>& tensors_;
+  std::string_view source_;
+  Status status_;
+  std::set<std::string> used_;
+  uint64_t bytes_ = 0;
+};
+
+// Tensors a checkpoint may carry that change nothing computed here: the rotary frequencies older
+// Llama checkpoints saved (recomputed from the config), and a tied model's copy of its embedding.
+bool Ignorable(const std::string& name, const Config& config) {
+  if (name.ends_with(".self_attn.rotary_emb.inv_freq")) return true;
+  return config.tie_word_embeddings && name == "lm_head.weight";
+}
+
+}  // namespace
+
+Result<ModelWeights> BindWeights(const Config& config, const std::map<std::string, TensorView>& tensors,
+                                 std::string_view source) {
+  Binder bind(tensors, source);
+  ModelWeights w;
+  const uint64_t hidden = config.hidden_size;
+  w.embed = bind.Take("model.embed_tokens.weight", config.vocab_size, hidden);
+  for (uint32_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    LayerWeights l;
+    l.input_norm = bind.Take(p + "input_layernorm.weight", hidden);
+    l.post_attention_norm = bind.Take(p + "post_attention_layernorm.weight", hidden);
+    l.q = bind.Take(p + "self_attn.q_proj.weight", config.q_size(), hidden);
+    l.k = bind.Take(p + "self_attn.k_proj.weight", config.kv_size(), hidden);
+    l.v = bind.Take(p + "self_attn.v_proj.weight", config.kv_size(), hidden);
+    l.o = bind.Take(p + "self_attn.o_proj.weight", hidden, config.q_size());
+    if (config.attention_bias) {
+      l.q_bias = bind.Take(p + "self_attn.q_proj.bias", config.q_size());
+      l.k_bias = bind.Take(p + "self_attn.k_proj.bias", config.kv_size());
+      l.v_bias = bind.Take(p + "self_attn.v_proj.bias", config.kv_size());
+    }
+    if (config.output_bias) l.o_bias = bind.Take(p + "self_attn.o_proj.bias", hidden);
+    if (config.qk_norm) {
+      l.q_norm = bind.Take(p + "self_attn.q_norm.weight", config.head_dim);
+      l.k_norm = bind.Take(p + "self_attn.k_norm.weight", config.head_dim);
+    }
+    l.gate = bind.Take(p + "mlp.gate_proj.weight", config.intermediate_size, hidden);
+    l.up = bind.Take(p + "mlp.up_proj.weight", config.intermediate_size, hidden);
+    l.down = bind.Take(p + "mlp.down_proj.weight", hidden, config.intermediate_size);
+    w.layers.push_back(l);
+  }
+  w.final_norm = bind.Take("model.norm.weight", hidden);
+  w.lm_head = config.tie_word_embeddings ? w.embed : bind.Take("lm_head.weight", config.vocab_size, hidden);
+  if (!bind.status().ok()) return bind.status();
+  for (const auto& [name, tensor] : tensors) {
+    if (bind.used().count(name) == 0 && !Ignorable(name, config)) {
+      return Error(Code::kInvalidArgument,
+                   "{}: tensor \"{}\" is not part of a {} model as its config describes it (is the config the "
+                   "checkpoint's own?)",
+                   source, name, ArchitectureName(config.architecture));
+    }
+  }
+  w.bytes = bind.bytes();
+  return w;
+}
+
+}  // namespace warmpool::transformer

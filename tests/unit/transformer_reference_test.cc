@@ -1,0 +1,238 @@
+// The transformer engine's CPU forward pass against tests/python/transformer_reference.py, a numpy
+// reference written from the architectures' definitions, on random-initialised checkpoints of
+// every supported architecture and dtype (warmpool-mkmodel --arch writes the same ones).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "engines/transformer/checkpoint.h"
+#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/random_checkpoint.h"
+#include "engines/transformer/weights.h"
+#include "tests/unit/temp_dir.h"
+
+namespace warmpool::transformer {
+namespace {
+
+using warmpool::testing::TempDir;
+using safetensors::DType;
+
+
+// Runs the reference; returns its standard output. logits_out: where it writes the logits.
+std::string RunReference(const std::string& directory, const std::vector<int32_t>& tokens,
+                         const std::string& logits_out, int greedy = 0) {
+  std::string command = fmt::format("{} {}/tests/python/transformer_reference.py {} --tokens {}", WARMPOOL_PYTHON3,
+                                    WARMPOOL_SOURCE_DIR, directory, fmt::join(tokens, ","));
+  if (!logits_out.empty()) command += " --out " + logits_out;
+  if (greedy > 0) command += fmt::format(" --greedy {}", greedy);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << command;
+  return out;
+}
+
+std::vector<double> ReadDoubles(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<double> values;
+  double v;
+  while (in.read(reinterpret_cast<char*>(&v), sizeof(v))) values.push_back(v);
+  return values;
+}
+
+struct Loaded {
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelWeights weights;
+  std::unique_ptr<CpuModel> model;
+};
+
+Loaded Load(const std::string& directory, int threads = 2) {
+  Loaded loaded;
+  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(directory);
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  if (!checkpoint.ok()) return loaded;
+  loaded.checkpoint = std::move(*checkpoint);
+  Result<ModelWeights> weights =
+      BindWeights(loaded.checkpoint->config(), loaded.checkpoint->tensors(), directory);
+  EXPECT_TRUE(weights.ok()) << weights.status().ToString();
+  if (!weights.ok()) return loaded;
+  loaded.weights = *weights;
+  loaded.model = std::make_unique<CpuModel>(loaded.checkpoint->config(), loaded.weights, threads);
+  return loaded;
+}
+
+std::vector<int32_t> Prompt(uint32_t length, uint32_t vocab, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  std::vector<int32_t> tokens;
+  for (uint32_t i = 0; i < length; ++i) tokens.push_back(static_cast<int32_t>(generator() % vocab));
+  return tokens;
+}
+
+// Every element within `relative` of the largest reference magnitude (logits are compared as a
+// vector: a near-zero logit has no relative error of its own to speak of).
+void ExpectNear(const std::vector<float>& got, const std::vector<double>& want, double relative,
+                const std::string& context) {
+  ASSERT_EQ(got.size(), want.size()) << context;
+  double scale = 1e-30;
+  for (double v : want) scale = std::max(scale, std::fabs(v));
+  double worst = 0;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << context << " element " << i << " is " << got[i];
+    const double error = std::fabs(got[i] - want[i]);
+    if (error > worst) worst = error, worst_at = i;
+  }
+  EXPECT_LE(worst, relative * scale) << context << ": element " << worst_at << " is " << got[worst_at]
+                                     << ", the reference " << want[worst_at] << " (largest |logit| " << scale << ")";
+}
+
+struct Case {
+  std::string name;
+  RandomCheckpoint spec;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    const std::string suffix = std::string(safetensors::DTypeName(dtype));
+    RandomCheckpoint llama;
+    llama.dtype = dtype;
+    llama.seed = 11;
+    cases.push_back({"llama " + suffix, llama});
+    RandomCheckpoint mistral = llama;
+    mistral.architecture = Architecture::kMistral;
+    mistral.sliding_window = 5;  // shorter than the prompt: the window is exercised
+    mistral.seed = 12;
+    cases.push_back({"mistral (window 5) " + suffix, mistral});
+    RandomCheckpoint qwen2 = llama;
+    qwen2.architecture = Architecture::kQwen2;
+    qwen2.tie_word_embeddings = true;
+    qwen2.seed = 13;
+    cases.push_back({"qwen2 (tied) " + suffix, qwen2});
+    RandomCheckpoint qwen3 = llama;
+    qwen3.architecture = Architecture::kQwen3;
+    qwen3.head_dim = 32;  // Qwen3 heads are wider than hidden / heads
+    qwen3.seed = 14;
+    cases.push_back({"qwen3 " + suffix, qwen3});
+  }
+  RandomCheckpoint llama31;
+  llama31.rope_scaling.kind = RopeScaling::Kind::kLlama3;
+  llama31.rope_scaling.factor = 8;
+  llama31.rope_scaling.low_freq_factor = 1;
+  llama31.rope_scaling.high_freq_factor = 4;
+  llama31.rope_scaling.original_max_position_embeddings = 64;  // every band (long, blended, short) is used
+  llama31.rope_theta = 500000;
+  llama31.tie_word_embeddings = true;
+  llama31.attention_bias = true;
+  llama31.num_key_value_heads = 1;
+  llama31.seed = 15;
+  cases.push_back({"llama 3.1 rope, tied, biased, one kv head", llama31});
+  RandomCheckpoint linear;
+  linear.rope_scaling.kind = RopeScaling::Kind::kLinear;
+  linear.rope_scaling.factor = 4;
+  linear.shards = 3;
+  linear.seed = 16;
+  cases.push_back({"llama linear rope, 3 shards", linear});
+  RandomCheckpoint qwen3_bias;
+  qwen3_bias.architecture = Architecture::kQwen3;
+  qwen3_bias.attention_bias = true;
+  qwen3_bias.num_key_value_heads = 4;
+  qwen3_bias.seed = 17;
+  cases.push_back({"qwen3 biased, no grouping", qwen3_bias});
+  return cases;
+}
+
+TEST(TransformerReference, PrefillAndDecodeLogitsMatchTheReferenceForEveryArchitectureAndDtype) {
+  TempDir dir;
+  for (const Case& c : Cases()) {
+    const std::string model_dir = dir.File(fmt::format("m{}", c.spec.seed + 100 * int(c.spec.dtype)));
+    ASSERT_TRUE(WriteRandomCheckpoint(model_dir, c.spec).ok()) << c.name;
+    Loaded loaded = Load(model_dir);
+    ASSERT_NE(loaded.model, nullptr) << c.name;
+    const uint32_t vocab = c.spec.vocab_size;
+    const std::vector<int32_t> tokens = Prompt(12, vocab, c.spec.seed);
+    RunReference(model_dir, tokens, dir.File("want.f64"));
+    const std::vector<double> want = ReadDoubles(dir.File("want.f64"));
+
+    // The prompt at once, every position's logits.
+    KvCache cache(loaded.checkpoint->config(), 64);
+    std::vector<float> prefill(tokens.size() * vocab);
+    ASSERT_TRUE(loaded.model->Forward(tokens, 0, cache, prefill, /*all_positions=*/true).ok()) << c.name;
+    ExpectNear(prefill, want, 1e-4, c.name + ", prefill");
+
+    // Token by token against a cache of its own: the same logits at each position.
+    KvCache stepped(loaded.checkpoint->config(), 64);
+    std::vector<float> decode(tokens.size() * vocab);
+    for (uint32_t p = 0; p < tokens.size(); ++p) {
+      ASSERT_TRUE(loaded.model->Forward({&tokens[p], 1}, p, stepped, {&decode[p * vocab], vocab}).ok()) << c.name;
+    }
+    ExpectNear(decode, want, 1e-4, c.name + ", decode");
+    ExpectNear(decode, std::vector<double>(prefill.begin(), prefill.end()), 1e-5, c.name + ", decode vs prefill");
+
+    // A prompt in two runs: the second attends to the first's cache.
+    KvCache split(loaded.checkpoint->config(), 64);
+    std::vector<float> last(vocab);
+    ASSERT_TRUE(loaded.model->Forward({tokens.data(), 7}, 0, split, last).ok());
+    ASSERT_TRUE(loaded.model->Forward({tokens.data() + 7, tokens.size() - 7}, 7, split, last).ok());
+    ExpectNear(last, std::vector<double>(want.end() - vocab, want.end()), 1e-4, c.name + ", split prompt");
+  }
+}
+
+TEST(TransformerReference, GreedyGenerationIsTokenIdenticalOverSixtyFourTokens) {
+  TempDir dir;
+  for (Architecture architecture : {Architecture::kLlama, Architecture::kQwen3}) {
+    RandomCheckpoint spec;
+    spec.architecture = architecture;
+    spec.seed = 21;
+    const std::string model_dir = dir.File(std::string(ArchitectureName(architecture)));
+    ASSERT_TRUE(WriteRandomCheckpoint(model_dir, spec).ok());
+    Loaded loaded = Load(model_dir);
+    ASSERT_NE(loaded.model, nullptr);
+    const std::vector<int32_t> prompt = Prompt(5, spec.vocab_size, 3);
+    const std::string want = RunReference(model_dir, prompt, "", 64);
+
+    KvCache cache(loaded.checkpoint->config(), 128);
+    std::vector<float> logits(spec.vocab_size);
+    ASSERT_TRUE(loaded.model->Forward(prompt, 0, cache, logits).ok());
+    std::vector<int32_t> chosen;
+    for (uint32_t position = prompt.size(); chosen.size() < 64; ++position) {
+      const auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      chosen.push_back(best);
+      ASSERT_TRUE(loaded.model->Forward({&best, 1}, position, cache, logits).ok());
+    }
+    EXPECT_EQ(fmt::format("{}\n", fmt::join(chosen, ",")), want) << ArchitectureName(architecture);
+  }
+}
+
+TEST(TransformerReference, AnyThreadCountComputesTheSameLogits) {
+  TempDir dir;
+  RandomCheckpoint spec;
+  ASSERT_TRUE(WriteRandomCheckpoint(dir.File("m"), spec).ok());
+  const std::vector<int32_t> tokens = Prompt(9, spec.vocab_size, 5);
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    Loaded loaded = Load(dir.File("m"), threads);
+    ASSERT_NE(loaded.model, nullptr);
+    KvCache cache(loaded.checkpoint->config(), 16);
+    results.emplace_back(tokens.size() * spec.vocab_size);
+    ASSERT_TRUE(loaded.model->Forward(tokens, 0, cache, results.back(), true).ok());
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+}  // namespace
+}  // namespace warmpool::transformer
