@@ -18,6 +18,7 @@
 
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/generation.h"
 #include "engines/transformer/random_checkpoint.h"
 #include "engines/transformer/weights.h"
 #include "tests/unit/temp_dir.h"
@@ -215,6 +216,69 @@ TEST(TransformerReference, GreedyGenerationIsTokenIdenticalOverSixtyFourTokens) 
     }
     EXPECT_EQ(fmt::format("{}\n", fmt::join(chosen, ",")), want) << ArchitectureName(architecture);
   }
+}
+
+TEST(TransformerGeneration, GreedyGenerateMatchesTheReferenceAndStopsForEachReason) {
+  TempDir dir;
+  RandomCheckpoint spec;
+  spec.architecture = Architecture::kQwen2;
+  spec.seed = 31;
+  ASSERT_TRUE(WriteRandomCheckpoint(dir.File("m"), spec).ok());
+  Loaded loaded = Load(dir.File("m"));
+  ASSERT_NE(loaded.model, nullptr);
+  const Config& config = loaded.checkpoint->config();
+  GenerationRequest request;
+  request.prompt = Prompt(5, spec.vocab_size, 8);
+  request.max_tokens = 12;
+  request.sampling.temperature = 0;
+  std::vector<int32_t> streamed;
+  KvCache cache(config, 64);
+  Result<Generation> greedy = Generate(*loaded.model, cache, request, [&](int32_t t) {
+    streamed.push_back(t);
+    return true;
+  });
+  ASSERT_TRUE(greedy.ok()) << greedy.status().ToString();
+  EXPECT_EQ(greedy->finish, FinishReason::kLength);
+  EXPECT_EQ(greedy->prompt_tokens, 5u);
+  EXPECT_EQ(greedy->tokens, streamed);
+  EXPECT_EQ(fmt::format("{}\n", fmt::join(greedy->tokens, ",")), RunReference(dir.File("m"), request.prompt, "", 12));
+
+  // An end token: the output stops before it.
+  GenerationRequest ending = request;
+  ending.end_tokens = {greedy->tokens[4]};
+  const auto first = std::find(greedy->tokens.begin(), greedy->tokens.end(), greedy->tokens[4]);
+  KvCache cache2(config, 64);
+  Result<Generation> stopped = Generate(*loaded.model, cache2, ending);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->finish, FinishReason::kStop);
+  EXPECT_EQ(stopped->tokens, std::vector<int32_t>(greedy->tokens.begin(), first));
+
+  // The caller stops it: at once, after exactly the tokens it saw.
+  int seen = 0;
+  KvCache cache3(config, 64);
+  Result<Generation> cancelled = Generate(*loaded.model, cache3, request, [&](int32_t) { return ++seen < 3; });
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->finish, FinishReason::kCancelled);
+  EXPECT_EQ(cancelled->tokens, std::vector<int32_t>(greedy->tokens.begin(), greedy->tokens.begin() + 3));
+
+  // A context of 8 holds the prompt and 3 more tokens; the 4th is chosen from the last position.
+  KvCache small(config, 8);
+  Result<Generation> full = Generate(*loaded.model, small, request);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->finish, FinishReason::kLength);
+  EXPECT_EQ(full->tokens, std::vector<int32_t>(greedy->tokens.begin(), greedy->tokens.begin() + 4));
+
+  // Sampled: the seed decides, and bad options or prompts are refused before anything runs.
+  GenerationRequest sampled = request;
+  sampled.sampling = {.temperature = 1.0, .top_p = 0.9, .seed = 5};
+  KvCache a(config, 64), b(config, 64);
+  EXPECT_EQ(Generate(*loaded.model, a, sampled)->tokens, Generate(*loaded.model, b, sampled)->tokens);
+  sampled.sampling.top_p = 0;
+  EXPECT_EQ(Generate(*loaded.model, a, sampled).status().code(), Code::kInvalidArgument);
+  GenerationRequest too_long = request;
+  too_long.prompt = Prompt(8, spec.vocab_size, 1);
+  EXPECT_EQ(Generate(*loaded.model, small, too_long).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Generate(*loaded.model, small, GenerationRequest{}).status().code(), Code::kInvalidArgument);
 }
 
 TEST(TransformerReference, AnyThreadCountComputesTheSameLogits) {
