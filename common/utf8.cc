@@ -31,4 +31,9 @@ std::string ValidUtf8(std::string text) {
   return text;
 }
 
+Status ValidUtf8(Status status) {
+  if (status.ok()) return status;
+  return Status(status.code(), ValidUtf8(status.message()));
+}
+
 }  // namespace warmpool

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace warmpool {
 
 // Length of the valid UTF-8 sequence at the start of text (strict: no overlong forms, no
@@ -13,5 +15,8 @@ namespace warmpool {
 size_t Utf8SequenceLength(std::string_view text);
 // Each byte that does not belong to a valid UTF-8 sequence becomes '?'.
 std::string ValidUtf8(std::string text);
+// The same status with its message made valid UTF-8: for errors that quote what a user gave (a
+// path, a file's bytes), on their way to clients, whose protobuf strings must be valid UTF-8.
+Status ValidUtf8(Status status);
 
 }  // namespace warmpool

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"
+
 namespace warmpool::transformer {
 namespace {
 
@@ -74,6 +76,12 @@ Result<std::vector<std::string>> ShardsOf(const std::string& index_path) {
 }  // namespace
 
 Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& directory) {
+  Result<std::unique_ptr<Checkpoint>> opened = OpenDirectory(directory);
+  if (!opened.ok()) return ValidUtf8(opened.status());
+  return opened;
+}
+
+Result<std::unique_ptr<Checkpoint>> Checkpoint::OpenDirectory(const std::string& directory) {
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
   checkpoint->directory_ = directory;
   const std::string config_path = directory + "/config.json";

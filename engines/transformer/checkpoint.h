@@ -26,7 +26,8 @@ struct TensorView {
 
 class Checkpoint {
  public:
-  // Reads config.json and maps the weights. Errors name the file and what is wrong with it.
+  // Reads config.json and maps the weights. Errors name the file and what is wrong with it (in
+  // valid UTF-8, whatever the path or the files hold).
   static Result<std::unique_ptr<Checkpoint>> Open(const std::string& directory);
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
@@ -42,6 +43,7 @@ class Checkpoint {
 
  private:
   Checkpoint() = default;
+  static Result<std::unique_ptr<Checkpoint>> OpenDirectory(const std::string& directory);
   Status MapFile(const std::string& file);
 
   struct Mapping {

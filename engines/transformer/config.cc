@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"
+
 namespace warmpool::transformer {
 namespace {
 
@@ -112,6 +114,12 @@ std::string_view ArchitectureName(Architecture architecture) {
 }
 
 Result<Config> Config::Parse(std::string_view json_text, std::string_view source) {
+  Result<Config> config = ParseJson(json_text, source);
+  if (!config.ok()) return ValidUtf8(config.status());
+  return config;
+}
+
+Result<Config> Config::ParseJson(std::string_view json_text, std::string_view source) {
   Json json;
   try {
     json = Json::parse(json_text);

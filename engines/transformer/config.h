@@ -59,8 +59,11 @@ struct Config {
   // The KV cache one token takes in f32: a key and a value per key/value head per layer.
   uint64_t KvBytesPerToken() const { return uint64_t{2} * num_hidden_layers * kv_size() * sizeof(float); }
 
-  // config.json's text; `source` names it in errors.
+  // config.json's text; `source` names it in errors, which are valid UTF-8 whatever the file holds.
   static Result<Config> Parse(std::string_view json_text, std::string_view source);
+
+ private:
+  static Result<Config> ParseJson(std::string_view json_text, std::string_view source);
 };
 
 }  // namespace warmpool::transformer

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/utf8.h"
+
 namespace warmpool::transformer {
 namespace {
 
@@ -71,10 +73,8 @@ bool Ignorable(const std::string& name, const Config& config) {
   return config.tie_word_embeddings && name == "lm_head.weight";
 }
 
-}  // namespace
-
-Result<ModelWeights> BindWeights(const Config& config, const std::map<std::string, TensorView>& tensors,
-                                 std::string_view source) {
+Result<ModelWeights> Bind(const Config& config, const std::map<std::string, TensorView>& tensors,
+                          std::string_view source) {
   Binder bind(tensors, source);
   ModelWeights w;
   const uint64_t hidden = config.hidden_size;
@@ -116,6 +116,15 @@ Result<ModelWeights> BindWeights(const Config& config, const std::map<std::strin
   }
   w.bytes = bind.bytes();
   return w;
+}
+
+}  // namespace
+
+Result<ModelWeights> BindWeights(const Config& config, const std::map<std::string, TensorView>& tensors,
+                                 std::string_view source) {
+  Result<ModelWeights> weights = Bind(config, tensors, source);
+  if (!weights.ok()) return ValidUtf8(weights.status());
+  return weights;
 }
 
 }  // namespace warmpool::transformer
