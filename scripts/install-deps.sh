@@ -14,6 +14,7 @@ packages=(
   ocl-icd-opencl-dev  # dnnl's CMake package looks for OpenCL (only recommended by libdnnl-dev)
   libsystemd-dev      # sd_notify and socket activation
   libhttp-parser-dev  # the HTTP API's request parser
+  libpcre2-dev        # tokenizers' pre-tokenizer patterns (Unicode classes, lookahead)
   python3 python3-protobuf python3-numpy python3-setuptools python3-wheel python3-pip python3-venv  # python/
   curl                # the quick start's HTTP example
 )
@@ -24,6 +25,7 @@ case "${1:-}" in
       libgtest-dev
       clang libclang-rt-14-dev libomp-dev  # the fuzz targets (libFuzzer), with OpenMP for oneDNN
       python3-pytest
+      python3-regex       # the tokenizer reference's patterns (tests/python/tokenizer_reference.py)
       systemd             # systemd-analyze verify of the units
       prometheus tmux     # a real Prometheus scrapes warmpoold; `warmpool top` under tmux
       groff-base mandoc   # the man pages render without a warning (tests/docs/man_pages_test.sh)

@@ -1,0 +1,297 @@
+#include "engines/tokenizer/tokenizer.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/utf8.h"
+#include "engines/tokenizer/byte_level.h"
+
+namespace warmpool::tokenizer {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kMaxTokenizerBytes = 256u << 20;
+constexpr int64_t kMaxVocab = 1 << 24;
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+std::string TypeOf(const Json& j) {
+  auto it = j.is_object() ? j.find("type") : j.end();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool FlagOf(const Json& j, const char* key, bool fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
+
+// The pattern the pre-tokenizer splits by: GPT-2's for a ByteLevel one that uses its own, or a
+// Split's followed by a ByteLevel that does not.
+Result<std::string> PatternOf(const Json& pre, std::string_view source) {
+  auto byte_level = [&](const Json& b, bool* uses_regex) -> Status {
+    if (FlagOf(b, "add_prefix_space", false)) {
+      return Error(Code::kInvalidArgument, "{}: ByteLevel add_prefix_space is not supported", source);
+    }
+    *uses_regex = FlagOf(b, "use_regex", true);
+    return OkStatus();
+  };
+  const std::string type = TypeOf(pre);
+  if (type == "ByteLevel") {
+    bool uses_regex = true;
+    if (Status s = byte_level(pre, &uses_regex); !s.ok()) return s;
+    if (!uses_regex) return Error(Code::kInvalidArgument, "{}: a ByteLevel pre-tokenizer without a regex", source);
+    return std::string(kGpt2Pattern);
+  }
+  if (type == "Sequence") {
+    const Json& steps = pre.value("pretokenizers", Json::array());
+    if (steps.size() == 2 && TypeOf(steps[0]) == "Split" && TypeOf(steps[1]) == "ByteLevel") {
+      const Json& split = steps[0];
+      bool uses_regex = true;
+      if (Status s = byte_level(steps[1], &uses_regex); !s.ok()) return s;
+      const Json pattern = split.value("pattern", Json::object());
+      if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
+        return Error(Code::kInvalidArgument, "{}: the Split pre-tokenizer has no \"Regex\" pattern", source);
+      }
+      if (split.value("behavior", "") != "Isolated" || FlagOf(split, "invert", false) || uses_regex) {
+        return Error(Code::kInvalidArgument,
+                     "{}: only a Split with behavior Isolated, not inverted, then ByteLevel without its own regex "
+                     "is supported",
+                     source);
+      }
+      return pattern["Regex"].get<std::string>();
+    }
+  }
+  return Error(Code::kInvalidArgument,
+               "{}: pre-tokenizer {} is not supported (supported: ByteLevel, or Split then ByteLevel)", source,
+               pre.dump().substr(0, 200));
+}
+
+size_t IncompleteTail(std::string_view bytes) {
+  // The bytes at the end that could still become a character with more to come.
+  for (size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
+    const auto lead = static_cast<uint8_t>(bytes[bytes.size() - back]);
+    if ((lead & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = lead >= 0xF0 && lead <= 0xF4 ? 4 : lead >= 0xE0 && lead <= 0xEF ? 3 : lead >= 0xC2 && lead <= 0xDF ? 2 : 0;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    return Status(CodeForErrno(errno), fmt::format("\"{}\": {}", path, std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxTokenizerBytes) {
+    return Error(Code::kInvalidArgument, "\"{}\": not a regular file of at most {} bytes", path, kMaxTokenizerBytes);
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Parse(text.str(), path);
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view json_text, std::string_view source) {
+  Result<std::unique_ptr<Tokenizer>> parsed = ParseJson(json_text, source);
+  if (!parsed.ok()) return ValidUtf8(parsed.status());
+  return parsed;
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_text, std::string_view source) {
+  Json json;
+  try {
+    json = Json::parse(json_text);
+  } catch (const Json::exception& e) {
+    return Error(Code::kInvalidArgument, "{}: not JSON: {}", source, e.what());
+  }
+  if (!json.is_object() || !json.contains("model") || !json["model"].is_object()) {
+    return Error(Code::kInvalidArgument, "{}: no \"model\" object", source);
+  }
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  try {
+    const Json& model = json["model"];
+    if (const std::string type = TypeOf(model); !type.empty() && type != "BPE") {
+      return Error(Code::kInvalidArgument, "{}: model type \"{}\" is not supported (supported: BPE)", source, type);
+    }
+    if (FlagOf(model, "byte_fallback", false)) {
+      return Error(Code::kInvalidArgument, "{}: a BPE model with byte_fallback (SentencePiece style) is not supported yet",
+                   source);
+    }
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (model.contains(key) && !model[key].is_null() && model[key] != "") {
+        return Error(Code::kInvalidArgument, "{}: BPE {} is not supported", source, key);
+      }
+    }
+    if (const Json& n = json.value("normalizer", Json()); !n.is_null()) {
+      return Error(Code::kInvalidArgument, "{}: normalizer \"{}\" is not supported yet", source, TypeOf(n));
+    }
+    if (const std::string d = TypeOf(json.value("decoder", Json())); d != "ByteLevel") {
+      return Error(Code::kInvalidArgument, "{}: decoder \"{}\" is not supported (supported: ByteLevel)", source, d);
+    }
+    Result<std::string> pattern = PatternOf(json.value("pre_tokenizer", Json()), source);
+    if (!pattern.ok()) return pattern.status();
+    Result<RegexSplitter> splitter = RegexSplitter::Compile(*pattern, source);
+    if (!splitter.ok()) return splitter.status();
+    t->splitter_.emplace(std::move(*splitter));
+
+    std::unordered_map<std::string, int32_t> vocab;
+    int64_t highest = -1;
+    for (const auto& [symbol, id] : model.at("vocab").items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxVocab) {
+        return Error(Code::kInvalidArgument, "{}: vocabulary entry \"{}\" has id {}", source, ValidUtf8(symbol), id.dump());
+      }
+      highest = std::max(highest, id.get<int64_t>());
+      vocab.emplace(symbol, id.get<int32_t>());
+    }
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (const Json& m : model.value("merges", Json::array())) {
+      if (m.is_string()) {
+        const std::string text = m.get<std::string>();
+        const size_t space = text.find(' ');
+        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
+          return Error(Code::kInvalidArgument, "{}: merge \"{}\" is not two symbols", source, ValidUtf8(text));
+        }
+        merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {
+        return Error(Code::kInvalidArgument, "{}: merge {} is not two symbols", source, m.dump().substr(0, 80));
+      }
+    }
+    for (const Json& a : json.value("added_tokens", Json::array())) {
+      AddedToken token{a.at("id").get<int32_t>(), a.at("content").get<std::string>(), FlagOf(a, "special", false)};
+      if (token.id < 0 || token.id >= kMaxVocab || token.content.empty()) {
+        return Error(Code::kInvalidArgument, "{}: added token {} has id {}", source, ValidUtf8(token.content), token.id);
+      }
+      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+        if (FlagOf(a, flag, false)) {
+          return Error(Code::kInvalidArgument, "{}: added token \"{}\" asks for {}, which is not supported yet",
+                       source, ValidUtf8(token.content), flag);
+        }
+      }
+      highest = std::max<int64_t>(highest, token.id);
+      t->added_ids_[token.content] = token.id;
+      t->added_.push_back(std::move(token));
+    }
+    t->pieces_.assign(static_cast<size_t>(highest + 1), std::string());
+    t->special_.assign(t->pieces_.size(), false);
+    std::vector<bool> defined(t->pieces_.size(), false);
+    for (const auto& [symbol, id] : vocab) {
+      std::optional<std::string> bytes = FromSymbols(symbol);
+      if (!bytes) {
+        return Error(Code::kInvalidArgument, "{}: vocabulary entry \"{}\" is not made of byte-level symbols", source,
+                     ValidUtf8(symbol));
+      }
+      t->pieces_[static_cast<size_t>(id)] = std::move(*bytes);
+      defined[static_cast<size_t>(id)] = true;
+    }
+    for (int b = 0; b < 256; ++b) {
+      if (vocab.find(ByteSymbol(static_cast<uint8_t>(b))) == vocab.end()) {
+        return Error(Code::kInvalidArgument, "{}: the vocabulary lacks the symbol of byte {}: not a byte-level BPE",
+                     source, b);
+      }
+    }
+    for (const AddedToken& a : t->added_) {
+      t->pieces_[static_cast<size_t>(a.id)] = a.content;
+      t->special_[static_cast<size_t>(a.id)] = a.special;
+    }
+    Result<BpeModel> bpe = BpeModel::Make(std::move(vocab), merges, FlagOf(model, "ignore_merges", false), source);
+    if (!bpe.ok()) return bpe.status();
+    t->bpe_.emplace(std::move(*bpe));
+  } catch (const Json::exception& e) {
+    return Error(Code::kInvalidArgument, "{}: malformed: {}", source, e.what());
+  }
+  return t;
+}
+
+std::optional<int32_t> Tokenizer::TokenId(std::string_view content) const {
+  if (auto it = added_ids_.find(std::string(content)); it != added_ids_.end()) return it->second;
+  if (auto it = bpe_->vocab().find(ToSymbols(content)); it != bpe_->vocab().end()) return it->second;
+  return std::nullopt;
+}
+
+Status Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>* ids) const {
+  std::vector<std::string_view> pieces;
+  if (Status s = splitter_->Split(text, &pieces); !s.ok()) return s;
+  for (std::string_view piece : pieces) {
+    if (Status s = bpe_->Encode(ToSymbols(piece), ids); !s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = Utf8SequenceLength(text.substr(i));
+    if (length == 0) return Error(Code::kInvalidArgument, "the text is not valid UTF-8 at byte {}", i);
+    i += length;
+  }
+  std::vector<int32_t> ids;
+  size_t plain = 0;  // start of the text not yet encoded
+  for (size_t i = 0; i < text.size();) {
+    const AddedToken* found = nullptr;
+    for (const AddedToken& a : added_) {
+      if (text.substr(i).starts_with(a.content) && (found == nullptr || a.content.size() > found->content.size())) {
+        found = &a;
+      }
+    }
+    if (found == nullptr) {
+      ++i;
+      continue;
+    }
+    if (Status s = EncodeText(text.substr(plain, i - plain), &ids); !s.ok()) return s;
+    ids.push_back(found->id);
+    i += found->content.size();
+    plain = i;
+  }
+  if (Status s = EncodeText(text.substr(plain), &ids); !s.ok()) return s;
+  return ids;
+}
+
+Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= pieces_.size()) {
+      return Error(Code::kInvalidArgument, "token {} is outside the vocabulary of {}", id, pieces_.size());
+    }
+    if (skip_special && special_[static_cast<size_t>(id)]) continue;
+    out += pieces_[static_cast<size_t>(id)];
+  }
+  return out;
+}
+
+Result<std::string> StreamingDecoder::Push(int32_t id) {
+  Result<std::string> bytes = tokenizer_.Decode({&id, 1}, skip_special_);
+  if (!bytes.ok()) return bytes.status();
+  pending_ += *bytes;
+  std::string out;
+  const size_t ready = pending_.size() - IncompleteTail(pending_);
+  for (size_t i = 0; i < ready;) {
+    const size_t length = Utf8SequenceLength(std::string_view(pending_).substr(i, ready - i));
+    if (length == 0) {
+      out += kReplacement;  // a byte no character can be made of
+      ++i;
+    } else {
+      out.append(pending_, i, length);
+      i += length;
+    }
+  }
+  pending_.erase(0, ready);
+  return out;
+}
+
+std::string StreamingDecoder::Finish() {
+  std::string out;
+  for (size_t i = 0; i < pending_.size(); ++i) out += kReplacement;
+  pending_.clear();
+  return out;
+}
+
+}  // namespace warmpool::tokenizer

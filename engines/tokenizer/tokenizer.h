@@ -1,0 +1,78 @@
+// A Hugging Face tokenizer.json of the byte-level BPE kind (GPT-2, Llama 3, Qwen, SmolLM): added
+// tokens, the pre-tokenizer (a Split by regular expression, then ByteLevel; or ByteLevel with
+// GPT-2's own expression), the BPE model, and the ByteLevel decoder. What a file asks for that is
+// not done here (another model type, a normalizer, other pre-tokenizers or decoders) is refused
+// when it is read, by name, rather than encoded differently from the model's own tokenizer.
+//
+// Encoding: added tokens found in the text (longest first where two start at the same place) are
+// their own ids, as Hugging Face's encode() treats them by default; the text between them is
+// pre-tokenized, each piece turned into byte-level symbols and encoded by BPE.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/tokenizer/bpe.h"
+#include "engines/tokenizer/pretokenizer.h"
+
+namespace warmpool::tokenizer {
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool special = false;
+};
+
+class Tokenizer {
+ public:
+  // tokenizer.json's text; source names it in errors, which are valid UTF-8 whatever the file holds.
+  static Result<std::unique_ptr<Tokenizer>> Parse(std::string_view json_text, std::string_view source);
+  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+
+  // INVALID_ARGUMENT when the text is not valid UTF-8.
+  Result<std::vector<int32_t>> Encode(std::string_view text) const;
+  // The bytes the tokens stand for, skipping special added tokens when asked. Ids outside the
+  // vocabulary are INVALID_ARGUMENT. A cut-off sequence may end inside a UTF-8 character.
+  Result<std::string> Decode(std::span<const int32_t> ids, bool skip_special = false) const;
+
+  std::optional<int32_t> TokenId(std::string_view content) const;
+  // One past the highest id.
+  uint32_t vocab_size() const { return static_cast<uint32_t>(pieces_.size()); }
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+
+ private:
+  Tokenizer() = default;
+  static Result<std::unique_ptr<Tokenizer>> ParseJson(std::string_view json_text, std::string_view source);
+  Status EncodeText(std::string_view text, std::vector<int32_t>* ids) const;
+
+  std::optional<BpeModel> bpe_;
+  std::optional<RegexSplitter> splitter_;
+  std::vector<AddedToken> added_;
+  std::unordered_map<std::string, int32_t> added_ids_;
+  std::vector<std::string> pieces_;  // by id: the bytes each token stands for
+  std::vector<bool> special_;        // by id
+};
+
+// Text from tokens as they come, never splitting a UTF-8 character: bytes that do not yet make a
+// whole character wait for the next token. Finish returns what is left (invalid bytes as U+FFFD).
+class StreamingDecoder {
+ public:
+  explicit StreamingDecoder(const Tokenizer& tokenizer, bool skip_special = true)
+      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+  Result<std::string> Push(int32_t id);
+  std::string Finish();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace warmpool::tokenizer

@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""An independent reference for byte-level BPE tokenizers, written from the definitions (GPT-2's
+encoder.py: bytes_to_unicode and bpe(); Hugging Face tokenizers' tokenizer.json, its added tokens
+and its Split/ByteLevel pre-tokenizers), with the `regex` module for the Unicode patterns.
+
+  tokenizer_reference.py train CORPUS --merges N --style gpt2|llama3|qwen2 --out tokenizer.json
+                         [--ignore-merges]
+      learns N merges from CORPUS (the most frequent adjacent pair of symbols, the smallest pair
+      on a tie) and writes a tokenizer.json, with three special added tokens
+  tokenizer_reference.py encode tokenizer.json TEXTS.json
+      prints, as JSON, the ids of each text of the JSON list in TEXTS.json
+"""
+
+import argparse
+import collections
+import json
+import sys
+
+import regex
+
+PATTERNS = {
+    "gpt2": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+    "llama3": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+}
+SPECIALS = ["<|begin_of_text|>", "<|end|>", "<|end|>>"]  # the last starts as the second does
+
+
+def bytes_to_unicode():
+    """GPT-2's table: printable Latin-1 bytes stand for themselves, the rest for 256 onwards."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+BYTE = bytes_to_unicode()
+
+
+def pieces(pattern, text):
+    """Split with behaviour Isolated: each match, and any text between matches."""
+    out, last = [], 0
+    for m in regex.finditer(pattern, text):
+        if m.start() > last:
+            out.append(text[last : m.start()])
+        if m.end() > m.start():
+            out.append(m.group())
+        last = max(last, m.end())
+    if last < len(text):
+        out.append(text[last:])
+    return out
+
+
+def symbols(piece):
+    return "".join(BYTE[b] for b in piece.encode("utf-8"))
+
+
+def train(corpus, merges_wanted, style, ignore_merges):
+    words = collections.Counter(tuple(symbols(p)) for p in pieces(PATTERNS[style], corpus))
+    vocab = {BYTE[b]: b for b in range(256)}
+    merges = []
+    while len(merges) < merges_wanted:
+        pairs = collections.Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        vocab.setdefault(best[0] + best[1], len(vocab))
+        merged = collections.Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": style == "gpt2"}
+    if style == "gpt2":
+        pre = byte_level
+    else:
+        split = {"type": "Split", "pattern": {"Regex": PATTERNS[style]}, "behavior": "Isolated", "invert": False}
+        pre = {"type": "Sequence", "pretokenizers": [split, byte_level]}
+    added = [
+        {"id": len(vocab) + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for i, s in enumerate(SPECIALS)
+    ]
+    return {
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": pre,
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": [list(m) for m in merges]},
+    }
+
+
+def bpe(word, ranks):
+    """GPT-2's bpe(): merge the best-ranked adjacent pair everywhere, until none has a rank."""
+    word = list(word)
+    while len(word) > 1:
+        pairs = set(zip(word, word[1:]))
+        best = min(pairs, key=lambda p: ranks.get(p, float("inf")))
+        if best not in ranks:
+            break
+        out, i = [], 0
+        while i < len(word):
+            if i + 1 < len(word) and word[i] == best[0] and word[i + 1] == best[1]:
+                out.append(word[i] + word[i + 1])
+                i += 2
+            else:
+                out.append(word[i])
+                i += 1
+        word = out
+    return word
+
+
+def encode(tok, text):
+    model = tok["model"]
+    vocab = model["vocab"]
+    ranks = {}
+    for m in model["merges"]:
+        pair = tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+        ranks.setdefault(pair, len(ranks))
+    pre = tok["pre_tokenizer"]
+    pattern = PATTERNS["gpt2"] if pre["type"] == "ByteLevel" else pre["pretokenizers"][0]["pattern"]["Regex"]
+    added = {a["content"]: a["id"] for a in tok["added_tokens"]}
+    ids = []
+
+    def plain(part):
+        for piece in pieces(pattern, part):
+            word = symbols(piece)
+            if model.get("ignore_merges") and word in vocab:
+                ids.append(vocab[word])
+            else:
+                ids.extend(vocab[s] for s in bpe(word, ranks))
+
+    # Added tokens: the leftmost occurrence first, the longest where several start there.
+    start = 0
+    while True:
+        found = None
+        for content in added:
+            at = text.find(content, start)
+            if at >= 0 and (found is None or at < found[0] or (at == found[0] and len(content) > len(found[1]))):
+                found = (at, content)
+        if found is None:
+            break
+        plain(text[start : found[0]])
+        ids.append(added[found[1]])
+        start = found[0] + len(found[1])
+    plain(text[start:])
+    return ids
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    t = commands.add_parser("train")
+    t.add_argument("corpus")
+    t.add_argument("--merges", type=int, required=True)
+    t.add_argument("--style", choices=sorted(PATTERNS), required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--ignore-merges", action="store_true")
+    e = commands.add_parser("encode")
+    e.add_argument("tokenizer")
+    e.add_argument("texts")
+    args = parser.parse_args()
+    if args.command == "train":
+        with open(args.corpus, encoding="utf-8") as f:
+            corpus = f.read()
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(train(corpus, args.merges, args.style, args.ignore_merges), f, ensure_ascii=False)
+    else:
+        with open(args.tokenizer, encoding="utf-8") as f:
+            tok = json.load(f)
+        with open(args.texts, encoding="utf-8") as f:
+            texts = json.load(f)
+        json.dump([encode(tok, text) for text in texts], sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

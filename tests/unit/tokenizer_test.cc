@@ -1,0 +1,245 @@
+// Byte-level BPE tokenizers against tests/python/tokenizer_reference.py (written from GPT-2's and
+// Hugging Face's definitions, with the `regex` module): vocabularies trained by the reference on a
+// text Debian ships, then the same texts encoded by both — corpus lines, hostile strings and
+// random UTF-8 — and decoded back, at once and as a stream.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/utf8.h"
+#include "engines/tokenizer/tokenizer.h"
+#include "tests/text.h"
+#include "tests/unit/temp_dir.h"
+
+namespace warmpool::tokenizer {
+namespace {
+
+using Json = nlohmann::json;
+using warmpool::testing::Contains;
+using warmpool::testing::TempDir;
+
+constexpr char kCorpus[] = "/usr/share/common-licenses/GPL-3";  // base-files: on every Debian system
+
+std::string RunReference(const std::string& arguments) {
+  const std::string command = fmt::format("{} {}/tests/python/tokenizer_reference.py {}", WARMPOOL_PYTHON3,
+                                          WARMPOOL_SOURCE_DIR, arguments);
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << command;
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A code point from ranges a tokenizer meets: ASCII, whitespace of every kind, Latin-1, Cyrillic,
+// combining marks, CJK, emoji (four bytes), digits of other scripts.
+std::string RandomCharacter(std::mt19937_64& g) {
+  static const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
+      {0x20, 0x7E}, {0x20, 0x7E}, {0x20, 0x7E}, {0x09, 0x0D}, {0xA0, 0xFF}, {0x0400, 0x04FF}, {0x0300, 0x036F},
+      {0x4E00, 0x4E80}, {0x1F600, 0x1F64F}, {0x0660, 0x0669}, {0x2000, 0x200B}, {0x3000, 0x3000}, {0x27, 0x27}};
+  const auto& [low, high] = ranges[g() % ranges.size()];
+  const uint32_t c = low + static_cast<uint32_t>(g() % (high - low + 1));
+  std::string out;
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return out;
+}
+
+std::vector<std::string> Texts() {
+  std::vector<std::string> texts = {
+      "",
+      " ",
+      "Hello, world!",
+      "  leading and trailing spaces  ",
+      "don't won't I'M YOU'RE they'll we'd",
+      "1234567890 12 3.14159 1e-9",
+      "line one\nline two\r\n\r\n\ttabbed\n\n\n",
+      "naïve café Ünïcödé — “quotes” …",
+      "Привет, мир! 你好，世界。 مرحبا ١٢٣",
+      "e\u0301 combining and 🙂🙃 emoji and 👩‍👩‍👧 a family",
+      "<|begin_of_text|>system<|end|>\nYou are helpful.<|end|><|begin_of_text|>",
+      "<|begin_of_text|<|end||>",  // near misses of the specials
+      "<|end|>>x<|end|> <|end|>>>",  // two specials start alike: the longer wins
+      " zebra quokka! zebras Zebra",  // whole words the vocabulary has without merges
+      "\u3000ideographic space\u2003em space\u00a0no-break",
+      std::string(300, 'a') + std::string(100, ' ') + std::string(50, '!'),
+  };
+  const std::string corpus = ReadFile(kCorpus);
+  std::istringstream lines(corpus);
+  std::string line;
+  for (int i = 0; i < 150 && std::getline(lines, line); ++i) texts.push_back(line);
+  std::mt19937_64 g(7);
+  for (int i = 0; i < 300; ++i) {
+    std::string text;
+    const int length = static_cast<int>(g() % 40);
+    for (int c = 0; c < length; ++c) text += RandomCharacter(g);
+    texts.push_back(text);
+  }
+  return texts;
+}
+
+class TokenizerReference : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TokenizerReference, EncodingsEqualTheReferenceAndDecodeBackToTheText) {
+  TempDir dir;
+  const std::string style = GetParam();
+  // A corpus of the license text and some of every script the texts use.
+  {
+    std::ofstream corpus(dir.File("corpus.txt"), std::ios::binary);
+    corpus << ReadFile(kCorpus).substr(0, 20000)
+           << "\nПривет мир привет. 你好世界你好。 naïve café café. 1234 5678 don't don't\n";
+  }
+  const bool ignore_merges = style == "llama3";
+  RunReference(fmt::format("train {} --merges 300 --style {} --out {}{}", dir.File("corpus.txt"), style,
+                  dir.File("tokenizer.json"), ignore_merges ? " --ignore-merges" : ""));
+  {
+    // Words in the vocabulary that no merge makes, as real vocabularies have: with ignore_merges
+    // (Llama 3's) a word that is one of them is that token.
+    Json file = Json::parse(ReadFile(dir.File("tokenizer.json")));
+    int32_t next = 0;
+    for (const auto& [symbol, id] : file["model"]["vocab"].items()) next = std::max(next, id.get<int32_t>() + 1);
+    for (const Json& added : file["added_tokens"]) next = std::max(next, added["id"].get<int32_t>() + 1);
+    file["model"]["vocab"]["\u0120zebra"] = next;
+    file["model"]["vocab"]["quokka"] = next + 1;
+    std::ofstream(dir.File("tokenizer.json"), std::ios::trunc) << file.dump();
+  }
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(dir.File("tokenizer.json"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  const std::vector<int32_t> zebra = *(*tokenizer)->Encode(" zebra");
+  EXPECT_EQ(zebra.size() == 1, ignore_merges) << style << ": \" zebra\" is " << zebra.size() << " tokens";
+
+  const std::vector<std::string> texts = Texts();
+  std::ofstream(dir.File("texts.json")) << Json(texts).dump();
+  const Json want = Json::parse(RunReference(fmt::format("encode {} {}", dir.File("tokenizer.json"), dir.File("texts.json"))));
+  ASSERT_EQ(want.size(), texts.size());
+  size_t merged_tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    Result<std::vector<int32_t>> ids = (*tokenizer)->Encode(texts[i]);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    ASSERT_EQ(Json(*ids), want[i]) << style << ", text " << i << ": \"" << texts[i] << "\"";
+    for (int32_t id : *ids) merged_tokens += id >= 256;
+
+    Result<std::string> decoded = (*tokenizer)->Decode(*ids);
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_EQ(*decoded, texts[i]);
+    StreamingDecoder stream(**tokenizer, /*skip_special=*/false);
+    std::string streamed;
+    for (int32_t id : *ids) {
+      Result<std::string> part = stream.Push(id);
+      ASSERT_TRUE(part.ok());
+      EXPECT_EQ(ValidUtf8(*part), *part) << "a stream's piece splits a character";
+      streamed += *part;
+    }
+    streamed += stream.Finish();
+    EXPECT_EQ(streamed, texts[i]);
+  }
+  EXPECT_GT(merged_tokens, 1000u) << "the merges are used";
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, TokenizerReference, ::testing::Values("gpt2", "llama3", "qwen2"));
+
+class TokenizerFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ofstream(dir_.File("corpus.txt")) << "abc abc abd";
+    RunReference(fmt::format("train {} --merges 3 --style llama3 --out {}", dir_.File("corpus.txt"), dir_.File("t.json")));
+    base_ = Json::parse(ReadFile(dir_.File("t.json")));
+  }
+  Status ParseWith(const std::function<void(Json&)>& edit) {
+    Json j = base_;
+    edit(j);
+    Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Parse(j.dump(), "tokenizer.json");
+    return t.ok() ? OkStatus() : t.status();
+  }
+  TempDir dir_;
+  Json base_;
+};
+
+TEST_F(TokenizerFiles, WhatIsNotDoneHereIsRefusedByName) {
+  ASSERT_TRUE(ParseWith([](Json&) {}).ok());
+  struct Case {
+    std::function<void(Json&)> edit;
+    const char* named;
+  };
+  const Case cases[] = {
+      {[](Json& j) { j["model"]["type"] = "WordPiece"; }, "model type \"WordPiece\""},
+      {[](Json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback"},
+      {[](Json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer \"NFC\""},
+      {[](Json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, "decoder \"Metaspace\""},
+      {[](Json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "pre-tokenizer"},
+      {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; }, "add_prefix_space"},
+      {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; }, "does not compile"},
+      {[](Json& j) { j["model"]["vocab"].erase("Ġ"); }, "lacks the symbol of byte 32"},
+      {[](Json& j) { j["model"]["merges"].push_back(Json::array({"x", "y"})); }, "makes a symbol the vocabulary lacks"},
+      {[](Json& j) { j["model"]["merges"].push_back("a b c"); }, "is not two symbols"},
+      {[](Json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip"},
+      {[](Json& j) { j["model"]["vocab"]["zz"] = -4; }, "has id -4"},
+      {[](Json& j) { j["model"]["vocab"]["\u4e00"] = 7000; }, "not made of byte-level symbols"},
+      {[](Json& j) { j.erase("model"); }, "no \"model\""},
+  };
+  for (const Case& c : cases) {
+    Status s = ParseWith(c.edit);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << c.named;
+    EXPECT_TRUE(Contains(s.message(), c.named)) << "wanted \"" << c.named << "\" in: " << s.message();
+  }
+  EXPECT_EQ(Tokenizer::Parse("{", "t").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Tokenizer::Load(dir_.File("missing.json")).status().code(), Code::kNotFound);
+}
+
+TEST_F(TokenizerFiles, BadTextAndBadIdsAreRefused) {
+  Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Parse(base_.dump(), "t");
+  ASSERT_TRUE(t.ok());
+  for (std::string bad : {std::string("\xff"), std::string("ab\xc3"), std::string("\xed\xa0\x80"),
+                          std::string("\xc0\xaf")}) {
+    Result<std::vector<int32_t>> ids = (*t)->Encode(bad);
+    EXPECT_EQ(ids.status().code(), Code::kInvalidArgument);
+    EXPECT_TRUE(Contains(ids.status().message(), "not valid UTF-8")) << ids.status().message();
+  }
+  const int32_t outside[] = {(int32_t)(*t)->vocab_size()};
+  EXPECT_EQ((*t)->Decode(outside).status().code(), Code::kInvalidArgument);
+  const int32_t negative[] = {-1};
+  EXPECT_EQ((*t)->Decode(negative).status().code(), Code::kInvalidArgument);
+  const std::optional<int32_t> end = (*t)->TokenId("<|end|>");
+  ASSERT_TRUE(end.has_value());
+  const int32_t with_special[] = {*(*t)->TokenId("a"), *end, *(*t)->TokenId("b")};
+  EXPECT_EQ(*(*t)->Decode(with_special), "a<|end|>b");
+  EXPECT_EQ(*(*t)->Decode(with_special, /*skip_special=*/true), "ab");
+  // A character cut by a stream's end comes out as U+FFFD, never as a split byte.
+  StreamingDecoder stream(**t);
+  const int32_t first_byte_of_e_acute = *(*t)->TokenId("\xc3");
+  EXPECT_EQ(*stream.Push(first_byte_of_e_acute), "");
+  EXPECT_EQ(stream.Finish(), "\xEF\xBF\xBD");
+}
+
+}  // namespace
+}  // namespace warmpool::tokenizer
