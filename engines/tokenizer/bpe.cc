@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "common/utf8.h"
 
 namespace warmpool::tokenizer {
@@ -15,10 +17,20 @@ std::string BpeModel::PairKey(std::string_view a, std::string_view b) {
 }
 
 Result<BpeModel> BpeModel::Make(std::unordered_map<std::string, int32_t> vocab,
-                                const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+                                const std::vector<std::pair<std::string, std::string>>& merges, const Options& options,
                                 std::string_view source) {
   BpeModel model;
-  model.ignore_merges_ = ignore_merges;
+  model.options_ = options;
+  if (options.unk && vocab.find(*options.unk) == vocab.end()) {
+    return Error(Code::kInvalidArgument, "{}: unk_token \"{}\" is not in the vocabulary", source, ValidUtf8(*options.unk));
+  }
+  if (options.byte_fallback) {
+    for (int b = 0; b < 256; ++b) {
+      if (vocab.find(fmt::format("<0x{:02X}>", b)) == vocab.end()) {
+        return Error(Code::kInvalidArgument, "{}: byte_fallback without the token <0x{:02X}>", source, b);
+      }
+    }
+  }
   for (const auto& [a, b] : merges) {
     if (a.empty() || b.empty()) return Error(Code::kInvalidArgument, "{}: a merge has an empty half", source);
     if (vocab.find(a + b) == vocab.end()) {
@@ -34,7 +46,7 @@ Result<BpeModel> BpeModel::Make(std::unordered_map<std::string, int32_t> vocab,
 
 Status BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const {
   if (word.empty()) return OkStatus();
-  if (ignore_merges_) {
+  if (options_.ignore_merges) {
     if (auto it = vocab_.find(std::string(word)); it != vocab_.end()) {
       ids->push_back(it->second);
       return OkStatus();
@@ -44,8 +56,13 @@ Status BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const 
   for (size_t i = 0; i < word.size();) {
     size_t length = Utf8SequenceLength(word.substr(i));
     if (length == 0) length = 1;  // not reached with valid input; keeps the loop finite
-    symbols.emplace_back(word.substr(i, length));
+    std::string character(word.substr(i, length));
     i += length;
+    if (options_.byte_fallback && vocab_.find(character) == vocab_.end()) {
+      for (char byte : character) symbols.push_back(fmt::format("<0x{:02X}>", static_cast<uint8_t>(byte)));
+      continue;
+    }
+    symbols.push_back(std::move(character));
   }
   while (symbols.size() > 1) {
     uint32_t best = std::numeric_limits<uint32_t>::max();
@@ -72,12 +89,19 @@ Status BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const 
     }
     symbols = std::move(merged);
   }
+  bool last_was_unk = false;
   for (const std::string& symbol : symbols) {
     auto it = vocab_.find(symbol);
-    if (it == vocab_.end()) {
+    if (it != vocab_.end()) {
+      ids->push_back(it->second);
+      last_was_unk = false;
+      continue;
+    }
+    if (!options_.unk) {
       return Error(Code::kInvalidArgument, "symbol \"{}\" is not in the vocabulary", ValidUtf8(symbol));
     }
-    ids->push_back(it->second);
+    if (!(options_.fuse_unk && last_was_unk)) ids->push_back(vocab_.at(*options_.unk));
+    last_was_unk = true;
   }
   return OkStatus();
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -16,10 +17,19 @@ namespace warmpool::tokenizer {
 
 class BpeModel {
  public:
-  // merges: pairs in rank order (the first merges first). ignore_merges: a word that is in the
-  // vocabulary as a whole is that token, merges or not (Llama 3's tokenizer says so).
+  struct Options {
+    // A word that is in the vocabulary as a whole is that token, merges or not (Llama 3's).
+    bool ignore_merges = false;
+    // A character the vocabulary lacks starts as its bytes' tokens, "<0x41>" (SentencePiece's).
+    bool byte_fallback = false;
+    // What a symbol the vocabulary lacks becomes otherwise (none: an error); fuse_unk: a run of
+    // them becomes one.
+    std::optional<std::string> unk;
+    bool fuse_unk = false;
+  };
+  // merges: pairs in rank order (the first merges first).
   static Result<BpeModel> Make(std::unordered_map<std::string, int32_t> vocab,
-                               const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+                               const std::vector<std::pair<std::string, std::string>>& merges, const Options& options,
                                std::string_view source);
 
   // Appends the tokens of one word; INVALID_ARGUMENT when a symbol it comes to is not in the
@@ -33,7 +43,7 @@ class BpeModel {
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<std::string, uint32_t> ranks_;  // PairKey(a, b) -> rank
-  bool ignore_merges_ = false;
+  Options options_;
 };
 
 }  // namespace warmpool::tokenizer

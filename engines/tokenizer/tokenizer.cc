@@ -9,8 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/tokenizer/json_fields.h"
+
 #include "common/utf8.h"
 #include "engines/tokenizer/byte_level.h"
+#include "engines/tokenizer/metaspace.h"
 
 namespace warmpool::tokenizer {
 namespace {
@@ -20,16 +23,6 @@ using Json = nlohmann::json;
 constexpr uint64_t kMaxTokenizerBytes = 256u << 20;
 constexpr int64_t kMaxVocab = 1 << 24;
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-std::string TypeOf(const Json& j) {
-  auto it = j.is_object() ? j.find("type") : j.end();
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-bool FlagOf(const Json& j, const char* key, bool fallback) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
-}
 
 // The pattern the pre-tokenizer splits by: GPT-2's for a ByteLevel one that uses its own, or a
 // Split's followed by a ByteLevel that does not.
@@ -121,26 +114,31 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
     if (const std::string type = TypeOf(model); !type.empty() && type != "BPE") {
       return Error(Code::kInvalidArgument, "{}: model type \"{}\" is not supported (supported: BPE)", source, type);
     }
-    if (FlagOf(model, "byte_fallback", false)) {
-      return Error(Code::kInvalidArgument, "{}: a BPE model with byte_fallback (SentencePiece style) is not supported yet",
-                   source);
-    }
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (model.contains(key) && !model[key].is_null() && model[key] != "") {
         return Error(Code::kInvalidArgument, "{}: BPE {} is not supported", source, key);
       }
     }
-    if (const Json& n = json.value("normalizer", Json()); !n.is_null()) {
-      return Error(Code::kInvalidArgument, "{}: normalizer \"{}\" is not supported yet", source, TypeOf(n));
+    // SentencePiece style (byte fallback, '▁' for spaces) or byte-level: which one the file is
+    // decides how everything else in it is read.
+    const bool byte_fallback = FlagOf(model, "byte_fallback", false);
+    if (byte_fallback || TypeOf(json.value("pre_tokenizer", Json())) == "Metaspace") {
+      Result<Metaspace> metaspace = ParseMetaspace(json, source);
+      if (!metaspace.ok()) return metaspace.status();
+      t->metaspace_ = *metaspace;
+    } else {
+      if (const Json& n = json.value("normalizer", Json()); !n.is_null()) {
+        return Error(Code::kInvalidArgument, "{}: normalizer \"{}\" is not supported yet", source, TypeOf(n));
+      }
+      if (const std::string d = TypeOf(json.value("decoder", Json())); d != "ByteLevel") {
+        return Error(Code::kInvalidArgument, "{}: decoder \"{}\" is not supported (supported: ByteLevel)", source, d);
+      }
+      Result<std::string> pattern = PatternOf(json.value("pre_tokenizer", Json()), source);
+      if (!pattern.ok()) return pattern.status();
+      Result<RegexSplitter> splitter = RegexSplitter::Compile(*pattern, source);
+      if (!splitter.ok()) return splitter.status();
+      t->splitter_.emplace(std::move(*splitter));
     }
-    if (const std::string d = TypeOf(json.value("decoder", Json())); d != "ByteLevel") {
-      return Error(Code::kInvalidArgument, "{}: decoder \"{}\" is not supported (supported: ByteLevel)", source, d);
-    }
-    Result<std::string> pattern = PatternOf(json.value("pre_tokenizer", Json()), source);
-    if (!pattern.ok()) return pattern.status();
-    Result<RegexSplitter> splitter = RegexSplitter::Compile(*pattern, source);
-    if (!splitter.ok()) return splitter.status();
-    t->splitter_.emplace(std::move(*splitter));
 
     std::unordered_map<std::string, int32_t> vocab;
     int64_t highest = -1;
@@ -183,27 +181,29 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
     }
     t->pieces_.assign(static_cast<size_t>(highest + 1), std::string());
     t->special_.assign(t->pieces_.size(), false);
-    std::vector<bool> defined(t->pieces_.size(), false);
     for (const auto& [symbol, id] : vocab) {
-      std::optional<std::string> bytes = FromSymbols(symbol);
-      if (!bytes) {
-        return Error(Code::kInvalidArgument, "{}: vocabulary entry \"{}\" is not made of byte-level symbols", source,
-                     ValidUtf8(symbol));
-      }
+      Result<std::string> bytes = t->PieceOf(symbol, byte_fallback);
+      if (!bytes.ok()) return Error(Code::kInvalidArgument, "{}: {}", source, bytes.status().message());
       t->pieces_[static_cast<size_t>(id)] = std::move(*bytes);
-      defined[static_cast<size_t>(id)] = true;
     }
-    for (int b = 0; b < 256; ++b) {
-      if (vocab.find(ByteSymbol(static_cast<uint8_t>(b))) == vocab.end()) {
-        return Error(Code::kInvalidArgument, "{}: the vocabulary lacks the symbol of byte {}: not a byte-level BPE",
-                     source, b);
+    if (!t->metaspace_) {
+      for (int b = 0; b < 256; ++b) {
+        if (vocab.find(ByteSymbol(static_cast<uint8_t>(b))) == vocab.end()) {
+          return Error(Code::kInvalidArgument, "{}: the vocabulary lacks the symbol of byte {}: not a byte-level BPE",
+                       source, b);
+        }
       }
     }
     for (const AddedToken& a : t->added_) {
       t->pieces_[static_cast<size_t>(a.id)] = a.content;
       t->special_[static_cast<size_t>(a.id)] = a.special;
     }
-    Result<BpeModel> bpe = BpeModel::Make(std::move(vocab), merges, FlagOf(model, "ignore_merges", false), source);
+    BpeModel::Options options;
+    options.ignore_merges = FlagOf(model, "ignore_merges", false);
+    options.byte_fallback = byte_fallback;
+    options.fuse_unk = FlagOf(model, "fuse_unk", false);
+    if (model.contains("unk_token") && model["unk_token"].is_string()) options.unk = model["unk_token"].get<std::string>();
+    Result<BpeModel> bpe = BpeModel::Make(std::move(vocab), merges, options, source);
     if (!bpe.ok()) return bpe.status();
     t->bpe_.emplace(std::move(*bpe));
   } catch (const Json::exception& e) {
@@ -212,13 +212,46 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
   return t;
 }
 
+Result<std::string> Tokenizer::PieceOf(const std::string& symbol, bool byte_fallback) const {
+  if (!metaspace_) {
+    std::optional<std::string> bytes = FromSymbols(symbol);
+    if (!bytes) return Error(Code::kInvalidArgument, "vocabulary entry \"{}\" is not made of byte-level symbols", symbol);
+    return *bytes;
+  }
+  // "<0x41>": the byte a byte-fallback token stands for.
+  if (byte_fallback && symbol.size() == 6 && symbol.starts_with("<0x") && symbol.ends_with(">")) {
+    const std::string hex = symbol.substr(3, 2);
+    if (hex.find_first_not_of("0123456789ABCDEF") == std::string::npos) {
+      return std::string(1, static_cast<char>(std::stoi(hex, nullptr, 16)));
+    }
+  }
+  std::string text;
+  for (size_t at = 0;;) {
+    const size_t next = symbol.find(kMetaspace, at);
+    text.append(symbol, at, next == std::string::npos ? std::string::npos : next - at);
+    if (next == std::string::npos) break;
+    text += ' ';
+    at = next + kMetaspace.size();
+  }
+  return text;
+}
+
 std::optional<int32_t> Tokenizer::TokenId(std::string_view content) const {
   if (auto it = added_ids_.find(std::string(content)); it != added_ids_.end()) return it->second;
-  if (auto it = bpe_->vocab().find(ToSymbols(content)); it != bpe_->vocab().end()) return it->second;
+  const std::string symbol = metaspace_ ? std::string(content) : ToSymbols(content);
+  if (auto it = bpe_->vocab().find(symbol); it != bpe_->vocab().end()) return it->second;
   return std::nullopt;
 }
 
-Status Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>* ids) const {
+Status Tokenizer::EncodeText(std::string_view text, bool at_start, std::vector<int32_t>* ids) const {
+  if (metaspace_) {
+    std::vector<std::string> words;
+    metaspace_->Pieces(text, at_start, &words);
+    for (const std::string& word : words) {
+      if (Status s = bpe_->Encode(word, ids); !s.ok()) return s;
+    }
+    return OkStatus();
+  }
   std::vector<std::string_view> pieces;
   if (Status s = splitter_->Split(text, &pieces); !s.ok()) return s;
   for (std::string_view piece : pieces) {
@@ -246,16 +279,22 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
       ++i;
       continue;
     }
-    if (Status s = EncodeText(text.substr(plain, i - plain), &ids); !s.ok()) return s;
+    if (Status s = EncodeText(text.substr(plain, i - plain), plain == 0, &ids); !s.ok()) return s;
     ids.push_back(found->id);
     i += found->content.size();
     plain = i;
   }
-  if (Status s = EncodeText(text.substr(plain), &ids); !s.ok()) return s;
+  if (Status s = EncodeText(text.substr(plain), plain == 0, &ids); !s.ok()) return s;
   return ids;
 }
 
 Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
+  Result<std::string> out = DecodePieces(ids, skip_special);
+  if (out.ok() && strips_leading_space() && out->starts_with(' ')) out->erase(0, 1);
+  return out;
+}
+
+Result<std::string> Tokenizer::DecodePieces(std::span<const int32_t> ids, bool skip_special) const {
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= pieces_.size()) {
@@ -268,8 +307,13 @@ Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids, bool skip_sp
 }
 
 Result<std::string> StreamingDecoder::Push(int32_t id) {
-  Result<std::string> bytes = tokenizer_.Decode({&id, 1}, skip_special_);
+  Result<std::string> bytes = tokenizer_.DecodePieces({&id, 1}, skip_special_);
   if (!bytes.ok()) return bytes.status();
+  // The space a SentencePiece-style prefix put before the text goes, once, as Decode drops it.
+  if (!started_ && !bytes->empty()) {
+    started_ = true;
+    if (tokenizer_.strips_leading_space() && bytes->starts_with(' ')) bytes->erase(0, 1);
+  }
   pending_ += *bytes;
   std::string out;
   const size_t ready = pending_.size() - IncompleteTail(pending_);

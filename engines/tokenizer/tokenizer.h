@@ -1,6 +1,8 @@
-// A Hugging Face tokenizer.json of the byte-level BPE kind (GPT-2, Llama 3, Qwen, SmolLM): added
-// tokens, the pre-tokenizer (a Split by regular expression, then ByteLevel; or ByteLevel with
-// GPT-2's own expression), the BPE model, and the ByteLevel decoder. What a file asks for that is
+// A Hugging Face tokenizer.json of a BPE model, in either of its two common styles: byte-level
+// (GPT-2, Llama 3, Qwen, SmolLM: added tokens, the pre-tokenizer — a Split by regular expression,
+// then ByteLevel; or ByteLevel with GPT-2's own expression —, the BPE model, and the ByteLevel
+// decoder) or SentencePiece-style with byte fallback (Llama 2, Mistral, TinyLlama:
+// engines/tokenizer/metaspace.h). What a file asks for that is
 // not done here (another model type, a normalizer, other pre-tokenizers or decoders) is refused
 // when it is read, by name, rather than encoded differently from the model's own tokenizer.
 //
@@ -20,6 +22,7 @@
 
 #include "common/status.h"
 #include "engines/tokenizer/bpe.h"
+#include "engines/tokenizer/metaspace.h"
 #include "engines/tokenizer/pretokenizer.h"
 
 namespace warmpool::tokenizer {
@@ -42,6 +45,11 @@ class Tokenizer {
   // vocabulary are INVALID_ARGUMENT. A cut-off sequence may end inside a UTF-8 character.
   Result<std::string> Decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
+  // The bytes the tokens stand for as they are, without the decoder's dropping of a leading
+  // space: what a stream is made of (StreamingDecoder drops it once, at its start).
+  Result<std::string> DecodePieces(std::span<const int32_t> ids, bool skip_special = false) const;
+  bool strips_leading_space() const { return metaspace_ && metaspace_->strip_leading_space; }
+
   std::optional<int32_t> TokenId(std::string_view content) const;
   // One past the highest id.
   uint32_t vocab_size() const { return static_cast<uint32_t>(pieces_.size()); }
@@ -50,10 +58,12 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   static Result<std::unique_ptr<Tokenizer>> ParseJson(std::string_view json_text, std::string_view source);
-  Status EncodeText(std::string_view text, std::vector<int32_t>* ids) const;
+  Status EncodeText(std::string_view text, bool at_start, std::vector<int32_t>* ids) const;
+  Result<std::string> PieceOf(const std::string& symbol, bool byte_fallback) const;
 
   std::optional<BpeModel> bpe_;
-  std::optional<RegexSplitter> splitter_;
+  std::optional<RegexSplitter> splitter_;  // byte-level style
+  std::optional<Metaspace> metaspace_;     // SentencePiece style
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_ids_;
   std::vector<std::string> pieces_;  // by id: the bytes each token stands for
@@ -73,6 +83,7 @@ class StreamingDecoder {
   const Tokenizer& tokenizer_;
   bool skip_special_;
   std::string pending_;
+  bool started_ = false;
 };
 
 }  // namespace warmpool::tokenizer

@@ -3,10 +3,11 @@
 encoder.py: bytes_to_unicode and bpe(); Hugging Face tokenizers' tokenizer.json, its added tokens
 and its Split/ByteLevel pre-tokenizers), with the `regex` module for the Unicode patterns.
 
-  tokenizer_reference.py train CORPUS --merges N --style gpt2|llama3|qwen2 --out tokenizer.json
-                         [--ignore-merges]
+  tokenizer_reference.py train CORPUS --merges N --style STYLE --out tokenizer.json [--ignore-merges]
       learns N merges from CORPUS (the most frequent adjacent pair of symbols, the smallest pair
-      on a tie) and writes a tokenizer.json, with three special added tokens
+      on a tie) and writes a tokenizer.json, with three special added tokens. STYLE: gpt2, llama3,
+      qwen2 (byte-level); sentencepiece (Llama 2's: Prepend and Replace normalizers, byte
+      fallback) or metaspace (the same with a Metaspace pre-tokenizer, prepend_scheme "first")
   tokenizer_reference.py encode tokenizer.json TEXTS.json
       prints, as JSON, the ids of each text of the JSON list in TEXTS.json
 """
@@ -24,6 +25,9 @@ PATTERNS = {
     "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
 }
 SPECIALS = ["<|begin_of_text|>", "<|end|>", "<|end|>>"]  # the last starts as the second does
+SP_SPECIALS = ["<unk>", "<s>", "</s>"]
+METASPACE = "\u2581"
+SP_STYLES = ("sentencepiece", "metaspace")
 
 
 def bytes_to_unicode():
@@ -110,8 +114,82 @@ def train(corpus, merges_wanted, style, ignore_merges):
     }
 
 
+def sp_symbols(word, vocab):
+    """A word's starting symbols: its characters, and for a character the vocabulary lacks its
+    bytes' tokens (SentencePiece's byte fallback)."""
+    out = []
+    for ch in word:
+        if ch in vocab:
+            out.append(ch)
+        else:
+            out.extend(f"<0x{b:02X}>" for b in ch.encode("utf-8"))
+    return out
+
+
+def sp_words(text, style, at_start):
+    """The words BPE encodes, for one run of text between added tokens."""
+    if not text:
+        return []
+    replaced = text.replace(" ", METASPACE)
+    if style == "sentencepiece":  # the Prepend normalizer: before every run
+        return [METASPACE + replaced]
+    if at_start and not replaced.startswith(METASPACE):  # Metaspace, prepend_scheme "first"
+        replaced = METASPACE + replaced
+    return [replaced]
+
+
+def train_sp(corpus, merges_wanted, style):
+    vocab = {s: i for i, s in enumerate(SP_SPECIALS)}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    text = corpus.replace(" ", METASPACE)
+    for ch, n in sorted(collections.Counter(text).items()):
+        if n >= 2 and ch not in vocab:  # characters seen once are left to the byte fallback
+            vocab[ch] = len(vocab)
+    # Words as SentencePiece sees them: each begins at its '▁'.
+    words = collections.Counter()
+    for word in regex.findall(METASPACE + "?[^" + METASPACE + "]+|" + METASPACE, METASPACE + text):
+        words[tuple(sp_symbols(word, vocab))] += 1
+    merges = []
+    while len(merges) < merges_wanted:
+        pairs = collections.Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        vocab.setdefault(best[0] + best[1], len(vocab))
+        words = collections.Counter({tuple(bpe(list(w), {best: 0})): c for w, c in words.items()})
+    decoder = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": METASPACE}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    if style == "sentencepiece":
+        normalizer = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": METASPACE},
+            {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}]}
+        pre = None
+    else:
+        normalizer = None
+        pre = {"type": "Metaspace", "replacement": METASPACE, "prepend_scheme": "first", "split": False}
+    added = [
+        {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True}
+        for i, s in enumerate(SP_SPECIALS)
+    ]
+    return {
+        "version": "1.0", "added_tokens": added, "normalizer": normalizer, "pre_tokenizer": pre,
+        "post_processor": None, "decoder": decoder,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [list(m) for m in merges]},
+    }
+
+
 def bpe(word, ranks):
-    """GPT-2's bpe(): merge the best-ranked adjacent pair everywhere, until none has a rank."""
+    """GPT-2's bpe(): merge the best-ranked adjacent pair everywhere, until none has a rank.
+    word: a string (its characters) or a list of symbols."""
     word = list(word)
     while len(word) > 1:
         pairs = set(zip(word, word[1:]))
@@ -130,6 +208,12 @@ def bpe(word, ranks):
     return word
 
 
+def style_of(tok):
+    if tok["model"].get("byte_fallback"):
+        return "sentencepiece" if tok["pre_tokenizer"] is None else "metaspace"
+    return "byte-level"
+
+
 def encode(tok, text):
     model = tok["model"]
     vocab = model["vocab"]
@@ -137,12 +221,18 @@ def encode(tok, text):
     for m in model["merges"]:
         pair = tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
         ranks.setdefault(pair, len(ranks))
+    style = style_of(tok)
     pre = tok["pre_tokenizer"]
-    pattern = PATTERNS["gpt2"] if pre["type"] == "ByteLevel" else pre["pretokenizers"][0]["pattern"]["Regex"]
+    if style == "byte-level":
+        pattern = PATTERNS["gpt2"] if pre["type"] == "ByteLevel" else pre["pretokenizers"][0]["pattern"]["Regex"]
     added = {a["content"]: a["id"] for a in tok["added_tokens"]}
     ids = []
 
-    def plain(part):
+    def plain(part, at_start):
+        if style != "byte-level":
+            for word in sp_words(part, style, at_start):
+                ids.extend(vocab.get(s, vocab["<unk>"]) for s in bpe(sp_symbols(word, vocab), ranks))
+            return
         for piece in pieces(pattern, part):
             word = symbols(piece)
             if model.get("ignore_merges") and word in vocab:
@@ -160,10 +250,10 @@ def encode(tok, text):
                 found = (at, content)
         if found is None:
             break
-        plain(text[start : found[0]])
+        plain(text[start : found[0]], start == 0)
         ids.append(added[found[1]])
         start = found[0] + len(found[1])
-    plain(text[start:])
+    plain(text[start:], start == 0)
     return ids
 
 
@@ -173,7 +263,7 @@ def main():
     t = commands.add_parser("train")
     t.add_argument("corpus")
     t.add_argument("--merges", type=int, required=True)
-    t.add_argument("--style", choices=sorted(PATTERNS), required=True)
+    t.add_argument("--style", choices=sorted(PATTERNS) + list(SP_STYLES), required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--ignore-merges", action="store_true")
     e = commands.add_parser("encode")
@@ -183,8 +273,12 @@ def main():
     if args.command == "train":
         with open(args.corpus, encoding="utf-8") as f:
             corpus = f.read()
+        if args.style in SP_STYLES:
+            tokenizer = train_sp(corpus, args.merges, args.style)
+        else:
+            tokenizer = train(corpus, args.merges, args.style, args.ignore_merges)
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(train(corpus, args.merges, args.style, args.ignore_merges), f, ensure_ascii=False)
+            json.dump(tokenizer, f, ensure_ascii=False)
     else:
         with open(args.tokenizer, encoding="utf-8") as f:
             tok = json.load(f)
