@@ -198,6 +198,17 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
       t->pieces_[static_cast<size_t>(a.id)] = a.content;
       t->special_[static_cast<size_t>(a.id)] = a.special;
     }
+    Result<PostProcessor> post = ParsePostProcessor(json.value("post_processor", Json()), source);
+    if (!post.ok()) return post.status();
+    for (const std::vector<int32_t>* ids : {&post->before, &post->after}) {
+      for (int32_t id : *ids) {
+        if (static_cast<size_t>(id) >= t->pieces_.size()) {
+          return Error(Code::kInvalidArgument, "{}: the post-processor adds token {}, which is not in the vocabulary",
+                       source, id);
+        }
+      }
+    }
+    t->post_processor_ = *post;
     BpeModel::Options options;
     options.ignore_merges = FlagOf(model, "ignore_merges", false);
     options.byte_fallback = byte_fallback;
@@ -260,13 +271,14 @@ Status Tokenizer::EncodeText(std::string_view text, bool at_start, std::vector<i
   return OkStatus();
 }
 
-Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
   for (size_t i = 0; i < text.size();) {
     const size_t length = Utf8SequenceLength(text.substr(i));
     if (length == 0) return Error(Code::kInvalidArgument, "the text is not valid UTF-8 at byte {}", i);
     i += length;
   }
   std::vector<int32_t> ids;
+  if (add_special_tokens) ids = post_processor_.before;
   size_t plain = 0;  // start of the text not yet encoded
   for (size_t i = 0; i < text.size();) {
     const AddedToken* found = nullptr;
@@ -285,6 +297,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
     plain = i;
   }
   if (Status s = EncodeText(text.substr(plain), plain == 0, &ids); !s.ok()) return s;
+  if (add_special_tokens) ids.insert(ids.end(), post_processor_.after.begin(), post_processor_.after.end());
   return ids;
 }
 

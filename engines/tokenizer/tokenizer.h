@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "engines/tokenizer/bpe.h"
 #include "engines/tokenizer/metaspace.h"
+#include "engines/tokenizer/post_processor.h"
 #include "engines/tokenizer/pretokenizer.h"
 
 namespace warmpool::tokenizer {
@@ -39,8 +40,10 @@ class Tokenizer {
   static Result<std::unique_ptr<Tokenizer>> Parse(std::string_view json_text, std::string_view source);
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 
-  // INVALID_ARGUMENT when the text is not valid UTF-8.
-  Result<std::vector<int32_t>> Encode(std::string_view text) const;
+  // INVALID_ARGUMENT when the text is not valid UTF-8. add_special_tokens: what the file's
+  // post-processor puts around the text (Llama's BOS), as Hugging Face's encode() does by default;
+  // a chat template renders its own, so prompts from one are encoded without.
+  Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = false) const;
   // The bytes the tokens stand for, skipping special added tokens when asked. Ids outside the
   // vocabulary are INVALID_ARGUMENT. A cut-off sequence may end inside a UTF-8 character.
   Result<std::string> Decode(std::span<const int32_t> ids, bool skip_special = false) const;
@@ -64,6 +67,7 @@ class Tokenizer {
   std::optional<BpeModel> bpe_;
   std::optional<RegexSplitter> splitter_;  // byte-level style
   std::optional<Metaspace> metaspace_;     // SentencePiece style
+  PostProcessor post_processor_;
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_ids_;
   std::vector<std::string> pieces_;  // by id: the bytes each token stands for

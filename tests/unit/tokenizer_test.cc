@@ -235,6 +235,45 @@ TEST_F(TokenizerFiles, WhatIsNotDoneHereIsRefusedByName) {
   EXPECT_EQ(Tokenizer::Load(dir_.File("missing.json")).status().code(), Code::kNotFound);
 }
 
+TEST_F(TokenizerFiles, ThePostProcessorsSpecialTokensComeOnlyWhenAsked) {
+  const int32_t bos = base_["added_tokens"][0]["id"].get<int32_t>();  // <|begin_of_text|>
+  const int32_t end = base_["added_tokens"][1]["id"].get<int32_t>();  // <|end|>
+  const Json llama3 = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"trim_offsets", false}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                     {{"SpecialToken", {{"id", "<|end|>"}, {"type_id", 0}}}}}},
+         {"special_tokens",
+          {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}},
+           {"<|end|>", {{"id", "<|end|>"}, {"ids", {end}}, {"tokens", {"<|end|>"}}}}}}}}}};
+  Json file = base_;
+  file["post_processor"] = llama3;
+  Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Parse(file.dump(), "t");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<int32_t> plain = *(*t)->Encode("abc");
+  std::vector<int32_t> wrapped = {bos};
+  wrapped.insert(wrapped.end(), plain.begin(), plain.end());
+  wrapped.push_back(end);
+  EXPECT_EQ(*(*t)->Encode("abc", /*add_special_tokens=*/true), wrapped);
+  EXPECT_EQ(*(*t)->Encode("", true), std::vector<int32_t>({bos, end}));
+
+  Status roberta = ParseWith([](Json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; });
+  EXPECT_TRUE(Contains(roberta.message(), "post-processor \"RobertaProcessing\"")) << roberta.message();
+  Status unnamed = ParseWith([&](Json& j) {
+    j["post_processor"] = llama3;
+    j["post_processor"]["processors"][1]["special_tokens"].erase("<|end|>");
+  });
+  EXPECT_TRUE(Contains(unnamed.message(), "special token \"<|end|>\" without its ids")) << unnamed.message();
+  Status outside = ParseWith([&](Json& j) {
+    j["post_processor"] = llama3;
+    j["post_processor"]["processors"][1]["special_tokens"]["<|end|>"]["ids"] = {999999};
+  });
+  EXPECT_TRUE(Contains(outside.message(), "adds token 999999")) << outside.message();
+}
+
 TEST_F(TokenizerFiles, BadTextAndBadIdsAreRefused) {
   Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Parse(base_.dump(), "t");
   ASSERT_TRUE(t.ok());
