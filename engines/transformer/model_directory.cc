@@ -1,0 +1,161 @@
+#include "engines/transformer/model_directory.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/utf8.h"
+
+namespace warmpool::transformer {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kMaxConfigBytes = 64u << 20;  // chat templates make tokenizer_config.json big
+
+// The file parsed, or null when it does not exist and may be missing.
+Result<Json> ReadJson(const std::string& path, bool optional) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    if (optional && errno == ENOENT) return Json();
+    return Status(CodeForErrno(errno), fmt::format("\"{}\": {}", path, std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {
+    return Error(Code::kInvalidArgument, "\"{}\": not a regular file of at most {} bytes", path, kMaxConfigBytes);
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    Json json = Json::parse(text.str());
+    if (!json.is_object()) return Error(Code::kInvalidArgument, "\"{}\": not a JSON object", path);
+    return json;
+  } catch (const Json::exception& e) {
+    return Error(Code::kInvalidArgument, "\"{}\": not JSON: {}", path, e.what());
+  }
+}
+
+// A special token as tokenizer_config.json gives it: a string, or an object with its "content".
+std::optional<std::string> TokenText(const Json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
+  return std::nullopt;
+}
+
+Status ReadTemplate(const Json& config, const std::string& path, std::string* out) {
+  auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return OkStatus();
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+    return OkStatus();
+  }
+  // Several named templates: the "default" one serves chat.
+  if (it->is_array()) {
+    for (const Json& named : *it) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string()) {
+        *out = named["template"].get<std::string>();
+        return OkStatus();
+      }
+    }
+  }
+  return Error(Code::kInvalidArgument, "\"{}\": chat_template is neither a string nor a list naming a \"default\"", path);
+}
+
+Status ReadGenerationConfig(const Json& g, const std::string& path, ModelDirectory* m) {
+  if (g.is_null()) return OkStatus();
+  try {
+  std::vector<int64_t> ends;
+  if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
+    if (it->is_number_integer()) ends.push_back(it->get<int64_t>());
+    else if (it->is_array()) for (const Json& id : *it) ends.push_back(id.is_number_integer() ? id.get<int64_t>() : -1);
+    else ends.push_back(-1);
+  }
+  for (int64_t id : ends) {
+    if (id < 0 || id >= m->checkpoint->config().vocab_size) {
+      return Error(Code::kInvalidArgument, "\"{}\": eos_token_id {} is not a token of the model", path, id);
+    }
+    m->end_tokens.push_back(static_cast<int32_t>(id));
+  }
+  if (auto it = g.find("bos_token_id"); it != g.end() && it->is_number_integer()) {
+    if (it->get<int64_t>() < 0 || it->get<int64_t>() >= m->checkpoint->config().vocab_size) {
+      return Error(Code::kInvalidArgument, "\"{}\": bos_token_id {} is not a token of the model", path, it->dump());
+    }
+    m->bos = it->get<int32_t>();
+  }
+  // Sampling only where the model's authors asked for it; the numbers they chose with it.
+  const bool sample = g.value("do_sample", false);
+  m->sampling.temperature = sample ? g.value("temperature", 1.0) : 0.0;
+  m->sampling.top_p = g.value("top_p", 1.0);
+  m->sampling.top_k = static_cast<uint32_t>(std::clamp<int64_t>(g.value("top_k", int64_t{0}), 0, INT32_MAX));
+  m->sampling.min_p = g.value("min_p", 0.0);
+  m->sampling.repetition_penalty = g.value("repetition_penalty", 1.0);
+  } catch (const Json::exception& e) {
+    return Error(Code::kInvalidArgument, "\"{}\": a field has the wrong type: {}", path, e.what());
+  }
+  if (Status s = CheckSamplingOptions(m->sampling); !s.ok()) return Error(Code::kInvalidArgument, "\"{}\": {}", path, s.message());
+  return OkStatus();
+}
+
+Result<ModelDirectory> OpenDirectory(const std::string& directory) {
+  ModelDirectory m;
+  m.sampling.temperature = 0;  // greedy unless generation_config.json asks to sample (do_sample)
+  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(directory);
+  if (!checkpoint.ok()) return checkpoint.status();
+  m.checkpoint = std::move(*checkpoint);
+  const uint32_t vocab = m.checkpoint->config().vocab_size;
+
+  const std::string tokenizer_path = directory + "/tokenizer.json";
+  Result<std::unique_ptr<tokenizer::Tokenizer>> tokenizer = tokenizer::Tokenizer::Load(tokenizer_path);
+  if (!tokenizer.ok()) return tokenizer.status();
+  m.tokenizer = std::move(*tokenizer);
+  if (m.tokenizer->vocab_size() > vocab) {
+    return Error(Code::kInvalidArgument, "\"{}\": token ids reach {}, past the model's vocabulary of {} (config.json)",
+                 tokenizer_path, m.tokenizer->vocab_size() - 1, vocab);
+  }
+
+  const std::string config_path = directory + "/tokenizer_config.json";
+  Result<Json> config = ReadJson(config_path, /*optional=*/true);
+  if (!config.ok()) return config.status();
+  if (!config->is_null()) {
+    if (Status s = ReadTemplate(*config, config_path, &m.chat_template); !s.ok()) return s;
+    for (const char* key : {"bos_token", "eos_token"}) {
+      std::optional<std::string> text = TokenText(*config, key);
+      if (!text) continue;
+      std::optional<int32_t> id = m.tokenizer->TokenId(*text);
+      if (!id) return Error(Code::kInvalidArgument, "\"{}\": {} \"{}\" is not a token", config_path, key, *text);
+      if (key == std::string("bos_token")) m.bos = *id;
+      else m.end_tokens.push_back(*id);
+    }
+  }
+  const std::string generation_path = directory + "/generation_config.json";
+  Result<Json> generation = ReadJson(generation_path, /*optional=*/true);
+  if (!generation.ok()) return generation.status();
+  if (!generation->is_null() && generation->contains("eos_token_id")) m.end_tokens.clear();  // it says all of them
+  if (Status s = ReadGenerationConfig(*generation, generation_path, &m); !s.ok()) return s;
+  if (m.end_tokens.empty()) {
+    return Error(Code::kInvalidArgument,
+                 "\"{}\": no end token: neither generation_config.json's eos_token_id nor tokenizer_config.json's "
+                 "eos_token says where a generation ends",
+                 directory);
+  }
+  return m;
+}
+
+}  // namespace
+
+Result<ModelDirectory> ModelDirectory::Open(const std::string& directory) {
+  Result<ModelDirectory> opened = OpenDirectory(directory);
+  if (!opened.ok()) return ValidUtf8(opened.status());
+  return opened;
+}
+
+}  // namespace warmpool::transformer

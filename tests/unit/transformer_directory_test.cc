@@ -1,0 +1,164 @@
+// A Hugging Face model directory read as one (ModelDirectory): a random checkpoint, a tokenizer
+// trained by tests/python/tokenizer_reference.py, tokenizer_config.json and generation_config.json;
+// then text in, text out, in-process. Files that disagree with each other are refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/utf8.h"
+#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/generation.h"
+#include "engines/transformer/model_directory.h"
+#include "engines/transformer/random_checkpoint.h"
+#include "engines/transformer/weights.h"
+#include "tests/text.h"
+#include "tests/unit/temp_dir.h"
+
+namespace warmpool::transformer {
+namespace {
+
+using Json = nlohmann::json;
+using warmpool::testing::Contains;
+using warmpool::testing::TempDir;
+
+// A Llama 3 style byte-level tokenizer (about 560 tokens and three special ones) in directory.
+void TrainTokenizer(const std::string& directory) {
+  const std::string command = fmt::format(
+      "{} {}/tests/python/tokenizer_reference.py train /usr/share/common-licenses/GPL-3 --merges 300 --style llama3 "
+      "--out {}/tokenizer.json",
+      WARMPOOL_PYTHON3, WARMPOOL_SOURCE_DIR, directory);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+}
+
+class ModelDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TrainTokenizer(dir_.path());
+    // The model's vocabulary is the tokenizer's, so that every token a random model chooses decodes
+    // (real models pad theirs, and never choose the padding).
+    Result<std::unique_ptr<tokenizer::Tokenizer>> t = tokenizer::Tokenizer::Load(dir_.File("tokenizer.json"));
+    ASSERT_TRUE(t.ok());
+    RandomCheckpoint spec;
+    spec.vocab_size = (*t)->vocab_size();
+    ASSERT_TRUE(WriteRandomCheckpoint(dir_.path(), spec).ok());
+    Reset();
+  }
+  // The configuration files as SetUp wrote them, and no generation_config.json.
+  void Reset() {
+    std::remove(dir_.File("generation_config.json").c_str());
+    Write("tokenizer_config.json", {{"bos_token", "<|begin_of_text|>"},
+                                    {"eos_token", {{"content", "<|end|>"}, {"special", true}}},
+                                    {"chat_template", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"}});
+  }
+  void Write(const std::string& name, const Json& json) {
+    std::ofstream(dir_.File(name), std::ios::trunc) << json.dump();
+  }
+  Status Open() {
+    Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+    return m.ok() ? OkStatus() : m.status();
+  }
+  TempDir dir_;
+};
+
+TEST_F(ModelDirectoryTest, ReadsTheSpecialTokensTemplateAndDefaultsThenGeneratesText) {
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const tokenizer::Tokenizer& t = *m->tokenizer;
+  EXPECT_EQ(m->bos, t.TokenId("<|begin_of_text|>"));
+  EXPECT_EQ(m->end_tokens, std::vector<int32_t>({*t.TokenId("<|end|>")}));
+  EXPECT_TRUE(Contains(m->chat_template, "for m in messages"));
+  EXPECT_EQ(m->sampling.temperature, 0.0) << "greedy without a generation_config.json";
+
+  // Text in, text out: the prompt's tokens, a greedy generation, streamed back to text.
+  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), dir_.path());
+  ASSERT_TRUE(weights.ok());
+  CpuModel model(m->checkpoint->config(), *weights, 2);
+  KvCache cache(m->checkpoint->config(), 128);
+  GenerationRequest request;
+  request.prompt = *t.Encode("<|begin_of_text|>Everyone is permitted to copy");
+  EXPECT_EQ(request.prompt.front(), *m->bos);
+  request.max_tokens = 24;
+  request.sampling = m->sampling;
+  request.end_tokens = m->end_tokens;
+  tokenizer::StreamingDecoder stream(t);
+  std::string text;
+  Result<Generation> generated = Generate(model, cache, request, [&](int32_t token) {
+    Result<std::string> piece = stream.Push(token);
+    EXPECT_TRUE(piece.ok()) << piece.status().ToString();
+    if (!piece.ok()) return false;
+    text += *piece;
+    return true;
+  });
+  ASSERT_TRUE(generated.ok()) << generated.status().ToString();
+  text += stream.Finish();
+  EXPECT_FALSE(generated->tokens.empty());
+  EXPECT_EQ(ValidUtf8(text), text);
+  Result<std::string> whole = t.Decode(generated->tokens, /*skip_special=*/true);
+  ASSERT_TRUE(whole.ok());
+  // Random weights may put bytes together that make no character: the stream shows U+FFFD there.
+  if (ValidUtf8(*whole) == *whole) {
+    EXPECT_EQ(*whole, text) << "the stream gives what decoding all at once gives";
+  } else {
+    EXPECT_TRUE(Contains(text, "\xEF\xBF\xBD")) << text;
+  }
+}
+
+TEST_F(ModelDirectoryTest, GenerationConfigGivesTheEndTokensAndSamplingDefaults) {
+  Result<ModelDirectory> first = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(first.ok());
+  const int32_t end = *first->tokenizer->TokenId("<|end|>");
+  const int32_t end2 = *first->tokenizer->TokenId("<|end|>>");
+  Write("generation_config.json",
+        {{"eos_token_id", {end, end2}}, {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.9}, {"top_k", 40}});
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->end_tokens, std::vector<int32_t>({end, end2}));
+  EXPECT_EQ(m->sampling.temperature, 0.6);
+  EXPECT_EQ(m->sampling.top_p, 0.9);
+  EXPECT_EQ(m->sampling.top_k, 40u);
+  Write("generation_config.json", {{"eos_token_id", end}, {"temperature", 0.6}});
+  EXPECT_EQ(ModelDirectory::Open(dir_.path())->sampling.temperature, 0.0) << "no do_sample: greedy";
+}
+
+TEST_F(ModelDirectoryTest, FilesThatDisagreeAreRefusedByName) {
+  struct Case {
+    std::function<void()> change;
+    const char* named;
+  };
+  const Case cases[] = {
+      {[&] { Write("generation_config.json", {{"eos_token_id", 5000}}); }, "eos_token_id 5000 is not a token"},
+      {[&] { Write("generation_config.json", {{"eos_token_id", 3}, {"do_sample", true}, {"temperature", -1}}); },
+       "generation_config.json\": temperature -1"},
+      {[&] { Write("generation_config.json", {{"eos_token_id", 3}, {"do_sample", "yes"}}); }, "wrong type"},
+      {[&] { Write("tokenizer_config.json", {{"eos_token", "<|nope|>"}}); }, "eos_token \"<|nope|>\" is not a token"},
+      {[&] { Write("tokenizer_config.json", Json::object()); }, "no end token"},
+      {[&] { Write("tokenizer_config.json", {{"eos_token", "<|end|>"}, {"chat_template", 7}}); }, "chat_template"},
+      {[&] { std::ofstream(dir_.File("tokenizer_config.json"), std::ios::trunc) << "{"; }, "not JSON"},
+      {[&] { std::remove(dir_.File("tokenizer.json").c_str()); }, "tokenizer.json"},
+  };
+  for (const Case& c : cases) {
+    Reset();  // valid again; the tokenizer's removal comes last
+    c.change();
+    Status s = Open();
+    EXPECT_FALSE(s.ok()) << c.named;
+    EXPECT_TRUE(Contains(s.message(), c.named)) << "wanted \"" << c.named << "\" in: " << s.ToString();
+  }
+  // A tokenizer with more tokens than the model's vocabulary.
+  TempDir small;
+  TrainTokenizer(small.path());
+  RandomCheckpoint spec;
+  spec.vocab_size = 300;
+  ASSERT_TRUE(WriteRandomCheckpoint(small.path(), spec).ok());
+  Status s = ModelDirectory::Open(small.path()).status();
+  EXPECT_TRUE(Contains(s.message(), "past the model's vocabulary of 300")) << s.ToString();
+}
+
+}  // namespace
+}  // namespace warmpool::transformer
