@@ -27,6 +27,7 @@
 #include "bench/abuse.h"
 #include "bench/batching.h"
 #include "bench/compute.h"
+#include "bench/generate.h"
 #include "bench/recovery.h"
 #include "bench/restart.h"
 #include "bench/switch.h"
@@ -80,6 +81,11 @@ struct Options {
   uint32_t delay_us = 500;
   // --regions
   bool regions = false;
+  // --generate
+  bool generate = false;
+  std::string dtype = "bf16";
+  uint32_t prompt = 128;
+  uint32_t tokens = 32;
   // --compute
   bool compute = false;
   std::vector<uint32_t> layers = {4096, 16384, 4096};
@@ -319,7 +325,7 @@ int main(int argc, char** argv) {
                      "sequences and unparks per size (default 10 there)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
-  app.add_option("--model-mib", options.model_mib, "--recovery, --restart, --switch: MiB of f32 weights in each model")
+  app.add_option("--model-mib", options.model_mib, "--recovery, --restart, --switch: MiB of f32 weights in each model; --generate: MiB of weights")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--inflight", options.inflight,
@@ -352,13 +358,19 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--threads", options.threads, "--compute: threads of the engine, OpenBLAS and PyTorch")
+  app.add_option("--threads", options.threads, "--compute, --generate: threads of the engine (and OpenBLAS and PyTorch)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--torch-python", options.torch_python,
                  "--compute: Python with PyTorch for the bf16 baseline (empty: none; without PyTorch the "
                  "column is left out, saying why)")
       ->capture_default_str();
+  app.add_flag("--generate", options.generate,
+               "the transformer engine on the CPU, in-process: decode tokens/s against the read bandwidth "
+               "measured in the same run, and prefill (see bench/generate.h)");
+  app.add_option("--dtype", options.dtype, "--generate: f32, f16 or bf16 weights")->capture_default_str();
+  app.add_option("--prompt", options.prompt, "--generate: prefill tokens")->capture_default_str();
+  app.add_option("--tokens", options.tokens, "--generate: decode steps")->capture_default_str();
   app.add_flag("--batching", options.batching,
                "instead: dynamic batching: --clients clients x 1 row on a dense model, batched against "
                "batching off and against the engine in-process on as many rows per call (see "
@@ -381,6 +393,7 @@ int main(int argc, char** argv) {
   app.get_option("--restart")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching")->excludes("--regions");
   app.get_option("--regions")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching");
   app.get_option("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
+  app.get_option("--generate")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse")->excludes("--batching")->excludes("--regions")->excludes("--restart")->excludes("--switch");
   app.get_option("--batching")->excludes("--compute")->excludes("--sharing")->excludes("--recovery")->excludes("--abuse");
   app.get_option("--recovery")->excludes("--sharing");
   app.get_option("--abuse")->excludes("--sharing")->excludes("--recovery");
@@ -405,6 +418,17 @@ int main(int argc, char** argv) {
     batching.delay_us = options.delay_us;
     batching.json = options.json;
     return warmpool::bench::RunBatching(batching);
+  }
+  if (options.generate) {
+    warmpool::bench::GenerateOptions generate;
+    if (app.get_option("--model-mib")->count() > 0) generate.model_mib = options.model_mib;
+    generate.dtype = options.dtype;
+    generate.threads = options.threads;
+    generate.prompt = options.prompt;
+    generate.tokens = options.tokens;
+    if (app.get_option("--rounds")->count() > 0) generate.rounds = options.rounds;
+    generate.json = options.json;
+    return warmpool::bench::RunGenerate(generate);
   }
   if (options.compute) {
     warmpool::bench::ComputeOptions compute;

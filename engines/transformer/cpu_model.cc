@@ -1,6 +1,7 @@
 #include "engines/transformer/cpu_model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -48,17 +49,53 @@ float Dot(const float* a, const float* b, uint32_t n) {
   return sum;
 }
 
-// y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Each weight row is widened once and used for
-// every input row: a prefill reads the weights once, as a decode does.
+// The dot product of a stored f32 or bf16 row with x, converting in the loop (one pass over the
+// weights, which the compiler vectorises; a bf16 value is the upper half of an f32).
+float DotStored(const uint8_t* row, DType dtype, const float* x, uint32_t n) {
+  float sum = 0;
+  if (dtype == DType::F32) {
+#pragma omp simd reduction(+ : sum)
+    for (uint32_t i = 0; i < n; ++i) {
+      float w;
+      std::memcpy(&w, row + uint64_t{i} * 4, 4);
+      sum += w * x[i];
+    }
+    return sum;
+  }
+#pragma omp simd reduction(+ : sum)
+  for (uint32_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, row + uint64_t{i} * 2, 2);
+    sum += std::bit_cast<float>(static_cast<uint32_t>(h) << 16) * x[i];
+  }
+  return sum;
+}
+
+// Up to this many input rows, f32 and bf16 weight rows are read in the dot product itself (a row
+// read again for the next input row comes from the cache); beyond, and for f16, each weight row is
+// widened once into f32 and used for every input row.
+constexpr uint32_t kDirectRows = 4;
+
+// y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Either way a call reads the weights from memory
+// once: a prefill costs the weights once, as a decode step does.
 void Project(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y, int threads) {
   const int64_t outputs = w.rows;
+  const bool direct = rows <= kDirectRows && w.dtype != DType::F16;
+  const uint64_t row_bytes = uint64_t{w.cols} * safetensors::DTypeSize(w.dtype);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t o = 0; o < outputs; ++o) {
+    float b = 0;
+    if (bias) Widen(bias.data, bias.dtype, static_cast<uint64_t>(o), 1, &b);
+    if (direct) {
+      const uint8_t* stored = w.data + static_cast<uint64_t>(o) * row_bytes;
+      for (uint32_t r = 0; r < rows; ++r) {
+        y[uint64_t{r} * w.rows + o] = DotStored(stored, w.dtype, x + uint64_t{r} * w.cols, w.cols) + b;
+      }
+      continue;
+    }
     thread_local std::vector<float> row;
     row.resize(w.cols);
     Widen(w.data, w.dtype, static_cast<uint64_t>(o) * w.cols, w.cols, row.data());
-    float b = 0;
-    if (bias) Widen(bias.data, bias.dtype, static_cast<uint64_t>(o), 1, &b);
     for (uint32_t r = 0; r < rows; ++r) y[uint64_t{r} * w.rows + o] = Dot(x + uint64_t{r} * w.cols, row.data(), w.cols) + b;
   }
 }

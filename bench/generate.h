@@ -1,0 +1,30 @@
+// warmpool-bench --generate: the transformer engine's CPU forward pass, in-process (no daemon, no
+// tokenizer), on a random-initialised Llama-shaped checkpoint of about --model-mib MiB of weights
+// (hidden 1024, MLP 2816, 16 heads and 4 key/value heads, a 32000-token vocabulary; as many layers
+// as the size allows). Per round, interleaved: the read bandwidth of this machine, measured by
+// summing a buffer as large as the weights with the engine's thread count (the limit of a decode
+// step, which reads every weight once), a prefill of --prompt tokens, and --tokens greedy decode
+// steps. Reports decode tokens/s, the weight bytes those steps read per second, and that as a
+// fraction of the measured bandwidth (the goal: at least 0.8); prefill tokens/s. Like the
+// other modes it asserts nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace warmpool::bench {
+
+struct GenerateOptions {
+  uint32_t model_mib = 256;
+  std::string dtype = "bf16";  // f32, f16 or bf16: the weights as stored
+  uint32_t threads = 1;
+  uint32_t prompt = 128;  // prefill tokens
+  uint32_t tokens = 32;   // decode steps
+  uint32_t rounds = 3;
+  bool json = false;
+};
+
+// Runs the whole mode; returns the process exit status (0, or 1 after printing an error).
+int RunGenerate(const GenerateOptions& options);
+
+}  // namespace warmpool::bench
