@@ -74,12 +74,15 @@ stage "pass 2: daemon-level tests against the sanitizer build's programs"
 # workers with SIGSEGV on purpose; that is not a finding.
 reports=$(mktemp -d "${TMPDIR:-/tmp}/warmpool-sanitizer-reports.XXXXXX")
 trap 'rm -rf "$reports"' EXIT
-ASAN_OPTIONS=$asan:handle_segv=0:log_path=$reports/asan UBSAN_OPTIONS=$ubsan:log_path=$reports/ubsan \
+# log_exe_name: each report file is named after the program that wrote it (asan.warmpool-worker.PID).
+ASAN_OPTIONS=$asan:handle_segv=0:log_path=$reports/asan:log_exe_name=1 \
+  UBSAN_OPTIONS=$ubsan:log_path=$reports/ubsan:log_exe_name=1 \
   WARMPOOL_BIN_DIR=$PWD/build-asan/bin ctest --test-dir build --output-on-failure -j"$test_jobs" -L daemon -LE soak ||
   failed=1
 if [ -n "$(ls -A "$reports")" ]; then
   echo "sanitizer reports:"
-  for f in "$reports"/*; do echo "--- $(basename "$f")"; head -60 "$f"; done
+  # An empty file: a sanitizer opened its report and wrote nothing (its process was killed first).
+  for f in "$reports"/*; do echo "--- $(basename "$f") ($(stat -c %s "$f") bytes)"; head -60 "$f"; done
   failed=1
 fi
 [ -z "${failed:-}" ] || { echo "pass 2 failed" >&2; exit 1; }
