@@ -6,6 +6,8 @@
 #include <cstring>
 #include <numbers>
 
+#include "engines/dense_cpu.h"
+#include "engines/gemv.h"
 #include "engines/half.h"
 
 namespace warmpool::transformer {
@@ -72,13 +74,21 @@ float DotStored(const uint8_t* row, DType dtype, const float* x, uint32_t n) {
 }
 
 // Up to this many input rows, f32 and bf16 weight rows are read in the dot product itself (a row
-// read again for the next input row comes from the cache); beyond, and for f16, each weight row is
-// widened once into f32 and used for every input row.
+// read again for the next input row comes from the cache); beyond, each weight row is widened once
+// into f32 and used for every input row. f16 goes to the dense engine's F16C kernels (gemv.h)
+// where the CPU has F16C.
 constexpr uint32_t kDirectRows = 4;
 
 // y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Either way a call reads the weights from memory
 // once: a prefill costs the weights once, as a decode step does.
 void Project(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y, int threads) {
+  const bool f16c = w.dtype == DType::F16 && dense::HaveF16Gemv();
+  if (f16c && rows <= dense::kGemvRows) {
+    // The dense engine's F16C kernel: halves converted in registers, the weights read once.
+    const std::vector<float> widened_bias = WidenAll(bias);
+    dense::F16Gemv(w.data, w.cols, w.rows, x, rows, bias ? widened_bias.data() : nullptr, y, threads);
+    return;
+  }
   const int64_t outputs = w.rows;
   const bool direct = rows <= kDirectRows && w.dtype != DType::F16;
   const uint64_t row_bytes = uint64_t{w.cols} * safetensors::DTypeSize(w.dtype);
@@ -95,14 +105,18 @@ void Project(const float* x, uint32_t rows, const Matrix& w, const Vector& bias,
     }
     thread_local std::vector<float> row;
     row.resize(w.cols);
-    Widen(w.data, w.dtype, static_cast<uint64_t>(o) * w.cols, w.cols, row.data());
+    if (f16c) {
+      dense::WidenHalves(w.data + static_cast<uint64_t>(o) * row_bytes, w.cols, row.data(), 1);
+    } else {
+      Widen(w.data, w.dtype, static_cast<uint64_t>(o) * w.cols, w.cols, row.data());
+    }
     for (uint32_t r = 0; r < rows; ++r) y[uint64_t{r} * w.rows + o] = Dot(x + uint64_t{r} * w.cols, row.data(), w.cols) + b;
   }
 }
 
 // x / sqrt(mean(x²) + eps) * weight over each of `rows` rows of `width`.
-void RmsNorm(const float* x, uint32_t rows, uint32_t width, const std::vector<float>& weight, double eps, float* y) {
-  for (uint32_t r = 0; r < rows; ++r) {
+void RmsNorm(const float* x, uint64_t rows, uint32_t width, const std::vector<float>& weight, double eps, float* y) {
+  for (uint64_t r = 0; r < rows; ++r) {
     const float* in = x + uint64_t{r} * width;
     float* out = y + uint64_t{r} * width;
     double squares = 0;
@@ -118,6 +132,7 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 KvCache::KvCache(const Config& config, uint32_t context)
     : context_(context),
+      layers_(config.num_hidden_layers),
       kv_size_(config.kv_size()),
       keys_(uint64_t{config.num_hidden_layers} * context * config.kv_size()),
       values_(keys_.size()) {}
@@ -143,6 +158,15 @@ CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int thread
     }
     inv_freq_.push_back(f);
   }
+}
+
+Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y) {
+  // Few rows (a decode step): bound by reading the weights, which the loops here do at the memory's
+  // pace. Many (a prompt): bound by arithmetic, which oneDNN does best.
+  const uint32_t few = w.dtype == DType::F16 && dense::HaveF16Gemv() ? dense::kGemvRows : kDirectRows;
+  if (rows > few) return prefill_.Run(x, rows, w, bias, y, threads_);
+  Project(x, rows, w, bias, y, threads_);
+  return OkStatus();
 }
 
 void CpuModel::Rope(float* heads, uint32_t count, uint32_t position) const {
@@ -203,6 +227,7 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
   const Config& c = config_;
   const auto rows = static_cast<uint32_t>(tokens.size());
   if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
+  if (!cache.Fits(c)) return Error(Code::kInvalidArgument, "the KV cache was made for another model's shape");
   if (uint64_t{start} + rows > cache.context()) {
     return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
                  uint64_t{start} + rows - 1, cache.context());
@@ -226,12 +251,14 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     RmsNorm(x.data(), rows, hidden, WidenAll(w.input_norm), c.rms_norm_eps, normed.data());
-    Project(normed.data(), rows, w.q, w.q_bias, q.data(), threads_);
-    Project(normed.data(), rows, w.k, w.k_bias, k.data(), threads_);
-    Project(normed.data(), rows, w.v, w.v_bias, v.data(), threads_);
+    if (Status s = Linear(normed.data(), rows, w.q, w.q_bias, q.data()); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.k, w.k_bias, k.data()); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.v, w.v_bias, v.data()); !s.ok()) return s;
     if (c.qk_norm) {
-      RmsNorm(q.data(), rows * c.num_attention_heads, c.head_dim, WidenAll(w.q_norm), c.rms_norm_eps, q.data());
-      RmsNorm(k.data(), rows * c.num_key_value_heads, c.head_dim, WidenAll(w.k_norm), c.rms_norm_eps, k.data());
+      RmsNorm(q.data(), uint64_t{rows} * c.num_attention_heads, c.head_dim, WidenAll(w.q_norm), c.rms_norm_eps,
+              q.data());
+      RmsNorm(k.data(), uint64_t{rows} * c.num_key_value_heads, c.head_dim, WidenAll(w.k_norm), c.rms_norm_eps,
+              k.data());
     }
     for (uint32_t r = 0; r < rows; ++r) {
       Rope(&q[uint64_t{r} * c.q_size()], c.num_attention_heads, start + r);
@@ -240,20 +267,20 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
       std::memcpy(cache.value(l, start + r), &v[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
     }
     Attention(l, rows, start, cache, q.data(), attended.data());
-    Project(attended.data(), rows, w.o, w.o_bias, normed.data(), threads_);
+    if (Status s = Linear(attended.data(), rows, w.o, w.o_bias, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
 
     RmsNorm(x.data(), rows, hidden, WidenAll(w.post_attention_norm), c.rms_norm_eps, normed.data());
-    Project(normed.data(), rows, w.gate, {}, gate.data(), threads_);
-    Project(normed.data(), rows, w.up, {}, up.data(), threads_);
+    if (Status s = Linear(normed.data(), rows, w.gate, {}, gate.data()); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.up, {}, up.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
-    Project(gate.data(), rows, w.down, {}, normed.data(), threads_);
+    if (Status s = Linear(gate.data(), rows, w.down, {}, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
   }
   const uint32_t first = all_positions ? 0 : rows - 1;
   const uint32_t count = rows - first;
   RmsNorm(&x[uint64_t{first} * hidden], count, hidden, WidenAll(weights_.final_norm), c.rms_norm_eps, normed.data());
-  Project(normed.data(), count, weights_.lm_head, {}, logits.data(), threads_);
+  if (Status s = Linear(normed.data(), count, weights_.lm_head, {}, logits.data()); !s.ok()) return s;
   return OkStatus();
 }
 

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "engines/transformer/config.h"
+#include "engines/transformer/prefill_matmul.h"
 #include "engines/transformer/weights.h"
 
 namespace warmpool::transformer {
@@ -25,12 +26,16 @@ class KvCache {
   uint64_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
   float* key(uint32_t layer, uint32_t position) { return &keys_[Offset(layer, position)]; }
   float* value(uint32_t layer, uint32_t position) { return &values_[Offset(layer, position)]; }
+  bool Fits(const Config& config) const {
+    return layers_ == config.num_hidden_layers && kv_size_ == config.kv_size();
+  }
 
  private:
   uint64_t Offset(uint32_t layer, uint32_t position) const {
     return (uint64_t{layer} * context_ + position) * kv_size_;
   }
   uint32_t context_;
+  uint32_t layers_;
   uint32_t kv_size_;
   std::vector<float> keys_;    // [layer][position][kv head][head_dim]
   std::vector<float> values_;
@@ -44,13 +49,14 @@ class CpuModel {
   // tokens at positions start, start + 1, ...: the cache holds positions before start and gets
   // these. logits: vocab_size floats for the last token, or tokens.size() x vocab_size with
   // all_positions. A token outside the vocabulary or a run past the cache's context is
-  // INVALID_ARGUMENT, and nothing is written.
+  // INVALID_ARGUMENT, and nothing is written. One call at a time per model (its scratch).
   Status Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
                  bool all_positions = false);
 
   const Config& config() const { return config_; }
 
  private:
+  Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
   void Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out);
   void Rope(float* heads, uint32_t count, uint32_t position) const;
 
@@ -58,6 +64,7 @@ class CpuModel {
   ModelWeights weights_;
   int threads_;
   std::vector<double> inv_freq_;  // head_dim / 2 rotary frequencies, scaling applied
+  PrefillMatmul prefill_;         // its scratch: one Forward at a time
 };
 
 }  // namespace warmpool::transformer
