@@ -13,6 +13,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "engines/json_describe.h"
+
 #include "common/utf8.h"
 
 namespace warmpool::safetensors {
@@ -36,13 +38,6 @@ Status FileError(std::string_view source, fmt::format_string<Args...> format, Ar
 
 // A JSON value for an error message. Only scalars are printed, shortened: a hostile header can nest
 // arrays millions deep, and printing those would recurse off the stack.
-std::string Describe(const Json& value) {
-  if (value.is_structured()) return std::string(value.type_name());
-  std::string text = value.dump();
-  if (text.size() > 64) text = text.substr(0, 61) + "...";
-  return text;
-}
-
 std::string ShapeText(const std::vector<uint64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 // numel * element size, or nullopt when that does not fit in 64 bits.
@@ -70,7 +65,7 @@ Status CheckHeaderLength(uint64_t header_len, uint64_t file_size, std::string_vi
 Result<uint64_t> ReadDimension(const Json& value, std::string_view source, const std::string& name) {
   if (!value.is_number_unsigned()) {
     return FileError(source, "tensor \"{}\": shape entries must be non-negative integers, got {}",
-                     name, Describe(value));
+                     name, DescribeJson(value));
   }
   return value.get<uint64_t>();
 }
@@ -96,12 +91,12 @@ Result<TensorInfo> ParseTensor(const std::string& name, const Json& entry, std::
   if (dtype.is_string()) parsed_dtype = DTypeFromName(dtype.get<std::string>());
   if (!parsed_dtype) {
     return FileError(source, "tensor \"{}\": unknown dtype {} (known: F64, F32, F16, BF16, I64, I32, "
-                     "I16, I8, U8, BOOL)", name, Describe(dtype));
+                     "I16, I8, U8, BOOL)", name, DescribeJson(dtype));
   }
   tensor.dtype = *parsed_dtype;
 
   const Json& shape = entry["shape"];
-  if (!shape.is_array()) return FileError(source, "tensor \"{}\": shape must be an array, got {}", name, Describe(shape));
+  if (!shape.is_array()) return FileError(source, "tensor \"{}\": shape must be an array, got {}", name, DescribeJson(shape));
   for (const Json& dim : shape) {
     Result<uint64_t> value = ReadDimension(dim, source, name);
     if (!value.ok()) return value.status();
@@ -117,7 +112,7 @@ Result<TensorInfo> ParseTensor(const std::string& name, const Json& entry, std::
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
     return FileError(source, "tensor \"{}\": data_offsets must be [begin, end] of non-negative "
-                     "integers, got {}", name, Describe(offsets));
+                     "integers, got {}", name, DescribeJson(offsets));
   }
   tensor.begin = offsets[0].get<uint64_t>();
   tensor.end = offsets[1].get<uint64_t>();
@@ -140,7 +135,7 @@ Result<std::map<std::string, std::string>> ParseMetadata(const Json& value, std:
   std::map<std::string, std::string> metadata;
   for (const auto& [key, item] : value.items()) {
     if (!item.is_string()) {
-      return FileError(source, "__metadata__ \"{}\" must be a string, got {}", key, Describe(item));
+      return FileError(source, "__metadata__ \"{}\" must be a string, got {}", key, DescribeJson(item));
     }
     metadata[key] = item.get<std::string>();
   }

@@ -1,6 +1,7 @@
 #include "engines/tokenizer/bpe.h"
 
 #include <limits>
+#include <queue>
 
 #include <fmt/format.h>
 
@@ -31,14 +32,20 @@ Result<BpeModel> BpeModel::Make(std::unordered_map<std::string, int32_t> vocab,
       }
     }
   }
+  uint32_t rank = 0;
   for (const auto& [a, b] : merges) {
     if (a.empty() || b.empty()) return Error(Code::kInvalidArgument, "{}: a merge has an empty half", source);
     if (vocab.find(a + b) == vocab.end()) {
       return Error(Code::kInvalidArgument, "{}: the merge of \"{}\" and \"{}\" makes a symbol the vocabulary lacks",
                    source, ValidUtf8(a), ValidUtf8(b));
     }
-    // A repeated merge keeps its first (best) rank, as a list read in order would.
-    model.ranks_.emplace(PairKey(a, b), static_cast<uint32_t>(model.ranks_.size()));
+    if (vocab.find(a) == vocab.end() || vocab.find(b) == vocab.end()) {
+      return Error(Code::kInvalidArgument, "{}: the merge of \"{}\" and \"{}\" has a half the vocabulary lacks", source,
+                   ValidUtf8(a), ValidUtf8(b));
+    }
+    // Its place in the list is its rank; a repeated merge takes its last place, as Hugging Face's
+    // map of merges does.
+    model.ranks_[PairKey(a, b)] = rank++;
   }
   model.vocab_ = std::move(vocab);
   return model;
@@ -64,31 +71,48 @@ Status BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const 
     }
     symbols.push_back(std::move(character));
   }
-  while (symbols.size() > 1) {
-    uint32_t best = std::numeric_limits<uint32_t>::max();
-    std::string_view first, second;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = ranks_.find(PairKey(symbols[i], symbols[i + 1]));
-      if (it != ranks_.end() && it->second < best) {
-        best = it->second;
-        first = symbols[i];
-        second = symbols[i + 1];
-      }
+  // Hugging Face's merge: the pair with the best rank anywhere in the word first (the leftmost of
+  // equals), one at a time, from a heap of candidate pairs — O(n log n) in the word's length, where
+  // rescanning the word for each merge would be quadratic (a prompt in the SentencePiece style is
+  // one word). Symbols merged away are marked empty; stale heap entries are skipped.
+  struct Candidate {
+    uint32_t rank;
+    size_t position;
+    bool operator>(const Candidate& other) const {
+      return rank != other.rank ? rank > other.rank : position > other.position;
     }
-    if (best == std::numeric_limits<uint32_t>::max()) break;
-    const std::string a(first), b(second);
-    std::vector<std::string> merged;
-    merged.reserve(symbols.size());
-    for (size_t i = 0; i < symbols.size(); ++i) {
-      if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
-        merged.push_back(a + b);
-        ++i;
-      } else {
-        merged.push_back(std::move(symbols[i]));
-      }
-    }
-    symbols = std::move(merged);
+  };
+  const size_t n = symbols.size();
+  std::vector<size_t> next(n), previous(n);
+  for (size_t i = 0; i < n; ++i) {
+    next[i] = i + 1;  // n: none
+    previous[i] = i == 0 ? n : i - 1;
   }
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto consider = [&](size_t left) {
+    if (left >= n || next[left] >= n) return;
+    auto it = ranks_.find(PairKey(symbols[left], symbols[next[left]]));
+    if (it != ranks_.end()) heap.push({it->second, left});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate top = heap.top();
+    heap.pop();
+    const size_t left = top.position;
+    if (symbols[left].empty() || next[left] >= n) continue;
+    const size_t right = next[left];
+    auto it = ranks_.find(PairKey(symbols[left], symbols[right]));
+    if (it == ranks_.end() || it->second != top.rank) continue;  // the pair changed since
+    symbols[left] += symbols[right];
+    symbols[right].clear();
+    next[left] = next[right];
+    if (next[left] < n) previous[next[left]] = left;
+    if (previous[left] < n) consider(previous[left]);
+    consider(left);
+  }
+  std::vector<std::string> merged;
+  for (size_t i = 0; i < n; i = next[i]) merged.push_back(std::move(symbols[i]));
+  symbols = std::move(merged);
   bool last_was_unk = false;
   for (const std::string& symbol : symbols) {
     auto it = vocab_.find(symbol);

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/json_describe.h"
+
 #include "engines/tokenizer/json_fields.h"
 
 namespace warmpool::tokenizer {
@@ -41,15 +43,15 @@ void Metaspace::Pieces(std::string_view text, bool at_start, std::vector<std::st
 
 Result<Metaspace> ParseMetaspace(const Json& file, std::string_view source) {
   Metaspace m;
-  const Json normalizer = file.value("normalizer", Json());
-  const Json pre = file.value("pre_tokenizer", Json());
-  const Json decoder = file.value("decoder", Json());
+  const Json& normalizer = FieldOf(file, "normalizer");
+  const Json& pre = FieldOf(file, "pre_tokenizer");
+  const Json& decoder = FieldOf(file, "decoder");
   if (TypeOf(normalizer) == "Sequence" && pre.is_null()) {
-    const Json& steps = normalizer["normalizers"];
+    const Json& steps = FieldOf(normalizer, "normalizers");
     if (!(steps.is_array() && steps.size() == 2 && TypeOf(steps[0]) == "Prepend" &&
           steps[0].value("prepend", "") == kMetaspace && IsReplace(steps[1], " ", kMetaspace))) {
       return Error(Code::kInvalidArgument, "{}: normalizer {} is not supported (supported: Prepend '▁' then Replace ' ' "
-                   "with '▁')", source, normalizer.dump().substr(0, 200));
+                   "with '▁')", source, DescribeJson(normalizer));
     }
     m.prepend = Metaspace::Prepend::kNormalizer;
   } else if (normalizer.is_null() && TypeOf(pre) == "Metaspace") {
@@ -69,14 +71,14 @@ Result<Metaspace> ParseMetaspace(const Json& file, std::string_view source) {
                  source);
   }
   if (TypeOf(decoder) == "Sequence") {
-    const Json& steps = decoder["decoders"];
+    const Json& steps = FieldOf(decoder, "decoders");
     const bool ok = steps.is_array() && steps.size() == 4 && IsReplace(steps[0], kMetaspace, " ") &&
                     TypeOf(steps[1]) == "ByteFallback" && TypeOf(steps[2]) == "Fuse" && TypeOf(steps[3]) == "Strip" &&
                     steps[3].value("content", "") == " " && steps[3].value("start", 0) == 1 &&
                     steps[3].value("stop", 0) == 0;
     if (!ok) {
       return Error(Code::kInvalidArgument, "{}: decoder {} is not supported (supported: Replace '▁', ByteFallback, "
-                   "Fuse, Strip one leading space; or Metaspace)", source, decoder.dump().substr(0, 200));
+                   "Fuse, Strip one leading space; or Metaspace)", source, DescribeJson(decoder));
     }
     m.strip_leading_space = true;
   } else if (TypeOf(decoder) == "Metaspace") {

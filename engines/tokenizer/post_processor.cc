@@ -1,6 +1,10 @@
 #include "engines/tokenizer/post_processor.h"
 
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
+
+#include "engines/json_describe.h"
 
 #include "engines/tokenizer/json_fields.h"
 
@@ -10,8 +14,8 @@ namespace {
 using Json = nlohmann::json;
 
 Status ParseTemplate(const Json& processor, std::string_view source, PostProcessor* out) {
-  const Json single = processor.value("single", Json::array());
-  const Json specials = processor.value("special_tokens", Json::object());
+  const Json& single = FieldOf(processor, "single");
+  const Json& specials = FieldOf(processor, "special_tokens");
   if (!single.is_array() || !specials.is_object()) {
     return Error(Code::kInvalidArgument, "{}: TemplateProcessing without a \"single\" template", source);
   }
@@ -31,8 +35,8 @@ Status ParseTemplate(const Json& processor, std::string_view source, PostProcess
                    name);
     }
     for (const Json& id : (*special)["ids"]) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-        return Error(Code::kInvalidArgument, "{}: special token \"{}\" has id {}", source, name, id.dump());
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+        return Error(Code::kInvalidArgument, "{}: special token \"{}\" has id {}", source, name, DescribeJson(id));
       }
       (seen_text ? out->after : out->before).push_back(id.get<int32_t>());
     }
@@ -46,7 +50,7 @@ Status Parse(const Json& processor, std::string_view source, PostProcessor* out)
   if (processor.is_null() || type == "ByteLevel") return OkStatus();
   if (type == "TemplateProcessing") return ParseTemplate(processor, source, out);
   if (type == "Sequence") {
-    for (const Json& step : processor.value("processors", Json::array())) {
+    for (const Json& step : FieldOf(processor, "processors")) {
       if (TypeOf(step) == "Sequence") {
         return Error(Code::kInvalidArgument, "{}: nested post-processor sequences are not supported", source);
       }

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/json_describe.h"
+
 #include "engines/tokenizer/json_fields.h"
 
 #include "common/utf8.h"
@@ -42,12 +44,12 @@ Result<std::string> PatternOf(const Json& pre, std::string_view source) {
     return std::string(kGpt2Pattern);
   }
   if (type == "Sequence") {
-    const Json& steps = pre.value("pretokenizers", Json::array());
+    const Json& steps = FieldOf(pre, "pretokenizers");
     if (steps.size() == 2 && TypeOf(steps[0]) == "Split" && TypeOf(steps[1]) == "ByteLevel") {
       const Json& split = steps[0];
       bool uses_regex = true;
       if (Status s = byte_level(steps[1], &uses_regex); !s.ok()) return s;
-      const Json pattern = split.value("pattern", Json::object());
+      const Json& pattern = FieldOf(split, "pattern");
       if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
         return Error(Code::kInvalidArgument, "{}: the Split pre-tokenizer has no \"Regex\" pattern", source);
       }
@@ -62,7 +64,7 @@ Result<std::string> PatternOf(const Json& pre, std::string_view source) {
   }
   return Error(Code::kInvalidArgument,
                "{}: pre-tokenizer {} is not supported (supported: ByteLevel, or Split then ByteLevel)", source,
-               pre.dump().substr(0, 200));
+               DescribeJson(pre));
 }
 
 size_t IncompleteTail(std::string_view bytes) {
@@ -122,18 +124,18 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
     // SentencePiece style (byte fallback, '▁' for spaces) or byte-level: which one the file is
     // decides how everything else in it is read.
     const bool byte_fallback = FlagOf(model, "byte_fallback", false);
-    if (byte_fallback || TypeOf(json.value("pre_tokenizer", Json())) == "Metaspace") {
+    if (byte_fallback || TypeOf(FieldOf(json, "pre_tokenizer")) == "Metaspace") {
       Result<Metaspace> metaspace = ParseMetaspace(json, source);
       if (!metaspace.ok()) return metaspace.status();
       t->metaspace_ = *metaspace;
     } else {
-      if (const Json& n = json.value("normalizer", Json()); !n.is_null()) {
+      if (const Json& n = FieldOf(json, "normalizer"); !n.is_null()) {
         return Error(Code::kInvalidArgument, "{}: normalizer \"{}\" is not supported yet", source, TypeOf(n));
       }
-      if (const std::string d = TypeOf(json.value("decoder", Json())); d != "ByteLevel") {
+      if (const std::string d = TypeOf(FieldOf(json, "decoder")); d != "ByteLevel") {
         return Error(Code::kInvalidArgument, "{}: decoder \"{}\" is not supported (supported: ByteLevel)", source, d);
       }
-      Result<std::string> pattern = PatternOf(json.value("pre_tokenizer", Json()), source);
+      Result<std::string> pattern = PatternOf(FieldOf(json, "pre_tokenizer"), source);
       if (!pattern.ok()) return pattern.status();
       Result<RegexSplitter> splitter = RegexSplitter::Compile(*pattern, source);
       if (!splitter.ok()) return splitter.status();
@@ -144,13 +146,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
     int64_t highest = -1;
     for (const auto& [symbol, id] : model.at("vocab").items()) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxVocab) {
-        return Error(Code::kInvalidArgument, "{}: vocabulary entry \"{}\" has id {}", source, ValidUtf8(symbol), id.dump());
+        return Error(Code::kInvalidArgument, "{}: vocabulary entry \"{}\" has id {}", source, ValidUtf8(symbol), DescribeJson(id));
       }
       highest = std::max(highest, id.get<int64_t>());
       vocab.emplace(symbol, id.get<int32_t>());
     }
     std::vector<std::pair<std::string, std::string>> merges;
-    for (const Json& m : model.value("merges", Json::array())) {
+    for (const Json& m : FieldOf(model, "merges")) {
       if (m.is_string()) {
         const std::string text = m.get<std::string>();
         const size_t space = text.find(' ');
@@ -161,13 +163,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
       } else {
-        return Error(Code::kInvalidArgument, "{}: merge {} is not two symbols", source, m.dump().substr(0, 80));
+        return Error(Code::kInvalidArgument, "{}: merge {} is not two symbols", source, DescribeJson(m));
       }
     }
-    for (const Json& a : json.value("added_tokens", Json::array())) {
-      AddedToken token{a.at("id").get<int32_t>(), a.at("content").get<std::string>(), FlagOf(a, "special", false)};
-      if (token.id < 0 || token.id >= kMaxVocab || token.content.empty()) {
-        return Error(Code::kInvalidArgument, "{}: added token {} has id {}", source, ValidUtf8(token.content), token.id);
+    for (const Json& a : FieldOf(json, "added_tokens")) {
+      const int64_t id = a.at("id").get<int64_t>();
+      AddedToken token{static_cast<int32_t>(id), a.at("content").get<std::string>(), FlagOf(a, "special", false)};
+      if (id < 0 || id >= kMaxVocab || token.content.empty()) {
+        return Error(Code::kInvalidArgument, "{}: added token {} has id {}", source, ValidUtf8(token.content), id);
       }
       for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
         if (FlagOf(a, flag, false)) {
@@ -177,7 +180,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
       }
       highest = std::max<int64_t>(highest, token.id);
       t->added_ids_[token.content] = token.id;
+      t->added_by_first_byte_[static_cast<uint8_t>(token.content[0])].push_back(static_cast<uint32_t>(t->added_.size()));
       t->added_.push_back(std::move(token));
+    }
+    // Ids index a table: a file whose ids run far past its entries would make a huge one.
+    const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_.size());
+    if (highest >= 2 * entries + 1024) {
+      return Error(Code::kInvalidArgument, "{}: token ids run to {} for {} tokens", source, highest, entries);
     }
     t->pieces_.assign(static_cast<size_t>(highest + 1), std::string());
     t->special_.assign(t->pieces_.size(), false);
@@ -198,7 +207,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
       t->pieces_[static_cast<size_t>(a.id)] = a.content;
       t->special_[static_cast<size_t>(a.id)] = a.special;
     }
-    Result<PostProcessor> post = ParsePostProcessor(json.value("post_processor", Json()), source);
+    Result<PostProcessor> post = ParsePostProcessor(FieldOf(json, "post_processor"), source);
     if (!post.ok()) return post.status();
     for (const std::vector<int32_t>* ids : {&post->before, &post->after}) {
       for (int32_t id : *ids) {
@@ -282,7 +291,8 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
   size_t plain = 0;  // start of the text not yet encoded
   for (size_t i = 0; i < text.size();) {
     const AddedToken* found = nullptr;
-    for (const AddedToken& a : added_) {
+    for (uint32_t index : added_by_first_byte_[static_cast<uint8_t>(text[i])]) {
+      const AddedToken& a = added_[index];
       if (text.substr(i).starts_with(a.content) && (found == nullptr || a.content.size() > found->content.size())) {
         found = &a;
       }

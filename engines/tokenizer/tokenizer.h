@@ -11,6 +11,7 @@
 // pre-tokenized, each piece turned into byte-level symbols and encoded by BPE.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -70,6 +71,7 @@ class Tokenizer {
   PostProcessor post_processor_;
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_ids_;
+  std::array<std::vector<uint32_t>, 256> added_by_first_byte_;  // indices into added_
   std::vector<std::string> pieces_;  // by id: the bytes each token stands for
   std::vector<bool> special_;        // by id
 };

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/json_describe.h"
+
 #include "common/utf8.h"
 
 namespace warmpool::transformer {
@@ -63,7 +65,7 @@ Result<std::vector<std::string>> ShardsOf(const std::string& index_path) {
   std::vector<std::string> files;
   std::set<std::string> seen;
   for (const auto& [tensor, file] : map->items()) {
-    if (!file.is_string()) return Error(Code::kInvalidArgument, "\"{}\": \"{}\" maps to {}", index_path, tensor, file.dump());
+    if (!file.is_string()) return Error(Code::kInvalidArgument, "\"{}\": \"{}\" maps to {}", index_path, tensor, DescribeJson(file));
     const std::string name = file.get<std::string>();
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
       return Error(Code::kInvalidArgument, "\"{}\": shard \"{}\" is not a file name in the directory", index_path, name);

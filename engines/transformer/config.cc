@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/json_describe.h"
+
 #include "common/utf8.h"
 
 namespace warmpool::transformer {
@@ -30,7 +32,7 @@ class Reader {
     }
     if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<uint64_t>() > max) {
       return Error(Code::kInvalidArgument, "{}: \"{}\" is {}: expected a whole number from 1 to {}", source_, key,
-                   it->dump(), max);
+                   DescribeJson(*it), max);
     }
     return it->get<uint64_t>();
   }
@@ -42,7 +44,7 @@ class Reader {
       return Error(Code::kInvalidArgument, "{}: \"{}\" is missing", source_, key);
     }
     if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
-      return Error(Code::kInvalidArgument, "{}: \"{}\" is {}: expected a positive number", source_, key, it->dump());
+      return Error(Code::kInvalidArgument, "{}: \"{}\" is {}: expected a positive number", source_, key, DescribeJson(*it));
     }
     return it->get<double>();
   }
@@ -50,7 +52,7 @@ class Reader {
   Result<bool> Flag(const char* key, bool fallback) const {
     auto it = json_.find(key);
     if (it == json_.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) return Error(Code::kInvalidArgument, "{}: \"{}\" is {}: expected true or false", source_, key, it->dump());
+    if (!it->is_boolean()) return Error(Code::kInvalidArgument, "{}: \"{}\" is {}: expected true or false", source_, key, DescribeJson(*it));
     return it->get<bool>();
   }
 
@@ -90,6 +92,10 @@ Status ParseRopeScaling(const Json& json, const Reader& read, std::string_view s
     WP_ASSIGN(out->high_freq_factor, read.Positive(*it, "high_freq_factor", std::nullopt));
     double original = 0;
     WP_ASSIGN(original, read.Positive(*it, "original_max_position_embeddings", std::nullopt));
+    if (original > kMaxPositions) {
+      return Error(Code::kInvalidArgument, "{}: rope_scaling original_max_position_embeddings {} is more than {}",
+                   source, original, kMaxPositions);
+    }
     out->original_max_position_embeddings = static_cast<uint64_t>(original);
     if (!(out->high_freq_factor > out->low_freq_factor)) {
       return Error(Code::kInvalidArgument, "{}: rope_scaling \"llama3\" needs high_freq_factor above low_freq_factor",
@@ -166,11 +172,17 @@ Result<Config> Config::ParseJson(std::string_view json_text, std::string_view so
     return Error(Code::kInvalidArgument, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                  source, c.num_attention_heads, c.num_key_value_heads);
   }
+  // Every width the forward pass sizes a buffer by stays within kMaxWidth, so that no product of
+  // two of them (heads x head size, rows x width) wraps around 32 bits.
+  if (uint64_t{c.num_attention_heads} * c.head_dim > kMaxWidth) {
+    return Error(Code::kInvalidArgument, "{}: num_attention_heads {} x head_dim {} is more than {}", source,
+                 c.num_attention_heads, c.head_dim, kMaxWidth);
+  }
   if (c.head_dim % 2 != 0) {
     return Error(Code::kInvalidArgument, "{}: head_dim {} is odd: rotary embeddings rotate pairs", source, c.head_dim);
   }
   if (auto it = json.find("partial_rotary_factor"); it != json.end() && !(it->is_number() && it->get<double>() == 1.0)) {
-    return Error(Code::kInvalidArgument, "{}: partial_rotary_factor {} is not supported (only 1)", source, it->dump());
+    return Error(Code::kInvalidArgument, "{}: partial_rotary_factor {} is not supported (only 1)", source, DescribeJson(*it));
   }
   bool mlp_bias = false;
   WP_ASSIGN(mlp_bias, read.Flag("mlp_bias", false));

@@ -54,6 +54,7 @@ struct Config {
   bool output_bias = false;     // a bias on o_proj too (Llama's attention_bias; Qwen2 has none)
   bool qk_norm = false;         // Qwen3's per-head RMSNorm of queries and keys
 
+  // At most kMaxWidth each (Parse checks): the products fit in 32 bits.
   uint32_t q_size() const { return num_attention_heads * head_dim; }
   uint32_t kv_size() const { return num_key_value_heads * head_dim; }
   // The KV cache one token takes in f32: a key and a value per key/value head per layer.

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engines/json_describe.h"
+
 #include "common/utf8.h"
 
 namespace warmpool::transformer {
@@ -87,7 +89,7 @@ Status ReadGenerationConfig(const Json& g, const std::string& path, ModelDirecto
   }
   if (auto it = g.find("bos_token_id"); it != g.end() && it->is_number_integer()) {
     if (it->get<int64_t>() < 0 || it->get<int64_t>() >= m->checkpoint->config().vocab_size) {
-      return Error(Code::kInvalidArgument, "\"{}\": bos_token_id {} is not a token of the model", path, it->dump());
+      return Error(Code::kInvalidArgument, "\"{}\": bos_token_id {} is not a token of the model", path, DescribeJson(*it));
     }
     m->bos = it->get<int32_t>();
   }
@@ -95,7 +97,14 @@ Status ReadGenerationConfig(const Json& g, const std::string& path, ModelDirecto
   const bool sample = g.value("do_sample", false);
   m->sampling.temperature = sample ? g.value("temperature", 1.0) : 0.0;
   m->sampling.top_p = g.value("top_p", 1.0);
-  m->sampling.top_k = static_cast<uint32_t>(std::clamp<int64_t>(g.value("top_k", int64_t{0}), 0, INT32_MAX));
+  // generate()'s defaults where the file is silent: top_k 50 (GenerationConfig's own default).
+  m->sampling.top_k = sample ? 50 : 0;
+  if (auto it = g.find("top_k"); it != g.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+      return Error(Code::kInvalidArgument, "\"{}\": top_k {} is not a whole number of tokens", path, DescribeJson(*it));
+    }
+    m->sampling.top_k = static_cast<uint32_t>(std::min<int64_t>(it->get<int64_t>(), INT32_MAX));
+  }
   m->sampling.min_p = g.value("min_p", 0.0);
   m->sampling.repetition_penalty = g.value("repetition_penalty", 1.0);
   } catch (const Json::exception& e) {

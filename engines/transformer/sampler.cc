@@ -20,6 +20,13 @@ std::vector<double> Softmax(const std::vector<double>& scores) {
     for (size_t i = 0; i < scores.size(); ++i) p[i] = scores[i] == kImpossible ? 0.0 : std::exp(scores[i] - max);
   }
   const double total = std::accumulate(p.begin(), p.end(), 0.0);
+  if (!(total > 0) || !std::isfinite(total)) {
+    // A temperature so small that the scaled logits are all -inf or all overflow: the limit of
+    // sampling as the temperature goes to 0 is the most likely token.
+    std::fill(p.begin(), p.end(), 0.0);
+    p[static_cast<size_t>(std::max_element(scores.begin(), scores.end()) - scores.begin())] = 1.0;
+    return p;
+  }
   for (double& v : p) v /= total;
   return p;
 }
@@ -65,7 +72,10 @@ Result<std::vector<double>> Sampler::Distribution(std::span<const float> logits,
       v = v < 0 ? v * options_.repetition_penalty : v / options_.repetition_penalty;
     }
   }
-  if (options_.temperature == 0) {
+  // Below this temperature every gap between logits of more than 0.01 is a factor of e^-1000: the
+  // distribution is the most likely token alone, and dividing by it could overflow to -inf everywhere.
+  constexpr double kGreedyBelow = 1e-5;
+  if (options_.temperature < kGreedyBelow) {
     std::vector<double> one_hot(s.size(), 0.0);
     one_hot[ArgMax(s)] = 1.0;
     return one_hot;
@@ -107,7 +117,7 @@ Result<std::vector<double>> Sampler::Distribution(std::span<const float> logits,
 Result<int32_t> Sampler::Next(std::span<const float> logits, std::span<const int32_t> seen) {
   Result<std::vector<double>> p = Distribution(logits, seen);
   if (!p.ok()) return p.status();
-  if (options_.temperature == 0) return static_cast<int32_t>(ArgMax(*p));
+  if (options_.temperature < 1e-5) return static_cast<int32_t>(ArgMax(*p));  // one-hot (Distribution)
   // A uniform in [0, 1) from 53 raw bits, then the inverse of the distribution in token order.
   const double u = static_cast<double>(generator_() >> 11) * 0x1p-53;
   double cumulative = 0;

@@ -18,7 +18,7 @@
 namespace warmpool::transformer {
 
 struct SamplingOptions {
-  double temperature = 1.0;         // 0: greedy (the most likely token; the lowest id on a tie)
+  double temperature = 1.0;         // 0 (or below 1e-5): greedy (the most likely; the lowest id on a tie)
   uint32_t top_k = 0;               // keep the k most likely (and any tied with the k-th); 0: all
   double top_p = 1.0;               // keep the fewest most likely tokens holding at least p; 1: all
   double min_p = 0.0;               // drop tokens less likely than min_p x the most likely; 0: none

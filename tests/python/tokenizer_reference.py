@@ -218,9 +218,9 @@ def encode(tok, text):
     model = tok["model"]
     vocab = model["vocab"]
     ranks = {}
-    for m in model["merges"]:
+    for i, m in enumerate(model["merges"]):  # a repeated merge takes its last place, as in HF's map
         pair = tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
-        ranks.setdefault(pair, len(ranks))
+        ranks[pair] = i
     style = style_of(tok)
     pre = tok["pre_tokenizer"]
     if style == "byte-level":

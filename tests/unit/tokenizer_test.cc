@@ -223,8 +223,16 @@ TEST_F(TokenizerFiles, WhatIsNotDoneHereIsRefusedByName) {
       {[](Json& j) { j["model"]["merges"].push_back("a b c"); }, "is not two symbols"},
       {[](Json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip"},
       {[](Json& j) { j["model"]["vocab"]["zz"] = -4; }, "has id -4"},
-      {[](Json& j) { j["model"]["vocab"]["\u4e00"] = 7000; }, "not made of byte-level symbols"},
+      {[](Json& j) { j["model"]["vocab"]["\u4e00"] = 400; }, "not made of byte-level symbols"},
       {[](Json& j) { j.erase("model"); }, "no \"model\""},
+      {[](Json& j) { j["model"]["vocab"]["zz"] = 16777215; }, "token ids run to 16777215"},
+      {[](Json& j) { j["added_tokens"][0]["id"] = 4294967297LL; }, "has id 4294967297"},
+      {[](Json& j) {
+         j["model"]["byte_fallback"] = true;
+         j["normalizer"] = {{"type", "Sequence"}};  // no "normalizers"
+         j["pre_tokenizer"] = nullptr;
+       },
+       "normalizer"},
   };
   for (const Case& c : cases) {
     Status s = ParseWith(c.edit);
@@ -232,6 +240,16 @@ TEST_F(TokenizerFiles, WhatIsNotDoneHereIsRefusedByName) {
     EXPECT_TRUE(Contains(s.message(), c.named)) << "wanted \"" << c.named << "\" in: " << s.message();
   }
   EXPECT_EQ(Tokenizer::Parse("{", "t").status().code(), Code::kInvalidArgument);
+  // Deep nesting where an error would quote the value: described by its kind, not dumped (a dump
+  // recurses once per level).
+  Json shallow = base_;
+  shallow.erase("pre_tokenizer");
+  std::string text = shallow.dump();
+  text.insert(1, "\"pre_tokenizer\":" + std::string(200000, '[') + std::string(200000, ']') + ",");
+  Result<std::unique_ptr<Tokenizer>> refused = Tokenizer::Parse(text, "t");
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().ToString().substr(0, 200);
+  EXPECT_TRUE(Contains(refused.status().message(), "pre-tokenizer array is not supported"))
+      << refused.status().ToString().substr(0, 200);
   EXPECT_EQ(Tokenizer::Load(dir_.File("missing.json")).status().code(), Code::kNotFound);
 }
 

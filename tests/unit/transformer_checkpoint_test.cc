@@ -71,6 +71,8 @@ TEST(TransformerConfig, WhatIsNotComputedHereIsRefusedByName) {
       {"partial_rotary_factor", 0.5, Code::kInvalidArgument, "partial_rotary_factor"},
       {"mlp_bias", true, Code::kInvalidArgument, "mlp_bias"},
       {"tie_word_embeddings", "yes", Code::kInvalidArgument, "tie_word_embeddings"},
+      // Heads x head size past 2^32 would wrap the buffer sizes of the forward pass.
+      {"head_dim", 1 << 20, Code::kInvalidArgument, "num_attention_heads 4 x head_dim 1048576 is more than"},
   };
   for (const Change& change : changes) {
     Json json = BaseConfig();

@@ -125,6 +125,9 @@ TEST_F(ModelDirectoryTest, GenerationConfigGivesTheEndTokensAndSamplingDefaults)
   EXPECT_EQ(m->sampling.top_k, 40u);
   Write("generation_config.json", {{"eos_token_id", end}, {"temperature", 0.6}});
   EXPECT_EQ(ModelDirectory::Open(dir_.path())->sampling.temperature, 0.0) << "no do_sample: greedy";
+  // Sampling with no top_k in the file: generate()'s own default, 50 (Llama 3 Instruct's file is so).
+  Write("generation_config.json", {{"eos_token_id", end}, {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.9}});
+  EXPECT_EQ(ModelDirectory::Open(dir_.path())->sampling.top_k, 50u);
 }
 
 TEST_F(ModelDirectoryTest, FilesThatDisagreeAreRefusedByName) {

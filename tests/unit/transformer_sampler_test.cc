@@ -75,6 +75,12 @@ TEST(TransformerSampler, GreedyTakesTheMostLikelyAndTheLowestIdOnATie) {
   EXPECT_EQ(*penalised.Next(std::vector<float>{2, 5, 1}, std::vector<int32_t>{1}), 0);
 }
 
+TEST(TransformerSampler, ATemperatureTooSmallToDivideByIsGreedy) {
+  Sampler tiny({.temperature = 1e-310});
+  const std::vector<float> negative = {-3, -1, -2};
+  EXPECT_EQ(*tiny.Next(negative, {}), 1);
+}
+
 TEST(TransformerSampler, DrawsFollowTheDistributionAndTheSeed) {
   const std::vector<float> logits = {std::log(0.1f), std::log(0.2f), std::log(0.7f)};
   Sampler sampler({.seed = 42});
