@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -109,6 +110,18 @@ bool IsValidUtf8(std::string_view text) {
   return true;
 }
 
+// The text a stream of ids decodes to; every piece of it valid UTF-8.
+std::string Streamed(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+  StreamingDecoder stream(tokenizer, /*skip_special=*/false);
+  std::string streamed;
+  for (int32_t id : ids) {
+    auto piece = stream.Push(id);
+    FUZZ_CHECK(piece.ok() && IsValidUtf8(*piece));
+    streamed += *piece;
+  }
+  return streamed + stream.Finish();
+}
+
 void RoundTrip(const Tokenizer& tokenizer, std::string_view text) {
   auto ids = tokenizer.Encode(text);
   if (!IsValidUtf8(text)) {
@@ -118,15 +131,7 @@ void RoundTrip(const Tokenizer& tokenizer, std::string_view text) {
   FUZZ_CHECK(ids.ok());
   auto decoded = tokenizer.Decode(*ids);
   FUZZ_CHECK(decoded.ok() && *decoded == text);
-  StreamingDecoder stream(tokenizer, /*skip_special=*/false);
-  std::string streamed;
-  for (int32_t id : *ids) {
-    auto piece = stream.Push(id);
-    FUZZ_CHECK(piece.ok() && IsValidUtf8(*piece));
-    streamed += *piece;
-  }
-  streamed += stream.Finish();
-  FUZZ_CHECK(streamed == text);
+  FUZZ_CHECK(Streamed(tokenizer, *ids) == text);
 }
 
 }  // namespace
@@ -145,15 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!ids.ok()) return 0;
     auto decoded = sp.Decode(*ids);
     FUZZ_CHECK(decoded.ok());
-    StreamingDecoder stream(sp, /*skip_special=*/false);
-    std::string streamed;
-    for (int32_t id : *ids) {
-      auto piece = stream.Push(id);
-      FUZZ_CHECK(piece.ok() && IsValidUtf8(*piece));
-      streamed += *piece;
-    }
-    streamed += stream.Finish();
-    FUZZ_CHECK(streamed == *decoded);
+    FUZZ_CHECK(Streamed(sp, *ids) == *decoded);
     return 0;
   }
   auto parsed = Tokenizer::Parse(rest, "fuzzed");

@@ -64,9 +64,9 @@ def symbols(piece):
     return "".join(BYTE[b] for b in piece.encode("utf-8"))
 
 
-def train(corpus, merges_wanted, style, ignore_merges):
-    words = collections.Counter(tuple(symbols(p)) for p in pieces(PATTERNS[style], corpus))
-    vocab = {BYTE[b]: b for b in range(256)}
+def learn_merges(words, merges_wanted, vocab):
+    """BPE training: merge the most frequent adjacent pair of symbols (the smallest pair on a tie)
+    in every word, merges_wanted times; each merged symbol joins vocab. words: Counter of tuples."""
     merges = []
     while len(merges) < merges_wanted:
         pairs = collections.Counter()
@@ -78,18 +78,14 @@ def train(corpus, merges_wanted, style, ignore_merges):
         best = min(pairs, key=lambda p: (-pairs[p], p))
         merges.append(best)
         vocab.setdefault(best[0] + best[1], len(vocab))
-        merged = collections.Counter()
-        for word, count in words.items():
-            out, i = [], 0
-            while i < len(word):
-                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
-                    out.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            merged[tuple(out)] += count
-        words = merged
+        words = collections.Counter({tuple(bpe(list(w), {best: 0})): c for w, c in words.items()})
+    return merges
+
+
+def train(corpus, merges_wanted, style, ignore_merges):
+    words = collections.Counter(tuple(symbols(p)) for p in pieces(PATTERNS[style], corpus))
+    vocab = {BYTE[b]: b for b in range(256)}
+    merges = learn_merges(words, merges_wanted, vocab)
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": style == "gpt2"}
     if style == "gpt2":
         pre = byte_level
@@ -150,18 +146,7 @@ def train_sp(corpus, merges_wanted, style):
     words = collections.Counter()
     for word in regex.findall(METASPACE + "?[^" + METASPACE + "]+|" + METASPACE, METASPACE + text):
         words[tuple(sp_symbols(word, vocab))] += 1
-    merges = []
-    while len(merges) < merges_wanted:
-        pairs = collections.Counter()
-        for word, count in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += count
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        merges.append(best)
-        vocab.setdefault(best[0] + best[1], len(vocab))
-        words = collections.Counter({tuple(bpe(list(w), {best: 0})): c for w, c in words.items()})
+    merges = learn_merges(words, merges_wanted, vocab)
     decoder = {"type": "Sequence", "decoders": [
         {"type": "Replace", "pattern": {"String": METASPACE}, "content": " "},
         {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
