@@ -15,6 +15,7 @@ packages=(
   libsystemd-dev      # sd_notify and socket activation
   libhttp-parser-dev  # the HTTP API's request parser
   libpcre2-dev        # tokenizers' pre-tokenizer patterns (Unicode classes, lookahead)
+  libutf8proc-dev     # tokenizers' Unicode normalization (NFC)
   python3 python3-protobuf python3-numpy python3-setuptools python3-wheel python3-pip python3-venv  # python/
   curl                # the quick start's HTTP example
 )

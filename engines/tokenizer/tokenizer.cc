@@ -16,6 +16,7 @@
 #include "common/utf8.h"
 #include "engines/tokenizer/byte_level.h"
 #include "engines/tokenizer/metaspace.h"
+#include "engines/tokenizer/normalizer.h"
 
 namespace warmpool::tokenizer {
 namespace {
@@ -130,7 +131,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
       t->metaspace_ = *metaspace;
     } else {
       if (const Json& n = FieldOf(json, "normalizer"); !n.is_null()) {
-        return Error(Code::kInvalidArgument, "{}: normalizer \"{}\" is not supported yet", source, TypeOf(n));
+        if (TypeOf(n) != "NFC") {
+          return Error(Code::kInvalidArgument, "{}: normalizer \"{}\" is not supported yet (supported: NFC)", source,
+                       TypeOf(n));
+        }
+        t->nfc_ = true;
       }
       if (const std::string d = TypeOf(FieldOf(json, "decoder")); d != "ByteLevel") {
         return Error(Code::kInvalidArgument, "{}: decoder \"{}\" is not supported (supported: ByteLevel)", source, d);
@@ -271,6 +276,13 @@ Status Tokenizer::EncodeText(std::string_view text, bool at_start, std::vector<i
       if (Status s = bpe_->Encode(word, ids); !s.ok()) return s;
     }
     return OkStatus();
+  }
+  std::string normalized;
+  if (nfc_) {
+    Result<std::string> nfc = NormalizeNfc(text);
+    if (!nfc.ok()) return nfc.status();
+    normalized = std::move(*nfc);
+    text = normalized;
   }
   std::vector<std::string_view> pieces;
   if (Status s = splitter_->Split(text, &pieces); !s.ok()) return s;

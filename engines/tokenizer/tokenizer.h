@@ -68,6 +68,7 @@ class Tokenizer {
   std::optional<BpeModel> bpe_;
   std::optional<RegexSplitter> splitter_;  // byte-level style
   std::optional<Metaspace> metaspace_;     // SentencePiece style
+  bool nfc_ = false;                       // byte-level style: text normalized to NFC first
   PostProcessor post_processor_;
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_ids_;

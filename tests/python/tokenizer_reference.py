@@ -3,7 +3,7 @@
 encoder.py: bytes_to_unicode and bpe(); Hugging Face tokenizers' tokenizer.json, its added tokens
 and its Split/ByteLevel pre-tokenizers), with the `regex` module for the Unicode patterns.
 
-  tokenizer_reference.py train CORPUS --merges N --style STYLE --out tokenizer.json [--ignore-merges]
+  tokenizer_reference.py train CORPUS --merges N --style STYLE --out tokenizer.json [--ignore-merges] [--nfc]
       learns N merges from CORPUS (the most frequent adjacent pair of symbols, the smallest pair
       on a tie) and writes a tokenizer.json, with three special added tokens. STYLE: gpt2, llama3,
       qwen2 (byte-level); sentencepiece (Llama 2's: Prepend and Replace normalizers, byte
@@ -16,6 +16,8 @@ import argparse
 import collections
 import json
 import sys
+
+import unicodedata
 
 import regex
 
@@ -82,7 +84,7 @@ def learn_merges(words, merges_wanted, vocab):
     return merges
 
 
-def train(corpus, merges_wanted, style, ignore_merges):
+def train(corpus, merges_wanted, style, ignore_merges, nfc=False):
     words = collections.Counter(tuple(symbols(p)) for p in pieces(PATTERNS[style], corpus))
     vocab = {BYTE[b]: b for b in range(256)}
     merges = learn_merges(words, merges_wanted, vocab)
@@ -100,7 +102,7 @@ def train(corpus, merges_wanted, style, ignore_merges):
     return {
         "version": "1.0",
         "added_tokens": added,
-        "normalizer": None,
+        "normalizer": {"type": "NFC"} if nfc else None,
         "pre_tokenizer": pre,
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
@@ -218,6 +220,8 @@ def encode(tok, text):
             for word in sp_words(part, style, at_start):
                 ids.extend(vocab.get(s, vocab["<unk>"]) for s in bpe(sp_symbols(word, vocab), ranks))
             return
+        if (tok.get("normalizer") or {}).get("type") == "NFC":  # each run between added tokens
+            part = unicodedata.normalize("NFC", part)
         for piece in pieces(pattern, part):
             word = symbols(piece)
             if model.get("ignore_merges") and word in vocab:
@@ -251,6 +255,7 @@ def main():
     t.add_argument("--style", choices=sorted(PATTERNS) + list(SP_STYLES), required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--ignore-merges", action="store_true")
+    t.add_argument("--nfc", action="store_true", help="byte-level styles: an NFC normalizer (Qwen2's)")
     e = commands.add_parser("encode")
     e.add_argument("tokenizer")
     e.add_argument("texts")
@@ -261,7 +266,7 @@ def main():
         if args.style in SP_STYLES:
             tokenizer = train_sp(corpus, args.merges, args.style)
         else:
-            tokenizer = train(corpus, args.merges, args.style, args.ignore_merges)
+            tokenizer = train(corpus, args.merges, args.style, args.ignore_merges, args.nfc)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(tokenizer, f, ensure_ascii=False)
     else:
