@@ -1,21 +1,21 @@
 #include "engines/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <fcntl.h>
 #include <set>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "engines/json_describe.h"
-
 #include "common/utf8.h"
+#include "engines/json_describe.h"
 
 namespace warmpool::safetensors {
 namespace {

@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include "engines/json_describe.h"
-
 #include "engines/tokenizer/json_fields.h"
 
 namespace warmpool::tokenizer {

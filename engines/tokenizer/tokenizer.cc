@@ -1,20 +1,15 @@
 #include "engines/tokenizer/tokenizer.h"
 
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "engines/json_describe.h"
-
-#include "engines/tokenizer/json_fields.h"
-
+#include "common/small_file.h"
 #include "common/utf8.h"
+#include "engines/json_describe.h"
 #include "engines/tokenizer/byte_level.h"
+#include "engines/tokenizer/json_fields.h"
 #include "engines/tokenizer/metaspace.h"
 #include "engines/tokenizer/normalizer.h"
 
@@ -82,17 +77,9 @@ size_t IncompleteTail(std::string_view bytes) {
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) {
-    return Status(CodeForErrno(errno), fmt::format("\"{}\": {}", path, std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxTokenizerBytes) {
-    return Error(Code::kInvalidArgument, "\"{}\": not a regular file of at most {} bytes", path, kMaxTokenizerBytes);
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return Parse(text.str(), path);
+  Result<std::string> text = ReadSmallFile(path, kMaxTokenizerBytes);
+  if (!text.ok()) return ValidUtf8(text.status());
+  return Parse(*text, path);
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view json_text, std::string_view source) {

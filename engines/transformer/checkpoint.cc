@@ -7,15 +7,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "engines/json_describe.h"
-
+#include "common/small_file.h"
 #include "common/utf8.h"
+#include "engines/json_describe.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -25,23 +23,6 @@ using Json = nlohmann::json;
 // config.json and the shard index are small; anything bigger is not one.
 constexpr uint64_t kMaxJsonBytes = 16u << 20;
 
-Result<std::string> ReadSmallFile(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) {
-    int err = errno;
-    return Status(CodeForErrno(err), fmt::format("\"{}\": {}", path, std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) return Error(Code::kInvalidArgument, "\"{}\": not a regular file", path);
-  if (static_cast<uint64_t>(st.st_size) > kMaxJsonBytes) {
-    return Error(Code::kInvalidArgument, "\"{}\": {} bytes, more than a configuration file has", path, st.st_size);
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) return Error(Code::kUnavailable, "\"{}\": read failed", path);
-  return text.str();
-}
-
 bool Exists(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0;
@@ -50,7 +31,7 @@ bool Exists(const std::string& path) {
 // The shard files named by model.safetensors.index.json, in the order first named. Each must be a
 // plain file name inside the directory.
 Result<std::vector<std::string>> ShardsOf(const std::string& index_path) {
-  Result<std::string> text = ReadSmallFile(index_path);
+  Result<std::string> text = ReadSmallFile(index_path, kMaxJsonBytes);
   if (!text.ok()) return text.status();
   Json index;
   try {
@@ -87,7 +68,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::OpenDirectory(const std::string&
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
   checkpoint->directory_ = directory;
   const std::string config_path = directory + "/config.json";
-  Result<std::string> config_text = ReadSmallFile(config_path);
+  Result<std::string> config_text = ReadSmallFile(config_path, kMaxJsonBytes);
   if (!config_text.ok()) return config_text.status();
   Result<Config> config = Config::Parse(*config_text, config_path);
   if (!config.ok()) return config.status();

@@ -5,9 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engines/json_describe.h"
-
 #include "common/utf8.h"
+#include "engines/json_describe.h"
 
 namespace warmpool::transformer {
 namespace {

@@ -1,18 +1,14 @@
 #include "engines/transformer/model_directory.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "engines/json_describe.h"
-
+#include "common/small_file.h"
 #include "common/utf8.h"
+#include "engines/json_describe.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -23,19 +19,13 @@ constexpr uint64_t kMaxConfigBytes = 64u << 20;  // chat templates make tokenize
 
 // The file parsed, or null when it does not exist and may be missing.
 Result<Json> ReadJson(const std::string& path, bool optional) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) {
-    if (optional && errno == ENOENT) return Json();
-    return Status(CodeForErrno(errno), fmt::format("\"{}\": {}", path, std::strerror(errno)));
+  Result<std::string> text = ReadSmallFile(path, kMaxConfigBytes);
+  if (!text.ok()) {
+    if (optional && text.status().code() == Code::kNotFound) return Json();
+    return text.status();
   }
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {
-    return Error(Code::kInvalidArgument, "\"{}\": not a regular file of at most {} bytes", path, kMaxConfigBytes);
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
   try {
-    Json json = Json::parse(text.str());
+    Json json = Json::parse(*text);
     if (!json.is_object()) return Error(Code::kInvalidArgument, "\"{}\": not a JSON object", path);
     return json;
   } catch (const Json::exception& e) {
