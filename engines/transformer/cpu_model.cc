@@ -15,35 +15,6 @@ namespace {
 
 using safetensors::DType;
 
-// count elements of a stored tensor from element `first` on, as f32.
-void Widen(const uint8_t* data, DType dtype, uint64_t first, uint32_t count, float* out) {
-  switch (dtype) {
-    case DType::F32:
-      std::memcpy(out, data + first * 4, uint64_t{count} * 4);
-      return;
-    case DType::F16:
-      for (uint32_t i = 0; i < count; ++i) {
-        uint16_t h;
-        std::memcpy(&h, data + (first + i) * 2, 2);
-        out[i] = safetensors::HalfToFloat(h);
-      }
-      return;
-    default:  // BF16: BindWeights admits nothing else
-      for (uint32_t i = 0; i < count; ++i) {
-        uint16_t h;
-        std::memcpy(&h, data + (first + i) * 2, 2);
-        out[i] = safetensors::BF16ToFloat(h);
-      }
-      return;
-  }
-}
-
-std::vector<float> WidenAll(const Vector& v) {
-  std::vector<float> out(v.size);
-  if (v) Widen(v.data, v.dtype, 0, v.size, out.data());
-  return out;
-}
-
 float Dot(const float* a, const float* b, uint32_t n) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)

@@ -7,7 +7,6 @@
 #include <dnnl.hpp>
 
 #include "engines/gemv.h"
-#include "engines/half.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -52,27 +51,15 @@ Status PrefillMatmul::Run(const float* x, uint32_t rows, const Matrix& w, const 
     } else if (w.dtype == DType::F16 && dense::HaveF16Gemv()) {
       dense::WidenHalves(w.data, count, widened_.data(), threads);
     } else {
-      const bool half = w.dtype == DType::F16;
+      // Row by row over the threads: each row widened by one of them.
 #pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
-        uint16_t h;
-        std::memcpy(&h, w.data + i * 2, 2);
-        widened_[static_cast<size_t>(i)] = half ? safetensors::HalfToFloat(h) : safetensors::BF16ToFloat(h);
+      for (int64_t o = 0; o < static_cast<int64_t>(w.rows); ++o) {
+        Widen(w.data, w.dtype, static_cast<uint64_t>(o) * w.cols, w.cols, &widened_[static_cast<size_t>(o) * w.cols]);
       }
     }
     weights = widened_.data();
   }
-  if (bias) {
-    bias_.resize(w.rows);
-    for (uint32_t o = 0; o < w.rows; ++o) {
-      uint16_t h;
-      switch (bias.dtype) {
-        case DType::F32: std::memcpy(&bias_[o], bias.data + uint64_t{o} * 4, 4); break;
-        case DType::F16: std::memcpy(&h, bias.data + uint64_t{o} * 2, 2); bias_[o] = safetensors::HalfToFloat(h); break;
-        default: std::memcpy(&h, bias.data + uint64_t{o} * 2, 2); bias_[o] = safetensors::BF16ToFloat(h); break;
-      }
-    }
-  }
+  if (bias) bias_ = WidenAll(bias);
   try {
     const auto key = std::make_tuple(rows, w.cols, w.rows, static_cast<bool>(bias));
     auto found = primitives_.find(key);

@@ -1,11 +1,13 @@
 #include "engines/transformer/weights.h"
 
+#include <cstring>
 #include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "common/utf8.h"
+#include "engines/half.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -119,6 +121,34 @@ Result<ModelWeights> Bind(const Config& config, const std::map<std::string, Tens
 }
 
 }  // namespace
+
+void Widen(const uint8_t* data, DType dtype, uint64_t first, uint64_t count, float* out) {
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(out, data + first * 4, count * 4);
+      return;
+    case DType::F16:
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data + (first + i) * 2, 2);
+        out[i] = safetensors::HalfToFloat(h);
+      }
+      return;
+    default:  // BF16: BindWeights admits nothing else
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data + (first + i) * 2, 2);
+        out[i] = safetensors::BF16ToFloat(h);
+      }
+      return;
+  }
+}
+
+std::vector<float> WidenAll(const Vector& v) {
+  std::vector<float> out(v.size);
+  if (v) Widen(v.data, v.dtype, 0, v.size, out.data());
+  return out;
+}
 
 Result<ModelWeights> BindWeights(const Config& config, const std::map<std::string, TensorView>& tensors,
                                  std::string_view source) {

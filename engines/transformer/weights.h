@@ -47,6 +47,11 @@ struct ModelWeights {
   uint64_t bytes = 0;
 };
 
+// count elements of a stored tensor (f32, f16 or bf16) from element `first` on, as f32.
+void Widen(const uint8_t* data, safetensors::DType dtype, uint64_t first, uint64_t count, float* out);
+// A whole vector as f32 (empty for an absent one).
+std::vector<float> WidenAll(const Vector& v);
+
 // tensors: by name, as in the checkpoint (Checkpoint::tensors()).
 Result<ModelWeights> BindWeights(const Config& config, const std::map<std::string, TensorView>& tensors,
                                  std::string_view source);
