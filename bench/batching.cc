@@ -14,6 +14,7 @@
 #include "bench/stats.h"
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/dense_cpu.h"
 
 namespace warmpool::bench {
@@ -42,7 +43,7 @@ Result<Sessions> Open(BenchRun& run, const std::string& model, const client::Mat
 Result<double> InProcessCallMs(const std::string& path, uint32_t rows, uint32_t cols, uint32_t rounds) {
   dense::SetCpuThreads(1);  // as each worker of the daemon (threads_per_worker = 1 below)
   HostMemory memory;
-  Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), wp_engine_spec{"inprocess", path.c_str(), nullptr, 0, 0},
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), SpecForFile("inprocess", path.c_str(), nullptr, 0, 0),
                                        memory.service());
   if (!engine.ok()) return engine.status();
   if (Status s = engine->Load(); !s.ok()) return s;

@@ -19,6 +19,7 @@
 #include "bench/torch_baseline.h"
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/dense_cpu.h"
 #include "engines/half.h"
 #include "engines/safetensors.h"
@@ -151,7 +152,7 @@ Status Run(const ComputeOptions& o, BenchRun& run, std::vector<BatchResult>& res
     const std::string path = run.File(fmt::format("{}.safetensors", safetensors::DTypeName(dtype)));
     if (Status s = WriteModel(path, o.layers, weights, dtype); !s.ok()) return s;
     const std::string name(safetensors::DTypeName(dtype));
-    Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), wp_engine_spec{name.c_str(), path.c_str(), nullptr, 0, 0},
+    Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), SpecForFile(name.c_str(), path.c_str(), nullptr, 0, 0),
                                          memory.service());
     if (dtype == DType::BF16 && torch.missing.empty()) {  // forked before the engines start threads
       Result<std::unique_ptr<TorchBaseline>> started = TorchBaseline::Start(run, o.torch_python, path, o.threads);

@@ -1,4 +1,5 @@
 #include "chaos/harness.h"
+#include "engines/catalog/builtin_engines.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -219,7 +220,7 @@ client::Matrix Harness::Expected(const ModelUnderTest& model, const client::Matr
   std::lock_guard lock(engines_mutex_);
   auto it = engines_.find(model.path);
   if (it == engines_.end()) {
-    wp_engine_spec spec{model.name.c_str(), model.path.c_str(), nullptr, 0, 0};
+    wp_engine_spec spec = SpecForFile(model.name.c_str(), model.path.c_str(), nullptr, 0, 0);
     auto engine = Engine::Open(FindBuiltinEngine("dense"), spec, memory_.service());
     if (!engine.ok() || !engine->Load().ok()) return {};
     it = engines_.emplace(model.path, std::make_unique<Engine>(std::move(*engine))).first;

@@ -24,6 +24,7 @@
 #include "common/units.h"
 
 #include "cli/cli_output.h"
+#include "cli/generate_command.h"
 #include "client/client.h"
 #include "client/ready.h"
 #include "ipc/codes.h"
@@ -132,6 +133,13 @@ int main(int argc, char** argv) {
   infer->add_option("--keep-alive", keep_alive,
                     "keep the model warm this long after this request (0: release it when it ends)");
 
+  warmpool::cli::GenerateArgs generate_args;
+  auto* generate = app.add_subcommand("generate", "text from a language model, streamed as it is generated");
+  warmpool::cli::AddGenerateOptions(generate, generate_args, keep_alive);
+  auto* run = app.add_subcommand(
+      "run", "generate from a prompt, or (no prompt, on a terminal) from each line typed at \">>> \" until /bye");
+  warmpool::cli::AddGenerateOptions(run, generate_args, keep_alive);
+
   auto* fault = app.add_subcommand(
       "fault", "arm or clear injected faults (daemon started with --enable-fault-injection only)");
   fault->require_subcommand(1);
@@ -186,6 +194,11 @@ int main(int argc, char** argv) {
   if (!connected.ok()) return Fail(connected.status());
   warmpool::client::Client& client = **connected;
 
+  if (generate->parsed() || run->parsed()) {
+    generate_args.keep_alive_ms = keep_alive_ms;
+    return generate->parsed() ? warmpool::cli::RunGenerate(client, generate_args)
+                              : warmpool::cli::RunInteractive(client, generate_args);
+  }
   if (models->parsed()) {
     auto reply = client.Models();
     if (!reply.ok()) return Fail(reply.status());

@@ -75,8 +75,9 @@ Result<uint64_t> Client::Send(v1::Envelope request, const std::vector<int>& fds)
 
 Result<v1::Envelope> Client::Receive() {
   if (!stash_.empty()) {
-    v1::Envelope reply = std::move(stash_.begin()->second);
-    stash_.erase(stash_.begin());
+    v1::Envelope reply = std::move(stash_.begin()->second.front());
+    stash_.begin()->second.pop_front();
+    if (stash_.begin()->second.empty()) stash_.erase(stash_.begin());
     return reply;
   }
   v1::Envelope reply;
@@ -91,8 +92,9 @@ Result<v1::Envelope> Client::Receive() {
 
 Result<v1::Envelope> Client::Wait(uint64_t request_id) {
   if (auto it = stash_.find(request_id); it != stash_.end()) {
-    v1::Envelope reply = std::move(it->second);
-    stash_.erase(it);
+    v1::Envelope reply = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) stash_.erase(it);
     return reply;
   }
   for (;;) {
@@ -106,7 +108,8 @@ Result<v1::Envelope> Client::Wait(uint64_t request_id) {
     if (reply.request_id() == request_id) return reply;
     // request_id 0 is the daemon's word on the connection itself (e.g. a refused frame).
     if (reply.request_id() == 0 && reply.has_error()) return StatusOf(reply);
-    stash_.emplace(reply.request_id(), std::move(reply));
+    const uint64_t id = reply.request_id();
+    stash_[id].push_back(std::move(reply));
   }
 }
 
@@ -117,6 +120,27 @@ Result<v1::Envelope> Client::Call(v1::Envelope request) {
   if (!reply.ok()) return reply;
   if (warmpool::Status s = StatusOf(*reply); !s.ok()) return s;
   return reply;
+}
+
+Result<v1::GenerateReply> Client::Generate(v1::GenerateRequest request,
+                                          const std::function<void(const v1::GenerateChunk&)>& on_chunk) {
+  v1::Envelope envelope;
+  *envelope.mutable_generate() = std::move(request);
+  Result<uint64_t> id = Send(std::move(envelope));
+  if (!id.ok()) return id.status();
+  for (;;) {
+    Result<v1::Envelope> reply = Wait(*id);
+    if (!reply.ok()) return reply.status();
+    if (reply->has_generate_chunk()) {
+      if (on_chunk) on_chunk(reply->generate_chunk());
+      continue;
+    }
+    if (warmpool::Status s = StatusOf(*reply); !s.ok()) return s;
+    if (!reply->has_generate_reply()) {
+      return Error(Code::kInternal, "warmpoold answered a generate request with something else");
+    }
+    return std::move(*reply->mutable_generate_reply());
+  }
 }
 
 Result<uint64_t> Client::SendInfer(const std::string& model, const Matrix& input,

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +45,11 @@ class Client {
   // Send + Wait; an error envelope becomes its Status.
   Result<v1::Envelope> Call(v1::Envelope request);
 
+  // A language model's generation: with request.stream set, on_chunk gets each chunk in order as
+  // it comes; the final reply is returned (an error after chunks is this call's Status). To stop
+  // a generation early, close the connection: the daemon cancels it within a step.
+  Result<v1::GenerateReply> Generate(v1::GenerateRequest request,
+                                     const std::function<void(const v1::GenerateChunk&)>& on_chunk = nullptr);
   Result<v1::LoadReply> Load(const std::string& model, const LoadOptions& options = {});
   // park: keep a host copy (the daemon's park budget) so that the next load is a copy back.
   warmpool::Status Unload(const std::string& model, bool park = false);
@@ -89,7 +96,7 @@ class Client {
   ipc::BlockingChannel channel_;
   uint64_t next_request_id_ = 1;
   bool sent_version_ = false;
-  std::map<uint64_t, v1::Envelope> stash_;
+  std::map<uint64_t, std::deque<v1::Envelope>> stash_;  // a generation's chunks share their id
   // Infer's own region for large inputs, and the largest output seen (its size for next time).
   Result<Matrix> InferThroughRegion(const std::string& model, const Matrix& input,
                                     const InferOptions& options);

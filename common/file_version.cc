@@ -1,6 +1,13 @@
 #include "common/file_version.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
 
 namespace warmpool {
 
@@ -15,6 +22,45 @@ uint64_t Nanos(const timespec& t) {
 FileVersion FileVersionOf(const struct stat& st) {
   return FileVersion{static_cast<uint64_t>(st.st_size), Nanos(st.st_mtim), static_cast<uint64_t>(st.st_ino),
                      static_cast<uint64_t>(st.st_dev), Nanos(st.st_ctim)};
+}
+
+FileVersion DirectoryVersion(int dir) {
+  struct stat self {};
+  if (fstat(dir, &self) != 0 || !S_ISDIR(self.st_mode)) return {};
+  const int copy = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // its own offset
+  DIR* listing = copy >= 0 ? fdopendir(copy) : nullptr;
+  if (listing == nullptr) {
+    if (copy >= 0) close(copy);
+    return {};
+  }
+  std::vector<std::pair<std::string, FileVersion>> files;
+  while (const dirent* entry = readdir(listing)) {
+    struct stat st {};
+    if (fstatat(dir, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) files.emplace_back(entry->d_name, FileVersionOf(st));
+  }
+  closedir(listing);
+  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // Sizes add up and times take the latest; the identity mixes every file's name and version in
+  // (FNV-1a over the bytes), so that any file replaced, added or removed changes it.
+  FileVersion folded{0, 0, 0, static_cast<uint64_t>(self.st_dev), 0};
+  uint64_t hash = 0xcbf29ce484222325ull;
+  auto mix = [&hash](const void* data, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) {
+      hash ^= static_cast<const unsigned char*>(data)[i];
+      hash *= 0x100000001b3ull;
+    }
+  };
+  for (const auto& [name, version] : files) {
+    folded.size += version.size;
+    folded.mtime_ns = std::max(folded.mtime_ns, version.mtime_ns);
+    folded.ctime_ns = std::max(folded.ctime_ns, version.ctime_ns);
+    mix(name.data(), name.size() + 1);
+    const uint64_t fields[] = {version.size, version.mtime_ns, version.inode, version.device, version.ctime_ns};
+    mix(fields, sizeof(fields));
+  }
+  folded.inode = hash;
+  return folded;
 }
 
 }  // namespace warmpool

@@ -25,4 +25,9 @@ struct FileVersion {
 
 FileVersion FileVersionOf(const struct stat& st);
 
+// A model directory's version, over every file in it (not its subdirectories), so that any file
+// changed, replaced, added or removed changes it: sizes summed, the latest times, and an identity
+// that mixes every file's name and version. Zero when `dir` is not a directory that can be read.
+FileVersion DirectoryVersion(int dir);
+
 }  // namespace warmpool

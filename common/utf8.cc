@@ -19,6 +19,15 @@ size_t Utf8SequenceLength(std::string_view text) {
   return n;
 }
 
+bool IsValidUtf8(std::string_view text) {
+  while (!text.empty()) {
+    const size_t n = Utf8SequenceLength(text);
+    if (n == 0) return false;
+    text.remove_prefix(n);
+  }
+  return true;
+}
+
 std::string ValidUtf8(std::string text) {
   for (size_t i = 0; i < text.size();) {
     size_t n = Utf8SequenceLength(std::string_view(text).substr(i));

@@ -15,6 +15,17 @@ struct ProgressBridge {
   const Engine::ProgressFn* progress;
 };
 
+int EmitTrampoline(void* ctx, const wp_generate_chunk* chunk) {
+  const auto* emit = static_cast<const Engine::EmitFn*>(ctx);
+  try {
+    std::string_view text(chunk->text.data != nullptr ? chunk->text.data : "", chunk->text.bytes);
+    std::span<const int32_t> tokens(chunk->tokens, chunk->tokens != nullptr ? chunk->tokens + chunk->token_count : chunk->tokens);
+    return (*emit)(text, tokens) ? 0 : 1;
+  } catch (...) {
+    return 1;
+  }
+}
+
 int ProgressTrampoline(void* ctx, uint64_t done_bytes, uint64_t total_bytes) {
   const auto* bridge = static_cast<const ProgressBridge*>(ctx);
   try {
@@ -25,13 +36,6 @@ int ProgressTrampoline(void* ctx, uint64_t done_bytes, uint64_t total_bytes) {
 }
 
 }  // namespace
-
-const wp_engine_vtable* FindBuiltinEngine(std::string_view name) {
-  for (const wp_engine_vtable* vtable : {warmpool_engine_dense(), warmpool_engine_echo()}) {
-    if (name == vtable->name) return vtable;
-  }
-  return nullptr;
-}
 
 Status StatusFromWp(wp_status status, const char* err) {
   if (status == WP_OK) return OkStatus();
@@ -53,9 +57,9 @@ Result<Engine> Engine::Open(const wp_engine_vtable* vtable, const wp_engine_spec
                             const wp_device_memory* memory) {
   if (vtable == nullptr) return Error(Code::kInvalidArgument, "no engine given");
   const char* engine_name = vtable->name != nullptr ? vtable->name : "?";
-  if (vtable->abi_version != WP_ENGINE_ABI_VERSION) {
-    return Error(Code::kFailedPrecondition, "engine \"{}\" implements ABI version {}, warmpool needs {}",
-                 engine_name, vtable->abi_version, WP_ENGINE_ABI_VERSION);
+  if (vtable->abi_version < WP_ENGINE_ABI_VERSION_MIN || vtable->abi_version > WP_ENGINE_ABI_VERSION) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" implements ABI version {}, warmpool loads {} to {}",
+                 engine_name, vtable->abi_version, WP_ENGINE_ABI_VERSION_MIN, WP_ENGINE_ABI_VERSION);
   }
   if (vtable->open == nullptr || vtable->load == nullptr || vtable->infer == nullptr ||
       vtable->close == nullptr || vtable->export_weights == nullptr || vtable->attach == nullptr) {
@@ -64,6 +68,11 @@ Result<Engine> Engine::Open(const wp_engine_vtable* vtable, const wp_engine_spec
   }
   char err[kErrorBufferBytes] = {};
   wp_engine* instance = nullptr;
+  // A version 2 engine knows nothing of a directory, and writes only the first part of info.
+  if (vtable->abi_version < 3 && spec.has_directory) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" (ABI version {}) cannot serve a model directory",
+                 engine_name, vtable->abi_version);
+  }
   wp_engine_info info{};
   wp_status status = vtable->open(&spec, memory, &instance, &info, err, sizeof(err));
   if (status != WP_OK) {
@@ -134,6 +143,31 @@ Status Engine::Infer(std::span<const float> input, uint32_t rows, uint32_t cols,
   char err[kErrorBufferBytes] = {};
   wp_status status = vtable_->infer(instance_, input.data(), rows, cols, output.data(), err, sizeof(err));
   return StatusFromWp(status, err);
+}
+
+Result<std::string> Engine::Describe() {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  const uint8_t* header = nullptr;
+  uint64_t bytes = 0;
+  if (vtable_->abi_version < 3 || vtable_->describe == nullptr ||
+      vtable_->describe(instance_, &header, &bytes) != WP_OK || header == nullptr) {
+    return Error(Code::kNotFound, "the engine gives no description of its model");
+  }
+  return std::string(reinterpret_cast<const char*>(header), bytes);
+}
+
+Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, const EmitFn& emit) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  if (!generates()) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" does not generate text: send it tensors (infer)",
+                 vtable_->name != nullptr ? vtable_->name : "?");
+  }
+  char err[kErrorBufferBytes] = {};
+  wp_generate_result result{};
+  wp_status status = vtable_->generate(instance_, &request, &EmitTrampoline, const_cast<EmitFn*>(&emit), &result,
+                                       err, sizeof(err));
+  if (status != WP_OK) return StatusFromWp(status, err);
+  return result;
 }
 
 }  // namespace warmpool

@@ -1,4 +1,4 @@
-// The engines compiled into warmpool, and a C++ handle over any engine's C ABI (engine.h) that
+// A C++ handle over any engine's C ABI (engine.h) that
 // turns wp_status plus its error buffer into Status and closes the instance when it goes away.
 #pragma once
 
@@ -13,13 +13,17 @@
 
 namespace warmpool {
 
-// "dense" or "echo"; nullptr for any other name.
-const wp_engine_vtable* FindBuiltinEngine(std::string_view name);
-
 // Bridges between Status and the C ABI. Codes are equal numerically.
 Status StatusFromWp(wp_status status, const char* err);
 // Copies the message (truncated to fit, always NUL-terminated) into err and returns the code.
 wp_status WpFromStatus(const Status& status, char* err, size_t err_len);
+
+// A spec for a model that is a file (or none): every field set, no directory.
+inline wp_engine_spec SpecForFile(const char* name, const char* path, const uint8_t* header = nullptr,
+                                  uint64_t header_bytes = 0, uint64_t file_size = 0) {
+  return wp_engine_spec{name, path, header, header_bytes, file_size, /*has_directory=*/0, /*directory_fd=*/-1,
+                        /*context=*/0};
+}
 
 class Engine {
  public:
@@ -48,6 +52,15 @@ class Engine {
   // The same into memory of the caller's (a client's region): output holds exactly
   // rows x OutputColumns(cols) floats.
   Status Infer(std::span<const float> input, uint32_t rows, uint32_t cols, std::span<float> output);
+
+  // Version 3 engines that serve directories: the description an open from one made (the header
+  // a later open attaches by). NOT_FOUND when the engine gives none.
+  Result<std::string> Describe();
+  // Language models (version 3 engines with generate): emit gets each step's text and tokens and
+  // returns false to stop. FAILED_PRECONDITION for engines that do not generate.
+  using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
+  bool generates() const { return vtable_->abi_version >= 3 && vtable_->generate != nullptr; }
+  Result<wp_generate_result> Generate(const wp_generate_request& request, const EmitFn& emit);
 
   const wp_engine_info& info() const { return info_; }
   const wp_engine_vtable& vtable() const { return *vtable_; }

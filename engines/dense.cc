@@ -384,7 +384,8 @@ void DenseClose(wp_engine* engine) {
 
 const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense",      &DenseOpen,
                                        &DenseLoad,            &DenseInfer,  &DenseClose,
-                                       &DenseExport,          &DenseAttach};
+                                       &DenseExport,          &DenseAttach,
+                                       /*describe=*/nullptr,  /*generate=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -22,7 +22,7 @@ wp_status EchoOpen(const wp_engine_spec* spec, const wp_device_memory* memory, w
   auto* engine = new (std::nothrow) EchoEngine();
   if (engine == nullptr) return WpFromStatus(Error(Code::kResourceExhausted, "echo: out of memory"), err, err_len);
   *out = reinterpret_cast<wp_engine*>(engine);
-  *info = wp_engine_info{0, 0, 0, 0, dense::kMaxBatch};
+  *info = wp_engine_info{0, 0, 0, 0, dense::kMaxBatch, 0, 0, 0};
   return WP_OK;
 }
 
@@ -53,7 +53,8 @@ wp_status EchoExport(wp_engine*, wp_region*) { return WP_NOT_FOUND; }
 wp_status EchoAttach(wp_engine*, const wp_region*, char*, size_t) { return WP_OK; }
 
 const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION, "echo",     &EchoOpen,   &EchoLoad,
-                                      &EchoInfer,            &EchoClose, &EchoExport, &EchoAttach};
+                                      &EchoInfer,            &EchoClose, &EchoExport, &EchoAttach,
+                                      /*describe=*/nullptr,  /*generate=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -92,6 +92,11 @@ std::vector<std::string> EffectiveModelRoots(const Config& config) {
 ModelFile::ModelFile(int fd, std::string path, FileVersion version)
     : fd_(fd), path_(std::move(path)), version_(version) {}
 
+bool ModelFile::is_directory() const {
+  struct stat st {};
+  return fd_ >= 0 && fstat(fd_, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 ModelFile::ModelFile(ModelFile&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)), version_(other.version_) {}
 
@@ -195,13 +200,15 @@ Result<ModelFile> ModelRoots::OpenResolved(const std::string& real) const {
   if (fstat(fd, &st) != 0) {
     return Error(Code::kInternal, "model file {} cannot be looked at: {}", real, std::strerror(errno));
   }
-  if (!S_ISREG(st.st_mode)) {
-    return Error(Code::kInvalidArgument, "model path {} is not a regular file", real);
+  // A directory is a model too (a Hugging Face checkpoint): the engine reads the files in it
+  // beneath this descriptor, following no symlink (common/small_file.h ReadSmallFileAt).
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    return Error(Code::kInvalidArgument, "model path {} is neither a regular file nor a directory", real);
   }
   // Back to blocking reads: O_NONBLOCK was only for the open (it means nothing to a regular file,
   // but the worker inherits the file description).
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return ModelFile(file.Release(), real, FileVersionOf(st));
+  return ModelFile(file.Release(), real, S_ISDIR(st.st_mode) ? DirectoryVersion(fd) : FileVersionOf(st));
 }
 
 Result<ModelFile> ModelRoots::Open(const std::string& path) const {

@@ -1,7 +1,8 @@
 // Where model files may come from, and the one way the daemon opens them. A model path is accepted
 // only when its real path (every symlink and `..` resolved) lies inside one of the model roots and
-// names a regular file: a path from a client or a symlink in the models directory cannot make the
-// daemon read /etc/shadow, a FIFO or a device.
+// names a regular file or a directory (a model directory's files are opened beneath it): a path
+// from a client or a symlink in the models directory cannot make the daemon read /etc/shadow, a
+// FIFO or a device.
 //
 // Checking a path and then opening it is a race: a directory on the way can be swapped for a
 // symlink to anywhere in between (or at any time between registration and a load). So the roots
@@ -39,8 +40,9 @@ class ModelFile {
   int fd() const { return fd_; }
   // The real path it was opened at (for messages and the registry).
   const std::string& path() const { return path_; }
-  // fstat of the open file, taken when it was opened.
+  // fstat of the open file, taken when it was opened; of a directory, DirectoryVersion's fold.
   const FileVersion& version() const { return version_; }
+  bool is_directory() const;
   // Hands the descriptor over (to a frame that carries it); the caller closes it.
   int Release();
 
@@ -66,7 +68,7 @@ class ModelRoots {
   Result<std::string> Resolve(const std::string& path) const;
   // Opens `real` (a path Resolve returned, now or at registration) beneath its root, following no
   // symlink: PERMISSION_DENIED when a part of it is a symlink now or it is outside every root,
-  // NOT_FOUND when it is gone, INVALID_ARGUMENT when it is not a regular file.
+  // NOT_FOUND when it is gone, INVALID_ARGUMENT when it is neither a regular file nor a directory.
   Result<ModelFile> OpenResolved(const std::string& real) const;
   // Resolve, then OpenResolved.
   Result<ModelFile> Open(const std::string& path) const;

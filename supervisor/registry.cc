@@ -1,5 +1,8 @@
 #include "supervisor/registry.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
@@ -8,9 +11,10 @@
 
 #include "engines/builtin.h"
 #include "engines/dense_model.h"
-#include "engines/plugin_loader.h"
+#include "engines/catalog/plugin_loader.h"
 #include "common/utf8.h"
 #include "engines/safetensors.h"
+#include "engines/transformer/packed_model.h"
 
 namespace warmpool::supervisor {
 
@@ -28,6 +32,42 @@ ModelEntry Refused(const std::string& name, const std::string& engine, const std
   entry.path_refused = true;
   entry.file_missing = why.code() == Code::kNotFound;
   entry.problem_in_file = entry.file_missing;  // putting the file back is what helps
+  return entry;
+}
+
+// A Hugging Face model directory: served by the transformer engine, described by it (config, weights
+// headers, tokenizer) with no weight read.
+template <typename CheckEngine>
+ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const CheckEngine& check_engine) {
+  if (entry.engine.empty()) entry.engine = "transformer";
+  if (!check_engine(entry)) return entry;
+  struct stat config {};
+  if (fstatat(directory.fd(), "config.json", &config, AT_SYMLINK_NOFOLLOW) != 0) {
+    entry.problem = Error(Code::kInvalidArgument,
+                          "model \"{}\": {} is a directory without a config.json: not a model directory (a "
+                          "Hugging Face checkpoint)",
+                          entry.name, entry.path);
+    entry.problem_in_file = true;
+    return entry;
+  }
+  if (entry.engine != "transformer") {
+    entry.problem = Error(Code::kInvalidArgument,
+                          "model \"{}\": {} is a directory, which the transformer engine serves, not \"{}\"",
+                          entry.name, entry.path, entry.engine);
+    return entry;
+  }
+  Result<transformer::PackedModel> packed = transformer::DescribeDirectory(directory.fd(), entry.path);
+  if (!packed.ok()) {
+    entry.problem = packed.status();
+    entry.problem_in_file = true;
+    return entry;
+  }
+  entry.header = transformer::EncodeHeader(*packed);
+  entry.file_size = entry.version.size;
+  entry.weight_bytes = packed->region_bytes;
+  entry.context = transformer::ServedContext(packed->config, 0);
+  entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context);
+  entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
   return entry;
 }
 
@@ -73,6 +113,7 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine, cons
   entry.engine = engine;
   entry.path = file->path();
   entry.version = file->version();
+  if (file->is_directory()) return InspectDirectory(std::move(entry), *file, check_engine);
   std::vector<uint8_t> raw;
   Result<safetensors::Header> header = safetensors::ReadHeaderFrom(file->fd(), file->path(), &raw);
   if (entry.engine.empty()) {
@@ -132,11 +173,16 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& r
   std::vector<fs::path> files;
   for (const fs::directory_entry& e : fs::directory_iterator(config.models_dir, ec)) {
     // Symlinks too (is_regular_file follows them): where they lead is checked against the roots.
-    if (e.path().extension() == ".safetensors" && e.is_regular_file(ec)) files.push_back(e.path());
+    // A directory with a config.json is a Hugging Face model, registered by the directory's name.
+    std::error_code ignored;
+    if ((e.path().extension() == ".safetensors" && e.is_regular_file(ec)) ||
+        (e.is_directory(ec) && fs::is_regular_file(e.path() / "config.json", ignored))) {
+      files.push_back(e.path());
+    }
   }
   std::sort(files.begin(), files.end());
   for (const fs::path& file : files) {
-    std::string name = file.stem().string();
+    std::string name = file.extension() == ".safetensors" ? file.stem().string() : file.filename().string();
     if (Status s = CheckModelName(name); !s.ok()) {
       // Not registered at all, not even as failed: a file name is not necessarily UTF-8, and the
       // index's names travel in every status reply.

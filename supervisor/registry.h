@@ -1,6 +1,7 @@
 // Which models exist: [[models]] from the config, then every *.safetensors file in the models
-// directory, registered by file stem. Reading a model's safetensors header gives the weight bytes
-// that admission needs; the weights themselves are only ever read by a worker.
+// directory, registered by file stem, and every directory in it holding a config.json (a Hugging
+// Face model), registered by its name. Reading a model's headers gives the weight bytes that
+// admission needs; the weights themselves are only ever read by a worker.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +16,10 @@
 namespace warmpool::supervisor {
 
 // Inspects one model (header only), opening its file beneath the model roots: a path that is
-// refused (outside the roots, not a regular file) sets entry.path_refused. Never fails: problems
+// refused (outside the roots, neither a regular file nor a directory) sets entry.path_refused. Never fails: problems
 // land in entry.problem. `engine` empty: the engine the file's metadata names ("engine"), else
 // "dense". An engine that is not built in must be <engine_dir>/<engine>.so and pass CheckEngine
-// (engines/plugin_loader.h); it is never loaded here. The entry's path is the resolved one, and
+// (engines/catalog/plugin_loader.h); it is never loaded here. The entry's path is the resolved one, and
 // its version is the open file's.
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
                         const ModelRoots& roots, const std::string& engine_dir = {});

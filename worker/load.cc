@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "engines/plugin_loader.h"
+#include "engines/catalog/plugin_loader.h"
 #include "engines/safetensors.h"
 #include "ipc/error_proto.h"
 #include "ipc/file_version_proto.h"
@@ -25,20 +25,33 @@ void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights) {
   weights->set_workspace_bytes(info.workspace_bytes);
   weights->set_in_features(info.in_features);
   weights->set_out_features(info.out_features);
+  weights->set_context(info.context);
+  weights->set_kv_bytes_per_token(info.kv_bytes_per_token);
 }
 
 namespace {
 
+bool IsDirectory(int fd) {
+  struct stat st{};
+  return fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A directory's version is over the files in it (common/file_version.h DirectoryVersion).
 Result<FileVersion> VersionOf(int fd, const std::string& path) {
   struct stat st{};
   if (fstat(fd, &st) != 0) {
     return Error(Code::kInternal, "model file \"{}\": cannot look at it: {}", path, std::strerror(errno));
   }
-  return FileVersionOf(st);
+  if (!S_ISDIR(st.st_mode)) return FileVersionOf(st);
+  FileVersion version = DirectoryVersion(fd);
+  if (!version.known()) return Error(Code::kInternal, "model directory \"{}\": cannot list it", path);
+  return version;
 }
 
-// Written in place while it was read (same inode: a rename leaves the open file as it was).
-bool ChangedInPlace(const FileVersion& before, const FileVersion& after) {
+// Written in place while it was read (same inode: a rename leaves the open file as it was). A
+// directory's identity mixes its files' in: any of them replaced is a change too.
+bool ChangedInPlace(const FileVersion& before, const FileVersion& after, bool directory) {
+  if (directory) return before != after;
   return before.size != after.size || before.mtime_ns != after.mtime_ns || before.ctime_ns != after.ctime_ns;
 }
 
@@ -85,23 +98,37 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
   uint64_t file_size = 0;
   std::string fd_path;
   FileVersion version;
+  // A model directory: the engine reads it beneath the descriptor and says what it read (its
+  // description, the header an attach is opened by).
+  const bool directory = file >= 0 && IsDirectory(file);
   if (!path.empty()) {
     if (file < 0) return Error(Code::kInternal, "the load of \"{}\" came without its file", request.name());
     Result<FileVersion> before = VersionOf(file, path);
     if (!before.ok()) return before.status();
     version = *before;
-    Result<safetensors::Header> read = safetensors::ReadHeaderFrom(file, path, &header);
-    if (!read.ok()) return read.status();
-    file_size = read->file_size;
-    done.mutable_weights()->set_header(header.data(), header.size());
+    if (directory) {
+      file_size = version.size;
+    } else {
+      Result<safetensors::Header> read = safetensors::ReadHeaderFrom(file, path, &header);
+      if (!read.ok()) return read.status();
+      file_size = read->file_size;
+      done.mutable_weights()->set_header(header.data(), header.size());
+    }
     done.mutable_weights()->set_file_size(file_size);
     ipc::SetFileVersion(done.mutable_weights()->mutable_file_version(), version);
     fd_path = fmt::format("/proc/self/fd/{}", file);
   }
-  wp_engine_spec spec{request.name().c_str(), fd_path.c_str(), header.empty() ? nullptr : header.data(),
-                      header.size(), file_size};
+  wp_engine_spec spec = SpecForFile(request.name().c_str(), directory ? path.c_str() : fd_path.c_str(),
+                      header.empty() ? nullptr : header.data(), header.size(), file_size);
+  spec.has_directory = directory ? 1 : 0;
+  spec.directory_fd = directory ? file : -1;
   Result<Engine> engine = Engine::Open(*vtable, spec, memory_.engines());
   if (!engine.ok()) return Named(engine.status(), fd_path, path);
+  if (directory) {
+    Result<std::string> described = engine->Describe();
+    if (!described.ok()) return described.status();
+    done.mutable_weights()->set_header(*described);
+  }
   const wp_engine_info& info = engine->info();
   DescribeEngine(info, done.mutable_weights());
   if (request.admitted_bytes() != 0 &&
@@ -136,9 +163,11 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
     // weights are of neither version: the supervisor loads the file again as it is now.
     Result<FileVersion> after = VersionOf(file, path);
     if (!after.ok()) return after.status();
-    if (ChangedInPlace(version, *after)) {
+    if (ChangedInPlace(version, *after, directory)) {
       std::vector<uint8_t> now;
-      Result<safetensors::Header> again = safetensors::ReadHeaderFrom(file, path, &now);
+      Result<safetensors::Header> again =
+          directory ? Result<safetensors::Header>(Error(Code::kFailedPrecondition, "a directory"))
+                    : safetensors::ReadHeaderFrom(file, path, &now);
       if (again.ok()) {
         done.mutable_weights()->set_header(now.data(), now.size());
         done.mutable_weights()->set_file_size(again->file_size);

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engines/plugin_loader.h"
+#include "engines/catalog/plugin_loader.h"
 #include "ipc/error_proto.h"
 
 namespace warmpool::worker {
@@ -133,9 +133,9 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
   Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
   const v1::ModelWeights& described = request.weights();
   const std::string& header = described.header();
-  wp_engine_spec spec{request.name().c_str(), request.path().c_str(),
+  wp_engine_spec spec = SpecForFile(request.name().c_str(), request.path().c_str(),
                       reinterpret_cast<const uint8_t*>(header.data()), header.size(),
-                      described.file_size()};
+                      described.file_size());
   if (!vtable.ok()) {
     status = vtable.status();
   } else {

@@ -49,6 +49,9 @@ int Serving::Run() {
     if (ahead) {
       in = std::move(*ahead);
       ahead.reset();
+    } else if (!deferred_.empty()) {  // read during a generation, not handled then
+      in = std::move(deferred_.front());
+      deferred_.pop_front();
     } else if (s.ok()) {
       s = ReadIncoming(in);
     }
@@ -57,11 +60,16 @@ int Serving::Run() {
       spdlog::error("worker {}: bad message from the supervisor: {}", options_.slot, s.ToString());
       return ipc::kChildFailed;
     }
+    if (HandleControl(in)) continue;
     v1::WorkerEnvelope& message = in.message;
-    const int fd = in.fd;
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: {
         const v1::WorkerInfer& infer = message.infer();
+        if (infer.has_generate()) {  // a language model's generation: never batched
+          HandleGenerate(infer);
+          if (!read_error_.ok()) read_error = read_error_;
+          break;
+        }
         if (infer.has_input_region() || infer.has_output_region()) {  // never batched
           HandleInfer(infer, in.regions);
           break;
@@ -74,23 +82,32 @@ int Serving::Run() {
       }
       case v1::WorkerEnvelope::kUnload: load_thread_.Unload(std::move(*message.mutable_unload())); break;
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
-      case v1::WorkerEnvelope::kRegionsGone:
-        for (uint64_t id : message.regions_gone().regions()) regions_.Forget(id);
-        break;
-      case v1::WorkerEnvelope::kMappingsGone:
-        memory_.ForgetMappings({message.mappings_gone().inodes().begin(), message.mappings_gone().inodes().end()});
-        break;
-      case v1::WorkerEnvelope::kAllocated: memory_.OnGrant(message.allocated(), fd); break;
-      case v1::WorkerEnvelope::kOffer:
-        if (fd >= 0) memory_.StoreOffer(message.offer().job(), fd);
-        break;
-      case v1::WorkerEnvelope::kLoad: load_thread_.QueueLoad(std::move(*message.mutable_load()), fd); break;
-      case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), fd); break;
       default:
         spdlog::error("worker {}: unexpected message {} from the supervisor", options_.slot,
                       static_cast<int>(message.body_case()));
         return ipc::kChildFailed;
     }
+  }
+}
+
+bool Serving::HandleControl(Incoming& in) {
+  v1::WorkerEnvelope& message = in.message;
+  const int fd = in.fd;
+  switch (message.body_case()) {
+    case v1::WorkerEnvelope::kRegionsGone:
+      for (uint64_t id : message.regions_gone().regions()) regions_.Forget(id);
+      return true;
+    case v1::WorkerEnvelope::kMappingsGone:
+      memory_.ForgetMappings({message.mappings_gone().inodes().begin(), message.mappings_gone().inodes().end()});
+      return true;
+    case v1::WorkerEnvelope::kAllocated: memory_.OnGrant(message.allocated(), fd); return true;
+    case v1::WorkerEnvelope::kOffer:
+      if (fd >= 0) memory_.StoreOffer(message.offer().job(), fd);
+      return true;
+    case v1::WorkerEnvelope::kLoad: load_thread_.QueueLoad(std::move(*message.mutable_load()), fd); return true;
+    case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), fd); return true;
+    case v1::WorkerEnvelope::kCancel: cancelled_.insert(message.cancel().job()); return true;
+    default: return false;
   }
 }
 

@@ -6,7 +6,9 @@
 // touched by this thread alone.
 #pragma once
 
+#include <deque>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "common/status.h"
@@ -56,6 +58,13 @@ class Serving {
   // Runs one request alone (worker/infer.cc); takes (and closes) its regions' descriptors.
   void HandleInfer(const v1::WorkerInfer& request, RegionFds regions);
   void HandleInfer(const v1::WorkerInfer& request) { HandleInfer(request, RegionFds()); }
+  // A language model's generation (worker/generate.cc): chunks as it goes, then the done message.
+  // Between steps it reads what the supervisor sent meanwhile: a cancel of this job ends it, what
+  // other threads serve is handed to them, the rest waits in deferred_.
+  void HandleGenerate(const v1::WorkerInfer& request);
+  // Frames that are not serving work (memory, loads for the load thread, region and mapping
+  // releases, cancels): handled at once, whatever is running. False: serving work.
+  bool HandleControl(Incoming& in);
   // Copies a model's weights into host memory (the parked copy) and hands it to the supervisor.
   void HandlePark(const v1::WorkerPark& request);
 
@@ -68,6 +77,11 @@ class Serving {
   LoadThread& load_thread_;
 
   ClientRegions regions_;
+  std::deque<Incoming> deferred_;  // serving work read during a generation, in arrival order
+  // Jobs the supervisor cancelled (WorkerCancel). Serving jobs run in the order of their ids, so
+  // one below the job that starts is over: those are dropped then.
+  std::set<uint64_t> cancelled_;
+  Status read_error_;  // the channel failed while a generation read it: Run stops
   // Reused by every inference, so requests do not allocate.
   std::vector<float> input_;
   std::vector<float> output_;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_version.h"
 #include "common/status.h"
 #include "engines/safetensors.h"
 #include "engines/transformer/config.h"
@@ -22,6 +23,9 @@ struct TensorView {
   safetensors::DType dtype = safetensors::DType::F32;
   std::vector<uint64_t> shape;
   const uint8_t* data = nullptr;
+  uint32_t file = 0;         // in Checkpoint::files()
+  uint64_t file_offset = 0;  // of its first byte in that file
+  uint64_t bytes = 0;
 };
 
 class Checkpoint {
@@ -29,6 +33,9 @@ class Checkpoint {
   // Reads config.json and maps the weights. Errors name the file and what is wrong with it (in
   // valid UTF-8, whatever the path or the files hold).
   static Result<std::unique_ptr<Checkpoint>> Open(const std::string& directory);
+  // The same through the directory held open as `dir` (the caller keeps it): every file is opened
+  // beneath it, following no symlink; `shown` names the directory in messages.
+  static Result<std::unique_ptr<Checkpoint>> OpenAt(int dir, const std::string& shown);
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
   Checkpoint& operator=(const Checkpoint&) = delete;
@@ -40,11 +47,15 @@ class Checkpoint {
   // The weights files, as named in the directory (one, or the shards in order).
   const std::vector<std::string>& files() const { return files_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // config.json as read (the model's description carries it: engines/transformer/packed_model.h).
+  const std::string& config_text() const { return config_text_; }
+  // Of every file read: config.json, the shard index when there is one, the weights files.
+  const std::vector<FileVersion>& versions() const { return versions_; }
 
  private:
   Checkpoint() = default;
-  static Result<std::unique_ptr<Checkpoint>> OpenDirectory(const std::string& directory);
-  Status MapFile(const std::string& file);
+  static Result<std::unique_ptr<Checkpoint>> OpenDirectory(int dir, const std::string& directory);
+  Status MapFile(int dir, const std::string& file);
 
   struct Mapping {
     void* address = nullptr;
@@ -52,6 +63,8 @@ class Checkpoint {
   };
   std::string directory_;
   Config config_;
+  std::string config_text_;
+  std::vector<FileVersion> versions_;
   std::vector<std::string> files_;
   std::vector<Mapping> mappings_;
   std::map<std::string, TensorView> tensors_;

@@ -4,6 +4,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "common/small_file.h"
@@ -17,20 +20,31 @@ using Json = nlohmann::json;
 
 constexpr uint64_t kMaxConfigBytes = 64u << 20;  // chat templates make tokenizer_config.json big
 
-// The file parsed, or null when it does not exist and may be missing.
-Result<Json> ReadJson(const std::string& path, bool optional) {
-  Result<std::string> text = ReadSmallFile(path, kMaxConfigBytes);
-  if (!text.ok()) {
-    if (optional && text.status().code() == Code::kNotFound) return Json();
-    return text.status();
-  }
+// The text parsed, or null when the file was absent ("").
+Result<Json> ParseJson(const std::string& text, const std::string& path) {
+  if (text.empty()) return Json();
   try {
-    Json json = Json::parse(*text);
+    Json json = Json::parse(text);
     if (!json.is_object()) return Error(Code::kInvalidArgument, "\"{}\": not a JSON object", path);
     return json;
   } catch (const Json::exception& e) {
     return Error(Code::kInvalidArgument, "\"{}\": not JSON: {}", path, e.what());
   }
+}
+
+// The file's text, or "" when it does not exist and may be missing. An empty file is not JSON.
+Result<std::string> ReadText(int dir, const char* name, const std::string& shown, bool optional,
+                             std::vector<FileVersion>* versions) {
+  const std::string path = shown + "/" + name;
+  FileVersion version;
+  Result<std::string> text = ReadSmallFileAt(dir, name, kMaxConfigBytes, path, &version);
+  if (!text.ok()) {
+    if (optional && text.status().code() == Code::kNotFound) return std::string();
+    return text.status();
+  }
+  if (text->empty()) return Error(Code::kInvalidArgument, "\"{}\": empty", path);
+  if (versions != nullptr) versions->push_back(version);
+  return text;
 }
 
 // A special token as tokenizer_config.json gives it: a string, or an object with its "content".
@@ -62,7 +76,7 @@ Status ReadTemplate(const Json& config, const std::string& path, std::string* ou
   return Error(Code::kInvalidArgument, "\"{}\": chat_template is neither a string nor a list naming a \"default\"", path);
 }
 
-Status ReadGenerationConfig(const Json& g, const std::string& path, ModelDirectory* m) {
+Status ReadGenerationConfig(const Json& g, const std::string& path, uint32_t vocab, ServingFiles* m) {
   if (g.is_null()) return OkStatus();
   try {
   std::vector<int64_t> ends;
@@ -72,13 +86,13 @@ Status ReadGenerationConfig(const Json& g, const std::string& path, ModelDirecto
     else ends.push_back(-1);
   }
   for (int64_t id : ends) {
-    if (id < 0 || id >= m->checkpoint->config().vocab_size) {
+    if (id < 0 || id >= vocab) {
       return Error(Code::kInvalidArgument, "\"{}\": eos_token_id {} is not a token of the model", path, id);
     }
     m->end_tokens.push_back(static_cast<int32_t>(id));
   }
   if (auto it = g.find("bos_token_id"); it != g.end() && it->is_number_integer()) {
-    if (it->get<int64_t>() < 0 || it->get<int64_t>() >= m->checkpoint->config().vocab_size) {
+    if (it->get<int64_t>() < 0 || it->get<int64_t>() >= vocab) {
       return Error(Code::kInvalidArgument, "\"{}\": bos_token_id {} is not a token of the model", path, DescribeJson(*it));
     }
     m->bos = it->get<int32_t>();
@@ -104,16 +118,11 @@ Status ReadGenerationConfig(const Json& g, const std::string& path, ModelDirecto
   return OkStatus();
 }
 
-Result<ModelDirectory> OpenDirectory(const std::string& directory) {
-  ModelDirectory m;
+Result<ServingFiles> ParseFiles(const TextFiles& files, uint32_t vocab, const std::string& directory) {
+  ServingFiles m;
   m.sampling.temperature = 0;  // greedy unless generation_config.json asks to sample (do_sample)
-  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(directory);
-  if (!checkpoint.ok()) return checkpoint.status();
-  m.checkpoint = std::move(*checkpoint);
-  const uint32_t vocab = m.checkpoint->config().vocab_size;
-
   const std::string tokenizer_path = directory + "/tokenizer.json";
-  Result<std::unique_ptr<tokenizer::Tokenizer>> tokenizer = tokenizer::Tokenizer::Load(tokenizer_path);
+  Result<std::unique_ptr<tokenizer::Tokenizer>> tokenizer = tokenizer::Tokenizer::Parse(files.tokenizer, tokenizer_path);
   if (!tokenizer.ok()) return tokenizer.status();
   m.tokenizer = std::move(*tokenizer);
   if (m.tokenizer->vocab_size() > vocab) {
@@ -122,7 +131,7 @@ Result<ModelDirectory> OpenDirectory(const std::string& directory) {
   }
 
   const std::string config_path = directory + "/tokenizer_config.json";
-  Result<Json> config = ReadJson(config_path, /*optional=*/true);
+  Result<Json> config = ParseJson(files.tokenizer_config, config_path);
   if (!config.ok()) return config.status();
   if (!config->is_null()) {
     if (Status s = ReadTemplate(*config, config_path, &m.chat_template); !s.ok()) return s;
@@ -136,10 +145,10 @@ Result<ModelDirectory> OpenDirectory(const std::string& directory) {
     }
   }
   const std::string generation_path = directory + "/generation_config.json";
-  Result<Json> generation = ReadJson(generation_path, /*optional=*/true);
+  Result<Json> generation = ParseJson(files.generation_config, generation_path);
   if (!generation.ok()) return generation.status();
   if (!generation->is_null() && generation->contains("eos_token_id")) m.end_tokens.clear();  // it says all of them
-  if (Status s = ReadGenerationConfig(*generation, generation_path, &m); !s.ok()) return s;
+  if (Status s = ReadGenerationConfig(*generation, generation_path, vocab, &m); !s.ok()) return s;
   if (m.end_tokens.empty()) {
     return Error(Code::kInvalidArgument,
                  "\"{}\": no end token: neither generation_config.json's eos_token_id nor tokenizer_config.json's "
@@ -149,12 +158,50 @@ Result<ModelDirectory> OpenDirectory(const std::string& directory) {
   return m;
 }
 
+Result<TextFiles> ReadFiles(int dir, const std::string& shown, std::vector<FileVersion>* versions) {
+  TextFiles files;
+  Result<std::string> tokenizer = ReadText(dir, "tokenizer.json", shown, /*optional=*/false, versions);
+  if (!tokenizer.ok()) return tokenizer.status();
+  files.tokenizer = std::move(*tokenizer);
+  Result<std::string> config = ReadText(dir, "tokenizer_config.json", shown, /*optional=*/true, versions);
+  if (!config.ok()) return config.status();
+  files.tokenizer_config = std::move(*config);
+  Result<std::string> generation = ReadText(dir, "generation_config.json", shown, /*optional=*/true, versions);
+  if (!generation.ok()) return generation.status();
+  files.generation_config = std::move(*generation);
+  return files;
+}
+
 }  // namespace
 
+Result<TextFiles> TextFiles::Read(int dir, const std::string& shown, std::vector<FileVersion>* versions) {
+  Result<TextFiles> files = ReadFiles(dir, shown, versions);
+  if (!files.ok()) return ValidUtf8(files.status());
+  return files;
+}
+
+Result<ServingFiles> ServingFiles::Parse(const TextFiles& files, uint32_t vocab_size, const std::string& shown) {
+  Result<ServingFiles> parsed = ParseFiles(files, vocab_size, shown);
+  if (!parsed.ok()) return ValidUtf8(parsed.status());
+  return parsed;
+}
+
 Result<ModelDirectory> ModelDirectory::Open(const std::string& directory) {
-  Result<ModelDirectory> opened = OpenDirectory(directory);
-  if (!opened.ok()) return ValidUtf8(opened.status());
-  return opened;
+  const int dir = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    const int err = errno;
+    return ValidUtf8(Status(CodeForErrno(err), fmt::format("\"{}\": {}", directory, std::strerror(err))));
+  }
+  ModelDirectory m;
+  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::OpenAt(dir, directory);
+  Result<TextFiles> files = checkpoint.ok() ? TextFiles::Read(dir, directory, nullptr) : checkpoint.status();
+  close(dir);
+  if (!files.ok()) return files.status();
+  Result<ServingFiles> serving = ServingFiles::Parse(*files, (*checkpoint)->config().vocab_size, directory);
+  if (!serving.ok()) return serving.status();
+  static_cast<ServingFiles&>(m) = std::move(*serving);
+  m.checkpoint = std::move(*checkpoint);
+  return m;
 }
 
 }  // namespace warmpool::transformer

@@ -24,7 +24,7 @@ struct RandomCheckpoint {
   uint64_t max_position_embeddings = 2048;
   uint64_t sliding_window = 0;  // Mistral only; 0: none
   double rope_theta = 10000.0;
-  RopeScaling rope_scaling;
+  RopeScaling rope_scaling{};
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Llama and Qwen3 (Qwen2 always has q, k and v biases)
   safetensors::DType dtype = safetensors::DType::F32;

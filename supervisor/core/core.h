@@ -160,6 +160,7 @@ class Core {
   void HandleUnload(const Call& call, const v1::UnloadRequest& request);
   void HandleUnloadAll(const Call& call);
   void HandleInfer(Call call, v1::InferRequest&& request);
+  void HandleGenerate(Call call, v1::GenerateRequest&& request);
   void HandlePin(const Call& call, const v1::PinRequest& request);
   // regions.cc: clients' shared memory. A slice must lie in a region of its own connection.
   void HandleRegion(const Call& call, const v1::RegionRequest& request, int handle, const Status& check);
@@ -244,7 +245,15 @@ class Core {
   void Enqueue(uint32_t model, Waiter&& waiter);
   void DrainReady(uint32_t model);
   void Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter);
+  // The model is busy with job `id` (sent in `infer`): counted in flight, touched, the deadline told.
+  void StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer);
   void OnInferDone(Job& job, v1::WorkerInferDone& done);
+  // Generations (core/generate.cc): dispatched, streamed, answered, cancelled.
+  void DispatchGenerate(uint32_t model, uint32_t worker, Waiter&& waiter);
+  void OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk);
+  void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
+  void AnswerGenerate(Job& job, v1::WorkerInferDone& done);
+  void CancelGenerations(uint64_t session);
   // An inference of the model's current registration ended: its counts, keep_alive, its queue.
   void DoneOnCurrent(uint32_t model);
   void StartKeepAlive(uint32_t model);

@@ -86,6 +86,7 @@ void Core::DrainReady(uint32_t model) {
 }
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
+  if (waiter.generate) return DispatchGenerate(model, worker, std::move(waiter));
   Model& m = models_[model];
   const Weights& weights = m.machine.As<Ready>()->weights;
   const v1::Tensor& input = waiter.infer.input();
@@ -148,20 +149,7 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
                                             [](const Waiter& w) { return !w.retry; });
     if (window_has_room && (m.inflight > 0 || company_queued)) infer->set_batch_delay_us(m.max_batch_delay_us);
   }
-  m.inflight++;
-  index_->Update(model, [&](shm::ModelRecord& r) {
-    r.inflight = m.inflight;
-    r.hits++;
-  });
-  m.expires_at_ms = 0;  // busy: the clock restarts when it is idle again
-  index_->Touch(model);
-  infer->set_job(id);
-  infer->set_model(model);
-  infer->set_request_id(id);
-  if (stored.deadline_ms != 0) {
-    int64_t left = static_cast<int64_t>(stored.deadline_ms) - static_cast<int64_t>(MonoMs());
-    infer->set_deadline_unix_ms(UnixMs() + std::max<int64_t>(left, 0));
-  }
+  StartInferJob(model, id, infer);
   // The input is borrowed by the message while it is serialised (one copy, into the frame) and
   // stays with the job for a retry.
   infer->unsafe_arena_set_allocated_input(const_cast<v1::Tensor*>(&stored.request.input()));
@@ -177,8 +165,29 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   (void)infer->unsafe_arena_release_input();
 }
 
+void Core::StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer) {
+  Model& m = models_[model];
+  m.inflight++;
+  index_->Update(model, [&](shm::ModelRecord& r) {
+    r.inflight = m.inflight;
+    r.hits++;
+  });
+  m.expires_at_ms = 0;  // busy: the clock restarts when it is idle again
+  index_->Touch(model);
+  infer->set_job(id);
+  infer->set_model(model);
+  infer->set_request_id(id);
+  const Job& job = jobs_[id];
+  if (job.deadline_ms != 0) {
+    int64_t left = static_cast<int64_t>(job.deadline_ms) - static_cast<int64_t>(MonoMs());
+    infer->set_deadline_unix_ms(UnixMs() + std::max<int64_t>(left, 0));
+  }
+}
+
 void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
-  if (!job.answered) {
+  if (!job.answered && job.generate) {
+    AnswerGenerate(job, done);
+  } else if (!job.answered) {
     if (done.has_error()) {
       AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));
     } else {

@@ -35,6 +35,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
       return;
     }
     case v1::WorkerEnvelope::kFaultFired: Close(handle); return OnFaultFired(message.fault_fired());
+    case v1::WorkerEnvelope::kInferChunk: Close(handle); return OnInferChunk(slot, message.infer_chunk());
     case v1::WorkerEnvelope::kLoadDone: id = message.load_done().job(); break;
     case v1::WorkerEnvelope::kInferDone: id = message.infer_done().job(); break;
     case v1::WorkerEnvelope::kUnloadDone: id = message.unload_done().job(); break;

@@ -15,6 +15,8 @@ WeightsDescription FromWire(const v1::ModelWeights& wire) {
   d.workspace_bytes = wire.workspace_bytes();
   d.in_features = wire.in_features();
   d.out_features = wire.out_features();
+  d.context = wire.context();
+  d.kv_bytes_per_token = wire.kv_bytes_per_token();
   return d;
 }
 
@@ -26,6 +28,8 @@ void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
   wire->set_workspace_bytes(d.workspace_bytes);
   wire->set_in_features(d.in_features);
   wire->set_out_features(d.out_features);
+  wire->set_context(d.context);
+  wire->set_kv_bytes_per_token(d.kv_bytes_per_token);
 }
 
 Status CheckModelName(const std::string& name) {

@@ -21,6 +21,11 @@ struct WeightsDescription {
   uint64_t workspace_bytes = 0;  // per replica; the engine's preflight estimate from the header
   uint32_t in_features = 0;
   uint32_t out_features = 0;
+  // Language models: tokens of context per sequence, the KV cache per token (workspace_bytes
+  // counts the cache of the whole context). 0 for other models.
+  uint32_t context = 0;
+  uint64_t kv_bytes_per_token = 0;
+  bool generates() const { return context != 0; }
 };
 
 // The one conversion each way between the wire and the core. An absent file_version is a zero one.

@@ -39,6 +39,7 @@ struct Waiter {
   // Sent to a worker that died before answering: runs again, one at a time per worker (below).
   bool retry = false;
   uint32_t replicas_asked = 0;  // a load: LoadRequest.replicas, for its reply
+  std::optional<v1::GenerateRequest> generate{};  // a generation instead of `infer` (core/generate.cc)
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -56,6 +57,8 @@ struct Job {
   uint32_t shared_crashes = 0;
   bool retry = false;  // infer: a Waiter::retry
   v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
+  std::optional<v1::GenerateRequest> generate{};  // a generation (core/generate.cc), kept alike
+  uint32_t chunks = 0;  // a generation's chunks sent to its client
   std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
   uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
   // Runs on the worker's load thread: loads, attaches and unparks, and an unload of a model

@@ -71,6 +71,14 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         }
         if (job.answered) break;  // already told DEADLINE_EXCEEDED, or its client is gone
         const bool charged = killer && !w.device_lost;
+        if (job.chunks > 0) {
+          // Part of the stream is the client's already: running it again would send it twice.
+          AnswerError(job.call, Error(Code::kUnavailable,
+                                      "the worker generating for \"{}\" died after {} chunks (worker {} {}); "
+                                      "what was sent stands, the rest is lost: ask again",
+                                      m.entry.name, job.chunks, slot, down.why));
+          break;
+        }
         uint32_t crashes = job.crashes + (charged && running.size() == 1 ? 1 : 0);
         uint32_t shared = job.shared_crashes + (charged && running.size() > 1 ? 1 : 0);
         if (!policy::RetryAfterCrash(crashes, shared) || !current) {
@@ -82,6 +90,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         }
         retries.emplace_back(job.model, Waiter{job.call, true, std::move(job.request),
                                                job.deadline_ms, crashes, shared, /*retry=*/true});
+        retries.back().second.generate = std::move(job.generate);
         break;
       }
       case Job::Kind::kLoad:
@@ -303,13 +312,14 @@ void Core::SweepStalls(uint64_t as_of) {
     head = std::min(head, id);
   }
   for (const auto& [id, job] : jobs_) {
-    if (job.kind == Job::Kind::kInfer) continue;  // judged by its deadline
+    // An inference is judged by its deadline; a generation (which may have none) by its steps.
+    if (job.kind == Job::Kind::kInfer && !job.generate) continue;
     bool load_thread = OnLoadThread(job);
     if (id != (load_thread ? head_load[job.worker] : head_serving[job.worker])) continue;
     const WorkerSlot& w = workers_[job.worker];
     uint64_t since = std::max(job.progress_ms, load_thread ? w.load_done_ms : w.serving_done_ms);
     if (now <= since || now - since <= config_.load_stall_ms) continue;  // heard from after `now`
-    static constexpr const char* kWhat[] = {"loading", "attaching", "unparking", "running",
+    static constexpr const char* kWhat[] = {"loading", "attaching", "unparking", "generating",
                                             "unloading", "parking"};
     KillWorker(job.worker, fmt::format("{} of \"{}\" made no progress for {} ms",
                                        kWhat[static_cast<int>(job.kind)],

@@ -1,5 +1,6 @@
 #include "supervisor/core/request_check.h"
 
+#include "common/utf8.h"
 #include "ipc/error_proto.h"
 #include "ipc/fault_spec.h"
 #include "ipc/framing.h"
@@ -33,6 +34,25 @@ Status CheckSlice(const v1::RegionSlice& slice, const char* what) {
 }
 
 // An input in a client's region: the tensor gives the shape, the slice holds exactly its bytes.
+// The sampling options' ranges are the engine's to judge (engines/transformer/sampler.h): it
+// names the option with the model's defaults in mind.
+Status CheckGenerate(const v1::GenerateRequest& g) {
+  if (Status s = CheckModelName(g.model()); !s.ok()) return s;
+  if (g.prompt().empty() == g.tokens().empty()) {
+    return Error(Code::kInvalidArgument, "a generate request needs a prompt or token ids (one of them, not both)");
+  }
+  if (!IsValidUtf8(g.prompt())) return Error(Code::kInvalidArgument, "the prompt is not valid UTF-8");
+  if (g.stop_size() > kMaxStopStrings) {
+    return Error(Code::kInvalidArgument, "{} stop strings: at most {}", g.stop_size(), kMaxStopStrings);
+  }
+  for (const std::string& stop : g.stop()) {
+    if (stop.empty() || stop.size() > kMaxStopBytes || !IsValidUtf8(stop)) {
+      return Error(Code::kInvalidArgument, "a stop string must be 1 to {} bytes of valid UTF-8", kMaxStopBytes);
+    }
+  }
+  return OkStatus();
+}
+
 Status CheckRegionInput(const v1::InferRequest& infer) {
   const v1::Tensor& input = infer.input();
   if (Status s = CheckSlice(infer.input_region(), "input_region"); !s.ok()) return s;
@@ -89,6 +109,7 @@ Status CheckRequest(const v1::Envelope& request) {
       }
       return CheckModelName(infer.model());
     }
+    case v1::Envelope::kGenerate: return CheckGenerate(request.generate());
     case v1::Envelope::kRegion:
       if (request.region().remove() == 0 && request.region().bytes() == 0) {
         return Error(Code::kInvalidArgument,

@@ -1,6 +1,7 @@
 // Every check a client request can fail on its own, before it touches any daemon state: the
 // protocol version, a body the daemon understands, well-formed model names, an infer input that is
-// a rows x cols f32 matrix, a sane replica count and a known fault point and action. A pure function
+// a rows x cols f32 matrix, a generate request's prompt and stop strings, a sane replica count and
+// a known fault point and action. A pure function
 // of the envelope, so that it can be unit-tested and fuzzed without a daemon.
 //
 // What it does not judge: who is asking (PERMISSION_DENIED comes first, from the peer's
@@ -18,6 +19,11 @@ namespace warmpool::supervisor {
 
 // Replicas a load may ask for; the daemon further caps it to its worker count.
 inline constexpr uint32_t kMaxRequestReplicas = 1024;
+
+// A generate request's stop strings: how many, and how long each (the engine searches for each in
+// the text it holds back).
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopBytes = 256;
 
 // OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
 Status CheckRequest(const v1::Envelope& request);

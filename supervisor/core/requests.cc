@@ -71,6 +71,7 @@ void Core::OnRequest(event::ClientRequest&& event) {
     case v1::Envelope::kLoad: return HandleLoad(call, request.load());
     case v1::Envelope::kUnload: return HandleUnload(call, request.unload());
     case v1::Envelope::kInfer: return HandleInfer(call, std::move(*request.mutable_infer()));
+    case v1::Envelope::kGenerate: return HandleGenerate(call, std::move(*request.mutable_generate()));
     case v1::Envelope::kModels: return Answer(call, ModelsSnapshot());
     case v1::Envelope::kPs: return Answer(call, PsSnapshot());
     case v1::Envelope::kStatus: return Answer(call, StatusSnapshot());
@@ -95,6 +96,7 @@ void Core::OnClientGone(uint64_t session) {
   held_bytes_ -= std::min(held_bytes_, it->second.held_bytes);
   CloseRegions(it->second);  // workers running its requests hold their own duplicates
   sessions_.erase(it);
+  CancelGenerations(session);
   // Nobody waits for its requests any more: those still queued never run, those running are
   // answered into the void and not retried (their inputs are let go now).
   for (Model& m : models_) {
@@ -107,6 +109,7 @@ void Core::OnClientGone(uint64_t session) {
     if (job.kind != Job::Kind::kInfer || job.call.session != session) continue;
     job.answered = true;
     job.request.Clear();
+    if (job.generate) job.generate->clear_prompt();  // still a generation: its steps may come
   }
   for (auto& [id, bulk] : bulk_unloads_) {
     if (bulk.call.session == session) bulk.call.session = 0;  // finishes, answers nobody
@@ -249,6 +252,11 @@ void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   if (!found.ok()) return AnswerError(call, found.status());
   uint32_t model = *found;
   Model& m = models_[model];
+  if (m.entry.generates()) {
+    return AnswerError(call, Error(Code::kFailedPrecondition,
+                                   "model \"{}\" is a language model: send it a generate request, not a tensor",
+                                   m.entry.name));
+  }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   if (queued_ >= config_.max_queue) {
     return AnswerError(call, Error(Code::kResourceExhausted,

@@ -87,6 +87,8 @@ v1::Envelope Core::ModelsSnapshot() const {
     info->set_file_broken(m.file_broken && m.machine.Is<Failed>());
     info->set_in_features(m.entry.in_features);
     info->set_out_features(m.entry.out_features);
+    info->set_context(m.entry.context);
+    info->set_kv_bytes_per_token(m.entry.kv_bytes_per_token);
   }
   // Models the index had no room for: listed, with why, so that a request for one is not a
   // mystery NOT_FOUND.
@@ -133,6 +135,8 @@ v1::Envelope Core::PsSnapshot() const {
     e->set_workspace_bytes(sizes.workspace);
     e->set_pinned(m.pinned);
     e->set_loaded_bytes(r.loaded_bytes);
+    e->set_context(m.entry.context);
+    e->set_kv_bytes_per_token(m.entry.kv_bytes_per_token);
   }
   return reply;
 }

@@ -18,6 +18,7 @@
 
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/dense_model.h"
 #include "engines/safetensors.h"
 #include "shm/model_index.h"
@@ -240,7 +241,7 @@ std::string DaemonTest::DaemonLog() const {
 
 client::Matrix ReferenceInfer(const std::string& path, const client::Matrix& input) {
   HostMemory memory;
-  wp_engine_spec spec{"reference", path.c_str(), nullptr, 0, 0};
+  wp_engine_spec spec = SpecForFile("reference", path.c_str(), nullptr, 0, 0);
   auto engine = Engine::Open(FindBuiltinEngine("dense"), spec, memory.service());
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_TRUE(engine->Load().ok());

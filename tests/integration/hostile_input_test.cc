@@ -92,7 +92,7 @@ TEST_F(HostileInputTest, AFifoOrSymlinkSwappedInAfterRegistrationIsNeverOpened) 
   client::Matrix input = RandomMatrix(1, 8, 1);
   auto bad = c->Infer("bad", input);
   EXPECT_EQ(bad.status().code(), Code::kFailedPrecondition) << bad.status().ToString();
-  EXPECT_NE(bad.status().message().find("not a regular file"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("neither a regular file nor a directory"), std::string::npos)
       << bad.status().ToString();
   auto worse = c->Infer("worse", input);
   EXPECT_EQ(worse.status().code(), Code::kFailedPrecondition) << worse.status().ToString();
@@ -131,11 +131,13 @@ TEST_F(HostileInputTest, RegisterChecksTheRootsAndTheFile) {
   fs::create_symlink(outside, models_dir_ + "/link.bin");
   EXPECT_EQ(Cli({"register", "r", models_dir_ + "/link.bin"}, &out, &err), 1);
   EXPECT_NE(err.find("outside the model roots"), std::string::npos) << err;
-  // Not a regular file: a FIFO would block whoever opens it, a directory is nothing to read.
+  // Not a regular file: a FIFO would block whoever opens it; a directory without a config.json is
+  // no model.
   ASSERT_EQ(mkfifo((models_dir_ + "/fifo").c_str(), 0600), 0);
   EXPECT_EQ(Cli({"register", "r", models_dir_ + "/fifo"}, &out, &err), 2);
   EXPECT_NE(err.find("INVALID_ARGUMENT"), std::string::npos) << err;
   EXPECT_EQ(Cli({"register", "r", models_dir_}, &out, &err), 2);
+  EXPECT_NE(err.find("config.json"), std::string::npos) << err;
   // Garbage inside the roots: refused, not registered as failed.
   std::ofstream(models_dir_ + "/garbage.bin") << "not a safetensors file at all";
   EXPECT_EQ(Cli({"register", "r", models_dir_ + "/garbage.bin"}, &out, &err), 2) << err;

@@ -15,6 +15,7 @@
 
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/bf16_gemv.h"
 #include "engines/dense_cpu.h"
 #include "engines/gemv.h"
@@ -607,7 +608,7 @@ TEST(DenseLoad, CancelStopsTheLoadAndALaterLoadSucceeds) {
 
 TEST(EchoEngine, ReturnsItsInput) {
   HostMemory memory;
-  Result<Engine> engine = Engine::Open(FindBuiltinEngine("echo"), wp_engine_spec{"echo", "", nullptr, 0, 0}, memory.service());
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("echo"), SpecForFile("echo", "", nullptr, 0, 0), memory.service());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_EQ(engine->info().weight_bytes, 0u);
   EXPECT_EQ(engine->info().in_features, 0u);
@@ -625,14 +626,45 @@ TEST(BuiltinEngines, FindByName) {
   EXPECT_STREQ(FindBuiltinEngine("dense")->name, "dense");
   EXPECT_EQ(FindBuiltinEngine("dense"), warmpool_engine_dense());
   EXPECT_EQ(FindBuiltinEngine("echo"), warmpool_engine_echo());
+  EXPECT_EQ(FindBuiltinEngine("transformer"), warmpool_engine_transformer());
   EXPECT_EQ(FindBuiltinEngine("llama"), nullptr);
+}
+
+// An engine built against version 2 of engine.h: its vtable ends at attach, and nothing past it
+// may be read (describe, generate), nor its info written past max_batch.
+TEST(BuiltinEngines, AVersion2EngineStillLoadsAndServesTensors) {
+  struct VtableV2 {
+    uint32_t abi_version;
+    const char* name;
+    decltype(wp_engine_vtable::open) open;
+    decltype(wp_engine_vtable::load) load;
+    decltype(wp_engine_vtable::infer) infer;
+    decltype(wp_engine_vtable::close) close;
+    decltype(wp_engine_vtable::export_weights) export_weights;
+    decltype(wp_engine_vtable::attach) attach;
+  };
+  const wp_engine_vtable& echo = *FindBuiltinEngine("echo");
+  // On the heap, alone: a read past its end is AddressSanitizer's to see.
+  auto v2 = std::make_unique<VtableV2>(
+      VtableV2{2, "echo", echo.open, echo.load, echo.infer, echo.close, echo.export_weights, echo.attach});
+  HostMemory memory;
+  Result<Engine> engine =
+      Engine::Open(reinterpret_cast<const wp_engine_vtable*>(v2.get()), SpecForFile("echo", ""), memory.service());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_FALSE(engine->generates());
+  EXPECT_EQ(engine->Describe().status().code(), Code::kNotFound);
+  ASSERT_TRUE(engine->Load().ok());
+  std::vector<float> input = {1, 2}, output;
+  ASSERT_TRUE(engine->Infer(input, 1, 2, output).ok());
+  EXPECT_EQ(output, input);
+  EXPECT_EQ(engine->Generate(wp_generate_request{}, nullptr).status().code(), Code::kFailedPrecondition);
 }
 
 TEST(BuiltinEngines, WrongAbiVersionIsRefused) {
   wp_engine_vtable vtable = *FindBuiltinEngine("echo");
   vtable.abi_version = 99;
   HostMemory memory;
-  Result<Engine> engine = Engine::Open(&vtable, wp_engine_spec{"echo", "", nullptr, 0, 0}, memory.service());
+  Result<Engine> engine = Engine::Open(&vtable, SpecForFile("echo", "", nullptr, 0, 0), memory.service());
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), Code::kFailedPrecondition);
 }

@@ -13,6 +13,7 @@
 
 #include "devmem/cuda_service.h"
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/dense_gpu.h"
 #include "engines/dense_model.h"
 #include "tests/unit/cuda_device_fixture.h"

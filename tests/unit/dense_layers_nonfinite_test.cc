@@ -14,6 +14,7 @@
 
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/dense_cpu.h"
 #include "engines/dense_model.h"
 #include "tests/unit/dense_reference.h"

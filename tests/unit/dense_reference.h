@@ -14,6 +14,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "engines/builtin.h"
 #include <gtest/gtest.h>
 
 #include "engines/dense_cpu.h"
@@ -242,6 +244,6 @@ inline void ExpectCpuClose(const std::vector<float>& got, const ReferenceModel& 
   ExpectClose(got, ReferenceForward(model, input, rows, bf16_input), t.relative, t.absolute, context);
 }
 
-inline wp_engine_spec Spec(const std::string& path, const char* name = "m") { return wp_engine_spec{name, path.c_str(), nullptr, 0, 0}; }
+inline wp_engine_spec Spec(const std::string& path, const char* name = "m") { return SpecForFile(name, path.c_str(), nullptr, 0, 0); }
 
 }  // namespace warmpool::testing

@@ -114,11 +114,15 @@ TEST_F(ModelRootsTest, TheWalkForKernelsWithoutOpenat2RefusesWhatOpenat2Refuses)
   close(dir);
 }
 
-TEST_F(ModelRootsTest, AFifoIsRefusedWithoutBlockingAndADirectoryIsNoFile) {
+// A directory opens (a Hugging Face model is one), as a directory: its version is its files'.
+TEST_F(ModelRootsTest, AFifoIsRefusedWithoutBlockingAndADirectoryOpensAsOne) {
   ASSERT_EQ(mkfifo((root_ + "/fifo").c_str(), 0600), 0);
   ModelRoots roots({root_});
   EXPECT_EQ(roots.Open(root_ + "/fifo").status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(roots.Open(root_ + "/sub").status().code(), Code::kInvalidArgument);
+  Result<ModelFile> sub = roots.Open(root_ + "/sub");
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  EXPECT_TRUE(sub->is_directory());
+  EXPECT_EQ(sub->version(), DirectoryVersion(sub->fd()));
 }
 
 TEST_F(ModelRootsTest, ARootThatDoesNotExistHoldsNothingAndRootsMove) {

@@ -14,7 +14,7 @@
 
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
-#include "engines/plugin_loader.h"
+#include "engines/catalog/plugin_loader.h"
 #include "engines/safetensors.h"
 #include "tests/text.h"
 
@@ -188,7 +188,7 @@ TEST_F(PluginLoaderTest, BrokenPluginsAreRefusedWithWhatToDo) {
     const char* says;
   };
   for (const Case& c : {Case{"nosym", "does not export warmpool_engine()"},
-                        Case{"oldabi", "implements engine ABI version 1, this warmpool needs 2"},
+                        Case{"oldabi", "implements engine ABI version 1, this warmpool loads 2 to 3"},
                         Case{"noentry", "leaves an entry point of its vtable empty"},
                         Case{"wrongname", "calls itself \"other\", not \"wrongname\""},
                         Case{"nullvt", "returned no vtable"}}) {
@@ -231,7 +231,7 @@ TEST_F(PluginLoaderTest, ScalePluginLoadsInfersExportsAndAttaches) {
 
   std::string model = WriteScaleModel(root_ + "/m.safetensors", {1.0f, -2.0f, 0.5f, 4.0f});
   HostMemory memory;
-  wp_engine_spec spec{"m", model.c_str(), nullptr, 0, 0};
+  wp_engine_spec spec = SpecForFile("m", model.c_str(), nullptr, 0, 0);
   Result<Engine> engine = Engine::Open(*vtable, spec, memory.service());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_EQ(engine->info().weight_bytes, 16u);
@@ -264,7 +264,7 @@ TEST_F(PluginLoaderTest, ScalePluginLoadsInfersExportsAndAttaches) {
   const uint64_t file_size = fs::file_size(model);
   fs::remove(model);
   HostMemory other;
-  wp_engine_spec replica_spec{"m", model.c_str(), header.data(), header.size(), file_size};
+  wp_engine_spec replica_spec = SpecForFile("m", model.c_str(), header.data(), header.size(), file_size);
   Result<Engine> replica = Engine::Open(*vtable, replica_spec, other.service());
   ASSERT_TRUE(replica.ok()) << replica.status().ToString();
   wp_region too_small{exported->ptr, 8, -1};
@@ -284,7 +284,7 @@ TEST_F(PluginLoaderTest, ScalePluginScalarScalesAnyWidthAndBadModelsSayWhy) {
   HostMemory memory;
 
   std::string scalar = WriteScaleModel(root_ + "/s.safetensors", {3.0f}, /*scalar=*/true);
-  wp_engine_spec spec{"s", scalar.c_str(), nullptr, 0, 0};
+  wp_engine_spec spec = SpecForFile("s", scalar.c_str(), nullptr, 0, 0);
   Result<Engine> engine = Engine::Open(*vtable, spec, memory.service());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_EQ(engine->info().in_features, 0u);
@@ -304,7 +304,7 @@ TEST_F(PluginLoaderTest, ScalePluginScalarScalesAnyWidthAndBadModelsSayWhy) {
   safetensors::TensorToWrite other{"weight", safetensors::DType::F32, {2}, std::vector<uint8_t>(8)};
   ASSERT_TRUE(safetensors::WriteFile(root_ + "/bad.safetensors", {other}, {}).ok());
   std::string bad = root_ + "/bad.safetensors";
-  wp_engine_spec bad_spec{"bad", bad.c_str(), nullptr, 0, 0};
+  wp_engine_spec bad_spec = SpecForFile("bad", bad.c_str(), nullptr, 0, 0);
   Result<Engine> refused = Engine::Open(*vtable, bad_spec, memory.service());
   EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
   EXPECT_TRUE(Contains(refused.status().message(), "no tensor \"scale\"")) << refused.status().message();
@@ -315,7 +315,7 @@ TEST_F(PluginLoaderTest, ScalePluginScalarScalesAnyWidthAndBadModelsSayWhy) {
     text << "hello, this is not a model";
   }
   std::string text = root_ + "/text.safetensors";
-  wp_engine_spec text_spec{"text", text.c_str(), nullptr, 0, 0};
+  wp_engine_spec text_spec = SpecForFile("text", text.c_str(), nullptr, 0, 0);
   EXPECT_EQ(Engine::Open(*vtable, text_spec, memory.service()).status().code(), Code::kInvalidArgument);
 }
 

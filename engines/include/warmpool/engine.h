@@ -1,4 +1,5 @@
-/* warmpool engine ABI, version 2.
+/* warmpool engine ABI, version 3 (engines of version 2 keep loading: everything version 3 added
+ * lies at the ends of the structs, and a version 2 engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
  * so that engines can be built outside this repository and loaded from a configured directory.
@@ -17,6 +18,12 @@
  *
  * Errors: every call returns a wp_status; on failure it writes a NUL-terminated message of at most
  * err_len bytes into err that says what is wrong with the model or the input.
+ *
+ * Version 3 adds language models: a model may be a directory (spec.directory_fd), and generate
+ * answers one request with a stream of chunks (text and token ids) and one result. The engine
+ * calls emit once per generated token and stops within that step when emit returns non-zero (the
+ * client left, the deadline passed). Its per-sequence memory is declared exactly (info.context,
+ * info.kv_bytes_per_token), so that admission counts what the sequences' caches take.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -28,7 +35,9 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 2u
+#define WP_ENGINE_ABI_VERSION 3u
+/* The oldest version workers still load. */
+#define WP_ENGINE_ABI_VERSION_MIN 2u
 
 /* Values match warmpool.v1.Code. */
 typedef enum wp_status {
@@ -78,6 +87,14 @@ typedef struct wp_engine_spec {
   const uint8_t* header;
   uint64_t header_bytes;
   uint64_t file_size;
+  /* Version 3. A model that is a directory (has_directory non-zero): its descriptor, opened by
+   * the supervisor beneath its model root and valid during open and load only. The engine reads
+   * files beneath it with openat and no path of its own, following no symlink. Never set with
+   * header (an attach: the weights region holds what the model needs). */
+  int has_directory;
+  int directory_fd;
+  /* Tokens of context each sequence gets; 0: the engine's default. */
+  uint32_t context;
 } wp_engine_spec;
 
 /* Sizes an engine reports after open (from headers only, before any weight is read). */
@@ -87,7 +104,61 @@ typedef struct wp_engine_info {
   uint32_t in_features;     /* 0: any width (echo) */
   uint32_t out_features;    /* 0: same as the input width (echo) */
   uint32_t max_batch;       /* rows per infer call the workspace was sized for */
+  /* Version 3: language models (0 for others). workspace_bytes includes the KV cache of
+   * sequences x context tokens at kv_bytes_per_token each. */
+  uint32_t context;
+  uint32_t sequences;
+  uint64_t kv_bytes_per_token;
 } wp_engine_info;
+
+/* Version 3: one generation request. Options not set in `set` take the model's defaults
+ * (generation_config.json). Strings are UTF-8, not NUL-terminated. */
+enum {
+  WP_SET_TEMPERATURE = 1u << 0,
+  WP_SET_TOP_K = 1u << 1,
+  WP_SET_TOP_P = 1u << 2,
+  WP_SET_MIN_P = 1u << 3,
+  WP_SET_REPETITION_PENALTY = 1u << 4,
+  WP_SET_SEED = 1u << 5,
+};
+typedef struct wp_string {
+  const char* data;
+  uint64_t bytes;
+} wp_string;
+typedef struct wp_generate_request {
+  wp_string prompt;          /* text, tokenized by the model's tokenizer with its special tokens */
+  const int32_t* tokens;     /* ... or token ids, used as they are (token_count > 0) */
+  uint64_t token_count;
+  uint32_t max_tokens;       /* 0: until an end token or the end of the context */
+  uint32_t set;              /* WP_SET_* */
+  float temperature;         /* 0: greedy */
+  uint32_t top_k;            /* 0: all */
+  float top_p;
+  float min_p;
+  float repetition_penalty;
+  uint64_t seed;
+  const wp_string* stop;     /* generation ends before the first of these in the text */
+  uint32_t stop_count;
+} wp_generate_request;
+/* What one step produced: text that never splits a UTF-8 character (empty while a character's
+ * bytes are incomplete or may begin a stop string), and the token ids it came from. */
+typedef struct wp_generate_chunk {
+  wp_string text;
+  const int32_t* tokens;
+  uint32_t token_count;
+} wp_generate_chunk;
+typedef enum wp_finish_reason {
+  WP_FINISH_STOP = 0,      /* an end token or a stop string */
+  WP_FINISH_LENGTH = 1,    /* max_tokens, or the context is full */
+  WP_FINISH_CANCELLED = 2, /* emit returned non-zero */
+} wp_finish_reason;
+typedef struct wp_generate_result {
+  uint32_t finish_reason; /* wp_finish_reason */
+  uint32_t prompt_tokens;
+  uint32_t completion_tokens;
+} wp_generate_result;
+/* Returns non-zero to stop the generation (it then ends WP_FINISH_CANCELLED). */
+typedef int (*wp_emit_fn)(void* ctx, const wp_generate_chunk* chunk);
 
 /* Called during load with bytes copied so far; returning non-zero cancels the load. An engine may
  * call it from threads of its own, but never two calls at once, and done_bytes never goes back. */
@@ -96,8 +167,8 @@ typedef int (*wp_progress_fn)(void* ctx, uint64_t done_bytes, uint64_t total_byt
 typedef struct wp_engine wp_engine; /* opaque engine instance */
 
 typedef struct wp_engine_vtable {
-  uint32_t abi_version; /* WP_ENGINE_ABI_VERSION */
-  const char* name;     /* "dense", "echo" */
+  uint32_t abi_version; /* WP_ENGINE_ABI_VERSION (or an older one down to _MIN) */
+  const char* name;     /* "dense", "echo", "transformer" */
 
   /* Reads and validates the model's metadata (never the weights); fills info. */
   wp_status (*open)(const wp_engine_spec* spec, const wp_device_memory* memory, wp_engine** out,
@@ -116,11 +187,21 @@ typedef struct wp_engine_vtable {
   /* Instead of load: use weights already in device memory (an imported region, taken over by the
    * engine). WP_INVALID_ARGUMENT when the region does not fit the model. */
   wp_status (*attach)(wp_engine* engine, const wp_region* weights, char* err, size_t err_len);
+
+  /* Version 3 (NULL where the engine does not do it). */
+  /* After an open from a directory: the description it made of the model, which a later open
+   * gets back as spec.header to attach without the directory. Valid until close. */
+  wp_status (*describe)(wp_engine* engine, const uint8_t** header, uint64_t* header_bytes);
+  /* Generates for one request, calling emit per step; result is filled on WP_OK. Prompts that do
+   * not fit the context and invalid options are WP_INVALID_ARGUMENT before anything runs. */
+  wp_status (*generate)(wp_engine* engine, const wp_generate_request* request, wp_emit_fn emit, void* emit_ctx,
+                        wp_generate_result* result, char* err, size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
 const wp_engine_vtable* warmpool_engine_dense(void);
 const wp_engine_vtable* warmpool_engine_echo(void);
+const wp_engine_vtable* warmpool_engine_transformer(void);
 
 #ifdef __cplusplus
 }

@@ -199,7 +199,7 @@ wp_status ScaleOpen(const wp_engine_spec* spec, const wp_device_memory* memory, 
       status = DescribeFromFile(*engine, err, err_len);
     }
     if (status != WP_OK) return status;
-    *info = wp_engine_info{engine->tensor_bytes, 0, engine->cols, engine->cols, kMaxBatch};
+    *info = wp_engine_info{engine->tensor_bytes, 0, engine->cols, engine->cols, kMaxBatch, 0, 0, 0};
     *out = reinterpret_cast<wp_engine*>(engine.release());
     return WP_OK;
   } catch (const std::bad_alloc&) {
@@ -332,9 +332,10 @@ wp_status ScaleAttach(wp_engine* instance, const wp_region* weights, char* err, 
   }
 }
 
-const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",      &ScaleOpen,
-                                       &ScaleLoad,            &ScaleInfer,  &ScaleClose,
-                                       &ScaleExport,          &ScaleAttach};
+// Tensors only: no model directory to describe, no text to generate (engine.h, version 3).
+const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",     &ScaleOpen,   &ScaleLoad,
+                                       &ScaleInfer,           &ScaleClose, &ScaleExport, &ScaleAttach,
+                                       /*describe=*/nullptr,  /*generate=*/nullptr};
 
 }  // namespace
 

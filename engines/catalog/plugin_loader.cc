@@ -1,4 +1,4 @@
-#include "engines/plugin_loader.h"
+#include "engines/catalog/plugin_loader.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
 
 namespace warmpool {
 namespace {
@@ -217,11 +218,11 @@ Status CheckEngineVtable(const wp_engine_vtable* vtable, std::string_view expect
     return Error(Code::kFailedPrecondition, "engine plugin \"{}\": {}() returned no vtable", source,
                  kPluginEntrySymbol);
   }
-  if (vtable->abi_version != WP_ENGINE_ABI_VERSION) {
+  if (vtable->abi_version < WP_ENGINE_ABI_VERSION_MIN || vtable->abi_version > WP_ENGINE_ABI_VERSION) {
     return Error(Code::kFailedPrecondition,
-                 "engine plugin \"{}\" implements engine ABI version {}, this warmpool needs {}; rebuild "
-                 "it against this warmpool's warmpool/engine.h",
-                 source, vtable->abi_version, WP_ENGINE_ABI_VERSION);
+                 "engine plugin \"{}\" implements engine ABI version {}, this warmpool loads {} to {}; "
+                 "rebuild it against this warmpool's warmpool/engine.h",
+                 source, vtable->abi_version, WP_ENGINE_ABI_VERSION_MIN, WP_ENGINE_ABI_VERSION);
   }
   if (vtable->open == nullptr || vtable->load == nullptr || vtable->infer == nullptr ||
       vtable->close == nullptr || vtable->export_weights == nullptr || vtable->attach == nullptr) {

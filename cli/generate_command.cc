@@ -1,0 +1,140 @@
+#include "cli/generate_command.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "ipc/codes.h"
+
+namespace warmpool::cli {
+namespace {
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return ipc::CliExitOf(status.code());
+}
+
+v1::GenerateRequest RequestOf(const GenerateArgs& args, const std::string& prompt) {
+  v1::GenerateRequest r;
+  r.set_model(args.model);
+  r.set_prompt(prompt);
+  r.set_max_tokens(args.max_tokens);
+  if (args.temperature) r.set_temperature(*args.temperature);
+  if (args.top_k) r.set_top_k(*args.top_k);
+  if (args.top_p) r.set_top_p(*args.top_p);
+  if (args.min_p) r.set_min_p(*args.min_p);
+  if (args.repetition_penalty) r.set_repetition_penalty(*args.repetition_penalty);
+  if (args.seed) r.set_seed(*args.seed);
+  for (const std::string& stop : args.stop) r.add_stop(stop);
+  r.set_stream(!args.no_stream);
+  r.set_deadline_ms(args.deadline_ms);
+  if (args.keep_alive_ms) r.set_keep_alive_ms(*args.keep_alive_ms);
+  return r;
+}
+
+nlohmann::json FinalJson(const v1::GenerateReply& reply) {
+  nlohmann::json out = {{"done", true},
+                        {"finish_reason", reply.finish_reason()},
+                        {"prompt_tokens", reply.prompt_tokens()},
+                        {"completion_tokens", reply.completion_tokens()},
+                        {"first_token_us", reply.first_token_us()},
+                        {"generate_us", reply.generate_us()},
+                        {"chunks", reply.chunks()}};
+  if (!reply.text().empty() || reply.tokens_size() > 0) {
+    out["text"] = reply.text();
+    out["tokens"] = std::vector<int32_t>(reply.tokens().begin(), reply.tokens().end());
+  }
+  return out;
+}
+
+void PrintLine(const nlohmann::json& line) {
+  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+int GenerateOne(client::Client& client, const GenerateArgs& args, const std::string& prompt) {
+  Result<v1::GenerateReply> reply = client.Generate(RequestOf(args, prompt), [&](const v1::GenerateChunk& chunk) {
+    if (args.json) {
+      PrintLine({{"index", chunk.index()},
+                 {"text", chunk.text()},
+                 {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}});
+    } else {
+      std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+      std::fflush(stdout);
+    }
+  });
+  if (!reply.ok()) {
+    if (!args.json) std::fputc('\n', stdout);
+    return Fail(reply.status());
+  }
+  if (args.json) {
+    PrintLine(FinalJson(*reply));
+  } else {
+    std::fwrite(reply->text().data(), 1, reply->text().size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+  if (args.verbose) {
+    const double seconds = reply->generate_us() / 1e6;
+    const double decode_seconds = (reply->generate_us() - reply->first_token_us()) / 1e6;
+    std::fprintf(stderr, "finish: %s; prompt %u tokens, completion %u tokens; first token %.1f ms; %.1f tokens/s\n",
+                 reply->finish_reason().c_str(), reply->prompt_tokens(), reply->completion_tokens(),
+                 reply->first_token_us() / 1e3,
+                 reply->completion_tokens() > 1 && decode_seconds > 0
+                     ? (reply->completion_tokens() - 1) / decode_seconds
+                     : (seconds > 0 ? reply->completion_tokens() / seconds : 0.0));
+  }
+  return 0;
+}
+
+std::string ReadAll(std::istream& in) { return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}; }
+
+}  // namespace
+
+void AddGenerateOptions(CLI::App* command, GenerateArgs& args, std::string& keep_alive) {
+  command->add_option("MODEL", args.model, "a language model (a registered model directory)")->required();
+  command->add_option("PROMPT", args.prompt, "the text to continue (default: standard input)");
+  command->add_option("--max-tokens", args.max_tokens, "generate at most this many tokens (default: until an end "
+                                                        "token or the end of the context)");
+  command->add_option("--temperature", args.temperature, "0 is greedy (default: the model's own)")
+      ->check(CLI::Range(0.0, 100.0));
+  command->add_option("--top-k", args.top_k, "sample from the K most likely tokens (0: all)");
+  command->add_option("--top-p", args.top_p, "sample from the fewest tokens holding P of the probability")
+      ->check(CLI::Range(0.0, 1.0));
+  command->add_option("--min-p", args.min_p, "drop tokens less likely than P x the most likely")
+      ->check(CLI::Range(0.0, 1.0));
+  command->add_option("--repetition-penalty", args.repetition_penalty, "above 1 makes repeating less likely");
+  command->add_option("--seed", args.seed, "the same seed, prompt and options give the same text");
+  command->add_option("--stop", args.stop, "end the text before this string (repeatable; at most 16)");
+  command->add_option("--deadline-ms", args.deadline_ms, "stop after this many milliseconds (default: none)");
+  command->add_option("--keep-alive", keep_alive, "keep the model warm this long after this request");
+  command->add_flag("--json", args.json, "NDJSON: a line per chunk, then the final reply (\"done\": true)");
+  command->add_flag("--no-stream", args.no_stream, "wait for the whole text instead of streaming it");
+  command->add_flag("--verbose", args.verbose, "print token counts, time to first token and tokens/s to stderr");
+}
+
+int RunGenerate(client::Client& client, const GenerateArgs& args) {
+  const std::string prompt = args.prompt.empty() ? ReadAll(std::cin) : args.prompt;
+  return GenerateOne(client, args, prompt);
+}
+
+int RunInteractive(client::Client& client, GenerateArgs args) {
+  if (!args.prompt.empty() || !isatty(STDIN_FILENO)) return RunGenerate(client, args);
+  std::string line;
+  for (;;) {
+    std::fputs(">>> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line) || line == "/bye") break;
+    if (line.empty()) continue;
+    if (int rc = GenerateOne(client, args, line); rc != 0 && rc != 1) return rc;
+  }
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace warmpool::cli

@@ -1,0 +1,13 @@
+#include "engines/catalog/builtin_engines.h"
+
+namespace warmpool {
+
+const wp_engine_vtable* FindBuiltinEngine(std::string_view name) {
+  for (const wp_engine_vtable* vtable :
+       {warmpool_engine_dense(), warmpool_engine_echo(), warmpool_engine_transformer()}) {
+    if (name == vtable->name) return vtable;
+  }
+  return nullptr;
+}
+
+}  // namespace warmpool

@@ -1,0 +1,302 @@
+// The transformer engine behind the C ABI (engine.h, version 3): a Hugging Face decoder directory
+// served on the CPU. Its weights region holds every tensor as stored and the tokenizer's file
+// (engines/transformer/packed_model.h), so that replicas, respawned workers and unparks attach it
+// without the directory. One sequence at a time: its KV cache is the engine's workspace.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <thread>
+
+#include "common/small_file.h"
+#include "engines/builtin.h"
+#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/packed_model.h"
+#include "engines/transformer/text_generation.h"
+#include "engines/transformer/weights.h"
+#include "warmpool/engine.h"
+
+namespace warmpool::transformer {
+namespace {
+
+// Stop strings a request may give, and their length: each is searched for in the text held back.
+constexpr uint32_t kMaxStopStrings = 16;
+constexpr uint64_t kMaxStopBytes = 256;
+
+struct TransformerEngine {
+  const wp_device_memory* memory = nullptr;
+  std::string name;
+  int directory = -1;  // a load's, until it ends
+  uint32_t context = 0;
+  PackedModel packed;
+  std::string header;  // packed, encoded: describe()
+  wp_region region{nullptr, 0, -1};
+  bool has_region = false;
+  // Bound once the region holds the model (load, attach).
+  std::optional<ServingFiles> files;
+  std::unique_ptr<CpuModel> model;
+  std::unique_ptr<KvCache> cache;
+
+  ~TransformerEngine() {
+    if (directory >= 0) close(directory);
+    if (has_region) memory->free(memory->ctx, &region);
+  }
+};
+
+TransformerEngine* As(wp_engine* engine) { return reinterpret_cast<TransformerEngine*>(engine); }
+
+// The ABI's calls may not throw: a library's exception (an allocation) becomes a status.
+template <typename F>
+wp_status Guarded(char* err, size_t err_len, F&& body) {
+  try {
+    return WpFromStatus(body(), err, err_len);
+  } catch (const std::bad_alloc&) {
+    return WpFromStatus(Error(Code::kResourceExhausted, "transformer: out of memory"), err, err_len);
+  } catch (const std::exception& e) {
+    return WpFromStatus(Error(Code::kInternal, "transformer: {}", e.what()), err, err_len);
+  }
+}
+
+// The region holds the model: the tensors bound where they lie, the tokenizer parsed from its copy.
+Status Bind(TransformerEngine& e) {
+  const auto* base = static_cast<const uint8_t*>(e.region.ptr);
+  std::map<std::string, TensorView> views;
+  for (const PackedTensor& t : e.packed.tensors) {
+    views.emplace(t.name, TensorView{t.name, t.dtype, t.shape, base + t.offset, t.file, t.file_offset, t.bytes});
+  }
+  Result<ModelWeights> weights = BindWeights(e.packed.config, views, e.name);
+  if (!weights.ok()) return weights.status();
+  TextFiles texts = e.packed.texts;
+  texts.tokenizer.assign(reinterpret_cast<const char*>(base + e.packed.tokenizer_offset), e.packed.tokenizer_bytes);
+  Result<ServingFiles> files = ServingFiles::Parse(texts, e.packed.config.vocab_size, e.name);
+  if (!files.ok()) return files.status();
+  e.files = std::move(*files);
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  e.model = std::make_unique<CpuModel>(e.packed.config, *weights, threads);
+  e.cache = std::make_unique<KvCache>(e.packed.config, e.context);
+  return OkStatus();
+}
+
+Status Open(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& info) {
+  e.name = spec.name != nullptr ? spec.name : "";
+  if (!e.memory->host_addressable) {
+    return Error(Code::kFailedPrecondition,
+                 "model \"{}\": the transformer engine computes on the CPU, and this worker's memory is a "
+                 "GPU's (run it on the host backend)",
+                 e.name);
+  }
+  if (spec.header != nullptr && spec.header_bytes > 0) {
+    std::string_view header(reinterpret_cast<const char*>(spec.header), spec.header_bytes);
+    Result<PackedModel> packed = DecodeHeader(header);
+    if (!packed.ok()) return Error(packed.status().code(), "model \"{}\": {}", e.name, packed.status().message());
+    e.packed = std::move(*packed);
+    e.header.assign(header);
+  } else if (spec.has_directory) {
+    const std::string shown = spec.path != nullptr ? spec.path : e.name;
+    Result<PackedModel> packed = DescribeDirectory(spec.directory_fd, shown);
+    if (!packed.ok()) return packed.status();
+    e.packed = std::move(*packed);
+    e.header = EncodeHeader(e.packed);
+    e.directory = dup(spec.directory_fd);
+    if (e.directory < 0) return Error(Code::kInternal, "model \"{}\": cannot keep its directory open", e.name);
+  } else {
+    return Error(Code::kInvalidArgument,
+                 "model \"{}\": the transformer engine serves a model directory (config.json, weights, "
+                 "tokenizer.json), not a file",
+                 e.name);
+  }
+  e.context = ServedContext(e.packed.config, spec.context);
+  info.weight_bytes = e.packed.region_bytes;
+  info.workspace_bytes = WorkspaceBytes(e.packed.config, e.context);
+  info.max_batch = 1;
+  info.context = e.context;
+  info.sequences = 1;
+  info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
+  return OkStatus();
+}
+
+// Reads `bytes` at `offset` of the file into `out`, whole.
+Status ReadAt(int fd, uint64_t offset, uint8_t* out, uint64_t bytes, const std::string& shown) {
+  while (bytes > 0) {
+    const ssize_t n = pread(fd, out, std::min<uint64_t>(bytes, 64u << 20), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status(CodeForErrno(errno), fmt::format("\"{}\": read failed: {}", shown, std::strerror(errno)));
+    if (n == 0) return Error(Code::kFailedPrecondition, "\"{}\" is shorter than when it was described", shown);
+    out += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return OkStatus();
+}
+
+Status Load(TransformerEngine& e, wp_progress_fn progress, void* progress_ctx) {
+  if (e.directory < 0) return Error(Code::kFailedPrecondition, "model \"{}\": nothing to load from", e.name);
+  if (wp_status s = e.memory->alloc(e.memory->ctx, e.packed.region_bytes, &e.region); s != WP_OK) {
+    return Error(CodeFromInt(s), "model \"{}\": no room for its {} bytes of weights", e.name, e.packed.region_bytes);
+  }
+  e.has_region = true;
+  auto* base = static_cast<uint8_t*>(e.region.ptr);
+  uint64_t done = 0;
+  const uint64_t total = e.packed.region_bytes;
+  for (uint32_t f = 0; f < e.packed.files.size(); f++) {
+    const std::string shown = e.name + ": " + e.packed.files[f];
+    Result<int> fd = OpenFileAt(e.directory, e.packed.files[f], shown);
+    if (!fd.ok()) return fd.status();
+    Status read;
+    for (const PackedTensor& t : e.packed.tensors) {
+      if (t.file != f) continue;
+      read = ReadAt(*fd, t.file_offset, base + t.offset, t.bytes, shown);
+      if (!read.ok()) break;
+      done += t.bytes;
+      if (progress != nullptr && progress(progress_ctx, done, total) != 0) {
+        read = Error(Code::kUnavailable, "model \"{}\": load cancelled", e.name);
+        break;
+      }
+    }
+    close(*fd);
+    if (!read.ok()) return read;
+  }
+  std::string tokenizer;
+  Result<std::string> text = ReadSmallFileAt(e.directory, "tokenizer.json", e.packed.tokenizer_bytes,
+                                             e.name + ": tokenizer.json");
+  if (!text.ok()) return text.status();
+  if (text->size() != e.packed.tokenizer_bytes) {
+    return Error(Code::kFailedPrecondition, "model \"{}\": tokenizer.json changed while it was loaded", e.name);
+  }
+  std::memcpy(base + e.packed.tokenizer_offset, text->data(), text->size());
+  close(e.directory);
+  e.directory = -1;
+  if (progress != nullptr) progress(progress_ctx, total, total);
+  return Bind(e);
+}
+
+Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
+                wp_generate_result& result) {
+  if (!e.model) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  TextRequest request;
+  if (r.token_count > 0) {
+    if (r.tokens == nullptr) return Error(Code::kInvalidArgument, "token ids missing");
+    request.tokens.assign(r.tokens, r.tokens + r.token_count);
+  } else {
+    request.prompt.assign(r.prompt.data != nullptr ? r.prompt.data : "", r.prompt.bytes);
+  }
+  request.max_tokens = r.max_tokens;
+  SamplingOptions& s = request.sampling;
+  s = e.files->sampling;
+  if (r.set & WP_SET_TEMPERATURE) s.temperature = r.temperature;
+  if (r.set & WP_SET_TOP_K) s.top_k = r.top_k;
+  if (r.set & WP_SET_TOP_P) s.top_p = r.top_p;
+  if (r.set & WP_SET_MIN_P) s.min_p = r.min_p;
+  if (r.set & WP_SET_REPETITION_PENALTY) s.repetition_penalty = r.repetition_penalty;
+  if (r.set & WP_SET_SEED) s.seed = r.seed;
+  if (Status checked = CheckSamplingOptions(s); !checked.ok()) return checked;
+  if (r.stop_count > kMaxStopStrings) {
+    return Error(Code::kInvalidArgument, "{} stop strings: at most {}", r.stop_count, kMaxStopStrings);
+  }
+  for (uint32_t i = 0; i < r.stop_count; i++) {
+    if (r.stop[i].bytes > kMaxStopBytes) {
+      return Error(Code::kInvalidArgument, "a stop string of {} bytes: at most {}", r.stop[i].bytes, kMaxStopBytes);
+    }
+    request.stop.emplace_back(r.stop[i].data != nullptr ? r.stop[i].data : "", r.stop[i].bytes);
+  }
+  Result<TextResult> done = GenerateText(*e.model, *e.cache, *e.files, request,
+                                         [&](std::string_view text, std::span<const int32_t> tokens) {
+                                           wp_generate_chunk chunk{{text.data(), text.size()},
+                                                                   tokens.data(),
+                                                                   static_cast<uint32_t>(tokens.size())};
+                                           return emit == nullptr || emit(emit_ctx, &chunk) == 0;
+                                         });
+  if (!done.ok()) return done.status();
+  static_assert(static_cast<int>(FinishReason::kStop) == WP_FINISH_STOP &&
+                static_cast<int>(FinishReason::kLength) == WP_FINISH_LENGTH &&
+                static_cast<int>(FinishReason::kCancelled) == WP_FINISH_CANCELLED);
+  result.finish_reason = static_cast<uint32_t>(done->finish);
+  result.prompt_tokens = done->prompt_tokens;
+  result.completion_tokens = done->completion_tokens;
+  return OkStatus();
+}
+
+wp_status OpenCall(const wp_engine_spec* spec, const wp_device_memory* memory, wp_engine** out, wp_engine_info* info,
+                   char* err, size_t err_len) {
+  if (spec == nullptr || memory == nullptr || out == nullptr || info == nullptr) {
+    return WpFromStatus(Error(Code::kInvalidArgument, "transformer: open needs spec, memory, out and info"), err,
+                        err_len);
+  }
+  *out = nullptr;
+  return Guarded(err, err_len, [&] {
+    auto engine = std::make_unique<TransformerEngine>();
+    engine->memory = memory;
+    wp_engine_info described{};
+    Status s = Open(*spec, *engine, described);
+    if (!s.ok()) return s;
+    *info = described;
+    *out = reinterpret_cast<wp_engine*>(engine.release());
+    return OkStatus();
+  });
+}
+
+wp_status LoadCall(wp_engine* engine, wp_progress_fn progress, void* progress_ctx, char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] { return Load(*As(engine), progress, progress_ctx); });
+}
+
+wp_status InferCall(wp_engine* engine, const float*, uint32_t, uint32_t, float*, char* err, size_t err_len) {
+  return WpFromStatus(Error(Code::kFailedPrecondition,
+                            "model \"{}\" is a language model: send it a generate request, not a tensor",
+                            As(engine)->name),
+                      err, err_len);
+}
+
+void CloseCall(wp_engine* engine) { delete As(engine); }
+
+wp_status ExportCall(wp_engine* engine, wp_region* out) {
+  TransformerEngine& e = *As(engine);
+  if (!e.has_region || out == nullptr) return WP_NOT_FOUND;
+  *out = e.region;
+  return WP_OK;
+}
+
+wp_status AttachCall(wp_engine* engine, const wp_region* weights, char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] {
+    TransformerEngine& e = *As(engine);
+    if (weights == nullptr || weights->bytes < e.packed.region_bytes) {
+      return Error(Code::kInvalidArgument, "model \"{}\": the region holds {} bytes, the model {}", e.name,
+                   weights == nullptr ? 0 : weights->bytes, e.packed.region_bytes);
+    }
+    e.region = *weights;
+    Status bound = Bind(e);
+    // Taken over only once it serves: on failure the region is still the caller's.
+    if (bound.ok()) e.has_region = true;
+    else e.region = wp_region{nullptr, 0, -1};
+    return bound;
+  });
+}
+
+wp_status DescribeCall(wp_engine* engine, const uint8_t** header, uint64_t* header_bytes) {
+  TransformerEngine& e = *As(engine);
+  if (header == nullptr || header_bytes == nullptr) return WP_INVALID_ARGUMENT;
+  *header = reinterpret_cast<const uint8_t*>(e.header.data());
+  *header_bytes = e.header.size();
+  return WP_OK;
+}
+
+wp_status GenerateCall(wp_engine* engine, const wp_generate_request* request, wp_emit_fn emit, void* emit_ctx,
+                       wp_generate_result* result, char* err, size_t err_len) {
+  if (request == nullptr || result == nullptr) {
+    return WpFromStatus(Error(Code::kInvalidArgument, "transformer: generate needs a request and a result"), err,
+                        err_len);
+  }
+  return Guarded(err, err_len, [&] { return Generate(*As(engine), *request, emit, emit_ctx, *result); });
+}
+
+const wp_engine_vtable kTransformerVtable = {
+    WP_ENGINE_ABI_VERSION, "transformer", &OpenCall,   &LoadCall,     &InferCall,
+    &CloseCall,            &ExportCall,   &AttachCall, &DescribeCall, &GenerateCall,
+};
+
+}  // namespace
+}  // namespace warmpool::transformer
+
+extern "C" const wp_engine_vtable* warmpool_engine_transformer(void) { return &warmpool::transformer::kTransformerVtable; }

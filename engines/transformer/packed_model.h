@@ -1,0 +1,67 @@
+// A model directory as the transformer engine serves it: one weights region holding every tensor
+// (as stored) and the tokenizer's file, and a description of that region — the model's "header"
+// (engine.h) — holding the config and the small files beside it.
+//
+// The registry describes a directory when it registers it (the sizes admission needs, every check
+// that needs no weights), a load reads it into the region, and an attach or an unpark opens the
+// model from the description and the region alone: the directory is not read again, and may be
+// gone. Parking the region therefore parks the tokenizer and the template with the weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/safetensors.h"
+#include "engines/transformer/checkpoint.h"
+#include "engines/transformer/config.h"
+#include "engines/transformer/model_directory.h"
+
+namespace warmpool::transformer {
+
+// Tensors start at multiples of this in the region (cache lines; the GEMV kernels' loads).
+inline constexpr uint64_t kRegionAlignment = 64;
+
+struct PackedTensor {
+  std::string name;
+  safetensors::DType dtype = safetensors::DType::F32;
+  std::vector<uint64_t> shape;
+  uint64_t offset = 0;  // in the region
+  uint64_t bytes = 0;
+  uint32_t file = 0;         // in PackedModel::files
+  uint64_t file_offset = 0;  // where a load reads it
+};
+
+struct PackedModel {
+  Config config;
+  std::string config_text;  // config.json
+  TextFiles texts;          // without the tokenizer's text, which lies in the region
+  std::vector<std::string> files;     // the weights files, as the directory names them
+  std::vector<PackedTensor> tensors;  // in region order
+  uint64_t tokenizer_offset = 0;      // tokenizer.json in the region
+  uint64_t tokenizer_bytes = 0;
+  uint64_t region_bytes = 0;
+};
+
+// Reads the directory held open as `dir` (config.json, the weights files' headers, the tokenizer
+// files) and checks all that can be checked without reading a weight: the config is supported,
+// the tensors are the ones it needs, the tokenizer parses and fits the vocabulary. `shown` names
+// the directory in messages; `tokenizer`, when given, gets tokenizer.json's text.
+Result<PackedModel> DescribeDirectory(int dir, const std::string& shown, std::string* tokenizer = nullptr);
+
+// The description as bytes (deterministic: the same directory gives the same bytes), and back.
+// Decoding checks that it is one (the layout lies within the region, the config parses).
+std::string EncodeHeader(const PackedModel& model);
+Result<PackedModel> DecodeHeader(std::string_view header);
+// Whether bytes are an encoded description (and not, say, a safetensors header).
+bool IsPackedHeader(std::string_view header);
+
+// The model's KV cache and activations for `context` tokens of one sequence, in bytes: what the
+// engine reports as its workspace, and admission counts beside the weights.
+uint64_t WorkspaceBytes(const Config& config, uint32_t context);
+// The context the engine serves: `asked` (0: a default), never past what the model was trained for.
+uint32_t ServedContext(const Config& config, uint32_t asked);
+
+}  // namespace warmpool::transformer

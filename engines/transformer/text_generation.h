@@ -1,0 +1,44 @@
+// Text in, text out: a request's prompt tokenized, its tokens generated (engines/transformer/
+// generation.h) and streamed back as text that never splits a UTF-8 character, cut before the
+// first stop string. What the transformer engine's generate call runs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/generation.h"
+#include "engines/transformer/model_directory.h"
+#include "engines/transformer/sampler.h"
+
+namespace warmpool::transformer {
+
+struct TextRequest {
+  std::string prompt;           // tokenized with the tokenizer's special tokens (its BOS) ...
+  std::vector<int32_t> tokens;  // ... unless token ids are given (used as they are)
+  uint32_t max_tokens = 0;      // 0: until an end token or the end of the context
+  SamplingOptions sampling;     // complete: the model's defaults already merged in
+  std::vector<std::string> stop;
+};
+
+struct TextResult {
+  FinishReason finish = FinishReason::kLength;
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+};
+
+// Called once per generated token with the text it completes (possibly empty), and once more at
+// the end with the text held back and no token, when there is any. Returning false cancels.
+using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
+
+// INVALID_ARGUMENT before anything runs: an empty prompt, one that leaves no room in the cache's
+// context, a token outside the vocabulary, options out of range.
+Result<TextResult> GenerateText(CpuModel& model, KvCache& cache, const ServingFiles& files, const TextRequest& request,
+                                const EmitFn& emit);
+
+}  // namespace warmpool::transformer

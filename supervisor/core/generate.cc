@@ -1,0 +1,111 @@
+// A language model's generation: queued, admitted and dispatched as an inference is (a Waiter, then
+// a kInfer Job on one of the model's workers), answered differently. The worker streams chunks
+// (WorkerInferChunk) and ends with one WorkerInferDone; the client gets the chunks in order,
+// numbered by the core, then exactly one final reply, and nothing after it:
+//   - a chunk is forwarded only while the job is unanswered and the client is there;
+//   - a deadline or a drain answers the job (Job::answered): later chunks and the worker's own
+//     final are dropped;
+//   - a worker that dies after a chunk went out ends the stream with UNAVAILABLE (the text sent is
+//     the client's; starting again would send it twice); one that dies before any is retried as an
+//     inference is;
+//   - a client that leaves gets its generations cancelled on their workers (WorkerCancel), which
+//     end them within a step.
+#include "supervisor/core/core.h"
+
+namespace warmpool::supervisor {
+
+void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
+  Result<uint32_t> found = FindServing(request.model());
+  if (!found.ok()) return AnswerError(call, found.status());
+  const uint32_t model = *found;
+  Model& m = models_[model];
+  if (!m.entry.generates()) {
+    return AnswerError(call, Error(Code::kFailedPrecondition,
+                                   "model \"{}\" is not a language model (engine \"{}\"): send it tensors (infer)",
+                                   m.entry.name, m.entry.engine));
+  }
+  if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
+  if (queued_ >= config_.max_queue) {
+    return AnswerError(call, Error(Code::kResourceExhausted, "{} requests are already waiting (limit {}): retry later",
+                                   queued_, config_.max_queue));
+  }
+  // What the daemon holds of the request (its prompt) counts against the same bounds as tensors.
+  const uint64_t bytes = request.ByteSizeLong();
+  Session& session = sessions_[call.session];
+  if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection ||
+      held_bytes_ + bytes > config_.max_queued_bytes) {
+    return AnswerError(call, Error(Code::kResourceExhausted,
+                                   "the daemon holds too much of this connection's or all clients' requests: "
+                                   "wait for replies before sending more"));
+  }
+  call.bytes = bytes;
+  session.held_bytes += bytes;
+  held_bytes_ += bytes;
+  // No default deadline: a generation ends by itself (max_tokens, the context), and a client that
+  // stops waiting cancels it by leaving.
+  const uint64_t deadline_ms = request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms();
+  Waiter waiter{call, true, {}, deadline_ms, 0};
+  waiter.generate = std::move(request);
+  Enqueue(model, std::move(waiter));
+}
+
+void Core::DispatchGenerate(uint32_t model, uint32_t worker, Waiter&& waiter) {
+  Job job{.kind = Job::Kind::kInfer, .worker = worker, .model = model};
+  job.call = waiter.call;
+  job.deadline_ms = waiter.deadline_ms;
+  job.crashes = waiter.crashes;
+  job.shared_crashes = waiter.shared_crashes;
+  job.retry = waiter.retry;
+  job.generate = std::move(waiter.generate);
+  job.frame_bytes = job.generate->ByteSizeLong();
+  v1::WorkerEnvelope message;
+  v1::WorkerInfer* infer = message.mutable_infer();
+  for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
+  const uint64_t id = NewJob(std::move(job));
+  const Job& stored = jobs_[id];
+  StartInferJob(model, id, infer);
+  *infer->mutable_generate() = *stored.generate;  // kept with the job for a retry
+  Send(worker, message);
+}
+
+void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
+  Job* job = FindJob(chunk.job());
+  if (job == nullptr || job->worker != slot || job->kind != Job::Kind::kInfer || !job->generate) {
+    return KillWorker(slot, fmt::format("sent a chunk of job {}, which is not a generation it runs", chunk.job()));
+  }
+  job->progress_ms = MonoMs();  // a step: the generation is alive (a heartbeat carries no chunk)
+  if (!chunk.has_chunk() || job->answered || !job->generate->stream()) return;
+  v1::Envelope reply;
+  v1::GenerateChunk* out = reply.mutable_generate_chunk();
+  *out = chunk.chunk();
+  out->set_index(job->chunks++);  // the core numbers them: in order, whatever the worker says
+  SendChunk(job->call, std::move(reply));
+}
+
+void Core::SendChunk(const Call& call, v1::Envelope&& chunk) {
+  if (sessions_.find(call.session) == sessions_.end()) return;  // gone: nobody to tell
+  chunk.set_request_id(call.request_id);
+  actions_.push_back(action::Reply{call.session, std::move(chunk)});
+}
+
+void Core::AnswerGenerate(Job& job, v1::WorkerInferDone& done) {
+  if (done.has_error()) {
+    return AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));
+  }
+  v1::Envelope reply;
+  v1::GenerateReply* final = reply.mutable_generate_reply();
+  *final = std::move(*done.mutable_generate());
+  final->set_chunks(job.chunks);
+  Answer(job.call, std::move(reply));
+}
+
+void Core::CancelGenerations(uint64_t session) {
+  for (auto& [id, job] : jobs_) {
+    if (job.kind != Job::Kind::kInfer || !job.generate || job.call.session != session) continue;
+    v1::WorkerEnvelope cancel;
+    cancel.mutable_cancel()->set_job(id);
+    Send(job.worker, cancel);
+  }
+}
+
+}  // namespace warmpool::supervisor

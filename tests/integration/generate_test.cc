@@ -1,0 +1,213 @@
+// Language models end to end: a Hugging Face model directory in the models directory, served by
+// the transformer engine in a worker, its text streamed to the C++ client and the CLI; a worker
+// killed mid-stream, a client that leaves, a park and an unpark.
+#include <sys/socket.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/daemon_fixture.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::testing {
+namespace {
+
+class GenerateTest : public DaemonTest {
+ protected:
+  void WriteModel(const std::string& name, transformer::RandomCheckpoint spec = {}) {
+    WriteTinyModel(models_dir_ + "/" + name, spec);
+  }
+  static v1::GenerateRequest Greedy(const std::string& model, const std::string& prompt, uint32_t max_tokens,
+                                    bool stream = true) {
+    v1::GenerateRequest r;
+    r.set_model(model);
+    r.set_prompt(prompt);
+    r.set_max_tokens(max_tokens);
+    r.set_temperature(0);
+    r.set_stream(stream);
+    return r;
+  }
+  struct Streamed {
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<uint32_t> indices;
+    Result<v1::GenerateReply> final = Status();
+  };
+  static Streamed Stream(client::Client& c, v1::GenerateRequest request) {
+    Streamed s;
+    s.final = c.Generate(std::move(request), [&](const v1::GenerateChunk& chunk) {
+      s.text += chunk.text();
+      s.tokens.insert(s.tokens.end(), chunk.tokens().begin(), chunk.tokens().end());
+      s.indices.push_back(chunk.index());
+    });
+    return s;
+  }
+  uint32_t Inflight(client::Client& c, const std::string& model) {
+    auto ps = c.Ps();
+    EXPECT_TRUE(ps.ok());
+    for (const auto& e : ps->models()) {
+      if (e.name() == model) return e.inflight();
+    }
+    return 0;
+  }
+};
+
+TEST_F(GenerateTest, AModelDirectoryStreamsTheTextItAlsoGivesWhole) {
+  WriteModel("tiny");
+  StartDaemon();
+  auto c = Connect();
+  auto models = c->Models();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).engine(), "transformer");
+  EXPECT_EQ(models->models(0).context(), 2048u);
+  EXPECT_GT(models->models(0).kv_bytes_per_token(), 0u);
+  EXPECT_GE(models->models(0).workspace_bytes(), models->models(0).kv_bytes_per_token() * 2048);
+
+  Streamed streamed = Stream(*c, Greedy("tiny", "This License applies to", 24));
+  ASSERT_TRUE(streamed.final.ok()) << streamed.final.status().ToString();
+  ASSERT_FALSE(streamed.indices.empty());
+  for (uint32_t i = 0; i < streamed.indices.size(); i++) EXPECT_EQ(streamed.indices[i], i);
+  EXPECT_EQ(streamed.final->chunks(), streamed.indices.size());
+  EXPECT_EQ(streamed.final->completion_tokens(), streamed.tokens.size());
+  EXPECT_TRUE(streamed.final->text().empty()) << "streamed: the text came in the chunks";
+
+  auto whole = c->Generate(Greedy("tiny", "This License applies to", 24, /*stream=*/false));
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->text(), streamed.text);
+  EXPECT_EQ(std::vector<int32_t>(whole->tokens().begin(), whole->tokens().end()), streamed.tokens);
+  EXPECT_EQ(whole->chunks(), 0u);
+
+  // ps shows the context and what the KV cache takes.
+  auto ps = c->Ps();
+  ASSERT_TRUE(ps.ok() && ps->models_size() == 1);
+  EXPECT_EQ(ps->models(0).context(), 2048u);
+
+  // The CLI: NDJSON chunks, then the final line; the same text.
+  std::string out, err;
+  ASSERT_EQ(Cli({"generate", "tiny", "This License applies to", "--max-tokens", "24", "--temperature", "0", "--json"},
+                &out, &err),
+            0)
+      << err;
+  std::istringstream lines(out);
+  std::string line, text;
+  nlohmann::json last;
+  while (std::getline(lines, line)) {
+    last = nlohmann::json::parse(line);
+    if (!last.contains("done")) text += last["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, streamed.text);
+  EXPECT_EQ(last["finish_reason"], streamed.final->finish_reason());
+  // Tensors to a language model: refused, naming what to send instead.
+  auto tensor = c->Infer("tiny", RandomMatrix(1, 4, 1));
+  ASSERT_FALSE(tensor.ok());
+  EXPECT_EQ(tensor.status().code(), Code::kFailedPrecondition);
+}
+
+TEST_F(GenerateTest, BadRequestsGetTypedErrorsAndTheModelKeepsServing) {
+  WriteModel("tiny");
+  StartDaemon();
+  auto c = Connect();
+  auto refused = [&](v1::GenerateRequest r, Code code, const char* says) {
+    auto reply = c->Generate(std::move(r));
+    ASSERT_FALSE(reply.ok()) << says;
+    EXPECT_EQ(reply.status().code(), code) << reply.status().ToString();
+    EXPECT_TRUE(Contains(reply.status().message(), says)) << reply.status().message();
+  };
+  v1::GenerateRequest nan = Greedy("tiny", "x", 4);
+  nan.set_temperature(std::numeric_limits<float>::quiet_NaN());
+  refused(nan, Code::kInvalidArgument, "temperature");
+  refused(Greedy("tiny", std::string(30000, 'q'), 4), Code::kInvalidArgument, "context");
+  v1::GenerateRequest both = Greedy("tiny", "x", 4);
+  both.add_tokens(1);
+  refused(both, Code::kInvalidArgument, "not both");
+  v1::GenerateRequest stops = Greedy("tiny", "x", 4);
+  for (int i = 0; i < 17; i++) stops.add_stop("s");
+  refused(stops, Code::kInvalidArgument, "stop strings");
+  v1::GenerateRequest outside = Greedy("tiny", "", 4);
+  outside.add_tokens(1 << 30);
+  refused(outside, Code::kInvalidArgument, "vocabulary");
+  refused(Greedy("nope", "x", 4), Code::kNotFound, "nope");
+  auto fine = c->Generate(Greedy("tiny", "still serving", 4));
+  EXPECT_TRUE(fine.ok()) << fine.status().ToString();
+}
+
+TEST_F(GenerateTest, AWorkerKilledMidStreamEndsTheStreamWithAnErrorAndTheModelServesAgain) {
+  WriteModel("tiny");
+  StartDaemon("", {"--enable-fault-injection"});
+  auto c = Connect();
+  auto before = c->Generate(Greedy("tiny", "Preamble", 16, /*stream=*/false));
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_TRUE(c->ArmFault(client::FaultSpec{"infer.mid", "kill", "tiny", 0, 1}).ok());
+  Streamed cut = Stream(*c, Greedy("tiny", "Preamble", 16));
+  ASSERT_FALSE(cut.final.ok());
+  EXPECT_EQ(cut.final.status().code(), Code::kUnavailable) << cut.final.status().ToString();
+  EXPECT_EQ(cut.indices, std::vector<uint32_t>{0}) << "the chunk sent before the kill, then the error";
+  // A respawned worker attaches the weights the supervisor held: the same text again.
+  auto after = c->Generate(Greedy("tiny", "Preamble", 16, /*stream=*/false));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->text(), before->text());
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameText) {
+  WriteModel("tiny");
+  StartDaemon("[pool]\npark_budget = \"100MiB\"\n");
+  auto c = Connect();
+  auto before = c->Generate(Greedy("tiny", "You may convey", 16, /*stream=*/false));
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_TRUE(c->Unload("tiny", /*park=*/true).ok());
+  auto ps = c->Ps();
+  ASSERT_TRUE(ps.ok() && ps->models_size() == 1);
+  EXPECT_EQ(ps->models(0).state(), "parked");
+  auto after = c->Generate(Greedy("tiny", "You may convey", 16, /*stream=*/false));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->text(), before->text()) << "the tokenizer and the weights came back from the parked copy";
+}
+
+// A generation to the end of a long context takes seconds; its client leaving ends it within a
+// step, so the model is idle again long before it would have finished (judged against the pace of
+// its own steps, measured in the same run).
+TEST_F(GenerateTest, AClientThatLeavesStopsItsGeneration) {
+  WriteModel("wide", transformer::RandomCheckpoint{.hidden_size = 512, .intermediate_size = 1024,
+                                                   .num_hidden_layers = 8, .num_attention_heads = 8,
+                                                   .num_key_value_heads = 8, .dtype = safetensors::DType::BF16});
+  StartDaemon();
+  auto watcher = Connect();
+  double step_seconds = 0;
+  {
+    auto c = Connect();
+    v1::Envelope e;
+    *e.mutable_generate() = Greedy("wide", "Everyone is permitted", 0);  // to the end of the context
+    auto id = c->Send(e);
+    ASSERT_TRUE(id.ok());
+    std::chrono::steady_clock::time_point first;
+    constexpr int kChunks = 9;
+    for (int chunks = 0; chunks < kChunks; chunks++) {
+      auto reply = c->Wait(*id);
+      ASSERT_TRUE(reply.ok() && reply->has_generate_chunk()) << (reply.ok() ? reply->DebugString() : "");
+      if (chunks == 0) first = std::chrono::steady_clock::now();
+    }
+    step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first).count() / (kChunks - 1);
+    EXPECT_EQ(Inflight(*watcher, "wide"), 1u);
+  }  // the connection closes
+  const auto left = std::chrono::steady_clock::now();
+  // What is left of the whole generation (2048 tokens of context) at that pace.
+  const double remaining = step_seconds * 2000;
+  while (Inflight(*watcher, "wide") != 0 &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - left).count() < remaining) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - left).count();
+  EXPECT_EQ(Inflight(*watcher, "wide"), 0u);
+  EXPECT_LT(seconds, remaining / 4) << "idle " << seconds << " s after the client left; a step takes "
+                                    << step_seconds << " s";
+  auto next = watcher->Generate(Greedy("wide", "Everyone", 2));
+  EXPECT_TRUE(next.ok()) << next.status().ToString();
+}
+
+}  // namespace
+}  // namespace warmpool::testing

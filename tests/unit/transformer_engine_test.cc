@@ -1,0 +1,264 @@
+// The transformer engine behind the C ABI (engines/transformer/engine.cc): opened from a model
+// directory's descriptor, loaded into a shareable region, attached elsewhere from its description
+// and that region alone, generating the tokens the in-process path generates; stop strings and
+// cancellation; and the bad input of a request or a directory refused by name.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+#include "common/file_version.h"
+#include "devmem/host_memory.h"
+#include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
+#include "engines/transformer/generation.h"
+#include "engines/transformer/model_directory.h"
+#include "engines/transformer/stop_strings.h"
+#include "tests/text.h"
+#include "tests/unit/temp_dir.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::transformer {
+namespace {
+
+using warmpool::testing::Contains;
+using warmpool::testing::TempDir;
+
+// StopStrings: nothing of a stop string is ever sent, wherever the pieces split it.
+TEST(StopStringsTest, TextBeforeTheFirstStopGoesOutAndNothingOfTheStopDoes) {
+  StopStrings stops({"\n\n", "END"});
+  std::string out;
+  for (std::string_view piece : {"Hello", " E", "N", "D?", " no"}) out += stops.Push(piece);
+  EXPECT_EQ(out, "Hello ");
+  EXPECT_TRUE(stops.stopped());
+  EXPECT_EQ(stops.Push("more"), "");
+  EXPECT_EQ(stops.Finish(), "");
+}
+
+TEST(StopStringsTest, HeldBackTextThatTurnsOutNotToBeAStopIsSentWhole) {
+  StopStrings stops({"ab"});
+  EXPECT_EQ(stops.Push("xa"), "x") << "'a' may begin the stop";
+  EXPECT_EQ(stops.Push("c"), "ac");
+  EXPECT_EQ(stops.Push("a"), "");
+  EXPECT_EQ(stops.Finish(), "a") << "the end of the text releases what waited";
+  EXPECT_FALSE(stops.stopped());
+}
+
+TEST(StopStringsTest, EmptyStopsAreIgnoredAndMultibyteTextIsNeverSplit) {
+  StopStrings stops({"", "\xc3\xa9t\xc3\xa9"});  // "été"
+  std::string out = stops.Push("un \xc3\xa9");
+  EXPECT_EQ(out, "un ") << "'é' may begin 'été': held back whole";
+  out += stops.Push("t\xc3\xa9!");
+  EXPECT_EQ(out, "un ");
+  EXPECT_TRUE(stops.stopped());
+  StopStrings none({});
+  EXPECT_EQ(none.Push("abc"), "abc");
+}
+
+class TransformerEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    warmpool::testing::WriteTinyModel(dir_.path(), spec_);
+    directory_ = open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(directory_, 0);
+  }
+  void TearDown() override { close(directory_); }
+
+  Result<Engine> OpenDirectory() {
+    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+    spec.has_directory = 1;
+    spec.directory_fd = directory_;
+    return Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
+  }
+  // What the in-process path generates greedily from the same directory.
+  std::vector<int32_t> Reference(const std::string& prompt, uint32_t max_tokens) {
+    Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
+    CpuModel model(m->checkpoint->config(), *weights, 1);
+    KvCache cache(m->checkpoint->config(), 2048);
+    GenerationRequest request;
+    request.prompt = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+    request.max_tokens = max_tokens;
+    request.sampling.temperature = 0;
+    request.end_tokens = m->end_tokens;
+    return Generate(model, cache, request)->tokens;
+  }
+  struct Output {
+    std::string text;
+    std::vector<int32_t> tokens;
+    wp_generate_result result{};
+  };
+  static Result<Output> Run(Engine& engine, const wp_generate_request& request, int stop_after = -1) {
+    Output out;
+    int steps = 0;
+    Result<wp_generate_result> result = engine.Generate(request, [&](std::string_view text, std::span<const int32_t> t) {
+      out.text += text;
+      out.tokens.insert(out.tokens.end(), t.begin(), t.end());
+      return ++steps != stop_after;
+    });
+    if (!result.ok()) return result.status();
+    out.result = *result;
+    return out;
+  }
+  static wp_generate_request Greedy(const std::string& prompt, uint32_t max_tokens) {
+    wp_generate_request r{};
+    r.prompt = {prompt.data(), prompt.size()};
+    r.max_tokens = max_tokens;
+    r.set = WP_SET_TEMPERATURE;
+    r.temperature = 0;
+    return r;
+  }
+
+  RandomCheckpoint spec_{.dtype = safetensors::DType::BF16};
+  TempDir dir_;
+  int directory_ = -1;
+  HostMemory memory_;
+};
+
+TEST_F(TransformerEngineTest, LoadedThroughTheAbiItGeneratesWhatTheInProcessPathDoes) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const wp_engine_info& info = engine->info();
+  EXPECT_EQ(info.context, 2048u) << "the model's max_position_embeddings, under the default";
+  EXPECT_EQ(info.kv_bytes_per_token, uint64_t{2} * 2 * 2 * 16 * 4) << "k and v, 2 layers, 2 kv heads of 16, f32";
+  EXPECT_GE(info.workspace_bytes, info.kv_bytes_per_token * info.context);
+  ASSERT_TRUE(engine->Load().ok());
+  const std::string prompt = "This program is free software";
+  Result<Output> out = Run(*engine, Greedy(prompt, 24));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->tokens, Reference(prompt, 24));
+  EXPECT_EQ(out->result.completion_tokens, out->tokens.size());
+  EXPECT_GT(out->result.prompt_tokens, 1u);
+}
+
+TEST_F(TransformerEngineTest, AnAttachFromTheDescriptionAndTheRegionAloneGeneratesTheSame) {
+  Result<Engine> loaded = OpenDirectory();
+  ASSERT_TRUE(loaded.ok() && loaded->Load().ok());
+  Result<std::string> header = loaded->Describe();
+  ASSERT_TRUE(header.ok());
+  Result<wp_region> region = loaded->ExportWeights();
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(region->bytes, loaded->info().weight_bytes);
+  // The directory goes: the attach needs none of it.
+  close(directory_);
+  directory_ = -1;
+  std::filesystem::remove_all(dir_.path());
+  wp_engine_spec spec = SpecForFile("tiny", "", reinterpret_cast<const uint8_t*>(header->data()), header->size(), 0);
+  Result<Engine> attached = Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
+  ASSERT_TRUE(attached.ok()) << attached.status().ToString();
+  EXPECT_EQ(attached->info().weight_bytes, loaded->info().weight_bytes);
+  wp_region imported{};
+  ASSERT_EQ(memory_.service()->import(memory_.service()->ctx, region->handle, region->bytes, &imported), WP_OK);
+  ASSERT_TRUE(attached->Attach(imported).ok());
+  const std::string prompt = "the GNU General Public License";
+  Result<Output> a = Run(*loaded, Greedy(prompt, 16));
+  Result<Output> b = Run(*attached, Greedy(prompt, 16));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ(a->text, b->text);
+}
+
+TEST_F(TransformerEngineTest, AStopStringEndsTheTextBeforeItAndAStopFromTheClientWithinAStep) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  const std::string prompt = "the terms and conditions";
+  Result<Output> full = Run(*engine, Greedy(prompt, 32));
+  ASSERT_TRUE(full.ok());
+  ASSERT_GT(full->text.size(), 6u);
+  // A stop string from the middle of what it says: the text ends just before it.
+  const std::string stop = full->text.substr(full->text.size() / 2, 2);
+  wp_generate_request r = Greedy(prompt, 32);
+  wp_string stops[] = {{stop.data(), stop.size()}};
+  r.stop = stops;
+  r.stop_count = 1;
+  Result<Output> stopped = Run(*engine, r);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->result.finish_reason, WP_FINISH_STOP);
+  EXPECT_EQ(stopped->text, full->text.substr(0, full->text.find(stop)));
+  // The emit callback says stop at its third call: three tokens, and the generation says why.
+  Result<Output> cancelled = Run(*engine, Greedy(prompt, 32), /*stop_after=*/3);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->result.finish_reason, WP_FINISH_CANCELLED);
+  EXPECT_EQ(cancelled->tokens.size(), 3u);
+  EXPECT_EQ(cancelled->result.completion_tokens, 3u);
+}
+
+TEST_F(TransformerEngineTest, BadRequestsAreRefusedByNameAndTheEngineKeepsServing) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  auto refused = [&](const wp_generate_request& r, const char* says) {
+    Result<Output> out = Run(*engine, r);
+    ASSERT_FALSE(out.ok()) << says;
+    EXPECT_EQ(out.status().code(), Code::kInvalidArgument) << out.status().ToString();
+    EXPECT_TRUE(Contains(out.status().message(), says)) << out.status().message();
+  };
+  wp_generate_request nan = Greedy("x", 4);
+  nan.temperature = std::numeric_limits<float>::quiet_NaN();
+  refused(nan, "temperature");
+  wp_generate_request negative = Greedy("x", 4);
+  negative.set |= WP_SET_TOP_P;
+  negative.top_p = -1;
+  refused(negative, "top_p");
+  const std::string huge(20000, 'z');  // past the context of 2048 tokens
+  refused(Greedy(huge, 4), "context");
+  const int32_t outside[] = {1, 1 << 30};
+  wp_generate_request tokens = Greedy("", 4);
+  tokens.tokens = outside;
+  tokens.token_count = 2;
+  refused(tokens, "vocabulary");
+  std::vector<wp_string> many(17, wp_string{"a", 1});
+  wp_generate_request stops = Greedy("x", 4);
+  stops.stop = many.data();
+  stops.stop_count = 17;
+  refused(stops, "stop strings");
+  EXPECT_TRUE(Run(*engine, Greedy("still here", 4)).ok());
+}
+
+TEST_F(TransformerEngineTest, ASymlinkInTheDirectoryIsRefusedNotFollowed) {
+  ASSERT_EQ(rename(dir_.File("tokenizer_config.json").c_str(), dir_.File("elsewhere.json").c_str()), 0);
+  ASSERT_EQ(symlink("elsewhere.json", dir_.File("tokenizer_config.json").c_str()), 0);
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(Contains(engine.status().message(), "symlink")) << engine.status().message();
+}
+
+TEST_F(TransformerEngineTest, ADirectoryIsNotForAVersion2EngineNorAFileForThisOne) {
+  wp_engine_vtable old = *FindBuiltinEngine("transformer");
+  old.abi_version = 2;
+  wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+  spec.has_directory = 1;
+  spec.directory_fd = directory_;
+  Result<Engine> engine = Engine::Open(&old, spec, memory_.service());
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(Contains(engine.status().message(), "directory")) << engine.status().message();
+  wp_engine_spec file = SpecForFile("tiny", dir_.File("model.safetensors").c_str(), nullptr, 0, 0);
+  Result<Engine> not_a_directory = Engine::Open(FindBuiltinEngine("transformer"), file, memory_.service());
+  ASSERT_FALSE(not_a_directory.ok());
+  EXPECT_TRUE(Contains(not_a_directory.status().message(), "directory")) << not_a_directory.status().message();
+}
+
+TEST_F(TransformerEngineTest, TheDirectorysVersionChangesWithAnyFileInIt) {
+  const FileVersion before = DirectoryVersion(directory_);
+  ASSERT_TRUE(before.known());
+  EXPECT_EQ(DirectoryVersion(directory_), before);
+  std::ofstream(dir_.File("generation_config.json")) << R"({"eos_token_id": 3})";
+  const FileVersion added = DirectoryVersion(directory_);
+  EXPECT_NE(added, before);
+  // Replaced by a file of the same size and times: its inode tells.
+  const std::string config = dir_.File("config.json");
+  struct stat st {};
+  ASSERT_EQ(stat(config.c_str(), &st), 0);
+  std::filesystem::copy_file(config, config + ".new");
+  ASSERT_EQ(rename((config + ".new").c_str(), config.c_str()), 0);
+  EXPECT_NE(DirectoryVersion(directory_), added);
+  EXPECT_FALSE(DirectoryVersion(-1).known());
+}
+
+}  // namespace
+}  // namespace warmpool::transformer

@@ -1,0 +1,133 @@
+// A language model's generation on the serving thread: the engine's generate call (engine.h,
+// version 3), each step's text sent as a chunk as soon as it is made, and one done message at the
+// end. The engine stops within a step when the supervisor cancels the job (its client left) or
+// the request's deadline passes.
+#include <chrono>
+
+#include "common/clock.h"
+#include "ipc/error_proto.h"
+#include "worker/serving.h"
+
+namespace warmpool::worker {
+namespace {
+
+constexpr std::chrono::seconds kHeartbeat{1};
+
+uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count());
+}
+
+const char* FinishName(uint32_t reason) {
+  switch (reason) {
+    case WP_FINISH_STOP: return "stop";
+    case WP_FINISH_LENGTH: return "length";
+    default: return "cancelled";
+  }
+}
+
+}  // namespace
+
+void Serving::HandleGenerate(const v1::WorkerInfer& request) {
+  const uint64_t job = request.job();
+  cancelled_.erase(cancelled_.begin(), cancelled_.lower_bound(job));  // ended before this one
+  const v1::GenerateRequest& g = request.generate();
+  v1::WorkerEnvelope reply;
+  v1::WorkerInferDone* done = reply.mutable_infer_done();
+  done->set_job(job);
+  std::shared_ptr<Engine> engine = models_.Find(request.model());
+  Status status;
+  if (engine == nullptr) {
+    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
+  } else if (!engine->generates()) {
+    status = Error(Code::kFailedPrecondition, "model \"{}\" is not a language model: send it tensors (infer)",
+                   g.model());
+  } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
+    status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+  }
+  Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
+  if (!slot.ok()) {
+    ipc::SetError(done->mutable_error(), slot.status());
+    outbox_.Send(reply);
+    return;
+  }
+  JobFaults faults = outbox_.FaultsFor(job, request.faults());
+  faults.Hit("infer.after_take");
+
+  std::vector<wp_string> stops;
+  for (const std::string& stop : g.stop()) stops.push_back({stop.data(), stop.size()});
+  wp_generate_request r{};
+  r.prompt = {g.prompt().data(), g.prompt().size()};
+  r.tokens = g.tokens().data();
+  r.token_count = static_cast<uint64_t>(g.tokens().size());
+  r.max_tokens = g.max_tokens();
+  if (g.has_temperature()) r.set |= WP_SET_TEMPERATURE, r.temperature = g.temperature();
+  if (g.has_top_k()) r.set |= WP_SET_TOP_K, r.top_k = g.top_k();
+  if (g.has_top_p()) r.set |= WP_SET_TOP_P, r.top_p = g.top_p();
+  if (g.has_min_p()) r.set |= WP_SET_MIN_P, r.min_p = g.min_p();
+  if (g.has_repetition_penalty()) r.set |= WP_SET_REPETITION_PENALTY, r.repetition_penalty = g.repetition_penalty();
+  if (g.has_seed()) r.set |= WP_SET_SEED, r.seed = g.seed();
+  r.stop = stops.data();
+  r.stop_count = static_cast<uint32_t>(stops.size());
+
+  v1::GenerateReply* final = done->mutable_generate();
+  const auto start = std::chrono::steady_clock::now();
+  uint32_t chunks = 0;
+  bool first = true;
+  auto last_heard = start;
+  Result<wp_generate_result> result = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> tokens) {
+    if (first && !tokens.empty()) {
+      first = false;
+      final->set_first_token_us(MicrosSince(start));
+    }
+    if (g.stream()) {
+      v1::WorkerEnvelope chunk;
+      chunk.mutable_infer_chunk()->set_job(job);
+      v1::GenerateChunk* c = chunk.mutable_infer_chunk()->mutable_chunk();
+      c->set_index(chunks++);
+      c->set_text(text.data(), text.size());
+      c->mutable_tokens()->Add(tokens.begin(), tokens.end());
+      outbox_.Send(chunk);
+      if (chunks == 1) faults.Hit("infer.mid");  // mid-stream: a chunk is out, the rest is not
+    } else {
+      final->mutable_text()->append(text);
+      final->mutable_tokens()->Add(tokens.begin(), tokens.end());
+      // A step without a chunk to send: the supervisor still hears that the generation moves, or
+      // it would take a long one for a hung worker.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_heard > kHeartbeat) {
+        last_heard = now;
+        v1::WorkerEnvelope heartbeat;
+        heartbeat.mutable_infer_chunk()->set_job(job);
+        outbox_.Send(heartbeat);
+      }
+    }
+    // Between steps: what the supervisor sent meanwhile (a cancel of this job among it).
+    while (read_error_.ok() && channel_.WaitForFrame(0)) {
+      Incoming in;
+      if (Status s = ReadIncoming(in); !s.ok()) {
+        read_error_ = s;  // the channel is gone: stop, and let Run end
+        break;
+      }
+      if (!HandleControl(in)) deferred_.push_back(std::move(in));
+    }
+    if (!read_error_.ok() || cancelled_.contains(job)) return false;
+    return request.deadline_unix_ms() == 0 || UnixMillis() <= request.deadline_unix_ms();
+  });
+  faults.Hit("infer.before_restore");
+  marks_.Release(*slot);
+  cancelled_.erase(job);
+  if (!result.ok()) {
+    done->clear_generate();
+    ipc::SetError(done->mutable_error(), result.status());
+  } else {
+    final->set_finish_reason(FinishName(result->finish_reason));
+    final->set_prompt_tokens(result->prompt_tokens);
+    final->set_completion_tokens(result->completion_tokens);
+    final->set_generate_us(MicrosSince(start));
+    final->set_chunks(chunks);
+  }
+  outbox_.Send(reply);
+}
+
+}  // namespace warmpool::worker
