@@ -90,6 +90,7 @@ void Simulator::ClientAct(uint32_t index) {
     p.deadline_ms = config_.default_deadline_ms;
     return SendRequest(c, std::move(request), p);
   }
+  if (!c.greedy && rng_.Chance(150)) return ClientGenerates(c);
   uint64_t roll = c.greedy ? 0 : rng_.Below(1000);
   if (calm_ && roll >= 700 && roll < 890) roll = 900;  // a read instead of a load, unload or pin
   if (roll < 700) {
@@ -196,9 +197,11 @@ void Simulator::ClientReceives(uint64_t session, const v1::Envelope& reply) {
                               "(answered twice, or never asked)",
                               session, reply.request_id()));
     }
+    if (reply.has_generate_chunk()) return CheckGenerateReply(it->second, reply, /*final=*/false);
     Pending p = it->second;
     c.outstanding.erase(it);
     if (p.kind == Pending::Kind::kInfer) CheckInferReply(p, reply);
+    if (p.kind == Pending::Kind::kGenerate) CheckGenerateReply(p, reply, /*final=*/true);
     if (p.kind == Pending::Kind::kRegion && reply.has_region_reply() && !reply.region_reply().removed()) {
       c.regions.push_back(reply.region_reply().region());
     }

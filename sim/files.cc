@@ -27,11 +27,15 @@ FileVersion VersionOf(const SimFile& file) {
 supervisor::ModelEntry EntryOf(const SimFile& file) {
   supervisor::ModelEntry e;
   e.name = file.name;
-  e.engine = file.echo ? "echo" : "dense";
+  e.engine = file.echo ? "echo" : file.language ? "transformer" : "dense";
   e.path = file.path;
   if (file.echo) return e;
-  e.in_features = 4;
-  e.out_features = 4;
+  e.in_features = file.language ? 0 : 4;
+  e.out_features = file.language ? 0 : 4;
+  if (file.language) {
+    e.context = kSimContext;
+    e.kv_bytes_per_token = kSimKvBytesPerToken;
+  }
   if (file.broken) {
     e.problem = Error(Code::kInvalidArgument, "model file \"{}\": header is not valid JSON", file.path);
     e.problem_in_file = true;

@@ -23,8 +23,13 @@ struct SimFile {
   uint64_t workspace_bytes = 0;
   bool broken = false;      // garbage: every load fails
   bool echo = false;
+  bool language = false;    // a language model: answers generate, refuses tensors (sim/generate.cc)
   uint64_t WeightBytes() const { return echo ? 0 : base_bytes + 4096ull * (version % 4); }
 };
+
+// A language model's context and KV cache per token, as its engine would report them.
+inline constexpr uint32_t kSimContext = 64;
+inline constexpr uint64_t kSimKvBytesPerToken = 64;
 
 // What a header says.
 struct Described {

@@ -89,6 +89,7 @@ void Simulator::MakeWorld() {
     f.path = fmt::format("/sim/models/m{}.safetensors", i);
     f.base_bytes = rng_.Range(16, 64) * 4096;
     f.workspace_bytes = rng_.Range(1, 8) * 4096;
+    f.language = i == 2;  // generations stream from it (sim/generate.cc)
     largest = std::max(largest, f.base_bytes + 3 * 4096 + 2 * f.workspace_bytes);
     files_.push_back(f);
   }
@@ -244,7 +245,9 @@ void Simulator::Execute(Action& a) {
           for (Client& c : clients_) {
             if (c.session != act.session) continue;
             auto it = c.outstanding.find(act.envelope.request_id());
-            if (it != c.outstanding.end()) {
+            if (it != c.outstanding.end() && act.envelope.has_generate_chunk()) {
+              CheckChunkSent(it->second, act.envelope);
+            } else if (it != c.outstanding.end()) {
               if (it->second.replied) {
                 Fail(fmt::format("request {} of session {} answered twice",
                                  act.envelope.request_id(), act.session));

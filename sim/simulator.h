@@ -104,6 +104,7 @@ class Simulator {
     uint32_t load_model = 0;
     std::string load_name;  // of a file load; empty for an attach or unload on the load thread
     std::map<uint32_t, Engine> engines;  // by model index
+    std::set<uint64_t> cancelled;        // generations the supervisor cancelled (WorkerCancel)
     // Frames for the worker: the supervisor's channel writes them in order; a frame waiting
     // behind others is written (and its handles looked up) only when its turn comes.
     uint32_t unwritten = 0;
@@ -122,13 +123,17 @@ class Simulator {
       serving.clear();
       loads.clear();
       engines.clear();
+      cancelled.clear();
       serving_job = load_job = 0;
       unwritten = 0;
       to_core.clear();
     }
   };
   struct Pending {
-    enum class Kind { kInfer, kLoad, kRegion, kOther } kind = Kind::kOther;
+    enum class Kind { kInfer, kLoad, kRegion, kGenerate, kOther } kind = Kind::kOther;
+    bool stream = false;          // generate: chunks asked for
+    uint32_t chunks_sent = 0;     // generate: chunks the core emitted (their indices count up)
+    uint32_t chunks_seen = 0;     // generate: chunks the client read
     bool in_region = false;    // infer: its input lies in a region (no token to check)
     int handle = -1;           // a region's memfd, sent with the request
     std::string model;
@@ -203,6 +208,15 @@ class Simulator {
   void SendRequest(Client& c, v1::Envelope request, Pending pending);
   void ClientReceives(uint64_t session, const v1::Envelope& reply);
   void CheckInferReply(const Pending& p, const v1::Envelope& reply);
+  // Generations (generate.cc): a client's request, the core's chunks and final reply checked as
+  // they are emitted and read (in order, none after the final), a worker that streams its text a
+  // step at a time, crashing, hanging or cancelled between steps.
+  void ClientGenerates(Client& c);
+  void CheckChunkSent(Pending& p, const v1::Envelope& chunk);
+  void CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool final);
+  void CheckGeneratedText(const Pending& p, const std::string& text);
+  void StartGeneration(Worker& w, uint64_t job, WorkerJob work);
+  void GenerationStep(uint32_t slot, uint32_t generation, uint64_t job, uint32_t step, WorkerJob work);
   std::string PickModel();
 
   // The world outside (files, reloads, operators).

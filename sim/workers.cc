@@ -3,6 +3,7 @@
 // thread; every job holds an in-flight marker while it runs, so a worker that dies is reported
 // with exactly the jobs it was running. Handles travel with frames and are looked up when the
 // frame is written, as the kernel does with SCM_RIGHTS.
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -62,6 +63,14 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               it->second, slot));
     }
   }
+  if (message.has_infer() && message.infer().has_generate()) {
+    const std::string& prompt = message.infer().generate().prompt();  // "token N"
+    auto it = token_session_.find(static_cast<uint32_t>(std::strtoul(prompt.c_str() + 6, nullptr, 10)));
+    if (it != token_session_.end() && gone_sessions_.count(it->second) != 0) {
+      return Fail(fmt::format("a generation of session {}, which is gone, was sent to worker {} to run",
+                              it->second, slot));
+    }
+  }
   if (message.has_infer()) NoteInferSent(slot, message);
   Worker& w = workers_[slot];
   if (w.state != Worker::State::kUp) return;  // the shell drops frames for a worker not up
@@ -117,6 +126,10 @@ void Simulator::WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelo
                             int region) {
   Worker& w = workers_[slot];
   if (w.generation != generation || w.state != Worker::State::kUp) return;
+  if (message.has_cancel()) {  // read between a generation's steps, whatever runs
+    w.cancelled.insert(message.cancel().job());
+    return;
+  }
   w.serving.push_back(WorkerJob{std::move(message), region, std::nullopt});
   StartServing(w);
 }
@@ -132,6 +145,11 @@ void Simulator::StartServing(Worker& w) {
         (work.message.has_unload() && OnLoadThread(w, work.message.unload().model()))) {
       w.loads.push_back(std::move(work));
       StartLoad(w);
+      continue;
+    }
+    if (work.message.has_infer() && work.message.infer().has_generate()) {
+      const uint64_t job = work.message.infer().job();  // before `work` is moved from
+      StartGeneration(w, job, std::move(work));
       continue;
     }
     uint64_t job = 0;
@@ -250,8 +268,12 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     v1::ModelWeights* weights = done->mutable_weights();
     weights->set_weight_bytes(read.WeightBytes());
     weights->set_workspace_bytes(read.echo ? 0 : read.workspace_bytes);
-    weights->set_in_features(read.echo ? 0 : 6);
-    weights->set_out_features(read.echo ? 0 : 6);
+    weights->set_in_features(read.echo || read.language ? 0 : 6);
+    weights->set_out_features(read.echo || read.language ? 0 : 6);
+    if (read.language) {
+      weights->set_context(kSimContext);
+      weights->set_kv_bytes_per_token(kSimKvBytesPerToken);
+    }
     if (!read.echo) {
       weights->set_header(HeaderOf(read));
       weights->set_file_size(HeaderOf(read).size() + read.WeightBytes());
@@ -316,11 +338,19 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       v1::ModelWeights* weights = done->mutable_weights();
       *weights = a.weights();  // what it was told the weights are, with the sizes its engine measures
       weights->set_weight_bytes(described->weight_bytes);
+      bool language = false;
       for (const SimFile& f : files_) {
-        if (f.id == described->file) weights->set_workspace_bytes(f.workspace_bytes);
+        if (f.id == described->file) {
+          weights->set_workspace_bytes(f.workspace_bytes);
+          language = f.language;
+        }
       }
-      weights->set_in_features(6);
-      weights->set_out_features(6);
+      weights->set_in_features(language ? 0 : 6);
+      weights->set_out_features(language ? 0 : 6);
+      if (language) {
+        weights->set_context(kSimContext);
+        weights->set_kv_bytes_per_token(kSimKvBytesPerToken);
+      }
     }
     w.engines[a.model()] = e;
     return reply;

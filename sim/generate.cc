@@ -1,0 +1,168 @@
+// Generations in the simulated world. A client asks a language model (file m2) — sometimes another
+// model — to generate, streaming or not, with a deadline now and then; it may leave mid-stream.
+// The worker streams a chunk per step (or a heartbeat, not streaming), checks between steps for a
+// cancel and its deadline, and may crash or hang at any step. What the core emits is checked as it
+// is emitted: a stream's chunks in order from 0, only to a client that asked for them, none after
+// the final reply; and as the client reads it: every chunk's text from one consistent version of
+// the model asked for, the final reply counting the chunks that came.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "sim/simulator.h"
+
+namespace warmpool::sim {
+namespace {
+
+// One step's text: the request's token (its prompt is "token N"), and which weights and which
+// description made it.
+template <typename Engine>
+std::string StepText(const v1::GenerateRequest& g, const Engine& e) {
+  return fmt::format("t{} f{} v{} d{} w{};", g.prompt().substr(6), e.region.file, e.region.version, e.described.file,
+                     e.described.version);
+}
+
+}  // namespace
+
+void Simulator::ClientGenerates(Client& c) {
+  v1::Envelope request;
+  Pending p;
+  p.kind = Pending::Kind::kGenerate;
+  p.model = rng_.Chance(850) ? files_[2].name : PickModel();
+  p.stream = rng_.Chance(700);
+  p.token = next_token_++;
+  token_session_[p.token] = c.session;
+  v1::GenerateRequest* g = request.mutable_generate();
+  g->set_model(p.model);
+  g->set_prompt(fmt::format("token {}", p.token));  // whose request a worker runs
+  g->set_max_tokens(static_cast<uint32_t>(rng_.Range(1, 24)));
+  g->set_stream(p.stream);
+  if (rng_.Chance(200)) g->set_deadline_ms(static_cast<uint32_t>(rng_.Range(20, 400)));
+  p.deadline_ms = g->deadline_ms();
+  if (rng_.Chance(50)) g->set_keep_alive_ms(static_cast<int64_t>(rng_.Range(0, 500)));
+  SendRequest(c, std::move(request), p);
+}
+
+void Simulator::CheckChunkSent(Pending& p, const v1::Envelope& chunk) {
+  if (p.replied) {
+    return Fail(fmt::format("a chunk of request {} came after its final reply", chunk.request_id()));
+  }
+  if (p.kind != Pending::Kind::kGenerate || !p.stream) {
+    return Fail(fmt::format("request {} got a chunk it did not ask for", chunk.request_id()));
+  }
+  if (chunk.generate_chunk().index() != p.chunks_sent) {
+    return Fail(fmt::format("request {} got chunk {} after {} chunks", chunk.request_id(),
+                            chunk.generate_chunk().index(), p.chunks_sent));
+  }
+  p.chunks_sent++;
+}
+
+void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool final) {
+  if (!final) {
+    p.chunks_seen++;
+    return CheckGeneratedText(p, reply.generate_chunk().text());
+  }
+  if (reply.has_error()) {
+    if (reply.error().message().find("is not loaded in worker") != std::string::npos) {
+      Fail(fmt::format("a generation of \"{}\" went to a worker that does not serve it: {}", p.model,
+                       reply.error().message()));
+    }
+    return;
+  }
+  if (!reply.has_generate_reply()) {
+    return Fail(fmt::format("a generation of \"{}\" got a reply of another kind", p.model));
+  }
+  const v1::GenerateReply& r = reply.generate_reply();
+  if (r.chunks() != p.chunks_seen) {
+    return Fail(fmt::format("a generation of \"{}\" says {} chunks; {} came", p.model, r.chunks(), p.chunks_seen));
+  }
+  if (!p.stream) CheckGeneratedText(p, r.text());
+  outcome_.replies_ok++;
+}
+
+// Text as the simulated engine writes it: which weights and which description made each step.
+void Simulator::CheckGeneratedText(const Pending& p, const std::string& text) {
+  uint32_t file = 0;
+  for (const SimFile& f : files_) {
+    if (f.name == p.model) file = f.id;
+  }
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find(';', at);
+    unsigned token = 0, wf = 0, wv = 0, df = 0, dv = 0;
+    if (end == std::string::npos ||
+        std::sscanf(text.substr(at, end - at).c_str(), "t%u f%u v%u d%u w%u", &token, &wf, &wv, &df, &dv) != 5) {
+      return Fail(fmt::format("a generation of \"{}\" produced text no engine wrote: \"{}\"", p.model, text));
+    }
+    if (token != p.token) {
+      return Fail(fmt::format("request with token {} for \"{}\" got text of token {}", p.token, p.model, token));
+    }
+    if (wf != file || df != file || wv != dv || wv < p.min_version) {
+      return Fail(fmt::format("\"{}\" (file {}, registered version {} when asked) generated from weights of file {} "
+                              "version {} described as file {} version {}",
+                              p.model, file, p.min_version, wf, wv, df, dv));
+    }
+    at = end + 1;
+  }
+}
+
+void Simulator::StartGeneration(Worker& w, uint64_t job, WorkerJob work) {
+  w.serving_job = job;
+  const uint32_t slot = w.slot, generation = w.generation;
+  After(rng_.Range(0, 5), [this, slot, generation, job, work = std::move(work)]() mutable {
+    GenerationStep(slot, generation, job, 0, std::move(work));
+  });
+}
+
+void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job, uint32_t step, WorkerJob work) {
+  Worker& w = workers_[slot];
+  if (w.generation != generation || w.state != Worker::State::kUp || w.serving_job != job) return;
+  if (rng_.Chance(crash_per_mille_)) return Kill(slot, "");  // mid-stream, its marker taken
+  if (rng_.Chance(hang_per_mille_)) {
+    Trace(fmt::format("== worker {} hangs in generation {}", slot, job));
+    return;  // no step again: the core's stall check must kill it
+  }
+  const v1::WorkerInfer& in = work.message.infer();
+  const v1::GenerateRequest& g = in.generate();
+  auto engine = w.engines.find(in.model());
+  const bool past_deadline =
+      in.deadline_unix_ms() != 0 && Now().unix_ns / 1000000 > static_cast<uint64_t>(in.deadline_unix_ms());
+  const bool cancelled = w.cancelled.count(job) != 0;
+  if (engine == w.engines.end() || !engine->second.weights || past_deadline || cancelled ||
+      step >= std::max(1u, g.max_tokens())) {
+    v1::WorkerEnvelope reply;
+    v1::WorkerInferDone* done = reply.mutable_infer_done();
+    done->set_job(job);
+    if (engine == w.engines.end()) {
+      done->mutable_error()->set_code(v1::UNAVAILABLE);
+      done->mutable_error()->set_message(fmt::format("model {} is not loaded in worker {}", in.model(), slot));
+    } else if (!engine->second.weights) {
+      done->mutable_error()->set_code(v1::FAILED_PRECONDITION);
+      done->mutable_error()->set_message("not a language model");
+    } else {
+      v1::GenerateReply* r = done->mutable_generate();
+      r->set_finish_reason(cancelled || past_deadline ? "cancelled" : "length");
+      r->set_completion_tokens(step);
+      // Without chunks, the reply holds every step's text.
+      for (uint32_t i = 0; !g.stream() && i < step; i++) r->mutable_text()->append(StepText(g, engine->second));
+    }
+    w.cancelled.erase(job);
+    w.serving_job = 0;
+    ReplyToCore(w, std::move(reply));
+    return StartServing(w);
+  }
+  v1::WorkerEnvelope message;
+  message.mutable_infer_chunk()->set_job(job);
+  if (g.stream()) {  // a chunk; else a heartbeat: the step, no text
+    v1::GenerateChunk* chunk = message.mutable_infer_chunk()->mutable_chunk();
+    chunk->set_index(step);
+    chunk->set_text(StepText(g, engine->second));
+  }
+  ReplyToCore(w, std::move(message));
+  uint64_t pause = rng_.Range(0, 8);
+  if (rng_.Chance(slow_per_mille_)) pause *= 20;
+  After(pause, [this, slot, generation, job, step, work = std::move(work)]() mutable {
+    GenerationStep(slot, generation, job, step + 1, std::move(work));
+  });
+}
+
+}  // namespace warmpool::sim
