@@ -23,11 +23,14 @@ from ._errors import (
 from ._framing import DAEMON_DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
 from ._requests import keep_alive_ms
 from ._socket import SYSTEM_SOCKET_PATH, default_socket_path, user_socket_path
+from ._generation import Generation
 from .aio import AsyncClient
 from .client import Client
 from .results import (
     DeviceStatus,
     FailedModel,
+    GenerateChunk,
+    GenerateResult,
     LoadingModel,
     LoadResult,
     ModelInfo,
@@ -47,6 +50,9 @@ __all__ = [
     "DeviceStatus",
     "FailedModel",
     "FailedPrecondition",
+    "GenerateChunk",
+    "GenerateResult",
+    "Generation",
     "Internal",
     "InvalidArgument",
     "LoadResult",

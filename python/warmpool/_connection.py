@@ -11,6 +11,7 @@ wait(), and the next call connects again. An interruption before the first byte 
 reply leaves the connection as it was. A connection the daemon ended stays ended.
 """
 
+import collections
 import socket as _socket
 
 from ._errors import WarmpoolError, error_from_code, fresh, unavailable
@@ -28,6 +29,11 @@ def _name(error):
     return type(error).__name__
 
 
+def _is_chunk(envelope):
+    """A generation's chunk: its request's final reply is still to come."""
+    return envelope.HasField("generate_chunk")
+
+
 class Connection:
     """Requests out, replies in, on one socket that an interruption may replace (see the
     module's docstring). Client builds every request on it."""
@@ -39,7 +45,9 @@ class Connection:
         self._next_id = 1
         self._sent_version = False
         self._pending = set()  # request ids sent and not yet received
-        self._stash = {}  # replies received while waiting for another
+        # Replies received while waiting for another, by request id: a generation's chunks
+        # share their request's id, so each id has a queue.
+        self._stash = {}
         self._lost = {}  # request id -> the reset that lost its reply (for wait())
         self._broken = None  # the error that ended the client (closed, or the daemon ended it)
 
@@ -94,8 +102,7 @@ class Connection:
         Raises Unavailable when the connection the request went out on was reset before its
         reply came (see the module's docstring)."""
         if request_id in self._stash:
-            self._pending.discard(request_id)
-            return self._stash.pop(request_id)
+            return self._take_stashed(request_id)
         if request_id in self._lost:
             raise fresh(self._lost.pop(request_id))
         if request_id not in self._pending:
@@ -106,15 +113,25 @@ class Connection:
             while True:
                 envelope = self._read_envelope()
                 if envelope.request_id == request_id:
-                    self._pending.discard(request_id)
+                    if not _is_chunk(envelope):  # a chunk: the request waits on
+                        self._pending.discard(request_id)
                     return envelope
-                self._stash[envelope.request_id] = envelope
+                self._stash.setdefault(envelope.request_id, collections.deque()).append(envelope)
         except BaseException as error:
             # Not the daemon ending the connection (that is recorded in _broken): an
             # interruption, which may have cut a frame or lost a reply already read.
             if self._broken is None:
                 self._reset(f"waiting for a reply was interrupted ({_name(error)})")
             raise
+
+    def _take_stashed(self, request_id):
+        queue = self._stash[request_id]
+        envelope = queue.popleft()
+        if not queue:
+            del self._stash[request_id]
+        if not _is_chunk(envelope):
+            self._pending.discard(request_id)
+        return envelope
 
     @property
     def pending(self):
@@ -155,8 +172,10 @@ class Connection:
         self._sent_version = False
         lost = unavailable(f"the connection to warmpoold was reset before this request was "
                            f"answered: {why}; the next call connects again")
-        # Replies already read stay good; only those still to come are lost.
-        answered = {request_id for request_id in self._pending if request_id in self._stash}
+        # Replies already read stay good; only those still to come are lost (a stream's chunks
+        # read stay good too, and its end is lost).
+        answered = {request_id for request_id in self._pending
+                    if any(not _is_chunk(e) for e in self._stash.get(request_id, ()))}
         for request_id in self._pending - answered:
             self._lost[request_id] = lost
         self._pending = answered
@@ -215,7 +234,7 @@ class Connection:
                 if envelope.request_id == 0 and envelope.HasField("error"):
                     farewell = error_from_code(envelope.error.code, envelope.error.message)
                 else:
-                    self._stash[envelope.request_id] = envelope
+                    self._stash.setdefault(envelope.request_id, collections.deque()).append(envelope)
         except Exception:  # noqa: BLE001 - nothing more to learn from the connection
             pass
         except BaseException:

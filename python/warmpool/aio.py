@@ -14,7 +14,8 @@ region instead.
 import asyncio
 import socket as _socket
 
-from . import _replies, _requests
+from . import _generation, _replies, _requests
+from ._aio_stream import StreamSink, open_stream
 from ._errors import WarmpoolError, error_from_code, fresh, internal, unavailable
 from ._framing import PROTOCOL_MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameDecoder, encode_frame
 from ._replies import parse_envelope
@@ -269,7 +270,10 @@ class AsyncClient:
                         error = error_from_code(envelope.error.code, envelope.error.message)
                         break
                     future = conn.waiting.get(envelope.request_id)
-                    if future is not None:
+                    if future is not None and envelope.HasField("generate_chunk"):
+                        if isinstance(future, StreamSink):  # a generation's: more to come
+                            future.put_chunk(envelope)
+                    elif future is not None:
                         self._settle(conn, envelope.request_id)
                         if not future.done():  # else its caller was cancelled: dropped
                             future.set_result(envelope)
@@ -385,6 +389,14 @@ class AsyncClient:
 
         return await asyncio.gather(*(one(m) for m in matrices),
                                     return_exceptions=return_exceptions)
+
+    async def generate(self, model, prompt=None, *, tokens=None, stream=True, **options):
+        """Text from a language model, as Client.generate: with ``stream`` an AsyncGeneration
+        (``async for chunk in ...``; then its ``result``), else the GenerateResult."""
+        envelope = _generation.request(model, prompt, tokens, stream=stream, **options)
+        if not stream:
+            return _generation.result(await self.request(envelope))
+        return await open_stream(self, envelope)
 
     async def fault_arm(self, point, action, model=None, after=0, times=0):
         """Arms a fault in the workers (--enable-fault-injection only); returns its id."""

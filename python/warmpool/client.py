@@ -8,7 +8,7 @@ connection and the next call connects again: see warmpool._connection.
 
 import collections
 
-from . import _replies, _requests
+from . import _generation, _replies, _requests
 from ._connection import Connection
 from ._errors import internal, unavailable
 from ._framing import PROTOCOL_MAX_FRAME_BYTES
@@ -198,6 +198,24 @@ class Client(Connection):
         if self.region_threshold and matrix.nbytes >= self.region_threshold:
             return self._infer_through_region(model, matrix, deadline_ms, keep_alive)
         return self._call(_requests.infer(model, matrix, deadline_ms, keep_alive), "infer_reply")
+
+    def generate(self, model, prompt=None, *, tokens=None, stream=True, **options):
+        """Text from a language model. ``prompt`` (str) or ``tokens`` (ids), one of them; options:
+        max_tokens (0: until an end token or the end of the context), temperature, top_k, top_p,
+        min_p, repetition_penalty, seed (each left out: the model's default), stop (a string or
+        up to 16), deadline_ms, keep_alive.
+
+        With ``stream`` (the default) returns a Generation: iterate it for the chunks as they
+        are generated; its ``result`` then holds the final GenerateResult. Without, waits and
+        returns the GenerateResult, whose ``text`` holds all of it::
+
+            for chunk in client.generate("tiny", "Once upon a time", max_tokens=32):
+                print(chunk.text, end="", flush=True)
+        """
+        envelope = _generation.request(model, prompt, tokens, stream=stream, **options)
+        if not stream:
+            return _generation.result(self._exchange(envelope))
+        return _generation.Generation(self, self.send(envelope))
 
     def fault_arm(self, point, action, model=None, after=0, times=0):
         """Arms a fault in the workers (daemon started with --enable-fault-injection only;

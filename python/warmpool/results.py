@@ -133,3 +133,28 @@ class RegisterResult:
     weight_bytes: int
     removed: bool  # unregister: forgotten once its work ends
     replaced: bool  # a client-registered model of that name existed; it changes once idle
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """One step of a streamed generation: its text (never a split UTF-8 character; empty while
+    one is incomplete) and the token ids it came from. ``index`` counts from 0."""
+
+    index: int
+    text: str
+    tokens: List[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """A generation's final reply. ``text`` and ``tokens`` hold everything generated when it was
+    not streamed (streamed, they came in the chunks: Generation.text gathers them)."""
+
+    finish_reason: str  # "stop" (an end token or a stop string), "length", "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    first_token_us: int
+    generate_us: int
+    chunks: int
+    text: str = ""
+    tokens: List[int] = field(default_factory=list)

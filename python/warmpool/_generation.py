@@ -1,0 +1,114 @@
+"""Generations: the request, and a streamed one read chunk by chunk on the blocking connection.
+
+A streamed generation answers with chunks (same request_id) and then one final reply. Stopping
+before the end (``close()``, leaving a ``with`` block, an exception in the loop) resets the
+connection: that is how the daemon learns nobody reads any more, and it cancels the generation
+on its worker within a step. The next call connects again.
+"""
+
+from . import results
+from ._errors import invalid_argument
+from ._proto import pb
+from ._replies import raise_if_error
+from ._requests import keep_alive_ms
+
+
+def _optional(request, name, value, kind):
+    if value is None:
+        return
+    try:
+        setattr(request, name, kind(value))
+    except (TypeError, ValueError) as error:
+        raise invalid_argument(f"{name} {value!r}: {error}") from None
+
+
+def request(model, prompt=None, tokens=None, *, max_tokens=0, temperature=None, top_k=None, top_p=None,
+            min_p=None, repetition_penalty=None, seed=None, stop=(), stream=True, deadline_ms=None,
+            keep_alive=None):
+    """The generate Envelope; the daemon checks the values' ranges (typed errors)."""
+    if (prompt is None) == (tokens is None):
+        raise invalid_argument("generate needs a prompt or token ids (one of them, not both)")
+    envelope = pb.Envelope()
+    g = envelope.generate
+    g.model = model
+    if prompt is not None:
+        g.prompt = prompt
+    else:
+        g.tokens.extend(int(t) for t in tokens)
+    g.max_tokens = int(max_tokens)
+    _optional(g, "temperature", temperature, float)
+    _optional(g, "top_k", top_k, int)
+    _optional(g, "top_p", top_p, float)
+    _optional(g, "min_p", min_p, float)
+    _optional(g, "repetition_penalty", repetition_penalty, float)
+    _optional(g, "seed", seed, int)
+    if isinstance(stop, str):
+        stop = [stop]
+    g.stop.extend(stop)
+    g.stream = bool(stream)
+    g.deadline_ms = 0 if deadline_ms is None else int(deadline_ms)
+    ms = keep_alive_ms(keep_alive)
+    if ms is not None:
+        g.keep_alive_ms = ms
+    return envelope
+
+
+def chunk(c):
+    return results.GenerateChunk(index=c.index, text=c.text, tokens=list(c.tokens))
+
+
+def result(envelope):
+    """The final reply as a GenerateResult (an error reply raises)."""
+    raise_if_error(envelope)
+    r = envelope.generate_reply
+    return results.GenerateResult(
+        finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+        first_token_us=r.first_token_us, generate_us=r.generate_us, chunks=r.chunks, text=r.text,
+        tokens=list(r.tokens),
+    )
+
+
+class Generation:
+    """A streamed generation: iterate for its chunks (GenerateChunk) as they come; the iteration
+    ends with the final reply, then in ``result`` (GenerateResult). ``text`` gathers the chunks'
+    text. An error reply (after chunks too: a worker that died mid-stream) raises from the
+    iteration."""
+
+    def __init__(self, connection, request_id):
+        self._connection = connection
+        self._request_id = request_id
+        self.text = ""
+        self.result = None
+        self._ended = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._ended:
+            raise StopIteration
+        try:
+            envelope = self._connection.wait_envelope(self._request_id)
+        except BaseException:
+            self._ended = True
+            raise
+        if envelope.HasField("generate_chunk"):
+            c = chunk(envelope.generate_chunk)
+            self.text += c.text
+            return c
+        self._ended = True
+        self.result = result(envelope)
+        raise StopIteration
+
+    def close(self):
+        """Stops reading. Before the end, the connection is reset: the daemon cancels the
+        generation and the next call connects again."""
+        if not self._ended:
+            self._ended = True
+            self._connection._reset("a generation was closed before its end")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

@@ -1,0 +1,110 @@
+"""Generations from the Python client: a language model directory (a tokenizer trained by
+tokenizer_reference.py, a random checkpoint by warmpool-mkmodel) streamed chunk by chunk, whole,
+stopped early, and refused with typed errors."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import warmpool
+from conftest import Daemon, binary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_language_model(directory):
+    os.makedirs(directory)
+    tokenizer = os.path.join(directory, "tokenizer.json")
+    subprocess.run([sys.executable, os.path.join(HERE, "tokenizer_reference.py"), "train",
+                    "/usr/share/common-licenses/GPL-3", "--merges", "300", "--style", "llama3",
+                    "--out", tokenizer], check=True)
+    with open(tokenizer) as f:
+        t = json.load(f)
+    vocab = max(list(t["model"]["vocab"].values()) + [a["id"] for a in t["added_tokens"]]) + 1
+    subprocess.run([binary("warmpool-mkmodel"), directory, "--arch", "llama", "--vocab", str(vocab),
+                    "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end|>"}, f)
+
+
+@pytest.fixture(scope="module")
+def lm_daemon(tmp_path_factory):
+    d = Daemon(str(tmp_path_factory.mktemp("lm")))
+    write_language_model(os.path.join(d.models_dir, "lm"))
+    d.start()
+    yield d
+    d.check_stopped_cleanly()
+
+
+def test_a_stream_comes_in_order_and_says_what_the_whole_reply_says(lm_daemon):
+    with warmpool.Client(lm_daemon.socket) as client:
+        generation = client.generate("lm", "This License", max_tokens=20, temperature=0)
+        chunks = list(generation)
+        assert [c.index for c in chunks] == list(range(len(chunks)))
+        assert generation.result.finish_reason in ("length", "stop")
+        assert generation.result.chunks == len(chunks)
+        assert generation.result.completion_tokens == sum(len(c.tokens) for c in chunks)
+        assert generation.text == "".join(c.text for c in chunks)
+        whole = client.generate("lm", "This License", max_tokens=20, temperature=0, stream=False)
+        assert isinstance(whole, warmpool.GenerateResult)
+        assert whole.text == generation.text
+        assert whole.tokens == [t for c in chunks for t in c.tokens]
+        # The connection goes on serving after a stream.
+        assert "lm" in [m.name for m in client.models()]
+
+
+def test_a_stream_closed_early_is_cancelled_and_the_client_goes_on(lm_daemon):
+    with warmpool.Client(lm_daemon.socket) as client:
+        with client.generate("lm", "Everyone is permitted", temperature=0) as generation:
+            first = next(generation)  # to the end of the context, unless closed
+            assert first.index == 0
+        # The reset connection made the daemon cancel it; the next call connects again.
+        def inflight():
+            return sum(e.inflight for e in client.ps() if e.name == "lm")
+
+        deadline = time.monotonic() + 10
+        while inflight() != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert inflight() == 0
+        assert client.generate("lm", "again", max_tokens=2, stream=False).completion_tokens <= 2
+
+
+def test_bad_requests_raise_typed_errors(lm_daemon):
+    with warmpool.Client(lm_daemon.socket) as client:
+        with pytest.raises(warmpool.InvalidArgument, match="temperature"):
+            client.generate("lm", "x", temperature=float("nan"), stream=False)
+        with pytest.raises(warmpool.InvalidArgument, match="not both"):
+            client.generate("lm", "x", tokens=[1])
+        with pytest.raises(warmpool.InvalidArgument, match="stop strings"):
+            list(client.generate("lm", "x", stop=["s"] * 17))
+        with pytest.raises(warmpool.NotFound):
+            client.generate("nope", "x", stream=False)
+        assert client.generate("lm", "still serving", max_tokens=3, stream=False).completion_tokens <= 3
+
+
+def test_the_asyncio_client_streams_too(lm_daemon):
+    import asyncio
+
+    async def run():
+        async with await warmpool.AsyncClient.connect(lm_daemon.socket) as client:
+            whole = await client.generate("lm", "You may convey", max_tokens=12, temperature=0, stream=False)
+            generation = await client.generate("lm", "You may convey", max_tokens=12, temperature=0)
+            # Other requests share the connection meanwhile.
+            models, chunks = await asyncio.gather(client.models(), _collect(generation))
+            assert "lm" in [m.name for m in models]
+            assert [c.index for c in chunks] == list(range(len(chunks)))
+            assert generation.text == whole.text
+            assert generation.result.chunks == len(chunks)
+            # Closed early: the connection is reset, and the next call connects again.
+            async with await client.generate("lm", "Everyone is permitted", temperature=0) as early:
+                assert (await early.__anext__()).index == 0
+            assert (await client.generate("lm", "x", max_tokens=1, stream=False)).completion_tokens <= 1
+
+    async def _collect(generation):
+        return [c async for c in generation]
+
+    asyncio.run(run())
