@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/utf8.h"
 #include "ipc/framing.h"
 #include "common/paths.h"
 
@@ -124,6 +125,10 @@ Result<v1::Envelope> Client::Call(v1::Envelope request) {
 
 Result<v1::GenerateReply> Client::Generate(v1::GenerateRequest request,
                                           const std::function<void(const v1::GenerateChunk&)>& on_chunk) {
+  // Protobuf strings must be valid UTF-8: a frame that does not parse would end the connection.
+  bool valid = IsValidUtf8(request.prompt());
+  for (const std::string& stop : request.stop()) valid = valid && IsValidUtf8(stop);
+  if (!valid) return Error(Code::kInvalidArgument, "the prompt or a stop string is not valid UTF-8");
   v1::Envelope envelope;
   *envelope.mutable_generate() = std::move(request);
   Result<uint64_t> id = Send(std::move(envelope));

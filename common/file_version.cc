@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace warmpool {
@@ -35,6 +36,9 @@ FileVersion DirectoryVersion(int dir) {
   }
   std::vector<std::pair<std::string, FileVersion>> files;
   while (const dirent* entry = readdir(listing)) {
+    // What a model is made of: its JSON files and its weights (not a README, a lock, a log).
+    const std::string_view name = entry->d_name;
+    if (!name.ends_with(".json") && !name.ends_with(".safetensors")) continue;
     struct stat st {};
     if (fstatat(dir, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) files.emplace_back(entry->d_name, FileVersionOf(st));

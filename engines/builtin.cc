@@ -1,5 +1,7 @@
 #include "engines/builtin.h"
 
+#include "common/utf8.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -18,7 +20,8 @@ struct ProgressBridge {
 int EmitTrampoline(void* ctx, const wp_generate_chunk* chunk) {
   const auto* emit = static_cast<const Engine::EmitFn*>(ctx);
   try {
-    std::string_view text(chunk->text.data != nullptr ? chunk->text.data : "", chunk->text.bytes);
+    const std::string text = ValidUtf8(
+        std::string(chunk->text.data != nullptr ? chunk->text.data : "", chunk->text.bytes));
     std::span<const int32_t> tokens(chunk->tokens, chunk->tokens != nullptr ? chunk->tokens + chunk->token_count : chunk->tokens);
     return (*emit)(text, tokens) ? 0 : 1;
   } catch (...) {

@@ -56,8 +56,8 @@ class Engine {
   // Version 3 engines that serve directories: the description an open from one made (the header
   // a later open attaches by). NOT_FOUND when the engine gives none.
   Result<std::string> Describe();
-  // Language models (version 3 engines with generate): emit gets each step's text and tokens and
-  // returns false to stop. FAILED_PRECONDITION for engines that do not generate.
+  // Language models (version 3 engines with generate): emit gets each step's text (made valid
+  // UTF-8: an engine's bytes go into protobuf strings) and tokens, and returns false to stop. FAILED_PRECONDITION for engines that do not generate.
   using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
   bool generates() const { return vtable_->abi_version >= 3 && vtable_->generate != nullptr; }
   Result<wp_generate_result> Generate(const wp_generate_request& request, const EmitFn& emit);

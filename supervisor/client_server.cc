@@ -342,7 +342,8 @@ void ClientServer::Send(uint64_t session, const v1::Envelope& reply) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   Session& s = it->second;
-  if (auto r = s.outstanding.find(reply.request_id()); r != s.outstanding.end()) {
+  // A generation's chunk is no answer: its request stays outstanding until the final reply.
+  if (auto r = s.outstanding.find(reply.request_id()); r != s.outstanding.end() && !reply.has_generate_chunk()) {
     accounting_.RequestAnswered(s.key, r->second);
     s.outstanding.erase(r);
   }

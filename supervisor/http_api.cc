@@ -11,6 +11,7 @@
 #include "ipc/error_proto.h"
 #include "replyjson/reply_json.h"
 #include "supervisor/http_api_body.h"
+#include "supervisor/http_generate.h"
 
 namespace warmpool::supervisor::httpapi {
 
@@ -130,7 +131,7 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
     plan.request.mutable_pin()->set_model(model);
     plan.request.mutable_pin()->set_pin(action == "pin");
   } else {
-    return Error(Code::kNotFound, "no endpoint /v1/models/{}/{}: load, unload, pin, unpin, infer", model, action);
+    return Error(Code::kNotFound, "no endpoint /v1/models/{}/{}: load, unload, pin, unpin, infer, generate", model, action);
   }
   return plan;
 }
@@ -232,11 +233,18 @@ Result<Plan> Route(const http::Request& request, int* status) {
     if (Status s = only("POST"); !s.ok()) return s;
     std::string action = rest.substr(slash + 1);
     if (action == "infer") return PlanInfer(request, model);
+    if (action == "generate") {
+      Plan plan;
+      plan.kind = Kind::kGenerate;
+      if (Status s = FillGenerate(request, model, plan.request.mutable_generate()); !s.ok()) return s;
+      plan.stream = plan.request.generate().stream();
+      return plan;
+    }
     return PlanModelAction(request, model, action);
   }
   return Error(Code::kNotFound,
                "no endpoint {}: try GET /v1/models, /v1/ps, /v1/status, /metrics, or POST "
-               "/v1/models/NAME/load|unload|pin|unpin|infer",
+               "/v1/models/NAME/load|unload|pin|unpin|infer|generate",
                path);
 }
 
@@ -296,6 +304,7 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
     }
     case Kind::kFaultArm: return JsonResponse({{"id", reply.fault_arm_reply().id()}}, keep_alive);
     case Kind::kFaultClear: return JsonResponse({{"cleared", reply.fault_clear_reply().cleared()}}, keep_alive);
+    case Kind::kGenerate: return http::Response(200, kJson, GenerateReplyJson(reply.generate_reply()), keep_alive);
     case Kind::kInfer: {
       const v1::InferReply& r = reply.infer_reply();
       if (plan.binary_output) {

@@ -9,6 +9,8 @@
 //   POST   /v1/models/NAME/unload      {"park": true}
 //   POST   /v1/unload                  every loaded model (parked where the park budget allows)
 //   POST   /v1/models/NAME/pin, /unpin
+//   POST   /v1/models/NAME/generate    {"prompt": P, "max_tokens": N, ...}; NDJSON lines as the text
+//                                      is generated (supervisor/http_generate.h)
 //   POST   /v1/models/NAME/infer       JSON rows, or {"input": rows, "deadline_ms": N,
 //                                      "keep_alive": D}; or f32 bytes (application/octet-stream)
 //                                      with X-Warmpool-Rows
@@ -27,7 +29,8 @@
 
 namespace warmpool::supervisor::httpapi {
 
-enum class Kind { kMetrics, kModels, kPs, kStatus, kLoad, kUnload, kPin, kInfer, kRegister, kFaultArm, kFaultClear };
+enum class Kind { kMetrics, kModels, kPs, kStatus, kLoad, kUnload, kPin, kInfer, kRegister, kFaultArm, kFaultClear,
+                  kGenerate };
 
 struct Plan {
   Kind kind = Kind::kModels;
@@ -37,6 +40,7 @@ struct Plan {
   v1::Envelope request;  // for the daemon (request_id set by the session)
   std::string model;     // load: whose progress to report
   bool binary_output = false;  // infer: f32 bytes out
+  bool stream = false;         // generate: NDJSON lines as chunks come
 };
 
 Plan PlanRequest(const http::Request& request, bool keep_alive);

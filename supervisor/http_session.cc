@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "supervisor/http_generate.h"
 #include "http/response.h"
 
 namespace warmpool::supervisor {
@@ -304,8 +305,14 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
   }
   for (Exchange& e : exchanges_) {
     if (e.ready || e.request_id != reply.request_id()) continue;
+    if (reply.has_generate_chunk()) {
+      OnChunk(e, reply.generate_chunk());
+      return;
+    }
     const Code code = reply.has_error() ? static_cast<Code>(reply.error().code()) : Code::kOk;
-    if (e.streaming) {
+    if (e.plan.kind == httpapi::Kind::kGenerate && e.plan.stream && (e.streaming || !e.held_lines.empty())) {
+      MakeReady(e, EndStream(e, reply), code);
+    } else if (e.streaming) {
       MakeReady(e, http::Chunk(httpapi::FinalLoadLine(reply)) + http::LastChunk(), code);
     } else {
       MakeReady(e, httpapi::RenderReply(e.plan, reply, e.keep_alive), code);
@@ -313,6 +320,61 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
     break;
   }
   Flush();
+}
+
+void HttpSession::OnChunk(Exchange& e, const v1::GenerateChunk& chunk) {
+  if (e.plan.kind != httpapi::Kind::kGenerate || !e.plan.stream) return;  // not asked for: dropped
+  std::string line = httpapi::GenerateChunkLine(chunk);
+  if (&e == &exchanges_.front() && e.http11) {
+    if (!e.streaming) {
+      e.streaming = true;
+      Write(http::ChunkedHead(200, "application/x-ndjson", e.keep_alive));
+    }
+    Write(http::Chunk(line));
+    return;
+  }
+  // Behind another response (or HTTP/1.0): held, and counted as held, until its turn.
+  held_bytes_ += line.size();
+  e.held_lines += line;
+  if (pending_write_bytes() > options_.max_unread_bytes) {
+    Close(Error(Code::kResourceExhausted, "the client leaves {} bytes of streamed text held behind an earlier "
+                                          "response or unread (limit {})",
+                pending_write_bytes(), options_.max_unread_bytes));
+  }
+}
+
+std::string HttpSession::EndStream(Exchange& e, const v1::Envelope& reply) {
+  held_bytes_ -= e.held_lines.size();
+  std::string lines = std::move(e.held_lines);
+  e.held_lines.clear();
+  lines += httpapi::GenerateFinalLine(reply);
+  if (!e.http11) return http::Response(200, "application/x-ndjson", lines, e.keep_alive);
+  std::string out = e.streaming ? "" : http::ChunkedHead(200, "application/x-ndjson", e.keep_alive);
+  // One chunk per line, as they would have gone out one by one.
+  for (size_t at = 0; at < lines.size();) {
+    const size_t end = lines.find('\n', at) + 1;
+    out += http::Chunk(lines.substr(at, end - at));
+    at = end;
+  }
+  return out + http::LastChunk();
+}
+
+void HttpSession::WriteHeldLines() {
+  if (closed_ || exchanges_.empty()) return;
+  Exchange& head = exchanges_.front();
+  if (head.ready || head.held_lines.empty() || !head.http11) return;
+  if (!head.streaming) {
+    head.streaming = true;
+    Write(http::ChunkedHead(200, "application/x-ndjson", head.keep_alive));
+  }
+  held_bytes_ -= head.held_lines.size();
+  std::string lines = std::move(head.held_lines);
+  head.held_lines.clear();
+  for (size_t at = 0; at < lines.size();) {
+    const size_t end = lines.find('\n', at) + 1;
+    Write(http::Chunk(lines.substr(at, end - at)));
+    at = end;
+  }
 }
 
 void HttpSession::Flush() {

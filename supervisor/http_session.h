@@ -104,8 +104,11 @@ class HttpSession {
     std::string response;         // complete once `ready`
     bool ready = false;
     Code code = Code::kOk;        // of the response, for the metrics
-    bool streaming = false;       // load: the chunked head and progress lines went out
-    bool http11 = true;           // chunked responses (load progress) only for HTTP/1.1
+    bool streaming = false;       // load, generate: the chunked head (and lines) went out
+    bool http11 = true;           // chunked responses (load progress, generate) only for HTTP/1.1
+    // generate: NDJSON lines that came while an earlier exchange still owed its response; they
+    // go out when this one reaches the head (HTTP/1.0: with the final line, as one body).
+    std::string held_lines;
   };
 
   HttpSession(uv_loop_t* loop, Options options, Hooks hooks);
@@ -117,6 +120,12 @@ class HttpSession {
   void Flush();  // writes the complete responses at the head, in order
   void Write(std::string bytes);
   void Progress();
+  // A generate's chunk for exchange `e` (http_generate.h): written at once at the head, else held.
+  void OnChunk(Exchange& e, const v1::GenerateChunk& chunk);
+  // The response that ends a streamed generate: the lines held, then the final one.
+  std::string EndStream(Exchange& e, const v1::Envelope& reply);
+  // The head exchange's held lines go out (it just reached the head).
+  void WriteHeldLines();
   // The exchange's response is complete: it counts as held until written.
   void MakeReady(Exchange& e, std::string response, Code code);
   bool RoomToRead() const;

@@ -43,7 +43,7 @@ bool Joins(const BatchKey& key, const v1::WorkerInfer& next) {
 
 }  // namespace
 
-Status Serving::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<Incoming>& ahead) {
+Status Serving::GatherBatch(std::vector<v1::WorkerInfer>& batch) {
   const v1::WorkerInfer& first = batch.front();
   if (!first.batch() || !WellFormed(first)) return OkStatus();
   const BatchKey key{first.model(), first.input().cols()};
@@ -52,13 +52,19 @@ Status Serving::GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<I
   uint64_t rows = first.input().rows();
   Clock::time_point until = Clock::now() + std::chrono::microseconds(first.batch_delay_us());
   while (rows < *max_rows) {
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - Clock::now()).count();
-    if (!channel_.WaitForFrame(left)) break;  // left <= 0: only what has arrived already
     Incoming next;
-    if (Status s = ReadIncoming(next); !s.ok()) return s;
+    if (!deferred_.empty()) {
+      next = std::move(deferred_.front());
+      deferred_.pop_front();
+    } else {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - Clock::now()).count();
+      if (!channel_.WaitForFrame(left)) break;  // left <= 0: only what has arrived already
+      if (Status s = ReadIncoming(next); !s.ok()) return s;
+    }
+    if (HandleControl(next)) continue;
     if (!next.message.has_infer() || !Joins(key, next.message.infer()) ||
         rows + next.message.infer().input().rows() > *max_rows) {
-      ahead = std::move(next);
+      deferred_.push_front(std::move(next));
       break;
     }
     rows += next.message.infer().input().rows();

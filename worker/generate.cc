@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/clock.h"
+#include "common/utf8.h"
 #include "ipc/error_proto.h"
 #include "worker/serving.h"
 
@@ -44,6 +45,8 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
                    g.model());
   } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
     status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+  } else if (cancelled_.contains(job)) {
+    status = Error(Code::kUnavailable, "cancelled before it ran: its client left");
   }
   Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
   if (!slot.ok()) {
@@ -74,6 +77,7 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   const auto start = std::chrono::steady_clock::now();
   uint32_t chunks = 0;
   bool first = true;
+  bool past_deadline = false;
   auto last_heard = start;
   Result<wp_generate_result> result = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> tokens) {
     if (first && !tokens.empty()) {
@@ -85,12 +89,14 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
       chunk.mutable_infer_chunk()->set_job(job);
       v1::GenerateChunk* c = chunk.mutable_infer_chunk()->mutable_chunk();
       c->set_index(chunks++);
-      c->set_text(text.data(), text.size());
+      // An engine's text on its way into a protobuf string, which must be valid UTF-8 (a plugin's
+      // may not be: a frame that does not parse would cost this worker its life).
+      c->set_text(ValidUtf8(std::string(text)));
       c->mutable_tokens()->Add(tokens.begin(), tokens.end());
       outbox_.Send(chunk);
       if (chunks == 1) faults.Hit("infer.mid");  // mid-stream: a chunk is out, the rest is not
     } else {
-      final->mutable_text()->append(text);
+      final->mutable_text()->append(ValidUtf8(std::string(text)));
       final->mutable_tokens()->Add(tokens.begin(), tokens.end());
       // A step without a chunk to send: the supervisor still hears that the generation moves, or
       // it would take a long one for a hung worker.
@@ -112,11 +118,17 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
       if (!HandleControl(in)) deferred_.push_back(std::move(in));
     }
     if (!read_error_.ok() || cancelled_.contains(job)) return false;
-    return request.deadline_unix_ms() == 0 || UnixMillis() <= request.deadline_unix_ms();
+    past_deadline = request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms();
+    return !past_deadline;
   });
   faults.Hit("infer.before_restore");
   marks_.Release(*slot);
   cancelled_.erase(job);
+  if (result.ok() && past_deadline) {
+    // Ended by its deadline, not by its client: the error the deadline is (the chunks sent stand).
+    result = Error(Code::kDeadlineExceeded, "the generation passed its deadline after {} tokens",
+                   result->completion_tokens);
+  }
   if (!result.ok()) {
     done->clear_generate();
     ipc::SetError(done->mutable_error(), result.status());

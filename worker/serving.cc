@@ -41,15 +41,11 @@ Status Serving::ReadIncoming(Incoming& in) {
 
 int Serving::Run() {
   memory_.SetReaderThread(std::this_thread::get_id());
-  std::optional<Incoming> ahead;  // read while gathering a batch, not part of it: handled next
-  Status read_error;              // met while gathering: reported once the batch is answered
+  Status read_error;  // met while gathering a batch: reported once the batch is answered
   for (;;) {
     Incoming in;
     Status s = read_error;
-    if (ahead) {
-      in = std::move(*ahead);
-      ahead.reset();
-    } else if (!deferred_.empty()) {  // read during a generation, not handled then
+    if (!deferred_.empty()) {  // read before, while something else ran: in arrival order
       in = std::move(deferred_.front());
       deferred_.pop_front();
     } else if (s.ok()) {
@@ -76,12 +72,14 @@ int Serving::Run() {
         }
         std::vector<v1::WorkerInfer> batch;
         batch.push_back(std::move(*message.mutable_infer()));
-        read_error = GatherBatch(batch, ahead);
+        read_error = GatherBatch(batch);
         HandleInfers(batch);
         break;
       }
       case v1::WorkerEnvelope::kUnload: load_thread_.Unload(std::move(*message.mutable_unload())); break;
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
+      case v1::WorkerEnvelope::kLoad: load_thread_.QueueLoad(std::move(*message.mutable_load()), in.fd); break;
+      case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), in.fd); break;
       default:
         spdlog::error("worker {}: unexpected message {} from the supervisor", options_.slot,
                       static_cast<int>(message.body_case()));
@@ -104,8 +102,6 @@ bool Serving::HandleControl(Incoming& in) {
     case v1::WorkerEnvelope::kOffer:
       if (fd >= 0) memory_.StoreOffer(message.offer().job(), fd);
       return true;
-    case v1::WorkerEnvelope::kLoad: load_thread_.QueueLoad(std::move(*message.mutable_load()), fd); return true;
-    case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), fd); return true;
     case v1::WorkerEnvelope::kCancel: cancelled_.insert(message.cancel().job()); return true;
     default: return false;
   }

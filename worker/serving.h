@@ -49,21 +49,23 @@ class Serving {
   };
   Status ReadIncoming(Incoming& in);
   // Dynamic batching (worker/batching.cc). Adds to `batch` (one request so far) the requests for
-  // the same model that reach this worker now, or within the first one's batch_delay_us, up to the
-  // engine's max_batch rows; a frame read that does not join goes to `ahead`. A read error ends
-  // the gathering and is returned.
-  Status GatherBatch(std::vector<v1::WorkerInfer>& batch, std::optional<Incoming>& ahead);
+  // the same model that reach this worker now (deferred ones first), or within the first one's
+  // batch_delay_us, up to the engine's max_batch rows; the first frame that does not join goes
+  // back to the front of deferred_, to be handled next. A read error ends the gathering and is
+  // returned.
+  Status GatherBatch(std::vector<v1::WorkerInfer>& batch);
   // Answers each request: one engine call for all of them when they can share one.
   void HandleInfers(std::vector<v1::WorkerInfer>& batch);
   // Runs one request alone (worker/infer.cc); takes (and closes) its regions' descriptors.
   void HandleInfer(const v1::WorkerInfer& request, RegionFds regions);
   void HandleInfer(const v1::WorkerInfer& request) { HandleInfer(request, RegionFds()); }
   // A language model's generation (worker/generate.cc): chunks as it goes, then the done message.
-  // Between steps it reads what the supervisor sent meanwhile: a cancel of this job ends it, what
-  // other threads serve is handed to them, the rest waits in deferred_.
+  // Between steps it reads what the supervisor sent meanwhile: a cancel of this job ends it,
+  // control frames are handled, jobs wait in deferred_ (loads and attaches too: an unload before
+  // an attach of the same model must not be overtaken by it).
   void HandleGenerate(const v1::WorkerInfer& request);
-  // Frames that are not serving work (memory, loads for the load thread, region and mapping
-  // releases, cancels): handled at once, whatever is running. False: serving work.
+  // Frames that are no job and need no order among jobs (device memory granted or offered, region
+  // and mapping releases, cancels): handled at once, whatever is running. False: a job.
   bool HandleControl(Incoming& in);
   // Copies a model's weights into host memory (the parked copy) and hands it to the supervisor.
   void HandlePark(const v1::WorkerPark& request);
@@ -77,7 +79,9 @@ class Serving {
   LoadThread& load_thread_;
 
   ClientRegions regions_;
-  std::deque<Incoming> deferred_;  // serving work read during a generation, in arrival order
+  // Jobs read while another ran (a generation, a batch being gathered), in arrival order: they
+  // come before anything read from the channel after them.
+  std::deque<Incoming> deferred_;
   // Jobs the supervisor cancelled (WorkerCancel). Serving jobs run in the order of their ids, so
   // one below the job that starts is over: those are dropped then.
   std::set<uint64_t> cancelled_;

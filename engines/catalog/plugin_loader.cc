@@ -19,7 +19,7 @@
 namespace warmpool {
 namespace {
 
-constexpr char kBuiltinNames[] = "dense, echo";
+constexpr char kBuiltinNames[] = "dense, echo, transformer";
 
 struct UnixError {
   int code;

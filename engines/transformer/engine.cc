@@ -2,6 +2,7 @@
 // served on the CPU. Its weights region holds every tensor as stored and the tokenizer's file
 // (engines/transformer/packed_model.h), so that replicas, respawned workers and unparks attach it
 // without the directory. One sequence at a time: its KV cache is the engine's workspace.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,7 +101,7 @@ Status Open(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& in
     if (!packed.ok()) return packed.status();
     e.packed = std::move(*packed);
     e.header = EncodeHeader(e.packed);
-    e.directory = dup(spec.directory_fd);
+    e.directory = fcntl(spec.directory_fd, F_DUPFD_CLOEXEC, 0);
     if (e.directory < 0) return Error(Code::kInternal, "model \"{}\": cannot keep its directory open", e.name);
   } else {
     return Error(Code::kInvalidArgument,

@@ -132,6 +132,17 @@ Result<PackedModel> Decode(std::string_view header) {
     if (!within(tensor.offset, tensor.bytes) || tensor.file >= model.files.size()) {
       return Error(Code::kInvalidArgument, "tensor \"{}\" lies outside the region or its files", tensor.name);
     }
+    // Its bytes are its shape's: the forward pass reads as far as the shape says.
+    uint64_t elements = 1;
+    for (uint64_t d : tensor.shape) {
+      if (d != 0 && elements > UINT64_MAX / d) return Error(Code::kInvalidArgument, "tensor \"{}\" is too large", tensor.name);
+      elements *= d;
+    }
+    if (elements > UINT64_MAX / safetensors::DTypeSize(tensor.dtype) ||
+        elements * safetensors::DTypeSize(tensor.dtype) != tensor.bytes) {
+      return Error(Code::kInvalidArgument, "tensor \"{}\" holds {} bytes, not what its shape needs", tensor.name,
+                   tensor.bytes);
+    }
     model.tensors.push_back(std::move(tensor));
   }
   return model;

@@ -13,6 +13,13 @@
 #include "supervisor/core/core.h"
 
 namespace warmpool::supervisor {
+namespace {
+
+// The longest a token's text may be, in bytes, when the core bounds a prompt by the context: a
+// bound, not a tokenizer (Llama 3's longest tokens are runs of 16 to 32 spaces or dashes).
+constexpr uint64_t kMaxBytesPerToken = 64;
+
+}  // namespace
 
 void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
   Result<uint32_t> found = FindServing(request.model());
@@ -23,6 +30,15 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
     return AnswerError(call, Error(Code::kFailedPrecondition,
                                    "model \"{}\" is not a language model (engine \"{}\"): send it tensors (infer)",
                                    m.entry.name, m.entry.engine));
+  }
+  // A prompt the context cannot hold is refused here, before a worker spends time tokenizing it:
+  // no token is longer than kMaxBytesPerToken, so a longer prompt has more tokens than the context.
+  if (request.prompt().size() > uint64_t{m.entry.context} * kMaxBytesPerToken ||
+      static_cast<uint64_t>(request.tokens_size()) >= m.entry.context) {
+    return AnswerError(call, Error(Code::kInvalidArgument,
+                                   "the prompt ({} bytes, {} token ids) does not fit the context of {} tokens of "
+                                   "model \"{}\": shorten it",
+                                   request.prompt().size(), request.tokens_size(), m.entry.context, m.entry.name));
   }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   if (queued_ >= config_.max_queue) {

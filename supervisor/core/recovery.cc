@@ -281,6 +281,11 @@ void Core::SweepDeadlines(uint64_t as_of) {
                                       m.entry.name));
     }
   }
+  // The job each worker's serving thread runs now: the lowest id sent there (it runs them in order).
+  std::vector<uint64_t> running(workers_.size(), UINT64_MAX);
+  for (const auto& [id, job] : jobs_) {
+    if (!OnLoadThread(job)) running[job.worker] = std::min(running[job.worker], id);
+  }
   for (auto& [id, job] : jobs_) {
     if (job.kind != Job::Kind::kInfer || job.deadline_ms == 0 || now <= job.deadline_ms) continue;
     if (!job.answered) {
@@ -290,9 +295,13 @@ void Core::SweepDeadlines(uint64_t as_of) {
                                   models_[job.model].entry.name));
       job.request.Clear();  // no retry for it: let its input go
     }
-    // The grace runs from when the worker got the job: one dispatched already past its deadline
-    // (its load came in late, after a pause) has not had its grace yet.
-    if (now > std::max(job.deadline_ms, job.started_ms) + config_.inference_grace_ms) {
+    // Only the job the worker runs can overrun: one queued behind another (a long generation) has
+    // not begun, and the worker skips it, past its deadline, when its turn comes. The grace runs
+    // from when the worker got to it: one dispatched already past its deadline (its load came in
+    // late, after a pause), or reached only now, has not had its grace yet.
+    if (id != running[job.worker]) continue;
+    const uint64_t reached = std::max({job.deadline_ms, job.started_ms, workers_[job.worker].serving_done_ms});
+    if (now > reached + config_.inference_grace_ms) {
       KillWorker(job.worker, fmt::format("inference on \"{}\" overran its deadline by {} ms",
                                          models_[job.model].entry.name, MonoMs() - job.deadline_ms));
     }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/daemon_fixture.h"
+#include "tests/unit/tiny_model.h"
 
 namespace warmpool::testing {
 namespace {
@@ -356,6 +357,54 @@ TEST_F(HttpApiTest, LoadStreamsProgressLines) {
   EXPECT_TRUE(lines.front().contains("weight_bytes"));
   EXPECT_EQ(lines.back()["done"], true);
   EXPECT_EQ(lines.back()["model"], "m");
+}
+
+// NDJSON lines of a body, parsed.
+std::vector<json> Lines(const std::string& body) {
+  std::vector<json> lines;
+  for (size_t pos = 0; pos < body.size();) {
+    size_t nl = body.find('\n', pos);
+    lines.push_back(json::parse(body.substr(pos, nl - pos)));
+    pos = nl + 1;
+  }
+  return lines;
+}
+
+// Generations pipelined on one connection: each answered in order, the second stream's lines held
+// until the first's end, then written; the same text streamed and whole.
+TEST_F(HttpApiTest, GenerateStreamsNdjsonLinesInRequestOrder) {
+  WriteTinyModel(models_dir_ + "/lm");
+  StartDaemon();
+  const std::string body = R"({"prompt": "This License", "max_tokens": 12, "temperature": 0})";
+  const std::string whole = R"({"prompt": "This License", "max_tokens": 12, "temperature": 0, "stream": false})";
+  std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), Post("/v1/models/lm/generate", body) +
+                                                                    Post("/v1/models/lm/generate", body) +
+                                                                    Post("/v1/models/lm/generate", whole, true)));
+  ASSERT_EQ(r.size(), 3u);
+  std::string texts[2];
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(r[i].status, 200) << r[i].body;
+    EXPECT_NE(r[i].headers.find("application/x-ndjson"), std::string::npos) << r[i].headers;
+    std::vector<json> lines = Lines(r[i].body);
+    ASSERT_GE(lines.size(), 2u) << r[i].body;
+    for (size_t k = 0; k + 1 < lines.size(); k++) {
+      EXPECT_EQ(lines[k]["index"], k);
+      texts[i] += lines[k]["text"].get<std::string>();
+    }
+    EXPECT_EQ(lines.back()["done"], true);
+    EXPECT_EQ(lines.back()["chunks"], lines.size() - 1);
+  }
+  EXPECT_EQ(texts[0], texts[1]);
+  ASSERT_EQ(r[2].status, 200) << r[2].body;
+  json reply = json::parse(r[2].body);
+  EXPECT_EQ(reply["text"], texts[0]);
+  EXPECT_EQ(reply["done"], true);
+  // Bad bodies: typed errors, before the model runs.
+  EXPECT_EQ(One(Post("/v1/models/lm/generate", R"({"prompt": "x", "temperature": "hot"})", true)).status, 400);
+  Response unknown = One(Post("/v1/models/lm/generate", R"({"prompt": "x", "max_token": 3})", true));
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_NE(unknown.body.find("max_token"), std::string::npos) << unknown.body;
+  EXPECT_EQ(One(Post("/v1/models/nope/generate", body, true)).status, 404);
 }
 
 TEST_F(HttpApiTest, TcpServesReadsAndInferAndAdministersOnlyWithTheToken) {

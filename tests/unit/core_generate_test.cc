@@ -184,6 +184,33 @@ TEST_F(CoreGenerateTest, ADeadlineEndsTheStreamAndWhatTheWorkerSendsLaterIsDropp
   EXPECT_TRUE(rig_.Replies(5).empty());
 }
 
+// A request queued behind a long generation on the same worker has not begun: its deadline
+// answers it, but kills nobody; the worker skips it when its turn comes.
+TEST_F(CoreGenerateTest, ADeadlineOfARequestQueuedBehindAGenerationKillsNoWorker) {
+  Generate(rig_, 5, "lm");
+  const uint64_t running = JobSentTo(0);
+  Generate(rig_, 6, "lm", /*stream=*/true, /*deadline_ms=*/200);
+  const uint64_t queued = JobSentTo(0);
+  for (int step = 0; step < 30; step++) {
+    rig_.Advance(100);
+    rig_.Reply(0, Chunk(running, "."));
+  }
+  EXPECT_EQ(rig_.Count<action::KillWorker>(), 0u) << rig_.Logs();
+  std::vector<v1::Envelope> late = rig_.Replies(6);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].error().code(), v1::DEADLINE_EXCEEDED);
+  // The generation ends; then the worker reaches the queued one, answers it at once, and lives.
+  rig_.Reply(0, Done(running));
+  rig_.Advance(CoreRig::SmallConfig().inference_grace_ms / 2);
+  v1::WorkerEnvelope skipped;
+  skipped.mutable_infer_done()->set_job(queued);
+  skipped.mutable_infer_done()->mutable_error()->set_code(v1::DEADLINE_EXCEEDED);
+  rig_.Reply(0, skipped);
+  EXPECT_EQ(rig_.Count<action::KillWorker>(), 0u) << rig_.Logs();
+  EXPECT_TRUE(rig_.Replies(6).empty());
+  EXPECT_EQ(rig_.index().Get(rig_.index().Find("lm")).inflight, 0u);
+}
+
 TEST_F(CoreGenerateTest, AGenerationThatMakesNoStepForTheStallTimeKillsItsWorker) {
   Generate(rig_, 5, "lm");
   const uint64_t job = JobSentTo(0);

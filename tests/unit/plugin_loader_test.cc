@@ -104,7 +104,7 @@ TEST_F(PluginLoaderTest, MissingDirectoryOrFileIsNotFoundAndSaysWhere) {
   Result<EngineSource> no_file = CheckEngine("foo", dir_);
   EXPECT_EQ(no_file.status().code(), Code::kNotFound);
   EXPECT_EQ(no_file.status().message(),
-            "engine \"foo\" not found: no built-in engine of that name (built in: dense, echo) and no foo.so in " + dir_);
+            "engine \"foo\" not found: no built-in engine of that name (built in: dense, echo, transformer) and no foo.so in " + dir_);
   EXPECT_EQ(ResolveEngine("foo", dir_).status().code(), Code::kNotFound);
 }
 

@@ -247,6 +247,10 @@ TEST_F(TransformerEngineTest, TheDirectorysVersionChangesWithAnyFileInIt) {
   const FileVersion before = DirectoryVersion(directory_);
   ASSERT_TRUE(before.known());
   EXPECT_EQ(DirectoryVersion(directory_), before);
+  // What the model is not made of (a README, a lock written beside it) is no new version.
+  std::ofstream(dir_.File("README.md")) << "# a model";
+  std::ofstream(dir_.File(".lock")) << "1";
+  EXPECT_EQ(DirectoryVersion(directory_), before);
   std::ofstream(dir_.File("generation_config.json")) << R"({"eos_token_id": 3})";
   const FileVersion added = DirectoryVersion(directory_);
   EXPECT_NE(added, before);

@@ -1,0 +1,132 @@
+#include "supervisor/http_generate.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "ipc/error_proto.h"
+#include "supervisor/http_api_body.h"
+
+namespace warmpool::supervisor::httpapi {
+
+using nlohmann::json;
+
+namespace {
+
+std::string Line(const json& doc) { return doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
+
+// A number where the body has one; NaN and infinities cannot be written in JSON, so the daemon's
+// own range checks see every value a client can send.
+Result<std::optional<double>> Number(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::optional<double>();
+  if (!it->is_number()) return Error(Code::kInvalidArgument, "\"{}\" must be a number", key);
+  return std::optional<double>(it->get<double>());
+}
+
+json Final(const v1::GenerateReply& r) {
+  json out = {{"done", true},
+              {"finish_reason", r.finish_reason()},
+              {"prompt_tokens", r.prompt_tokens()},
+              {"completion_tokens", r.completion_tokens()},
+              {"first_token_us", r.first_token_us()},
+              {"generate_us", r.generate_us()},
+              {"chunks", r.chunks()}};
+  return out;
+}
+
+}  // namespace
+
+Status FillGenerate(const http::Request& request, const std::string& model, v1::GenerateRequest* g) {
+  Result<json> body = BodyObject(request);
+  if (!body.ok()) return body.status();
+  const json& doc = *body;
+  if (Status s = OnlyKeys(doc,
+                          {"prompt", "tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+                           "repetition_penalty", "seed", "stop", "stream", "deadline_ms", "keep_alive"},
+                          request);
+      !s.ok()) {
+    return s;
+  }
+  g->set_model(model);
+  Result<std::string> prompt = String(doc, "prompt");
+  if (!prompt.ok()) return prompt.status();
+  g->set_prompt(*prompt);
+  if (auto it = doc.find("tokens"); it != doc.end()) {
+    if (!it->is_array()) return Error(Code::kInvalidArgument, "\"tokens\" must be a list of token ids");
+    for (const json& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX) {
+        return Error(Code::kInvalidArgument, "\"tokens\" must be a list of token ids (integers)");
+      }
+      g->add_tokens(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  for (const char* key : {"max_tokens", "top_k", "deadline_ms"}) {
+    if (!doc.contains(key)) continue;
+    Result<uint32_t> n = Uint(doc, key);
+    if (!n.ok()) return n.status();
+    if (key == std::string("max_tokens")) g->set_max_tokens(*n);
+    else if (key == std::string("top_k")) g->set_top_k(*n);
+    else g->set_deadline_ms(*n);
+  }
+  struct Option {
+    const char* key;
+    void (v1::GenerateRequest::*set)(float);
+  };
+  for (const Option& o : {Option{"temperature", &v1::GenerateRequest::set_temperature},
+                          Option{"top_p", &v1::GenerateRequest::set_top_p},
+                          Option{"min_p", &v1::GenerateRequest::set_min_p},
+                          Option{"repetition_penalty", &v1::GenerateRequest::set_repetition_penalty}}) {
+    Result<std::optional<double>> n = Number(doc, o.key);
+    if (!n.ok()) return n.status();
+    if (*n) (g->*o.set)(static_cast<float>(**n));
+  }
+  if (auto it = doc.find("seed"); it != doc.end()) {
+    if (!it->is_number_unsigned()) return Error(Code::kInvalidArgument, "\"seed\" must be a whole number >= 0");
+    g->set_seed(it->get<uint64_t>());
+  }
+  if (auto it = doc.find("stop"); it != doc.end()) {
+    if (it->is_string()) {
+      g->add_stop(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) return Error(Code::kInvalidArgument, "\"stop\" must be a string or a list of strings");
+        g->add_stop(s.get<std::string>());
+      }
+    } else {
+      return Error(Code::kInvalidArgument, "\"stop\" must be a string or a list of strings");
+    }
+  }
+  g->set_stream(true);
+  if (doc.contains("stream")) {
+    Result<bool> stream = Bool(doc, "stream");
+    if (!stream.ok()) return stream.status();
+    g->set_stream(*stream);
+  }
+  Result<std::optional<int64_t>> keep = KeepAlive(doc);
+  if (!keep.ok()) return keep.status();
+  if (*keep) g->set_keep_alive_ms(**keep);
+  return OkStatus();
+}
+
+std::string GenerateChunkLine(const v1::GenerateChunk& chunk) {
+  return Line({{"index", chunk.index()},
+               {"text", chunk.text()},
+               {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}});
+}
+
+std::string GenerateFinalLine(const v1::Envelope& reply) {
+  if (reply.has_error()) {
+    const Status s = ipc::StatusFromError(reply.error());
+    return Line({{"error", s.ToString()}, {"code", v1::Code_Name(reply.error().code())}});
+  }
+  return Line(Final(reply.generate_reply()));
+}
+
+std::string GenerateReplyJson(const v1::GenerateReply& reply) {
+  json out = Final(reply);
+  out["text"] = reply.text();
+  out["tokens"] = std::vector<int32_t>(reply.tokens().begin(), reply.tokens().end());
+  return Line(out);
+}
+
+}  // namespace warmpool::supervisor::httpapi
