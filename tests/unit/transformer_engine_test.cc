@@ -106,7 +106,8 @@ class TransformerEngineTest : public ::testing::Test {
     out.result = *result;
     return out;
   }
-  static wp_generate_request Greedy(const std::string& prompt, uint32_t max_tokens) {
+  // prompt must outlive the request (a literal, or a string of the caller's).
+  static wp_generate_request Greedy(std::string_view prompt, uint32_t max_tokens) {
     wp_generate_request r{};
     r.prompt = {prompt.data(), prompt.size()};
     r.max_tokens = max_tokens;
