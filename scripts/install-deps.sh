@@ -27,6 +27,7 @@ case "${1:-}" in
       clang libclang-rt-14-dev libomp-dev  # the fuzz targets (libFuzzer), with OpenMP for oneDNN
       python3-pytest
       python3-regex       # the tokenizer reference's patterns (tests/python/tokenizer_reference.py)
+      python3-jinja2      # chat templates rendered by Jinja itself, against the interpreter (tests/python/jinja_reference.py)
       systemd             # systemd-analyze verify of the units
       prometheus tmux     # a real Prometheus scrapes warmpoold; `warmpool top` under tmux
       groff-base mandoc   # the man pages render without a warning (tests/docs/man_pages_test.sh)
