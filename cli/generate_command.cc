@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"
 #include "ipc/codes.h"
 
 namespace warmpool::cli {
@@ -18,10 +19,18 @@ int Fail(const Status& status) {
   return ipc::CliExitOf(status.code());
 }
 
-v1::GenerateRequest RequestOf(const GenerateArgs& args, const std::string& prompt) {
+using Conversation = std::vector<std::pair<std::string, std::string>>;  // role, content
+
+// A prompt, or (messages not empty) a conversation for the model's chat template.
+v1::GenerateRequest RequestOf(const GenerateArgs& args, const std::string& prompt, const Conversation& messages = {}) {
   v1::GenerateRequest r;
   r.set_model(args.model);
-  r.set_prompt(prompt);
+  if (messages.empty()) r.set_prompt(prompt);
+  for (const auto& [role, content] : messages) {
+    v1::ChatMessage* m = r.add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
   r.set_max_tokens(args.max_tokens);
   if (args.temperature) r.set_temperature(*args.temperature);
   if (args.top_k) r.set_top_k(*args.top_k);
@@ -57,8 +66,12 @@ void PrintLine(const nlohmann::json& line) {
   std::fflush(stdout);
 }
 
-int GenerateOne(client::Client& client, const GenerateArgs& args, const std::string& prompt) {
-  Result<v1::GenerateReply> reply = client.Generate(RequestOf(args, prompt), [&](const v1::GenerateChunk& chunk) {
+// Generates and prints; `text` gets what was generated. Returns the exit status.
+int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRequest request,
+                std::string* text = nullptr, Status* failure = nullptr) {
+  std::string generated;
+  Result<v1::GenerateReply> reply = client.Generate(std::move(request), [&](const v1::GenerateChunk& chunk) {
+    generated += chunk.text();
     if (args.json) {
       PrintLine({{"index", chunk.index()},
                  {"text", chunk.text()},
@@ -69,9 +82,13 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, const std::str
     }
   });
   if (!reply.ok()) {
+    if (failure != nullptr) *failure = reply.status();
+    if (failure != nullptr && reply.status().code() == Code::kFailedPrecondition) return 1;  // the caller decides
     if (!args.json) std::fputc('\n', stdout);
     return Fail(reply.status());
   }
+  generated += reply->text();
+  if (text != nullptr) *text = std::move(generated);
   if (args.json) {
     PrintLine(FinalJson(*reply));
   } else {
@@ -120,18 +137,46 @@ void AddGenerateOptions(CLI::App* command, GenerateArgs& args, std::string& keep
 
 int RunGenerate(client::Client& client, const GenerateArgs& args) {
   const std::string prompt = args.prompt.empty() ? ReadAll(std::cin) : args.prompt;
-  return GenerateOne(client, args, prompt);
+  if (!IsValidUtf8(prompt)) return Fail(Error(Code::kInvalidArgument, "the prompt is not valid UTF-8"));
+  return GenerateOne(client, args, RequestOf(args, prompt));
 }
 
 int RunInteractive(client::Client& client, GenerateArgs args) {
   if (!args.prompt.empty() || !isatty(STDIN_FILENO)) return RunGenerate(client, args);
+  // A chat through the model's template, the conversation so far sent each turn; a model without
+  // one completes each line alone.
+  Conversation conversation;
+  bool chat = true;
   std::string line;
   for (;;) {
     std::fputs(">>> ", stdout);
     std::fflush(stdout);
     if (!std::getline(std::cin, line) || line == "/bye") break;
     if (line.empty()) continue;
-    if (int rc = GenerateOne(client, args, line); rc != 0 && rc != 1) return rc;
+    if (!IsValidUtf8(line)) {
+      std::fprintf(stderr, "error: INVALID_ARGUMENT: the line is not valid UTF-8\n");
+      continue;
+    }
+    if (chat) {
+      conversation.emplace_back("user", line);
+      std::string answer;
+      Status failure;
+      int rc = GenerateOne(client, args, RequestOf(args, "", conversation), &answer, &failure);
+      if (rc == 0) {
+        conversation.emplace_back("assistant", answer);
+        continue;
+      }
+      conversation.pop_back();
+      const bool no_template =
+          failure.code() == Code::kFailedPrecondition && failure.message().find("chat template") != std::string::npos;
+      if (!no_template) {  // told already, but for FAILED_PRECONDITION, which GenerateOne leaves to us
+        if (failure.code() == Code::kFailedPrecondition) std::fprintf(stderr, "error: %s\n", failure.ToString().c_str());
+        continue;
+      }
+      std::fprintf(stderr, "(%s has no chat template: each line is a prompt of its own)\n", args.model.c_str());
+      chat = false;
+    }
+    if (int rc = GenerateOne(client, args, RequestOf(args, line)); rc != 0 && rc != 1) return rc;
   }
   std::fputc('\n', stdout);
   return 0;

@@ -128,7 +128,8 @@ Result<v1::GenerateReply> Client::Generate(v1::GenerateRequest request,
   // Protobuf strings must be valid UTF-8: a frame that does not parse would end the connection.
   bool valid = IsValidUtf8(request.prompt());
   for (const std::string& stop : request.stop()) valid = valid && IsValidUtf8(stop);
-  if (!valid) return Error(Code::kInvalidArgument, "the prompt or a stop string is not valid UTF-8");
+  for (const v1::ChatMessage& m : request.messages()) valid = valid && IsValidUtf8(m.role()) && IsValidUtf8(m.content());
+  if (!valid) return Error(Code::kInvalidArgument, "the prompt, a message or a stop string is not valid UTF-8");
   v1::Envelope envelope;
   *envelope.mutable_generate() = std::move(request);
   Result<uint64_t> id = Send(std::move(envelope));

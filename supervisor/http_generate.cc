@@ -41,7 +41,7 @@ Status FillGenerate(const http::Request& request, const std::string& model, v1::
   if (!body.ok()) return body.status();
   const json& doc = *body;
   if (Status s = OnlyKeys(doc,
-                          {"prompt", "tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+                          {"prompt", "tokens", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p",
                            "repetition_penalty", "seed", "stop", "stream", "deadline_ms", "keep_alive"},
                           request);
       !s.ok()) {
@@ -58,6 +58,18 @@ Status FillGenerate(const http::Request& request, const std::string& model, v1::
         return Error(Code::kInvalidArgument, "\"tokens\" must be a list of token ids (integers)");
       }
       g->add_tokens(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  if (auto it = doc.find("messages"); it != doc.end()) {
+    if (!it->is_array()) return Error(Code::kInvalidArgument, "\"messages\" must be a list of {{\"role\", \"content\"}}");
+    for (const json& m : *it) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          (m.contains("content") && !m["content"].is_string())) {
+        return Error(Code::kInvalidArgument, "\"messages\" must be a list of {{\"role\", \"content\"}} with strings");
+      }
+      v1::ChatMessage* message = g->add_messages();
+      message->set_role(m["role"].get<std::string>());
+      if (m.contains("content")) message->set_content(m["content"].get<std::string>());
     }
   }
   for (const char* key : {"max_tokens", "top_k", "deadline_ms"}) {

@@ -13,7 +13,7 @@
 
 namespace warmpool::supervisor::httpapi {
 
-// The body's fields: prompt or tokens, max_tokens, temperature, top_k, top_p, min_p,
+// The body's fields: prompt, tokens or messages ([{"role", "content"}]), max_tokens, temperature, top_k, top_p, min_p,
 // repetition_penalty, seed, stop (a string or a list), stream (default true), deadline_ms,
 // keep_alive. Any other key is INVALID_ARGUMENT.
 Status FillGenerate(const http::Request& request, const std::string& model, v1::GenerateRequest* out);

@@ -57,8 +57,12 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   JobFaults faults = outbox_.FaultsFor(job, request.faults());
   faults.Hit("infer.after_take");
 
-  std::vector<wp_string> stops;
+  std::vector<wp_string> stops, roles, contents;
   for (const std::string& stop : g.stop()) stops.push_back({stop.data(), stop.size()});
+  for (const v1::ChatMessage& m : g.messages()) {
+    roles.push_back({m.role().data(), m.role().size()});
+    contents.push_back({m.content().data(), m.content().size()});
+  }
   wp_generate_request r{};
   r.prompt = {g.prompt().data(), g.prompt().size()};
   r.tokens = g.tokens().data();
@@ -72,6 +76,9 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   if (g.has_seed()) r.set |= WP_SET_SEED, r.seed = g.seed();
   r.stop = stops.data();
   r.stop_count = static_cast<uint32_t>(stops.size());
+  r.roles = roles.data();
+  r.contents = contents.data();
+  r.message_count = static_cast<uint32_t>(roles.size());
 
   v1::GenerateReply* final = done->mutable_generate();
   const auto start = std::chrono::steady_clock::now();

@@ -12,6 +12,8 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/small_file.h"
 #include "engines/builtin.h"
 #include "engines/transformer/cpu_model.h"
@@ -174,11 +176,36 @@ Status Load(TransformerEngine& e, wp_progress_fn progress, void* progress_ctx) {
   return Bind(e);
 }
 
+// A conversation as the prompt its model was trained on: its chat template, given the messages, the
+// special tokens' text, and the assistant's turn to speak (Hugging Face's apply_chat_template).
+Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_request& r) {
+  if (!e.files->chat) {
+    return Error(Code::kFailedPrecondition,
+                 "model \"{}\" has no chat template (tokenizer_config.json's chat_template): send a prompt", e.name);
+  }
+  if (r.roles == nullptr || r.contents == nullptr) return Error(Code::kInvalidArgument, "messages missing");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (uint32_t i = 0; i < r.message_count; i++) {
+    messages.push_back({{"role", std::string(r.roles[i].data != nullptr ? r.roles[i].data : "", r.roles[i].bytes)},
+                        {"content", std::string(r.contents[i].data != nullptr ? r.contents[i].data : "", r.contents[i].bytes)}});
+  }
+  nlohmann::ordered_json context = {{"messages", std::move(messages)},
+                                    {"add_generation_prompt", true},
+                                    {"bos_token", e.files->bos_text},
+                                    {"eos_token", e.files->eos_text}};
+  return e.files->chat->Render(context);
+}
+
 Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
                 wp_generate_result& result) {
   if (!e.model) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
   TextRequest request;
-  if (r.token_count > 0) {
+  if (r.message_count > 0) {
+    Result<std::string> prompt = RenderChat(e, r);
+    if (!prompt.ok()) return prompt.status();
+    request.prompt = std::move(*prompt);
+    request.add_special_tokens = false;  // HF's apply_chat_template: the template wrote them
+  } else if (r.token_count > 0) {
     if (r.tokens == nullptr) return Error(Code::kInvalidArgument, "token ids missing");
     request.tokens.assign(r.tokens, r.tokens + r.token_count);
   } else {

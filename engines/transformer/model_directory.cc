@@ -140,8 +140,13 @@ Result<ServingFiles> ParseFiles(const TextFiles& files, uint32_t vocab, const st
       if (!text) continue;
       std::optional<int32_t> id = m.tokenizer->TokenId(*text);
       if (!id) return Error(Code::kInvalidArgument, "\"{}\": {} \"{}\" is not a token", config_path, key, *text);
-      if (key == std::string("bos_token")) m.bos = *id;
-      else m.end_tokens.push_back(*id);
+      if (key == std::string("bos_token")) m.bos = *id, m.bos_text = *text;
+      else m.end_tokens.push_back(*id), m.eos_text = *text;
+    }
+    if (!m.chat_template.empty()) {  // refused now, naming the file, rather than at a chat
+      Result<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(m.chat_template);
+      if (!parsed.ok()) return Error(Code::kInvalidArgument, "\"{}\": {}", config_path, parsed.status().message());
+      m.chat = std::make_shared<const chat::ChatTemplate>(std::move(*parsed));
     }
   }
   const std::string generation_path = directory + "/generation_config.json";

@@ -13,6 +13,7 @@
 
 #include "common/file_version.h"
 #include "common/status.h"
+#include "engines/chat_template/chat_template.h"
 #include "engines/tokenizer/tokenizer.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/sampler.h"
@@ -36,6 +37,8 @@ struct TextFiles {
 struct ServingFiles {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::string chat_template;        // tokenizer_config.json's ("default" of several); "" when none
+  std::shared_ptr<const chat::ChatTemplate> chat;  // it, parsed; null when there is none
+  std::string bos_text, eos_text;   // the special tokens' text, as templates use them
   std::optional<int32_t> bos;       // the beginning-of-sequence token, where the model has one
   std::vector<int32_t> end_tokens;  // generation stops at any of these
   SamplingOptions sampling;         // the model's defaults: greedy unless generation_config samples

@@ -10,7 +10,7 @@ Result<TextResult> GenerateText(CpuModel& model, KvCache& cache, const ServingFi
   if (!request.tokens.empty()) {
     generation.prompt = request.tokens;
   } else {
-    Result<std::vector<int32_t>> encoded = files.tokenizer->Encode(request.prompt, /*add_special_tokens=*/true);
+    Result<std::vector<int32_t>> encoded = files.tokenizer->Encode(request.prompt, request.add_special_tokens);
     if (!encoded.ok()) return encoded.status();
     generation.prompt = std::move(*encoded);
   }

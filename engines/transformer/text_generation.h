@@ -20,6 +20,7 @@ namespace warmpool::transformer {
 
 struct TextRequest {
   std::string prompt;           // tokenized with the tokenizer's special tokens (its BOS) ...
+  bool add_special_tokens = true;  // ... unless it is a rendered chat, which has them already
   std::vector<int32_t> tokens;  // ... unless token ids are given (used as they are)
   uint32_t max_tokens = 0;      // 0: until an end token or the end of the context
   SamplingOptions sampling;     // complete: the model's defaults already merged in

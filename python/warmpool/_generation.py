@@ -22,19 +22,22 @@ def _optional(request, name, value, kind):
         raise invalid_argument(f"{name} {value!r}: {error}") from None
 
 
-def request(model, prompt=None, tokens=None, *, max_tokens=0, temperature=None, top_k=None, top_p=None,
+def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, temperature=None, top_k=None, top_p=None,
             min_p=None, repetition_penalty=None, seed=None, stop=(), stream=True, deadline_ms=None,
             keep_alive=None):
     """The generate Envelope; the daemon checks the values' ranges (typed errors)."""
-    if (prompt is None) == (tokens is None):
-        raise invalid_argument("generate needs a prompt or token ids (one of them, not both)")
+    if (prompt is not None) + (tokens is not None) + (messages is not None) != 1:
+        raise invalid_argument("generate needs a prompt, token ids or messages (one of them, not both)")
     envelope = pb.Envelope()
     g = envelope.generate
     g.model = model
     if prompt is not None:
         g.prompt = prompt
-    else:
+    elif tokens is not None:
         g.tokens.extend(int(t) for t in tokens)
+    else:
+        for m in messages:
+            g.messages.add(role=m["role"], content=m["content"])
     g.max_tokens = int(max_tokens)
     _optional(g, "temperature", temperature, float)
     _optional(g, "top_k", top_k, int)

@@ -390,10 +390,10 @@ class AsyncClient:
         return await asyncio.gather(*(one(m) for m in matrices),
                                     return_exceptions=return_exceptions)
 
-    async def generate(self, model, prompt=None, *, tokens=None, stream=True, **options):
+    async def generate(self, model, prompt=None, *, tokens=None, messages=None, stream=True, **options):
         """Text from a language model, as Client.generate: with ``stream`` an AsyncGeneration
         (``async for chunk in ...``; then its ``result``), else the GenerateResult."""
-        envelope = _generation.request(model, prompt, tokens, stream=stream, **options)
+        envelope = _generation.request(model, prompt, tokens, messages=messages, stream=stream, **options)
         if not stream:
             return _generation.result(await self.request(envelope))
         return await open_stream(self, envelope)

@@ -199,8 +199,10 @@ class Client(Connection):
             return self._infer_through_region(model, matrix, deadline_ms, keep_alive)
         return self._call(_requests.infer(model, matrix, deadline_ms, keep_alive), "infer_reply")
 
-    def generate(self, model, prompt=None, *, tokens=None, stream=True, **options):
-        """Text from a language model. ``prompt`` (str) or ``tokens`` (ids), one of them; options:
+    def generate(self, model, prompt=None, *, tokens=None, messages=None, stream=True, **options):
+        """Text from a language model. ``prompt`` (str), ``tokens`` (ids) or ``messages`` (a
+        conversation, [{"role": ..., "content": ...}], rendered by the model's chat template), one
+        of them; options:
         max_tokens (0: until an end token or the end of the context), temperature, top_k, top_p,
         min_p, repetition_penalty, seed (each left out: the model's default), stop (a string or
         up to 16), deadline_ms, keep_alive.
@@ -212,7 +214,7 @@ class Client(Connection):
             for chunk in client.generate("tiny", "Once upon a time", max_tokens=32):
                 print(chunk.text, end="", flush=True)
         """
-        envelope = _generation.request(model, prompt, tokens, stream=stream, **options)
+        envelope = _generation.request(model, prompt, tokens, messages=messages, stream=stream, **options)
         if not stream:
             return _generation.result(self._exchange(envelope))
         return _generation.Generation(self, self.send(envelope))

@@ -33,12 +33,14 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
   }
   // A prompt the context cannot hold is refused here, before a worker spends time tokenizing it:
   // no token is longer than kMaxBytesPerToken, so a longer prompt has more tokens than the context.
-  if (request.prompt().size() > uint64_t{m.entry.context} * kMaxBytesPerToken ||
+  uint64_t text_bytes = request.prompt().size();
+  for (const v1::ChatMessage& message : request.messages()) text_bytes += message.content().size();
+  if (text_bytes > uint64_t{m.entry.context} * kMaxBytesPerToken ||
       static_cast<uint64_t>(request.tokens_size()) >= m.entry.context) {
     return AnswerError(call, Error(Code::kInvalidArgument,
                                    "the prompt ({} bytes, {} token ids) does not fit the context of {} tokens of "
                                    "model \"{}\": shorten it",
-                                   request.prompt().size(), request.tokens_size(), m.entry.context, m.entry.name));
+                                   text_bytes, request.tokens_size(), m.entry.context, m.entry.name));
   }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   if (queued_ >= config_.max_queue) {

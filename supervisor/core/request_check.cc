@@ -38,10 +38,19 @@ Status CheckSlice(const v1::RegionSlice& slice, const char* what) {
 // names the option with the model's defaults in mind.
 Status CheckGenerate(const v1::GenerateRequest& g) {
   if (Status s = CheckModelName(g.model()); !s.ok()) return s;
-  if (g.prompt().empty() == g.tokens().empty()) {
-    return Error(Code::kInvalidArgument, "a generate request needs a prompt or token ids (one of them, not both)");
+  if (!g.prompt().empty() + !g.tokens().empty() + !g.messages().empty() != 1) {
+    return Error(Code::kInvalidArgument,
+                 "a generate request needs a prompt, token ids or messages (one of them, not both)");
   }
   if (!IsValidUtf8(g.prompt())) return Error(Code::kInvalidArgument, "the prompt is not valid UTF-8");
+  if (g.messages_size() > kMaxMessages) {
+    return Error(Code::kInvalidArgument, "{} messages: at most {}", g.messages_size(), kMaxMessages);
+  }
+  for (const v1::ChatMessage& m : g.messages()) {
+    if (m.role().empty() || !IsValidUtf8(m.role()) || !IsValidUtf8(m.content())) {
+      return Error(Code::kInvalidArgument, "a message needs a role, and its role and content must be valid UTF-8");
+    }
+  }
   if (g.stop_size() > kMaxStopStrings) {
     return Error(Code::kInvalidArgument, "{} stop strings: at most {}", g.stop_size(), kMaxStopStrings);
   }

@@ -24,6 +24,8 @@ inline constexpr uint32_t kMaxRequestReplicas = 1024;
 // the text it holds back).
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopBytes = 256;
+// Messages of a conversation (their bytes count as the prompt's: core/generate.cc).
+inline constexpr int kMaxMessages = 4096;
 
 // OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
 Status CheckRequest(const v1::Envelope& request);

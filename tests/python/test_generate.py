@@ -108,3 +108,29 @@ def test_the_asyncio_client_streams_too(lm_daemon):
         return [c async for c in generation]
 
     asyncio.run(run())
+
+
+def test_messages_go_through_the_models_chat_template(tmp_path_factory, lm_daemon):
+    d = Daemon(str(tmp_path_factory.mktemp("chat")))
+    directory = os.path.join(d.models_dir, "chat")
+    write_language_model(directory)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end|>",
+                   "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}"
+                                    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}, f)
+    d.start()
+    try:
+        with warmpool.Client(d.socket) as client:
+            conversation = [{"role": "user", "content": "Hello"}]
+            chat = client.generate("chat", messages=conversation, max_tokens=8, temperature=0, stream=False)
+            assert chat.prompt_tokens > 3
+            streamed = client.generate("chat", messages=conversation, max_tokens=8, temperature=0)
+            assert "".join(c.text for c in streamed) == chat.text
+            with pytest.raises(warmpool.InvalidArgument, match="one of them"):
+                client.generate("chat", "x", messages=conversation)
+    finally:
+        d.check_stopped_cleanly()
+    # A model without a chat template says so.
+    with warmpool.Client(lm_daemon.socket) as client:
+        with pytest.raises(warmpool.FailedPrecondition, match="chat template"):
+            client.generate("lm", messages=[{"role": "user", "content": "y"}], stream=False)

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/file_version.h"
 #include "devmem/host_memory.h"
@@ -219,6 +220,73 @@ TEST_F(TransformerEngineTest, BadRequestsAreRefusedByNameAndTheEngineKeepsServin
   stops.stop_count = 17;
   refused(stops, "stop strings");
   EXPECT_TRUE(Run(*engine, Greedy("still here", 4)).ok());
+}
+
+// A conversation goes through the model's chat template (engines/chat_template), its special tokens
+// written by the template, not added again: the same tokens as the rendered prompt given as text.
+TEST_F(TransformerEngineTest, MessagesAreRenderedByTheChatTemplate) {
+  const char* kTemplate =
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
+      "{% if add_generation_prompt %}assistant:{% endif %}";
+  std::ofstream(dir_.File("tokenizer_config.json"))
+      << nlohmann::json{{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|end|>"}, {"chat_template", kTemplate}}.dump();
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(engine->Load().ok());
+  const std::string roles[] = {"system", "user"}, contents[] = {"Be brief.", "Who wrote this License?"};
+  wp_string r[] = {{roles[0].data(), roles[0].size()}, {roles[1].data(), roles[1].size()}};
+  wp_string c[] = {{contents[0].data(), contents[0].size()}, {contents[1].data(), contents[1].size()}};
+  wp_generate_request chat = Greedy("", 12);
+  chat.roles = r;
+  chat.contents = c;
+  chat.message_count = 2;
+  Result<Output> chatted = Run(*engine, chat);
+  ASSERT_TRUE(chatted.ok()) << chatted.status().ToString();
+  // The same prompt, rendered here and tokenized without special tokens (the template wrote BOS).
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok());
+  const std::string rendered =
+      "<|begin_of_text|>system: Be brief.<|end|>user: Who wrote this License?<|end|>assistant:";
+  Result<std::vector<int32_t>> ids = m->tokenizer->Encode(rendered, /*add_special_tokens=*/false);
+  ASSERT_TRUE(ids.ok());
+  wp_generate_request tokens = Greedy("", 12);
+  tokens.tokens = ids->data();
+  tokens.token_count = ids->size();
+  Result<Output> direct = Run(*engine, tokens);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(chatted->tokens, direct->tokens);
+  EXPECT_EQ(chatted->result.prompt_tokens, ids->size());
+}
+
+TEST_F(TransformerEngineTest, AChatWithoutATemplateOrWithOneThatRaisesIsATypedError) {
+  Result<Engine> engine = OpenDirectory();  // tokenizer_config.json has no chat_template
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  const std::string role = "user", content = "hi";
+  wp_string r[] = {{role.data(), role.size()}}, c[] = {{content.data(), content.size()}};
+  wp_generate_request chat = Greedy("", 4);
+  chat.roles = r;
+  chat.contents = c;
+  chat.message_count = 1;
+  Result<Output> none = Run(*engine, chat);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(none.status().message(), "chat template")) << none.status().message();
+
+  std::ofstream(dir_.File("tokenizer_config.json"))
+      << nlohmann::json{{"eos_token", "<|end|>"}, {"chat_template", "{{ raise_exception('Roles must alternate') }}"}}.dump();
+  Result<Engine> raising = OpenDirectory();
+  ASSERT_TRUE(raising.ok() && raising->Load().ok());
+  Result<Output> raised = Run(*raising, chat);
+  ASSERT_FALSE(raised.ok());
+  EXPECT_EQ(raised.status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(raised.status().message(), "Roles must alternate")) << raised.status().message();
+
+  // A template that does not parse refuses the model when it is read (its registration).
+  std::ofstream(dir_.File("tokenizer_config.json"))
+      << nlohmann::json{{"eos_token", "<|end|>"}, {"chat_template", "{% for m in messages %}"}}.dump();
+  Result<Engine> broken = OpenDirectory();
+  ASSERT_FALSE(broken.ok());
+  EXPECT_TRUE(Contains(broken.status().message(), "tokenizer_config.json")) << broken.status().message();
 }
 
 TEST_F(TransformerEngineTest, ASymlinkInTheDirectoryIsRefusedNotFollowed) {

@@ -139,6 +139,11 @@ typedef struct wp_generate_request {
   uint64_t seed;
   const wp_string* stop;     /* generation ends before the first of these in the text */
   uint32_t stop_count;
+  /* ... or a conversation (message_count > 0): roles[i] and contents[i], rendered into the prompt
+   * by the model's chat template, ending with the assistant's turn. */
+  const wp_string* roles;
+  const wp_string* contents;
+  uint32_t message_count;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */
