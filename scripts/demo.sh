@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults: build the product (not the tests: scripts/test.sh does),
-# start warmpoold, write two demo models, load them, run inference, show what is loaded, stop.
+# start warmpoold, write two demo models, load them, run inference, generate text with the shipped
+# language model (demo/license-llama), show what is loaded, stop.
 # Everything but the build happens in a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARMPOOL_BUILD_
   -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
 cmake --build build -j"$(nproc)" --target product
 bin=$PWD/build/bin
+repo=$PWD
 
 work=$(mktemp -d)
 daemon=""
@@ -22,6 +24,9 @@ cd "$work"
 mkdir models
 "$bin/warmpool-mkmodel" models/classifier.safetensors --layers 64,256,256,10 --activation relu
 "$bin/warmpool-mkmodel" models/encoder.safetensors --layers 128,512,64 --activation gelu --dtype f16
+# A language model is a directory: the one trained by scripts/train-demo-model.py on Debian's
+# license texts, shipped in the repository.
+cp -R "$repo/demo/license-llama" models/
 
 # The defaults: host backend, ./models, a quarter of RAM. Only the socket is made private here.
 export WARMPOOL_SOCKET=$work/warmpool.sock
@@ -37,6 +42,8 @@ set -x
 echo '[[0.5, -1, 0.25, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]]' \
   | "$bin/warmpool" infer classifier --input - --json
 "$bin/warmpool" infer encoder --random 1 --json | head -c 200; echo
+"$bin/warmpool" generate license-llama "This License" --max-tokens 48 --temperature 0 --verbose
+"$bin/warmpool" generate license-llama "You may convey" --max-tokens 32 --temperature 0.8 --seed 7 --json | tail -n 1
 "$bin/warmpool" ps
 "$bin/warmpool" status
 set +x

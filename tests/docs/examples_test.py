@@ -11,13 +11,14 @@ non-blank line is `<!-- not run: REASON -->` is counted and reported, never run 
 GPU, minutes of runtime).
 
 Each block runs on its own in a fresh `bash -e -o pipefail`, so every command must exit 0, from a
-scratch copy of the repository root (python/ and ipc/warmpool.proto copied, build/ a link to
+scratch copy of the repository root (python/, demo/ and ipc/warmpool.proto copied, build/ a link to
 BUILD_DIR):
 
 - README.md's blocks run with no context at all (no WARMPOOL_SOCKET, no daemon): the quick start
   must set up everything it uses.
 - the blocks of docs/*.md run in the context the quick start leaves: $WP a directory holding
-  models/tiny.safetensors (4 inputs, 8 hidden, 3 outputs), WARMPOOL_SOCKET=$WP/warmpool.sock
+  models/tiny.safetensors (4 inputs, 8 hidden, 3 outputs) and models/license-llama (the shipped
+  language model, demo/), WARMPOOL_SOCKET=$WP/warmpool.sock
   served by a warmpoold started with --models-dir $WP/models whose pid is $daemon, build/bin
   first on PATH, and
   python/warmpool/warmpool_pb2.py generated (so PYTHONPATH=python imports the client). Every file
@@ -109,6 +110,7 @@ def scratch_root(source, build, work):
                     ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__",
                                                   "warmpool_pb2.py"))
     shutil.copy(os.path.join(source, "ipc", "warmpool.proto"), os.path.join(root, "ipc"))
+    shutil.copytree(os.path.join(source, "demo"), os.path.join(root, "demo"))
     os.symlink(build, os.path.join(root, "build"))
     return root
 
@@ -132,6 +134,7 @@ class Context:
         subprocess.run([os.path.join(bin_dir, "warmpool-mkmodel"),
                         os.path.join(wp, "models", "tiny.safetensors"), "--layers", "4,8,3"],
                        check=True, stdout=subprocess.DEVNULL)
+        shutil.copytree(os.path.join(root, "demo", "license-llama"), os.path.join(wp, "models", "license-llama"))
         pb2 = os.path.join(root, "python", "warmpool", "warmpool_pb2.py")
         if not os.path.exists(pb2):
             subprocess.run(["protoc", "--python_out=python/warmpool", "-I", "ipc",
