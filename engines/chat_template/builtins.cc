@@ -10,8 +10,6 @@
 namespace warmpool::chat {
 namespace {
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
 // Python's str.strip family: whitespace, or the characters given.
 std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
   auto drop = [&](char c) {

@@ -1,11 +1,11 @@
 #include "engines/chat_template/lexer.h"
 
+#include "engines/chat_template/value.h"
+
 #include <cctype>
 
 namespace warmpool::chat {
 namespace {
-
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 // Appends the UTF-8 bytes of a code point (\u escapes in string literals).
 void AppendUtf8(uint32_t cp, std::string& out) {

@@ -38,7 +38,9 @@ class Parser {
     while (at_ < pieces_.size()) {
       Piece& p = pieces_[at_];
       if (p.kind == Piece::Kind::kText) {
-        body.push_back(Node{Node::Kind::kText, p.text});
+        Node text;
+        text.text = p.text;
+        body.push_back(std::move(text));
         at_++;
         continue;
       }
@@ -50,7 +52,8 @@ class Parser {
         Result<ExprPtr> e = Expression();
         if (!e.ok()) return e.status();
         if (Status s = Expect(Token::Kind::kEnd, ""); !s.ok()) return s;
-        Node n{Node::Kind::kOutput};
+        Node n;
+        n.kind = Node::Kind::kOutput;
         n.expr = std::move(*e);
         n.line = p.line;
         body.push_back(std::move(n));

@@ -76,6 +76,9 @@ Result<bool> Less(const Value& a, const Value& b);
 // keys in the order written), depth-bounded by the parser that made it; and out, as Hugging Face's tojson writes it (json.dumps with ensure_ascii=False).
 Value FromJson(const nlohmann::ordered_json& json);
 Result<std::string> ToJson(const Value& value, int indent = -1, bool sort_keys = false);
+// Python's whitespace (str.strip, str.split) and Jinja's, between tokens and for {%- -%}.
+inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
 // Python's repr() of a float: the shortest digits that round-trip, scientific outside 1e-4..1e16.
 std::string FloatRepr(double d);
 
