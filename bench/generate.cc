@@ -9,11 +9,14 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "bench/stats.h"
+#include "common/paths.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/generation.h"
+#include "engines/transformer/prefill_matmul.h"
 #include "engines/transformer/random_checkpoint.h"
 #include "engines/transformer/weights.h"
 
@@ -46,6 +49,71 @@ double ReadBandwidth(const std::vector<float>& buffer, uint32_t threads) {
   const double seconds = Seconds(start);
   if (total == 12345.678) std::puts("");  // keeps the sum alive
   return static_cast<double>(blocks * kLanes * sizeof(float)) / seconds;
+}
+
+// The prefill's products alone on oneDNN (the engine's PrefillMatmul, on f32 copies of the
+// weights: in place, nothing widened per call): every projection of every layer and the output
+// head's one row, for `rows` prompt tokens. Seconds.
+class ProductsAlone {
+ public:
+  ProductsAlone(const tf::ModelWeights& w, int threads) : threads_(threads) {
+    for (const tf::LayerWeights& layer : w.layers) {
+      for (const tf::Matrix* m : {&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down}) Add(*m);
+    }
+    Add(w.lm_head);
+  }
+  double Seconds(uint32_t rows) {
+    std::vector<float> x(uint64_t{rows} * widest_, 0.5f), y(uint64_t{rows} * tallest_);
+    const auto start = Clock::now();
+    for (size_t i = 0; i < matrices_.size(); ++i) {
+      const bool head = i + 1 == matrices_.size();  // the output head: the last row only
+      if (!matmul_.Run(x.data(), head ? 1 : rows, matrices_[i], {}, y.data(), threads_).ok()) return -1;
+    }
+    return bench::Seconds(start);
+  }
+
+ private:
+  void Add(const tf::Matrix& m) {
+    auto& copy = copies_.emplace_back(uint64_t{m.rows} * m.cols);
+    tf::Widen(m.data, m.dtype, 0, copy.size(), copy.data());
+    matrices_.push_back(tf::Matrix{safetensors::DType::F32, m.rows, m.cols, reinterpret_cast<const uint8_t*>(copy.data())});
+    widest_ = std::max(widest_, m.cols);
+    tallest_ = std::max(tallest_, m.rows);
+  }
+  int threads_;
+  std::vector<std::vector<float>> copies_;
+  std::vector<tf::Matrix> matrices_;
+  uint32_t widest_ = 0, tallest_ = 0;
+  tf::PrefillMatmul matmul_;
+};
+
+struct TorchFigures {
+  double decode = 0, prefill = 0;
+  std::string why_not;  // set when there are none
+};
+
+// PyTorch on the same checkpoint (bench/torch_llama.py): the medians of its rounds.
+TorchFigures RunTorch(const GenerateOptions& options, const std::string& dir) {
+  TorchFigures out;
+  if (options.torch_python.empty()) return out.why_not = "not asked for (--torch-python \"\")", out;
+  const std::string command =
+      fmt::format("{} {} {} {} {} {} {} {} 2>&1", options.torch_python, NextToSelf("warmpool-bench-torch-llama.py"), dir,
+                  options.dtype, options.threads, options.prompt, options.tokens, options.rounds);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out.why_not = "cannot run " + options.torch_python, out;
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) text.append(buf, n);
+  const int status = pclose(pipe);
+  try {
+    const nlohmann::json figures = nlohmann::json::parse(text.substr(text.rfind('{')));
+    out.decode = Median(figures.at("decode_tokens_per_s").get<std::vector<double>>());
+    out.prefill = Median(figures.at("prefill_tokens_per_s").get<std::vector<double>>());
+  } catch (const std::exception&) {
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    out.why_not = fmt::format("PyTorch gave no figures (status {}): {}", status, text.substr(0, 300));
+  }
+  return out;
 }
 
 }  // namespace
@@ -102,9 +170,11 @@ int RunGenerate(const GenerateOptions& options) {
   const uint64_t step_bytes = weights->bytes - vocab * hidden * element;
   std::vector<float> buffer(std::max<uint64_t>(step_bytes, 64u << 20) / sizeof(float), 1.0f);
 
-  std::vector<double> bandwidth, decode_tps, prefill_tps;
+  ProductsAlone products(*weights, static_cast<int>(options.threads));
+  std::vector<double> bandwidth, decode_tps, prefill_tps, products_tps;
   for (uint32_t round = 0; round < options.rounds; ++round) {
     bandwidth.push_back(ReadBandwidth(buffer, options.threads));
+    products_tps.push_back(options.prompt / products.Seconds(options.prompt));
     tf::KvCache cache((*checkpoint)->config(), options.prompt + options.tokens + 1);
     std::vector<int32_t> prompt(options.prompt);
     for (uint32_t i = 0; i < options.prompt; ++i) prompt[i] = static_cast<int32_t>((i * 7919u + round) % vocab);
@@ -126,13 +196,25 @@ int RunGenerate(const GenerateOptions& options) {
     decode_tps.push_back(options.tokens / Seconds(start));
   }
   const double bw = Median(bandwidth), tps = Median(decode_tps), prefill = Median(prefill_tps);
+  const double alone = Median(products_tps);
   const double decode_bytes = tps * static_cast<double>(step_bytes);
+  const TorchFigures torch = RunTorch(options, dir);
   if (options.json) {
-    std::printf("{\"layers\": %u, \"dtype\": \"%s\", \"weight_bytes\": %llu, \"threads\": %u, "
-                "\"read_bandwidth_gbs\": %.3f, \"decode_tokens_per_s\": %.3f, \"decode_gbs\": %.3f, "
-                "\"decode_fraction_of_bandwidth\": %.3f, \"prefill_tokens_per_s\": %.3f}\n",
-                spec.num_hidden_layers, options.dtype.c_str(), static_cast<unsigned long long>(weights->bytes),
-                options.threads, bw / 1e9, tps, decode_bytes / 1e9, decode_bytes / bw, prefill);
+    nlohmann::json out = {{"layers", spec.num_hidden_layers}, {"dtype", options.dtype},
+                          {"weight_bytes", weights->bytes}, {"threads", options.threads},
+                          {"read_bandwidth_gbs", bw / 1e9}, {"decode_tokens_per_s", tps},
+                          {"decode_gbs", decode_bytes / 1e9}, {"decode_fraction_of_bandwidth", decode_bytes / bw},
+                          {"prefill_tokens_per_s", prefill}, {"prefill_products_alone_tokens_per_s", alone},
+                          {"prefill_vs_products_alone", prefill / alone}};
+    if (torch.why_not.empty()) {
+      out["torch_decode_tokens_per_s"] = torch.decode;
+      out["torch_prefill_tokens_per_s"] = torch.prefill;
+      out["decode_vs_torch"] = tps / torch.decode;
+      out["prefill_vs_torch"] = prefill / torch.prefill;
+    } else {
+      out["torch"] = torch.why_not;
+    }
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
   std::printf("transformer on the CPU: %u layers, %s weights, %.0f MiB, %u thread(s), median of %u rounds\n",
@@ -142,6 +224,15 @@ int RunGenerate(const GenerateOptions& options) {
   std::printf("  decode, batch 1                         %8.2f tokens/s  %6.2f GB/s of weights  %.2fx the bandwidth\n",
               tps, decode_bytes / 1e9, decode_bytes / bw);
   std::printf("  prefill of %u tokens                    %8.2f tokens/s\n", options.prompt, prefill);
+  std::printf("  its products alone on oneDNN (f32)      %8.2f tokens/s  prefill %.2fx that\n", alone, prefill / alone);
+  if (!torch.why_not.empty()) {
+    std::printf("  PyTorch: none (%s)\n", torch.why_not.c_str());
+    return 0;
+  }
+  std::printf("  PyTorch, %s, decode                   %8.2f tokens/s  engine %.2fx\n", options.dtype.c_str(),
+              torch.decode, tps / torch.decode);
+  std::printf("  PyTorch, %s, prefill                  %8.2f tokens/s  engine %.2fx\n", options.dtype.c_str(),
+              torch.prefill, prefill / torch.prefill);
   return 0;
 }
 

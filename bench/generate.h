@@ -5,8 +5,11 @@
 // summing a buffer as large as the weights with the engine's thread count (the limit of a decode
 // step, which reads every weight once), a prefill of --prompt tokens, and --tokens greedy decode
 // steps. Reports decode tokens/s, the weight bytes those steps read per second, and that as a
-// fraction of the measured bandwidth (the goal: at least 0.8); prefill tokens/s. Like the
-// other modes it asserts nothing.
+// fraction of the measured bandwidth (the goal: at least 0.8); prefill tokens/s. Then, on
+// the same checkpoint, PyTorch's decode and prefill (bench/torch_llama.py, installed beside the
+// binary; in the same dtype, in a child process after the engine's rounds) and the engine's ratio
+// to them (the goal: decode at least 1.5x PyTorch's in bf16). Like the other modes it asserts
+// nothing.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@ struct GenerateOptions {
   uint32_t tokens = 32;   // decode steps
   uint32_t rounds = 3;
   bool json = false;
+  std::string torch_python = "/usr/bin/python3";  // empty: no PyTorch baseline
 };
 
 // Runs the whole mode; returns the process exit status (0, or 1 after printing an error).

@@ -362,8 +362,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--torch-python", options.torch_python,
-                 "--compute: Python with PyTorch for the bf16 baseline (empty: none; without PyTorch the "
-                 "column is left out, saying why)")
+                 "--compute, --generate: Python with PyTorch for the baseline (empty: none; without "
+                 "PyTorch it is left out, saying why)")
       ->capture_default_str();
   app.add_flag("--generate", options.generate,
                "the transformer engine on the CPU, in-process: decode tokens/s against the read bandwidth "
@@ -428,6 +428,7 @@ int main(int argc, char** argv) {
     generate.tokens = options.tokens;
     if (app.get_option("--rounds")->count() > 0) generate.rounds = options.rounds;
     generate.json = options.json;
+    generate.torch_python = options.torch_python;
     return warmpool::bench::RunGenerate(generate);
   }
   if (options.compute) {
