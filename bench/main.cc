@@ -28,6 +28,7 @@
 #include "bench/batching.h"
 #include "bench/compute.h"
 #include "bench/generate.h"
+#include "bench/parked_generate.h"
 #include "bench/recovery.h"
 #include "bench/restart.h"
 #include "bench/switch.h"
@@ -83,6 +84,7 @@ struct Options {
   bool regions = false;
   // --generate
   bool generate = false;
+  bool parked = false;
   std::string dtype = "bf16";
   uint32_t prompt = 128;
   uint32_t tokens = 32;
@@ -369,6 +371,9 @@ int main(int argc, char** argv) {
                "the transformer engine on the CPU, in-process: decode tokens/s against the read bandwidth "
                "measured in the same run, and prefill (see bench/generate.h)");
   app.add_option("--dtype", options.dtype, "--generate: f32, f16 or bf16 weights")->capture_default_str();
+  app.add_flag("--parked", options.parked,
+               "--generate: through a daemon, a parked model's time to first token against unpark + prefill "
+               "(bench/parked_generate.h; run from the repository root: it takes the demo model's tokenizer)");
   app.add_option("--prompt", options.prompt, "--generate: prefill tokens")->capture_default_str();
   app.add_option("--tokens", options.tokens, "--generate: decode steps")->capture_default_str();
   app.add_flag("--batching", options.batching,
@@ -418,6 +423,15 @@ int main(int argc, char** argv) {
     batching.delay_us = options.delay_us;
     batching.json = options.json;
     return warmpool::bench::RunBatching(batching);
+  }
+  if (options.generate && options.parked) {
+    warmpool::bench::ParkedGenerateOptions parked;
+    parked.daemon = options.daemon;
+    if (app.get_option("--model-mib")->count() > 0) parked.model_mib = static_cast<uint32_t>(options.model_mib);
+    parked.prompt = options.prompt;
+    if (app.get_option("--rounds")->count() > 0) parked.rounds = options.rounds;
+    parked.json = options.json;
+    return warmpool::bench::RunParkedGenerate(parked);
   }
   if (options.generate) {
     warmpool::bench::GenerateOptions generate;

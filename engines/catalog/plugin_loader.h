@@ -12,7 +12,7 @@
 //
 // Installing it
 //   Set `[daemon] engine_dir = "/path/to/engines"` and put <engine>.so there; a model then names it
-//   with `engine = "<engine>"`. A name that is built in ("dense", "echo") always means the built-in
+//   with `engine = "<engine>"`. A name that is built in ("dense", "echo", "transformer") always means the built-in
 //   engine: a plugin file of that name is never loaded.
 //
 // What is checked before any plugin code runs (a hostile plugin file is the threat)

@@ -10,12 +10,12 @@
 #include <memory>
 #include <new>
 #include <optional>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "common/small_file.h"
 #include "engines/builtin.h"
+#include "engines/dense_cpu.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/packed_model.h"
 #include "engines/transformer/text_generation.h"
@@ -77,8 +77,8 @@ Status Bind(TransformerEngine& e) {
   Result<ServingFiles> files = ServingFiles::Parse(texts, e.packed.config.vocab_size, e.name);
   if (!files.ok()) return files.status();
   e.files = std::move(*files);
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  e.model = std::make_unique<CpuModel>(e.packed.config, *weights, threads);
+  // The worker's compute threads ([daemon] threads_per_worker), as the dense engine uses them.
+  e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
   e.cache = std::make_unique<KvCache>(e.packed.config, e.context);
   return OkStatus();
 }

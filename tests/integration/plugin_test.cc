@@ -158,7 +158,7 @@ TEST_F(PluginTest, MissingPluginAndSymlinkOutOfTheEngineDirAreRegisteredAsFailed
   EXPECT_EQ(models["ghost"]["state"], "failed");
   EXPECT_EQ(models["ghost"]["error"],
             "model \"ghost\": engine \"ghost\" not found: no built-in engine of that name (built in: "
-            "dense, echo) and no ghost.so in " + fs::canonical(engines).string());
+            "dense, echo, transformer) and no ghost.so in " + fs::canonical(engines).string());
   EXPECT_EQ(models["evil"]["state"], "failed");
   EXPECT_NE(models["evil"]["error"].get<std::string>().find("outside the engine directory"), std::string::npos)
       << models["evil"].dump();

@@ -1,0 +1,129 @@
+#include "bench/parked_generate.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "bench/skeleton.h"
+#include "bench/stats.h"
+#include "engines/transformer/random_checkpoint.h"
+#include "engines/tokenizer/tokenizer.h"
+
+namespace warmpool::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double MsSince(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
+
+class ParkedGenerate {
+ public:
+  ParkedGenerate(ParkedGenerateOptions options, BenchRun& run) : options_(std::move(options)), run_(run) {}
+
+  Status Run() {
+    const std::string models = run_.File("models");
+    const std::string model = models + "/parked";
+    fs::create_directories(model);
+    std::error_code ec;
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(fs::path(options_.tokenizer_dir) / name, fs::path(model) / name, ec);
+      if (ec) {
+        return Error(Code::kNotFound, "{}/{}: {} (run from the repository root, or give --tokenizer-dir)",
+                     options_.tokenizer_dir, name, ec.message());
+      }
+    }
+    Result<std::unique_ptr<tokenizer::Tokenizer>> t = tokenizer::Tokenizer::Load(model + "/tokenizer.json");
+    if (!t.ok()) return t.status();
+    transformer::RandomCheckpoint spec;
+    spec.vocab_size = (*t)->vocab_size();
+    spec.hidden_size = 1024;
+    spec.intermediate_size = 2816;
+    spec.num_attention_heads = 16;
+    spec.num_key_value_heads = 4;
+    spec.max_position_embeddings = 2048;
+    spec.dtype = safetensors::DType::BF16;
+    const uint64_t per_layer = (2ull * 1024 * 1024 + 2ull * 1024 * 256 + 3ull * 1024 * 2816) * 2;
+    spec.num_hidden_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{options_.model_mib} << 20) / per_layer));
+    if (Status s = transformer::WriteRandomCheckpoint(model, spec); !s.ok()) return s;
+    // A prompt of about --prompt tokens of the vocabulary's own text.
+    for (uint32_t i = 0; prompt_tokens_ < options_.prompt; i++) {
+      prompt_ += "the terms of this License ";
+      Result<std::vector<int32_t>> ids = (*t)->Encode(prompt_);
+      if (!ids.ok()) return ids.status();
+      prompt_tokens_ = static_cast<uint32_t>(ids->size());
+    }
+    const std::string config = fmt::format("[daemon]\nmodels_dir = \"{}\"\n[pool]\npark_budget = \"4GiB\"\n", models);
+    if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
+    Result<std::unique_ptr<client::Client>> c = run_.Connect();
+    if (!c.ok()) return run_.WithLog(c.status());
+    client_ = std::move(*c);
+    if (Result<double> warm = FirstToken(); !warm.ok()) return run_.WithLog(warm.status());  // loaded, seen once
+    std::vector<double> prefill, unpark, parked;
+    for (uint32_t r = 0; r < options_.rounds; r++) {
+      Result<double> p = FirstToken();  // ready: the prefill alone
+      if (!p.ok()) return run_.WithLog(p.status());
+      prefill.push_back(*p);
+      if (Status s = client_->Unload("parked", /*park=*/true); !s.ok()) return run_.WithLog(s);
+      const auto start = Clock::now();
+      if (Result<v1::LoadReply> l = client_->Load("parked"); !l.ok()) return run_.WithLog(l.status());
+      unpark.push_back(MsSince(start));  // the unpark alone
+      if (Status s = client_->Unload("parked", /*park=*/true); !s.ok()) return run_.WithLog(s);
+      Result<double> f = FirstToken();  // parked: unpark, then prefill, in one request
+      if (!f.ok()) return run_.WithLog(f.status());
+      parked.push_back(*f);
+    }
+    Print(Median(prefill), Median(unpark), Median(parked), spec.num_hidden_layers);
+    return run_.StopDaemon();
+  }
+
+ private:
+  // ms from sending a one-token generation to its first chunk.
+  Result<double> FirstToken() {
+    v1::GenerateRequest r;
+    r.set_model("parked");
+    r.set_prompt(prompt_);
+    r.set_max_tokens(1);
+    r.set_temperature(0);
+    r.set_stream(true);
+    double first = -1;
+    const auto start = Clock::now();
+    Result<v1::GenerateReply> reply = client_->Generate(r, [&](const v1::GenerateChunk&) {
+      if (first < 0) first = MsSince(start);
+    });
+    if (!reply.ok()) return reply.status();
+    return first >= 0 ? first : MsSince(start);
+  }
+
+  void Print(double prefill, double unpark, double parked, uint32_t layers) {
+    const double ratio = parked / (unpark + prefill);
+    if (options_.json) {
+      std::printf("{\"mode\": \"parked-generate\", \"model_mib\": %u, \"layers\": %u, \"prompt_tokens\": %u, "
+                  "\"prefill_ms\": %.2f, \"unpark_ms\": %.2f, \"parked_first_token_ms\": %.2f, "
+                  "\"first_token_vs_unpark_plus_prefill\": %.3f}\n",
+                  options_.model_mib, layers, prompt_tokens_, prefill, unpark, parked, ratio);
+      return;
+    }
+    std::printf("warmpool-bench --generate --parked: a %u MiB bf16 model (%u layers), a %u-token prompt, medians of %u rounds\n",
+                options_.model_mib, layers, prompt_tokens_, options_.rounds);
+    std::printf("  first token, model ready (the prefill)      %8.2f ms\n", prefill);
+    std::printf("  unpark alone (load of the parked model)     %8.2f ms\n", unpark);
+    std::printf("  first token, model parked                   %8.2f ms   %.2fx unpark + prefill\n", parked, ratio);
+  }
+
+  ParkedGenerateOptions options_;
+  BenchRun& run_;
+  std::unique_ptr<client::Client> client_;
+  std::string prompt_;
+  uint32_t prompt_tokens_ = 0;
+};
+
+}  // namespace
+
+int RunParkedGenerate(const ParkedGenerateOptions& options) {
+  return BenchRun::Main("parked-generate", [&](BenchRun& run) { return ParkedGenerate(options, run).Run(); });
+}
+
+}  // namespace warmpool::bench
