@@ -10,6 +10,7 @@
 
 #include "common/utf8.h"
 #include "ipc/codes.h"
+#include "replyjson/reply_json.h"
 
 namespace warmpool::cli {
 namespace {
@@ -45,21 +46,6 @@ v1::GenerateRequest RequestOf(const GenerateArgs& args, const std::string& promp
   return r;
 }
 
-nlohmann::json FinalJson(const v1::GenerateReply& reply) {
-  nlohmann::json out = {{"done", true},
-                        {"finish_reason", reply.finish_reason()},
-                        {"prompt_tokens", reply.prompt_tokens()},
-                        {"completion_tokens", reply.completion_tokens()},
-                        {"first_token_us", reply.first_token_us()},
-                        {"generate_us", reply.generate_us()},
-                        {"chunks", reply.chunks()}};
-  if (!reply.text().empty() || reply.tokens_size() > 0) {
-    out["text"] = reply.text();
-    out["tokens"] = std::vector<int32_t>(reply.tokens().begin(), reply.tokens().end());
-  }
-  return out;
-}
-
 void PrintLine(const nlohmann::json& line) {
   const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -73,9 +59,7 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRe
   Result<v1::GenerateReply> reply = client.Generate(std::move(request), [&](const v1::GenerateChunk& chunk) {
     generated += chunk.text();
     if (args.json) {
-      PrintLine({{"index", chunk.index()},
-                 {"text", chunk.text()},
-                 {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}});
+      PrintLine(replyjson::GenerateChunkJson(chunk));
     } else {
       std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
       std::fflush(stdout);
@@ -90,7 +74,7 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRe
   generated += reply->text();
   if (text != nullptr) *text = std::move(generated);
   if (args.json) {
-    PrintLine(FinalJson(*reply));
+    PrintLine(replyjson::GenerateReplyJson(*reply));
   } else {
     std::fwrite(reply->text().data(), 1, reply->text().size(), stdout);
     std::fputc('\n', stdout);

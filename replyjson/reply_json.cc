@@ -80,6 +80,27 @@ json StatusJson(const v1::StatusReply& reply) {
           {"failed", failed}, {"fault_injection", reply.fault_injection()}, {"loading", loading}};
 }
 
+json GenerateChunkJson(const v1::GenerateChunk& chunk) {
+  return {{"index", chunk.index()},
+          {"text", chunk.text()},
+          {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}};
+}
+
+json GenerateReplyJson(const v1::GenerateReply& r) {
+  json out = {{"done", true},
+              {"finish_reason", r.finish_reason()},
+              {"prompt_tokens", r.prompt_tokens()},
+              {"completion_tokens", r.completion_tokens()},
+              {"first_token_us", r.first_token_us()},
+              {"generate_us", r.generate_us()},
+              {"chunks", r.chunks()}};
+  if (!r.text().empty() || r.tokens_size() > 0) {
+    out["text"] = r.text();
+    out["tokens"] = std::vector<int32_t>(r.tokens().begin(), r.tokens().end());
+  }
+  return out;
+}
+
 json LoadJson(const v1::LoadReply& r) {
   json evicted = json::array();
   for (const std::string& name : r.evicted()) evicted.push_back(name);

@@ -21,6 +21,11 @@ nlohmann::json PsJson(const v1::PsReply& reply);
 nlohmann::json StatusJson(const v1::StatusReply& reply);
 // POST /v1/models/NAME/load: what the load did (replicas added or capped, models evicted).
 nlohmann::json LoadJson(const v1::LoadReply& reply);
+// A generation: one chunk ({"index", "text", "tokens"}), and the final reply ({"done": true,
+// "finish_reason", token counts, times, "chunks"; and "text", "tokens" when it holds them) — the
+// lines of `warmpool generate --json` and of the HTTP API's NDJSON stream.
+nlohmann::json GenerateChunkJson(const v1::GenerateChunk& chunk);
+nlohmann::json GenerateReplyJson(const v1::GenerateReply& reply);
 // A list of rows, each a list of numbers.
 nlohmann::json MatrixJson(const client::Matrix& m);
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ipc/error_proto.h"
+#include "replyjson/reply_json.h"
 #include "supervisor/http_api_body.h"
 
 namespace warmpool::supervisor::httpapi {
@@ -21,17 +22,6 @@ Result<std::optional<double>> Number(const json& body, const char* key) {
   if (it == body.end() || it->is_null()) return std::optional<double>();
   if (!it->is_number()) return Error(Code::kInvalidArgument, "\"{}\" must be a number", key);
   return std::optional<double>(it->get<double>());
-}
-
-json Final(const v1::GenerateReply& r) {
-  json out = {{"done", true},
-              {"finish_reason", r.finish_reason()},
-              {"prompt_tokens", r.prompt_tokens()},
-              {"completion_tokens", r.completion_tokens()},
-              {"first_token_us", r.first_token_us()},
-              {"generate_us", r.generate_us()},
-              {"chunks", r.chunks()}};
-  return out;
 }
 
 }  // namespace
@@ -120,23 +110,22 @@ Status FillGenerate(const http::Request& request, const std::string& model, v1::
   return OkStatus();
 }
 
-std::string GenerateChunkLine(const v1::GenerateChunk& chunk) {
-  return Line({{"index", chunk.index()},
-               {"text", chunk.text()},
-               {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}});
-}
+std::string GenerateChunkLine(const v1::GenerateChunk& chunk) { return Line(replyjson::GenerateChunkJson(chunk)); }
 
 std::string GenerateFinalLine(const v1::Envelope& reply) {
   if (reply.has_error()) {
     const Status s = ipc::StatusFromError(reply.error());
     return Line({{"error", s.ToString()}, {"code", v1::Code_Name(reply.error().code())}});
   }
-  return Line(Final(reply.generate_reply()));
+  json done = replyjson::GenerateReplyJson(reply.generate_reply());
+  done.erase("text");  // streamed: the text came in the lines
+  done.erase("tokens");
+  return Line(done);
 }
 
 std::string GenerateReplyJson(const v1::GenerateReply& reply) {
-  json out = Final(reply);
-  out["text"] = reply.text();
+  json out = replyjson::GenerateReplyJson(reply);
+  out["text"] = reply.text();  // whole: even when empty
   out["tokens"] = std::vector<int32_t>(reply.tokens().begin(), reply.tokens().end());
   return Line(out);
 }

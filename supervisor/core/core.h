@@ -245,6 +245,8 @@ class Core {
   void Enqueue(uint32_t model, Waiter&& waiter);
   void DrainReady(uint32_t model);
   void Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter);
+  // The job that runs a waiting request on `worker` (the request itself is the caller's to move).
+  Job InferJobFor(uint32_t model, uint32_t worker, const Waiter& waiter) const;
   // The model is busy with job `id` (sent in `infer`): counted in flight, touched, the deadline told.
   void StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer);
   void OnInferDone(Job& job, v1::WorkerInferDone& done);

@@ -123,12 +123,7 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
                                           "frame limit of {}: send fewer rows per request",
                                           input.rows(), reply_bytes, config_.max_frame_bytes));
   }
-  Job job{.kind = Job::Kind::kInfer, .worker = worker, .model = model};
-  job.call = waiter.call;
-  job.deadline_ms = waiter.deadline_ms;
-  job.crashes = waiter.crashes;
-  job.shared_crashes = waiter.shared_crashes;
-  job.retry = waiter.retry;
+  Job job = InferJobFor(model, worker, waiter);
   job.request = std::move(waiter.infer);
   job.frame_bytes = job.request.input().data().size() + reply_bytes;
   v1::WorkerEnvelope message;
@@ -163,6 +158,16 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   }
   Send(worker, message, std::move(handles));
   (void)infer->unsafe_arena_release_input();
+}
+
+Core::Job Core::InferJobFor(uint32_t model, uint32_t worker, const Waiter& waiter) const {
+  Job job{.kind = Job::Kind::kInfer, .worker = worker, .model = model};
+  job.call = waiter.call;
+  job.deadline_ms = waiter.deadline_ms;
+  job.crashes = waiter.crashes;
+  job.shared_crashes = waiter.shared_crashes;
+  job.retry = waiter.retry;
+  return job;
 }
 
 void Core::StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer) {

@@ -68,12 +68,7 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
 }
 
 void Core::DispatchGenerate(uint32_t model, uint32_t worker, Waiter&& waiter) {
-  Job job{.kind = Job::Kind::kInfer, .worker = worker, .model = model};
-  job.call = waiter.call;
-  job.deadline_ms = waiter.deadline_ms;
-  job.crashes = waiter.crashes;
-  job.shared_crashes = waiter.shared_crashes;
-  job.retry = waiter.retry;
+  Job job = InferJobFor(model, worker, waiter);
   job.generate = std::move(waiter.generate);
   job.frame_bytes = job.generate->ByteSizeLong();
   v1::WorkerEnvelope message;
