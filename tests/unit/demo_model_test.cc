@@ -30,9 +30,9 @@ std::string DemoDirectory() {
 class DemoModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const int dir = open(DemoDirectory().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ASSERT_GE(dir, 0) << DemoDirectory();
-    wp_engine_spec spec = SpecForFile("license-llama", DemoDirectory().c_str());
+    const int dir = open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(dir, 0) << directory_;
+    wp_engine_spec spec = SpecForFile("license-llama", directory_.c_str());  // the spec borrows it
     spec.has_directory = 1;
     spec.directory_fd = dir;
     Result<Engine> engine = Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
@@ -56,12 +56,13 @@ class DemoModelTest : public ::testing::Test {
     EXPECT_TRUE(done.ok()) << done.status().ToString();
     return tokens;
   }
+  const std::string directory_ = DemoDirectory();
   HostMemory memory_;
   std::optional<Engine> engine_;
 };
 
 TEST_F(DemoModelTest, GreedyContinuationsAreTheTrainingScriptsOwn) {
-  std::ifstream in(DemoDirectory() + "/expected.json");
+  std::ifstream in(directory_ + "/expected.json");
   const nlohmann::json expected = nlohmann::json::parse(in);
   ASSERT_GE(expected.size(), 4u);
   for (const nlohmann::json& e : expected) {
