@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   std::string worker_path;
   app.add_option("--config", config_file, "TOML configuration file (optional)");
   app.add_option("--socket", socket, "client socket path (default $XDG_RUNTIME_DIR/warmpool.sock or /tmp/warmpool-$UID.sock)");
-  app.add_option("--models-dir", models_dir, "directory whose *.safetensors files register by file stem (default ./models)");
+  app.add_option("--models-dir", models_dir, "directory whose *.safetensors files register by file stem, and whose subdirectories with a config.json (Hugging Face model directories) by name (default ./models)");
   app.add_option("--backend", backend, "device backend: auto, host or cuda (default auto)")
       ->check(CLI::IsMember({"auto", "host", "cuda"}));
   app.add_option("--instance", instance, "instance name: segment /dev/shm/warmpool.NAME (default 'default')");
