@@ -95,16 +95,6 @@ class AsyncGeneration:
 async def open_stream(client, envelope):
     """Sends a streamed generation on the client's connection; returns its AsyncGeneration once
     the request is out. It holds one of the client's max_in_flight slots until its final reply."""
-    await client._slots.acquire()
-    try:
-        conn = await client._connection()
-    except BaseException:
-        client._slots.release()
-        raise
-    request_id = client._next_id
-    client._next_id += 1
-    envelope.request_id = request_id
     sink = StreamSink()
-    conn.waiting[request_id] = sink
-    await client._write(conn, request_id, envelope, sink)
+    conn = await client._send(envelope, sink)
     return AsyncGeneration(client, conn, sink)

@@ -143,6 +143,14 @@ class AsyncClient:
     async def request(self, envelope):
         """Sends a request Envelope and returns its reply Envelope (an error reply is returned,
         not raised). The client sets request_id and protocol_version."""
+        future = self._loop.create_future()
+        future.add_done_callback(_consume_outcome)  # its caller may be gone when it fails
+        await self._send(envelope, future)
+        return await future
+
+    async def _send(self, envelope, waiter):
+        """Sends a request whose reply `waiter` takes (a future; a generation's StreamSink), in
+        one of the max_in_flight slots; returns the connection it went out on."""
         await self._slots.acquire()
         try:
             conn = await self._connection()
@@ -152,17 +160,15 @@ class AsyncClient:
         request_id = self._next_id
         self._next_id += 1
         envelope.request_id = request_id
-        future = self._loop.create_future()
-        future.add_done_callback(_consume_outcome)  # its caller may be gone when it fails
-        conn.waiting[request_id] = future  # the slot is the connection's to give back now
-        write = self._loop.create_task(self._write(conn, request_id, envelope, future))
+        conn.waiting[request_id] = waiter  # the slot is the connection's to give back now
+        write = self._loop.create_task(self._write(conn, request_id, envelope, waiter))
         write.add_done_callback(_consume_outcome)
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
             # The caller is gone; the frame is not cut: a write under way finishes (the reply
-            # is dropped when it comes), one not begun sees the cancelled future and skips.
-            future.cancel()
+            # is dropped when it comes), one not begun sees the cancelled waiter and skips.
+            waiter.cancel()
             raise
         except (KeyboardInterrupt, SystemExit):
             # Raised in the write task, which stopped the loop with it once already; this
@@ -170,7 +176,7 @@ class AsyncClient:
             if conn.error is None:
                 raise
             raise fresh(conn.error) from None
-        return await future
+        return conn
 
     async def _connection(self):
         """The connection to send on, connected again after a reset."""
