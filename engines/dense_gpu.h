@@ -1,5 +1,5 @@
 // The dense engine on a GPU: its layers run with cuBLAS on the device that holds the weights. The
-// kernels live in a module of their own (engines/cuda, warmpool-dense-cuda.so beside the worker)
+// kernels live in a module of their own (engines/cuda, warmpool-engines-cuda.so beside the worker)
 // that only a worker whose weights are in device memory loads: warmpool-worker itself never links
 // cuBLAS or the CUDA runtime, so the same binaries run where there is no CUDA at all, and the
 // engine computes on the CPU (through the memory service) where the module cannot start.
@@ -50,6 +50,5 @@ using GpuRunnerStart = GpuRunner* (*)(const DenseModel* model, const wp_device_m
                                       const wp_region* weights, const GpuOptions* options,
                                       std::string* why);
 inline constexpr char kGpuRunnerStartSymbol[] = "warmpool_dense_cuda_start";
-inline constexpr char kGpuModuleName[] = "warmpool-dense-cuda.so";
 
 }  // namespace warmpool::dense

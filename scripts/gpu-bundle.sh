@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine needs to run scripts/gpu-check.sh and puts it in one folder: the
 # binaries and tests of a Release build with the cuda backend, the dense engine's GPU kernels
-# (warmpool-dense-cuda.so, beside the worker), and every shared library they need that a bare CUDA
+# and the transformer's (warmpool-engines-cuda.so, beside the worker), and every shared library they need that a bare CUDA
 # machine lacks (libuv, protobuf, fmt, spdlog, OpenBLAS, ...). Not bundled: libc and its loader,
 # libstdc++/libgcc_s (a newer system's serve), the NVIDIA driver and the CUDA toolkit's own
 # libraries (cuBLAS, the CUDA runtime). Binaries lose their symbol tables to fit under 60 MiB. The driver test double goes along under double/, used only when
@@ -26,7 +26,7 @@ bundle=$1
 
 targets=(warmpoold warmpool-worker warmpool-owner warmpool warmpool-mkmodel warmpool-driver-check
          warmpool-chaos warmpool-bench cuda_memory_test owner_test dense_gpu_test warmpool_fake_cuda
-         warmpool_dense_cuda)
+         warmpool_engines_cuda)
 if [[ -z $build ]]; then
   build=build-gpu
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMPOOL_CUDA=ON >/dev/null
@@ -37,13 +37,13 @@ fi
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/double"
 for t in "${targets[@]}"; do
-  [[ $t == warmpool_fake_cuda || $t == warmpool_dense_cuda ]] && continue
+  [[ $t == warmpool_fake_cuda || $t == warmpool_engines_cuda ]] && continue
   strip --strip-unneeded -o "$bundle/bin/$t" "$build/bin/$t"
 done
-# The dense engine's GPU kernels, beside the worker where it looks for them.
-[[ -f $build/bin/warmpool-dense-cuda.so ]] ||
+# The engines' GPU kernels, beside the worker where it looks for them.
+[[ -f $build/bin/warmpool-engines-cuda.so ]] ||
   { echo "$build has no GPU kernels (nvcc and cuBLAS are needed to build them)" >&2; exit 1; }
-strip --strip-unneeded -o "$bundle/bin/warmpool-dense-cuda.so" "$build/bin/warmpool-dense-cuda.so"
+strip --strip-unneeded -o "$bundle/bin/warmpool-engines-cuda.so" "$build/bin/warmpool-engines-cuda.so"
 cp "$build/tests/cuda_double/libcuda.so.1" "$bundle/double/"
 
 # Shared libraries the binaries resolve here, less those every CUDA machine has.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 #include <nlohmann/json.hpp>
 
@@ -215,6 +216,30 @@ Result<Config> Config::ParseJson(std::string_view json_text, std::string_view so
     }
   }
   return c;
+}
+
+std::vector<double> Config::RotaryFrequencies() const {
+  // inv_freq[i] = theta^(-2i/d), then the scaling.
+  std::vector<double> frequencies;
+  const uint32_t half = head_dim / 2;
+  const RopeScaling& s = rope_scaling;
+  for (uint32_t i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(rope_theta, 2.0 * i / head_dim);
+    if (s.kind == RopeScaling::Kind::kLinear) f /= s.factor;
+    if (s.kind == RopeScaling::Kind::kLlama3) {
+      // Long wavelengths are stretched by factor, short ones kept, and those between blended.
+      const double original = static_cast<double>(s.original_max_position_embeddings);
+      const double wavelength = 2 * std::numbers::pi / f;
+      if (wavelength > original / s.low_freq_factor) {
+        f /= s.factor;
+      } else if (wavelength >= original / s.high_freq_factor) {
+        const double smooth = (original / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+    frequencies.push_back(f);
+  }
+  return frequencies;
 }
 
 }  // namespace warmpool::transformer

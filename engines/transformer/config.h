@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -59,6 +60,10 @@ struct Config {
   uint32_t kv_size() const { return num_key_value_heads * head_dim; }
   // The KV cache one token takes in f32: a key and a value per key/value head per layer.
   uint64_t KvBytesPerToken() const { return uint64_t{2} * num_hidden_layers * kv_size() * sizeof(float); }
+
+  // head_dim / 2 rotary frequencies, theta^(-2i/d), with rope_scaling applied (Hugging Face's rope
+  // initialisations): what the CPU and the GPU both rotate by.
+  std::vector<double> RotaryFrequencies() const;
 
   // config.json's text; `source` names it in errors, which are valid UTF-8 whatever the file holds.
   static Result<Config> Parse(std::string_view json_text, std::string_view source);

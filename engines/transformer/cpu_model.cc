@@ -4,7 +4,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <numbers>
+
+#include <fmt/format.h>
 
 #include "engines/dense_cpu.h"
 #include "engines/gemv.h"
@@ -109,27 +110,7 @@ KvCache::KvCache(const Config& config, uint32_t context)
       values_(keys_.size()) {}
 
 CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int threads)
-    : config_(config), weights_(weights), threads_(std::max(1, threads)) {
-  // inv_freq[i] = theta^(-2i/d), then the config's scaling (HF's rope initialisations).
-  const uint32_t half = config.head_dim / 2;
-  const RopeScaling& s = config.rope_scaling;
-  for (uint32_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(config.rope_theta, 2.0 * i / config.head_dim);
-    if (s.kind == RopeScaling::Kind::kLinear) f /= s.factor;
-    if (s.kind == RopeScaling::Kind::kLlama3) {
-      // Long wavelengths are stretched by factor, short ones kept, and those between blended.
-      const double original = static_cast<double>(s.original_max_position_embeddings);
-      const double wavelength = 2 * std::numbers::pi / f;
-      if (wavelength > original / s.low_freq_factor) {
-        f /= s.factor;
-      } else if (wavelength >= original / s.high_freq_factor) {
-        const double smooth = (original / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        f = (1 - smooth) * f / s.factor + smooth * f;
-      }
-    }
-    inv_freq_.push_back(f);
-  }
-}
+    : config_(config), weights_(weights), threads_(std::max(1, threads)), inv_freq_(config.RotaryFrequencies()) {}
 
 Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y) {
   // Few rows (a decode step): bound by reading the weights, which the loops here do at the memory's
@@ -253,6 +234,10 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
   RmsNorm(&x[uint64_t{first} * hidden], count, hidden, WidenAll(weights_.final_norm), c.rms_norm_eps, normed.data());
   if (Status s = Linear(normed.data(), count, weights_.lm_head, {}, logits.data()); !s.ok()) return s;
   return OkStatus();
+}
+
+std::string CpuSequence::Describe() const {
+  return fmt::format("the CPU, {} thread{}", model_.threads(), model_.threads() == 1 ? "" : "s");
 }
 
 }  // namespace warmpool::transformer

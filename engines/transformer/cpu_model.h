@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "engines/transformer/config.h"
 #include "engines/transformer/prefill_matmul.h"
+#include "engines/transformer/sequence.h"
 #include "engines/transformer/weights.h"
 
 namespace warmpool::transformer {
@@ -54,6 +55,7 @@ class CpuModel {
                  bool all_positions = false);
 
   const Config& config() const { return config_; }
+  int threads() const { return threads_; }
 
  private:
   Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
@@ -65,6 +67,22 @@ class CpuModel {
   int threads_;
   std::vector<double> inv_freq_;  // head_dim / 2 rotary frequencies, scaling applied
   PrefillMatmul prefill_;         // its scratch: one Forward at a time
+};
+
+// A sequence on the CPU: the model and a cache, both borrowed.
+class CpuSequence final : public Sequence {
+ public:
+  CpuSequence(CpuModel& model, KvCache& cache) : model_(model), cache_(cache) {}
+  const Config& config() const override { return model_.config(); }
+  uint32_t context() const override { return cache_.context(); }
+  Status Forward(std::span<const int32_t> tokens, uint32_t start, std::span<float> logits) override {
+    return model_.Forward(tokens, start, cache_, logits);
+  }
+  std::string Describe() const override;
+
+ private:
+  CpuModel& model_;
+  KvCache& cache_;
 };
 
 }  // namespace warmpool::transformer

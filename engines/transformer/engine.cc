@@ -1,13 +1,21 @@
 // The transformer engine behind the C ABI (engine.h, version 3): a Hugging Face decoder directory
-// served on the CPU. Its weights region holds every tensor as stored and the tokenizer's file
-// (engines/transformer/packed_model.h), so that replicas, respawned workers and unparks attach it
-// without the directory. One sequence at a time: its KV cache is the engine's workspace.
+// served on the CPU, or on a GPU when the worker's memory is a device's. Its weights region holds
+// every tensor as stored and the tokenizer's file (engines/transformer/packed_model.h), so that
+// replicas, respawned workers and unparks attach it without the directory. One sequence at a time:
+// its KV cache is the engine's workspace (host memory, or device memory from the budget).
+//
+// On device memory the forward pass runs in the GPU module (engines/transformer/gpu_sequence.h).
+// Where that cannot start (a build without it, no CUDA runtime: the driver test double) the engine
+// copies the weights back into host memory, outside the device budget, and computes on the CPU,
+// saying so once: slower, never wrong.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 
@@ -17,6 +25,7 @@
 #include "engines/builtin.h"
 #include "engines/dense_cpu.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/gpu_sequence.h"
 #include "engines/transformer/packed_model.h"
 #include "engines/transformer/text_generation.h"
 #include "engines/transformer/weights.h"
@@ -29,8 +38,12 @@ namespace {
 constexpr uint32_t kMaxStopStrings = 16;
 constexpr uint64_t kMaxStopBytes = 256;
 
+// A load reads the files into device memory through a host buffer this large.
+constexpr uint64_t kStagingBytes = uint64_t{16} << 20;
+
 struct TransformerEngine {
   const wp_device_memory* memory = nullptr;
+  bool on_device = false;  // the region is device memory (read and write through the service)
   std::string name;
   int directory = -1;  // a load's, until it ends
   uint32_t context = 0;
@@ -40,10 +53,13 @@ struct TransformerEngine {
   bool has_region = false;
   // Bound once the region holds the model (load, attach).
   std::optional<ServingFiles> files;
-  std::unique_ptr<CpuModel> model;
+  std::unique_ptr<uint8_t[]> host_copy;  // on device memory, when the GPU cannot compute
+  std::unique_ptr<CpuModel> model;       // on the CPU
   std::unique_ptr<KvCache> cache;
+  std::unique_ptr<Sequence> sequence;    // what generates: the CPU's, or the GPU's
 
   ~TransformerEngine() {
+    sequence.reset();  // before the weights it reads go
     if (directory >= 0) close(directory);
     if (has_region) memory->free(memory->ctx, &region);
   }
@@ -63,32 +79,83 @@ wp_status Guarded(char* err, size_t err_len, F&& body) {
   }
 }
 
-// The region holds the model: the tensors bound where they lie, the tokenizer parsed from its copy.
-Status Bind(TransformerEngine& e) {
-  const auto* base = static_cast<const uint8_t*>(e.region.ptr);
+// Once per worker: where the layers of models run, and why.
+void SayWhereItRuns(const std::string& what) {
+  static std::once_flag once;
+  std::call_once(once, [&] { std::fprintf(stderr, "transformer engine: %s\n", what.c_str()); });
+}
+
+Result<ModelWeights> BindAt(const TransformerEngine& e, const uint8_t* base) {
   std::map<std::string, TensorView> views;
   for (const PackedTensor& t : e.packed.tensors) {
     views.emplace(t.name, TensorView{t.name, t.dtype, t.shape, base + t.offset, t.file, t.file_offset, t.bytes});
   }
-  Result<ModelWeights> weights = BindWeights(e.packed.config, views, e.name);
+  return BindWeights(e.packed.config, views, e.name);
+}
+
+Status ReadRegion(const TransformerEngine& e, uint64_t offset, void* out, uint64_t bytes) {
+  if (e.memory->read(e.memory->ctx, &e.region, offset, out, bytes) != WP_OK) {
+    return Error(Code::kInternal, "model \"{}\": cannot read its region back from the device", e.name);
+  }
+  return OkStatus();
+}
+
+// The model on the CPU, its tensors where they lie in `base` (the region, or its host copy).
+Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
+  Result<ModelWeights> weights = BindAt(e, base);
   if (!weights.ok()) return weights.status();
-  TextFiles texts = e.packed.texts;
-  texts.tokenizer.assign(reinterpret_cast<const char*>(base + e.packed.tokenizer_offset), e.packed.tokenizer_bytes);
-  Result<ServingFiles> files = ServingFiles::Parse(texts, e.packed.config.vocab_size, e.name);
-  if (!files.ok()) return files.status();
-  e.files = std::move(*files);
   // The worker's compute threads ([daemon] threads_per_worker), as the dense engine uses them.
   e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
   e.cache = std::make_unique<KvCache>(e.packed.config, e.context);
+  e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);
   return OkStatus();
+}
+
+Status StartOnDevice(TransformerEngine& e) {
+  Result<ModelWeights> weights = BindAt(e, static_cast<const uint8_t*>(e.region.ptr));
+  if (!weights.ok()) return weights.status();
+  std::string why;
+  e.sequence = StartGpuSequence(e.packed.config, *weights, e.memory, e.context, &why);
+  if (e.sequence) {
+    SayWhereItRuns(e.sequence->Describe());
+    return OkStatus();
+  }
+  SayWhereItRuns("weights on the GPU, computed on the CPU from a host copy: " + why);
+  try {
+    e.host_copy.reset(new uint8_t[e.packed.region_bytes]);
+  } catch (const std::bad_alloc&) {
+    return Error(Code::kResourceExhausted, "model \"{}\": no host memory for the copy its CPU fallback needs ({})",
+                 e.name, why);
+  }
+  if (Status s = ReadRegion(e, 0, e.host_copy.get(), e.packed.region_bytes); !s.ok()) return s;
+  return StartOnCpu(e, e.host_copy.get());
+}
+
+// The region holds the model: the tensors bound where they lie, the tokenizer parsed from its copy.
+Status Bind(TransformerEngine& e) {
+  const auto* base = static_cast<const uint8_t*>(e.region.ptr);
+  TextFiles texts = e.packed.texts;
+  if (e.on_device) {
+    texts.tokenizer.resize(e.packed.tokenizer_bytes);
+    if (Status s = ReadRegion(e, e.packed.tokenizer_offset, texts.tokenizer.data(), texts.tokenizer.size()); !s.ok()) {
+      return s;
+    }
+  } else {
+    texts.tokenizer.assign(reinterpret_cast<const char*>(base + e.packed.tokenizer_offset), e.packed.tokenizer_bytes);
+  }
+  Result<ServingFiles> files = ServingFiles::Parse(texts, e.packed.config.vocab_size, e.name);
+  if (!files.ok()) return files.status();
+  e.files = std::move(*files);
+  return e.on_device ? StartOnDevice(e) : StartOnCpu(e, base);
 }
 
 Status Open(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& info) {
   e.name = spec.name != nullptr ? spec.name : "";
-  if (!e.memory->host_addressable) {
+  e.on_device = e.memory->host_addressable == 0;
+  if (e.on_device && (e.memory->write == nullptr || e.memory->read == nullptr)) {
     return Error(Code::kFailedPrecondition,
-                 "model \"{}\": the transformer engine computes on the CPU, and this worker's memory is a "
-                 "GPU's (run it on the host backend)",
+                 "model \"{}\": the transformer engine needs a memory service that copies to and from device "
+                 "memory (write and read)",
                  e.name);
   }
   if (spec.header != nullptr && spec.header_bytes > 0) {
@@ -113,7 +180,9 @@ Status Open(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& in
   }
   e.context = ServedContext(e.packed.config, spec.context);
   info.weight_bytes = e.packed.region_bytes;
-  info.workspace_bytes = WorkspaceBytes(e.packed.config, e.context);
+  // On a GPU the workspace is device memory: the KV cache and what the kernels need.
+  info.workspace_bytes = e.on_device ? PlanGpuSequence(e.packed.config, e.context).total
+                                     : WorkspaceBytes(e.packed.config, e.context);
   info.max_batch = 1;
   info.context = e.context;
   info.sequences = 1;
@@ -135,13 +204,29 @@ Status ReadAt(int fd, uint64_t offset, uint8_t* out, uint64_t bytes, const std::
   return OkStatus();
 }
 
+// `bytes` of the file at `file_offset` into the region at `region_offset`: in place on the host,
+// through `staging` (kStagingBytes) and the memory service on a device.
+Status CopyIntoRegion(TransformerEngine& e, int fd, uint64_t file_offset, uint64_t region_offset, uint64_t bytes,
+                      uint8_t* staging, const std::string& shown) {
+  if (!e.on_device) return ReadAt(fd, file_offset, static_cast<uint8_t*>(e.region.ptr) + region_offset, bytes, shown);
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t step = std::min(kStagingBytes, bytes - done);
+    if (Status s = ReadAt(fd, file_offset + done, staging, step, shown); !s.ok()) return s;
+    if (e.memory->write(e.memory->ctx, &e.region, region_offset + done, staging, step) != WP_OK) {
+      return Error(Code::kInternal, "model \"{}\": cannot copy its weights to the device", e.name);
+    }
+    done += step;
+  }
+  return OkStatus();
+}
+
 Status Load(TransformerEngine& e, wp_progress_fn progress, void* progress_ctx) {
   if (e.directory < 0) return Error(Code::kFailedPrecondition, "model \"{}\": nothing to load from", e.name);
   if (wp_status s = e.memory->alloc(e.memory->ctx, e.packed.region_bytes, &e.region); s != WP_OK) {
     return Error(CodeFromInt(s), "model \"{}\": no room for its {} bytes of weights", e.name, e.packed.region_bytes);
   }
   e.has_region = true;
-  auto* base = static_cast<uint8_t*>(e.region.ptr);
+  std::unique_ptr<uint8_t[]> staging(e.on_device ? new uint8_t[kStagingBytes] : nullptr);
   uint64_t done = 0;
   const uint64_t total = e.packed.region_bytes;
   for (uint32_t f = 0; f < e.packed.files.size(); f++) {
@@ -151,7 +236,7 @@ Status Load(TransformerEngine& e, wp_progress_fn progress, void* progress_ctx) {
     Status read;
     for (const PackedTensor& t : e.packed.tensors) {
       if (t.file != f) continue;
-      read = ReadAt(*fd, t.file_offset, base + t.offset, t.bytes, shown);
+      read = CopyIntoRegion(e, *fd, t.file_offset, t.offset, t.bytes, staging.get(), shown);
       if (!read.ok()) break;
       done += t.bytes;
       if (progress != nullptr && progress(progress_ctx, done, total) != 0) {
@@ -162,14 +247,19 @@ Status Load(TransformerEngine& e, wp_progress_fn progress, void* progress_ctx) {
     close(*fd);
     if (!read.ok()) return read;
   }
-  std::string tokenizer;
   Result<std::string> text = ReadSmallFileAt(e.directory, "tokenizer.json", e.packed.tokenizer_bytes,
                                              e.name + ": tokenizer.json");
   if (!text.ok()) return text.status();
   if (text->size() != e.packed.tokenizer_bytes) {
     return Error(Code::kFailedPrecondition, "model \"{}\": tokenizer.json changed while it was loaded", e.name);
   }
-  std::memcpy(base + e.packed.tokenizer_offset, text->data(), text->size());
+  if (e.on_device) {
+    if (e.memory->write(e.memory->ctx, &e.region, e.packed.tokenizer_offset, text->data(), text->size()) != WP_OK) {
+      return Error(Code::kInternal, "model \"{}\": cannot copy its tokenizer to the device", e.name);
+    }
+  } else {
+    std::memcpy(static_cast<uint8_t*>(e.region.ptr) + e.packed.tokenizer_offset, text->data(), text->size());
+  }
   close(e.directory);
   e.directory = -1;
   if (progress != nullptr) progress(progress_ctx, total, total);
@@ -198,7 +288,7 @@ Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_req
 
 Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
                 wp_generate_result& result) {
-  if (!e.model) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
   TextRequest request;
   if (r.message_count > 0) {
     Result<std::string> prompt = RenderChat(e, r);
@@ -230,7 +320,7 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
     }
     request.stop.emplace_back(r.stop[i].data != nullptr ? r.stop[i].data : "", r.stop[i].bytes);
   }
-  Result<TextResult> done = GenerateText(*e.model, *e.cache, *e.files, request,
+  Result<TextResult> done = GenerateText(*e.sequence, *e.files, request,
                                          [&](std::string_view text, std::span<const int32_t> tokens) {
                                            wp_generate_chunk chunk{{text.data(), text.size()},
                                                                    tokens.data(),

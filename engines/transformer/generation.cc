@@ -13,12 +13,12 @@ std::string_view FinishReasonName(FinishReason reason) {
   return "?";
 }
 
-Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationRequest& request,
+Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
                             const std::function<bool(int32_t)>& on_token) {
   if (request.prompt.empty()) return Error(Code::kInvalidArgument, "the prompt has no tokens");
-  if (request.prompt.size() >= cache.context()) {
+  if (request.prompt.size() >= model.context()) {
     return Error(Code::kInvalidArgument, "the prompt's {} tokens leave no room in a context of {}",
-                 request.prompt.size(), cache.context());
+                 request.prompt.size(), model.context());
   }
   if (Status s = CheckSamplingOptions(request.sampling); !s.ok()) return s;
 
@@ -26,7 +26,7 @@ Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationReq
   out.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
   std::vector<int32_t> sequence = request.prompt;
   std::vector<float> logits(model.config().vocab_size);
-  if (Status s = model.Forward(request.prompt, 0, cache, logits); !s.ok()) return s;
+  if (Status s = model.Forward(request.prompt, 0, logits); !s.ok()) return s;
   Sampler sampler(request.sampling);
   while (out.tokens.size() < request.max_tokens) {
     Result<int32_t> next = sampler.Next(logits, sequence);
@@ -44,8 +44,8 @@ Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationReq
     if (out.tokens.size() == request.max_tokens) break;
     // The token just chosen goes into the cache at the next position; a full context ends here.
     const auto position = static_cast<uint32_t>(sequence.size() - 1);
-    if (position >= cache.context()) break;
-    if (Status s = model.Forward({&sequence.back(), 1}, position, cache, logits); !s.ok()) return s;
+    if (position >= model.context()) break;
+    if (Status s = model.Forward({&sequence.back(), 1}, position, logits); !s.ok()) return s;
   }
   out.finish = FinishReason::kLength;
   return out;

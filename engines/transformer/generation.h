@@ -1,4 +1,4 @@
-// One sequence's generation on the CPU: the prompt in one forward pass, then a token at a time
+// One sequence's generation, on the CPU or a GPU (engines/transformer/sequence.h): the prompt in one forward pass, then a token at a time
 // until an end token, the token limit, the end of the context, or the caller's stop.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/sampler.h"
+#include "engines/transformer/sequence.h"
 
 namespace warmpool::transformer {
 
@@ -34,10 +35,17 @@ struct Generation {
 };
 
 // on_token: called with each generated token as it is chosen; returning false cancels. Checked
-// once per decode step: a cancelled generation stops within one step. The cache is the
-// sequence's, starting empty; errors (a prompt that does not fit, bad options, a token outside the
-// vocabulary) are INVALID_ARGUMENT before anything runs.
-Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationRequest& request,
+// once per decode step: a cancelled generation stops within one step. The sequence's cache starts
+// empty (whatever it held is overwritten); errors (a prompt that does not fit, bad options, a
+// token outside the vocabulary) are INVALID_ARGUMENT before anything runs.
+Result<Generation> Generate(Sequence& sequence, const GenerationRequest& request,
                             const std::function<bool(int32_t)>& on_token = nullptr);
+
+// The same on the CPU, with the model and a cache.
+inline Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationRequest& request,
+                                   const std::function<bool(int32_t)>& on_token = nullptr) {
+  CpuSequence sequence(model, cache);
+  return Generate(sequence, request, on_token);
+}
 
 }  // namespace warmpool::transformer

@@ -4,7 +4,7 @@
 
 namespace warmpool::transformer {
 
-Result<TextResult> GenerateText(CpuModel& model, KvCache& cache, const ServingFiles& files, const TextRequest& request,
+Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, const TextRequest& request,
                                 const EmitFn& emit) {
   GenerationRequest generation;
   if (!request.tokens.empty()) {
@@ -20,7 +20,7 @@ Result<TextResult> GenerateText(CpuModel& model, KvCache& cache, const ServingFi
                    model.config().vocab_size);
     }
   }
-  const uint64_t room = generation.prompt.size() < cache.context() ? cache.context() - generation.prompt.size() : 0;
+  const uint64_t room = generation.prompt.size() < model.context() ? model.context() - generation.prompt.size() : 0;
   generation.max_tokens = request.max_tokens != 0 ? request.max_tokens : static_cast<uint32_t>(room);
   generation.sampling = request.sampling;
   generation.end_tokens = files.end_tokens;
@@ -29,7 +29,7 @@ Result<TextResult> GenerateText(CpuModel& model, KvCache& cache, const ServingFi
   StopStrings stops(request.stop);
   Status failed;
   bool client_stopped = false;
-  Result<Generation> done = Generate(model, cache, generation, [&](int32_t token) {
+  Result<Generation> done = Generate(model, generation, [&](int32_t token) {
     Result<std::string> piece = decoder.Push(token);
     if (!piece.ok()) {
       failed = piece.status();

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/sequence.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/model_directory.h"
 #include "engines/transformer/sampler.h"
@@ -39,7 +39,7 @@ using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t
 
 // INVALID_ARGUMENT before anything runs: an empty prompt, one that leaves no room in the cache's
 // context, a token outside the vocabulary, options out of range.
-Result<TextResult> GenerateText(CpuModel& model, KvCache& cache, const ServingFiles& files, const TextRequest& request,
+Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, const TextRequest& request,
                                 const EmitFn& emit);
 
 }  // namespace warmpool::transformer

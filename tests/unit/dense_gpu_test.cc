@@ -11,7 +11,6 @@
 #include <mutex>
 #include <string>
 
-#include "devmem/cuda_service.h"
 #include "engines/builtin.h"
 #include "engines/catalog/builtin_engines.h"
 #include "engines/dense_gpu.h"
@@ -22,38 +21,8 @@
 namespace warmpool::testing {
 namespace {
 
-class DenseGpuTest : public CudaDeviceTest {
+class DenseGpuTest : public CudaMemoryTest {
  protected:
-  void SetUp() override {
-    CudaDeviceTest::SetUp();
-    Result<CudaDeviceInfo> info = device_->Info();
-    ASSERT_TRUE(info.ok());
-    on_the_double_ = info->name.find("test double") != std::string::npos;
-    Result<std::unique_ptr<CudaMemory>> memory = CudaMemory::Open(
-        0, CudaSharing::kVmm,
-        [this](uint64_t bytes) -> Result<OwnerGrant> {
-          std::lock_guard<std::mutex> lock(mutex_);
-          Result<DeviceAllocation> allocation = DeviceAllocation::Create(*device_, bytes);
-          if (!allocation.ok()) return allocation.status();
-          Result<int> fd = allocation->Export();
-          if (!fd.ok()) return fd.status();
-          const uint64_t id = next_++;
-          const uint64_t granted = allocation->bytes();
-          allocations_.emplace(id, std::move(*allocation));
-          return OwnerGrant{id, *fd, granted};
-        },
-        [this](uint64_t grant) {
-          std::lock_guard<std::mutex> lock(mutex_);
-          allocations_.erase(grant);
-        });
-    ASSERT_TRUE(memory.ok()) << memory.status().ToString();
-    memory_ = std::move(*memory);
-  }
-  void TearDown() override {
-    memory_.reset();
-    EXPECT_TRUE(allocations_.empty()) << "every grant is released";
-  }
-
   // Loads the model into device memory and checks its answers for a few batch sizes.
   void ExpectMatchesReference(const std::string& path, const ReferenceModel& model, double relative,
                               double absolute, const std::string& context) {
@@ -72,11 +41,6 @@ class DenseGpuTest : public CudaDeviceTest {
     }
   }
 
-  bool on_the_double_ = false;
-  std::mutex mutex_;
-  std::map<uint64_t, DeviceAllocation> allocations_;
-  uint64_t next_ = 1;
-  std::unique_ptr<CudaMemory> memory_;
 };
 
 // Tolerances: f32 as the CPU engine (no TF32 unless configured); 16-bit activations carry 11 (f16)

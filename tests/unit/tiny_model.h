@@ -32,4 +32,27 @@ inline void WriteTinyModel(const std::string& directory, transformer::RandomChec
       << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|end|>"})";
 }
 
+// The same with the tokenizer of a model directory that has one (tokenizer.json and
+// tokenizer_config.json copied), where Python is not at hand: the GPU check's machine.
+inline void WriteTinyModelWithTokenizerOf(const std::string& directory, const std::string& tokenizer_directory,
+                                          transformer::RandomCheckpoint spec = {}) {
+  std::filesystem::create_directories(directory);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(tokenizer_directory + "/" + file, directory + "/" + file,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  Result<std::unique_ptr<tokenizer::Tokenizer>> t = tokenizer::Tokenizer::Load(directory + "/tokenizer.json");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  spec.vocab_size = (*t)->vocab_size();
+  Status written = transformer::WriteRandomCheckpoint(directory, spec);
+  ASSERT_TRUE(written.ok()) << written.ToString();
+}
+
+// The demo model's directory: WARMPOOL_DEMO_MODEL where the check's bundle carries it, else the
+// source tree's.
+inline std::string DemoModelDirectory() {
+  const char* bundled = std::getenv("WARMPOOL_DEMO_MODEL");
+  return bundled != nullptr ? bundled : WARMPOOL_SOURCE_DIR "/demo/license-llama";
+}
+
 }  // namespace warmpool::testing

@@ -166,6 +166,31 @@ TEST_F(TransformerEngineTest, AnAttachFromTheDescriptionAndTheRegionAloneGenerat
   EXPECT_EQ(a->text, b->text);
 }
 
+// Device memory (a service that is not host-addressable) where no GPU computes: this build's GPU
+// module is absent, or its CUDA runtime finds no driver. The weights go in and come back through the
+// service's write and read, and the engine generates on the CPU from a host copy, the same tokens.
+TEST_F(TransformerEngineTest, OnDeviceMemoryWithNoGpuToComputeItGeneratesFromAHostCopy) {
+  wp_device_memory device = *memory_.service();
+  device.host_addressable = 0;
+  wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+  spec.has_directory = 1;
+  spec.directory_fd = directory_;
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("transformer"), spec, &device);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Status loaded = engine->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  const std::string prompt = "This program is free software";
+  Result<Output> out = Run(*engine, Greedy(prompt, 24));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->tokens, Reference(prompt, 24));
+
+  wp_device_memory no_copies = device;
+  no_copies.read = nullptr;
+  Result<Engine> refused = Engine::Open(FindBuiltinEngine("transformer"), spec, &no_copies);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition);
+}
+
 TEST_F(TransformerEngineTest, AStopStringEndsTheTextBeforeItAndAStopFromTheClientWithinAStep) {
   Result<Engine> engine = OpenDirectory();
   ASSERT_TRUE(engine.ok() && engine->Load().ok());

@@ -1,0 +1,30 @@
+// One sequence's forward passes, wherever they run: a model and the KV cache of one sequence, on
+// the CPU (CpuSequence, engines/transformer/cpu_model.h) or on a GPU (engines/transformer/
+// gpu_sequence.h). Generation (engines/transformer/generation.h) drives either the same way, and
+// samples on the host from the logits either returns.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+#include "engines/transformer/config.h"
+
+namespace warmpool::transformer {
+
+class Sequence {
+ public:
+  virtual ~Sequence() = default;
+  virtual const Config& config() const = 0;
+  // The positions its KV cache holds.
+  virtual uint32_t context() const = 0;
+  // tokens at positions start, start + 1, ...: the cache holds positions before start and gets
+  // these. logits: vocab_size floats (host memory) for the last token. A token outside the
+  // vocabulary or a run past the context is INVALID_ARGUMENT, and nothing is written.
+  virtual Status Forward(std::span<const int32_t> tokens, uint32_t start, std::span<float> logits) = 0;
+  // Where it runs, for the log ("CPU, 8 threads", "cuBLAS on CUDA device 0 (...)").
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace warmpool::transformer
