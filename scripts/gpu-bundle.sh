@@ -25,8 +25,8 @@ done
 bundle=$1
 
 targets=(warmpoold warmpool-worker warmpool-owner warmpool warmpool-mkmodel warmpool-driver-check
-         warmpool-chaos warmpool-bench cuda_memory_test owner_test dense_gpu_test warmpool_fake_cuda
-         warmpool_engines_cuda)
+         warmpool-chaos warmpool-bench cuda_memory_test owner_test dense_gpu_test transformer_gpu_test
+         warmpool-transformer-probe warmpool_fake_cuda warmpool_engines_cuda)
 if [[ -z $build ]]; then
   build=build-gpu
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARMPOOL_CUDA=ON >/dev/null
@@ -58,7 +58,10 @@ strip --strip-unneeded "$bundle"/lib/*.so* 2>/dev/null || true
 # oneDNN alone is about 38 MiB: libraries over 8 MiB travel gzipped (oneDNN to 11 MiB), and
 # gpu-check.sh unpacks them before anything runs.
 find "$bundle/lib" -type f -size +8M -exec gzip -9 {} +
-cp scripts/gpu-check.sh "$bundle/"
+cp scripts/gpu-check.sh tests/gpu/compare_with_transformers.py "$bundle/"
+# The demo model: its tokenizer for transformer_gpu_test's models, and a trained model to hold
+# against Hugging Face.
+cp -r demo/license-llama "$bundle/demo-model"
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) from $build"

@@ -38,6 +38,7 @@
 #include "devmem/cuda_memory.h"
 #include "devmem/cuda_service.h"
 #include "devmem/host_memory.h"
+#include "tests/gpu/in_process_memory.h"
 #include "ipc/blocking_channel.h"
 #include "ipc/child_arguments.h"
 #include "ipc/warmpool.pb.h"
@@ -224,21 +225,10 @@ int Unpark(uint64_t bytes, int repeat) {
     return 1;
   };
   // The device memory a worker would be granted (created here: one process plays both parts).
-  std::vector<DeviceAllocation> allocations;
-  std::unique_ptr<CudaMemory> memory;
-  Result<std::unique_ptr<CudaMemory>> opened = CudaMemory::Open(
-      0, CudaSharing::kVmm,
-      [&](uint64_t n) -> Result<OwnerGrant> {
-        Result<DeviceAllocation> a = DeviceAllocation::Create(memory->device(), n);
-        if (!a.ok()) return a.status();
-        Result<int> fd = a->Export();
-        if (!fd.ok()) return fd.status();
-        allocations.push_back(std::move(*a));
-        return OwnerGrant{allocations.size(), *fd, n};
-      },
-      [](uint64_t) {});
+  Result<std::unique_ptr<InProcessCudaMemory>> opened = InProcessCudaMemory::Open(0);
   if (!opened.ok()) return fail(opened.status());
-  memory = std::move(*opened);
+  std::unique_ptr<InProcessCudaMemory> in_process = std::move(*opened);
+  CudaMemory* memory = &in_process->memory();
   const wp_device_memory* service = memory->service();
   wp_region region{nullptr, 0, -1};
   if (service->alloc(service->ctx, bytes, &region) != WP_OK) return fail(Error(Code::kResourceExhausted, "cannot allocate {} bytes", bytes));

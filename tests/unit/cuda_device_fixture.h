@@ -4,16 +4,14 @@
 #pragma once
 
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "devmem/cuda_memory.h"
-#include "devmem/cuda_service.h"
+#include "tests/gpu/in_process_memory.h"
 
 namespace warmpool::testing {
 
@@ -31,8 +29,8 @@ class CudaDeviceTest : public ::testing::Test {
   std::optional<CudaDevice> device_;
 };
 
-// The worker's device memory service (CudaMemory) on device 0, its grants made in this process by
-// allocations of its own, as the owner would make them; every grant is released by the end.
+// The worker's device memory service on device 0, its grants made in this process
+// (tests/gpu/in_process_memory.h); every grant is released by the end.
 class CudaMemoryTest : public CudaDeviceTest {
  protected:
   void SetUp() override {
@@ -40,36 +38,20 @@ class CudaMemoryTest : public CudaDeviceTest {
     Result<CudaDeviceInfo> info = device_->Info();
     ASSERT_TRUE(info.ok());
     on_the_double_ = info->name.find("test double") != std::string::npos;
-    Result<std::unique_ptr<CudaMemory>> memory = CudaMemory::Open(
-        0, CudaSharing::kVmm,
-        [this](uint64_t bytes) -> Result<OwnerGrant> {
-          std::lock_guard<std::mutex> lock(mutex_);
-          Result<DeviceAllocation> allocation = DeviceAllocation::Create(*device_, bytes);
-          if (!allocation.ok()) return allocation.status();
-          Result<int> fd = allocation->Export();
-          if (!fd.ok()) return fd.status();
-          const uint64_t id = next_++;
-          const uint64_t granted = allocation->bytes();
-          allocations_.emplace(id, std::move(*allocation));
-          return OwnerGrant{id, *fd, granted};
-        },
-        [this](uint64_t grant) {
-          std::lock_guard<std::mutex> lock(mutex_);
-          allocations_.erase(grant);
-        });
+    Result<std::unique_ptr<InProcessCudaMemory>> memory = InProcessCudaMemory::Open(0);
     ASSERT_TRUE(memory.ok()) << memory.status().ToString();
-    memory_ = std::move(*memory);
+    in_process_ = std::move(*memory);
+    memory_ = &in_process_->memory();
   }
   void TearDown() override {
-    memory_.reset();
-    EXPECT_TRUE(allocations_.empty()) << "every grant is released";
+    // Every engine and region of the test is gone: nothing may still hold a grant.
+    EXPECT_EQ(in_process_->grants(), 0u) << "every grant is released";
+    in_process_.reset();
   }
 
   bool on_the_double_ = false;
-  std::mutex mutex_;
-  std::map<uint64_t, DeviceAllocation> allocations_;
-  uint64_t next_ = 1;
-  std::unique_ptr<CudaMemory> memory_;
+  std::unique_ptr<InProcessCudaMemory> in_process_;
+  CudaMemory* memory_ = nullptr;
 };
 
 }  // namespace warmpool::testing
