@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <vector>
 
@@ -49,10 +50,14 @@ GpuModuleEntry OpenModule(const std::string& file, const std::string& symbol) {
 
 const GpuModuleEntry& LoadGpuModule(const std::string& file, const std::string& symbol) {
   static std::mutex mutex;
-  static std::map<std::string, GpuModuleEntry> loaded;  // never erased: references stay valid
+  // By file and symbol: one module has several entry points (dlopen counts the handles it gives
+  // out, so each pair opening the file once keeps it loaded once). Never erased: references stay
+  // valid.
+  static std::map<std::pair<std::string, std::string>, GpuModuleEntry> loaded;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = loaded.find(file);
-  if (it == loaded.end()) it = loaded.emplace(file, OpenModule(file, symbol)).first;
+  auto key = std::make_pair(file, symbol);
+  auto it = loaded.find(key);
+  if (it == loaded.end()) it = loaded.emplace(key, OpenModule(file, symbol)).first;
   return it->second;
 }
 

@@ -20,8 +20,8 @@ struct GpuModuleEntry {
   std::string why;        // when entry is null: what was tried, or what failed
 };
 
-// Loads `file` (once per process per file: later calls return the first answer) and looks up
-// `symbol` in it. RTLD_LOCAL: cuBLAS and the CUDA runtime stay out of the worker's global symbols.
+// Loads `file` and looks up `symbol` in it, once per process per pair: later calls return the first
+// answer. RTLD_LOCAL: cuBLAS and the CUDA runtime stay out of the worker's global symbols.
 const GpuModuleEntry& LoadGpuModule(const std::string& file, const std::string& symbol);
 
 }  // namespace warmpool

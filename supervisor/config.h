@@ -17,7 +17,9 @@ inline constexpr int64_t kKeepAliveDefault = INT64_MIN;
 
 struct ModelConfig {
   std::string name;
-  std::string engine = "dense";
+  // Empty: decided by what path is (a model directory: transformer; a safetensors file: its
+  // metadata's "engine", else dense), as for a model found in the models directory.
+  std::string engine;
   std::string path;  // relative paths are resolved against the config file's directory
   int64_t keep_alive_ms = kKeepAliveDefault;  // kKeepAliveDefault: the pool's
   uint32_t replicas = 1;  // workers serving it from one copy of the weights

@@ -17,8 +17,8 @@ namespace warmpool::supervisor {
 
 // Inspects one model (header only), opening its file beneath the model roots: a path that is
 // refused (outside the roots, neither a regular file nor a directory) sets entry.path_refused. Never fails: problems
-// land in entry.problem. `engine` empty: the engine the file's metadata names ("engine"), else
-// "dense". An engine that is not built in must be <engine_dir>/<engine>.so and pass CheckEngine
+// land in entry.problem. `engine` empty: "transformer" for a model directory; for a file, the
+// engine its metadata names ("engine"), else "dense". An engine that is not built in must be <engine_dir>/<engine>.so and pass CheckEngine
 // (engines/catalog/plugin_loader.h); it is never loaded here. The entry's path is the resolved one, and
 // its version is the open file's.
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/integration/daemon_fixture.h"
+#include "tests/unit/tiny_model.h"
 
 namespace warmpool::testing {
 namespace {
@@ -80,6 +81,42 @@ TEST_F(CudaTest, ServesFromDeviceMemorySharedByTheOwner) {
   ASSERT_EQ(ps->models_size(), 1);
   EXPECT_EQ(ps->models(0).replicas(), 2u) << "two workers map one copy of the weights";
   EXPECT_NE(DaemonLog().find("backend cuda"), std::string::npos);
+}
+
+// A language model on device memory: its region and KV cache granted by the owner, its text the same
+// from a replica, after a worker's SIGKILL (the held region attached) and after a park. On the
+// double the engine computes from a host copy and says why; on a GPU the same path runs the GPU's
+// forward pass.
+TEST_F(CudaTest, ALanguageModelGeneratesOnDeviceMemoryFromReplicasParkedAndAfterACrash) {
+  WriteTinyModel(models_dir_ + "/tiny");
+  StartDaemon("[pool]\npark_budget = \"100MiB\"\n[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nreplicas = 2\n",
+              {"--backend", "cuda"});
+  auto client = Connect();
+  auto generate = [&] {
+    v1::GenerateRequest r;
+    r.set_model("tiny");
+    r.set_prompt("Everyone is permitted to copy");
+    r.set_max_tokens(16);
+    r.set_temperature(0);
+    auto reply = client->Generate(std::move(r));
+    EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+    return reply.ok() ? reply->text() : std::string("(failed)");
+  };
+  const std::string first = generate();
+  EXPECT_FALSE(first.empty());
+  for (int i = 0; i < 3; i++) EXPECT_EQ(generate(), first) << "either replica";
+  auto ps = client->Ps();
+  ASSERT_TRUE(ps.ok() && ps->models_size() == 1);
+  EXPECT_EQ(ps->models(0).replicas(), 2u);
+  EXPECT_GT(ps->models(0).kv_bytes_per_token(), 0u);
+  kill(client->GetStatus()->workers(ps->models(0).worker()).pid(), SIGKILL);
+  WaitForIdleWorkers(*client);
+  EXPECT_EQ(generate(), first) << "from the held region, attached by a respawned worker";
+  ASSERT_TRUE(client->Unload("tiny", /*park=*/true).ok());
+  EXPECT_EQ(generate(), first) << "from the parked copy";
+  EXPECT_NE(DaemonLog().find("transformer engine: weights on the GPU, computed on the CPU from a host copy"),
+            std::string::npos)
+      << "the double has no CUDA runtime to compute with, and the worker says so";
 }
 
 TEST_F(CudaTest, AWorkersDeathFreesNothingAndTheFileIsNotReadAgain) {

@@ -91,7 +91,7 @@ TEST(ApplyTomlTest, FullDocument) {
   EXPECT_EQ(c.models[1].engine, "echo");
   EXPECT_EQ(c.models[1].path, "/abs/echo.bin");
   EXPECT_EQ(c.models[2].name, "up");
-  EXPECT_EQ(c.models[2].engine, "dense");  // the default engine
+  EXPECT_EQ(c.models[2].engine, "") << "none given: registration decides by the file (dense, or transformer for a directory)";
   EXPECT_EQ(c.models[2].path, "/etc/shared/up.safetensors");
 }
 

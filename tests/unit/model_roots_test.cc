@@ -155,5 +155,21 @@ TEST_F(ModelRootsTest, AProblemIsTheFilesOnlyWhenTheFileIsWhatIsWrong) {
                                           << no_engine.problem.ToString();
 }
 
+// A [[models]] entry names no engine unless it must: what the path is decides, as it does for a
+// model found in the models directory (the configuration once said "dense" for every entry, and a
+// model directory in [[models]] was refused as a dense model).
+TEST_F(ModelRootsTest, AnEntryWithNoEngineIsServedByWhatItsPathIs) {
+  ModelRoots roots({root_});
+  fs::copy(WARMPOOL_SOURCE_DIR "/demo/license-llama", root_ + "/lm");
+  Config config;
+  config.models.push_back(ModelConfig{.name = "lm", .path = root_ + "/lm"});
+  std::vector<std::string> warnings;
+  std::vector<ModelEntry> found = DiscoverModels(config, roots, warnings);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].engine, "transformer");
+  EXPECT_TRUE(found[0].problem.ok()) << found[0].problem.ToString();
+  EXPECT_GT(found[0].context, 0u);
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

@@ -20,6 +20,8 @@
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
 #include "engines/catalog/builtin_engines.h"
+#include "engines/dense_gpu.h"
+#include "engines/gpu_module.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/gpu_sequence.h"
 #include "engines/transformer/model_directory.h"
@@ -106,6 +108,19 @@ class TransformerGpuTest : public CudaMemoryTest {
     return tokens;
   }
 };
+
+// One module, two engines' entry points: each is its own, whichever was asked for first (a worker
+// preloads the dense engine's).
+TEST(GpuModuleTest, EachEntryPointOfTheModuleIsItsOwn) {
+  const GpuModuleEntry& dense = LoadGpuModule(kEnginesGpuModule, dense::kGpuRunnerStartSymbol);
+  const GpuModuleEntry& transformer = LoadGpuModule(kEnginesGpuModule, transformer::kGpuSequenceStartSymbol);
+  ASSERT_NE(dense.entry, nullptr) << dense.why;
+  ASSERT_NE(transformer.entry, nullptr) << transformer.why;
+  EXPECT_NE(dense.entry, transformer.entry);
+  const GpuModuleEntry& missing = LoadGpuModule(kEnginesGpuModule, "no_such_entry");
+  EXPECT_EQ(missing.entry, nullptr);
+  EXPECT_NE(missing.why.find("has no no_such_entry"), std::string::npos) << missing.why;
+}
 
 TEST_F(TransformerGpuTest, TheEngineOnDeviceMemoryGeneratesWhatTheHostGenerates) {
   TempDir dir;
