@@ -1,0 +1,56 @@
+// The transformer engine's state behind the C ABI (engine.cc), and how it comes to serve
+// (engine_load.cc): opened from a model directory's descriptor or from the description a load
+// wrote, loaded from the directory into one region (or attached to one), bound to compute on the
+// CPU or the GPU.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/model_directory.h"
+#include "engines/transformer/packed_model.h"
+#include "engines/transformer/sequence.h"
+#include "warmpool/engine.h"
+
+namespace warmpool::transformer {
+
+struct TransformerEngine {
+  const wp_device_memory* memory = nullptr;
+  bool on_device = false;  // the region is device memory (read and write through the service)
+  std::string name;
+  int directory = -1;  // a load's, until it ends
+  uint32_t context = 0;
+  PackedModel packed;
+  std::string header;  // packed, encoded: describe()
+  wp_region region{nullptr, 0, -1};
+  bool has_region = false;
+  // Bound once the region holds the model (load, attach).
+  std::optional<ServingFiles> files;
+  std::unique_ptr<uint8_t[]> host_copy;  // on device memory, when the GPU cannot compute
+  std::unique_ptr<CpuModel> model;       // on the CPU
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<Sequence> sequence;    // what generates: the CPU's, or the GPU's
+
+  ~TransformerEngine() {
+    sequence.reset();  // before the weights it reads go
+    if (directory >= 0) close(directory);
+    if (has_region) memory->free(memory->ctx, &region);
+  }
+};
+
+// The spec's model described (a directory's files, or a load's description), info filled in:
+// weights, workspace (host, or device memory on a GPU), context, KV bytes per token.
+Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& info);
+// The directory's tensors and tokenizer into a region of the engine's memory, then BindEngine.
+Status LoadEngine(TransformerEngine& e, wp_progress_fn progress, void* progress_ctx);
+// The region holds the model: the tensors bound where they lie, the tokenizer parsed from its copy,
+// the forward pass started on the GPU (device memory) or the CPU.
+Status BindEngine(TransformerEngine& e);
+
+}  // namespace warmpool::transformer
