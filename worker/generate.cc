@@ -87,11 +87,13 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   bool past_deadline = false;
   auto last_heard = start;
   Result<wp_generate_result> result = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> tokens) {
+    const auto now = std::chrono::steady_clock::now();
     if (first && !tokens.empty()) {
       first = false;
       final->set_first_token_us(MicrosSince(start));
     }
-    if (g.stream()) {
+    if (g.stream() && !(text.empty() && tokens.empty())) {
+      last_heard = now;
       v1::WorkerEnvelope chunk;
       chunk.mutable_infer_chunk()->set_job(job);
       v1::GenerateChunk* c = chunk.mutable_infer_chunk()->mutable_chunk();
@@ -103,11 +105,13 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
       outbox_.Send(chunk);
       if (chunks == 1) faults.Hit("infer.mid");  // mid-stream: a chunk is out, the rest is not
     } else {
-      final->mutable_text()->append(ValidUtf8(std::string(text)));
-      final->mutable_tokens()->Add(tokens.begin(), tokens.end());
-      // A step without a chunk to send: the supervisor still hears that the generation moves, or
-      // it would take a long one for a hung worker.
-      const auto now = std::chrono::steady_clock::now();
+      if (!g.stream()) {
+        final->mutable_text()->append(ValidUtf8(std::string(text)));
+        final->mutable_tokens()->Add(tokens.begin(), tokens.end());
+      }
+      // Nothing to send (a step not streamed, or progress: a chunk of neither text nor tokens): the
+      // supervisor still hears that the generation moves, or it would take a long one for a hung
+      // worker.
       if (now - last_heard > kHeartbeat) {
         last_heard = now;
         v1::WorkerEnvelope heartbeat;

@@ -14,7 +14,7 @@ std::string_view FinishReasonName(FinishReason reason) {
 }
 
 Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
-                            const std::function<bool(int32_t)>& on_token) {
+                            const std::function<bool(int32_t)>& on_token, const std::function<bool()>& on_progress) {
   if (request.prompt.empty()) return Error(Code::kInvalidArgument, "the prompt has no tokens");
   if (request.prompt.size() >= model.context()) {
     return Error(Code::kInvalidArgument, "the prompt's {} tokens leave no room in a context of {}",
@@ -26,7 +26,15 @@ Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
   out.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
   std::vector<int32_t> sequence = request.prompt;
   std::vector<float> logits(model.config().vocab_size);
-  if (Status s = model.Forward(request.prompt, 0, logits); !s.ok()) return s;
+  const std::span<const int32_t> prompt(request.prompt);
+  for (size_t done = 0; done < prompt.size(); done += kPrefillPiece) {
+    if (done > 0 && on_progress && !on_progress()) {
+      out.finish = FinishReason::kCancelled;
+      return out;
+    }
+    const size_t piece = std::min<size_t>(kPrefillPiece, prompt.size() - done);
+    if (Status s = model.Forward(prompt.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) return s;
+  }
   Sampler sampler(request.sampling);
   while (out.tokens.size() < request.max_tokens) {
     Result<int32_t> next = sampler.Next(logits, sequence);

@@ -34,12 +34,19 @@ struct Generation {
   uint32_t prompt_tokens = 0;
 };
 
+// A prompt runs through the model this many tokens at a time: between pieces on_progress is called,
+// so that a long prompt shows it moves (a worker would otherwise be taken for hung) and can be
+// cancelled before its end. Each piece attends to the cache of the ones before: the same logits.
+inline constexpr uint32_t kPrefillPiece = 256;
+
 // on_token: called with each generated token as it is chosen; returning false cancels. Checked
-// once per decode step: a cancelled generation stops within one step. The sequence's cache starts
+// once per decode step, and on_progress between a prompt's pieces: a cancelled generation stops
+// within one step or piece. The sequence's cache starts
 // empty (whatever it held is overwritten); errors (a prompt that does not fit, bad options, a
 // token outside the vocabulary) are INVALID_ARGUMENT before anything runs.
 Result<Generation> Generate(Sequence& sequence, const GenerationRequest& request,
-                            const std::function<bool(int32_t)>& on_token = nullptr);
+                            const std::function<bool(int32_t)>& on_token = nullptr,
+                            const std::function<bool()>& on_progress = nullptr);
 
 // The same on the CPU, with the model and a cache.
 inline Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationRequest& request,

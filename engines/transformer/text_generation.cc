@@ -41,6 +41,10 @@ Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, cons
       return false;
     }
     return !stops.stopped();
+  }, [&] {
+    if (emit("", {})) return true;
+    client_stopped = true;
+    return false;
   });
   if (!done.ok()) return done.status();
   if (!failed.ok()) return failed;

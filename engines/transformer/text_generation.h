@@ -34,7 +34,9 @@ struct TextResult {
 };
 
 // Called once per generated token with the text it completes (possibly empty), and once more at
-// the end with the text held back and no token, when there is any. Returning false cancels.
+// the end with the text held back and no token, when there is any. Between the pieces of a long
+// prompt it is called with no text and no token: progress, nothing to send. Returning false
+// cancels.
 using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
 
 // INVALID_ARGUMENT before anything runs: an empty prompt, one that leaves no room in the cache's

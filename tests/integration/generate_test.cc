@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/daemon_fixture.h"
+#include "engines/transformer/generation.h"
 #include "tests/unit/tiny_model.h"
 
 namespace warmpool::testing {
@@ -151,6 +152,22 @@ TEST_F(GenerateTest, AWorkerKilledMidStreamEndsTheStreamWithAnErrorAndTheModelSe
   ASSERT_TRUE(after.ok()) << after.status().ToString();
   EXPECT_EQ(after->text(), before->text());
   ExpectQuiescentAndValid();
+}
+
+// A prompt of several prefill pieces: the engine's progress between them reaches no client (every
+// chunk carries text or tokens, numbered without a gap), and the reply counts the whole prompt.
+TEST_F(GenerateTest, ALongPromptsProgressIsNotSentAsChunks) {
+  WriteModel("tiny");
+  StartDaemon();
+  auto c = Connect();
+  std::string prompt;
+  while (prompt.size() < 6000) prompt += "This License applies to any program or other work which contains a notice. ";
+  Streamed s = Stream(*c, Greedy("tiny", prompt, 8));
+  ASSERT_TRUE(s.final.ok()) << s.final.status().ToString();
+  EXPECT_GT(s.final->prompt_tokens(), 2 * transformer::kPrefillPiece);
+  for (uint32_t i = 0; i < s.indices.size(); i++) EXPECT_EQ(s.indices[i], i);
+  EXPECT_EQ(s.final->completion_tokens(), s.tokens.size());
+  EXPECT_LE(s.indices.size(), s.tokens.size() + 1) << "a chunk per token, and the held-back text at most";
 }
 
 TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameText) {

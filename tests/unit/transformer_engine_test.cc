@@ -191,6 +191,38 @@ TEST_F(TransformerEngineTest, OnDeviceMemoryWithNoGpuToComputeItGeneratesFromAHo
   EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition);
 }
 
+// A long prompt runs in pieces; between them the engine reports progress (a chunk of no text and
+// no tokens), which is where a client that left stops it before its first token.
+TEST_F(TransformerEngineTest, ALongPromptReportsProgressBetweenItsPiecesAndStopsThere) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  std::vector<int32_t> prompt(2 * kPrefillPiece + 100);
+  for (size_t i = 0; i < prompt.size(); i++) prompt[i] = static_cast<int32_t>(100 + i % 50);
+  wp_generate_request r = Greedy("", 4);
+  r.prompt = {nullptr, 0};
+  r.tokens = prompt.data();
+  r.token_count = static_cast<uint32_t>(prompt.size());
+  int progress = 0, tokens = 0;
+  Result<wp_generate_result> done = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> t) {
+    if (text.empty() && t.empty()) {
+      EXPECT_EQ(tokens, 0) << "progress comes before the first token";
+      progress++;
+    }
+    tokens += static_cast<int>(t.size());
+    return true;
+  });
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(progress, 2) << "between three pieces";
+  EXPECT_EQ(done->completion_tokens, 4u);
+  EXPECT_EQ(done->prompt_tokens, prompt.size());
+
+  Result<wp_generate_result> stopped =
+      engine->Generate(r, [&](std::string_view, std::span<const int32_t>) { return false; });
+  ASSERT_TRUE(stopped.ok()) << stopped.status().ToString();
+  EXPECT_EQ(stopped->finish_reason, static_cast<uint32_t>(WP_FINISH_CANCELLED));
+  EXPECT_EQ(stopped->completion_tokens, 0u) << "stopped at the first progress, within the prompt";
+}
+
 TEST_F(TransformerEngineTest, AStopStringEndsTheTextBeforeItAndAStopFromTheClientWithinAStep) {
   Result<Engine> engine = OpenDirectory();
   ASSERT_TRUE(engine.ok() && engine->Load().ok());

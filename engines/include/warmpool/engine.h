@@ -162,7 +162,9 @@ typedef struct wp_generate_result {
   uint32_t prompt_tokens;
   uint32_t completion_tokens;
 } wp_generate_result;
-/* Returns non-zero to stop the generation (it then ends WP_FINISH_CANCELLED). */
+/* Returns non-zero to stop the generation (it then ends WP_FINISH_CANCELLED). A chunk with no text
+ * and no tokens is progress (between the pieces of a long prompt, say): nothing is sent for it, but
+ * it shows the generation moves and is a point where it can be stopped. */
 typedef int (*wp_emit_fn)(void* ctx, const wp_generate_chunk* chunk);
 
 /* Called during load with bytes copied so far; returning non-zero cancels the load. An engine may
