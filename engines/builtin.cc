@@ -159,6 +159,25 @@ Result<std::string> Engine::Describe() {
   return std::string(reinterpret_cast<const char*>(header), bytes);
 }
 
+Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  if (!embeds()) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" does not make embeddings",
+                 vtable_->name != nullptr ? vtable_->name : "?");
+  }
+  std::vector<wp_string> strings;
+  strings.reserve(inputs.size());
+  for (const std::string& input : inputs) strings.push_back({input.data(), input.size()});
+  Embeddings out;
+  out.values.resize(inputs.size() * uint64_t{info_.embedding_size});
+  out.tokens.resize(inputs.size());
+  char err[kErrorBufferBytes] = {};
+  wp_status status = vtable_->embed(instance_, strings.data(), static_cast<uint32_t>(strings.size()),
+                                    out.values.data(), out.tokens.data(), err, sizeof(err));
+  if (status != WP_OK) return StatusFromWp(status, err);
+  return out;
+}
+
 Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, const EmitFn& emit) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   if (!generates()) {

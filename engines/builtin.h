@@ -6,6 +6,7 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -61,6 +62,16 @@ class Engine {
   using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
   bool generates() const { return vtable_->abi_version >= 3 && vtable_->generate != nullptr; }
   Result<wp_generate_result> Generate(const wp_generate_request& request, const EmitFn& emit);
+
+  // Version 4: each input's embedding (info().embedding_size floats each, in order) and tokens.
+  struct Embeddings {
+    std::vector<float> values;
+    std::vector<uint32_t> tokens;
+  };
+  bool embeds() const {
+    return vtable_->abi_version >= 4 && vtable_->embed != nullptr && info_.embedding_size > 0;
+  }
+  Result<Embeddings> Embed(const std::vector<std::string>& inputs);
 
   const wp_engine_info& info() const { return info_; }
   const wp_engine_vtable& vtable() const { return *vtable_; }

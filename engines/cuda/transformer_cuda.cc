@@ -107,15 +107,31 @@ class CudaSequence final : public Sequence {
   uint32_t context() const override { return context_; }
 
   Status Forward(std::span<const int32_t> tokens, uint32_t start, std::span<float> logits) override {
+    return Run(tokens, start, logits, false);
+  }
+  Status Hidden(std::span<const int32_t> tokens, uint32_t start, std::span<float> hidden) override {
+    return Run(tokens, start, hidden, true);
+  }
+
+  std::string Describe() const override {
+    const DType dtype = weights_.embed.dtype;
+    return fmt::format("cuBLAS on CUDA device {} ({}), {} weights as stored, a {}-token KV cache on the device",
+                       device_, device_name_, safetensors::DTypeName(dtype), context_);
+  }
+
+ private:
+  // The tokens through the model; out gets the last one's logits, or (hidden) its hidden state
+  // after the final norm.
+  Status Run(std::span<const int32_t> tokens, uint32_t start, std::span<float> out, bool hidden) {
     const auto rows = static_cast<uint32_t>(tokens.size());
     if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
     if (uint64_t{start} + rows > context_) {
       return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
                    uint64_t{start} + rows - 1, context_);
     }
-    if (logits.size() < config_.vocab_size) {
-      return Error(Code::kInvalidArgument, "{} floats for logits where {} are needed", logits.size(),
-                   config_.vocab_size);
+    const uint64_t needed = hidden ? config_.hidden_size : config_.vocab_size;
+    if (out.size() < needed) {
+      return Error(Code::kInvalidArgument, "{} floats for the output where {} are needed", out.size(), needed);
     }
     for (int32_t token : tokens) {
       if (token < 0 || static_cast<uint32_t>(token) >= config_.vocab_size) {
@@ -126,21 +142,16 @@ class CudaSequence final : public Sequence {
     (void)cudaGetLastError();  // an error an earlier call left on this thread is not this call's
     for (uint32_t done = 0; done < rows; done += plan_.chunk_rows) {
       const uint32_t chunk = std::min(plan_.chunk_rows, rows - done);
-      if (Status s = Chunk(tokens.data() + done, chunk, start + done, done + chunk == rows); !s.ok()) return s;
+      const bool last = done + chunk == rows;
+      if (Status s = Chunk(tokens.data() + done, chunk, start + done, last, hidden); !s.ok()) return s;
     }
-    WP_CUDA_TRY(cudaMemcpyAsync(logits.data(), At<float>(plan_.logits), uint64_t{config_.vocab_size} * sizeof(float),
-                                cudaMemcpyDeviceToHost, stream_),
-                "copy of the logits");
+    // The final norm's output (normed, hidden_size floats) or the head's (logits).
+    const float* result = hidden ? At<float>(plan_.normed) : At<float>(plan_.logits);
+    WP_CUDA_TRY(cudaMemcpyAsync(out.data(), result, needed * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                "copy of the output");
     return Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU");
   }
 
-  std::string Describe() const override {
-    const DType dtype = weights_.embed.dtype;
-    return fmt::format("cuBLAS on CUDA device {} ({}), {} weights as stored, a {}-token KV cache on the device",
-                       device_, device_name_, safetensors::DTypeName(dtype), context_);
-  }
-
- private:
   template <typename T>
   T* At(uint64_t offset) const {
     return reinterpret_cast<T*>(static_cast<uint8_t*>(workspace_.ptr) + offset);
@@ -181,8 +192,9 @@ class CudaSequence final : public Sequence {
                  "RMSNorm");
   }
 
-  // rows tokens at positions start...; the logits of the last one when `last`.
-  Status Chunk(const int32_t* tokens, uint32_t rows, uint32_t start, bool last) {
+  // rows tokens at positions start...; when `last`, the final norm of the last one (in normed) and,
+  // unless `hidden`, its logits.
+  Status Chunk(const int32_t* tokens, uint32_t rows, uint32_t start, bool last, bool hidden) {
     const Config& c = config_;
     float* x = At<float>(plan_.x);
     float* normed = At<float>(plan_.normed);
@@ -232,6 +244,7 @@ class CudaSequence final : public Sequence {
     if (!last) return OkStatus();
     const float* final_row = x + uint64_t{rows - 1} * c.hidden_size;
     if (Status s = Norm(final_row, 1, c.hidden_size, weights_.final_norm, normed); !s.ok()) return s;
+    if (hidden) return OkStatus();
     return Project(normed, 1, weights_.lm_head, At<float>(plan_.logits), c.vocab_size, false);
   }
 

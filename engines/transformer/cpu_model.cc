@@ -174,8 +174,8 @@ void CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache&
   }
 }
 
-Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
-                         bool all_positions) {
+Status CpuModel::Check(std::span<const int32_t> tokens, uint32_t start, const KvCache& cache, uint64_t out_size,
+                       uint64_t needed) const {
   const Config& c = config_;
   const auto rows = static_cast<uint32_t>(tokens.size());
   if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
@@ -184,17 +184,51 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
     return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
                  uint64_t{start} + rows - 1, cache.context());
   }
-  const uint64_t needed = uint64_t{all_positions ? rows : 1} * c.vocab_size;
-  if (logits.size() < needed) {
-    return Error(Code::kInvalidArgument, "{} floats for logits where {} are needed", logits.size(), needed);
+  if (out_size < needed) {
+    return Error(Code::kInvalidArgument, "{} floats for the output where {} are needed", out_size, needed);
   }
   for (int32_t token : tokens) {
     if (token < 0 || static_cast<uint32_t>(token) >= c.vocab_size) {
       return Error(Code::kInvalidArgument, "token {} is outside the vocabulary of {}", token, c.vocab_size);
     }
   }
+  return OkStatus();
+}
+
+Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
+                         bool all_positions) {
+  const Config& c = config_;
+  const auto rows = static_cast<uint32_t>(tokens.size());
+  if (Status s = Check(tokens, start, cache, logits.size(), uint64_t{all_positions ? rows : 1} * c.vocab_size);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<float> x;
+  if (Status s = Layers(tokens, start, cache, x); !s.ok()) return s;
+  const uint32_t first = all_positions ? 0 : rows - 1;
+  const uint32_t count = rows - first;
+  std::vector<float> normed(uint64_t{count} * c.hidden_size);
+  RmsNorm(&x[uint64_t{first} * c.hidden_size], count, c.hidden_size, WidenAll(weights_.final_norm), c.rms_norm_eps,
+          normed.data());
+  return Linear(normed.data(), count, weights_.lm_head, {}, logits.data());
+}
+
+Status CpuModel::Hidden(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> hidden) {
+  const Config& c = config_;
+  if (Status s = Check(tokens, start, cache, hidden.size(), c.hidden_size); !s.ok()) return s;
+  std::vector<float> x;
+  if (Status s = Layers(tokens, start, cache, x); !s.ok()) return s;
+  RmsNorm(&x[(tokens.size() - 1) * c.hidden_size], 1, c.hidden_size, WidenAll(weights_.final_norm), c.rms_norm_eps,
+          hidden.data());
+  return OkStatus();
+}
+
+Status CpuModel::Layers(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::vector<float>& x) {
+  const Config& c = config_;
+  const auto rows = static_cast<uint32_t>(tokens.size());
   const uint32_t hidden = c.hidden_size;
-  std::vector<float> x(uint64_t{rows} * hidden), normed(x.size()), q(uint64_t{rows} * c.q_size()),
+  x.assign(uint64_t{rows} * hidden, 0.0f);
+  std::vector<float> normed(x.size()), q(uint64_t{rows} * c.q_size()),
       k(uint64_t{rows} * c.kv_size()), v(k.size()), attended(q.size()),
       gate(uint64_t{rows} * c.intermediate_size), up(gate.size());
   for (uint32_t r = 0; r < rows; ++r) {
@@ -229,10 +263,6 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
     if (Status s = Linear(gate.data(), rows, w.down, {}, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
   }
-  const uint32_t first = all_positions ? 0 : rows - 1;
-  const uint32_t count = rows - first;
-  RmsNorm(&x[uint64_t{first} * hidden], count, hidden, WidenAll(weights_.final_norm), c.rms_norm_eps, normed.data());
-  if (Status s = Linear(normed.data(), count, weights_.lm_head, {}, logits.data()); !s.ok()) return s;
   return OkStatus();
 }
 

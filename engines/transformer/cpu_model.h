@@ -53,6 +53,8 @@ class CpuModel {
   // INVALID_ARGUMENT, and nothing is written. One call at a time per model (its scratch).
   Status Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
                  bool all_positions = false);
+  // The last token's hidden state after the final norm (hidden_size floats) instead of its logits.
+  Status Hidden(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> hidden);
 
   const Config& config() const { return config_; }
   int threads() const { return threads_; }
@@ -61,6 +63,10 @@ class CpuModel {
   Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
   void Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out);
   void Rope(float* heads, uint32_t count, uint32_t position) const;
+  // The layers over the tokens: x (rows x hidden) holds the residual stream after the last one.
+  Status Layers(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::vector<float>& x);
+  Status Check(std::span<const int32_t> tokens, uint32_t start, const KvCache& cache, uint64_t out_size,
+               uint64_t needed) const;
 
   Config config_;
   ModelWeights weights_;
@@ -77,6 +83,9 @@ class CpuSequence final : public Sequence {
   uint32_t context() const override { return cache_.context(); }
   Status Forward(std::span<const int32_t> tokens, uint32_t start, std::span<float> logits) override {
     return model_.Forward(tokens, start, cache_, logits);
+  }
+  Status Hidden(std::span<const int32_t> tokens, uint32_t start, std::span<float> hidden) override {
+    return model_.Hidden(tokens, start, cache_, hidden);
   }
   std::string Describe() const override;
 

@@ -8,12 +8,15 @@
 // Where that cannot start (a build without it, no CUDA runtime: the driver test double) the engine
 // copies the weights back into host memory, outside the device budget, and computes on the CPU,
 // saying so once: slower, never wrong.
+#include <algorithm>
 #include <memory>
 #include <new>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "engines/builtin.h"
+#include "engines/transformer/embedding.h"
 #include "engines/transformer/engine_state.h"
 #include "engines/transformer/text_generation.h"
 #include "warmpool/engine.h"
@@ -111,6 +114,36 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
   return OkStatus();
 }
 
+// Every input tokenized and checked before any runs: a bad one leaves the output untouched.
+Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, float* embeddings, uint32_t* input_tokens) {
+  if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (count > 0 && (inputs == nullptr || embeddings == nullptr)) return Error(Code::kInvalidArgument, "inputs missing");
+  std::vector<std::vector<int32_t>> tokenized;
+  for (uint32_t i = 0; i < count; i++) {
+    std::string_view text(inputs[i].data != nullptr ? inputs[i].data : "", inputs[i].bytes);
+    Result<std::vector<int32_t>> tokens = e.files->tokenizer->Encode(text, /*add_special_tokens=*/true);
+    if (!tokens.ok()) return Error(tokens.status().code(), "input {}: {}", i, tokens.status().message());
+    if (tokens->empty()) return Error(Code::kInvalidArgument, "input {} is empty", i);
+    if (tokens->size() > e.context) {
+      return Error(Code::kInvalidArgument, "input {} has {} tokens, more than the context of {} of model \"{}\"", i,
+                   tokens->size(), e.context, e.name);
+    }
+    tokenized.push_back(std::move(*tokens));
+  }
+  const uint32_t size = e.packed.config.hidden_size;
+  std::vector<float> out(uint64_t{count} * size);
+  for (uint32_t i = 0; i < count; i++) {
+    if (Status s = EmbedTokens(*e.sequence, tokenized[i], {out.data() + uint64_t{i} * size, size}); !s.ok()) {
+      return Error(s.code(), "input {}: {}", i, s.message());
+    }
+  }
+  std::copy(out.begin(), out.end(), embeddings);
+  for (uint32_t i = 0; input_tokens != nullptr && i < count; i++) {
+    input_tokens[i] = static_cast<uint32_t>(tokenized[i].size());
+  }
+  return OkStatus();
+}
+
 wp_status OpenCall(const wp_engine_spec* spec, const wp_device_memory* memory, wp_engine** out, wp_engine_info* info,
                    char* err, size_t err_len) {
   if (spec == nullptr || memory == nullptr || out == nullptr || info == nullptr) {
@@ -183,9 +216,15 @@ wp_status GenerateCall(wp_engine* engine, const wp_generate_request* request, wp
   return Guarded(err, err_len, [&] { return Generate(*As(engine), *request, emit, emit_ctx, *result); });
 }
 
+wp_status EmbedCall(wp_engine* engine, const wp_string* inputs, uint32_t input_count, float* embeddings,
+                    uint32_t* input_tokens, char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] { return Embed(*As(engine), inputs, input_count, embeddings, input_tokens); });
+}
+
 const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer", &OpenCall,   &LoadCall,     &InferCall,
     &CloseCall,            &ExportCall,   &AttachCall, &DescribeCall, &GenerateCall,
+    &EmbedCall,
 };
 
 }  // namespace

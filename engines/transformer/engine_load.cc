@@ -130,6 +130,7 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   info.max_batch = 1;
   info.context = e.context;
   info.sequences = 1;
+  info.embedding_size = e.packed.config.hidden_size;
   info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
   return OkStatus();
 }

@@ -23,6 +23,9 @@ class Sequence {
   // these. logits: vocab_size floats (host memory) for the last token. A token outside the
   // vocabulary or a run past the context is INVALID_ARGUMENT, and nothing is written.
   virtual Status Forward(std::span<const int32_t> tokens, uint32_t start, std::span<float> logits) = 0;
+  // The same, returning instead the last token's hidden state after the final norm (hidden_size
+  // floats): what the output head reads, and what an embedding is made of.
+  virtual Status Hidden(std::span<const int32_t> tokens, uint32_t start, std::span<float> hidden) = 0;
   // Where it runs, for the log ("CPU, 8 threads", "cuBLAS on CUDA device 0 (...)").
   virtual std::string Describe() const = 0;
 };

@@ -3,10 +3,12 @@
 definitions (Hugging Face's modeling_llama / modeling_mistral / modeling_qwen2 / modeling_qwen3):
 it reads a checkpoint directory (config.json, model.safetensors or shards with
 model.safetensors.index.json) and computes, in float64 over the whole sequence at once, the logits
-of every position, or a greedy continuation.
+of every position, a greedy continuation, or the sequence's embedding (its last token's final
+state at unit length).
 
   transformer_reference.py DIR --tokens 1,2,3 --out logits.f64      # [tokens x vocab] float64
   transformer_reference.py DIR --tokens 1,2,3 --greedy 8            # prints the 8 tokens chosen
+  transformer_reference.py DIR --tokens 1,2,3 --embedding e.f64     # [hidden] float64
 """
 
 import argparse
@@ -86,8 +88,8 @@ def _rotate(x, cos, sin):
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def logits(config, w, tokens):
-    """[len(tokens) x vocab] logits of a sequence starting at position 0."""
+def hidden_states(config, w, tokens):
+    """[len(tokens) x hidden] states after the final norm, of a sequence starting at position 0."""
     model_type = config["model_type"]
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
@@ -133,9 +135,21 @@ def logits(config, w, tokens):
         h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = linear(h, p + "mlp.gate_proj")
         x = x + linear(gate / (1 + np.exp(-gate)) * linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
-    x = _rms_norm(x, w["model.norm.weight"], eps)
+    return _rms_norm(x, w["model.norm.weight"], eps)
+
+
+def logits(config, w, tokens):
+    """[len(tokens) x vocab] logits of a sequence starting at position 0."""
     head = w["model.embed_tokens.weight"] if config.get("tie_word_embeddings") else w["lm_head.weight"]
-    return x @ head.T
+    return hidden_states(config, w, tokens) @ head.T
+
+
+def embedding(config, w, tokens):
+    """The sequence's embedding: its last token's final state, scaled to unit length (last-token
+    pooling)."""
+    last = hidden_states(config, w, tokens)[-1]
+    norm = np.sqrt(np.sum(last * last))
+    return last / norm if norm > 0 else last
 
 
 def greedy(config, w, tokens, count):
@@ -153,11 +167,14 @@ def main():
     parser.add_argument("--tokens", required=True, help="comma-separated token ids")
     parser.add_argument("--out", help="write the logits here as little-endian float64")
     parser.add_argument("--greedy", type=int, default=0, help="print this many greedily chosen tokens")
+    parser.add_argument("--embedding", help="write the embedding here as little-endian float64")
     args = parser.parse_args()
     config, weights = load(args.directory)
     tokens = [int(t) for t in args.tokens.split(",")]
     if args.out:
         logits(config, weights, tokens).astype("<f8").tofile(args.out)
+    if args.embedding:
+        embedding(config, weights, tokens).astype("<f8").tofile(args.embedding)
     if args.greedy:
         print(",".join(str(t) for t in greedy(config, weights, tokens, args.greedy)))
     return 0

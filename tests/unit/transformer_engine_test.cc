@@ -17,6 +17,7 @@
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
 #include "engines/catalog/builtin_engines.h"
+#include "engines/transformer/embedding.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/model_directory.h"
 #include "engines/transformer/stop_strings.h"
@@ -352,6 +353,45 @@ TEST_F(TransformerEngineTest, ASymlinkInTheDirectoryIsRefusedNotFollowed) {
   Result<Engine> engine = OpenDirectory();
   ASSERT_FALSE(engine.ok());
   EXPECT_TRUE(Contains(engine.status().message(), "symlink")) << engine.status().message();
+}
+
+// Embeddings through the ABI (version 4): each input on its own, as the in-process path makes it;
+// a bad input among good ones is named; a version 3 vtable does not embed.
+TEST_F(TransformerEngineTest, EmbeddingsThroughTheAbiAreTheInProcessOnesAndABadInputIsNamed) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  ASSERT_TRUE(engine->embeds());
+  const uint32_t size = engine->info().embedding_size;
+  EXPECT_EQ(size, 64u) << "the hidden size";
+  Result<Engine::Embeddings> out = engine->Embed({"the GNU General Public License", "free software"});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->values.size(), 2u * size);
+
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok());
+  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
+  CpuModel model(m->checkpoint->config(), *weights, 1);
+  KvCache cache(m->checkpoint->config(), 2048);
+  CpuSequence sequence(model, cache);
+  const std::vector<int32_t> tokens = *m->tokenizer->Encode("free software", /*add_special_tokens=*/true);
+  std::vector<float> want(size);
+  ASSERT_TRUE(EmbedTokens(sequence, tokens, want).ok());
+  EXPECT_EQ(out->tokens[1], tokens.size());
+  for (uint32_t i = 0; i < size; i++) EXPECT_FLOAT_EQ(out->values[size + i], want[i]) << i;
+
+  Result<Engine::Embeddings> too_long = engine->Embed({"fine", std::string(20000, 'x')});
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_EQ(too_long.status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(too_long.status().message(), "input 1")) << too_long.status().message();
+
+  wp_engine_vtable v3 = *FindBuiltinEngine("transformer");
+  v3.abi_version = 3;
+  wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+  spec.has_directory = 1;
+  spec.directory_fd = directory_;
+  Result<Engine> older = Engine::Open(&v3, spec, memory_.service());
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_FALSE(older->embeds()) << "a version 3 vtable has no embed entry to read";
 }
 
 TEST_F(TransformerEngineTest, ADirectoryIsNotForAVersion2EngineNorAFileForThisOne) {

@@ -206,6 +206,11 @@ TEST_F(TransformerGpuTest, LogitsMatchTheCpuForEachArchitectureAndDtype) {
         expect_same({&prompt[step], 1}, 300 + step, fmt::format("decode step {}", step));
       }
       expect_same({prompt.data() + 100, 40}, 0, "a second prompt over the first one's cache");
+      std::vector<float> want_hidden(config.hidden_size), got_hidden(config.hidden_size);
+      ASSERT_TRUE(cpu.Hidden({prompt.data(), 30}, 0, want_hidden).ok());
+      Status hidden = gpu->Hidden({prompt.data(), 30}, 0, got_hidden);
+      ASSERT_TRUE(hidden.ok()) << hidden.ToString();
+      EXPECT_LE(WorstError(got_hidden, want_hidden), Tolerance(dtype)) << "the final state an embedding is made of";
       EXPECT_EQ(gpu->Forward({prompt.data(), 2}, kContext - 1, got).code(), Code::kInvalidArgument)
           << "past the context";
       const int32_t outside = static_cast<int32_t>(config.vocab_size);

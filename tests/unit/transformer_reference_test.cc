@@ -18,6 +18,7 @@
 
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/embedding.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/random_checkpoint.h"
 #include "engines/transformer/weights.h"
@@ -32,11 +33,12 @@ using safetensors::DType;
 
 // Runs the reference; returns its standard output. logits_out: where it writes the logits.
 std::string RunReference(const std::string& directory, const std::vector<int32_t>& tokens,
-                         const std::string& logits_out, int greedy = 0) {
+                         const std::string& logits_out, int greedy = 0, const std::string& embedding_out = "") {
   std::string command = fmt::format("{} {}/tests/python/transformer_reference.py {} --tokens {}", WARMPOOL_PYTHON3,
                                     WARMPOOL_SOURCE_DIR, directory, fmt::join(tokens, ","));
   if (!logits_out.empty()) command += " --out " + logits_out;
   if (greedy > 0) command += fmt::format(" --greedy {}", greedy);
+  if (!embedding_out.empty()) command += " --embedding " + embedding_out;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return "";
   std::string out;
@@ -190,6 +192,38 @@ TEST(TransformerReference, PrefillAndDecodeLogitsMatchTheReferenceForEveryArchit
     ASSERT_TRUE(loaded.model->Forward({tokens.data() + 7, tokens.size() - 7}, 7, split, last).ok());
     ExpectNear(last, std::vector<double>(want.end() - vocab, want.end()), 1e-4, c.name + ", split prompt");
   }
+}
+
+// An embedding is the last token's final state at unit length, for every architecture and dtype;
+// one prompt is longer than a prefill piece, so it runs in pieces.
+TEST(TransformerReference, EmbeddingsMatchTheReferenceForEveryArchitectureAndDtype) {
+  TempDir dir;
+  for (const Case& c : Cases()) {
+    const std::string model_dir = dir.File(fmt::format("e{}", c.spec.seed + 100 * int(c.spec.dtype)));
+    ASSERT_TRUE(WriteRandomCheckpoint(model_dir, c.spec).ok()) << c.name;
+    Loaded loaded = Load(model_dir);
+    ASSERT_NE(loaded.model, nullptr) << c.name;
+    const uint32_t length = c.spec.seed % 3 == 0 ? kPrefillPiece + 20 : 12;
+    const std::vector<int32_t> tokens = Prompt(length, c.spec.vocab_size, c.spec.seed);
+    RunReference(model_dir, tokens, "", 0, dir.File("want.f64"));
+    const std::vector<double> want = ReadDoubles(dir.File("want.f64"));
+    KvCache cache(loaded.checkpoint->config(), 512);
+    CpuSequence sequence(*loaded.model, cache);
+    std::vector<float> got(loaded.checkpoint->config().hidden_size);
+    Status s = EmbedTokens(sequence, tokens, got);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ExpectNear(got, want, 1e-4, fmt::format("{}, {} tokens", c.name, length));
+    double squares = 0;
+    for (float v : got) squares += double{v} * v;
+    EXPECT_NEAR(squares, 1.0, 1e-5) << c.name;
+  }
+  Loaded loaded = Load(dir.File(fmt::format("e{}", Cases()[0].spec.seed + 100 * int(Cases()[0].spec.dtype))));
+  KvCache small(loaded.checkpoint->config(), 8);
+  CpuSequence sequence(*loaded.model, small);
+  std::vector<float> out(loaded.checkpoint->config().hidden_size);
+  std::vector<int32_t> nine(9, 1);
+  EXPECT_EQ(EmbedTokens(sequence, nine, out).code(), Code::kInvalidArgument) << "past the context";
+  EXPECT_EQ(EmbedTokens(sequence, {}, out).code(), Code::kInvalidArgument) << "no tokens";
 }
 
 TEST(TransformerReference, GreedyGenerationIsTokenIdenticalOverSixtyFourTokens) {

@@ -24,6 +24,8 @@
  * calls emit once per generated token and stops within that step when emit returns non-zero (the
  * client left, the deadline passed). Its per-sequence memory is declared exactly (info.context,
  * info.kv_bytes_per_token), so that admission counts what the sequences' caches take.
+ *
+ * Version 4 adds embeddings: embed turns texts into vectors of info.embedding_size floats.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -35,7 +37,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 3u
+#define WP_ENGINE_ABI_VERSION 4u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -109,6 +111,8 @@ typedef struct wp_engine_info {
   uint32_t context;
   uint32_t sequences;
   uint64_t kv_bytes_per_token;
+  /* Version 4: floats per embedding (0: the engine does not embed). */
+  uint32_t embedding_size;
 } wp_engine_info;
 
 /* Version 3: one generation request. Options not set in `set` take the model's defaults
@@ -203,6 +207,14 @@ typedef struct wp_engine_vtable {
    * not fit the context and invalid options are WP_INVALID_ARGUMENT before anything runs. */
   wp_status (*generate)(wp_engine* engine, const wp_generate_request* request, wp_emit_fn emit, void* emit_ctx,
                         wp_generate_result* result, char* err, size_t err_len);
+
+  /* Version 4 (NULL where the engine does not do it). */
+  /* Embeds each input (UTF-8 text, tokenized with the model's special tokens) on its own:
+   * embeddings receives input_count x info.embedding_size floats, input_tokens (unless NULL) the
+   * token count of each. Inputs that do not fit the context are WP_INVALID_ARGUMENT, and nothing
+   * is written. */
+  wp_status (*embed)(wp_engine* engine, const wp_string* inputs, uint32_t input_count, float* embeddings,
+                     uint32_t* input_tokens, char* err, size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */

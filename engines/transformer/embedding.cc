@@ -1,0 +1,38 @@
+#include "engines/transformer/embedding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engines/transformer/generation.h"
+
+namespace warmpool::transformer {
+
+Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::span<float> out) {
+  const uint32_t hidden = sequence.config().hidden_size;
+  if (tokens.empty()) return Error(Code::kInvalidArgument, "an input with no tokens");
+  if (tokens.size() > sequence.context()) {
+    return Error(Code::kInvalidArgument, "an input of {} tokens does not fit the context of {}", tokens.size(),
+                 sequence.context());
+  }
+  if (out.size() < hidden) {
+    return Error(Code::kInvalidArgument, "{} floats for an embedding of {}", out.size(), hidden);
+  }
+  std::vector<float> logits(sequence.config().vocab_size);
+  size_t done = 0;
+  for (; tokens.size() - done > kPrefillPiece; done += kPrefillPiece) {
+    if (Status s = sequence.Forward(tokens.subspan(done, kPrefillPiece), static_cast<uint32_t>(done), logits); !s.ok()) {
+      return s;
+    }
+  }
+  if (Status s = sequence.Hidden(tokens.subspan(done), static_cast<uint32_t>(done), out); !s.ok()) return s;
+  double squares = 0;
+  for (uint32_t i = 0; i < hidden; i++) squares += double{out[i]} * out[i];
+  if (squares > 0) {
+    const auto scale = static_cast<float>(1.0 / std::sqrt(squares));
+    for (uint32_t i = 0; i < hidden; i++) out[i] *= scale;
+  }
+  return OkStatus();
+}
+
+}  // namespace warmpool::transformer
