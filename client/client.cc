@@ -149,6 +149,18 @@ Result<v1::GenerateReply> Client::Generate(v1::GenerateRequest request,
   }
 }
 
+Result<v1::EmbedReply> Client::Embed(v1::EmbedRequest request) {
+  for (const std::string& input : request.input()) {
+    if (!IsValidUtf8(input)) return Error(Code::kInvalidArgument, "an input to embed is not valid UTF-8");
+  }
+  v1::Envelope envelope;
+  *envelope.mutable_embed() = std::move(request);
+  Result<v1::Envelope> reply = Call(std::move(envelope));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_embed_reply()) return Error(Code::kInternal, "warmpoold answered an embed request with something else");
+  return std::move(*reply->mutable_embed_reply());
+}
+
 Result<uint64_t> Client::SendInfer(const std::string& model, const Matrix& input,
                                    const InferOptions& options) {
   return Send(InferRequest(model, input, options));

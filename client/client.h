@@ -50,6 +50,8 @@ class Client {
   // a generation early, close the connection: the daemon cancels it within a step.
   Result<v1::GenerateReply> Generate(v1::GenerateRequest request,
                                      const std::function<void(const v1::GenerateChunk&)>& on_chunk = nullptr);
+  // Embeddings from a language model: one per input, in order, each at unit length.
+  Result<v1::EmbedReply> Embed(v1::EmbedRequest request);
   Result<v1::LoadReply> Load(const std::string& model, const LoadOptions& options = {});
   // park: keep a host copy (the daemon's park budget) so that the next load is a copy back.
   warmpool::Status Unload(const std::string& model, bool park = false);

@@ -66,6 +66,10 @@ int Serving::Run() {
           if (!read_error_.ok()) read_error = read_error_;
           break;
         }
+        if (infer.has_embed()) {  // never batched
+          HandleEmbed(infer);
+          break;
+        }
         if (infer.has_input_region() || infer.has_output_region()) {  // never batched
           HandleInfer(infer, in.regions);
           break;

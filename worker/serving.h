@@ -64,6 +64,7 @@ class Serving {
   // control frames are handled, jobs wait in deferred_ (loads and attaches too: an unload before
   // an attach of the same model must not be overtaken by it).
   void HandleGenerate(const v1::WorkerInfer& request);
+  void HandleEmbed(const v1::WorkerInfer& request);  // worker/embed.cc
   // Frames that are no job and need no order among jobs (device memory granted or offered, region
   // and mapping releases, cancels): handled at once, whatever is running. False: a job.
   bool HandleControl(Incoming& in);

@@ -161,6 +161,7 @@ class Core {
   void HandleUnloadAll(const Call& call);
   void HandleInfer(Call call, v1::InferRequest&& request);
   void HandleGenerate(Call call, v1::GenerateRequest&& request);
+  void HandleEmbed(Call call, v1::EmbedRequest&& request);
   void HandlePin(const Call& call, const v1::PinRequest& request);
   // regions.cc: clients' shared memory. A slice must lie in a region of its own connection.
   void HandleRegion(const Call& call, const v1::RegionRequest& request, int handle, const Status& check);
@@ -256,6 +257,9 @@ class Core {
   void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
   void AnswerGenerate(Job& job, v1::WorkerInferDone& done);
   void CancelGenerations(uint64_t session);
+  // Embeddings (core/embed.cc): an inference whose answer is vectors.
+  void DispatchEmbed(uint32_t model, uint32_t worker, Waiter&& waiter);
+  void AnswerEmbed(Job& job, v1::WorkerInferDone& done);
   // An inference of the model's current registration ended: its counts, keep_alive, its queue.
   void DoneOnCurrent(uint32_t model);
   void StartKeepAlive(uint32_t model);

@@ -87,6 +87,7 @@ void Core::DrainReady(uint32_t model) {
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   if (waiter.generate) return DispatchGenerate(model, worker, std::move(waiter));
+  if (waiter.embed) return DispatchEmbed(model, worker, std::move(waiter));
   Model& m = models_[model];
   const Weights& weights = m.machine.As<Ready>()->weights;
   const v1::Tensor& input = waiter.infer.input();
@@ -192,6 +193,8 @@ void Core::StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer) {
 void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
   if (!job.answered && job.generate) {
     AnswerGenerate(job, done);
+  } else if (!job.answered && job.embed) {
+    AnswerEmbed(job, done);
   } else if (!job.answered) {
     if (done.has_error()) {
       AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));

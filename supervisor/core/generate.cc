@@ -11,15 +11,9 @@
 //   - a client that leaves gets its generations cancelled on their workers (WorkerCancel), which
 //     end them within a step.
 #include "supervisor/core/core.h"
+#include "supervisor/core/request_check.h"
 
 namespace warmpool::supervisor {
-namespace {
-
-// The longest a token's text may be, in bytes, when the core bounds a prompt by the context: a
-// bound, not a tokenizer (Llama 3's longest tokens are runs of 16 to 32 spaces or dashes).
-constexpr uint64_t kMaxBytesPerToken = 64;
-
-}  // namespace
 
 void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
   Result<uint32_t> found = FindServing(request.model());

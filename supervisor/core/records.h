@@ -40,6 +40,7 @@ struct Waiter {
   bool retry = false;
   uint32_t replicas_asked = 0;  // a load: LoadRequest.replicas, for its reply
   std::optional<v1::GenerateRequest> generate{};  // a generation instead of `infer` (core/generate.cc)
+  std::optional<v1::EmbedRequest> embed{};        // embeddings instead of `infer` (core/embed.cc)
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -58,6 +59,7 @@ struct Job {
   bool retry = false;  // infer: a Waiter::retry
   v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
   std::optional<v1::GenerateRequest> generate{};  // a generation (core/generate.cc), kept alike
+  std::optional<v1::EmbedRequest> embed{};        // embeddings (core/embed.cc), kept alike
   uint32_t chunks = 0;  // a generation's chunks sent to its client
   std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
   uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves

@@ -91,6 +91,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         retries.emplace_back(job.model, Waiter{job.call, true, std::move(job.request),
                                                job.deadline_ms, crashes, shared, /*retry=*/true});
         retries.back().second.generate = std::move(job.generate);
+        retries.back().second.embed = std::move(job.embed);
         break;
       }
       case Job::Kind::kLoad:

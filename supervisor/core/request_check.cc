@@ -36,6 +36,21 @@ Status CheckSlice(const v1::RegionSlice& slice, const char* what) {
 // An input in a client's region: the tensor gives the shape, the slice holds exactly its bytes.
 // The sampling options' ranges are the engine's to judge (engines/transformer/sampler.h): it
 // names the option with the model's defaults in mind.
+// Inputs of an embed request: how many, and valid UTF-8 (their length is bounded by the model's
+// context: core/embed.cc).
+Status CheckEmbed(const v1::EmbedRequest& e) {
+  if (Status s = CheckModelName(e.model()); !s.ok()) return s;
+  if (e.input_size() == 0 || e.input_size() > kMaxEmbedInputs) {
+    return Error(Code::kInvalidArgument, "an embed request needs 1 to {} inputs, not {}", kMaxEmbedInputs,
+                 e.input_size());
+  }
+  for (const std::string& input : e.input()) {
+    if (input.empty()) return Error(Code::kInvalidArgument, "an input to embed is empty");
+    if (!IsValidUtf8(input)) return Error(Code::kInvalidArgument, "an input to embed is not valid UTF-8");
+  }
+  return OkStatus();
+}
+
 Status CheckGenerate(const v1::GenerateRequest& g) {
   if (Status s = CheckModelName(g.model()); !s.ok()) return s;
   if (!g.prompt().empty() + !g.tokens().empty() + !g.messages().empty() != 1) {
@@ -119,6 +134,7 @@ Status CheckRequest(const v1::Envelope& request) {
       return CheckModelName(infer.model());
     }
     case v1::Envelope::kGenerate: return CheckGenerate(request.generate());
+    case v1::Envelope::kEmbed: return CheckEmbed(request.embed());
     case v1::Envelope::kRegion:
       if (request.region().remove() == 0 && request.region().bytes() == 0) {
         return Error(Code::kInvalidArgument,

@@ -1,6 +1,7 @@
 // Every check a client request can fail on its own, before it touches any daemon state: the
 // protocol version, a body the daemon understands, well-formed model names, an infer input that is
-// a rows x cols f32 matrix, a generate request's prompt and stop strings, a sane replica count and
+// a rows x cols f32 matrix, a generate request's prompt and stop strings, an embed request's inputs,
+// a sane replica count and
 // a known fault point and action. A pure function
 // of the envelope, so that it can be unit-tested and fuzzed without a daemon.
 //
@@ -26,6 +27,12 @@ inline constexpr int kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopBytes = 256;
 // Messages of a conversation (their bytes count as the prompt's: core/generate.cc).
 inline constexpr int kMaxMessages = 4096;
+// Inputs of one embed request.
+inline constexpr int kMaxEmbedInputs = 256;
+// The longest a token's text may be, in bytes, when the core bounds a prompt or an input by the
+// model's context (core/generate.cc, core/embed.cc): a bound, not a tokenizer (Llama 3's longest
+// tokens are runs of 16 to 32 spaces or dashes).
+inline constexpr uint64_t kMaxBytesPerToken = 64;
 
 // OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
 Status CheckRequest(const v1::Envelope& request);

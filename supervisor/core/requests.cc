@@ -72,6 +72,7 @@ void Core::OnRequest(event::ClientRequest&& event) {
     case v1::Envelope::kUnload: return HandleUnload(call, request.unload());
     case v1::Envelope::kInfer: return HandleInfer(call, std::move(*request.mutable_infer()));
     case v1::Envelope::kGenerate: return HandleGenerate(call, std::move(*request.mutable_generate()));
+    case v1::Envelope::kEmbed: return HandleEmbed(call, std::move(*request.mutable_embed()));
     case v1::Envelope::kModels: return Answer(call, ModelsSnapshot());
     case v1::Envelope::kPs: return Answer(call, PsSnapshot());
     case v1::Envelope::kStatus: return Answer(call, StatusSnapshot());
@@ -110,6 +111,7 @@ void Core::OnClientGone(uint64_t session) {
     job.answered = true;
     job.request.Clear();
     if (job.generate) job.generate->clear_prompt();  // still a generation: its steps may come
+    if (job.embed) job.embed->clear_input();
   }
   for (auto& [id, bulk] : bulk_unloads_) {
     if (bulk.call.session == session) bulk.call.session = 0;  // finishes, answers nobody

@@ -170,6 +170,44 @@ TEST_F(GenerateTest, ALongPromptsProgressIsNotSentAsChunks) {
   EXPECT_LE(s.indices.size(), s.tokens.size() + 1) << "a chunk per token, and the held-back text at most";
 }
 
+// Embeddings through warmpoold: one per input, in order, at unit length; an input embeds the same
+// alone or beside others, and again from a parked copy.
+TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedCopy) {
+  WriteModel("tiny");
+  StartDaemon("[pool]\npark_budget = \"100MiB\"\n");
+  auto c = Connect();
+  auto values = [](const v1::Embedding& e) { return std::vector<float>(e.values().begin(), e.values().end()); };
+  auto embed = [&](std::vector<std::string> inputs) {
+    v1::EmbedRequest r;
+    r.set_model("tiny");
+    for (std::string& input : inputs) r.add_input(std::move(input));
+    return c->Embed(std::move(r));
+  };
+  auto both = embed({"free software", "the GNU General Public License"});
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  ASSERT_EQ(both->embeddings_size(), 2);
+  EXPECT_EQ(both->dimensions(), 64u) << "the tiny model's hidden size";
+  for (const v1::Embedding& e : both->embeddings()) {
+    ASSERT_EQ(e.values_size(), 64);
+    double squares = 0;
+    for (float v : e.values()) squares += double{v} * v;
+    EXPECT_NEAR(squares, 1.0, 1e-5);
+    EXPECT_GT(e.tokens(), 1u);
+  }
+  EXPECT_EQ(both->prompt_tokens(), both->embeddings(0).tokens() + both->embeddings(1).tokens());
+  auto alone = embed({"the GNU General Public License"});
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(values(alone->embeddings(0)), values(both->embeddings(1)));
+  EXPECT_NE(values(both->embeddings(0)), values(both->embeddings(1)));
+  ASSERT_TRUE(c->Unload("tiny", /*park=*/true).ok());
+  auto unparked = embed({"free software"});
+  ASSERT_TRUE(unparked.ok()) << unparked.status().ToString();
+  EXPECT_EQ(values(unparked->embeddings(0)), values(both->embeddings(0)));
+  auto empty = embed({""});
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
+}
+
 TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameText) {
   WriteModel("tiny");
   StartDaemon("[pool]\npark_budget = \"100MiB\"\n");

@@ -7,17 +7,6 @@
 namespace warmpool::supervisor::testing {
 namespace {
 
-ModelEntry LanguageModel(const std::string& name) {
-  ModelEntry e = Entry(name, 100, 10);
-  e.engine = "transformer";
-  e.path = "/models/" + name;
-  e.in_features = 0;
-  e.out_features = 0;
-  e.context = 64;
-  e.kv_bytes_per_token = 8;
-  return e;
-}
-
 uint64_t Generate(CoreRig& rig, uint64_t session, const std::string& model, bool stream = true,
                   uint32_t deadline_ms = 0) {
   v1::Envelope e;

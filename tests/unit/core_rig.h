@@ -35,6 +35,18 @@ inline ModelEntry Entry(const std::string& name, uint64_t weight_bytes, uint64_t
   return e;
 }
 
+// A language model's entry: a directory served by the transformer engine, with a context.
+inline ModelEntry LanguageModel(const std::string& name) {
+  ModelEntry e = Entry(name, 100, 10);
+  e.engine = "transformer";
+  e.path = "/models/" + name;
+  e.in_features = 0;
+  e.out_features = 0;
+  e.context = 64;
+  e.kv_bytes_per_token = 8;
+  return e;
+}
+
 class CoreRig {
  public:
   explicit CoreRig(Config config) : config_(std::move(config)) {

@@ -1,0 +1,73 @@
+// Embeddings from a language model: queued, admitted, dispatched, retried and judged by their
+// deadline as an inference is (a Waiter, then a kInfer Job on one of the model's workers, which
+// answers with one WorkerInferDone), answered with vectors.
+#include "supervisor/core/core.h"
+#include "supervisor/core/request_check.h"
+
+namespace warmpool::supervisor {
+
+void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
+  Result<uint32_t> found = FindServing(request.model());
+  if (!found.ok()) return AnswerError(call, found.status());
+  const uint32_t model = *found;
+  Model& m = models_[model];
+  if (!m.entry.generates()) {
+    return AnswerError(call, Error(Code::kFailedPrecondition,
+                                   "model \"{}\" is not a language model (engine \"{}\"): it makes no embeddings",
+                                   m.entry.name, m.entry.engine));
+  }
+  for (int i = 0; i < request.input_size(); i++) {
+    if (request.input(i).size() > uint64_t{m.entry.context} * kMaxBytesPerToken) {
+      return AnswerError(call, Error(Code::kInvalidArgument,
+                                     "input {} ({} bytes) does not fit the context of {} tokens of model \"{}\": "
+                                     "shorten it",
+                                     i, request.input(i).size(), m.entry.context, m.entry.name));
+    }
+  }
+  if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
+  if (queued_ >= config_.max_queue) {
+    return AnswerError(call, Error(Code::kResourceExhausted, "{} requests are already waiting (limit {}): retry later",
+                                   queued_, config_.max_queue));
+  }
+  const uint64_t bytes = request.ByteSizeLong();
+  Session& session = sessions_[call.session];
+  if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection ||
+      held_bytes_ + bytes > config_.max_queued_bytes) {
+    return AnswerError(call, Error(Code::kResourceExhausted,
+                                   "the daemon holds too much of this connection's or all clients' requests: "
+                                   "wait for replies before sending more"));
+  }
+  call.bytes = bytes;
+  session.held_bytes += bytes;
+  held_bytes_ += bytes;
+  const uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : config_.default_deadline_ms;
+  const uint64_t deadline_ms = deadline == 0 ? 0 : MonoMs() + deadline;
+  Waiter waiter{call, true, {}, deadline_ms, 0};
+  waiter.embed = std::move(request);
+  Enqueue(model, std::move(waiter));
+}
+
+void Core::DispatchEmbed(uint32_t model, uint32_t worker, Waiter&& waiter) {
+  Job job = InferJobFor(model, worker, waiter);
+  job.embed = std::move(waiter.embed);
+  job.frame_bytes = job.embed->ByteSizeLong();
+  v1::WorkerEnvelope message;
+  v1::WorkerInfer* infer = message.mutable_infer();
+  for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
+  const uint64_t id = NewJob(std::move(job));
+  const Job& stored = jobs_[id];
+  StartInferJob(model, id, infer);
+  *infer->mutable_embed() = *stored.embed;  // kept with the job for a retry
+  Send(worker, message);
+}
+
+void Core::AnswerEmbed(Job& job, v1::WorkerInferDone& done) {
+  if (done.has_error()) {
+    return AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));
+  }
+  v1::Envelope reply;
+  *reply.mutable_embed_reply() = std::move(*done.mutable_embed());
+  Answer(job.call, std::move(reply));
+}
+
+}  // namespace warmpool::supervisor

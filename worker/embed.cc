@@ -1,0 +1,61 @@
+// Embeddings on the serving thread: the engine's embed call (engine.h, version 4) over the
+// request's inputs, answered by one done message, as an inference is.
+#include <chrono>
+
+#include "common/clock.h"
+#include "ipc/error_proto.h"
+#include "worker/serving.h"
+
+namespace warmpool::worker {
+
+void Serving::HandleEmbed(const v1::WorkerInfer& request) {
+  const uint64_t job = request.job();
+  const v1::EmbedRequest& e = request.embed();
+  v1::WorkerEnvelope reply;
+  v1::WorkerInferDone* done = reply.mutable_infer_done();
+  done->set_job(job);
+  std::shared_ptr<Engine> engine = models_.Find(request.model());
+  Status status;
+  if (engine == nullptr) {
+    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
+  } else if (!engine->embeds()) {
+    status = Error(Code::kFailedPrecondition, "model \"{}\" makes no embeddings (its engine has no embed call)",
+                   e.model());
+  } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
+    status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+  }
+  Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
+  if (!slot.ok()) {
+    ipc::SetError(done->mutable_error(), slot.status());
+    outbox_.Send(reply);
+    return;
+  }
+  JobFaults faults = outbox_.FaultsFor(job, request.faults());
+  faults.Hit("infer.after_take");
+  const auto start = std::chrono::steady_clock::now();
+  Result<Engine::Embeddings> out = engine->Embed({e.input().begin(), e.input().end()});
+  faults.Hit("infer.before_restore");
+  marks_.Release(*slot);
+  if (!out.ok()) {
+    ipc::SetError(done->mutable_error(), out.status());
+    outbox_.Send(reply);
+    return;
+  }
+  v1::EmbedReply* answer = done->mutable_embed();
+  const uint32_t size = engine->info().embedding_size;
+  answer->set_dimensions(size);
+  uint32_t tokens = 0;
+  for (int i = 0; i < e.input_size(); i++) {
+    v1::Embedding* embedding = answer->add_embeddings();
+    const float* values = out->values.data() + uint64_t(i) * size;
+    embedding->mutable_values()->Add(values, values + size);
+    embedding->set_tokens(out->tokens[i]);
+    tokens += out->tokens[i];
+  }
+  answer->set_prompt_tokens(tokens);
+  answer->set_embed_us(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count()));
+  outbox_.Send(reply);
+}
+
+}  // namespace warmpool::worker
