@@ -24,6 +24,7 @@
 #include "common/units.h"
 
 #include "cli/cli_output.h"
+#include "cli/embed_command.h"
 #include "cli/generate_command.h"
 #include "client/client.h"
 #include "client/ready.h"
@@ -140,6 +141,10 @@ int main(int argc, char** argv) {
       "run", "generate from a prompt, or (no prompt, on a terminal) from each line typed at \">>> \" until /bye");
   warmpool::cli::AddGenerateOptions(run, generate_args, keep_alive);
 
+  warmpool::cli::EmbedArgs embed_args;
+  auto* embed = app.add_subcommand("embed", "embeddings from a language model, one per text, at unit length");
+  warmpool::cli::AddEmbedOptions(embed, embed_args, keep_alive);
+
   auto* fault = app.add_subcommand(
       "fault", "arm or clear injected faults (daemon started with --enable-fault-injection only)");
   fault->require_subcommand(1);
@@ -198,6 +203,13 @@ int main(int argc, char** argv) {
     generate_args.keep_alive_ms = keep_alive_ms;
     return generate->parsed() ? warmpool::cli::RunGenerate(client, generate_args)
                               : warmpool::cli::RunInteractive(client, generate_args);
+  }
+  if (embed->parsed()) {
+    embed_args.keep_alive_ms = keep_alive_ms;
+    auto out = warmpool::cli::RunEmbed(client, embed_args);
+    if (!out.ok()) return Fail(out.status());
+    Print(*out);
+    return 0;
   }
   if (models->parsed()) {
     auto reply = client.Models();

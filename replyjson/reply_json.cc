@@ -101,6 +101,19 @@ json GenerateReplyJson(const v1::GenerateReply& r) {
   return out;
 }
 
+json EmbedReplyJson(const v1::EmbedReply& r) {
+  json embeddings = json::array(), tokens = json::array();
+  for (const v1::Embedding& e : r.embeddings()) {
+    embeddings.push_back(std::vector<float>(e.values().begin(), e.values().end()));
+    tokens.push_back(e.tokens());
+  }
+  return {{"embeddings", std::move(embeddings)},
+          {"dimensions", r.dimensions()},
+          {"prompt_tokens", r.prompt_tokens()},
+          {"tokens", std::move(tokens)},
+          {"embed_us", r.embed_us()}};
+}
+
 json LoadJson(const v1::LoadReply& r) {
   json evicted = json::array();
   for (const std::string& name : r.evicted()) evicted.push_back(name);

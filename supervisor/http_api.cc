@@ -240,11 +240,17 @@ Result<Plan> Route(const http::Request& request, int* status) {
       plan.stream = plan.request.generate().stream();
       return plan;
     }
+    if (action == "embed") {
+      Plan plan;
+      plan.kind = Kind::kEmbed;
+      if (Status s = FillEmbed(request, model, plan.request.mutable_embed()); !s.ok()) return s;
+      return plan;
+    }
     return PlanModelAction(request, model, action);
   }
   return Error(Code::kNotFound,
                "no endpoint {}: try GET /v1/models, /v1/ps, /v1/status, /metrics, or POST "
-               "/v1/models/NAME/load|unload|pin|unpin|infer|generate",
+               "/v1/models/NAME/load|unload|pin|unpin|infer|generate|embed",
                path);
 }
 
@@ -305,6 +311,7 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
     case Kind::kFaultArm: return JsonResponse({{"id", reply.fault_arm_reply().id()}}, keep_alive);
     case Kind::kFaultClear: return JsonResponse({{"cleared", reply.fault_clear_reply().cleared()}}, keep_alive);
     case Kind::kGenerate: return http::Response(200, kJson, GenerateReplyJson(reply.generate_reply()), keep_alive);
+    case Kind::kEmbed: return JsonResponse(replyjson::EmbedReplyJson(reply.embed_reply()), keep_alive);
     case Kind::kInfer: {
       const v1::InferReply& r = reply.infer_reply();
       if (plan.binary_output) {

@@ -30,7 +30,7 @@
 namespace warmpool::supervisor::httpapi {
 
 enum class Kind { kMetrics, kModels, kPs, kStatus, kLoad, kUnload, kPin, kInfer, kRegister, kFaultArm, kFaultClear,
-                  kGenerate };
+                  kGenerate, kEmbed };
 
 struct Plan {
   Kind kind = Kind::kModels;

@@ -1,6 +1,8 @@
 #include "supervisor/http_generate.h"
 
+#include <algorithm>
 #include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "ipc/error_proto.h"
@@ -107,6 +109,33 @@ Status FillGenerate(const http::Request& request, const std::string& model, v1::
   Result<std::optional<int64_t>> keep = KeepAlive(doc);
   if (!keep.ok()) return keep.status();
   if (*keep) g->set_keep_alive_ms(**keep);
+  return OkStatus();
+}
+
+Status FillEmbed(const http::Request& request, const std::string& model, v1::EmbedRequest* e) {
+  Result<json> body = BodyObject(request);
+  if (!body.ok()) return body.status();
+  const json& doc = *body;
+  if (Status s = OnlyKeys(doc, {"input", "deadline_ms", "keep_alive"}, request); !s.ok()) return s;
+  e->set_model(model);
+  auto input = doc.find("input");
+  const bool strings = input != doc.end() && (input->is_string() || (input->is_array() && !input->empty() &&
+                                                                     std::all_of(input->begin(), input->end(),
+                                                                                 [](const json& t) { return t.is_string(); })));
+  if (!strings) return Error(Code::kInvalidArgument, "\"input\" must be a string or a list of strings");
+  if (input->is_string()) {
+    e->add_input(input->get<std::string>());
+  } else {
+    for (const json& t : *input) e->add_input(t.get<std::string>());
+  }
+  if (doc.contains("deadline_ms")) {
+    Result<uint32_t> n = Uint(doc, "deadline_ms");
+    if (!n.ok()) return n.status();
+    e->set_deadline_ms(*n);
+  }
+  Result<std::optional<int64_t>> keep = KeepAlive(doc);
+  if (!keep.ok()) return keep.status();
+  if (*keep) e->set_keep_alive_ms(**keep);
   return OkStatus();
 }
 

@@ -206,6 +206,20 @@ TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedC
   auto empty = embed({""});
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
+
+  // The CLI: a JSON array per input, in order; the lines of stdin when no text is given.
+  std::string out, err;
+  ASSERT_EQ(Cli({"embed", "tiny", "free software", "x"}, &out, &err), 0) << err;
+  std::istringstream lines(out);
+  std::string first;
+  ASSERT_TRUE(std::getline(lines, first));
+  EXPECT_EQ(nlohmann::json::parse(first).get<std::vector<float>>(), values(both->embeddings(0)));
+  ASSERT_EQ(Cli({"embed", "tiny", "--json"}, &out, &err, "free software\n\nx\n"), 0) << err;
+  nlohmann::json reply = nlohmann::json::parse(out);
+  EXPECT_EQ(reply["embeddings"].size(), 2u) << "the empty line is skipped";
+  EXPECT_EQ(reply["dimensions"], 64);
+  EXPECT_NE(Cli({"embed", "tiny", ""}, &out, &err), 0);
+  EXPECT_NE(err.find("INVALID_ARGUMENT"), std::string::npos) << err;
 }
 
 TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameText) {

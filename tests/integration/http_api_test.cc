@@ -407,6 +407,28 @@ TEST_F(HttpApiTest, GenerateStreamsNdjsonLinesInRequestOrder) {
   EXPECT_EQ(One(Post("/v1/models/nope/generate", body, true)).status, 404);
 }
 
+TEST_F(HttpApiTest, EmbedTakesAStringOrAListAndAnswersOneVectorPerInput) {
+  WriteTinyModel(models_dir_ + "/lm");
+  StartDaemon();
+  Response one = One(Post("/v1/models/lm/embed", R"({"input": "free software"})", true));
+  ASSERT_EQ(one.status, 200) << one.body;
+  json single = json::parse(one.body);
+  ASSERT_EQ(single["embeddings"].size(), 1u);
+  EXPECT_EQ(single["embeddings"][0].size(), single["dimensions"].get<size_t>());
+  Response two = One(Post("/v1/models/lm/embed", R"({"input": ["x y", "free software"], "keep_alive": "1m"})", true));
+  ASSERT_EQ(two.status, 200) << two.body;
+  json pair = json::parse(two.body);
+  ASSERT_EQ(pair["embeddings"].size(), 2u);
+  EXPECT_EQ(pair["embeddings"][1], single["embeddings"][0]) << "an input embeds the same beside another";
+  EXPECT_EQ(pair["tokens"].size(), 2u);
+  for (const char* bad : {R"({"input": 3})", R"({"input": []})", R"({"input": ["a", 1]})", R"({"inputs": "a"})",
+                          R"({"input": ""})"}) {
+    Response r = One(Post("/v1/models/lm/embed", bad, true));
+    EXPECT_EQ(r.status, 400) << bad << ": " << r.body;
+  }
+  EXPECT_EQ(One(Post("/v1/models/nope/embed", R"({"input": "a"})", true)).status, 404);
+}
+
 TEST_F(HttpApiTest, TcpServesReadsAndInferAndAdministersOnlyWithTheToken) {
   MakeModel("m", "8,4");
   const int port = FreePort();
