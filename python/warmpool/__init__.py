@@ -29,6 +29,7 @@ from .client import Client
 from .results import (
     DeviceStatus,
     FailedModel,
+    EmbedResult,
     GenerateChunk,
     GenerateResult,
     LoadingModel,
@@ -50,6 +51,7 @@ __all__ = [
     "DeviceStatus",
     "FailedModel",
     "FailedPrecondition",
+    "EmbedResult",
     "GenerateChunk",
     "GenerateResult",
     "Generation",

@@ -56,6 +56,34 @@ def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, tem
     return envelope
 
 
+def embed_request(model, inputs, *, deadline_ms=None, keep_alive=None):
+    """The embed Envelope: ``inputs`` a string or a list of them."""
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    envelope = pb.Envelope()
+    e = envelope.embed
+    e.model = model
+    try:
+        e.input.extend(inputs)
+    except TypeError as error:
+        raise invalid_argument(f"inputs to embed must be strings: {error}") from None
+    e.deadline_ms = 0 if deadline_ms is None else int(deadline_ms)
+    ms = keep_alive_ms(keep_alive)
+    if ms is not None:
+        e.keep_alive_ms = ms
+    return envelope
+
+
+def embed_result(envelope):
+    """The reply as an EmbedResult (an error reply raises)."""
+    raise_if_error(envelope)
+    r = envelope.embed_reply
+    return results.EmbedResult(
+        embeddings=[list(e.values) for e in r.embeddings], dimensions=r.dimensions, prompt_tokens=r.prompt_tokens,
+        tokens=[e.tokens for e in r.embeddings], embed_us=r.embed_us,
+    )
+
+
 def chunk(c):
     return results.GenerateChunk(index=c.index, text=c.text, tokens=list(c.tokens))
 

@@ -404,6 +404,11 @@ class AsyncClient:
             return _generation.result(await self.request(envelope))
         return await open_stream(self, envelope)
 
+    async def embed(self, model, inputs, *, deadline_ms=None, keep_alive=None):
+        """Embeddings from a language model, as Client.embed: an EmbedResult."""
+        envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
+        return _generation.embed_result(await self.request(envelope))
+
     async def fault_arm(self, point, action, model=None, after=0, times=0):
         """Arms a fault in the workers (--enable-fault-injection only); returns its id."""
         return await self._call(_requests.fault_arm(point, action, model, after, times),

@@ -219,6 +219,15 @@ class Client(Connection):
             return _generation.result(self._exchange(envelope))
         return _generation.Generation(self, self.send(envelope))
 
+    def embed(self, model, inputs, *, deadline_ms=None, keep_alive=None):
+        """Embeddings from a language model: ``inputs`` a string or a list of 1 to 256 of them;
+        returns an EmbedResult (one unit-length vector per input, in order)::
+
+            vectors = client.embed("tiny", ["free software", "a license"]).embeddings
+        """
+        envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
+        return _generation.embed_result(self._exchange(envelope))
+
     def fault_arm(self, point, action, model=None, after=0, times=0):
         """Arms a fault in the workers (daemon started with --enable-fault-injection only;
         otherwise FailedPrecondition); returns the fault's id.

@@ -146,6 +146,18 @@ class GenerateChunk:
 
 
 @dataclass(frozen=True)
+class EmbedResult:
+    """Embeddings: one list of ``dimensions`` floats per input, in order, each at unit length;
+    ``tokens`` the token count of each input."""
+
+    embeddings: List[List[float]]
+    dimensions: int
+    prompt_tokens: int
+    tokens: List[int]
+    embed_us: int
+
+
+@dataclass(frozen=True)
 class GenerateResult:
     """A generation's final reply. ``text`` and ``tokens`` hold everything generated when it was
     not streamed (streamed, they came in the chunks: Generation.text gathers them)."""

@@ -134,3 +134,30 @@ def test_messages_go_through_the_models_chat_template(tmp_path_factory, lm_daemo
     with warmpool.Client(lm_daemon.socket) as client:
         with pytest.raises(warmpool.FailedPrecondition, match="chat template"):
             client.generate("lm", messages=[{"role": "user", "content": "y"}], stream=False)
+
+
+def test_embeddings_come_one_per_input_at_unit_length_from_both_clients(lm_daemon):
+    import asyncio
+    import math
+
+    with warmpool.Client(lm_daemon.socket) as client:
+        both = client.embed("lm", ["free software", "the GNU General Public License"], keep_alive="1m")
+        assert isinstance(both, warmpool.EmbedResult)
+        assert len(both.embeddings) == 2 and both.dimensions == 64
+        for vector in both.embeddings:
+            assert len(vector) == 64
+            assert math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-5)
+        assert both.prompt_tokens == sum(both.tokens)
+        assert client.embed("lm", "free software").embeddings[0] == both.embeddings[0]
+        with pytest.raises(warmpool.InvalidArgument, match="empty"):
+            client.embed("lm", [""])
+        with pytest.raises(warmpool.InvalidArgument, match="strings"):
+            client.embed("lm", [1, 2])
+        with pytest.raises(warmpool.NotFound):
+            client.embed("nope", "x")
+
+    async def run():
+        async with await warmpool.AsyncClient.connect(lm_daemon.socket) as client:
+            return await client.embed("lm", ["free software"])
+
+    assert asyncio.run(run()).embeddings[0] == both.embeddings[0]
