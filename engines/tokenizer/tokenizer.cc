@@ -160,23 +160,21 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
     }
     for (const Json& a : FieldOf(json, "added_tokens")) {
       const int64_t id = a.at("id").get<int64_t>();
-      AddedToken token{static_cast<int32_t>(id), a.at("content").get<std::string>(), FlagOf(a, "special", false)};
+      AddedToken token{static_cast<int32_t>(id),      a.at("content").get<std::string>(),
+                       FlagOf(a, "special", false),  FlagOf(a, "single_word", false),
+                       FlagOf(a, "lstrip", false),   FlagOf(a, "rstrip", false)};
       if (id < 0 || id >= kMaxVocab || token.content.empty()) {
         return Error(Code::kInvalidArgument, "{}: added token {} has id {}", source, ValidUtf8(token.content), id);
       }
-      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
-        if (FlagOf(a, flag, false)) {
-          return Error(Code::kInvalidArgument, "{}: added token \"{}\" asks for {}, which is not supported yet",
-                       source, ValidUtf8(token.content), flag);
-        }
+      if (!IsValidUtf8(token.content)) {
+        return Error(Code::kInvalidArgument, "{}: added token {} is not valid UTF-8", source, ValidUtf8(token.content));
       }
       highest = std::max<int64_t>(highest, token.id);
       t->added_ids_[token.content] = token.id;
-      t->added_by_first_byte_[static_cast<uint8_t>(token.content[0])].push_back(static_cast<uint32_t>(t->added_.size()));
-      t->added_.push_back(std::move(token));
+      t->added_.Add(std::move(token));
     }
     // Ids index a table: a file whose ids run far past its entries would make a huge one.
-    const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_.size());
+    const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_.all().size());
     if (highest >= 2 * entries + 1024) {
       return Error(Code::kInvalidArgument, "{}: token ids run to {} for {} tokens", source, highest, entries);
     }
@@ -195,7 +193,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::ParseJson(std::string_view json_te
         }
       }
     }
-    for (const AddedToken& a : t->added_) {
+    for (const AddedToken& a : t->added_.all()) {
       t->pieces_[static_cast<size_t>(a.id)] = a.content;
       t->special_[static_cast<size_t>(a.id)] = a.special;
     }
@@ -288,22 +286,10 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
   std::vector<int32_t> ids;
   if (add_special_tokens) ids = post_processor_.before;
   size_t plain = 0;  // start of the text not yet encoded
-  for (size_t i = 0; i < text.size();) {
-    const AddedToken* found = nullptr;
-    for (uint32_t index : added_by_first_byte_[static_cast<uint8_t>(text[i])]) {
-      const AddedToken& a = added_[index];
-      if (text.substr(i).starts_with(a.content) && (found == nullptr || a.content.size() > found->content.size())) {
-        found = &a;
-      }
-    }
-    if (found == nullptr) {
-      ++i;
-      continue;
-    }
-    if (Status s = EncodeText(text.substr(plain, i - plain), plain == 0, &ids); !s.ok()) return s;
-    ids.push_back(found->id);
-    i += found->content.size();
-    plain = i;
+  while (std::optional<AddedMatch> match = added_.Next(text, plain, plain)) {
+    if (Status s = EncodeText(text.substr(plain, match->start - plain), plain == 0, &ids); !s.ok()) return s;
+    ids.push_back(match->token->id);
+    plain = match->end;
   }
   if (Status s = EncodeText(text.substr(plain), plain == 0, &ids); !s.ok()) return s;
   if (add_special_tokens) ids.insert(ids.end(), post_processor_.after.begin(), post_processor_.after.end());

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engines/tokenizer/added_tokens.h"
 #include "engines/tokenizer/bpe.h"
 #include "engines/tokenizer/metaspace.h"
 #include "engines/tokenizer/post_processor.h"
@@ -29,11 +30,6 @@
 
 namespace warmpool::tokenizer {
 
-struct AddedToken {
-  int32_t id = 0;
-  std::string content;
-  bool special = false;
-};
 
 class Tokenizer {
  public:
@@ -57,7 +53,7 @@ class Tokenizer {
   std::optional<int32_t> TokenId(std::string_view content) const;
   // One past the highest id.
   uint32_t vocab_size() const { return static_cast<uint32_t>(pieces_.size()); }
-  const std::vector<AddedToken>& added_tokens() const { return added_; }
+  const std::vector<AddedToken>& added_tokens() const { return added_.all(); }
 
  private:
   Tokenizer() = default;
@@ -70,9 +66,8 @@ class Tokenizer {
   std::optional<Metaspace> metaspace_;     // SentencePiece style
   bool nfc_ = false;                       // byte-level style: text normalized to NFC first
   PostProcessor post_processor_;
-  std::vector<AddedToken> added_;
+  AddedTokens added_;
   std::unordered_map<std::string, int32_t> added_ids_;
-  std::array<std::vector<uint32_t>, 256> added_by_first_byte_;  // indices into added_
   std::vector<std::string> pieces_;  // by id: the bytes each token stands for
   std::vector<bool> special_;        // by id
 };

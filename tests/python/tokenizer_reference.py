@@ -212,7 +212,7 @@ def encode(tok, text):
     pre = tok["pre_tokenizer"]
     if style == "byte-level":
         pattern = PATTERNS["gpt2"] if pre["type"] == "ByteLevel" else pre["pretokenizers"][0]["pattern"]["Regex"]
-    added = {a["content"]: a["id"] for a in tok["added_tokens"]}
+    added = {a["content"]: a for a in tok["added_tokens"]}
     ids = []
 
     def plain(part, at_start):
@@ -229,21 +229,49 @@ def encode(tok, text):
             else:
                 ids.extend(vocab[s] for s in bpe(word, ranks))
 
-    # Added tokens: the leftmost occurrence first, the longest where several start there.
-    start = 0
+    # Added tokens: the leftmost occurrence first, the longest where several start there, never
+    # overlapping. single_word: one with a word character just before or after it is no match (the
+    # search goes on after it). lstrip / rstrip: the whitespace before (back to the end of the
+    # text already taken) or after it goes with the token.
+    start = 0  # the text not yet encoded
+    search = 0  # where the search for the next occurrence goes on
     while True:
         found = None
         for content in added:
-            at = text.find(content, start)
+            at = text.find(content, search)
             if at >= 0 and (found is None or at < found[0] or (at == found[0] and len(content) > len(found[1]))):
                 found = (at, content)
         if found is None:
             break
-        plain(text[start : found[0]], start == 0)
-        ids.append(added[found[1]])
-        start = found[0] + len(found[1])
+        at, content = found
+        end = at + len(content)
+        a = added[content]
+        if a.get("single_word") and ((at > 0 and _is_word(text[at - 1])) or (end < len(text) and _is_word(text[end]))):
+            search = end
+            continue
+        if a.get("lstrip"):
+            while at > start and text[at - 1] in WHITE_SPACE:
+                at -= 1
+        if a.get("rstrip"):
+            while end < len(text) and text[end] in WHITE_SPACE:
+                end += 1
+        plain(text[start:at], start == 0)
+        ids.append(a["id"])
+        start = search = end
     plain(text[start:], start == 0)
     return ids
+
+
+# Unicode's White_Space property, and the characters of a Unicode regex's \w (letters, marks,
+# decimal and letter numbers, connector punctuation, the two joiners): what Hugging Face's
+# tokenizers strip and take for words around added tokens.
+WHITE_SPACE = set(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
+                            0x202F, 0x205F, 0x3000]))
+
+
+def _is_word(c):
+    category = unicodedata.category(c)
+    return category[0] in "LM" or category in ("Nd", "Nl", "Pc") or c in "\u200c\u200d"
 
 
 def main():

@@ -226,7 +226,6 @@ TEST_F(TokenizerFiles, WhatIsNotDoneHereIsRefusedByName) {
       {[](Json& j) { j["model"]["vocab"].erase("Ġ"); }, "lacks the symbol of byte 32"},
       {[](Json& j) { j["model"]["merges"].push_back(Json::array({"x", "y"})); }, "makes a symbol the vocabulary lacks"},
       {[](Json& j) { j["model"]["merges"].push_back("a b c"); }, "is not two symbols"},
-      {[](Json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip"},
       {[](Json& j) { j["model"]["vocab"]["zz"] = -4; }, "has id -4"},
       {[](Json& j) { j["model"]["vocab"]["\u4e00"] = 400; }, "not made of byte-level symbols"},
       {[](Json& j) { j.erase("model"); }, "no \"model\""},
@@ -256,6 +255,54 @@ TEST_F(TokenizerFiles, WhatIsNotDoneHereIsRefusedByName) {
   EXPECT_TRUE(Contains(refused.status().message(), "pre-tokenizer array is not supported"))
       << refused.status().ToString().substr(0, 200);
   EXPECT_EQ(Tokenizer::Load(dir_.File("missing.json")).status().code(), Code::kNotFound);
+}
+
+// Added tokens' options as Hugging Face's tokenizers apply them (the reference implements them from
+// that definition): whitespace stripped to the left or right of a token, and a single-word token
+// that is no match inside a word, in byte-level and SentencePiece-style vocabularies.
+TEST(TokenizerAddedTokens, StripsAndSingleWordsEncodeAsTheReferenceDoes) {
+  TempDir dir;
+  for (const char* style : {"llama3", "sentencepiece"}) {
+    RunReference(fmt::format("train {} --merges 200 --style {} --out {}", kCorpus, style, dir.File("t.json")));
+    Json file = Json::parse(ReadFile(dir.File("t.json")));
+    int32_t next = 0;
+    for (const auto& [symbol, id] : file["model"]["vocab"].items()) next = std::max(next, id.get<int32_t>() + 1);
+    for (const Json& added : file["added_tokens"]) next = std::max(next, added["id"].get<int32_t>() + 1);
+    auto add = [&](const std::string& content, bool lstrip, bool rstrip, bool single_word) {
+      file["added_tokens"].push_back({{"id", next++}, {"content", content}, {"single_word", single_word},
+                                      {"lstrip", lstrip}, {"rstrip", rstrip}, {"normalized", false},
+                                      {"special", true}});
+    };
+    add("<mask>", true, false, false);
+    add("<|assistant|>", false, true, false);
+    add("<both>", true, true, false);
+    add("cat", false, false, true);
+    add("caté", false, false, true);
+    std::ofstream(dir.File("t.json"), std::ios::trunc) << file.dump();
+    Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(dir.File("t.json"));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const std::vector<std::string> texts = {
+        "I saw a <mask> here",      "I saw a   \t<mask>",        "<mask> first",
+        "<|assistant|>   \n hi",    "x<|assistant|>\u3000y",     " <both> \u00a0 z",
+        "<mask><mask>  <mask>",     "<|assistant|>  <mask>",      "a <both>  <both> b",
+        "the cat sat",              "concatenate cat",            "cat_ cat1 cat. (cat)",
+        "caté caté café cat\u0301", "\u4e2dcat\u4e2d cat\u3000", "cats and dogs, cat!",
+        "<|end|> cat <|end|>",      "",                           "   ",
+    };
+    std::ofstream(dir.File("texts.json")) << Json(texts).dump();
+    const Json want = Json::parse(RunReference(fmt::format("encode {} {}", dir.File("t.json"), dir.File("texts.json"))));
+    ASSERT_EQ(want.size(), texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      Result<std::vector<int32_t>> ids = (*t)->Encode(texts[i]);
+      ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+      EXPECT_EQ(Json(*ids), want[i]) << style << ": \"" << texts[i] << "\"";
+    }
+    // What the options do, said plainly: the stripped spaces are in no token.
+    const int32_t mask = (*t)->TokenId("<mask>").value_or(-1);
+    const std::vector<int32_t> a = *(*t)->Encode("a<mask>"), b = *(*t)->Encode("a   <mask>");
+    EXPECT_EQ(a, b) << style;
+    EXPECT_EQ(a.back(), mask);
+  }
 }
 
 TEST_F(TokenizerFiles, ThePostProcessorsSpecialTokensComeOnlyWhenAsked) {
