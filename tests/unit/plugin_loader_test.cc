@@ -185,10 +185,13 @@ TEST_F(PluginLoaderTest, NotARegularFileIsRefused) {
 TEST_F(PluginLoaderTest, BrokenPluginsAreRefusedWithWhatToDo) {
   struct Case {
     const char* stem;
-    const char* says;
+    std::string says;
   };
+  const std::string versions =
+      fmt::format("implements engine ABI version 1, this warmpool loads {} to {}", WP_ENGINE_ABI_VERSION_MIN,
+                  WP_ENGINE_ABI_VERSION);
   for (const Case& c : {Case{"nosym", "does not export warmpool_engine()"},
-                        Case{"oldabi", "implements engine ABI version 1, this warmpool loads 2 to 3"},
+                        Case{"oldabi", versions},
                         Case{"noentry", "leaves an entry point of its vtable empty"},
                         Case{"wrongname", "calls itself \"other\", not \"wrongname\""},
                         Case{"nullvt", "returned no vtable"}}) {

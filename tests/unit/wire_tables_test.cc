@@ -316,7 +316,7 @@ void ExpectEmptyBodies(const std::map<std::string, int>& carrying, int bodies) {
 }
 
 TEST(DescriptorRuleTest, EveryBodyIsPlaced) {
-  ExpectEmptyBodies<v1::Envelope>({{"region", 1}, {"takeover", 1}}, 28);
+  ExpectEmptyBodies<v1::Envelope>({{"region", 1}, {"takeover", 1}}, 30);
   ExpectEmptyBodies<v1::WorkerEnvelope>({{"allocated", 1}, {"offer", 1}}, 20);
   ExpectEmptyBodies<v1::OwnerEnvelope>({{"allocated", 1}}, 4);
 }
