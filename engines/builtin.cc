@@ -159,7 +159,7 @@ Result<std::string> Engine::Describe() {
   return std::string(reinterpret_cast<const char*>(header), bytes);
 }
 
-Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs) {
+Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs, const ProgressFn& progress) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   if (!embeds()) {
     return Error(Code::kFailedPrecondition, "engine \"{}\" does not make embeddings",
@@ -172,8 +172,10 @@ Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs)
   out.values.resize(inputs.size() * uint64_t{info_.embedding_size});
   out.tokens.resize(inputs.size());
   char err[kErrorBufferBytes] = {};
+  ProgressBridge bridge{&progress};
   wp_status status = vtable_->embed(instance_, strings.data(), static_cast<uint32_t>(strings.size()),
-                                    out.values.data(), out.tokens.data(), err, sizeof(err));
+                                    out.values.data(), out.tokens.data(), progress ? &ProgressTrampoline : nullptr,
+                                    progress ? &bridge : nullptr, err, sizeof(err));
   if (status != WP_OK) return StatusFromWp(status, err);
   return out;
 }

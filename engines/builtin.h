@@ -71,7 +71,8 @@ class Engine {
   bool embeds() const {
     return vtable_->abi_version >= 4 && vtable_->embed != nullptr && info_.embedding_size > 0;
   }
-  Result<Embeddings> Embed(const std::vector<std::string>& inputs);
+  // progress: as load's (tokens run so far of all), returning false to stop (UNAVAILABLE).
+  Result<Embeddings> Embed(const std::vector<std::string>& inputs, const ProgressFn& progress = nullptr);
 
   const wp_engine_info& info() const { return info_; }
   const wp_engine_vtable& vtable() const { return *vtable_; }

@@ -68,6 +68,7 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
   entry.context = transformer::ServedContext(packed->config, 0);
   entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context);
   entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
+  entry.embedding_size = packed->config.hidden_size;
   return entry;
 }
 

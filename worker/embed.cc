@@ -1,5 +1,7 @@
 // Embeddings on the serving thread: the engine's embed call (engine.h, version 4) over the
-// request's inputs, answered by one done message, as an inference is.
+// request's inputs, answered by one done message. Between inputs and the pieces of a long one the
+// worker does what it does between a generation's steps: heartbeats, a cancel (its client left),
+// the deadline.
 #include <chrono>
 
 #include "common/clock.h"
@@ -10,6 +12,7 @@ namespace warmpool::worker {
 
 void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   const uint64_t job = request.job();
+  cancelled_.erase(cancelled_.begin(), cancelled_.lower_bound(job));  // ended before this one
   const v1::EmbedRequest& e = request.embed();
   v1::WorkerEnvelope reply;
   v1::WorkerInferDone* done = reply.mutable_infer_done();
@@ -23,6 +26,8 @@ void Serving::HandleEmbed(const v1::WorkerInfer& request) {
                    e.model());
   } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
     status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+  } else if (cancelled_.contains(job)) {
+    status = Error(Code::kUnavailable, "cancelled before it ran: its client left");
   }
   Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
   if (!slot.ok()) {
@@ -33,9 +38,18 @@ void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   JobFaults faults = outbox_.FaultsFor(job, request.faults());
   faults.Hit("infer.after_take");
   const auto start = std::chrono::steady_clock::now();
-  Result<Engine::Embeddings> out = engine->Embed({e.input().begin(), e.input().end()});
+  auto last_heard = start;
+  bool past_deadline = false;
+  Result<Engine::Embeddings> out = engine->Embed({e.input().begin(), e.input().end()}, [&](uint64_t, uint64_t) {
+    HeartbeatIfDue(job, last_heard);
+    if (!BetweenSteps(job)) return false;
+    past_deadline = request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms();
+    return !past_deadline;
+  });
   faults.Hit("infer.before_restore");
   marks_.Release(*slot);
+  cancelled_.erase(job);
+  if (!out.ok() && past_deadline) out = Error(Code::kDeadlineExceeded, "the embeddings passed their deadline");
   if (!out.ok()) {
     ipc::SetError(done->mutable_error(), out.status());
     outbox_.Send(reply);

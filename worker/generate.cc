@@ -29,6 +29,27 @@ const char* FinishName(uint32_t reason) {
 
 }  // namespace
 
+bool Serving::BetweenSteps(uint64_t job) {
+  while (read_error_.ok() && channel_.WaitForFrame(0)) {
+    Incoming in;
+    if (Status s = ReadIncoming(in); !s.ok()) {
+      read_error_ = s;  // the channel is gone: stop, and let Run end
+      break;
+    }
+    if (!HandleControl(in)) deferred_.push_back(std::move(in));
+  }
+  return read_error_.ok() && !cancelled_.contains(job);
+}
+
+void Serving::HeartbeatIfDue(uint64_t job, std::chrono::steady_clock::time_point& last_heard) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_heard <= kHeartbeat) return;
+  last_heard = now;
+  v1::WorkerEnvelope heartbeat;
+  heartbeat.mutable_infer_chunk()->set_job(job);
+  outbox_.Send(heartbeat);
+}
+
 void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   const uint64_t job = request.job();
   cancelled_.erase(cancelled_.begin(), cancelled_.lower_bound(job));  // ended before this one
@@ -109,26 +130,10 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
         final->mutable_text()->append(ValidUtf8(std::string(text)));
         final->mutable_tokens()->Add(tokens.begin(), tokens.end());
       }
-      // Nothing to send (a step not streamed, or progress: a chunk of neither text nor tokens): the
-      // supervisor still hears that the generation moves, or it would take a long one for a hung
-      // worker.
-      if (now - last_heard > kHeartbeat) {
-        last_heard = now;
-        v1::WorkerEnvelope heartbeat;
-        heartbeat.mutable_infer_chunk()->set_job(job);
-        outbox_.Send(heartbeat);
-      }
+      // Nothing to send (a step not streamed, or progress: a chunk of neither text nor tokens).
+      HeartbeatIfDue(job, last_heard);
     }
-    // Between steps: what the supervisor sent meanwhile (a cancel of this job among it).
-    while (read_error_.ok() && channel_.WaitForFrame(0)) {
-      Incoming in;
-      if (Status s = ReadIncoming(in); !s.ok()) {
-        read_error_ = s;  // the channel is gone: stop, and let Run end
-        break;
-      }
-      if (!HandleControl(in)) deferred_.push_back(std::move(in));
-    }
-    if (!read_error_.ok() || cancelled_.contains(job)) return false;
+    if (!BetweenSteps(job)) return false;
     past_deadline = request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms();
     return !past_deadline;
   });

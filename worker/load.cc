@@ -27,6 +27,7 @@ void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights) {
   weights->set_out_features(info.out_features);
   weights->set_context(info.context);
   weights->set_kv_bytes_per_token(info.kv_bytes_per_token);
+  weights->set_embedding_size(info.embedding_size);
 }
 
 namespace {

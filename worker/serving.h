@@ -6,6 +6,7 @@
 // touched by this thread alone.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <set>
@@ -64,7 +65,16 @@ class Serving {
   // control frames are handled, jobs wait in deferred_ (loads and attaches too: an unload before
   // an attach of the same model must not be overtaken by it).
   void HandleGenerate(const v1::WorkerInfer& request);
-  void HandleEmbed(const v1::WorkerInfer& request);  // worker/embed.cc
+  // Embeddings (worker/embed.cc): between inputs and pieces of a long one, as a generation between
+  // steps (heartbeats, a cancel, the deadline).
+  void HandleEmbed(const v1::WorkerInfer& request);
+  // Between a long job's steps (worker/generate.cc): what the supervisor sent meanwhile is read
+  // (control frames handled, jobs deferred); false when the job was cancelled or the channel is
+  // gone (read_error_).
+  bool BetweenSteps(uint64_t job);
+  // A heartbeat for the job (a WorkerInferChunk with no chunk) when none went out for a second:
+  // the supervisor takes a long job that says nothing for a hung worker.
+  void HeartbeatIfDue(uint64_t job, std::chrono::steady_clock::time_point& last_heard);
   // Frames that are no job and need no order among jobs (device memory granted or offered, region
   // and mapping releases, cancels): handled at once, whatever is running. False: a job.
   bool HandleControl(Incoming& in);

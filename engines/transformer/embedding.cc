@@ -8,7 +8,8 @@
 
 namespace warmpool::transformer {
 
-Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::span<float> out) {
+Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::span<float> out,
+                   const std::function<bool(size_t done)>& on_piece) {
   const uint32_t hidden = sequence.config().hidden_size;
   if (tokens.empty()) return Error(Code::kInvalidArgument, "an input with no tokens");
   if (tokens.size() > sequence.context()) {
@@ -24,6 +25,7 @@ Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::spa
     if (Status s = sequence.Forward(tokens.subspan(done, kPrefillPiece), static_cast<uint32_t>(done), logits); !s.ok()) {
       return s;
     }
+    if (on_piece && !on_piece(done + kPrefillPiece)) return Error(Code::kUnavailable, "the embedding was stopped");
   }
   if (Status s = sequence.Hidden(tokens.subspan(done), static_cast<uint32_t>(done), out); !s.ok()) return s;
   double squares = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "common/status.h"
@@ -13,7 +14,10 @@ namespace warmpool::transformer {
 
 // tokens run from position 0 in pieces of kPrefillPiece (whatever the sequence's cache held is
 // overwritten); out receives hidden_size floats. A run that is empty or longer than the context is
-// INVALID_ARGUMENT. A state of all zeros stays zeros; NaN stays NaN.
-Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::span<float> out);
+// INVALID_ARGUMENT. A state of all zeros stays zeros; NaN stays NaN. on_piece (unless null) is
+// called after each piece but the last with the tokens run so far; returning false stops the
+// embedding (UNAVAILABLE).
+Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::span<float> out,
+                   const std::function<bool(size_t done)>& on_piece = nullptr);
 
 }  // namespace warmpool::transformer

@@ -115,7 +115,8 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
 }
 
 // Every input tokenized and checked before any runs: a bad one leaves the output untouched.
-Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, float* embeddings, uint32_t* input_tokens) {
+Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, float* embeddings, uint32_t* input_tokens,
+             wp_progress_fn progress, void* progress_ctx) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
   if (count > 0 && (inputs == nullptr || embeddings == nullptr)) return Error(Code::kInvalidArgument, "inputs missing");
   std::vector<std::vector<int32_t>> tokenized;
@@ -132,10 +133,15 @@ Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, floa
   }
   const uint32_t size = e.packed.config.hidden_size;
   std::vector<float> out(uint64_t{count} * size);
+  uint64_t total = 0, before = 0;  // tokens of all the inputs; of those before this one
+  for (const std::vector<int32_t>& tokens : tokenized) total += tokens.size();
+  auto keep_going = [&](uint64_t done) { return progress == nullptr || progress(progress_ctx, done, total) == 0; };
   for (uint32_t i = 0; i < count; i++) {
-    if (Status s = EmbedTokens(*e.sequence, tokenized[i], {out.data() + uint64_t{i} * size, size}); !s.ok()) {
-      return Error(s.code(), "input {}: {}", i, s.message());
-    }
+    if (i > 0 && !keep_going(before)) return Error(Code::kUnavailable, "the embedding was stopped after {} inputs", i);
+    Status s = EmbedTokens(*e.sequence, tokenized[i], {out.data() + uint64_t{i} * size, size},
+                           [&](size_t done) { return keep_going(before + done); });
+    if (!s.ok()) return Error(s.code(), "input {}: {}", i, s.message());
+    before += tokenized[i].size();
   }
   std::copy(out.begin(), out.end(), embeddings);
   for (uint32_t i = 0; input_tokens != nullptr && i < count; i++) {
@@ -217,8 +223,10 @@ wp_status GenerateCall(wp_engine* engine, const wp_generate_request* request, wp
 }
 
 wp_status EmbedCall(wp_engine* engine, const wp_string* inputs, uint32_t input_count, float* embeddings,
-                    uint32_t* input_tokens, char* err, size_t err_len) {
-  return Guarded(err, err_len, [&] { return Embed(*As(engine), inputs, input_count, embeddings, input_tokens); });
+                    uint32_t* input_tokens, wp_progress_fn progress, void* progress_ctx, char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] {
+    return Embed(*As(engine), inputs, input_count, embeddings, input_tokens, progress, progress_ctx);
+  });
 }
 
 const wp_engine_vtable kTransformerVtable = {

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <new>
 
 #include "common/small_file.h"
@@ -22,10 +21,10 @@ namespace {
 // A load reads the files into device memory through a host buffer this large.
 constexpr uint64_t kStagingBytes = uint64_t{16} << 20;
 
-// Once per worker: where the layers of models run, and why.
-void SayWhereItRuns(const std::string& what) {
-  static std::once_flag once;
-  std::call_once(once, [&] { std::fprintf(stderr, "transformer engine: %s\n", what.c_str()); });
+// Where a model's forward pass runs, and why (on the worker's stderr, which the daemon logs): once
+// per model bound, a rare event.
+void SayWhereItRuns(const TransformerEngine& e, const std::string& what) {
+  std::fprintf(stderr, "transformer engine: model \"%s\": %s\n", e.name.c_str(), what.c_str());
 }
 
 Result<ModelWeights> BindAt(const TransformerEngine& e, const uint8_t* base) {
@@ -60,10 +59,10 @@ Status StartOnDevice(TransformerEngine& e) {
   std::string why;
   e.sequence = StartGpuSequence(e.packed.config, *weights, e.memory, e.context, &why);
   if (e.sequence) {
-    SayWhereItRuns(e.sequence->Describe());
+    SayWhereItRuns(e, e.sequence->Describe());
     return OkStatus();
   }
-  SayWhereItRuns("weights on the GPU, computed on the CPU from a host copy: " + why);
+  SayWhereItRuns(e, "weights on the GPU, computed on the CPU from a host copy: " + why);
   try {
     e.host_copy.reset(new uint8_t[e.packed.region_bytes]);
   } catch (const std::bad_alloc&) {

@@ -1,10 +1,17 @@
-// Embeddings from a language model: queued, admitted, dispatched, retried and judged by their
-// deadline as an inference is (a Waiter, then a kInfer Job on one of the model's workers, which
-// answers with one WorkerInferDone), answered with vectors.
+// Embeddings from a language model: queued, admitted, dispatched and retried as an inference is (a
+// Waiter, then a kInfer Job on one of the model's workers, which answers with one WorkerInferDone),
+// answered with vectors. Judged as a generation is: no default deadline (many long inputs take as
+// long as they take), a worker that says nothing for load_stall_ms is taken for hung (it sends
+// heartbeats between inputs and pieces of a long one), and a client that leaves cancels it.
 #include "supervisor/core/core.h"
 #include "supervisor/core/request_check.h"
 
 namespace warmpool::supervisor {
+
+uint64_t EmbedReplyBytes(int inputs, uint32_t embedding_size) {
+  // A float is 4 bytes packed; each embedding's message, tag and token count take under 16 more.
+  return static_cast<uint64_t>(inputs) * (uint64_t{embedding_size} * sizeof(float) + 16) + 64;
+}
 
 void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
   Result<uint32_t> found = FindServing(request.model());
@@ -15,6 +22,15 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
     return AnswerError(call, Error(Code::kFailedPrecondition,
                                    "model \"{}\" is not a language model (engine \"{}\"): it makes no embeddings",
                                    m.entry.name, m.entry.engine));
+  }
+  // The reply must fit a frame: a vector per input.
+  const uint64_t reply_bytes = EmbedReplyBytes(request.input_size(), m.entry.embedding_size);
+  if (reply_bytes + 1024 > config_.max_frame_bytes) {
+    return AnswerError(call, Error(Code::kInvalidArgument,
+                                   "{} embeddings of {} floats take {} bytes, more than a frame's {} "
+                                   "([limits] max_frame_bytes): send fewer inputs at a time",
+                                   request.input_size(), m.entry.embedding_size, reply_bytes,
+                                   config_.max_frame_bytes));
   }
   for (int i = 0; i < request.input_size(); i++) {
     if (request.input(i).size() > uint64_t{m.entry.context} * kMaxBytesPerToken) {
@@ -40,8 +56,7 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
   call.bytes = bytes;
   session.held_bytes += bytes;
   held_bytes_ += bytes;
-  const uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : config_.default_deadline_ms;
-  const uint64_t deadline_ms = deadline == 0 ? 0 : MonoMs() + deadline;
+  const uint64_t deadline_ms = request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms();
   Waiter waiter{call, true, {}, deadline_ms, 0};
   waiter.embed = std::move(request);
   Enqueue(model, std::move(waiter));
@@ -50,7 +65,8 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
 void Core::DispatchEmbed(uint32_t model, uint32_t worker, Waiter&& waiter) {
   Job job = InferJobFor(model, worker, waiter);
   job.embed = std::move(waiter.embed);
-  job.frame_bytes = job.embed->ByteSizeLong();
+  job.frame_bytes = job.embed->ByteSizeLong() +
+                    EmbedReplyBytes(job.embed->input_size(), models_[model].entry.embedding_size);
   v1::WorkerEnvelope message;
   v1::WorkerInfer* infer = message.mutable_infer();
   for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;

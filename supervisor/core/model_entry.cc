@@ -17,6 +17,7 @@ WeightsDescription FromWire(const v1::ModelWeights& wire) {
   d.out_features = wire.out_features();
   d.context = wire.context();
   d.kv_bytes_per_token = wire.kv_bytes_per_token();
+  d.embedding_size = wire.embedding_size();
   return d;
 }
 
@@ -30,6 +31,7 @@ void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
   wire->set_out_features(d.out_features);
   wire->set_context(d.context);
   wire->set_kv_bytes_per_token(d.kv_bytes_per_token);
+  wire->set_embedding_size(d.embedding_size);
 }
 
 Status CheckModelName(const std::string& name) {

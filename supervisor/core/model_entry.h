@@ -25,6 +25,7 @@ struct WeightsDescription {
   // counts the cache of the whole context). 0 for other models.
   uint32_t context = 0;
   uint64_t kv_bytes_per_token = 0;
+  uint32_t embedding_size = 0;  // floats per embedding: an embed reply's size
   bool generates() const { return context != 0; }
 };
 

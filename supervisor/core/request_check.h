@@ -33,6 +33,8 @@ inline constexpr int kMaxEmbedInputs = 256;
 // model's context (core/generate.cc, core/embed.cc): a bound, not a tokenizer (Llama 3's longest
 // tokens are runs of 16 to 32 spaces or dashes).
 inline constexpr uint64_t kMaxBytesPerToken = 64;
+// The bytes of an embed reply of `inputs` embeddings (an upper bound, for the frame limit).
+uint64_t EmbedReplyBytes(int inputs, uint32_t embedding_size);
 
 // OK, or INVALID_ARGUMENT / FAILED_PRECONDITION with a message that tells the client what to fix.
 Status CheckRequest(const v1::Envelope& request);

@@ -4,12 +4,14 @@
 // memory bandwidth measured in the same run.
 //
 //   warmpool-transformer-probe logits DIR --tokens 1,2,3 [--device cpu|gpu] [--greedy N]
-//     The last token's logits after the tokens, and N greedy tokens from there.
+//     The last token's logits after the tokens, and N greedy tokens from there (a checkpoint: no
+//     tokenizer needed).
 //   warmpool-transformer-probe encode DIR --texts FILE
 //     Each line of FILE (a JSON string) tokenized, with and without the tokenizer's special tokens.
 //   warmpool-transformer-probe decode-speed DIR [--tokens N]
-//     Decode tokens/s on the GPU at batch 1, the weight bytes each token reads, and a device-to-
-//     device copy's bandwidth (2 x bytes / time: it reads and writes each byte), in one run.
+//     Decode tokens/s on the GPU at batch 1, the weight bytes each token reads (all but the rows of
+//     an untied embedding table it does not look up), and a device-to-device copy's bandwidth
+//     (2 x bytes / time: it reads and writes each byte), in one run.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -23,6 +25,7 @@
 
 #include "common/command_line.h"
 #include "devmem/host_memory.h"
+#include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/gpu_sequence.h"
@@ -52,19 +55,19 @@ struct OnGpu {
   }
 };
 
-Status StartOnGpu(const tf::ModelDirectory& m, uint32_t context, OnGpu& gpu) {
+Status StartOnGpu(const tf::Checkpoint& checkpoint, uint32_t context, OnGpu& gpu) {
   Result<std::unique_ptr<InProcessCudaMemory>> memory = InProcessCudaMemory::Open(0);
   if (!memory.ok()) return memory.status();
   gpu.memory = std::move(*memory);
   const wp_device_memory* service = gpu.memory->service();
   uint64_t bytes = 0;
-  for (const auto& [name, t] : m.checkpoint->tensors()) bytes += (t.bytes + 255) / 256 * 256;
+  for (const auto& [name, t] : checkpoint.tensors()) bytes += (t.bytes + 255) / 256 * 256;
   if (service->alloc(service->ctx, bytes, &gpu.region) != WP_OK) {
     return Error(Code::kResourceExhausted, "cannot allocate {} bytes on the device", bytes);
   }
   std::map<std::string, tf::TensorView> views;
   uint64_t at = 0;
-  for (const auto& [name, t] : m.checkpoint->tensors()) {
+  for (const auto& [name, t] : checkpoint.tensors()) {
     if (service->write(service->ctx, &gpu.region, at, t.data, t.bytes) != WP_OK) {
       return Error(Code::kInternal, "cannot copy {} to the device", name);
     }
@@ -74,18 +77,19 @@ Status StartOnGpu(const tf::ModelDirectory& m, uint32_t context, OnGpu& gpu) {
     at += (t.bytes + 255) / 256 * 256;
   }
   gpu.weight_bytes = bytes;
-  Result<tf::ModelWeights> weights = tf::BindWeights(m.checkpoint->config(), views, "probe");
+  Result<tf::ModelWeights> weights = tf::BindWeights(checkpoint.config(), views, "probe");
   if (!weights.ok()) return weights.status();
   std::string why;
-  gpu.sequence = tf::StartGpuSequence(m.checkpoint->config(), *weights, service, context, &why);
+  gpu.sequence = tf::StartGpuSequence(checkpoint.config(), *weights, service, context, &why);
   if (!gpu.sequence) return Error(Code::kFailedPrecondition, "the GPU forward pass did not start: {}", why);
   return OkStatus();
 }
 
 int Logits(const std::string& dir, const std::vector<int32_t>& tokens, const std::string& device, uint32_t greedy) {
-  Result<tf::ModelDirectory> m = tf::ModelDirectory::Open(dir);
-  if (!m.ok()) return Fail(m.status());
-  const tf::Config& config = m->checkpoint->config();
+  Result<std::unique_ptr<tf::Checkpoint>> checkpoint = tf::Checkpoint::Open(dir);  // no tokenizer needed
+  if (!checkpoint.ok()) return Fail(checkpoint.status());
+  const tf::Checkpoint& c = **checkpoint;
+  const tf::Config& config = c.config();
   const uint32_t context = static_cast<uint32_t>(tokens.size()) + greedy + 1;
   OnGpu gpu;
   std::unique_ptr<tf::CpuModel> model;
@@ -93,10 +97,10 @@ int Logits(const std::string& dir, const std::vector<int32_t>& tokens, const std
   std::unique_ptr<tf::Sequence> cpu;
   tf::Sequence* sequence = nullptr;
   if (device == "gpu") {
-    if (Status s = StartOnGpu(*m, context, gpu); !s.ok()) return Fail(s);
+    if (Status s = StartOnGpu(c, context, gpu); !s.ok()) return Fail(s);
     sequence = gpu.sequence.get();
   } else {
-    Result<tf::ModelWeights> weights = tf::BindWeights(config, m->checkpoint->tensors(), dir);
+    Result<tf::ModelWeights> weights = tf::BindWeights(config, c.tensors(), dir);
     if (!weights.ok()) return Fail(weights.status());
     model = std::make_unique<tf::CpuModel>(config, *weights, 4);
     cache = std::make_unique<tf::KvCache>(config, context);
@@ -160,11 +164,20 @@ Result<double> CopyBandwidth(uint64_t bytes) {
 }
 
 int DecodeSpeed(const std::string& dir, uint32_t tokens) {
-  Result<tf::ModelDirectory> m = tf::ModelDirectory::Open(dir);
-  if (!m.ok()) return Fail(m.status());
+  Result<std::unique_ptr<tf::Checkpoint>> checkpoint = tf::Checkpoint::Open(dir);
+  if (!checkpoint.ok()) return Fail(checkpoint.status());
+  const tf::Checkpoint& c = **checkpoint;
   OnGpu gpu;
-  if (Status s = StartOnGpu(*m, tokens + 8, gpu); !s.ok()) return Fail(s);
-  std::vector<float> logits(m->checkpoint->config().vocab_size);
+  if (Status s = StartOnGpu(c, tokens + 8, gpu); !s.ok()) return Fail(s);
+  // What a decode step reads: every weight, but of an embedding table that is not also the output
+  // head only one row.
+  uint64_t read_bytes = gpu.weight_bytes;
+  if (!c.config().tie_word_embeddings) {
+    for (const auto& [name, t] : c.tensors()) {
+      if (name == "model.embed_tokens.weight") read_bytes -= t.bytes - t.bytes / c.config().vocab_size;
+    }
+  }
+  std::vector<float> logits(c.config().vocab_size);
   std::vector<int32_t> prompt = {1, 2, 3, 4};
   if (Status s = gpu.sequence->Forward(prompt, 0, logits); !s.ok()) return Fail(s);
   int32_t token = 5;
@@ -177,9 +190,10 @@ int DecodeSpeed(const std::string& dir, uint32_t tokens) {
   Result<double> bandwidth = CopyBandwidth(std::max<uint64_t>(gpu.weight_bytes, uint64_t{256} << 20));
   if (!bandwidth.ok()) return Fail(bandwidth.status());
   const double tokens_per_second = tokens / seconds;
-  const double read_gbs = tokens_per_second * static_cast<double>(gpu.weight_bytes) / 1e9;
+  const double read_gbs = tokens_per_second * static_cast<double>(read_bytes) / 1e9;
   Json out{{"device", gpu.sequence->Describe()},
            {"weight_bytes", gpu.weight_bytes},
+           {"bytes_read_per_token", read_bytes},
            {"decode_tokens_per_second", tokens_per_second},
            {"weights_read_gbs", read_gbs},
            {"copy_bandwidth_gbs", *bandwidth},

@@ -114,7 +114,8 @@ TEST_F(CudaTest, ALanguageModelGeneratesOnDeviceMemoryFromReplicasParkedAndAfter
   EXPECT_EQ(generate(), first) << "from the held region, attached by a respawned worker";
   ASSERT_TRUE(client->Unload("tiny", /*park=*/true).ok());
   EXPECT_EQ(generate(), first) << "from the parked copy";
-  EXPECT_NE(DaemonLog().find("transformer engine: weights on the GPU, computed on the CPU from a host copy"),
+  EXPECT_NE(DaemonLog().find("transformer engine: model \"tiny\": weights on the GPU, computed on the CPU from a "
+                             "host copy"),
             std::string::npos)
       << "the double has no CUDA runtime to compute with, and the worker says so";
 }

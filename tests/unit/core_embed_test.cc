@@ -93,5 +93,51 @@ TEST_F(CoreEmbedTest, AWorkerThatDiesBeforeAnsweringHasTheRequestRunAgainOnAnoth
   EXPECT_TRUE(replies[0].has_embed_reply());
 }
 
+// Judged as a generation: no default deadline, heartbeats between inputs are its steps, silence
+// for the stall time kills its worker, a client that leaves cancels it.
+TEST_F(CoreEmbedTest, AnEmbeddingIsJudgedByItsStepsAndCancelledWhenItsClientLeaves) {
+  SendEmbed(rig_, 5, "lm", {"a"});
+  uint64_t job = rig_.Sent(0).at(0).infer().job();
+  EXPECT_EQ(rig_.Sent(0).size(), 0u);
+  rig_.Advance(CoreRig::SmallConfig().default_deadline_ms * 2);
+  EXPECT_TRUE(rig_.Replies(5).empty()) << "no default deadline";
+  v1::WorkerEnvelope heartbeat;
+  heartbeat.mutable_infer_chunk()->set_job(job);
+  rig_.Advance(CoreRig::SmallConfig().load_stall_ms / 2);
+  rig_.Reply(0, heartbeat);
+  rig_.Advance(CoreRig::SmallConfig().load_stall_ms / 2 + 100);
+  EXPECT_EQ(rig_.Count<action::KillWorker>(), 0u) << "the heartbeat was a step";
+  rig_.Handle(event::ClientGone{5});
+  std::vector<v1::WorkerEnvelope> sent = rig_.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].has_cancel());
+  EXPECT_EQ(sent[0].cancel().job(), job);
+  rig_.Advance(CoreRig::SmallConfig().load_stall_ms);
+  ASSERT_EQ(rig_.Count<action::KillWorker>(), 1u) << "silent past the stall time";
+  EXPECT_NE(rig_.Of<action::KillWorker>()[0].reason.find("embedding"), std::string::npos);
+}
+
+TEST_F(CoreEmbedTest, AReplyThatWouldNotFitAFrameAndAChunkFromAnEmbeddingAreRefused) {
+  ModelEntry wide = LanguageModel("wide");
+  wide.embedding_size = 4096;  // 256 inputs: 4 MiB, over the rig's 1 MiB frames
+  CoreRig rig{CoreRig::SmallConfig()};
+  rig.Start({wide});
+  rig.Up(0);
+  rig.Loaded(0, wide, 100);
+  rig.Forget();
+  SendEmbed(rig, 5, "wide", std::vector<std::string>(256, "x"));
+  std::vector<v1::Envelope> replies = rig.Replies(5);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].error().code(), v1::INVALID_ARGUMENT) << replies[0].DebugString();
+  EXPECT_NE(replies[0].error().message().find("fewer inputs"), std::string::npos);
+  SendEmbed(rig, 5, "wide", {"x"});
+  const uint64_t job = rig.Sent(0).at(0).infer().job();
+  v1::WorkerEnvelope chunk;
+  chunk.mutable_infer_chunk()->set_job(job);
+  chunk.mutable_infer_chunk()->mutable_chunk()->set_text("not an embedding's");
+  rig.Reply(0, chunk);
+  EXPECT_EQ(rig.Count<action::KillWorker>(), 1u) << "a worker that sends text for an embedding is broken";
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor::testing

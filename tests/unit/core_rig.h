@@ -44,6 +44,7 @@ inline ModelEntry LanguageModel(const std::string& name) {
   e.out_features = 0;
   e.context = 64;
   e.kv_bytes_per_token = 8;
+  e.embedding_size = 4;
   return e;
 }
 

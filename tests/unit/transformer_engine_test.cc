@@ -379,6 +379,21 @@ TEST_F(TransformerEngineTest, EmbeddingsThroughTheAbiAreTheInProcessOnesAndABadI
   EXPECT_EQ(out->tokens[1], tokens.size());
   for (uint32_t i = 0; i < size; i++) EXPECT_FLOAT_EQ(out->values[size + i], want[i]) << i;
 
+  // Progress between inputs and the pieces of a long one, in tokens of all; stopping it stops it.
+  const std::string long_input(1500, 'a');
+  std::vector<uint64_t> seen;
+  Result<Engine::Embeddings> watched = engine->Embed({"x", long_input}, [&](uint64_t done, uint64_t total) {
+    EXPECT_LT(done, total);
+    seen.push_back(done);
+    return true;
+  });
+  ASSERT_TRUE(watched.ok()) << watched.status().ToString();
+  ASSERT_GE(seen.size(), 2u) << "after the first input, and between the long one's pieces";
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  Result<Engine::Embeddings> stopped = engine->Embed({"x", long_input}, [](uint64_t, uint64_t) { return false; });
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), Code::kUnavailable);
+
   Result<Engine::Embeddings> too_long = engine->Embed({"fine", std::string(20000, 'x')});
   ASSERT_FALSE(too_long.ok());
   EXPECT_EQ(too_long.status().code(), Code::kInvalidArgument);

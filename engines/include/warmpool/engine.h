@@ -212,9 +212,12 @@ typedef struct wp_engine_vtable {
   /* Embeds each input (UTF-8 text, tokenized with the model's special tokens) on its own:
    * embeddings receives input_count x info.embedding_size floats, input_tokens (unless NULL) the
    * token count of each. Inputs that do not fit the context are WP_INVALID_ARGUMENT, and nothing
-   * is written. */
+   * is written. progress (unless NULL) is called as the work goes, with the tokens run so far of
+   * all the inputs' tokens (between inputs, and between the pieces of a long one); a non-zero
+   * return stops it (WP_UNAVAILABLE, nothing written). */
   wp_status (*embed)(wp_engine* engine, const wp_string* inputs, uint32_t input_count, float* embeddings,
-                     uint32_t* input_tokens, char* err, size_t err_len);
+                     uint32_t* input_tokens, wp_progress_fn progress, void* progress_ctx, char* err,
+                     size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
