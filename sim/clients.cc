@@ -202,6 +202,7 @@ void Simulator::ClientReceives(uint64_t session, const v1::Envelope& reply) {
     c.outstanding.erase(it);
     if (p.kind == Pending::Kind::kInfer) CheckInferReply(p, reply);
     if (p.kind == Pending::Kind::kGenerate) CheckGenerateReply(p, reply, /*final=*/true);
+    if (p.kind == Pending::Kind::kEmbed) CheckEmbedReply(p, reply);
     if (p.kind == Pending::Kind::kRegion && reply.has_region_reply() && !reply.region_reply().removed()) {
       c.regions.push_back(reply.region_reply().region());
     }

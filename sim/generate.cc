@@ -4,8 +4,10 @@
 // cancel and its deadline, and may crash or hang at any step. What the core emits is checked as it
 // is emitted: a stream's chunks in order from 0, only to a client that asked for them, none after
 // the final reply; and as the client reads it: every chunk's text from one consistent version of
-// the model asked for, the final reply counting the chunks that came.
+// the model asked for, the final reply counting the chunks that came. Embeddings run the same way
+// (a step per input, heartbeats only), each vector saying which weights made it.
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -22,11 +24,33 @@ std::string StepText(const v1::GenerateRequest& g, const Engine& e) {
                      e.described.version);
 }
 
+// An embedding as the simulated engine makes it: the same facts as a step's text, as five floats.
+template <typename Engine>
+void SimEmbedding(const std::string& input, const Engine& e, v1::Embedding* out) {
+  for (uint64_t v : {uint64_t{std::strtoull(input.c_str() + 6, nullptr, 10)}, uint64_t{e.region.file},
+                     uint64_t{e.region.version}, uint64_t{e.described.file}, uint64_t{e.described.version}}) {
+    out->add_values(static_cast<float>(v));
+  }
+}
+
 }  // namespace
 
 void Simulator::ClientGenerates(Client& c) {
   v1::Envelope request;
   Pending p;
+  if (rng_.Chance(250)) {  // embeddings instead
+    p.kind = Pending::Kind::kEmbed;
+    p.model = rng_.Chance(850) ? files_[2].name : PickModel();
+    p.token = next_token_++;
+    token_session_[p.token] = c.session;
+    v1::EmbedRequest* e = request.mutable_embed();
+    e->set_model(p.model);
+    const int inputs = static_cast<int>(rng_.Range(1, 5));
+    for (int i = 0; i < inputs; i++) e->add_input(fmt::format("token {}", p.token));
+    if (rng_.Chance(200)) e->set_deadline_ms(static_cast<uint32_t>(rng_.Range(20, 400)));
+    p.deadline_ms = e->deadline_ms();
+    return SendRequest(c, std::move(request), p);
+  }
   p.kind = Pending::Kind::kGenerate;
   p.model = rng_.Chance(850) ? files_[2].name : PickModel();
   p.stream = rng_.Chance(700);
@@ -80,6 +104,23 @@ void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool f
   outcome_.replies_ok++;
 }
 
+void Simulator::CheckEmbedReply(const Pending& p, const v1::Envelope& reply) {
+  if (reply.has_error()) {
+    if (reply.error().message().find("is not loaded in worker") != std::string::npos) {
+      Fail(fmt::format("embeddings of \"{}\" went to a worker that does not serve it: {}", p.model,
+                       reply.error().message()));
+    }
+    return;
+  }
+  if (!reply.has_embed_reply()) return Fail(fmt::format("embeddings of \"{}\" got a reply of another kind", p.model));
+  for (const v1::Embedding& e : reply.embed_reply().embeddings()) {
+    if (e.values_size() != 5) return Fail(fmt::format("embeddings of \"{}\" came in a shape no engine made", p.model));
+    CheckGeneratedText(p, fmt::format("t{} f{} v{} d{} w{};", e.values(0), e.values(1), e.values(2), e.values(3),
+                                      e.values(4)));
+  }
+  outcome_.replies_ok++;
+}
+
 // Text as the simulated engine writes it: which weights and which description made each step.
 void Simulator::CheckGeneratedText(const Pending& p, const std::string& text) {
   uint32_t file = 0;
@@ -123,12 +164,13 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
   }
   const v1::WorkerInfer& in = work.message.infer();
   const v1::GenerateRequest& g = in.generate();
+  const bool embed = in.has_embed();  // a step per input, heartbeats only, vectors at the end
+  const uint32_t steps = embed ? static_cast<uint32_t>(in.embed().input_size()) : std::max(1u, g.max_tokens());
   auto engine = w.engines.find(in.model());
   const bool past_deadline =
       in.deadline_unix_ms() != 0 && Now().unix_ns / 1000000 > static_cast<uint64_t>(in.deadline_unix_ms());
   const bool cancelled = w.cancelled.count(job) != 0;
-  if (engine == w.engines.end() || !engine->second.weights || past_deadline || cancelled ||
-      step >= std::max(1u, g.max_tokens())) {
+  if (engine == w.engines.end() || !engine->second.weights || past_deadline || cancelled || step >= steps) {
     v1::WorkerEnvelope reply;
     v1::WorkerInferDone* done = reply.mutable_infer_done();
     done->set_job(job);
@@ -138,6 +180,13 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
     } else if (!engine->second.weights) {
       done->mutable_error()->set_code(v1::FAILED_PRECONDITION);
       done->mutable_error()->set_message("not a language model");
+    } else if (embed && (cancelled || past_deadline)) {
+      done->mutable_error()->set_code(cancelled ? v1::UNAVAILABLE : v1::DEADLINE_EXCEEDED);
+      done->mutable_error()->set_message("the embeddings were stopped");
+    } else if (embed) {
+      v1::EmbedReply* r = done->mutable_embed();
+      r->set_dimensions(5);
+      for (const std::string& input : in.embed().input()) SimEmbedding(input, engine->second, r->add_embeddings());
     } else {
       v1::GenerateReply* r = done->mutable_generate();
       r->set_finish_reason(cancelled || past_deadline ? "cancelled" : "length");
@@ -152,7 +201,7 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
   }
   v1::WorkerEnvelope message;
   message.mutable_infer_chunk()->set_job(job);
-  if (g.stream()) {  // a chunk; else a heartbeat: the step, no text
+  if (!embed && g.stream()) {  // a chunk; else a heartbeat: the step, no text
     v1::GenerateChunk* chunk = message.mutable_infer_chunk()->mutable_chunk();
     chunk->set_index(step);
     chunk->set_text(StepText(g, engine->second));

@@ -118,6 +118,7 @@ void Simulator::NoteInferSent(uint32_t slot, const v1::WorkerEnvelope& message) 
   sent.slot = slot;
   sent.generation = workers_[slot].generation;
   if (infer.deadline_unix_ms() > 0) sent.deadline_ms = static_cast<uint64_t>(infer.deadline_unix_ms()) - kUnixBaseMs;
+  sent.due_when_sent = sent.deadline_ms != 0 && sent.deadline_ms <= now_;
   if (infer.input().data().size() >= sizeof(float)) {
     float token = 0;
     std::memcpy(&token, infer.input().data().data(), sizeof(float));
@@ -133,7 +134,7 @@ void Simulator::NoteReplySent(const v1::WorkerEnvelope& reply) {
   if (it == sent_infers_.end() || it->second.deadline_ms == 0) return;
   SentInfer& sent = it->second;
   sent.replied_ms = std::min(sent.replied_ms, now_);
-  if (sent.token != 0 && now_ <= sent.deadline_ms) in_time_tokens_[sent.token] = now_;
+  if (sent.token != 0 && now_ <= sent.deadline_ms && !sent.due_when_sent) in_time_tokens_[sent.token] = now_;
   // Answered in time, so it can never justify a kill: forgotten. A late answer stays, and does.
   if (now_ <= sent.deadline_ms + config_.inference_grace_ms) sent_infers_.erase(it);
 }

@@ -130,7 +130,7 @@ class Simulator {
     }
   };
   struct Pending {
-    enum class Kind { kInfer, kLoad, kRegion, kGenerate, kOther } kind = Kind::kOther;
+    enum class Kind { kInfer, kLoad, kRegion, kGenerate, kEmbed, kOther } kind = Kind::kOther;
     bool stream = false;          // generate: chunks asked for
     uint32_t chunks_sent = 0;     // generate: chunks the core emitted (their indices count up)
     uint32_t chunks_seen = 0;     // generate: chunks the client read
@@ -214,6 +214,7 @@ class Simulator {
   void ClientGenerates(Client& c);
   void CheckChunkSent(Pending& p, const v1::Envelope& chunk);
   void CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool final);
+  void CheckEmbedReply(const Pending& p, const v1::Envelope& reply);
   void CheckGeneratedText(const Pending& p, const std::string& text);
   void StartGeneration(Worker& w, uint64_t job, WorkerJob work);
   void GenerationStep(uint32_t slot, uint32_t generation, uint64_t job, uint32_t step, WorkerJob work);
@@ -354,6 +355,10 @@ class Simulator {
     uint32_t token = 0;
     uint64_t deadline_ms = 0;  // monotonic; 0: none
     uint64_t replied_ms = UINT64_MAX;
+    // Sent with its deadline already upon it (a request whose model came late: the core tells the
+    // worker "now"): its request's own deadline passed before it was sent, so an answer in the
+    // same millisecond is not "in time".
+    bool due_when_sent = false;
   };
   std::map<uint64_t, SentInfer> sent_infers_;    // by job, until answered in time or its worker died
   std::map<uint32_t, uint64_t> in_time_tokens_;  // requests a worker answered before the deadline

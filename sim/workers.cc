@@ -63,8 +63,9 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               it->second, slot));
     }
   }
-  if (message.has_infer() && message.infer().has_generate()) {
-    const std::string& prompt = message.infer().generate().prompt();  // "token N"
+  if (message.has_infer() && (message.infer().has_generate() || message.infer().has_embed())) {
+    const std::string& prompt = message.infer().has_generate() ? message.infer().generate().prompt()
+                                                               : message.infer().embed().input(0);  // "token N"
     auto it = token_session_.find(static_cast<uint32_t>(std::strtoul(prompt.c_str() + 6, nullptr, 10)));
     if (it != token_session_.end() && gone_sessions_.count(it->second) != 0) {
       return Fail(fmt::format("a generation of session {}, which is gone, was sent to worker {} to run",
@@ -147,7 +148,7 @@ void Simulator::StartServing(Worker& w) {
       StartLoad(w);
       continue;
     }
-    if (work.message.has_infer() && work.message.infer().has_generate()) {
+    if (work.message.has_infer() && (work.message.infer().has_generate() || work.message.infer().has_embed())) {
       const uint64_t job = work.message.infer().job();  // before `work` is moved from
       StartGeneration(w, job, std::move(work));
       continue;
