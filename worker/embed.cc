@@ -12,24 +12,16 @@ namespace warmpool::worker {
 
 void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   const uint64_t job = request.job();
-  cancelled_.erase(cancelled_.begin(), cancelled_.lower_bound(job));  // ended before this one
   const v1::EmbedRequest& e = request.embed();
   v1::WorkerEnvelope reply;
   v1::WorkerInferDone* done = reply.mutable_infer_done();
   done->set_job(job);
   std::shared_ptr<Engine> engine = models_.Find(request.model());
-  Status status;
-  if (engine == nullptr) {
-    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
-  } else if (!engine->embeds()) {
-    status = Error(Code::kFailedPrecondition, "model \"{}\" makes no embeddings (its engine has no embed call)",
-                   e.model());
-  } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
-    status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
-  } else if (cancelled_.contains(job)) {
-    status = Error(Code::kUnavailable, "cancelled before it ran: its client left");
-  }
-  Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
+  Result<uint32_t> slot = BeginLongJob(
+      request, engine,
+      engine != nullptr && !engine->embeds()
+          ? Error(Code::kFailedPrecondition, "model \"{}\" makes no embeddings (its engine has no embed call)", e.model())
+          : OkStatus());
   if (!slot.ok()) {
     ipc::SetError(done->mutable_error(), slot.status());
     outbox_.Send(reply);

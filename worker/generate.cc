@@ -50,26 +50,33 @@ void Serving::HeartbeatIfDue(uint64_t job, std::chrono::steady_clock::time_point
   outbox_.Send(heartbeat);
 }
 
-void Serving::HandleGenerate(const v1::WorkerInfer& request) {
+Result<uint32_t> Serving::BeginLongJob(const v1::WorkerInfer& request, const std::shared_ptr<Engine>& engine,
+                                       const Status& unable) {
   const uint64_t job = request.job();
   cancelled_.erase(cancelled_.begin(), cancelled_.lower_bound(job));  // ended before this one
+  if (engine == nullptr) {
+    return Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
+  }
+  if (!unable.ok()) return unable;
+  if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
+    return Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
+  }
+  if (cancelled_.contains(job)) return Error(Code::kUnavailable, "cancelled before it ran: its client left");
+  return marks_.Take(request.request_id(), request.model());
+}
+
+void Serving::HandleGenerate(const v1::WorkerInfer& request) {
+  const uint64_t job = request.job();
   const v1::GenerateRequest& g = request.generate();
   v1::WorkerEnvelope reply;
   v1::WorkerInferDone* done = reply.mutable_infer_done();
   done->set_job(job);
   std::shared_ptr<Engine> engine = models_.Find(request.model());
-  Status status;
-  if (engine == nullptr) {
-    status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
-  } else if (!engine->generates()) {
-    status = Error(Code::kFailedPrecondition, "model \"{}\" is not a language model: send it tensors (infer)",
-                   g.model());
-  } else if (request.deadline_unix_ms() != 0 && UnixMillis() > request.deadline_unix_ms()) {
-    status = Error(Code::kDeadlineExceeded, "the request's deadline passed before it ran");
-  } else if (cancelled_.contains(job)) {
-    status = Error(Code::kUnavailable, "cancelled before it ran: its client left");
-  }
-  Result<uint32_t> slot = status.ok() ? marks_.Take(request.request_id(), request.model()) : Result<uint32_t>(status);
+  Result<uint32_t> slot = BeginLongJob(
+      request, engine,
+      engine != nullptr && !engine->generates()
+          ? Error(Code::kFailedPrecondition, "model \"{}\" is not a language model: send it tensors (infer)", g.model())
+          : OkStatus());
   if (!slot.ok()) {
     ipc::SetError(done->mutable_error(), slot.status());
     outbox_.Send(reply);

@@ -72,6 +72,10 @@ class Serving {
   // (control frames handled, jobs deferred); false when the job was cancelled or the channel is
   // gone (read_error_).
   bool BetweenSteps(uint64_t job);
+  // Before a generation or embeddings run: the model loaded here and able (`unable` says why not),
+  // the deadline not passed, not cancelled; its in-flight slot taken.
+  Result<uint32_t> BeginLongJob(const v1::WorkerInfer& request, const std::shared_ptr<Engine>& engine,
+                                const Status& unable);
   // A heartbeat for the job (a WorkerInferChunk with no chunk) when none went out for a second:
   // the supervisor takes a long job that says nothing for a hung worker.
   void HeartbeatIfDue(uint64_t job, std::chrono::steady_clock::time_point& last_heard);

@@ -162,6 +162,10 @@ class Core {
   void HandleInfer(Call call, v1::InferRequest&& request);
   void HandleGenerate(Call call, v1::GenerateRequest&& request);
   void HandleEmbed(Call call, v1::EmbedRequest&& request);
+  // A language model's request (a generation, embeddings) into its model's queue, its `bytes` held
+  // against the daemon's and the connection's bounds; answered at once when the queue is full or
+  // the bounds would be passed.
+  void EnqueueHeld(uint32_t model, Waiter&& waiter, uint64_t bytes);
   void HandlePin(const Call& call, const v1::PinRequest& request);
   // regions.cc: clients' shared memory. A slice must lie in a region of its own connection.
   void HandleRegion(const Call& call, const v1::RegionRequest& request, int handle, const Status& check);

@@ -41,25 +41,10 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
     }
   }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
-  if (queued_ >= config_.max_queue) {
-    return AnswerError(call, Error(Code::kResourceExhausted, "{} requests are already waiting (limit {}): retry later",
-                                   queued_, config_.max_queue));
-  }
+  Waiter waiter{call, true, {}, request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms(), 0};
   const uint64_t bytes = request.ByteSizeLong();
-  Session& session = sessions_[call.session];
-  if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection ||
-      held_bytes_ + bytes > config_.max_queued_bytes) {
-    return AnswerError(call, Error(Code::kResourceExhausted,
-                                   "the daemon holds too much of this connection's or all clients' requests: "
-                                   "wait for replies before sending more"));
-  }
-  call.bytes = bytes;
-  session.held_bytes += bytes;
-  held_bytes_ += bytes;
-  const uint64_t deadline_ms = request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms();
-  Waiter waiter{call, true, {}, deadline_ms, 0};
   waiter.embed = std::move(request);
-  Enqueue(model, std::move(waiter));
+  EnqueueHeld(model, std::move(waiter), bytes);
 }
 
 void Core::DispatchEmbed(uint32_t model, uint32_t worker, Waiter&& waiter) {

@@ -37,27 +37,31 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
                                    text_bytes, request.tokens_size(), m.entry.context, m.entry.name));
   }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
-  if (queued_ >= config_.max_queue) {
-    return AnswerError(call, Error(Code::kResourceExhausted, "{} requests are already waiting (limit {}): retry later",
-                                   queued_, config_.max_queue));
-  }
-  // What the daemon holds of the request (its prompt) counts against the same bounds as tensors.
-  const uint64_t bytes = request.ByteSizeLong();
-  Session& session = sessions_[call.session];
-  if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection ||
-      held_bytes_ + bytes > config_.max_queued_bytes) {
-    return AnswerError(call, Error(Code::kResourceExhausted,
-                                   "the daemon holds too much of this connection's or all clients' requests: "
-                                   "wait for replies before sending more"));
-  }
-  call.bytes = bytes;
-  session.held_bytes += bytes;
-  held_bytes_ += bytes;
   // No default deadline: a generation ends by itself (max_tokens, the context), and a client that
   // stops waiting cancels it by leaving.
-  const uint64_t deadline_ms = request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms();
-  Waiter waiter{call, true, {}, deadline_ms, 0};
+  Waiter waiter{call, true, {}, request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms(), 0};
+  const uint64_t bytes = request.ByteSizeLong();
   waiter.generate = std::move(request);
+  EnqueueHeld(model, std::move(waiter), bytes);
+}
+
+void Core::EnqueueHeld(uint32_t model, Waiter&& waiter, uint64_t bytes) {
+  if (queued_ >= config_.max_queue) {
+    return AnswerError(waiter.call, Error(Code::kResourceExhausted,
+                                          "{} requests are already waiting (limit {}): retry later", queued_,
+                                          config_.max_queue));
+  }
+  // What the daemon holds of the request (a prompt, inputs) counts against the same bounds as tensors.
+  Session& session = sessions_[waiter.call.session];
+  if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection ||
+      held_bytes_ + bytes > config_.max_queued_bytes) {
+    return AnswerError(waiter.call, Error(Code::kResourceExhausted,
+                                          "the daemon holds too much of this connection's or all clients' requests: "
+                                          "wait for replies before sending more"));
+  }
+  waiter.call.bytes = bytes;
+  session.held_bytes += bytes;
+  held_bytes_ += bytes;
   Enqueue(model, std::move(waiter));
 }
 
