@@ -43,6 +43,8 @@ v1::GenerateRequest RequestOf(const GenerateArgs& args, const std::string& promp
   r.set_stream(!args.no_stream);
   r.set_deadline_ms(args.deadline_ms);
   if (args.keep_alive_ms) r.set_keep_alive_ms(*args.keep_alive_ms);
+  r.set_logprobs(args.logprobs || args.top_logprobs > 0);
+  r.set_top_logprobs(args.top_logprobs);
   return r;
 }
 
@@ -113,6 +115,9 @@ void AddGenerateOptions(CLI::App* command, GenerateArgs& args, std::string& keep
   command->add_option("--seed", args.seed, "the same seed, prompt and options give the same text");
   command->add_option("--stop", args.stop, "end the text before this string (repeatable; at most 16)");
   command->add_option("--deadline-ms", args.deadline_ms, "stop after this many milliseconds (default: none)");
+  command->add_flag("--logprobs", args.logprobs, "with --json: each token's log-probability in its line");
+  command->add_option("--top-logprobs", args.top_logprobs,
+                      "with --logprobs: the log-probabilities of the N most likely tokens at each step too (0 to 20)");
   command->add_option("--keep-alive", keep_alive, "keep the model warm this long after this request");
   command->add_flag("--json", args.json, "NDJSON: a line per chunk, then the final reply (\"done\": true)");
   command->add_flag("--no-stream", args.no_stream, "wait for the whole text instead of streaming it");

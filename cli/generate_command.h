@@ -21,6 +21,8 @@ struct GenerateArgs {
   std::optional<uint32_t> top_k;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  bool logprobs = false;      // each token's log-probability in the --json lines ...
+  uint32_t top_logprobs = 0;  // ... and the most likely tokens' 
   uint32_t deadline_ms = 0;
   std::optional<int64_t> keep_alive_ms;
   bool json = false;       // NDJSON: a line per chunk, then the final reply

@@ -17,13 +17,20 @@ struct ProgressBridge {
   const Engine::ProgressFn* progress;
 };
 
+struct EmitBridge {
+  const Engine::EmitFn* emit;
+  uint32_t abi_version;  // of the engine: a chunk of version 3 has no logprobs to read
+};
+
 int EmitTrampoline(void* ctx, const wp_generate_chunk* chunk) {
-  const auto* emit = static_cast<const Engine::EmitFn*>(ctx);
+  const auto* bridge = static_cast<const EmitBridge*>(ctx);
   try {
     const std::string text = ValidUtf8(
         std::string(chunk->text.data != nullptr ? chunk->text.data : "", chunk->text.bytes));
     std::span<const int32_t> tokens(chunk->tokens, chunk->tokens != nullptr ? chunk->tokens + chunk->token_count : chunk->tokens);
-    return (*emit)(text, tokens) ? 0 : 1;
+    std::span<const wp_token_logprobs> logprobs;
+    if (bridge->abi_version >= 4 && chunk->logprobs != nullptr) logprobs = {chunk->logprobs, chunk->logprob_count};
+    return (*bridge->emit)(text, tokens, logprobs) ? 0 : 1;
   } catch (...) {
     return 1;
   }
@@ -188,7 +195,8 @@ Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, 
   }
   char err[kErrorBufferBytes] = {};
   wp_generate_result result{};
-  wp_status status = vtable_->generate(instance_, &request, &EmitTrampoline, const_cast<EmitFn*>(&emit), &result,
+  EmitBridge bridge{&emit, vtable_->abi_version};
+  wp_status status = vtable_->generate(instance_, &request, &EmitTrampoline, &bridge, &result,
                                        err, sizeof(err));
   if (status != WP_OK) return StatusFromWp(status, err);
   return result;

@@ -59,7 +59,9 @@ class Engine {
   Result<std::string> Describe();
   // Language models (version 3 engines with generate): emit gets each step's text (made valid
   // UTF-8: an engine's bytes go into protobuf strings) and tokens, and returns false to stop. FAILED_PRECONDITION for engines that do not generate.
-  using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
+  // logprobs: one per token when the request asked for them (and the engine is of version 4).
+  using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens,
+                                    std::span<const wp_token_logprobs> logprobs)>;
   bool generates() const { return vtable_->abi_version >= 3 && vtable_->generate != nullptr; }
   Result<wp_generate_result> Generate(const wp_generate_request& request, const EmitFn& emit);
 

@@ -80,10 +80,30 @@ json StatusJson(const v1::StatusReply& reply) {
           {"failed", failed}, {"fault_injection", reply.fault_injection()}, {"loading", loading}};
 }
 
+json LogprobsJson(const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& logprobs) {
+  // A token's bytes may be a piece of a UTF-8 character: a list of numbers, never a JSON string.
+  auto one = [](const v1::TokenLogprob& l) {
+    return json{{"token", l.token()},
+                {"logprob", l.logprob()},
+                {"bytes", std::vector<uint8_t>(l.piece().begin(), l.piece().end())}};
+  };
+  json out = json::array();
+  for (const v1::TokenLogprobs& l : logprobs) {
+    json entry = one(l.chosen());
+    json top = json::array();
+    for (const v1::TokenLogprob& t : l.top()) top.push_back(one(t));
+    entry["top"] = std::move(top);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 json GenerateChunkJson(const v1::GenerateChunk& chunk) {
-  return {{"index", chunk.index()},
-          {"text", chunk.text()},
-          {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}};
+  json out = {{"index", chunk.index()},
+              {"text", chunk.text()},
+              {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}};
+  if (chunk.logprobs_size() > 0) out["logprobs"] = LogprobsJson(chunk.logprobs());
+  return out;
 }
 
 json GenerateReplyJson(const v1::GenerateReply& r) {
@@ -98,6 +118,7 @@ json GenerateReplyJson(const v1::GenerateReply& r) {
     out["text"] = r.text();
     out["tokens"] = std::vector<int32_t>(r.tokens().begin(), r.tokens().end());
   }
+  if (r.logprobs_size() > 0) out["logprobs"] = LogprobsJson(r.logprobs());
   return out;
 }
 

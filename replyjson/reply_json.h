@@ -26,6 +26,8 @@ nlohmann::json LoadJson(const v1::LoadReply& reply);
 // lines of `warmpool generate --json` and of the HTTP API's NDJSON stream.
 nlohmann::json GenerateChunkJson(const v1::GenerateChunk& chunk);
 nlohmann::json GenerateReplyJson(const v1::GenerateReply& reply);
+// [{"token", "logprob", "bytes": [...], "top": [{"token", "logprob", "bytes"}, ...]}, ...]
+nlohmann::json LogprobsJson(const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& logprobs);
 // {"embeddings": [[...], ...], "dimensions", "prompt_tokens", "tokens": [per input], "embed_us"}
 nlohmann::json EmbedReplyJson(const v1::EmbedReply& reply);
 // A list of rows, each a list of numbers.

@@ -34,7 +34,8 @@ Status FillGenerate(const http::Request& request, const std::string& model, v1::
   const json& doc = *body;
   if (Status s = OnlyKeys(doc,
                           {"prompt", "tokens", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p",
-                           "repetition_penalty", "seed", "stop", "stream", "deadline_ms", "keep_alive"},
+                           "repetition_penalty", "seed", "stop", "stream", "deadline_ms", "keep_alive", "logprobs",
+                           "top_logprobs"},
                           request);
       !s.ok()) {
     return s;
@@ -64,13 +65,19 @@ Status FillGenerate(const http::Request& request, const std::string& model, v1::
       if (m.contains("content")) message->set_content(m["content"].get<std::string>());
     }
   }
-  for (const char* key : {"max_tokens", "top_k", "deadline_ms"}) {
+  for (const char* key : {"max_tokens", "top_k", "deadline_ms", "top_logprobs"}) {
     if (!doc.contains(key)) continue;
     Result<uint32_t> n = Uint(doc, key);
     if (!n.ok()) return n.status();
     if (key == std::string("max_tokens")) g->set_max_tokens(*n);
     else if (key == std::string("top_k")) g->set_top_k(*n);
+    else if (key == std::string("top_logprobs")) g->set_top_logprobs(*n);
     else g->set_deadline_ms(*n);
+  }
+  if (doc.contains("logprobs")) {
+    Result<bool> logprobs = Bool(doc, "logprobs");
+    if (!logprobs.ok()) return logprobs.status();
+    g->set_logprobs(*logprobs);
   }
   struct Option {
     const char* key;

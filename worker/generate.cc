@@ -114,7 +114,24 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   bool first = true;
   bool past_deadline = false;
   auto last_heard = start;
-  Result<wp_generate_result> result = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> tokens) {
+  r.logprobs = g.logprobs() ? 1 : 0;
+  r.top_logprobs = g.top_logprobs();
+  // The engine's log-probabilities into the protocol's.
+  auto add_logprobs = [](std::span<const wp_token_logprobs> from,
+                         google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* to) {
+    auto set = [](const wp_logprob& l, v1::TokenLogprob* out) {
+      out->set_token(l.token);
+      out->set_logprob(l.logprob);
+      if (l.piece.data != nullptr) out->set_piece(l.piece.data, l.piece.bytes);
+    };
+    for (const wp_token_logprobs& l : from) {
+      v1::TokenLogprobs* out = to->Add();
+      set(l.chosen, out->mutable_chosen());
+      for (uint32_t i = 0; l.top != nullptr && i < l.top_count; i++) set(l.top[i], out->add_top());
+    }
+  };
+  Result<wp_generate_result> result = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> tokens,
+                                                              std::span<const wp_token_logprobs> logprobs) {
     const auto now = std::chrono::steady_clock::now();
     if (first && !tokens.empty()) {
       first = false;
@@ -130,12 +147,14 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
       // may not be: a frame that does not parse would cost this worker its life).
       c->set_text(ValidUtf8(std::string(text)));
       c->mutable_tokens()->Add(tokens.begin(), tokens.end());
+      add_logprobs(logprobs, c->mutable_logprobs());
       outbox_.Send(chunk);
       if (chunks == 1) faults.Hit("infer.mid");  // mid-stream: a chunk is out, the rest is not
     } else {
       if (!g.stream()) {
         final->mutable_text()->append(ValidUtf8(std::string(text)));
         final->mutable_tokens()->Add(tokens.begin(), tokens.end());
+        add_logprobs(logprobs, final->mutable_logprobs());
       }
       // Nothing to send (a step not streamed, or progress: a chunk of neither text nor tokens).
       HeartbeatIfDue(job, last_heard);

@@ -9,6 +9,7 @@
 // copies the weights back into host memory, outside the device budget, and computes on the CPU,
 // saying so once: slower, never wrong.
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <new>
 #include <vector>
@@ -63,6 +64,32 @@ Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_req
   return e.files->chat->Render(context);
 }
 
+// A chunk's log-probabilities in the ABI's terms, with each token's bytes: valid while it lives.
+class ChunkLogprobs {
+ public:
+  ChunkLogprobs(const tokenizer::Tokenizer& tokenizer, std::span<const TokenLogprobs> logprobs) {
+    auto piece = [&](int32_t id) -> const std::string& {
+      Result<std::string> bytes = tokenizer.DecodePieces({&id, 1});
+      return pieces_.emplace_back(bytes.ok() ? std::move(*bytes) : std::string());
+    };
+    for (const TokenLogprobs& l : logprobs) {
+      std::vector<wp_logprob>& top = tops_.emplace_back();
+      for (const auto& [id, logprob] : l.top) {
+        const std::string& bytes = piece(id);
+        top.push_back({id, logprob, {bytes.data(), bytes.size()}});
+      }
+      const std::string& bytes = piece(l.token);
+      out_.push_back({{l.token, l.logprob, {bytes.data(), bytes.size()}}, top.data(), static_cast<uint32_t>(top.size())});
+    }
+  }
+  const wp_token_logprobs* data() const { return out_.empty() ? nullptr : out_.data(); }
+
+ private:
+  std::deque<std::string> pieces_;             // a deque: what a wp_string points at never moves
+  std::deque<std::vector<wp_logprob>> tops_;
+  std::vector<wp_token_logprobs> out_;
+};
+
 Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
                 wp_generate_result& result) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
@@ -97,13 +124,17 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
     }
     request.stop.emplace_back(r.stop[i].data != nullptr ? r.stop[i].data : "", r.stop[i].bytes);
   }
-  Result<TextResult> done = GenerateText(*e.sequence, *e.files, request,
-                                         [&](std::string_view text, std::span<const int32_t> tokens) {
-                                           wp_generate_chunk chunk{{text.data(), text.size()},
-                                                                   tokens.data(),
-                                                                   static_cast<uint32_t>(tokens.size())};
-                                           return emit == nullptr || emit(emit_ctx, &chunk) == 0;
-                                         });
+  request.logprobs = r.logprobs != 0;
+  request.top_logprobs = r.top_logprobs;
+  Result<TextResult> done = GenerateText(
+      *e.sequence, *e.files, request,
+      [&](std::string_view text, std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs) {
+        ChunkLogprobs c_logprobs(*e.files->tokenizer, logprobs);
+        wp_generate_chunk chunk{{text.data(), text.size()},           tokens.data(),
+                                static_cast<uint32_t>(tokens.size()), c_logprobs.data(),
+                                static_cast<uint32_t>(logprobs.size())};
+        return emit == nullptr || emit(emit_ctx, &chunk) == 0;
+      });
   if (!done.ok()) return done.status();
   static_assert(static_cast<int>(FinishReason::kStop) == WP_FINISH_STOP &&
                 static_cast<int>(FinishReason::kLength) == WP_FINISH_LENGTH &&

@@ -1,6 +1,7 @@
 #include "engines/transformer/generation.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace warmpool::transformer {
 
@@ -13,14 +14,48 @@ std::string_view FinishReasonName(FinishReason reason) {
   return "?";
 }
 
+TokenLogprobs LogprobsOf(std::span<const float> logits, int32_t chosen, uint32_t top) {
+  // log p_i = x_i - (max + log sum exp(x_j - max)), in double; NaN is -inf.
+  double max = -INFINITY;
+  for (float x : logits) {
+    if (!std::isnan(x)) max = std::max(max, double{x});
+  }
+  double sum = 0;
+  for (float x : logits) {
+    if (!std::isnan(x) && max != -INFINITY) sum += std::exp(double{x} - max);
+  }
+  const double log_total = max + std::log(sum);
+  auto logprob = [&](int32_t id) {
+    const float x = logits[static_cast<size_t>(id)];
+    return std::isnan(x) || max == -INFINITY ? -INFINITY : static_cast<float>(double{x} - log_total);
+  };
+  TokenLogprobs out;
+  out.token = chosen;
+  out.logprob = logprob(chosen);
+  top = std::min<uint32_t>({top, kMaxTopLogprobs, static_cast<uint32_t>(logits.size())});
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); i++) ids[i] = static_cast<int32_t>(i);
+  auto more_likely = [&](int32_t a, int32_t b) {
+    const float la = logprob(a), lb = logprob(b);
+    return la > lb || (la == lb && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + top, ids.end(), more_likely);
+  for (uint32_t i = 0; i < top; i++) out.top.emplace_back(ids[i], logprob(ids[i]));
+  return out;
+}
+
 Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
-                            const std::function<bool(int32_t)>& on_token, const std::function<bool()>& on_progress) {
+                            const std::function<bool(int32_t)>& on_token, const std::function<bool()>& on_progress,
+                            const std::function<void(const TokenLogprobs&)>& on_logprobs) {
   if (request.prompt.empty()) return Error(Code::kInvalidArgument, "the prompt has no tokens");
   if (request.prompt.size() >= model.context()) {
     return Error(Code::kInvalidArgument, "the prompt's {} tokens leave no room in a context of {}",
                  request.prompt.size(), model.context());
   }
   if (Status s = CheckSamplingOptions(request.sampling); !s.ok()) return s;
+  if (request.top_logprobs > kMaxTopLogprobs) {
+    return Error(Code::kInvalidArgument, "top_logprobs {}: at most {}", request.top_logprobs, kMaxTopLogprobs);
+  }
 
   Generation out;
   out.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
@@ -39,7 +74,9 @@ Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
   while (out.tokens.size() < request.max_tokens) {
     Result<int32_t> next = sampler.Next(logits, sequence);
     if (!next.ok()) return next.status();
-    if (std::find(request.end_tokens.begin(), request.end_tokens.end(), *next) != request.end_tokens.end()) {
+    const bool ends = std::find(request.end_tokens.begin(), request.end_tokens.end(), *next) != request.end_tokens.end();
+    if (request.logprobs && on_logprobs && !ends) on_logprobs(LogprobsOf(logits, *next, request.top_logprobs));
+    if (ends) {
       out.finish = FinishReason::kStop;
       return out;
     }

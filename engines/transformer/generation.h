@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -26,7 +28,22 @@ struct GenerationRequest {
   uint32_t max_tokens = 16;
   SamplingOptions sampling;
   std::vector<int32_t> end_tokens;  // the model's eos tokens (generation_config.json)
+  bool logprobs = false;            // each token's log-probability to on_logprobs ...
+  uint32_t top_logprobs = 0;        // ... and this many most likely tokens' (at most kMaxTopLogprobs)
 };
+
+inline constexpr uint32_t kMaxTopLogprobs = 20;
+
+// A chosen token's log-probability under the model's own distribution — the log-softmax of its
+// logits, before temperature, penalties and filters: what the model says, not how the sampler
+// drew — and the most likely tokens' at that step, most likely first (ties: the lower id).
+// NaN logits count as impossible (-inf), as the sampler counts them.
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+TokenLogprobs LogprobsOf(std::span<const float> logits, int32_t chosen, uint32_t top);
 
 struct Generation {
   std::vector<int32_t> tokens;  // generated, end token excluded
@@ -44,9 +61,11 @@ inline constexpr uint32_t kPrefillPiece = 256;
 // within one step or piece. The sequence's cache starts
 // empty (whatever it held is overwritten); errors (a prompt that does not fit, bad options, a
 // token outside the vocabulary) are INVALID_ARGUMENT before anything runs.
+// With request.logprobs, on_logprobs gets each token's just before on_token gets the token.
 Result<Generation> Generate(Sequence& sequence, const GenerationRequest& request,
                             const std::function<bool(int32_t)>& on_token = nullptr,
-                            const std::function<bool()>& on_progress = nullptr);
+                            const std::function<bool()>& on_progress = nullptr,
+                            const std::function<void(const TokenLogprobs&)>& on_logprobs = nullptr);
 
 // The same on the CPU, with the model and a cache.
 inline Result<Generation> Generate(CpuModel& model, KvCache& cache, const GenerationRequest& request,

@@ -1,5 +1,7 @@
 #include "engines/transformer/text_generation.h"
 
+#include <optional>
+
 #include "engines/transformer/stop_strings.h"
 
 namespace warmpool::transformer {
@@ -24,11 +26,14 @@ Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, cons
   generation.max_tokens = request.max_tokens != 0 ? request.max_tokens : static_cast<uint32_t>(room);
   generation.sampling = request.sampling;
   generation.end_tokens = files.end_tokens;
+  generation.logprobs = request.logprobs;
+  generation.top_logprobs = request.top_logprobs;
 
   tokenizer::StreamingDecoder decoder(*files.tokenizer);
   StopStrings stops(request.stop);
   Status failed;
   bool client_stopped = false;
+  std::optional<TokenLogprobs> logprobs;  // of the token on its way to on_token
   Result<Generation> done = Generate(model, generation, [&](int32_t token) {
     Result<std::string> piece = decoder.Push(token);
     if (!piece.ok()) {
@@ -36,16 +41,18 @@ Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, cons
       return false;
     }
     const std::string text = stops.Push(*piece);
-    if (!emit(text, {&token, 1})) {
+    std::span<const TokenLogprobs> with;
+    if (logprobs) with = {&*logprobs, 1};
+    if (!emit(text, {&token, 1}, with)) {
       client_stopped = true;
       return false;
     }
     return !stops.stopped();
   }, [&] {
-    if (emit("", {})) return true;
+    if (emit("", {}, {})) return true;
     client_stopped = true;
     return false;
-  });
+  }, [&](const TokenLogprobs& l) { logprobs = l; });
   if (!done.ok()) return done.status();
   if (!failed.ok()) return failed;
   TextResult result;
@@ -63,7 +70,7 @@ Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, cons
   std::string tail = stops.Push(decoder.Finish());
   tail += stops.Finish();
   if (stops.stopped()) result.finish = FinishReason::kStop;  // the held-back bytes completed one
-  if (!tail.empty() && !emit(tail, {})) result.finish = FinishReason::kCancelled;
+  if (!tail.empty() && !emit(tail, {}, {})) result.finish = FinishReason::kCancelled;
   return result;
 }
 

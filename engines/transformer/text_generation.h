@@ -25,6 +25,8 @@ struct TextRequest {
   uint32_t max_tokens = 0;      // 0: until an end token or the end of the context
   SamplingOptions sampling;     // complete: the model's defaults already merged in
   std::vector<std::string> stop;
+  bool logprobs = false;        // each token's log-probability with it (generation.h) ...
+  uint32_t top_logprobs = 0;    // ... and the most likely tokens' at its step
 };
 
 struct TextResult {
@@ -33,11 +35,12 @@ struct TextResult {
   uint32_t completion_tokens = 0;
 };
 
-// Called once per generated token with the text it completes (possibly empty), and once more at
-// the end with the text held back and no token, when there is any. Between the pieces of a long
-// prompt it is called with no text and no token: progress, nothing to send. Returning false
-// cancels.
-using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens)>;
+// Called once per generated token with the text it completes (possibly empty) and, when asked for,
+// its log-probabilities; once more at the end with the text held back and no token, when there is
+// any. Between the pieces of a long prompt it is called with no text and no token: progress,
+// nothing to send. Returning false cancels.
+using EmitFn = std::function<bool(std::string_view text, std::span<const int32_t> tokens,
+                                  std::span<const TokenLogprobs> logprobs)>;
 
 // INVALID_ARGUMENT before anything runs: an empty prompt, one that leaves no room in the cache's
 // context, a token outside the vocabulary, options out of range.

@@ -24,7 +24,7 @@ def _optional(request, name, value, kind):
 
 def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, temperature=None, top_k=None, top_p=None,
             min_p=None, repetition_penalty=None, seed=None, stop=(), stream=True, deadline_ms=None,
-            keep_alive=None):
+            keep_alive=None, logprobs=False, top_logprobs=0):
     """The generate Envelope; the daemon checks the values' ranges (typed errors)."""
     if (prompt is not None) + (tokens is not None) + (messages is not None) != 1:
         raise invalid_argument("generate needs a prompt, token ids or messages (one of them, not both)")
@@ -53,7 +53,16 @@ def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, tem
     ms = keep_alive_ms(keep_alive)
     if ms is not None:
         g.keep_alive_ms = ms
+    g.logprobs = bool(logprobs) or bool(top_logprobs)
+    _optional(g, "top_logprobs", top_logprobs, int)
     return envelope
+
+
+def _logprobs(entries):
+    def one(l, top=()):
+        return results.TokenLogprob(token=l.token, logprob=l.logprob, piece=bytes(l.piece),
+                                    top=[one(t) for t in top])
+    return [one(e.chosen, e.top) for e in entries]
 
 
 def embed_request(model, inputs, *, deadline_ms=None, keep_alive=None):
@@ -85,7 +94,7 @@ def embed_result(envelope):
 
 
 def chunk(c):
-    return results.GenerateChunk(index=c.index, text=c.text, tokens=list(c.tokens))
+    return results.GenerateChunk(index=c.index, text=c.text, tokens=list(c.tokens), logprobs=_logprobs(c.logprobs))
 
 
 def result(envelope):
@@ -95,7 +104,7 @@ def result(envelope):
     return results.GenerateResult(
         finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
         first_token_us=r.first_token_us, generate_us=r.generate_us, chunks=r.chunks, text=r.text,
-        tokens=list(r.tokens),
+        tokens=list(r.tokens), logprobs=_logprobs(r.logprobs),
     )
 
 

@@ -205,7 +205,9 @@ class Client(Connection):
         of them; options:
         max_tokens (0: until an end token or the end of the context), temperature, top_k, top_p,
         min_p, repetition_penalty, seed (each left out: the model's default), stop (a string or
-        up to 16), deadline_ms, keep_alive.
+        up to 16), deadline_ms, keep_alive, logprobs (each token's log-probability in its chunk, or
+        the result when not streamed: TokenLogprob) and top_logprobs (the N most likely tokens' too,
+        up to 20).
 
         With ``stream`` (the default) returns a Generation: iterate it for the chunks as they
         are generated; its ``result`` then holds the final GenerateResult. Without, waits and

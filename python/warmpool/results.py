@@ -136,6 +136,18 @@ class RegisterResult:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model's own distribution (the log-softmax of its
+    logits, before temperature, penalties and filters), its bytes (maybe part of a UTF-8
+    character), and (for a generated token, when asked for) the most likely tokens' at that step."""
+
+    token: int
+    logprob: float
+    piece: bytes
+    top: List["TokenLogprob"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class GenerateChunk:
     """One step of a streamed generation: its text (never a split UTF-8 character; empty while
     one is incomplete) and the token ids it came from. ``index`` counts from 0."""
@@ -143,6 +155,7 @@ class GenerateChunk:
     index: int
     text: str
     tokens: List[int] = field(default_factory=list)
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # one per token, when asked for
 
 
 @dataclass(frozen=True)
@@ -170,3 +183,4 @@ class GenerateResult:
     chunks: int
     text: str = ""
     tokens: List[int] = field(default_factory=list)
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # not streamed, when asked for

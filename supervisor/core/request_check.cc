@@ -66,6 +66,12 @@ Status CheckGenerate(const v1::GenerateRequest& g) {
       return Error(Code::kInvalidArgument, "a message needs a role, and its role and content must be valid UTF-8");
     }
   }
+  if (g.top_logprobs() > kMaxTopLogprobs) {
+    return Error(Code::kInvalidArgument, "top_logprobs {}: at most {}", g.top_logprobs(), kMaxTopLogprobs);
+  }
+  if (g.top_logprobs() > 0 && !g.logprobs()) {
+    return Error(Code::kInvalidArgument, "top_logprobs needs logprobs set too");
+  }
   if (g.stop_size() > kMaxStopStrings) {
     return Error(Code::kInvalidArgument, "{} stop strings: at most {}", g.stop_size(), kMaxStopStrings);
   }

@@ -27,6 +27,8 @@ inline constexpr int kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopBytes = 256;
 // Messages of a conversation (their bytes count as the prompt's: core/generate.cc).
 inline constexpr int kMaxMessages = 4096;
+// Most likely tokens' log-probabilities a generation may ask for at each step.
+inline constexpr uint32_t kMaxTopLogprobs = 20;
 // Inputs of one embed request.
 inline constexpr int kMaxEmbedInputs = 256;
 // The longest a token's text may be, in bytes, when the core bounds a prompt or an input by the

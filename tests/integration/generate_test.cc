@@ -222,6 +222,52 @@ TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedC
   EXPECT_NE(err.find("INVALID_ARGUMENT"), std::string::npos) << err;
 }
 
+// Log-probabilities through warmpoold: one per token in the chunks (or the reply), with the most
+// likely tokens' when asked; the CLI prints them in its --json lines.
+TEST_F(GenerateTest, LogprobsComeWithEachTokenThroughTheDaemonAndTheCli) {
+  WriteModel("tiny");
+  StartDaemon();
+  auto c = Connect();
+  v1::GenerateRequest r = Greedy("tiny", "Everyone is permitted", 5);
+  r.set_logprobs(true);
+  r.set_top_logprobs(2);
+  std::vector<v1::TokenLogprobs> logprobs;
+  std::vector<int32_t> tokens;
+  auto final = c->Generate(r, [&](const v1::GenerateChunk& chunk) {
+    EXPECT_EQ(chunk.logprobs_size(), chunk.tokens_size());
+    logprobs.insert(logprobs.end(), chunk.logprobs().begin(), chunk.logprobs().end());
+    tokens.insert(tokens.end(), chunk.tokens().begin(), chunk.tokens().end());
+  });
+  ASSERT_TRUE(final.ok()) << final.status().ToString();
+  ASSERT_EQ(logprobs.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); i++) {
+    EXPECT_EQ(logprobs[i].chosen().token(), tokens[i]);
+    EXPECT_LE(logprobs[i].chosen().logprob(), 0.0f);
+    ASSERT_EQ(logprobs[i].top_size(), 2);
+    EXPECT_EQ(logprobs[i].top(0).token(), tokens[i]) << "greedy";
+  }
+  r.set_stream(false);
+  auto whole = c->Generate(r);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->logprobs_size(), whole->tokens_size());
+  r.set_top_logprobs(21);
+  EXPECT_EQ(c->Generate(r).status().code(), Code::kInvalidArgument);
+
+  std::string out, err;
+  ASSERT_EQ(Cli({"generate", "tiny", "Everyone is permitted", "--max-tokens", "3", "--temperature", "0", "--json",
+                 "--logprobs"},
+                &out, &err),
+            0)
+      << err;
+  std::istringstream lines(out);
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));
+  nlohmann::json first = nlohmann::json::parse(line);
+  ASSERT_TRUE(first.contains("logprobs")) << line;
+  EXPECT_EQ(first["logprobs"][0]["token"], first["tokens"][0]);
+  EXPECT_TRUE(first["logprobs"][0]["bytes"].is_array());
+}
+
 TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameText) {
   WriteModel("tiny");
   StartDaemon("[pool]\npark_budget = \"100MiB\"\n");

@@ -405,6 +405,15 @@ TEST_F(HttpApiTest, GenerateStreamsNdjsonLinesInRequestOrder) {
   EXPECT_EQ(unknown.status, 400);
   EXPECT_NE(unknown.body.find("max_token"), std::string::npos) << unknown.body;
   EXPECT_EQ(One(Post("/v1/models/nope/generate", body, true)).status, 404);
+  Response with = One(Post("/v1/models/lm/generate",
+                           R"({"prompt": "This License", "max_tokens": 3, "temperature": 0, "stream": false,
+                               "logprobs": true, "top_logprobs": 2})",
+                           true));
+  ASSERT_EQ(with.status, 200) << with.body;
+  json scored = json::parse(with.body);
+  ASSERT_EQ(scored["logprobs"].size(), scored["tokens"].size());
+  EXPECT_EQ(scored["logprobs"][0]["top"].size(), 2u);
+  EXPECT_EQ(One(Post("/v1/models/lm/generate", R"({"prompt": "x", "logprobs": 1})", true)).status, 400);
 }
 
 TEST_F(HttpApiTest, EmbedTakesAStringOrAListAndAnswersOneVectorPerInput) {

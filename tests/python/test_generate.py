@@ -161,3 +161,24 @@ def test_embeddings_come_one_per_input_at_unit_length_from_both_clients(lm_daemo
             return await client.embed("lm", ["free software"])
 
     assert asyncio.run(run()).embeddings[0] == both.embeddings[0]
+
+
+def test_logprobs_come_with_each_token_streamed_or_whole(lm_daemon):
+    with warmpool.Client(lm_daemon.socket) as client:
+        generation = client.generate("lm", "You may convey", max_tokens=6, temperature=0, logprobs=True,
+                                     top_logprobs=3)
+        chunks = list(generation)
+        for c in chunks:
+            assert len(c.logprobs) == len(c.tokens)
+            for token, l in zip(c.tokens, c.logprobs):
+                assert isinstance(l, warmpool.TokenLogprob)
+                assert l.token == token and l.logprob <= 0 and isinstance(l.piece, bytes)
+                assert len(l.top) == 3 and l.top[0].token == token  # greedy: the most likely
+                assert l.top[0].logprob >= l.top[1].logprob >= l.top[2].logprob
+        whole = client.generate("lm", "You may convey", max_tokens=6, temperature=0, logprobs=True, stream=False)
+        assert [l.token for l in whole.logprobs] == whole.tokens
+        assert [l.logprob for l in whole.logprobs] == [l.logprob for c in chunks for l in c.logprobs]
+        assert all(l.top == [] for l in whole.logprobs)
+        with pytest.raises(warmpool.InvalidArgument, match="top_logprobs"):
+            client.generate("lm", "x", top_logprobs=21, stream=False)
+        assert client.generate("lm", "x", max_tokens=2, stream=False).logprobs == []

@@ -48,7 +48,7 @@ class DemoModelTest : public ::testing::Test {
     r.set |= WP_SET_TEMPERATURE;
     r.temperature = 0;
     std::vector<int32_t> tokens;
-    Result<wp_generate_result> done = engine_->Generate(r, [&](std::string_view t, std::span<const int32_t> ids) {
+    Result<wp_generate_result> done = engine_->Generate(r, [&](std::string_view t, std::span<const int32_t> ids, std::span<const wp_token_logprobs>) {
       tokens.insert(tokens.end(), ids.begin(), ids.end());
       if (text != nullptr) *text += t;
       return true;

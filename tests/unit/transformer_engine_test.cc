@@ -99,7 +99,7 @@ class TransformerEngineTest : public ::testing::Test {
   static Result<Output> Run(Engine& engine, const wp_generate_request& request, int stop_after = -1) {
     Output out;
     int steps = 0;
-    Result<wp_generate_result> result = engine.Generate(request, [&](std::string_view text, std::span<const int32_t> t) {
+    Result<wp_generate_result> result = engine.Generate(request, [&](std::string_view text, std::span<const int32_t> t, std::span<const wp_token_logprobs>) {
       out.text += text;
       out.tokens.insert(out.tokens.end(), t.begin(), t.end());
       return ++steps != stop_after;
@@ -204,7 +204,7 @@ TEST_F(TransformerEngineTest, ALongPromptReportsProgressBetweenItsPiecesAndStops
   r.tokens = prompt.data();
   r.token_count = static_cast<uint32_t>(prompt.size());
   int progress = 0, tokens = 0;
-  Result<wp_generate_result> done = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> t) {
+  Result<wp_generate_result> done = engine->Generate(r, [&](std::string_view text, std::span<const int32_t> t, std::span<const wp_token_logprobs>) {
     if (text.empty() && t.empty()) {
       EXPECT_EQ(tokens, 0) << "progress comes before the first token";
       progress++;
@@ -218,7 +218,7 @@ TEST_F(TransformerEngineTest, ALongPromptReportsProgressBetweenItsPiecesAndStops
   EXPECT_EQ(done->prompt_tokens, prompt.size());
 
   Result<wp_generate_result> stopped =
-      engine->Generate(r, [&](std::string_view, std::span<const int32_t>) { return false; });
+      engine->Generate(r, [&](std::string_view, std::span<const int32_t>, std::span<const wp_token_logprobs>) { return false; });
   ASSERT_TRUE(stopped.ok()) << stopped.status().ToString();
   EXPECT_EQ(stopped->finish_reason, static_cast<uint32_t>(WP_FINISH_CANCELLED));
   EXPECT_EQ(stopped->completion_tokens, 0u) << "stopped at the first progress, within the prompt";
@@ -407,6 +407,76 @@ TEST_F(TransformerEngineTest, EmbeddingsThroughTheAbiAreTheInProcessOnesAndABadI
   Result<Engine> older = Engine::Open(&v3, spec, memory_.service());
   ASSERT_TRUE(older.ok()) << older.status().ToString();
   EXPECT_FALSE(older->embeds()) << "a version 3 vtable has no embed entry to read";
+}
+
+// Log-probabilities, checked from their definition: the log-softmax of the logits the model
+// computes for the sequence so far (recomputed here in process, in double), for the chosen token
+// and the most likely ones, most likely first; greedy chooses the first of them.
+TEST_F(TransformerEngineTest, EachTokensLogprobsAreTheLogSoftmaxOfTheModelsLogitsAtThatStep) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  const std::string prompt = "This program is free software";
+  wp_generate_request r = Greedy(prompt, 6);
+  r.logprobs = 1;
+  r.top_logprobs = 5;
+  std::vector<int32_t> tokens;
+  std::vector<wp_token_logprobs> seen;
+  std::vector<std::vector<wp_logprob>> tops;
+  std::vector<std::string> pieces;
+  Result<wp_generate_result> done = engine->Generate(
+      r, [&](std::string_view, std::span<const int32_t> t, std::span<const wp_token_logprobs> l) {
+        EXPECT_EQ(l.size(), t.size()) << "one per token";
+        tokens.insert(tokens.end(), t.begin(), t.end());
+        for (const wp_token_logprobs& x : l) {
+          seen.push_back(x);
+          tops.emplace_back(x.top, x.top + x.top_count);
+          pieces.emplace_back(x.chosen.piece.data, x.chosen.piece.bytes);
+        }
+        return true;
+      });
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ASSERT_EQ(seen.size(), tokens.size());
+  ASSERT_FALSE(tokens.empty());
+
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok());
+  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
+  CpuModel model(m->checkpoint->config(), *weights, 1);
+  std::vector<int32_t> sequence = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+  std::vector<float> logits(m->checkpoint->config().vocab_size);
+  for (size_t step = 0; step < tokens.size(); step++) {
+    KvCache cache(m->checkpoint->config(), 2048);
+    ASSERT_TRUE(model.Forward(sequence, 0, cache, logits).ok());
+    double max = -INFINITY, sum = 0;
+    for (float x : logits) max = std::max(max, double{x});
+    for (float x : logits) sum += std::exp(double{x} - max);
+    auto logprob = [&](int32_t id) { return double{logits[static_cast<size_t>(id)]} - max - std::log(sum); };
+    EXPECT_EQ(seen[step].chosen.token, tokens[step]);
+    EXPECT_NEAR(seen[step].chosen.logprob, logprob(tokens[step]), 1e-4) << "step " << step;
+    ASSERT_EQ(tops[step].size(), 5u);
+    EXPECT_EQ(tops[step][0].token, tokens[step]) << "greedy takes the most likely";
+    for (size_t i = 0; i < tops[step].size(); i++) {
+      EXPECT_NEAR(tops[step][i].logprob, logprob(tops[step][i].token), 1e-4);
+      if (i > 0) EXPECT_GE(tops[step][i - 1].logprob, tops[step][i].logprob);
+    }
+    EXPECT_EQ(pieces[step], *m->tokenizer->DecodePieces({&tokens[step], 1}));
+    sequence.push_back(tokens[step]);
+  }
+  r.top_logprobs = 21;
+  EXPECT_EQ(engine->Generate(r, [](auto, auto, auto) { return true; }).status().code(), Code::kInvalidArgument);
+}
+
+TEST(LogprobsOf, NanIsImpossibleAndTiesGoToTheLowerId) {
+  const std::vector<float> logits = {1.0f, NAN, 3.0f, 3.0f, -INFINITY};
+  TokenLogprobs l = LogprobsOf(logits, 1, 4);
+  EXPECT_EQ(l.logprob, -INFINITY) << "NaN is impossible";
+  ASSERT_EQ(l.top.size(), 4u);
+  EXPECT_EQ(l.top[0].first, 2);
+  EXPECT_EQ(l.top[1].first, 3);
+  EXPECT_EQ(l.top[2].first, 0);
+  const double total = std::exp(l.top[0].second) + std::exp(l.top[1].second) + std::exp(l.top[2].second);
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  EXPECT_EQ(LogprobsOf(std::vector<float>(3, NAN), 0, 2).logprob, -INFINITY) << "no number at all: nothing is possible";
 }
 
 TEST_F(TransformerEngineTest, ADirectoryIsNotForAVersion2EngineNorAFileForThisOne) {

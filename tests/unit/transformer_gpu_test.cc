@@ -100,7 +100,7 @@ class TransformerGpuTest : public CudaMemoryTest {
     r.set = WP_SET_TEMPERATURE;
     r.temperature = 0;
     std::vector<int32_t> tokens;
-    Result<wp_generate_result> done = engine.Generate(r, [&](std::string_view, std::span<const int32_t> t) {
+    Result<wp_generate_result> done = engine.Generate(r, [&](std::string_view, std::span<const int32_t> t, std::span<const wp_token_logprobs>) {
       tokens.insert(tokens.end(), t.begin(), t.end());
       return true;
     });

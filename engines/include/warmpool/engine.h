@@ -25,7 +25,9 @@
  * client left, the deadline passed). Its per-sequence memory is declared exactly (info.context,
  * info.kv_bytes_per_token), so that admission counts what the sequences' caches take.
  *
- * Version 4 adds embeddings: embed turns texts into vectors of info.embedding_size floats.
+ * Version 4 adds embeddings: embed turns texts into vectors of info.embedding_size floats; and
+ * log-probabilities: a generation asked for them (request.logprobs) gives each token's, and the
+ * most likely tokens' at that step, in its chunks.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -148,13 +150,32 @@ typedef struct wp_generate_request {
   const wp_string* roles;
   const wp_string* contents;
   uint32_t message_count;
+  /* Version 4 (a version 3 engine never reads them): each generated token's log-probability in
+   * the chunks (logprobs non-zero), and the top_logprobs (0 to 20) most likely tokens' at each
+   * step. Log-probabilities are the model's own: the log-softmax of its logits, before
+   * temperature, penalties and filters. */
+  uint32_t logprobs;
+  uint32_t top_logprobs;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */
+typedef struct wp_logprob {
+  int32_t token;
+  float logprob;
+  wp_string piece; /* the token's bytes (maybe part of a UTF-8 character) */
+} wp_logprob;
+typedef struct wp_token_logprobs {
+  wp_logprob chosen;
+  const wp_logprob* top; /* most likely first */
+  uint32_t top_count;
+} wp_token_logprobs;
 typedef struct wp_generate_chunk {
   wp_string text;
   const int32_t* tokens;
   uint32_t token_count;
+  /* Version 4, when asked for: one per token of this chunk (read only from a version 4 engine). */
+  const wp_token_logprobs* logprobs;
+  uint32_t logprob_count;
 } wp_generate_chunk;
 typedef enum wp_finish_reason {
   WP_FINISH_STOP = 0,      /* an end token or a stop string */
