@@ -17,13 +17,13 @@
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
 #include "engines/catalog/builtin_engines.h"
-#include "engines/transformer/embedding.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/model_directory.h"
 #include "engines/transformer/stop_strings.h"
 #include "tests/text.h"
 #include "tests/unit/temp_dir.h"
 #include "tests/unit/tiny_model.h"
+#include "tests/unit/transformer_engine_fixture.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -61,68 +61,6 @@ TEST(StopStringsTest, EmptyStopsAreIgnoredAndMultibyteTextIsNeverSplit) {
   StopStrings none({});
   EXPECT_EQ(none.Push("abc"), "abc");
 }
-
-class TransformerEngineTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    warmpool::testing::WriteTinyModel(dir_.path(), spec_);
-    directory_ = open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ASSERT_GE(directory_, 0);
-  }
-  void TearDown() override { close(directory_); }
-
-  Result<Engine> OpenDirectory() {
-    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
-    spec.has_directory = 1;
-    spec.directory_fd = directory_;
-    return Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
-  }
-  // What the in-process path generates greedily from the same directory.
-  std::vector<int32_t> Reference(const std::string& prompt, uint32_t max_tokens) {
-    Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
-    EXPECT_TRUE(m.ok()) << m.status().ToString();
-    Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
-    CpuModel model(m->checkpoint->config(), *weights, 1);
-    KvCache cache(m->checkpoint->config(), 2048);
-    GenerationRequest request;
-    request.prompt = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
-    request.max_tokens = max_tokens;
-    request.sampling.temperature = 0;
-    request.end_tokens = m->end_tokens;
-    return Generate(model, cache, request)->tokens;
-  }
-  struct Output {
-    std::string text;
-    std::vector<int32_t> tokens;
-    wp_generate_result result{};
-  };
-  static Result<Output> Run(Engine& engine, const wp_generate_request& request, int stop_after = -1) {
-    Output out;
-    int steps = 0;
-    Result<wp_generate_result> result = engine.Generate(request, [&](std::string_view text, std::span<const int32_t> t, std::span<const wp_token_logprobs>) {
-      out.text += text;
-      out.tokens.insert(out.tokens.end(), t.begin(), t.end());
-      return ++steps != stop_after;
-    });
-    if (!result.ok()) return result.status();
-    out.result = *result;
-    return out;
-  }
-  // prompt must outlive the request (a literal, or a string of the caller's).
-  static wp_generate_request Greedy(std::string_view prompt, uint32_t max_tokens) {
-    wp_generate_request r{};
-    r.prompt = {prompt.data(), prompt.size()};
-    r.max_tokens = max_tokens;
-    r.set = WP_SET_TEMPERATURE;
-    r.temperature = 0;
-    return r;
-  }
-
-  RandomCheckpoint spec_{.dtype = safetensors::DType::BF16};
-  TempDir dir_;
-  int directory_ = -1;
-  HostMemory memory_;
-};
 
 TEST_F(TransformerEngineTest, LoadedThroughTheAbiItGeneratesWhatTheInProcessPathDoes) {
   Result<Engine> engine = OpenDirectory();
@@ -355,129 +293,6 @@ TEST_F(TransformerEngineTest, ASymlinkInTheDirectoryIsRefusedNotFollowed) {
   EXPECT_TRUE(Contains(engine.status().message(), "symlink")) << engine.status().message();
 }
 
-// Embeddings through the ABI (version 4): each input on its own, as the in-process path makes it;
-// a bad input among good ones is named; a version 3 vtable does not embed.
-TEST_F(TransformerEngineTest, EmbeddingsThroughTheAbiAreTheInProcessOnesAndABadInputIsNamed) {
-  Result<Engine> engine = OpenDirectory();
-  ASSERT_TRUE(engine.ok() && engine->Load().ok());
-  ASSERT_TRUE(engine->embeds());
-  const uint32_t size = engine->info().embedding_size;
-  EXPECT_EQ(size, 64u) << "the hidden size";
-  Result<Engine::Embeddings> out = engine->Embed({"the GNU General Public License", "free software"});
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
-  ASSERT_EQ(out->values.size(), 2u * size);
-
-  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
-  ASSERT_TRUE(m.ok());
-  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
-  CpuModel model(m->checkpoint->config(), *weights, 1);
-  KvCache cache(m->checkpoint->config(), 2048);
-  CpuSequence sequence(model, cache);
-  const std::vector<int32_t> tokens = *m->tokenizer->Encode("free software", /*add_special_tokens=*/true);
-  std::vector<float> want(size);
-  ASSERT_TRUE(EmbedTokens(sequence, tokens, want).ok());
-  EXPECT_EQ(out->tokens[1], tokens.size());
-  for (uint32_t i = 0; i < size; i++) EXPECT_FLOAT_EQ(out->values[size + i], want[i]) << i;
-
-  // Progress between inputs and the pieces of a long one, in tokens of all; stopping it stops it.
-  const std::string long_input(1500, 'a');
-  std::vector<uint64_t> seen;
-  Result<Engine::Embeddings> watched = engine->Embed({"x", long_input}, [&](uint64_t done, uint64_t total) {
-    EXPECT_LT(done, total);
-    seen.push_back(done);
-    return true;
-  });
-  ASSERT_TRUE(watched.ok()) << watched.status().ToString();
-  ASSERT_GE(seen.size(), 2u) << "after the first input, and between the long one's pieces";
-  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
-  Result<Engine::Embeddings> stopped = engine->Embed({"x", long_input}, [](uint64_t, uint64_t) { return false; });
-  ASSERT_FALSE(stopped.ok());
-  EXPECT_EQ(stopped.status().code(), Code::kUnavailable);
-
-  Result<Engine::Embeddings> too_long = engine->Embed({"fine", std::string(20000, 'x')});
-  ASSERT_FALSE(too_long.ok());
-  EXPECT_EQ(too_long.status().code(), Code::kInvalidArgument);
-  EXPECT_TRUE(Contains(too_long.status().message(), "input 1")) << too_long.status().message();
-
-  wp_engine_vtable v3 = *FindBuiltinEngine("transformer");
-  v3.abi_version = 3;
-  wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
-  spec.has_directory = 1;
-  spec.directory_fd = directory_;
-  Result<Engine> older = Engine::Open(&v3, spec, memory_.service());
-  ASSERT_TRUE(older.ok()) << older.status().ToString();
-  EXPECT_FALSE(older->embeds()) << "a version 3 vtable has no embed entry to read";
-}
-
-// Log-probabilities, checked from their definition: the log-softmax of the logits the model
-// computes for the sequence so far (recomputed here in process, in double), for the chosen token
-// and the most likely ones, most likely first; greedy chooses the first of them.
-TEST_F(TransformerEngineTest, EachTokensLogprobsAreTheLogSoftmaxOfTheModelsLogitsAtThatStep) {
-  Result<Engine> engine = OpenDirectory();
-  ASSERT_TRUE(engine.ok() && engine->Load().ok());
-  const std::string prompt = "This program is free software";
-  wp_generate_request r = Greedy(prompt, 6);
-  r.logprobs = 1;
-  r.top_logprobs = 5;
-  std::vector<int32_t> tokens;
-  std::vector<wp_token_logprobs> seen;
-  std::vector<std::vector<wp_logprob>> tops;
-  std::vector<std::string> pieces;
-  Result<wp_generate_result> done = engine->Generate(
-      r, [&](std::string_view, std::span<const int32_t> t, std::span<const wp_token_logprobs> l) {
-        EXPECT_EQ(l.size(), t.size()) << "one per token";
-        tokens.insert(tokens.end(), t.begin(), t.end());
-        for (const wp_token_logprobs& x : l) {
-          seen.push_back(x);
-          tops.emplace_back(x.top, x.top + x.top_count);
-          pieces.emplace_back(x.chosen.piece.data, x.chosen.piece.bytes);
-        }
-        return true;
-      });
-  ASSERT_TRUE(done.ok()) << done.status().ToString();
-  ASSERT_EQ(seen.size(), tokens.size());
-  ASSERT_FALSE(tokens.empty());
-
-  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
-  ASSERT_TRUE(m.ok());
-  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
-  CpuModel model(m->checkpoint->config(), *weights, 1);
-  std::vector<int32_t> sequence = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
-  std::vector<float> logits(m->checkpoint->config().vocab_size);
-  for (size_t step = 0; step < tokens.size(); step++) {
-    KvCache cache(m->checkpoint->config(), 2048);
-    ASSERT_TRUE(model.Forward(sequence, 0, cache, logits).ok());
-    double max = -INFINITY, sum = 0;
-    for (float x : logits) max = std::max(max, double{x});
-    for (float x : logits) sum += std::exp(double{x} - max);
-    auto logprob = [&](int32_t id) { return double{logits[static_cast<size_t>(id)]} - max - std::log(sum); };
-    EXPECT_EQ(seen[step].chosen.token, tokens[step]);
-    EXPECT_NEAR(seen[step].chosen.logprob, logprob(tokens[step]), 1e-4) << "step " << step;
-    ASSERT_EQ(tops[step].size(), 5u);
-    EXPECT_EQ(tops[step][0].token, tokens[step]) << "greedy takes the most likely";
-    for (size_t i = 0; i < tops[step].size(); i++) {
-      EXPECT_NEAR(tops[step][i].logprob, logprob(tops[step][i].token), 1e-4);
-      if (i > 0) EXPECT_GE(tops[step][i - 1].logprob, tops[step][i].logprob);
-    }
-    EXPECT_EQ(pieces[step], *m->tokenizer->DecodePieces({&tokens[step], 1}));
-    sequence.push_back(tokens[step]);
-  }
-  r.top_logprobs = 21;
-  EXPECT_EQ(engine->Generate(r, [](auto, auto, auto) { return true; }).status().code(), Code::kInvalidArgument);
-}
-
-TEST(LogprobsOf, NanIsImpossibleAndTiesGoToTheLowerId) {
-  const std::vector<float> logits = {1.0f, NAN, 3.0f, 3.0f, -INFINITY};
-  TokenLogprobs l = LogprobsOf(logits, 1, 4);
-  EXPECT_EQ(l.logprob, -INFINITY) << "NaN is impossible";
-  ASSERT_EQ(l.top.size(), 4u);
-  EXPECT_EQ(l.top[0].first, 2);
-  EXPECT_EQ(l.top[1].first, 3);
-  EXPECT_EQ(l.top[2].first, 0);
-  const double total = std::exp(l.top[0].second) + std::exp(l.top[1].second) + std::exp(l.top[2].second);
-  EXPECT_NEAR(total, 1.0, 1e-6);
-  EXPECT_EQ(LogprobsOf(std::vector<float>(3, NAN), 0, 2).logprob, -INFINITY) << "no number at all: nothing is possible";
-}
 
 TEST_F(TransformerEngineTest, ADirectoryIsNotForAVersion2EngineNorAFileForThisOne) {
   wp_engine_vtable old = *FindBuiltinEngine("transformer");

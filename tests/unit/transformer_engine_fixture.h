@@ -1,0 +1,87 @@
+// The transformer engine behind its C ABI, on a tiny model directory (tests/unit/tiny_model.h)
+// in host memory: the fixture of transformer_engine_test.cc and transformer_outputs_test.cc.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "devmem/host_memory.h"
+#include "engines/builtin.h"
+#include "engines/catalog/builtin_engines.h"
+#include "engines/transformer/generation.h"
+#include "engines/transformer/model_directory.h"
+#include "tests/unit/temp_dir.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::transformer {
+
+class TransformerEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    warmpool::testing::WriteTinyModel(dir_.path(), spec_);
+    directory_ = open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(directory_, 0);
+  }
+  void TearDown() override { close(directory_); }
+
+  Result<Engine> OpenDirectory() {
+    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+    spec.has_directory = 1;
+    spec.directory_fd = directory_;
+    return Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
+  }
+  // What the in-process path generates greedily from the same directory.
+  std::vector<int32_t> Reference(const std::string& prompt, uint32_t max_tokens) {
+    Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
+    CpuModel model(m->checkpoint->config(), *weights, 1);
+    KvCache cache(m->checkpoint->config(), 2048);
+    GenerationRequest request;
+    request.prompt = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+    request.max_tokens = max_tokens;
+    request.sampling.temperature = 0;
+    request.end_tokens = m->end_tokens;
+    return Generate(model, cache, request)->tokens;
+  }
+  struct Output {
+    std::string text;
+    std::vector<int32_t> tokens;
+    wp_generate_result result{};
+  };
+  static Result<Output> Run(Engine& engine, const wp_generate_request& request, int stop_after = -1) {
+    Output out;
+    int steps = 0;
+    Result<wp_generate_result> result =
+        engine.Generate(request, [&](std::string_view text, std::span<const int32_t> t, std::span<const wp_token_logprobs>) {
+          out.text += text;
+          out.tokens.insert(out.tokens.end(), t.begin(), t.end());
+          return ++steps != stop_after;
+        });
+    if (!result.ok()) return result.status();
+    out.result = *result;
+    return out;
+  }
+  // prompt must outlive the request (a literal, or a string of the caller's).
+  static wp_generate_request Greedy(std::string_view prompt, uint32_t max_tokens) {
+    wp_generate_request r{};
+    r.prompt = {prompt.data(), prompt.size()};
+    r.max_tokens = max_tokens;
+    r.set = WP_SET_TEMPERATURE;
+    r.temperature = 0;
+    return r;
+  }
+
+  RandomCheckpoint spec_{.dtype = safetensors::DType::BF16};
+  warmpool::testing::TempDir dir_;
+  int directory_ = -1;
+  HostMemory memory_;
+};
+
+}  // namespace warmpool::transformer
