@@ -145,6 +145,9 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
     w.file_size = m.entry.file_size;
   }
   m.entry.workspace_bytes = w.workspace_bytes;  // what the next admission counts
+  // What an embed reply's frame bound counts (a registration from a manifest of an older daemon
+  // may not say).
+  if (w.embedding_size != 0) m.entry.embedding_size = w.embedding_size;
   m.machine.FinishLoad(std::move(w));
   CountLoad(model, shm::LoadSource::kFile, job.started_ms);
   OnReady(model, job.started_ms, "loaded");

@@ -130,6 +130,22 @@ TEST_F(CoreEmbedTest, AReplyThatWouldNotFitAFrameAndAChunkFromAnEmbeddingAreRefu
   ASSERT_EQ(replies.size(), 1u);
   EXPECT_EQ(replies[0].error().code(), v1::INVALID_ARGUMENT) << replies[0].DebugString();
   EXPECT_NE(replies[0].error().message().find("fewer inputs"), std::string::npos);
+
+  // Registered without the size (a manifest of an older daemon): the load's report says it.
+  ModelEntry unsized = LanguageModel("unsized");
+  unsized.embedding_size = 0;
+  ModelEntry as_read = unsized;
+  as_read.embedding_size = 4096;
+  CoreRig told{CoreRig::SmallConfig()};
+  told.Start({unsized});
+  told.Up(0);
+  told.Loaded(0, as_read, 100);
+  told.Forget();
+  SendEmbed(told, 5, "unsized", std::vector<std::string>(256, "x"));
+  replies = told.Replies(5);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].error().code(), v1::INVALID_ARGUMENT) << replies[0].DebugString();
+  EXPECT_NE(replies[0].error().message().find("fewer inputs"), std::string::npos);
   SendEmbed(rig, 5, "wide", {"x"});
   const uint64_t job = rig.Sent(0).at(0).infer().job();
   v1::WorkerEnvelope chunk;
