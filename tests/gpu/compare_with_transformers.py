@@ -9,9 +9,8 @@ the definition (argmax of a full recomputation each step). And the demo tokenize
 against `tokenizers` loading the same tokenizer.json, on fixed and random texts.
 
 Prints one JSON object (the last line); exit status 1 when anything differs beyond its tolerance.
-Tolerances are relative to the largest reference logit: 1e-4 for the CPU (f32 activations, weights
-widened exactly), 1e-4 for the GPU on f32 weights, 6e-2 on bf16 weights (activations narrowed to
-bf16 for each product). Greedy tokens may part only at a near tie: where they first differ, the
+Tolerances are relative to the largest reference logit: 1e-4 on f32 weights; on bf16 weights, whose
+products narrow a prompt's activations to bf16, 1e-2 for the CPU and 6e-2 for the GPU. Greedy tokens may part only at a near tie: where they first differ, the
 token warmpool chose must be within the tolerance of the best logit transformers computes for
 warmpool's own prefix. An architecture this transformers does not know is reported as skipped;
 without torch and transformers at all, the whole comparison is (exit status 0).
@@ -118,12 +117,13 @@ def compare_model(args, name, model_dir, dtype, vocab):
     ref_greedy = hf_greedy(model, tokens, args.greedy)
     cpu = probe(args, "logits", model_dir, "--tokens", joined, "--device", "cpu", "--greedy", str(args.greedy))
     gpu = probe(args, "logits", model_dir, "--tokens", joined, "--device", "gpu", "--greedy", str(args.greedy))
+    cpu_tolerance = 1e-4 if dtype == "f32" else 1e-2
     gpu_tolerance = 1e-4 if dtype == "f32" else 6e-2
     result["cpu_vs_transformers"] = worst(cpu["logits"], ref_logits)
     result["gpu_vs_transformers"] = worst(gpu["logits"], ref_logits)
     result["gpu_vs_cpu"] = worst(gpu["logits"], cpu["logits"])
     result["gpu_device"] = gpu["device"]
-    ok = result["cpu_vs_transformers"] <= 1e-4 and result["gpu_vs_transformers"] <= gpu_tolerance
+    ok = result["cpu_vs_transformers"] <= cpu_tolerance and result["gpu_vs_transformers"] <= gpu_tolerance
     if dtype == "f32":
         result["greedy_cpu_equal"] = cpu["greedy"] == ref_greedy
         result["greedy_gpu_equal"] = gpu["greedy"] == ref_greedy

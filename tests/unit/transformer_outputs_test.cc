@@ -103,11 +103,16 @@ TEST_F(TransformerEngineTest, EachTokensLogprobsAreTheLogSoftmaxOfTheModelsLogit
   ASSERT_TRUE(m.ok());
   Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
   CpuModel model(m->checkpoint->config(), *weights, 1);
-  std::vector<int32_t> sequence = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+  // The logits as the model computes them at each step: the prompt, then a token at a time.
+  const std::vector<int32_t> prompt_tokens = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
   std::vector<float> logits(m->checkpoint->config().vocab_size);
+  KvCache cache(m->checkpoint->config(), 2048);
+  ASSERT_TRUE(model.Forward(prompt_tokens, 0, cache, logits).ok());
   for (size_t step = 0; step < tokens.size(); step++) {
-    KvCache cache(m->checkpoint->config(), 2048);
-    ASSERT_TRUE(model.Forward(sequence, 0, cache, logits).ok());
+    if (step > 0) {
+      const auto position = static_cast<uint32_t>(prompt_tokens.size() + step - 1);
+      ASSERT_TRUE(model.Forward({&tokens[step - 1], 1}, position, cache, logits).ok());
+    }
     double max = -INFINITY, sum = 0;
     for (float x : logits) max = std::max(max, double{x});
     for (float x : logits) sum += std::exp(double{x} - max);
@@ -123,7 +128,6 @@ TEST_F(TransformerEngineTest, EachTokensLogprobsAreTheLogSoftmaxOfTheModelsLogit
       }
     }
     EXPECT_EQ(pieces[step], *m->tokenizer->DecodePieces({&tokens[step], 1}));
-    sequence.push_back(tokens[step]);
   }
   r.top_logprobs = 21;
   EXPECT_EQ(engine->Generate(r, [](auto, auto, auto) { return true; }).status().code(), Code::kInvalidArgument);
