@@ -256,13 +256,13 @@ class Core {
   void StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer);
   void OnInferDone(Job& job, v1::WorkerInferDone& done);
   // Generations (core/generate.cc): dispatched, streamed, answered, cancelled.
-  void DispatchGenerate(uint32_t model, uint32_t worker, Waiter&& waiter);
+  // A generation or embeddings (core/generate.cc): alone on the worker, never batched.
+  void DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter);
   void OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk);
   void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
   void AnswerGenerate(Job& job, v1::WorkerInferDone& done);
   void CancelGenerations(uint64_t session);
   // Embeddings (core/embed.cc): an inference whose answer is vectors.
-  void DispatchEmbed(uint32_t model, uint32_t worker, Waiter&& waiter);
   void AnswerEmbed(Job& job, v1::WorkerInferDone& done);
   // An inference of the model's current registration ended: its counts, keep_alive, its queue.
   void DoneOnCurrent(uint32_t model);

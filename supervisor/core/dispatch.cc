@@ -86,8 +86,7 @@ void Core::DrainReady(uint32_t model) {
 }
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
-  if (waiter.generate) return DispatchGenerate(model, worker, std::move(waiter));
-  if (waiter.embed) return DispatchEmbed(model, worker, std::move(waiter));
+  if (waiter.generate || waiter.embed) return DispatchLanguageJob(model, worker, std::move(waiter));
   Model& m = models_[model];
   const Weights& weights = m.machine.As<Ready>()->weights;
   const v1::Tensor& input = waiter.infer.input();

@@ -47,21 +47,6 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
   EnqueueHeld(model, std::move(waiter), bytes);
 }
 
-void Core::DispatchEmbed(uint32_t model, uint32_t worker, Waiter&& waiter) {
-  Job job = InferJobFor(model, worker, waiter);
-  job.embed = std::move(waiter.embed);
-  job.frame_bytes = job.embed->ByteSizeLong() +
-                    EmbedReplyBytes(job.embed->input_size(), models_[model].entry.embedding_size);
-  v1::WorkerEnvelope message;
-  v1::WorkerInfer* infer = message.mutable_infer();
-  for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
-  const uint64_t id = NewJob(std::move(job));
-  const Job& stored = jobs_[id];
-  StartInferJob(model, id, infer);
-  *infer->mutable_embed() = *stored.embed;  // kept with the job for a retry
-  Send(worker, message);
-}
-
 void Core::AnswerEmbed(Job& job, v1::WorkerInferDone& done) {
   if (done.has_error()) {
     return AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));

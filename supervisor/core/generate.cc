@@ -65,17 +65,23 @@ void Core::EnqueueHeld(uint32_t model, Waiter&& waiter, uint64_t bytes) {
   Enqueue(model, std::move(waiter));
 }
 
-void Core::DispatchGenerate(uint32_t model, uint32_t worker, Waiter&& waiter) {
+void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter) {
   Job job = InferJobFor(model, worker, waiter);
   job.generate = std::move(waiter.generate);
-  job.frame_bytes = job.generate->ByteSizeLong();
+  job.embed = std::move(waiter.embed);
+  // In the worker's channel: the request, and for embeddings the reply's vectors too.
+  job.frame_bytes = job.generate ? job.generate->ByteSizeLong()
+                                 : job.embed->ByteSizeLong() + EmbedReplyBytes(job.embed->input_size(),
+                                                                               models_[model].entry.embedding_size);
   v1::WorkerEnvelope message;
   v1::WorkerInfer* infer = message.mutable_infer();
   for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
   const uint64_t id = NewJob(std::move(job));
   const Job& stored = jobs_[id];
   StartInferJob(model, id, infer);
-  *infer->mutable_generate() = *stored.generate;  // kept with the job for a retry
+  // Copied into the frame: the job keeps its request for a retry.
+  if (stored.generate) *infer->mutable_generate() = *stored.generate;
+  if (stored.embed) *infer->mutable_embed() = *stored.embed;
   Send(worker, message);
 }
 
