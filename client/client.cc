@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/utf8.h"
+#include "engines/tensors/tensor_proto.h"
 #include "ipc/framing.h"
 #include "common/paths.h"
 
@@ -159,6 +160,22 @@ Result<v1::EmbedReply> Client::Embed(v1::EmbedRequest request) {
   if (!reply.ok()) return reply.status();
   if (!reply->has_embed_reply()) return Error(Code::kInternal, "warmpoold answered an embed request with something else");
   return std::move(*reply->mutable_embed_reply());
+}
+
+Result<v1::InferReply> Client::InferTensors(const std::string& model, std::vector<v1::NamedTensor> inputs,
+                                            const InferOptions& options) {
+  v1::Envelope envelope;
+  v1::InferRequest* infer = envelope.mutable_infer();
+  infer->set_model(model);
+  infer->set_deadline_ms(options.deadline_ms);
+  if (options.keep_alive_ms) infer->set_keep_alive_ms(*options.keep_alive_ms);
+  for (v1::NamedTensor& t : inputs) *infer->add_inputs() = std::move(t);
+  if (infer->inputs_size() == 0) return Error(Code::kInvalidArgument, "no input tensors");
+  if (Status s = tensors::CheckNamedTensors(infer->inputs(), "input"); !s.ok()) return s;
+  Result<v1::Envelope> reply = Call(std::move(envelope));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_infer_reply()) return Error(Code::kInternal, "warmpoold answered an infer request with something else");
+  return std::move(*reply->mutable_infer_reply());
 }
 
 Result<uint64_t> Client::SendInfer(const std::string& model, const Matrix& input,

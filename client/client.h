@@ -52,6 +52,10 @@ class Client {
                                      const std::function<void(const v1::GenerateChunk&)>& on_chunk = nullptr);
   // Embeddings from a language model: one per input, in order, each at unit length.
   Result<v1::EmbedReply> Embed(v1::EmbedRequest request);
+  // Typed tensors (client/typed_tensors.h builds them): the outputs the model's engine gives, by
+  // name. Checked here first (well-formed, distinct names), as the daemon will.
+  Result<v1::InferReply> InferTensors(const std::string& model, std::vector<v1::NamedTensor> inputs,
+                                      const InferOptions& options = {});
   Result<v1::LoadReply> Load(const std::string& model, const LoadOptions& options = {});
   // park: keep a host copy (the daemon's park budget) so that the next load is a copy back.
   warmpool::Status Unload(const std::string& model, bool park = false);

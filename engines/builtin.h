@@ -76,6 +76,22 @@ class Engine {
   // progress: as load's (tokens run so far of all), returning false to stop (UNAVAILABLE).
   Result<Embeddings> Embed(const std::vector<std::string>& inputs, const ProgressFn& progress = nullptr);
 
+  // Version 5: typed tensors (engines/engine_tensors.cc).
+  bool runs_tensors() const { return vtable_->abi_version >= 5 && vtable_->run != nullptr; }
+  // What run takes and gives; `stated` false when the engine states nothing (it takes any
+  // well-formed tensors). The spans are the engine's, valid until it closes.
+  struct TensorSignature {
+    bool stated = false;
+    std::span<const wp_tensor> inputs, outputs;
+  };
+  Result<TensorSignature> Signature() const;
+  // Checks the inputs (well-formed, and as the signature says), runs them, and passes each output
+  // to sink once it is checked too (well-formed, named in the signature, each once; all of them
+  // given): an engine's mistake is an INTERNAL error, not a malformed reply. A sink's error stops
+  // the run and is what Run returns.
+  using SinkFn = std::function<Status(const wp_tensor& output)>;
+  Status Run(std::span<const wp_tensor> inputs, const SinkFn& sink);
+
   const wp_engine_info& info() const { return info_; }
   const wp_engine_vtable& vtable() const { return *vtable_; }
   uint32_t OutputColumns(uint32_t cols) const { return info_.out_features != 0 ? info_.out_features : cols; }

@@ -58,6 +58,8 @@ struct DenseEngine {
   dense::StoredBytes stored;          // where the layers find each tensor's stored bytes
   std::unique_ptr<dense::CpuLayers> cpu;  // the layers on the CPU, when not on the GPU
   std::unique_ptr<dense::GpuRunner> gpu;  // on_device, when the GPU kernels started
+  // run (ABI version 5): "input" f32 [rows, in_features] to "output" f32 [rows, out_features].
+  wp_tensor signature[2]{};
 };
 
 DenseEngine* AsDense(wp_engine* engine) { return reinterpret_cast<DenseEngine*>(engine); }
@@ -229,6 +231,8 @@ Status Open(const wp_engine_spec* spec, const wp_device_memory* memory, DenseEng
   info.in_features = engine.model.in_features;
   info.out_features = engine.model.out_features;
   info.max_batch = dense::kMaxBatch;
+  engine.signature[0] = {"input", WP_DTYPE_F32, 2, {-1, engine.model.in_features}, nullptr, 0};
+  engine.signature[1] = {"output", WP_DTYPE_F32, 2, {-1, engine.model.out_features}, nullptr, 0};
   return OkStatus();
 }
 
@@ -358,6 +362,39 @@ wp_status DenseInfer(wp_engine* engine, const float* input, uint32_t rows, uint3
   }
 }
 
+wp_status DenseSignature(wp_engine* engine, const wp_tensor** inputs, uint32_t* input_count,
+                         const wp_tensor** outputs, uint32_t* output_count) {
+  DenseEngine* dense = AsDense(engine);
+  *inputs = &dense->signature[0];
+  *outputs = &dense->signature[1];
+  *input_count = *output_count = 1;
+  return WP_OK;
+}
+
+// The worker has checked the input against the signature (and aligned its data).
+wp_status DenseRun(wp_engine* engine, const wp_tensor* inputs, uint32_t, wp_tensor_sink_fn sink, void* sink_ctx,
+                   char* err, size_t err_len) {
+  DenseEngine& dense = *AsDense(engine);
+  const int64_t rows = inputs[0].shape[0];
+  if (rows > int64_t{UINT32_MAX}) {
+    return WpFromStatus(Error(Code::kInvalidArgument, "{} rows: at most {} in one call", rows, UINT32_MAX), err,
+                        err_len);
+  }
+  try {
+    std::vector<float> output(static_cast<size_t>(rows) * dense.model.out_features);
+    Status status = Infer(dense, static_cast<const float*>(inputs[0].data), static_cast<uint32_t>(rows),
+                          dense.model.in_features, output.data());
+    if (!status.ok()) return WpFromStatus(status, err, err_len);
+    wp_tensor out = dense.signature[1];
+    out.shape[0] = rows;
+    out.data = output.data();
+    out.bytes = output.size() * sizeof(float);
+    return sink(sink_ctx, &out);
+  } catch (const std::exception& e) {
+    return WpFromStatus(Error(Code::kInternal, "dense: run failed: {}", e.what()), err, err_len);
+  }
+}
+
 wp_status DenseExport(wp_engine* engine, wp_region* out) {
   if (engine == nullptr || out == nullptr || !AsDense(engine)->loaded) return WP_FAILED_PRECONDITION;
   *out = AsDense(engine)->weights;
@@ -385,7 +422,9 @@ void DenseClose(wp_engine* engine) {
 const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense",      &DenseOpen,
                                        &DenseLoad,            &DenseInfer,  &DenseClose,
                                        &DenseExport,          &DenseAttach,
-                                       /*describe=*/nullptr,  /*generate=*/nullptr};
+                                       /*describe=*/nullptr,  /*generate=*/nullptr,
+                                       /*embed=*/nullptr,     &DenseSignature,
+                                       &DenseRun};
 
 }  // namespace
 }  // namespace warmpool

@@ -22,7 +22,7 @@ wp_status EchoOpen(const wp_engine_spec* spec, const wp_device_memory* memory, w
   auto* engine = new (std::nothrow) EchoEngine();
   if (engine == nullptr) return WpFromStatus(Error(Code::kResourceExhausted, "echo: out of memory"), err, err_len);
   *out = reinterpret_cast<wp_engine*>(engine);
-  *info = wp_engine_info{0, 0, 0, 0, dense::kMaxBatch, 0, 0, 0};
+  *info = wp_engine_info{0, 0, 0, 0, dense::kMaxBatch, 0, 0, 0, 0};
   return WP_OK;
 }
 
@@ -46,15 +46,26 @@ wp_status EchoInfer(wp_engine* engine, const float* input, uint32_t rows, uint32
   return WP_OK;
 }
 
+// Typed tensors: every input back as an output of its name (no signature: any tensors).
+wp_status EchoRun(wp_engine*, const wp_tensor* inputs, uint32_t input_count, wp_tensor_sink_fn sink, void* sink_ctx,
+                  char*, size_t) {
+  for (uint32_t i = 0; i < input_count; i++) {
+    if (wp_status s = sink(sink_ctx, &inputs[i]); s != WP_OK) return s;
+  }
+  return WP_OK;
+}
+
 void EchoClose(wp_engine* engine) { delete AsEcho(engine); }
 
 // Echo holds no weights: nothing to export, and attaching needs none.
 wp_status EchoExport(wp_engine*, wp_region*) { return WP_NOT_FOUND; }
 wp_status EchoAttach(wp_engine*, const wp_region*, char*, size_t) { return WP_OK; }
 
-const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION, "echo",     &EchoOpen,   &EchoLoad,
-                                      &EchoInfer,            &EchoClose, &EchoExport, &EchoAttach,
-                                      /*describe=*/nullptr,  /*generate=*/nullptr};
+const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION,      "echo",     &EchoOpen,   &EchoLoad,
+                                      &EchoInfer,                 &EchoClose, &EchoExport, &EchoAttach,
+                                      /*describe=*/nullptr,       /*generate=*/nullptr,
+                                      /*embed=*/nullptr,          /*tensor_signature=*/nullptr,
+                                      &EchoRun};
 
 }  // namespace
 }  // namespace warmpool

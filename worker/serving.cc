@@ -70,6 +70,10 @@ int Serving::Run() {
           HandleEmbed(infer);
           break;
         }
+        if (infer.inputs_size() > 0) {  // typed tensors: never batched
+          HandleInferTensors(infer);
+          break;
+        }
         if (infer.has_input_region() || infer.has_output_region()) {  // never batched
           HandleInfer(infer, in.regions);
           break;

@@ -60,6 +60,8 @@ class Serving {
   // Runs one request alone (worker/infer.cc); takes (and closes) its regions' descriptors.
   void HandleInfer(const v1::WorkerInfer& request, RegionFds regions);
   void HandleInfer(const v1::WorkerInfer& request) { HandleInfer(request, RegionFds()); }
+  // Typed tensors (worker/infer_tensors.cc): one engine run, alone.
+  void HandleInferTensors(const v1::WorkerInfer& request);
   // A language model's generation (worker/generate.cc): chunks as it goes, then the done message.
   // Between steps it reads what the supervisor sent meanwhile: a cancel of this job ends it,
   // control frames are handled, jobs wait in deferred_ (loads and attaches too: an unload before

@@ -1,4 +1,4 @@
-// The transformer engine behind the C ABI (engine.h, version 3): a Hugging Face decoder directory
+// The transformer engine behind the C ABI (engine.h, version 5): a Hugging Face decoder directory
 // served on the CPU, or on a GPU when the worker's memory is a device's. Its weights region holds
 // every tensor as stored and the tokenizer's file (engines/transformer/packed_model.h), so that
 // replicas, respawned workers and unparks attach it without the directory. One sequence at a time:
@@ -260,10 +260,59 @@ wp_status EmbedCall(wp_engine* engine, const wp_string* inputs, uint32_t input_c
   });
 }
 
+wp_status SignatureCall(wp_engine* engine, const wp_tensor** inputs, uint32_t* input_count, const wp_tensor** outputs,
+                        uint32_t* output_count) {
+  TransformerEngine& e = *As(engine);
+  *inputs = &e.signature[0];
+  *outputs = &e.signature[1];
+  *input_count = *output_count = 1;
+  return WP_OK;
+}
+
+// Typed tensors: the logits after a run of token ids from position 0 (what Hugging Face's
+// model(input_ids).logits[-1] is), in pieces of kPrefillPiece as a prompt. The worker has checked
+// the input against the signature.
+Status RunTokens(TransformerEngine& e, const wp_tensor& ids, wp_tensor_sink_fn sink, void* sink_ctx) {
+  if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  const Config& config = e.sequence->config();
+  const uint64_t count = static_cast<uint64_t>(ids.shape[0]);
+  if (count == 0 || count > e.sequence->context()) {
+    return Error(Code::kInvalidArgument, "input_ids holds {} tokens: 1 to the context's {}", count,
+                 e.sequence->context());
+  }
+  std::vector<int32_t> tokens(count);
+  const auto* values = static_cast<const int64_t*>(ids.data);
+  for (uint64_t i = 0; i < count; i++) {
+    if (values[i] < 0 || values[i] >= config.vocab_size) {
+      return Error(Code::kInvalidArgument, "input_ids[{}] is {}: token ids run from 0 to {}", i, values[i],
+                   config.vocab_size - 1);
+    }
+    tokens[i] = static_cast<int32_t>(values[i]);
+  }
+  std::vector<float> logits(config.vocab_size);
+  std::span<const int32_t> all(tokens);
+  for (size_t done = 0; done < count; done += kPrefillPiece) {
+    const size_t piece = std::min<size_t>(kPrefillPiece, count - done);
+    if (Status s = e.sequence->Forward(all.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) {
+      return s;
+    }
+  }
+  wp_tensor out = e.signature[1];
+  out.data = logits.data();
+  out.bytes = logits.size() * sizeof(float);
+  const wp_status taken = sink(sink_ctx, &out);
+  return taken == WP_OK ? OkStatus() : Status(CodeFromInt(taken), "the logits were refused");
+}
+
+wp_status RunCall(wp_engine* engine, const wp_tensor* inputs, uint32_t, wp_tensor_sink_fn sink, void* sink_ctx,
+                  char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] { return RunTokens(*As(engine), inputs[0], sink, sink_ctx); });
+}
+
 const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer", &OpenCall,   &LoadCall,     &InferCall,
     &CloseCall,            &ExportCall,   &AttachCall, &DescribeCall, &GenerateCall,
-    &EmbedCall,
+    &EmbedCall,            &SignatureCall, &RunCall,
 };
 
 }  // namespace

@@ -131,6 +131,8 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   info.sequences = 1;
   info.embedding_size = e.packed.config.hidden_size;
   info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
+  e.signature[0] = {"input_ids", WP_DTYPE_I64, 1, {-1}, nullptr, 0};
+  e.signature[1] = {"logits", WP_DTYPE_F32, 1, {e.packed.config.vocab_size}, nullptr, 0};
   return OkStatus();
 }
 

@@ -36,6 +36,8 @@ struct TransformerEngine {
   std::unique_ptr<CpuModel> model;       // on the CPU
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<Sequence> sequence;    // what generates: the CPU's, or the GPU's
+  // run (ABI version 5): "input_ids" i64 [tokens] to "logits" f32 [vocab_size], the next token's.
+  wp_tensor signature[2]{};
 
   ~TransformerEngine() {
     sequence.reset();  // before the weights it reads go

@@ -262,6 +262,8 @@ class Core {
   void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
   void AnswerGenerate(Job& job, v1::WorkerInferDone& done);
   void CancelGenerations(uint64_t session);
+  // Typed tensors (core/dispatch.cc): alone on the worker, never batched.
+  void DispatchTyped(uint32_t model, uint32_t worker, Waiter&& waiter);
   // Embeddings (core/embed.cc): an inference whose answer is vectors.
   void AnswerEmbed(Job& job, v1::WorkerInferDone& done);
   // An inference of the model's current registration ended: its counts, keep_alive, its queue.

@@ -41,7 +41,7 @@ void Core::DrainReady(uint32_t model) {
       shm::Observe(segment_.model_stats(model).queue_seconds,
                    (MonoMs() - w.call.accepted_ms) * 1'000'000);
     }
-    uint64_t bytes = w.infer.input().data().size();
+    uint64_t bytes = records::RequestDataBytes(w.infer);
     Dispatch(model, worker, std::move(w));
     views[worker].outstanding++;
     views[worker].pending_bytes += bytes;
@@ -87,6 +87,7 @@ void Core::DrainReady(uint32_t model) {
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   if (waiter.generate || waiter.embed) return DispatchLanguageJob(model, worker, std::move(waiter));
+  if (waiter.infer.inputs_size() > 0) return DispatchTyped(model, worker, std::move(waiter));
   Model& m = models_[model];
   const Weights& weights = m.machine.As<Ready>()->weights;
   const v1::Tensor& input = waiter.infer.input();
@@ -160,6 +161,25 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   (void)infer->unsafe_arena_release_input();
 }
 
+// Typed tensors: alone on the worker (their shapes are the engine's to judge), the outputs bounded
+// by a reply's frame, which only the worker can count.
+void Core::DispatchTyped(uint32_t model, uint32_t worker, Waiter&& waiter) {
+  Job job = InferJobFor(model, worker, waiter);
+  job.request = std::move(waiter.infer);
+  job.frame_bytes = records::RequestDataBytes(job.request);
+  v1::WorkerEnvelope message;
+  v1::WorkerInfer* infer = message.mutable_infer();
+  for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
+  infer->set_max_output_bytes(config_.max_frame_bytes - std::min<uint64_t>(config_.max_frame_bytes / 2, 1024));
+  const uint64_t id = NewJob(std::move(job));
+  StartInferJob(model, id, infer);
+  // The inputs are lent to the message while it is serialised, and stay with the job for a retry.
+  v1::InferRequest& kept = jobs_[id].request;
+  infer->mutable_inputs()->Swap(kept.mutable_inputs());
+  Send(worker, message, {});
+  infer->mutable_inputs()->Swap(kept.mutable_inputs());
+}
+
 Core::Job Core::InferJobFor(uint32_t model, uint32_t worker, const Waiter& waiter) const {
   Job job{.kind = Job::Kind::kInfer, .worker = worker, .model = model};
   job.call = waiter.call;
@@ -199,7 +219,8 @@ void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
       AnswerError(job.call, Status(CodeFromInt(done.error().code()), done.error().message()));
     } else {
       v1::Envelope reply;
-      reply.mutable_infer_reply()->set_allocated_output(done.release_output());
+      if (done.has_output()) reply.mutable_infer_reply()->set_allocated_output(done.release_output());
+      reply.mutable_infer_reply()->mutable_outputs()->Swap(done.mutable_outputs());
       reply.mutable_infer_reply()->set_batch_rows(done.batch_rows());
       reply.mutable_infer_reply()->set_output_in_region(done.output_in_region());
       Answer(job.call, std::move(reply));

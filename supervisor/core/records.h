@@ -27,6 +27,11 @@ struct Call {
   uint64_t bytes = 0;
   uint64_t accepted_ms = 0;  // when the request came in (queue wait, shm/stats.h)
 };
+// What an infer request holds in the frame: its matrix, or its typed tensors.
+inline uint64_t RequestDataBytes(const v1::InferRequest& r) {
+  return r.inputs_size() > 0 ? r.ByteSizeLong() : r.input().data().size();
+}
+
 // A request waiting for its model to be loaded, for room to load it, or for room in a worker.
 struct Waiter {
   Call call;

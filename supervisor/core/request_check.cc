@@ -1,6 +1,7 @@
 #include "supervisor/core/request_check.h"
 
 #include "common/utf8.h"
+#include "engines/tensors/tensor_proto.h"
 #include "ipc/error_proto.h"
 #include "ipc/fault_spec.h"
 #include "ipc/framing.h"
@@ -83,6 +84,15 @@ Status CheckGenerate(const v1::GenerateRequest& g) {
   return OkStatus();
 }
 
+// Typed tensors instead of a matrix: well-formed, in the frame (regions carry matrices only).
+Status CheckTypedInputs(const v1::InferRequest& infer) {
+  if (infer.has_input() || infer.has_input_region() || infer.has_output_region()) {
+    return Error(Code::kInvalidArgument,
+                 "an infer request sends typed tensors (inputs) or a matrix (input, regions), not both");
+  }
+  return tensors::CheckNamedTensors(infer.inputs(), "input");
+}
+
 Status CheckRegionInput(const v1::InferRequest& infer) {
   const v1::Tensor& input = infer.input();
   if (Status s = CheckSlice(infer.input_region(), "input_region"); !s.ok()) return s;
@@ -132,6 +142,10 @@ Status CheckRequest(const v1::Envelope& request) {
     case v1::Envelope::kInfer: {
       // The shape first, as the daemon has always judged it.
       const v1::InferRequest& infer = request.infer();
+      if (infer.inputs_size() > 0) {
+        if (Status s = CheckTypedInputs(infer); !s.ok()) return s;
+        return CheckModelName(infer.model());
+      }
       Status shape = infer.has_input_region() ? CheckRegionInput(infer) : CheckInferInput(infer.input());
       if (!shape.ok()) return shape;
       if (infer.has_output_region()) {

@@ -254,9 +254,10 @@ void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   if (!found.ok()) return AnswerError(call, found.status());
   uint32_t model = *found;
   Model& m = models_[model];
-  if (m.entry.generates()) {
+  if (m.entry.generates() && request.inputs_size() == 0) {
     return AnswerError(call, Error(Code::kFailedPrecondition,
-                                   "model \"{}\" is a language model: send it a generate request, not a tensor",
+                                   "model \"{}\" is a language model: send it a generate request, or typed "
+                                   "tensors (inputs), not a matrix",
                                    m.entry.name));
   }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
@@ -267,7 +268,7 @@ void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   }
   // What the daemon holds of requests is bounded, per connection and in all: a client that
   // pipelines large inputs is told to wait for its replies instead of growing the daemon.
-  uint64_t bytes = request.input().data().size();
+  uint64_t bytes = records::RequestDataBytes(request);
   if (Status s = CheckRegions(call.session, request); !s.ok()) return AnswerError(call, s);
   Session& session = sessions_[call.session];
   if (session.held_bytes + bytes > config_.max_queued_bytes_per_connection) {

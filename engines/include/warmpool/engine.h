@@ -1,5 +1,5 @@
-/* warmpool engine ABI, version 3 (engines of version 2 keep loading: everything version 3 added
- * lies at the ends of the structs, and a version 2 engine never reads or writes it).
+/* warmpool engine ABI, version 5 (engines of versions 2 to 4 keep loading: everything a version
+ * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
  * so that engines can be built outside this repository and loaded from a configured directory.
@@ -28,6 +28,11 @@
  * Version 4 adds embeddings: embed turns texts into vectors of info.embedding_size floats; and
  * log-probabilities: a generation asked for them (request.logprobs) gives each token's, and the
  * most likely tokens' at that step, in its chunks.
+ *
+ * Version 5 adds typed tensors: run takes named tensors of any element type (wp_dtype) and shape
+ * and gives named tensors back, for models whose inputs are not one f32 matrix (token ids in and
+ * logits out, images, strings). An engine states what it takes and gives (tensor_signature); the
+ * worker checks every request against that statement before run is called.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -39,7 +44,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 4u
+#define WP_ENGINE_ABI_VERSION 5u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -196,6 +201,31 @@ typedef int (*wp_emit_fn)(void* ctx, const wp_generate_chunk* chunk);
  * call it from threads of its own, but never two calls at once, and done_bytes never goes back. */
 typedef int (*wp_progress_fn)(void* ctx, uint64_t done_bytes, uint64_t total_bytes);
 
+/* Version 5: element types of typed tensors. Values match warmpool.v1.DType. */
+typedef enum wp_dtype {
+  WP_DTYPE_F32 = 1,
+  WP_DTYPE_F16 = 2,   /* IEEE 754 binary16 */
+  WP_DTYPE_BF16 = 3,  /* the upper half of an f32 */
+  WP_DTYPE_I32 = 4,
+  WP_DTYPE_I64 = 5,
+  WP_DTYPE_BYTES = 6, /* each element: a little-endian uint32 length, then that many bytes */
+} wp_dtype;
+#define WP_TENSOR_MAX_RANK 8
+/* A named tensor: its elements little-endian in row-major order. Every size of a request's tensor
+ * is >= 0; in a signature a size of -1 means any (the request chooses it). The data a worker passes
+ * is aligned to 8 bytes; an engine's outputs need no alignment. */
+typedef struct wp_tensor {
+  const char* name; /* NUL-terminated UTF-8, 1 to 64 bytes */
+  uint32_t dtype;   /* wp_dtype */
+  uint32_t rank;    /* sizes used in shape; 0: a scalar (one element) */
+  int64_t shape[WP_TENSOR_MAX_RANK];
+  const void* data; /* NULL in a signature */
+  uint64_t bytes;   /* of data: elements x their size; for BYTES the lengths and bytes together */
+} wp_tensor;
+/* Takes one output of run; copies what it needs before it returns. A status other than WP_OK
+ * refuses it (too large for a reply, say): run then stops and returns that status. */
+typedef wp_status (*wp_tensor_sink_fn)(void* ctx, const wp_tensor* output);
+
 typedef struct wp_engine wp_engine; /* opaque engine instance */
 
 typedef struct wp_engine_vtable {
@@ -239,6 +269,19 @@ typedef struct wp_engine_vtable {
   wp_status (*embed)(wp_engine* engine, const wp_string* inputs, uint32_t input_count, float* embeddings,
                      uint32_t* input_tokens, wp_progress_fn progress, void* progress_ctx, char* err,
                      size_t err_len);
+
+  /* Version 5 (NULL where the engine does not do it). */
+  /* After open: the inputs run takes and the outputs it gives (data NULL; -1 for sizes any
+   * request chooses), valid until close. A request's inputs are exactly these names, each of this
+   * dtype and rank and of these sizes where they are not -1; the worker refuses any other before
+   * run. NULL here (with run set): the engine takes any well-formed tensors and checks them itself. */
+  wp_status (*tensor_signature)(wp_engine* engine, const wp_tensor** inputs, uint32_t* input_count,
+                                const wp_tensor** outputs, uint32_t* output_count);
+  /* Runs one request of typed tensors (well-formed: sizes and bytes agree, BYTES elements whole),
+   * calling sink once per output. Inputs the engine cannot use are WP_INVALID_ARGUMENT. Threads
+   * and the in-flight marker as infer: run is one short call, with no progress and no stop. */
+  wp_status (*run)(wp_engine* engine, const wp_tensor* inputs, uint32_t input_count, wp_tensor_sink_fn sink,
+                   void* sink_ctx, char* err, size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
