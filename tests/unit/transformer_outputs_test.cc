@@ -3,6 +3,7 @@
 // of the logits the model computes, recomputed here from the definition.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -145,5 +146,57 @@ TEST(LogprobsOf, NanIsImpossibleAndTiesGoToTheLowerId) {
   EXPECT_NEAR(total, 1.0, 1e-6);
   EXPECT_EQ(LogprobsOf(std::vector<float>(3, NAN), 0, 2).logprob, -INFINITY) << "no number at all: nothing is possible";
 }
+// Typed tensors (version 5): input_ids in, the next token's logits out, as the model computes them
+// for that run of tokens (in pieces, as a prompt: 300 tokens take two); bad ids are named.
+TEST_F(TransformerEngineTest, TypedTensorsGiveTheLogitsAfterARunOfTokenIds) {
+  Result<Engine> engine = OpenDirectory();
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  Result<Engine::TensorSignature> signature = engine->Signature();
+  ASSERT_TRUE(signature.ok() && signature->stated);
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok());
+  const Config& config = m->checkpoint->config();
+  EXPECT_EQ(signature->outputs[0].shape[0], config.vocab_size);
+
+  std::vector<int64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); i++) ids[i] = static_cast<int64_t>((i * 37 + 5) % config.vocab_size);
+  auto run = [&](std::vector<int64_t> values, std::vector<float>* logits = nullptr) {
+    wp_tensor in{"input_ids", WP_DTYPE_I64, 1, {static_cast<int64_t>(values.size())}, values.data(),
+                 values.size() * sizeof(int64_t)};
+    return engine->Run(std::span(&in, 1), [&](const wp_tensor& out) {
+      EXPECT_STREQ(out.name, "logits");
+      if (logits != nullptr) {
+        logits->resize(out.bytes / sizeof(float));
+        std::memcpy(logits->data(), out.data, out.bytes);
+      }
+      return OkStatus();
+    });
+  };
+  std::vector<float> got;
+  ASSERT_TRUE(run(ids, &got).ok());
+
+  Result<ModelWeights> weights = BindWeights(config, m->checkpoint->tensors(), "tiny");
+  CpuModel model(config, *weights, 1);
+  KvCache cache(config, 2048);
+  CpuSequence sequence(model, cache);
+  std::vector<int32_t> tokens(ids.begin(), ids.end());
+  std::vector<float> want(config.vocab_size);
+  ASSERT_TRUE(sequence.Forward(tokens, 0, want).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << i;
+
+  Status out_of_range = run({1, static_cast<int64_t>(config.vocab_size)});
+  EXPECT_EQ(out_of_range.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(out_of_range.message(), "input_ids[1] is")) << out_of_range.message();
+  EXPECT_EQ(run({-1}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(run({int64_t{1} << 40}).code(), Code::kInvalidArgument) << "no wrap to a small id";
+  EXPECT_EQ(run({}).code(), Code::kInvalidArgument) << "no tokens";
+  EXPECT_EQ(run(std::vector<int64_t>(engine->info().context + 1, 1)).code(), Code::kInvalidArgument);
+  const int32_t narrow[2] = {1, 2};
+  wp_tensor i32{"input_ids", WP_DTYPE_I32, 1, {2}, narrow, sizeof(narrow)};
+  Status wrong = engine->Run(std::span(&i32, 1), [](const wp_tensor&) { return OkStatus(); });
+  EXPECT_TRUE(Contains(wrong.message(), "the model takes i64 [-1]")) << wrong.message();
+}
+
 }  // namespace
 }  // namespace warmpool::transformer

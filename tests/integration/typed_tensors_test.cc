@@ -1,0 +1,152 @@
+// Typed tensors through warmpoold (InferRequest.inputs, engine ABI version 5): every dtype through
+// the echo engine, a dense model's run equal to its inference, a language model's logits; bad
+// tensors refused with typed errors before any worker, or by the engine's signature, while every
+// model keeps serving; outputs too large for a reply; a worker killed mid-run, the request retried.
+#include <cstring>
+
+#include "client/typed_tensors.h"
+#include "tests/integration/daemon_fixture.h"
+#include "tests/text.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::testing {
+namespace {
+
+class TypedTensorsTest : public DaemonTest {};
+
+v1::NamedTensor Raw(const std::string& name, v1::DType dtype, std::vector<int64_t> shape, std::string data) {
+  v1::NamedTensor t;
+  t.set_name(name);
+  t.set_dtype(dtype);
+  for (int64_t s : shape) t.add_shape(s);
+  t.set_data(std::move(data));
+  return t;
+}
+
+// What the daemon itself answers, past the client's own checks.
+Status SendRaw(client::Client& c, const std::string& model, std::vector<v1::NamedTensor> inputs) {
+  v1::Envelope e;
+  e.mutable_infer()->set_model(model);
+  for (v1::NamedTensor& t : inputs) *e.mutable_infer()->add_inputs() = std::move(t);
+  return c.Call(std::move(e)).status();
+}
+
+TEST_F(TypedTensorsTest, EveryDtypeRoundTripsAndEachEngineRunsItsOwn) {
+  MakeModel("mlp", "16,32,4", "gelu");
+  WriteTinyModel(models_dir_ + "/tiny");
+  StartDaemon("[[models]]\nname = \"echo\"\nengine = \"echo\"\n");
+  auto c = Connect();
+  const std::string word = std::string("\x03\0\0\0abc", 7);
+  std::vector<v1::NamedTensor> all = {
+      Raw("f32", v1::DTYPE_F32, {2}, std::string("\0\0\x80\x3f\0\0\xc0\x7f", 8)),  // 1, NaN
+      Raw("f16", v1::DTYPE_F16, {1, 1}, std::string("\0\x7c", 2)),                 // inf
+      Raw("bf16", v1::DTYPE_BF16, {}, std::string("\x80\x3f", 2)),
+      Raw("i32", v1::DTYPE_I32, {0, 3}, ""),
+      Raw("i64", v1::DTYPE_I64, {1}, std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8)),
+      Raw("bytes", v1::DTYPE_BYTES, {1}, word),
+  };
+  Result<v1::InferReply> echoed = c->InferTensors("echo", all);
+  ASSERT_TRUE(echoed.ok()) << echoed.status().ToString();
+  ASSERT_EQ(echoed->outputs_size(), static_cast<int>(all.size()));
+  for (size_t i = 0; i < all.size(); i++) {
+    EXPECT_EQ(echoed->outputs(i).SerializeAsString(), all[i].SerializeAsString()) << all[i].name();
+  }
+
+  std::vector<float> rows(3 * 16);
+  for (size_t i = 0; i < rows.size(); i++) rows[i] = static_cast<float>(i % 7) - 3;
+  Result<v1::InferReply> ran =
+      c->InferTensors("mlp", {client::TensorOf<float>("input", {3, 16}, rows)});
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  Result<client::Matrix> inferred = c->Infer("mlp", client::Matrix{3, 16, rows});
+  ASSERT_TRUE(inferred.ok());
+  ASSERT_EQ(ran->outputs_size(), 1);
+  EXPECT_EQ(ran->outputs(0).name(), "output");
+  EXPECT_EQ(*client::ValuesOf<float>(ran->outputs(0)), inferred->data);
+
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5};
+  Result<v1::InferReply> logits = c->InferTensors("tiny", {client::TensorOf<int64_t>("input_ids", {5}, ids)});
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  ASSERT_EQ(logits->outputs_size(), 1);
+  EXPECT_EQ(logits->outputs(0).name(), "logits");
+  EXPECT_GT(logits->outputs(0).shape(0), 100) << "the vocabulary's size";
+  Result<v1::InferReply> again = c->InferTensors("tiny", {client::TensorOf<int64_t>("input_ids", {5}, ids)});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outputs(0).data(), logits->outputs(0).data()) << "a pure function of the ids";
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(TypedTensorsTest, BadTensorsGetTypedErrorsAndEveryModelKeepsServing) {
+  MakeModel("mlp", "16,32,4", "gelu");
+  WriteTinyModel(models_dir_ + "/tiny");
+  StartDaemon("[[models]]\nname = \"echo\"\nengine = \"echo\"\n");
+  auto c = Connect();
+  struct Case {
+    std::string model;
+    std::vector<v1::NamedTensor> inputs;
+    Code code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"echo", {Raw("x", v1::DTYPE_F32, {3}, "12345678")}, Code::kInvalidArgument, "holds 8 bytes, not 3 elements"},
+      {"echo", {Raw("x", v1::DTYPE_UNSPECIFIED, {1}, "1234")}, Code::kInvalidArgument, "has dtype 0"},
+      {"echo", {Raw("x", static_cast<v1::DType>(42), {1}, "1234")}, Code::kInvalidArgument, "has dtype 42"},
+      {"echo", {Raw("", v1::DTYPE_F32, {1}, "1234")}, Code::kInvalidArgument, "a name of 1 to 64"},
+      {"echo", {Raw(std::string("a\0b", 3), v1::DTYPE_F32, {1}, "1234")}, Code::kInvalidArgument, "NUL byte"},
+      {"echo", {Raw("x", v1::DTYPE_F32, {-4}, "")}, Code::kInvalidArgument, "negative size"},
+      {"echo", {Raw("x", v1::DTYPE_F32, {1, 1, 1, 1, 1, 1, 1, 1, 1}, "1234")}, Code::kInvalidArgument, "9 dimensions"},
+      {"echo", {Raw("x", v1::DTYPE_F32, {1ll << 40, 1ll << 40}, "")}, Code::kInvalidArgument, "more than 2^62"},
+      {"echo", {Raw("x", v1::DTYPE_BYTES, {2}, std::string("\x03\0\0\0abc", 7))}, Code::kInvalidArgument, "element 1"},
+      {"echo", {Raw("x", v1::DTYPE_F32, {1}, "1234"), Raw("x", v1::DTYPE_F32, {1}, "1234")}, Code::kInvalidArgument,
+       "two input tensors are named \"x\""},
+      {"mlp", {Raw("input", v1::DTYPE_F32, {1, 8}, std::string(32, '\0'))}, Code::kInvalidArgument,
+       "the model takes f32 [-1, 16]"},
+      {"mlp", {Raw("rows", v1::DTYPE_F32, {1, 16}, std::string(64, '\0'))}, Code::kInvalidArgument,
+       "no input tensor \"input\""},
+      {"tiny", {Raw("input_ids", v1::DTYPE_I64, {1}, std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8))},
+       Code::kInvalidArgument, "input_ids[0] is -1"},
+      {"nope", {Raw("x", v1::DTYPE_F32, {1}, "1234")}, Code::kNotFound, "not registered"},
+  };
+  for (const Case& k : cases) {
+    Status s = SendRaw(*c, k.model, k.inputs);
+    EXPECT_EQ(s.code(), k.code) << k.says << ": " << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), k.says)) << s.message();
+  }
+  // A matrix and typed tensors at once; a language model sent a matrix.
+  v1::Envelope both;
+  both.mutable_infer()->set_model("echo");
+  *both.mutable_infer()->add_inputs() = Raw("x", v1::DTYPE_F32, {1}, "1234");
+  both.mutable_infer()->mutable_input()->set_rows(1);
+  EXPECT_TRUE(Contains(c->Call(both).status().message(), "not both"));
+  Result<client::Matrix> matrix = c->Infer("tiny", client::Matrix{1, 2, {1, 2}});
+  EXPECT_TRUE(Contains(matrix.status().message(), "typed tensors (inputs)")) << matrix.status().ToString();
+  // Everyone still served.
+  EXPECT_TRUE(c->InferTensors("echo", {Raw("x", v1::DTYPE_F32, {1}, "1234")}).ok());
+  EXPECT_TRUE(c->Infer("mlp", client::Matrix{1, 16, std::vector<float>(16, 1)}).ok());
+  const std::vector<int64_t> ids = {1};
+  EXPECT_TRUE(c->InferTensors("tiny", {client::TensorOf<int64_t>("input_ids", {1}, ids)}).ok());
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(TypedTensorsTest, OutputsTooLargeForAReplyAreRefusedAndAKilledWorkersRunIsRetried) {
+  MakeModel("wide", "4,4096", "relu");
+  StartDaemon("[limits]\nmax_frame_bytes = \"64KiB\"\n", {"--enable-fault-injection"});
+  auto c = Connect();
+  const std::vector<float> eight_rows(8 * 4, 0.5f);  // 8 x 4096 f32 out: 128 KiB
+  Result<v1::InferReply> big = c->InferTensors("wide", {client::TensorOf<float>("input", {8, 4}, eight_rows)});
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), Code::kResourceExhausted) << big.status().ToString();
+  EXPECT_TRUE(Contains(big.status().message(), "max_frame_bytes")) << big.status().message();
+  const std::vector<float> one_row(4, 0.5f);
+  Result<v1::InferReply> fits = c->InferTensors("wide", {client::TensorOf<float>("input", {1, 4}, one_row)});
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+
+  // Pure, like an inference: the run a worker died in runs again on its respawn.
+  ASSERT_TRUE(c->ArmFault(client::FaultSpec{"infer.mid", "kill", "wide", 0, 1}).ok());
+  Result<v1::InferReply> retried = c->InferTensors("wide", {client::TensorOf<float>("input", {1, 4}, one_row)});
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_EQ(retried->outputs(0).data(), fits->outputs(0).data());
+  ExpectQuiescentAndValid();
+}
+
+}  // namespace
+}  // namespace warmpool::testing
