@@ -26,6 +26,7 @@
 #include "cli/cli_output.h"
 #include "cli/embed_command.h"
 #include "cli/generate_command.h"
+#include "cli/tensors_command.h"
 #include "client/client.h"
 #include "client/ready.h"
 #include "ipc/codes.h"
@@ -127,6 +128,12 @@ int main(int argc, char** argv) {
   auto* random_opt = infer->add_option("--random", random_rows, "BATCH rows of random input instead")
                          ->check(CLI::Range(1u, 1u << 20));
   input_opt->excludes(random_opt);
+  std::string tensors_path;
+  auto* tensors_opt = infer->add_option(
+      "--tensors", tensors_path,
+      "typed tensors from FILE or - (stdin), as KServe v2 JSON: {\"inputs\": [{\"name\", \"shape\", "
+      "\"datatype\", \"data\"}]}; prints {\"outputs\": [...]}");
+  tensors_opt->excludes(input_opt)->excludes(random_opt);
   infer->add_option("--cols", cols, "columns of --random input (default: the model's input width)");
   infer->add_option("--seed", seed, "seed of --random input");
   infer->add_option("--deadline-ms", deadline_ms, "give up after this many milliseconds");
@@ -303,6 +310,13 @@ int main(int argc, char** argv) {
       if (Status s = client.Unload(model, park); !s.ok()) return Fail(s);
       Print(fmt::format("{} {}\n", model, park ? "parked" : "unloaded"));
     }
+  } else if (infer->parsed() && !tensors_path.empty()) {
+    auto text = ReadInput(tensors_path);
+    if (!text.ok()) return Fail(text.status());
+    auto printed = warmpool::cli::RunInferTensors(client, model, *text,
+                                                  warmpool::client::InferOptions{deadline_ms, keep_alive_ms});
+    if (!printed.ok()) return Fail(printed.status());
+    Print(*printed);
   } else if (infer->parsed()) {
     warmpool::client::Matrix input;
     if (random_rows > 0) {

@@ -12,6 +12,7 @@
 #include "replyjson/reply_json.h"
 #include "supervisor/http_api_body.h"
 #include "supervisor/http_generate.h"
+#include "supervisor/http_tensors.h"
 
 namespace warmpool::supervisor::httpapi {
 
@@ -201,6 +202,21 @@ Result<Plan> Route(const http::Request& request, int* status) {
     arm->set_times(*times);
     return plan;
   }
+  constexpr std::string_view kV2Models = "/v2/models/";
+  if (path.rfind(kV2Models, 0) == 0) {
+    const std::string rest = path.substr(kV2Models.size());
+    const size_t slash = rest.find('/');
+    if (slash == 0 || slash == std::string::npos || rest.substr(slash) != "/infer") {
+      return Error(Code::kNotFound, "no endpoint {}: POST /v2/models/NAME/infer", path);
+    }
+    if (Status s = only("POST"); !s.ok()) return s;
+    plan.kind = Kind::kInferTensors;
+    plan.model = rest.substr(0, slash);
+    if (Status s = FillInferTensors(request, plan.model, plan.request.mutable_infer(), &plan.tensors_id); !s.ok()) {
+      return s;
+    }
+    return plan;
+  }
   constexpr std::string_view kModels = "/v1/models/";
   if (path.rfind(kModels, 0) == 0) {
     std::string rest = path.substr(kModels.size());
@@ -250,7 +266,7 @@ Result<Plan> Route(const http::Request& request, int* status) {
   }
   return Error(Code::kNotFound,
                "no endpoint {}: try GET /v1/models, /v1/ps, /v1/status, /metrics, or POST "
-               "/v1/models/NAME/load|unload|pin|unpin|infer|generate|embed",
+               "/v1/models/NAME/load|unload|pin|unpin|infer|generate|embed, /v2/models/NAME/infer",
                path);
 }
 
@@ -276,7 +292,16 @@ Plan PlanRequest(const http::Request& request, bool keep_alive) {
   } catch (const std::exception& e) {  // a JSON access the checks above missed: the client's fault
     plan = Error(Code::kInvalidArgument, "the request body could not be read: {}", e.what());
   }
-  if (!plan.ok()) return Refuse(plan.status(), keep_alive, status);
+  if (!plan.ok()) {
+    // The v2 protocol's clients read errors as {"error": "..."}.
+    if (request.path.rfind("/v2/", 0) == 0 && status == 0) {
+      Plan refused;
+      refused.immediate = KserveErrorResponse(plan.status(), keep_alive);
+      refused.code = plan.status().code();
+      return refused;
+    }
+    return Refuse(plan.status(), keep_alive, status);
+  }
   return std::move(*plan);
 }
 
@@ -291,6 +316,7 @@ std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_a
 namespace {
 
 std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {
+  if (plan.kind == Kind::kInferTensors) return InferTensorsResponse(plan.model, plan.tensors_id, reply, keep_alive);
   if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
   switch (plan.kind) {
     case Kind::kMetrics: break;  // never sent to the daemon

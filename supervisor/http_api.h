@@ -14,6 +14,7 @@
 //   POST   /v1/models/NAME/infer       JSON rows, or {"input": rows, "deadline_ms": N,
 //                                      "keep_alive": D}; or f32 bytes (application/octet-stream)
 //                                      with X-Warmpool-Rows
+//   POST   /v2/models/NAME/infer       typed tensors, as KServe's v2 protocol (supervisor/http_tensors.h)
 //   PUT    /v1/models/NAME             {"path": P, "engine": E} registers; DELETE forgets
 //   POST   /v1/faults                  {"point", "action", "model", "after", "times"}; DELETE clears
 //   GET    /metrics                    Prometheus text (metrics/prometheus.h)
@@ -30,7 +31,7 @@
 namespace warmpool::supervisor::httpapi {
 
 enum class Kind { kMetrics, kModels, kPs, kStatus, kLoad, kUnload, kPin, kInfer, kRegister, kFaultArm, kFaultClear,
-                  kGenerate, kEmbed };
+                  kGenerate, kEmbed, kInferTensors };
 
 struct Plan {
   Kind kind = Kind::kModels;
@@ -41,6 +42,7 @@ struct Plan {
   std::string model;     // load: whose progress to report
   bool binary_output = false;  // infer: f32 bytes out
   bool stream = false;         // generate: NDJSON lines as chunks come
+  std::optional<std::string> tensors_id;  // infer tensors: the request's "id", echoed
 };
 
 Plan PlanRequest(const http::Request& request, bool keep_alive);

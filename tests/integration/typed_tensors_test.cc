@@ -5,7 +5,10 @@
 #include <cstring>
 
 #include "client/typed_tensors.h"
+#include <nlohmann/json.hpp>
+
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/http_exchange.h"
 #include "tests/text.h"
 #include "tests/unit/tiny_model.h"
 
@@ -145,6 +148,80 @@ TEST_F(TypedTensorsTest, OutputsTooLargeForAReplyAreRefusedAndAKilledWorkersRunI
   Result<v1::InferReply> retried = c->InferTensors("wide", {client::TensorOf<float>("input", {1, 4}, one_row)});
   ASSERT_TRUE(retried.ok()) << retried.status().ToString();
   EXPECT_EQ(retried->outputs(0).data(), fits->outputs(0).data());
+  ExpectQuiescentAndValid();
+}
+
+// The same tensors as KServe v2 JSON: POST /v2/models/NAME/infer, and `warmpool infer --tensors`.
+TEST_F(TypedTensorsTest, KserveJsonOverHttpAndTheCliCarriesEveryDtype) {
+  using nlohmann::json;
+  WriteTinyModel(models_dir_ + "/tiny");
+  StartDaemon("[[models]]\nname = \"echo\"\nengine = \"echo\"\n");
+  auto post = [&](const std::string& path, const json& body) {
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), Post(path, body.dump(), true)));
+    EXPECT_EQ(r.size(), 1u);
+    return r.empty() ? Response{} : r[0];
+  };
+  const json inputs = json::parse(R"([
+    {"name": "f", "shape": [2, 2], "datatype": "FP32", "data": [[1.5, -2], [3, 4.25]]},
+    {"name": "h", "shape": [1], "datatype": "FP16", "data": [0.333251953125]},
+    {"name": "b", "shape": [1], "datatype": "BF16", "data": [-2.5]},
+    {"name": "i", "shape": [3], "datatype": "INT32", "data": [2147483647, -2147483648, 0]},
+    {"name": "l", "shape": [1], "datatype": "INT64", "data": [9007199254740993]},
+    {"name": "s", "shape": [2], "datatype": "BYTES", "data": ["h\u00e9llo", ""]}])");
+  Response echoed = post("/v2/models/echo/infer", {{"id", "7"}, {"inputs", inputs}});
+  ASSERT_EQ(echoed.status, 200) << echoed.body;
+  const json doc = json::parse(echoed.body);
+  EXPECT_EQ(doc["model_name"], "echo");
+  EXPECT_EQ(doc["id"], "7");
+  json want = inputs;
+  want[0]["data"] = json::array({1.5, -2.0, 3.0, 4.25});  // flat, as KServe writes outputs
+  EXPECT_EQ(doc["outputs"], want);
+
+  Response logits = post("/v2/models/tiny/infer",
+                         {{"inputs", json::array({{{"name", "input_ids"}, {"shape", {3}}, {"datatype", "INT64"},
+                                                   {"data", {1, 2, 3}}}})},
+                          {"parameters", {{"deadline_ms", 60000}}}});
+  ASSERT_EQ(logits.status, 200) << logits.body;
+  const json out = json::parse(logits.body)["outputs"][0];
+  EXPECT_EQ(out["name"], "logits");
+  EXPECT_EQ(out["data"].size(), out["shape"][0].get<size_t>());
+
+  struct Bad {
+    std::string path;
+    json body;
+    int status;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {"/v2/models/echo/infer", {{"inputs", json::array({{{"name", "x"}, {"shape", {1}}, {"datatype", "FP64"}, {"data", {1}}}})}},
+       400, "datatype \"FP64\""},
+      {"/v2/models/echo/infer", {{"inputs", json::array({{{"name", "x"}, {"shape", {2}}, {"datatype", "FP32"}, {"data", {1}}}})}},
+       400, "1 values for shape [2]"},
+      {"/v2/models/echo/infer", {{"inputs", json::array({{{"name", "x"}, {"shape", {1}}, {"datatype", "INT32"}, {"data", {1.5}}}})}},
+       400, "is not an integer"},
+      {"/v2/models/echo/infer", {{"inputs", json::array({{{"name", "x"}, {"shape", {1}}, {"datatype", "FP16"}, {"data", {1e6}}}})}},
+       400, "outside the range of FP16"},
+      {"/v2/models/echo/infer", {{"inputs", json::array()}}, 400, "non-empty list"},
+      {"/v2/models/echo/infer", {{"input", 1}}, 400, "\"input\""},
+      {"/v2/models/tiny/infer", {{"inputs", json::array({{{"name", "input_ids"}, {"shape", {1}}, {"datatype", "INT32"}, {"data", {1}}}})}},
+       400, "the model takes i64 [-1]"},
+      {"/v2/models/nope/infer", {{"inputs", json::array({{{"name", "x"}, {"shape", {1}}, {"datatype", "FP32"}, {"data", {1}}}})}},
+       404, "not registered"},
+      {"/v2/models/echo/other", json::object(), 404, "POST /v2/models/NAME/infer"},
+  };
+  for (const Bad& b : bad) {
+    Response r = post(b.path, b.body);
+    EXPECT_EQ(r.status, b.status) << r.body;
+    json error = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(error.is_object() && error.contains("error")) << r.body;
+    EXPECT_TRUE(Contains(error["error"].get<std::string>(), b.says)) << r.body;
+  }
+
+  std::string printed, err;
+  ASSERT_EQ(Cli({"infer", "echo", "--tensors", "-"}, &printed, &err, json{{"inputs", inputs}}.dump()), 0) << err;
+  EXPECT_EQ(json::parse(printed)["outputs"], want);
+  EXPECT_EQ(Cli({"infer", "echo", "--tensors", "-"}, &printed, &err, R"([{"name": "x"}])"), 2) << "INVALID_ARGUMENT";
+  EXPECT_TRUE(Contains(err, "tensor \"x\" needs a \"datatype\"")) << err;
   ExpectQuiescentAndValid();
 }
 

@@ -1,0 +1,67 @@
+#include "supervisor/http_tensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include "http/response.h"
+#include "ipc/error_proto.h"
+#include "replyjson/kserve_json.h"
+#include "supervisor/http_api_body.h"
+
+namespace warmpool::supervisor::httpapi {
+
+using nlohmann::json;
+
+Status FillInferTensors(const http::Request& request, const std::string& model, v1::InferRequest* out,
+                        std::optional<std::string>* id) {
+  Result<json> body = BodyObject(request);
+  if (!body.ok()) return body.status();
+  if (Status s = OnlyKeys(*body, {"id", "inputs", "parameters"}, request); !s.ok()) return s;
+  out->set_model(model);
+  if (body->contains("id")) {
+    if (!(*body)["id"].is_string()) return Error(Code::kInvalidArgument, "\"id\" must be a string");
+    *id = (*body)["id"].get<std::string>();
+  }
+  if (!body->contains("inputs")) {
+    return Error(Code::kInvalidArgument,
+                 "the body has no \"inputs\": [{{\"name\", \"shape\", \"datatype\", \"data\"}}, ...]");
+  }
+  Result<std::vector<v1::NamedTensor>> inputs = replyjson::TensorsFromKserve((*body)["inputs"]);
+  if (!inputs.ok()) return inputs.status();
+  for (v1::NamedTensor& t : *inputs) *out->add_inputs() = std::move(t);
+  if (body->contains("parameters")) {
+    const json& parameters = (*body)["parameters"];
+    if (!parameters.is_object()) return Error(Code::kInvalidArgument, "\"parameters\" must be an object");
+    if (Status s = OnlyKeys(parameters, {"deadline_ms", "keep_alive"}, request); !s.ok()) return s;
+    Result<uint32_t> deadline = Uint(parameters, "deadline_ms");
+    if (!deadline.ok()) return deadline.status();
+    out->set_deadline_ms(*deadline);
+    Result<std::optional<int64_t>> keep = KeepAlive(parameters);
+    if (!keep.ok()) return keep.status();
+    if (*keep) out->set_keep_alive_ms(**keep);
+  }
+  return OkStatus();
+}
+
+std::string KserveErrorResponse(const Status& error, bool keep_alive) {
+  return http::Response(http::StatusFor(error.code()), "application/json",
+                        json{{"error", error.ToString()}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+                        keep_alive);
+}
+
+std::string InferTensorsResponse(const std::string& model, const std::optional<std::string>& id,
+                                 const v1::Envelope& reply, bool keep_alive) {
+  if (reply.has_error()) return KserveErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
+  json outputs = json::array();
+  for (const v1::NamedTensor& t : reply.infer_reply().outputs()) {
+    Result<json> one = replyjson::KserveTensor(t);
+    if (!one.ok()) return KserveErrorResponse(one.status(), keep_alive);
+    outputs.push_back(std::move(*one));
+  }
+  json doc = {{"model_name", model}};
+  if (id) doc["id"] = *id;
+  doc["outputs"] = std::move(outputs);
+  return http::Response(200, "application/json", doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+                        keep_alive);
+}
+
+}  // namespace warmpool::supervisor::httpapi
