@@ -24,6 +24,7 @@ from ._framing import DAEMON_DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
 from ._requests import keep_alive_ms
 from ._socket import SYSTEM_SOCKET_PATH, default_socket_path, user_socket_path
 from ._generation import Generation
+from ._typed import BF16
 from .aio import AsyncClient
 from .client import Client
 from .results import (
@@ -46,6 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "BF16",
     "Client",
     "DAEMON_DEFAULT_MAX_FRAME_BYTES",
     "DeadlineExceeded",

@@ -14,7 +14,7 @@ region instead.
 import asyncio
 import socket as _socket
 
-from . import _generation, _replies, _requests
+from . import _generation, _replies, _requests, _typed
 from ._aio_stream import StreamSink, open_stream
 from ._errors import WarmpoolError, error_from_code, fresh, internal, unavailable
 from ._framing import PROTOCOL_MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameDecoder, encode_frame
@@ -408,6 +408,11 @@ class AsyncClient:
         """Embeddings from a language model, as Client.embed: an EmbedResult."""
         envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
         return _generation.embed_result(await self.request(envelope))
+
+    async def infer_tensors(self, model, inputs, *, deadline_ms=None, keep_alive=None):
+        """Typed tensors, as Client.infer_tensors: a dict of name to array."""
+        envelope = _typed.request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
+        return _typed.outputs(_replies.body(await self.request(envelope), "infer_reply"))
 
     async def fault_arm(self, point, action, model=None, after=0, times=0):
         """Arms a fault in the workers (--enable-fault-injection only); returns its id."""

@@ -8,7 +8,7 @@ connection and the next call connects again: see warmpool._connection.
 
 import collections
 
-from . import _generation, _replies, _requests
+from . import _generation, _replies, _requests, _typed
 from ._connection import Connection
 from ._errors import internal, unavailable
 from ._framing import PROTOCOL_MAX_FRAME_BYTES
@@ -229,6 +229,16 @@ class Client(Connection):
         """
         envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
         return _generation.embed_result(self._exchange(envelope))
+
+    def infer_tensors(self, model, inputs, *, deadline_ms=None, keep_alive=None):
+        """Typed tensors in, typed tensors out (the model's engine names them), as numpy arrays::
+
+            logits = client.infer_tensors("tiny", {"input_ids": np.array([1, 2, 3])})["logits"]
+
+        What each value may be, and what comes back: the module warmpool._typed.
+        """
+        envelope = _typed.request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
+        return _typed.outputs(_replies.body(self._exchange(envelope), "infer_reply"))
 
     def fault_arm(self, point, action, model=None, after=0, times=0):
         """Arms a fault in the workers (daemon started with --enable-fault-injection only;

@@ -182,3 +182,17 @@ def test_logprobs_come_with_each_token_streamed_or_whole(lm_daemon):
         with pytest.raises(warmpool.InvalidArgument, match="top_logprobs"):
             client.generate("lm", "x", top_logprobs=21, stream=False)
         assert client.generate("lm", "x", max_tokens=2, stream=False).logprobs == []
+
+
+def test_a_language_models_logits_come_as_a_typed_tensor(lm_daemon):
+    import numpy as np
+
+    with warmpool.Client(lm_daemon.socket) as client:
+        ids = np.array([1, 2, 3], dtype=np.int64)
+        logits = client.infer_tensors("lm", {"input_ids": ids})["logits"]
+        assert logits.dtype == np.float32 and logits.ndim == 1 and logits.size > 100
+        # Greedy generation from those ids picks the largest of these logits first.
+        first = client.generate("lm", tokens=ids.tolist(), max_tokens=1, temperature=0, stream=False)
+        assert first.tokens[0] == int(np.argmax(logits))
+        with pytest.raises(warmpool.InvalidArgument, match=r"input_ids\[0\]"):
+            client.infer_tensors("lm", {"input_ids": np.array([-5], dtype=np.int64)})
