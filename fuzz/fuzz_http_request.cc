@@ -9,6 +9,8 @@
 //   - every immediate response and every rendered reply is a whole HTTP/1.1 response with a
 //     status of 200..599 and `CODE: message` text for errors, and an immediate one carries the
 //     code of an error (it is counted by it);
+//   - typed tensors planned from KServe JSON (POST /v2/models/NAME/infer) are well-formed by the
+//     rules the daemon judges them by, and write back as JSON that reads back to the same tensor;
 //   - every query value read as a number (http/numbers.h) is taken only when it is decimal
 //     digits alone, within the range, and reads back as the same number.
 #include <cstddef>
@@ -20,6 +22,8 @@
 #include "fuzz/fuzz_check.h"
 #include "http/numbers.h"
 #include "http/request_parser.h"
+#include "engines/tensors/tensor_proto.h"
+#include "replyjson/kserve_json.h"
 #include "supervisor/http_api.h"
 
 namespace {
@@ -125,9 +129,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(plan.code != warmpool::Code::kOk);
       continue;
     }
+    if (plan.kind == warmpool::supervisor::httpapi::Kind::kInferTensors) {
+      for (const warmpool::v1::NamedTensor& t : plan.request.infer().inputs()) {
+        FUZZ_CHECK(warmpool::tensors::CheckTensor(warmpool::tensors::ViewOf(t)).ok());
+        auto json = warmpool::replyjson::KserveTensor(t);
+        if (!json.ok()) continue;  // BYTES that are not UTF-8 (JSON's \u escapes can make them)
+        auto back = warmpool::replyjson::TensorFromKserve(*json);
+        FUZZ_CHECK(back.ok() && back->SerializeAsString() == t.SerializeAsString());
+      }
+    }
     std::string reply = warmpool::supervisor::httpapi::RenderReply(plan, error, true);
     CheckResponse(reply);
-    FUZZ_CHECK(reply.find("NOT_FOUND: fuzz\n") != std::string::npos);
+    // Errors as text, or as {"error": ...} on the v2 protocol's endpoint.
+    FUZZ_CHECK(reply.find("NOT_FOUND: fuzz\n") != std::string::npos ||
+               reply.find("{\"error\":\"NOT_FOUND: fuzz\"}\n") != std::string::npos);
   }
   return 0;
 }

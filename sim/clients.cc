@@ -108,6 +108,16 @@ void Simulator::ClientAct(uint32_t index) {
     infer->mutable_input()->set_data(reinterpret_cast<const char*>(values.data()),
                                      values.size() * sizeof(float));
     p.bytes = values.size() * sizeof(float);
+    if (!c.greedy && rng_.Chance(20)) {  // the same rows as a typed tensor: never batched
+      v1::NamedTensor* x = infer->add_inputs();
+      x->set_name("x");
+      x->set_dtype(v1::DTYPE_F32);
+      x->add_shape(rows);
+      x->add_shape(6);
+      x->set_allocated_data(infer->mutable_input()->release_data());
+      infer->clear_input();
+      p.typed = true;
+    }
     if (rng_.Chance(700)) infer->set_deadline_ms(static_cast<uint32_t>(rng_.Range(50, 3000)));
     p.deadline_ms = infer->deadline_ms() != 0 ? infer->deadline_ms() : config_.default_deadline_ms;
     if (rng_.Chance(50)) infer->set_keep_alive_ms(static_cast<int64_t>(rng_.Range(0, 500)));
@@ -219,7 +229,18 @@ void Simulator::CheckInferReply(const Pending& p, const v1::Envelope& reply) {
     return;
   }
   if (!reply.has_infer_reply()) return Fail(fmt::format("infer on \"{}\" got a reply of another kind", p.model));
-  const v1::Tensor& out = reply.infer_reply().output();
+  v1::Tensor typed;  // a typed reply's one output, seen as the matrix the engines computed
+  if (p.typed) {
+    const v1::InferReply& r = reply.infer_reply();
+    if (r.has_output() || r.outputs_size() != 1 || r.outputs(0).shape_size() != 2 || r.outputs(0).name() != "x") {
+      return Fail(fmt::format("typed tensors for \"{}\" got {} outputs and {} a matrix", p.model, r.outputs_size(),
+                              r.has_output() ? "" : "no"));
+    }
+    typed.set_rows(static_cast<uint32_t>(r.outputs(0).shape(0)));
+    typed.set_cols(static_cast<uint32_t>(r.outputs(0).shape(1)));
+    typed.set_data(r.outputs(0).data());
+  }
+  const v1::Tensor& out = p.typed ? typed : reply.infer_reply().output();
   if (p.in_region && p.model == "echo") return;  // the bytes are the region's, not simulated
   if (p.model == "echo") {
     float token = 0;

@@ -135,6 +135,7 @@ class Simulator {
     uint32_t chunks_sent = 0;     // generate: chunks the core emitted (their indices count up)
     uint32_t chunks_seen = 0;     // generate: chunks the client read
     bool in_region = false;    // infer: its input lies in a region (no token to check)
+    bool typed = false;        // infer: sent as a typed tensor (InferRequest.inputs)
     int handle = -1;           // a region's memfd, sent with the request
     std::string model;
     uint64_t sent_ms = 0;

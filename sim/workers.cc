@@ -54,9 +54,12 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               slot, Brief(message)));
     }
   }
-  if (message.has_infer() && message.infer().input().data().size() >= sizeof(float)) {
+  const std::string* infer_data = !message.has_infer()                ? nullptr
+                                  : message.infer().inputs_size() > 0 ? &message.infer().inputs(0).data()
+                                                                      : &message.infer().input().data();
+  if (infer_data != nullptr && infer_data->size() >= sizeof(float)) {
     float token = 0;
-    std::memcpy(&token, message.infer().input().data().data(), sizeof(float));
+    std::memcpy(&token, infer_data->data(), sizeof(float));
     auto it = token_session_.find(static_cast<uint32_t>(token));
     if (it != token_session_.end() && gone_sessions_.count(it->second) != 0) {
       return Fail(fmt::format("a request of session {}, which is gone, was sent to worker {} to run",
@@ -355,6 +358,34 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     }
     w.engines[a.model()] = e;
     return reply;
+  }
+  if (m.has_infer() && m.infer().inputs_size() > 0) {
+    // Typed tensors: never batched, bounded by a reply's frame; the simulated engines answer them
+    // as the same rows sent as a matrix, the output named as the input was.
+    const v1::WorkerInfer& in = m.infer();
+    if (in.batch() || in.max_output_bytes() == 0) {
+      Fail(fmt::format("typed tensors reached worker {} {}", w.slot, in.batch() ? "to be batched" : "with no reply bound"));
+    }
+    WorkerJob as_matrix = work;
+    v1::WorkerInfer* matrix = as_matrix.message.mutable_infer();
+    const v1::NamedTensor& x = in.inputs(0);
+    matrix->mutable_input()->set_rows(x.shape_size() == 2 ? static_cast<uint32_t>(x.shape(0)) : 0);
+    matrix->mutable_input()->set_cols(x.shape_size() == 2 ? static_cast<uint32_t>(x.shape(1)) : 0);
+    matrix->mutable_input()->set_data(x.data());
+    matrix->clear_inputs();
+    v1::WorkerEnvelope answered = RunJob(w, as_matrix, out);
+    v1::WorkerInferDone* done = answered.mutable_infer_done();
+    if (!done->has_error()) {
+      v1::NamedTensor* y = done->add_outputs();
+      y->set_name(x.name());
+      y->set_dtype(v1::DTYPE_F32);
+      y->add_shape(done->output().rows());
+      y->add_shape(done->output().cols());
+      y->set_allocated_data(done->mutable_output()->release_data());
+      done->clear_output();
+      done->clear_batch_rows();
+    }
+    return answered;
   }
   if (m.has_infer()) {
     const v1::WorkerInfer& in = m.infer();

@@ -320,6 +320,7 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
   if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
   switch (plan.kind) {
     case Kind::kMetrics: break;  // never sent to the daemon
+    case Kind::kInferTensors: break;  // rendered above, errors included
     case Kind::kModels: return JsonResponse(replyjson::ModelsJson(reply.models_reply()), keep_alive);
     case Kind::kPs: return JsonResponse(replyjson::PsJson(reply.ps_reply()), keep_alive);
     case Kind::kStatus: return JsonResponse(replyjson::StatusJson(reply.status_reply()), keep_alive);
