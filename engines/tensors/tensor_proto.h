@@ -12,6 +12,16 @@
 
 namespace warmpool::tensors {
 
+constexpr bool SameDtypes() {
+  const int pairs[][2] = {{v1::DTYPE_F32, WP_DTYPE_F32}, {v1::DTYPE_F16, WP_DTYPE_F16}, {v1::DTYPE_BF16, WP_DTYPE_BF16},
+                          {v1::DTYPE_I32, WP_DTYPE_I32}, {v1::DTYPE_I64, WP_DTYPE_I64}, {v1::DTYPE_BYTES, WP_DTYPE_BYTES}};
+  for (const auto& p : pairs) {
+    if (p[0] != p[1]) return false;
+  }
+  return static_cast<int>(v1::DType_MAX) == static_cast<int>(WP_DTYPE_BYTES);
+}
+static_assert(SameDtypes(), "warmpool.v1.DType and wp_dtype differ: change both");
+
 // The message as a wp_tensor, with no copy: valid while the message lives. Its data may be
 // unaligned; a shape of more than kMaxRank sizes keeps its rank (CheckTensor refuses it).
 inline wp_tensor ViewOf(const v1::NamedTensor& t) {
