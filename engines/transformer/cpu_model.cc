@@ -10,6 +10,7 @@
 #include "engines/dense_cpu.h"
 #include "engines/gemv.h"
 #include "engines/half.h"
+#include "engines/transformer/prompt_attention.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -50,6 +51,10 @@ float DotStored(const uint8_t* row, DType dtype, const float* x, uint32_t n) {
 // into f32 and used for every input row. f16 goes to the dense engine's F16C kernels (gemv.h)
 // where the CPU has F16C.
 constexpr uint32_t kDirectRows = 4;
+
+// From this many rows on, attention runs as matrix products (prompt_attention.h); fewer (a decode
+// step) read each key once anyway, in the loops below.
+constexpr uint32_t kPromptAttentionRows = 8;
 
 // y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Either way a call reads the weights from memory
 // once: a prefill costs the weights once, as a decode step does.
@@ -252,7 +257,15 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, uint32_t start, KvCache
       std::memcpy(cache.key(l, start + r), &k[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
       std::memcpy(cache.value(l, start + r), &v[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
     }
-    Attention(l, rows, start, cache, q.data(), attended.data());
+    if (rows >= kPromptAttentionRows) {
+      if (Status s = PromptAttention(c, rows, start, cache.key(l, 0), cache.value(l, 0), q.data(), attended.data(),
+                                     threads_);
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      Attention(l, rows, start, cache, q.data(), attended.data());
+    }
     if (Status s = Linear(attended.data(), rows, w.o, w.o_bias, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
 

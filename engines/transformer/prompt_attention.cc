@@ -1,0 +1,100 @@
+#include "engines/transformer/prompt_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include <dnnl.h>
+
+namespace warmpool::transformer {
+
+namespace {
+
+// Query rows per task: the scores of one tile are tile x positions floats (8 MiB at 32k positions).
+constexpr uint32_t kTileRows = 64;
+
+// Whether `count` rows of `width` floats, `stride` apart, are all finite: x * 0 is 0 for every
+// finite x and NaN for an infinity or a NaN, so the sum stays 0 exactly when all are (a loop the
+// compiler vectorises, unlike one of std::isfinite).
+bool Finite(const float* x, uint32_t count, uint32_t width, uint64_t stride) {
+  float sum = 0;
+  for (uint32_t r = 0; r < count; ++r) {
+    const float* row = x + r * stride;
+#pragma omp simd reduction(+ : sum)
+    for (uint32_t i = 0; i < width; ++i) sum += row[i] * 0.0f;
+  }
+  return sum == 0.0f;
+}
+
+}  // namespace
+
+Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const float* keys, const float* values,
+                       const float* q, float* out, int threads) {
+  const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const uint32_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t tasks = int64_t{tiles} * c.num_attention_heads;
+  std::atomic<int> failed{dnnl_success};
+  // Later tiles see more keys: dynamic, so that the threads finish together. Inside the parallel
+  // loop oneDNN runs each product on the calling thread.
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const auto h = static_cast<uint32_t>(task % c.num_attention_heads);
+    const auto r0 = static_cast<uint32_t>(task / c.num_attention_heads) * kTileRows;
+    const uint32_t n = std::min(kTileRows, rows - r0);
+    // The keys any row of the tile may see: from the first row's window start to the last row.
+    const uint32_t end = start + r0 + n;  // exclusive
+    const uint32_t lo = c.sliding_window != 0 && start + r0 + 1 > c.sliding_window
+                            ? start + r0 + 1 - c.sliding_window
+                            : 0;
+    const uint32_t width = end - lo;
+    const uint64_t kv_offset = uint64_t{lo} * c.kv_size() + uint64_t{h / group} * c.head_dim;
+    thread_local std::vector<float> scores;
+    scores.resize(uint64_t{n} * width);
+    dnnl_status_t s = dnnl_sgemm('N', 'T', n, width, c.head_dim, scale, q + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim,
+                                 c.q_size(), keys + kv_offset, c.kv_size(), 0.0f, scores.data(), width);
+    for (uint32_t i = 0; i < n && s == dnnl_success; ++i) {
+      // Row i sees positions first .. position (causal, and within the window, which counts the
+      // token itself); the rest of its scores weigh nothing.
+      const uint32_t position = start + r0 + i;
+      const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
+                                 ? position + 1 - c.sliding_window
+                                 : 0;
+      float* row = scores.data() + uint64_t{i} * width;
+      const uint32_t a = first - lo, b = position - lo + 1;
+      float max = -INFINITY;
+      for (uint32_t j = a; j < b; ++j) max = std::max(max, row[j]);
+      float total = 0;
+      for (uint32_t j = a; j < b; ++j) total += (row[j] = std::exp(row[j] - max));
+      for (uint32_t j = a; j < b; ++j) row[j] /= total;
+      std::fill(row, row + a, 0.0f);
+      std::fill(row + b, row + width, 0.0f);
+    }
+    float* o = out + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim;
+    if (s == dnnl_success && Finite(values + kv_offset, width, c.head_dim, c.kv_size())) {
+      s = dnnl_sgemm('N', 'N', n, c.head_dim, width, 1.0f, scores.data(), width, values + kv_offset, c.kv_size(),
+                     0.0f, o, c.q_size());
+    } else if (s == dnnl_success) {
+      // A value that is not finite must reach only the rows that see it: as a product, the zero
+      // weight of a row that does not would make 0 x inf = NaN of it. Row by row, over what each sees.
+      for (uint32_t i = 0; i < n; ++i) {
+        const float* p = scores.data() + uint64_t{i} * width;
+        float* row_out = o + uint64_t{i} * c.q_size();
+        std::fill(row_out, row_out + c.head_dim, 0.0f);
+        for (uint32_t j = 0; j < width; ++j) {
+          if (p[j] == 0.0f) continue;  // outside the row's view (or nothing to add)
+          const float* v = values + kv_offset + uint64_t{j} * c.kv_size();
+          for (uint32_t d = 0; d < c.head_dim; ++d) row_out[d] += p[j] * v[d];
+        }
+      }
+    }
+    if (s != dnnl_success) failed = s;
+  }
+  if (failed != dnnl_success) return Error(Code::kInternal, "oneDNN refused an attention product (status {})", failed.load());
+  return OkStatus();
+}
+
+}  // namespace warmpool::transformer

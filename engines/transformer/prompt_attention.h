@@ -1,0 +1,23 @@
+// Causal attention of a prompt's rows (a prefill piece) over the KV cache, as matrix products:
+// per query head, the scores Q·Kᵀ and then P·V in oneDNN's sgemm, with the mask and the softmax
+// between them. A decode step (one row) reads each key once whatever the loop, but a prompt's rows
+// all read the same keys: as products they are read once per tile of rows, at the arithmetic's
+// pace, instead of once per row and head in dot products of head_dim floats.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "engines/transformer/config.h"
+
+namespace warmpool::transformer {
+
+// Rows of the prompt (positions start .. start + rows - 1) whose queries are in q (rows x q_size)
+// attend to positions 0 .. start + rows - 1 of one layer's cache (keys and values: position-major,
+// kv_size floats each, the rows' own already written), each within the config's sliding window;
+// out receives rows x q_size. Work is split over the heads and tiles of rows on `threads`.
+// INTERNAL when oneDNN refuses a product (nothing else is expected to fail).
+Status PromptAttention(const Config& config, uint32_t rows, uint32_t start, const float* keys, const float* values,
+                       const float* q, float* out, int threads);
+
+}  // namespace warmpool::transformer

@@ -1,0 +1,110 @@
+// A prompt's attention as matrix products (engines/transformer/prompt_attention.h) against the
+// definition, written here in double precision: each row's softmax(q·k / sqrt(head_dim)) over the
+// positions it sees (causal, within the sliding window) weighing their values. Tiles of rows, a
+// cache already holding earlier positions, grouped heads, and values that are not finite.
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engines/transformer/prompt_attention.h"
+
+namespace warmpool::transformer {
+namespace {
+
+struct Case {
+  uint32_t rows, start;
+  uint64_t window;
+  int threads;
+};
+
+std::vector<double> Definition(const Config& c, uint32_t rows, uint32_t start, const std::vector<float>& keys,
+                               const std::vector<float>& values, const std::vector<float>& q) {
+  std::vector<double> out(uint64_t{rows} * c.q_size());
+  const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
+  for (uint32_t r = 0; r < rows; ++r) {
+    const uint32_t position = start + r;
+    const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
+                               ? static_cast<uint32_t>(position + 1 - c.sliding_window)
+                               : 0;
+    for (uint32_t h = 0; h < c.num_attention_heads; ++h) {
+      const uint64_t kv = uint64_t{h / group} * c.head_dim;
+      std::vector<double> scores;
+      for (uint32_t j = first; j <= position; ++j) {
+        double dot = 0;
+        for (uint32_t d = 0; d < c.head_dim; ++d) {
+          dot += double{q[uint64_t{r} * c.q_size() + h * c.head_dim + d]} * keys[uint64_t{j} * c.kv_size() + kv + d];
+        }
+        scores.push_back(dot / std::sqrt(double(c.head_dim)));
+      }
+      double max = -INFINITY, total = 0;
+      for (double s : scores) max = std::max(max, s);
+      for (double& s : scores) total += (s = std::exp(s - max));
+      for (uint32_t j = first; j <= position; ++j) {
+        for (uint32_t d = 0; d < c.head_dim; ++d) {
+          out[uint64_t{r} * c.q_size() + h * c.head_dim + d] +=
+              scores[j - first] / total * values[uint64_t{j} * c.kv_size() + kv + d];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
+  Config c;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  const Case cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}};
+  std::mt19937 generator(11);
+  std::uniform_real_distribution<float> uniform(-2, 2);
+  for (const Case& k : cases) {
+    c.sliding_window = k.window;
+    const uint32_t positions = k.start + k.rows;
+    std::vector<float> keys(uint64_t{positions} * c.kv_size()), values(keys.size()), q(uint64_t{k.rows} * c.q_size());
+    for (float& x : keys) x = uniform(generator);
+    for (float& x : values) x = uniform(generator);
+    for (float& x : q) x = uniform(generator);
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(PromptAttention(c, k.rows, k.start, keys.data(), values.data(), q.data(), out.data(), k.threads).ok());
+    const std::vector<double> want = Definition(c, k.rows, k.start, keys, values, q);
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+          << "rows " << k.rows << " start " << k.start << " window " << k.window << " at " << i;
+    }
+  }
+}
+
+// A value that is not finite reaches the rows that see its position, and no other: a row before it
+// stays finite (as a product, its zero weight times infinity would have made it NaN).
+TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
+  Config c;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  const uint32_t rows = 40;
+  std::vector<float> keys(uint64_t{rows} * c.kv_size(), 0.1f), values(keys.size(), 1.0f), q(uint64_t{rows} * c.q_size(), 0.2f);
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    values[uint64_t{30} * c.kv_size() + 3] = bad;  // position 30, dimension 3
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(PromptAttention(c, rows, 0, keys.data(), values.data(), q.data(), out.data(), 2).ok());
+    for (uint32_t r = 0; r < rows; ++r) {
+      for (uint32_t h = 0; h < c.num_attention_heads; ++h) {
+        for (uint32_t d = 0; d < c.head_dim; ++d) {
+          const float x = out[uint64_t{r} * c.q_size() + h * c.head_dim + d];
+          if (r < 30 || d != 3) {
+            EXPECT_NEAR(x, 1.0f, 1e-5) << "row " << r << " dimension " << d;  // equal keys: the mean of ones
+          } else {
+            EXPECT_FALSE(std::isfinite(x)) << "row " << r << " sees position 30";
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace warmpool::transformer
