@@ -112,6 +112,17 @@ class CudaSequence final : public Sequence {
   Status Hidden(std::span<const int32_t> tokens, uint32_t start, std::span<float> hidden) override {
     return Run(tokens, start, hidden, true);
   }
+  // Greedy decoding: the argmax on the device, one id copied back instead of the logits.
+  Result<int32_t> ForwardArgMax(std::span<const int32_t> tokens, uint32_t start) override {
+    if (Status s = RunOnDevice(tokens, start, false); !s.ok()) return s;
+    int32_t* chosen = At<int32_t>(plan_.chosen);
+    WP_CUDA_TRY(cuda::LaunchArgMax(At<float>(plan_.logits), config_.vocab_size, chosen, stream_), "the argmax");
+    int32_t token = -1;
+    WP_CUDA_TRY(cudaMemcpyAsync(&token, chosen, sizeof(token), cudaMemcpyDeviceToHost, stream_), "copy of the token");
+    if (Status s = Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU"); !s.ok()) return s;
+    if (token < 0) return Error(Code::kInternal, "the model gave no logit that is a number: nothing can be sampled");
+    return token;
+  }
 
   std::string Describe() const override {
     const DType dtype = weights_.embed.dtype;
@@ -123,15 +134,25 @@ class CudaSequence final : public Sequence {
   // The tokens through the model; out gets the last one's logits, or (hidden) its hidden state
   // after the final norm.
   Status Run(std::span<const int32_t> tokens, uint32_t start, std::span<float> out, bool hidden) {
+    const uint64_t needed = hidden ? config_.hidden_size : config_.vocab_size;
+    if (out.size() < needed) {
+      return Error(Code::kInvalidArgument, "{} floats for the output where {} are needed", out.size(), needed);
+    }
+    if (Status s = RunOnDevice(tokens, start, hidden); !s.ok()) return s;
+    // The final norm's output (normed, hidden_size floats) or the head's (logits).
+    const float* result = hidden ? At<float>(plan_.normed) : At<float>(plan_.logits);
+    WP_CUDA_TRY(cudaMemcpyAsync(out.data(), result, needed * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                "copy of the output");
+    return Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU");
+  }
+
+  // The chunks of a run queued on the stream, the last one's result left in the workspace.
+  Status RunOnDevice(std::span<const int32_t> tokens, uint32_t start, bool hidden) {
     const auto rows = static_cast<uint32_t>(tokens.size());
     if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
     if (uint64_t{start} + rows > context_) {
       return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
                    uint64_t{start} + rows - 1, context_);
-    }
-    const uint64_t needed = hidden ? config_.hidden_size : config_.vocab_size;
-    if (out.size() < needed) {
-      return Error(Code::kInvalidArgument, "{} floats for the output where {} are needed", out.size(), needed);
     }
     for (int32_t token : tokens) {
       if (token < 0 || static_cast<uint32_t>(token) >= config_.vocab_size) {
@@ -145,11 +166,7 @@ class CudaSequence final : public Sequence {
       const bool last = done + chunk == rows;
       if (Status s = Chunk(tokens.data() + done, chunk, start + done, last, hidden); !s.ok()) return s;
     }
-    // The final norm's output (normed, hidden_size floats) or the head's (logits).
-    const float* result = hidden ? At<float>(plan_.normed) : At<float>(plan_.logits);
-    WP_CUDA_TRY(cudaMemcpyAsync(out.data(), result, needed * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                "copy of the output");
-    return Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU");
+    return OkStatus();
   }
 
   template <typename T>

@@ -148,6 +148,39 @@ __global__ void Attend(const float* q, uint32_t start, const float* keys, const 
   }
 }
 
+// One block: each thread keeps the largest of its stride of x (the first on a tie: it scans up), then
+// the block halves its candidates until one is left, the lower index winning a tie. NaN and -inf
+// never win: an index of -1 means no value was a number above -inf.
+constexpr unsigned kArgMaxThreads = 1024;
+__global__ void ArgMax(const float* x, uint32_t count, int32_t* out) {
+  __shared__ float values[kArgMaxThreads];
+  __shared__ int32_t indices[kArgMaxThreads];
+  float best = -INFINITY;
+  int32_t index = -1;
+  for (uint32_t i = threadIdx.x; i < count; i += blockDim.x) {
+    if (x[i] > best) {
+      best = x[i];
+      index = static_cast<int32_t>(i);
+    }
+  }
+  values[threadIdx.x] = best;
+  indices[threadIdx.x] = index;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const float v = values[threadIdx.x + half];
+      const int32_t j = indices[threadIdx.x + half];
+      if (j >= 0 && (v > values[threadIdx.x] || indices[threadIdx.x] < 0 ||
+                     (v == values[threadIdx.x] && j < indices[threadIdx.x]))) {
+        values[threadIdx.x] = v;
+        indices[threadIdx.x] = j;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = indices[0];
+}
+
 __global__ void SwiGlu(float* gate, const float* up, uint64_t count) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
     const float g = gate[i];
@@ -192,6 +225,11 @@ cudaError_t LaunchAttention(const float* q, uint32_t rows, uint32_t start, const
   const dim3 grid(shape.heads, rows);
   const size_t shared = (shape.head_dim + kTile) * sizeof(float);
   Attend<<<grid, kTile, shared, stream>>>(q, start, keys, values, shape, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchArgMax(const float* x, uint32_t count, int32_t* out, cudaStream_t stream) {
+  ArgMax<<<1, kArgMaxThreads, 0, stream>>>(x, count, out);
   return cudaGetLastError();
 }
 

@@ -49,6 +49,10 @@ struct AttentionShape {
 cudaError_t LaunchAttention(const float* q, uint32_t rows, uint32_t start, const float* keys, const float* values,
                             const AttentionShape& shape, float* out, cudaStream_t stream);
 
+// *out = the index of x's largest value (the lowest on a tie; NaN and -inf never chosen), or -1
+// when none is above -inf: greedy decoding's choice (engines/transformer/sampler.h, ArgMaxToken).
+cudaError_t LaunchArgMax(const float* x, uint32_t count, int32_t* out, cudaStream_t stream);
+
 // gate[i] = silu(gate[i]) * up[i].
 cudaError_t LaunchSwiGlu(float* gate, const float* up, uint64_t count, cudaStream_t stream);
 

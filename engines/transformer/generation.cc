@@ -44,6 +44,12 @@ TokenLogprobs LogprobsOf(std::span<const float> logits, int32_t chosen, uint32_t
   return out;
 }
 
+Result<int32_t> Sequence::ForwardArgMax(std::span<const int32_t> tokens, uint32_t start) {
+  std::vector<float> logits(config().vocab_size);
+  if (Status s = Forward(tokens, start, logits); !s.ok()) return s;
+  return ArgMaxToken(logits);
+}
+
 Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
                             const std::function<bool(int32_t)>& on_token, const std::function<bool()>& on_progress,
                             const std::function<void(const TokenLogprobs&)>& on_logprobs) {
@@ -61,18 +67,33 @@ Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
   out.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
   std::vector<int32_t> sequence = request.prompt;
   std::vector<float> logits(model.config().vocab_size);
+  Sampler sampler(request.sampling);
+  // Greedy with no penalty and no log-probabilities needs only the argmax, which the sequence finds
+  // where its logits are (on a GPU: one id copied back instead of vocab_size floats); else the logits
+  // come to the host and the sampler chooses. Either way the same token.
+  const bool argmax_only = ChoosesArgMax(request.sampling) && !request.logprobs;
+  auto step = [&](std::span<const int32_t> tokens, uint32_t start) -> Result<int32_t> {
+    if (argmax_only) return model.ForwardArgMax(tokens, start);
+    if (Status s = model.Forward(tokens, start, logits); !s.ok()) return s;
+    return sampler.Next(logits, sequence);
+  };
   const std::span<const int32_t> prompt(request.prompt);
+  Result<int32_t> next = Error(Code::kInternal, "no token chosen");
   for (size_t done = 0; done < prompt.size(); done += kPrefillPiece) {
     if (done > 0 && on_progress && !on_progress()) {
       out.finish = FinishReason::kCancelled;
       return out;
     }
     const size_t piece = std::min<size_t>(kPrefillPiece, prompt.size() - done);
-    if (Status s = model.Forward(prompt.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) return s;
+    const bool last = done + piece == prompt.size();
+    if (last && request.max_tokens > 0) {
+      next = step(prompt.subspan(done, piece), static_cast<uint32_t>(done));
+      if (!next.ok()) return next.status();
+    } else if (Status s = model.Forward(prompt.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) {
+      return s;
+    }
   }
-  Sampler sampler(request.sampling);
   while (out.tokens.size() < request.max_tokens) {
-    Result<int32_t> next = sampler.Next(logits, sequence);
     if (!next.ok()) return next.status();
     const bool ends = std::find(request.end_tokens.begin(), request.end_tokens.end(), *next) != request.end_tokens.end();
     if (request.logprobs && on_logprobs && !ends) on_logprobs(LogprobsOf(logits, *next, request.top_logprobs));
@@ -90,7 +111,7 @@ Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
     // The token just chosen goes into the cache at the next position; a full context ends here.
     const auto position = static_cast<uint32_t>(sequence.size() - 1);
     if (position >= model.context()) break;
-    if (Status s = model.Forward({&sequence.back(), 1}, position, logits); !s.ok()) return s;
+    next = step({&sequence.back(), 1}, position);
   }
   out.finish = FinishReason::kLength;
   return out;

@@ -7,8 +7,10 @@
 // Numerics: f32 weights multiply f32 activations (no TF32); f16 and bf16 weights are used as
 // stored and multiply activations narrowed to the same type, accumulating in f32 (cuBLAS takes A
 // and B of one type). Norms, rotary embeddings, attention and the cache are f32, as on the CPU.
-// Sampling runs on the host from the logits the last token's forward pass copies back (vocab_size
-// floats): the same sampler as on the CPU, so a seed means the same thing on either.
+// Greedy decoding (no penalty, no log-probabilities) chooses on the device: the argmax kernel, one
+// id copied back. Other sampling runs on the host from the logits the last token's forward pass
+// copies back (vocab_size floats): the same sampler as on the CPU, so a seed means the same thing
+// on either.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +42,7 @@ struct GpuPlan {
   uint64_t logits = 0;                    // vocab
   uint64_t inv_freq = 0;                  // head_dim / 2 doubles
   uint64_t tokens = 0;                    // chunk int32
+  uint64_t chosen = 0;                    // one int32: greedy decoding's token
   uint64_t blas = 0;
   uint64_t total = 0;
 };
@@ -68,6 +71,7 @@ inline GpuPlan PlanGpuSequence(const Config& c, uint32_t context) {
   plan.logits = take(uint64_t{c.vocab_size} * sizeof(float));
   plan.inv_freq = take(uint64_t{c.head_dim / 2} * sizeof(double));
   plan.tokens = take(rows * sizeof(int32_t));
+  plan.chosen = take(sizeof(int32_t));
   plan.blas = take(kGpuBlasWorkspaceBytes);
   plan.total = at;
   return plan;

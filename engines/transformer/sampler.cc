@@ -35,7 +35,28 @@ size_t ArgMax(const std::vector<double>& scores) {
   return static_cast<size_t>(std::max_element(scores.begin(), scores.end()) - scores.begin());
 }
 
+// Below this temperature every gap between logits of more than 0.01 is a factor of e^-1000: the
+// distribution is the most likely token alone, and dividing by it could overflow to -inf everywhere.
+constexpr double kGreedyBelow = 1e-5;
+
 }  // namespace
+
+bool ChoosesArgMax(const SamplingOptions& options) {
+  return options.temperature < kGreedyBelow && options.repetition_penalty == 1.0;
+}
+
+Result<int32_t> ArgMaxToken(std::span<const float> logits) {
+  int32_t best = -1;
+  float value = -INFINITY;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > value) {  // false for NaN, and for -inf: neither is possible
+      value = logits[i];
+      best = static_cast<int32_t>(i);
+    }
+  }
+  if (best < 0) return Error(Code::kInternal, "the model gave no logit that is a number: nothing can be sampled");
+  return best;
+}
 
 Status CheckSamplingOptions(const SamplingOptions& o) {
   if (!std::isfinite(o.temperature) || o.temperature < 0) {
@@ -72,9 +93,6 @@ Result<std::vector<double>> Sampler::Distribution(std::span<const float> logits,
       v = v < 0 ? v * options_.repetition_penalty : v / options_.repetition_penalty;
     }
   }
-  // Below this temperature every gap between logits of more than 0.01 is a factor of e^-1000: the
-  // distribution is the most likely token alone, and dividing by it could overflow to -inf everywhere.
-  constexpr double kGreedyBelow = 1e-5;
   if (options_.temperature < kGreedyBelow) {
     std::vector<double> one_hot(s.size(), 0.0);
     one_hot[ArgMax(s)] = 1.0;

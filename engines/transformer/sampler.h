@@ -29,6 +29,14 @@ struct SamplingOptions {
 // INVALID_ARGUMENT naming the option when one is out of its range (NaN, infinite, negative, ...).
 Status CheckSamplingOptions(const SamplingOptions& options);
 
+// Whether these options choose the most likely token whatever came before: greedy, with no
+// repetition penalty. Next then is the logits' argmax (ArgMaxToken), which a GPU finds on the device
+// without copying the logits back (Sequence::ForwardArgMax).
+bool ChoosesArgMax(const SamplingOptions& options);
+// The token Next chooses greedily with no penalty: the largest logit (NaN and -inf impossible; the
+// lowest id on a tie). INTERNAL when none is possible.
+Result<int32_t> ArgMaxToken(std::span<const float> logits);
+
 class Sampler {
  public:
   // options must have passed CheckSamplingOptions.

@@ -26,6 +26,10 @@ class Sequence {
   // The same, returning instead the last token's hidden state after the final norm (hidden_size
   // floats): what the output head reads, and what an embedding is made of.
   virtual Status Hidden(std::span<const int32_t> tokens, uint32_t start, std::span<float> hidden) = 0;
+  // The same, returning only the most likely next token as ArgMaxToken chooses it (greedy
+  // decoding): a GPU finds it on the device and copies back one id instead of the logits. This
+  // default computes the logits and looks on the host.
+  virtual Result<int32_t> ForwardArgMax(std::span<const int32_t> tokens, uint32_t start);
   // Where it runs, for the log ("CPU, 8 threads", "cuBLAS on CUDA device 0 (...)").
   virtual std::string Describe() const = 0;
 };

@@ -206,6 +206,11 @@ TEST_F(TransformerGpuTest, LogitsMatchTheCpuForEachArchitectureAndDtype) {
         expect_same({&prompt[step], 1}, 300 + step, fmt::format("decode step {}", step));
       }
       expect_same({prompt.data() + 100, 40}, 0, "a second prompt over the first one's cache");
+      // Greedy decoding's argmax on the device chooses what the host would from the same logits.
+      ASSERT_TRUE(gpu->Forward({&prompt[7], 1}, 40, got).ok());
+      Result<int32_t> chosen = gpu->ForwardArgMax({&prompt[7], 1}, 40);
+      ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+      EXPECT_EQ(*chosen, *transformer::ArgMaxToken(got)) << "the argmax kernel";
       std::vector<float> want_hidden(config.hidden_size), got_hidden(config.hidden_size);
       ASSERT_TRUE(cpu.Hidden({prompt.data(), 30}, 0, want_hidden).ok());
       Status hidden = gpu->Hidden({prompt.data(), 30}, 0, got_hidden);

@@ -1,5 +1,7 @@
 // The sampler against its definitions (Hugging Face's logits processors and warpers), on logits
 // small enough to work out by hand, and with hostile logits (NaN, infinite).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,6 +125,29 @@ TEST(TransformerSampler, NaNLogitsAreNeverChosenAndNoNumberAtAllIsAnError) {
   const std::vector<float> infinite = {0, INFINITY, 3, INFINITY};
   ExpectDistribution({}, infinite, {}, {0, 0.5, 0, 0.5}, "two +inf logits");
   ExpectDistribution({.top_p = 0.3}, infinite, {}, {0, 0, 0, 1}, "top_p over +inf logits keeps the last");
+}
+
+// Greedy decoding with no penalty chooses by ArgMaxToken alone (on a GPU, on the device): the same
+// token as the sampler's greedy choice, and the same error, for every kind of logits.
+TEST(TransformerSampler, TheArgMaxIsTheGreedyChoiceForEveryKindOfLogits) {
+  const std::vector<std::vector<float>> cases = {
+      {0.5f, 2, -1, 2}, {NAN, 1, NAN, 0}, {-INFINITY, -3, -INFINITY}, {0, INFINITY, 3, INFINITY},
+      {-INFINITY, NAN, 7}, {NAN, NAN}, {-INFINITY, -INFINITY}, {1e30f, -1e30f, 1e30f}, {-0.0f, 0.0f}};
+  for (const std::vector<float>& logits : cases) {
+    Sampler greedy({.temperature = 0});
+    Result<int32_t> want = greedy.Next(logits, {});
+    Result<int32_t> got = ArgMaxToken(logits);
+    ASSERT_EQ(got.ok(), want.ok()) << fmt::format("{}", fmt::join(logits, ", "));
+    if (want.ok()) {
+      EXPECT_EQ(*got, *want) << fmt::format("{}", fmt::join(logits, ", "));
+    } else {
+      EXPECT_EQ(got.status().code(), Code::kInternal);
+    }
+  }
+  EXPECT_TRUE(ChoosesArgMax({.temperature = 0}));
+  EXPECT_TRUE(ChoosesArgMax({.temperature = 1e-6}));
+  EXPECT_FALSE(ChoosesArgMax({.temperature = 0.7}));
+  EXPECT_FALSE(ChoosesArgMax({.temperature = 0, .repetition_penalty = 1.1}));
 }
 
 TEST(TransformerSampler, OptionsOutOfRangeAreRefusedByName) {
