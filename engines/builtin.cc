@@ -10,13 +10,6 @@
 namespace warmpool {
 namespace {
 
-// Long enough for a JSON parse error that quotes its context.
-constexpr size_t kErrorBufferBytes = 4096;
-
-struct ProgressBridge {
-  const Engine::ProgressFn* progress;
-};
-
 struct EmitBridge {
   const Engine::EmitFn* emit;
   uint32_t abi_version;  // of the engine: a chunk of version 3 has no logprobs to read
@@ -36,16 +29,15 @@ int EmitTrampoline(void* ctx, const wp_generate_chunk* chunk) {
   }
 }
 
-int ProgressTrampoline(void* ctx, uint64_t done_bytes, uint64_t total_bytes) {
-  const auto* bridge = static_cast<const ProgressBridge*>(ctx);
+}  // namespace
+
+int ProgressTrampoline(void* ctx, uint64_t done, uint64_t total) {
   try {
-    return (*bridge->progress)(done_bytes, total_bytes) ? 0 : 1;
+    return (*static_cast<const Engine::ProgressFn*>(ctx))(done, total) ? 0 : 1;
   } catch (...) {
     return 1;  // an exception must not unwind through the engine's C frames
   }
 }
-
-}  // namespace
 
 Status StatusFromWp(wp_status status, const char* err) {
   if (status == WP_OK) return OkStatus();
@@ -115,8 +107,7 @@ void Engine::Close() {
 Status Engine::Load(const ProgressFn& progress) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   char err[kErrorBufferBytes] = {};
-  ProgressBridge bridge{&progress};
-  wp_status status = progress ? vtable_->load(instance_, &ProgressTrampoline, &bridge, err, sizeof(err))
+  wp_status status = progress ? vtable_->load(instance_, &ProgressTrampoline, const_cast<ProgressFn*>(&progress), err, sizeof(err))
                               : vtable_->load(instance_, nullptr, nullptr, err, sizeof(err));
   return StatusFromWp(status, err);
 }
@@ -179,10 +170,9 @@ Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs,
   out.values.resize(inputs.size() * uint64_t{info_.embedding_size});
   out.tokens.resize(inputs.size());
   char err[kErrorBufferBytes] = {};
-  ProgressBridge bridge{&progress};
   wp_status status = vtable_->embed(instance_, strings.data(), static_cast<uint32_t>(strings.size()),
                                     out.values.data(), out.tokens.data(), progress ? &ProgressTrampoline : nullptr,
-                                    progress ? &bridge : nullptr, err, sizeof(err));
+                                    progress ? const_cast<ProgressFn*>(&progress) : nullptr, err, sizeof(err));
   if (status != WP_OK) return StatusFromWp(status, err);
   return out;
 }

@@ -19,12 +19,20 @@ Status StatusFromWp(wp_status status, const char* err);
 // Copies the message (truncated to fit, always NUL-terminated) into err and returns the code.
 wp_status WpFromStatus(const Status& status, char* err, size_t err_len);
 
+// A wp_progress_fn over an Engine::ProgressFn (ctx points at it): non-zero when it returns false
+// or throws (nothing may unwind through an engine's C frames).
+int ProgressTrampoline(void* ctx, uint64_t done, uint64_t total);
+
 // A spec for a model that is a file (or none): every field set, no directory.
 inline wp_engine_spec SpecForFile(const char* name, const char* path, const uint8_t* header = nullptr,
                                   uint64_t header_bytes = 0, uint64_t file_size = 0) {
   return wp_engine_spec{name, path, header, header_bytes, file_size, /*has_directory=*/0, /*directory_fd=*/-1,
                         /*context=*/0};
 }
+
+// The error buffer an engine call writes into: long enough for a JSON parse error that quotes its
+// context.
+inline constexpr size_t kErrorBufferBytes = 4096;
 
 class Engine {
  public:
@@ -89,8 +97,10 @@ class Engine {
   // to sink once it is checked too (well-formed, named in the signature, each once; all of them
   // given): an engine's mistake is an INTERNAL error, not a malformed reply. A sink's error stops
   // the run and is what Run returns.
+  // max_output_bytes and progress as the ABI's run (0, null: none).
   using SinkFn = std::function<Status(const wp_tensor& output)>;
-  Status Run(std::span<const wp_tensor> inputs, const SinkFn& sink);
+  Status Run(std::span<const wp_tensor> inputs, const SinkFn& sink, uint64_t max_output_bytes = 0,
+             const ProgressFn& progress = nullptr);
 
   const wp_engine_info& info() const { return info_; }
   const wp_engine_vtable& vtable() const { return *vtable_; }

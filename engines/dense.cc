@@ -372,13 +372,21 @@ wp_status DenseSignature(wp_engine* engine, const wp_tensor** inputs, uint32_t* 
 }
 
 // The worker has checked the input against the signature (and aligned its data).
-wp_status DenseRun(wp_engine* engine, const wp_tensor* inputs, uint32_t, wp_tensor_sink_fn sink, void* sink_ctx,
-                   char* err, size_t err_len) {
+wp_status DenseRun(wp_engine* engine, const wp_tensor* inputs, uint32_t, uint64_t max_output_bytes,
+                   wp_tensor_sink_fn sink, void* sink_ctx, wp_progress_fn, void*, char* err, size_t err_len) {
   DenseEngine& dense = *AsDense(engine);
   const int64_t rows = inputs[0].shape[0];
   if (rows > int64_t{UINT32_MAX}) {
     return WpFromStatus(Error(Code::kInvalidArgument, "{} rows: at most {} in one call", rows, UINT32_MAX), err,
                         err_len);
+  }
+  // Refused before anything is allocated: a narrow input may ask for a wide output.
+  const uint64_t output_bytes = static_cast<uint64_t>(rows) * dense.model.out_features * sizeof(float);
+  if (max_output_bytes != 0 && output_bytes > max_output_bytes) {
+    return WpFromStatus(Error(Code::kResourceExhausted,
+                              "the output of {} rows takes {} bytes, more than a reply holds ({}): send fewer rows",
+                              rows, output_bytes, max_output_bytes),
+                        err, err_len);
   }
   try {
     std::vector<float> output(static_cast<size_t>(rows) * dense.model.out_features);
@@ -390,6 +398,9 @@ wp_status DenseRun(wp_engine* engine, const wp_tensor* inputs, uint32_t, wp_tens
     out.data = output.data();
     out.bytes = output.size() * sizeof(float);
     return sink(sink_ctx, &out);
+  } catch (const std::bad_alloc&) {
+    return WpFromStatus(Error(Code::kResourceExhausted, "dense: no memory for an output of {} rows", rows), err,
+                        err_len);
   } catch (const std::exception& e) {
     return WpFromStatus(Error(Code::kInternal, "dense: run failed: {}", e.what()), err, err_len);
   }

@@ -47,8 +47,8 @@ wp_status EchoInfer(wp_engine* engine, const float* input, uint32_t rows, uint32
 }
 
 // Typed tensors: every input back as an output of its name (no signature: any tensors).
-wp_status EchoRun(wp_engine*, const wp_tensor* inputs, uint32_t input_count, wp_tensor_sink_fn sink, void* sink_ctx,
-                  char*, size_t) {
+wp_status EchoRun(wp_engine*, const wp_tensor* inputs, uint32_t input_count, uint64_t, wp_tensor_sink_fn sink,
+                  void* sink_ctx, wp_progress_fn, void*, char*, size_t) {
   for (uint32_t i = 0; i < input_count; i++) {
     if (wp_status s = sink(sink_ctx, &inputs[i]); s != WP_OK) return s;
   }

@@ -71,9 +71,16 @@ Status AppendElement(uint32_t dtype, const json& v, std::string& data) {
     return Error(Code::kInvalidArgument, "is {}, outside the range of {}", x, tensors::KserveName(dtype));
   }
   const auto f = static_cast<float>(x);
-  if (dtype == WP_DTYPE_F32) Append(data, f);
-  else if (dtype == WP_DTYPE_F16) Append(data, FloatToHalf(f));
-  else Append(data, FloatToBF16(f));
+  if (dtype == WP_DTYPE_F32) {
+    Append(data, f);
+  } else if (dtype == WP_DTYPE_F16) {
+    Append(data, FloatToHalf(f));
+  } else {
+    // The largest floats round up past bfloat16's largest finite value.
+    const uint16_t b = FloatToBF16(f);
+    if ((b & 0x7fff) == 0x7f80) return Error(Code::kInvalidArgument, "is {}, outside the range of BF16", x);
+    Append(data, b);
+  }
   return OkStatus();
 }
 
@@ -142,6 +149,9 @@ Result<std::vector<v1::NamedTensor>> TensorsFromKserve(const json& list) {
     if (!one.ok()) return one.status();
     out.push_back(std::move(*one));
   }
+  // Names as the daemon judges them (1 to 64 bytes, no NUL, distinct): refused here, in JSON's terms.
+  google::protobuf::RepeatedPtrField<v1::NamedTensor> all(out.begin(), out.end());
+  if (Status s = tensors::CheckNamedTensors(all, "input"); !s.ok()) return s;
   return out;
 }
 
@@ -187,6 +197,16 @@ Result<json> KserveTensor(const v1::NamedTensor& t) {
   for (int64_t s : t.shape()) shape.push_back(s);
   return json{{"name", t.name()}, {"shape", std::move(shape)}, {"datatype", tensors::KserveName(t.dtype())},
               {"data", std::move(data)}};
+}
+
+json KserveSpecs(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors) {
+  json out = json::array();
+  for (const v1::NamedTensor& t : tensors) {
+    out.push_back({{"name", t.name()},
+                   {"datatype", tensors::KserveName(t.dtype())},
+                   {"shape", std::vector<int64_t>(t.shape().begin(), t.shape().end())}});
+  }
+  return out;
 }
 
 }  // namespace warmpool::replyjson

@@ -23,5 +23,8 @@ Result<v1::NamedTensor> TensorFromKserve(const nlohmann::json& tensor);
 Result<std::vector<v1::NamedTensor>> TensorsFromKserve(const nlohmann::json& tensors);
 // A tensor as KServe writes one, its data flat.
 Result<nlohmann::json> KserveTensor(const v1::NamedTensor& tensor);
+// What a model takes or gives, as KServe's model metadata lists it: [{"name", "datatype", "shape"}]
+// (-1 for a size a request chooses).
+nlohmann::json KserveSpecs(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors);
 
 }  // namespace warmpool::replyjson

@@ -1,5 +1,7 @@
 #include "replyjson/reply_json.h"
 
+#include "replyjson/kserve_json.h"
+
 #include <cmath>
 #include <limits>
 
@@ -21,6 +23,14 @@ json ModelsJson(const v1::ModelsReply& reply) {
     j["out_features"] = m.out_features();
     j["error"] = m.last_error().empty() ? json(nullptr) : json(m.last_error());
     j["retry_in_ms"] = m.retry_in_ms();
+    // Typed tensors: null until a worker has opened it and said, or when its engine takes none;
+    // inputs and outputs null when it takes any.
+    j["tensors"] = nullptr;
+    if (m.runs_tensors()) {
+      const bool any = m.inputs_size() == 0 && m.outputs_size() == 0;
+      j["tensors"] = {{"inputs", any ? json(nullptr) : KserveSpecs(m.inputs())},
+                      {"outputs", any ? json(nullptr) : KserveSpecs(m.outputs())}};
+    }
     out.push_back(std::move(j));
   }
   return out;

@@ -117,8 +117,11 @@ void Simulator::ClientAct(uint32_t index) {
       x->set_allocated_data(infer->mutable_input()->release_data());
       infer->clear_input();
       p.typed = true;
+      // Typed tensors have no default deadline (judged by their steps, as embeddings): this
+      // client's own bounds the wait the deadline check below allows.
+      infer->set_deadline_ms(static_cast<uint32_t>(rng_.Range(50, 3000)));
     }
-    if (rng_.Chance(700)) infer->set_deadline_ms(static_cast<uint32_t>(rng_.Range(50, 3000)));
+    if (!p.typed && rng_.Chance(700)) infer->set_deadline_ms(static_cast<uint32_t>(rng_.Range(50, 3000)));
     p.deadline_ms = infer->deadline_ms() != 0 ? infer->deadline_ms() : config_.default_deadline_ms;
     if (rng_.Chance(50)) infer->set_keep_alive_ms(static_cast<int64_t>(rng_.Range(0, 500)));
     token_session_[p.token] = c.session;

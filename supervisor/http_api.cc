@@ -206,8 +206,15 @@ Result<Plan> Route(const http::Request& request, int* status) {
   if (path.rfind(kV2Models, 0) == 0) {
     const std::string rest = path.substr(kV2Models.size());
     const size_t slash = rest.find('/');
+    if (!rest.empty() && slash == std::string::npos) {
+      if (Status s = only("GET"); !s.ok()) return s;
+      plan.kind = Kind::kModelMetadata;
+      plan.model = rest;
+      plan.request.mutable_models();
+      return plan;
+    }
     if (slash == 0 || slash == std::string::npos || rest.substr(slash) != "/infer") {
-      return Error(Code::kNotFound, "no endpoint {}: POST /v2/models/NAME/infer", path);
+      return Error(Code::kNotFound, "no endpoint {}: POST /v2/models/NAME/infer, GET /v2/models/NAME", path);
     }
     if (Status s = only("POST"); !s.ok()) return s;
     plan.kind = Kind::kInferTensors;
@@ -266,7 +273,7 @@ Result<Plan> Route(const http::Request& request, int* status) {
   }
   return Error(Code::kNotFound,
                "no endpoint {}: try GET /v1/models, /v1/ps, /v1/status, /metrics, or POST "
-               "/v1/models/NAME/load|unload|pin|unpin|infer|generate|embed, /v2/models/NAME/infer",
+               "/v1/models/NAME/load|unload|pin|unpin|infer|generate|embed, /v2/models/NAME/infer; GET /v2/models/NAME",
                path);
 }
 
@@ -294,9 +301,9 @@ Plan PlanRequest(const http::Request& request, bool keep_alive) {
   }
   if (!plan.ok()) {
     // The v2 protocol's clients read errors as {"error": "..."}.
-    if (request.path.rfind("/v2/", 0) == 0 && status == 0) {
+    if (request.path.rfind("/v2/", 0) == 0) {
       Plan refused;
-      refused.immediate = KserveErrorResponse(plan.status(), keep_alive);
+      refused.immediate = KserveErrorResponse(plan.status(), keep_alive, status);
       refused.code = plan.status().code();
       return refused;
     }
@@ -317,10 +324,12 @@ namespace {
 
 std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {
   if (plan.kind == Kind::kInferTensors) return InferTensorsResponse(plan.model, plan.tensors_id, reply, keep_alive);
+  if (plan.kind == Kind::kModelMetadata) return ModelMetadataResponse(plan.model, reply, keep_alive);
   if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
   switch (plan.kind) {
     case Kind::kMetrics: break;  // never sent to the daemon
-    case Kind::kInferTensors: break;  // rendered above, errors included
+    case Kind::kInferTensors:
+    case Kind::kModelMetadata: break;  // rendered above, errors included
     case Kind::kModels: return JsonResponse(replyjson::ModelsJson(reply.models_reply()), keep_alive);
     case Kind::kPs: return JsonResponse(replyjson::PsJson(reply.ps_reply()), keep_alive);
     case Kind::kStatus: return JsonResponse(replyjson::StatusJson(reply.status_reply()), keep_alive);

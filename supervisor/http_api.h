@@ -15,6 +15,7 @@
 //                                      "keep_alive": D}; or f32 bytes (application/octet-stream)
 //                                      with X-Warmpool-Rows
 //   POST   /v2/models/NAME/infer       typed tensors, as KServe's v2 protocol (supervisor/http_tensors.h)
+//   GET    /v2/models/NAME             what it takes and gives, as that protocol's model metadata
 //   PUT    /v1/models/NAME             {"path": P, "engine": E} registers; DELETE forgets
 //   POST   /v1/faults                  {"point", "action", "model", "after", "times"}; DELETE clears
 //   GET    /metrics                    Prometheus text (metrics/prometheus.h)
@@ -31,7 +32,7 @@
 namespace warmpool::supervisor::httpapi {
 
 enum class Kind { kMetrics, kModels, kPs, kStatus, kLoad, kUnload, kPin, kInfer, kRegister, kFaultArm, kFaultClear,
-                  kGenerate, kEmbed, kInferTensors };
+                  kGenerate, kEmbed, kInferTensors, kModelMetadata };
 
 struct Plan {
   Kind kind = Kind::kModels;

@@ -42,10 +42,27 @@ Status FillInferTensors(const http::Request& request, const std::string& model, 
   return OkStatus();
 }
 
-std::string KserveErrorResponse(const Status& error, bool keep_alive) {
-  return http::Response(http::StatusFor(error.code()), "application/json",
+std::string KserveErrorResponse(const Status& error, bool keep_alive, int status) {
+  return http::Response(status != 0 ? status : http::StatusFor(error.code()), "application/json",
                         json{{"error", error.ToString()}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
                         keep_alive);
+}
+
+std::string ModelMetadataResponse(const std::string& model, const v1::Envelope& reply, bool keep_alive) {
+  if (reply.has_error()) return KserveErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
+  for (const v1::ModelInfo& m : reply.models_reply().models()) {
+    if (m.name() != model) continue;
+    const json doc = {{"name", m.name()},
+                      {"versions", json::array()},
+                      {"platform", "warmpool-" + m.engine()},
+                      {"state", m.state()},
+                      {"inputs", replyjson::KserveSpecs(m.inputs())},
+                      {"outputs", replyjson::KserveSpecs(m.outputs())}};
+    return http::Response(200, "application/json",
+                          doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", keep_alive);
+  }
+  return KserveErrorResponse(Error(Code::kNotFound, "model \"{}\" is not registered (see GET /v1/models)", model),
+                             keep_alive);
 }
 
 std::string InferTensorsResponse(const std::string& model, const std::optional<std::string>& id,

@@ -25,7 +25,11 @@ Status FillInferTensors(const http::Request& request, const std::string& model, 
 // The response to the reply (or to its error, as {"error": "CODE: message"}).
 std::string InferTensorsResponse(const std::string& model, const std::optional<std::string>& id,
                                  const v1::Envelope& reply, bool keep_alive);
-// An error in that protocol's shape, with the status its code implies.
-std::string KserveErrorResponse(const Status& error, bool keep_alive);
+// GET /v2/models/NAME: the model's metadata as that protocol gives it, from a models reply:
+// {"name", "versions": [], "platform": "warmpool-ENGINE", "inputs", "outputs"} (inputs and outputs
+// are known once a worker has opened the model: empty before, and for an engine that takes any).
+std::string ModelMetadataResponse(const std::string& model, const v1::Envelope& reply, bool keep_alive);
+// An error in that protocol's shape, with the status its code implies (or `status`).
+std::string KserveErrorResponse(const Status& error, bool keep_alive, int status = 0);
 
 }  // namespace warmpool::supervisor::httpapi

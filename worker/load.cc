@@ -14,13 +14,15 @@
 
 #include "engines/catalog/plugin_loader.h"
 #include "engines/safetensors.h"
+#include "engines/tensors/tensor_proto.h"
 #include "ipc/error_proto.h"
 #include "ipc/file_version_proto.h"
 #include "worker/load_thread.h"
 
 namespace warmpool::worker {
 
-void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights) {
+void DescribeEngine(const Engine& engine, v1::ModelWeights* weights) {
+  const wp_engine_info& info = engine.info();
   weights->set_weight_bytes(info.weight_bytes);
   weights->set_workspace_bytes(info.workspace_bytes);
   weights->set_in_features(info.in_features);
@@ -28,6 +30,13 @@ void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights) {
   weights->set_context(info.context);
   weights->set_kv_bytes_per_token(info.kv_bytes_per_token);
   weights->set_embedding_size(info.embedding_size);
+  weights->clear_inputs();
+  weights->clear_outputs();
+  weights->set_runs_tensors(engine.runs_tensors());
+  Result<Engine::TensorSignature> signature = engine.runs_tensors() ? engine.Signature() : Result<Engine::TensorSignature>(Engine::TensorSignature{});
+  if (!signature.ok()) return;  // an engine's broken statement: its runs will say so
+  for (const wp_tensor& t : signature->inputs) tensors::CopyInto(t, weights->add_inputs());
+  for (const wp_tensor& t : signature->outputs) tensors::CopyInto(t, weights->add_outputs());
 }
 
 namespace {
@@ -131,7 +140,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
     done.mutable_weights()->set_header(*described);
   }
   const wp_engine_info& info = engine->info();
-  DescribeEngine(info, done.mutable_weights());
+  DescribeEngine(*engine, done.mutable_weights());
   if (request.admitted_bytes() != 0 &&
       info.weight_bytes + info.workspace_bytes > request.admitted_bytes()) {
     // The file changed since it was registered (or its engine's workspace was unknown): room was

@@ -163,7 +163,7 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
       int shared = -1;
       if (status.ok()) {
         *done->mutable_weights() = described;  // what it was told the weights are,
-        DescribeEngine(engine->info(), done->mutable_weights());  // as its engine measures them
+        DescribeEngine(*engine, done->mutable_weights());  // as its engine measures them
         // Unparked weights live in a new device region: the supervisor holds that one now.
         if (request.copy() && region.handle >= 0) {
           shared = region.handle;

@@ -35,7 +35,7 @@
 namespace warmpool::worker {
 
 // The sizes and shape an engine reports, into the description a load or attach answers with.
-void DescribeEngine(const wp_engine_info& info, v1::ModelWeights* weights);
+void DescribeEngine(const Engine& engine, v1::ModelWeights* weights);
 
 class LoadThread {
  public:

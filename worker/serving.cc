@@ -68,10 +68,12 @@ int Serving::Run() {
         }
         if (infer.has_embed()) {  // never batched
           HandleEmbed(infer);
+          if (!read_error_.ok()) read_error = read_error_;
           break;
         }
         if (infer.inputs_size() > 0) {  // typed tensors: never batched
           HandleInferTensors(infer);
+          if (!read_error_.ok()) read_error = read_error_;
           break;
         }
         if (infer.has_input_region() || infer.has_output_region()) {  // never batched

@@ -50,7 +50,7 @@ inline void CopyInto(const wp_tensor& t, v1::NamedTensor* out) {
   out->set_name(t.name);
   out->set_dtype(static_cast<v1::DType>(t.dtype));
   for (uint32_t d = 0; d < t.rank; d++) out->add_shape(t.shape[d]);
-  out->set_data(static_cast<const char*>(t.data), t.bytes);
+  if (t.bytes != 0) out->set_data(static_cast<const char*>(t.data), t.bytes);
 }
 
 }  // namespace warmpool::tensors

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "common/utf8.h"
+
 namespace warmpool::tensors {
 
 namespace {
@@ -92,10 +94,14 @@ Result<uint64_t> ElementCount(std::span<const int64_t> shape) {
 
 std::string ShapeText(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-Status CheckTensor(const wp_tensor& t) {
+namespace {
+
+// What a request's tensor and a signature's share: a name of 1 to 64 bytes of UTF-8 (it travels in
+// protobuf strings, which must be), a known dtype, a rank up to 8.
+Status CheckNameDtypeRank(const wp_tensor& t) {
   const size_t name_bytes = t.name == nullptr ? 0 : strnlen(t.name, kMaxNameBytes + 1);
-  if (name_bytes == 0 || name_bytes > kMaxNameBytes) {
-    return Error(Code::kInvalidArgument, "a tensor needs a name of 1 to {} bytes", kMaxNameBytes);
+  if (name_bytes == 0 || name_bytes > kMaxNameBytes || !IsValidUtf8(std::string_view(t.name, name_bytes))) {
+    return Error(Code::kInvalidArgument, "a tensor needs a name of 1 to {} bytes of UTF-8", kMaxNameBytes);
   }
   if (Find(t.dtype) == nullptr) {
     return Error(Code::kInvalidArgument, "tensor \"{}\" has dtype {}: f32, f16, bf16, i32, i64 or bytes", t.name,
@@ -104,6 +110,29 @@ Status CheckTensor(const wp_tensor& t) {
   if (t.rank > kMaxRank) {
     return Error(Code::kInvalidArgument, "tensor \"{}\" has {} dimensions: at most {}", t.name, t.rank, kMaxRank);
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckSignature(std::span<const wp_tensor> stated, std::string_view what) {
+  if (stated.size() > kMaxTensors) return Error(Code::kInvalidArgument, "{} {}s: at most {}", stated.size(), what, kMaxTensors);
+  std::unordered_set<std::string_view> names;
+  for (const wp_tensor& s : stated) {
+    if (Status c = CheckNameDtypeRank(s); !c.ok()) return c;
+    for (uint32_t d = 0; d < s.rank; d++) {
+      if (s.shape[d] < -1) {
+        return Error(Code::kInvalidArgument, "{} \"{}\" has a size of {}: sizes are >= 0, or -1 for any", what,
+                     s.name, s.shape[d]);
+      }
+    }
+    if (!names.insert(s.name).second) return Error(Code::kInvalidArgument, "two {}s are named \"{}\"", what, s.name);
+  }
+  return OkStatus();
+}
+
+Status CheckTensor(const wp_tensor& t) {
+  if (Status c = CheckNameDtypeRank(t); !c.ok()) return c;
   Result<uint64_t> elements = ElementCount(ShapeOf(t));
   if (!elements.ok()) return Error(Code::kInvalidArgument, "tensor \"{}\": {}", t.name, elements.status().message());
   if (t.data == nullptr && t.bytes != 0) {

@@ -37,10 +37,13 @@ inline std::span<const int64_t> ShapeOf(const wp_tensor& t) {
   return {t.shape, t.rank <= kMaxRank ? t.rank : kMaxRank};
 }
 
-// A tensor of a request or a reply: a name of 1 to 64 bytes, a known dtype, a rank up to 8, sizes
+// A tensor of a request or a reply: a name of 1 to 64 bytes of UTF-8, a known dtype, a rank up to 8, sizes
 // >= 0, and data of exactly its elements' bytes (for BYTES: every element's length and bytes,
 // nothing left over). Reads BYTES lengths with memcpy: the data need not be aligned.
 Status CheckTensor(const wp_tensor& tensor);
+// What an engine states it takes or gives (a signature): up to kMaxTensors tensors of distinct
+// names, each as CheckTensor judges a name, dtype and rank, its sizes >= 0 or -1 (any); no data.
+Status CheckSignature(std::span<const wp_tensor> stated, std::string_view what);
 // Up to kMaxTensors well-formed tensors with distinct names.
 Status CheckTensors(std::span<const wp_tensor> tensors, std::string_view what);
 

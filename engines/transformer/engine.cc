@@ -272,13 +272,18 @@ wp_status SignatureCall(wp_engine* engine, const wp_tensor** inputs, uint32_t* i
 // Typed tensors: the logits after a run of token ids from position 0 (what Hugging Face's
 // model(input_ids).logits[-1] is), in pieces of kPrefillPiece as a prompt. The worker has checked
 // the input against the signature.
-Status RunTokens(TransformerEngine& e, const wp_tensor& ids, wp_tensor_sink_fn sink, void* sink_ctx) {
+Status RunTokens(TransformerEngine& e, const wp_tensor& ids, uint64_t max_output_bytes, wp_tensor_sink_fn sink,
+                 void* sink_ctx, wp_progress_fn progress, void* progress_ctx) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
   const Config& config = e.sequence->config();
   const uint64_t count = static_cast<uint64_t>(ids.shape[0]);
   if (count == 0 || count > e.sequence->context()) {
     return Error(Code::kInvalidArgument, "input_ids holds {} tokens: 1 to the context's {}", count,
                  e.sequence->context());
+  }
+  if (max_output_bytes != 0 && uint64_t{config.vocab_size} * sizeof(float) > max_output_bytes) {
+    return Error(Code::kResourceExhausted, "the logits take {} bytes, more than a reply holds ({})",
+                 uint64_t{config.vocab_size} * sizeof(float), max_output_bytes);
   }
   std::vector<int32_t> tokens(count);
   const auto* values = static_cast<const int64_t*>(ids.data);
@@ -292,6 +297,10 @@ Status RunTokens(TransformerEngine& e, const wp_tensor& ids, wp_tensor_sink_fn s
   std::vector<float> logits(config.vocab_size);
   std::span<const int32_t> all(tokens);
   for (size_t done = 0; done < count; done += kPrefillPiece) {
+    // Between pieces, as a prompt's: the worker hears that the run moves, and may stop it.
+    if (done > 0 && progress != nullptr && progress(progress_ctx, done, count) != 0) {
+      return Error(Code::kUnavailable, "the run was stopped");
+    }
     const size_t piece = std::min<size_t>(kPrefillPiece, count - done);
     if (Status s = e.sequence->Forward(all.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) {
       return s;
@@ -304,9 +313,12 @@ Status RunTokens(TransformerEngine& e, const wp_tensor& ids, wp_tensor_sink_fn s
   return taken == WP_OK ? OkStatus() : Status(CodeFromInt(taken), "the logits were refused");
 }
 
-wp_status RunCall(wp_engine* engine, const wp_tensor* inputs, uint32_t, wp_tensor_sink_fn sink, void* sink_ctx,
-                  char* err, size_t err_len) {
-  return Guarded(err, err_len, [&] { return RunTokens(*As(engine), inputs[0], sink, sink_ctx); });
+wp_status RunCall(wp_engine* engine, const wp_tensor* inputs, uint32_t, uint64_t max_output_bytes,
+                  wp_tensor_sink_fn sink, void* sink_ctx, wp_progress_fn progress, void* progress_ctx, char* err,
+                  size_t err_len) {
+  return Guarded(err, err_len, [&] {
+    return RunTokens(*As(engine), inputs[0], max_output_bytes, sink, sink_ctx, progress, progress_ctx);
+  });
 }
 
 const wp_engine_vtable kTransformerVtable = {

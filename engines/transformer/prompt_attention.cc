@@ -29,6 +29,13 @@ bool Finite(const float* x, uint32_t count, uint32_t width, uint64_t stride) {
   return sum == 0.0f;
 }
 
+// The first position a token at `position` sees: 0, or the start of its sliding window (which
+// counts the token itself).
+uint32_t FirstVisible(const Config& c, uint32_t position) {
+  return c.sliding_window != 0 && position + 1 > c.sliding_window ? static_cast<uint32_t>(position + 1 - c.sliding_window)
+                                                                   : 0;
+}
+
 }  // namespace
 
 Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const float* keys, const float* values,
@@ -47,9 +54,7 @@ Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const flo
     const uint32_t n = std::min(kTileRows, rows - r0);
     // The keys any row of the tile may see: from the first row's window start to the last row.
     const uint32_t end = start + r0 + n;  // exclusive
-    const uint32_t lo = c.sliding_window != 0 && start + r0 + 1 > c.sliding_window
-                            ? start + r0 + 1 - c.sliding_window
-                            : 0;
+    const uint32_t lo = FirstVisible(c, start + r0);
     const uint32_t width = end - lo;
     const uint64_t kv_offset = uint64_t{lo} * c.kv_size() + uint64_t{h / group} * c.head_dim;
     thread_local std::vector<float> scores;
@@ -60,9 +65,7 @@ Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const flo
       // Row i sees positions first .. position (causal, and within the window, which counts the
       // token itself); the rest of its scores weigh nothing.
       const uint32_t position = start + r0 + i;
-      const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
-                                 ? position + 1 - c.sliding_window
-                                 : 0;
+      const uint32_t first = FirstVisible(c, position);
       float* row = scores.data() + uint64_t{i} * width;
       const uint32_t a = first - lo, b = position - lo + 1;
       float max = -INFINITY;
@@ -79,13 +82,15 @@ Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const flo
                      0.0f, o, c.q_size());
     } else if (s == dnnl_success) {
       // A value that is not finite must reach only the rows that see it: as a product, the zero
-      // weight of a row that does not would make 0 x inf = NaN of it. Row by row, over what each sees.
+      // weight of a row that does not would make 0 x inf = NaN of it. Row by row, over exactly what
+      // each sees, as the decode loop weighs them.
       for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t position = start + r0 + i;
+        const uint32_t first = FirstVisible(c, position);
         const float* p = scores.data() + uint64_t{i} * width;
         float* row_out = o + uint64_t{i} * c.q_size();
         std::fill(row_out, row_out + c.head_dim, 0.0f);
-        for (uint32_t j = 0; j < width; ++j) {
-          if (p[j] == 0.0f) continue;  // outside the row's view (or nothing to add)
+        for (uint32_t j = first - lo; j <= position - lo; ++j) {
           const float* v = values + kv_offset + uint64_t{j} * c.kv_size();
           for (uint32_t d = 0; d < c.head_dim; ++d) row_out[d] += p[j] * v[d];
         }

@@ -24,12 +24,27 @@ def _or_none(text):
     return text if text else None
 
 
+_DTYPE_NAMES = {1: "f32", 2: "f16", 3: "bf16", 4: "i32", 5: "i64", 6: "bytes"}
+
+
+def _specs(tensors):
+    return {t.name: (_DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.shape)) for t in tensors}
+
+
+def _tensors(m):
+    if not m.runs_tensors:
+        return None
+    any_tensors = not m.inputs and not m.outputs
+    return {"inputs": None if any_tensors else _specs(m.inputs), "outputs": None if any_tensors else _specs(m.outputs)}
+
+
 def model_info(m):
     return results.ModelInfo(
         name=m.name, engine=m.engine, path=m.path, state=m.state, bytes=m.bytes,
         in_features=m.in_features, out_features=m.out_features, error=_or_none(m.last_error),
         retry_in_ms=m.retry_in_ms, weight_bytes=m.weight_bytes, workspace_bytes=m.workspace_bytes,
         total_bytes=m.weight_bytes + m.workspace_bytes, pinned=m.pinned, file_broken=m.file_broken,
+        tensors=_tensors(m),
     )
 
 

@@ -41,8 +41,10 @@ class BF16:
             raise TypeError(f"BF16 takes real numbers, not {values.dtype}")
         with np.errstate(over="ignore"):
             self.array = values.astype(np.float32)
-        if np.isinf(self.array[np.isfinite(values)]).any():
-            raise ValueError("a value is outside the range of bfloat16 (about +-3.4e38)")
+        # The largest float32 values round up past bfloat16's largest finite one.
+        widened = (self.bits().astype(np.uint32) << 16).view(np.float32)
+        if np.isinf(widened[np.isfinite(values)]).any():
+            raise ValueError("a value is outside the range of bfloat16 (about +-3.39e38)")
 
     def bits(self):
         """The values' bfloat16 bits, rounded to nearest even (NaN kept a quiet NaN)."""
@@ -71,13 +73,16 @@ def _fill(tensor, name, value):
         tensor.shape.extend(value.array.shape)
         tensor.data = value.bits().tobytes()
         return
-    array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object if _textual(value) else None)
-    if array.dtype.kind in "OSU":
+    textual = value.dtype.kind in "OSU" if isinstance(value, np.ndarray) else _textual(value)
+    array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object if textual else None)
+    if textual:
         tensor.dtype = pb.DTYPE_BYTES
         tensor.shape.extend(array.shape)
         tensor.data = _strings(array)
         return
     if not isinstance(value, np.ndarray):  # a list of numbers: int64, or float32 with a range check
+        if array.dtype.kind == "O" or (array.dtype.kind == "u" and array.size and int(array.max()) > 2**63 - 1):
+            raise ValueError(f"tensor {name!r}: a value is outside the range of int64 (or not a number)")
         if array.dtype.kind in "iu":
             array = array.astype("<i8")
         elif array.dtype.kind == "f":

@@ -26,6 +26,10 @@ class ModelInfo:
     total_bytes: int = 0
     pinned: bool = False
     file_broken: bool = False  # failed because of its file: fix it, then load() reads it again
+    # Typed tensors (infer_tensors), as `models --json` says: None until a worker opened it, or
+    # when its engine takes none; else {"inputs": ..., "outputs": ...}, each name -> (dtype, shape)
+    # with -1 for a size a request chooses, or None when it takes any.
+    tensors: Optional[dict] = None
 
 
 @dataclass(frozen=True)

@@ -161,12 +161,14 @@ void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
   (void)infer->unsafe_arena_release_input();
 }
 
-// Typed tensors: alone on the worker (their shapes are the engine's to judge), the outputs bounded
-// by a reply's frame, which only the worker can count.
+// Typed tensors: alone on the worker (their shapes are the engine's to judge), judged by their
+// steps as embeddings are (a run over a long prompt goes in pieces), the outputs bounded by a
+// reply's frame, which only the worker can count.
 void Core::DispatchTyped(uint32_t model, uint32_t worker, Waiter&& waiter) {
   Job job = InferJobFor(model, worker, waiter);
   job.request = std::move(waiter.infer);
   job.frame_bytes = records::RequestDataBytes(job.request);
+  job.stepwise = true;
   v1::WorkerEnvelope message;
   v1::WorkerInfer* infer = message.mutable_infer();
   for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;

@@ -69,6 +69,7 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   Job job = InferJobFor(model, worker, waiter);
   job.generate = std::move(waiter.generate);
   job.embed = std::move(waiter.embed);
+  job.stepwise = true;
   // In the worker's channel: the request, and for embeddings the reply's vectors too.
   job.frame_bytes = job.generate ? job.generate->ByteSizeLong()
                                  : job.embed->ByteSizeLong() + EmbedReplyBytes(job.embed->input_size(),
@@ -87,11 +88,11 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
 
 void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
   Job* job = FindJob(chunk.job());
-  if (job == nullptr || job->worker != slot || job->kind != Job::Kind::kInfer || !(job->generate || job->embed) ||
-      (job->embed && chunk.has_chunk())) {
+  if (job == nullptr || job->worker != slot || job->kind != Job::Kind::kInfer || !job->stepwise ||
+      (!job->generate && chunk.has_chunk())) {
     return KillWorker(slot, fmt::format("sent a chunk of job {}, which is not a generation it runs", chunk.job()));
   }
-  job->progress_ms = MonoMs();  // a step: the generation (or embedding) is alive; a heartbeat has no chunk
+  job->progress_ms = MonoMs();  // a step: the job is alive; a heartbeat has no chunk
   if (!chunk.has_chunk() || job->answered || !job->generate->stream()) return;
   v1::Envelope reply;
   v1::GenerateChunk* out = reply.mutable_generate_chunk();
@@ -119,7 +120,7 @@ void Core::AnswerGenerate(Job& job, v1::WorkerInferDone& done) {
 
 void Core::CancelGenerations(uint64_t session) {
   for (auto& [id, job] : jobs_) {
-    if (job.kind != Job::Kind::kInfer || !(job.generate || job.embed) || job.call.session != session) continue;
+    if (job.kind != Job::Kind::kInfer || !job.stepwise || job.call.session != session) continue;
     v1::WorkerEnvelope cancel;
     cancel.mutable_cancel()->set_job(id);
     Send(job.worker, cancel);

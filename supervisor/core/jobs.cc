@@ -148,6 +148,10 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
   // What an embed reply's frame bound counts (a registration from a manifest of an older daemon
   // may not say).
   if (w.embedding_size != 0) m.entry.embedding_size = w.embedding_size;
+  // What `models` shows of the tensors it takes: known once a worker has opened it.
+  m.entry.runs_tensors = w.runs_tensors;
+  m.entry.inputs = w.inputs;
+  m.entry.outputs = w.outputs;
   m.machine.FinishLoad(std::move(w));
   CountLoad(model, shm::LoadSource::kFile, job.started_ms);
   OnReady(model, job.started_ms, "loaded");

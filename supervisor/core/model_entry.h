@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/file_version.h"
 #include "common/status.h"
@@ -26,6 +27,9 @@ struct WeightsDescription {
   uint32_t context = 0;
   uint64_t kv_bytes_per_token = 0;
   uint32_t embedding_size = 0;  // floats per embedding: an embed reply's size
+  // Typed tensors its engine runs (no data; empty with runs_tensors: any), as a worker reported.
+  bool runs_tensors = false;
+  std::vector<v1::NamedTensor> inputs, outputs;
   bool generates() const { return context != 0; }
 };
 

@@ -65,6 +65,10 @@ struct Job {
   v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
   std::optional<v1::GenerateRequest> generate{};  // a generation (core/generate.cc), kept alike
   std::optional<v1::EmbedRequest> embed{};        // embeddings (core/embed.cc), kept alike
+  // Judged by its steps, not by a default deadline: the worker sends heartbeats between them (one
+  // that says nothing for load_stall_ms is taken for hung), and a client that leaves cancels it.
+  // A generation, embeddings, typed tensors (whose runs may be a long prompt's pieces).
+  bool stepwise = false;
   uint32_t chunks = 0;  // a generation's chunks sent to its client
   std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
   uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves

@@ -322,9 +322,9 @@ void Core::SweepStalls(uint64_t as_of) {
     head = std::min(head, id);
   }
   for (const auto& [id, job] : jobs_) {
-    // An inference is judged by its deadline; a generation or embedding (which may have none) by
-    // its steps.
-    if (job.kind == Job::Kind::kInfer && !job.generate && !job.embed) continue;
+    // An inference is judged by its deadline; a generation, embeddings or typed tensors (which
+    // may have none) by its steps.
+    if (job.kind == Job::Kind::kInfer && !job.stepwise) continue;
     bool load_thread = OnLoadThread(job);
     if (id != (load_thread ? head_load[job.worker] : head_serving[job.worker])) continue;
     const WorkerSlot& w = workers_[job.worker];
@@ -333,7 +333,9 @@ void Core::SweepStalls(uint64_t as_of) {
     static constexpr const char* kWhat[] = {"loading", "attaching", "unparking", "generating",
                                             "unloading", "parking"};
     KillWorker(job.worker, fmt::format("{} of \"{}\" made no progress for {} ms",
-                                       job.embed ? "embedding" : kWhat[static_cast<int>(job.kind)],
+                                       job.embed                                           ? "embedding"
+                                       : job.kind == Job::Kind::kInfer && !job.generate ? "running tensors"
+                                                                                          : kWhat[static_cast<int>(job.kind)],
                                        models_[job.model].entry.name, MonoMs() - since));
   }
 }

@@ -268,6 +268,14 @@ void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   }
   // What the daemon holds of requests is bounded, per connection and in all: a client that
   // pipelines large inputs is told to wait for its replies instead of growing the daemon.
+  // It travels to its worker in one frame. One that came over HTTP was parsed from JSON, whose
+  // numbers may be shorter than their binary form ("0," is an 8-byte i64): it may not fit.
+  if (request.ByteSizeLong() > config_.max_frame_bytes) {
+    return AnswerError(call, Error(Code::kInvalidArgument,
+                                   "the request takes {} bytes as sent to a worker, more than a frame's {} "
+                                   "([limits] max_frame_bytes): send less per request",
+                                   request.ByteSizeLong(), config_.max_frame_bytes));
+  }
   uint64_t bytes = records::RequestDataBytes(request);
   if (Status s = CheckRegions(call.session, request); !s.ok()) return AnswerError(call, s);
   Session& session = sessions_[call.session];
@@ -288,7 +296,9 @@ void Core::HandleInfer(Call call, v1::InferRequest&& request) {
   call.bytes = bytes;
   session.held_bytes += bytes;
   held_bytes_ += bytes;
-  uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : config_.default_deadline_ms;
+  // Typed tensors are judged by their steps (core/dispatch.cc): no default deadline, as embeddings.
+  const uint32_t default_deadline = request.inputs_size() > 0 ? 0 : config_.default_deadline_ms;
+  uint32_t deadline = request.deadline_ms() != 0 ? request.deadline_ms() : default_deadline;
   uint64_t deadline_ms = deadline == 0 ? 0 : MonoMs() + deadline;  // 0: none
   Enqueue(model, Waiter{call, true, std::move(request), deadline_ms, 0});
 }

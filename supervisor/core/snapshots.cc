@@ -89,6 +89,9 @@ v1::Envelope Core::ModelsSnapshot() const {
     info->set_out_features(m.entry.out_features);
     info->set_context(m.entry.context);
     info->set_kv_bytes_per_token(m.entry.kv_bytes_per_token);
+    info->set_runs_tensors(m.entry.runs_tensors);
+    for (const v1::NamedTensor& t : m.entry.inputs) *info->add_inputs() = t;
+    for (const v1::NamedTensor& t : m.entry.outputs) *info->add_outputs() = t;
   }
   // Models the index had no room for: listed, with why, so that a request for one is not a
   // mystery NOT_FOUND.

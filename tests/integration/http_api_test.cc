@@ -43,16 +43,16 @@ json RowsOf(const client::Matrix& m) {
 TEST_F(HttpApiTest, EveryOperationOnTheClientSocket) {
   std::string path = MakeModel("m", "16,32,8");
   StartDaemon();
-  Response models = One(Get("/v1/models", true));
+  Response models = One(HttpGet("/v1/models", true));
   ASSERT_EQ(models.status, 200) << models.body;
   EXPECT_EQ(json::parse(models.body)[0]["name"], "m");
 
-  Response load = One(Post("/v1/models/m/load", R"({"keep_alive": "10m"})", true));
+  Response load = One(HttpPost("/v1/models/m/load", R"({"keep_alive": "10m"})", true));
   ASSERT_EQ(load.status, 200) << load.body;
   EXPECT_EQ(json::parse(load.body)["model"], "m");
 
   client::Matrix input = RandomMatrix(3, 16, 7);
-  Response infer = One(Post("/v1/models/m/infer", RowsOf(input).dump(), true));
+  Response infer = One(HttpPost("/v1/models/m/infer", RowsOf(input).dump(), true));
   ASSERT_EQ(infer.status, 200) << infer.body;
   json out = json::parse(infer.body)["output"];
   client::Matrix expected = ReferenceInfer(path, input);
@@ -61,7 +61,7 @@ TEST_F(HttpApiTest, EveryOperationOnTheClientSocket) {
   ExpectNear(expected, got);
 
   std::string raw(reinterpret_cast<const char*>(input.data.data()), input.data.size() * 4);
-  Response binary = One(Post("/v1/models/m/infer", raw, true,
+  Response binary = One(HttpPost("/v1/models/m/infer", raw, true,
                              "Content-Type: application/octet-stream\r\nX-Warmpool-Rows: 3\r\n"));
   ASSERT_EQ(binary.status, 200) << binary.body;
   EXPECT_NE(binary.headers.find("X-Warmpool-Cols: 8"), std::string::npos);
@@ -70,14 +70,14 @@ TEST_F(HttpApiTest, EveryOperationOnTheClientSocket) {
   std::memcpy(bin.data.data(), binary.body.data(), binary.body.size());
   ExpectNear(expected, bin);
 
-  EXPECT_EQ(One(Post("/v1/models/m/pin", "", true)).status, 200);
-  Response ps = One(Get("/v1/ps", true));
+  EXPECT_EQ(One(HttpPost("/v1/models/m/pin", "", true)).status, 200);
+  Response ps = One(HttpGet("/v1/ps", true));
   ASSERT_EQ(ps.status, 200);
   EXPECT_EQ(json::parse(ps.body)[0]["pinned"], true);
-  EXPECT_EQ(One(Post("/v1/models/m/unpin", "", true)).status, 200);
-  Response status = One(Get("/v1/status", true));
+  EXPECT_EQ(One(HttpPost("/v1/models/m/unpin", "", true)).status, 200);
+  Response status = One(HttpGet("/v1/status", true));
   EXPECT_EQ(json::parse(status.body)["instance"], instance_);
-  Response unload = One(Post("/v1/models/m/unload", "", true));
+  Response unload = One(HttpPost("/v1/models/m/unload", "", true));
   EXPECT_EQ(unload.status, 200) << unload.body;
 
   // Register a second file under the model root, then forget it.
@@ -89,7 +89,7 @@ TEST_F(HttpApiTest, EveryOperationOnTheClientSocket) {
   Response forget = One("DELETE /v1/models/extra HTTP/1.1\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(forget.status, 200) << forget.body;
 
-  Response metrics = One(Get("/metrics", true));
+  Response metrics = One(HttpGet("/metrics", true));
   ASSERT_EQ(metrics.status, 200);
   EXPECT_NE(metrics.body.find(R"(warmpool_model_requests_total{model="m",request="infer",code="OK"} 2)"),
             std::string::npos) << metrics.body;
@@ -107,10 +107,10 @@ TEST_F(HttpApiTest, PipelinedRequestsAreAnsweredInOrderBesideFramedClients) {
   std::vector<client::Matrix> inputs;
   for (int i = 0; i < 40; i++) {
     inputs.push_back(RandomMatrix(1, 8, 100 + i));
-    requests += Post("/v1/models/m/infer", RowsOf(inputs.back()).dump());
-    if (i == 20) requests += Get("/v1/ps");
+    requests += HttpPost("/v1/models/m/infer", RowsOf(inputs.back()).dump());
+    if (i == 20) requests += HttpGet("/v1/ps");
   }
-  requests += Get("/v1/status", true);
+  requests += HttpGet("/v1/status", true);
   int fd = ConnectUnix(socket_);
   std::vector<Response> responses = Split(Exchange(fd, requests));
   ASSERT_EQ(responses.size(), 42u);
@@ -136,7 +136,7 @@ TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
   auto framed = Connect();
   ASSERT_TRUE(framed->Load("m").ok());
   // Garbage after a good request: the good one is answered, then a 400, then the close.
-  std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), Get("/v1/ps") + "GET / HTTP/1.1\r\nBad Header\r\n\r\n"));
+  std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpGet("/v1/ps") + "GET / HTTP/1.1\r\nBad Header\r\n\r\n"));
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].status, 200);
   EXPECT_EQ(r[1].status, 400);
@@ -146,14 +146,14 @@ TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
   EXPECT_EQ(big.status, 413);
   EXPECT_NE(big.body.find("RESOURCE_EXHAUSTED: "), std::string::npos);
   // Unknown models and shapes get the codes the framed protocol gives.
-  EXPECT_EQ(One(Post("/v1/models/nope/infer", "[[1]]", true)).status, 404);
-  Response width = One(Post("/v1/models/m/infer", "[[1, 2]]", true));
+  EXPECT_EQ(One(HttpPost("/v1/models/nope/infer", "[[1]]", true)).status, 404);
+  Response width = One(HttpPost("/v1/models/m/infer", "[[1, 2]]", true));
   EXPECT_EQ(width.status, 400);
   EXPECT_NE(width.body.find("INVALID_ARGUMENT: "), std::string::npos) << width.body;
   // What used to throw inside the loop (a JSON value of the wrong type) or recurse per level.
-  Response park = One(Post("/v1/models/m/unload", R"({"park": 1})", true));
+  Response park = One(HttpPost("/v1/models/m/unload", R"({"park": 1})", true));
   EXPECT_EQ(park.status, 400) << park.body;
-  Response deep = One(Post("/v1/models/m/infer", std::string(200000, '[') + std::string(200000, ']'), true));
+  Response deep = One(HttpPost("/v1/models/m/infer", std::string(200000, '[') + std::string(200000, ']'), true));
   EXPECT_EQ(deep.status, 400) << deep.body;
   // A client that sends half a request and vanishes.
   int fd = ConnectUnix(socket_);
@@ -164,7 +164,7 @@ TEST_F(HttpApiTest, BadRequestsGetAnErrorAndHarmNobody) {
   int slow = ConnectUnix(socket_);
   ASSERT_EQ(send(slow, "PO", 2, MSG_NOSIGNAL), 2);
   EXPECT_TRUE(framed->Infer("m", RandomMatrix(1, 8, 1)).ok());
-  EXPECT_EQ(One(Get("/v1/ps", true)).status, 200);
+  EXPECT_EQ(One(HttpGet("/v1/ps", true)).status, 200);
   close(slow);
   ExpectQuiescentAndValid();
 }
@@ -183,7 +183,7 @@ TEST_F(HttpApiTest, UnknownKeysInBodiesAreRefusedByName) {
                         Case{"/v1/models/m/infer", R"({"input": [[1,2,3,4,5,6,7,8]], "keep_alive_": 1})"},
                         Case{"/v1/unload", R"({"keep_alive_": 1})"},
                         Case{"/v1/faults", R"({"point": "infer.mid", "action": "kill", "keep_alive_": 1})"}}) {
-    Response r = One(Post(c.path, c.body, true));
+    Response r = One(HttpPost(c.path, c.body, true));
     EXPECT_EQ(r.status, 400) << c.path << ": " << r.body;
     EXPECT_NE(r.body.find("unknown key \"keep_alive_\" in the body of POST " + c.path), std::string::npos)
         << r.body;
@@ -195,15 +195,15 @@ TEST_F(HttpApiTest, UnknownKeysInBodiesAreRefusedByName) {
   EXPECT_NE(reg.body.find("unknown key \"engin\""), std::string::npos) << reg.body;
   // Nothing was loaded by the refused load; the keys it takes still work, and the reply names
   // the sizes and replicas.
-  EXPECT_EQ(json::parse(One(Get("/v1/ps", true)).body).size(), 0u);
-  Response load = One(Post("/v1/models/m/load", R"({"keep_alive": "10m", "replicas": 1})", true));
+  EXPECT_EQ(json::parse(One(HttpGet("/v1/ps", true)).body).size(), 0u);
+  Response load = One(HttpPost("/v1/models/m/load", R"({"keep_alive": "10m", "replicas": 1})", true));
   ASSERT_EQ(load.status, 200) << load.body;
   json done = json::parse(load.body);
   EXPECT_EQ(done["total_bytes"], done["weight_bytes"].get<uint64_t>() + done["workspace_bytes"].get<uint64_t>());
   EXPECT_EQ(done["replicas"], 1);
   EXPECT_TRUE(done["replicas_capped"].is_null()) << done.dump();
   EXPECT_EQ(done["evicted"], json::array());
-  json ps = json::parse(One(Get("/v1/ps", true)).body);
+  json ps = json::parse(One(HttpGet("/v1/ps", true)).body);
   ASSERT_EQ(ps.size(), 1u);
   EXPECT_EQ(ps[0]["total_bytes"], done["total_bytes"]);
   EXPECT_EQ(ps[0]["workspace_bytes"], done["workspace_bytes"]);
@@ -223,7 +223,7 @@ TEST_F(HttpApiTest, ExpectContinueAndHttp10KeepAlive) {
   ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
   ASSERT_GT(n, 0);
   EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "HTTP/1.1 100 Continue\r\n\r\n");
-  std::vector<Response> r = Split(Exchange(fd, "{}" + Get("/v1/ps", true)));
+  std::vector<Response> r = Split(Exchange(fd, "{}" + HttpGet("/v1/ps", true)));
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].status, 200) << r[0].body;
   // HTTP/1.0 with keep-alive is told so, and the connection stays for a second request.
@@ -237,7 +237,7 @@ TEST_F(HttpApiTest, LoadStreamsProgressLines) {
   MakeModel("m", "64,64");
   StartDaemon("", {"--enable-fault-injection"});
   ASSERT_EQ(Cli({"fault", "arm", "load.mid_copy", "delay:1200"}), 0);
-  Response load = One(Post("/v1/models/m/load", "", true));
+  Response load = One(HttpPost("/v1/models/m/load", "", true));
   ASSERT_EQ(load.status, 200) << load.body;
   EXPECT_NE(load.headers.find("Transfer-Encoding: chunked"), std::string::npos) << load.headers;
   std::vector<json> lines;
@@ -272,9 +272,9 @@ TEST_F(HttpApiTest, GenerateStreamsNdjsonLinesInRequestOrder) {
   StartDaemon();
   const std::string body = R"({"prompt": "This License", "max_tokens": 12, "temperature": 0})";
   const std::string whole = R"({"prompt": "This License", "max_tokens": 12, "temperature": 0, "stream": false})";
-  std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), Post("/v1/models/lm/generate", body) +
-                                                                    Post("/v1/models/lm/generate", body) +
-                                                                    Post("/v1/models/lm/generate", whole, true)));
+  std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpPost("/v1/models/lm/generate", body) +
+                                                                    HttpPost("/v1/models/lm/generate", body) +
+                                                                    HttpPost("/v1/models/lm/generate", whole, true)));
   ASSERT_EQ(r.size(), 3u);
   std::string texts[2];
   for (int i = 0; i < 2; i++) {
@@ -295,12 +295,12 @@ TEST_F(HttpApiTest, GenerateStreamsNdjsonLinesInRequestOrder) {
   EXPECT_EQ(reply["text"], texts[0]);
   EXPECT_EQ(reply["done"], true);
   // Bad bodies: typed errors, before the model runs.
-  EXPECT_EQ(One(Post("/v1/models/lm/generate", R"({"prompt": "x", "temperature": "hot"})", true)).status, 400);
-  Response unknown = One(Post("/v1/models/lm/generate", R"({"prompt": "x", "max_token": 3})", true));
+  EXPECT_EQ(One(HttpPost("/v1/models/lm/generate", R"({"prompt": "x", "temperature": "hot"})", true)).status, 400);
+  Response unknown = One(HttpPost("/v1/models/lm/generate", R"({"prompt": "x", "max_token": 3})", true));
   EXPECT_EQ(unknown.status, 400);
   EXPECT_NE(unknown.body.find("max_token"), std::string::npos) << unknown.body;
-  EXPECT_EQ(One(Post("/v1/models/nope/generate", body, true)).status, 404);
-  Response with = One(Post("/v1/models/lm/generate",
+  EXPECT_EQ(One(HttpPost("/v1/models/nope/generate", body, true)).status, 404);
+  Response with = One(HttpPost("/v1/models/lm/generate",
                            R"({"prompt": "This License", "max_tokens": 3, "temperature": 0, "stream": false,
                                "logprobs": true, "top_logprobs": 2})",
                            true));
@@ -308,18 +308,18 @@ TEST_F(HttpApiTest, GenerateStreamsNdjsonLinesInRequestOrder) {
   json scored = json::parse(with.body);
   ASSERT_EQ(scored["logprobs"].size(), scored["tokens"].size());
   EXPECT_EQ(scored["logprobs"][0]["top"].size(), 2u);
-  EXPECT_EQ(One(Post("/v1/models/lm/generate", R"({"prompt": "x", "logprobs": 1})", true)).status, 400);
+  EXPECT_EQ(One(HttpPost("/v1/models/lm/generate", R"({"prompt": "x", "logprobs": 1})", true)).status, 400);
 }
 
 TEST_F(HttpApiTest, EmbedTakesAStringOrAListAndAnswersOneVectorPerInput) {
   WriteTinyModel(models_dir_ + "/lm");
   StartDaemon();
-  Response one = One(Post("/v1/models/lm/embed", R"({"input": "free software"})", true));
+  Response one = One(HttpPost("/v1/models/lm/embed", R"({"input": "free software"})", true));
   ASSERT_EQ(one.status, 200) << one.body;
   json single = json::parse(one.body);
   ASSERT_EQ(single["embeddings"].size(), 1u);
   EXPECT_EQ(single["embeddings"][0].size(), single["dimensions"].get<size_t>());
-  Response two = One(Post("/v1/models/lm/embed", R"({"input": ["x y", "free software"], "keep_alive": "1m"})", true));
+  Response two = One(HttpPost("/v1/models/lm/embed", R"({"input": ["x y", "free software"], "keep_alive": "1m"})", true));
   ASSERT_EQ(two.status, 200) << two.body;
   json pair = json::parse(two.body);
   ASSERT_EQ(pair["embeddings"].size(), 2u);
@@ -327,10 +327,10 @@ TEST_F(HttpApiTest, EmbedTakesAStringOrAListAndAnswersOneVectorPerInput) {
   EXPECT_EQ(pair["tokens"].size(), 2u);
   for (const char* bad : {R"({"input": 3})", R"({"input": []})", R"({"input": ["a", 1]})", R"({"inputs": "a"})",
                           R"({"input": ""})"}) {
-    Response r = One(Post("/v1/models/lm/embed", bad, true));
+    Response r = One(HttpPost("/v1/models/lm/embed", bad, true));
     EXPECT_EQ(r.status, 400) << bad << ": " << r.body;
   }
-  EXPECT_EQ(One(Post("/v1/models/nope/embed", R"({"input": "a"})", true)).status, 404);
+  EXPECT_EQ(One(HttpPost("/v1/models/nope/embed", R"({"input": "a"})", true)).status, 404);
 }
 
 TEST_F(HttpApiTest, TcpServesReadsAndInferAndAdministersOnlyWithTheToken) {
@@ -347,16 +347,16 @@ TEST_F(HttpApiTest, TcpServesReadsAndInferAndAdministersOnlyWithTheToken) {
     std::vector<Response> r = Split(Exchange(ConnectTcp(port), request));
     return r.empty() ? Response{} : r[0];
   };
-  EXPECT_EQ(tcp(Get("/v1/models", true)).status, 200);
-  Response denied = tcp(Post("/v1/models/m/load", "", true));
+  EXPECT_EQ(tcp(HttpGet("/v1/models", true)).status, 200);
+  Response denied = tcp(HttpPost("/v1/models/m/load", "", true));
   EXPECT_EQ(denied.status, 403);
   EXPECT_NE(denied.body.find("PERMISSION_DENIED: over TCP only reads and infer are allowed"),
             std::string::npos) << denied.body;
-  EXPECT_EQ(tcp(Post("/v1/models/m/load", "", true, "Authorization: Bearer wrong-token-of-the-same-len\r\n")).status, 403);
-  Response allowed = tcp(Post("/v1/models/m/load", "", true, "Authorization: Bearer s3cret-token-of-sufficient-length\r\n"));
+  EXPECT_EQ(tcp(HttpPost("/v1/models/m/load", "", true, "Authorization: Bearer wrong-token-of-the-same-len\r\n")).status, 403);
+  Response allowed = tcp(HttpPost("/v1/models/m/load", "", true, "Authorization: Bearer s3cret-token-of-sufficient-length\r\n"));
   EXPECT_EQ(allowed.status, 200) << allowed.body;
-  EXPECT_EQ(tcp(Post("/v1/models/m/infer", "[[1,2,3,4,5,6,7,8]]", true)).status, 200);
-  Response metrics = tcp(Get("/metrics", true));
+  EXPECT_EQ(tcp(HttpPost("/v1/models/m/infer", "[[1,2,3,4,5,6,7,8]]", true)).status, 200);
+  Response metrics = tcp(HttpGet("/metrics", true));
   EXPECT_EQ(metrics.status, 200);
   EXPECT_NE(metrics.headers.find("text/plain; version=0.0.4"), std::string::npos);
 }

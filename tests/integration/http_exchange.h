@@ -51,8 +51,9 @@ inline int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// Writes everything, then reads until the daemon closes the connection.
+// Writes what the daemon takes (it may hang up first), then reads until it closes the connection.
 inline std::string Exchange(int fd, const std::string& bytes) {
+  if (fd < 0) return "";
   size_t sent = 0;
   while (sent < bytes.size()) {
     ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
@@ -111,10 +112,10 @@ inline std::vector<Response> Split(const std::string& bytes) {
   return out;
 }
 
-inline std::string Get(const std::string& path, bool close = false) {
+inline std::string HttpGet(const std::string& path, bool close = false) {
   return "GET " + path + " HTTP/1.1\r\nHost: warmpool\r\n" + (close ? "Connection: close\r\n" : "") + "\r\n";
 }
-inline std::string Post(const std::string& path, const std::string& body, bool close = false,
+inline std::string HttpPost(const std::string& path, const std::string& body, bool close = false,
                  const std::string& extra = "") {
   return "POST " + path + " HTTP/1.1\r\nHost: warmpool\r\nContent-Length: " + std::to_string(body.size()) +
          "\r\n" + extra + (close ? "Connection: close\r\n" : "") + "\r\n" + body;

@@ -3,6 +3,7 @@
 // tensors refused with typed errors before any worker, or by the engine's signature, while every
 // model keeps serving; outputs too large for a reply; a worker killed mid-run, the request retried.
 #include <cstring>
+#include <map>
 
 #include "client/typed_tensors.h"
 #include <nlohmann/json.hpp>
@@ -75,6 +76,24 @@ TEST_F(TypedTensorsTest, EveryDtypeRoundTripsAndEachEngineRunsItsOwn) {
   Result<v1::InferReply> again = c->InferTensors("tiny", {client::TensorOf<int64_t>("input_ids", {5}, ids)});
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->outputs(0).data(), logits->outputs(0).data()) << "a pure function of the ids";
+
+  // What each takes, as its worker said when it opened it: `models` lists it.
+  auto models = c->Models();
+  ASSERT_TRUE(models.ok());
+  std::map<std::string, v1::ModelInfo> by_name;
+  for (const v1::ModelInfo& m : models->models()) by_name[m.name()] = m;
+  const v1::ModelInfo& mlp = by_name["mlp"];
+  ASSERT_TRUE(mlp.runs_tensors());
+  ASSERT_EQ(mlp.inputs_size(), 1);
+  EXPECT_EQ(mlp.inputs(0).name(), "input");
+  EXPECT_EQ(mlp.inputs(0).dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(std::vector<int64_t>(mlp.inputs(0).shape().begin(), mlp.inputs(0).shape().end()),
+            (std::vector<int64_t>{-1, 16}));
+  EXPECT_EQ(std::vector<int64_t>(mlp.outputs(0).shape().begin(), mlp.outputs(0).shape().end()),
+            (std::vector<int64_t>{-1, 4}));
+  EXPECT_EQ(by_name["tiny"].inputs(0).name(), "input_ids");
+  EXPECT_EQ(by_name["tiny"].outputs(0).shape(0), logits->outputs(0).shape(0));
+  EXPECT_TRUE(by_name["echo"].runs_tensors() && by_name["echo"].inputs_size() == 0) << "echo takes any";
   ExpectQuiescentAndValid();
 }
 
@@ -132,18 +151,33 @@ TEST_F(TypedTensorsTest, BadTensorsGetTypedErrorsAndEveryModelKeepsServing) {
 
 TEST_F(TypedTensorsTest, OutputsTooLargeForAReplyAreRefusedAndAKilledWorkersRunIsRetried) {
   MakeModel("wide", "4,4096", "relu");
-  StartDaemon("[limits]\nmax_frame_bytes = \"64KiB\"\n", {"--enable-fault-injection"});
+  StartDaemon("[limits]\nmax_frame_bytes = \"64KiB\"\n[[models]]\nname = \"echo\"\nengine = \"echo\"\n",
+              {"--enable-fault-injection"});
   auto c = Connect();
   const std::vector<float> eight_rows(8 * 4, 0.5f);  // 8 x 4096 f32 out: 128 KiB
   Result<v1::InferReply> big = c->InferTensors("wide", {client::TensorOf<float>("input", {8, 4}, eight_rows)});
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), Code::kResourceExhausted) << big.status().ToString();
-  EXPECT_TRUE(Contains(big.status().message(), "max_frame_bytes")) << big.status().message();
+  EXPECT_TRUE(Contains(big.status().message(), "send fewer rows")) << big.status().message();
   const std::vector<float> one_row(4, 0.5f);
   Result<v1::InferReply> fits = c->InferTensors("wide", {client::TensorOf<float>("input", {1, 4}, one_row)});
   ASSERT_TRUE(fits.ok()) << fits.status().ToString();
 
   // Pure, like an inference: the run a worker died in runs again on its respawn.
+  // JSON's numbers may be shorter than their binary form: a body well within the HTTP limit that
+  // would not fit its worker's frame is refused before any worker (none killed, nothing retried).
+  std::string zeros;
+  for (int i = 0; i < 20000; i++) zeros += i == 0 ? "0" : ",0";
+  const std::string body = R"({"inputs": [{"name": "x", "shape": [20000], "datatype": "INT64", "data": [)" + zeros + "]}]}";
+  ASSERT_LT(body.size(), 64u * 1024);
+  std::vector<Response> grown = Split(Exchange(ConnectUnix(socket_), HttpPost("/v2/models/echo/infer", body, true)));
+  ASSERT_EQ(grown.size(), 1u);
+  EXPECT_EQ(grown[0].status, 400) << grown[0].body;
+  EXPECT_TRUE(Contains(grown[0].body, "max_frame_bytes")) << grown[0].body;
+  auto status = c->GetStatus();
+  ASSERT_TRUE(status.ok());
+  for (const v1::WorkerStatus& w : status->workers()) EXPECT_EQ(w.last_exit(), "") << "worker " << w.slot();
+
   ASSERT_TRUE(c->ArmFault(client::FaultSpec{"infer.mid", "kill", "wide", 0, 1}).ok());
   Result<v1::InferReply> retried = c->InferTensors("wide", {client::TensorOf<float>("input", {1, 4}, one_row)});
   ASSERT_TRUE(retried.ok()) << retried.status().ToString();
@@ -157,7 +191,7 @@ TEST_F(TypedTensorsTest, KserveJsonOverHttpAndTheCliCarriesEveryDtype) {
   WriteTinyModel(models_dir_ + "/tiny");
   StartDaemon("[[models]]\nname = \"echo\"\nengine = \"echo\"\n");
   auto post = [&](const std::string& path, const json& body) {
-    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), Post(path, body.dump(), true)));
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpPost(path, body.dump(), true)));
     EXPECT_EQ(r.size(), 1u);
     return r.empty() ? Response{} : r[0];
   };
@@ -185,6 +219,26 @@ TEST_F(TypedTensorsTest, KserveJsonOverHttpAndTheCliCarriesEveryDtype) {
   const json out = json::parse(logits.body)["outputs"][0];
   EXPECT_EQ(out["name"], "logits");
   EXPECT_EQ(out["data"].size(), out["shape"][0].get<size_t>());
+
+  // Its metadata as the v2 protocol's clients ask for it; the CLI's models --json says the same.
+  std::vector<Response> meta = Split(Exchange(ConnectUnix(socket_), HttpGet("/v2/models/tiny", true)));
+  ASSERT_EQ(meta.size(), 1u);
+  ASSERT_EQ(meta[0].status, 200) << meta[0].body;
+  const json metadata = json::parse(meta[0].body);
+  EXPECT_EQ(metadata["platform"], "warmpool-transformer");
+  EXPECT_EQ(metadata["inputs"], json::parse(R"([{"name": "input_ids", "datatype": "INT64", "shape": [-1]}])"));
+  EXPECT_EQ(metadata["outputs"][0]["shape"], json::array({out["shape"][0]}));
+  std::string listed, listed_err;
+  ASSERT_EQ(Cli({"models", "--json"}, &listed, &listed_err), 0) << listed_err;
+  for (const json& m : json::parse(listed)) {
+    if (m["name"] == "tiny") {
+      EXPECT_EQ(m["tensors"]["inputs"], metadata["inputs"]);
+    }
+  }
+  std::vector<Response> unknown = Split(Exchange(ConnectUnix(socket_), HttpGet("/v2/models/nope", true)));
+  ASSERT_EQ(unknown.size(), 1u);
+  EXPECT_EQ(unknown[0].status, 404);
+  EXPECT_TRUE(Contains(json::parse(unknown[0].body)["error"].get<std::string>(), "not registered"));
 
   struct Bad {
     std::string path;

@@ -59,6 +59,12 @@ def test_a_dense_models_run_is_its_inference(client):
     np.testing.assert_array_equal(asyncio.run(run())["output"], got["output"])
 
 
+def test_models_say_what_a_loaded_model_takes(client):
+    client.load("tiny")
+    info = {m.name: m for m in client.models()}["tiny"]
+    assert info.tensors == {"inputs": {"input": ("f32", (-1, 16))}, "outputs": {"output": ("f32", (-1, 8))}}
+
+
 def test_bad_tensors_are_refused_with_typed_errors(client):
     with pytest.raises(warmpool.InvalidArgument, match=r"the model takes f32 \[-1, 16\]"):
         client.infer_tensors("tiny", {"input": np.zeros((2, 3), dtype=np.float32)})
@@ -70,6 +76,12 @@ def test_bad_tensors_are_refused_with_typed_errors(client):
         client.infer_tensors("echo", {"x": np.zeros(2, dtype=bool)})
     with pytest.raises(ValueError, match="float32"):
         client.infer_tensors("echo", {"x": [1e39, 1.5]})
+    with pytest.raises(ValueError, match="int64"):
+        client.infer_tensors("echo", {"x": [2**63]})  # not wrapped to -2**63
+    with pytest.raises(ValueError, match="int64"):
+        client.infer_tensors("echo", {"x": [2**70, 1]})
+    with pytest.raises(ValueError, match="bfloat16"):
+        warmpool.BF16(np.array([3.4e38], dtype=np.float32))  # finite in float32, rounds past bfloat16's largest
     with pytest.raises(warmpool.InvalidArgument, match="non-empty dict"):
         client.infer_tensors("echo", {})
     with pytest.raises(warmpool.InvalidArgument, match="1 to 64 bytes"):

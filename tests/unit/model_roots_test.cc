@@ -162,7 +162,7 @@ TEST_F(ModelRootsTest, AnEntryWithNoEngineIsServedByWhatItsPathIs) {
   ModelRoots roots({root_});
   fs::copy(WARMPOOL_SOURCE_DIR "/demo/license-llama", root_ + "/lm");
   Config config;
-  config.models.push_back(ModelConfig{.name = "lm", .path = root_ + "/lm"});
+  config.models.push_back(ModelConfig{.name = "lm", .engine = "", .path = root_ + "/lm"});
   std::vector<std::string> warnings;
   std::vector<ModelEntry> found = DiscoverModels(config, roots, warnings);
   ASSERT_EQ(found.size(), 1u);

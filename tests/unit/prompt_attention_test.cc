@@ -14,13 +14,13 @@
 namespace warmpool::transformer {
 namespace {
 
-struct Case {
+struct AttentionCase {
   uint32_t rows, start;
   uint64_t window;
   int threads;
 };
 
-std::vector<double> Definition(const Config& c, uint32_t rows, uint32_t start, const std::vector<float>& keys,
+std::vector<double> AttentionByDefinition(const Config& c, uint32_t rows, uint32_t start, const std::vector<float>& keys,
                                const std::vector<float>& values, const std::vector<float>& q) {
   std::vector<double> out(uint64_t{rows} * c.q_size());
   const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
@@ -58,10 +58,10 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 16;
-  const Case cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}};
+  const AttentionCase cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}};
   std::mt19937 generator(11);
   std::uniform_real_distribution<float> uniform(-2, 2);
-  for (const Case& k : cases) {
+  for (const AttentionCase& k : cases) {
     c.sliding_window = k.window;
     const uint32_t positions = k.start + k.rows;
     std::vector<float> keys(uint64_t{positions} * c.kv_size()), values(keys.size()), q(uint64_t{k.rows} * c.q_size());
@@ -70,7 +70,7 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
     for (float& x : q) x = uniform(generator);
     std::vector<float> out(q.size());
     ASSERT_TRUE(PromptAttention(c, k.rows, k.start, keys.data(), values.data(), q.data(), out.data(), k.threads).ok());
-    const std::vector<double> want = Definition(c, k.rows, k.start, keys, values, q);
+    const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
           << "rows " << k.rows << " start " << k.start << " window " << k.window << " at " << i;

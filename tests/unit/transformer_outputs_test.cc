@@ -185,6 +185,25 @@ TEST_F(TransformerEngineTest, TypedTensorsGiveTheLogitsAfterARunOfTokenIds) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << i;
 
+  // A run longer than a piece says how far it got between pieces, and stops when told to.
+  std::vector<uint64_t> seen;
+  wp_tensor long_run{"input_ids", WP_DTYPE_I64, 1, {static_cast<int64_t>(ids.size())}, ids.data(),
+                     ids.size() * sizeof(int64_t)};
+  Status watched = engine->Run(
+      std::span(&long_run, 1), [](const wp_tensor&) { return OkStatus(); }, 0,
+      [&](uint64_t done, uint64_t total) {
+        seen.push_back(done);
+        EXPECT_EQ(total, ids.size());
+        return true;
+      });
+  ASSERT_TRUE(watched.ok()) << watched.ToString();
+  EXPECT_EQ(seen, std::vector<uint64_t>{kPrefillPiece});
+  Status stopped = engine->Run(
+      std::span(&long_run, 1), [](const wp_tensor&) { return OkStatus(); }, 0, [](uint64_t, uint64_t) { return false; });
+  EXPECT_EQ(stopped.code(), Code::kUnavailable) << stopped.ToString();
+  Status small = engine->Run(std::span(&long_run, 1), [](const wp_tensor&) { return OkStatus(); }, 64);
+  EXPECT_EQ(small.code(), Code::kResourceExhausted) << "the logits would not fit a reply of 64 bytes";
+
   Status out_of_range = run({1, static_cast<int64_t>(config.vocab_size)});
   EXPECT_EQ(out_of_range.code(), Code::kInvalidArgument);
   EXPECT_TRUE(Contains(out_of_range.message(), "input_ids[1] is")) << out_of_range.message();

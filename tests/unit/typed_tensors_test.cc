@@ -209,12 +209,13 @@ TEST(TypedTensors, DenseRunIsItsInferenceAndItsSignatureNamesTheWidths) {
 
 // ---- an engine that breaks the rules: its mistakes are INTERNAL, never a malformed reply ----
 
-enum class Mistake { kNone, kWrongDtype, kTwice, kUnknownName, kShortData, kNoOutput };
+enum class Mistake { kNone, kWrongDtype, kTwice, kUnknownName, kShortData, kNoOutput, kNotUtf8Name };
 Mistake g_mistake = Mistake::kNone;
 const wp_tensor kSignatureIn = {"x", WP_DTYPE_F32, 1, {-1}, nullptr, 0};
 const wp_tensor kSignatureOut = {"y", WP_DTYPE_F32, 1, {-1}, nullptr, 0};
 
-wp_status SloppyRun(wp_engine*, const wp_tensor* inputs, uint32_t, wp_tensor_sink_fn sink, void* ctx, char*, size_t) {
+wp_status SloppyRun(wp_engine*, const wp_tensor* inputs, uint32_t, uint64_t, wp_tensor_sink_fn sink, void* ctx,
+                    wp_progress_fn, void*, char*, size_t) {
   wp_tensor out = inputs[0];
   out.name = "y";
   switch (g_mistake) {
@@ -226,6 +227,7 @@ wp_status SloppyRun(wp_engine*, const wp_tensor* inputs, uint32_t, wp_tensor_sin
     case Mistake::kUnknownName: out.name = "z"; break;
     case Mistake::kShortData: out.bytes -= 1; break;
     case Mistake::kNoOutput: return WP_OK;
+    case Mistake::kNotUtf8Name: out.name = "\xff"; break;
   }
   return sink(ctx, &out);
 }
@@ -252,10 +254,11 @@ TEST(TypedTensors, AnEnginesBadOutputsAreInternalErrors) {
   ASSERT_TRUE(engine->Run(in, CollectInto(out)).ok());
   const std::pair<Mistake, std::string> cases[] = {
       {Mistake::kWrongDtype, "output tensor \"y\" is i32 [2]: the model takes f32 [-1]"},
-      {Mistake::kTwice, "gave output \"y\" twice"},
+      {Mistake::kTwice, "output \"y\" twice"},
       {Mistake::kUnknownName, "output tensor \"z\" is not one the model takes"},
       {Mistake::kShortData, "holds 7 bytes"},
       {Mistake::kNoOutput, "gave no output \"y\""},
+      {Mistake::kNotUtf8Name, "name of 1 to 64 bytes of UTF-8"},  // it could not travel in a reply
   };
   for (const auto& [mistake, says] : cases) {
     g_mistake = mistake;
@@ -264,6 +267,66 @@ TEST(TypedTensors, AnEnginesBadOutputsAreInternalErrors) {
     EXPECT_TRUE(Contains(s.message(), says)) << s.message();
   }
   g_mistake = Mistake::kNone;
+}
+
+// A signature is held to the rules of a request's tensors (sizes may be -1): an engine that states
+// a broken one serves no typed request, with an INTERNAL error naming it.
+const wp_tensor kBadSignatures[][2] = {
+    {{"x", WP_DTYPE_F32, 1, {-2}, nullptr, 0}, kSignatureOut},
+    {{nullptr, WP_DTYPE_F32, 1, {-1}, nullptr, 0}, kSignatureOut},
+    {{"x", 9, 1, {-1}, nullptr, 0}, kSignatureOut},
+    {{"x", WP_DTYPE_F32, 9, {-1}, nullptr, 0}, kSignatureOut},
+    {kSignatureIn, {"x", WP_DTYPE_F32, 1, {-1}, nullptr, 0}},  // fine alone; paired below with a twin
+};
+int g_bad = 0;
+wp_status BadSignature(wp_engine*, const wp_tensor** in, uint32_t* in_count, const wp_tensor** out, uint32_t* out_count) {
+  *in = &kBadSignatures[g_bad][0];
+  *in_count = g_bad == 4 ? 2 : 1;  // the last: two inputs named "x"
+  *out = &kSignatureOut;
+  *out_count = 1;
+  return WP_OK;
+}
+
+TEST(TypedTensors, AnEnginesBrokenSignatureIsAnInternalError) {
+  wp_engine_vtable broken = *FindBuiltinEngine("echo");
+  broken.name = "broken";
+  broken.run = &SloppyRun;
+  broken.tensor_signature = &BadSignature;
+  HostMemory memory;
+  Result<Engine> engine = Engine::Open(&broken, SpecForFile("b", ""), memory.service());
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  const char* says[] = {"a size of -2", "name of 1 to 64", "has dtype 9", "9 dimensions", "two inputs are named \"x\""};
+  for (g_bad = 0; g_bad < 5; g_bad++) {
+    Result<Engine::TensorSignature> s = engine->Signature();
+    ASSERT_FALSE(s.ok()) << says[g_bad];
+    EXPECT_EQ(s.status().code(), Code::kInternal);
+    EXPECT_TRUE(Contains(s.status().message(), says[g_bad])) << s.status().message();
+  }
+  g_bad = 0;
+  EXPECT_TRUE(tensors::CheckTensor(Tensor("\xc3\x28", WP_DTYPE_F32, {}, "abcd", 4)).code() == Code::kInvalidArgument)
+      << "a name that is not UTF-8";
+}
+
+// Outputs a reply could not hold are refused before they are computed (a narrow input may ask for
+// a wide output), with the code a client can act on.
+TEST(TypedTensors, ARunWhoseOutputsWouldNotFitAReplyIsRefusedBeforeItRuns) {
+  TempDir dir;
+  const std::string path = dir.File("wide.safetensors");
+  WriteModel(path, {{0, 4, 4096}}, "none");
+  HostMemory memory;
+  Result<Engine> engine = Engine::Open(FindBuiltinEngine("dense"), Spec(path), memory.service());
+  ASSERT_TRUE(engine.ok() && engine->Load().ok());
+  const std::vector<float> rows(1000 * 4, 1.0f);
+  bool sunk = false;
+  Status refused = engine->Run(std::vector<wp_tensor>{Tensor("input", WP_DTYPE_F32, {1000, 4}, rows.data(), 16000)},
+                               [&](const wp_tensor&) {
+                                 sunk = true;
+                                 return OkStatus();
+                               },
+                               /*max_output_bytes=*/1 << 20);
+  EXPECT_EQ(refused.code(), Code::kResourceExhausted) << refused.ToString();
+  EXPECT_TRUE(Contains(refused.message(), "send fewer rows")) << refused.message();
+  EXPECT_FALSE(sunk);
 }
 
 }  // namespace

@@ -278,10 +278,16 @@ typedef struct wp_engine_vtable {
   wp_status (*tensor_signature)(wp_engine* engine, const wp_tensor** inputs, uint32_t* input_count,
                                 const wp_tensor** outputs, uint32_t* output_count);
   /* Runs one request of typed tensors (well-formed: sizes and bytes agree, BYTES elements whole),
-   * calling sink once per output. Inputs the engine cannot use are WP_INVALID_ARGUMENT. Threads
-   * and the in-flight marker as infer: run is one short call, with no progress and no stop. */
-  wp_status (*run)(wp_engine* engine, const wp_tensor* inputs, uint32_t input_count, wp_tensor_sink_fn sink,
-                   void* sink_ctx, char* err, size_t err_len);
+   * calling sink once per output. Inputs the engine cannot use are WP_INVALID_ARGUMENT. Outputs of
+   * more than max_output_bytes in all (their data; 0: no bound) cannot be answered: an engine that
+   * knows its outputs' sizes from the inputs refuses such a request (WP_RESOURCE_EXHAUSTED) before
+   * it computes or allocates anything. A run that takes long calls progress (unless NULL) as it
+   * goes, as embed does (the work done so far of the total, in any unit); a non-zero return stops
+   * it (WP_UNAVAILABLE). The worker judges a run by that progress, as it does a generation: one
+   * that says nothing for the stall limit ([recovery] load_stall_ms, 30 s) is taken for hung. */
+  wp_status (*run)(wp_engine* engine, const wp_tensor* inputs, uint32_t input_count, uint64_t max_output_bytes,
+                   wp_tensor_sink_fn sink, void* sink_ctx, wp_progress_fn progress, void* progress_ctx, char* err,
+                   size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */

@@ -6,7 +6,8 @@
 // (plus nlohmann/json for the header), exports only warmpool_engine(), keeps its weights in device
 // memory from the worker's memory service, and implements every entry point of ABI version 2:
 // open (header only, from the file or from the header bytes the worker passes on attach), load
-// (pread into the region with progress and cancellation), infer, export_weights, attach, close.
+// (pread into the region with progress and cancellation), infer, export_weights, attach, close;
+// and of version 5, typed tensors: the signature it takes and gives, and run.
 // No exception leaves an entry point.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 #include <new>
 #include <string>
 
@@ -42,6 +44,7 @@ struct ScaleEngine {
   uint32_t cols = 0;  // 0: a scalar that scales inputs of any width
   wp_region weights{nullptr, 0, -1};
   bool loaded = false;
+  wp_tensor signature[2]{};  // typed tensors: "input" and "output", f32 [rows, cols]
 };
 
 ScaleEngine* AsScale(wp_engine* engine) { return reinterpret_cast<ScaleEngine*>(engine); }
@@ -199,7 +202,11 @@ wp_status ScaleOpen(const wp_engine_spec* spec, const wp_device_memory* memory, 
       status = DescribeFromFile(*engine, err, err_len);
     }
     if (status != WP_OK) return status;
-    *info = wp_engine_info{engine->tensor_bytes, 0, engine->cols, engine->cols, kMaxBatch, 0, 0, 0};
+    *info = wp_engine_info{engine->tensor_bytes, 0, engine->cols, engine->cols, kMaxBatch, 0, 0, 0, 0};
+    // Any width where the scale is a scalar: -1, the request's to choose.
+    const int64_t width = engine->cols != 0 ? int64_t{engine->cols} : -1;
+    engine->signature[0] = wp_tensor{"input", WP_DTYPE_F32, 2, {-1, width}, nullptr, 0};
+    engine->signature[1] = wp_tensor{"output", WP_DTYPE_F32, 2, {-1, width}, nullptr, 0};
     *out = reinterpret_cast<wp_engine*>(engine.release());
     return WP_OK;
   } catch (const std::bad_alloc&) {
@@ -332,10 +339,49 @@ wp_status ScaleAttach(wp_engine* instance, const wp_region* weights, char* err, 
   }
 }
 
-// Tensors only: no model directory to describe, no text to generate (engine.h, version 3).
-const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",     &ScaleOpen,   &ScaleLoad,
-                                       &ScaleInfer,           &ScaleClose, &ScaleExport, &ScaleAttach,
-                                       /*describe=*/nullptr,  /*generate=*/nullptr};
+// Typed tensors (engine.h, version 5): the same product, named. What it takes is stated, so the
+// worker has checked the input's dtype and rank (and its width, unless the scale is a scalar).
+wp_status ScaleSignature(wp_engine* instance, const wp_tensor** inputs, uint32_t* input_count,
+                         const wp_tensor** outputs, uint32_t* output_count) {
+  ScaleEngine& engine = *AsScale(instance);
+  *inputs = &engine.signature[0];
+  *outputs = &engine.signature[1];
+  *input_count = *output_count = 1;
+  return WP_OK;
+}
+
+wp_status ScaleRun(wp_engine* instance, const wp_tensor* inputs, uint32_t, uint64_t max_output_bytes,
+                   wp_tensor_sink_fn sink, void* sink_ctx, wp_progress_fn, void*, char* err, size_t err_len) {
+  const int64_t rows = inputs[0].shape[0], cols = inputs[0].shape[1];
+  if (rows > INT64_C(0xFFFFFFFF) || cols > INT64_C(0xFFFFFFFF)) {
+    return Fail(WP_INVALID_ARGUMENT, "scale: an input of more than 2^32 rows or columns", err, err_len);
+  }
+  const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * sizeof(float);
+  if (max_output_bytes != 0 && bytes > max_output_bytes) {
+    return Fail(WP_RESOURCE_EXHAUSTED, "scale: the output takes more than a reply holds: send fewer rows", err,
+                err_len);
+  }
+  try {
+    std::vector<float> output(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+    wp_status status = ScaleInfer(instance, static_cast<const float*>(inputs[0].data), static_cast<uint32_t>(rows),
+                                  static_cast<uint32_t>(cols), output.data(), err, err_len);
+    if (status != WP_OK) return status;
+    wp_tensor out = AsScale(instance)->signature[1];
+    out.shape[0] = rows;
+    out.shape[1] = cols;
+    out.data = output.data();
+    out.bytes = bytes;
+    return sink(sink_ctx, &out);
+  } catch (const std::exception& e) {
+    return Fail(WP_RESOURCE_EXHAUSTED, std::string("scale: run failed: ") + e.what(), err, err_len);
+  }
+}
+
+// Tensors only: no model directory to describe, no text to generate, no embeddings.
+const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",     &ScaleOpen,      &ScaleLoad,
+                                       &ScaleInfer,           &ScaleClose, &ScaleExport,    &ScaleAttach,
+                                       /*describe=*/nullptr,  /*generate=*/nullptr,
+                                       /*embed=*/nullptr,     &ScaleSignature, &ScaleRun};
 
 }  // namespace
 

@@ -19,13 +19,13 @@ wp_status Export(wp_engine*, wp_region*) { return WP_NOT_FOUND; }
 
 #if defined(BROKEN_OLD_ABI)
 [[maybe_unused]] const wp_engine_vtable kVtable = {1u, BROKEN_ENGINE_NAME, &Open, &Load, &Infer, &Close, &Export, &Attach,
-                                                   nullptr, nullptr};
+                                                   nullptr, nullptr, nullptr, nullptr, nullptr};
 #elif defined(BROKEN_EMPTY_ENTRY)
 [[maybe_unused]] const wp_engine_vtable kVtable = {WP_ENGINE_ABI_VERSION, BROKEN_ENGINE_NAME, &Open, &Load, &Infer, &Close, &Export,
-                                  nullptr, nullptr, nullptr};
+                                  nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 #else
 [[maybe_unused]] const wp_engine_vtable kVtable = {WP_ENGINE_ABI_VERSION, BROKEN_ENGINE_NAME, &Open, &Load, &Infer, &Close, &Export,
-                                  &Attach, nullptr, nullptr};
+                                  &Attach, nullptr, nullptr, nullptr, nullptr, nullptr};
 #endif
 
 }  // namespace
