@@ -202,6 +202,23 @@ Result<Plan> Route(const http::Request& request, int* status) {
     arm->set_times(*times);
     return plan;
   }
+  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings") {
+    if (Status s = only("POST"); !s.ok()) return s;
+    OpenAiCall call;
+    if (path == "/v1/embeddings") {
+      call.endpoint = OpenAiCall::Endpoint::kEmbeddings;
+      plan.kind = Kind::kEmbed;
+      if (Status s = FillOpenAiEmbed(request, call, plan.request.mutable_embed()); !s.ok()) return s;
+    } else {
+      call.endpoint = path == "/v1/completions" ? OpenAiCall::Endpoint::kCompletion : OpenAiCall::Endpoint::kChat;
+      plan.kind = Kind::kGenerate;
+      if (Status s = FillOpenAiGenerate(request, call, plan.request.mutable_generate()); !s.ok()) return s;
+      plan.stream = call.stream;
+    }
+    plan.model = call.model;
+    plan.openai = std::move(call);
+    return plan;
+  }
   constexpr std::string_view kV2Models = "/v2/models/";
   if (path.rfind(kV2Models, 0) == 0) {
     const std::string rest = path.substr(kV2Models.size());
@@ -300,6 +317,14 @@ Plan PlanRequest(const http::Request& request, bool keep_alive) {
     plan = Error(Code::kInvalidArgument, "the request body could not be read: {}", e.what());
   }
   if (!plan.ok()) {
+    // OpenAI's clients read errors as {"error": {"message", ...}}.
+    if (request.path == "/v1/chat/completions" || request.path == "/v1/completions" ||
+        request.path == "/v1/embeddings" || request.path == "/v1/models") {
+      Plan refused;
+      refused.immediate = OpenAiErrorResponse(plan.status(), keep_alive, status);
+      refused.code = plan.status().code();
+      return refused;
+    }
     // The v2 protocol's clients read errors as {"error": "..."}.
     if (request.path.rfind("/v2/", 0) == 0) {
       Plan refused;
@@ -325,12 +350,14 @@ namespace {
 std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {
   if (plan.kind == Kind::kInferTensors) return InferTensorsResponse(plan.model, plan.tensors_id, reply, keep_alive);
   if (plan.kind == Kind::kModelMetadata) return ModelMetadataResponse(plan.model, reply, keep_alive);
+  if (plan.openai) return OpenAiResponse(*plan.openai, reply, keep_alive);
+  if (plan.kind == Kind::kModels) return OpenAiModelsResponse(reply, keep_alive);
   if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
   switch (plan.kind) {
     case Kind::kMetrics: break;  // never sent to the daemon
     case Kind::kInferTensors:
     case Kind::kModelMetadata: break;  // rendered above, errors included
-    case Kind::kModels: return JsonResponse(replyjson::ModelsJson(reply.models_reply()), keep_alive);
+    case Kind::kModels: break;  // rendered above: OpenAI's list
     case Kind::kPs: return JsonResponse(replyjson::PsJson(reply.ps_reply()), keep_alive);
     case Kind::kStatus: return JsonResponse(replyjson::StatusJson(reply.status_reply()), keep_alive);
     case Kind::kLoad: {

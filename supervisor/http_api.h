@@ -2,7 +2,9 @@
 // carries, so access checks, limits and answers are the framed protocol's), and how the reply is
 // written back. Pure translation: no sockets, no loop (supervisor/http_session.h carries it).
 //
-//   GET    /v1/models                  models (the CLI's `models --json`)
+//   GET    /v1/models                  models, as OpenAI's list, each entry with the CLI's
+//                                      `models --json` fields too (supervisor/http_openai.h)
+//   POST   /v1/chat/completions, /v1/completions, /v1/embeddings: OpenAI's (http_openai.h)
 //   GET    /v1/ps                      ps
 //   GET    /v1/status                  status
 //   POST   /v1/models/NAME/load        {"replicas": N, "keep_alive": "5m"}; progress as NDJSON lines
@@ -28,6 +30,7 @@
 
 #include "http/request_parser.h"
 #include "ipc/warmpool.pb.h"
+#include "supervisor/http_openai.h"
 
 namespace warmpool::supervisor::httpapi {
 
@@ -44,6 +47,7 @@ struct Plan {
   bool binary_output = false;  // infer: f32 bytes out
   bool stream = false;         // generate: NDJSON lines as chunks come
   std::optional<std::string> tensors_id;  // infer tensors: the request's "id", echoed
+  std::optional<OpenAiCall> openai;       // an OpenAI-compatible endpoint's call (http_openai.h)
 };
 
 Plan PlanRequest(const http::Request& request, bool keep_alive);

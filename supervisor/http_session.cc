@@ -26,6 +26,11 @@ bool SameToken(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// A streamed generation's body: NDJSON lines, or server-sent events on OpenAI's endpoints.
+const char* StreamType(const httpapi::Plan& plan) {
+  return plan.openai ? "text/event-stream" : "application/x-ndjson";
+}
+
 }  // namespace
 
 HttpSession::HttpSession(uv_loop_t* loop, Options options, Hooks hooks)
@@ -324,11 +329,11 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
 
 void HttpSession::OnChunk(Exchange& e, const v1::GenerateChunk& chunk) {
   if (e.plan.kind != httpapi::Kind::kGenerate || !e.plan.stream) return;  // not asked for: dropped
-  std::string line = httpapi::GenerateChunkLine(chunk);
+  std::string line = e.plan.openai ? httpapi::OpenAiStreamEvent(*e.plan.openai, chunk) : httpapi::GenerateChunkLine(chunk);
   if (&e == &exchanges_.front() && e.http11) {
     if (!e.streaming) {
       e.streaming = true;
-      Write(http::ChunkedHead(200, "application/x-ndjson", e.keep_alive));
+      Write(http::ChunkedHead(200, StreamType(e.plan), e.keep_alive));
     }
     Write(http::Chunk(line));
     return;
@@ -347,9 +352,9 @@ std::string HttpSession::EndStream(Exchange& e, const v1::Envelope& reply) {
   held_bytes_ -= e.held_lines.size();
   std::string lines = std::move(e.held_lines);
   e.held_lines.clear();
-  lines += httpapi::GenerateFinalLine(reply);
-  if (!e.http11) return http::Response(200, "application/x-ndjson", lines, e.keep_alive);
-  std::string out = e.streaming ? "" : http::ChunkedHead(200, "application/x-ndjson", e.keep_alive);
+  lines += e.plan.openai ? httpapi::OpenAiStreamEnd(*e.plan.openai, reply) : httpapi::GenerateFinalLine(reply);
+  if (!e.http11) return http::Response(200, StreamType(e.plan), lines, e.keep_alive);
+  std::string out = e.streaming ? "" : http::ChunkedHead(200, StreamType(e.plan), e.keep_alive);
   // One chunk per line, as they would have gone out one by one.
   for (size_t at = 0; at < lines.size();) {
     const size_t end = lines.find('\n', at) + 1;
@@ -365,7 +370,7 @@ void HttpSession::WriteHeldLines() {
   if (head.ready || head.held_lines.empty() || !head.http11) return;
   if (!head.streaming) {
     head.streaming = true;
-    Write(http::ChunkedHead(200, "application/x-ndjson", head.keep_alive));
+    Write(http::ChunkedHead(200, StreamType(head.plan), head.keep_alive));
   }
   held_bytes_ -= head.held_lines.size();
   std::string lines = std::move(head.held_lines);

@@ -45,7 +45,9 @@ TEST_F(HttpApiTest, EveryOperationOnTheClientSocket) {
   StartDaemon();
   Response models = One(HttpGet("/v1/models", true));
   ASSERT_EQ(models.status, 200) << models.body;
-  EXPECT_EQ(json::parse(models.body)[0]["name"], "m");
+  EXPECT_EQ(json::parse(models.body)["object"], "list");
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "m");
+  EXPECT_EQ(json::parse(models.body)["data"][0]["name"], "m") << "warmpool's own fields beside OpenAI's";
 
   Response load = One(HttpPost("/v1/models/m/load", R"({"keep_alive": "10m"})", true));
   ASSERT_EQ(load.status, 200) << load.body;

@@ -1,0 +1,179 @@
+// The OpenAI-compatible endpoints against a real daemon serving the demo model, over raw HTTP on
+// the client socket: what any OpenAI client sees. The same generation through the framed protocol
+// is the reference (greedy: token-identical); streams are server-sent events that end in
+// `data: [DONE]`; errors are OpenAI's error object. tests/clients/ drives the official `openai`
+// library against the same endpoints.
+#include <filesystem>
+
+#include <google/protobuf/stubs/strutil.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/http_exchange.h"
+#include "tests/text.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::testing {
+namespace {
+
+using nlohmann::json;
+
+class OpenAiTest : public DaemonTest {
+ protected:
+  void StartWithDemoModel() {
+    std::filesystem::copy(DemoModelDirectory(), models_dir_ + "/lm", std::filesystem::copy_options::recursive);
+    StartDaemon();
+  }
+  Response Post(const std::string& path, const json& body) {
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpPost(path, body.dump(), true)));
+    EXPECT_EQ(r.size(), 1u);
+    return r.empty() ? Response{} : r[0];
+  }
+  // The data of each server-sent event, in order.
+  static std::vector<std::string> Events(const std::string& body) {
+    std::vector<std::string> out;
+    for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+      const size_t end = body.find("\n\n", at);
+      out.push_back(body.substr(at + 6, end - at - 6));
+      at = end;
+    }
+    return out;
+  }
+  std::string FramedText(const std::string& prompt, bool chat, uint32_t max_tokens) {
+    auto c = Connect();
+    v1::GenerateRequest r;
+    r.set_model("lm");
+    if (chat) {
+      v1::ChatMessage* m = r.add_messages();
+      m->set_role("user");
+      m->set_content(prompt);
+    } else {
+      r.set_prompt(prompt);
+    }
+    r.set_max_tokens(max_tokens);
+    r.set_temperature(0);
+    auto reply = c->Generate(std::move(r));
+    EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+    return reply.ok() ? reply->text() : "";
+  }
+};
+
+TEST_F(OpenAiTest, ChatAndCompletionsWholeAndStreamedSayWhatTheFramedProtocolSays) {
+  StartWithDemoModel();
+  const json chat = {{"model", "lm"},
+                     {"messages", json::array({{{"role", "user"}, {"content", "What may I do with the program?"}}})},
+                     {"max_tokens", 12},
+                     {"temperature", 0}};
+  Response whole = Post("/v1/chat/completions", chat);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json doc = json::parse(whole.body);
+  EXPECT_EQ(doc["object"], "chat.completion");
+  EXPECT_EQ(doc["model"], "lm");
+  EXPECT_EQ(doc["choices"][0]["message"]["role"], "assistant");
+  const std::string text = doc["choices"][0]["message"]["content"];
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(text, FramedText("What may I do with the program?", true, 12));
+  EXPECT_EQ(doc["usage"]["total_tokens"], doc["usage"]["prompt_tokens"].get<int>() + doc["usage"]["completion_tokens"].get<int>());
+
+  json streamed = chat;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  Response events = Post("/v1/chat/completions", streamed);
+  ASSERT_EQ(events.status, 200) << events.body;
+  EXPECT_TRUE(Contains(events.headers, "Content-Type: text/event-stream")) << events.headers;
+  std::vector<std::string> data = Events(events.body);
+  ASSERT_GE(data.size(), 4u) << events.body;
+  EXPECT_EQ(data.back(), "[DONE]");
+  const json usage = json::parse(data[data.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"], doc["usage"]);
+  const json last = json::parse(data[data.size() - 3]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], doc["choices"][0]["finish_reason"]);
+  std::string joined;
+  for (size_t i = 0; i + 3 < data.size(); i++) {
+    const json chunk = json::parse(data[i]);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    EXPECT_EQ(chunk["id"], last["id"]) << "one id for the whole stream";
+    if (i == 0) EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
+    joined += chunk["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(joined, text);
+
+  const json completion = {{"model", "lm"}, {"prompt", "This License"}, {"max_tokens", 10}, {"temperature", 0}};
+  Response plain = Post("/v1/completions", completion);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(json::parse(plain.body)["choices"][0]["text"], FramedText("This License", false, 10));
+  json streamed_completion = completion;
+  streamed_completion["stream"] = true;
+  std::string pieces;
+  std::vector<std::string> completion_events = Events(Post("/v1/completions", streamed_completion).body);
+  ASSERT_FALSE(completion_events.empty());
+  for (const std::string& e : completion_events) {
+    if (e != "[DONE]") pieces += json::parse(e)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(pieces, json::parse(plain.body)["choices"][0]["text"]);
+  ExpectQuiescentAndValid();
+}
+
+TEST_F(OpenAiTest, EmbeddingsAsFloatsAndAsBase64AndTheModelList) {
+  StartWithDemoModel();
+  Response floats = Post("/v1/embeddings", {{"model", "lm"}, {"input", json::array({"free software", "a license"})}});
+  ASSERT_EQ(floats.status, 200) << floats.body;
+  const json doc = json::parse(floats.body);
+  ASSERT_EQ(doc["data"].size(), 2u);
+  EXPECT_EQ(doc["data"][1]["index"], 1);
+  const std::vector<float> first = doc["data"][0]["embedding"];
+  Response base64 = Post("/v1/embeddings", {{"model", "lm"}, {"input", "free software"}, {"encoding_format", "base64"}});
+  ASSERT_EQ(base64.status, 200) << base64.body;
+  std::string bytes;
+  ASSERT_TRUE(google::protobuf::Base64Unescape(json::parse(base64.body)["data"][0]["embedding"].get<std::string>(), &bytes));
+  ASSERT_EQ(bytes.size(), first.size() * sizeof(float));
+  std::vector<float> decoded(first.size());
+  std::memcpy(decoded.data(), bytes.data(), bytes.size());
+  EXPECT_EQ(decoded, first);
+  std::vector<Response> list = Split(Exchange(ConnectUnix(socket_), HttpGet("/v1/models", true)));
+  ASSERT_EQ(list.size(), 1u);
+  const json models = json::parse(list[0].body);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "lm");
+  EXPECT_EQ(models["data"][0]["object"], "model");
+}
+
+TEST_F(OpenAiTest, ErrorsComeAsOpenAisErrorObjectWithTheirStatus) {
+  StartWithDemoModel();
+  struct Bad {
+    std::string path;
+    std::string body;
+    int status;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {"/v1/chat/completions", R"({"model": "nope", "messages": [{"role": "user", "content": "x"}]})", 404, "not registered"},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "\"n\""},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": []})", 400, "messages"},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       400, "text only"},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "tools": []})", 400,
+       "tools"},
+      {"/v1/chat/completions", "{not json", 400, "JSON"},
+      {"/v1/completions", R"({"model": "lm", "prompt": ["a", "b"]})", 400, "one prompt"},
+      {"/v1/embeddings", R"({"model": "lm", "input": [1, 2]})", 400, "token ids"},
+      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": 8})", 400, "dimensions"},
+  };
+  for (const Bad& b : bad) {
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpPost(b.path, b.body, true)));
+    ASSERT_EQ(r.size(), 1u) << b.body;
+    EXPECT_EQ(r[0].status, b.status) << b.body << " -> " << r[0].body;
+    const json error = json::parse(r[0].body, nullptr, false);
+    ASSERT_TRUE(error.is_object() && error.contains("error") && error["error"].contains("message")) << r[0].body;
+    EXPECT_TRUE(Contains(error["error"]["message"].get<std::string>(), b.says)) << r[0].body;
+    EXPECT_TRUE(error["error"].contains("type")) << r[0].body;
+  }
+  std::vector<Response> get = Split(Exchange(ConnectUnix(socket_), HttpGet("/v1/chat/completions", true)));
+  ASSERT_EQ(get.size(), 1u);
+  EXPECT_EQ(get[0].status, 405);
+  EXPECT_TRUE(json::parse(get[0].body).contains("error"));
+}
+
+}  // namespace
+}  // namespace warmpool::testing
