@@ -24,6 +24,13 @@ stage() { printf '\n=== %s (at %d s)\n' "$1" "$SECONDS"; }
 
 stage "packages"
 ./scripts/install-deps.sh --test
+# The official OpenAI and Ollama JavaScript clients, from the npm registry, exactly as the lockfile
+# pins them (tests/clients; test-only). Node.js and npm: Debian's when the machine has none.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  apt-get install -y -q --no-install-recommends nodejs npm
+fi
+npm ci --prefix tests/clients --no-audit --no-fund --loglevel=error
+export WARMPOOL_REQUIRE_CLIENTS=1  # their tests fail, rather than skip, without them
 
 jobs=$(nproc)
 # Most tests wait on sockets and child processes rather than compute: run twice as many as CPUs.

@@ -1,0 +1,60 @@
+"""The official JavaScript clients (tests/clients: the `openai` library from the npm registry,
+pinned by its lockfile) against a warmpoold serving the demo model on a loopback TCP port. What
+they must see is computed here through the framed protocol (the Python client): the same greedy
+requests, token for token. scripts/test.sh installs the clients (npm ci); run alone, a missing
+tests/clients/node_modules skips these tests unless WARMPOOL_REQUIRE_CLIENTS is set."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+import warmpool
+from conftest import CONFIG, REPO, Daemon
+
+CLIENTS = os.path.join(REPO, "tests", "clients")
+QUESTION = "What may I do with the program?"
+PROMPT = "This License"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    if not os.path.isdir(os.path.join(CLIENTS, "node_modules")):
+        if os.environ.get("WARMPOOL_REQUIRE_CLIENTS"):
+            pytest.fail("tests/clients/node_modules is missing: run npm ci --prefix tests/clients", pytrace=False)
+        pytest.skip("the official clients are not installed (npm ci --prefix tests/clients)")
+    port = _free_port()
+    d = Daemon(str(tmp_path_factory.mktemp("clients")), config=CONFIG + f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    shutil.copytree(os.path.join(REPO, "demo", "license-llama"), os.path.join(d.models_dir, "lm"))
+    d.start()
+    yield d, port
+    d.check_stopped_cleanly()
+
+
+def _expected(socket_path):
+    with warmpool.Client(socket_path) as c:
+        chat = c.generate("lm", messages=[{"role": "user", "content": QUESTION}], max_tokens=12, temperature=0,
+                          stream=False)
+        completion = c.generate("lm", PROMPT, max_tokens=10, temperature=0, stream=False)
+        embedding = c.embed("lm", [PROMPT]).embeddings[0]
+    return {"question": QUESTION, "prompt": PROMPT, "chat": chat.text, "completion": completion.text,
+            "embedding": list(embedding)}
+
+
+def test_the_official_openai_library_works_unchanged(served):
+    d, port = served
+    env = dict(os.environ, WARMPOOL_OPENAI_URL=f"http://127.0.0.1:{port}/v1",
+               WARMPOOL_EXPECT=json.dumps(_expected(d.socket)))
+    run = subprocess.run(["node", os.path.join(CLIENTS, "openai_client.mjs")], cwd=CLIENTS, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{d.log_tail()}"
+    assert "openai client: ok" in run.stdout
