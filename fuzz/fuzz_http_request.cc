@@ -7,7 +7,7 @@
 //     do not depend on how the stream was split (the reference is the whole stream at once);
 //   - no body is over the limit; an error is sticky;
 //   - every immediate response and every rendered reply is a whole HTTP/1.1 response with a
-//     status of 200..599 and `CODE: message` text for errors, and an immediate one carries the
+//     status of 200..599 and the error in its endpoint's shape, and an immediate one carries the
 //     code of an error (it is counted by it);
 //   - typed tensors planned from KServe JSON (POST /v2/models/NAME/infer) are well-formed by the
 //     rules the daemon judges them by, and write back as JSON that reads back to the same tensor;
@@ -140,9 +140,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     std::string reply = warmpool::supervisor::httpapi::RenderReply(plan, error, true);
     CheckResponse(reply);
-    // Errors as text, or as {"error": ...} on the v2 protocol's endpoint.
+    // The error, with its status, in the shape of the endpoint's clients: text, or the
+    // {"error": ...} of KServe's, Ollama's or OpenAI's.
+    FUZZ_CHECK(reply.rfind("HTTP/1.1 404 ", 0) == 0);
     FUZZ_CHECK(reply.find("NOT_FOUND: fuzz\n") != std::string::npos ||
-               reply.find("{\"error\":\"NOT_FOUND: fuzz\"}\n") != std::string::npos);
+               reply.find("{\"error\":\"NOT_FOUND: fuzz\"}\n") != std::string::npos ||
+               reply.find("{\"error\":\"fuzz\"}\n") != std::string::npos ||
+               reply.find("\"message\":\"fuzz\"") != std::string::npos);
   }
   return 0;
 }

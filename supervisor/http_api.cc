@@ -137,6 +137,53 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
   return plan;
 }
 
+// Ollama's endpoints (supervisor/http_ollama.h).
+template <typename Only>
+Result<Plan> PlanOllama(const http::Request& request, Only& only) {
+  using E = OllamaCall::Endpoint;
+  const std::string& path = request.path;
+  static const std::pair<const char*, E> kRoutes[] = {
+      {"/api/version", E::kVersion}, {"/api/tags", E::kTags},   {"/api/ps", E::kPs},
+      {"/api/show", E::kShow},       {"/api/generate", E::kGenerate}, {"/api/chat", E::kChat},
+      {"/api/embed", E::kEmbed},     {"/api/embeddings", E::kEmbeddings}};
+  for (const char* registry : {"/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs"}) {
+    if (path.rfind(registry, 0) == 0) {
+      return Error(Code::kFailedPrecondition,
+                   "{} is not available: warmpool serves local model directories; register one (the models "
+                   "directory, [[models]], or warmpool register NAME PATH)",
+                   path);
+    }
+  }
+  Plan plan;
+  OllamaCall call;
+  bool found = false;
+  for (const auto& [route, endpoint] : kRoutes) {
+    if (path == route) {
+      call.endpoint = endpoint;
+      found = true;
+    }
+  }
+  if (!found) return Error(Code::kNotFound, "no endpoint {}", path);
+  const bool read = call.endpoint == E::kVersion || call.endpoint == E::kTags || call.endpoint == E::kPs;
+  if (Status s = only(read ? "GET" : "POST"); !s.ok()) return s;
+  if (Status s = FillOllama(request, call, &plan.request); !s.ok()) return s;
+  switch (call.endpoint) {
+    case E::kVersion: plan.immediate = OllamaResponse(call, v1::Envelope(), request.keep_alive); break;
+    case E::kGenerate:
+    case E::kChat: plan.kind = Kind::kGenerate; plan.stream = call.stream; break;
+    case E::kEmbed:
+    case E::kEmbeddings: plan.kind = Kind::kEmbed; break;
+    case E::kLoad: plan.kind = Kind::kLoad; break;
+    case E::kUnload: plan.kind = Kind::kUnload; break;
+    case E::kTags:
+    case E::kShow: plan.kind = Kind::kModels; break;
+    case E::kPs: plan.kind = Kind::kPs; break;
+  }
+  plan.model = call.model;
+  plan.ollama = std::move(call);
+  return plan;
+}
+
 // A refusal of the method (not of the path or the body) sets *status to 405.
 Result<Plan> Route(const http::Request& request, int* status) {
   const std::string& path = request.path;
@@ -202,6 +249,7 @@ Result<Plan> Route(const http::Request& request, int* status) {
     arm->set_times(*times);
     return plan;
   }
+  if (path.rfind("/api/", 0) == 0) return PlanOllama(request, only);
   if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings") {
     if (Status s = only("POST"); !s.ok()) return s;
     OpenAiCall call;
@@ -317,6 +365,13 @@ Plan PlanRequest(const http::Request& request, bool keep_alive) {
     plan = Error(Code::kInvalidArgument, "the request body could not be read: {}", e.what());
   }
   if (!plan.ok()) {
+    // Ollama's clients read errors as {"error": "..."}.
+    if (request.path.rfind("/api/", 0) == 0) {
+      Plan refused;
+      refused.immediate = OllamaErrorResponse(plan.status(), keep_alive, status);
+      refused.code = plan.status().code();
+      return refused;
+    }
     // OpenAI's clients read errors as {"error": {"message", ...}}.
     if (request.path == "/v1/chat/completions" || request.path == "/v1/completions" ||
         request.path == "/v1/embeddings" || request.path == "/v1/models") {
@@ -351,6 +406,7 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
   if (plan.kind == Kind::kInferTensors) return InferTensorsResponse(plan.model, plan.tensors_id, reply, keep_alive);
   if (plan.kind == Kind::kModelMetadata) return ModelMetadataResponse(plan.model, reply, keep_alive);
   if (plan.openai) return OpenAiResponse(*plan.openai, reply, keep_alive);
+  if (plan.ollama) return OllamaResponse(*plan.ollama, reply, keep_alive);
   if (plan.kind == Kind::kModels) return OpenAiModelsResponse(reply, keep_alive);
   if (reply.has_error()) return http::ErrorResponse(ipc::StatusFromError(reply.error()), keep_alive);
   switch (plan.kind) {
@@ -392,6 +448,20 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
 }
 
 }  // namespace
+
+const char* StreamType(const Plan& plan) { return plan.openai ? "text/event-stream" : "application/x-ndjson"; }
+
+std::string StreamChunk(const Plan& plan, const v1::GenerateChunk& chunk) {
+  if (plan.openai) return OpenAiStreamEvent(*plan.openai, chunk);
+  if (plan.ollama) return OllamaStreamLine(*plan.ollama, chunk);
+  return GenerateChunkLine(chunk);
+}
+
+std::string StreamEnd(const Plan& plan, const v1::Envelope& reply) {
+  if (plan.openai) return OpenAiStreamEnd(*plan.openai, reply);
+  if (plan.ollama) return OllamaStreamEnd(*plan.ollama, reply);
+  return GenerateFinalLine(reply);
+}
 
 std::string ProgressLine(const std::string& model, const v1::StatusReply& status) {
   for (const v1::PsEntry& e : status.loading()) {

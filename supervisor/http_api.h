@@ -5,6 +5,7 @@
 //   GET    /v1/models                  models, as OpenAI's list, each entry with the CLI's
 //                                      `models --json` fields too (supervisor/http_openai.h)
 //   POST   /v1/chat/completions, /v1/completions, /v1/embeddings: OpenAI's (http_openai.h)
+//   /api/...                           Ollama's (http_ollama.h)
 //   GET    /v1/ps                      ps
 //   GET    /v1/status                  status
 //   POST   /v1/models/NAME/load        {"replicas": N, "keep_alive": "5m"}; progress as NDJSON lines
@@ -30,6 +31,7 @@
 
 #include "http/request_parser.h"
 #include "ipc/warmpool.pb.h"
+#include "supervisor/http_ollama.h"
 #include "supervisor/http_openai.h"
 
 namespace warmpool::supervisor::httpapi {
@@ -48,11 +50,17 @@ struct Plan {
   bool stream = false;         // generate: NDJSON lines as chunks come
   std::optional<std::string> tensors_id;  // infer tensors: the request's "id", echoed
   std::optional<OpenAiCall> openai;       // an OpenAI-compatible endpoint's call (http_openai.h)
+  std::optional<OllamaCall> ollama;       // an Ollama endpoint's call (http_ollama.h)
 };
 
 Plan PlanRequest(const http::Request& request, bool keep_alive);
 // The complete response to a reply Envelope (an error reply included).
 std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive);
+// A streamed generation's body in the dialect of its endpoint: its content type, a chunk's text,
+// and the end (the held text's last part, or the error after chunks went out).
+const char* StreamType(const Plan& plan);
+std::string StreamChunk(const Plan& plan, const v1::GenerateChunk& chunk);
+std::string StreamEnd(const Plan& plan, const v1::Envelope& reply);
 // Load progress: one NDJSON line for the model's entry in status.loading, or "" when not listed.
 std::string ProgressLine(const std::string& model, const v1::StatusReply& status);
 // The last line of a streamed load: the reply (or its error, since the status line went out).

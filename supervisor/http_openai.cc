@@ -19,9 +19,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr char kJson[] = "application/json";
-
-std::string Dump(const json& doc) { return doc.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string OpenAiText(const json& doc) { return doc.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // Every call gets an id its chunks repeat: unique within this daemon's life (the time it started
 // and a count), as OpenAI's are opaque strings.
@@ -32,7 +30,7 @@ std::string NewId(const char* prefix) {
 }
 
 // A number field: absent or null is nullopt (NaN and infinity cannot be written in JSON).
-Result<std::optional<double>> Number(const json& body, const char* key) {
+Result<std::optional<double>> OptionalNumber(const json& body, const char* key) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::optional<double>();
   if (!it->is_number()) return Error(Code::kInvalidArgument, "\"{}\" must be a number", key);
@@ -64,9 +62,9 @@ Result<std::string> Content(const json& content) {
   return text;
 }
 
-std::string FinishReason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
+std::string OpenAiFinish(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
 
-json Usage(uint32_t prompt, uint32_t completion) {
+json OpenAiUsage(uint32_t prompt, uint32_t completion) {
   return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
@@ -88,7 +86,7 @@ json ChatLogprobs(const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& l
   return {{"content", std::move(content)}};
 }
 
-json Envelope(const OpenAiCall& call, bool chunk) {
+json OpenAiObject(const OpenAiCall& call, bool chunk) {
   const bool chat = call.endpoint == OpenAiCall::Endpoint::kChat;
   return {{"id", call.id},
           {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
@@ -96,7 +94,7 @@ json Envelope(const OpenAiCall& call, bool chunk) {
           {"model", call.model}};
 }
 
-std::string Event(const json& doc) { return "data: " + Dump(doc) + "\n\n"; }
+std::string SseEvent(const json& doc) { return "data: " + OpenAiText(doc) + "\n\n"; }
 
 }  // namespace
 
@@ -167,7 +165,7 @@ Status FillOpenAiGenerate(const http::Request& request, OpenAiCall& call, v1::Ge
     if (!n.ok()) return n.status();
     g->set_max_tokens(*n);
   }
-  Result<std::optional<double>> temperature = Number(doc, "temperature"), top_p = Number(doc, "top_p");
+  Result<std::optional<double>> temperature = OptionalNumber(doc, "temperature"), top_p = OptionalNumber(doc, "top_p");
   if (!temperature.ok()) return temperature.status();
   if (!top_p.ok()) return top_p.status();
   if (*temperature) g->set_temperature(static_cast<float>(**temperature));
@@ -262,7 +260,7 @@ std::string OpenAiErrorResponse(const Status& error, bool keep_alive, int status
                       {"type", type},
                       {"param", nullptr},
                       {"code", error.code() == Code::kNotFound ? json("model_not_found") : json(CodeName(error.code()))}}}};
-  return http::Response(status != 0 ? status : http::StatusFor(error.code()), kJson, Dump(doc) + "\n", keep_alive);
+  return http::Response(status != 0 ? status : http::StatusFor(error.code()), "application/json", OpenAiText(doc) + "\n", keep_alive);
 }
 
 std::string OpenAiModelsResponse(const v1::Envelope& reply, bool keep_alive) {
@@ -273,7 +271,7 @@ std::string OpenAiModelsResponse(const v1::Envelope& reply, bool keep_alive) {
     entry.update(m);  // warmpool's own fields beside OpenAI's
     data.push_back(std::move(entry));
   }
-  return http::Response(200, kJson, Dump({{"object", "list"}, {"data", std::move(data)}}) + "\n", keep_alive);
+  return http::Response(200, "application/json", OpenAiText({{"object", "list"}, {"data", std::move(data)}}) + "\n", keep_alive);
 }
 
 std::string OpenAiResponse(const OpenAiCall& call, const v1::Envelope& reply, bool keep_alive) {
@@ -299,20 +297,20 @@ std::string OpenAiResponse(const OpenAiCall& call, const v1::Envelope& reply, bo
                       {"data", std::move(data)},
                       {"model", call.model},
                       {"usage", {{"prompt_tokens", r.prompt_tokens()}, {"total_tokens", r.prompt_tokens()}}}};
-    return http::Response(200, kJson, Dump(doc) + "\n", keep_alive);
+    return http::Response(200, "application/json", OpenAiText(doc) + "\n", keep_alive);
   }
   const v1::GenerateReply& r = reply.generate_reply();
-  json choice = {{"index", 0}, {"finish_reason", FinishReason(r.finish_reason())}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"finish_reason", OpenAiFinish(r.finish_reason())}, {"logprobs", nullptr}};
   if (call.endpoint == OpenAiCall::Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text()}};
     if (call.logprobs) choice["logprobs"] = ChatLogprobs(r.logprobs());
   } else {
     choice["text"] = r.text();
   }
-  json doc = Envelope(call, false);
+  json doc = OpenAiObject(call, false);
   doc["choices"] = json::array({std::move(choice)});
-  doc["usage"] = Usage(r.prompt_tokens(), r.completion_tokens());
-  return http::Response(200, kJson, Dump(doc) + "\n", keep_alive);
+  doc["usage"] = OpenAiUsage(r.prompt_tokens(), r.completion_tokens());
+  return http::Response(200, "application/json", OpenAiText(doc) + "\n", keep_alive);
 }
 
 std::string OpenAiStreamEvent(const OpenAiCall& call, const v1::GenerateChunk& chunk) {
@@ -324,33 +322,33 @@ std::string OpenAiStreamEvent(const OpenAiCall& call, const v1::GenerateChunk& c
   } else {
     choice["text"] = chunk.text();
   }
-  json doc = Envelope(call, true);
+  json doc = OpenAiObject(call, true);
   doc["choices"] = json::array({std::move(choice)});
-  return Event(doc);
+  return SseEvent(doc);
 }
 
 std::string OpenAiStreamEnd(const OpenAiCall& call, const v1::Envelope& reply) {
   if (reply.has_error()) {
     // After chunks went out the status is sent: the error goes as an event, as OpenAI's do.
     const Status s = ipc::StatusFromError(reply.error());
-    return Event({{"error", {{"message", s.message()}, {"type", "server_error"}, {"param", nullptr},
+    return SseEvent({{"error", {{"message", s.message()}, {"type", "server_error"}, {"param", nullptr},
                              {"code", CodeName(s.code())}}}});
   }
   const v1::GenerateReply& r = reply.generate_reply();
-  json choice = {{"index", 0}, {"finish_reason", FinishReason(r.finish_reason())}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"finish_reason", OpenAiFinish(r.finish_reason())}, {"logprobs", nullptr}};
   if (call.endpoint == OpenAiCall::Endpoint::kChat) {
     choice["delta"] = json::object();
   } else {
     choice["text"] = "";
   }
-  json last = Envelope(call, true);
+  json last = OpenAiObject(call, true);
   last["choices"] = json::array({std::move(choice)});
-  std::string out = Event(last);
+  std::string out = SseEvent(last);
   if (call.include_usage) {
-    json usage = Envelope(call, true);
+    json usage = OpenAiObject(call, true);
     usage["choices"] = json::array();
-    usage["usage"] = Usage(r.prompt_tokens(), r.completion_tokens());
-    out += Event(usage);
+    usage["usage"] = OpenAiUsage(r.prompt_tokens(), r.completion_tokens());
+    out += SseEvent(usage);
   }
   return out + "data: [DONE]\n\n";
 }

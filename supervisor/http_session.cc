@@ -26,11 +26,6 @@ bool SameToken(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-// A streamed generation's body: NDJSON lines, or server-sent events on OpenAI's endpoints.
-const char* StreamType(const httpapi::Plan& plan) {
-  return plan.openai ? "text/event-stream" : "application/x-ndjson";
-}
-
 }  // namespace
 
 HttpSession::HttpSession(uv_loop_t* loop, Options options, Hooks hooks)
@@ -265,7 +260,8 @@ void HttpSession::Handle(http::Request&& request) {
   v1::Envelope envelope = std::move(e.plan.request);  // the exchange keeps only how to answer
   envelope.set_request_id(e.request_id);
   envelope.set_protocol_version(1);
-  const bool load = e.plan.kind == httpapi::Kind::kLoad;
+  // Load progress lines are the native API's; an Ollama load answers once, as Ollama's does.
+  const bool load = e.plan.kind == httpapi::Kind::kLoad && !e.plan.ollama;
   exchanges_.push_back(std::move(e));
   hooks_.request(std::move(envelope), admin_token);  // may answer at once (OnReply)
   if (load && !closed_ && !uv_is_active(reinterpret_cast<uv_handle_t*>(progress_timer_.get()))) {
@@ -279,7 +275,9 @@ void HttpSession::Progress() {
   // Only the first exchange writes: a load behind another response reports when its turn comes.
   if (closed_) return;
   bool loading = false;
-  for (const Exchange& e : exchanges_) loading = loading || (e.plan.kind == httpapi::Kind::kLoad && !e.ready);
+  for (const Exchange& e : exchanges_) {
+    loading = loading || (e.plan.kind == httpapi::Kind::kLoad && !e.plan.ollama && !e.ready);
+  }
   if (!loading) {
     uv_timer_stop(progress_timer_.get());
     return;
@@ -298,7 +296,7 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
   if (progress_requests_.erase(reply.request_id()) != 0) {
     if (exchanges_.empty() || !reply.has_status_reply()) return;
     Exchange& head = exchanges_.front();
-    if (head.plan.kind != httpapi::Kind::kLoad || head.ready || !head.http11) return;
+    if (head.plan.kind != httpapi::Kind::kLoad || head.plan.ollama || head.ready || !head.http11) return;
     std::string line = httpapi::ProgressLine(head.plan.model, reply.status_reply());
     if (line.empty()) return;
     if (!head.streaming) {
@@ -329,11 +327,11 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
 
 void HttpSession::OnChunk(Exchange& e, const v1::GenerateChunk& chunk) {
   if (e.plan.kind != httpapi::Kind::kGenerate || !e.plan.stream) return;  // not asked for: dropped
-  std::string line = e.plan.openai ? httpapi::OpenAiStreamEvent(*e.plan.openai, chunk) : httpapi::GenerateChunkLine(chunk);
+  std::string line = httpapi::StreamChunk(e.plan, chunk);
   if (&e == &exchanges_.front() && e.http11) {
     if (!e.streaming) {
       e.streaming = true;
-      Write(http::ChunkedHead(200, StreamType(e.plan), e.keep_alive));
+      Write(http::ChunkedHead(200, httpapi::StreamType(e.plan), e.keep_alive));
     }
     Write(http::Chunk(line));
     return;
@@ -352,9 +350,9 @@ std::string HttpSession::EndStream(Exchange& e, const v1::Envelope& reply) {
   held_bytes_ -= e.held_lines.size();
   std::string lines = std::move(e.held_lines);
   e.held_lines.clear();
-  lines += e.plan.openai ? httpapi::OpenAiStreamEnd(*e.plan.openai, reply) : httpapi::GenerateFinalLine(reply);
-  if (!e.http11) return http::Response(200, StreamType(e.plan), lines, e.keep_alive);
-  std::string out = e.streaming ? "" : http::ChunkedHead(200, StreamType(e.plan), e.keep_alive);
+  lines += httpapi::StreamEnd(e.plan, reply);
+  if (!e.http11) return http::Response(200, httpapi::StreamType(e.plan), lines, e.keep_alive);
+  std::string out = e.streaming ? "" : http::ChunkedHead(200, httpapi::StreamType(e.plan), e.keep_alive);
   // One chunk per line, as they would have gone out one by one.
   for (size_t at = 0; at < lines.size();) {
     const size_t end = lines.find('\n', at) + 1;
@@ -370,7 +368,7 @@ void HttpSession::WriteHeldLines() {
   if (head.ready || head.held_lines.empty() || !head.http11) return;
   if (!head.streaming) {
     head.streaming = true;
-    Write(http::ChunkedHead(200, StreamType(head.plan), head.keep_alive));
+    Write(http::ChunkedHead(200, httpapi::StreamType(head.plan), head.keep_alive));
   }
   held_bytes_ -= head.held_lines.size();
   std::string lines = std::move(head.held_lines);

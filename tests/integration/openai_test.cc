@@ -175,5 +175,76 @@ TEST_F(OpenAiTest, ErrorsComeAsOpenAisErrorObjectWithTheirStatus) {
   EXPECT_TRUE(json::parse(get[0].body).contains("error"));
 }
 
+// Ollama's endpoints, on the socket (where the peer's credentials make this test an
+// administrator): the same text as the framed protocol, NDJSON streams that end in "done",
+// Ollama's error object, its keep_alive (negative: forever), options it does not do refused.
+TEST_F(OpenAiTest, OllamasEndpointsSayWhatTheFramedProtocolSays) {
+  StartWithDemoModel();
+  auto get = [&](const std::string& path) {
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpGet(path, true)));
+    EXPECT_EQ(r.size(), 1u);
+    return r.empty() ? Response{} : r[0];
+  };
+  EXPECT_TRUE(json::parse(get("/api/version").body).contains("version"));
+  const json tags = json::parse(get("/api/tags").body);
+  ASSERT_EQ(tags["models"].size(), 1u) << tags;
+  EXPECT_EQ(tags["models"][0]["name"], "lm");
+
+  const json generate = {{"model", "lm"}, {"prompt", "This License"}, {"options", {{"temperature", 0}, {"num_predict", 10}, {"num_ctx", 4096}}},
+                         {"keep_alive", "-1m"}};
+  Response streamed = Post("/api/generate", generate);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::string text;
+  json last;
+  for (size_t at = 0; at < streamed.body.size();) {
+    const size_t end = streamed.body.find('\n', at);
+    last = json::parse(streamed.body.substr(at, end - at));
+    text += last["response"].get<std::string>();
+    at = end + 1;
+  }
+  EXPECT_EQ(text, FramedText("This License", false, 10));
+  EXPECT_EQ(last["done"], true);
+  EXPECT_EQ(last["eval_count"].get<int>() > 0, true);
+  const json ps = json::parse(get("/api/ps").body);
+  ASSERT_EQ(ps["models"].size(), 1u) << ps;
+  EXPECT_EQ(ps["models"][0]["expires_at"], "9999-12-31T23:59:59Z") << "a negative keep_alive keeps it";
+
+  const json chat = {{"model", "lm"}, {"messages", json::array({{{"role", "user"}, {"content", "What may I do with the program?"}}})},
+                     {"stream", false}, {"options", {{"temperature", 0}, {"num_predict", 12}}}};
+  Response whole = Post("/api/chat", chat);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(json::parse(whole.body)["message"]["content"], FramedText("What may I do with the program?", true, 12));
+  Response embedded = Post("/api/embed", {{"model", "lm"}, {"input", "free software"}});
+  ASSERT_EQ(embedded.status, 200) << embedded.body;
+  EXPECT_GT(json::parse(embedded.body)["embeddings"][0].size(), 0u);
+
+  struct Bad {
+    std::string path;
+    json body;
+    int status;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {"/api/generate", {{"model", "lm"}, {"prompt", "x"}, {"options", {{"mirostat", 2}}}}, 400, "options.mirostat"},
+      {"/api/generate", {{"model", "lm"}, {"prompt", "x"}, {"format", "json"}}, 400, "\"format\""},
+      {"/api/generate", {{"model", "nope"}, {"prompt", "x"}, {"stream", false}}, 404, "not registered"},
+      {"/api/pull", {{"model", "llama3"}}, 409, "register"},
+      {"/api/chat", {{"model", "lm"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}, {"images", {"aGk="}}}})}},
+       400, "images"},
+  };
+  for (const Bad& b : bad) {
+    Response r = Post(b.path, b.body);
+    EXPECT_EQ(r.status, b.status) << b.body << " -> " << r.body;
+    const json error = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(error.is_object() && error["error"].is_string()) << r.body;
+    EXPECT_TRUE(Contains(error["error"].get<std::string>(), b.says)) << r.body;
+  }
+  // An empty prompt with keep_alive 0 unloads it, as Ollama's does.
+  Response unloaded = Post("/api/generate", {{"model", "lm"}, {"keep_alive", 0}});
+  ASSERT_EQ(unloaded.status, 200) << unloaded.body;
+  EXPECT_EQ(json::parse(unloaded.body)["done_reason"], "unload");
+  ExpectQuiescentAndValid();
+}
+
 }  // namespace
 }  // namespace warmpool::testing

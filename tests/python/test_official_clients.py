@@ -1,5 +1,5 @@
-"""The official JavaScript clients (tests/clients: the `openai` library from the npm registry,
-pinned by its lockfile) against a warmpoold serving the demo model on a loopback TCP port. What
+"""The official JavaScript clients (tests/clients: the `openai` and `ollama` libraries from the
+npm registry, pinned by their lockfile) against a warmpoold serving the demo model on a loopback TCP port. What
 they must see is computed here through the framed protocol (the Python client): the same greedy
 requests, token for token. scripts/test.sh installs the clients (npm ci); run alone, a missing
 tests/clients/node_modules skips these tests unless WARMPOOL_REQUIRE_CLIENTS is set."""
@@ -17,6 +17,7 @@ from conftest import CONFIG, REPO, Daemon
 
 CLIENTS = os.path.join(REPO, "tests", "clients")
 QUESTION = "What may I do with the program?"
+ADMIN_TOKEN = "a-test-admin-token-of-some-length"
 PROMPT = "This License"
 
 
@@ -33,7 +34,11 @@ def served(tmp_path_factory):
             pytest.fail("tests/clients/node_modules is missing: run npm ci --prefix tests/clients", pytrace=False)
         pytest.skip("the official clients are not installed (npm ci --prefix tests/clients)")
     port = _free_port()
-    d = Daemon(str(tmp_path_factory.mktemp("clients")), config=CONFIG + f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    directory = str(tmp_path_factory.mktemp("clients"))
+    token = os.path.join(directory, "admin-token")
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(ADMIN_TOKEN + "\n")
+    d = Daemon(directory, config=CONFIG + f'[http]\nlisten = "127.0.0.1:{port}"\nadmin_token_file = "{token}"\n')
     shutil.copytree(os.path.join(REPO, "demo", "license-llama"), os.path.join(d.models_dir, "lm"))
     d.start()
     yield d, port
@@ -58,3 +63,13 @@ def test_the_official_openai_library_works_unchanged(served):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{d.log_tail()}"
     assert "openai client: ok" in run.stdout
+
+
+def test_the_official_ollama_library_works_unchanged(served):
+    d, port = served
+    env = dict(os.environ, WARMPOOL_OLLAMA_HOST=f"http://127.0.0.1:{port}", WARMPOOL_ADMIN_TOKEN=ADMIN_TOKEN,
+               WARMPOOL_EXPECT=json.dumps(_expected(d.socket)))
+    run = subprocess.run(["node", os.path.join(CLIENTS, "ollama_client.mjs")], cwd=CLIENTS, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{d.log_tail()}"
+    assert "ollama client: ok" in run.stdout

@@ -207,7 +207,6 @@ TEST(HttpApiTest, BadRequestsGetTheirStatusAndCodeText) {
   };
   std::vector<Case> cases = {
       {Req("GET", "/nope"), 404, "NOT_FOUND"},
-      {Req("POST", "/v1/models"), 405, "INVALID_ARGUMENT"},
       {Req("GET", "/v1/models/m/load"), 405, "INVALID_ARGUMENT"},
       {Req("POST", "/v1/models/m/infer", "not json"), 400, "INVALID_ARGUMENT"},
       {Req("POST", "/v1/models/m/infer", "[[1], [2, 3]]"), 400, "INVALID_ARGUMENT"},
@@ -225,6 +224,21 @@ TEST(HttpApiTest, BadRequestsGetTheirStatusAndCodeText) {
     ASSERT_TRUE(plan.immediate.has_value()) << c.request.path << " " << c.request.body;
     EXPECT_NE(plan.immediate->find(fmt::format("HTTP/1.1 {} ", c.status)), std::string::npos) << *plan.immediate;
     EXPECT_NE(plan.immediate->find("\r\n\r\n" + c.code + ": "), std::string::npos) << *plan.immediate;
+  }
+  // The endpoints of other APIs refuse in their clients' shapes: OpenAI's error object (GET
+  // /v1/models is OpenAI's list), Ollama's and KServe's {"error": "..."}.
+  const std::pair<http::Request, std::string> dialects[] = {
+      {Req("POST", "/v1/models"), R"({"error":{"code":"INVALID_ARGUMENT","message":"POST /v1/models is not served)"},
+      {Req("POST", "/v1/chat/completions", "{"), R"({"error":{"code":"INVALID_ARGUMENT")"},
+      {Req("POST", "/api/chat", "{"), R"({"error":")"},
+      {Req("GET", "/api/pull"), R"({"error":"/api/pull is not available)"},
+      {Req("POST", "/v2/models/m/infer", "{"), R"({"error":"INVALID_ARGUMENT: )"},
+  };
+  for (const auto& [request, body] : dialects) {
+    auto plan = PlanRequest(request, true);
+    ASSERT_TRUE(plan.immediate.has_value()) << request.path;
+    EXPECT_NE(plan.immediate->find("\r\n\r\n" + body), std::string::npos) << *plan.immediate;
+    EXPECT_NE(plan.immediate->find("Content-Type: application/json"), std::string::npos) << *plan.immediate;
   }
 }
 
