@@ -198,6 +198,9 @@ def run_block(block, root, env):
     return ok, out
 
 
+PIPE_INTO_HEAD = re.compile(r"\|\s*head\b")
+
+
 def main():
     source = os.path.abspath(sys.argv[1])
     build = os.path.abspath(sys.argv[2])
@@ -214,6 +217,13 @@ def main():
             failures += errors
             skipped += [b for b in blocks if b.skip_reason]
             runnable = [b for b in blocks if not b.skip_reason and b.commands]
+            # head may exit before the writer has written all: under pipefail the writer's
+            # SIGPIPE fails the example by timing (curl: "Failed writing body"). cut reads all.
+            for b in runnable:
+                if any(PIPE_INTO_HEAD.search(c) for c in b.commands):
+                    failures.append(f"{b.path}:{b.line}")
+                    print(f"FAIL {b.path}:{b.line}: a command pipes into head, which may stop reading "
+                          "before the writer ends (pipefail then fails it by timing): use cut -c or sed -n")
             if not runnable:
                 continue
             context = None if rel == "README.md" else Context(root, env, os.path.basename(rel)[:-3])
