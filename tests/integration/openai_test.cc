@@ -3,7 +3,9 @@
 // is the reference (greedy: token-identical); streams are server-sent events that end in
 // `data: [DONE]`; errors are OpenAI's error object. tests/clients/ drives the official `openai`
 // library against the same endpoints.
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include <google/protobuf/stubs/strutil.h>
 #include <nlohmann/json.hpp>
@@ -244,6 +246,58 @@ TEST_F(OpenAiTest, OllamasEndpointsSayWhatTheFramedProtocolSays) {
   ASSERT_EQ(unloaded.status, 200) << unloaded.body;
   EXPECT_EQ(json::parse(unloaded.body)["done_reason"], "unload");
   ExpectQuiescentAndValid();
+}
+
+// An OpenAI client that aborts a stream (closes its connection) stops the generation within a
+// step, as a framed one does (GenerateTest.AClientThatLeavesStopsItsGeneration measures the same
+// way: against the pace of the stream's own steps, not a fixed time).
+TEST_F(OpenAiTest, AClientThatAbortsAStreamStopsItsGeneration) {
+  WriteTinyModel(models_dir_ + "/wide",
+                 transformer::RandomCheckpoint{.hidden_size = 512, .intermediate_size = 1024, .num_hidden_layers = 8,
+                                               .num_attention_heads = 8, .num_key_value_heads = 8,
+                                               .dtype = safetensors::DType::BF16});
+  StartDaemon();
+  auto watcher = Connect();
+  auto inflight = [&] {
+    auto ps = watcher->Ps();
+    EXPECT_TRUE(ps.ok());
+    for (const auto& e : ps->models()) {
+      if (e.name() == "wide") return e.inflight();
+    }
+    return 0u;
+  };
+  const int fd = ConnectUnix(socket_);
+  ASSERT_GE(fd, 0);
+  const std::string request = HttpPost(
+      "/v1/completions", R"({"model": "wide", "prompt": "Everyone is permitted", "max_tokens": 100000, "stream": true})");
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  std::string got;
+  std::chrono::steady_clock::time_point first;
+  int events = 0;
+  constexpr int kEvents = 9;
+  char buffer[4096];
+  while (events < kEvents) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buffer, static_cast<size_t>(n));
+    int now = 0;
+    for (size_t at = 0; (at = got.find("data: ", at)) != std::string::npos; at += 6) now++;
+    if (events == 0 && now > 0) first = std::chrono::steady_clock::now();
+    events = now;
+  }
+  const double step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - first).count() / (kEvents - 1);
+  EXPECT_EQ(inflight(), 1u);
+  close(fd);  // the client aborts
+  const auto left = std::chrono::steady_clock::now();
+  const double remaining = step_seconds * 2000;  // what is left of a 2048-token context at that pace
+  while (inflight() != 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - left).count() < remaining) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - left).count();
+  EXPECT_EQ(inflight(), 0u);
+  EXPECT_LT(seconds, remaining / 4) << "busy " << seconds << " s after the client left; a step takes " << step_seconds
+                                    << " s";
 }
 
 }  // namespace
