@@ -137,53 +137,6 @@ Result<Plan> PlanModelAction(const http::Request& request, const std::string& mo
   return plan;
 }
 
-// Ollama's endpoints (supervisor/http_ollama.h).
-template <typename Only>
-Result<Plan> PlanOllama(const http::Request& request, Only& only) {
-  using E = OllamaCall::Endpoint;
-  const std::string& path = request.path;
-  static const std::pair<const char*, E> kRoutes[] = {
-      {"/api/version", E::kVersion}, {"/api/tags", E::kTags},   {"/api/ps", E::kPs},
-      {"/api/show", E::kShow},       {"/api/generate", E::kGenerate}, {"/api/chat", E::kChat},
-      {"/api/embed", E::kEmbed},     {"/api/embeddings", E::kEmbeddings}};
-  for (const char* registry : {"/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs"}) {
-    if (path.rfind(registry, 0) == 0) {
-      return Error(Code::kFailedPrecondition,
-                   "{} is not available: warmpool serves local model directories; register one (the models "
-                   "directory, [[models]], or warmpool register NAME PATH)",
-                   path);
-    }
-  }
-  Plan plan;
-  OllamaCall call;
-  bool found = false;
-  for (const auto& [route, endpoint] : kRoutes) {
-    if (path == route) {
-      call.endpoint = endpoint;
-      found = true;
-    }
-  }
-  if (!found) return Error(Code::kNotFound, "no endpoint {}", path);
-  const bool read = call.endpoint == E::kVersion || call.endpoint == E::kTags || call.endpoint == E::kPs;
-  if (Status s = only(read ? "GET" : "POST"); !s.ok()) return s;
-  if (Status s = FillOllama(request, call, &plan.request); !s.ok()) return s;
-  switch (call.endpoint) {
-    case E::kVersion: plan.immediate = OllamaResponse(call, v1::Envelope(), request.keep_alive); break;
-    case E::kGenerate:
-    case E::kChat: plan.kind = Kind::kGenerate; plan.stream = call.stream; break;
-    case E::kEmbed:
-    case E::kEmbeddings: plan.kind = Kind::kEmbed; break;
-    case E::kLoad: plan.kind = Kind::kLoad; break;
-    case E::kUnload: plan.kind = Kind::kUnload; break;
-    case E::kTags:
-    case E::kShow: plan.kind = Kind::kModels; break;
-    case E::kPs: plan.kind = Kind::kPs; break;
-  }
-  plan.model = call.model;
-  plan.ollama = std::move(call);
-  return plan;
-}
-
 // A refusal of the method (not of the path or the body) sets *status to 405.
 Result<Plan> Route(const http::Request& request, int* status) {
   const std::string& path = request.path;
@@ -267,28 +220,7 @@ Result<Plan> Route(const http::Request& request, int* status) {
     plan.openai = std::move(call);
     return plan;
   }
-  constexpr std::string_view kV2Models = "/v2/models/";
-  if (path.rfind(kV2Models, 0) == 0) {
-    const std::string rest = path.substr(kV2Models.size());
-    const size_t slash = rest.find('/');
-    if (!rest.empty() && slash == std::string::npos) {
-      if (Status s = only("GET"); !s.ok()) return s;
-      plan.kind = Kind::kModelMetadata;
-      plan.model = rest;
-      plan.request.mutable_models();
-      return plan;
-    }
-    if (slash == 0 || slash == std::string::npos || rest.substr(slash) != "/infer") {
-      return Error(Code::kNotFound, "no endpoint {}: POST /v2/models/NAME/infer, GET /v2/models/NAME", path);
-    }
-    if (Status s = only("POST"); !s.ok()) return s;
-    plan.kind = Kind::kInferTensors;
-    plan.model = rest.substr(0, slash);
-    if (Status s = FillInferTensors(request, plan.model, plan.request.mutable_infer(), &plan.tensors_id); !s.ok()) {
-      return s;
-    }
-    return plan;
-  }
+  if (path.rfind("/v2/models/", 0) == 0) return PlanTensors(request, only);
   constexpr std::string_view kModels = "/v1/models/";
   if (path.rfind(kModels, 0) == 0) {
     std::string rest = path.substr(kModels.size());

@@ -26,6 +26,7 @@
 // Errors: the status that fits the code (http::StatusFor) and `CODE: message` as text/plain.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -56,6 +57,12 @@ struct Plan {
 Plan PlanRequest(const http::Request& request, bool keep_alive);
 // The complete response to a reply Envelope (an error reply included).
 std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive);
+// The routes of the other APIs' paths (`only` refuses a method other than the one it names, with
+// a 405): /api/... (supervisor/http_ollama.cc) and /v2/models/... (supervisor/http_tensors.cc).
+using MethodCheck = std::function<Status(const char* allowed)>;
+Result<Plan> PlanOllama(const http::Request& request, const MethodCheck& only);
+Result<Plan> PlanTensors(const http::Request& request, const MethodCheck& only);
+
 // A streamed generation's body in the dialect of its endpoint: its content type, a chunk's text,
 // and the end (the held text's last part, or the error after chunks went out).
 const char* StreamType(const Plan& plan);

@@ -9,6 +9,7 @@
 #include "common/version.h"
 #include "http/response.h"
 #include "ipc/error_proto.h"
+#include "supervisor/http_api.h"
 #include "supervisor/http_api_body.h"
 
 namespace warmpool::supervisor::httpapi {
@@ -313,6 +314,51 @@ std::string OllamaResponse(const OllamaCall& call, const v1::Envelope& reply, bo
     }
   }
   return http::Response(200, "application/json", OllamaText(doc) + "\n", keep_alive);
+}
+
+Result<Plan> PlanOllama(const http::Request& request, const MethodCheck& only) {
+  using E = OllamaCall::Endpoint;
+  const std::string& path = request.path;
+  static const std::pair<const char*, E> kRoutes[] = {
+      {"/api/version", E::kVersion}, {"/api/tags", E::kTags},   {"/api/ps", E::kPs},
+      {"/api/show", E::kShow},       {"/api/generate", E::kGenerate}, {"/api/chat", E::kChat},
+      {"/api/embed", E::kEmbed},     {"/api/embeddings", E::kEmbeddings}};
+  for (const char* registry : {"/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs"}) {
+    if (path.rfind(registry, 0) == 0) {
+      return Error(Code::kFailedPrecondition,
+                   "{} is not available: warmpool serves local model directories; register one (the models "
+                   "directory, [[models]], or warmpool register NAME PATH)",
+                   path);
+    }
+  }
+  Plan plan;
+  OllamaCall call;
+  bool found = false;
+  for (const auto& [route, endpoint] : kRoutes) {
+    if (path == route) {
+      call.endpoint = endpoint;
+      found = true;
+    }
+  }
+  if (!found) return Error(Code::kNotFound, "no endpoint {}", path);
+  const bool read = call.endpoint == E::kVersion || call.endpoint == E::kTags || call.endpoint == E::kPs;
+  if (Status s = only(read ? "GET" : "POST"); !s.ok()) return s;
+  if (Status s = FillOllama(request, call, &plan.request); !s.ok()) return s;
+  switch (call.endpoint) {
+    case E::kVersion: plan.immediate = OllamaResponse(call, v1::Envelope(), request.keep_alive); break;
+    case E::kGenerate:
+    case E::kChat: plan.kind = Kind::kGenerate; plan.stream = call.stream; break;
+    case E::kEmbed:
+    case E::kEmbeddings: plan.kind = Kind::kEmbed; break;
+    case E::kLoad: plan.kind = Kind::kLoad; break;
+    case E::kUnload: plan.kind = Kind::kUnload; break;
+    case E::kTags:
+    case E::kShow: plan.kind = Kind::kModels; break;
+    case E::kPs: plan.kind = Kind::kPs; break;
+  }
+  plan.model = call.model;
+  plan.ollama = std::move(call);
+  return plan;
 }
 
 }  // namespace warmpool::supervisor::httpapi

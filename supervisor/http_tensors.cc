@@ -5,6 +5,7 @@
 #include "http/response.h"
 #include "ipc/error_proto.h"
 #include "replyjson/kserve_json.h"
+#include "supervisor/http_api.h"
 #include "supervisor/http_api_body.h"
 
 namespace warmpool::supervisor::httpapi {
@@ -79,6 +80,31 @@ std::string InferTensorsResponse(const std::string& model, const std::optional<s
   doc["outputs"] = std::move(outputs);
   return http::Response(200, "application/json", doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
                         keep_alive);
+}
+
+Result<Plan> PlanTensors(const http::Request& request, const MethodCheck& only) {
+  constexpr std::string_view kV2Models = "/v2/models/";
+  const std::string& path = request.path;
+  Plan plan;
+  const std::string rest = path.substr(kV2Models.size());
+  const size_t slash = rest.find('/');
+  if (!rest.empty() && slash == std::string::npos) {
+    if (Status s = only("GET"); !s.ok()) return s;
+    plan.kind = Kind::kModelMetadata;
+    plan.model = rest;
+    plan.request.mutable_models();
+    return plan;
+  }
+  if (slash == 0 || slash == std::string::npos || rest.substr(slash) != "/infer") {
+    return Error(Code::kNotFound, "no endpoint {}: POST /v2/models/NAME/infer, GET /v2/models/NAME", path);
+  }
+  if (Status s = only("POST"); !s.ok()) return s;
+  plan.kind = Kind::kInferTensors;
+  plan.model = rest.substr(0, slash);
+  if (Status s = FillInferTensors(request, plan.model, plan.request.mutable_infer(), &plan.tensors_id); !s.ok()) {
+    return s;
+  }
+  return plan;
 }
 
 }  // namespace warmpool::supervisor::httpapi
