@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -170,6 +171,20 @@ Status Harness::MakeModels() {
          << "[cuda]\nkeep_across_restarts = true\n"
          << "[[models]]\nname = \"echo\"\nengine = \"echo\"\n";
   return OkStatus();
+}
+
+std::string Harness::DaemonLogAbout(const std::string& text, size_t lines) const {
+  if (!owns_daemon()) return {};
+  std::ifstream log(dir_ + "/daemon.log");
+  std::deque<std::string> last;
+  for (std::string line; std::getline(log, line);) {
+    if (line.find(text) == std::string::npos && line.find("worker") == std::string::npos) continue;
+    last.push_back(std::move(line));
+    if (last.size() > lines) last.pop_front();
+  }
+  std::string out;
+  for (const std::string& line : last) out += "          " + line + "\n";
+  return out;
 }
 
 Status Harness::Launch() {

@@ -58,6 +58,9 @@ class Traffic;
 class Harness {
  public:
   explicit Harness(Options options) : options_(std::move(options)) {}
+  // The last lines of its own daemon's log that name `text` (a failure's context; empty against a
+  // live daemon).
+  std::string DaemonLogAbout(const std::string& text, size_t lines = 30) const;
   ~Harness();
 
   Status Start();
