@@ -183,6 +183,11 @@ Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, 
     return Error(Code::kFailedPrecondition, "engine \"{}\" does not generate text: send it tensors (infer)",
                  vtable_->name != nullptr ? vtable_->name : "?");
   }
+  if (request.conversation.bytes != 0 && vtable_->abi_version < 6) {
+    return Error(Code::kInvalidArgument,
+                 "engine \"{}\" (engine ABI version {}) takes no tools or tool calls: send plain messages",
+                 vtable_->name != nullptr ? vtable_->name : "?", vtable_->abi_version);
+  }
   char err[kErrorBufferBytes] = {};
   wp_generate_result result{};
   EmitBridge bridge{&emit, vtable_->abi_version};

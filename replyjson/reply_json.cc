@@ -23,6 +23,8 @@ json ModelsJson(const v1::ModelsReply& reply) {
     j["out_features"] = m.out_features();
     j["error"] = m.last_error().empty() ? json(nullptr) : json(m.last_error());
     j["retry_in_ms"] = m.retry_in_ms();
+    // Language models that take tools: the format their calls are read in.
+    j["tool_call_format"] = m.tool_call_format().empty() ? json(nullptr) : json(m.tool_call_format());
     // Typed tensors: null until a worker has opened it and said, or when its engine takes none;
     // inputs and outputs null when it takes any.
     j["tensors"] = nullptr;
@@ -108,11 +110,22 @@ json LogprobsJson(const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& l
   return out;
 }
 
+// Tool calls as warmpool's JSON has them: arguments an object (the model's JSON, parsed again).
+json ToolCallsJson(const google::protobuf::RepeatedPtrField<v1::ToolCall>& calls) {
+  json out = json::array();
+  for (const v1::ToolCall& c : calls) {
+    json arguments = json::parse(c.arguments(), nullptr, false);
+    out.push_back({{"id", c.id()}, {"name", c.name()}, {"arguments", arguments.is_discarded() ? json::object() : arguments}});
+  }
+  return out;
+}
+
 json GenerateChunkJson(const v1::GenerateChunk& chunk) {
   json out = {{"index", chunk.index()},
               {"text", chunk.text()},
               {"tokens", std::vector<int32_t>(chunk.tokens().begin(), chunk.tokens().end())}};
   if (chunk.logprobs_size() > 0) out["logprobs"] = LogprobsJson(chunk.logprobs());
+  if (chunk.tool_calls_size() > 0) out["tool_calls"] = ToolCallsJson(chunk.tool_calls());
   return out;
 }
 
@@ -129,6 +142,7 @@ json GenerateReplyJson(const v1::GenerateReply& r) {
     out["tokens"] = std::vector<int32_t>(r.tokens().begin(), r.tokens().end());
   }
   if (r.logprobs_size() > 0) out["logprobs"] = LogprobsJson(r.logprobs());
+  if (r.tool_calls_size() > 0) out["tool_calls"] = ToolCallsJson(r.tool_calls());
   return out;
 }
 

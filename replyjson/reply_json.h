@@ -28,6 +28,8 @@ nlohmann::json GenerateChunkJson(const v1::GenerateChunk& chunk);
 nlohmann::json GenerateReplyJson(const v1::GenerateReply& reply);
 // [{"token", "logprob", "bytes": [...], "top": [{"token", "logprob", "bytes"}, ...]}, ...]
 nlohmann::json LogprobsJson(const google::protobuf::RepeatedPtrField<v1::TokenLogprobs>& logprobs);
+// A generation's tool calls: [{"id", "name", "arguments": {...}}].
+nlohmann::json ToolCallsJson(const google::protobuf::RepeatedPtrField<v1::ToolCall>& calls);
 // {"embeddings": [[...], ...], "dimensions", "prompt_tokens", "tokens": [per input], "embed_us"}
 nlohmann::json EmbedReplyJson(const v1::EmbedReply& reply);
 // A list of rows, each a list of numbers.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -18,6 +19,8 @@
 
 #include "common/paths.h"
 #include "common/units.h"
+#include "engines/chat_template/tool_calls.h"
+#include "supervisor/core/model_entry.h"
 
 namespace warmpool::supervisor {
 
@@ -265,6 +268,14 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       else if (k == "path") s = ReadString(v, key, m.path);
       else if (k == "keep_alive") s = ReadKeepAlive(v, key, m.keep_alive_ms);
       else if (k == "replicas") s = ReadUint(v, key, m.replicas);
+      else if (k == "aliases") s = ReadStrings(v, key, m.aliases);
+      else if (k == "tool_call_format") {
+        s = ReadString(v, key, m.tool_call_format);
+        if (s.ok() && !chat::ParseToolCallFormat(m.tool_call_format).ok()) {
+          s = Error(Code::kInvalidArgument, "{} must be \"hermes\", \"llama3_json\" or \"none\", not \"{}\"", key,
+                    m.tool_call_format);
+        }
+      }
       else if (k == "max_batch_delay_us") {
         uint32_t delay = 0;
         s = ReadUintAtMost(v, key, delay, kMaxBatchDelayUs);
@@ -278,6 +289,21 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       m.path = (std::filesystem::path(base_dir) / m.path).lexically_normal().string();
     }
     c.models.push_back(std::move(m));
+  }
+  // An alias names one model: never a configured model's name, never twice.
+  std::set<std::string> names;
+  for (const ModelConfig& m : c.models) names.insert(m.name);
+  for (const ModelConfig& m : c.models) {
+    for (const std::string& alias : m.aliases) {
+      if (Status s = CheckModelName(alias); !s.ok()) {
+        return Error(Code::kInvalidArgument, "models.aliases of \"{}\": {}", m.name, s.message());
+      }
+      if (!names.insert(alias).second) {
+        return Error(Code::kInvalidArgument,
+                     "alias \"{}\" of model \"{}\" is already the name or an alias of a configured model", alias,
+                     m.name);
+      }
+    }
   }
   return OkStatus();
 }

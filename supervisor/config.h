@@ -24,6 +24,12 @@ struct ModelConfig {
   int64_t keep_alive_ms = kKeepAliveDefault;  // kKeepAliveDefault: the pool's
   uint32_t replicas = 1;  // workers serving it from one copy of the weights
   int64_t max_batch_delay_us = -1;  // -1: the pool's
+  // "hermes", "llama3_json" or "none": how its calls of tools are read (empty: as its chat
+  // template shows).
+  std::string tool_call_format;
+  // Other names requests may use for it (as llama-swap's aliases: "gpt-4o-mini" for a local
+  // model, so that a client's configured name reaches it). A registered model of that name wins.
+  std::vector<std::string> aliases;
 };
 
 // One device as the daemon found it at start (never read from a file).

@@ -383,7 +383,7 @@ std::string Render(const Plan& plan, const v1::Envelope& reply, bool keep_alive)
 
 const char* StreamType(const Plan& plan) { return plan.openai ? "text/event-stream" : "application/x-ndjson"; }
 
-std::string StreamChunk(const Plan& plan, const v1::GenerateChunk& chunk) {
+std::string StreamChunk(Plan& plan, const v1::GenerateChunk& chunk) {
   if (plan.openai) return OpenAiStreamEvent(*plan.openai, chunk);
   if (plan.ollama) return OllamaStreamLine(*plan.ollama, chunk);
   return GenerateChunkLine(chunk);

@@ -66,7 +66,7 @@ Result<Plan> PlanTensors(const http::Request& request, const MethodCheck& only);
 // A streamed generation's body in the dialect of its endpoint: its content type, a chunk's text,
 // and the end (the held text's last part, or the error after chunks went out).
 const char* StreamType(const Plan& plan);
-std::string StreamChunk(const Plan& plan, const v1::GenerateChunk& chunk);
+std::string StreamChunk(Plan& plan, const v1::GenerateChunk& chunk);
 std::string StreamEnd(const Plan& plan, const v1::Envelope& reply);
 // Load progress: one NDJSON line for the model's entry in status.loading, or "" when not listed.
 std::string ProgressLine(const std::string& model, const v1::StatusReply& status);

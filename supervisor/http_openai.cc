@@ -62,7 +62,80 @@ Result<std::string> Content(const json& content) {
   return text;
 }
 
-std::string OpenAiFinish(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
+std::string OpenAiFinish(const std::string& reason) {
+  return reason == "length" || reason == "tool_calls" ? reason : "stop";
+}
+
+// tools: [{"type": "function", "function": {"name", "description", "parameters"}}], passed on as
+// given (the chat template renders them); tool_choice "auto" (the default) or "none" (the model is
+// not told of them). Forcing a call ("required", a named function) would need constrained
+// decoding, which warmpool does not do: refused, never ignored.
+Status FillTools(const json& doc, v1::GenerateRequest* g) {
+  auto tools = doc.find("tools");
+  if (tools == doc.end() || tools->is_null()) return OkStatus();
+  if (!tools->is_array()) return Error(Code::kInvalidArgument, "\"tools\" must be a list of {{\"type\": \"function\", \"function\": ...}}");
+  if (tools->size() > 128) return Error(Code::kInvalidArgument, "at most 128 tools");
+  for (const json& tool : *tools) {
+    const json* function = tool.is_object() && tool.value("type", "") == "function" && tool.contains("function")
+                               ? &tool["function"] : nullptr;
+    if (function == nullptr || !function->is_object() || !function->contains("name") ||
+        !(*function)["name"].is_string() || (*function)["name"].get_ref<const std::string&>().empty()) {
+      return Error(Code::kInvalidArgument, "each tool must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
+    }
+    g->add_tools(OpenAiText(tool));
+  }
+  auto choice = doc.find("tool_choice");
+  if (choice == doc.end() || choice->is_null() || *choice == "auto") return OkStatus();
+  if (*choice == "none") {
+    g->clear_tools();
+    return OkStatus();
+  }
+  return Error(Code::kInvalidArgument, "\"tool_choice\" may be \"auto\" or \"none\": warmpool does not force a call "
+                                       "(\"required\", a named function); offer the tools and let the model choose");
+}
+
+// A message's own tool calls (an assistant's, carried on in the conversation) and a tool's answer.
+Status FillToolMessage(const json& m, v1::ChatMessage* message) {
+  if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+    if (!calls->is_array()) return Error(Code::kInvalidArgument, "a message's \"tool_calls\" must be a list");
+    for (const json& c : *calls) {
+      const json* function = c.is_object() && c.contains("function") && c["function"].is_object() ? &c["function"] : nullptr;
+      if (function == nullptr || !function->contains("name") || !(*function)["name"].is_string()) {
+        return Error(Code::kInvalidArgument, "each tool call needs a \"function\" with a \"name\"");
+      }
+      std::string arguments = "{}";
+      if (auto a = function->find("arguments"); a != function->end() && !a->is_null()) {
+        // OpenAI's are a string of JSON; an object is taken too.
+        json parsed = a->is_string() ? json::parse(a->get<std::string>(), nullptr, false) : *a;
+        if (!parsed.is_object()) return Error(Code::kInvalidArgument, "a tool call's \"arguments\" must be a JSON object");
+        arguments = OpenAiText(parsed);
+      }
+      v1::ToolCall* call = message->add_tool_calls();
+      call->set_id(c.contains("id") && c["id"].is_string() ? c["id"].get<std::string>() : "");
+      call->set_name((*function)["name"].get<std::string>());
+      call->set_arguments(std::move(arguments));
+    }
+  }
+  for (const auto& [key, set] : {std::pair<const char*, void (v1::ChatMessage::*)(const std::string&)>{
+                                     "tool_call_id", &v1::ChatMessage::set_tool_call_id},
+                                 {"name", &v1::ChatMessage::set_name}}) {
+    auto it = m.find(key);
+    if (it == m.end() || it->is_null()) continue;
+    if (!it->is_string()) return Error(Code::kInvalidArgument, "a message's \"{}\" must be a string", key);
+    (message->*set)(it->get<std::string>());
+  }
+  return OkStatus();
+}
+
+json OpenAiToolCalls(const google::protobuf::RepeatedPtrField<v1::ToolCall>& calls, uint32_t first_index, bool indexed) {
+  json out = json::array();
+  for (const v1::ToolCall& c : calls) {
+    json call = {{"id", c.id()}, {"type", "function"}, {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}};
+    if (indexed) call["index"] = first_index++;  // a stream's deltas say which call they are
+    out.push_back(std::move(call));
+  }
+  return out;
+}
 
 json OpenAiUsage(uint32_t prompt, uint32_t completion) {
   return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
@@ -106,7 +179,8 @@ Status FillOpenAiGenerate(const http::Request& request, OpenAiCall& call, v1::Ge
   Status known = chat ? OnlyKeys(doc,
                                  {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                                   "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user",
-                                  "frequency_penalty", "presence_penalty", "keep_alive"},
+                                  "frequency_penalty", "presence_penalty", "keep_alive", "tools", "tool_choice",
+                                  "parallel_tool_calls"},
                                  request)
                       : OnlyKeys(doc,
                                  {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
@@ -144,7 +218,9 @@ Status FillOpenAiGenerate(const http::Request& request, OpenAiCall& call, v1::Ge
       v1::ChatMessage* message = g->add_messages();
       message->set_role(m["role"].get<std::string>());
       message->set_content(*content);
+      if (Status s = FillToolMessage(m, message); !s.ok()) return s;
     }
+    if (Status s = FillTools(doc, g); !s.ok()) return s;
   } else {
     auto prompt = doc.find("prompt");
     if (prompt != doc.end() && prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
@@ -303,6 +379,11 @@ std::string OpenAiResponse(const OpenAiCall& call, const v1::Envelope& reply, bo
   json choice = {{"index", 0}, {"finish_reason", OpenAiFinish(r.finish_reason())}, {"logprobs", nullptr}};
   if (call.endpoint == OpenAiCall::Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text()}};
+    if (r.tool_calls_size() > 0) {
+      // As OpenAI answers a call: the calls, and content null unless the model also wrote text.
+      choice["message"]["tool_calls"] = OpenAiToolCalls(r.tool_calls(), 0, false);
+      if (r.text().empty()) choice["message"]["content"] = nullptr;
+    }
     if (call.logprobs) choice["logprobs"] = ChatLogprobs(r.logprobs());
   } else {
     choice["text"] = r.text();
@@ -313,10 +394,17 @@ std::string OpenAiResponse(const OpenAiCall& call, const v1::Envelope& reply, bo
   return http::Response(200, "application/json", OpenAiText(doc) + "\n", keep_alive);
 }
 
-std::string OpenAiStreamEvent(const OpenAiCall& call, const v1::GenerateChunk& chunk) {
+std::string OpenAiStreamEvent(OpenAiCall& call, const v1::GenerateChunk& chunk) {
   json choice = {{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
   if (call.endpoint == OpenAiCall::Endpoint::kChat) {
     choice["delta"] = {{"content", chunk.text()}};
+    if (chunk.tool_calls_size() > 0) {
+      // Each call whole in one delta (its name and all its arguments): clients that gather
+      // deltas by index read it as they read OpenAI's pieces.
+      choice["delta"]["tool_calls"] = OpenAiToolCalls(chunk.tool_calls(), call.tool_calls_streamed, true);
+      call.tool_calls_streamed += static_cast<uint32_t>(chunk.tool_calls_size());
+      if (chunk.text().empty()) choice["delta"]["content"] = nullptr;
+    }
     if (chunk.index() == 0) choice["delta"]["role"] = "assistant";  // the first says who speaks
     if (call.logprobs) choice["logprobs"] = ChatLogprobs(chunk.logprobs());
   } else {

@@ -35,6 +35,7 @@ struct OpenAiCall {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;
   bool base64 = false;  // embeddings: each vector as its floats' bytes in base64
+  uint32_t tool_calls_streamed = 0;  // a stream's tool calls so far: the next one's index
 };
 
 // The body as a generate request (chat: messages; completion: prompt) or an embed request.
@@ -47,7 +48,7 @@ std::string OpenAiModelsResponse(const v1::Envelope& reply, bool keep_alive);
 std::string OpenAiResponse(const OpenAiCall& call, const v1::Envelope& reply, bool keep_alive);
 // Streaming: one `data:` event per chunk, and the end (the last chunk with the finish reason, the
 // usage when asked for, `data: [DONE]`; or the error, as an event, after chunks went out).
-std::string OpenAiStreamEvent(const OpenAiCall& call, const v1::GenerateChunk& chunk);
+std::string OpenAiStreamEvent(OpenAiCall& call, const v1::GenerateChunk& chunk);
 std::string OpenAiStreamEnd(const OpenAiCall& call, const v1::Envelope& reply);
 // An error as OpenAI's object (`status`: 0 for the one the code implies).
 std::string OpenAiErrorResponse(const Status& error, bool keep_alive, int status = 0);

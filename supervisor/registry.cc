@@ -14,6 +14,8 @@
 #include "engines/catalog/plugin_loader.h"
 #include "common/utf8.h"
 #include "engines/safetensors.h"
+#include "engines/chat_template/tool_calls.h"
+#include "engines/transformer/model_directory.h"
 #include "engines/transformer/packed_model.h"
 
 namespace warmpool::supervisor {
@@ -69,6 +71,9 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
   entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context);
   entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
   entry.embedding_size = packed->config.hidden_size;
+  entry.tool_call_format = std::string(
+      chat::ToolCallFormatName(chat::DetectToolCallFormat(transformer::ChatTemplateText(packed->texts.tokenizer_config))));
+  if (entry.tool_call_format == "none") entry.tool_call_format.clear();
   return entry;
 }
 

@@ -3,9 +3,13 @@
 // end. The engine stops within a step when the supervisor cancels the job (its client left) or
 // the request's deadline passes.
 #include <chrono>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "common/clock.h"
 #include "common/utf8.h"
+#include "engines/chat_template/tool_calls.h"
 #include "ipc/error_proto.h"
 #include "worker/serving.h"
 
@@ -25,6 +29,53 @@ const char* FinishName(uint32_t reason) {
     case WP_FINISH_LENGTH: return "length";
     default: return "cancelled";
   }
+}
+
+// Whether a chat carries what only a conversation document holds (engine ABI version 6): tools
+// offered, an assistant's calls, a tool's answers.
+bool NeedsConversation(const v1::GenerateRequest& g) {
+  if (g.tools_size() > 0) return true;
+  for (const v1::ChatMessage& m : g.messages()) {
+    if (m.tool_calls_size() > 0 || !m.tool_call_id().empty() || !m.name().empty()) return true;
+  }
+  return false;
+}
+
+// The chat as the JSON document wp_generate_request.conversation is: messages as OpenAI's API and
+// the chat templates have them (a call's arguments an object, as templates render them).
+Result<std::string> ConversationJson(const v1::GenerateRequest& g) {
+  using json = nlohmann::ordered_json;
+  json messages = json::array();
+  for (const v1::ChatMessage& m : g.messages()) {
+    json message = {{"role", m.role()}, {"content", m.content()}};
+    if (m.tool_calls_size() > 0) {
+      json calls = json::array();
+      for (const v1::ToolCall& c : m.tool_calls()) {
+        json arguments = json::parse(c.arguments(), nullptr, false);
+        if (!arguments.is_object()) {
+          return Error(Code::kInvalidArgument, "the arguments of tool call \"{}\" are not a JSON object", c.id());
+        }
+        calls.push_back({{"id", c.id()},
+                         {"type", "function"},
+                         {"function", {{"name", c.name()}, {"arguments", std::move(arguments)}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id().empty()) message["tool_call_id"] = m.tool_call_id();
+    if (!m.name().empty()) message["name"] = m.name();
+    messages.push_back(std::move(message));
+  }
+  json doc = {{"messages", std::move(messages)}};
+  if (g.tools_size() > 0) {
+    json tools = json::array();
+    for (const std::string& t : g.tools()) {
+      json tool = json::parse(t, nullptr, false);
+      if (!tool.is_object()) return Error(Code::kInvalidArgument, "each tool must be a JSON object");
+      tools.push_back(std::move(tool));
+    }
+    doc["tools"] = std::move(tools);
+  }
+  return doc.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace
@@ -104,9 +155,37 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
   if (g.has_seed()) r.set |= WP_SET_SEED, r.seed = g.seed();
   r.stop = stops.data();
   r.stop_count = static_cast<uint32_t>(stops.size());
-  r.roles = roles.data();
-  r.contents = contents.data();
-  r.message_count = static_cast<uint32_t>(roles.size());
+  std::string conversation;
+  if (NeedsConversation(g)) {
+    Result<std::string> doc = ConversationJson(g);
+    if (!doc.ok()) {
+      marks_.Release(*slot);
+      ipc::SetError(done->mutable_error(), doc.status());
+      outbox_.Send(reply);
+      return;
+    }
+    conversation = std::move(*doc);
+    r.conversation = {conversation.data(), conversation.size()};
+  } else {
+    r.roles = roles.data();
+    r.contents = contents.data();
+    r.message_count = static_cast<uint32_t>(roles.size());
+  }
+  // The model's calls of the tools offered, read out of its text as it comes (tool_calls.h).
+  std::optional<chat::ToolCallReader> calls;
+  if (g.tools_size() > 0) {
+    Result<chat::ToolCallFormat> format = chat::ParseToolCallFormat(request.tool_call_format());
+    if (format.ok() && *format != chat::ToolCallFormat::kNone) calls.emplace(*format);
+  }
+  uint32_t call_count = 0;
+  auto add_calls = [&](std::vector<chat::ToolCall>& found, google::protobuf::RepeatedPtrField<v1::ToolCall>* to) {
+    for (chat::ToolCall& c : found) {
+      v1::ToolCall* call = to->Add();
+      call->set_id(fmt::format("call_{:x}_{}", job, call_count++));  // job ids are unique in the daemon's life
+      call->set_name(ValidUtf8(c.name));
+      call->set_arguments(ValidUtf8(c.arguments));
+    }
+  };
 
   v1::GenerateReply* final = done->mutable_generate();
   const auto start = std::chrono::steady_clock::now();
@@ -137,24 +216,32 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
       first = false;
       final->set_first_token_us(MicrosSince(start));
     }
+    // An engine's text on its way into a protobuf string, which must be valid UTF-8 (a plugin's
+    // may not be: a frame that does not parse would cost this worker its life).
+    std::string shown = ValidUtf8(std::string(text));
+    chat::ToolCallText read;
+    if (calls) {
+      read = calls->Feed(shown);
+      shown = std::move(read.content);
+    }
     if (g.stream() && !(text.empty() && tokens.empty())) {
       last_heard = now;
       v1::WorkerEnvelope chunk;
       chunk.mutable_infer_chunk()->set_job(job);
       v1::GenerateChunk* c = chunk.mutable_infer_chunk()->mutable_chunk();
       c->set_index(chunks++);
-      // An engine's text on its way into a protobuf string, which must be valid UTF-8 (a plugin's
-      // may not be: a frame that does not parse would cost this worker its life).
-      c->set_text(ValidUtf8(std::string(text)));
+      c->set_text(std::move(shown));
       c->mutable_tokens()->Add(tokens.begin(), tokens.end());
       add_logprobs(logprobs, c->mutable_logprobs());
+      add_calls(read.calls, c->mutable_tool_calls());
       outbox_.Send(chunk);
       if (chunks == 1) faults.Hit("infer.mid");  // mid-stream: a chunk is out, the rest is not
     } else {
       if (!g.stream()) {
-        final->mutable_text()->append(ValidUtf8(std::string(text)));
+        final->mutable_text()->append(shown);
         final->mutable_tokens()->Add(tokens.begin(), tokens.end());
         add_logprobs(logprobs, final->mutable_logprobs());
+        add_calls(read.calls, final->mutable_tool_calls());
       }
       // Nothing to send (a step not streamed, or progress: a chunk of neither text nor tokens).
       HeartbeatIfDue(job, last_heard);
@@ -175,7 +262,24 @@ void Serving::HandleGenerate(const v1::WorkerInfer& request) {
     done->clear_generate();
     ipc::SetError(done->mutable_error(), result.status());
   } else {
-    final->set_finish_reason(FinishName(result->finish_reason));
+    if (calls) {
+      // What the reader held back (text that might have begun a call) comes out now, before the end.
+      chat::ToolCallText rest = calls->Finish();
+      if (!g.stream()) {
+        final->mutable_text()->append(rest.content);
+        add_calls(rest.calls, final->mutable_tool_calls());
+      } else if (!rest.content.empty() || !rest.calls.empty()) {
+        v1::WorkerEnvelope chunk;
+        chunk.mutable_infer_chunk()->set_job(job);
+        v1::GenerateChunk* c = chunk.mutable_infer_chunk()->mutable_chunk();
+        c->set_index(chunks++);
+        c->set_text(std::move(rest.content));
+        add_calls(rest.calls, c->mutable_tool_calls());
+        outbox_.Send(chunk);
+      }
+    }
+    const bool called = calls && calls->saw_calls() && result->finish_reason == WP_FINISH_STOP;
+    final->set_finish_reason(called ? "tool_calls" : FinishName(result->finish_reason));
     final->set_prompt_tokens(result->prompt_tokens);
     final->set_completion_tokens(result->completion_tokens);
     final->set_generate_us(MicrosSince(start));

@@ -1,4 +1,4 @@
-// The transformer engine behind the C ABI (engine.h, version 5): a Hugging Face decoder directory
+// The transformer engine behind the C ABI (engine.h, version 6): a Hugging Face decoder directory
 // served on the CPU, or on a GPU when the worker's memory is a device's. Its weights region holds
 // every tensor as stored and the tokenizer's file (engines/transformer/packed_model.h), so that
 // replicas, respawned workers and unparks attach it without the directory. One sequence at a time:
@@ -44,23 +44,35 @@ wp_status Guarded(char* err, size_t err_len, F&& body) {
 }
 
 
-// A conversation as the prompt its model was trained on: its chat template, given the messages, the
-// special tokens' text, and the assistant's turn to speak (Hugging Face's apply_chat_template).
+// A conversation as the prompt its model was trained on: its chat template, given the messages (and
+// the tools it may call), the special tokens' text, and the assistant's turn to speak (Hugging
+// Face's apply_chat_template). The messages come as roles and contents, or (version 6) as one JSON
+// document that may hold tools and tool calls.
 Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_request& r) {
   if (!e.files->chat) {
     return Error(Code::kFailedPrecondition,
                  "model \"{}\" has no chat template (tokenizer_config.json's chat_template): send a prompt", e.name);
   }
-  if (r.roles == nullptr || r.contents == nullptr) return Error(Code::kInvalidArgument, "messages missing");
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  for (uint32_t i = 0; i < r.message_count; i++) {
-    messages.push_back({{"role", std::string(r.roles[i].data != nullptr ? r.roles[i].data : "", r.roles[i].bytes)},
-                        {"content", std::string(r.contents[i].data != nullptr ? r.contents[i].data : "", r.contents[i].bytes)}});
+  nlohmann::ordered_json context = {{"messages", nlohmann::ordered_json::array()}};
+  if (r.conversation.bytes != 0) {
+    if (r.conversation.data == nullptr) return Error(Code::kInvalidArgument, "conversation missing");
+    context = nlohmann::ordered_json::parse(r.conversation.data, r.conversation.data + r.conversation.bytes, nullptr, false);
+    if (!context.is_object() || !context.contains("messages") || !context["messages"].is_array() ||
+        (context.contains("tools") && !context["tools"].is_array())) {
+      return Error(Code::kInvalidArgument, "the conversation is not {{\"messages\": [...], \"tools\": [...]}}");
+    }
+    if (context.contains("tools") && context["tools"].empty()) context.erase("tools");  // templates test `tools` as given
+  } else {
+    if (r.roles == nullptr || r.contents == nullptr) return Error(Code::kInvalidArgument, "messages missing");
+    for (uint32_t i = 0; i < r.message_count; i++) {
+      context["messages"].push_back(
+          {{"role", std::string(r.roles[i].data != nullptr ? r.roles[i].data : "", r.roles[i].bytes)},
+           {"content", std::string(r.contents[i].data != nullptr ? r.contents[i].data : "", r.contents[i].bytes)}});
+    }
   }
-  nlohmann::ordered_json context = {{"messages", std::move(messages)},
-                                    {"add_generation_prompt", true},
-                                    {"bos_token", e.files->bos_text},
-                                    {"eos_token", e.files->eos_text}};
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = e.files->bos_text;
+  context["eos_token"] = e.files->eos_text;
   return e.files->chat->Render(context);
 }
 
@@ -94,7 +106,7 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
                 wp_generate_result& result) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
   TextRequest request;
-  if (r.message_count > 0) {
+  if (r.message_count > 0 || r.conversation.bytes != 0) {
     Result<std::string> prompt = RenderChat(e, r);
     if (!prompt.ok()) return prompt.status();
     request.prompt = std::move(*prompt);

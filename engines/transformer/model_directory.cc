@@ -76,6 +76,17 @@ Status ReadTemplate(const Json& config, const std::string& path, std::string* ou
   return Error(Code::kInvalidArgument, "\"{}\": chat_template is neither a string nor a list naming a \"default\"", path);
 }
 
+}  // namespace
+
+std::string ChatTemplateText(const std::string& tokenizer_config) {
+  Result<Json> config = ParseJson(tokenizer_config, "tokenizer_config.json");
+  std::string text;
+  if (config.ok() && !config->is_null() && !ReadTemplate(*config, "tokenizer_config.json", &text).ok()) text.clear();
+  return text;
+}
+
+namespace {
+
 Status ReadGenerationConfig(const Json& g, const std::string& path, uint32_t vocab, ServingFiles* m) {
   if (g.is_null()) return OkStatus();
   try {

@@ -47,6 +47,9 @@ struct ServingFiles {
   static Result<ServingFiles> Parse(const TextFiles& files, uint32_t vocab_size, const std::string& shown);
 };
 
+// tokenizer_config.json's chat template as text ("" when it has none or does not parse).
+std::string ChatTemplateText(const std::string& tokenizer_config);
+
 struct ModelDirectory : ServingFiles {
   std::unique_ptr<Checkpoint> checkpoint;
 

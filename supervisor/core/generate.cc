@@ -36,6 +36,13 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
                                    "model \"{}\": shorten it",
                                    text_bytes, request.tokens_size(), m.entry.context, m.entry.name));
   }
+  if (request.tools_size() > 0 && m.tool_call_format.empty()) {
+    return AnswerError(call, Error(Code::kFailedPrecondition,
+                                   "model \"{}\" takes no tools: its chat template shows no tool-call format warmpool "
+                                   "reads (hermes, llama3_json); if it has one, set tool_call_format in its [[models]] "
+                                   "entry",
+                                   m.entry.name));
+  }
   if (request.has_keep_alive_ms()) m.keep_alive_override_ms = request.keep_alive_ms();
   // No default deadline: a generation ends by itself (max_tokens, the context), and a client that
   // stops waiting cancels it by leaving.
@@ -82,6 +89,7 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   StartInferJob(model, id, infer);
   // Copied into the frame: the job keeps its request for a retry.
   if (stored.generate) *infer->mutable_generate() = *stored.generate;
+  if (stored.generate && stored.generate->tools_size() > 0) infer->set_tool_call_format(models_[model].tool_call_format);
   if (stored.embed) *infer->mutable_embed() = *stored.embed;
   Send(worker, message);
 }

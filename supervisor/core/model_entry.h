@@ -57,6 +57,9 @@ struct ModelEntry : WeightsDescription {
   // Found in the models directory (its file name is its name), not listed in the configuration:
   // what owns it, for the messages that say where to change it.
   bool from_models_dir = false;
+  // A language model: the format its calls of tools are written in, as its chat template shows
+  // ("hermes", "llama3_json"; "" none).
+  std::string tool_call_format;
 };
 
 // Names are 1..63 bytes of [A-Za-z0-9._-], not starting with '.'.

@@ -31,9 +31,11 @@ void Core::ApplySettings(Model& m) {
   m.keep_alive_ms = config_.keep_alive_ms;
   m.target_replicas = 1;
   m.max_batch_delay_us = config_.max_batch_delay_us;
+  m.tool_call_format = m.entry.tool_call_format;
   for (const ModelConfig& c : config_.models) {
     if (c.name != m.entry.name) continue;
     if (c.keep_alive_ms != kKeepAliveDefault) m.keep_alive_ms = c.keep_alive_ms;
+    if (!c.tool_call_format.empty()) m.tool_call_format = c.tool_call_format == "none" ? "" : c.tool_call_format;
     m.target_replicas = std::max<uint32_t>(1, c.replicas);
     if (c.max_batch_delay_us >= 0) m.max_batch_delay_us = static_cast<uint32_t>(c.max_batch_delay_us);
   }

@@ -120,6 +120,12 @@ void Core::OnClientGone(uint64_t session) {
 
 Result<uint32_t> Core::FindServing(const std::string& name) const {
   uint32_t model = index_->Find(name);
+  if (model == shm::kNil) {
+    // Not a registered name: maybe a configured alias of one ([[models]] aliases).
+    for (const ModelConfig& c : config_.models) {
+      if (std::find(c.aliases.begin(), c.aliases.end(), name) != c.aliases.end()) model = index_->Find(c.name);
+    }
+  }
   const Model* m = model == shm::kNil ? nullptr : &models_[model];
   if (m == nullptr || (m->retiring && !*m->retiring)) {
     for (const auto& [refused, why] : refused_) {

@@ -62,4 +62,49 @@ try {
 assert.ok(seen >= 1, "a chunk before the abort");
 const after = await client.chat.completions.create(chat);
 assert.equal(after.choices[0].message.content, expect.chat);
+
+// A tool call: the "tools" model (Qwen2.5's template, a scripted answer) calls get_weather. Whole,
+// streamed (the library gathers the deltas), and a conversation carried on with the call and the
+// tool's answer, which the template renders.
+const tools = [{ type: "function", function: { name: "get_weather", description: "The weather in a city",
+  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+const ask = { model: "tools", messages: [{ role: "user", content: "Weather in Paris?" }], tools };
+const called = await client.chat.completions.create(ask);
+assert.equal(called.choices[0].finish_reason, "tool_calls");
+assert.equal(called.choices[0].message.content, null);
+const [call] = called.choices[0].message.tool_calls;
+assert.equal(call.type, "function");
+assert.equal(call.function.name, "get_weather");
+assert.deepEqual(JSON.parse(call.function.arguments), { city: "Paris" });
+assert.match(call.id, /^call_/);
+
+const gathered = [];
+let finish = null;
+for await (const chunk of await client.chat.completions.create({ ...ask, stream: true })) {
+  const choice = chunk.choices[0];
+  for (const delta of choice.delta.tool_calls ?? []) {
+    gathered[delta.index] ??= { name: "", arguments: "" };
+    gathered[delta.index].name += delta.function?.name ?? "";
+    gathered[delta.index].arguments += delta.function?.arguments ?? "";
+  }
+  assert.ok(!choice.delta.content, "no text besides the call");
+  finish = choice.finish_reason ?? finish;
+}
+assert.equal(finish, "tool_calls");
+assert.equal(gathered.length, 1);
+assert.equal(gathered[0].name, "get_weather");
+assert.deepEqual(JSON.parse(gathered[0].arguments), { city: "Paris" });
+
+const answered = await client.chat.completions.create({
+  ...ask,
+  messages: [...ask.messages, called.choices[0].message, { role: "tool", tool_call_id: call.id, content: "22 degrees, sunny" }],
+});
+assert.ok(answered.usage.prompt_tokens > called.usage.prompt_tokens, "the call and its answer are in the prompt");
+const offered = await client.chat.completions.create({ ...ask, tool_choice: "none" });
+assert.ok(offered.usage.prompt_tokens < called.usage.prompt_tokens, "tool_choice none: the tools are not shown");
+await assert.rejects(client.chat.completions.create({ ...ask, tool_choice: "required" }), (e) => e.status === 400);
+await assert.rejects(client.chat.completions.create({ ...chat, tools }), (e) => {
+  assert.equal(e.status, 409);  // the demo model's template shows no tool-call format
+  return true;
+});
 console.log("openai client: ok");

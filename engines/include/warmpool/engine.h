@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 5 (engines of versions 2 to 4 keep loading: everything a version
+/* warmpool engine ABI, version 6 (engines of versions 2 to 5 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -33,6 +33,10 @@
  * and gives named tensors back, for models whose inputs are not one f32 matrix (token ids in and
  * logits out, images, strings). An engine states what it takes and gives (tensor_signature); the
  * worker checks every request against that statement before run is called.
+ *
+ * Version 6 adds tools: a chat may come as one JSON document (request.conversation) holding its
+ * messages with their tool calls and answers, and the tools the model may call, for the chat
+ * template to render.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -44,7 +48,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 5u
+#define WP_ENGINE_ABI_VERSION 6u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -161,6 +165,13 @@ typedef struct wp_generate_request {
    * temperature, penalties and filters. */
   uint32_t logprobs;
   uint32_t top_logprobs;
+  /* Version 6: instead of roles and contents (message_count 0), the conversation as a JSON object
+   * (UTF-8), {"messages": [...], "tools": [...]}: each message as OpenAI's API and Hugging Face's
+   * chat templates have it ({"role", "content"}, an assistant's "tool_calls" as [{"id", "type":
+   * "function", "function": {"name", "arguments": {...}}}], a tool's "tool_call_id" and "name"),
+   * each tool as {"type": "function", "function": {"name", "description", "parameters"}}. The
+   * worker passes it only to a version 6 engine. */
+  wp_string conversation;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */
