@@ -117,6 +117,28 @@ TEST_F(OpenAiTest, ChatAndCompletionsWholeAndStreamedSayWhatTheFramedProtocolSay
   ExpectQuiescentAndValid();
 }
 
+TEST_F(OpenAiTest, AnAliasReachesItsModelThroughEveryApi) {
+  // A client configured for another server's model name reaches a local model ([[models]] aliases).
+  std::filesystem::copy(DemoModelDirectory(), dir_ + "/license", std::filesystem::copy_options::recursive);
+  StartDaemon("[[models]]\nname = \"lm\"\npath = \"" + dir_ + "/license\"\naliases = [\"gpt-4o-mini\", \"llama3\"]\n");
+  const std::string expected = FramedText("What may I do?", true, 6);
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "What may I do?"}}}}, {"max_tokens", 6}, {"temperature", 0}};
+  auto with = [&](json extra) {
+    json body = chat;
+    body.update(extra);
+    return body;
+  };
+  Response openai = Post("/v1/chat/completions", with({{"model", "gpt-4o-mini"}}));
+  ASSERT_EQ(openai.status, 200) << openai.body;
+  EXPECT_EQ(json::parse(openai.body)["choices"][0]["message"]["content"], expected);
+  const json ollama_chat = {{"model", "llama3"}, {"messages", chat["messages"]}, {"stream", false},
+                            {"options", {{"num_predict", 6}, {"temperature", 0}}}};
+  Response ollama = Post("/api/chat", ollama_chat);
+  ASSERT_EQ(ollama.status, 200) << ollama.body;
+  EXPECT_EQ(json::parse(ollama.body)["message"]["content"], expected);
+  EXPECT_EQ(Post("/v1/chat/completions", with({{"model", "gpt-4o"}})).status, 404);
+}
+
 TEST_F(OpenAiTest, EmbeddingsAsFloatsAndAsBase64AndTheModelList) {
   StartWithDemoModel();
   Response floats = Post("/v1/embeddings", {{"model", "lm"}, {"input", json::array({"free software", "a license"})}});
@@ -155,8 +177,17 @@ TEST_F(OpenAiTest, ErrorsComeAsOpenAisErrorObjectWithTheirStatus) {
       {"/v1/chat/completions", R"({"model": "lm", "messages": []})", 400, "messages"},
       {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
        400, "text only"},
-      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "tools": []})", 400,
-       "tools"},
+      {"/v1/chat/completions",
+       R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       409, "takes no tools"},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]})",
+       400, "each tool"},
+      {"/v1/chat/completions",
+       R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})",
+       400, "tool_choice"},
+      {"/v1/chat/completions",
+       R"({"model": "lm", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]})",
+       400, "arguments"},
       {"/v1/chat/completions", "{not json", 400, "JSON"},
       {"/v1/completions", R"({"model": "lm", "prompt": ["a", "b"]})", 400, "one prompt"},
       {"/v1/embeddings", R"({"model": "lm", "input": [1, 2]})", 400, "token ids"},

@@ -115,6 +115,28 @@ TEST(ThreadsPerWorker, ConfiguredOrTheCpusDividedAmongTheWorkers) {
   EXPECT_FALSE(ApplyToml(config, "[[models]]\nname = \"m\"\nmax_batch_delay_us = -1\n", "test").ok());
 }
 
+TEST(ApplyTomlTest, ModelAliasesAndToolCallFormats) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\naliases = [\"gpt-4o-mini\"]\ntool_call_format = \"hermes\"\n"
+                           "[[models]]\nname = \"b\"\naliases = [\"b2\", \"b3\"]\ntool_call_format = \"none\"\n",
+                        kOrigin)
+                  .ok());
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].aliases, std::vector<std::string>{"gpt-4o-mini"});
+  EXPECT_EQ(c.models[0].tool_call_format, "hermes");
+  EXPECT_EQ(c.models[1].aliases.size(), 2u);
+  // An alias names one model: not another's name, not twice, and only what a name may be.
+  for (const char* bad : {"[[models]]\nname = \"a\"\naliases = [\"b\"]\n[[models]]\nname = \"b\"\n",
+                          "[[models]]\nname = \"a\"\naliases = [\"x\"]\n[[models]]\nname = \"b\"\naliases = [\"x\"]\n",
+                          "[[models]]\nname = \"a\"\naliases = [\"x\", \"x\"]\n",
+                          "[[models]]\nname = \"a\"\naliases = [\"no spaces\"]\n",
+                          "[[models]]\nname = \"a\"\ntool_call_format = \"mistral\"\n"}) {
+    Config config;
+    Status s = ApplyToml(config, bad, kOrigin);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
+  }
+}
+
 TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {
   Config c;
   ASSERT_TRUE(ApplyToml(c, "", kOrigin).ok());
