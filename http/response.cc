@@ -64,6 +64,15 @@ std::string Chunk(std::string_view data) {
 
 std::string LastChunk() { return "0\r\n\r\n"; }
 
+std::string WithHeaders(std::string response, const Headers& extra) {
+  const size_t line_end = response.find("\r\n");
+  if (extra.empty() || line_end == std::string::npos) return response;
+  std::string lines;
+  for (const auto& [name, value] : extra) lines += fmt::format("{}: {}\r\n", name, value);
+  response.insert(line_end + 2, lines);
+  return response;
+}
+
 std::string ErrorResponse(const Status& error, bool keep_alive, int status) {
   return Response(status != 0 ? status : StatusFor(error.code()), "text/plain; charset=utf-8",
                   error.ToString() + "\n", keep_alive);

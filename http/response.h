@@ -18,6 +18,8 @@ std::string Response(int status, std::string_view content_type, std::string_view
 std::string ChunkedHead(int status, std::string_view content_type, bool keep_alive,
                         const Headers& extra = {});
 std::string Chunk(std::string_view data);  // data must not be empty
+// A response (or a chunked one's head) with more header lines, after its status line.
+std::string WithHeaders(std::string response, const Headers& extra);
 std::string LastChunk();
 
 // The status that tells an HTTP client what a warmpool code means.

@@ -17,6 +17,7 @@ const char* RefusalName(Refusal r) {
     case Refusal::kMalformedFrame: return "malformed_frame";
     case Refusal::kHttpUnreadable: return "http_unreadable";
     case Refusal::kHttpInvalid: return "http_invalid";
+    case Refusal::kHttpUnauthenticated: return "http_unauthenticated";
     case Refusal::kSlowRequest: return "slow_request";
     case Refusal::kUnreadCutOff: return "unread_cut_off";
     case Refusal::kCount: break;

@@ -30,6 +30,7 @@ enum class Refusal {
   kMalformedFrame,        // not an Envelope, or over max_frame_bytes
   kHttpUnreadable,        // HTTP bytes the parser refused (bad syntax, over a limit)
   kHttpInvalid,           // an HTTP request refused before the daemon (parameter, body, path)
+  kHttpUnauthenticated,   // an HTTP request over TCP without a valid API key ([http] api_keys_file)
   kSlowRequest,           // a request not complete request_read_timeout after its first byte
   kUnreadCutOff,          // cut off for replies left unread
   kCount,

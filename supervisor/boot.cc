@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "common/units.h"
+#include "supervisor/http_access.h"
 #include "supervisor/listen_address.h"
 #include "supervisor/model_roots.h"
 #include "supervisor/registry.h"
@@ -29,29 +30,6 @@ Result<gid_t> LookupGroup(const std::string& name, const std::string& key) {
                  key, name, name);
   }
   return g->gr_gid;
-}
-
-// The first line of the file; the file must not be readable by others (it is a password).
-Result<std::string> ReadAdminToken(const std::string& path) {
-  struct stat st{};
-  if (stat(path.c_str(), &st) != 0) {
-    return Error(Code::kFailedPrecondition, "[http] admin_token_file {}: {}", path, std::strerror(errno));
-  }
-  if ((st.st_mode & 0077) != 0) {
-    return Error(Code::kFailedPrecondition,
-                 "[http] admin_token_file {} is readable by others: chmod 600 it", path);
-  }
-  std::ifstream in(path);
-  std::string token;
-  std::getline(in, token);
-  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.size() < 16) {
-    return Error(Code::kFailedPrecondition,
-                 "[http] admin_token_file {} holds a token of {} characters: use at least 16 (e.g. "
-                 "head -c 32 /dev/urandom | base64 > FILE)",
-                 path, token.size());
-  }
-  return token;
 }
 
 }  // namespace
@@ -78,9 +56,15 @@ Result<BootPlan> CheckBoot(const Config& config, const std::string& worker_path)
     if (!token.ok()) return token.status();
     plan.admin_token = *token;
   }
+  if (!config.http_api_keys_file.empty()) {
+    Result<std::vector<std::string>> keys = ReadApiKeys(config.http_api_keys_file);
+    if (!keys.ok()) return keys.status();
+    plan.api_keys = std::move(*keys);
+  }
   if (Status s = CheckSocketPath(config.socket_path); !s.ok()) return s;
   if (!config.http_listen.empty()) {
-    if (Result<sockaddr_storage> a = ParseLoopbackAddress(config.http_listen); !a.ok()) return a.status();
+    Result<sockaddr_storage> a = ParseListenAddress(config.http_listen, /*with_api_keys=*/!plan.api_keys.empty());
+    if (!a.ok()) return a.status();
   }
   return plan;
 }
@@ -100,6 +84,8 @@ ClientServer::Options ServerOptions(const Config& config, const BootPlan& plan) 
   o.reserved_connections = config.reserved_connections;
   o.request_read_timeout_ms = config.request_read_timeout_ms;
   o.admin_token = plan.admin_token;
+  o.api_keys = plan.api_keys;
+  o.cors_origins = config.http_cors_origins;
   return o;
 }
 

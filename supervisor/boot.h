@@ -25,6 +25,7 @@ struct BootPlan {
   std::optional<gid_t> socket_gid;    // [access] socket_group
   std::optional<gid_t> observer_gid;  // [access] observer_group
   std::string admin_token;            // [http] admin_token_file's token; empty without one
+  std::vector<std::string> api_keys;  // [http] api_keys_file's keys; empty without one
   std::string owner_path;             // warmpool-owner, next to the worker (cuda)
 };
 

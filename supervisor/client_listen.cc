@@ -31,8 +31,9 @@ Status ClientServer::Open(int taken, int activated, const std::string& path, std
                                       : Listen(path, group);
   if (!listening.ok() || http_listen.empty()) return listening;
   if (Status s = ListenTcp(http_listen); !s.ok()) return s;
-  spdlog::info("HTTP API and /metrics on http://{}{}", http_listen,
-               options_.admin_token.empty() ? " (reads and infer only)" : " (admin token set)");
+  spdlog::info("HTTP API and /metrics on http://{}{}{}", http_listen,
+               options_.admin_token.empty() ? " (reads and infer only)" : " (admin token set)",
+               options_.api_keys.empty() ? "" : fmt::format(", every request with one of {} API keys", options_.api_keys.size()));
   return OkStatus();
 }
 
@@ -119,7 +120,7 @@ Status ClientServer::Adopt(int fd, bool owns_path) {
 }
 
 Status ClientServer::ListenTcp(const std::string& address) {
-  Result<sockaddr_storage> parsed = ParseLoopbackAddress(address);
+  Result<sockaddr_storage> parsed = ParseListenAddress(address, !options_.api_keys.empty());
   if (!parsed.ok()) return parsed.status();
   sockaddr_storage storage = *parsed;
   uv_tcp_init(loop_, tcp_listener_.get());

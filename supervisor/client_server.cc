@@ -42,6 +42,8 @@ ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandl
                            ClosedHandler on_closed)
     : loop_(loop),
       options_(options),
+      http_access_(std::make_shared<const HttpAccess>(
+          HttpAccess{options.admin_token, options.api_keys, options.cors_origins})),
       on_request_(std::move(on_request)),
       on_closed_(std::move(on_closed)),
       accounting_(SharesOf(options)) {}
@@ -133,7 +135,7 @@ HttpSession::Options ClientServer::HttpOptions(bool tcp, const Status& reserve_r
   options.limits = HttpLimits();
   options.max_unread_bytes = options_.max_unread_reply_bytes;
   options.tcp = tcp;
-  if (tcp) options.admin_token = options_.admin_token;  // on the Unix socket, peer credentials decide
+  options.access = http_access_;
   options.reserve_refusal = reserve_refusal;
   return options;
 }

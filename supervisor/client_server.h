@@ -86,6 +86,10 @@ class ClientServer {
     // request an admin's ("" none: over TCP only reads and infer).
     std::function<std::string()> metrics;
     std::string admin_token;
+    // TCP: keys one of which every request must carry (empty: none asked); origins whose pages
+    // may call the API (supervisor/http_access.h).
+    std::vector<std::string> api_keys;
+    std::vector<std::string> cors_origins;
   };
   using ClosedHandler = std::function<void(uint64_t session)>;
   // on_closed: a session that handed requests on is gone; nothing sent to it arrives.
@@ -167,6 +171,7 @@ class ClientServer {
 
   uv_loop_t* loop_;
   Options options_;
+  std::shared_ptr<const HttpAccess> http_access_;  // every HTTP session's (supervisor/http_access.h)
   RequestHandler on_request_;
   ClosedHandler on_closed_;
   int listen_fd_ = -1;

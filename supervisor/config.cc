@@ -190,6 +190,8 @@ Status ApplyTable(Config& c, const toml::table& table, const std::string& sectio
     } else if (section == "http") {
       if (k == "listen") s = ReadString(node, key, c.http_listen);
       else if (k == "admin_token_file") s = ReadString(node, key, c.http_admin_token_file);
+      else if (k == "api_keys_file") s = ReadString(node, key, c.http_api_keys_file);
+      else if (k == "cors_origins") s = ReadStrings(node, key, c.http_cors_origins);
       else s = Error(Code::kInvalidArgument, "unknown key {}", key);
     } else if (section == "recovery") {
       if (k == "inference_grace_ms") s = ReadUint(node, key, c.inference_grace_ms);

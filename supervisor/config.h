@@ -26,10 +26,10 @@ struct ModelConfig {
   int64_t max_batch_delay_us = -1;  // -1: the pool's
   // "hermes", "llama3_json" or "none": how its calls of tools are read (empty: as its chat
   // template shows).
-  std::string tool_call_format;
+  std::string tool_call_format{};
   // Other names requests may use for it (as llama-swap's aliases: "gpt-4o-mini" for a local
   // model, so that a client's configured name reaches it). A registered model of that name wins.
-  std::vector<std::string> aliases;
+  std::vector<std::string> aliases{};
 };
 
 // One device as the daemon found it at start (never read from a file).
@@ -125,8 +125,13 @@ struct Config {
   // http: the HTTP/JSON API and /metrics on a loopback TCP address too (they are always on the
   // Unix socket); "" for none. Over TCP only reads and infer, unless a request carries the admin
   // token (the first line of admin_token_file) as "Authorization: Bearer TOKEN".
+  // With api_keys_file (keys one per line, chmod 600), every TCP request needs one of its keys as
+  // "Authorization: Bearer KEY" (or the admin token), and listen may be any address; without, only
+  // loopback. cors_origins: web pages from these origins ("*": any) may call the API.
   std::string http_listen;
   std::string http_admin_token_file;
+  std::string http_api_keys_file;
+  std::vector<std::string> http_cors_origins;
   // recovery
   bool enable_fault_injection = false;  // only from the command line, never from a file
   bool takeover = false;  // --takeover (supervisor/takeover.h); only from the command line

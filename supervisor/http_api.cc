@@ -296,32 +296,27 @@ Plan PlanRequest(const http::Request& request, bool keep_alive) {
   } catch (const std::exception& e) {  // a JSON access the checks above missed: the client's fault
     plan = Error(Code::kInvalidArgument, "the request body could not be read: {}", e.what());
   }
-  if (!plan.ok()) {
-    // Ollama's clients read errors as {"error": "..."}.
-    if (request.path.rfind("/api/", 0) == 0) {
-      Plan refused;
-      refused.immediate = OllamaErrorResponse(plan.status(), keep_alive, status);
-      refused.code = plan.status().code();
-      return refused;
-    }
-    // OpenAI's clients read errors as {"error": {"message", ...}}.
-    if (request.path == "/v1/chat/completions" || request.path == "/v1/completions" ||
-        request.path == "/v1/embeddings" || request.path == "/v1/models") {
-      Plan refused;
-      refused.immediate = OpenAiErrorResponse(plan.status(), keep_alive, status);
-      refused.code = plan.status().code();
-      return refused;
-    }
-    // The v2 protocol's clients read errors as {"error": "..."}.
-    if (request.path.rfind("/v2/", 0) == 0) {
-      Plan refused;
-      refused.immediate = KserveErrorResponse(plan.status(), keep_alive, status);
-      refused.code = plan.status().code();
-      return refused;
-    }
-    return Refuse(plan.status(), keep_alive, status);
-  }
+  if (!plan.ok()) return Refusal(request, plan.status(), keep_alive, status);
   return std::move(*plan);
+}
+
+Plan Refusal(const http::Request& request, const Status& why, bool keep_alive, int status) {
+  Plan refused;
+  refused.code = why.code();
+  if (request.path.rfind("/api/", 0) == 0) {
+    // Ollama's clients read errors as {"error": "..."}.
+    refused.immediate = OllamaErrorResponse(why, keep_alive, status);
+  } else if (request.path == "/v1/chat/completions" || request.path == "/v1/completions" ||
+             request.path == "/v1/embeddings" || request.path == "/v1/models") {
+    // OpenAI's clients read errors as {"error": {"message", ...}}.
+    refused.immediate = OpenAiErrorResponse(why, keep_alive, status);
+  } else if (request.path.rfind("/v2/", 0) == 0) {
+    // The v2 protocol's clients read errors as {"error": "..."}.
+    refused.immediate = KserveErrorResponse(why, keep_alive, status);
+  } else {
+    return Refuse(why, keep_alive, status);
+  }
+  return refused;
 }
 
 std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive) {

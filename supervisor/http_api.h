@@ -55,6 +55,9 @@ struct Plan {
 };
 
 Plan PlanRequest(const http::Request& request, bool keep_alive);
+// A request answered at once with an error, in its endpoint's dialect (`status`: 0 for the one the
+// code implies).
+Plan Refusal(const http::Request& request, const Status& why, bool keep_alive, int status = 0);
 // The complete response to a reply Envelope (an error reply included).
 std::string RenderReply(const Plan& plan, const v1::Envelope& reply, bool keep_alive);
 // The routes of the other APIs' paths (`only` refuses a method other than the one it names, with

@@ -19,13 +19,6 @@ struct WriteRequest {
 };
 
 // Constant-time comparison: a token is not guessed byte by byte from response times.
-bool SameToken(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); i++) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 HttpSession::HttpSession(uv_loop_t* loop, Options options, Hooks hooks)
@@ -90,7 +83,8 @@ bool HttpSession::RoomToRead() const {
 }
 
 void HttpSession::MakeReady(Exchange& e, std::string response, Code code) {
-  e.response = std::move(response);
+  // A response that begins here (not the tail of one streamed) carries the exchange's headers.
+  e.response = response.starts_with("HTTP/") ? http::WithHeaders(std::move(response), e.cors) : std::move(response);
   e.code = code;
   e.ready = true;
   held_bytes_ += e.response.size();
@@ -229,7 +223,22 @@ void HttpSession::Handle(http::Request&& request) {
   e.keep_alive = keep_alive;
   e.http11 = request.http11;
   e.head_only = request.method == "HEAD";
-  e.plan = httpapi::PlanRequest(request, keep_alive);
+  e.cors = CorsHeaders(*options_.access, request);
+  const HttpVerdict verdict = Authenticate(*options_.access, request, options_.tcp);
+  if (std::optional<std::string> preflight = Preflight(*options_.access, request, keep_alive)) {
+    // Before credentials: a browser sends none with its preflight.
+    e.plan.immediate = std::move(*preflight);
+  } else if (!verdict.allowed) {
+    e.plan = httpapi::Refusal(request,
+                              Error(Code::kPermissionDenied,
+                                    "this API asks for a key: send \"Authorization: Bearer KEY\" with one of the "
+                                    "keys in the daemon's [http] api_keys_file"),
+                              keep_alive, 401);
+    e.plan.immediate = http::WithHeaders(std::move(*e.plan.immediate), {{"WWW-Authenticate", "Bearer"}});
+    if (hooks_.refused) hooks_.refused(metrics::Refusal::kHttpUnauthenticated);
+  } else {
+    e.plan = httpapi::PlanRequest(request, keep_alive);
+  }
   if (reserve && !e.plan.immediate && e.plan.kind != httpapi::Kind::kMetrics) {
     e.plan.immediate = http::ErrorResponse(options_.reserve_refusal, false);
     e.plan.code = options_.reserve_refusal.code();
@@ -249,13 +258,7 @@ void HttpSession::Handle(http::Request&& request) {
     exchanges_.push_back(std::move(e));
     return;
   }
-  bool admin_token = false;
-  if (options_.tcp && !options_.admin_token.empty()) {
-    const std::string& auth = request.Header("authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    admin_token = auth.rfind(kBearer, 0) == 0 &&
-                  SameToken(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
-  }
+  const bool admin_token = verdict.admin;
   e.request_id = next_request_id_++;
   v1::Envelope envelope = std::move(e.plan.request);  // the exchange keeps only how to answer
   envelope.set_request_id(e.request_id);
@@ -301,7 +304,7 @@ void HttpSession::OnReply(const v1::Envelope& reply) {
     if (line.empty()) return;
     if (!head.streaming) {
       head.streaming = true;
-      Write(http::ChunkedHead(200, "application/x-ndjson", head.keep_alive));
+      Write(http::ChunkedHead(200, "application/x-ndjson", head.keep_alive, head.cors));
     }
     Write(http::Chunk(line));
     return;
@@ -331,7 +334,7 @@ void HttpSession::OnChunk(Exchange& e, const v1::GenerateChunk& chunk) {
   if (&e == &exchanges_.front() && e.http11) {
     if (!e.streaming) {
       e.streaming = true;
-      Write(http::ChunkedHead(200, httpapi::StreamType(e.plan), e.keep_alive));
+      Write(http::ChunkedHead(200, httpapi::StreamType(e.plan), e.keep_alive, e.cors));
     }
     Write(http::Chunk(line));
     return;
@@ -368,7 +371,7 @@ void HttpSession::WriteHeldLines() {
   if (head.ready || head.held_lines.empty() || !head.http11) return;
   if (!head.streaming) {
     head.streaming = true;
-    Write(http::ChunkedHead(200, httpapi::StreamType(head.plan), head.keep_alive));
+    Write(http::ChunkedHead(200, httpapi::StreamType(head.plan), head.keep_alive, head.cors));
   }
   held_bytes_ -= head.held_lines.size();
   std::string lines = std::move(head.held_lines);

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_set>
 
@@ -27,6 +28,7 @@
 #include "ipc/uv_handle.h"
 #include "ipc/warmpool.pb.h"
 #include "metrics/session_metrics.h"
+#include "supervisor/http_access.h"
 #include "supervisor/http_api.h"
 
 namespace warmpool::supervisor {
@@ -55,7 +57,8 @@ class HttpSession {
     http::ParserLimits limits;
     uint64_t max_unread_bytes = 128ull << 20;  // responses the client has not read: cut off past it
     bool tcp = false;
-    std::string admin_token;  // tcp: "Authorization: Bearer TOKEN" makes admin requests; "" none
+    // Who may call, from which pages (supervisor/http_access.h); shared by the server's sessions.
+    std::shared_ptr<const HttpAccess> access = std::make_shared<const HttpAccess>();
     // Not ok: a connection from the reserve (supervisor/peer_limits.h). It may scrape /metrics;
     // any other request is answered with this. Either way it serves one request and closes.
     Status reserve_refusal;
@@ -106,6 +109,7 @@ class HttpSession {
     Code code = Code::kOk;        // of the response, for the metrics
     bool streaming = false;       // load, generate: the chunked head (and lines) went out
     bool http11 = true;           // chunked responses (load progress, generate) only for HTTP/1.1
+    http::Headers cors;           // added to its response's head (http_access.h)
     // generate: NDJSON lines that came while an earlier exchange still owed its response; they
     // go out when this one reaches the head (HTTP/1.0: with the final line, as one body).
     std::string held_lines;

@@ -14,7 +14,7 @@
 
 namespace warmpool::supervisor {
 
-Result<sockaddr_storage> ParseLoopbackAddress(const std::string& address) {
+Result<sockaddr_storage> ParseListenAddress(const std::string& address, bool with_api_keys) {
   std::string host, port;
   if (!address.empty() && address[0] == '[') {
     size_t close = address.find("]:");
@@ -42,11 +42,11 @@ Result<sockaddr_storage> ParseLoopbackAddress(const std::string& address) {
     return Error(Code::kInvalidArgument,
                  "[http] listen \"{}\" is not HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464", address);
   }
-  if (!loopback) {
+  if (!loopback && !with_api_keys) {
     return Error(Code::kInvalidArgument,
-                 "[http] listen \"{}\" is not a loopback address: the HTTP API has no TLS and its "
-                 "reads need no credentials, so it serves only 127.0.0.0/8 or ::1 (put a proxy in "
-                 "front of it to serve further)",
+                 "[http] listen \"{}\" is not a loopback address: without API keys the HTTP API's "
+                 "reads and inference need no credentials, so it serves only 127.0.0.0/8 or ::1; set "
+                 "[http] api_keys_file to serve further (and put a TLS proxy in front of it)",
                  address);
   }
   return storage;

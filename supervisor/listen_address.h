@@ -11,9 +11,10 @@
 
 namespace warmpool::supervisor {
 
-// [http] listen: "HOST:PORT" or "[V6]:PORT" with a loopback host (127.0.0.0/8 or ::1); the HTTP
-// API has no TLS and its reads need no credentials.
-Result<sockaddr_storage> ParseLoopbackAddress(const std::string& address);
+// [http] listen: "HOST:PORT" or "[V6]:PORT". A loopback host (127.0.0.0/8 or ::1) unless every
+// request must carry an API key (with_api_keys): without keys the API's reads and inference need
+// no credentials.
+Result<sockaddr_storage> ParseListenAddress(const std::string& address, bool with_api_keys);
 
 // The client socket's path: short enough for a sockaddr_un, in a directory that exists.
 Status CheckSocketPath(const std::string& path);

@@ -5,7 +5,10 @@ import assert from "node:assert/strict";
 import { Ollama } from "ollama";
 
 const expect = JSON.parse(process.env.WARMPOOL_EXPECT);
-const ollama = new Ollama({ host: process.env.WARMPOOL_OLLAMA_HOST });
+// The daemon asks every TCP request for an API key ([http] api_keys_file): sent as a header, as
+// any Ollama client behind an authenticating proxy does.
+const ollama = new Ollama({ host: process.env.WARMPOOL_OLLAMA_HOST,
+  headers: { Authorization: `Bearer ${process.env.WARMPOOL_API_KEY}` } });
 // Loading and unloading (an empty prompt) administer the pool: over TCP they need the admin token.
 const admin = new Ollama({
   host: process.env.WARMPOOL_OLLAMA_HOST,

@@ -6,8 +6,12 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 
 const expect = JSON.parse(process.env.WARMPOOL_EXPECT);
-const client = new OpenAI({ baseURL: process.env.WARMPOOL_OPENAI_URL, apiKey: "not-needed-on-loopback", maxRetries: 0 });
+const client = new OpenAI({ baseURL: process.env.WARMPOOL_OPENAI_URL, apiKey: process.env.WARMPOOL_API_KEY, maxRetries: 0 });
 const chat = { model: "lm", messages: [{ role: "user", content: expect.question }], max_tokens: 12, temperature: 0 };
+
+// Without the key: OpenAI's authentication error.
+const stranger = new OpenAI({ baseURL: process.env.WARMPOOL_OPENAI_URL, apiKey: "not-a-key-of-this-daemon", maxRetries: 0 });
+await assert.rejects(stranger.models.list(), (e) => e.status === 401);
 
 const models = await client.models.list();
 assert.ok(models.data.some((m) => m.id === "lm" && m.object === "model"), "lm in the model list");

@@ -19,6 +19,7 @@ from scripted_model import write_scripted_model
 CLIENTS = os.path.join(REPO, "tests", "clients")
 QUESTION = "What may I do with the program?"
 ADMIN_TOKEN = "a-test-admin-token-of-some-length"
+API_KEY = "a-test-api-key-of-some-length"
 PROMPT = "This License"
 
 
@@ -39,7 +40,11 @@ def served(tmp_path_factory):
     token = os.path.join(directory, "admin-token")
     with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write(ADMIN_TOKEN + "\n")
-    d = Daemon(directory, config=CONFIG + f'[http]\nlisten = "127.0.0.1:{port}"\nadmin_token_file = "{token}"\n')
+    keys = os.path.join(directory, "api-keys")
+    with open(os.open(keys, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(API_KEY + "\n")
+    d = Daemon(directory, config=CONFIG + f'[http]\nlisten = "127.0.0.1:{port}"\nadmin_token_file = "{token}"\n'
+                                          f'api_keys_file = "{keys}"\n')
     shutil.copytree(os.path.join(REPO, "demo", "license-llama"), os.path.join(d.models_dir, "lm"))
     write_tools_model(os.path.join(d.models_dir, "tools"))
     d.start()
@@ -70,7 +75,7 @@ def _expected(socket_path):
 
 def test_the_official_openai_library_works_unchanged(served):
     d, port = served
-    env = dict(os.environ, WARMPOOL_OPENAI_URL=f"http://127.0.0.1:{port}/v1",
+    env = dict(os.environ, WARMPOOL_OPENAI_URL=f"http://127.0.0.1:{port}/v1", WARMPOOL_API_KEY=API_KEY,
                WARMPOOL_EXPECT=json.dumps(_expected(d.socket)))
     run = subprocess.run(["node", os.path.join(CLIENTS, "openai_client.mjs")], cwd=CLIENTS, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -81,6 +86,7 @@ def test_the_official_openai_library_works_unchanged(served):
 def test_the_official_ollama_library_works_unchanged(served):
     d, port = served
     env = dict(os.environ, WARMPOOL_OLLAMA_HOST=f"http://127.0.0.1:{port}", WARMPOOL_ADMIN_TOKEN=ADMIN_TOKEN,
+               WARMPOOL_API_KEY=API_KEY,
                WARMPOOL_EXPECT=json.dumps(_expected(d.socket)))
     run = subprocess.run(["node", os.path.join(CLIENTS, "ollama_client.mjs")], cwd=CLIENTS, env=env,
                          capture_output=True, text=True, timeout=120)

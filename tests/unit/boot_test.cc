@@ -141,13 +141,19 @@ TEST_F(BootTest, TheWorkersOptionsCarryCudasSettingsOnlyOnCuda) {
 }
 
 TEST(ListenAddressTest, LoopbackAddressesOfBothFamiliesParse) {
-  EXPECT_TRUE(ParseLoopbackAddress("127.0.0.1:9464").ok());
-  EXPECT_TRUE(ParseLoopbackAddress("127.3.2.1:0").ok());
-  EXPECT_TRUE(ParseLoopbackAddress("[::1]:9464").ok());
+  EXPECT_TRUE(ParseListenAddress("127.0.0.1:9464", false).ok());
+  EXPECT_TRUE(ParseListenAddress("127.3.2.1:0", false).ok());
+  EXPECT_TRUE(ParseListenAddress("[::1]:9464", false).ok());
   for (const char* bad : {"", ":", "127.0.0.1", "127.0.0.1:", "127.0.0.1:-1", "127.0.0.1:65536", "localhost:80",
                           "[::1]9464", "10.0.0.1:80", "[::]:80", "127.0.0.1:80x"}) {
-    EXPECT_FALSE(ParseLoopbackAddress(bad).ok()) << bad;
+    EXPECT_FALSE(ParseListenAddress(bad, false).ok()) << bad;
   }
+  // Beyond loopback only when every request must carry an API key.
+  for (const char* wide : {"0.0.0.0:8080", "10.0.0.1:80", "[::]:80"}) {
+    EXPECT_EQ(ParseListenAddress(wide, false).status().code(), Code::kInvalidArgument) << wide;
+    EXPECT_TRUE(ParseListenAddress(wide, true).ok()) << wide;
+  }
+  EXPECT_FALSE(ParseListenAddress("localhost:80", true).ok());
 }
 
 TEST(TakeoverCheckTest, OnlyAnAdminsLocalAskWithAChannelToAServingDaemonByHandIsHonoured) {

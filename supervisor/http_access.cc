@@ -1,0 +1,124 @@
+#include "supervisor/http_access.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace warmpool::supervisor {
+namespace {
+
+constexpr size_t kMinSecretBytes = 16;
+
+// Equal in a time that depends on the lengths only.
+bool SameSecret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); i++) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string_view BearerToken(const http::Request& request) {
+  constexpr std::string_view kBearer = "Bearer ";
+  const std::string& auth = request.Header("authorization");
+  return auth.rfind(kBearer, 0) == 0 ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
+}
+
+// A file of secrets: it must exist and be readable by its owner alone.
+Result<std::ifstream> OpenSecretFile(const std::string& path, const char* key) {
+  struct stat st{};
+  if (stat(path.c_str(), &st) != 0) {
+    return Error(Code::kFailedPrecondition, "[http] {} {}: {}", key, path, std::strerror(errno));
+  }
+  if ((st.st_mode & 0077) != 0) {
+    return Error(Code::kFailedPrecondition, "[http] {} {} is readable by others: chmod 600 it", key, path);
+  }
+  std::ifstream in(path);
+  if (!in) return Error(Code::kFailedPrecondition, "[http] {} {}: cannot be read", key, path);
+  return in;
+}
+
+std::string Trimmed(std::string line) {
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+  const size_t start = line.find_first_not_of(" \t");
+  return start == std::string::npos ? std::string() : line.substr(start);
+}
+
+bool OriginAllowed(const HttpAccess& access, const std::string& origin) {
+  if (origin.empty()) return false;
+  return std::any_of(access.cors_origins.begin(), access.cors_origins.end(),
+                     [&](const std::string& o) { return o == "*" || o == origin; });
+}
+
+}  // namespace
+
+HttpVerdict Authenticate(const HttpAccess& access, const http::Request& request, bool tcp) {
+  HttpVerdict verdict;
+  if (!tcp) return verdict;  // the Unix socket: peer credentials decide
+  const std::string_view token = BearerToken(request);
+  verdict.admin = !access.admin_token.empty() && SameSecret(token, access.admin_token);
+  if (access.api_keys.empty()) return verdict;
+  bool key = false;
+  for (const std::string& k : access.api_keys) key |= SameSecret(token, k);  // every key, no early exit
+  verdict.allowed = key || verdict.admin;
+  return verdict;
+}
+
+http::Headers CorsHeaders(const HttpAccess& access, const http::Request& request) {
+  const std::string& origin = request.Header("origin");
+  if (!OriginAllowed(access, origin)) return {};
+  // The origin itself, not "*": a response that varies by Origin must say so to caches.
+  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+}
+
+std::optional<std::string> Preflight(const HttpAccess& access, const http::Request& request, bool keep_alive) {
+  if (request.method != "OPTIONS" || request.Header("access-control-request-method").empty() ||
+      !OriginAllowed(access, request.Header("origin"))) {
+    return std::nullopt;
+  }
+  http::Headers headers = CorsHeaders(access, request);
+  headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS");
+  headers.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+  headers.emplace_back("Access-Control-Max-Age", "600");
+  return http::Response(204, "text/plain", "", keep_alive, headers);
+}
+
+Result<std::vector<std::string>> ReadApiKeys(const std::string& path) {
+  Result<std::ifstream> in = OpenSecretFile(path, "api_keys_file");
+  if (!in.ok()) return in.status();
+  std::vector<std::string> keys;
+  size_t number = 0;
+  for (std::string line; std::getline(*in, line);) {
+    number++;
+    std::string key = Trimmed(std::move(line));
+    if (key.empty() || key[0] == '#') continue;
+    if (key.size() < kMinSecretBytes) {
+      return Error(Code::kFailedPrecondition,
+                   "[http] api_keys_file {} line {}: a key of {} characters; use at least {} (e.g. head -c 32 "
+                   "/dev/urandom | base64)",
+                   path, number, key.size(), kMinSecretBytes);
+    }
+    keys.push_back(std::move(key));
+  }
+  if (keys.empty()) return Error(Code::kFailedPrecondition, "[http] api_keys_file {} holds no key", path);
+  return keys;
+}
+
+Result<std::string> ReadAdminToken(const std::string& path) {
+  Result<std::ifstream> in = OpenSecretFile(path, "admin_token_file");
+  if (!in.ok()) return in.status();
+  std::string token;
+  std::getline(*in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < kMinSecretBytes) {
+    return Error(Code::kFailedPrecondition,
+                 "[http] admin_token_file {} holds a token of {} characters: use at least {} (e.g. "
+                 "head -c 32 /dev/urandom | base64 > FILE)",
+                 path, token.size(), kMinSecretBytes);
+  }
+  return token;
+}
+
+}  // namespace warmpool::supervisor

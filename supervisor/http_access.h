@@ -1,0 +1,48 @@
+// Who may use the HTTP API, and from which web pages. On the Unix socket the peer's credentials
+// decide (supervisor/access.h); over TCP the request's bearer token does:
+//   - API keys ([http] api_keys_file): with any configured, every TCP request needs one (or the
+//     admin token); without, TCP serves loopback only and needs none for reads and inference;
+//   - the admin token ([http] admin_token_file) makes a request an admin's, as before.
+// Tokens are compared in constant time, and against every key, so that neither a key's bytes nor
+// which key matched shows in the time an answer takes.
+//
+// CORS ([http] cors_origins): off unless origins are listed ("*" for any). A request from a listed
+// origin gets Access-Control-Allow-Origin; a preflight (OPTIONS) from one is answered here, before
+// any credentials, since browsers send none with it.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "http/request_parser.h"
+#include "http/response.h"
+
+namespace warmpool::supervisor {
+
+struct HttpAccess {
+  std::string admin_token;                // "" none
+  std::vector<std::string> api_keys;      // empty: none asked for
+  std::vector<std::string> cors_origins;  // empty: no CORS; "*": any origin
+};
+
+struct HttpVerdict {
+  bool allowed = true;  // false: answer 401
+  bool admin = false;   // it carries the admin token
+};
+HttpVerdict Authenticate(const HttpAccess& access, const http::Request& request, bool tcp);
+
+// The CORS headers a response to this request carries (none unless its Origin is allowed).
+http::Headers CorsHeaders(const HttpAccess& access, const http::Request& request);
+// The answer to a CORS preflight from an allowed origin; nullopt for any other request.
+std::optional<std::string> Preflight(const HttpAccess& access, const http::Request& request, bool keep_alive);
+
+// [http] api_keys_file: one key per line (blank lines and lines starting with '#' skipped), each
+// of at least 16 characters; the file must not be readable by others (chmod 600).
+Result<std::vector<std::string>> ReadApiKeys(const std::string& path);
+// [http] admin_token_file: its first line, of at least 16 characters; not readable by others.
+Result<std::string> ReadAdminToken(const std::string& path);
+
+}  // namespace warmpool::supervisor

@@ -1,0 +1,132 @@
+// Who may use the HTTP API over TCP and from which web pages (supervisor/http_access.h): API keys
+// guard every TCP request and let the daemon listen beyond loopback; the admin token still alone
+// administers; the Unix socket goes by peer credentials; CORS is off unless origins are listed.
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/http_exchange.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::testing {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kKeyOne[] = "first-key-0123456789abcdef";
+constexpr char kKeyTwo[] = "second-key-0123456789abcdef";
+constexpr char kAdmin[] = "admin-token-0123456789abcdef";
+
+class HttpAccessTest : public DaemonTest {
+ protected:
+  std::string Secret(const std::string& name, const std::string& text, mode_t mode = 0600) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    chmod(path.c_str(), mode);
+    return path;
+  }
+  Response Tcp(const std::string& request) {
+    std::vector<Response> r = Split(Exchange(ConnectTcp(port_), request));
+    EXPECT_EQ(r.size(), 1u) << request;
+    return r.empty() ? Response{} : r[0];
+  }
+  static std::string Get(const std::string& path, const std::string& extra) {
+    return "GET " + path + " HTTP/1.1\r\nHost: warmpool\r\n" + extra + "Connection: close\r\n\r\n";
+  }
+  static std::string Bearer(const std::string& token) { return "Authorization: Bearer " + token + "\r\n"; }
+  static bool Has(const Response& r, const std::string& header_line) {
+    return r.headers.find(header_line) != std::string::npos;
+  }
+  int port_ = FreePort();
+};
+
+TEST_F(HttpAccessTest, ApiKeysGuardEveryTcpRequestAndLetTheDaemonListenBeyondLoopback) {
+  MakeModel("m", "8,4");
+  const std::string keys = Secret("keys", std::string("# one key per line\n") + kKeyOne + "\n\n  " + kKeyTwo + "  \n");
+  const std::string admin = Secret("admin", std::string(kAdmin) + "\n");
+  StartDaemon("[http]\nlisten = \"0.0.0.0:" + std::to_string(port_) + "\"\napi_keys_file = \"" + keys +
+              "\"\nadmin_token_file = \"" + admin + "\"\n");
+  // No key, a wrong one: 401 with the challenge, in each endpoint's dialect.
+  for (const std::string& extra : {std::string(), Bearer("wrong-key-0123456789abcdefg"), Bearer("")}) {
+    Response openai = Tcp(Get("/v1/models", extra));
+    EXPECT_EQ(openai.status, 401) << openai.body;
+    EXPECT_TRUE(Has(openai, "WWW-Authenticate: Bearer")) << openai.headers;
+    EXPECT_TRUE(json::parse(openai.body)["error"]["message"].get<std::string>().find("api_keys_file") !=
+                std::string::npos) << openai.body;
+    Response ollama = Tcp(Get("/api/tags", extra));
+    EXPECT_EQ(ollama.status, 401);
+    EXPECT_TRUE(json::parse(ollama.body)["error"].is_string()) << ollama.body;
+    EXPECT_EQ(Tcp(Get("/metrics", extra)).status, 401);
+    EXPECT_EQ(Tcp(HttpPost("/v1/models/m/infer", "[[1,2,3,4,5,6,7,8]]", true, extra)).status, 401);
+  }
+  // Either key serves reads and inference; only the admin token administers.
+  EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyOne))).status, 200);
+  EXPECT_EQ(Tcp(Get("/metrics", Bearer(kKeyTwo))).status, 200);
+  EXPECT_EQ(Tcp(HttpPost("/v1/models/m/infer", "[[1,2,3,4,5,6,7,8]]", true, Bearer(kKeyTwo))).status, 200);
+  EXPECT_EQ(Tcp(HttpPost("/v1/models/m/load", "", true, Bearer(kKeyOne))).status, 403);
+  EXPECT_EQ(Tcp(HttpPost("/v1/models/m/load", "", true, Bearer(kAdmin))).status, 200);
+  // The Unix socket goes by the peer's credentials, as ever.
+  std::vector<Response> local = Split(Exchange(ConnectUnix(socket_), HttpGet("/v1/models", true)));
+  ASSERT_EQ(local.size(), 1u);
+  EXPECT_EQ(local[0].status, 200);
+  // No CORS unless configured; the refusals are counted.
+  EXPECT_FALSE(Has(Tcp(Get("/v1/models", Bearer(kKeyOne) + "Origin: http://app.example\r\n")), "Access-Control"));
+  const std::string metrics = Tcp(Get("/metrics", Bearer(kKeyOne))).body;
+  EXPECT_TRUE(metrics.find("warmpool_session_refusals_total{reason=\"http_unauthenticated\"} 12") != std::string::npos)
+      << metrics.substr(0, 4000);
+}
+
+TEST_F(HttpAccessTest, KeyFilesAreCheckedAtStart) {
+  MakeModel("m", "8,4");
+  struct Case {
+    std::string keys;
+    mode_t mode;
+    std::string says;
+  };
+  for (const Case& c : {Case{std::string(kKeyOne) + "\n", 0644, "readable by others"},
+                        Case{"short\n", 0600, "use at least 16"},
+                        Case{"# nothing but a comment\n\n", 0600, "holds no key"}}) {
+    const std::string keys = Secret("keys", c.keys, c.mode);
+    std::ofstream(dir_ + "/config.toml") << "[http]\nlisten = \"0.0.0.0:" << port_ << "\"\napi_keys_file = \"" << keys
+                                         << "\"\n";
+    std::string err;
+    int rc = RunProgram({BinDir() + "/warmpoold", "--config", dir_ + "/config.toml", "--socket", socket_, "--instance",
+                         instance_, "--models-dir", models_dir_},
+                        nullptr, &err);
+    EXPECT_NE(rc, 0) << c.keys;
+    EXPECT_NE(err.find(c.says), std::string::npos) << err;
+  }
+}
+
+TEST_F(HttpAccessTest, CorsAllowsTheListedOriginsAndAnswersTheirPreflight) {
+  std::filesystem::copy(DemoModelDirectory(), models_dir_ + "/lm", std::filesystem::copy_options::recursive);
+  StartDaemon("[http]\nlisten = \"127.0.0.1:" + std::to_string(port_) + "\"\ncors_origins = [\"http://app.example\"]\n");
+  const std::string from_app = "Origin: http://app.example\r\n";
+  Response listed = Tcp(Get("/v1/models", from_app));
+  EXPECT_EQ(listed.status, 200);
+  EXPECT_TRUE(Has(listed, "Access-Control-Allow-Origin: http://app.example")) << listed.headers;
+  EXPECT_TRUE(Has(listed, "Vary: Origin"));
+  EXPECT_FALSE(Has(Tcp(Get("/v1/models", "Origin: http://elsewhere.example\r\n")), "Access-Control"));
+  EXPECT_FALSE(Has(Tcp(Get("/v1/models", "")), "Access-Control"));
+  // A streamed answer's head carries it too.
+  const std::string chat = R"({"model": "lm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": true})";
+  Response streamed = Tcp(HttpPost("/v1/chat/completions", chat, true, from_app));
+  EXPECT_EQ(streamed.status, 200);
+  EXPECT_TRUE(Has(streamed, "Access-Control-Allow-Origin: http://app.example")) << streamed.headers;
+  // The preflight, before any credentials; none for an origin not listed.
+  const std::string preflight = "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: warmpool\r\n"
+                                "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization\r\n";
+  Response allowed = Tcp(preflight + from_app + "Connection: close\r\n\r\n");
+  EXPECT_EQ(allowed.status, 204);
+  EXPECT_TRUE(Has(allowed, "Access-Control-Allow-Methods: GET, POST, PUT, DELETE, OPTIONS")) << allowed.headers;
+  EXPECT_TRUE(Has(allowed, "Access-Control-Allow-Headers: Authorization, Content-Type"));
+  Response refused = Tcp(preflight + "Origin: http://elsewhere.example\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(refused.status, 204);
+  EXPECT_FALSE(Has(refused, "Access-Control"));
+}
+
+}  // namespace
+}  // namespace warmpool::testing
