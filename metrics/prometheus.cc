@@ -14,7 +14,7 @@ namespace warmpool::metrics {
 namespace {
 
 constexpr std::array<const char*, static_cast<size_t>(shm::RequestKind::kCount)> kKinds = {
-    "infer", "load", "unload", "pin", "register"};
+    "infer", "load", "unload", "pin", "register", "generate", "embed"};
 constexpr std::array<const char*, static_cast<size_t>(shm::LoadSource::kCount)> kSources = {
     "file", "attach", "unpark"};
 constexpr std::array<const char*, static_cast<size_t>(shm::ReleaseReason::kCount)> kReasons = {
@@ -135,7 +135,14 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
                            &shm::ModelStats::load_seconds},
            HistogramFamily{"warmpool_model_unpark_duration_seconds",
                            "Unparks (a parked host copy back onto its device), sent to ready.",
-                           &shm::ModelStats::unpark_seconds}}) {
+                           &shm::ModelStats::unpark_seconds},
+           HistogramFamily{"warmpool_model_time_to_first_token_seconds",
+                           "Generations from receipt to their first token (vLLM: time_to_first_token_seconds).",
+                           &shm::ModelStats::first_token_seconds},
+           HistogramFamily{"warmpool_model_time_per_output_token_seconds",
+                           "Each generation's mean time per token after its first (vLLM: "
+                           "request_time_per_output_token_seconds).",
+                           &shm::ModelStats::time_per_output_token_seconds}}) {
     w.Family(f.name, "histogram", f.help);
     for (const ModelView& m : models) w.Histogram(f.name, m.label, shm::LoadHistogram(m.stats->*f.field));
   }
@@ -159,6 +166,41 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
   for (const ModelView& m : models) {
     w.Sample("warmpool_model_crashes_total", m.label,
              static_cast<double>(shm::StatLoad(m.stats->crashes_charged)));
+  }
+  // Language models' serving metrics, as the names vLLM gives them say (docs/metrics.md maps them
+  // for routers such as the Gateway API Inference Extension's endpoint picker).
+  struct Counter {
+    const char* name;
+    const char* help;
+    const uint64_t shm::ModelStats::*field;
+  };
+  for (const Counter& c : {Counter{"warmpool_model_prompt_tokens_total", "Prompt tokens of generations that ended "
+                                   "(vLLM: prompt_tokens_total).", &shm::ModelStats::prompt_tokens},
+                           Counter{"warmpool_model_generation_tokens_total", "Tokens generated (vLLM: "
+                                   "generation_tokens_total).", &shm::ModelStats::generation_tokens},
+                           Counter{"warmpool_model_generations_cancelled_total", "Generations stopped because their "
+                                   "client left.", &shm::ModelStats::generations_cancelled}}) {
+    w.Family(c.name, "counter", c.help);
+    for (const ModelView& m : models) w.Sample(c.name, m.label, static_cast<double>(shm::StatLoad(m.stats->*c.field)));
+  }
+  w.Family("warmpool_model_requests_running", "gauge",
+           "Generations and embeddings running on workers (vLLM: num_requests_running).");
+  for (const ModelView& m : models) {
+    w.Sample("warmpool_model_requests_running", m.label, static_cast<double>(shm::StatLoad(m.stats->sequences_running)));
+  }
+  w.Family("warmpool_model_requests_waiting", "gauge",
+           "Requests waiting for the model: its load, room, or a worker (vLLM: num_requests_waiting).");
+  for (const ModelView& m : models) {
+    w.Sample("warmpool_model_requests_waiting", m.label, static_cast<double>(shm::StatLoad(m.stats->requests_waiting)));
+  }
+  w.Family("warmpool_model_kv_cache_usage_ratio", "gauge",
+           "Of the KV caches its replicas hold (one sequence's whole context each), the share in use, 0 to 1 "
+           "(vLLM: kv_cache_usage_perc).");
+  for (const ModelView& m : models) {
+    const uint64_t held = shm::StatLoad(m.stats->sequences_held);
+    const uint64_t running = shm::StatLoad(m.stats->sequences_running);
+    w.Sample("warmpool_model_kv_cache_usage_ratio", m.label,
+             held == 0 ? 0.0 : static_cast<double>(std::min(running, held)) / static_cast<double>(held));
   }
   w.Family("warmpool_model_state", "gauge", "1 for the state the model is in, 0 for the others.");
   for (const ModelView& m : models) {

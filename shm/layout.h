@@ -16,10 +16,10 @@
 namespace warmpool::shm {
 
 // Bump on any change below; the layout test pins the string so an accidental change fails CI.
-inline constexpr uint32_t kLayoutVersion = 5;
+inline constexpr uint32_t kLayoutVersion = 6;
 inline constexpr char kLayoutString[] =
-    "warmpool-shm-v5:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8:"
-    "stats64+1152";
+    "warmpool-shm-v6:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8:"
+    "stats64+1664";
 inline constexpr char kMagic[8] = {'W', 'A', 'R', 'M', 'P', 'O', 'O', 'L'};
 inline constexpr uint32_t kNil = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxDevices = 8;

@@ -31,7 +31,7 @@ struct Histogram {
 };
 
 // What a request asked (Envelope body) and how it was answered (v1::Code, 0..8).
-enum class RequestKind : uint32_t { kInfer, kLoad, kUnload, kPin, kRegister, kCount };
+enum class RequestKind : uint32_t { kInfer, kLoad, kUnload, kPin, kRegister, kGenerate, kEmbed, kCount };
 inline constexpr uint32_t kCodes = 9;
 // Where a load's weights came from.
 enum class LoadSource : uint32_t { kFile, kAttach, kUnpark, kCount };
@@ -59,11 +59,26 @@ struct ModelStats {
   uint64_t loads[static_cast<uint32_t>(LoadSource::kCount)];
   uint64_t releases[static_cast<uint32_t>(ReleaseReason::kCount)];
   uint64_t crashes_charged;  // worker deaths blamed on this model (policy::ChargeCrash)
-  uint64_t reserved[7];
+  // Language models (the core writes these). Counters: the prompt and generated tokens of
+  // generations that ended; generations stopped because their client left. Gauges: generations
+  // and embeddings running on workers, requests waiting for the model, the sequences its replicas
+  // hold at once (one KV cache each, the whole context reserved).
+  uint64_t prompt_tokens;
+  uint64_t generation_tokens;
+  uint64_t generations_cancelled;
+  uint64_t sequences_running;
+  uint64_t requests_waiting;
+  uint64_t sequences_held;
+  uint64_t reserved[7];  // to a multiple of 64 bytes
   Histogram infer_seconds;  // request received to reply queued (the daemon's whole share)
   Histogram queue_seconds;  // infer request received to its dispatch to a worker
   Histogram load_seconds;   // a load or attach job, sent to done
   Histogram unpark_seconds; // an unpark job, sent to done
+  // Generations: request received to its first token (the core's millisecond clock for the wait,
+  // the worker's for the rest); and the mean time per output token after the first, once per
+  // generation of two tokens or more.
+  Histogram first_token_seconds;
+  Histogram time_per_output_token_seconds;
 };
 
 struct PoolStats {
@@ -77,7 +92,7 @@ struct PoolStats {
 static_assert(std::is_standard_layout_v<ModelStats> && std::is_trivially_copyable_v<ModelStats>);
 static_assert(std::is_standard_layout_v<PoolStats> && std::is_trivially_copyable_v<PoolStats>);
 static_assert(sizeof(Histogram) == 160);
-static_assert(sizeof(ModelStats) == 1152);
+static_assert(sizeof(ModelStats) == 1664);
 static_assert(sizeof(PoolStats) == 64);
 
 // The single writer's operations and the readers' loads.

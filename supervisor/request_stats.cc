@@ -22,6 +22,8 @@ std::optional<Named> ModelRequest(const v1::Envelope& e) {
       return Named{K::kUnload, &e.unload().model()};
     case v1::Envelope::kPin: return Named{K::kPin, &e.pin().model()};
     case v1::Envelope::kRegisterModel: return Named{K::kRegister, &e.register_model().model()};
+    case v1::Envelope::kGenerate: return Named{K::kGenerate, &e.generate().model()};
+    case v1::Envelope::kEmbed: return Named{K::kEmbed, &e.embed().model()};
     default: return std::nullopt;
   }
 }
@@ -39,6 +41,7 @@ void RequestStats::Received(uint64_t session, const v1::Envelope& request,
 }
 
 void RequestStats::Answered(uint64_t session, const v1::Envelope& reply, uint64_t now_ns) {
+  if (reply.has_generate_chunk()) return;  // a stream's part: its final reply answers it
   auto s = sessions_.find(session);
   if (s == sessions_.end()) return;
   auto it = s->second.find(reply.request_id());

@@ -80,6 +80,19 @@ void Core::PublishGauges() {
   shm::StatStore(pool.inflight, infer_jobs_);
   shm::StatStore(pool.queued, queued_);
   if (shm::StatLoad(pool.started_unix_ns) == 0) shm::StatStore(pool.started_unix_ns, now_.unix_ns);
+  // Language models' serving gauges (shm/stats.h): what a router reads to choose a node.
+  std::vector<uint64_t> running(models_.size());
+  for (const auto& [id, job] : jobs_) {
+    if (job.kind == Job::Kind::kInfer && job.stepwise && job.model < running.size()) running[job.model]++;
+  }
+  for (uint32_t model : index_->All()) {
+    const Model& m = models_[model];
+    if (!m.entry.generates()) continue;
+    shm::ModelStats& stats = segment_.model_stats(model);
+    shm::StatStore(stats.sequences_running, running[model]);
+    shm::StatStore(stats.requests_waiting, m.waiters.size());
+    shm::StatStore(stats.sequences_held, m.machine.ServingWorkers().size());  // one sequence per replica
+  }
 }
 
 void Core::Send(uint32_t worker, const v1::WorkerEnvelope& message, std::vector<int> handles) {

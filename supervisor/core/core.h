@@ -262,6 +262,8 @@ class Core {
   void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
   void AnswerGenerate(Job& job, v1::WorkerInferDone& done);
   void CancelGenerations(uint64_t session);
+  // A generation's tokens and times into its model's stats (shm/stats.h), whoever still waits.
+  void CountGeneration(const Job& job, const v1::WorkerInferDone& done);
   // Typed tensors (core/dispatch.cc): alone on the worker, never batched.
   void DispatchTyped(uint32_t model, uint32_t worker, Waiter&& waiter);
   // Embeddings (core/embed.cc): an inference whose answer is vectors.

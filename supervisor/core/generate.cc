@@ -126,9 +126,27 @@ void Core::AnswerGenerate(Job& job, v1::WorkerInferDone& done) {
   Answer(job.call, std::move(reply));
 }
 
+void Core::CountGeneration(const Job& job, const v1::WorkerInferDone& done) {
+  // Whoever still waits for it (a client that left, a deadline passed): the tokens were made.
+  if (done.has_error()) return;
+  shm::ModelStats& stats = segment_.model_stats(job.model);
+  const v1::GenerateReply& r = done.generate();
+  shm::StatAdd(stats.prompt_tokens, r.prompt_tokens());
+  shm::StatAdd(stats.generation_tokens, r.completion_tokens());
+  if (r.completion_tokens() == 0 || job.retry) return;  // a retry's wait began before a worker died
+  // Waiting in the daemon (its millisecond clock), then on the worker until the first token.
+  const uint64_t waited_ns = (job.started_ms - std::min(job.started_ms, job.call.accepted_ms)) * 1'000'000;
+  shm::Observe(stats.first_token_seconds, waited_ns + r.first_token_us() * 1'000);
+  if (r.completion_tokens() >= 2 && r.generate_us() > r.first_token_us()) {
+    shm::Observe(stats.time_per_output_token_seconds,
+                 (r.generate_us() - r.first_token_us()) * 1'000 / (r.completion_tokens() - 1));
+  }
+}
+
 void Core::CancelGenerations(uint64_t session) {
   for (auto& [id, job] : jobs_) {
     if (job.kind != Job::Kind::kInfer || !job.stepwise || job.call.session != session) continue;
+    if (job.generate && !job.answered) shm::StatAdd(segment_.model_stats(job.model).generations_cancelled);
     v1::WorkerEnvelope cancel;
     cancel.mutable_cancel()->set_job(id);
     Send(job.worker, cancel);

@@ -319,6 +319,15 @@ TEST_F(OpenAiTest, AClientThatAbortsAStreamStopsItsGeneration) {
   const double step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - first).count() / (kEvents - 1);
   EXPECT_EQ(inflight(), 1u);
+  // While it runs, a router sees its one sequence in use of the one its replica holds.
+  std::string running;
+  for (int i = 0; i < 100 && running.find("warmpool_model_kv_cache_usage_ratio{model=\"wide\"} 1\n") == std::string::npos; i++) {
+    std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
+    running = r.empty() ? "" : r[0].body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(running.find("warmpool_model_requests_running{model=\"wide\"} 1\n"), std::string::npos);
+  EXPECT_NE(running.find("warmpool_model_kv_cache_usage_ratio{model=\"wide\"} 1\n"), std::string::npos);
   close(fd);  // the client aborts
   const auto left = std::chrono::steady_clock::now();
   const double remaining = step_seconds * 2000;  // what is left of a 2048-token context at that pace
@@ -329,6 +338,27 @@ TEST_F(OpenAiTest, AClientThatAbortsAStreamStopsItsGeneration) {
   EXPECT_EQ(inflight(), 0u);
   EXPECT_LT(seconds, remaining / 4) << "busy " << seconds << " s after the client left; a step takes " << step_seconds
                                     << " s";
+  // The metrics count it: cancelled, its tokens made, its first token's time; then a whole one.
+  EXPECT_EQ(Post("/v1/completions", {{"model", "wide"}, {"prompt", "Everyone"}, {"max_tokens", 3}}).status, 200);
+  std::vector<Response> scraped;
+  auto sample = [&](const std::string& series) {
+    const size_t at = scraped[0].body.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(scraped[0].body.substr(at + series.size() + 2));
+  };
+  // The gauges are published every tick of the daemon's loop (50 ms): scraped until they are.
+  for (int i = 0; i < 100; i++) {
+    scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
+    ASSERT_EQ(scraped.size(), 1u);
+    if (sample("warmpool_model_requests_running{model=\"wide\"}") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(sample("warmpool_model_generations_cancelled_total{model=\"wide\"}"), 1);
+  EXPECT_GE(sample("warmpool_model_generation_tokens_total{model=\"wide\"}"), kEvents + 3);
+  EXPECT_GE(sample("warmpool_model_prompt_tokens_total{model=\"wide\"}"), 2);
+  EXPECT_EQ(sample("warmpool_model_time_to_first_token_seconds_count{model=\"wide\"}"), 2);
+  EXPECT_EQ(sample("warmpool_model_time_per_output_token_seconds_count{model=\"wide\"}"), 2);
+  EXPECT_EQ(sample("warmpool_model_requests_total{model=\"wide\",request=\"generate\",code=\"OK\"}"), 1);
+  EXPECT_EQ(sample("warmpool_model_requests_running{model=\"wide\"}"), 0);
 }
 
 }  // namespace

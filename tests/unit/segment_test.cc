@@ -28,9 +28,9 @@ using ::warmpool::testing::Contains;
 TEST(LayoutTest, VersionStringIsPinned) {
   // Changing any struct below must bump kLayoutVersion and this string together.
   EXPECT_STREQ(kLayoutString,
-               "warmpool-shm-v5:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8:"
-               "stats64+1152");
-  EXPECT_EQ(kLayoutVersion, 5u);
+               "warmpool-shm-v6:hdr256:model512:worker128:inflight32:park:starttime:held16:changes:budgets8:"
+               "stats64+1664");
+  EXPECT_EQ(kLayoutVersion, 6u);
   EXPECT_EQ(std::string(kMagic, 8), "WARMPOOL");
   EXPECT_EQ(kNil, 0xFFFFFFFFu);
 }
@@ -77,10 +77,10 @@ TEST(LayoutTest, TagPacking) {
 }
 
 TEST(SegmentSizeTest, RegionsAre64ByteAligned) {
-  // header | models | workers | inflight | stats (64 + 1152 per model)
-  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 2176u);   // 256 | 768 | 896 | 960 | 2176
-  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 5824u);   // 256 | 1792 | 2176 | 2304 | 5824
-  EXPECT_EQ(SegmentSize(Limits{}), 461120u);        // 256 models, 16 workers, 1024 slots
+  // header | models | workers | inflight | stats (64 + 1664 per model)
+  EXPECT_EQ(SegmentSize(Limits{1, 1, 1}), 2688u);   // 256 | 768 | 896 | 960 | 2688
+  EXPECT_EQ(SegmentSize(Limits{3, 3, 3}), 7360u);   // 256 | 1792 | 2176 | 2304 | 7360
+  EXPECT_EQ(SegmentSize(Limits{}), 592192u);        // 256 models, 16 workers, 1024 slots
   for (uint32_t n : {1u, 2u, 5u, 7u, 33u}) {
     EXPECT_EQ(SegmentSize(Limits{n, n, n}) % 64, 0u) << n;
   }
@@ -109,7 +109,7 @@ TEST_F(SegmentViewTest, FormatWritesHeaderAndEmptyTables) {
   EXPECT_EQ(std::memcmp(h.magic, "WARMPOOL", 8), 0);
   EXPECT_EQ(h.layout_version, kLayoutVersion);
   EXPECT_EQ(h.header_size, 256u);
-  EXPECT_EQ(h.segment_size, 7488u);
+  EXPECT_EQ(h.segment_size, 9536u);
   EXPECT_EQ(h.max_models, 4u);
   EXPECT_EQ(h.max_workers, 2u);
   EXPECT_EQ(h.max_inflight, 8u);
@@ -162,9 +162,9 @@ TEST_F(SegmentViewTest, SecondViewSeesWritesOfTheFirst) {
 }
 
 TEST_F(SegmentViewTest, FormatIntoLargerBufferRecordsItsSize) {
-  bytes_.resize(8192);
+  bytes_.resize(12288);
   SegmentView v = MustFormat();
-  EXPECT_EQ(v.header().segment_size, 8192u);
+  EXPECT_EQ(v.header().segment_size, 12288u);
   EXPECT_TRUE(SegmentView::Attach(bytes_, "warmpool.test").ok());
 }
 
@@ -192,7 +192,7 @@ TEST_F(SegmentViewTest, FormatRejectsTooFewBytes) {
   std::vector<std::byte> small(SegmentSize(kLimits) - 1);
   Status s = SegmentView::Format(small, kLimits, {0}, 1).status();
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_TRUE(Contains(s.message(), "7487 bytes is smaller than the 7488 needed")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "9535 bytes is smaller than the 9536 needed")) << s.message();
 }
 
 TEST_F(SegmentViewTest, AttachRefusesBadMagic) {
@@ -237,7 +237,7 @@ TEST_F(SegmentViewTest, AttachRefusesSizeMismatch) {
   SegmentView v = MustFormat();
   Status s = AttachStatus(std::span<std::byte>(bytes_.data(), 1024));
   EXPECT_EQ(s.code(), Code::kFailedPrecondition);
-  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 7488 bytes, mapped 1024)"))
+  EXPECT_TRUE(Contains(s.message(), "inconsistent sizes (header says 9536 bytes, mapped 1024)"))
       << s.message();
   EXPECT_TRUE(Contains(s.message(), "remove /dev/shm/warmpool.test")) << s.message();
 
