@@ -28,6 +28,7 @@
 #include "bench/batching.h"
 #include "bench/compute.h"
 #include "bench/generate.h"
+#include "bench/http_generate.h"
 #include "bench/parked_generate.h"
 #include "bench/recovery.h"
 #include "bench/restart.h"
@@ -85,6 +86,7 @@ struct Options {
   // --generate
   bool generate = false;
   bool parked = false;
+  bool http = false;
   std::string dtype = "bf16";
   uint32_t prompt = 128;
   uint32_t tokens = 32;
@@ -374,6 +376,10 @@ int main(int argc, char** argv) {
   app.add_flag("--parked", options.parked,
                "--generate: through a daemon, a parked model's time to first token against unpark + prefill "
                "(bench/parked_generate.h; run from the repository root: it takes the demo model's tokenizer)");
+  app.add_flag("--http", options.http,
+               "--generate: through a daemon, tokens/s and time to first token of a stream through the "
+               "OpenAI-compatible SSE endpoint against the framed protocol (bench/http_generate.h; run from "
+               "the repository root)");
   app.add_option("--prompt", options.prompt, "--generate: prefill tokens")->capture_default_str();
   app.add_option("--tokens", options.tokens, "--generate: decode steps")->capture_default_str();
   app.add_flag("--batching", options.batching,
@@ -423,6 +429,16 @@ int main(int argc, char** argv) {
     batching.delay_us = options.delay_us;
     batching.json = options.json;
     return warmpool::bench::RunBatching(batching);
+  }
+  if (options.generate && options.http) {
+    warmpool::bench::HttpGenerateOptions http;
+    http.daemon = options.daemon;
+    if (app.get_option("--model-mib")->count() > 0) http.model_mib = static_cast<uint32_t>(options.model_mib);
+    if (app.get_option("--prompt")->count() > 0) http.prompt = options.prompt;
+    if (app.get_option("--tokens")->count() > 0) http.tokens = options.tokens;
+    if (app.get_option("--rounds")->count() > 0) http.rounds = options.rounds;
+    http.json = options.json;
+    return warmpool::bench::RunHttpGenerate(http);
   }
   if (options.generate && options.parked) {
     warmpool::bench::ParkedGenerateOptions parked;

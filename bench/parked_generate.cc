@@ -2,20 +2,17 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 
 #include <fmt/format.h>
 
+#include "bench/language_model.h"
 #include "bench/skeleton.h"
 #include "bench/stats.h"
-#include "engines/transformer/random_checkpoint.h"
-#include "engines/tokenizer/tokenizer.h"
 
 namespace warmpool::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
 double MsSince(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
 
@@ -25,36 +22,11 @@ class ParkedGenerate {
 
   Status Run() {
     const std::string models = run_.File("models");
-    const std::string model = models + "/parked";
-    fs::create_directories(model);
-    std::error_code ec;
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
-      fs::copy_file(fs::path(options_.tokenizer_dir) / name, fs::path(model) / name, ec);
-      if (ec) {
-        return Error(Code::kNotFound, "{}/{}: {} (run from the repository root, or give --tokenizer-dir)",
-                     options_.tokenizer_dir, name, ec.message());
-      }
-    }
-    Result<std::unique_ptr<tokenizer::Tokenizer>> t = tokenizer::Tokenizer::Load(model + "/tokenizer.json");
-    if (!t.ok()) return t.status();
-    transformer::RandomCheckpoint spec;
-    spec.vocab_size = (*t)->vocab_size();
-    spec.hidden_size = 1024;
-    spec.intermediate_size = 2816;
-    spec.num_attention_heads = 16;
-    spec.num_key_value_heads = 4;
-    spec.max_position_embeddings = 2048;
-    spec.dtype = safetensors::DType::BF16;
-    const uint64_t per_layer = (2ull * 1024 * 1024 + 2ull * 1024 * 256 + 3ull * 1024 * 2816) * 2;
-    spec.num_hidden_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{options_.model_mib} << 20) / per_layer));
-    if (Status s = transformer::WriteRandomCheckpoint(model, spec); !s.ok()) return s;
-    // A prompt of about --prompt tokens of the vocabulary's own text.
-    for (uint32_t i = 0; prompt_tokens_ < options_.prompt; i++) {
-      prompt_ += "the terms of this License ";
-      Result<std::vector<int32_t>> ids = (*t)->Encode(prompt_);
-      if (!ids.ok()) return ids.status();
-      prompt_tokens_ = static_cast<uint32_t>(ids->size());
-    }
+    Result<LanguageModel> lm = WriteLanguageModel(models + "/parked", options_.tokenizer_dir, options_.model_mib,
+                                                  options_.prompt);
+    if (!lm.ok()) return lm.status();
+    prompt_ = lm->prompt;
+    prompt_tokens_ = lm->prompt_tokens;
     const std::string config = fmt::format("[daemon]\nmodels_dir = \"{}\"\n[pool]\npark_budget = \"4GiB\"\n", models);
     if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
     Result<std::unique_ptr<client::Client>> c = run_.Connect();
@@ -75,7 +47,7 @@ class ParkedGenerate {
       if (!f.ok()) return run_.WithLog(f.status());
       parked.push_back(*f);
     }
-    Print(Median(prefill), Median(unpark), Median(parked), spec.num_hidden_layers);
+    Print(Median(prefill), Median(unpark), Median(parked), lm->layers);
     return run_.StopDaemon();
   }
 

@@ -33,6 +33,10 @@ run abuse greedy,default_limits --abuse --seconds 1 --payload-mib 1 --greedy 2
 run compute mode,batches --compute --layers 64,256,32 --batches 1,17 --rounds 2
 run generate read_bandwidth_gbs,decode_tokens_per_s,decode_fraction_of_bandwidth,prefill_tokens_per_s \
   --generate --model-mib 1 --prompt 8 --tokens 4 --rounds 1
+run parked-generate prefill_ms,unpark_ms,parked_first_token_ms,first_token_vs_unpark_plus_prefill \
+  --generate --parked --model-mib 8 --prompt 8 --rounds 1
+run http-generate framed_tokens_per_s,sse_tokens_per_s,sse_vs_framed,first_token_overhead_ms \
+  --generate --http --model-mib 8 --prompt 8 --tokens 4 --rounds 1
 run batching batched,unbatched,batched_vs_unbatched --batching --clients 2 --requests 40 --rounds 1 --layers 64,128,64
 run regions memcpy,region,in-place,frames,ratio_region_vs_memcpy --regions --payload-mib 2 --iterations 2
 run restart mode,warm,cold,cold_vs_warm --restart --iterations 1 --model-mib 4
