@@ -103,10 +103,21 @@ json OllamaStats(const v1::GenerateReply& r) {
           {"eval_duration", (r.generate_us() - std::min(r.generate_us(), r.first_token_us())) * 1000}};
 }
 
-json OllamaLine(const OllamaCall& call, const std::string& text, bool done) {
+using ToolCalls = google::protobuf::RepeatedPtrField<v1::ToolCall>;
+
+json OllamaLine(const OllamaCall& call, const std::string& text, bool done, const ToolCalls* calls = nullptr) {
   json line = {{"model", call.model}, {"created_at", Now()}};
   if (call.endpoint == OllamaCall::Endpoint::kChat) {
     line["message"] = {{"role", "assistant"}, {"content", text}};
+    if (calls != nullptr && !calls->empty()) {
+      // Ollama's shape: each call's function, its arguments an object.
+      json out = json::array();
+      for (const v1::ToolCall& c : *calls) {
+        json arguments = json::parse(c.arguments(), nullptr, false);
+        out.push_back({{"function", {{"name", c.name()}, {"arguments", arguments.is_object() ? arguments : json::object()}}}});
+      }
+      line["message"]["tool_calls"] = std::move(out);
+    }
   } else {
     line["response"] = text;
   }
@@ -115,6 +126,46 @@ json OllamaLine(const OllamaCall& call, const std::string& text, bool done) {
 }
 
 std::string OllamaFinish(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
+
+// tools: as OpenAI's ([{"type": "function", "function": {"name", ...}}]), for the chat template.
+Status OllamaTools(const json& doc, v1::GenerateRequest* g) {
+  auto tools = doc.find("tools");
+  if (tools == doc.end() || tools->is_null()) return OkStatus();
+  if (!tools->is_array() || tools->size() > 128) {
+    return Error(Code::kInvalidArgument, "\"tools\" must be a list of at most 128 {{\"type\": \"function\", ...}}");
+  }
+  for (const json& tool : *tools) {
+    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
+        !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
+      return Error(Code::kInvalidArgument, "each tool must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
+    }
+    g->add_tools(OllamaText(tool));
+  }
+  return OkStatus();
+}
+
+// An assistant's earlier calls ([{"function": {"name", "arguments": {...}}}]) and a tool's answer
+// ("tool_name").
+Status OllamaToolMessage(const json& m, v1::ChatMessage* message) {
+  if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+    if (!calls->is_array()) return Error(Code::kInvalidArgument, "a message's \"tool_calls\" must be a list");
+    for (const json& c : *calls) {
+      const json* function = c.is_object() && c.contains("function") && c["function"].is_object() ? &c["function"] : nullptr;
+      if (function == nullptr || !function->contains("name") || !(*function)["name"].is_string()) {
+        return Error(Code::kInvalidArgument, "each tool call needs a \"function\" with a \"name\"");
+      }
+      const json arguments = function->contains("arguments") ? (*function)["arguments"] : json::object();
+      if (!arguments.is_object()) return Error(Code::kInvalidArgument, "a tool call's \"arguments\" must be an object");
+      v1::ToolCall* call = message->add_tool_calls();
+      call->set_name((*function)["name"].get<std::string>());
+      call->set_arguments(OllamaText(arguments));
+    }
+  }
+  for (const char* key : {"tool_name", "name"}) {
+    if (auto it = m.find(key); it != m.end() && it->is_string()) message->set_name(it->get<std::string>());
+  }
+  return OkStatus();
+}
 
 json OllamaDetails(const v1::ModelInfo& m) {
   return {{"parent_model", ""}, {"format", "safetensors"}, {"family", ""}, {"families", json::array()},
@@ -178,7 +229,7 @@ Status FillOllama(const http::Request& request, OllamaCall& call, v1::Envelope* 
                                        "template", "context", "images", "suffix", "think"},
                                  request);
   if (!known.ok()) return known;
-  for (const char* key : {"format", "tools", "images", "template", "context", "suffix", "system"}) {
+  for (const char* key : {"format", "images", "template", "context", "suffix", "system"}) {
     auto it = doc.find(key);
     if (it != doc.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_string() && it->get<std::string>().empty())) {
       return Error(Code::kInvalidArgument, "\"{}\" is not supported yet", key);
@@ -219,7 +270,9 @@ Status FillOllama(const http::Request& request, OllamaCall& call, v1::Envelope* 
       v1::ChatMessage* message = g->add_messages();
       message->set_role(m["role"].get<std::string>());
       if (m.contains("content") && m["content"].is_string()) message->set_content(m["content"].get<std::string>());
+      if (Status s = OllamaToolMessage(m, message); !s.ok()) return s;
     }
+    if (Status s = OllamaTools(doc, g); !s.ok()) return s;
   } else {
     if (!doc["prompt"].is_string()) return Error(Code::kInvalidArgument, "\"prompt\" must be a string");
     g->set_prompt(doc["prompt"].get<std::string>());
@@ -233,7 +286,7 @@ Status FillOllama(const http::Request& request, OllamaCall& call, v1::Envelope* 
 }
 
 std::string OllamaStreamLine(const OllamaCall& call, const v1::GenerateChunk& chunk) {
-  return OllamaText(OllamaLine(call, chunk.text(), false)) + "\n";
+  return OllamaText(OllamaLine(call, chunk.text(), false, &chunk.tool_calls())) + "\n";
 }
 
 std::string OllamaStreamEnd(const OllamaCall& call, const v1::Envelope& reply) {
@@ -254,7 +307,7 @@ std::string OllamaResponse(const OllamaCall& call, const v1::Envelope& reply, bo
     case E::kGenerate:
     case E::kChat: {
       const v1::GenerateReply& r = reply.generate_reply();
-      doc = OllamaLine(call, r.text(), true);
+      doc = OllamaLine(call, r.text(), true, &r.tool_calls());
       doc["done_reason"] = OllamaFinish(r.finish_reason());
       doc.update(OllamaStats(r));
       break;

@@ -58,6 +58,23 @@ assert.deepEqual(embedded.embeddings[0], expect.embedding);
 await assert.rejects(ollama.generate({ model: "nope", prompt: "x", stream: false }), (e) => e.status_code === 404);
 await assert.rejects(ollama.pull({ model: "llama3", stream: false }), (e) => /register/.test(e.message));
 
+// A tool call (the "tools" model: Qwen2.5's template, a scripted answer), whole and streamed, and
+// the conversation carried on with the tool's answer.
+const tools = [{ type: "function", function: { name: "get_weather", description: "The weather in a city",
+  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+const ask = { model: "tools", messages: [{ role: "user", content: "Weather in Paris?" }], tools, stream: false };
+const called = await ollama.chat(ask);
+assert.equal(called.message.tool_calls.length, 1);
+assert.equal(called.message.tool_calls[0].function.name, "get_weather");
+assert.deepEqual(called.message.tool_calls[0].function.arguments, { city: "Paris" });
+assert.equal(called.message.content, "");
+const calls = [];
+for await (const part of await ollama.chat({ ...ask, stream: true })) calls.push(...(part.message.tool_calls ?? []));
+assert.deepEqual(calls.map((c) => c.function), [{ name: "get_weather", arguments: { city: "Paris" } }]);
+const answered = await ollama.chat({ ...ask, messages: [...ask.messages, called.message,
+  { role: "tool", tool_name: "get_weather", content: "22 degrees, sunny" }] });
+assert.ok(answered.prompt_eval_count > called.prompt_eval_count, "the call and its answer are in the prompt");
+
 // keep_alive 0 with an empty prompt unloads it.
 const unloaded = await admin.generate({ model: "lm", prompt: "", keep_alive: 0 });
 assert.equal(unloaded.done_reason, "unload");
