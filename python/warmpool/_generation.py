@@ -6,6 +6,8 @@ connection: that is how the daemon learns nobody reads any more, and it cancels 
 on its worker within a step. The next call connects again.
 """
 
+import json
+
 from . import results
 from ._errors import invalid_argument
 from ._proto import pb
@@ -24,7 +26,7 @@ def _optional(request, name, value, kind):
 
 def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, temperature=None, top_k=None, top_p=None,
             min_p=None, repetition_penalty=None, seed=None, stop=(), stream=True, deadline_ms=None,
-            keep_alive=None, logprobs=False, top_logprobs=0):
+            keep_alive=None, logprobs=False, top_logprobs=0, tools=None):
     """The generate Envelope; the daemon checks the values' ranges (typed errors)."""
     if (prompt is not None) + (tokens is not None) + (messages is not None) != 1:
         raise invalid_argument("generate needs a prompt, token ids or messages (one of them, not both)")
@@ -37,7 +39,14 @@ def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, tem
         g.tokens.extend(int(t) for t in tokens)
     else:
         for m in messages:
-            g.messages.add(role=m["role"], content=m["content"])
+            _message(g.messages.add(), m)
+    if tools:
+        if messages is None:
+            raise invalid_argument("tools are offered in a chat: pass messages")
+        try:
+            g.tools.extend(json.dumps(t) for t in tools)
+        except (TypeError, ValueError) as error:
+            raise invalid_argument(f"tools must be JSON objects: {error}") from None
     g.max_tokens = int(max_tokens)
     _optional(g, "temperature", temperature, float)
     _optional(g, "top_k", top_k, int)
@@ -56,6 +65,30 @@ def request(model, prompt=None, tokens=None, *, messages=None, max_tokens=0, tem
     g.logprobs = bool(logprobs) or bool(top_logprobs)
     _optional(g, "top_logprobs", top_logprobs, int)
     return envelope
+
+
+def _message(out, m):
+    """A chat message: role, content, and (carrying a conversation on) an assistant's tool_calls
+    (ToolCall or OpenAI's {"id", "function": {"name", "arguments"}}) or a tool's answer."""
+    try:
+        out.role = m["role"]
+        out.content = m.get("content") or ""
+        for c in m.get("tool_calls") or ():
+            if isinstance(c, results.ToolCall):
+                out.tool_calls.add(id=c.id, name=c.name, arguments=json.dumps(c.arguments))
+                continue
+            f = c["function"]
+            arguments = f.get("arguments", {})
+            out.tool_calls.add(id=c.get("id", ""), name=f["name"],
+                               arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+        out.tool_call_id = m.get("tool_call_id") or ""
+        out.name = m.get("name") or ""
+    except (KeyError, TypeError, AttributeError) as error:
+        raise invalid_argument(f"message {m!r}: {error}") from None
+
+
+def _tool_calls(calls):
+    return [results.ToolCall(id=c.id, name=c.name, arguments=json.loads(c.arguments)) for c in calls]
 
 
 def _logprobs(entries):
@@ -94,7 +127,8 @@ def embed_result(envelope):
 
 
 def chunk(c):
-    return results.GenerateChunk(index=c.index, text=c.text, tokens=list(c.tokens), logprobs=_logprobs(c.logprobs))
+    return results.GenerateChunk(index=c.index, text=c.text, tokens=list(c.tokens), logprobs=_logprobs(c.logprobs),
+                                 tool_calls=_tool_calls(c.tool_calls))
 
 
 def result(envelope):
@@ -104,7 +138,7 @@ def result(envelope):
     return results.GenerateResult(
         finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
         first_token_us=r.first_token_us, generate_us=r.generate_us, chunks=r.chunks, text=r.text,
-        tokens=list(r.tokens), logprobs=_logprobs(r.logprobs),
+        tokens=list(r.tokens), logprobs=_logprobs(r.logprobs), tool_calls=_tool_calls(r.tool_calls),
     )
 
 

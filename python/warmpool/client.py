@@ -207,7 +207,10 @@ class Client(Connection):
         min_p, repetition_penalty, seed (each left out: the model's default), stop (a string or
         up to 16), deadline_ms, keep_alive, logprobs (each token's log-probability in its chunk, or
         the result when not streamed: TokenLogprob) and top_logprobs (the N most likely tokens' too,
-        up to 20).
+        up to 20); with messages, tools (OpenAI's tool objects, for the chat template): the model's
+        calls come as ToolCall in the chunks' or the result's ``tool_calls``, and the result's
+        finish_reason is "tool_calls". A message may carry an assistant's ``tool_calls`` (ToolCall
+        or OpenAI's dicts) or a tool's answer (``tool_call_id``, ``name``).
 
         With ``stream`` (the default) returns a Generation: iterate it for the chunks as they
         are generated; its ``result`` then holds the final GenerateResult. Without, waits and

@@ -152,6 +152,16 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call of a tool the request offered, read out of the model's text (in the format its chat
+    template shows): ``arguments`` is the call's JSON object, parsed."""
+
+    id: str
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
 class GenerateChunk:
     """One step of a streamed generation: its text (never a split UTF-8 character; empty while
     one is incomplete) and the token ids it came from. ``index`` counts from 0."""
@@ -160,6 +170,7 @@ class GenerateChunk:
     text: str
     tokens: List[int] = field(default_factory=list)
     logprobs: List[TokenLogprob] = field(default_factory=list)  # one per token, when asked for
+    tool_calls: List[ToolCall] = field(default_factory=list)  # calls completed by this chunk
 
 
 @dataclass(frozen=True)
@@ -179,7 +190,8 @@ class GenerateResult:
     """A generation's final reply. ``text`` and ``tokens`` hold everything generated when it was
     not streamed (streamed, they came in the chunks: Generation.text gathers them)."""
 
-    finish_reason: str  # "stop" (an end token or a stop string), "length", "cancelled"
+    # "stop" (an end token or a stop string), "length", "cancelled"; "tool_calls" after calling tools
+    finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     first_token_us: int
@@ -188,3 +200,4 @@ class GenerateResult:
     text: str = ""
     tokens: List[int] = field(default_factory=list)
     logprobs: List[TokenLogprob] = field(default_factory=list)  # not streamed, when asked for
+    tool_calls: List[ToolCall] = field(default_factory=list)  # not streamed: every call

@@ -128,3 +128,15 @@ def write_scripted_model(directory, script, chat_template, added=(), seed=0):
     for name, doc in files.items():
         with open(os.path.join(directory, name), "w") as f:
             json.dump(doc, f, ensure_ascii=False)
+
+
+TOOL_CALL = ["<tool_call>", '{"name":"get_weather",', '"arguments":{"city":"Paris"}}', "</tool_call>"]
+
+
+def write_tool_calling_model(directory):
+    """A model with Qwen2.5's chat template (tools, Hermes calls) that answers any chat with a call
+    of get_weather for Paris."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "tests", "data", "chat_templates.json")) as f:
+        template = next(t["template"] for t in json.load(f) if t["name"] == "qwen2.5/tools")
+    write_scripted_model(directory, TOOL_CALL, template, added=("<tool_call>", "</tool_call>"))

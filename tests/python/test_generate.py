@@ -12,6 +12,7 @@ import pytest
 
 import warmpool
 from conftest import Daemon, binary
+from scripted_model import write_tool_calling_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,6 +36,7 @@ def write_language_model(directory):
 def lm_daemon(tmp_path_factory):
     d = Daemon(str(tmp_path_factory.mktemp("lm")))
     write_language_model(os.path.join(d.models_dir, "lm"))
+    write_tool_calling_model(os.path.join(d.models_dir, "tools"))
     d.start()
     yield d
     d.check_stopped_cleanly()
@@ -196,3 +198,33 @@ def test_a_language_models_logits_come_as_a_typed_tensor(lm_daemon):
         assert first.tokens[0] == int(np.argmax(logits))
         with pytest.raises(warmpool.InvalidArgument, match=r"input_ids\[0\]"):
             client.infer_tensors("lm", {"input_ids": np.array([-5], dtype=np.int64)})
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_tools_come_back_as_tool_calls_streamed_or_whole(lm_daemon):
+    # The "tools" model (tests/python/scripted_model.py) answers any chat with a Hermes call.
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    with warmpool.Client(lm_daemon.socket) as c:
+        whole = c.generate("tools", messages=ask, tools=[WEATHER], stream=False)
+        assert whole.finish_reason == "tool_calls"
+        assert whole.text == ""
+        assert [(t.name, t.arguments) for t in whole.tool_calls] == [("get_weather", {"city": "Paris"})]
+        assert whole.tool_calls[0].id.startswith("call_")
+        streamed = c.generate("tools", messages=ask, tools=[WEATHER])
+        calls = [t for chunk in streamed for t in chunk.tool_calls]
+        assert [(t.name, t.arguments) for t in calls] == [("get_weather", {"city": "Paris"})]
+        assert streamed.text == "" and streamed.result.finish_reason == "tool_calls"
+        # Carried on: the call (as the result gave it) and the tool's answer are in the prompt.
+        again = c.generate("tools", messages=ask + [{"role": "assistant", "tool_calls": whole.tool_calls},
+                                                    {"role": "tool", "tool_call_id": whole.tool_calls[0].id,
+                                                     "content": "22 degrees"}],
+                           tools=[WEATHER], stream=False)
+        assert again.prompt_tokens > whole.prompt_tokens
+        # A model whose template shows no format refuses tools; tools need a chat.
+        with pytest.raises(warmpool.FailedPrecondition, match="takes no tools"):
+            c.generate("lm", messages=ask, tools=[WEATHER], stream=False)
+        with pytest.raises(warmpool.InvalidArgument):
+            c.generate("tools", "a prompt", tools=[WEATHER], stream=False)

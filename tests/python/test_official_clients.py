@@ -14,7 +14,7 @@ import pytest
 
 import warmpool
 from conftest import CONFIG, REPO, Daemon
-from scripted_model import write_scripted_model
+from scripted_model import write_tool_calling_model
 
 CLIENTS = os.path.join(REPO, "tests", "clients")
 QUESTION = "What may I do with the program?"
@@ -46,21 +46,10 @@ def served(tmp_path_factory):
     d = Daemon(directory, config=CONFIG + f'[http]\nlisten = "127.0.0.1:{port}"\nadmin_token_file = "{token}"\n'
                                           f'api_keys_file = "{keys}"\n')
     shutil.copytree(os.path.join(REPO, "demo", "license-llama"), os.path.join(d.models_dir, "lm"))
-    write_tools_model(os.path.join(d.models_dir, "tools"))
+    write_tool_calling_model(os.path.join(d.models_dir, "tools"))
     d.start()
     yield d, port
     d.check_stopped_cleanly()
-
-
-TOOL_CALL = ["<tool_call>", '{"name":"get_weather",', '"arguments":{"city":"Paris"}}', "</tool_call>"]
-
-
-def write_tools_model(directory):
-    """A model with Qwen2.5's chat template (tools, Hermes calls) that answers any chat with a call
-    of get_weather for Paris."""
-    with open(os.path.join(REPO, "tests", "data", "chat_templates.json")) as f:
-        template = next(t["template"] for t in json.load(f) if t["name"] == "qwen2.5/tools")
-    write_scripted_model(directory, TOOL_CALL, template, added=("<tool_call>", "</tool_call>"))
 
 
 def _expected(socket_path):
