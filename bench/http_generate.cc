@@ -21,8 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double MsSince(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
-
 struct Stream {
   double first_ms = 0;  // send to the first token's text
   double total_ms = 0;  // send to the end

@@ -14,8 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double MsSince(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
-
 class ParkedGenerate {
  public:
   ParkedGenerate(ParkedGenerateOptions options, BenchRun& run) : options_(std::move(options)), run_(run) {}

@@ -26,6 +26,7 @@ uint64_t Percentile(const std::vector<uint64_t>& sorted, double p);
 Summary Summarize(std::vector<uint64_t>& latencies_ns, double wall_s);
 
 inline double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+inline double MsSince(std::chrono::steady_clock::time_point start) { return Ms(std::chrono::steady_clock::now() - start); }
 
 // The middle value (the upper one of an even count); 0 when there are none.
 double Median(std::vector<double> values);
