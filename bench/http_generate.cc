@@ -92,7 +92,7 @@ class HttpGenerate {
     Stream s;
     const auto start = Clock::now();
     Result<v1::GenerateReply> reply = client_->Generate(r, [&](const v1::GenerateChunk& chunk) {
-      if (s.first_ms == 0 && chunk.tokens_size() > 0) s.first_ms = MsSince(start);
+      if (s.first_ms == 0 && !chunk.text().empty()) s.first_ms = MsSince(start);  // as the SSE side times it
     });
     if (!reply.ok()) return reply.status();
     s.total_ms = MsSince(start);
@@ -130,13 +130,21 @@ class HttpGenerate {
     }
     std::string got;
     char buffer[16384];
+    size_t parsed = 0;  // events before this are read
     for (;;) {
       const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
       if (n <= 0) break;
       got.append(buffer, static_cast<size_t>(n));
-      if (s.first_ms == 0 && got.find("\"text\":\"") != std::string::npos &&
-          got.find("\"text\":\"\"") == std::string::npos) {
-        s.first_ms = MsSince(start);
+      // The first event whose text is not empty is the first token's text.
+      for (size_t at; s.first_ms == 0 && (at = got.find("data: {", parsed)) != std::string::npos;) {
+        const size_t end = got.find('\n', at);
+        if (end == std::string::npos) break;
+        const nlohmann::json event = nlohmann::json::parse(got.substr(at + 6, end - at - 6), nullptr, false);
+        if (event.is_object() && event.contains("choices") && !event["choices"].empty() &&
+            !event["choices"][0].value("text", "").empty()) {
+          s.first_ms = MsSince(start);
+        }
+        parsed = end;
       }
       if (got.find("data: [DONE]") != std::string::npos) break;
     }

@@ -9,7 +9,9 @@ namespace warmpool::http {
 std::string_view Reason(int status) {
   switch (status) {
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
@@ -48,6 +50,7 @@ std::string Head(int status, std::string_view content_type, bool keep_alive, con
 std::string Response(int status, std::string_view content_type, std::string_view body,
                      bool keep_alive, const Headers& extra) {
   std::string out = Head(status, content_type, keep_alive, extra);
+  if (status == 204) return out + "\r\n";  // no content, and no Content-Length (RFC 9110, 8.6)
   out += fmt::format("Content-Length: {}\r\n\r\n", body.size());
   out += body;
   return out;

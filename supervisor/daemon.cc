@@ -285,7 +285,8 @@ void Daemon::OnRequest(uint64_t session, const Peer& peer, v1::Envelope&& reques
       CheckRequest(request).ok()) {
     e.registration = model_files_.LookAtRegistration(request.register_model());
   }
-  request_stats_->Received(session, request, core_->index(), MonotonicNanos());
+  request_stats_->Received(
+      session, request, [&](const std::string& name) { return core_->Resolve(name); }, MonotonicNanos());
   e.envelope = std::move(request);
   Dispatch(std::move(e));
 }

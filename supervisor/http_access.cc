@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -20,10 +21,26 @@ bool SameSecret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// The token of "Authorization: Bearer TOKEN" (the scheme's case does not matter: RFC 9110, 11.1).
 std::string_view BearerToken(const http::Request& request) {
-  constexpr std::string_view kBearer = "Bearer ";
+  constexpr std::string_view kBearer = "bearer ";
   const std::string& auth = request.Header("authorization");
-  return auth.rfind(kBearer, 0) == 0 ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
+  if (auth.size() < kBearer.size()) return {};
+  for (size_t i = 0; i < kBearer.size(); i++) {
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != kBearer[i]) return {};
+  }
+  return std::string_view(auth).substr(kBearer.size());
+}
+
+// A preflight's Access-Control-Request-Headers, to allow back: header names and commas only
+// (the official clients send headers of their own, x-stainless-..., besides Authorization).
+std::string RequestedHeaders(const http::Request& request) {
+  const std::string& asked = request.Header("access-control-request-headers");
+  const bool plain = !asked.empty() && asked.size() <= 1024 &&
+                     std::all_of(asked.begin(), asked.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' ';
+                     });
+  return plain ? asked : "Authorization, Content-Type";
 }
 
 // A file of secrets: it must exist and be readable by its owner alone.
@@ -67,10 +84,11 @@ HttpVerdict Authenticate(const HttpAccess& access, const http::Request& request,
 }
 
 http::Headers CorsHeaders(const HttpAccess& access, const http::Request& request) {
+  if (access.cors_origins.empty()) return {};
+  // Whether allowed or not, the response varies by Origin: caches must know it.
   const std::string& origin = request.Header("origin");
-  if (!OriginAllowed(access, origin)) return {};
-  // The origin itself, not "*": a response that varies by Origin must say so to caches.
-  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+  if (!OriginAllowed(access, origin)) return {{"Vary", "Origin"}};
+  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};  // the origin itself, not "*"
 }
 
 std::optional<std::string> Preflight(const HttpAccess& access, const http::Request& request, bool keep_alive) {
@@ -78,10 +96,10 @@ std::optional<std::string> Preflight(const HttpAccess& access, const http::Reque
       !OriginAllowed(access, request.Header("origin"))) {
     return std::nullopt;
   }
-  http::Headers headers = CorsHeaders(access, request);
-  headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS");
-  headers.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
-  headers.emplace_back("Access-Control-Max-Age", "600");
+  // The origin's own headers (CorsHeaders) are added with every response's (http_session.cc).
+  http::Headers headers = {{"Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS"},
+                           {"Access-Control-Allow-Headers", RequestedHeaders(request)},
+                           {"Access-Control-Max-Age", "600"}};
   return http::Response(204, "text/plain", "", keep_alive, headers);
 }
 

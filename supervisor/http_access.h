@@ -34,7 +34,8 @@ struct HttpVerdict {
 };
 HttpVerdict Authenticate(const HttpAccess& access, const http::Request& request, bool tcp);
 
-// The CORS headers a response to this request carries (none unless its Origin is allowed).
+// The CORS headers a response to this request carries: none without cors_origins; Vary: Origin
+// with them, and Access-Control-Allow-Origin when its Origin is listed.
 http::Headers CorsHeaders(const HttpAccess& access, const http::Request& request);
 // The answer to a CORS preflight from an allowed origin; nullopt for any other request.
 std::optional<std::string> Preflight(const HttpAccess& access, const http::Request& request, bool keep_alive);

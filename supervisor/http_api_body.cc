@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/json_depth.h"
 #include "common/units.h"
 #include "common/utf8.h"
 
@@ -11,32 +12,10 @@ namespace warmpool::supervisor::httpapi {
 
 using nlohmann::json;
 
-namespace {
-
-// How deeply the brackets of a JSON text nest (strings skipped), up to kMaxJsonDepth + 1.
-int NestingDepth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if (c == ']' || c == '}') depth--;
-    if (deepest > kMaxJsonDepth) break;
-  }
-  return deepest;
-}
-
-}  // namespace
 
 // A JSON text of bounded depth; discarded (is_discarded) when it is not valid JSON.
 Result<json> ParseJson(std::string_view text) {
-  if (NestingDepth(text) > kMaxJsonDepth) {
+  if (JsonNestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
     return Error(Code::kInvalidArgument, "the JSON body nests deeper than {} levels", kMaxJsonDepth);
   }
   return json::parse(text, nullptr, /*allow_exceptions=*/false);

@@ -161,8 +161,10 @@ Status OllamaToolMessage(const json& m, v1::ChatMessage* message) {
       call->set_arguments(OllamaText(arguments));
     }
   }
-  for (const char* key : {"tool_name", "name"}) {
-    if (auto it = m.find(key); it != m.end() && it->is_string()) message->set_name(it->get<std::string>());
+  if (message->role() == "tool") {  // a tool's answer names its tool (another role's name is not rendered)
+    for (const char* key : {"tool_name", "name"}) {
+      if (auto it = m.find(key); it != m.end() && it->is_string()) message->set_name(it->get<std::string>());
+    }
   }
   return OkStatus();
 }

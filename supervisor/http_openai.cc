@@ -71,8 +71,18 @@ std::string OpenAiFinish(const std::string& reason) {
 // not told of them). Forcing a call ("required", a named function) would need constrained
 // decoding, which warmpool does not do: refused, never ignored.
 Status FillTools(const json& doc, v1::GenerateRequest* g) {
+  auto choice = doc.find("tool_choice");
+  const bool none = choice != doc.end() && *choice == "none";
+  if (choice != doc.end() && !choice->is_null() && *choice != "auto" && !none) {
+    return Error(Code::kInvalidArgument, "\"tool_choice\" may be \"auto\" or \"none\": warmpool does not force a call "
+                                         "(\"required\", a named function); offer the tools and let the model choose");
+  }
+  // Several calls in one answer are read as the model writes them; at most one cannot be promised.
+  if (auto parallel = doc.find("parallel_tool_calls"); parallel != doc.end() && !parallel->is_null() && *parallel != true) {
+    return Error(Code::kInvalidArgument, "\"parallel_tool_calls\" may only be true: the model's calls are all read");
+  }
   auto tools = doc.find("tools");
-  if (tools == doc.end() || tools->is_null()) return OkStatus();
+  if (tools == doc.end() || tools->is_null() || none) return OkStatus();  // none: the model is not told of them
   if (!tools->is_array()) return Error(Code::kInvalidArgument, "\"tools\" must be a list of {{\"type\": \"function\", \"function\": ...}}");
   if (tools->size() > 128) return Error(Code::kInvalidArgument, "at most 128 tools");
   for (const json& tool : *tools) {
@@ -84,14 +94,7 @@ Status FillTools(const json& doc, v1::GenerateRequest* g) {
     }
     g->add_tools(OpenAiText(tool));
   }
-  auto choice = doc.find("tool_choice");
-  if (choice == doc.end() || choice->is_null() || *choice == "auto") return OkStatus();
-  if (*choice == "none") {
-    g->clear_tools();
-    return OkStatus();
-  }
-  return Error(Code::kInvalidArgument, "\"tool_choice\" may be \"auto\" or \"none\": warmpool does not force a call "
-                                       "(\"required\", a named function); offer the tools and let the model choose");
+  return OkStatus();
 }
 
 // A message's own tool calls (an assistant's, carried on in the conversation) and a tool's answer.
@@ -105,8 +108,13 @@ Status FillToolMessage(const json& m, v1::ChatMessage* message) {
       }
       std::string arguments = "{}";
       if (auto a = function->find("arguments"); a != function->end() && !a->is_null()) {
-        // OpenAI's are a string of JSON; an object is taken too.
-        json parsed = a->is_string() ? json::parse(a->get<std::string>(), nullptr, false) : *a;
+        // OpenAI's are a string of JSON (parsed with the body's depth bound); an object is taken too.
+        json parsed = *a;
+        if (a->is_string()) {
+          Result<json> inner = ParseJson(a->get_ref<const std::string&>());
+          if (!inner.ok()) return inner.status();
+          parsed = std::move(*inner);
+        }
         if (!parsed.is_object()) return Error(Code::kInvalidArgument, "a tool call's \"arguments\" must be a JSON object");
         arguments = OpenAiText(parsed);
       }
@@ -116,13 +124,16 @@ Status FillToolMessage(const json& m, v1::ChatMessage* message) {
       call->set_arguments(std::move(arguments));
     }
   }
+  // A tool's answer says which call it answers. (OpenAI's "name" on other roles names a
+  // participant, which chat templates do not render: not passed on, so that a plain chat stays one
+  // for any engine.)
   for (const auto& [key, set] : {std::pair<const char*, void (v1::ChatMessage::*)(const std::string&)>{
                                      "tool_call_id", &v1::ChatMessage::set_tool_call_id},
                                  {"name", &v1::ChatMessage::set_name}}) {
     auto it = m.find(key);
     if (it == m.end() || it->is_null()) continue;
     if (!it->is_string()) return Error(Code::kInvalidArgument, "a message's \"{}\" must be a string", key);
-    (message->*set)(it->get<std::string>());
+    if (message->role() == "tool") (message->*set)(it->get<std::string>());
   }
   return OkStatus();
 }

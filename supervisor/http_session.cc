@@ -243,8 +243,8 @@ void HttpSession::Handle(http::Request&& request) {
     e.plan.immediate = http::ErrorResponse(options_.reserve_refusal, false);
     e.plan.code = options_.reserve_refusal.code();
     if (hooks_.refused) hooks_.refused(options_.reserve_reason);
-  } else if (e.plan.immediate && e.plan.code != Code::kOk && hooks_.refused) {
-    hooks_.refused(metrics::Refusal::kHttpInvalid);
+  } else if (e.plan.immediate && e.plan.code != Code::kOk && verdict.allowed && hooks_.refused) {
+    hooks_.refused(metrics::Refusal::kHttpInvalid);  // (a missing key is counted as such, above)
   }
   if (e.plan.immediate) {
     MakeReady(e, std::move(*e.plan.immediate), e.plan.code);

@@ -31,10 +31,10 @@ std::optional<Named> ModelRequest(const v1::Envelope& e) {
 }  // namespace
 
 void RequestStats::Received(uint64_t session, const v1::Envelope& request,
-                            const shm::ModelIndex& index, uint64_t now_ns) {
+                            const std::function<uint32_t(const std::string&)>& resolve, uint64_t now_ns) {
   std::optional<Named> named = ModelRequest(request);
   if (!named) return;
-  const uint32_t model = index.Find(*named->model);
+  const uint32_t model = resolve(*named->model);
   if (model == shm::kNil) return;
   Pending p{model, shm::StatLoad(view_.model_stats(model).generation), named->kind, now_ns};
   sessions_[session][request.request_id()] = p;

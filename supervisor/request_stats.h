@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <unordered_map>
 
 #include "ipc/warmpool.pb.h"
@@ -20,8 +22,9 @@ class RequestStats {
  public:
   explicit RequestStats(shm::SegmentView view) : view_(view) {}
 
-  void Received(uint64_t session, const v1::Envelope& request, const shm::ModelIndex& index,
-                uint64_t now_ns);
+  // resolve: the model a name stands for (a registered name or an alias), shm::kNil if none.
+  void Received(uint64_t session, const v1::Envelope& request,
+                const std::function<uint32_t(const std::string&)>& resolve, uint64_t now_ns);
   void Answered(uint64_t session, const v1::Envelope& reply, uint64_t now_ns);
   void SessionGone(uint64_t session);
   size_t pending() const;

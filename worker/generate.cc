@@ -36,7 +36,7 @@ const char* FinishName(uint32_t reason) {
 bool NeedsConversation(const v1::GenerateRequest& g) {
   if (g.tools_size() > 0) return true;
   for (const v1::ChatMessage& m : g.messages()) {
-    if (m.tool_calls_size() > 0 || !m.tool_call_id().empty() || !m.name().empty()) return true;
+    if (m.tool_calls_size() > 0 || !m.tool_call_id().empty() || (m.role() == "tool" && !m.name().empty())) return true;
   }
   return false;
 }
@@ -62,7 +62,7 @@ Result<std::string> ConversationJson(const v1::GenerateRequest& g) {
       message["tool_calls"] = std::move(calls);
     }
     if (!m.tool_call_id().empty()) message["tool_call_id"] = m.tool_call_id();
-    if (!m.name().empty()) message["name"] = m.name();
+    if (m.role() == "tool" && !m.name().empty()) message["name"] = m.name();
     messages.push_back(std::move(message));
   }
   json doc = {{"messages", std::move(messages)}};

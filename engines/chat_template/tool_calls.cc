@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.h"
+
 namespace warmpool::chat {
 namespace {
 
@@ -23,6 +25,15 @@ size_t PartialMarkerAtEnd(std::string_view text, std::string_view marker) {
   return 0;
 }
 
+// Model text is parsed only within a depth bound (common/json_depth.h): a model can be made to
+// write brackets enough to overflow a stack when the arguments are written out again.
+constexpr int kMaxCallDepth = 32;
+
+json ParseCall(std::string_view text) {
+  if (JsonNestingDepth(text, kMaxCallDepth) > kMaxCallDepth) return json(json::value_t::discarded);
+  return json::parse(text.begin(), text.end(), nullptr, false);
+}
+
 // {"name": "f", "arguments": {...}} (or "parameters", Llama's word); arguments given as a string
 // holding an object are taken too. Anything else is not a call.
 std::optional<ToolCall> CallFrom(const json& doc) {
@@ -33,16 +44,14 @@ std::optional<ToolCall> CallFrom(const json& doc) {
   for (const char* key : {"arguments", "parameters"}) {
     auto it = doc.find(key);
     if (it == doc.end()) continue;
-    arguments = it->is_string() ? json::parse(it->get<std::string>(), nullptr, false) : *it;
+    arguments = it->is_string() ? ParseCall(it->get_ref<const std::string&>()) : *it;
     break;
   }
   if (!arguments.is_object()) return std::nullopt;
   return ToolCall{name->get<std::string>(), arguments.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
-std::optional<ToolCall> HermesCall(std::string_view body) {
-  return CallFrom(json::parse(body.begin(), body.end(), nullptr, false));
-}
+std::optional<ToolCall> HermesCall(std::string_view body) { return CallFrom(ParseCall(body)); }
 
 // Llama 3.1's answer: one or more JSON objects, separated by ';' (and whitespace), each a call.
 std::optional<std::vector<ToolCall>> LlamaCalls(std::string_view text) {
@@ -71,7 +80,7 @@ std::optional<std::vector<ToolCall>> LlamaCalls(std::string_view text) {
     }
     if (end >= text.size()) return std::nullopt;
     std::string_view object = text.substr(i, end + 1 - i);
-    std::optional<ToolCall> call = CallFrom(json::parse(object.begin(), object.end(), nullptr, false));
+    std::optional<ToolCall> call = CallFrom(ParseCall(object));
     if (!call) return std::nullopt;
     calls.push_back(std::move(*call));
     i = end + 1;
@@ -135,9 +144,14 @@ void ToolCallReader::FeedHermes(ToolCallText& out) {
       Emit(out, std::string_view(pending_).substr(0, open));
       pending_.erase(0, open + kHermesOpen.size());
       in_call_ = true;
+      close_scan_ = 0;
     }
-    const size_t close = pending_.find(kHermesClose);
-    if (close == std::string::npos) return;
+    // Each piece is searched once: from where the last search could still have missed the marker.
+    const size_t close = pending_.find(kHermesClose, close_scan_);
+    if (close == std::string::npos) {
+      close_scan_ = pending_.size() >= kHermesClose.size() ? pending_.size() - kHermesClose.size() + 1 : 0;
+      return;
+    }
     const std::string body = pending_.substr(0, close);
     pending_.erase(0, close + kHermesClose.size());
     in_call_ = false;

@@ -61,6 +61,7 @@ class ToolCallReader {
   std::string held_space_;     // whitespace last seen: dropped if a call follows it
   bool after_call_ = false;    // nothing but whitespace since the last call
   bool in_call_ = false;       // hermes: after <tool_call>
+  size_t close_scan_ = 0;      // hermes: where the search for </tool_call> goes on
   bool whole_answer_ = false;  // llama3_json: the answer began as a call; decided at the end
   bool decided_ = false;       // llama3_json: the answer's start was seen
   size_t calls_ = 0;

@@ -83,7 +83,7 @@ void Core::PublishGauges() {
   // Language models' serving gauges (shm/stats.h): what a router reads to choose a node.
   std::vector<uint64_t> running(models_.size());
   for (const auto& [id, job] : jobs_) {
-    if (job.kind == Job::Kind::kInfer && job.stepwise && job.model < running.size()) running[job.model]++;
+    if ((job.generate || job.embed) && job.epoch == models_[job.model].epoch) running[job.model]++;
   }
   for (uint32_t model : index_->All()) {
     const Model& m = models_[model];

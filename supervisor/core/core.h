@@ -86,6 +86,8 @@ class Core {
   // Bytes of requests the daemon holds (queued or running), over every open session.
   uint64_t held_bytes() const { return held_bytes_; }
   const shm::ModelIndex& index() const { return *index_; }
+  // The model a request names: its registered name, or a configured alias of one; kNil if none.
+  uint32_t Resolve(const std::string& name) const;
   // The weights worth keeping across a restart, least recently used first (adoption.cc).
   std::vector<KeptWeights> Kept() const;
   // Models adopted at start.

@@ -28,7 +28,11 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
   // A prompt the context cannot hold is refused here, before a worker spends time tokenizing it:
   // no token is longer than kMaxBytesPerToken, so a longer prompt has more tokens than the context.
   uint64_t text_bytes = request.prompt().size();
-  for (const v1::ChatMessage& message : request.messages()) text_bytes += message.content().size();
+  for (const v1::ChatMessage& message : request.messages()) {
+    text_bytes += message.content().size();
+    for (const v1::ToolCall& call : message.tool_calls()) text_bytes += call.arguments().size();
+  }
+  for (const std::string& tool : request.tools()) text_bytes += tool.size();
   if (text_bytes > uint64_t{m.entry.context} * kMaxBytesPerToken ||
       static_cast<uint64_t>(request.tokens_size()) >= m.entry.context) {
     return AnswerError(call, Error(Code::kInvalidArgument,
@@ -146,7 +150,9 @@ void Core::CountGeneration(const Job& job, const v1::WorkerInferDone& done) {
 void Core::CancelGenerations(uint64_t session) {
   for (auto& [id, job] : jobs_) {
     if (job.kind != Job::Kind::kInfer || !job.stepwise || job.call.session != session) continue;
-    if (job.generate && !job.answered) shm::StatAdd(segment_.model_stats(job.model).generations_cancelled);
+    if (job.generate && !job.answered && job.epoch == models_[job.model].epoch) {
+      shm::StatAdd(segment_.model_stats(job.model).generations_cancelled);
+    }
     v1::WorkerEnvelope cancel;
     cancel.mutable_cancel()->set_job(id);
     Send(job.worker, cancel);

@@ -1,5 +1,8 @@
 #include "supervisor/core/request_check.h"
 
+#include <nlohmann/json.hpp>
+
+#include "common/json_depth.h"
 #include "common/utf8.h"
 #include "engines/tensors/tensor_proto.h"
 #include "ipc/error_proto.h"
@@ -52,6 +55,19 @@ Status CheckEmbed(const v1::EmbedRequest& e) {
   return OkStatus();
 }
 
+// A tool's JSON, or a call's arguments: a JSON object of bounded size and depth.
+Status CheckToolJson(const std::string& text, const char* what) {
+  if (text.size() > kMaxToolJsonBytes) {
+    return Error(Code::kInvalidArgument, "{} of {} bytes: at most {}", what, text.size(), kMaxToolJsonBytes);
+  }
+  if (!IsValidUtf8(text) || JsonNestingDepth(text, kMaxToolJsonDepth) > kMaxToolJsonDepth ||
+      !nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_object()) {
+    return Error(Code::kInvalidArgument, "{} must be a JSON object (UTF-8, nested at most {} deep)", what,
+                 kMaxToolJsonDepth);
+  }
+  return OkStatus();
+}
+
 Status CheckGenerate(const v1::GenerateRequest& g) {
   if (Status s = CheckModelName(g.model()); !s.ok()) return s;
   if (!g.prompt().empty() + !g.tokens().empty() + !g.messages().empty() != 1) {
@@ -66,6 +82,24 @@ Status CheckGenerate(const v1::GenerateRequest& g) {
     if (m.role().empty() || !IsValidUtf8(m.role()) || !IsValidUtf8(m.content())) {
       return Error(Code::kInvalidArgument, "a message needs a role, and its role and content must be valid UTF-8");
     }
+    if (!IsValidUtf8(m.tool_call_id()) || !IsValidUtf8(m.name())) {
+      return Error(Code::kInvalidArgument, "a message's tool_call_id and name must be valid UTF-8");
+    }
+    for (const v1::ToolCall& c : m.tool_calls()) {
+      if (c.name().empty() || !IsValidUtf8(c.name()) || !IsValidUtf8(c.id())) {
+        return Error(Code::kInvalidArgument, "a tool call needs a name, and its name and id must be valid UTF-8");
+      }
+      if (Status s = CheckToolJson(c.arguments(), "a tool call's arguments"); !s.ok()) return s;
+    }
+  }
+  if (g.tools_size() > kMaxTools) {
+    return Error(Code::kInvalidArgument, "{} tools: at most {}", g.tools_size(), kMaxTools);
+  }
+  for (const std::string& tool : g.tools()) {
+    if (Status s = CheckToolJson(tool, "a tool"); !s.ok()) return s;
+  }
+  if (g.tools_size() > 0 && g.messages_size() == 0) {
+    return Error(Code::kInvalidArgument, "tools are offered in a chat: send messages");
   }
   if (g.top_logprobs() > kMaxTopLogprobs) {
     return Error(Code::kInvalidArgument, "top_logprobs {}: at most {}", g.top_logprobs(), kMaxTopLogprobs);

@@ -29,6 +29,12 @@ inline constexpr size_t kMaxStopBytes = 256;
 inline constexpr int kMaxMessages = 4096;
 // Most likely tokens' log-probabilities a generation may ask for at each step.
 inline constexpr uint32_t kMaxTopLogprobs = 20;
+// Tools a generation may offer, and the size of each (a tool's JSON, a call's arguments), and how
+// deeply their JSON may nest: parsed and written again further on, deeper would cost a stack frame
+// a level.
+inline constexpr int kMaxTools = 128;
+inline constexpr size_t kMaxToolJsonBytes = 64u << 10;
+inline constexpr int kMaxToolJsonDepth = 32;
 // Inputs of one embed request.
 inline constexpr int kMaxEmbedInputs = 256;
 // The longest a token's text may be, in bytes, when the core bounds a prompt or an input by the

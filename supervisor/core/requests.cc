@@ -118,14 +118,18 @@ void Core::OnClientGone(uint64_t session) {
   }
 }
 
-Result<uint32_t> Core::FindServing(const std::string& name) const {
-  uint32_t model = index_->Find(name);
-  if (model == shm::kNil) {
-    // Not a registered name: maybe a configured alias of one ([[models]] aliases).
-    for (const ModelConfig& c : config_.models) {
-      if (std::find(c.aliases.begin(), c.aliases.end(), name) != c.aliases.end()) model = index_->Find(c.name);
-    }
+uint32_t Core::Resolve(const std::string& name) const {
+  const uint32_t model = index_->Find(name);
+  if (model != shm::kNil) return model;
+  // Not a registered name: maybe a configured alias of one ([[models]] aliases).
+  for (const ModelConfig& c : config_.models) {
+    if (std::find(c.aliases.begin(), c.aliases.end(), name) != c.aliases.end()) return index_->Find(c.name);
   }
+  return shm::kNil;
+}
+
+Result<uint32_t> Core::FindServing(const std::string& name) const {
+  uint32_t model = Resolve(name);
   const Model* m = model == shm::kNil ? nullptr : &models_[model];
   if (m == nullptr || (m->retiring && !*m->retiring)) {
     for (const auto& [refused, why] : refused_) {

@@ -77,6 +77,10 @@ TEST_F(HttpAccessTest, ApiKeysGuardEveryTcpRequestAndLetTheDaemonListenBeyondLoo
   const std::string metrics = Tcp(Get("/metrics", Bearer(kKeyOne))).body;
   EXPECT_TRUE(metrics.find("warmpool_session_refusals_total{reason=\"http_unauthenticated\"} 12") != std::string::npos)
       << metrics.substr(0, 4000);
+  EXPECT_TRUE(metrics.find("warmpool_session_refusals_total{reason=\"http_invalid\"} 0") != std::string::npos)
+      << "a missing key is not also an invalid request";
+  // The scheme's case does not matter.
+  EXPECT_EQ(Tcp(Get("/v1/models", std::string("Authorization: bearer ") + kKeyOne + "\r\n")).status, 200);
 }
 
 TEST_F(HttpAccessTest, KeyFilesAreCheckedAtStart) {
@@ -121,11 +125,18 @@ TEST_F(HttpAccessTest, CorsAllowsTheListedOriginsAndAnswersTheirPreflight) {
                                 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization\r\n";
   Response allowed = Tcp(preflight + from_app + "Connection: close\r\n\r\n");
   EXPECT_EQ(allowed.status, 204);
+  EXPECT_TRUE(allowed.headers.starts_with("HTTP/1.1 204 No Content\r\n")) << allowed.headers;
+  EXPECT_FALSE(Has(allowed, "Content-Length"));
   EXPECT_TRUE(Has(allowed, "Access-Control-Allow-Methods: GET, POST, PUT, DELETE, OPTIONS")) << allowed.headers;
-  EXPECT_TRUE(Has(allowed, "Access-Control-Allow-Headers: Authorization, Content-Type"));
+  EXPECT_TRUE(Has(allowed, "Access-Control-Allow-Headers: authorization"));  // what it asked for
+  // Once: a browser joins repeated ones into "o, o", which matches no origin.
+  const size_t first = allowed.headers.find("Access-Control-Allow-Origin:");
+  EXPECT_NE(first, std::string::npos);
+  EXPECT_EQ(allowed.headers.find("Access-Control-Allow-Origin:", first + 1), std::string::npos) << allowed.headers;
   Response refused = Tcp(preflight + "Origin: http://elsewhere.example\r\nConnection: close\r\n\r\n");
   EXPECT_NE(refused.status, 204);
   EXPECT_FALSE(Has(refused, "Access-Control"));
+  EXPECT_TRUE(Has(refused, "Vary: Origin"));
 }
 
 }  // namespace

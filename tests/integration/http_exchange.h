@@ -90,7 +90,8 @@ inline std::vector<Response> Split(const std::string& bytes) {
     r.headers = bytes.substr(pos, end - pos);
     r.status = std::atoi(r.headers.c_str() + 9);
     pos = end + 4;
-    if (size_t cl = r.headers.find("Content-Length: "); cl != std::string::npos) {
+    if (r.status == 204) {  // no body
+    } else if (size_t cl = r.headers.find("Content-Length: "); cl != std::string::npos) {
       size_t n = std::strtoul(r.headers.c_str() + cl + 16, nullptr, 10);
       r.body = bytes.substr(pos, n);
       pos += n;

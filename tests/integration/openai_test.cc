@@ -96,7 +96,9 @@ TEST_F(OpenAiTest, ChatAndCompletionsWholeAndStreamedSayWhatTheFramedProtocolSay
     const json chunk = json::parse(data[i]);
     EXPECT_EQ(chunk["object"], "chat.completion.chunk");
     EXPECT_EQ(chunk["id"], last["id"]) << "one id for the whole stream";
-    if (i == 0) EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
+    if (i == 0) {
+      EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
+    }
     joined += chunk["choices"][0]["delta"]["content"].get<std::string>();
   }
   EXPECT_EQ(joined, text);
@@ -188,6 +190,15 @@ TEST_F(OpenAiTest, ErrorsComeAsOpenAisErrorObjectWithTheirStatus) {
       {"/v1/chat/completions",
        R"({"model": "lm", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]})",
        400, "arguments"},
+      // Arguments nested deeper than any body may be (they would overflow a stack written out).
+      {"/v1/chat/completions",
+       R"({"model": "lm", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": ")" +
+           std::string(100000, '[') + std::string(100000, ']') + R"("}}]}]})",
+       400, "nests deeper"},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       400, "tool_choice"},
+      {"/v1/chat/completions", R"({"model": "lm", "messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": false})",
+       400, "parallel_tool_calls"},
       {"/v1/chat/completions", "{not json", 400, "JSON"},
       {"/v1/completions", R"({"model": "lm", "prompt": ["a", "b"]})", 400, "one prompt"},
       {"/v1/embeddings", R"({"model": "lm", "input": [1, 2]})", 400, "token ids"},

@@ -293,5 +293,50 @@ TEST(CheckRequest, TensorsInRegionsAreCheckedLikeTensorsInFrames) {
   EXPECT_ACCEPTED(region);
 }
 
+// Tools and tool calls are JSON a daemon parses and writes out again: objects, bounded in size,
+// count and depth (a hundred thousand brackets would overflow a stack when written out), UTF-8.
+TEST(CheckRequest, ToolsAndToolCallsAreBoundedJsonObjects) {
+  auto chat = [] {
+    v1::Envelope e;
+    e.set_protocol_version(ipc::kProtocolVersion);
+    v1::GenerateRequest* g = e.mutable_generate();
+    g->set_model("lm");
+    v1::ChatMessage* m = g->add_messages();
+    m->set_role("user");
+    m->set_content("hi");
+    return e;
+  };
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  v1::Envelope good = chat();
+  good.mutable_generate()->add_tools(R"({"type": "function", "function": {"name": "f"}})");
+  v1::ToolCall* call = good.mutable_generate()->add_messages()->add_tool_calls();
+  good.mutable_generate()->mutable_messages(1)->set_role("assistant");
+  call->set_id("c1");
+  call->set_name("f");
+  call->set_arguments(R"({"x": [1, {"y": 2}]})");
+  EXPECT_ACCEPTED(good);
+  for (const std::string& tool : {std::string("[1]"), std::string("not json"), "{\"a\": " + deep + "}",
+                                  "{\"a\": \"" + std::string(70000, 'x') + "\"}", std::string("{\"a\": \"\xff\"}")}) {
+    v1::Envelope bad = chat();
+    bad.mutable_generate()->add_tools(tool);
+    EXPECT_REFUSED(bad, Code::kInvalidArgument, "a tool");
+  }
+  v1::Envelope many = chat();
+  for (int i = 0; i <= kMaxTools; i++) many.mutable_generate()->add_tools("{}");
+  EXPECT_REFUSED(many, Code::kInvalidArgument, "tools: at most");
+  v1::Envelope deep_arguments = good;
+  deep_arguments.mutable_generate()->mutable_messages(1)->mutable_tool_calls(0)->set_arguments("{\"a\": " + deep + "}");
+  EXPECT_REFUSED(deep_arguments, Code::kInvalidArgument, "arguments");
+  v1::Envelope nameless = good;
+  nameless.mutable_generate()->mutable_messages(1)->mutable_tool_calls(0)->clear_name();
+  EXPECT_REFUSED(nameless, Code::kInvalidArgument, "needs a name");
+  v1::Envelope prompt;
+  prompt.set_protocol_version(ipc::kProtocolVersion);
+  prompt.mutable_generate()->set_model("lm");
+  prompt.mutable_generate()->set_prompt("hi");
+  prompt.mutable_generate()->add_tools("{}");
+  EXPECT_REFUSED(prompt, Code::kInvalidArgument, "send messages");
+}
+
 }  // namespace
 }  // namespace warmpool::supervisor

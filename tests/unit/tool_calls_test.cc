@@ -94,6 +94,17 @@ TEST(ToolCallsTest, Llama3JsonAnswers) {
   }
 }
 
+TEST(ToolCallsTest, ArgumentsNestedTooDeepAreNotACall) {
+  // Written out again, they would take a stack frame per level: the text stays text.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string hermes = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>";
+  ToolCallText read = ReadToolCalls(F::kHermes, hermes);
+  EXPECT_TRUE(read.calls.empty());
+  EXPECT_EQ(read.content, hermes);
+  const std::string llama = "{\"name\": \"f\", \"parameters\": {\"a\": " + deep + "}}";
+  EXPECT_TRUE(ReadToolCalls(F::kLlama3Json, llama).calls.empty());
+}
+
 TEST(ToolCallsTest, NoFormatPassesEverything) {
   const std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
   ToolCallText read = ReadToolCalls(F::kNone, text);
