@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
   app.add_option("--worker", worker_path, "warmpool-worker binary (default: next to warmpoold)");
   std::string http_listen;
   app.add_option("--http", http_listen,
-                 "also serve the HTTP API and /metrics on this loopback address, e.g. 127.0.0.1:9464 "
-                 "([http] listen)");
+                 "also serve the HTTP API and /metrics on this TCP address, e.g. 127.0.0.1:9464 "
+                 "([http] listen; beyond loopback only with [http] api_keys_file)");
   bool fault_injection = false;
   app.add_flag("--enable-fault-injection", fault_injection,
                "accept 'warmpool fault arm/clear' (for testing and the chaos harness only)");
