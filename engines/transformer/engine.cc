@@ -73,7 +73,8 @@ Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_req
   context["add_generation_prompt"] = true;
   context["bos_token"] = e.files->bos_text;
   context["eos_token"] = e.files->eos_text;
-  return e.files->chat->Render(context);
+  const bool tools = context.contains("tools");
+  return (tools && e.files->chat_tools ? e.files->chat_tools : e.files->chat)->Render(context);
 }
 
 // A chunk's log-probabilities in the ABI's terms, with each token's bytes: valid while it lives.

@@ -56,22 +56,23 @@ std::optional<std::string> TokenText(const Json& config, const char* key) {
   return std::nullopt;
 }
 
-Status ReadTemplate(const Json& config, const std::string& path, std::string* out) {
+// The chat template, and (Hugging Face's named templates) the one for chats that offer tools:
+// apply_chat_template takes "tool_use" when tools are given and the file has it, else "default".
+Status ReadTemplate(const Json& config, const std::string& path, std::string* out, std::string* tools = nullptr) {
   auto it = config.find("chat_template");
   if (it == config.end() || it->is_null()) return OkStatus();
   if (it->is_string()) {
     *out = it->get<std::string>();
     return OkStatus();
   }
-  // Several named templates: the "default" one serves chat.
   if (it->is_array()) {
     for (const Json& named : *it) {
-      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
-          named["template"].is_string()) {
-        *out = named["template"].get<std::string>();
-        return OkStatus();
-      }
+      if (!named.is_object() || !named.contains("template") || !named["template"].is_string()) continue;
+      const std::string name = named.value("name", "");
+      if (name == "default") *out = named["template"].get<std::string>();
+      if (name == "tool_use" && tools != nullptr) *tools = named["template"].get<std::string>();
     }
+    if (!out->empty()) return OkStatus();
   }
   return Error(Code::kInvalidArgument, "\"{}\": chat_template is neither a string nor a list naming a \"default\"", path);
 }
@@ -80,9 +81,11 @@ Status ReadTemplate(const Json& config, const std::string& path, std::string* ou
 
 std::string ChatTemplateText(const std::string& tokenizer_config) {
   Result<Json> config = ParseJson(tokenizer_config, "tokenizer_config.json");
-  std::string text;
-  if (config.ok() && !config->is_null() && !ReadTemplate(*config, "tokenizer_config.json", &text).ok()) text.clear();
-  return text;
+  std::string text, tools;
+  if (config.ok() && !config->is_null() && !ReadTemplate(*config, "tokenizer_config.json", &text, &tools).ok()) {
+    return {};
+  }
+  return tools.empty() ? text : tools;  // what renders a chat that offers tools
 }
 
 namespace {
@@ -145,7 +148,7 @@ Result<ServingFiles> ParseFiles(const TextFiles& files, uint32_t vocab, const st
   Result<Json> config = ParseJson(files.tokenizer_config, config_path);
   if (!config.ok()) return config.status();
   if (!config->is_null()) {
-    if (Status s = ReadTemplate(*config, config_path, &m.chat_template); !s.ok()) return s;
+    if (Status s = ReadTemplate(*config, config_path, &m.chat_template, &m.tools_template); !s.ok()) return s;
     for (const char* key : {"bos_token", "eos_token"}) {
       std::optional<std::string> text = TokenText(*config, key);
       if (!text) continue;
@@ -158,6 +161,11 @@ Result<ServingFiles> ParseFiles(const TextFiles& files, uint32_t vocab, const st
       Result<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(m.chat_template);
       if (!parsed.ok()) return Error(Code::kInvalidArgument, "\"{}\": {}", config_path, parsed.status().message());
       m.chat = std::make_shared<const chat::ChatTemplate>(std::move(*parsed));
+    }
+    if (!m.tools_template.empty()) {
+      Result<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(m.tools_template);
+      if (!parsed.ok()) return Error(Code::kInvalidArgument, "\"{}\" (tool_use): {}", config_path, parsed.status().message());
+      m.chat_tools = std::make_shared<const chat::ChatTemplate>(std::move(*parsed));
     }
   }
   const std::string generation_path = directory + "/generation_config.json";

@@ -38,6 +38,9 @@ struct ServingFiles {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::string chat_template;        // tokenizer_config.json's ("default" of several); "" when none
   std::shared_ptr<const chat::ChatTemplate> chat;  // it, parsed; null when there is none
+  // The named "tool_use" template, for chats that offer tools ("" and null when there is none).
+  std::string tools_template;
+  std::shared_ptr<const chat::ChatTemplate> chat_tools;
   std::string bos_text, eos_text;   // the special tokens' text, as templates use them
   std::optional<int32_t> bos;       // the beginning-of-sequence token, where the model has one
   std::vector<int32_t> end_tokens;  // generation stops at any of these
@@ -47,7 +50,8 @@ struct ServingFiles {
   static Result<ServingFiles> Parse(const TextFiles& files, uint32_t vocab_size, const std::string& shown);
 };
 
-// tokenizer_config.json's chat template as text ("" when it has none or does not parse).
+// tokenizer_config.json's chat template for chats with tools (its "tool_use" one where it names
+// one, else its template) as text ("" when it has none or does not parse).
 std::string ChatTemplateText(const std::string& tokenizer_config);
 
 struct ModelDirectory : ServingFiles {

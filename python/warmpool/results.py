@@ -30,6 +30,8 @@ class ModelInfo:
     # when its engine takes none; else {"inputs": ..., "outputs": ...}, each name -> (dtype, shape)
     # with -1 for a size a request chooses, or None when it takes any.
     tensors: Optional[dict] = None
+    # Language models that take tools: the format their calls are read in ("hermes", "llama3_json").
+    tool_call_format: Optional[str] = None
 
 
 @dataclass(frozen=True)

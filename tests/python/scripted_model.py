@@ -133,10 +133,14 @@ def write_scripted_model(directory, script, chat_template, added=(), seed=0):
 TOOL_CALL = ["<tool_call>", '{"name":"get_weather",', '"arguments":{"city":"Paris"}}', "</tool_call>"]
 
 
+def qwen_tools_template():
+    """Qwen2.5's chat template (it renders tools and Hermes calls), from tests/data."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "tests", "data", "chat_templates.json")) as f:
+        return next(t["template"] for t in json.load(f) if t["name"] == "qwen2.5/tools")
+
+
 def write_tool_calling_model(directory):
     """A model with Qwen2.5's chat template (tools, Hermes calls) that answers any chat with a call
     of get_weather for Paris."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(repo, "tests", "data", "chat_templates.json")) as f:
-        template = next(t["template"] for t in json.load(f) if t["name"] == "qwen2.5/tools")
-    write_scripted_model(directory, TOOL_CALL, template, added=("<tool_call>", "</tool_call>"))
+    write_scripted_model(directory, TOOL_CALL, qwen_tools_template(), added=("<tool_call>", "</tool_call>"))

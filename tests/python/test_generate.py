@@ -12,7 +12,7 @@ import pytest
 
 import warmpool
 from conftest import Daemon, binary
-from scripted_model import write_tool_calling_model
+from scripted_model import write_tool_calling_model, write_scripted_model, TOOL_CALL, qwen_tools_template
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,6 +37,11 @@ def lm_daemon(tmp_path_factory):
     d = Daemon(str(tmp_path_factory.mktemp("lm")))
     write_language_model(os.path.join(d.models_dir, "lm"))
     write_tool_calling_model(os.path.join(d.models_dir, "tools"))
+    # Named templates, as Hugging Face's: a plain "default" and Qwen2.5's as "tool_use".
+    write_scripted_model(os.path.join(d.models_dir, "named"), TOOL_CALL,
+                         [{"name": "default", "template": "{% for m in messages %}{{ m.content }}\n{% endfor %}"},
+                          {"name": "tool_use", "template": qwen_tools_template()}],
+                         added=("<tool_call>", "</tool_call>"))
     d.start()
     yield d
     d.check_stopped_cleanly()
@@ -228,3 +233,15 @@ def test_tools_come_back_as_tool_calls_streamed_or_whole(lm_daemon):
             c.generate("lm", messages=ask, tools=[WEATHER], stream=False)
         with pytest.raises(warmpool.InvalidArgument):
             c.generate("tools", "a prompt", tools=[WEATHER], stream=False)
+
+
+def test_a_named_tool_use_template_renders_chats_that_offer_tools(lm_daemon):
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    with warmpool.Client(lm_daemon.socket) as c:
+        info = {m.name: m for m in c.models()}
+        assert info["named"].tool_call_format == "hermes"  # read off the tool_use template
+        plain = c.generate("named", messages=ask, max_tokens=1, stream=False)
+        offered = c.generate("named", messages=ask, tools=[WEATHER], stream=False)
+        # The default template renders the message alone; the tool one, Qwen's system prompt with the tools.
+        assert offered.prompt_tokens > plain.prompt_tokens + 50
+        assert [(t.name, t.arguments) for t in offered.tool_calls] == [("get_weather", {"city": "Paris"})]

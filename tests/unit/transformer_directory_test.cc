@@ -110,6 +110,24 @@ TEST_F(ModelDirectoryTest, ReadsTheSpecialTokensTemplateAndDefaultsThenGenerates
   }
 }
 
+// Hugging Face's named templates: "default" for chats, "tool_use" for chats that offer tools (as
+// apply_chat_template chooses); the tool-call format is the tool template's.
+TEST_F(ModelDirectoryTest, NamedTemplatesServeChatsAndChatsWithTools) {
+  const Json named = {{"eos_token", "<|end|>"},
+                      {"chat_template", {{{"name", "default"}, {"template", "{% for m in messages %}{{ m.content }}{% endfor %}"}},
+                                         {{"name", "tool_use"}, {"template", "{{ tools | length }}<tool_call>"}}}}};
+  Write("tokenizer_config.json", named);
+  Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(m->chat && m->chat_tools);
+  EXPECT_TRUE(Contains(m->tools_template, "<tool_call>"));
+  EXPECT_EQ(ChatTemplateText(named.dump()), "{{ tools | length }}<tool_call>");
+  Write("tokenizer_config.json", {{"chat_template", {{{"name", "tool_use"}, {"template", "x"}}}}});
+  EXPECT_EQ(Open().code(), Code::kInvalidArgument) << "a tool template alone serves no chat";
+  Reset();
+  EXPECT_EQ(ChatTemplateText(Json{{"chat_template", "plain"}}.dump()), "plain");
+}
+
 TEST_F(ModelDirectoryTest, GenerationConfigGivesTheEndTokensAndSamplingDefaults) {
   Result<ModelDirectory> first = ModelDirectory::Open(dir_.path());
   ASSERT_TRUE(first.ok());
