@@ -113,6 +113,37 @@ TorchFigures RunTorch(const GenerateOptions& options, const std::string& dir) {
   return out;
 }
 
+// --batch sequences, each prefilled with a short prompt of its own, then --tokens steps of all of
+// them together (a decode token each): their aggregate tokens/s.
+Result<double> BatchedDecode(tf::CpuModel& model, const tf::Config& config, const GenerateOptions& options,
+                             uint32_t round) {
+  constexpr uint32_t kPrompt = 16;
+  std::vector<std::unique_ptr<tf::KvCache>> caches;
+  std::vector<tf::StepRun> runs;
+  std::vector<int32_t> tokens;
+  std::vector<float> logits(uint64_t{options.batch} * config.vocab_size);
+  for (uint32_t b = 0; b < options.batch; ++b) {
+    caches.push_back(std::make_unique<tf::KvCache>(config, kPrompt + options.tokens + 1));
+    std::vector<int32_t> prompt(kPrompt);
+    for (uint32_t i = 0; i < kPrompt; ++i) prompt[i] = static_cast<int32_t>((i * 7919u + b * 131u + round) % config.vocab_size);
+    if (Status s = model.Forward(prompt, 0, *caches.back(), std::span<float>(logits).first(config.vocab_size)); !s.ok()) {
+      return s;
+    }
+    runs.push_back({caches.back().get(), kPrompt, 1});
+    tokens.push_back(prompt.back());
+  }
+  const auto start = Clock::now();
+  for (uint32_t t = 0; t < options.tokens; ++t) {
+    if (Status s = model.Step(tokens, runs, logits); !s.ok()) return s;
+    for (uint32_t b = 0; b < options.batch; ++b) {
+      const auto row = std::span<const float>(logits).subspan(uint64_t{b} * config.vocab_size, config.vocab_size);
+      tokens[b] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      runs[b].start++;
+    }
+  }
+  return static_cast<double>(options.batch) * options.tokens / Seconds(start);
+}
+
 }  // namespace
 
 int RunGenerate(const GenerateOptions& options) {
@@ -168,7 +199,7 @@ int RunGenerate(const GenerateOptions& options) {
   std::vector<float> buffer(std::max<uint64_t>(step_bytes, 64u << 20) / sizeof(float), 1.0f);
 
   ProductsAlone products(*weights, static_cast<int>(options.threads));
-  std::vector<double> bandwidth, decode_tps, prefill_tps, products_tps;
+  std::vector<double> bandwidth, decode_tps, prefill_tps, products_tps, batch_tps;
   for (uint32_t round = 0; round < options.rounds; ++round) {
     bandwidth.push_back(ReadBandwidth(buffer, options.threads));
     products_tps.push_back(options.prompt / products.Seconds(options.prompt));
@@ -191,7 +222,16 @@ int RunGenerate(const GenerateOptions& options) {
       }
     }
     decode_tps.push_back(options.tokens / Seconds(start));
+    if (options.batch > 1) {
+      Result<double> batched = BatchedDecode(model, (*checkpoint)->config(), options, round);
+      if (!batched.ok()) {
+        std::fprintf(stderr, "error: %s\n", batched.status().ToString().c_str());
+        return 1;
+      }
+      batch_tps.push_back(*batched);
+    }
   }
+  const double batched = options.batch > 1 ? Median(batch_tps) : 0;
   const double bw = Median(bandwidth), tps = Median(decode_tps), prefill = Median(prefill_tps);
   const double alone = Median(products_tps);
   const double decode_bytes = tps * static_cast<double>(step_bytes);
@@ -203,6 +243,11 @@ int RunGenerate(const GenerateOptions& options) {
                           {"decode_gbs", decode_bytes / 1e9}, {"decode_fraction_of_bandwidth", decode_bytes / bw},
                           {"prefill_tokens_per_s", prefill}, {"prefill_products_alone_tokens_per_s", alone},
                           {"prefill_vs_products_alone", prefill / alone}};
+    if (options.batch > 1) {
+      out["batch"] = options.batch;
+      out["batch_decode_tokens_per_s"] = batched;
+      out["batch_vs_batch_1"] = batched / tps;
+    }
     if (torch.why_not.empty()) {
       out["torch_decode_tokens_per_s"] = torch.decode;
       out["torch_prefill_tokens_per_s"] = torch.prefill;
@@ -220,6 +265,10 @@ int RunGenerate(const GenerateOptions& options) {
   std::printf("  read bandwidth (sum of a %.0f MiB buffer)   %8.2f GB/s\n", buffer.size() * 4 / 1048576.0, bw / 1e9);
   std::printf("  decode, batch 1                         %8.2f tokens/s  %6.2f GB/s of weights  %.2fx the bandwidth\n",
               tps, decode_bytes / 1e9, decode_bytes / bw);
+  if (options.batch > 1) {
+    std::printf("  decode, %2u sequences stepped together     %8.2f tokens/s  %.2fx batch 1\n", options.batch, batched,
+                batched / tps);
+  }
   std::printf("  prefill of %u tokens                    %8.2f tokens/s\n", options.prompt, prefill);
   std::printf("  its products alone on oneDNN            %8.2f tokens/s  prefill %.2fx that\n", alone, prefill / alone);
   if (!torch.why_not.empty()) {

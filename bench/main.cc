@@ -90,6 +90,7 @@ struct Options {
   std::string dtype = "bf16";
   uint32_t prompt = 128;
   uint32_t tokens = 32;
+  uint32_t batch = 8;
   // --compute
   bool compute = false;
   std::vector<uint32_t> layers = {4096, 16384, 4096};
@@ -382,6 +383,10 @@ int main(int argc, char** argv) {
                "the repository root)");
   app.add_option("--prompt", options.prompt, "--generate: prefill tokens")->capture_default_str();
   app.add_option("--tokens", options.tokens, "--generate: decode steps")->capture_default_str();
+  app.add_option("--batch", options.batch,
+                 "--generate: also step this many sequences together (continuous batching), against batch 1 "
+                 "(0 or 1: not measured)")
+      ->capture_default_str();
   app.add_flag("--batching", options.batching,
                "instead: dynamic batching: --clients clients x 1 row on a dense model, batched against "
                "batching off and against the engine in-process on as many rows per call (see "
@@ -454,6 +459,7 @@ int main(int argc, char** argv) {
     if (app.get_option("--model-mib")->count() > 0) generate.model_mib = options.model_mib;
     generate.dtype = options.dtype;
     generate.threads = options.threads;
+    generate.batch = options.batch;
     generate.prompt = options.prompt;
     generate.tokens = options.tokens;
     if (app.get_option("--rounds")->count() > 0) generate.rounds = options.rounds;

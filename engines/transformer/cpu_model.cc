@@ -179,15 +179,26 @@ void CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache&
   }
 }
 
-Status CpuModel::Check(std::span<const int32_t> tokens, uint32_t start, const KvCache& cache, uint64_t out_size,
+Status CpuModel::Check(std::span<const int32_t> tokens, std::span<const StepRun> runs, uint64_t out_size,
                        uint64_t needed) const {
   const Config& c = config_;
-  const auto rows = static_cast<uint32_t>(tokens.size());
-  if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
-  if (!cache.Fits(c)) return Error(Code::kInvalidArgument, "the KV cache was made for another model's shape");
-  if (uint64_t{start} + rows > cache.context()) {
-    return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
-                 uint64_t{start} + rows - 1, cache.context());
+  if (tokens.empty() || runs.empty()) return Error(Code::kInvalidArgument, "no tokens to run");
+  uint64_t rows = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const StepRun& run = runs[i];
+    if (run.cache == nullptr || run.rows == 0) return Error(Code::kInvalidArgument, "a run without a cache or tokens");
+    if (!run.cache->Fits(c)) return Error(Code::kInvalidArgument, "the KV cache was made for another model's shape");
+    if (uint64_t{run.start} + run.rows > run.cache->context()) {
+      return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", run.start,
+                   uint64_t{run.start} + run.rows - 1, run.cache->context());
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (runs[j].cache == run.cache) return Error(Code::kInvalidArgument, "two runs of one step share a cache");
+    }
+    rows += run.rows;
+  }
+  if (rows != tokens.size()) {
+    return Error(Code::kInvalidArgument, "{} tokens for runs of {} in all", tokens.size(), rows);
   }
   if (out_size < needed) {
     return Error(Code::kInvalidArgument, "{} floats for the output where {} are needed", out_size, needed);
@@ -204,12 +215,13 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
                          bool all_positions) {
   const Config& c = config_;
   const auto rows = static_cast<uint32_t>(tokens.size());
-  if (Status s = Check(tokens, start, cache, logits.size(), uint64_t{all_positions ? rows : 1} * c.vocab_size);
+  const StepRun run{&cache, start, rows};
+  if (Status s = Check(tokens, {&run, 1}, logits.size(), uint64_t{all_positions ? rows : 1} * c.vocab_size);
       !s.ok()) {
     return s;
   }
   std::vector<float> x;
-  if (Status s = Layers(tokens, start, cache, x); !s.ok()) return s;
+  if (Status s = Layers(tokens, {&run, 1}, x); !s.ok()) return s;
   const uint32_t first = all_positions ? 0 : rows - 1;
   const uint32_t count = rows - first;
   std::vector<float> normed(uint64_t{count} * c.hidden_size);
@@ -220,15 +232,32 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
 
 Status CpuModel::Hidden(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> hidden) {
   const Config& c = config_;
-  if (Status s = Check(tokens, start, cache, hidden.size(), c.hidden_size); !s.ok()) return s;
+  const StepRun run{&cache, start, static_cast<uint32_t>(tokens.size())};
+  if (Status s = Check(tokens, {&run, 1}, hidden.size(), c.hidden_size); !s.ok()) return s;
   std::vector<float> x;
-  if (Status s = Layers(tokens, start, cache, x); !s.ok()) return s;
+  if (Status s = Layers(tokens, {&run, 1}, x); !s.ok()) return s;
   RmsNorm(&x[(tokens.size() - 1) * c.hidden_size], 1, c.hidden_size, WidenAll(weights_.final_norm), c.rms_norm_eps,
           hidden.data());
   return OkStatus();
 }
 
-Status CpuModel::Layers(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::vector<float>& x) {
+Status CpuModel::Step(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> logits) {
+  const Config& c = config_;
+  if (Status s = Check(tokens, runs, logits.size(), uint64_t{runs.size()} * c.vocab_size); !s.ok()) return s;
+  std::vector<float> x;
+  if (Status s = Layers(tokens, runs, x); !s.ok()) return s;
+  // Each run's last token: through the final norm and the output head together.
+  std::vector<float> normed(runs.size() * uint64_t{c.hidden_size});
+  const std::vector<float> norm = WidenAll(weights_.final_norm);
+  uint64_t row = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    row += runs[i].rows;
+    RmsNorm(&x[(row - 1) * c.hidden_size], 1, c.hidden_size, norm, c.rms_norm_eps, &normed[i * c.hidden_size]);
+  }
+  return Linear(normed.data(), static_cast<uint32_t>(runs.size()), weights_.lm_head, {}, logits.data());
+}
+
+Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x) {
   const Config& c = config_;
   const auto rows = static_cast<uint32_t>(tokens.size());
   const uint32_t hidden = c.hidden_size;
@@ -251,20 +280,29 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, uint32_t start, KvCache
       RmsNorm(k.data(), uint64_t{rows} * c.num_key_value_heads, c.head_dim, WidenAll(w.k_norm), c.rms_norm_eps,
               k.data());
     }
-    for (uint32_t r = 0; r < rows; ++r) {
-      Rope(&q[uint64_t{r} * c.q_size()], c.num_attention_heads, start + r);
-      Rope(&k[uint64_t{r} * c.kv_size()], c.num_key_value_heads, start + r);
-      std::memcpy(cache.key(l, start + r), &k[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
-      std::memcpy(cache.value(l, start + r), &v[uint64_t{r} * c.kv_size()], c.kv_size() * sizeof(float));
-    }
-    if (rows >= kPromptAttentionRows) {
-      if (Status s = PromptAttention(c, rows, start, cache.key(l, 0), cache.value(l, 0), q.data(), attended.data(),
-                                     threads_);
-          !s.ok()) {
-        return s;
+    // Positions, the cache and attention are each run's own.
+    uint32_t first = 0;
+    for (const StepRun& run : runs) {
+      KvCache& cache = *run.cache;
+      for (uint32_t i = 0; i < run.rows; ++i) {
+        const uint64_t r = first + i;
+        Rope(&q[r * c.q_size()], c.num_attention_heads, run.start + i);
+        Rope(&k[r * c.kv_size()], c.num_key_value_heads, run.start + i);
+        std::memcpy(cache.key(l, run.start + i), &k[r * c.kv_size()], c.kv_size() * sizeof(float));
+        std::memcpy(cache.value(l, run.start + i), &v[r * c.kv_size()], c.kv_size() * sizeof(float));
       }
-    } else {
-      Attention(l, rows, start, cache, q.data(), attended.data());
+      float* run_q = &q[uint64_t{first} * c.q_size()];
+      float* run_out = &attended[uint64_t{first} * c.q_size()];
+      if (run.rows >= kPromptAttentionRows) {
+        if (Status s = PromptAttention(c, run.rows, run.start, cache.key(l, 0), cache.value(l, 0), run_q, run_out,
+                                       threads_);
+            !s.ok()) {
+          return s;
+        }
+      } else {
+        Attention(l, run.rows, run.start, cache, run_q, run_out);
+      }
+      first += run.rows;
     }
     if (Status s = Linear(attended.data(), rows, w.o, w.o_bias, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];

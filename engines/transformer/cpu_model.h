@@ -42,6 +42,15 @@ class KvCache {
   std::vector<float> values_;
 };
 
+// A run of consecutive tokens of one sequence within a step: its cache, the first token's position,
+// and how many tokens. A step of several sequences (continuous batching) is several runs: every
+// projection reads each weight once for all of their tokens, and each run attends to its own cache.
+struct StepRun {
+  KvCache* cache = nullptr;
+  uint32_t start = 0;
+  uint32_t rows = 0;
+};
+
 class CpuModel {
  public:
   // weights: bound to this config (BindWeights), and alive as long as this model.
@@ -55,6 +64,12 @@ class CpuModel {
                  bool all_positions = false);
   // The last token's hidden state after the final norm (hidden_size floats) instead of its logits.
   Status Hidden(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> hidden);
+  // One step of several sequences: tokens holds each run's tokens in the runs' order; logits gets
+  // vocab_size floats per run, for its last token. What each run computes is what Forward computes
+  // for it alone (up to the order of the sums). Runs must name different caches; a run outside its
+  // cache's context, a token outside the vocabulary or tokens that do not add up to the runs' is
+  // INVALID_ARGUMENT, and nothing is written.
+  Status Step(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> logits);
 
   const Config& config() const { return config_; }
   int threads() const { return threads_; }
@@ -63,9 +78,9 @@ class CpuModel {
   Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
   void Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out);
   void Rope(float* heads, uint32_t count, uint32_t position) const;
-  // The layers over the tokens: x (rows x hidden) holds the residual stream after the last one.
-  Status Layers(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::vector<float>& x);
-  Status Check(std::span<const int32_t> tokens, uint32_t start, const KvCache& cache, uint64_t out_size,
+  // The layers over the runs' tokens: x (rows x hidden) holds the residual stream after the last one.
+  Status Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x);
+  Status Check(std::span<const int32_t> tokens, std::span<const StepRun> runs, uint64_t out_size,
                uint64_t needed) const;
 
   Config config_;
