@@ -94,10 +94,12 @@ TEST(CpuModelStepTest, EachRunOfAStepComputesWhatItsSequenceAloneComputes) {
     stepped.push_back(std::make_unique<KvCache>(config, 64));
     alone.push_back(std::make_unique<KvCache>(config, 64));
     position.push_back(0);
-    for (uint32_t step = 0; step < 3; ++step) {
+    // Three steps of all seven, then one of the first three alone (a small batch: on bf16
+    // weights, the small-batch kernel rather than oneDNN).
+    for (uint32_t step = 0; step < 4; ++step) {
       std::vector<int32_t> tokens;
       std::vector<StepRun> runs;
-      for (size_t i = 0; i < stepped.size(); ++i) {
+      for (size_t i = 0; i < (step < 3 ? stepped.size() : 3); ++i) {
         const uint32_t rows = i + 1 == stepped.size() ? 10 : 1;  // the newcomer's chunk, others decode
         const std::vector<int32_t> run = SomeTokens(rows, vocab, 100 * step + static_cast<uint32_t>(i));
         tokens.insert(tokens.end(), run.begin(), run.end());
