@@ -149,19 +149,27 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
   for (int i = 0; i < 300 && replicas() != 2; i++) Sleep(10);
   checks.Expect(replicas() == 2, "two replicas attached");
   Bystander bystander(h);
+  const uint32_t restarts = h.TotalRestarts();
   Traffic traffic(h, TrafficSpec{&victim, 2, 20, 2, 4, 0, {}, false, index});
   traffic.Start();
   Sleep(20);
   checks.Expect(KillWorkerOf(h, victim.name, /*wait_detached=*/false), "one replica's worker killed");
   ExpectTraffic(checks, "victim while a sibling replica died", traffic.Join());
   bystander.Finish(checks);
+  // The sibling may have served all the traffic before the daemon noticed the death: until it
+  // has, everything looks quiescent and both replicas still there. Wait for the death to be seen
+  // (liveness waits, not timing ones: a loaded machine gets as long as a load would).
+  for (int i = 0; i < 1000 && h.TotalRestarts() <= restarts; i++) Sleep(20);
+  checks.Expect(h.TotalRestarts() > restarts, "the daemon saw the worker die");
   Status quiet = h.Quiesce();
   checks.Expect(quiet.ok(), "quiescent", quiet.message());
-  // A liveness check, not a timing one: the respawned worker may start slowly on a loaded
-  // machine, so it gets as long as a load would.
-  for (int i = 0; i < 1000 && replicas() != 2; i++) Sleep(20);
-  checks.Expect(replicas() == 2, "the respawned worker is a replica again",
-                fmt::format("{} replicas; the daemon's log on the model:\n{}", replicas(), h.DaemonLogAbout(victim.name)));
+  uint32_t now = replicas();
+  for (int i = 0; i < 1000 && now != 2; i++) {
+    Sleep(20);
+    now = replicas();
+  }
+  checks.Expect(now == 2, "the respawned worker is a replica again",
+                fmt::format("{} replicas; the daemon's log on the model:\n{}", now, h.DaemonLogAbout(victim.name)));
 }
 
 // cuda: the process owning device 0's memory is SIGKILLed under traffic (with several devices,
