@@ -7,6 +7,7 @@
 #include "common/json_depth.h"
 #include "common/units.h"
 #include "common/utf8.h"
+#include "supervisor/core/request_check.h"
 
 namespace warmpool::supervisor::httpapi {
 
@@ -82,6 +83,26 @@ Status OnlyKeys(const json& body, std::initializer_list<std::string_view> known,
                  ValidUtf8(key), request.method, request.path, takes.empty() ? std::string("no keys") : takes);
   }
   return OkStatus();
+}
+
+Result<std::vector<std::string>> ToolTexts(const json& body, bool type_required) {
+  std::vector<std::string> out;
+  auto tools = body.find("tools");
+  if (tools == body.end() || tools->is_null()) return out;
+  if (!tools->is_array() || tools->size() > static_cast<size_t>(kMaxTools)) {
+    return Error(Code::kInvalidArgument, "\"tools\" must be a list of at most {} {{\"type\": \"function\", ...}}",
+                 kMaxTools);
+  }
+  for (const json& tool : *tools) {
+    const bool typed = tool.is_object() && (tool.contains("type") ? tool["type"] == "function" : !type_required);
+    const json* function = typed && tool.contains("function") ? &tool["function"] : nullptr;
+    if (function == nullptr || !function->is_object() || !function->contains("name") ||
+        !(*function)["name"].is_string() || (*function)["name"].get_ref<const std::string&>().empty()) {
+      return Error(Code::kInvalidArgument, "each tool must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
+    }
+    out.push_back(tool.dump(-1, ' ', false, json::error_handler_t::replace));
+  }
+  return out;
 }
 
 }  // namespace warmpool::supervisor::httpapi

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -34,5 +35,9 @@ Result<std::optional<int64_t>> KeepAlive(const nlohmann::json& body);
 Result<uint32_t> Uint(const nlohmann::json& body, const char* key, uint32_t fallback = 0);
 Result<bool> Bool(const nlohmann::json& body, const char* key);
 Result<std::string> String(const nlohmann::json& body, const char* key);
+// A chat's "tools" (absent or null: none), each {"type": "function", "function": {"name", ...}}
+// with a name (`type` may be left out where the API allows it), at most kMaxTools of them: each
+// as compact JSON, for GenerateRequest.tools.
+Result<std::vector<std::string>> ToolTexts(const nlohmann::json& body, bool type_required);
 
 }  // namespace warmpool::supervisor::httpapi

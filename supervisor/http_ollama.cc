@@ -129,18 +129,9 @@ std::string OllamaFinish(const std::string& reason) { return reason == "length" 
 
 // tools: as OpenAI's ([{"type": "function", "function": {"name", ...}}]), for the chat template.
 Status OllamaTools(const json& doc, v1::GenerateRequest* g) {
-  auto tools = doc.find("tools");
-  if (tools == doc.end() || tools->is_null()) return OkStatus();
-  if (!tools->is_array() || tools->size() > 128) {
-    return Error(Code::kInvalidArgument, "\"tools\" must be a list of at most 128 {{\"type\": \"function\", ...}}");
-  }
-  for (const json& tool : *tools) {
-    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
-        !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
-      return Error(Code::kInvalidArgument, "each tool must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
-    }
-    g->add_tools(OllamaText(tool));
-  }
+  Result<std::vector<std::string>> texts = ToolTexts(doc, /*type_required=*/false);
+  if (!texts.ok()) return texts.status();
+  for (std::string& t : *texts) g->add_tools(std::move(t));
   return OkStatus();
 }
 

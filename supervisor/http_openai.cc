@@ -83,17 +83,9 @@ Status FillTools(const json& doc, v1::GenerateRequest* g) {
   }
   auto tools = doc.find("tools");
   if (tools == doc.end() || tools->is_null() || none) return OkStatus();  // none: the model is not told of them
-  if (!tools->is_array()) return Error(Code::kInvalidArgument, "\"tools\" must be a list of {{\"type\": \"function\", \"function\": ...}}");
-  if (tools->size() > 128) return Error(Code::kInvalidArgument, "at most 128 tools");
-  for (const json& tool : *tools) {
-    const json* function = tool.is_object() && tool.value("type", "") == "function" && tool.contains("function")
-                               ? &tool["function"] : nullptr;
-    if (function == nullptr || !function->is_object() || !function->contains("name") ||
-        !(*function)["name"].is_string() || (*function)["name"].get_ref<const std::string&>().empty()) {
-      return Error(Code::kInvalidArgument, "each tool must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
-    }
-    g->add_tools(OpenAiText(tool));
-  }
+  Result<std::vector<std::string>> texts = ToolTexts(doc, /*type_required=*/true);
+  if (!texts.ok()) return texts.status();
+  for (std::string& t : *texts) g->add_tools(std::move(t));
   return OkStatus();
 }
 
