@@ -29,6 +29,27 @@ int EmitTrampoline(void* ctx, const wp_generate_chunk* chunk) {
   }
 }
 
+struct StepEmitBridge {
+  const Engine::StepEmitFn* emit;
+  uint32_t count;  // sequences in the step: an index past them is the engine's mistake, dropped
+};
+
+void StepEmitTrampoline(void* ctx, uint32_t index, const wp_generate_chunk* chunk) {
+  const auto* bridge = static_cast<const StepEmitBridge*>(ctx);
+  if (index >= bridge->count || chunk == nullptr) return;
+  try {
+    const std::string text = ValidUtf8(
+        std::string(chunk->text.data != nullptr ? chunk->text.data : "", chunk->text.bytes));
+    std::span<const int32_t> tokens;
+    if (chunk->tokens != nullptr) tokens = {chunk->tokens, chunk->token_count};
+    std::span<const wp_token_logprobs> logprobs;
+    if (chunk->logprobs != nullptr) logprobs = {chunk->logprobs, chunk->logprob_count};
+    (*bridge->emit)(index, text, tokens, logprobs);
+  } catch (...) {
+    // nothing may unwind through the engine's C frames; the chunk is lost, the step goes on
+  }
+}
+
 }  // namespace
 
 int ProgressTrampoline(void* ctx, uint64_t done, uint64_t total) {
@@ -195,6 +216,42 @@ Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, 
                                        err, sizeof(err));
   if (status != WP_OK) return StatusFromWp(status, err);
   return result;
+}
+
+Result<wp_sequence*> Engine::OpenSequence(const wp_generate_request& request, uint32_t* prompt_tokens) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  if (!steps()) {
+    return Error(Code::kFailedPrecondition, "engine \"{}\" does not step sequences together",
+                 vtable_->name != nullptr ? vtable_->name : "?");
+  }
+  char err[kErrorBufferBytes] = {};
+  wp_sequence* sequence = nullptr;
+  uint32_t prompt = 0;
+  wp_status status = vtable_->open_sequence(instance_, &request, &sequence, &prompt, err, sizeof(err));
+  if (status != WP_OK) return StatusFromWp(status, err);
+  if (sequence == nullptr) return Error(Code::kInternal, "engine opened a sequence and gave none back");
+  if (prompt_tokens != nullptr) *prompt_tokens = prompt;
+  return sequence;
+}
+
+Status Engine::Step(std::span<wp_sequence_step> sequences, const StepEmitFn& emit) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  if (!steps()) return Error(Code::kFailedPrecondition, "engine does not step sequences together");
+  char err[kErrorBufferBytes] = {};
+  StepEmitBridge bridge{&emit, static_cast<uint32_t>(sequences.size())};
+  wp_status status = vtable_->step(instance_, sequences.data(), static_cast<uint32_t>(sequences.size()),
+                                   &StepEmitTrampoline, &bridge, err, sizeof(err));
+  for (wp_sequence_step& s : sequences) {
+    s.error[sizeof(s.error) - 1] = '\0';  // an engine's message, bounded whatever it wrote
+    if (s.ended != 0 && s.status == WP_OK && s.result.finish_reason > WP_FINISH_CANCELLED) {
+      s.result.finish_reason = WP_FINISH_STOP;  // a reason this side does not know
+    }
+  }
+  return StatusFromWp(status, err);
+}
+
+void Engine::CloseSequence(wp_sequence* sequence) {
+  if (instance_ != nullptr && steps() && sequence != nullptr) vtable_->close_sequence(instance_, sequence);
 }
 
 }  // namespace warmpool

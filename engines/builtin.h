@@ -73,6 +73,21 @@ class Engine {
   bool generates() const { return vtable_->abi_version >= 3 && vtable_->generate != nullptr; }
   Result<wp_generate_result> Generate(const wp_generate_request& request, const EmitFn& emit);
 
+  // Version 7: generations as sequences stepped together (continuous batching), all three calls.
+  bool steps() const {
+    return vtable_->abi_version >= 7 && vtable_->open_sequence != nullptr && vtable_->step != nullptr &&
+           vtable_->close_sequence != nullptr;
+  }
+  // An open generation (the request as Generate takes it); prompt_tokens (unless null) its prompt's
+  // length. Close it with CloseSequence, before the engine goes.
+  Result<wp_sequence*> OpenSequence(const wp_generate_request& request, uint32_t* prompt_tokens = nullptr);
+  // One step of open sequences (engine.h's step): emit gets each sequence's output by its index in
+  // `sequences`, its text made valid UTF-8; each wp_sequence_step says how the step left it.
+  using StepEmitFn = std::function<void(uint32_t index, std::string_view text, std::span<const int32_t> tokens,
+                                        std::span<const wp_token_logprobs> logprobs)>;
+  Status Step(std::span<wp_sequence_step> sequences, const StepEmitFn& emit);
+  void CloseSequence(wp_sequence* sequence);
+
   // Version 4: each input's embedding (info().embedding_size floats each, in order) and tokens.
   struct Embeddings {
     std::vector<float> values;

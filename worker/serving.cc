@@ -61,8 +61,8 @@ int Serving::Run() {
     switch (message.body_case()) {
       case v1::WorkerEnvelope::kInfer: {
         const v1::WorkerInfer& infer = message.infer();
-        if (infer.has_generate()) {  // a language model's generation: never batched
-          HandleGenerate(infer);
+        if (infer.has_generate()) {  // a language model's generation: batched by its engine's steps
+          HandleGenerate(std::move(*message.mutable_infer()));
           if (!read_error_.ok()) read_error = read_error_;
           break;
         }

@@ -10,6 +10,7 @@
 #include <deque>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -66,7 +67,20 @@ class Serving {
   // Between steps it reads what the supervisor sent meanwhile: a cancel of this job ends it,
   // control frames are handled, jobs wait in deferred_ (loads and attaches too: an unload before
   // an attach of the same model must not be overtaken by it).
-  void HandleGenerate(const v1::WorkerInfer& request);
+  void HandleGenerate(v1::WorkerInfer request);
+  // Continuous batching (worker/generation_batch.cc), for engines that step sequences together:
+  // this generation and every other one for the same model that reaches the front of deferred_
+  // while it runs share the engine's steps, up to its info.sequences at once; each joins and leaves
+  // between steps. Returns when none is left; what waits in deferred_ behind them is next.
+  void ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engine>& engine);
+  // A generate request in the engine's terms, pointing into the request and `out`'s storage.
+  struct EngineRequest {
+    wp_generate_request request{};
+    std::vector<wp_string> stops, roles, contents;
+    std::string conversation;
+  };
+  static Status ToEngineRequest(const v1::GenerateRequest& g, EngineRequest& out);
+  void SendGenerateError(uint64_t job, const Status& status);
   // Embeddings (worker/embed.cc): between inputs and pieces of a long one, as a generation between
   // steps (heartbeats, a cancel, the deadline).
   void HandleEmbed(const v1::WorkerInfer& request);
@@ -74,10 +88,13 @@ class Serving {
   // (control frames handled, jobs deferred); false when the job was cancelled or the channel is
   // gone (read_error_).
   bool BetweenSteps(uint64_t job);
+  // What the supervisor sent while a job runs: control frames handled, jobs to deferred_.
+  void ReadWhileBusy();
   // Before a generation or embeddings run: the model loaded here and able (`unable` says why not),
   // the deadline not passed, not cancelled; its in-flight slot taken.
+  // oldest_running: the first job of those running beside it (cancels of older jobs are dropped).
   Result<uint32_t> BeginLongJob(const v1::WorkerInfer& request, const std::shared_ptr<Engine>& engine,
-                                const Status& unable);
+                                const Status& unable, uint64_t oldest_running = UINT64_MAX);
   // A heartbeat for the job (a WorkerInferChunk with no chunk) when none went out for a second:
   // the supervisor takes a long job that says nothing for a hung worker.
   void HeartbeatIfDue(uint64_t job, std::chrono::steady_clock::time_point& last_heard);

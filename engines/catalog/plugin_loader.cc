@@ -231,6 +231,16 @@ Status CheckEngineVtable(const wp_engine_vtable* vtable, std::string_view expect
                  "infer, close, export_weights and attach is required",
                  source);
   }
+  if (vtable->abi_version >= 7) {
+    const int sequence_calls = (vtable->open_sequence != nullptr) + (vtable->step != nullptr) +
+                               (vtable->close_sequence != nullptr);
+    if (sequence_calls != 0 && sequence_calls != 3) {
+      return Error(Code::kFailedPrecondition,
+                   "engine plugin \"{}\" gives some of open_sequence, step and close_sequence but not all: "
+                   "give the three or none",
+                   source);
+    }
+  }
   if (!expected_name.empty() && (vtable->name == nullptr || expected_name != vtable->name)) {
     return Error(Code::kFailedPrecondition,
                  "engine plugin \"{}\" calls itself \"{}\", not \"{}\"; name the file after the engine "

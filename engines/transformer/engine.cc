@@ -9,7 +9,6 @@
 // copies the weights back into host memory, outside the device budget, and computes on the CPU,
 // saying so once: slower, never wrong.
 #include <algorithm>
-#include <deque>
 #include <memory>
 #include <new>
 #include <vector>
@@ -19,15 +18,10 @@
 #include "engines/builtin.h"
 #include "engines/transformer/embedding.h"
 #include "engines/transformer/engine_state.h"
-#include "engines/transformer/text_generation.h"
 #include "warmpool/engine.h"
 
 namespace warmpool::transformer {
 namespace {
-
-// Stop strings a request may give, and their length: each is searched for in the text held back.
-constexpr uint32_t kMaxStopStrings = 16;
-constexpr uint64_t kMaxStopBytes = 256;
 
 TransformerEngine* As(wp_engine* engine) { return reinterpret_cast<TransformerEngine*>(engine); }
 
@@ -44,124 +38,18 @@ wp_status Guarded(char* err, size_t err_len, F&& body) {
 }
 
 
-// A conversation as the prompt its model was trained on: its chat template, given the messages (and
-// the tools it may call), the special tokens' text, and the assistant's turn to speak (Hugging
-// Face's apply_chat_template). The messages come as roles and contents, or (version 6) as one JSON
-// document that may hold tools and tool calls.
-Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_request& r) {
-  if (!e.files->chat) {
-    return Error(Code::kFailedPrecondition,
-                 "model \"{}\" has no chat template (tokenizer_config.json's chat_template): send a prompt", e.name);
-  }
-  nlohmann::ordered_json context = {{"messages", nlohmann::ordered_json::array()}};
-  if (r.conversation.bytes != 0) {
-    if (r.conversation.data == nullptr) return Error(Code::kInvalidArgument, "conversation missing");
-    context = nlohmann::ordered_json::parse(r.conversation.data, r.conversation.data + r.conversation.bytes, nullptr, false);
-    if (!context.is_object() || !context.contains("messages") || !context["messages"].is_array() ||
-        (context.contains("tools") && !context["tools"].is_array())) {
-      return Error(Code::kInvalidArgument, "the conversation is not {{\"messages\": [...], \"tools\": [...]}}");
-    }
-    if (context.contains("tools") && context["tools"].empty()) context.erase("tools");  // templates test `tools` as given
-  } else {
-    if (r.roles == nullptr || r.contents == nullptr) return Error(Code::kInvalidArgument, "messages missing");
-    for (uint32_t i = 0; i < r.message_count; i++) {
-      context["messages"].push_back(
-          {{"role", std::string(r.roles[i].data != nullptr ? r.roles[i].data : "", r.roles[i].bytes)},
-           {"content", std::string(r.contents[i].data != nullptr ? r.contents[i].data : "", r.contents[i].bytes)}});
-    }
-  }
-  context["add_generation_prompt"] = true;
-  context["bos_token"] = e.files->bos_text;
-  context["eos_token"] = e.files->eos_text;
-  const bool tools = context.contains("tools");
-  return (tools && e.files->chat_tools ? e.files->chat_tools : e.files->chat)->Render(context);
-}
-
-// A chunk's log-probabilities in the ABI's terms, with each token's bytes: valid while it lives.
-class ChunkLogprobs {
- public:
-  ChunkLogprobs(const tokenizer::Tokenizer& tokenizer, std::span<const TokenLogprobs> logprobs) {
-    auto piece = [&](int32_t id) -> const std::string& {
-      Result<std::string> bytes = tokenizer.DecodePieces({&id, 1});
-      return pieces_.emplace_back(bytes.ok() ? std::move(*bytes) : std::string());
-    };
-    for (const TokenLogprobs& l : logprobs) {
-      std::vector<wp_logprob>& top = tops_.emplace_back();
-      for (const auto& [id, logprob] : l.top) {
-        const std::string& bytes = piece(id);
-        top.push_back({id, logprob, {bytes.data(), bytes.size()}});
-      }
-      const std::string& bytes = piece(l.token);
-      out_.push_back({{l.token, l.logprob, {bytes.data(), bytes.size()}}, top.data(), static_cast<uint32_t>(top.size())});
-    }
-  }
-  const wp_token_logprobs* data() const { return out_.empty() ? nullptr : out_.data(); }
-
- private:
-  std::deque<std::string> pieces_;             // a deque: what a wp_string points at never moves
-  std::deque<std::vector<wp_logprob>> tops_;
-  std::vector<wp_token_logprobs> out_;
-};
-
-Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
-                wp_generate_result& result) {
-  if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
-  TextRequest request;
-  if (r.message_count > 0 || r.conversation.bytes != 0) {
-    Result<std::string> prompt = RenderChat(e, r);
-    if (!prompt.ok()) return prompt.status();
-    request.prompt = std::move(*prompt);
-    request.add_special_tokens = false;  // HF's apply_chat_template: the template wrote them
-  } else if (r.token_count > 0) {
-    if (r.tokens == nullptr) return Error(Code::kInvalidArgument, "token ids missing");
-    request.tokens.assign(r.tokens, r.tokens + r.token_count);
-  } else {
-    request.prompt.assign(r.prompt.data != nullptr ? r.prompt.data : "", r.prompt.bytes);
-  }
-  request.max_tokens = r.max_tokens;
-  SamplingOptions& s = request.sampling;
-  s = e.files->sampling;
-  if (r.set & WP_SET_TEMPERATURE) s.temperature = r.temperature;
-  if (r.set & WP_SET_TOP_K) s.top_k = r.top_k;
-  if (r.set & WP_SET_TOP_P) s.top_p = r.top_p;
-  if (r.set & WP_SET_MIN_P) s.min_p = r.min_p;
-  if (r.set & WP_SET_REPETITION_PENALTY) s.repetition_penalty = r.repetition_penalty;
-  if (r.set & WP_SET_SEED) s.seed = r.seed;
-  if (Status checked = CheckSamplingOptions(s); !checked.ok()) return checked;
-  if (r.stop_count > kMaxStopStrings) {
-    return Error(Code::kInvalidArgument, "{} stop strings: at most {}", r.stop_count, kMaxStopStrings);
-  }
-  for (uint32_t i = 0; i < r.stop_count; i++) {
-    if (r.stop[i].bytes > kMaxStopBytes) {
-      return Error(Code::kInvalidArgument, "a stop string of {} bytes: at most {}", r.stop[i].bytes, kMaxStopBytes);
-    }
-    request.stop.emplace_back(r.stop[i].data != nullptr ? r.stop[i].data : "", r.stop[i].bytes);
-  }
-  request.logprobs = r.logprobs != 0;
-  request.top_logprobs = r.top_logprobs;
-  Result<TextResult> done = GenerateText(
-      *e.sequence, *e.files, request,
-      [&](std::string_view text, std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs) {
-        ChunkLogprobs c_logprobs(*e.files->tokenizer, logprobs);
-        wp_generate_chunk chunk{{text.data(), text.size()},           tokens.data(),
-                                static_cast<uint32_t>(tokens.size()), c_logprobs.data(),
-                                static_cast<uint32_t>(logprobs.size())};
-        return emit == nullptr || emit(emit_ctx, &chunk) == 0;
-      });
-  if (!done.ok()) return done.status();
-  static_assert(static_cast<int>(FinishReason::kStop) == WP_FINISH_STOP &&
-                static_cast<int>(FinishReason::kLength) == WP_FINISH_LENGTH &&
-                static_cast<int>(FinishReason::kCancelled) == WP_FINISH_CANCELLED);
-  result.finish_reason = static_cast<uint32_t>(done->finish);
-  result.prompt_tokens = done->prompt_tokens;
-  result.completion_tokens = done->completion_tokens;
-  return OkStatus();
+// Embeddings and typed runs compute in slot 0's cache: never while a generation holds slots.
+Status NoGenerationOpen(const TransformerEngine& e) {
+  if (e.open_sequences == 0) return OkStatus();
+  return Error(Code::kFailedPrecondition, "model \"{}\" has {} generations open: run this after them", e.name,
+               e.open_sequences);
 }
 
 // Every input tokenized and checked before any runs: a bad one leaves the output untouched.
 Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, float* embeddings, uint32_t* input_tokens,
              wp_progress_fn progress, void* progress_ctx) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (Status s = NoGenerationOpen(e); !s.ok()) return s;
   if (count > 0 && (inputs == nullptr || embeddings == nullptr)) return Error(Code::kInvalidArgument, "inputs missing");
   std::vector<std::vector<int32_t>> tokenized;
   for (uint32_t i = 0; i < count; i++) {
@@ -288,6 +176,7 @@ wp_status SignatureCall(wp_engine* engine, const wp_tensor** inputs, uint32_t* i
 Status RunTokens(TransformerEngine& e, const wp_tensor& ids, uint64_t max_output_bytes, wp_tensor_sink_fn sink,
                  void* sink_ctx, wp_progress_fn progress, void* progress_ctx) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (Status s = NoGenerationOpen(e); !s.ok()) return s;
   const Config& config = e.sequence->config();
   const uint64_t count = static_cast<uint64_t>(ids.shape[0]);
   if (count == 0 || count > e.sequence->context()) {
@@ -334,10 +223,33 @@ wp_status RunCall(wp_engine* engine, const wp_tensor* inputs, uint32_t, uint64_t
   });
 }
 
+wp_status OpenSequenceCall(wp_engine* engine, const wp_generate_request* request, wp_sequence** out,
+                           uint32_t* prompt_tokens, char* err, size_t err_len) {
+  if (request == nullptr || out == nullptr) {
+    return WpFromStatus(Error(Code::kInvalidArgument, "transformer: open_sequence needs a request and out"), err,
+                        err_len);
+  }
+  *out = nullptr;
+  return Guarded(err, err_len, [&]() -> Status {
+    Result<wp_sequence*> opened = OpenSequence(*As(engine), *request, prompt_tokens);
+    if (!opened.ok()) return opened.status();
+    *out = *opened;
+    return OkStatus();
+  });
+}
+
+wp_status StepCall(wp_engine* engine, wp_sequence_step* sequences, uint32_t count, wp_step_emit_fn emit,
+                   void* emit_ctx, char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] { return StepSequences(*As(engine), sequences, count, emit, emit_ctx); });
+}
+
+void CloseSequenceCall(wp_engine* engine, wp_sequence* sequence) { CloseSequence(*As(engine), sequence); }
+
 const wp_engine_vtable kTransformerVtable = {
-    WP_ENGINE_ABI_VERSION, "transformer", &OpenCall,   &LoadCall,     &InferCall,
-    &CloseCall,            &ExportCall,   &AttachCall, &DescribeCall, &GenerateCall,
-    &EmbedCall,            &SignatureCall, &RunCall,
+    WP_ENGINE_ABI_VERSION, "transformer",     &OpenCall,   &LoadCall,          &InferCall,
+    &CloseCall,            &ExportCall,       &AttachCall, &DescribeCall,      &GenerateCall,
+    &EmbedCall,            &SignatureCall,    &RunCall,    &OpenSequenceCall,  &StepCall,
+    &CloseSequenceCall,
 };
 
 }  // namespace

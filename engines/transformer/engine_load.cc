@@ -50,6 +50,7 @@ Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
   e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
   e.cache = std::make_unique<KvCache>(e.packed.config, e.context);
   e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);
+  e.slots = std::make_unique<CpuSlots>(*e.model, *e.cache, e.sequences);
   return OkStatus();
 }
 
@@ -60,6 +61,7 @@ Status StartOnDevice(TransformerEngine& e) {
   e.sequence = StartGpuSequence(e.packed.config, *weights, e.memory, e.context, &why);
   if (e.sequence) {
     SayWhereItRuns(e, e.sequence->Describe());
+    e.slots = std::make_unique<OneSlot>(*e.sequence);
     return OkStatus();
   }
   SayWhereItRuns(e, "weights on the GPU, computed on the CPU from a host copy: " + why);
@@ -122,13 +124,16 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
                  e.name);
   }
   e.context = ServedContext(e.packed.config, spec.context);
+  // A GPU's forward pass runs one sequence; the CPU steps several together.
+  e.sequences = e.on_device ? 1 : ServedSequences(spec.sequences);
+  e.slot_used.assign(e.sequences, false);
   info.weight_bytes = e.packed.region_bytes;
   // On a GPU the workspace is device memory: the KV cache and what the kernels need.
   info.workspace_bytes = e.on_device ? PlanGpuSequence(e.packed.config, e.context).total
-                                     : WorkspaceBytes(e.packed.config, e.context);
+                                     : WorkspaceBytes(e.packed.config, e.context, e.sequences);
   info.max_batch = 1;
   info.context = e.context;
-  info.sequences = 1;
+  info.sequences = e.sequences;
   info.embedding_size = e.packed.config.hidden_size;
   info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
   e.signature[0] = {"input_ids", WP_DTYPE_I64, 1, {-1}, nullptr, 0};

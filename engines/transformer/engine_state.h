@@ -10,12 +10,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/model_directory.h"
 #include "engines/transformer/packed_model.h"
 #include "engines/transformer/sequence.h"
+#include "engines/transformer/sequence_slots.h"
 #include "warmpool/engine.h"
 
 namespace warmpool::transformer {
@@ -35,11 +37,18 @@ struct TransformerEngine {
   std::unique_ptr<uint8_t[]> host_copy;  // on device memory, when the GPU cannot compute
   std::unique_ptr<CpuModel> model;       // on the CPU
   std::unique_ptr<KvCache> cache;
-  std::unique_ptr<Sequence> sequence;    // what generates: the CPU's, or the GPU's
+  std::unique_ptr<Sequence> sequence;    // embeddings and typed runs: the CPU's, or the GPU's
+  // Generations (engine ABI version 7): `sequences` open at once, each in a slot of its own (slot
+  // 0's cache is `cache`, which embeddings and typed runs use while no generation is open).
+  uint32_t sequences = 1;
+  std::unique_ptr<SequenceSlots> slots;
+  std::vector<bool> slot_used;
+  uint32_t open_sequences = 0;
   // run (ABI version 5): "input_ids" i64 [tokens] to "logits" f32 [vocab_size], the next token's.
   wp_tensor signature[2]{};
 
   ~TransformerEngine() {
+    slots.reset();
     sequence.reset();  // before the weights it reads go
     if (directory >= 0) close(directory);
     if (has_region) memory->free(memory->ctx, &region);
@@ -54,5 +63,16 @@ Status LoadEngine(TransformerEngine& e, wp_progress_fn progress, void* progress_
 // The region holds the model: the tensors bound where they lie, the tokenizer parsed from its copy,
 // the forward pass started on the GPU (device memory) or the CPU.
 Status BindEngine(TransformerEngine& e);
+
+// Generations (engine_generate.cc). A request (prompt, token ids or a chat through the model's
+// template; options over the model's defaults) opened as a sequence in a free slot; steps of open
+// sequences; a sequence closed, its slot free. Generate (ABI versions 3 to 6) is one sequence opened,
+// stepped alone to its end, and closed.
+Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_request& r, uint32_t* prompt_tokens);
+Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t count, wp_step_emit_fn emit,
+                     void* emit_ctx);
+void CloseSequence(TransformerEngine& e, wp_sequence* sequence);
+Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
+                wp_generate_result& result);
 
 }  // namespace warmpool::transformer

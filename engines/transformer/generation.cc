@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+
+#include "engines/transformer/sequence_slots.h"
+#include "engines/transformer/token_sequence.h"
 
 namespace warmpool::transformer {
 
@@ -53,67 +57,32 @@ Result<int32_t> Sequence::ForwardArgMax(std::span<const int32_t> tokens, uint32_
 Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
                             const std::function<bool(int32_t)>& on_token, const std::function<bool()>& on_progress,
                             const std::function<void(const TokenLogprobs&)>& on_logprobs) {
-  if (request.prompt.empty()) return Error(Code::kInvalidArgument, "the prompt has no tokens");
-  if (request.prompt.size() >= model.context()) {
-    return Error(Code::kInvalidArgument, "the prompt's {} tokens leave no room in a context of {}",
-                 request.prompt.size(), model.context());
-  }
-  if (Status s = CheckSamplingOptions(request.sampling); !s.ok()) return s;
-  if (request.top_logprobs > kMaxTopLogprobs) {
-    return Error(Code::kInvalidArgument, "top_logprobs {}: at most {}", request.top_logprobs, kMaxTopLogprobs);
-  }
-
+  Result<TokenSequence> started = TokenSequence::Start(request, model.context(), model.config().vocab_size);
+  if (!started.ok()) return started.status();
+  TokenSequence& sequence = *started;
   Generation out;
-  out.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
-  std::vector<int32_t> sequence = request.prompt;
-  std::vector<float> logits(model.config().vocab_size);
-  Sampler sampler(request.sampling);
-  // Greedy with no penalty and no log-probabilities needs only the argmax, which the sequence finds
-  // where its logits are (on a GPU: one id copied back instead of vocab_size floats); else the logits
-  // come to the host and the sampler chooses. Either way the same token.
-  const bool argmax_only = ChoosesArgMax(request.sampling) && !request.logprobs;
-  auto step = [&](std::span<const int32_t> tokens, uint32_t start) -> Result<int32_t> {
-    if (argmax_only) return model.ForwardArgMax(tokens, start);
-    if (Status s = model.Forward(tokens, start, logits); !s.ok()) return s;
-    return sampler.Next(logits, sequence);
-  };
-  const std::span<const int32_t> prompt(request.prompt);
-  Result<int32_t> next = Error(Code::kInternal, "no token chosen");
-  for (size_t done = 0; done < prompt.size(); done += kPrefillPiece) {
-    if (done > 0 && on_progress && !on_progress()) {
-      out.finish = FinishReason::kCancelled;
-      return out;
+  out.prompt_tokens = sequence.prompt_tokens();
+  OneSlot slot(model);
+  const StepMember member{&sequence, 0};
+  while (!sequence.ended()) {
+    // Between a prompt's pieces: progress, and a point where it can be stopped.
+    if (sequence.position() > 0 && sequence.position() < sequence.prompt_tokens() && on_progress && !on_progress()) {
+      sequence.End(FinishReason::kCancelled);
+      break;
     }
-    const size_t piece = std::min<size_t>(kPrefillPiece, prompt.size() - done);
-    const bool last = done + piece == prompt.size();
-    if (last && request.max_tokens > 0) {
-      next = step(prompt.subspan(done, piece), static_cast<uint32_t>(done));
-      if (!next.ok()) return next.status();
-    } else if (Status s = model.Forward(prompt.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) {
-      return s;
-    }
+    Result<std::optional<int32_t>> token = std::optional<int32_t>();
+    Status ran = RunStep(slot, {&member, 1}, [&](size_t, uint32_t fed, std::span<const float> logits,
+                                                 std::optional<int32_t> argmax) {
+      token = sequence.Advance(fed, logits, argmax);
+    });
+    if (!ran.ok()) return ran;
+    if (!token.ok()) return token.status();
+    if (!token->has_value()) continue;
+    if (sequence.logprobs() && on_logprobs) on_logprobs(*sequence.logprobs());
+    if (on_token && !on_token(**token)) sequence.End(FinishReason::kCancelled);
   }
-  while (out.tokens.size() < request.max_tokens) {
-    if (!next.ok()) return next.status();
-    const bool ends = std::find(request.end_tokens.begin(), request.end_tokens.end(), *next) != request.end_tokens.end();
-    if (request.logprobs && on_logprobs && !ends) on_logprobs(LogprobsOf(logits, *next, request.top_logprobs));
-    if (ends) {
-      out.finish = FinishReason::kStop;
-      return out;
-    }
-    out.tokens.push_back(*next);
-    sequence.push_back(*next);
-    if (on_token && !on_token(*next)) {
-      out.finish = FinishReason::kCancelled;
-      return out;
-    }
-    if (out.tokens.size() == request.max_tokens) break;
-    // The token just chosen goes into the cache at the next position; a full context ends here.
-    const auto position = static_cast<uint32_t>(sequence.size() - 1);
-    if (position >= model.context()) break;
-    next = step({&sequence.back(), 1}, position);
-  }
-  out.finish = FinishReason::kLength;
+  out.tokens = sequence.generated();
+  out.finish = sequence.finish();
   return out;
 }
 

@@ -32,13 +32,15 @@ uint32_t ServedContext(const Config& config, uint32_t asked) {
   return static_cast<uint32_t>(std::max<uint64_t>(context, 1));
 }
 
-uint64_t WorkspaceBytes(const Config& config, uint32_t context) {
-  const uint64_t kv = config.KvBytesPerToken() * context;
+uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences) {
+  const uint64_t kv = config.KvBytesPerToken() * context * sequences;
   // Per prefill row: the residual stream, its norm, q, k, v, the attention output, the MLP's gate,
   // up and product; and the logits of the last row.
   const uint64_t row = uint64_t{config.hidden_size} * 3 + config.q_size() * 2 + config.kv_size() * 2 +
                        uint64_t{config.intermediate_size} * 3;
-  const uint64_t activations = (std::min<uint64_t>(context, kPrefillRows) * row + config.vocab_size) * sizeof(float);
+  // A step's rows are at most a prompt's piece (kPrefillRows) and its logits one row per sequence.
+  const uint64_t activations =
+      (std::min<uint64_t>(context, kPrefillRows) * row + uint64_t{config.vocab_size} * sequences) * sizeof(float);
   return kv + activations;
 }
 

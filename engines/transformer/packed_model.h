@@ -58,9 +58,16 @@ Result<PackedModel> DecodeHeader(std::string_view header);
 // Whether bytes are an encoded description (and not, say, a safetensors header).
 bool IsPackedHeader(std::string_view header);
 
-// The model's KV cache and activations for `context` tokens of one sequence, in bytes: what the
-// engine reports as its workspace, and admission counts beside the weights.
-uint64_t WorkspaceBytes(const Config& config, uint32_t context);
+// The model's KV caches and activations for `sequences` generations of `context` tokens each, in
+// bytes: what the engine reports as its workspace, and admission counts beside the weights.
+uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences = 1);
+// Generations the CPU steps together, each with a KV cache of the whole context: `asked` (0: a
+// default), at least 1 and at most kMaxSequences.
+inline constexpr uint32_t kDefaultSequences = 4;
+inline constexpr uint32_t kMaxSequences = 64;
+inline uint32_t ServedSequences(uint32_t asked) {
+  return asked == 0 ? kDefaultSequences : (asked > kMaxSequences ? kMaxSequences : asked);
+}
 // The context the engine serves: `asked` (0: a default), never past what the model was trained for.
 uint32_t ServedContext(const Config& config, uint32_t asked);
 

@@ -37,6 +37,12 @@
  * Version 6 adds tools: a chat may come as one JSON document (request.conversation) holding its
  * messages with their tool calls and answers, and the tools the model may call, for the chat
  * template to render.
+ *
+ * Version 7 adds continuous batching: a generation may be opened as a sequence (open_sequence),
+ * stepped together with the engine's other open sequences (step: one pass of the model for all of
+ * them, each getting its next token or its prompt's next piece) and closed (close_sequence) when it
+ * ends or its client leaves. Sequences join and leave between any two steps. info.sequences says
+ * how many may be open at once (spec.sequences asks for a number).
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -48,7 +54,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 6u
+#define WP_ENGINE_ABI_VERSION 7u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -108,6 +114,8 @@ typedef struct wp_engine_spec {
   int directory_fd;
   /* Tokens of context each sequence gets; 0: the engine's default. */
   uint32_t context;
+  /* Version 7: generations open at once (info.sequences); 0: the engine's default. */
+  uint32_t sequences;
 } wp_engine_spec;
 
 /* Sizes an engine reports after open (from headers only, before any weight is read). */
@@ -207,6 +215,22 @@ typedef struct wp_generate_result {
  * and no tokens is progress (between the pieces of a long prompt, say): nothing is sent for it, but
  * it shows the generation moves and is a point where it can be stopped. */
 typedef int (*wp_emit_fn)(void* ctx, const wp_generate_chunk* chunk);
+/* Version 7: an open generation (continuous batching). */
+typedef struct wp_sequence wp_sequence;
+/* One sequence of a step: the caller names it; the engine says how the step left it. */
+typedef struct wp_sequence_step {
+  wp_sequence* sequence;
+  /* Out: non-zero when the sequence ended in this step (then close it). It ended well when status is
+   * WP_OK (result says why: an end token, a stop string, the limit), else with that error, and
+   * error says what went wrong (NUL-terminated). */
+  uint32_t ended;
+  wp_status status;
+  wp_generate_result result;
+  char error[256];
+} wp_sequence_step;
+/* A step's output for sequences[index] of the step: called at most once per sequence and step,
+ * during the step; the chunk is valid during the call only. */
+typedef void (*wp_step_emit_fn)(void* ctx, uint32_t index, const wp_generate_chunk* chunk);
 
 /* Called during load with bytes copied so far; returning non-zero cancels the load. An engine may
  * call it from threads of its own, but never two calls at once, and done_bytes never goes back. */
@@ -299,6 +323,22 @@ typedef struct wp_engine_vtable {
   wp_status (*run)(wp_engine* engine, const wp_tensor* inputs, uint32_t input_count, uint64_t max_output_bytes,
                    wp_tensor_sink_fn sink, void* sink_ctx, wp_progress_fn progress, void* progress_ctx, char* err,
                    size_t err_len);
+  /* Version 7 (NULL where the engine does not do it; all three or none). */
+  /* Opens a generation: the request checked (as generate checks it: WP_INVALID_ARGUMENT) and
+   * tokenized, nothing run yet; prompt_tokens (unless NULL) gets its prompt's length.
+   * WP_RESOURCE_EXHAUSTED when info.sequences are open already. The request need not outlive the
+   * call. */
+  wp_status (*open_sequence)(wp_engine* engine, const wp_generate_request* request, wp_sequence** out,
+                             uint32_t* prompt_tokens, char* err, size_t err_len);
+  /* One step of these open sequences (each at most once, none ended): every one advances by its
+   * next token or its prompt's next piece, or, when the step carries other prompts' pieces, waits
+   * for a later step (a prompt may sit out a step; a decoding sequence never does). Each sequence's
+   * output goes to emit; how the step left it, into its wp_sequence_step. A failure of the whole
+   * pass (not of one sequence) is returned, and then no sequence advanced. */
+  wp_status (*step)(wp_engine* engine, wp_sequence_step* sequences, uint32_t count, wp_step_emit_fn emit,
+                    void* emit_ctx, char* err, size_t err_len);
+  /* Ends a sequence, whether it ended or not (its client left): its memory is free for another. */
+  void (*close_sequence)(wp_engine* engine, wp_sequence* sequence);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */

@@ -1,0 +1,255 @@
+// The transformer engine's generations (engine ABI versions 3 to 7): a request opened as a sequence
+// in a free slot (its prompt rendered through the chat template and tokenized, its options checked),
+// open sequences stepped together (engines/transformer/sequence_slots.h: continuous batching), and
+// each step's text, tokens and log-probabilities handed to the caller as the ABI's chunks.
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engines/builtin.h"
+#include "engines/transformer/engine_state.h"
+#include "engines/transformer/text_sequence.h"
+
+// The ABI's opaque sequence: a generation and the slot its KV cache is.
+struct wp_sequence {
+  warmpool::transformer::TextSequence text;
+  uint32_t slot = 0;
+  bool failed = false;  // a step failed it: it takes no more steps
+};
+
+namespace warmpool::transformer {
+namespace {
+
+// Stop strings a request may give, and their length: each is searched for in the text held back.
+constexpr uint32_t kMaxStopStrings = 16;
+constexpr uint64_t kMaxStopBytes = 256;
+
+// A conversation as the prompt its model was trained on: its chat template, given the messages (and
+// the tools it may call), the special tokens' text, and the assistant's turn to speak (Hugging
+// Face's apply_chat_template). The messages come as roles and contents, or (version 6) as one JSON
+// document that may hold tools and tool calls.
+Result<std::string> RenderChat(const TransformerEngine& e, const wp_generate_request& r) {
+  if (!e.files->chat) {
+    return Error(Code::kFailedPrecondition,
+                 "model \"{}\" has no chat template (tokenizer_config.json's chat_template): send a prompt", e.name);
+  }
+  nlohmann::ordered_json context = {{"messages", nlohmann::ordered_json::array()}};
+  if (r.conversation.bytes != 0) {
+    if (r.conversation.data == nullptr) return Error(Code::kInvalidArgument, "conversation missing");
+    context = nlohmann::ordered_json::parse(r.conversation.data, r.conversation.data + r.conversation.bytes, nullptr, false);
+    if (!context.is_object() || !context.contains("messages") || !context["messages"].is_array() ||
+        (context.contains("tools") && !context["tools"].is_array())) {
+      return Error(Code::kInvalidArgument, "the conversation is not {{\"messages\": [...], \"tools\": [...]}}");
+    }
+    if (context.contains("tools") && context["tools"].empty()) context.erase("tools");  // templates test `tools` as given
+  } else {
+    if (r.roles == nullptr || r.contents == nullptr) return Error(Code::kInvalidArgument, "messages missing");
+    for (uint32_t i = 0; i < r.message_count; i++) {
+      context["messages"].push_back(
+          {{"role", std::string(r.roles[i].data != nullptr ? r.roles[i].data : "", r.roles[i].bytes)},
+           {"content", std::string(r.contents[i].data != nullptr ? r.contents[i].data : "", r.contents[i].bytes)}});
+    }
+  }
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = e.files->bos_text;
+  context["eos_token"] = e.files->eos_text;
+  const bool tools = context.contains("tools");
+  return (tools && e.files->chat_tools ? e.files->chat_tools : e.files->chat)->Render(context);
+}
+
+// A chunk's log-probabilities in the ABI's terms, with each token's bytes: valid while it lives.
+class ChunkLogprobs {
+ public:
+  ChunkLogprobs(const tokenizer::Tokenizer& tokenizer, std::span<const TokenLogprobs> logprobs) {
+    auto piece = [&](int32_t id) -> const std::string& {
+      Result<std::string> bytes = tokenizer.DecodePieces({&id, 1});
+      return pieces_.emplace_back(bytes.ok() ? std::move(*bytes) : std::string());
+    };
+    for (const TokenLogprobs& l : logprobs) {
+      std::vector<wp_logprob>& top = tops_.emplace_back();
+      for (const auto& [id, logprob] : l.top) {
+        const std::string& bytes = piece(id);
+        top.push_back({id, logprob, {bytes.data(), bytes.size()}});
+      }
+      const std::string& bytes = piece(l.token);
+      out_.push_back({{l.token, l.logprob, {bytes.data(), bytes.size()}}, top.data(), static_cast<uint32_t>(top.size())});
+    }
+  }
+  const wp_token_logprobs* data() const { return out_.empty() ? nullptr : out_.data(); }
+
+ private:
+  std::deque<std::string> pieces_;             // a deque: what a wp_string points at never moves
+  std::deque<std::vector<wp_logprob>> tops_;
+  std::vector<wp_token_logprobs> out_;
+};
+
+// The ABI's request as the engine's: the prompt (text, token ids, or a chat rendered by the
+// template), the options over the model's defaults, each checked.
+Result<TextRequest> TextRequestFrom(const TransformerEngine& e, const wp_generate_request& r) {
+  TextRequest request;
+  if (r.message_count > 0 || r.conversation.bytes != 0) {
+    Result<std::string> prompt = RenderChat(e, r);
+    if (!prompt.ok()) return prompt.status();
+    request.prompt = std::move(*prompt);
+    request.add_special_tokens = false;  // HF's apply_chat_template: the template wrote them
+  } else if (r.token_count > 0) {
+    if (r.tokens == nullptr) return Error(Code::kInvalidArgument, "token ids missing");
+    request.tokens.assign(r.tokens, r.tokens + r.token_count);
+  } else {
+    request.prompt.assign(r.prompt.data != nullptr ? r.prompt.data : "", r.prompt.bytes);
+  }
+  request.max_tokens = r.max_tokens;
+  SamplingOptions& s = request.sampling;
+  s = e.files->sampling;
+  if (r.set & WP_SET_TEMPERATURE) s.temperature = r.temperature;
+  if (r.set & WP_SET_TOP_K) s.top_k = r.top_k;
+  if (r.set & WP_SET_TOP_P) s.top_p = r.top_p;
+  if (r.set & WP_SET_MIN_P) s.min_p = r.min_p;
+  if (r.set & WP_SET_REPETITION_PENALTY) s.repetition_penalty = r.repetition_penalty;
+  if (r.set & WP_SET_SEED) s.seed = r.seed;
+  if (Status checked = CheckSamplingOptions(s); !checked.ok()) return checked;
+  if (r.stop_count > kMaxStopStrings) {
+    return Error(Code::kInvalidArgument, "{} stop strings: at most {}", r.stop_count, kMaxStopStrings);
+  }
+  for (uint32_t i = 0; i < r.stop_count; i++) {
+    if (r.stop[i].bytes > kMaxStopBytes) {
+      return Error(Code::kInvalidArgument, "a stop string of {} bytes: at most {}", r.stop[i].bytes, kMaxStopBytes);
+    }
+    request.stop.emplace_back(r.stop[i].data != nullptr ? r.stop[i].data : "", r.stop[i].bytes);
+  }
+  request.logprobs = r.logprobs != 0;
+  request.top_logprobs = r.top_logprobs;
+  return request;
+}
+
+void SetResult(const TextSequence& text, wp_generate_result& out) {
+  static_assert(static_cast<int>(FinishReason::kStop) == WP_FINISH_STOP &&
+                static_cast<int>(FinishReason::kLength) == WP_FINISH_LENGTH &&
+                static_cast<int>(FinishReason::kCancelled) == WP_FINISH_CANCELLED);
+  const TextResult r = text.result();
+  out.finish_reason = static_cast<uint32_t>(r.finish);
+  out.prompt_tokens = r.prompt_tokens;
+  out.completion_tokens = r.completion_tokens;
+}
+
+}  // namespace
+
+Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_request& r, uint32_t* prompt_tokens) {
+  if (!e.slots) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  auto free = std::find(e.slot_used.begin(), e.slot_used.end(), false);
+  if (free == e.slot_used.end()) {
+    return Error(Code::kResourceExhausted, "model \"{}\" runs {} generations at once, all in use", e.name,
+                 e.sequences);
+  }
+  Result<TextRequest> request = TextRequestFrom(e, r);
+  if (!request.ok()) return request.status();
+  Result<TextSequence> text = TextSequence::Start(*e.files, *request, e.slots->context(), e.packed.config.vocab_size);
+  if (!text.ok()) return text.status();
+  const auto slot = static_cast<uint32_t>(free - e.slot_used.begin());
+  auto* opened = new wp_sequence{std::move(*text), slot, false};
+  *free = true;
+  e.open_sequences++;
+  if (prompt_tokens != nullptr) *prompt_tokens = opened->text.tokens().prompt_tokens();
+  return opened;
+}
+
+void CloseSequence(TransformerEngine& e, wp_sequence* sequence) {
+  if (sequence == nullptr) return;
+  e.slot_used[sequence->slot] = false;
+  e.open_sequences--;
+  delete sequence;
+}
+
+Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t count, wp_step_emit_fn emit,
+                     void* emit_ctx) {
+  if (!e.slots) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (count > 0 && steps == nullptr) return Error(Code::kInvalidArgument, "no sequences to step");
+  std::vector<StepMember> members;
+  for (uint32_t i = 0; i < count; i++) {
+    const wp_sequence* s = steps[i].sequence;
+    if (s == nullptr || s->failed || s->text.ended()) {
+      return Error(Code::kInvalidArgument, "sequence {} of the step is {}", i, s == nullptr ? "missing" : "over");
+    }
+    for (const StepMember& m : members) {
+      if (m.slot == s->slot) return Error(Code::kInvalidArgument, "a sequence is in the step twice");
+    }
+    members.push_back({&s->text.tokens(), s->slot});
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    steps[i].ended = 0;
+    steps[i].status = WP_OK;
+    steps[i].result = {};
+    steps[i].error[0] = '\0';
+  }
+  return RunStep(*e.slots, members, [&](size_t i, uint32_t fed, std::span<const float> logits,
+                                        std::optional<int32_t> argmax) {
+    wp_sequence_step& step = steps[i];
+    wp_sequence& s = *step.sequence;
+    Result<TextSequence::Output> out = s.text.Advance(fed, logits, argmax);
+    if (!out.ok()) {  // this sequence's failure (a broken model's logits, say), not the others'
+      s.failed = true;
+      step.ended = 1;
+      step.status = WpFromStatus(out.status(), step.error, sizeof(step.error));
+      return;
+    }
+    if (out->token || !out->text.empty()) {
+      std::span<const TokenLogprobs> logprobs;
+      if (out->logprobs) logprobs = {&*out->logprobs, 1};
+      ChunkLogprobs c_logprobs(*e.files->tokenizer, logprobs);
+      wp_generate_chunk chunk{{out->text.data(), out->text.size()},
+                              out->token ? &*out->token : nullptr,
+                              out->token ? 1u : 0u,
+                              c_logprobs.data(),
+                              static_cast<uint32_t>(logprobs.size())};
+      if (emit != nullptr) emit(emit_ctx, static_cast<uint32_t>(i), &chunk);
+    }
+    if (s.text.ended()) {
+      step.ended = 1;
+      SetResult(s.text, step.result);
+    }
+  });
+}
+
+Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
+                wp_generate_result& result) {
+  Result<wp_sequence*> opened = OpenSequence(e, r, nullptr);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<wp_sequence, std::function<void(wp_sequence*)>> sequence(
+      *opened, [&e](wp_sequence* s) { CloseSequence(e, s); });
+  struct Emitting {
+    wp_emit_fn emit;
+    void* ctx;
+    bool stopped = false;
+  } emitting{emit, emit_ctx};
+  auto forward = [](void* ctx, uint32_t, const wp_generate_chunk* chunk) {
+    auto* to = static_cast<Emitting*>(ctx);
+    if (to->emit != nullptr && to->emit(to->ctx, chunk) != 0) to->stopped = true;
+  };
+  wp_sequence_step step{sequence.get(), 0, WP_OK, {}, {}};
+  const TokenSequence& tokens = sequence->text.tokens();
+  while (step.ended == 0) {
+    // Between a prompt's pieces: progress, nothing to send, and a point where it can be stopped.
+    if (tokens.position() > 0 && tokens.position() < tokens.prompt_tokens()) {
+      const wp_generate_chunk progress{};
+      forward(&emitting, 0, &progress);
+    }
+    if (!emitting.stopped) {
+      if (Status s = StepSequences(e, &step, 1, forward, &emitting); !s.ok()) return s;
+      if (step.ended != 0 && step.status != WP_OK) return StatusFromWp(step.status, step.error);
+    }
+    if (emitting.stopped) {
+      sequence->text.Cancel();
+      SetResult(sequence->text, result);
+      return OkStatus();
+    }
+  }
+  result = step.result;
+  return OkStatus();
+}
+
+}  // namespace warmpool::transformer

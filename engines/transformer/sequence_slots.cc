@@ -1,0 +1,95 @@
+#include "engines/transformer/sequence_slots.h"
+
+#include <algorithm>
+
+#include "engines/transformer/sampler.h"
+
+namespace warmpool::transformer {
+
+CpuSlots::CpuSlots(CpuModel& model, KvCache& first, uint32_t count)
+    : model_(model), first_(first), count_(std::max(count, 1u)), others_(count_ - 1) {}
+
+KvCache& CpuSlots::Cache(uint32_t slot) {
+  if (slot == 0) return first_;
+  std::unique_ptr<KvCache>& cache = others_[slot - 1];
+  if (!cache) cache = std::make_unique<KvCache>(model_.config(), first_.context());
+  return *cache;
+}
+
+Status CpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
+  const uint32_t vocab = model_.config().vocab_size;
+  if (logits.size() < uint64_t{runs.size()} * vocab || argmax.size() < runs.size()) {
+    return Error(Code::kInvalidArgument, "a step of {} runs needs logits and argmax for each", runs.size());
+  }
+  for (const Run& run : runs) {
+    if (run.slot >= count_) return Error(Code::kInvalidArgument, "slot {} of {}", run.slot, count_);
+  }
+  if (runs.size() == 1) {  // one sequence: its forward pass as a lone one runs it (f32 at one row)
+    if (Status s = model_.Forward(runs[0].tokens, runs[0].start, Cache(runs[0].slot), logits.first(vocab)); !s.ok()) {
+      return s;
+    }
+  } else {
+    std::vector<int32_t> tokens;
+    std::vector<StepRun> step;
+    for (const Run& run : runs) {
+      tokens.insert(tokens.end(), run.tokens.begin(), run.tokens.end());
+      step.push_back({&Cache(run.slot), run.start, static_cast<uint32_t>(run.tokens.size())});
+    }
+    if (Status s = model_.Step(tokens, step, logits.first(uint64_t{runs.size()} * vocab)); !s.ok()) return s;
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!runs[i].argmax_only) continue;
+    Result<int32_t> best = ArgMaxToken(logits.subspan(i * vocab, vocab));
+    if (!best.ok()) return best.status();
+    argmax[i] = *best;
+  }
+  return OkStatus();
+}
+
+Status OneSlot::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
+  const uint32_t vocab = sequence_.config().vocab_size;
+  if (runs.size() != 1 || runs[0].slot != 0 || logits.size() < vocab || argmax.empty()) {
+    return Error(Code::kInvalidArgument, "one sequence runs here at a time, in slot 0");
+  }
+  const Run& run = runs[0];
+  if (run.argmax_only) {
+    Result<int32_t> best = sequence_.ForwardArgMax(run.tokens, run.start);
+    if (!best.ok()) return best.status();
+    argmax[0] = *best;
+    return OkStatus();
+  }
+  return sequence_.Forward(run.tokens, run.start, logits.first(vocab));
+}
+
+Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance) {
+  bool decoding = false;
+  for (const StepMember& m : members) {
+    decoding = decoding || m.sequence->position() >= m.sequence->prompt_tokens();
+  }
+  uint32_t prompt_budget = decoding ? kStepPromptTokens : kPrefillPiece;
+  std::vector<SequenceSlots::Run> runs;
+  std::vector<size_t> ran;  // the member of each run
+  for (size_t i = 0; i < members.size(); ++i) {
+    const TokenSequence& s = *members[i].sequence;
+    const bool prompt = s.position() < s.prompt_tokens();
+    if (prompt && prompt_budget == 0) continue;
+    const TokenSequence::Feed feed = s.Next(prompt ? prompt_budget : 1);
+    if (prompt) prompt_budget -= static_cast<uint32_t>(feed.tokens.size());
+    runs.push_back({members[i].slot, feed.tokens, feed.start, feed.chooses && s.argmax_only()});
+    ran.push_back(i);
+  }
+  if (runs.empty()) return OkStatus();
+  const uint32_t vocab = slots.config().vocab_size;
+  std::vector<float> logits(runs.size() * uint64_t{vocab});
+  std::vector<int32_t> argmax(runs.size(), -1);
+  if (Status s = slots.Step(runs, logits, argmax); !s.ok()) return s;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    std::optional<int32_t> best;
+    if (runs[r].argmax_only) best = argmax[r];
+    advance(ran[r], static_cast<uint32_t>(runs[r].tokens.size()),
+            std::span<const float>(logits).subspan(r * vocab, vocab), best);
+  }
+  return OkStatus();
+}
+
+}  // namespace warmpool::transformer

@@ -1,0 +1,92 @@
+// Where a model's open sequences run: the model and a KV cache per slot, on the CPU (CpuSlots:
+// several sequences' tokens in one pass, CpuModel::Step) or wherever one Sequence runs (OneSlot:
+// the GPU's, one sequence at a time). RunStep plans and runs one step of several sequences, each in
+// its slot: a decoding sequence feeds its last token, and a prompt goes in pieces. While other
+// sequences decode, a step carries at most kStepPromptTokens of prompts (chunked prefill), so a long
+// prompt that arrives does not stall the streams already running for its whole length; with nobody
+// decoding, a prompt goes kPrefillPiece at a time. Prompts take that budget in the order given (the
+// oldest first: the first to finish its prompt is the one that waited longest).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/transformer/cpu_model.h"
+#include "engines/transformer/sequence.h"
+#include "engines/transformer/token_sequence.h"
+
+namespace warmpool::transformer {
+
+inline constexpr uint32_t kStepPromptTokens = 32;
+
+class SequenceSlots {
+ public:
+  virtual ~SequenceSlots() = default;
+  virtual uint32_t count() const = 0;
+  virtual uint32_t context() const = 0;
+  virtual const Config& config() const = 0;
+
+  // One run of a step: tokens at positions start, ... of the sequence in `slot`.
+  struct Run {
+    uint32_t slot = 0;
+    std::span<const int32_t> tokens;
+    uint32_t start = 0;
+    bool argmax_only = false;  // only its last token's argmax is wanted
+  };
+  // logits: runs.size() x vocab_size floats, each run's last token's (left alone for an argmax_only
+  // run where the slots find the argmax elsewhere); argmax: one per run, set for argmax_only runs.
+  // Slots must differ; INVALID_ARGUMENT for a run outside its cache or a token outside the vocabulary.
+  virtual Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) = 0;
+};
+
+// On the CPU: `count` caches of `context` positions each, slot 0's the one given (the engine's own,
+// which embeddings and typed runs use); the others are made when a sequence first runs in them.
+class CpuSlots final : public SequenceSlots {
+ public:
+  CpuSlots(CpuModel& model, KvCache& first, uint32_t count);
+  uint32_t count() const override { return count_; }
+  uint32_t context() const override { return first_.context(); }
+  const Config& config() const override { return model_.config(); }
+  Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
+
+ private:
+  KvCache& Cache(uint32_t slot);
+  CpuModel& model_;
+  KvCache& first_;
+  uint32_t count_;
+  std::vector<std::unique_ptr<KvCache>> others_;  // slot i > 0 at i - 1; null until used
+};
+
+// One sequence: its forward pass (the GPU's, say), a run at a time.
+class OneSlot final : public SequenceSlots {
+ public:
+  explicit OneSlot(Sequence& sequence) : sequence_(sequence) {}
+  uint32_t count() const override { return 1; }
+  uint32_t context() const override { return sequence_.context(); }
+  const Config& config() const override { return sequence_.config(); }
+  Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
+
+ private:
+  Sequence& sequence_;
+};
+
+// A sequence in a step, in its slot.
+struct StepMember {
+  const TokenSequence* sequence = nullptr;
+  uint32_t slot = 0;
+};
+// Called for each member that ran in the step (a prompt left without budget sits this one out):
+// `fed` tokens went in; logits (vocab_size floats) or argmax are its last token's when its Feed
+// chose. The member's sequence is advanced by the caller (TokenSequence/TextSequence::Advance).
+using AdvanceFn = std::function<void(size_t member, uint32_t fed, std::span<const float> logits,
+                                     std::optional<int32_t> argmax)>;
+// Plans and runs one step of the members (none ended). An error of the pass itself fails the step
+// (nothing is advanced).
+Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance);
+
+}  // namespace warmpool::transformer

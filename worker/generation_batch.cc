@@ -1,0 +1,121 @@
+// Continuous batching on the serving thread: a model's generations share its engine's steps (engine
+// ABI version 7). One step advances every running generation by a token (or its prompt by a piece)
+// in one pass of the model, which reads each weight once for all of them; between two steps the
+// worker reads what the supervisor sent, and generations join and leave:
+//   - a generate request for the same model at the front of deferred_ joins while the engine has a
+//     free sequence (the core sends at most that many per worker; one that finds none waits there
+//     for the next to end). Only from the front: a job of another kind that arrived first (an
+//     unload, a park, another model's request) is answered first, after the batch, and nothing
+//     behind it overtakes it;
+//   - a generation ends when its engine says so (an end token, a stop string, its limit, an error),
+//     when it is cancelled (its client left), or when its deadline passes;
+//   - a failure of the pass itself ends every generation of it with that error.
+// Each generation holds its own in-flight mark, from its start to its end, as one run alone does.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "worker/generation_stream.h"
+#include "worker/serving.h"
+
+namespace warmpool::worker {
+namespace {
+
+struct Running {
+  std::unique_ptr<v1::WorkerInfer> request;  // the stream's: it points into it
+  std::unique_ptr<GenerationStream> stream;
+  wp_sequence* sequence = nullptr;
+  uint32_t mark = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+};
+
+}  // namespace
+
+void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engine>& engine) {
+  const uint32_t model = first.model();
+  const uint32_t capacity = std::max(engine->info().sequences, 1u);
+  std::vector<Running> running;
+
+  // Starts a generation: checked as any long job, opened in the engine, or answered with why not.
+  auto join = [&](v1::WorkerInfer request) {
+    const uint64_t job = request.job();
+    const uint64_t oldest = running.empty() ? job : running.front().stream->job();
+    Result<uint32_t> mark = BeginLongJob(request, engine, OkStatus(), oldest);
+    if (!mark.ok()) return SendGenerateError(job, mark.status());
+    Running r;
+    r.request = std::make_unique<v1::WorkerInfer>(std::move(request));
+    r.mark = *mark;
+    r.stream = std::make_unique<GenerationStream>(*r.request, outbox_, outbox_.FaultsFor(job, r.request->faults()));
+    r.stream->faults().Hit("infer.after_take");
+    EngineRequest args;
+    Status opened = ToEngineRequest(r.request->generate(), args);
+    if (opened.ok()) {
+      Result<wp_sequence*> sequence = engine->OpenSequence(args.request, &r.prompt_tokens);
+      if (sequence.ok()) r.sequence = *sequence;
+      opened = sequence.status();
+    }
+    if (!opened.ok()) {
+      marks_.Release(r.mark);
+      cancelled_.erase(job);
+      return SendGenerateError(job, opened);
+    }
+    running.push_back(std::move(r));
+  };
+  // Ends running[i]: its sequence closed, its mark released, its answer sent.
+  auto end = [&](size_t i, Result<wp_generate_result> result, bool past_deadline) {
+    Running& r = running[i];
+    engine->CloseSequence(r.sequence);
+    r.stream->faults().Hit("infer.before_restore");
+    marks_.Release(r.mark);
+    cancelled_.erase(r.stream->job());
+    r.stream->Finish(std::move(result), past_deadline);
+    running.erase(running.begin() + static_cast<ptrdiff_t>(i));
+  };
+  // Stopped from outside (its client, its deadline): what it made so far stands.
+  auto stopped = [](const Running& r) {
+    return wp_generate_result{WP_FINISH_CANCELLED, r.prompt_tokens, r.completion_tokens};
+  };
+
+  join(std::move(first));
+  std::vector<wp_sequence_step> steps;
+  while (!running.empty()) {
+    steps.assign(running.size(), wp_sequence_step{});
+    for (size_t i = 0; i < running.size(); ++i) steps[i].sequence = running[i].sequence;
+    Status pass = engine->Step(steps, [&](uint32_t i, std::string_view text, std::span<const int32_t> tokens,
+                                          std::span<const wp_token_logprobs> logprobs) {
+      running[i].completion_tokens += static_cast<uint32_t>(tokens.size());
+      running[i].stream->Emit(text, tokens, logprobs);
+    });
+    for (size_t i = running.size(); i-- > 0;) {
+      if (!pass.ok()) {
+        end(i, pass, false);
+      } else if (steps[i].ended != 0) {
+        end(i, steps[i].status == WP_OK ? Result<wp_generate_result>(steps[i].result)
+                                        : StatusFromWp(steps[i].status, steps[i].error),
+            false);
+      }
+    }
+    // Between steps: what the supervisor sent meanwhile; who leaves; who joins.
+    ReadWhileBusy();
+    for (size_t i = running.size(); i-- > 0;) {
+      const Running& r = running[i];
+      const bool past_deadline = r.stream->PastDeadline();
+      if (!read_error_.ok() || cancelled_.contains(r.stream->job()) || past_deadline) {
+        end(i, stopped(r), past_deadline);
+      } else {
+        r.stream->HeartbeatIfDue();
+      }
+    }
+    while (read_error_.ok() && running.size() < capacity && !deferred_.empty()) {
+      v1::WorkerEnvelope& front = deferred_.front().message;
+      if (!front.has_infer() || !front.infer().has_generate() || front.infer().model() != model) break;
+      v1::WorkerInfer request = std::move(*front.mutable_infer());
+      deferred_.front().regions.Close();
+      deferred_.pop_front();
+      join(std::move(request));
+    }
+  }
+}
+
+}  // namespace warmpool::worker
