@@ -36,7 +36,7 @@ struct StepEmitBridge {
 
 void StepEmitTrampoline(void* ctx, uint32_t index, const wp_generate_chunk* chunk) {
   const auto* bridge = static_cast<const StepEmitBridge*>(ctx);
-  if (index >= bridge->count || chunk == nullptr) return;
+  if (index >= bridge->count || chunk == nullptr || !*bridge->emit) return;
   try {
     const std::string text = ValidUtf8(
         std::string(chunk->text.data != nullptr ? chunk->text.data : "", chunk->text.bytes));

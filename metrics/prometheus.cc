@@ -194,7 +194,8 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
     w.Sample("warmpool_model_requests_waiting", m.label, static_cast<double>(shm::StatLoad(m.stats->requests_waiting)));
   }
   w.Family("warmpool_model_kv_cache_usage_ratio", "gauge",
-           "Of the KV caches its replicas hold (one sequence's whole context each), the share in use, 0 to 1 "
+           "Of the KV caches its replicas hold (a sequence's whole context each, [[models]] parallel per replica), the "
+           "share in use, 0 to 1 "
            "(vLLM: kv_cache_usage_perc).");
   for (const ModelView& m : models) {
     const uint64_t held = shm::StatLoad(m.stats->sequences_held);

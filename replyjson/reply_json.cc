@@ -25,6 +25,8 @@ json ModelsJson(const v1::ModelsReply& reply) {
     j["retry_in_ms"] = m.retry_in_ms();
     // Language models that take tools: the format their calls are read in.
     j["tool_call_format"] = m.tool_call_format().empty() ? json(nullptr) : json(m.tool_call_format());
+    // Language models: generations a replica runs at once.
+    j["parallel"] = m.parallel() == 0 ? json(nullptr) : json(m.parallel());
     // Typed tensors: null until a worker has opened it and said, or when its engine takes none;
     // inputs and outputs null when it takes any.
     j["tensors"] = nullptr;

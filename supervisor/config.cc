@@ -71,6 +71,8 @@ Status ReadUintAtMost(const toml::node& node, const std::string& key, T& out, ui
 // The most threads a worker takes (warmpool-worker --threads) and the longest batching wait.
 constexpr uint64_t kMaxThreadsPerWorker = 4096;
 constexpr uint64_t kMaxBatchDelayUs = 1000000;
+// [[models]] parallel: the transformer engine's most (transformer::kMaxSequences).
+constexpr uint64_t kMaxParallel = 64;
 // Each reserve place holds a descriptor open: a reserve larger than this is a mistake.
 constexpr uint64_t kMaxReservedConnections = 1024;
 
@@ -270,6 +272,10 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       else if (k == "path") s = ReadString(v, key, m.path);
       else if (k == "keep_alive") s = ReadKeepAlive(v, key, m.keep_alive_ms);
       else if (k == "replicas") s = ReadUint(v, key, m.replicas);
+      else if (k == "parallel") {
+        s = ReadUintAtMost(v, key, m.parallel, kMaxParallel);
+        if (s.ok() && m.parallel == 0) s = Error(Code::kInvalidArgument, "{} must be 1 to {}", key, kMaxParallel);
+      }
       else if (k == "aliases") s = ReadStrings(v, key, m.aliases);
       else if (k == "tool_call_format") {
         s = ReadString(v, key, m.tool_call_format);

@@ -68,7 +68,8 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
   entry.file_size = entry.version.size;
   entry.weight_bytes = packed->region_bytes;
   entry.context = transformer::ServedContext(packed->config, 0);
-  entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context);
+  entry.sequences = transformer::ServedSequences(0);  // [[models]] parallel changes it (Core::ApplySettings)
+  entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context, entry.sequences);
   entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
   entry.embedding_size = packed->config.hidden_size;
   entry.tool_call_format = std::string(

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -28,6 +29,8 @@ void DescribeEngine(const Engine& engine, v1::ModelWeights* weights) {
   weights->set_in_features(info.in_features);
   weights->set_out_features(info.out_features);
   weights->set_context(info.context);
+  // Generations at once: what a stepping engine says, one for an engine that runs them alone.
+  weights->set_sequences(!engine.generates() ? 0 : engine.steps() ? std::max(info.sequences, 1u) : 1);
   weights->set_kv_bytes_per_token(info.kv_bytes_per_token);
   weights->set_embedding_size(info.embedding_size);
   weights->clear_inputs();
@@ -132,6 +135,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
                       header.empty() ? nullptr : header.data(), header.size(), file_size);
   spec.has_directory = directory ? 1 : 0;
   spec.directory_fd = directory ? file : -1;
+  spec.sequences = request.sequences();
   Result<Engine> engine = Engine::Open(*vtable, spec, memory_.engines());
   if (!engine.ok()) return Named(engine.status(), fd_path, path);
   if (directory) {

@@ -136,6 +136,7 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
   wp_engine_spec spec = SpecForFile(request.name().c_str(), request.path().c_str(),
                       reinterpret_cast<const uint8_t*>(header.data()), header.size(),
                       described.file_size());
+  spec.sequences = described.sequences();  // as many as the load that described them ran
   if (!vtable.ok()) {
     status = vtable.status();
   } else {

@@ -44,7 +44,7 @@ def model_info(m):
         in_features=m.in_features, out_features=m.out_features, error=_or_none(m.last_error),
         retry_in_ms=m.retry_in_ms, weight_bytes=m.weight_bytes, workspace_bytes=m.workspace_bytes,
         total_bytes=m.weight_bytes + m.workspace_bytes, pinned=m.pinned, file_broken=m.file_broken,
-        tensors=_tensors(m), tool_call_format=_or_none(m.tool_call_format),
+        tensors=_tensors(m), tool_call_format=_or_none(m.tool_call_format), parallel=m.parallel or None,
     )
 
 

@@ -32,6 +32,8 @@ class ModelInfo:
     tensors: Optional[dict] = None
     # Language models that take tools: the format their calls are read in ("hermes", "llama3_json").
     tool_call_format: Optional[str] = None
+    # Language models: generations each replica runs at once (continuous batching).
+    parallel: Optional[int] = None
 
 
 @dataclass(frozen=True)

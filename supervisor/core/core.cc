@@ -91,7 +91,10 @@ void Core::PublishGauges() {
     shm::ModelStats& stats = segment_.model_stats(model);
     shm::StatStore(stats.sequences_running, running[model]);
     shm::StatStore(stats.requests_waiting, m.waiters.size());
-    shm::StatStore(stats.sequences_held, m.machine.ServingWorkers().size());  // one sequence per replica
+    // The sequences the serving replicas' engines hold, a KV cache each.
+    const residency::Ready* ready = m.machine.As<residency::Ready>();
+    const uint64_t per_replica = std::max<uint32_t>(ready != nullptr ? ready->weights.sequences : 1, 1);
+    shm::StatStore(stats.sequences_held, m.machine.ServingWorkers().size() * per_replica);
   }
 }
 

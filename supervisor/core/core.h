@@ -260,6 +260,9 @@ class Core {
   // Generations (core/generate.cc): dispatched, streamed, answered, cancelled.
   // A generation or embeddings (core/generate.cc): alone on the worker, never batched.
   void DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter);
+  // Of the model's serving replicas, those running fewer of its generations than their engine runs
+  // at once (Weights::sequences).
+  std::vector<uint32_t> WithFreeSequences(uint32_t model, const std::vector<uint32_t>& serving) const;
   void OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk);
   void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
   void AnswerGenerate(Job& job, v1::WorkerInferDone& done);

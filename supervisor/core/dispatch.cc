@@ -63,7 +63,10 @@ void Core::DrainReady(uint32_t model) {
       continue;
     }
     if (views.empty()) views = WorkerLoads();
-    const uint32_t worker = policy::PickReplica(views, serving, retry_waits ? passing : window);
+    // A generation takes one of the generations its replica's engine runs at once: one more waits
+    // here, where it can still go to whichever replica ends one first, or time out.
+    const uint32_t worker = policy::PickReplica(views, front.generate ? WithFreeSequences(model, serving) : serving,
+                                                retry_waits ? passing : window);
     if (worker == policy::kNone) break;  // a finished job drains it again
     send(i, worker);
   }
@@ -83,6 +86,21 @@ void Core::DrainReady(uint32_t model) {
     if (worker == policy::kNone) return;  // each waits for its turn
     send(i, worker);
   }
+}
+
+std::vector<uint32_t> Core::WithFreeSequences(uint32_t model, const std::vector<uint32_t>& serving) const {
+  const Model& m = models_[model];
+  const Ready* ready = m.machine.As<Ready>();
+  const uint32_t sequences = std::max<uint32_t>(ready != nullptr ? ready->weights.sequences : 1, 1);
+  std::vector<uint32_t> free;
+  for (uint32_t slot : serving) {
+    uint32_t running = 0;
+    for (const auto& [id, job] : jobs_) {
+      running += job.kind == Job::Kind::kInfer && job.generate && job.model == model && job.worker == slot;
+    }
+    if (running < sequences) free.push_back(slot);
+  }
+  return free;
 }
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {

@@ -18,6 +18,7 @@ WeightsDescription FromWire(const v1::ModelWeights& wire) {
   d.context = wire.context();
   d.kv_bytes_per_token = wire.kv_bytes_per_token();
   d.embedding_size = wire.embedding_size();
+  d.sequences = wire.sequences();
   d.runs_tensors = wire.runs_tensors();
   d.inputs.assign(wire.inputs().begin(), wire.inputs().end());
   d.outputs.assign(wire.outputs().begin(), wire.outputs().end());
@@ -35,6 +36,7 @@ void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
   wire->set_context(d.context);
   wire->set_kv_bytes_per_token(d.kv_bytes_per_token);
   wire->set_embedding_size(d.embedding_size);
+  wire->set_sequences(d.sequences);
   wire->set_runs_tensors(d.runs_tensors);
   for (const v1::NamedTensor& t : d.inputs) *wire->add_inputs() = t;
   for (const v1::NamedTensor& t : d.outputs) *wire->add_outputs() = t;

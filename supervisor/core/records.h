@@ -97,6 +97,9 @@ struct Model {
   uint64_t expires_at_ms = 0;
   uint32_t target_replicas = 1;
   uint32_t max_batch_delay_us = 0;  // dynamic batching (Config::max_batch_delay_us)
+  // Language models: generations each replica runs at once ([[models]] parallel; 0: the engine's
+  // default, what registration counted).
+  uint32_t parallel = 0;
   // Its calls of tools are read in this format ("" none): [[models]] tool_call_format, else what
   // its chat template shows (ModelEntry::tool_call_format).
   std::string tool_call_format;

@@ -38,6 +38,15 @@ void Core::ApplySettings(Model& m) {
     if (!c.tool_call_format.empty()) m.tool_call_format = c.tool_call_format == "none" ? "" : c.tool_call_format;
     m.target_replicas = std::max<uint32_t>(1, c.replicas);
     if (c.max_batch_delay_us >= 0) m.max_batch_delay_us = static_cast<uint32_t>(c.max_batch_delay_us);
+    m.parallel = c.parallel;
+  }
+  // Admission counts a KV cache of the whole context per generation the replica runs at once: as
+  // many as configured, not as registration assumed.
+  ModelEntry& e = m.entry;
+  if (e.generates() && e.sequences != 0 && m.parallel != 0 && m.parallel != e.sequences) {
+    const uint64_t cache = uint64_t{e.context} * e.kv_bytes_per_token;
+    e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, cache * e.sequences) + cache * m.parallel;
+    e.sequences = m.parallel;
   }
 }
 

@@ -173,13 +173,20 @@ TEST_F(CoreGenerateTest, ADeadlineEndsTheStreamAndWhatTheWorkerSendsLaterIsDropp
   EXPECT_TRUE(rig_.Replies(5).empty());
 }
 
-// A request queued behind a long generation on the same worker has not begun: its deadline
-// answers it, but kills nobody; the worker skips it when its turn comes.
+// A request queued behind a long generation on the same worker (an embedding: another generation
+// would wait in the daemon for a free sequence) has not begun: its deadline answers it, but kills
+// nobody; the worker skips it when its turn comes.
 TEST_F(CoreGenerateTest, ADeadlineOfARequestQueuedBehindAGenerationKillsNoWorker) {
   Generate(rig_, 5, "lm");
   const uint64_t running = JobSentTo(0);
-  Generate(rig_, 6, "lm", /*stream=*/true, /*deadline_ms=*/200);
-  const uint64_t queued = JobSentTo(0);
+  v1::Envelope embed;
+  embed.mutable_embed()->set_model("lm");
+  embed.mutable_embed()->add_input("queued");
+  embed.mutable_embed()->set_deadline_ms(200);
+  rig_.Request(6, std::move(embed), /*admin=*/false);
+  std::vector<v1::WorkerEnvelope> sent = rig_.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  const uint64_t queued = sent[0].infer().job();
   for (int step = 0; step < 30; step++) {
     rig_.Advance(100);
     rig_.Reply(0, Chunk(running, "."));
@@ -210,6 +217,28 @@ TEST_F(CoreGenerateTest, AGenerationThatMakesNoStepForTheStallTimeKillsItsWorker
   rig_.Advance(CoreRig::SmallConfig().load_stall_ms);
   ASSERT_EQ(rig_.Count<action::KillWorker>(), 1u);
   EXPECT_NE(rig_.Of<action::KillWorker>()[0].reason.find("generating"), std::string::npos);
+}
+
+// A worker runs as many generations at once as its engine says (Weights::sequences, continuous
+// batching); one more waits in the daemon, and goes when one of them ends.
+TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheRestWait) {
+  CoreRig rig{CoreRig::SmallConfig()};
+  ModelEntry lm = LanguageModel("lm");
+  lm.sequences = 2;
+  rig.Start({lm});
+  rig.Up(0);
+  rig.Loaded(0, lm, 100);
+  rig.Forget();
+  for (int i = 0; i < 3; i++) Generate(rig, 5, "lm");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 2u) << "two run together; the third waits in the daemon";
+  rig.Reply(0, Done(sent[0].infer().job()));
+  std::vector<v1::WorkerEnvelope> next = rig.Sent(0);
+  ASSERT_EQ(next.size(), 1u) << "one ended: the third goes";
+  EXPECT_TRUE(next[0].infer().has_generate());
+  rig.Reply(0, Done(sent[1].infer().job()));
+  rig.Reply(0, Done(next[0].infer().job()));
+  EXPECT_EQ(rig.Replies(5).size(), 3u);
 }
 
 }  // namespace

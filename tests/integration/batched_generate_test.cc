@@ -1,0 +1,142 @@
+// Continuous batching through the daemon: a model's generations run together in its worker (each
+// gets its first chunk before any ends), each saying what it says alone; [[models]] parallel caps
+// how many a replica runs, the rest waiting in the daemon until one ends; metrics count the
+// sequences the replicas hold.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/http_exchange.h"
+#include "tests/unit/tiny_model.h"
+
+namespace warmpool::testing {
+namespace {
+
+class BatchedGenerateTest : public DaemonTest {
+ protected:
+  static v1::GenerateRequest Greedy(const std::string& prompt, uint32_t max_tokens) {
+    v1::GenerateRequest r;
+    r.set_model("tiny");
+    r.set_prompt(prompt);
+    r.set_max_tokens(max_tokens);
+    r.set_temperature(0);
+    r.set_stream(true);
+    return r;
+  }
+  struct Seen {
+    std::string text;
+    Result<v1::GenerateReply> final = Status();
+    int order_of_first_chunk = -1;  // among all events on the connection
+    int order_of_final = -1;
+  };
+  // Sends every request on one connection at once and reads the replies in the order they come.
+  static std::vector<Seen> SendTogether(client::Client& c, const std::vector<v1::GenerateRequest>& requests) {
+    std::vector<Seen> seen(requests.size());
+    std::map<uint64_t, size_t> index;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      v1::Envelope e;
+      *e.mutable_generate() = requests[i];
+      Result<uint64_t> id = c.Send(e);
+      EXPECT_TRUE(id.ok());
+      if (id.ok()) index[*id] = i;
+    }
+    int events = 0;
+    size_t finals = 0;
+    while (finals < requests.size()) {
+      Result<v1::Envelope> reply = c.Receive();
+      if (!reply.ok()) {
+        ADD_FAILURE() << reply.status().ToString();
+        break;
+      }
+      Seen& s = seen[index.at(reply->request_id())];
+      if (reply->has_generate_chunk()) {
+        s.text += reply->generate_chunk().text();
+        if (s.order_of_first_chunk < 0) s.order_of_first_chunk = events;
+      } else {
+        if (reply->has_generate_reply()) s.final = reply->generate_reply();
+        else s.final = Status(CodeFromInt(reply->error().code()), reply->error().message());
+        s.order_of_final = events;
+        finals++;
+      }
+      events++;
+    }
+    return seen;
+  }
+  static const inline std::vector<std::string> kPrompts = {"This License applies to", "Everyone is permitted",
+                                                            "You may convey", "the GNU General"};
+};
+
+TEST_F(BatchedGenerateTest, GenerationsRunTogetherAndEachSaysWhatItSaysAlone) {
+  WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});  // f32: batched or alone, the same sums
+  StartDaemon();
+  auto c = Connect();
+  auto models = c->Models();
+  ASSERT_TRUE(models.ok() && models->models_size() == 1);
+  EXPECT_EQ(models->models(0).parallel(), 4u) << "the CPU engine's default";
+  const uint64_t cache = uint64_t{models->models(0).context()} * models->models(0).kv_bytes_per_token();
+  EXPECT_GE(models->models(0).workspace_bytes(), 4 * cache) << "a cache per sequence counted";
+  std::vector<std::string> alone;
+  for (const std::string& p : kPrompts) {
+    auto whole = c->Generate([&] {
+      v1::GenerateRequest r = Greedy(p, 40);
+      r.set_stream(false);
+      return r;
+    }());
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    alone.push_back(whole->text());
+  }
+  std::vector<v1::GenerateRequest> requests;
+  for (const std::string& p : kPrompts) requests.push_back(Greedy(p, 40));
+  std::vector<Seen> seen = SendTogether(*c, requests);
+  int first_final = 1 << 30;
+  for (const Seen& s : seen) first_final = std::min(first_final, s.order_of_final);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    SCOPED_TRACE(kPrompts[i]);
+    ASSERT_TRUE(seen[i].final.ok()) << seen[i].final.status().ToString();
+    EXPECT_EQ(seen[i].text, alone[i]);
+    EXPECT_EQ(seen[i].final->completion_tokens(), 40u);
+    EXPECT_LT(seen[i].order_of_first_chunk, first_final) << "it ran beside the others, not after them";
+  }
+  // Four sequences, a KV cache each, on its one replica: one generation running uses a quarter.
+  {
+    auto running = Connect();
+    v1::Envelope e;
+    *e.mutable_generate() = Greedy("This License applies to", 0);  // to the end of the context
+    auto id = running->Send(e);
+    ASSERT_TRUE(id.ok());
+    auto chunk = running->Wait(*id);
+    ASSERT_TRUE(chunk.ok() && chunk->has_generate_chunk());
+    std::vector<Response> scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
+    ASSERT_EQ(scraped.size(), 1u);
+    const std::string& metrics = scraped[0].body;
+    EXPECT_NE(metrics.find("warmpool_model_kv_cache_usage_ratio{model=\"tiny\"} 0.25"), std::string::npos) << metrics;
+  }  // it leaves: its generation is cancelled
+}
+
+TEST_F(BatchedGenerateTest, ParallelCapsWhatAReplicaRunsAndTheRestWaitInTheDaemon) {
+  WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});
+  StartDaemon("[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nparallel = 2\n");
+  auto c = Connect();
+  auto models = c->Models();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).parallel(), 2u);
+
+  std::vector<v1::GenerateRequest> requests;
+  for (const std::string& p : kPrompts) requests.push_back(Greedy(p, 30));
+  std::vector<Seen> seen = SendTogether(*c, requests);
+  for (const Seen& s : seen) ASSERT_TRUE(s.final.ok()) << s.final.status().ToString();
+  // The first two ran together; the third started only when one of them ended, the fourth when
+  // another did.
+  EXPECT_LT(seen[1].order_of_first_chunk, std::min(seen[0].order_of_final, seen[1].order_of_final));
+  EXPECT_GT(seen[2].order_of_first_chunk, std::min(seen[0].order_of_final, seen[1].order_of_final));
+  std::vector<int> finals;
+  for (const Seen& s : seen) finals.push_back(s.order_of_final);
+  std::sort(finals.begin(), finals.end());
+  EXPECT_GT(seen[3].order_of_first_chunk, finals[1]) << "two finals before the fourth's first chunk";
+}
+
+}  // namespace
+}  // namespace warmpool::testing

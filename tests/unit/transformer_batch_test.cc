@@ -1,0 +1,223 @@
+// Continuous batching behind the C ABI (engine ABI version 7: open_sequence, step, close_sequence):
+// sequences stepped together, joining and leaving between steps, generate what each generates alone
+// through the generate call; a long prompt goes in pieces while the others decode a token every
+// step; sequences run out and come back; bad steps are refused.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engines/transformer/packed_model.h"
+#include "engines/transformer/sequence_slots.h"
+#include "tests/unit/transformer_engine_fixture.h"
+
+namespace warmpool::transformer {
+namespace {
+
+// Greedy decisions on f32 weights: a step of several sequences computes each within float rounding
+// of the sequence alone, so the tokens are the same.
+class TransformerBatchTest : public TransformerEngineTest {
+ protected:
+  TransformerBatchTest() { spec_.dtype = safetensors::DType::F32; }
+
+  Result<Engine> Loaded(uint32_t sequences = 0) {
+    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+    spec.has_directory = 1;
+    spec.directory_fd = directory_;
+    spec.sequences = sequences;
+    Result<Engine> engine = Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
+    if (engine.ok()) {
+      if (Status s = engine->Load(); !s.ok()) return s;
+    }
+    return engine;
+  }
+
+  struct Open {
+    wp_sequence* sequence = nullptr;
+    Output out;
+    bool ended = false;
+  };
+  // One step of every open sequence not ended; each one's output and result recorded. Returns how
+  // many tokens each got in this step (by position in `open`), -1 for those not in it.
+  static std::vector<int> StepAll(Engine& engine, std::vector<Open*> open) {
+    std::vector<wp_sequence_step> steps;
+    std::vector<Open*> in;
+    for (Open* o : open) {
+      if (o->ended) continue;
+      steps.push_back(wp_sequence_step{o->sequence, 0, WP_OK, {}, {}});
+      in.push_back(o);
+    }
+    std::vector<int> got(open.size(), -1);
+    std::map<Open*, int> tokens;
+    for (Open* o : in) tokens[o] = 0;
+    Status s = engine.Step(steps, [&](uint32_t i, std::string_view text, std::span<const int32_t> t,
+                                      std::span<const wp_token_logprobs>) {
+      in[i]->out.text += text;
+      in[i]->out.tokens.insert(in[i]->out.tokens.end(), t.begin(), t.end());
+      tokens[in[i]] += static_cast<int>(t.size());
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_EQ(steps[i].status, WP_OK) << steps[i].error;
+      if (steps[i].ended != 0) {
+        in[i]->ended = true;
+        in[i]->out.result = steps[i].result;
+        engine.CloseSequence(in[i]->sequence);
+      }
+    }
+    for (size_t i = 0; i < open.size(); ++i) {
+      if (tokens.contains(open[i])) got[i] = tokens[open[i]];
+    }
+    return got;
+  }
+  static Open OpenOne(Engine& engine, const wp_generate_request& request) {
+    Open o;
+    Result<wp_sequence*> s = engine.OpenSequence(request);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) o.sequence = *s;
+    o.ended = !s.ok();
+    return o;
+  }
+};
+
+TEST_F(TransformerBatchTest, SequencesSteppedTogetherGenerateWhatEachGeneratesAlone) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(engine->steps());
+  EXPECT_EQ(engine->info().sequences, kDefaultSequences);
+
+  const std::string prompts[] = {"This program is free software", "you can redistribute it",
+                                 "WITHOUT ANY WARRANTY; without even", "GNU General Public License"};
+  std::vector<wp_generate_request> requests;
+  for (const std::string& p : prompts) requests.push_back(Greedy(p, 20));
+  requests[1].set = WP_SET_TEMPERATURE | WP_SET_SEED | WP_SET_TOP_K;  // sampled: the seed decides alone
+  requests[1].temperature = 0.9f;
+  requests[1].seed = 7;
+  requests[1].top_k = 20;
+  requests[2].max_tokens = 9;  // leaves early
+  const wp_string stop{"e", 1};
+  requests[3].stop = &stop;  // text cut at a stop string
+  requests[3].stop_count = 1;
+
+  std::vector<Output> alone;
+  for (const wp_generate_request& r : requests) {
+    Result<Output> out = Run(*engine, r);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    alone.push_back(*out);
+  }
+
+  // Three start together; the fourth joins after four steps, as a new request between steps would.
+  std::vector<Open> open(4);
+  for (int i = 0; i < 3; ++i) open[i] = OpenOne(*engine, requests[i]);
+  open[3].ended = true;
+  int steps = 0;
+  auto any_running = [&] {
+    for (const Open& o : open) {
+      if (!o.ended) return true;
+    }
+    return false;
+  };
+  while (any_running() || steps < 4) {
+    if (steps == 4) open[3] = OpenOne(*engine, requests[3]);
+    StepAll(*engine, {&open[0], &open[1], &open[2], &open[3]});
+    ASSERT_LT(++steps, 200);
+  }
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(prompts[i]);
+    EXPECT_EQ(open[i].out.tokens, alone[i].tokens);
+    EXPECT_EQ(open[i].out.text, alone[i].text);
+    EXPECT_EQ(open[i].out.result.finish_reason, alone[i].result.finish_reason);
+    EXPECT_EQ(open[i].out.result.completion_tokens, alone[i].result.completion_tokens);
+    EXPECT_EQ(open[i].out.result.prompt_tokens, alone[i].result.prompt_tokens);
+  }
+  EXPECT_EQ(open[2].out.tokens.size(), 9u);
+  EXPECT_EQ(open[3].out.result.finish_reason, uint32_t{WP_FINISH_STOP});
+  EXPECT_EQ(open[3].out.text.find('e'), std::string::npos);
+}
+
+TEST_F(TransformerBatchTest, ALongPromptGoesInPiecesWhileTheOthersDecodeATokenEveryStep) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Open running = OpenOne(*engine, Greedy("This program is free software", 60));
+  while (running.out.tokens.empty()) StepAll(*engine, {&running});
+
+  std::vector<int32_t> long_prompt(200);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>(3 + i % 200);
+  wp_generate_request r = Greedy("", 4);
+  r.tokens = long_prompt.data();
+  r.token_count = long_prompt.size();
+  Open joining = OpenOne(*engine, r);
+  int steps_to_first_token = 0;
+  while (joining.out.tokens.empty()) {
+    std::vector<int> got = StepAll(*engine, {&running, &joining});
+    ASSERT_FALSE(running.ended) << "it ran out before the prompt was through";
+    EXPECT_EQ(got[0], 1) << "the decoding sequence gets a token every step";
+    ASSERT_LT(++steps_to_first_token, 100);
+  }
+  const int pieces = (200 + kStepPromptTokens - 1) / kStepPromptTokens;
+  EXPECT_EQ(steps_to_first_token, pieces) << "in pieces of " << kStepPromptTokens << " tokens beside a decode";
+
+  // Alone, its prompt goes whole (a piece of kPrefillPiece tokens): the same tokens either way.
+  engine->CloseSequence(running.sequence);
+  while (!joining.ended) StepAll(*engine, {&joining});
+  Result<Output> alone = Run(*engine, r);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(joining.out.tokens, alone->tokens);
+}
+
+TEST_F(TransformerBatchTest, SequencesRunOutAndAClosedOneIsFreeForAnother) {
+  Result<Engine> engine = Loaded(2);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(engine->info().sequences, 2u);
+  Result<Engine> four = Loaded(4);
+  ASSERT_TRUE(four.ok());
+  Result<ModelDirectory> files = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(files.ok());
+  const uint64_t vocab = files->checkpoint->config().vocab_size;
+  EXPECT_EQ(four->info().workspace_bytes - engine->info().workspace_bytes,
+            2 * engine->info().context * engine->info().kv_bytes_per_token + 2 * vocab * sizeof(float))
+      << "a KV cache of the whole context, and a row of logits, per sequence";
+
+  Open a = OpenOne(*engine, Greedy("This program", 30));
+  Open b = OpenOne(*engine, Greedy("is free software", 30));
+  StepAll(*engine, {&a, &b});
+  Result<wp_sequence*> third = engine->OpenSequence(Greedy("one too many", 4));
+  EXPECT_EQ(third.status().code(), Code::kResourceExhausted) << third.status().ToString();
+  EXPECT_EQ(engine->Embed({"text"}).status().code(), Code::kFailedPrecondition)
+      << "embeddings use a generation's cache: not while one is open";
+
+  engine->CloseSequence(a.sequence);  // its client left mid-generation
+  Open c = OpenOne(*engine, Greedy("This program", 30));
+  ASSERT_FALSE(c.ended);
+  while (!b.ended || !c.ended) StepAll(*engine, {&b, &c});
+  Result<Output> alone = Run(*engine, Greedy("This program", 30));
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(c.out.tokens, alone->tokens) << "a slot left mid-way is written over from the start";
+  EXPECT_TRUE(engine->Embed({"text"}).ok()) << "none open: embeddings run again";
+}
+
+TEST_F(TransformerBatchTest, BadSequencesAndStepsAreRefusedAndTheOthersGoOn) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  wp_generate_request bad = Greedy("x", 4);
+  bad.set |= WP_SET_TOP_P;
+  bad.top_p = -1;
+  EXPECT_EQ(engine->OpenSequence(bad).status().code(), Code::kInvalidArgument);
+  std::vector<int32_t> outside = {1, 99999};
+  wp_generate_request ids = Greedy("", 4);
+  ids.tokens = outside.data();
+  ids.token_count = outside.size();
+  EXPECT_EQ(engine->OpenSequence(ids).status().code(), Code::kInvalidArgument);
+
+  Open a = OpenOne(*engine, Greedy("This program", 3));
+  std::vector<wp_sequence_step> twice = {{a.sequence, 0, WP_OK, {}, {}}, {a.sequence, 0, WP_OK, {}, {}}};
+  EXPECT_EQ(engine->Step(twice, nullptr).code(), Code::kInvalidArgument);
+  std::vector<wp_sequence_step> none = {{nullptr, 0, WP_OK, {}, {}}};
+  EXPECT_EQ(engine->Step(none, nullptr).code(), Code::kInvalidArgument);
+  while (!a.ended) StepAll(*engine, {&a});
+  EXPECT_EQ(a.out.tokens.size(), 3u) << "the refused steps ran nothing of it";
+}
+
+}  // namespace
+}  // namespace warmpool::transformer
