@@ -11,7 +11,8 @@ namespace warmpool::bench {
 namespace fs = std::filesystem;
 
 Result<LanguageModel> WriteLanguageModel(const std::string& directory, const std::string& tokenizer_dir,
-                                         uint32_t model_mib, uint32_t prompt_tokens) {
+                                         uint32_t model_mib, uint32_t prompt_tokens, uint32_t context,
+                                         uint32_t long_prompt_tokens) {
   fs::create_directories(directory);
   std::error_code ec;
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
@@ -29,19 +30,24 @@ Result<LanguageModel> WriteLanguageModel(const std::string& directory, const std
   spec.intermediate_size = 2816;
   spec.num_attention_heads = 16;
   spec.num_key_value_heads = 4;
-  spec.max_position_embeddings = 2048;
+  spec.max_position_embeddings = context;
   spec.dtype = safetensors::DType::BF16;
   const uint64_t per_layer = (2ull * 1024 * 1024 + 2ull * 1024 * 256 + 3ull * 1024 * 2816) * 2;
   spec.num_hidden_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{model_mib} << 20) / per_layer));
   if (Status s = transformer::WriteRandomCheckpoint(directory, spec); !s.ok()) return s;
   LanguageModel model;
   model.layers = spec.num_hidden_layers;
-  while (model.prompt_tokens < prompt_tokens) {
-    model.prompt += "the terms of this License ";
-    Result<std::vector<int32_t>> ids = (*t)->Encode(model.prompt);
-    if (!ids.ok()) return ids.status();
-    model.prompt_tokens = static_cast<uint32_t>(ids->size());
-  }
+  auto grow = [&](std::string& text, uint32_t& tokens, uint32_t wanted) -> Status {
+    while (tokens < wanted) {
+      text += "the terms of this License ";
+      Result<std::vector<int32_t>> ids = (*t)->Encode(text);
+      if (!ids.ok()) return ids.status();
+      tokens = static_cast<uint32_t>(ids->size());
+    }
+    return OkStatus();
+  };
+  if (Status s = grow(model.prompt, model.prompt_tokens, prompt_tokens); !s.ok()) return s;
+  if (Status s = grow(model.long_prompt, model.long_prompt_tokens, long_prompt_tokens); !s.ok()) return s;
   return model;
 }
 

@@ -14,11 +14,15 @@ struct LanguageModel {
   uint32_t layers = 0;
   std::string prompt;
   uint32_t prompt_tokens = 0;
+  std::string long_prompt;  // of about long_prompt_tokens, when asked for
+  uint32_t long_prompt_tokens = 0;
 };
 
 // Writes the checkpoint into `directory` (created); tokenizer_dir holds tokenizer.json and
 // tokenizer_config.json (the repository's demo/license-llama).
+// context: the checkpoint's max_position_embeddings; long_prompt_tokens: 0 for no long prompt.
 Result<LanguageModel> WriteLanguageModel(const std::string& directory, const std::string& tokenizer_dir,
-                                         uint32_t model_mib, uint32_t prompt_tokens);
+                                         uint32_t model_mib, uint32_t prompt_tokens, uint32_t context = 2048,
+                                         uint32_t long_prompt_tokens = 0);
 
 }  // namespace warmpool::bench

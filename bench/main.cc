@@ -29,6 +29,7 @@
 #include "bench/compute.h"
 #include "bench/generate.h"
 #include "bench/http_generate.h"
+#include "bench/stream_generate.h"
 #include "bench/parked_generate.h"
 #include "bench/recovery.h"
 #include "bench/restart.h"
@@ -91,6 +92,8 @@ struct Options {
   uint32_t prompt = 128;
   uint32_t tokens = 32;
   uint32_t batch = 8;
+  uint32_t streams = 0;
+  uint32_t long_prompt = 2048;
   // --compute
   bool compute = false;
   std::vector<uint32_t> layers = {4096, 16384, 4096};
@@ -381,6 +384,12 @@ int main(int argc, char** argv) {
                "--generate: through a daemon, tokens/s and time to first token of a stream through the "
                "OpenAI-compatible SSE endpoint against the framed protocol (bench/http_generate.h; run from "
                "the repository root)");
+  app.add_option("--streams", options.streams,
+                 "--generate: through a daemon, this many greedy streams at once against one alone, and a "
+                 "stream's inter-token latency beside a --long-prompt prefill (continuous batching; "
+                 "bench/stream_generate.h; run from the repository root)");
+  app.add_option("--long-prompt", options.long_prompt, "--generate --streams: the prompt prefilled beside a stream")
+      ->capture_default_str();
   app.add_option("--prompt", options.prompt, "--generate: prefill tokens")->capture_default_str();
   app.add_option("--tokens", options.tokens, "--generate: decode steps")->capture_default_str();
   app.add_option("--batch", options.batch,
@@ -434,6 +443,18 @@ int main(int argc, char** argv) {
     batching.delay_us = options.delay_us;
     batching.json = options.json;
     return warmpool::bench::RunBatching(batching);
+  }
+  if (options.generate && options.streams > 0) {
+    warmpool::bench::StreamGenerateOptions streams;
+    streams.daemon = options.daemon;
+    streams.streams = options.streams;
+    streams.long_prompt = options.long_prompt;
+    if (app.get_option("--model-mib")->count() > 0) streams.model_mib = static_cast<uint32_t>(options.model_mib);
+    if (app.get_option("--prompt")->count() > 0) streams.prompt = options.prompt;
+    if (app.get_option("--tokens")->count() > 0) streams.tokens = options.tokens;
+    if (app.get_option("--rounds")->count() > 0) streams.rounds = options.rounds;
+    streams.json = options.json;
+    return warmpool::bench::RunStreamGenerate(streams);
   }
   if (options.generate && options.http) {
     warmpool::bench::HttpGenerateOptions http;

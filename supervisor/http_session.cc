@@ -354,8 +354,8 @@ std::string HttpSession::EndStream(Exchange& e, const v1::Envelope& reply) {
   std::string lines = std::move(e.held_lines);
   e.held_lines.clear();
   lines += httpapi::StreamEnd(e.plan, reply);
-  if (!e.http11) return http::Response(200, httpapi::StreamType(e.plan), lines, e.keep_alive);
-  std::string out = e.streaming ? "" : http::ChunkedHead(200, httpapi::StreamType(e.plan), e.keep_alive);
+  if (!e.http11) return http::Response(200, httpapi::StreamType(e.plan), lines, e.keep_alive, e.cors);
+  std::string out = e.streaming ? "" : http::ChunkedHead(200, httpapi::StreamType(e.plan), e.keep_alive, e.cors);
   // One chunk per line, as they would have gone out one by one.
   for (size_t at = 0; at < lines.size();) {
     const size_t end = lines.find('\n', at) + 1;
@@ -398,6 +398,9 @@ void HttpSession::Flush() {
     }
   }
   if (closed_) return;
+  // A stream held behind the responses just written is at the head now: what it holds goes out
+  // before its next line does (OnChunk writes the head's lines as they come).
+  WriteHeldLines();
   if (pending_write_bytes() > options_.max_unread_bytes) {
     return Close(Error(Code::kResourceExhausted,
                        "the client leaves {} bytes of responses unread or held behind an earlier "

@@ -330,15 +330,15 @@ TEST_F(OpenAiTest, AClientThatAbortsAStreamStopsItsGeneration) {
   const double step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - first).count() / (kEvents - 1);
   EXPECT_EQ(inflight(), 1u);
-  // While it runs, a router sees its one sequence in use of the one its replica holds.
+  // While it runs, a router sees its one sequence in use of the four its replica holds.
   std::string running;
-  for (int i = 0; i < 100 && running.find("warmpool_model_kv_cache_usage_ratio{model=\"wide\"} 1\n") == std::string::npos; i++) {
+  for (int i = 0; i < 100 && running.find("warmpool_model_kv_cache_usage_ratio{model=\"wide\"} 0.25\n") == std::string::npos; i++) {
     std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
     running = r.empty() ? "" : r[0].body;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_NE(running.find("warmpool_model_requests_running{model=\"wide\"} 1\n"), std::string::npos);
-  EXPECT_NE(running.find("warmpool_model_kv_cache_usage_ratio{model=\"wide\"} 1\n"), std::string::npos);
+  EXPECT_NE(running.find("warmpool_model_kv_cache_usage_ratio{model=\"wide\"} 0.25\n"), std::string::npos);
   close(fd);  // the client aborts
   const auto left = std::chrono::steady_clock::now();
   const double remaining = step_seconds * 2000;  // what is left of a 2048-token context at that pace

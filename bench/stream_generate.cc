@@ -1,0 +1,179 @@
+#include "bench/stream_generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench/language_model.h"
+#include "bench/skeleton.h"
+#include "bench/stats.h"
+
+namespace warmpool::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+v1::GenerateRequest Greedy(const std::string& prompt, uint32_t max_tokens) {
+  v1::GenerateRequest r;
+  r.set_model("lm");
+  r.set_prompt(prompt);
+  r.set_max_tokens(max_tokens);
+  r.set_temperature(0);
+  r.set_stream(true);
+  return r;
+}
+
+class StreamGenerate {
+ public:
+  StreamGenerate(StreamGenerateOptions options, BenchRun& run) : options_(std::move(options)), run_(run) {}
+
+  Status Run() {
+    const std::string models = run_.File("models");
+    // Room for the long prompt and the stream beside it.
+    const uint32_t context = std::max<uint32_t>(2048, options_.long_prompt + options_.tokens + 64);
+    Result<LanguageModel> lm = WriteLanguageModel(models + "/lm", options_.tokenizer_dir, options_.model_mib,
+                                                  options_.prompt, context, options_.long_prompt);
+    if (!lm.ok()) return lm.status();
+    lm_ = *lm;
+    const std::string config =
+        fmt::format("[daemon]\nmodels_dir = \"{}\"\n[[models]]\nname = \"lm\"\npath = \"{}/lm\"\nparallel = {}\n",
+                    models, models, std::max(options_.streams, 2u));
+    if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
+    for (uint32_t i = 0; i < std::max(options_.streams, 2u); i++) {
+      Result<std::unique_ptr<client::Client>> c = run_.Connect();
+      if (!c.ok()) return run_.WithLog(c.status());
+      clients_.push_back(std::move(*c));
+    }
+    std::vector<double> alone, together;
+    for (uint32_t r = 0; r <= options_.rounds; r++) {  // round 0 loads the model and warms up
+      Result<double> one = Streams(1);
+      if (!one.ok()) return run_.WithLog(one.status());
+      Result<double> many = Streams(options_.streams);
+      if (!many.ok()) return run_.WithLog(many.status());
+      if (r == 0) continue;
+      alone.push_back(*one);
+      together.push_back(*many);
+    }
+    Result<Latencies> beside = BesideALongPrompt();
+    if (!beside.ok()) return run_.WithLog(beside.status());
+    Print(Median(alone), Median(together), *beside);
+    clients_.clear();
+    return run_.StopDaemon();
+  }
+
+ private:
+  struct Latencies {
+    double median_ms = 0;        // between tokens, outside the long prompt's prefill
+    double during_p99_ms = 0;    // during it (nearest rank; the largest when there are few)
+    double during_max_ms = 0;
+    size_t during = 0;           // gaps during it
+    double prefill_ms = 0;       // sent to the long request's first token
+    uint32_t long_tokens = 0;    // its prompt's, as the daemon counted them
+  };
+
+  // `count` streams at once, one per connection, each with its own prompt: aggregate tokens/s from
+  // the first send to the last token.
+  Result<double> Streams(uint32_t count) {
+    std::vector<Result<v1::GenerateReply>> replies(count, Status());
+    const auto start = Clock::now();
+    std::vector<std::thread> threads;
+    for (uint32_t i = 0; i < count; i++) {
+      threads.emplace_back([&, i] {
+        replies[i] = clients_[i]->Generate(Greedy(fmt::format("{}: {}", i, lm_.prompt), options_.tokens),
+                                           [](const v1::GenerateChunk&) {});
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const double seconds = MsSince(start) / 1000;
+    uint64_t tokens = 0;
+    for (const Result<v1::GenerateReply>& r : replies) {
+      if (!r.ok()) return r.status();
+      tokens += r->completion_tokens();
+    }
+    return tokens / seconds;
+  }
+
+  // One stream decodes; after its 8th token another connection sends the long prompt (one token
+  // wanted). The stream's gaps between tokens while that prefills, against its own median.
+  Result<Latencies> BesideALongPrompt() {
+    const uint32_t tokens = std::max<uint32_t>(options_.tokens, 64) * 4;
+    std::vector<Clock::time_point> arrivals;
+    Clock::time_point sent_long{}, long_first{};
+    Result<v1::GenerateReply> long_reply = Status();
+    std::thread long_request;
+    Result<v1::GenerateReply> running = clients_[0]->Generate(Greedy(lm_.prompt, tokens), [&](const v1::GenerateChunk&) {
+      arrivals.push_back(Clock::now());
+      if (arrivals.size() == 8) {
+        long_request = std::thread([&] {
+          sent_long = Clock::now();
+          long_reply = clients_[1]->Generate(Greedy(lm_.long_prompt, 1), [&](const v1::GenerateChunk& chunk) {
+            if (long_first == Clock::time_point{} && chunk.tokens_size() > 0) long_first = Clock::now();
+          });
+        });
+      }
+    });
+    if (long_request.joinable()) long_request.join();
+    if (!running.ok()) return running.status();
+    if (!long_reply.ok()) return long_reply.status();
+    if (long_first == Clock::time_point{} || long_first > arrivals.back()) {
+      return Error(Code::kInternal, "the stream ended before the long prompt was through: raise --tokens");
+    }
+    std::vector<double> outside, during;
+    for (size_t i = 1; i < arrivals.size(); i++) {
+      const double gap = std::chrono::duration<double, std::milli>(arrivals[i] - arrivals[i - 1]).count();
+      const bool overlaps = arrivals[i] > sent_long && arrivals[i - 1] < long_first;
+      (overlaps ? during : outside).push_back(gap);
+    }
+    Latencies l;
+    l.median_ms = Median(outside);
+    std::sort(during.begin(), during.end());
+    l.during = during.size();
+    l.during_max_ms = during.empty() ? 0 : during.back();
+    l.during_p99_ms = during.empty() ? 0 : during[std::min(during.size() - 1, (during.size() * 99 + 99) / 100 - 1)];
+    l.prefill_ms = std::chrono::duration<double, std::milli>(long_first - sent_long).count();
+    l.long_tokens = long_reply->prompt_tokens();
+    return l;
+  }
+
+  void Print(double alone, double together, const Latencies& l) {
+    const double ratio = together / alone;
+    const double itl = l.during_p99_ms / l.median_ms;
+    if (options_.json) {
+      std::printf("{\"mode\": \"stream-generate\", \"model_mib\": %u, \"layers\": %u, \"streams\": %u, \"tokens\": %u, "
+                  "\"one_stream_tokens_per_s\": %.2f, \"streams_tokens_per_s\": %.2f, \"streams_vs_one\": %.3f, "
+                  "\"long_prompt_tokens\": %u, \"long_prefill_ms\": %.1f, \"itl_median_ms\": %.3f, "
+                  "\"itl_during_prefill_p99_ms\": %.3f, \"itl_during_prefill_max_ms\": %.3f, "
+                  "\"itl_p99_vs_median\": %.3f}\n",
+                  options_.model_mib, lm_.layers, options_.streams, options_.tokens, alone, together, ratio,
+                  l.long_tokens, l.prefill_ms, l.median_ms, l.during_p99_ms, l.during_max_ms, itl);
+      return;
+    }
+    std::printf("warmpool-bench --generate --streams %u: a %u MiB bf16 model (%u layers), [[models]] parallel = %u, "
+                "%u greedy tokens per stream, medians of %u rounds\n",
+                options_.streams, options_.model_mib, lm_.layers, std::max(options_.streams, 2u), options_.tokens,
+                options_.rounds);
+    std::printf("  one stream                     %8.2f tokens/s\n", alone);
+    std::printf("  %2u streams at once             %8.2f tokens/s  %.2fx one (goal >= 5x with 8)\n", options_.streams,
+                together, ratio);
+    std::printf("  beside a %u-token prompt (prefilled in %.0f ms): inter-token p99 %.2f ms (max %.2f, %zu gaps) "
+                "vs median %.2f ms: %.2fx (goal <= 3x)\n",
+                l.long_tokens, l.prefill_ms, l.during_p99_ms, l.during_max_ms, l.during, l.median_ms, itl);
+  }
+
+  StreamGenerateOptions options_;
+  BenchRun& run_;
+  LanguageModel lm_;
+  std::vector<std::unique_ptr<client::Client>> clients_;
+};
+
+}  // namespace
+
+int RunStreamGenerate(const StreamGenerateOptions& options) {
+  return BenchRun::Main("stream-generate", [&](BenchRun& run) { return StreamGenerate(options, run).Run(); });
+}
+
+}  // namespace warmpool::bench

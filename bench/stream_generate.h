@@ -1,0 +1,30 @@
+// warmpool-bench --generate --streams N: continuous batching through the daemon. On one private
+// warmpoold serving bench/language_model.h's model with [[models]] parallel = N, each round runs
+// one greedy stream alone and then N at once (N connections, each its own prompt), and reports the
+// aggregate tokens per second of the N against the one, medians of --rounds (goal, issue 28: >= 5x
+// with 8 streams on the CPU). Then, once: a stream runs while another request's long prompt
+// (--long-prompt tokens, 2048 by default) prefills beside it, and the running stream's
+// inter-token latencies during that prefill are set against its own median outside it (goal: p99
+// <= 3x the median). Asserts nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace warmpool::bench {
+
+struct StreamGenerateOptions {
+  std::string daemon;  // warmpoold binary; empty: next to warmpool-bench
+  uint32_t streams = 8;
+  uint32_t model_mib = 256;
+  uint32_t prompt = 32;
+  uint32_t tokens = 64;
+  uint32_t long_prompt = 2048;
+  uint32_t rounds = 3;
+  std::string tokenizer_dir = "demo/license-llama";
+  bool json = false;
+};
+
+int RunStreamGenerate(const StreamGenerateOptions& options);
+
+}  // namespace warmpool::bench
