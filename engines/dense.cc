@@ -435,7 +435,8 @@ const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense",      &Den
                                        &DenseExport,          &DenseAttach,
                                        /*describe=*/nullptr,  /*generate=*/nullptr,
                                        /*embed=*/nullptr,     &DenseSignature,
-                                       &DenseRun};
+                                       &DenseRun,
+                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

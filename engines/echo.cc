@@ -65,7 +65,8 @@ const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION,      "echo",     &E
                                       &EchoInfer,                 &EchoClose, &EchoExport, &EchoAttach,
                                       /*describe=*/nullptr,       /*generate=*/nullptr,
                                       /*embed=*/nullptr,          /*tensor_signature=*/nullptr,
-                                      &EchoRun};
+                                      &EchoRun,
+                                      /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -18,8 +18,6 @@
 namespace warmpool::worker {
 namespace {
 
-constexpr std::chrono::seconds kHeartbeat{1};
-
 // Whether a chat carries what only a conversation document holds (engine ABI version 6): tools
 // offered, an assistant's calls, a tool's answers.
 bool NeedsConversation(const v1::GenerateRequest& g) {
@@ -87,7 +85,7 @@ void Serving::ReadWhileBusy() {
 
 void Serving::HeartbeatIfDue(uint64_t job, std::chrono::steady_clock::time_point& last_heard) {
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_heard <= kHeartbeat) return;
+  if (now - last_heard <= kHeartbeatInterval) return;
   last_heard = now;
   v1::WorkerEnvelope heartbeat;
   heartbeat.mutable_infer_chunk()->set_job(job);

@@ -9,8 +9,6 @@
 namespace warmpool::worker {
 namespace {
 
-constexpr std::chrono::seconds kHeartbeat{1};
-
 uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count());
@@ -115,7 +113,7 @@ void GenerationStream::Emit(std::string_view text, std::span<const int32_t> toke
 
 void GenerationStream::HeartbeatIfDue() {
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_heard_ <= kHeartbeat) return;
+  if (now - last_heard_ <= kHeartbeatInterval) return;
   last_heard_ = now;
   v1::WorkerEnvelope heartbeat;
   heartbeat.mutable_infer_chunk()->set_job(job());

@@ -19,6 +19,10 @@
 
 namespace warmpool::worker {
 
+// A long job that has sent nothing for this long sends a heartbeat (an empty WorkerInferChunk): the
+// supervisor takes one that says nothing for its stall limit for hung.
+inline constexpr std::chrono::seconds kHeartbeatInterval{1};
+
 class GenerationStream {
  public:
   // request: the job's, alive as long as the stream; faults: its fault points.

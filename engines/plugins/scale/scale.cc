@@ -381,7 +381,8 @@ wp_status ScaleRun(wp_engine* instance, const wp_tensor* inputs, uint32_t, uint6
 const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",     &ScaleOpen,      &ScaleLoad,
                                        &ScaleInfer,           &ScaleClose, &ScaleExport,    &ScaleAttach,
                                        /*describe=*/nullptr,  /*generate=*/nullptr,
-                                       /*embed=*/nullptr,     &ScaleSignature, &ScaleRun};
+                                       /*embed=*/nullptr,     &ScaleSignature, &ScaleRun,
+                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr};
 
 }  // namespace
 
