@@ -199,7 +199,7 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
            "(vLLM: kv_cache_usage_perc).");
   for (const ModelView& m : models) {
     const uint64_t held = shm::StatLoad(m.stats->sequences_held);
-    const uint64_t running = shm::StatLoad(m.stats->sequences_running);
+    const uint64_t running = shm::StatLoad(m.stats->generations_running);  // an embedding holds no sequence
     w.Sample("warmpool_model_kv_cache_usage_ratio", m.label,
              held == 0 ? 0.0 : static_cast<double>(std::min(running, held)) / static_cast<double>(held));
   }

@@ -62,14 +62,16 @@ struct ModelStats {
   // Language models (the core writes these). Counters: the prompt and generated tokens of
   // generations that ended; generations stopped because their client left. Gauges: generations
   // and embeddings running on workers, requests waiting for the model, the sequences its replicas
-  // hold at once (one KV cache each, the whole context reserved).
+  // hold at once (one KV cache each, the whole context reserved), the generations among those
+  // running (each in one of those sequences).
   uint64_t prompt_tokens;
   uint64_t generation_tokens;
   uint64_t generations_cancelled;
   uint64_t sequences_running;
   uint64_t requests_waiting;
   uint64_t sequences_held;
-  uint64_t reserved[7];  // to a multiple of 64 bytes
+  uint64_t generations_running;
+  uint64_t reserved[6];  // to a multiple of 64 bytes
   Histogram infer_seconds;  // request received to reply queued (the daemon's whole share)
   Histogram queue_seconds;  // infer request received to its dispatch to a worker
   Histogram load_seconds;   // a load or attach job, sent to done

@@ -71,8 +71,9 @@ Status ReadUintAtMost(const toml::node& node, const std::string& key, T& out, ui
 // The most threads a worker takes (warmpool-worker --threads) and the longest batching wait.
 constexpr uint64_t kMaxThreadsPerWorker = 4096;
 constexpr uint64_t kMaxBatchDelayUs = 1000000;
-// [[models]] parallel: the transformer engine's most (transformer::kMaxSequences).
-constexpr uint64_t kMaxParallel = 64;
+// [[models]] parallel: at most the jobs the daemon lets wait in one worker (kWorkerWindowJobs in
+// supervisor/core/core.h): more would be counted by admission and never run at once.
+constexpr uint64_t kMaxParallel = 16;
 // Each reserve place holds a descriptor open: a reserve larger than this is a mistake.
 constexpr uint64_t kMaxReservedConnections = 1024;
 

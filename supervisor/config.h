@@ -28,7 +28,8 @@ struct ModelConfig {
   // template shows).
   std::string tool_call_format{};
   // Language models: generations each replica runs at once, stepped together (continuous
-  // batching), each with a KV cache of the whole context; 0: the engine's default (4 on the CPU).
+  // batching), each with a KV cache of the whole context, 1 to 16; 0: the engine's default (4 on
+  // the CPU).
   uint32_t parallel = 0;
   // Other names requests may use for it (as llama-swap's aliases: "gpt-4o-mini" for a local
   // model, so that a client's configured name reaches it). A registered model of that name wins.

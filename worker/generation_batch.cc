@@ -3,7 +3,8 @@
 // in one pass of the model, which reads each weight once for all of them; between two steps the
 // worker reads what the supervisor sent, and generations join and leave:
 //   - a generate request for the same model at the front of deferred_ joins while the engine has a
-//     free sequence (the core sends at most that many per worker; one that finds none waits there
+//     free sequence, unless it is to run alone (WorkerInfer.batch false: a retry after a worker's
+//     death, which runs once the batch has ended, and nothing joins it) (the core sends at most that many per worker; one that finds none waits there
 //     for the next to end). Only from the front: a job of another kind that arrived first (an
 //     unload, a park, another model's request) is answered first, after the batch, and nothing
 //     behind it overtakes it;
@@ -34,7 +35,8 @@ struct Running {
 
 void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engine>& engine) {
   const uint32_t model = first.model();
-  const uint32_t capacity = std::max(engine->info().sequences, 1u);
+  // A generation sent to run alone (a retry after a worker's death) takes no company.
+  const uint32_t capacity = first.batch() ? std::max(engine->info().sequences, 1u) : 1;
   std::vector<Running> running;
 
   // Starts a generation: checked as any long job, opened in the engine, or answered with why not.
@@ -109,7 +111,10 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     }
     while (read_error_.ok() && running.size() < capacity && !deferred_.empty()) {
       v1::WorkerEnvelope& front = deferred_.front().message;
-      if (!front.has_infer() || !front.infer().has_generate() || front.infer().model() != model) break;
+      if (!front.has_infer() || !front.infer().has_generate() || front.infer().model() != model ||
+          !front.infer().batch()) {
+        break;  // not this batch's: it comes after (one to run alone, when the batch has ended)
+      }
       v1::WorkerInfer request = std::move(*front.mutable_infer());
       deferred_.front().regions.Close();
       deferred_.pop_front();

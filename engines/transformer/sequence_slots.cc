@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "engines/transformer/sampler.h"
-
 namespace warmpool::transformer {
 
 CpuSlots::CpuSlots(CpuModel& model, KvCache& first, uint32_t count)
@@ -37,13 +35,7 @@ Status CpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::s
     }
     if (Status s = model_.Step(tokens, step, logits.first(uint64_t{runs.size()} * vocab)); !s.ok()) return s;
   }
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if (!runs[i].argmax_only) continue;
-    Result<int32_t> best = ArgMaxToken(logits.subspan(i * vocab, vocab));
-    if (!best.ok()) return best.status();
-    argmax[i] = *best;
-  }
-  return OkStatus();
+  return OkStatus();  // every run's logits are here: each sequence finds its own argmax (and its own error)
 }
 
 Status OneSlot::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
@@ -85,7 +77,7 @@ Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const 
   if (Status s = slots.Step(runs, logits, argmax); !s.ok()) return s;
   for (size_t r = 0; r < runs.size(); ++r) {
     std::optional<int32_t> best;
-    if (runs[r].argmax_only) best = argmax[r];
+    if (runs[r].argmax_only && argmax[r] >= 0) best = argmax[r];
     advance(ran[r], static_cast<uint32_t>(runs[r].tokens.size()),
             std::span<const float>(logits).subspan(r * vocab, vocab), best);
   }

@@ -38,8 +38,10 @@ class SequenceSlots {
     uint32_t start = 0;
     bool argmax_only = false;  // only its last token's argmax is wanted
   };
-  // logits: runs.size() x vocab_size floats, each run's last token's (left alone for an argmax_only
-  // run where the slots find the argmax elsewhere); argmax: one per run, set for argmax_only runs.
+  // logits: runs.size() x vocab_size floats, each run's last token's; argmax: one per run, -1 when
+  // it comes. Slots that find an argmax_only run's argmax where the logits are (a GPU) set it and
+  // leave its logits alone; else the sequence finds it in the logits (a broken model's logits then
+  // fail that sequence, not the step).
   // Slots must differ; INVALID_ARGUMENT for a run outside its cache or a token outside the vocabulary.
   virtual Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) = 0;
 };

@@ -199,6 +199,7 @@ void Core::Adopt(std::vector<KeptWeights> kept) {
     // ended: without it they would stay on the device until evicted.
     if (!parked) {
       m.entry.workspace_bytes = m.machine.DeviceWeights()->workspace_bytes;
+      m.entry.sequences = m.machine.DeviceWeights()->sequences;
       StartKeepAlive(model);
     }
     Log(LogLevel::kInfo, "adopted \"{}\" {}, kept across the restart", m.entry.name, what);

@@ -81,15 +81,18 @@ void Core::PublishGauges() {
   shm::StatStore(pool.queued, queued_);
   if (shm::StatLoad(pool.started_unix_ns) == 0) shm::StatStore(pool.started_unix_ns, now_.unix_ns);
   // Language models' serving gauges (shm/stats.h): what a router reads to choose a node.
-  std::vector<uint64_t> running(models_.size());
+  std::vector<uint64_t> running(models_.size()), generating(models_.size());
   for (const auto& [id, job] : jobs_) {
-    if ((job.generate || job.embed) && job.epoch == models_[job.model].epoch) running[job.model]++;
+    if (job.epoch != models_[job.model].epoch) continue;
+    if (job.generate || job.embed) running[job.model]++;
+    if (job.generate) generating[job.model]++;
   }
   for (uint32_t model : index_->All()) {
     const Model& m = models_[model];
     if (!m.entry.generates()) continue;
     shm::ModelStats& stats = segment_.model_stats(model);
     shm::StatStore(stats.sequences_running, running[model]);
+    shm::StatStore(stats.generations_running, generating[model]);
     shm::StatStore(stats.requests_waiting, m.waiters.size());
     // The sequences the serving replicas' engines hold, a KV cache each.
     const residency::Ready* ready = m.machine.As<residency::Ready>();

@@ -79,7 +79,7 @@ void Core::DrainReady(uint32_t model) {
       continue;
     }
     std::vector<uint32_t> free_of_retries;
-    for (uint32_t slot : serving) {
+    for (uint32_t slot : m.waiters[i].generate ? WithFreeSequences(model, serving) : serving) {
       if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
     }
     const uint32_t worker = policy::PickReplica(views, free_of_retries, window);

@@ -90,6 +90,9 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   for (const v1::Fault& f : GrantFaults(job)) *infer->add_faults() = f;
   const uint64_t id = NewJob(std::move(job));
   const Job& stored = jobs_[id];
+  // A generation that was running when a worker died runs alone from then on (as a batched
+  // inference does): a crash it causes again is charged to it, not shared with the others.
+  infer->set_batch(stored.generate && stored.crashes == 0 && stored.shared_crashes == 0);
   StartInferJob(model, id, infer);
   // Copied into the frame: the job keeps its request for a retry.
   if (stored.generate) *infer->mutable_generate() = *stored.generate;

@@ -98,8 +98,9 @@ struct Model {
   uint32_t target_replicas = 1;
   uint32_t max_batch_delay_us = 0;  // dynamic batching (Config::max_batch_delay_us)
   // Language models: generations each replica runs at once ([[models]] parallel; 0: the engine's
-  // default, what registration counted).
+  // default, what registration counted: registered_sequences).
   uint32_t parallel = 0;
+  uint32_t registered_sequences = 0;
   // Its calls of tools are read in this format ("" none): [[models]] tool_call_format, else what
   // its chat template shows (ModelEntry::tool_call_format).
   std::string tool_call_format;

@@ -32,6 +32,7 @@ void Core::ApplySettings(Model& m) {
   m.target_replicas = 1;
   m.max_batch_delay_us = config_.max_batch_delay_us;
   m.tool_call_format = m.entry.tool_call_format;
+  m.parallel = 0;
   for (const ModelConfig& c : config_.models) {
     if (c.name != m.entry.name) continue;
     if (c.keep_alive_ms != kKeepAliveDefault) m.keep_alive_ms = c.keep_alive_ms;
@@ -41,12 +42,16 @@ void Core::ApplySettings(Model& m) {
     m.parallel = c.parallel;
   }
   // Admission counts a KV cache of the whole context per generation the replica runs at once: as
-  // many as configured, not as registration assumed.
+  // many as configured, else as registration counted (the engine's default). The entry's count and
+  // its workspace go together (a worker's report sets both), so one is moved with the other. A load
+  // asks the engine for exactly the entry's count (StartLoad); an engine that runs fewer (one on a
+  // GPU) reports so, and the entry follows it until the settings are applied again.
   ModelEntry& e = m.entry;
-  if (e.generates() && e.sequences != 0 && m.parallel != 0 && m.parallel != e.sequences) {
+  const uint32_t wanted = m.parallel != 0 ? m.parallel : m.registered_sequences;
+  if (e.generates() && e.sequences != 0 && wanted != 0 && wanted != e.sequences) {
     const uint64_t cache = uint64_t{e.context} * e.kv_bytes_per_token;
-    e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, cache * e.sequences) + cache * m.parallel;
-    e.sequences = m.parallel;
+    e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, cache * e.sequences) + cache * wanted;
+    e.sequences = wanted;
   }
 }
 
@@ -67,6 +72,7 @@ bool Core::RegisterModel(const ModelEntry& entry) {
                                           "model \"{}\" cannot be loaded: {} (fix it, then reload: "
                                           "systemctl reload warmpool, or SIGHUP)",
                                           entry.name, entry.problem.message());
+  m.registered_sequences = entry.sequences;
   m.crashes = {};
   m.last_error.clear();
   m.file_broken = false;

@@ -3,8 +3,10 @@
 // how many a replica runs, the rest waiting in the daemon until one ends; metrics count the
 // sequences the replicas hold.
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/integration/daemon_fixture.h"
@@ -108,9 +110,14 @@ TEST_F(BatchedGenerateTest, GenerationsRunTogetherAndEachSaysWhatItSaysAlone) {
     ASSERT_TRUE(id.ok());
     auto chunk = running->Wait(*id);
     ASSERT_TRUE(chunk.ok() && chunk->has_generate_chunk());
-    std::vector<Response> scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
-    ASSERT_EQ(scraped.size(), 1u);
-    const std::string& metrics = scraped[0].body;
+    // The gauges are published on the daemon's tick: read until they show it (or 2 s pass).
+    const std::string quarter = "warmpool_model_kv_cache_usage_ratio{model=\"tiny\"} 0.25";
+    std::string metrics;
+    for (int i = 0; i < 100 && metrics.find(quarter) == std::string::npos; i++) {
+      std::vector<Response> scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
+      metrics = scraped.empty() ? "" : scraped[0].body;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     EXPECT_NE(metrics.find("warmpool_model_kv_cache_usage_ratio{model=\"tiny\"} 0.25"), std::string::npos) << metrics;
   }  // it leaves: its generation is cancelled
 }

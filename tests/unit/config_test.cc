@@ -137,12 +137,12 @@ TEST(ApplyTomlTest, ModelAliasesAndToolCallFormats) {
   }
 }
 
-TEST(ApplyTomlTest, ModelParallelIsOneToSixtyFourGenerationsAtOnce) {
+TEST(ApplyTomlTest, ModelParallelIsOneToSixteenGenerationsAtOnce) {
   Config c;
   ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\nparallel = 8\n[[models]]\nname = \"b\"\n", kOrigin).ok());
   EXPECT_EQ(c.models[0].parallel, 8u);
   EXPECT_EQ(c.models[1].parallel, 0u) << "unset: the engine's default";
-  for (const char* bad : {"0", "65", "-1", "\"four\"", "2.5"}) {
+  for (const char* bad : {"0", "17", "-1", "\"four\"", "2.5"}) {
     Config config;
     Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\nparallel = {}\n", bad), kOrigin);
     EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;

@@ -48,7 +48,7 @@ class CoreGenerateTest : public ::testing::Test {
     EXPECT_EQ(sent.size(), 1u);
     if (sent.empty()) return 0;
     EXPECT_TRUE(sent[0].has_infer() && sent[0].infer().has_generate()) << sent[0].DebugString();
-    EXPECT_FALSE(sent[0].infer().batch()) << "a generation runs alone";
+    EXPECT_TRUE(sent[0].infer().batch()) << "a first run shares its engine's steps with others";
     return sent[0].infer().job();
   }
   CoreRig rig_{CoreRig::SmallConfig()};
@@ -137,6 +137,7 @@ TEST_F(CoreGenerateTest, AWorkerThatDiesBeforeAnyChunkHasTheGenerationRunAgain) 
     if (m.has_infer() && m.infer().has_generate()) {
       found = true;
       EXPECT_EQ(m.infer().generate().prompt(), "once upon a time");
+      EXPECT_FALSE(m.infer().batch()) << "it was running when a worker died: it runs alone now";
     }
   }
   EXPECT_TRUE(found);
@@ -239,6 +240,44 @@ TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheR
   rig.Reply(0, Done(sent[1].infer().job()));
   rig.Reply(0, Done(next[0].infer().job()));
   EXPECT_EQ(rig.Replies(5).size(), 3u);
+}
+
+// [[models]] parallel moves the KV caches admission counts (a whole context each) and asks the
+// load for that many; a worker's report (one on a GPU, say) is what the next admission counts.
+TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
+  Config config = CoreRig::SmallConfig();
+  ModelConfig lm_config;
+  lm_config.name = "lm";
+  lm_config.parallel = 2;
+  config.models.push_back(lm_config);
+  CoreRig rig{config};
+  ModelEntry lm = LanguageModel("lm");
+  lm.kv_bytes_per_token = 2;  // a 64-token context: 128 bytes a cache
+  lm.sequences = 4;
+  lm.workspace_bytes = 10 + 4 * 128;
+  rig.Start({lm});
+  rig.Up(0);
+  auto info = [&] {
+    v1::Envelope models;
+    models.mutable_models();
+    rig.Request(9, std::move(models));
+    std::vector<v1::Envelope> replies = rig.Replies(9);
+    EXPECT_EQ(replies.size(), 1u);
+    return replies.empty() ? v1::ModelInfo() : replies[0].models_reply().models(0);
+  };
+  EXPECT_EQ(info().parallel(), 2u);
+  EXPECT_EQ(info().workspace_bytes(), 10u + 2 * 128) << "two caches, not the registration's four";
+  rig.Load(1, "lm");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_load());
+  EXPECT_EQ(sent[0].load().sequences(), 2u);
+  ModelEntry reported = lm;  // the engine runs one (a GPU's forward pass)
+  reported.sequences = 1;
+  reported.workspace_bytes = 10 + 128;
+  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
+  EXPECT_EQ(info().parallel(), 1u);
+  EXPECT_EQ(info().workspace_bytes(), 10u + 128);
 }
 
 }  // namespace
