@@ -1,10 +1,12 @@
 #include "engines/transformer/cpu_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 
+#include <dnnl.h>
 #include <fmt/format.h>
 
 #include "engines/bf16_gemv.h"
@@ -159,41 +161,51 @@ void CpuModel::Rope(float* heads, uint32_t count, uint32_t position) const {
   }
 }
 
-void CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out) {
+Status CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q,
+                           float* out) {
   const Config& c = config_;
   const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  const int64_t tasks = int64_t{rows} * c.num_attention_heads;
+  const uint32_t d = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // One task per row and KV head: the query heads that share a KV head (grouped-query attention)
+  // are one product's rows, so each key and value is read once for all of them, and the products
+  // run on oneDNN's kernels rather than a loop per head and per key (which made a decode step's
+  // attention grow to the weights' own cost within a thousand positions).
+  const int64_t tasks = int64_t{rows} * c.num_key_value_heads;
+  std::atomic<int> failed{dnnl_success};
 #pragma omp parallel for num_threads(threads_) schedule(static)
   for (int64_t task = 0; task < tasks; ++task) {
-    const auto r = static_cast<uint32_t>(task / c.num_attention_heads);
-    const auto h = static_cast<uint32_t>(task % c.num_attention_heads);
+    const auto r = static_cast<uint32_t>(task / c.num_key_value_heads);
+    const auto g = static_cast<uint32_t>(task % c.num_key_value_heads);
     const uint32_t position = start + r;
     // Causal, and within the sliding window where the config has one (the window counts the
     // token itself).
     const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
                                ? static_cast<uint32_t>(position + 1 - c.sliding_window)
                                : 0;
-    const float* query = q + uint64_t{r} * c.q_size() + uint64_t{h} * c.head_dim;
-    const uint64_t kv_offset = uint64_t{h / group} * c.head_dim;
+    const uint32_t count = position + 1 - first;
+    const float* queries = q + uint64_t{r} * c.q_size() + uint64_t{g} * group * d;  // the group's heads
+    const uint64_t kv_offset = uint64_t{g} * d;
     thread_local std::vector<float> scores;
-    scores.resize(position + 1 - first);
-    float max = -INFINITY;
-    for (uint32_t j = first; j <= position; ++j) {
-      const float s = Dot(query, cache.key(layer, j) + kv_offset, c.head_dim) * scale;
-      scores[j - first] = s;
-      max = std::max(max, s);
+    scores.resize(uint64_t{group} * count);
+    dnnl_status_t s = dnnl_sgemm('N', 'T', group, count, d, scale, queries, d, cache.key(layer, first) + kv_offset,
+                                 c.kv_size(), 0.0f, scores.data(), count);
+    for (uint32_t h = 0; h < group && s == dnnl_success; ++h) {
+      float* row = scores.data() + uint64_t{h} * count;
+      float max = -INFINITY;
+      for (uint32_t j = 0; j < count; ++j) max = std::max(max, row[j]);
+      float total = 0;
+      for (uint32_t j = 0; j < count; ++j) total += (row[j] = std::exp(row[j] - max));
+      for (uint32_t j = 0; j < count; ++j) row[j] /= total;
     }
-    float total = 0;
-    for (float& s : scores) total += (s = std::exp(s - max));
-    float* o = out + uint64_t{r} * c.q_size() + uint64_t{h} * c.head_dim;
-    std::fill(o, o + c.head_dim, 0.0f);
-    for (uint32_t j = first; j <= position; ++j) {
-      const float p = scores[j - first] / total;
-      const float* v = cache.value(layer, j) + kv_offset;
-      for (uint32_t d = 0; d < c.head_dim; ++d) o[d] += p * v[d];
+    if (s == dnnl_success) {
+      s = dnnl_sgemm('N', 'N', group, d, count, 1.0f, scores.data(), count, cache.value(layer, first) + kv_offset,
+                     c.kv_size(), 0.0f, out + uint64_t{r} * c.q_size() + uint64_t{g} * group * d, d);
     }
+    if (s != dnnl_success) failed = s;
   }
+  if (failed != dnnl_success) return Error(Code::kInternal, "oneDNN refused an attention product (status {})", failed.load());
+  return OkStatus();
 }
 
 Status CpuModel::Check(std::span<const int32_t> tokens, std::span<const StepRun> runs, uint64_t out_size,
@@ -316,8 +328,8 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
             !s.ok()) {
           return s;
         }
-      } else {
-        Attention(l, run.rows, run.start, cache, run_q, run_out);
+      } else if (Status s = Attention(l, run.rows, run.start, cache, run_q, run_out); !s.ok()) {
+        return s;
       }
       first += run.rows;
     }
