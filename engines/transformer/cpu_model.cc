@@ -55,8 +55,9 @@ float DotStored(const uint8_t* row, DType dtype, const float* x, uint32_t n) {
 // where the CPU has F16C.
 constexpr uint32_t kDirectRows = 4;
 
-// From this many rows on, attention runs as matrix products (prompt_attention.h); fewer (a decode
-// step) read each key once anyway, in the loops below.
+// From this many rows of one run on (a prompt's piece), attention runs in query tiles of one head
+// (prompt_attention.h); fewer (a decode step) run per row and KV head, the heads sharing a KV head
+// as one product's rows (CpuModel::Attention).
 constexpr uint32_t kPromptAttentionRows = 8;
 
 // Up to this many rows on bf16 weights (decode tokens of a step of several sequences) run in the

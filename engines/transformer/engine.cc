@@ -1,8 +1,9 @@
 // The transformer engine behind the C ABI (engine.h, version 6): a Hugging Face decoder directory
 // served on the CPU, or on a GPU when the worker's memory is a device's. Its weights region holds
 // every tensor as stored and the tokenizer's file (engines/transformer/packed_model.h), so that
-// replicas, respawned workers and unparks attach it without the directory. One sequence at a time:
-// its KV cache is the engine's workspace (host memory, or device memory from the budget).
+// replicas, respawned workers and unparks attach it without the directory. Its generations are
+// sequences stepped together (engine_generate.cc), each with a KV cache of the whole context: the
+// engine's workspace (host memory; on a GPU one sequence, in device memory from the budget).
 //
 // On device memory the forward pass runs in the GPU module (engines/transformer/gpu_sequence.h).
 // Where that cannot start (a build without it, no CUDA runtime: the driver test double) the engine
