@@ -86,7 +86,7 @@ class HttpGenerate {
   Result<Stream> Framed() {
     v1::GenerateRequest r;
     r.set_model("lm");
-    r.set_prompt(prompt_);
+    r.set_prompt(Prompt());
     r.set_max_tokens(options_.tokens);
     r.set_temperature(0);
     r.set_stream(true);
@@ -105,7 +105,7 @@ class HttpGenerate {
   // any SSE client does first); the usage chunk says how many tokens.
   Result<Stream> Sse() {
     const std::string body = nlohmann::json{{"model", "lm"},
-                                            {"prompt", prompt_},
+                                            {"prompt", Prompt()},
                                             {"max_tokens", options_.tokens},
                                             {"temperature", 0},
                                             {"stream", true},
@@ -192,7 +192,11 @@ class HttpGenerate {
   HttpGenerateOptions options_;
   BenchRun& run_;
   std::unique_ptr<client::Client> client_;
+  // Each request's prompt begins differently, so that the prefix cache serves none of it: both
+  // paths are timed with their prefill.
+  std::string Prompt() { return fmt::format("{} {}", ++asked_, prompt_); }
   std::string prompt_;
+  uint32_t asked_ = 0;
   int port_ = 0;
   int fd_ = -1;  // the SSE client's connection, kept alive
   uint32_t tokens_ = 0;

@@ -19,6 +19,7 @@
 #include "bench/regions.h"
 #include "bench/restart.h"
 #include "bench/sharing.h"
+#include "bench/second_turn.h"
 #include "bench/stream_generate.h"
 #include "bench/switch.h"
 #include "common/command_line.h"
@@ -66,6 +67,7 @@ struct Options {
   bool generate = false;
   bool parked = false;
   bool http = false;
+  bool second_turn = false;
   std::string dtype = "bf16";
   uint32_t prompt = 128;
   uint32_t tokens = 32;
@@ -195,7 +197,11 @@ int main(int argc, char** argv) {
                  "--generate: through a daemon, this many greedy streams at once against one alone, and a "
                  "stream's inter-token latency beside a --long-prompt prefill (continuous batching; "
                  "bench/stream_generate.h; run from the repository root)");
-  app.add_option("--long-prompt", options.long_prompt, "--generate --streams: the prompt prefilled beside a stream")
+  app.add_flag("--second-turn", options.second_turn,
+               "--generate: through a daemon, a chat's second turn's time to first token against its first's "
+               "after a --long-prompt history (the prefix cache; bench/second_turn.h; run from the repository root)");
+  app.add_option("--long-prompt", options.long_prompt,
+                 "--generate --streams: the prompt prefilled beside a stream; --second-turn: the history")
       ->capture_default_str();
   app.add_option("--prompt", options.prompt, "--generate: prefill tokens")->capture_default_str();
   app.add_option("--tokens", options.tokens, "--generate: decode steps")->capture_default_str();
@@ -250,6 +256,16 @@ int main(int argc, char** argv) {
     batching.delay_us = options.delay_us;
     batching.json = options.json;
     return warmpool::bench::RunBatching(batching);
+  }
+  if (options.generate && options.second_turn) {
+    warmpool::bench::SecondTurnOptions turns;
+    turns.daemon = options.daemon;
+    turns.history = options.long_prompt;
+    if (app.get_option("--model-mib")->count() > 0) turns.model_mib = static_cast<uint32_t>(options.model_mib);
+    if (app.get_option("--tokens")->count() > 0) turns.tokens = options.tokens;
+    if (app.get_option("--rounds")->count() > 0) turns.rounds = options.rounds;
+    turns.json = options.json;
+    return warmpool::bench::RunSecondTurn(turns);
   }
   if (options.generate && options.streams > 0) {
     warmpool::bench::StreamGenerateOptions streams;

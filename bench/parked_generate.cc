@@ -54,7 +54,9 @@ class ParkedGenerate {
   Result<double> FirstToken() {
     v1::GenerateRequest r;
     r.set_model("parked");
-    r.set_prompt(prompt_);
+    // Each request's prompt begins differently: the prefix cache would otherwise serve the prompt
+    // an earlier round computed, and the prefill would not be timed.
+    r.set_prompt(fmt::format("{} {}", ++asked_, prompt_));
     r.set_max_tokens(1);
     r.set_temperature(0);
     r.set_stream(true);
@@ -88,6 +90,7 @@ class ParkedGenerate {
   std::unique_ptr<client::Client> client_;
   std::string prompt_;
   uint32_t prompt_tokens_ = 0;
+  uint32_t asked_ = 0;
 };
 
 }  // namespace

@@ -85,8 +85,11 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRe
   if (args.verbose) {
     const double seconds = reply->generate_us() / 1e6;
     const double decode_seconds = (reply->generate_us() - reply->first_token_us()) / 1e6;
-    std::fprintf(stderr, "finish: %s; prompt %u tokens, completion %u tokens; first token %.1f ms; %.1f tokens/s\n",
-                 reply->finish_reason().c_str(), reply->prompt_tokens(), reply->completion_tokens(),
+    std::fprintf(stderr,
+                 "finish: %s; prompt %u tokens (%u from the prefix cache), completion %u tokens; first token %.1f ms; "
+                 "%.1f tokens/s\n",
+                 reply->finish_reason().c_str(), reply->prompt_tokens(), reply->cached_prompt_tokens(),
+                 reply->completion_tokens(),
                  reply->first_token_us() / 1e3,
                  reply->completion_tokens() > 1 && decode_seconds > 0
                      ? (reply->completion_tokens() - 1) / decode_seconds

@@ -243,6 +243,7 @@ Status Engine::Step(std::span<wp_sequence_step> sequences, const StepEmitFn& emi
                                    &StepEmitTrampoline, &bridge, err, sizeof(err));
   for (wp_sequence_step& s : sequences) {
     s.error[sizeof(s.error) - 1] = '\0';  // an engine's message, bounded whatever it wrote
+    if (vtable_->abi_version < 8) s.cached_tokens = 0;  // not its to write
     if (s.ended != 0 && s.status == WP_OK && s.result.finish_reason > WP_FINISH_CANCELLED) {
       s.result.finish_reason = WP_FINISH_STOP;  // a reason this side does not know
     }

@@ -176,6 +176,9 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
   };
   for (const Counter& c : {Counter{"warmpool_model_prompt_tokens_total", "Prompt tokens of generations that ended "
                                    "(vLLM: prompt_tokens_total).", &shm::ModelStats::prompt_tokens},
+                           Counter{"warmpool_model_prompt_tokens_cached_total", "Of the prompt tokens, those "
+                                   "found in the model's prefix cache, not computed again (vLLM: "
+                                   "prefix_cache_hits_total).", &shm::ModelStats::prompt_tokens_cached},
                            Counter{"warmpool_model_generation_tokens_total", "Tokens generated (vLLM: "
                                    "generation_tokens_total).", &shm::ModelStats::generation_tokens},
                            Counter{"warmpool_model_generations_cancelled_total", "Generations stopped because their "

@@ -135,6 +135,7 @@ json GenerateReplyJson(const v1::GenerateReply& r) {
   json out = {{"done", true},
               {"finish_reason", r.finish_reason()},
               {"prompt_tokens", r.prompt_tokens()},
+              {"cached_prompt_tokens", r.cached_prompt_tokens()},
               {"completion_tokens", r.completion_tokens()},
               {"first_token_us", r.first_token_us()},
               {"generate_us", r.generate_us()},

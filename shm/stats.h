@@ -60,7 +60,7 @@ struct ModelStats {
   uint64_t releases[static_cast<uint32_t>(ReleaseReason::kCount)];
   uint64_t crashes_charged;  // worker deaths blamed on this model (policy::ChargeCrash)
   // Language models (the core writes these). Counters: the prompt and generated tokens of
-  // generations that ended; generations stopped because their client left. Gauges: generations
+  // generations that ended (and of the prompts', those found in the prefix cache); generations stopped because their client left. Gauges: generations
   // and embeddings running on workers, requests waiting for the model, the sequences its replicas
   // hold at once (one KV cache each, the whole context reserved), the generations among those
   // running (each in one of those sequences).
@@ -71,7 +71,8 @@ struct ModelStats {
   uint64_t requests_waiting;
   uint64_t sequences_held;
   uint64_t generations_running;
-  uint64_t reserved[6];  // to a multiple of 64 bytes
+  uint64_t prompt_tokens_cached;  // counter: of prompt_tokens, those found in the prefix cache
+  uint64_t reserved[5];  // to a multiple of 64 bytes
   Histogram infer_seconds;  // request received to reply queued (the daemon's whole share)
   Histogram queue_seconds;  // infer request received to its dispatch to a worker
   Histogram load_seconds;   // a load or attach job, sent to done

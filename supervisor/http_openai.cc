@@ -140,8 +140,13 @@ json OpenAiToolCalls(const google::protobuf::RepeatedPtrField<v1::ToolCall>& cal
   return out;
 }
 
-json OpenAiUsage(uint32_t prompt, uint32_t completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+// The counts as OpenAI's usage object has them, the prompt's tokens found in the prefix cache in
+// prompt_tokens_details.cached_tokens.
+json OpenAiUsage(const v1::GenerateReply& r) {
+  return {{"prompt_tokens", r.prompt_tokens()},
+          {"completion_tokens", r.completion_tokens()},
+          {"total_tokens", r.prompt_tokens() + r.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_prompt_tokens()}}}};
 }
 
 // A token's log-probability as OpenAI writes it: its text (made valid UTF-8) and its bytes.
@@ -393,7 +398,7 @@ std::string OpenAiResponse(const OpenAiCall& call, const v1::Envelope& reply, bo
   }
   json doc = OpenAiObject(call, false);
   doc["choices"] = json::array({std::move(choice)});
-  doc["usage"] = OpenAiUsage(r.prompt_tokens(), r.completion_tokens());
+  doc["usage"] = OpenAiUsage(r);
   return http::Response(200, "application/json", OpenAiText(doc) + "\n", keep_alive);
 }
 
@@ -438,7 +443,7 @@ std::string OpenAiStreamEnd(const OpenAiCall& call, const v1::Envelope& reply) {
   if (call.include_usage) {
     json usage = OpenAiObject(call, true);
     usage["choices"] = json::array();
-    usage["usage"] = OpenAiUsage(r.prompt_tokens(), r.completion_tokens());
+    usage["usage"] = OpenAiUsage(r);
     out += SseEvent(usage);
   }
   return out + "data: [DONE]\n\n";

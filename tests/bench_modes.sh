@@ -39,6 +39,8 @@ run http-generate framed_tokens_per_s,sse_tokens_per_s,sse_vs_framed,first_token
   --generate --http --model-mib 8 --prompt 8 --tokens 4 --rounds 1
 run stream-generate one_stream_tokens_per_s,streams_tokens_per_s,streams_vs_one,itl_p99_vs_median \
   --generate --streams 2 --model-mib 8 --prompt 8 --tokens 4 --rounds 1 --long-prompt 64
+run second-turn first_turn_first_token_ms,second_turn_first_token_ms,second_vs_first,second_turn_cached_tokens \
+  --generate --second-turn --model-mib 8 --tokens 4 --rounds 1 --long-prompt 200
 run batching batched,unbatched,batched_vs_unbatched --batching --clients 2 --requests 40 --rounds 1 --layers 64,128,64
 run regions memcpy,region,in-place,frames,ratio_region_vs_memcpy --regions --payload-mib 2 --iterations 2
 run restart mode,warm,cold,cold_vs_warm --restart --iterations 1 --model-mib 4

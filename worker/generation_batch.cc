@@ -29,6 +29,7 @@ struct Running {
   uint32_t mark = 0;
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
+  uint32_t cached_tokens = 0;  // of its prompt's, found in the engine's prefix cache
 };
 
 }  // namespace
@@ -71,7 +72,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     r.stream->faults().Hit("infer.before_restore");
     marks_.Release(r.mark);
     cancelled_.erase(r.stream->job());
-    r.stream->Finish(std::move(result), past_deadline);
+    r.stream->Finish(std::move(result), past_deadline, r.cached_tokens);
     running.erase(running.begin() + static_cast<ptrdiff_t>(i));
   };
   // Stopped from outside (its client, its deadline): what it made so far stands.
@@ -90,6 +91,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       running[i].stream->Emit(text, tokens, logprobs);
     });
     for (size_t i = running.size(); i-- > 0;) {
+      running[i].cached_tokens = steps[i].cached_tokens;
       if (!pass.ok()) {
         end(i, pass, false);
       } else if (steps[i].ended != 0) {

@@ -120,7 +120,7 @@ void GenerationStream::HeartbeatIfDue() {
   outbox_.Send(heartbeat);
 }
 
-void GenerationStream::Finish(Result<wp_generate_result> result, bool past_deadline) {
+void GenerationStream::Finish(Result<wp_generate_result> result, bool past_deadline, uint32_t cached_tokens) {
   v1::WorkerInferDone* done = reply_.mutable_infer_done();
   if (result.ok() && past_deadline) {
     // Ended by its deadline, not by its client: the error the deadline is (the chunks sent stand).
@@ -148,6 +148,7 @@ void GenerationStream::Finish(Result<wp_generate_result> result, bool past_deadl
   const bool called = calls_ && calls_->saw_calls() && result->finish_reason == WP_FINISH_STOP;
   final->set_finish_reason(called ? "tool_calls" : FinishName(result->finish_reason));
   final->set_prompt_tokens(result->prompt_tokens);
+  final->set_cached_prompt_tokens(std::min(cached_tokens, result->prompt_tokens));
   final->set_completion_tokens(result->completion_tokens);
   final->set_generate_us(MicrosSince(start_));
   final->set_chunks(chunks_);

@@ -40,8 +40,9 @@ class GenerationStream {
   void HeartbeatIfDue();
 
   // The end, sent once: the engine's result (its error, or why it finished and its counts). A result
-  // that is a deadline's stop becomes DEADLINE_EXCEEDED (the chunks sent stand).
-  void Finish(Result<wp_generate_result> result, bool past_deadline);
+  // that is a deadline's stop becomes DEADLINE_EXCEEDED (the chunks sent stand). cached_tokens: of
+  // the prompt's, those the engine found in its prefix cache.
+  void Finish(Result<wp_generate_result> result, bool past_deadline, uint32_t cached_tokens = 0);
 
  private:
   void AddCalls(std::vector<chat::ToolCall>& found, google::protobuf::RepeatedPtrField<v1::ToolCall>* to);

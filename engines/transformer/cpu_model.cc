@@ -116,13 +116,6 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-KvCache::KvCache(const Config& config, uint32_t context)
-    : context_(context),
-      layers_(config.num_hidden_layers),
-      kv_size_(config.kv_size()),
-      keys_(uint64_t{config.num_hidden_layers} * context * config.kv_size()),
-      values_(keys_.size()) {}
-
 CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int threads)
     : config_(config), weights_(weights), threads_(std::max(1, threads)), inv_freq_(config.RotaryFrequencies()) {}
 
@@ -186,22 +179,26 @@ Status CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCach
                                : 0;
     const uint32_t count = position + 1 - first;
     const float* queries = q + uint64_t{r} * c.q_size() + uint64_t{g} * group * d;  // the group's heads
-    const uint64_t kv_offset = uint64_t{g} * d;
+    const uint64_t head = uint64_t{g} * d;  // the KV head's place in a position's row
+    const uint32_t end = position + 1;
     thread_local std::vector<float> scores;
     scores.resize(uint64_t{group} * count);
-    dnnl_status_t s = dnnl_sgemm('N', 'T', group, count, d, scale, queries, d, cache.key(layer, first) + kv_offset,
-                                 c.kv_size(), 0.0f, scores.data(), count);
-    for (uint32_t h = 0; h < group && s == dnnl_success; ++h) {
-      float* row = scores.data() + uint64_t{h} * count;
-      float max = -INFINITY;
-      for (uint32_t j = 0; j < count; ++j) max = std::max(max, row[j]);
-      float total = 0;
-      for (uint32_t j = 0; j < count; ++j) total += (row[j] = std::exp(row[j] - max));
-      for (uint32_t j = 0; j < count; ++j) row[j] /= total;
+    // A block of the cache at a time (a product per block costs no more than one over the whole
+    // run of positions, from 64 positions a block on).
+    dnnl_status_t s = dnnl_success;
+    for (uint32_t p = first; p < end && s == dnnl_success;) {
+      const uint32_t span = KvCache::Contiguous(p, end);
+      s = dnnl_sgemm('N', 'T', group, span, d, scale, queries, d, cache.key(layer, p) + head, c.kv_size(), 0.0f,
+                     scores.data() + (p - first), count);
+      p += span;
     }
-    if (s == dnnl_success) {
-      s = dnnl_sgemm('N', 'N', group, d, count, 1.0f, scores.data(), count, cache.value(layer, first) + kv_offset,
-                     c.kv_size(), 0.0f, out + uint64_t{r} * c.q_size() + uint64_t{g} * group * d, d);
+    for (uint32_t h = 0; h < group && s == dnnl_success; ++h) Softmax(scores.data() + uint64_t{h} * count, count);
+    float* o = out + uint64_t{r} * c.q_size() + uint64_t{g} * group * d;
+    for (uint32_t p = first; p < end && s == dnnl_success;) {
+      const uint32_t span = KvCache::Contiguous(p, end);
+      s = dnnl_sgemm('N', 'N', group, d, span, 1.0f, scores.data() + (p - first), count, cache.value(layer, p) + head,
+                     c.kv_size(), p == first ? 0.0f : 1.0f, o, d);
+      p += span;
     }
     if (s != dnnl_success) failed = s;
   }
@@ -221,6 +218,10 @@ Status CpuModel::Check(std::span<const int32_t> tokens, std::span<const StepRun>
     if (uint64_t{run.start} + run.rows > run.cache->context()) {
       return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", run.start,
                    uint64_t{run.start} + run.rows - 1, run.cache->context());
+    }
+    if (run.start > run.cache->length()) {
+      return Error(Code::kInvalidArgument, "position {} follows a KV cache of {} positions: no gap can be left",
+                   run.start, run.cache->length());
     }
     for (size_t j = 0; j < i; ++j) {
       if (runs[j].cache == run.cache) return Error(Code::kInvalidArgument, "two runs of one step share a cache");
@@ -295,6 +296,11 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
   std::vector<float> normed(x.size()), q(uint64_t{rows} * c.q_size()),
       k(uint64_t{rows} * c.kv_size()), v(k.size()), attended(q.size()),
       gate(uint64_t{rows} * c.intermediate_size), up(gate.size());
+  // Every run's blocks first (the one error that can remain, a full pool, then leaves no layer
+  // half written); the positions are committed once every layer holds them.
+  for (const StepRun& run : runs) {
+    if (Status s = run.cache->Prepare(run.start, run.start + run.rows); !s.ok()) return s;
+  }
   for (uint32_t r = 0; r < rows; ++r) {
     Widen(weights_.embed.data, weights_.embed.dtype, uint64_t(tokens[r]) * hidden, hidden, &x[uint64_t{r} * hidden]);
   }
@@ -324,9 +330,7 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
       float* run_q = &q[uint64_t{first} * c.q_size()];
       float* run_out = &attended[uint64_t{first} * c.q_size()];
       if (run.rows >= kPromptAttentionRows) {
-        if (Status s = PromptAttention(c, run.rows, run.start, cache.key(l, 0), cache.value(l, 0), run_q, run_out,
-                                       threads_);
-            !s.ok()) {
+        if (Status s = PromptAttention(c, l, run.rows, run.start, cache, run_q, run_out, threads_); !s.ok()) {
           return s;
         }
       } else if (Status s = Attention(l, run.rows, run.start, cache, run_q, run_out); !s.ok()) {
@@ -343,6 +347,11 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
     for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
     if (Status s = Linear(gate.data(), rows, w.down, {}, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
+  }
+  uint64_t first = 0;
+  for (const StepRun& run : runs) {
+    run.cache->Commit(run.start, tokens.subspan(first, run.rows));
+    first += run.rows;
   }
   return OkStatus();
 }

@@ -1,8 +1,8 @@
 // A decoder's forward pass on the CPU, in f32, on weights used as stored (f32, f16 or bf16,
 // widened in the inner loops): the architecture in engines/transformer/config.h.
 //
-// A sequence's keys and values live in its KvCache. Forward runs a run of tokens at consecutive
-// positions against it: a whole prompt at once (prefill: every projection reads each weight once
+// A sequence's keys and values live in its KvCache (engines/transformer/kv_cache.h: blocks of a
+// pool its model's sequences share). Forward runs a run of tokens at consecutive positions against it: a whole prompt at once (prefill: every projection reads each weight once
 // for all the tokens) or one token (decode). Either way each token attends to the cache's earlier
 // positions and to the run's tokens up to itself, so running a prompt at once or token by token
 // computes the same thing.
@@ -14,33 +14,12 @@
 
 #include "common/status.h"
 #include "engines/transformer/config.h"
+#include "engines/transformer/kv_cache.h"
 #include "engines/transformer/prefill_matmul.h"
 #include "engines/transformer/sequence.h"
 #include "engines/transformer/weights.h"
 
 namespace warmpool::transformer {
-
-class KvCache {
- public:
-  KvCache(const Config& config, uint32_t context);
-  uint32_t context() const { return context_; }
-  uint64_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
-  float* key(uint32_t layer, uint32_t position) { return &keys_[Offset(layer, position)]; }
-  float* value(uint32_t layer, uint32_t position) { return &values_[Offset(layer, position)]; }
-  bool Fits(const Config& config) const {
-    return layers_ == config.num_hidden_layers && kv_size_ == config.kv_size();
-  }
-
- private:
-  uint64_t Offset(uint32_t layer, uint32_t position) const {
-    return (uint64_t{layer} * context_ + position) * kv_size_;
-  }
-  uint32_t context_;
-  uint32_t layers_;
-  uint32_t kv_size_;
-  std::vector<float> keys_;    // [layer][position][kv head][head_dim]
-  std::vector<float> values_;
-};
 
 // A run of consecutive tokens of one sequence within a step: its cache, the first token's position,
 // and how many tokens. A step of several sequences (continuous batching) is several runs: every
@@ -58,8 +37,9 @@ class CpuModel {
 
   // tokens at positions start, start + 1, ...: the cache holds positions before start and gets
   // these. logits: vocab_size floats for the last token, or tokens.size() x vocab_size with
-  // all_positions. A token outside the vocabulary or a run past the cache's context is
-  // INVALID_ARGUMENT, and nothing is written. One call at a time per model (its scratch).
+  // all_positions. A token outside the vocabulary, a run past the cache's context or one that would
+  // leave a gap after the cache's positions (start > cache.length()) is INVALID_ARGUMENT, and nothing
+  // is written; RESOURCE_EXHAUSTED when the cache's pool has no block left. One call at a time per model (its scratch).
   Status Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
                  bool all_positions = false);
   // The last token's hidden state after the final norm (hidden_size floats) instead of its logits.

@@ -151,6 +151,8 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   Result<TextSequence> text = TextSequence::Start(*e.files, *request, e.slots->context(), e.packed.config.vocab_size);
   if (!text.ok()) return text.status();
   const auto slot = static_cast<uint32_t>(free - e.slot_used.begin());
+  // The prompt's prefix that an earlier sequence left in the KV cache is not computed again.
+  text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prompt()));
   auto* opened = new wp_sequence{std::move(*text), slot, false};
   *free = true;
   e.open_sequences++;
@@ -160,6 +162,7 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
 
 void CloseSequence(TransformerEngine& e, wp_sequence* sequence) {
   if (sequence == nullptr) return;
+  e.slots->Free(sequence->slot);
   e.slot_used[sequence->slot] = false;
   e.open_sequences--;
   delete sequence;
@@ -185,6 +188,7 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
     steps[i].status = WP_OK;
     steps[i].result = {};
     steps[i].error[0] = '\0';
+    steps[i].cached_tokens = steps[i].sequence->text.tokens().cached_tokens();
   }
   return RunStep(*e.slots, members, [&](size_t i, uint32_t fed, std::span<const float> logits,
                                         std::optional<int32_t> argmax) {
@@ -230,7 +234,7 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
     auto* to = static_cast<Emitting*>(ctx);
     if (to->emit != nullptr && to->emit(to->ctx, chunk) != 0) to->stopped = true;
   };
-  wp_sequence_step step{sequence.get(), 0, WP_OK, {}, {}};
+  wp_sequence_step step{sequence.get(), 0, WP_OK, {}, {}, 0};
   const TokenSequence& tokens = sequence->text.tokens();
   while (step.ended == 0) {
     // Between a prompt's pieces: progress, nothing to send, and a point where it can be stopped.

@@ -48,9 +48,12 @@ Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
   if (!weights.ok()) return weights.status();
   // The worker's compute threads ([daemon] threads_per_worker), as the dense engine uses them.
   e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
-  e.cache = std::make_unique<KvCache>(e.packed.config, e.context);
+  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(e.packed.config, KvPoolBlocks(e.context, e.sequences));
+  if (!pool.ok()) return pool.status();
+  e.kv_pool = std::move(*pool);
+  e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
   e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);
-  e.slots = std::make_unique<CpuSlots>(*e.model, *e.cache, e.sequences);
+  e.slots = std::make_unique<CpuSlots>(*e.model, *e.kv_pool, *e.cache, e.sequences);
   return OkStatus();
 }
 

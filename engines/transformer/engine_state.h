@@ -36,6 +36,7 @@ struct TransformerEngine {
   std::optional<ServingFiles> files;
   std::unique_ptr<uint8_t[]> host_copy;  // on device memory, when the GPU cannot compute
   std::unique_ptr<CpuModel> model;       // on the CPU
+  std::unique_ptr<KvPool> kv_pool;       // on the CPU: every sequence's cache is blocks of it
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<Sequence> sequence;    // embeddings and typed runs: the CPU's, or the GPU's
   // Generations (engine ABI version 7): `sequences` open at once, each in a slot of its own (slot

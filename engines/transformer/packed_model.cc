@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/utf8.h"
+#include "engines/transformer/kv_cache.h"
 #include "engines/transformer/weights.h"
 
 namespace warmpool::transformer {
@@ -33,7 +34,8 @@ uint32_t ServedContext(const Config& config, uint32_t asked) {
 }
 
 uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences) {
-  const uint64_t kv = config.KvBytesPerToken() * context * sequences;
+  // The KV pool: every sequence at its whole context, in whole blocks (engines/transformer/kv_cache.h).
+  const uint64_t kv = config.KvBytesPerToken() * KvPoolBlocks(context, sequences) * kKvBlockTokens;
   // Per prefill row: the residual stream, its norm, q, k, v, the attention output, the MLP's gate,
   // up and product; and the logits of the last row.
   const uint64_t row = uint64_t{config.hidden_size} * 3 + config.q_size() * 2 + config.kv_size() * 2 +

@@ -38,7 +38,15 @@ uint32_t FirstVisible(const Config& c, uint32_t position) {
 
 }  // namespace
 
-Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const float* keys, const float* values,
+void Softmax(float* x, uint32_t n) {
+  float max = -INFINITY;
+  for (uint32_t j = 0; j < n; ++j) max = std::max(max, x[j]);
+  float total = 0;
+  for (uint32_t j = 0; j < n; ++j) total += (x[j] = std::exp(x[j] - max));
+  for (uint32_t j = 0; j < n; ++j) x[j] /= total;
+}
+
+Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache,
                        const float* q, float* out, int threads) {
   const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -56,11 +64,20 @@ Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const flo
     const uint32_t end = start + r0 + n;  // exclusive
     const uint32_t lo = FirstVisible(c, start + r0);
     const uint32_t width = end - lo;
-    const uint64_t kv_offset = uint64_t{lo} * c.kv_size() + uint64_t{h / group} * c.head_dim;
+    const uint64_t head = uint64_t{h / group} * c.head_dim;  // the KV head's place in a position's row
+    const float* queries = q + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim;
     thread_local std::vector<float> scores;
     scores.resize(uint64_t{n} * width);
-    dnnl_status_t s = dnnl_sgemm('N', 'T', n, width, c.head_dim, scale, q + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim,
-                                 c.q_size(), keys + kv_offset, c.kv_size(), 0.0f, scores.data(), width);
+    // Q·Kᵀ a block of the cache at a time, each block's scores a band of columns.
+    dnnl_status_t s = dnnl_success;
+    bool finite = true;
+    for (uint32_t p = lo; p < end && s == dnnl_success;) {
+      const uint32_t span = KvCache::Contiguous(p, end);
+      s = dnnl_sgemm('N', 'T', n, span, c.head_dim, scale, queries, c.q_size(), cache.key(layer, p) + head,
+                     c.kv_size(), 0.0f, scores.data() + (p - lo), width);
+      finite = finite && Finite(cache.value(layer, p) + head, span, c.head_dim, c.kv_size());
+      p += span;
+    }
     for (uint32_t i = 0; i < n && s == dnnl_success; ++i) {
       // Row i sees positions first .. position (causal, and within the window, which counts the
       // token itself); the rest of its scores weigh nothing.
@@ -68,18 +85,19 @@ Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const flo
       const uint32_t first = FirstVisible(c, position);
       float* row = scores.data() + uint64_t{i} * width;
       const uint32_t a = first - lo, b = position - lo + 1;
-      float max = -INFINITY;
-      for (uint32_t j = a; j < b; ++j) max = std::max(max, row[j]);
-      float total = 0;
-      for (uint32_t j = a; j < b; ++j) total += (row[j] = std::exp(row[j] - max));
-      for (uint32_t j = a; j < b; ++j) row[j] /= total;
+      Softmax(row + a, b - a);
       std::fill(row, row + a, 0.0f);
       std::fill(row + b, row + width, 0.0f);
     }
     float* o = out + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim;
-    if (s == dnnl_success && Finite(values + kv_offset, width, c.head_dim, c.kv_size())) {
-      s = dnnl_sgemm('N', 'N', n, c.head_dim, width, 1.0f, scores.data(), width, values + kv_offset, c.kv_size(),
-                     0.0f, o, c.q_size());
+    if (s == dnnl_success && finite) {
+      // P·V, the blocks' products summed into the output.
+      for (uint32_t p = lo; p < end && s == dnnl_success;) {
+        const uint32_t span = KvCache::Contiguous(p, end);
+        s = dnnl_sgemm('N', 'N', n, c.head_dim, span, 1.0f, scores.data() + (p - lo), width,
+                       cache.value(layer, p) + head, c.kv_size(), p == lo ? 0.0f : 1.0f, o, c.q_size());
+        p += span;
+      }
     } else if (s == dnnl_success) {
       // A value that is not finite must reach only the rows that see it: as a product, the zero
       // weight of a row that does not would make 0 x inf = NaN of it. Row by row, over exactly what
@@ -90,9 +108,9 @@ Status PromptAttention(const Config& c, uint32_t rows, uint32_t start, const flo
         const float* p = scores.data() + uint64_t{i} * width;
         float* row_out = o + uint64_t{i} * c.q_size();
         std::fill(row_out, row_out + c.head_dim, 0.0f);
-        for (uint32_t j = first - lo; j <= position - lo; ++j) {
-          const float* v = values + kv_offset + uint64_t{j} * c.kv_size();
-          for (uint32_t d = 0; d < c.head_dim; ++d) row_out[d] += p[j] * v[d];
+        for (uint32_t j = first; j <= position; ++j) {
+          const float* v = cache.value(layer, j) + head;
+          for (uint32_t d = 0; d < c.head_dim; ++d) row_out[d] += p[j - lo] * v[d];
         }
       }
     }

@@ -9,15 +9,19 @@
 
 #include "common/status.h"
 #include "engines/transformer/config.h"
+#include "engines/transformer/kv_cache.h"
 
 namespace warmpool::transformer {
 
 // Rows of the prompt (positions start .. start + rows - 1) whose queries are in q (rows x q_size)
-// attend to positions 0 .. start + rows - 1 of one layer's cache (keys and values: position-major,
-// kv_size floats each, the rows' own already written), each within the config's sliding window;
-// out receives rows x q_size. Work is split over the heads and tiles of rows on `threads`.
-// INTERNAL when oneDNN refuses a product (nothing else is expected to fail).
-Status PromptAttention(const Config& config, uint32_t rows, uint32_t start, const float* keys, const float* values,
+// attend to positions 0 .. start + rows - 1 of the cache's `layer` (the rows' own keys and values
+// already written), each within the config's sliding window; out receives rows x q_size. The
+// products run a block of the cache at a time. Work is split over the heads and tiles of rows on
+// `threads`. INTERNAL when oneDNN refuses a product (nothing else is expected to fail).
+Status PromptAttention(const Config& config, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache,
                        const float* q, float* out, int threads);
+
+// x[0 .. n - 1] replaced by its softmax (n >= 1).
+void Softmax(float* x, uint32_t n);
 
 }  // namespace warmpool::transformer

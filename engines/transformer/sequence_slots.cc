@@ -4,14 +4,18 @@
 
 namespace warmpool::transformer {
 
-CpuSlots::CpuSlots(CpuModel& model, KvCache& first, uint32_t count)
-    : model_(model), first_(first), count_(std::max(count, 1u)), others_(count_ - 1) {}
+CpuSlots::CpuSlots(CpuModel& model, KvPool& pool, KvCache& first, uint32_t count)
+    : model_(model), first_(first), count_(std::max(count, 1u)) {
+  for (uint32_t slot = 1; slot < count_; ++slot) others_.push_back(std::make_unique<KvCache>(pool, first.context()));
+}
 
-KvCache& CpuSlots::Cache(uint32_t slot) {
-  if (slot == 0) return first_;
-  std::unique_ptr<KvCache>& cache = others_[slot - 1];
-  if (!cache) cache = std::make_unique<KvCache>(model_.config(), first_.context());
-  return *cache;
+uint32_t CpuSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt) {
+  if (slot >= count_ || prompt.empty()) return 0;
+  return Cache(slot).Reuse(prompt, static_cast<uint32_t>(prompt.size() - 1));
+}
+
+void CpuSlots::Free(uint32_t slot) {
+  if (slot < count_) Cache(slot).Clear();
 }
 
 Status CpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {

@@ -1,6 +1,7 @@
 // Where a model's open sequences run: the model and a KV cache per slot, on the CPU (CpuSlots:
-// several sequences' tokens in one pass, CpuModel::Step) or wherever one Sequence runs (OneSlot:
-// the GPU's, one sequence at a time). RunStep plans and runs one step of several sequences, each in
+// several sequences' tokens in one pass, CpuModel::Step, their caches blocks of one pool, which
+// keeps published prompt prefixes for later sequences) or wherever one Sequence runs (OneSlot: the
+// GPU's, one sequence at a time). RunStep plans and runs one step of several sequences, each in
 // its slot: a decoding sequence feeds its last token, and a prompt goes in pieces. While other
 // sequences decode, a step carries at most kStepPromptTokens of prompts (chunked prefill), so a long
 // prompt that arrives does not stall the streams already running for its whole length; with nobody
@@ -44,24 +45,34 @@ class SequenceSlots {
   // fail that sequence, not the step).
   // Slots must differ; INVALID_ARGUMENT for a run outside its cache or a token outside the vocabulary.
   virtual Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) = 0;
+
+  // A sequence with this prompt starts in `slot`: its cache emptied, then holding what the slots
+  // keep of the prompt's prefix (the prefix cache). Returns how many of the prompt's first tokens it
+  // holds (fewer than all: the last one runs, for its logits). Slots that keep nothing return 0.
+  virtual uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt) { return 0; }
+  // The sequence in `slot` ended: what its cache holds is released (its published prefix kept).
+  virtual void Free(uint32_t slot) {}
 };
 
-// On the CPU: `count` caches of `context` positions each, slot 0's the one given (the engine's own,
-// which embeddings and typed runs use); the others are made when a sequence first runs in them.
+// On the CPU: `count` caches of `context` positions each, blocks of `pool` (KvPoolBlocks(context,
+// count) of them, so that every slot finds its blocks), slot 0's the one given (the engine's own,
+// which embeddings and typed runs use).
 class CpuSlots final : public SequenceSlots {
  public:
-  CpuSlots(CpuModel& model, KvCache& first, uint32_t count);
+  CpuSlots(CpuModel& model, KvPool& pool, KvCache& first, uint32_t count);
   uint32_t count() const override { return count_; }
   uint32_t context() const override { return first_.context(); }
   const Config& config() const override { return model_.config(); }
   Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
+  uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt) override;
+  void Free(uint32_t slot) override;
 
  private:
-  KvCache& Cache(uint32_t slot);
+  KvCache& Cache(uint32_t slot) { return slot == 0 ? first_ : *others_[slot - 1]; }
   CpuModel& model_;
   KvCache& first_;
   uint32_t count_;
-  std::vector<std::unique_ptr<KvCache>> others_;  // slot i > 0 at i - 1; null until used
+  std::vector<std::unique_ptr<KvCache>> others_;  // slot i > 0 at i - 1 (a cache holds no block until used)
 };
 
 // One sequence: its forward pass (the GPU's, say), a run at a time.

@@ -45,6 +45,11 @@ TokenSequence::Feed TokenSequence::Next(uint32_t budget) const {
   return feed;
 }
 
+void TokenSequence::Skip(uint32_t cached) {
+  if (fed_ != 0 || cached >= prompt_tokens_) return;
+  fed_ = cached_ = cached;
+}
+
 Result<std::optional<int32_t>> TokenSequence::Advance(uint32_t fed, std::span<const float> logits,
                                                       std::optional<int32_t> argmax) {
   const bool chose = Next(fed).chooses;

@@ -33,6 +33,12 @@ class TokenSequence {
   };
   Feed Next(uint32_t budget) const;
 
+  // Before its first step: the cache already holds the prompt's first `cached` tokens (a prefix
+  // kept from an earlier sequence), which it then does not feed. Fewer than the prompt's tokens.
+  void Skip(uint32_t cached);
+  uint32_t cached_tokens() const { return cached_; }
+  std::span<const int32_t> prompt() const { return std::span<const int32_t>(seen_).first(prompt_tokens_); }
+
   // The step ran Next(budget) (`fed` tokens of it). When that Feed chose, `logits` are the last
   // token's (vocab_size floats), or, where argmax_only(), `argmax` is the largest of them (a GPU
   // finds it without copying the logits back). Returns the token it generated, if any (none while
@@ -66,6 +72,7 @@ class TokenSequence {
   std::vector<int32_t> seen_;       // prompt and generated tokens: the repetition penalty's
   std::vector<int32_t> generated_;  // end token excluded
   uint32_t fed_ = 0;                // tokens of seen_ in the cache
+  uint32_t cached_ = 0;             // of the prompt's, found in the cache before the first step
   Sampler sampler_;
   bool argmax_only_;
   bool ended_ = false;

@@ -139,6 +139,7 @@ def result(envelope):
         finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
         first_token_us=r.first_token_us, generate_us=r.generate_us, chunks=r.chunks, text=r.text,
         tokens=list(r.tokens), logprobs=_logprobs(r.logprobs), tool_calls=_tool_calls(r.tool_calls),
+        cached_prompt_tokens=r.cached_prompt_tokens,
     )
 
 

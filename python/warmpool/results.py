@@ -205,3 +205,5 @@ class GenerateResult:
     tokens: List[int] = field(default_factory=list)
     logprobs: List[TokenLogprob] = field(default_factory=list)  # not streamed, when asked for
     tool_calls: List[ToolCall] = field(default_factory=list)  # not streamed: every call
+    # of prompt_tokens, those found in the model's prefix cache (not computed again)
+    cached_prompt_tokens: int = 0

@@ -139,6 +139,7 @@ void Core::CountGeneration(const Job& job, const v1::WorkerInferDone& done) {
   shm::ModelStats& stats = segment_.model_stats(job.model);
   const v1::GenerateReply& r = done.generate();
   shm::StatAdd(stats.prompt_tokens, r.prompt_tokens());
+  shm::StatAdd(stats.prompt_tokens_cached, r.cached_prompt_tokens());
   shm::StatAdd(stats.generation_tokens, r.completion_tokens());
   if (r.completion_tokens() == 0 || job.retry) return;  // a retry's wait began before a worker died
   // Waiting in the daemon (its millisecond clock), then on the worker until the first token.

@@ -1,7 +1,8 @@
 // Continuous batching through the daemon: a model's generations run together in its worker (each
 // gets its first chunk before any ends), each saying what it says alone; [[models]] parallel caps
 // how many a replica runs, the rest waiting in the daemon until one ends; metrics count the
-// sequences the replicas hold.
+// sequences the replicas hold. A prompt that begins as an earlier one did finds that beginning in
+// the model's prefix cache, and the reply and the metrics say how much of it.
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -143,6 +144,37 @@ TEST_F(BatchedGenerateTest, ParallelCapsWhatAReplicaRunsAndTheRestWaitInTheDaemo
   for (const Seen& s : seen) finals.push_back(s.order_of_final);
   std::sort(finals.begin(), finals.end());
   EXPECT_GT(seen[3].order_of_first_chunk, finals[1]) << "two finals before the fourth's first chunk";
+}
+
+TEST_F(BatchedGenerateTest, ASecondTurnFindsItsHistoryInThePrefixCacheAndSaysSo) {
+  WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});
+  StartDaemon();
+  auto c = Connect();
+  std::string history;
+  for (int i = 0; i < 40; ++i) history += kPrompts[i % kPrompts.size()] + " ";
+  v1::GenerateRequest first = Greedy(history, 8);
+  first.set_stream(false);
+  auto one = c->Generate(first);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->cached_prompt_tokens(), 0u) << "a cold cache";
+  ASSERT_GT(one->prompt_tokens(), 128u) << "a history of whole blocks";
+
+  v1::GenerateRequest next = Greedy(history + one->text() + " and then", 8);
+  next.set_stream(false);
+  auto two = c->Generate(next);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  // Whole blocks of 64 tokens, at most the first turn's prompt and answer, never the whole prompt.
+  EXPECT_GE(two->cached_prompt_tokens(), 128u);
+  EXPECT_EQ(two->cached_prompt_tokens() % 64, 0u);
+  EXPECT_LE(two->cached_prompt_tokens(), one->prompt_tokens() + one->completion_tokens());
+  EXPECT_LT(two->cached_prompt_tokens(), two->prompt_tokens());
+
+  std::vector<Response> scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
+  ASSERT_EQ(scraped.size(), 1u);
+  EXPECT_NE(scraped[0].body.find("warmpool_model_prompt_tokens_cached_total{model=\"tiny\"} " +
+                                 std::to_string(two->cached_prompt_tokens()) + "\n"),
+            std::string::npos)
+      << scraped[0].body;
 }
 
 }  // namespace

@@ -76,6 +76,7 @@ TEST_F(OpenAiTest, ChatAndCompletionsWholeAndStreamedSayWhatTheFramedProtocolSay
   EXPECT_FALSE(text.empty());
   EXPECT_EQ(text, FramedText("What may I do with the program?", true, 12));
   EXPECT_EQ(doc["usage"]["total_tokens"], doc["usage"]["prompt_tokens"].get<int>() + doc["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(doc["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "a short prompt: no whole block to find";
 
   json streamed = chat;
   streamed["stream"] = true;

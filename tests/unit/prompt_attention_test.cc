@@ -1,9 +1,11 @@
 // A prompt's attention as matrix products (engines/transformer/prompt_attention.h) against the
 // definition, written here in double precision: each row's softmax(q·k / sqrt(head_dim)) over the
 // positions it sees (causal, within the sliding window) weighing their values. Tiles of rows, a
-// cache already holding earlier positions, grouped heads, and values that are not finite.
+// cache already holding earlier positions (over several of its blocks), grouped heads, and values
+// that are not finite.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -53,12 +55,26 @@ std::vector<double> AttentionByDefinition(const Config& c, uint32_t rows, uint32
   return out;
 }
 
+// A one-layer cache holding these keys and values (position-major, kv_size floats each).
+std::unique_ptr<KvCache> CacheOf(const Config& c, const std::vector<float>& keys, const std::vector<float>& values) {
+  const auto positions = static_cast<uint32_t>(keys.size() / c.kv_size());
+  auto cache = std::make_unique<KvCache>(c, positions);
+  EXPECT_TRUE(cache->Prepare(0, positions).ok());
+  for (uint32_t j = 0; j < positions; ++j) {
+    std::copy_n(&keys[uint64_t{j} * c.kv_size()], c.kv_size(), cache->key(0, j));
+    std::copy_n(&values[uint64_t{j} * c.kv_size()], c.kv_size(), cache->value(0, j));
+  }
+  cache->Commit(0, std::vector<int32_t>(positions, 0));
+  return cache;
+}
+
 TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
   Config c;
+  c.num_hidden_layers = 1;
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 16;
-  const AttentionCase cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}};
+  const AttentionCase cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}, {9, 200, 0, 2}};
   std::mt19937 generator(11);
   std::uniform_real_distribution<float> uniform(-2, 2);
   for (const AttentionCase& k : cases) {
@@ -69,7 +85,8 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
     for (float& x : values) x = uniform(generator);
     for (float& x : q) x = uniform(generator);
     std::vector<float> out(q.size());
-    ASSERT_TRUE(PromptAttention(c, k.rows, k.start, keys.data(), values.data(), q.data(), out.data(), k.threads).ok());
+    const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
+    ASSERT_TRUE(PromptAttention(c, 0, k.rows, k.start, *cache, q.data(), out.data(), k.threads).ok());
     const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
@@ -82,6 +99,7 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
 // stays finite (as a product, its zero weight times infinity would have made it NaN).
 TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
   Config c;
+  c.num_hidden_layers = 1;
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
   c.head_dim = 8;
@@ -90,7 +108,8 @@ TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
   for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     values[uint64_t{30} * c.kv_size() + 3] = bad;  // position 30, dimension 3
     std::vector<float> out(q.size());
-    ASSERT_TRUE(PromptAttention(c, rows, 0, keys.data(), values.data(), q.data(), out.data(), 2).ok());
+    const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
+    ASSERT_TRUE(PromptAttention(c, 0, rows, 0, *cache, q.data(), out.data(), 2).ok());
     for (uint32_t r = 0; r < rows; ++r) {
       for (uint32_t h = 0; h < c.num_attention_heads; ++h) {
         for (uint32_t d = 0; d < c.head_dim; ++d) {

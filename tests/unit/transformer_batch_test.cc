@@ -1,7 +1,9 @@
 // Continuous batching behind the C ABI (engine ABI version 7: open_sequence, step, close_sequence):
 // sequences stepped together, joining and leaving between steps, generate what each generates alone
 // through the generate call; a long prompt goes in pieces while the others decode a token every
-// step; sequences run out and come back; bad steps are refused.
+// step; sequences run out and come back; bad steps are refused. A prompt that begins as an earlier
+// one did takes that prefix's KV blocks instead of computing them (the prefix cache), and generates
+// what a cold cache generates.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -37,6 +39,7 @@ class TransformerBatchTest : public TransformerEngineTest {
     wp_sequence* sequence = nullptr;
     Output out;
     bool ended = false;
+    uint32_t cached = 0;  // of its prompt's tokens, found in the prefix cache
   };
   // One step of every open sequence not ended; each one's output and result recorded. Returns how
   // many tokens each got in this step (by position in `open`), -1 for those not in it.
@@ -45,7 +48,7 @@ class TransformerBatchTest : public TransformerEngineTest {
     std::vector<Open*> in;
     for (Open* o : open) {
       if (o->ended) continue;
-      steps.push_back(wp_sequence_step{o->sequence, 0, WP_OK, {}, {}});
+      steps.push_back(wp_sequence_step{o->sequence, 0, WP_OK, {}, {}, 0});
       in.push_back(o);
     }
     std::vector<int> got(open.size(), -1);
@@ -60,6 +63,7 @@ class TransformerBatchTest : public TransformerEngineTest {
     EXPECT_TRUE(s.ok()) << s.ToString();
     for (size_t i = 0; i < in.size(); ++i) {
       EXPECT_EQ(steps[i].status, WP_OK) << steps[i].error;
+      in[i]->cached = steps[i].cached_tokens;
       if (steps[i].ended != 0) {
         in[i]->ended = true;
         in[i]->out.result = steps[i].result;
@@ -70,6 +74,10 @@ class TransformerBatchTest : public TransformerEngineTest {
       if (tokens.contains(open[i])) got[i] = tokens[open[i]];
     }
     return got;
+  }
+  // Runs one sequence alone to its end.
+  static void RunAlone(Engine& engine, Open& o) {
+    for (int steps = 0; !o.ended && steps < 500; ++steps) StepAll(engine, {&o});
   }
   static Open OpenOne(Engine& engine, const wp_generate_request& request) {
     Open o;
@@ -217,6 +225,80 @@ TEST_F(TransformerBatchTest, BadSequencesAndStepsAreRefusedAndTheOthersGoOn) {
   EXPECT_EQ(engine->Step(none, nullptr).code(), Code::kInvalidArgument);
   while (!a.ended) StepAll(*engine, {&a});
   EXPECT_EQ(a.out.tokens.size(), 3u) << "the refused steps ran nothing of it";
+}
+
+// A request by token ids: `count` tokens from `first` on, cycling through the vocabulary's start.
+wp_generate_request ByIds(std::vector<int32_t>& ids, uint32_t count, int32_t first, uint32_t max_tokens) {
+  ids.resize(count);
+  for (uint32_t i = 0; i < count; ++i) ids[i] = 3 + (first + static_cast<int32_t>(i)) % 200;
+  wp_generate_request r{};
+  r.tokens = ids.data();
+  r.token_count = ids.size();
+  r.max_tokens = max_tokens;
+  r.set = WP_SET_TEMPERATURE;
+  r.temperature = 0;
+  return r;
+}
+
+TEST_F(TransformerBatchTest, APromptThatBeginsAsAnEarlierOneReusesItsBlocksAndGeneratesTheSame) {
+  Result<Engine> warm = Loaded();
+  ASSERT_TRUE(warm.ok()) << warm.status().ToString();
+  std::vector<int32_t> first_ids, second_ids, other_ids;
+  Open first = OpenOne(*warm, ByIds(first_ids, 150, 0, 8));
+  RunAlone(*warm, first);
+  EXPECT_EQ(first.cached, 0u) << "a cold cache";
+
+  // The next turn: the same 150 tokens and 20 more, greedy and then seeded sampling. Two whole
+  // blocks (128 tokens) come from the cache; the rest is computed.
+  wp_generate_request second = ByIds(second_ids, 170, 0, 16);
+  wp_generate_request sampled = second;
+  sampled.set = WP_SET_TEMPERATURE | WP_SET_SEED;
+  sampled.temperature = 0.8f;
+  sampled.seed = 3;
+  for (const wp_generate_request& r : {second, sampled}) {
+    Open reused = OpenOne(*warm, r);
+    RunAlone(*warm, reused);
+    EXPECT_EQ(reused.cached, 128u);
+    EXPECT_EQ(reused.out.result.prompt_tokens, 170u);
+    Result<Engine> cold = Loaded();
+    ASSERT_TRUE(cold.ok());
+    Open fresh = OpenOne(*cold, r);
+    RunAlone(*cold, fresh);
+    EXPECT_EQ(fresh.cached, 0u);
+    EXPECT_EQ(reused.out.tokens, fresh.out.tokens) << "the reused prefix computes what a cold cache does";
+    EXPECT_EQ(reused.out.text, fresh.out.text);
+  }
+
+  // A prompt of exactly two blocks reuses one: its last token runs, for the logits.
+  std::vector<int32_t> exact_ids;
+  Open exact = OpenOne(*warm, ByIds(exact_ids, 128, 0, 2));
+  RunAlone(*warm, exact);
+  EXPECT_EQ(exact.cached, 64u);
+  Open other = OpenOne(*warm, ByIds(other_ids, 150, 1, 2));
+  RunAlone(*warm, other);
+  EXPECT_EQ(other.cached, 0u) << "another beginning finds nothing";
+}
+
+// While a sequence still runs, another whose prompt begins as its did shares its published blocks;
+// each goes on to write blocks of its own and generates what it generates alone.
+TEST_F(TransformerBatchTest, RunningSequencesShareAPrefixAndEachGeneratesWhatItDoesAlone) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::vector<int32_t> a_ids, b_ids;
+  const wp_generate_request a_request = ByIds(a_ids, 140, 5, 40), b_request = ByIds(b_ids, 200, 5, 40);
+  Open a = OpenOne(*engine, a_request);
+  while (a.out.tokens.empty()) StepAll(*engine, {&a});  // its prompt is through: two blocks published
+  Open b = OpenOne(*engine, b_request);
+  for (int steps = 0; (!a.ended || !b.ended) && steps < 500; ++steps) StepAll(*engine, {&a, &b});
+  EXPECT_EQ(b.cached, 128u);
+
+  for (auto [request, together] : {std::pair{a_request, &a}, std::pair{b_request, &b}}) {
+    Result<Engine> cold = Loaded();
+    ASSERT_TRUE(cold.ok());
+    Open alone = OpenOne(*cold, request);
+    RunAlone(*cold, alone);
+    EXPECT_EQ(together->out.tokens, alone.out.tokens);
+  }
 }
 
 }  // namespace

@@ -128,6 +128,7 @@ TEST(CpuModelStepTest, BadStepsAreRefusedBeforeAnythingIsWritten) {
   KvCache a(config, 8), b(config, 8);
   std::vector<float> logits(2 * uint64_t{config.vocab_size});
   const std::vector<int32_t> two = {1, 2};
+  ASSERT_TRUE(m.model->Forward(std::vector<int32_t>{3}, 0, a, std::span<float>(logits).first(config.vocab_size)).ok());
   const float before = *a.key(0, 0);
   struct Bad {
     std::vector<int32_t> tokens;
@@ -138,6 +139,7 @@ TEST(CpuModelStepTest, BadStepsAreRefusedBeforeAnythingIsWritten) {
                          Bad{two, {{&a, 0, 1}, {&b, 8, 1}}},                           // past the context
                          Bad{{1, static_cast<int32_t>(config.vocab_size)}, {{&a, 0, 1}, {&b, 0, 1}}},  // no such token
                          Bad{two, {{&a, 0, 1}, {nullptr, 0, 1}}},                      // no cache
+                         Bad{two, {{&a, 0, 1}, {&b, 1, 1}}},                           // a gap after b's none
                          Bad{{}, {}}}) {
     EXPECT_EQ(m.model->Step(bad.tokens, bad.runs, logits).code(), Code::kInvalidArgument);
   }

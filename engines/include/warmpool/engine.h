@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 6 (engines of versions 2 to 5 keep loading: everything a version
+/* warmpool engine ABI, version 8 (engines of versions 2 to 7 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -43,6 +43,10 @@
  * them, each getting its next token or its prompt's next piece) and closed (close_sequence) when it
  * ends or its client leaves. Sequences join and leave between any two steps. info.sequences says
  * how many may be open at once (spec.sequences asks for a number).
+ *
+ * Version 8 adds the prefix cache's count: each step says how many of a sequence's prompt tokens it
+ * found in the engine's cache instead of computing them (wp_sequence_step.cached_tokens, in what
+ * was that struct's tail padding: arrays of version 7 keep their layout).
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -54,7 +58,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 7u
+#define WP_ENGINE_ABI_VERSION 8u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -227,6 +231,9 @@ typedef struct wp_sequence_step {
   wp_status status;
   wp_generate_result result;
   char error[256];
+  /* Version 8, out: of result.prompt_tokens (the prompt's), how many the engine found in its cache
+   * (kept from an earlier sequence with the same prefix) and did not compute. Set every step. */
+  uint32_t cached_tokens;
 } wp_sequence_step;
 /* A step's output for sequences[index] of the step: called at most once per sequence and step,
  * during the step; the chunk is valid during the call only. */

@@ -1,0 +1,140 @@
+#include "engines/transformer/kv_cache.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace warmpool::transformer {
+
+uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences) {
+  const uint64_t per_sequence = (uint64_t{context} + kKvBlockTokens - 1) / kKvBlockTokens;
+  return static_cast<uint32_t>(std::min<uint64_t>(per_sequence * std::max(sequences, 1u), UINT32_MAX - 1));
+}
+
+Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t blocks) {
+  const uint64_t bytes =
+      uint64_t{blocks} * config.num_hidden_layers * 2 * kKvBlockTokens * config.kv_size() * sizeof(float);
+  // Reserved address space, not memory: the system provides a page when it is first written, so a
+  // pool sized for every sequence at its whole context costs what the sequences use.
+  void* data = bytes == 0 ? nullptr
+                          : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                                 -1, 0);
+  if (data == MAP_FAILED) {
+    return Error(Code::kResourceExhausted, "no address space for a KV cache of {} blocks ({} bytes)", blocks, bytes);
+  }
+  return std::unique_ptr<KvPool>(new KvPool(config, blocks, static_cast<float*>(data), bytes));
+}
+
+KvPool::KvPool(const Config& config, uint32_t blocks, float* data, uint64_t bytes)
+    : layers_(config.num_hidden_layers), kv_size_(config.kv_size()), blocks_(blocks), data_(data), bytes_(bytes) {}
+
+KvPool::~KvPool() {
+  if (data_ != nullptr) munmap(data_, bytes_);
+}
+
+void KvPool::Copy(uint32_t from, uint32_t to) {
+  std::memcpy(data_ + to * BlockFloats(), data_ + from * BlockFloats(), BlockFloats() * sizeof(float));
+}
+
+namespace {
+
+std::unique_ptr<KvPool> OwnPool(const Config& config, uint32_t context) {
+  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(config, KvPoolBlocks(context, 1));
+  if (!pool.ok()) throw std::bad_alloc();
+  return std::move(*pool);
+}
+
+}  // namespace
+
+KvCache::KvCache(const Config& config, uint32_t context)
+    : own_(OwnPool(config, context)), pool_(own_.get()), context_(context) {}
+
+KvCache::KvCache(KvPool& pool, uint32_t context) : pool_(&pool), context_(context) {}
+
+KvCache::~KvCache() { Clear(); }
+
+Status KvCache::Prepare(uint32_t start, uint32_t end) {
+  if (start > length_) {
+    return Error(Code::kInvalidArgument, "position {} follows a KV cache of {} positions: no gap can be left", start,
+                 length_);
+  }
+  if (end > context_ || start >= end) {
+    return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
+                 uint64_t{end} - 1, context_);
+  }
+  KvBlocks& blocks = pool_->blocks();
+  const uint32_t first = start / kKvBlockTokens;
+  const uint32_t last = (end - 1) / kKvBlockTokens;
+  for (uint32_t i = first; i <= last && i < table_.size(); ++i) {
+    const uint32_t block = table_[i];
+    if (blocks.holders(block) == 1) {
+      blocks.Unpublish(block);  // its only holder rewrites it: it keeps that prefix no longer
+      continue;
+    }
+    // Others read it (a prefix they share): this cache writes into a copy of its own. A shared
+    // block means the pool has one to spare (KvPoolBlocks counts each cache's blocks whole).
+    const std::optional<uint32_t> copy = blocks.Take();
+    if (!copy) return Error(Code::kResourceExhausted, "the KV cache's {} blocks are all in use", blocks.count());
+    pool_->Copy(block, *copy);
+    blocks.Release(block);
+    table_[i] = *copy;
+  }
+  sealed_ = std::min(sealed_, first);
+  while (table_.size() <= last) {
+    const std::optional<uint32_t> block = blocks.Take();
+    if (!block) {
+      return Error(Code::kResourceExhausted,
+                   "the KV cache's {} blocks are all in use by the sequences running (more than parallel x "
+                   "context positions asked for)",
+                   blocks.count());
+    }
+    table_.push_back(*block);
+  }
+  return OkStatus();
+}
+
+void KvCache::Commit(uint32_t start, std::span<const int32_t> tokens) {
+  const auto end = static_cast<uint32_t>(start + tokens.size());
+  if (tokens_.size() < end) tokens_.resize(end);
+  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + start);
+  length_ = end;
+  KvBlocks& blocks = pool_->blocks();
+  for (; (sealed_ + 1) * kKvBlockTokens <= length_; ++sealed_) {
+    const KvBlocks::Link parent = sealed_ == 0 ? KvBlocks::kRoot : blocks.LinkOf(table_[sealed_ - 1]);
+    // Unpublished (another sequence published the same prefix first, say), the blocks after it
+    // cannot be found either: Publish refuses them for want of a published parent.
+    blocks.Publish(table_[sealed_], parent,
+                   std::span<const int32_t>(tokens_).subspan(uint64_t{sealed_} * kKvBlockTokens, kKvBlockTokens));
+  }
+}
+
+uint32_t KvCache::Reuse(std::span<const int32_t> tokens, uint32_t most) {
+  Clear();
+  KvBlocks& blocks = pool_->blocks();
+  most = std::min<uint64_t>({most, tokens.size(), context_});
+  KvBlocks::Link parent = KvBlocks::kRoot;
+  while ((table_.size() + 1) * kKvBlockTokens <= most) {
+    const std::optional<uint32_t> block =
+        blocks.Find(parent, tokens.subspan(table_.size() * kKvBlockTokens, kKvBlockTokens));
+    if (!block) break;
+    table_.push_back(*block);
+    parent = blocks.LinkOf(*block);
+  }
+  length_ = sealed_ = static_cast<uint32_t>(table_.size());
+  length_ *= kKvBlockTokens;
+  tokens_.assign(tokens.begin(), tokens.begin() + length_);
+  return length_;
+}
+
+void KvCache::Clear() {
+  // The last block first: a prefix's blocks return to the cache child before parent, so that the
+  // least recently used goes first means a prefix is shortened from its end, not cut at its start.
+  for (auto it = table_.rbegin(); it != table_.rend(); ++it) pool_->blocks().Release(*it);
+  table_.clear();
+  tokens_.clear();
+  length_ = sealed_ = 0;
+}
+
+}  // namespace warmpool::transformer

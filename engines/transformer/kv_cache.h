@@ -1,0 +1,117 @@
+// A model's keys and values on the CPU, in fixed blocks (a paged KV cache; the bookkeeping is
+// KvBlocks, engines/transformer/kv_blocks.h). KvPool holds the blocks of one model, which its
+// sequences share; KvCache is one sequence's positions, a table of the pool's blocks.
+//
+// A block holds kKvBlockTokens positions of every layer: [layer][keys, values][position][kv head]
+// [head_dim] f32. Within a block, a layer's keys (and values) at consecutive positions are
+// consecutive rows of kv_size floats, so attention reads them as one strided matrix per block
+// (Contiguous says how far one reaches).
+//
+// A cache's positions 0 .. length() - 1 hold keys and values. Prepare makes room to write, Commit
+// records what was written; full blocks then join the prefix cache, and Reuse starts a new sequence
+// from published blocks of its prompt's prefix.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/transformer/config.h"
+#include "engines/transformer/kv_blocks.h"
+
+namespace warmpool::transformer {
+
+// The blocks a pool needs so that `sequences` caches of `context` positions always find theirs:
+// each holds at most ceil(context / kKvBlockTokens), and a shared block counts once.
+uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences);
+
+class KvPool {
+ public:
+  // Its memory is reserved, not touched: a block's pages are the system's only once written.
+  // RESOURCE_EXHAUSTED when the address space cannot be had.
+  static Result<std::unique_ptr<KvPool>> Make(const Config& config, uint32_t blocks);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  uint32_t layers() const { return layers_; }
+  uint32_t kv_size() const { return kv_size_; }
+  uint64_t bytes() const { return bytes_; }
+  KvBlocks& blocks() { return blocks_; }
+  const KvBlocks& blocks() const { return blocks_; }
+  float* key(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 0, offset); }
+  float* value(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 1, offset); }
+  // Every layer's keys and values of `from` into `to` (a shared block copied before it is written).
+  void Copy(uint32_t from, uint32_t to);
+
+ private:
+  KvPool(const Config& config, uint32_t blocks, float* data, uint64_t bytes);
+  uint64_t BlockFloats() const { return uint64_t{layers_} * 2 * kKvBlockTokens * kv_size_; }
+  float* At(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) {
+    return data_ + block * BlockFloats() + ((uint64_t{layer} * 2 + half) * kKvBlockTokens + offset) * kv_size_;
+  }
+  uint32_t layers_;
+  uint32_t kv_size_;
+  KvBlocks blocks_;
+  float* data_;
+  uint64_t bytes_;
+};
+
+class KvCache {
+ public:
+  // A cache with a pool of its own, for one sequence of `context` positions.
+  KvCache(const Config& config, uint32_t context);
+  // A cache whose blocks come from `pool` (which outlives it) as it grows.
+  KvCache(KvPool& pool, uint32_t context);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  uint32_t context() const { return context_; }
+  uint32_t length() const { return length_; }
+  bool Fits(const Config& config) const {
+    return pool_->layers() == config.num_hidden_layers && pool_->kv_size() == config.kv_size();
+  }
+
+  // Room to write positions start .. end - 1 (start <= length(), end <= context()): blocks taken
+  // from the pool, and a block among them that is published (or shared) unpublished (or copied)
+  // first, since its keys and values are about to change. INVALID_ARGUMENT past the context or
+  // after a gap, RESOURCE_EXHAUSTED when the pool has no block left; nothing written either way.
+  Status Prepare(uint32_t start, uint32_t end);
+  // Positions start .. start + tokens.size() - 1 now hold these tokens' keys and values in every
+  // layer (after Prepare, once every layer wrote them): length() becomes their end, and the blocks
+  // they fill are published for later sequences to reuse.
+  void Commit(uint32_t start, std::span<const int32_t> tokens);
+  // An empty cache (its blocks released) that starts with the longest published prefix of `tokens`
+  // that is whole blocks and at most `most` positions: returns its length, the positions reused.
+  uint32_t Reuse(std::span<const int32_t> tokens, uint32_t most);
+  // Empty: its blocks released (the published ones stay cached for later sequences).
+  void Clear();
+
+  // A position's keys or values (kv_size floats) in `layer`; within a block the next position's
+  // follow, kv_size floats on. The position must be prepared.
+  float* key(uint32_t layer, uint32_t position) {
+    return pool_->key(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
+  }
+  float* value(uint32_t layer, uint32_t position) {
+    return pool_->value(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
+  }
+  // How many positions from `position` (before `end`) lie in its block, one after another.
+  static uint32_t Contiguous(uint32_t position, uint32_t end) {
+    return std::min(end, (position / kKvBlockTokens + 1) * kKvBlockTokens) - position;
+  }
+  uint64_t bytes() const { return own_ ? own_->bytes() : 0; }
+
+ private:
+  std::unique_ptr<KvPool> own_;
+  KvPool* pool_;
+  uint32_t context_;
+  std::vector<uint32_t> table_;  // the block of positions [i, i + 1) x kKvBlockTokens
+  std::vector<int32_t> tokens_;  // the token at each position written
+  uint32_t length_ = 0;
+  uint32_t sealed_ = 0;          // full blocks, from the first, whose publication was tried
+};
+
+}  // namespace warmpool::transformer
