@@ -198,6 +198,17 @@ Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs,
   return out;
 }
 
+Status Engine::CanRun(const wp_generate_request& request) const {
+  if (request.resume_count != 0 && vtable_->abi_version < 9) {
+    // An older engine would start the generation again: its client would get the text twice.
+    return Error(Code::kUnavailable,
+                 "engine \"{}\" (engine ABI version {}) cannot resume a generation its worker's death cut "
+                 "short: what was sent stands, ask again for the rest",
+                 vtable_->name != nullptr ? vtable_->name : "?", vtable_->abi_version);
+  }
+  return OkStatus();
+}
+
 Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, const EmitFn& emit) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   if (!generates()) {
@@ -209,6 +220,7 @@ Result<wp_generate_result> Engine::Generate(const wp_generate_request& request, 
                  "engine \"{}\" (engine ABI version {}) takes no tools or tool calls: send plain messages",
                  vtable_->name != nullptr ? vtable_->name : "?", vtable_->abi_version);
   }
+  if (Status s = CanRun(request); !s.ok()) return s;
   char err[kErrorBufferBytes] = {};
   wp_generate_result result{};
   EmitBridge bridge{&emit, vtable_->abi_version};
@@ -224,6 +236,7 @@ Result<wp_sequence*> Engine::OpenSequence(const wp_generate_request& request, ui
     return Error(Code::kFailedPrecondition, "engine \"{}\" does not step sequences together",
                  vtable_->name != nullptr ? vtable_->name : "?");
   }
+  if (Status s = CanRun(request); !s.ok()) return s;
   char err[kErrorBufferBytes] = {};
   wp_sequence* sequence = nullptr;
   uint32_t prompt = 0;

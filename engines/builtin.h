@@ -122,6 +122,8 @@ class Engine {
   uint32_t OutputColumns(uint32_t cols) const { return info_.out_features != 0 ? info_.out_features : cols; }
 
  private:
+  // A request this engine's version can run: a resumed generation needs version 9.
+  Status CanRun(const wp_generate_request& request) const;
   Engine(const wp_engine_vtable* vtable, wp_engine* instance, const wp_engine_info& info)
       : vtable_(vtable), instance_(instance), info_(info) {}
   void Close();

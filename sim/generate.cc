@@ -1,10 +1,13 @@
 // Generations in the simulated world. A client asks a language model (file m2) — sometimes another
 // model — to generate, streaming or not, with a deadline now and then; it may leave mid-stream.
 // The worker streams a chunk per step (or a heartbeat, not streaming), checks between steps for a
-// cancel and its deadline, and may crash or hang at any step. What the core emits is checked as it
-// is emitted: a stream's chunks in order from 0, only to a client that asked for them, none after
-// the final reply; and as the client reads it: every chunk's text from one consistent version of
-// the model asked for, the final reply counting the chunks that came. Embeddings run the same way
+// cancel and its deadline, and may crash or hang at any step; step i's token is i, and a
+// generation resumed after its worker died goes on from the step after the tokens it is given.
+// What the core emits is checked as it is emitted: a stream's chunks in order from 0, only to a
+// client that asked for them, none after the final reply; and as the client reads it: every
+// chunk's text from one consistent version of the model asked for, its token the next (no token
+// twice, none missing, however many workers died under the stream), the final reply counting the
+// chunks and tokens that came. Embeddings run the same way
 // (a step per input, heartbeats only), each vector saying which weights made it.
 #include <cstdio>
 #include <cstdlib>
@@ -83,8 +86,14 @@ void Simulator::CheckChunkSent(Pending& p, const v1::Envelope& chunk) {
 
 void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool final) {
   if (!final) {
+    const v1::GenerateChunk& chunk = reply.generate_chunk();
+    if (chunk.tokens_size() != 1 || chunk.tokens(0) != static_cast<int32_t>(p.chunks_seen)) {
+      return Fail(fmt::format("a stream of \"{}\" got {} as its chunk {}: a token twice or one missing", p.model,
+                              chunk.tokens_size() == 1 ? fmt::format("token {}", chunk.tokens(0)) : "no single token",
+                              p.chunks_seen));
+    }
     p.chunks_seen++;
-    return CheckGeneratedText(p, reply.generate_chunk().text());
+    return CheckGeneratedText(p, chunk.text());
   }
   if (reply.has_error()) {
     if (reply.error().message().find("is not loaded in worker") != std::string::npos) {
@@ -99,6 +108,10 @@ void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool f
   const v1::GenerateReply& r = reply.generate_reply();
   if (r.chunks() != p.chunks_seen) {
     return Fail(fmt::format("a generation of \"{}\" says {} chunks; {} came", p.model, r.chunks(), p.chunks_seen));
+  }
+  if (p.stream && r.finish_reason() == "length" && r.completion_tokens() != p.chunks_seen) {
+    return Fail(fmt::format("a stream of \"{}\" says {} tokens; {} came", p.model, r.completion_tokens(),
+                            p.chunks_seen));
   }
   if (!p.stream) CheckGeneratedText(p, r.text());
   outcome_.replies_ok++;
@@ -149,8 +162,10 @@ void Simulator::CheckGeneratedText(const Pending& p, const std::string& text) {
 void Simulator::StartGeneration(Worker& w, uint64_t job, WorkerJob work) {
   w.serving_job = job;
   const uint32_t slot = w.slot, generation = w.generation;
-  After(rng_.Range(0, 5), [this, slot, generation, job, work = std::move(work)]() mutable {
-    GenerationStep(slot, generation, job, 0, std::move(work));
+  // Resumed: on from the step after the tokens its client has.
+  const auto first = static_cast<uint32_t>(work.message.infer().resume_tokens_size());
+  After(rng_.Range(0, 5), [this, slot, generation, job, first, work = std::move(work)]() mutable {
+    GenerationStep(slot, generation, job, first, std::move(work));
   });
 }
 
@@ -204,6 +219,7 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
   if (!embed && g.stream()) {  // a chunk; else a heartbeat: the step, no text
     v1::GenerateChunk* chunk = message.mutable_infer_chunk()->mutable_chunk();
     chunk->set_index(step);
+    chunk->add_tokens(static_cast<int32_t>(step));
     chunk->set_text(StepText(g, engine->second));
   }
   ReplyToCore(w, std::move(message));

@@ -109,7 +109,8 @@ Result<uint32_t> Serving::BeginLongJob(const v1::WorkerInfer& request, const std
   return marks_.Take(request.request_id(), request.model());
 }
 
-Status Serving::ToEngineRequest(const v1::GenerateRequest& g, EngineRequest& out) {
+Status Serving::ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out) {
+  const v1::GenerateRequest& g = infer.generate();
   out = EngineRequest();
   for (const std::string& stop : g.stop()) out.stops.push_back({stop.data(), stop.size()});
   for (const v1::ChatMessage& m : g.messages()) {
@@ -129,6 +130,8 @@ Status Serving::ToEngineRequest(const v1::GenerateRequest& g, EngineRequest& out
   if (g.has_seed()) r.set |= WP_SET_SEED, r.seed = g.seed();
   r.stop = out.stops.data();
   r.stop_count = static_cast<uint32_t>(out.stops.size());
+  r.resume_tokens = infer.resume_tokens().data();
+  r.resume_count = static_cast<uint32_t>(infer.resume_tokens_size());
   r.logprobs = g.logprobs() ? 1 : 0;
   r.top_logprobs = g.top_logprobs();
   if (NeedsConversation(g)) {
@@ -165,7 +168,7 @@ void Serving::HandleGenerate(v1::WorkerInfer request) {
   GenerationStream stream(request, outbox_, outbox_.FaultsFor(job, request.faults()));
   stream.faults().Hit("infer.after_take");
   EngineRequest args;
-  if (Status built = ToEngineRequest(g, args); !built.ok()) {
+  if (Status built = ToEngineRequest(request, args); !built.ok()) {
     marks_.Release(*slot);
     return SendGenerateError(job, built);
   }

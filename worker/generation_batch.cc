@@ -52,7 +52,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     r.stream = std::make_unique<GenerationStream>(*r.request, outbox_, outbox_.FaultsFor(job, r.request->faults()));
     r.stream->faults().Hit("infer.after_take");
     EngineRequest args;
-    Status opened = ToEngineRequest(r.request->generate(), args);
+    Status opened = ToEngineRequest(*r.request, args);
     if (opened.ok()) {
       Result<wp_sequence*> sequence = engine->OpenSequence(args.request, &r.prompt_tokens);
       if (sequence.ok()) r.sequence = *sequence;

@@ -73,13 +73,14 @@ class Serving {
   // while it runs share the engine's steps, up to its info.sequences at once; each joins and leaves
   // between steps. Returns when none is left; what waits in deferred_ behind them is next.
   void ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engine>& engine);
-  // A generate request in the engine's terms, pointing into the request and `out`'s storage.
+  // A generate request in the engine's terms (a resumed one's tokens too), pointing into the request
+  // and `out`'s storage.
   struct EngineRequest {
     wp_generate_request request{};
     std::vector<wp_string> stops, roles, contents;
     std::string conversation;
   };
-  static Status ToEngineRequest(const v1::GenerateRequest& g, EngineRequest& out);
+  static Status ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out);
   void SendGenerateError(uint64_t job, const Status& status);
   // Embeddings (worker/embed.cc): between inputs and pieces of a long one, as a generation between
   // steps (heartbeats, a cancel, the deadline).

@@ -19,7 +19,8 @@
 struct wp_sequence {
   warmpool::transformer::TextSequence text;
   uint32_t slot = 0;
-  bool failed = false;  // a step failed it: it takes no more steps
+  bool failed = false;    // a step failed it: it takes no more steps
+  bool reported = false;  // a step said it ended: it takes no more steps
 };
 
 namespace warmpool::transformer {
@@ -104,6 +105,12 @@ Result<TextRequest> TextRequestFrom(const TransformerEngine& e, const wp_generat
     request.prompt.assign(r.prompt.data != nullptr ? r.prompt.data : "", r.prompt.bytes);
   }
   request.max_tokens = r.max_tokens;
+  if (r.resume_count > 0) {
+    if (r.resume_tokens == nullptr || r.resume_count > e.context) {
+      return Error(Code::kInvalidArgument, "{} tokens to resume: at most the context's {}", r.resume_count, e.context);
+    }
+    request.resumed.assign(r.resume_tokens, r.resume_tokens + r.resume_count);
+  }
   SamplingOptions& s = request.sampling;
   s = e.files->sampling;
   if (r.set & WP_SET_TEMPERATURE) s.temperature = r.temperature;
@@ -152,7 +159,7 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   if (!text.ok()) return text.status();
   const auto slot = static_cast<uint32_t>(free - e.slot_used.begin());
   // The prompt's prefix that an earlier sequence left in the KV cache is not computed again.
-  text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prompt()));
+  if (!text->ended()) text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill()));
   auto* opened = new wp_sequence{std::move(*text), slot, false};
   *free = true;
   e.open_sequences++;
@@ -175,23 +182,33 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
   std::vector<StepMember> members;
   for (uint32_t i = 0; i < count; i++) {
     const wp_sequence* s = steps[i].sequence;
-    if (s == nullptr || s->failed || s->text.ended()) {
+    if (s == nullptr || s->failed || s->reported) {
       return Error(Code::kInvalidArgument, "sequence {} of the step is {}", i, s == nullptr ? "missing" : "over");
     }
-    for (const StepMember& m : members) {
-      if (m.slot == s->slot) return Error(Code::kInvalidArgument, "a sequence is in the step twice");
+    for (uint32_t j = 0; j < i; j++) {
+      if (steps[j].sequence == s) return Error(Code::kInvalidArgument, "a sequence is in the step twice");
     }
-    members.push_back({&s->text.tokens(), s->slot});
   }
+  std::vector<uint32_t> stepped;  // the step's index of each member
   for (uint32_t i = 0; i < count; i++) {
+    wp_sequence& s = *steps[i].sequence;
     steps[i].ended = 0;
     steps[i].status = WP_OK;
     steps[i].result = {};
     steps[i].error[0] = '\0';
-    steps[i].cached_tokens = steps[i].sequence->text.tokens().cached_tokens();
+    steps[i].cached_tokens = s.text.tokens().cached_tokens();
+    if (s.text.ended()) {  // a resumed generation that was through already: it ends here, running nothing
+      steps[i].ended = 1;
+      s.reported = true;
+      SetResult(s.text, steps[i].result);
+      continue;
+    }
+    members.push_back({&s.text.tokens(), s.slot});
+    stepped.push_back(i);
   }
-  return RunStep(*e.slots, members, [&](size_t i, uint32_t fed, std::span<const float> logits,
+  return RunStep(*e.slots, members, [&](size_t member, uint32_t fed, std::span<const float> logits,
                                         std::optional<int32_t> argmax) {
+    const uint32_t i = stepped[member];
     wp_sequence_step& step = steps[i];
     wp_sequence& s = *step.sequence;
     Result<TextSequence::Output> out = s.text.Advance(fed, logits, argmax);
@@ -214,6 +231,7 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
     }
     if (s.text.ended()) {
       step.ended = 1;
+      s.reported = true;
       SetResult(s.text, step.result);
     }
   });
@@ -238,7 +256,7 @@ Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn e
   const TokenSequence& tokens = sequence->text.tokens();
   while (step.ended == 0) {
     // Between a prompt's pieces: progress, nothing to send, and a point where it can be stopped.
-    if (tokens.position() > 0 && tokens.position() < tokens.prompt_tokens()) {
+    if (tokens.position() > 0 && tokens.position() < tokens.prefill_tokens()) {
       const wp_generate_chunk progress{};
       forward(&emitting, 0, &progress);
     }

@@ -66,7 +66,7 @@ Result<Generation> Generate(Sequence& model, const GenerationRequest& request,
   const StepMember member{&sequence, 0};
   while (!sequence.ended()) {
     // Between a prompt's pieces: progress, and a point where it can be stopped.
-    if (sequence.position() > 0 && sequence.position() < sequence.prompt_tokens() && on_progress && !on_progress()) {
+    if (sequence.position() > 0 && sequence.position() < sequence.prefill_tokens() && on_progress && !on_progress()) {
       sequence.End(FinishReason::kCancelled);
       break;
     }

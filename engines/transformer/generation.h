@@ -28,6 +28,9 @@ struct GenerationRequest {
   uint32_t max_tokens = 16;
   SamplingOptions sampling;
   std::vector<int32_t> end_tokens;  // the model's eos tokens (generation_config.json)
+  // A generation resumed after its worker died: the tokens it had generated (its client has them).
+  // They are computed with the prompt and count as generated; the sampler is past their draws.
+  std::vector<int32_t> resumed;
   bool logprobs = false;            // each token's log-probability to on_logprobs ...
   uint32_t top_logprobs = 0;        // ... and this many most likely tokens' (at most kMaxTopLogprobs)
 };

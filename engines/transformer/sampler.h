@@ -46,6 +46,11 @@ class Sampler {
   // sequence so far (prompt and generated tokens), for the repetition penalty. NaN logits count
   // as impossible; when no logit is a number the model is broken: INTERNAL.
   Result<int32_t> Next(std::span<const float> logits, std::span<const int32_t> seen);
+  // Where `tokens` calls of Next would have left it: past their draws (one per sampled token, none
+  // when greedy). A resumed generation's sampler, after the tokens it had generated.
+  void Skip(uint64_t tokens) {
+    if (options_.temperature >= 1e-5) generator_.discard(tokens);
+  }
 
   // The distribution Next draws from: every filter applied, normalised (all zero but the chosen
   // token's when greedy). For tests and for logprobs.

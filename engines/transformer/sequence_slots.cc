@@ -60,14 +60,14 @@ Status OneSlot::Step(std::span<const Run> runs, std::span<float> logits, std::sp
 Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance) {
   bool decoding = false;
   for (const StepMember& m : members) {
-    decoding = decoding || m.sequence->position() >= m.sequence->prompt_tokens();
+    decoding = decoding || m.sequence->position() >= m.sequence->prefill_tokens();
   }
   uint32_t prompt_budget = decoding ? kStepPromptTokens : kPrefillPiece;
   std::vector<SequenceSlots::Run> runs;
   std::vector<size_t> ran;  // the member of each run
   for (size_t i = 0; i < members.size(); ++i) {
     const TokenSequence& s = *members[i].sequence;
-    const bool prompt = s.position() < s.prompt_tokens();
+    const bool prompt = s.position() < s.prefill_tokens();
     if (prompt && prompt_budget == 0) continue;
     const TokenSequence::Feed feed = s.Next(prompt ? prompt_budget : 1);
     if (prompt) prompt_budget -= static_cast<uint32_t>(feed.tokens.size());

@@ -17,7 +17,7 @@ Result<TextResult> GenerateText(Sequence& model, const ServingFiles& files, cons
   const StepMember member{&tokens, 0};
   while (!sequence.ended()) {
     // Between a prompt's pieces: progress, nothing to send, and a point where it can be stopped.
-    if (tokens.position() > 0 && tokens.position() < tokens.prompt_tokens() && !emit("", {}, {})) {
+    if (tokens.position() > 0 && tokens.position() < tokens.prefill_tokens() && !emit("", {}, {})) {
       sequence.Cancel();
       break;
     }

@@ -27,6 +27,7 @@ struct TextRequest {
   std::vector<std::string> stop;
   bool logprobs = false;        // each token's log-probability with it (generation.h) ...
   uint32_t top_logprobs = 0;    // ... and the most likely tokens' at its step
+  std::vector<int32_t> resumed; // a resumed generation's tokens so far (GenerationRequest::resumed)
 };
 
 struct TextResult {

@@ -18,9 +18,23 @@ Result<TextSequence> TextSequence::Start(const ServingFiles& files, const TextRe
   generation.end_tokens = files.end_tokens;
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
+  generation.resumed = request.resumed;
   Result<TokenSequence> tokens = TokenSequence::Start(std::move(generation), context, vocab_size);
   if (!tokens.ok()) return tokens.status();
-  return TextSequence(files, std::move(*tokens), request.stop);
+  TextSequence text(files, std::move(*tokens), request.stop);
+  // Resumed: the text of the tokens its client has, made again and not sent, so that what the
+  // decoder and the stop strings held back (an incomplete character, a stop string's beginning)
+  // is held again; a stop string those tokens completed ended it.
+  for (int32_t token : request.resumed) {
+    Result<std::string> piece = text.decoder_.Push(token);
+    if (!piece.ok()) return piece.status();
+    text.stops_.Push(*piece);
+    if (text.stops_.stopped()) {
+      text.tokens_.End(FinishReason::kStop);
+      break;
+    }
+  }
+  return text;
 }
 
 Result<TextSequence::Output> TextSequence::Advance(uint32_t fed, std::span<const float> logits,

@@ -8,9 +8,18 @@ TokenSequence::TokenSequence(GenerationRequest request, uint32_t context)
     : request_(std::move(request)),
       context_(context),
       prompt_tokens_(static_cast<uint32_t>(request_.prompt.size())),
+      prefill_tokens_(static_cast<uint32_t>(request_.prompt.size() + request_.resumed.size())),
       seen_(request_.prompt),
+      generated_(request_.resumed),
       sampler_(request_.sampling),
-      argmax_only_(ChoosesArgMax(request_.sampling) && !request_.logprobs) {}
+      argmax_only_(ChoosesArgMax(request_.sampling) && !request_.logprobs) {
+  if (request_.resumed.empty()) return;
+  // Resumed: everything the worker that died had generated goes in with the prompt, and the
+  // sampler is where drawing it left it. Ended already if that was its last token.
+  seen_.insert(seen_.end(), request_.resumed.begin(), request_.resumed.end());
+  sampler_.Skip(request_.resumed.size());
+  if (generated_.size() >= request_.max_tokens || seen_.size() - 1 >= context_) End(FinishReason::kLength);
+}
 
 Result<TokenSequence> TokenSequence::Start(GenerationRequest request, uint32_t context, uint32_t vocab_size) {
   if (request.prompt.empty()) return Error(Code::kInvalidArgument, "the prompt has no tokens");
@@ -23,6 +32,17 @@ Result<TokenSequence> TokenSequence::Start(GenerationRequest request, uint32_t c
       return Error(Code::kInvalidArgument, "token {} is outside the model's vocabulary of {}", id, vocab_size);
     }
   }
+  if (request.prompt.size() + request.resumed.size() > uint64_t{context} + 1) {
+    return Error(Code::kInvalidArgument, "{} tokens to resume after a prompt of {}: past the context of {}",
+                 request.resumed.size(), request.prompt.size(), context);
+  }
+  for (int32_t id : request.resumed) {
+    if (id < 0 || static_cast<uint32_t>(id) >= vocab_size ||
+        std::find(request.end_tokens.begin(), request.end_tokens.end(), id) != request.end_tokens.end()) {
+      return Error(Code::kInvalidArgument, "token {} to resume was never generated (outside the vocabulary, or an "
+                   "end token)", id);
+    }
+  }
   if (Status s = CheckSamplingOptions(request.sampling); !s.ok()) return s;
   if (request.top_logprobs > kMaxTopLogprobs) {
     return Error(Code::kInvalidArgument, "top_logprobs {}: at most {}", request.top_logprobs, kMaxTopLogprobs);
@@ -33,11 +53,12 @@ Result<TokenSequence> TokenSequence::Start(GenerationRequest request, uint32_t c
 TokenSequence::Feed TokenSequence::Next(uint32_t budget) const {
   Feed feed;
   feed.start = fed_;
-  if (fed_ < prompt_tokens_) {
-    const uint32_t piece = std::min(std::max(budget, 1u), prompt_tokens_ - fed_);
+  if (fed_ < prefill_tokens_) {
+    const uint32_t piece = std::min(std::max(budget, 1u), prefill_tokens_ - fed_);
     feed.tokens = std::span<const int32_t>(seen_).subspan(fed_, piece);
-    // The prompt's last token's logits choose the first token (unless none is wanted).
-    feed.chooses = fed_ + piece == prompt_tokens_ && request_.max_tokens > 0;
+    // The prompt's last token's logits choose the first token (unless none is wanted); a resumed
+    // generation's last token's, the next.
+    feed.chooses = fed_ + piece == prefill_tokens_ && generated_.size() < request_.max_tokens;
     return feed;
   }
   feed.tokens = std::span<const int32_t>(seen_).subspan(fed_, 1);  // the token chosen last
@@ -46,7 +67,7 @@ TokenSequence::Feed TokenSequence::Next(uint32_t budget) const {
 }
 
 void TokenSequence::Skip(uint32_t cached) {
-  if (fed_ != 0 || cached >= prompt_tokens_) return;
+  if (fed_ != 0 || cached >= prefill_tokens_) return;
   fed_ = cached_ = cached;
 }
 
@@ -56,7 +77,7 @@ Result<std::optional<int32_t>> TokenSequence::Advance(uint32_t fed, std::span<co
   fed_ += fed;
   logprobs_.reset();
   if (!chose) {
-    if (fed_ == prompt_tokens_) End(FinishReason::kLength);  // a prompt run for nothing (max_tokens 0)
+    if (fed_ == prefill_tokens_) End(FinishReason::kLength);  // a prompt run for nothing (max_tokens 0)
     return std::optional<int32_t>();
   }
   Result<int32_t> next = argmax_only_ && argmax ? Result<int32_t>(*argmax)

@@ -20,12 +20,14 @@ namespace warmpool::transformer {
 class TokenSequence {
  public:
   // INVALID_ARGUMENT before anything runs: an empty prompt, one that leaves no room in a context of
-  // `context` positions, a token outside the vocabulary, options out of range.
+  // `context` positions, a token outside the vocabulary, options out of range, resumed tokens that
+  // could not have been generated (an end token, past the context). A resumed generation that had
+  // already reached its limit starts ended.
   static Result<TokenSequence> Start(GenerationRequest request, uint32_t context, uint32_t vocab_size);
 
   // What its next step runs: tokens at positions start, start + 1, ... (the cache holds the
-  // positions before start). A prompt goes in pieces of at most `budget` tokens (>= 1); after it,
-  // one token a step. `chooses`: the step's logits for the last token choose the next token.
+  // positions before start). A prompt (and a resumed generation's tokens after it) goes in pieces
+  // of at most `budget` tokens (>= 1); after it, one token a step. `chooses`: the step's logits for the last token choose the next token.
   struct Feed {
     std::span<const int32_t> tokens;
     uint32_t start = 0;
@@ -33,11 +35,13 @@ class TokenSequence {
   };
   Feed Next(uint32_t budget) const;
 
-  // Before its first step: the cache already holds the prompt's first `cached` tokens (a prefix
-  // kept from an earlier sequence), which it then does not feed. Fewer than the prompt's tokens.
+  // Before its first step: the cache already holds the first `cached` of the tokens to prefill (a
+  // prefix kept from an earlier sequence), which it then does not feed. Fewer than all of them.
   void Skip(uint32_t cached);
   uint32_t cached_tokens() const { return cached_; }
-  std::span<const int32_t> prompt() const { return std::span<const int32_t>(seen_).first(prompt_tokens_); }
+  // What goes in before its first choice: the prompt, and a resumed generation's tokens.
+  std::span<const int32_t> prefill() const { return std::span<const int32_t>(seen_).first(prefill_tokens_); }
+  uint32_t prefill_tokens() const { return prefill_tokens_; }
 
   // The step ran Next(budget) (`fed` tokens of it). When that Feed chose, `logits` are the last
   // token's (vocab_size floats), or, where argmax_only(), `argmax` is the largest of them (a GPU
@@ -69,6 +73,7 @@ class TokenSequence {
   GenerationRequest request_;
   uint32_t context_;
   uint32_t prompt_tokens_;
+  uint32_t prefill_tokens_;         // the prompt's and the resumed tokens
   std::vector<int32_t> seen_;       // prompt and generated tokens: the repetition penalty's
   std::vector<int32_t> generated_;  // end token excluded
   uint32_t fed_ = 0;                // tokens of seen_ in the cache

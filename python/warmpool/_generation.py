@@ -146,8 +146,8 @@ def result(envelope):
 class Generation:
     """A streamed generation: iterate for its chunks (GenerateChunk) as they come; the iteration
     ends with the final reply, then in ``result`` (GenerateResult). ``text`` gathers the chunks'
-    text. An error reply (after chunks too: a worker that died mid-stream) raises from the
-    iteration."""
+    text. An error reply (after chunks too: a deadline, or a worker that died mid-stream under a
+    generation that cannot resume) raises from the iteration."""
 
     def __init__(self, connection, request_id):
         self._connection = connection

@@ -207,6 +207,8 @@ Core::Job Core::InferJobFor(uint32_t model, uint32_t worker, const Waiter& waite
   job.crashes = waiter.crashes;
   job.shared_crashes = waiter.shared_crashes;
   job.retry = waiter.retry;
+  job.chunks = waiter.chunks;
+  job.sent_tokens = waiter.sent_tokens;
   return job;
 }
 

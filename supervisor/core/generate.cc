@@ -77,12 +77,19 @@ void Core::EnqueueHeld(uint32_t model, Waiter&& waiter, uint64_t bytes) {
 }
 
 void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter) {
+  if (waiter.chunks > 0 && waiter.resume_epoch != models_[model].epoch) {
+    // Its stream began on weights a reload has since replaced: going on with others would mix them.
+    return AnswerError(waiter.call, Error(Code::kUnavailable,
+                                          "model \"{}\" changed (a reload) while its worker's death held the stream "
+                                          "up after {} chunks: what was sent stands, ask again",
+                                          models_[model].entry.name, waiter.chunks));
+  }
   Job job = InferJobFor(model, worker, waiter);
   job.generate = std::move(waiter.generate);
   job.embed = std::move(waiter.embed);
   job.stepwise = true;
   // In the worker's channel: the request, and for embeddings the reply's vectors too.
-  job.frame_bytes = job.generate ? job.generate->ByteSizeLong()
+  job.frame_bytes = job.generate ? job.generate->ByteSizeLong() + job.sent_tokens.size() * sizeof(int32_t)
                                  : job.embed->ByteSizeLong() + EmbedReplyBytes(job.embed->input_size(),
                                                                                models_[model].entry.embedding_size);
   v1::WorkerEnvelope message;
@@ -96,6 +103,9 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   StartInferJob(model, id, infer);
   // Copied into the frame: the job keeps its request for a retry.
   if (stored.generate) *infer->mutable_generate() = *stored.generate;
+  // Resumed: the engine goes on after what the client has (and the chunks go on being numbered
+  // from where they stopped: the job's count starts at the waiter's).
+  infer->mutable_resume_tokens()->Add(stored.sent_tokens.begin(), stored.sent_tokens.end());
   if (stored.generate && stored.generate->tools_size() > 0) infer->set_tool_call_format(models_[model].tool_call_format);
   if (stored.embed) *infer->mutable_embed() = *stored.embed;
   Send(worker, message);
@@ -113,6 +123,7 @@ void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
   v1::GenerateChunk* out = reply.mutable_generate_chunk();
   *out = chunk.chunk();
   out->set_index(job->chunks++);  // the core numbers them: in order, whatever the worker says
+  job->sent_tokens.insert(job->sent_tokens.end(), out->tokens().begin(), out->tokens().end());
   SendChunk(job->call, std::move(reply));
 }
 

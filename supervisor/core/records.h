@@ -46,6 +46,10 @@ struct Waiter {
   uint32_t replicas_asked = 0;  // a load: LoadRequest.replicas, for its reply
   std::optional<v1::GenerateRequest> generate{};  // a generation instead of `infer` (core/generate.cc)
   std::optional<v1::EmbedRequest> embed{};        // embeddings instead of `infer` (core/embed.cc)
+  // A generation resumed after its worker died mid-stream: the chunks and tokens its client has.
+  uint32_t chunks = 0;
+  std::vector<int32_t> sent_tokens{};
+  uint64_t resume_epoch = 0;  // of the model it began on: it goes on only on that registration
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -69,7 +73,8 @@ struct Job {
   // that says nothing for load_stall_ms is taken for hung), and a client that leaves cancels it.
   // A generation, embeddings, typed tensors (whose runs may be a long prompt's pieces).
   bool stepwise = false;
-  uint32_t chunks = 0;  // a generation's chunks sent to its client
+  uint32_t chunks = 0;  // a generation's chunks sent to its client ...
+  std::vector<int32_t> sent_tokens{};  // ... and their tokens: where it resumes if its worker dies
   std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
   uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
   // Runs on the worker's load thread: loads, attaches and unparks, and an unload of a model

@@ -71,8 +71,12 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         }
         if (job.answered) break;  // already told DEADLINE_EXCEEDED, or its client is gone
         const bool charged = killer && !w.device_lost;
-        if (job.chunks > 0) {
-          // Part of the stream is the client's already: running it again would send it twice.
+        // Part of the stream is the client's already: running it again would send it twice. A
+        // generation resumes instead, on another worker, after the tokens the client has (the
+        // engine computes them again and goes on from there); one with tools does not (what the
+        // worker's reader of tool calls held back is not the core's to know).
+        const bool resumable = job.generate && job.generate->tools_size() == 0;
+        if (job.chunks > 0 && !resumable) {
           AnswerError(job.call, Error(Code::kUnavailable,
                                       "the worker generating for \"{}\" died after {} chunks (worker {} {}); "
                                       "what was sent stands, the rest is lost: ask again",
@@ -92,6 +96,9 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
                                                job.deadline_ms, crashes, shared, /*retry=*/true});
         retries.back().second.generate = std::move(job.generate);
         retries.back().second.embed = std::move(job.embed);
+        retries.back().second.chunks = job.chunks;
+        retries.back().second.sent_tokens = std::move(job.sent_tokens);
+        retries.back().second.resume_epoch = job.epoch;
         break;
       }
       case Job::Kind::kLoad:

@@ -1,6 +1,6 @@
 // Language models end to end: a Hugging Face model directory in the models directory, served by
 // the transformer engine in a worker, its text streamed to the C++ client and the CLI; a worker
-// killed mid-stream, a client that leaves, a park and an unpark.
+// killed mid-stream (the stream resumes), a client that leaves, a park and an unpark.
 #include <sys/socket.h>
 
 #include <chrono>
@@ -136,21 +136,34 @@ TEST_F(GenerateTest, BadRequestsGetTypedErrorsAndTheModelKeepsServing) {
   EXPECT_TRUE(fine.ok()) << fine.status().ToString();
 }
 
-TEST_F(GenerateTest, AWorkerKilledMidStreamEndsTheStreamWithAnErrorAndTheModelServesAgain) {
+// SIGKILL of the worker after the first chunk: the stream goes on, on a respawned worker that
+// attaches the weights the supervisor held, after the tokens the client has — with a sampled
+// generation too, whose seed carries on: the client's stream is the undisturbed one, no chunk
+// twice and none missing.
+TEST_F(GenerateTest, AWorkerKilledMidStreamHasItsStreamResumeWhereItWasCut) {
   WriteModel("tiny");
   StartDaemon("", {"--enable-fault-injection"});
   auto c = Connect();
-  auto before = c->Generate(Greedy("tiny", "Preamble", 16, /*stream=*/false));
-  ASSERT_TRUE(before.ok()) << before.status().ToString();
-  ASSERT_TRUE(c->ArmFault(client::FaultSpec{"infer.mid", "kill", "tiny", 0, 1}).ok());
-  Streamed cut = Stream(*c, Greedy("tiny", "Preamble", 16));
-  ASSERT_FALSE(cut.final.ok());
-  EXPECT_EQ(cut.final.status().code(), Code::kUnavailable) << cut.final.status().ToString();
-  EXPECT_EQ(cut.indices, std::vector<uint32_t>{0}) << "the chunk sent before the kill, then the error";
-  // A respawned worker attaches the weights the supervisor held: the same text again.
-  auto after = c->Generate(Greedy("tiny", "Preamble", 16, /*stream=*/false));
-  ASSERT_TRUE(after.ok()) << after.status().ToString();
-  EXPECT_EQ(after->text(), before->text());
+  v1::GenerateRequest sampled = Greedy("tiny", "Preamble", 16);
+  sampled.set_temperature(0.9f);
+  sampled.set_seed(5);
+  for (const v1::GenerateRequest& request : {Greedy("tiny", "Preamble", 16), sampled}) {
+    Streamed whole = Stream(*c, request);
+    ASSERT_TRUE(whole.final.ok()) << whole.final.status().ToString();
+    ASSERT_TRUE(c->ArmFault(client::FaultSpec{"infer.mid", "kill", "tiny", 0, 1}).ok());
+    Streamed cut = Stream(*c, request);
+    ASSERT_TRUE(cut.final.ok()) << cut.final.status().ToString();
+    EXPECT_EQ(cut.tokens, whole.tokens);
+    EXPECT_EQ(cut.text, whole.text);
+    for (uint32_t i = 0; i < cut.indices.size(); i++) EXPECT_EQ(cut.indices[i], i);
+    EXPECT_EQ(cut.final->completion_tokens(), whole.final->completion_tokens());
+    EXPECT_EQ(cut.final->chunks(), cut.indices.size());
+  }
+  auto status = c->GetStatus();
+  ASSERT_TRUE(status.ok());
+  uint32_t restarts = 0;
+  for (const auto& w : status->workers()) restarts += w.restarts();
+  EXPECT_EQ(restarts, 2u) << "each stream's worker was killed once";
   ExpectQuiescentAndValid();
 }
 

@@ -1,27 +1,35 @@
 // Generations in the core (supervisor/core/generate.cc): a client gets the chunks in order, then
 // exactly one final reply, and nothing after it — whatever the worker does meanwhile: dies before
-// or after a chunk went out, answers late, or keeps sending after the client left or the deadline
-// passed.
+// or after a chunk went out (the stream then resumes elsewhere after the tokens sent), answers
+// late, or keeps sending after the client left or the deadline passed.
 #include "tests/unit/core_rig.h"
 
 namespace warmpool::supervisor::testing {
 namespace {
 
 uint64_t Generate(CoreRig& rig, uint64_t session, const std::string& model, bool stream = true,
-                  uint32_t deadline_ms = 0) {
+                  uint32_t deadline_ms = 0, bool tools = false) {
   v1::Envelope e;
+  if (tools) {  // a chat with a tool
+    e.mutable_generate()->add_tools(R"({"type": "function", "function": {"name": "lookup"}})");
+    v1::ChatMessage* m = e.mutable_generate()->add_messages();
+    m->set_role("user");
+    m->set_content("look it up");
+  }
   e.mutable_generate()->set_model(model);
-  e.mutable_generate()->set_prompt("once upon a time");
+  if (!tools) e.mutable_generate()->set_prompt("once upon a time");
   e.mutable_generate()->set_stream(stream);
   e.mutable_generate()->set_deadline_ms(deadline_ms);
   return rig.Request(session, std::move(e), /*admin=*/false);
 }
 
-v1::WorkerEnvelope Chunk(uint64_t job, const std::string& text, uint32_t index_the_worker_says = 99) {
+v1::WorkerEnvelope Chunk(uint64_t job, const std::string& text, uint32_t index_the_worker_says = 99,
+                         std::vector<int32_t> tokens = {}) {
   v1::WorkerEnvelope m;
   m.mutable_infer_chunk()->set_job(job);
   m.mutable_infer_chunk()->mutable_chunk()->set_index(index_the_worker_says);
   m.mutable_infer_chunk()->mutable_chunk()->set_text(text);
+  m.mutable_infer_chunk()->mutable_chunk()->mutable_tokens()->Add(tokens.begin(), tokens.end());
   return m;
 }
 
@@ -36,6 +44,7 @@ v1::WorkerEnvelope Done(uint64_t job, const std::string& finish = "length") {
 class CoreGenerateTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    lm_.tool_call_format = "hermes";  // its template shows how it calls tools
     rig_.Start({lm_, Entry("dense", 100, 10)});
     rig_.Up(0);
     rig_.Up(1);
@@ -103,8 +112,44 @@ TEST_F(CoreGenerateTest, TensorsToALanguageModelAndTextToADenseOneAreRefusedBefo
   EXPECT_TRUE(rig_.Sent(1).empty());
 }
 
-TEST_F(CoreGenerateTest, AWorkerThatDiesAfterAChunkEndsTheStreamWithAnErrorAndNoRetry) {
+// Part of the stream is the client's: the generation goes on on another worker after the tokens
+// sent (resume_tokens), alone, its chunks numbered on from where they stopped.
+TEST_F(CoreGenerateTest, AWorkerThatDiesAfterAChunkHasTheStreamResumeElsewhereAfterItsTokens) {
+  rig_.Load(1, "lm", /*replicas=*/2);
+  std::vector<v1::WorkerEnvelope> attach = rig_.Sent(1);
+  ASSERT_EQ(attach.size(), 1u);
+  rig_.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), lm_));
+  rig_.Forget();
   Generate(rig_, 5, "lm");
+  std::vector<v1::WorkerEnvelope> first = rig_.Sent(0);
+  const uint32_t slot = first.empty() ? 1 : 0;
+  const uint64_t job = (first.empty() ? rig_.Sent(1) : first).at(0).infer().job();
+  rig_.Reply(slot, Chunk(job, "Hel", 0, {11, 12}));
+  rig_.Reply(slot, Chunk(job, "", 1, {13}));  // a token whose text is held back
+  rig_.Down(slot, {job});
+  std::vector<v1::Envelope> replies = rig_.Replies(5);
+  ASSERT_EQ(replies.size(), 2u) << "the two chunks, and no error";
+  const v1::WorkerInfer* resumed = nullptr;
+  std::vector<v1::WorkerEnvelope> sent = rig_.Sent(1 - slot);
+  for (const v1::WorkerEnvelope& m : sent) {
+    if (m.has_infer() && m.infer().has_generate()) resumed = &m.infer();
+  }
+  ASSERT_NE(resumed, nullptr) << "it goes on on the other replica";
+  EXPECT_EQ(std::vector<int32_t>(resumed->resume_tokens().begin(), resumed->resume_tokens().end()),
+            (std::vector<int32_t>{11, 12, 13}));
+  EXPECT_FALSE(resumed->batch()) << "it was running when a worker died: it runs alone now";
+  rig_.Reply(1 - slot, Chunk(resumed->job(), "lo", 0, {14}));
+  rig_.Reply(1 - slot, Done(resumed->job()));
+  replies = rig_.Replies(5);
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[0].generate_chunk().index(), 2u) << "numbered on from the chunks sent";
+  EXPECT_EQ(replies[1].generate_reply().chunks(), 3u);
+}
+
+// With tools the worker's reader of tool calls may hold text back that the core cannot know of:
+// the stream ends with an error after what was sent.
+TEST_F(CoreGenerateTest, AWorkerThatDiesAfterAChunkOfAGenerationWithToolsEndsItsStreamWithAnError) {
+  Generate(rig_, 5, "lm", /*stream=*/true, /*deadline_ms=*/0, /*tools=*/true);
   const uint64_t job = JobSentTo(0);
   rig_.Reply(0, Chunk(job, "Hel"));
   rig_.Down(0, {job});

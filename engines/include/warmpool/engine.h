@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 8 (engines of versions 2 to 7 keep loading: everything a version
+/* warmpool engine ABI, version 9 (engines of versions 2 to 8 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -47,6 +47,11 @@
  * Version 8 adds the prefix cache's count: each step says how many of a sequence's prompt tokens it
  * found in the engine's cache instead of computing them (wp_sequence_step.cached_tokens, in what
  * was that struct's tail padding: arrays of version 7 keep their layout).
+ *
+ * Version 9 resumes a generation whose worker died mid-stream: the request carries the tokens its
+ * client already has (request.resume_tokens), and the engine goes on after them as if it had
+ * generated them itself, sending none of them again. The worker resumes only on a version 9
+ * engine.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -58,7 +63,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 8u
+#define WP_ENGINE_ABI_VERSION 9u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -184,6 +189,13 @@ typedef struct wp_generate_request {
    * each tool as {"type": "function", "function": {"name", "description", "parameters"}}. The
    * worker passes it only to a version 6 engine. */
   wp_string conversation;
+  /* Version 9: a generation resumed after the worker running it died. These are the tokens it had
+   * generated, which its client has: the engine computes them with the prompt, counts them as
+   * generated (max_tokens, the result's completion_tokens), leaves its sampler where drawing them
+   * left it (a seeded draw per sampled token) and its stop strings where their text left them,
+   * and emits only what follows them. The worker passes them only to a version 9 engine. */
+  const int32_t* resume_tokens;
+  uint32_t resume_count;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */

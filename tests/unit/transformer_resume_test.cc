@@ -1,0 +1,152 @@
+// A generation resumed after its worker died (engine ABI version 9: request.resume_tokens): given
+// the tokens its client already has, the engine goes on after them and sends exactly what the
+// uninterrupted generation sent after them — the same tokens, the same text, no piece twice and
+// none missing — greedy or seeded, across a stop string and a character whose bytes span tokens,
+// and one resumed at its very end ends at once. Tokens that could not have been generated are
+// refused.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/unit/transformer_engine_fixture.h"
+
+namespace warmpool::transformer {
+namespace {
+
+class TransformerResumeTest : public TransformerEngineTest {
+ protected:
+  TransformerResumeTest() { spec_.dtype = safetensors::DType::F32; }
+
+  Result<Engine> Loaded() {
+    Result<Engine> engine = OpenDirectory();
+    if (engine.ok()) {
+      if (Status s = engine->Load(); !s.ok()) return s;
+    }
+    return engine;
+  }
+  // The uninterrupted generation, chunk by chunk: each token and the text sent with it.
+  struct Chunk {
+    std::vector<int32_t> tokens;
+    std::string text;
+  };
+  static std::vector<Chunk> Chunks(Engine& engine, const wp_generate_request& request, wp_generate_result* result) {
+    std::vector<Chunk> chunks;
+    Result<wp_generate_result> r =
+        engine.Generate(request, [&](std::string_view text, std::span<const int32_t> t, std::span<const wp_token_logprobs>) {
+          if (!t.empty() || !text.empty()) chunks.push_back({{t.begin(), t.end()}, std::string(text)});
+          return true;
+        });
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) *result = *r;
+    return chunks;
+  }
+};
+
+TEST_F(TransformerResumeTest, AResumedGenerationSendsExactlyWhatFollowedWhereItWasCut) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  wp_generate_request greedy = Greedy("This program is free software", 24);
+  wp_generate_request sampled = greedy;
+  sampled.set = WP_SET_TEMPERATURE | WP_SET_SEED | WP_SET_TOP_K;
+  sampled.temperature = 1.1f;
+  sampled.seed = 99;
+  sampled.top_k = 50;
+  wp_generate_request stopped = sampled;  // a stop string the sampled text meets
+  const wp_string stop{"e", 1};
+  stopped.stop = &stop;
+  stopped.stop_count = 1;
+  int checked = 0;
+  for (const wp_generate_request& request : {greedy, sampled, stopped}) {
+    wp_generate_result whole{};
+    const std::vector<Chunk> chunks = Chunks(*engine, request, &whole);
+    ASSERT_FALSE(chunks.empty());
+    for (size_t cut = 1; cut <= chunks.size(); ++cut) {
+      SCOPED_TRACE(::testing::Message() << "seed " << request.seed << " stops " << request.stop_count << " cut after "
+                                      << cut << " of " << chunks.size() << " chunks");
+      std::vector<int32_t> sent;
+      std::string rest_text;
+      std::vector<int32_t> rest_tokens;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        std::vector<int32_t>& to = i < cut ? sent : rest_tokens;
+        to.insert(to.end(), chunks[i].tokens.begin(), chunks[i].tokens.end());
+        if (i >= cut) rest_text += chunks[i].text;
+      }
+      wp_generate_request resumed = request;
+      resumed.resume_tokens = sent.data();
+      resumed.resume_count = static_cast<uint32_t>(sent.size());
+      Result<Output> out = Run(*engine, resumed);
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      EXPECT_EQ(out->tokens, rest_tokens);
+      EXPECT_EQ(out->text, rest_text);
+      EXPECT_EQ(out->result.finish_reason, whole.finish_reason);
+      EXPECT_EQ(out->result.completion_tokens, whole.completion_tokens) << "the resumed tokens count";
+      EXPECT_EQ(out->result.prompt_tokens, whole.prompt_tokens);
+      checked++;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+// A chunk's text never splits a character: a token that ends with half of one sends nothing, and
+// the next sends the whole character. Cut between them, the resumed generation holds the half
+// again and sends the character whole.
+TEST_F(TransformerResumeTest, AResumeBetweenACharactersBytesSendsTheCharacterWhole) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Result<ModelDirectory> files = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(files.ok());
+  // Sampling at a high temperature reaches the byte tokens: find a seed whose text holds back a
+  // token's bytes at least once (a chunk with a token and no text).
+  for (uint64_t seed = 1; seed < 200; ++seed) {
+    wp_generate_request r = Greedy("This program", 40);
+    r.set = WP_SET_TEMPERATURE | WP_SET_SEED;
+    r.temperature = 3.0f;
+    r.seed = seed;
+    wp_generate_result whole{};
+    const std::vector<Chunk> chunks = Chunks(*engine, r, &whole);
+    for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+      if (!chunks[i].text.empty() || chunks[i].tokens.empty()) continue;
+      std::vector<int32_t> sent;
+      for (size_t j = 0; j <= i; ++j) sent.insert(sent.end(), chunks[j].tokens.begin(), chunks[j].tokens.end());
+      std::string rest;
+      for (size_t j = i + 1; j < chunks.size(); ++j) rest += chunks[j].text;
+      r.resume_tokens = sent.data();
+      r.resume_count = static_cast<uint32_t>(sent.size());
+      Result<Output> out = Run(*engine, r);
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      EXPECT_EQ(out->text, rest) << "seed " << seed << ", cut after chunk " << i;
+      return;
+    }
+  }
+  GTEST_SKIP() << "no seed held a character's bytes back";
+}
+
+TEST_F(TransformerResumeTest, TokensThatCouldNotHaveBeenGeneratedAreRefused) {
+  Result<Engine> engine = Loaded();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Result<ModelDirectory> files = ModelDirectory::Open(dir_.path());
+  ASSERT_TRUE(files.ok());
+  const int32_t vocab = static_cast<int32_t>(files->checkpoint->config().vocab_size);
+  wp_generate_request r = Greedy("This program", 8);
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{5, vocab}, std::vector<int32_t>{-1},
+                                          std::vector<int32_t>{files->end_tokens.at(0)},
+                                          std::vector<int32_t>(5000, 5)}) {
+    r.resume_tokens = bad.data();
+    r.resume_count = static_cast<uint32_t>(bad.size());
+    EXPECT_EQ(Run(*engine, r).status().code(), Code::kInvalidArgument);
+  }
+  // Resumed at its limit: it ends at once, nothing sent, every token counted.
+  const std::vector<int32_t> eight(8, 5);
+  r.resume_tokens = eight.data();
+  r.resume_count = 8;
+  Result<Output> done = Run(*engine, r);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_TRUE(done->tokens.empty());
+  EXPECT_TRUE(done->text.empty());
+  EXPECT_EQ(done->result.completion_tokens, 8u);
+  EXPECT_EQ(done->result.finish_reason, uint32_t{WP_FINISH_LENGTH});
+}
+
+}  // namespace
+}  // namespace warmpool::transformer
