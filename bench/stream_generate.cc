@@ -1,6 +1,7 @@
 #include "bench/stream_generate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -83,7 +84,8 @@ class StreamGenerate {
     std::vector<std::thread> threads;
     for (uint32_t i = 0; i < count; i++) {
       threads.emplace_back([&, i] {
-        replies[i] = clients_[i]->Generate(Greedy(fmt::format("{}: {}", i, lm_.prompt), options_.tokens),
+        // A prompt of its own, new every round: the prefix cache serves none of it.
+        replies[i] = clients_[i]->Generate(Greedy(fmt::format("{}-{}: {}", ++asked_, i, lm_.prompt), options_.tokens),
                                            [](const v1::GenerateChunk&) {});
       });
     }
@@ -168,6 +170,7 @@ class StreamGenerate {
   BenchRun& run_;
   LanguageModel lm_;
   std::vector<std::unique_ptr<client::Client>> clients_;
+  std::atomic<uint32_t> asked_{0};
 };
 
 }  // namespace

@@ -198,6 +198,10 @@ Result<Engine::Embeddings> Engine::Embed(const std::vector<std::string>& inputs,
   return out;
 }
 
+// Version 8 put cached_tokens in what was the struct's tail padding with 8-byte pointers: arrays
+// of version 7 engines keep their stride only there.
+static_assert(sizeof(void*) != 8 || sizeof(wp_sequence_step) == 288, "wp_sequence_step changed size");
+
 Status Engine::CanRun(const wp_generate_request& request) const {
   if (request.resume_count != 0 && vtable_->abi_version < 9) {
     // An older engine would start the generation again: its client would get the text twice.

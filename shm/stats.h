@@ -62,7 +62,7 @@ struct ModelStats {
   // Language models (the core writes these). Counters: the prompt and generated tokens of
   // generations that ended (and of the prompts', those found in the prefix cache); generations stopped because their client left. Gauges: generations
   // and embeddings running on workers, requests waiting for the model, the sequences its replicas
-  // hold at once (one KV cache each, the whole context reserved), the generations among those
+  // hold at once (one KV cache of the whole context each, as admission counts them), the generations among those
   // running (each in one of those sequences).
   uint64_t prompt_tokens;
   uint64_t generation_tokens;

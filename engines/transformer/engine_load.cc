@@ -50,6 +50,10 @@ Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
   e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
   Result<std::unique_ptr<KvPool>> pool = KvPool::Make(e.packed.config, KvPoolBlocks(e.context, e.sequences));
   if (!pool.ok()) return pool.status();
+  // Whatever caches an earlier binding made hold blocks of its pool: they go first.
+  e.slots.reset();
+  e.sequence.reset();
+  e.cache.reset();
   e.kv_pool = std::move(*pool);
   e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
   e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);

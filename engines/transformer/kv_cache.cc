@@ -16,8 +16,9 @@ uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences) {
 Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t blocks) {
   const uint64_t bytes =
       uint64_t{blocks} * config.num_hidden_layers * 2 * kKvBlockTokens * config.kv_size() * sizeof(float);
-  // Reserved address space, not memory: the system provides a page when it is first written, so a
-  // pool sized for every sequence at its whole context costs what the sequences use.
+  // Reserved address space, not memory: the system provides a page when it is first written (free
+  // blocks are taken lowest first, so a lightly used pool touches its start only). Pages once
+  // written stay; admission counts the whole pool either way.
   void* data = bytes == 0 ? nullptr
                           : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                                  -1, 0);
@@ -82,6 +83,10 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
     table_[i] = *copy;
   }
   sealed_ = std::min(sealed_, first);
+  // Positions from start on are about to change: until Commit they hold nothing the cache vouches
+  // for (a pass failing halfway would otherwise leave old tokens named over new keys and values).
+  length_ = std::min(length_, start);
+  tokens_.resize(length_);
   while (table_.size() <= last) {
     const std::optional<uint32_t> block = blocks.Take();
     if (!block) {

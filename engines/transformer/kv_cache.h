@@ -29,7 +29,8 @@ uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences);
 
 class KvPool {
  public:
-  // Its memory is reserved, not touched: a block's pages are the system's only once written.
+  // Its memory is reserved, not touched: a block's pages are the system's once first written, and
+  // stay (admission counts the whole pool, whatever is touched).
   // RESOURCE_EXHAUSTED when the address space cannot be had.
   static Result<std::unique_ptr<KvPool>> Make(const Config& config, uint32_t blocks);
   ~KvPool();
@@ -77,8 +78,11 @@ class KvCache {
 
   // Room to write positions start .. end - 1 (start <= length(), end <= context()): blocks taken
   // from the pool, and a block among them that is published (or shared) unpublished (or copied)
-  // first, since its keys and values are about to change. INVALID_ARGUMENT past the context or
-  // after a gap, RESOURCE_EXHAUSTED when the pool has no block left; nothing written either way.
+  // first, since its keys and values are about to change. From then on the cache holds only the
+  // positions before start (length() is start at most) until Commit says what was written: a
+  // pass that fails halfway leaves no half-written position counted, nor published later.
+  // INVALID_ARGUMENT past the context or after a gap, RESOURCE_EXHAUSTED when the pool has no
+  // block left; nothing written either way.
   Status Prepare(uint32_t start, uint32_t end);
   // Positions start .. start + tokens.size() - 1 now hold these tokens' keys and values in every
   // layer (after Prepare, once every layer wrote them): length() becomes their end, and the blocks

@@ -222,6 +222,23 @@ TEST(KvCacheTest, ClearedPrefixesStayCachedUntilAFullPoolEvictsTheLeastRecent) {
   EXPECT_TRUE(pool->blocks().Consistent());
 }
 
+// A rewrite from an earlier position makes the cache hold only what comes before it until the
+// rewrite is committed: a pass that failed halfway leaves no stale token named over new keys, and
+// nothing of it is published.
+TEST(KvCacheTest, ARewriteThatIsNeverCommittedLeavesOnlyThePositionsBeforeIt) {
+  const Config c = SmallShape();
+  std::unique_ptr<KvPool> pool = PoolOf(c, KvPoolBlocks(256, 2));
+  KvCache a(*pool, 256), b(*pool, 256);
+  Write(a, 0, Tokens(0, 100), 1);
+  ASSERT_TRUE(a.Prepare(10, 20).ok());  // then the pass fails: no Commit
+  EXPECT_EQ(a.length(), 10u);
+  EXPECT_EQ(a.Prepare(50, 51).code(), Code::kInvalidArgument) << "a gap after the 10 positions it holds";
+  Write(a, 10, Tokens(10, 60), 2);  // positions 10 .. 69 again, committed this time
+  EXPECT_EQ(b.Reuse(Tokens(0, 70), 69), 64u);
+  EXPECT_EQ(b.key(0, 20)[0], 2.0f + 20) << "the block published holds the rewrite";
+  EXPECT_TRUE(pool->blocks().Consistent());
+}
+
 TEST(KvCacheTest, AGapAFullPoolAndThePastContextAreRefusedBeforeAnythingIsTaken) {
   const Config c = SmallShape();
   std::unique_ptr<KvPool> pool = PoolOf(c, 2);

@@ -46,7 +46,8 @@
  *
  * Version 8 adds the prefix cache's count: each step says how many of a sequence's prompt tokens it
  * found in the engine's cache instead of computing them (wp_sequence_step.cached_tokens, in what
- * was that struct's tail padding: arrays of version 7 keep their layout).
+ * was that struct's tail padding where pointers are 8 bytes: there arrays of version 7 keep their
+ * layout).
  *
  * Version 9 resumes a generation whose worker died mid-stream: the request carries the tokens its
  * client already has (request.resume_tokens), and the engine goes on after them as if it had
