@@ -14,6 +14,7 @@
 #include "engines/gemv.h"
 #include "engines/half.h"
 #include "engines/transformer/prompt_attention.h"
+#include "engines/transformer/vector_exp.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -111,8 +112,6 @@ void RmsNorm(const float* x, uint64_t rows, uint32_t width, const std::vector<fl
     for (uint32_t i = 0; i < width; ++i) out[i] = in[i] * scale * weight[i];
   }
 }
-
-float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
@@ -295,7 +294,7 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
   x.assign(uint64_t{rows} * hidden, 0.0f);
   std::vector<float> normed(x.size()), q(uint64_t{rows} * c.q_size()),
       k(uint64_t{rows} * c.kv_size()), v(k.size()), attended(q.size()),
-      gate(uint64_t{rows} * c.intermediate_size), up(gate.size());
+      gate(uint64_t{rows} * c.intermediate_size), up(gate.size()), sigmoid(gate.size());
   // Every run's blocks first (the one error that can remain, a full pool, then leaves no layer
   // half written); the positions are committed once every layer holds them.
   for (const StepRun& run : runs) {
@@ -344,7 +343,10 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
     RmsNorm(x.data(), rows, hidden, WidenAll(w.post_attention_norm), c.rms_norm_eps, normed.data());
     if (Status s = Linear(normed.data(), rows, w.gate, {}, gate.data()); !s.ok()) return s;
     if (Status s = Linear(normed.data(), rows, w.up, {}, up.data()); !s.ok()) return s;
-    for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
+    // SwiGLU: silu(gate) x up, silu(g) = g / (1 + exp(-g)), the exps in vectors.
+    for (uint64_t i = 0; i < gate.size(); ++i) sigmoid[i] = -gate[i];
+    ExpInPlace(sigmoid.data(), sigmoid.size());
+    for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + sigmoid[i]) * up[i];
     if (Status s = Linear(gate.data(), rows, w.down, {}, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
   }

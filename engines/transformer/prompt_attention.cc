@@ -9,6 +9,8 @@
 
 #include <dnnl.h>
 
+#include "engines/transformer/vector_exp.h"
+
 namespace warmpool::transformer {
 
 namespace {
@@ -41,8 +43,11 @@ uint32_t FirstVisible(const Config& c, uint32_t position) {
 void Softmax(float* x, uint32_t n) {
   float max = -INFINITY;
   for (uint32_t j = 0; j < n; ++j) max = std::max(max, x[j]);
+  for (uint32_t j = 0; j < n; ++j) x[j] -= max;
+  ExpInPlace(x, n);
   float total = 0;
-  for (uint32_t j = 0; j < n; ++j) total += (x[j] = std::exp(x[j] - max));
+#pragma omp simd reduction(+ : total)
+  for (uint32_t j = 0; j < n; ++j) total += x[j];
   for (uint32_t j = 0; j < n; ++j) x[j] /= total;
 }
 
