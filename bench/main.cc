@@ -19,6 +19,7 @@
 #include "bench/regions.h"
 #include "bench/restart.h"
 #include "bench/sharing.h"
+#include "bench/resume_generate.h"
 #include "bench/second_turn.h"
 #include "bench/stream_generate.h"
 #include "bench/switch.h"
@@ -68,6 +69,7 @@ struct Options {
   bool parked = false;
   bool http = false;
   bool second_turn = false;
+  bool resume = false;
   std::string dtype = "bf16";
   uint32_t prompt = 128;
   uint32_t tokens = 32;
@@ -197,6 +199,9 @@ int main(int argc, char** argv) {
                  "--generate: through a daemon, this many greedy streams at once against one alone, and a "
                  "stream's inter-token latency beside a --long-prompt prefill (continuous batching; "
                  "bench/stream_generate.h; run from the repository root)");
+  app.add_flag("--resume", options.resume,
+               "--generate: through a daemon, a stream whose worker is SIGKILLed halfway: the gap to its next "
+               "token against its median (bench/resume_generate.h; run from the repository root)");
   app.add_flag("--second-turn", options.second_turn,
                "--generate: through a daemon, a chat's second turn's time to first token against its first's "
                "after a --long-prompt history (the prefix cache; bench/second_turn.h; run from the repository root)");
@@ -256,6 +261,16 @@ int main(int argc, char** argv) {
     batching.delay_us = options.delay_us;
     batching.json = options.json;
     return warmpool::bench::RunBatching(batching);
+  }
+  if (options.generate && options.resume) {
+    warmpool::bench::ResumeGenerateOptions resume;
+    resume.daemon = options.daemon;
+    if (app.get_option("--model-mib")->count() > 0) resume.model_mib = static_cast<uint32_t>(options.model_mib);
+    if (app.get_option("--prompt")->count() > 0) resume.prompt = options.prompt;
+    if (app.get_option("--tokens")->count() > 0) resume.tokens = options.tokens;
+    if (app.get_option("--rounds")->count() > 0) resume.rounds = options.rounds;
+    resume.json = options.json;
+    return warmpool::bench::RunResumeGenerate(resume);
   }
   if (options.generate && options.second_turn) {
     warmpool::bench::SecondTurnOptions turns;

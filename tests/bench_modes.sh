@@ -41,6 +41,8 @@ run stream-generate one_stream_tokens_per_s,streams_tokens_per_s,streams_vs_one,
   --generate --streams 2 --model-mib 8 --prompt 8 --tokens 4 --rounds 1 --long-prompt 64
 run second-turn first_turn_first_token_ms,second_turn_first_token_ms,second_vs_first,second_turn_cached_tokens \
   --generate --second-turn --model-mib 8 --tokens 4 --rounds 1 --long-prompt 200
+run resume-generate kill_to_next_token_ms,itl_median_ms,kill_gap_vs_median,identical \
+  --generate --resume --model-mib 8 --prompt 8 --tokens 8 --rounds 1
 run batching batched,unbatched,batched_vs_unbatched --batching --clients 2 --requests 40 --rounds 1 --layers 64,128,64
 run regions memcpy,region,in-place,frames,ratio_region_vs_memcpy --regions --payload-mib 2 --iterations 2
 run restart mode,warm,cold,cold_vs_warm --restart --iterations 1 --model-mib 4
