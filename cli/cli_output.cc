@@ -83,10 +83,14 @@ std::string ModelsTable(const v1::ModelsReply& reply) {
 }
 
 std::string PsTable(const v1::PsReply& reply) {
-  bool any_reason = false;
-  for (const v1::PsEntry& e : reply.models()) any_reason = any_reason || !e.last_error().empty();
+  bool any_reason = false, any_prompts = false;
+  for (const v1::PsEntry& e : reply.models()) {
+    any_reason = any_reason || !e.last_error().empty();
+    any_prompts = any_prompts || e.prompt_tokens() > 0;
+  }
   std::vector<std::vector<std::string>> rows = {{"NAME", "STATE", "DEVICE", "WEIGHTS", "WORKSPACE", "TOTAL",
                                                  "INFLIGHT", "REPLICAS", "PIN", "LAST USED", "EXPIRES"}};
+  if (any_prompts) rows[0].push_back("PREFIX HITS");
   if (any_reason) rows[0].push_back("REASON");
   for (const v1::PsEntry& e : reply.models()) {
     std::string state = e.state();
@@ -102,6 +106,11 @@ std::string PsTable(const v1::PsReply& reply) {
     AddSizes(row, e.weight_bytes(), e.workspace_bytes());
     row.insert(row.end(), {std::to_string(e.inflight()), std::to_string(e.replicas()), e.pinned() ? "yes" : "-",
                            Ago(e.last_used()), expires});
+    // Of a language model's prompt tokens, the share found in its prefix cache.
+    if (any_prompts) {
+      row.push_back(e.prompt_tokens() == 0 ? "-"
+                                           : fmt::format("{}%", e.cached_prompt_tokens() * 100 / e.prompt_tokens()));
+    }
     if (any_reason) row.push_back(Reason(e.name(), e.last_error(), e.retry_in_ms(), e.file_broken()));
     rows.push_back(std::move(row));
   }

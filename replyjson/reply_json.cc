@@ -59,7 +59,9 @@ json PsJson(const v1::PsReply& reply) {
                    {"workspace_bytes", e.workspace_bytes()},
                    {"total_bytes", e.weight_bytes() + e.workspace_bytes()},
                    {"pinned", e.pinned()},
-                   {"file_broken", e.file_broken()}});
+                   {"file_broken", e.file_broken()},
+                   {"prompt_tokens", e.prompt_tokens()},
+                   {"cached_prompt_tokens", e.cached_prompt_tokens()}});
   }
   return out;
 }

@@ -56,7 +56,7 @@ def ps_entry(e):
         error=_or_none(e.last_error), retry_in_ms=e.retry_in_ms,
         worker=e.worker if e.worker >= 0 else None, weight_bytes=e.weight_bytes, pinned=e.pinned,
         workspace_bytes=e.workspace_bytes, total_bytes=e.weight_bytes + e.workspace_bytes,
-        file_broken=e.file_broken,
+        file_broken=e.file_broken, prompt_tokens=e.prompt_tokens, cached_prompt_tokens=e.cached_prompt_tokens,
     )
 
 

@@ -57,6 +57,9 @@ class PsEntry:
     workspace_bytes: int = 0  # every replica's
     total_bytes: int = 0  # weight_bytes + workspace_bytes (what ``bytes`` has always been here)
     file_broken: bool = False
+    # a language model's generations: their prompt tokens, and those found in its prefix cache
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,9 @@ v1::Envelope Core::PsSnapshot() const {
     e->set_loaded_bytes(r.loaded_bytes);
     e->set_context(m.entry.context);
     e->set_kv_bytes_per_token(m.entry.kv_bytes_per_token);
+    const shm::ModelStats& stats = segment_.model_stats(i);
+    e->set_prompt_tokens(shm::StatLoad(stats.prompt_tokens));
+    e->set_cached_prompt_tokens(shm::StatLoad(stats.prompt_tokens_cached));
   }
   return reply;
 }

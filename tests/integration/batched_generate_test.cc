@@ -175,6 +175,17 @@ TEST_F(BatchedGenerateTest, ASecondTurnFindsItsHistoryInThePrefixCacheAndSaysSo)
                                  std::to_string(two->cached_prompt_tokens()) + "\n"),
             std::string::npos)
       << scraped[0].body;
+  auto ps = c->Ps();
+  ASSERT_TRUE(ps.ok());
+  ASSERT_EQ(ps->models_size(), 1);
+  EXPECT_EQ(ps->models(0).prompt_tokens(), uint64_t{one->prompt_tokens()} + two->prompt_tokens());
+  EXPECT_EQ(ps->models(0).cached_prompt_tokens(), two->cached_prompt_tokens());
+  std::string table;
+  ASSERT_EQ(Cli({"ps"}, &table), 0);
+  EXPECT_NE(table.find("PREFIX HITS"), std::string::npos) << table;
+  EXPECT_NE(table.find(fmt::format("{}%", ps->models(0).cached_prompt_tokens() * 100 / ps->models(0).prompt_tokens())),
+            std::string::npos)
+      << table;
 }
 
 }  // namespace
