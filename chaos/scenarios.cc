@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "chaos/stream_scenario.h"
 #include "chaos/traffic.h"
 #include "ipc/fault_spec.h"
 
@@ -454,6 +455,7 @@ std::vector<Scenario> AllScenarios() {
   all.push_back({"supervisor SIGKILL and restart", true, SupervisorKillScenario});
   all.push_back({"supervisor SIGKILL and restart with the descriptor store", true, SupervisorKillWarmScenario});
   all.push_back({"SIGHUP storm under traffic", true, ReloadStormScenario});
+  all.push_back({"a stream's worker SIGKILLed at a random token", true, StreamResumeScenario});
   return all;
 }
 

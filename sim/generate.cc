@@ -87,10 +87,17 @@ void Simulator::CheckChunkSent(Pending& p, const v1::Envelope& chunk) {
 void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool final) {
   if (!final) {
     const v1::GenerateChunk& chunk = reply.generate_chunk();
-    if (chunk.tokens_size() != 1 || chunk.tokens(0) != static_cast<int32_t>(p.chunks_seen)) {
+    if (p.tail_seen) {
+      return Fail(fmt::format("a stream of \"{}\" got a chunk after its tail of text alone: sent twice", p.model));
+    }
+    if (chunk.tokens_size() == 0) {
+      p.tail_seen = true;  // an engine's held-back text at the end
+    } else if (chunk.tokens_size() != 1 || chunk.tokens(0) != static_cast<int32_t>(p.tokens_seen)) {
       return Fail(fmt::format("a stream of \"{}\" got {} as its chunk {}: a token twice or one missing", p.model,
-                              chunk.tokens_size() == 1 ? fmt::format("token {}", chunk.tokens(0)) : "no single token",
+                              chunk.tokens_size() == 1 ? fmt::format("token {}", chunk.tokens(0)) : "several tokens",
                               p.chunks_seen));
+    } else {
+      p.tokens_seen++;
     }
     p.chunks_seen++;
     return CheckGeneratedText(p, chunk.text());
@@ -109,9 +116,9 @@ void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool f
   if (r.chunks() != p.chunks_seen) {
     return Fail(fmt::format("a generation of \"{}\" says {} chunks; {} came", p.model, r.chunks(), p.chunks_seen));
   }
-  if (p.stream && r.finish_reason() == "length" && r.completion_tokens() != p.chunks_seen) {
+  if (p.stream && r.finish_reason() == "length" && r.completion_tokens() != p.tokens_seen) {
     return Fail(fmt::format("a stream of \"{}\" says {} tokens; {} came", p.model, r.completion_tokens(),
-                            p.chunks_seen));
+                            p.tokens_seen));
   }
   if (!p.stream) CheckGeneratedText(p, r.text());
   outcome_.replies_ok++;
@@ -162,8 +169,14 @@ void Simulator::CheckGeneratedText(const Pending& p, const std::string& text) {
 void Simulator::StartGeneration(Worker& w, uint64_t job, WorkerJob work) {
   w.serving_job = job;
   const uint32_t slot = w.slot, generation = w.generation;
-  // Resumed: on from the step after the tokens its client has.
-  const auto first = static_cast<uint32_t>(work.message.infer().resume_tokens_size());
+  // Resumed: on from the step after the tokens its client has (step i's token is i).
+  const v1::WorkerInfer& infer = work.message.infer();
+  for (int i = 0; i < infer.resume_tokens_size(); i++) {
+    if (infer.resume_tokens(i) != i) {
+      return Fail(fmt::format("generation {} resumed after token {} as its token {}", job, infer.resume_tokens(i), i));
+    }
+  }
+  const auto first = static_cast<uint32_t>(infer.resume_tokens_size());
   After(rng_.Range(0, 5), [this, slot, generation, job, first, work = std::move(work)]() mutable {
     GenerationStep(slot, generation, job, first, std::move(work));
   });
@@ -203,6 +216,15 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
       r->set_dimensions(5);
       for (const std::string& input : in.embed().input()) SimEmbedding(input, engine->second, r->add_embeddings());
     } else {
+      if (g.stream() && !cancelled && !past_deadline && step % 3 == 0) {
+        // Now and then a tail of text alone before the end, as an engine sends what it held back:
+        // a worker dying after it must not have it sent again.
+        v1::WorkerEnvelope tail;
+        tail.mutable_infer_chunk()->set_job(job);
+        tail.mutable_infer_chunk()->mutable_chunk()->set_text(StepText(g, engine->second));
+        ReplyToCore(w, std::move(tail));
+        if (rng_.Chance(crash_per_mille_ * 20)) return Kill(slot, "");  // after the tail, before the end
+      }
       v1::GenerateReply* r = done->mutable_generate();
       r->set_finish_reason(cancelled || past_deadline ? "cancelled" : "length");
       r->set_completion_tokens(step);

@@ -133,7 +133,9 @@ class Simulator {
     enum class Kind { kInfer, kLoad, kRegion, kGenerate, kEmbed, kOther } kind = Kind::kOther;
     bool stream = false;          // generate: chunks asked for
     uint32_t chunks_sent = 0;     // generate: chunks the core emitted (their indices count up)
-    uint32_t chunks_seen = 0;     // generate: chunks the client read
+    uint32_t chunks_seen = 0;     // generate: chunks the client read ...
+    uint32_t tokens_seen = 0;     // ... their tokens (one a chunk, but for a tail of text alone) ...
+    bool tail_seen = false;       // ... and whether a chunk of text alone came: nothing may follow it
     bool in_region = false;    // infer: its input lies in a region (no token to check)
     bool typed = false;        // infer: sent as a typed tensor (InferRequest.inputs)
     int handle = -1;           // a region's memfd, sent with the request

@@ -48,6 +48,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     if (!mark.ok()) return SendGenerateError(job, mark.status());
     Running r;
     r.request = std::make_unique<v1::WorkerInfer>(std::move(request));
+    r.completion_tokens = static_cast<uint32_t>(r.request->resume_tokens_size());  // a resumed one's count on
     r.mark = *mark;
     r.stream = std::make_unique<GenerationStream>(*r.request, outbox_, outbox_.FaultsFor(job, r.request->faults()));
     r.stream->faults().Hit("infer.after_take");

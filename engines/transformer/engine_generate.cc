@@ -196,7 +196,8 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
     steps[i].status = WP_OK;
     steps[i].result = {};
     steps[i].error[0] = '\0';
-    steps[i].cached_tokens = s.text.tokens().cached_tokens();
+    // Of the prompt's tokens: a resumed generation may find more, its own tokens after the prompt.
+    steps[i].cached_tokens = std::min(s.text.tokens().cached_tokens(), s.text.tokens().prompt_tokens());
     if (s.text.ended()) {  // a resumed generation that was through already: it ends here, running nothing
       steps[i].ended = 1;
       s.reported = true;

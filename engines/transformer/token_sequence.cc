@@ -32,6 +32,10 @@ Result<TokenSequence> TokenSequence::Start(GenerationRequest request, uint32_t c
       return Error(Code::kInvalidArgument, "token {} is outside the model's vocabulary of {}", id, vocab_size);
     }
   }
+  if (request.resumed.size() > request.max_tokens) {
+    return Error(Code::kInvalidArgument, "{} tokens to resume: more than max_tokens {}", request.resumed.size(),
+                 request.max_tokens);
+  }
   if (request.prompt.size() + request.resumed.size() > uint64_t{context} + 1) {
     return Error(Code::kInvalidArgument, "{} tokens to resume after a prompt of {}: past the context of {}",
                  request.resumed.size(), request.prompt.size(), context);

@@ -77,7 +77,8 @@ void Core::EnqueueHeld(uint32_t model, Waiter&& waiter, uint64_t bytes) {
 }
 
 void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter) {
-  if (waiter.chunks > 0 && waiter.resume_epoch != models_[model].epoch) {
+  if (waiter.chunks > 0 &&
+      (waiter.resume_epoch != models_[model].epoch || waiter.resume_version != models_[model].entry.version)) {
     // Its stream began on weights a reload has since replaced: going on with others would mix them.
     return AnswerError(waiter.call, Error(Code::kUnavailable,
                                           "model \"{}\" changed (a reload) while its worker's death held the stream "
@@ -123,7 +124,17 @@ void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
   v1::GenerateChunk* out = reply.mutable_generate_chunk();
   *out = chunk.chunk();
   out->set_index(job->chunks++);  // the core numbers them: in order, whatever the worker says
-  job->sent_tokens.insert(job->sent_tokens.end(), out->tokens().begin(), out->tokens().end());
+  if (job->resumable) {
+    // What it resumes after, if its worker dies: bounded by the context (a worker that sends more
+    // tokens than a generation can hold is not believed), and never after a chunk of text alone.
+    const uint64_t context = models_[job->model].entry.context;
+    if (out->tokens_size() == 0 || job->sent_tokens.size() + out->tokens_size() > context + 1) {
+      job->resumable = false;
+      job->sent_tokens = {};
+    } else {
+      job->sent_tokens.insert(job->sent_tokens.end(), out->tokens().begin(), out->tokens().end());
+    }
+  }
   SendChunk(job->call, std::move(reply));
 }
 

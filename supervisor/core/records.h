@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/file_version.h"
 #include "common/status.h"
 #include "ipc/warmpool.pb.h"
 #include "ipc/worker.pb.h"
@@ -49,7 +50,8 @@ struct Waiter {
   // A generation resumed after its worker died mid-stream: the chunks and tokens its client has.
   uint32_t chunks = 0;
   std::vector<int32_t> sent_tokens{};
-  uint64_t resume_epoch = 0;  // of the model it began on: it goes on only on that registration
+  uint64_t resume_epoch = 0;  // of the model it began on: it goes on only on that registration ...
+  FileVersion resume_version{};  // ... and those weights
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -75,6 +77,9 @@ struct Job {
   bool stepwise = false;
   uint32_t chunks = 0;  // a generation's chunks sent to its client ...
   std::vector<int32_t> sent_tokens{};  // ... and their tokens: where it resumes if its worker dies
+  // Whether it can resume after its worker's death: a stream without tools whose every chunk sent
+  // carried its tokens (a chunk of text alone, an engine's held-back tail, would be sent again).
+  bool resumable = false;
   std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
   uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
   // Runs on the worker's load thread: loads, attaches and unparks, and an unload of a model

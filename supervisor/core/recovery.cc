@@ -73,10 +73,10 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         const bool charged = killer && !w.device_lost;
         // Part of the stream is the client's already: running it again would send it twice. A
         // generation resumes instead, on another worker, after the tokens the client has (the
-        // engine computes them again and goes on from there); one with tools does not (what the
-        // worker's reader of tool calls held back is not the core's to know).
-        const bool resumable = job.generate && job.generate->tools_size() == 0;
-        if (job.chunks > 0 && !resumable) {
+        // engine computes them again and goes on from there) — unless it has tools (what the
+        // worker's reader of tool calls held back is not the core's to know), a chunk of text
+        // alone went out (it would go out again), or the model was reloaded meanwhile.
+        if (job.chunks > 0 && (!job.resumable || !current)) {
           AnswerError(job.call, Error(Code::kUnavailable,
                                       "the worker generating for \"{}\" died after {} chunks (worker {} {}); "
                                       "what was sent stands, the rest is lost: ask again",
@@ -99,6 +99,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         retries.back().second.chunks = job.chunks;
         retries.back().second.sent_tokens = std::move(job.sent_tokens);
         retries.back().second.resume_epoch = job.epoch;
+        retries.back().second.resume_version = m.entry.version;
         break;
       }
       case Job::Kind::kLoad:

@@ -146,6 +146,20 @@ TEST_F(CoreGenerateTest, AWorkerThatDiesAfterAChunkHasTheStreamResumeElsewhereAf
   EXPECT_EQ(replies[1].generate_reply().chunks(), 3u);
 }
 
+// A chunk of text alone (an engine's held-back tail at the end) is not covered by the tokens sent:
+// resumed after them, the engine would send it again. The stream ends with an error instead.
+TEST_F(CoreGenerateTest, AWorkerThatDiesAfterAChunkOfTextAloneEndsItsStreamWithAnError) {
+  Generate(rig_, 5, "lm");
+  const uint64_t job = JobSentTo(0);
+  rig_.Reply(0, Chunk(job, "Hel", 0, {11}));
+  rig_.Reply(0, Chunk(job, "lo"));  // no token: the tail
+  rig_.Down(0, {job});
+  std::vector<v1::Envelope> replies = rig_.Replies(5);
+  ASSERT_EQ(replies.size(), 3u);
+  EXPECT_EQ(replies[2].error().code(), v1::UNAVAILABLE) << replies[2].DebugString();
+  for (const v1::WorkerEnvelope& m : rig_.Sent(1)) EXPECT_FALSE(m.has_infer()) << "not resumed";
+}
+
 // With tools the worker's reader of tool calls may hold text back that the core cannot know of:
 // the stream ends with an error after what was sent.
 TEST_F(CoreGenerateTest, AWorkerThatDiesAfterAChunkOfAGenerationWithToolsEndsItsStreamWithAnError) {

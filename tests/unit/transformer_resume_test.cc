@@ -2,8 +2,8 @@
 // the tokens its client already has, the engine goes on after them and sends exactly what the
 // uninterrupted generation sent after them — the same tokens, the same text, no piece twice and
 // none missing — greedy or seeded, across a stop string and a character whose bytes span tokens,
-// and one resumed at its very end ends at once. Tokens that could not have been generated are
-// refused.
+// and one resumed at its very end ends at once. Tokens that could not have been generated (outside
+// the vocabulary, an end token, more than max_tokens or the context) are refused.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -131,7 +131,7 @@ TEST_F(TransformerResumeTest, TokensThatCouldNotHaveBeenGeneratedAreRefused) {
   wp_generate_request r = Greedy("This program", 8);
   for (const std::vector<int32_t>& bad : {std::vector<int32_t>{5, vocab}, std::vector<int32_t>{-1},
                                           std::vector<int32_t>{files->end_tokens.at(0)},
-                                          std::vector<int32_t>(5000, 5)}) {
+                                          std::vector<int32_t>(5000, 5), std::vector<int32_t>(9, 5)}) {
     r.resume_tokens = bad.data();
     r.resume_count = static_cast<uint32_t>(bad.size());
     EXPECT_EQ(Run(*engine, r).status().code(), Code::kInvalidArgument);

@@ -194,7 +194,9 @@ typedef struct wp_generate_request {
    * generated, which its client has: the engine computes them with the prompt, counts them as
    * generated (max_tokens, the result's completion_tokens), leaves its sampler where drawing them
    * left it (a seeded draw per sampled token) and its stop strings where their text left them,
-   * and emits only what follows them. The worker passes them only to a version 9 engine. */
+   * and emits only what follows them. The worker passes them only to a version 9 engine; one that
+   * cannot resume must refuse a request with resume_count > 0 (WP_UNAVAILABLE), never start it
+   * again from its prompt: its client would get the text twice. */
   const int32_t* resume_tokens;
   uint32_t resume_count;
 } wp_generate_request;
