@@ -260,6 +260,12 @@ Status Harness::ClearFaults() {
   return (*client)->ClearFaults().status();
 }
 
+Status Harness::Load(const std::string& model) {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  return (*client)->Load(model).status();
+}
+
 Status Harness::Unload(const std::string& model) {
   auto client = Connect();
   if (!client.ok()) return client.status();

@@ -86,6 +86,7 @@ class Harness {
   Status ArmFault(const std::string& point, const std::string& action, const std::string& model,
                   uint32_t after = 0, uint32_t times = 1);
   Status ClearFaults();
+  Status Load(const std::string& model);
   Status Unload(const std::string& model);
 
   // Waits until nothing is in flight, queued, loading or unloading and every worker runs.

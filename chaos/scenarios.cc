@@ -9,32 +9,13 @@
 #include <thread>
 
 #include "chaos/stream_scenario.h"
+#include "chaos/supervisor_scenarios.h"
 #include "chaos/traffic.h"
 #include "ipc/fault_spec.h"
 
 namespace warmpool::chaos {
 
 namespace {
-
-void ExpectTraffic(Checks& checks, const std::string& who, const TrafficResult& r) {
-  std::string detail = r.Summary();
-  for (size_t i = 0; i < r.problems.size() && i < 3; i++) detail += "; " + r.problems[i];
-  checks.Expect(r.problems.empty() && r.sent > 0,
-                fmt::format("{}: {} (one reply each, results correct)", who, r.Summary()), detail);
-}
-
-// A steady client on the bystander, for "other models were served throughout".
-struct Bystander {
-  explicit Bystander(Harness& h, std::set<Code> allowed = {})
-      : traffic(h, TrafficSpec{&h.bystander(), 1, 0, 1, 2, 0, std::move(allowed), false, 99}) {
-    traffic.Start();
-  }
-  void Finish(Checks& checks) {
-    traffic.Stop();
-    ExpectTraffic(checks, "bystander", traffic.Join());
-  }
-  Traffic traffic;
-};
 
 // SIGKILLs the worker serving model (the record's worker); with wait_detached, waits until the
 // model is ready with no replica (its weights held by the supervisor alone).
@@ -61,12 +42,6 @@ bool KillWorkerOf(Harness& h, const std::string& model, bool wait_detached = tru
   return false;
 }
 
-Status Load(Harness& h, const std::string& model) {
-  auto client = h.Connect();
-  if (!client.ok()) return client.status();
-  return (*client)->Load(model).status();
-}
-
 // One fault point x one action, with the victim's requests around it.
 void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& point,
                    const std::string& action) {
@@ -77,7 +52,7 @@ void FaultScenario(Harness& h, Checks& checks, size_t index, const std::string& 
   bool is_attach = point.starts_with("attach.");
   uint32_t restarts = h.TotalRestarts();
   if (!is_load) {
-    Status loaded = Load(h, victim.name);
+    Status loaded = h.Load(victim.name);
     checks.Expect(loaded.ok(), "victim loaded before the fault", loaded.ToString());
   }
   if (is_attach) {
@@ -180,7 +155,7 @@ void ReplicaCrashScenario(Harness& h, Checks& checks, size_t index) {
 // their files. A parked copy lives in host memory and survives.
 void OwnerKillScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
-  Status loaded = Load(h, victim.name);
+  Status loaded = h.Load(victim.name);
   checks.Expect(loaded.ok(), "victim loaded", loaded.ToString());
   const pid_t owner = h.OwnerPid();
   checks.Expect(owner > 0, "the device's memory owner runs");
@@ -209,7 +184,7 @@ void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   uint32_t restarts = h.TotalRestarts();
   {
-    Status loaded = Load(h, victim.name);
+    Status loaded = h.Load(victim.name);
     checks.Expect(loaded.ok(), "victim loaded", loaded.ToString());
   }
   auto client = h.Connect();
@@ -230,7 +205,7 @@ void UnparkCrashScenario(Harness& h, Checks& checks, size_t index) {
 void CrashLoopScenario(Harness& h, Checks& checks, size_t index) {
   const ModelUnderTest& victim = h.victim(index);
   {
-    Status loaded = Load(h, victim.name);
+    Status loaded = h.Load(victim.name);
     checks.Expect(loaded.ok(), "victim loaded", loaded.ToString());
   }
   checks.Expect(h.ArmFault("infer.mid", "kill", victim.name, 0, 1000).ok(), "fault armed");
@@ -342,97 +317,6 @@ void DisconnectStormScenario(Harness& h, Checks& checks, size_t index) {
   bystander.Finish(checks);
 }
 
-void SupervisorKillScenario(Harness& h, Checks& checks, size_t) {
-  Traffic traffic(h, TrafficSpec{&h.bystander(), 2, 0, 2, 2, 0, {Code::kUnavailable}, true, 5});
-  traffic.Start();
-  Sleep(100);
-  h.Kill(checks);
-  traffic.Stop();
-  traffic.Join();  // replies were lost with the supervisor: only the restart is judged
-  h.Restart(checks);
-  Traffic after(h, TrafficSpec{&h.bystander(), 2, 5, 2, 2, 0, {}, false, 6});
-  after.Start();
-  ExpectTraffic(checks, "served after the restart", after.Join());
-}
-
-// The same under the stand-in for systemd's descriptor store, with the victim ready and another
-// model parked: after the restart both are served from the weights kept, none is read from its file
-// again, and the traffic after it is answered correctly.
-void SupervisorKillWarmScenario(Harness& h, Checks& checks, size_t index) {
-  const ModelUnderTest& victim = h.victim(index);
-  const ModelUnderTest& parked = h.victim(index + 1);
-  for (const ModelUnderTest* m : {&victim, &parked, &h.bystander()}) {
-    Status loaded = Load(h, m->name);
-    checks.Expect(loaded.ok(), "loaded before the kill: " + m->name, loaded.ToString());
-  }
-  {
-    auto client = h.Connect();
-    bool ok = client.ok() && (*client)->Unload(parked.name, /*park=*/true).ok();
-    checks.Expect(ok, "parked before the kill: " + parked.name);
-  }
-  Traffic traffic(h, TrafficSpec{&victim, 2, 0, 2, 2, 0, {Code::kUnavailable}, true, index});
-  traffic.Start();
-  checks.Expect(h.WaitUntilKept({victim.name, h.bystander().name}, {parked.name}),
-                "the descriptor store keeps the ready models' weights and the parked copy");
-  h.Kill(checks);
-  traffic.Stop();
-  traffic.Join();  // replies were lost with the supervisor: only the restart is judged
-  h.Restart(checks, /*warm=*/true);
-  std::map<std::string, std::string> states;
-  if (auto client = h.Connect(); client.ok()) {
-    if (auto ps = (*client)->Ps(); ps.ok()) {
-      for (const auto& m : ps->models()) states[m.name()] = m.state();
-    }
-  }
-  checks.Expect(states[victim.name] == "ready", "the victim is ready at once after the restart",
-                states[victim.name]);
-  checks.Expect(states[parked.name] == "parked", "the parked model is still parked", states[parked.name]);
-  Traffic after(h, TrafficSpec{&victim, 2, 5, 2, 2, 0, {}, false, index + 7});
-  after.Start();
-  ExpectTraffic(checks, "victim served after the restart", after.Join());
-  Bystander bystander(h);
-  Status unparked = Load(h, parked.name);
-  checks.Expect(unparked.ok(), "the parked model unparks from its kept copy", unparked.ToString());
-  bystander.Finish(checks);
-  for (const ModelUnderTest* m : {&victim, &parked, &h.bystander()}) {
-    const int64_t loads = h.FileLoads(m->name);
-    checks.Expect(loads == 0, "nothing read from a file after the restart: " + m->name,
-                  loads < 0 ? std::string("the model is not in the segment") : fmt::format("{} loads from the file", loads));
-  }
-}
-
-// SIGHUP after SIGHUP under traffic, with a registry that did not change: nothing is unloaded or
-// re-registered, nothing is lost, no worker restarts.
-void ReloadStormScenario(Harness& h, Checks& checks, size_t index) {
-  const ModelUnderTest& victim = h.victim(index);
-  uint32_t restarts = h.TotalRestarts();
-  {
-    Status loaded = Load(h, victim.name);
-    checks.Expect(loaded.ok(), "victim loaded before the reloads", loaded.ToString());
-  }
-  Bystander bystander(h);
-  Traffic traffic(h, TrafficSpec{&victim, 2, 0, 2, 4, 0, {}, false, index});
-  traffic.Start();
-  pid_t supervisor = h.SupervisorPid();
-  checks.Expect(supervisor > 0, "supervisor pid from the segment");
-  for (int i = 0; i < 10 && supervisor > 0; i++) {
-    kill(supervisor, SIGHUP);
-    Sleep(20);
-  }
-  Sleep(300);  // the status tick retires what a reload marked: here, nothing
-  traffic.Stop();
-  ExpectTraffic(checks, "victim", traffic.Join());
-  bystander.Finish(checks);
-  bool ready = false;
-  if (auto client = h.Connect(); client.ok()) {
-    if (auto ps = (*client)->Ps(); ps.ok()) {
-      for (const auto& m : ps->models()) ready = ready || (m.name() == victim.name && m.state() == "ready");
-    }
-  }
-  checks.Expect(ready, "the victim stayed loaded through every reload");
-  checks.Expect(h.TotalRestarts() == restarts, "no worker restarted");
-}
-
 }  // namespace
 
 std::vector<Scenario> AllScenarios() {
@@ -457,73 +341,6 @@ std::vector<Scenario> AllScenarios() {
   all.push_back({"SIGHUP storm under traffic", true, ReloadStormScenario});
   all.push_back({"a stream's worker SIGKILLed at a random token", true, StreamResumeScenario});
   return all;
-}
-
-void Soak(Harness& h, Checks& checks, int seconds, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-  const char* actions[] = {"kill", "segv", "abort", "exit:1", "delay:50", "kill", "hang"};
-  std::set<Code> allowed = {Code::kDeadlineExceeded, Code::kInternal, Code::kFailedPrecondition};
-  auto start = std::chrono::steady_clock::now();
-  // cuda: the device's memory owner dies now and then too (never twice within 15 s: an owner that
-  // keeps dying young has its allocations refused, by design).
-  const bool cuda = h.Backend() == "cuda";
-  auto owner_killed = start - std::chrono::seconds(15);
-  size_t owner_kills = 0;
-  size_t round = 0;
-  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(seconds)) {
-    round++;
-    // A few faults on victims of this soak (indices past the scenarios' victims).
-    for (int f = 0; f < 3; f++) {
-      const ModelUnderTest& v = h.victim(40 + pick(8));
-      (void)h.ArmFault(ipc::kFaultPoints[pick(std::size(ipc::kFaultPoints))],
-                       actions[pick(std::size(actions))], v.name, 1 + pick(3), 1);
-    }
-    std::vector<std::unique_ptr<Traffic>> traffic;
-    for (int t = 0; t < 4; t++) {
-      const ModelUnderTest* m = &h.victim(40 + pick(8));
-      if (pick(3) == 0) m = &h.fillers()[pick(h.fillers().size())];
-      traffic.push_back(std::make_unique<Traffic>(
-          h, TrafficSpec{m, 1, 4 + static_cast<int>(pick(6)), 1 + static_cast<int>(pick(3)), 2, 2500,
-                         allowed, false, rng()}));
-      traffic.back()->Start();
-    }
-    Traffic steady(h, TrafficSpec{&h.bystander(), 1, 10, 2, 2, 0, {Code::kDeadlineExceeded}, false, rng()});
-    steady.Start();
-    if (pick(2) == 0) (void)h.Unload(h.victim(40 + pick(8)).name);
-    if (cuda && pick(3) == 0 && std::chrono::steady_clock::now() - owner_killed > std::chrono::seconds(15)) {
-      if (pid_t owner = h.OwnerPid(static_cast<uint32_t>(pick(h.DeviceCount()))); owner > 0) {
-        kill(owner, SIGKILL);
-        owner_killed = std::chrono::steady_clock::now();
-        owner_kills++;
-      }
-    }
-    if (pick(3) == 0) {
-      for (int i = 0; i < 5; i++) {
-        auto c = h.Connect();
-        if (c.ok()) {
-          (void)(*c)->SendInfer(h.bystander().name,
-                                client::Matrix{1, h.bystander().in_features,
-                                               std::vector<float>(h.bystander().in_features, 0.1f)});
-        }
-      }
-    }
-    for (auto& t : traffic) {
-      TrafficResult r = t->Join();
-      if (!r.problems.empty()) ExpectTraffic(checks, fmt::format("soak round {} traffic", round), r);
-    }
-    TrafficResult s = steady.Join();
-    if (!s.problems.empty()) ExpectTraffic(checks, fmt::format("soak round {} bystander", round), s);
-    if (round % 4 == 0) {
-      (void)h.ClearFaults();
-      Checks quiet;
-      h.CheckQuiescent(quiet);
-      for (const std::string& f : quiet.failed) checks.failed.push_back(fmt::format("soak round {}: {}", round, f));
-    }
-  }
-  (void)h.ClearFaults();
-  checks.passed.push_back(fmt::format("{} soak rounds{}", round,
-                                      cuda ? fmt::format(", {} owner kills", owner_kills) : std::string()));
 }
 
 }  // namespace warmpool::chaos

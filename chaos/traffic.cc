@@ -129,4 +129,11 @@ void Traffic::RunClient(int index) {
   }
 }
 
+void ExpectTraffic(Checks& checks, const std::string& who, const TrafficResult& r) {
+  std::string detail = r.Summary();
+  for (size_t i = 0; i < r.problems.size() && i < 3; i++) detail += "; " + r.problems[i];
+  checks.Expect(r.problems.empty() && r.sent > 0,
+                fmt::format("{}: {} (one reply each, results correct)", who, r.Summary()), detail);
+}
+
 }  // namespace warmpool::chaos

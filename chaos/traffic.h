@@ -53,4 +53,20 @@ class Traffic {
   bool counted_ = false;  // in the harness's open_traffic_: started, not yet joined
 };
 
+// A check that the traffic got exactly one correct reply per request (and sent some).
+void ExpectTraffic(Checks& checks, const std::string& who, const TrafficResult& r);
+
+// A steady client on the bystander, for "other models were served throughout".
+struct Bystander {
+  explicit Bystander(Harness& h, std::set<Code> allowed = {})
+      : traffic(h, TrafficSpec{&h.bystander(), 1, 0, 1, 2, 0, std::move(allowed), false, 99}) {
+    traffic.Start();
+  }
+  void Finish(Checks& checks) {
+    traffic.Stop();
+    ExpectTraffic(checks, "bystander", traffic.Join());
+  }
+  Traffic traffic;
+};
+
 }  // namespace warmpool::chaos
