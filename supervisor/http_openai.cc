@@ -140,11 +140,9 @@ json OpenAiToolCalls(const google::protobuf::RepeatedPtrField<v1::ToolCall>& cal
   return out;
 }
 
-// The counts as OpenAI's usage object has them, the prompt's tokens found in the prefix cache in
-// prompt_tokens_details.cached_tokens.
+// OpenAI's usage object (prompt_tokens_details.cached_tokens: those found in the prefix cache).
 json OpenAiUsage(const v1::GenerateReply& r) {
-  return {{"prompt_tokens", r.prompt_tokens()},
-          {"completion_tokens", r.completion_tokens()},
+  return {{"prompt_tokens", r.prompt_tokens()}, {"completion_tokens", r.completion_tokens()},
           {"total_tokens", r.prompt_tokens() + r.completion_tokens()},
           {"prompt_tokens_details", {{"cached_tokens", r.cached_prompt_tokens()}}}};
 }

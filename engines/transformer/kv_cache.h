@@ -106,7 +106,6 @@ class KvCache {
   static uint32_t Contiguous(uint32_t position, uint32_t end) {
     return std::min(end, (position / kKvBlockTokens + 1) * kKvBlockTokens) - position;
   }
-  uint64_t bytes() const { return own_ ? own_->bytes() : 0; }
 
  private:
   std::unique_ptr<KvPool> own_;
