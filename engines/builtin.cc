@@ -141,6 +141,16 @@ Result<wp_region> Engine::ExportWeights() {
   return region;
 }
 
+Result<wp_region> Engine::ExportCache() {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  wp_region region{nullptr, 0, -1};
+  if (vtable_->abi_version < 10 || vtable_->export_cache == nullptr ||
+      vtable_->export_cache(instance_, &region) != WP_OK || region.handle < 0 || region.bytes == 0) {
+    return Error(Code::kNotFound, "the engine keeps no KV cache another process can map");
+  }
+  return region;
+}
+
 Status Engine::Attach(const wp_region& weights) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   char err[kErrorBufferBytes] = {};

@@ -53,6 +53,9 @@ class Engine {
   Status Load(const ProgressFn& progress = nullptr);
   // After Load: the region holding the weights (its handle is shareable). NOT_FOUND: none (echo).
   Result<wp_region> ExportWeights();
+  // The region holding its sequences' KV cache (engine ABI version 10), NOT_FOUND when it keeps
+  // none another process can map.
+  Result<wp_region> ExportCache();
   // Instead of Load: weights another process loaded, imported here; the engine takes the region
   // over. Fails if it does not fit the model (the region is then still the caller's).
   Status Attach(const wp_region& weights);

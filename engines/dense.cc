@@ -436,7 +436,8 @@ const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense",      &Den
                                        /*describe=*/nullptr,  /*generate=*/nullptr,
                                        /*embed=*/nullptr,     &DenseSignature,
                                        &DenseRun,
-                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr};
+                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
+                                       /*export_cache=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -66,7 +66,8 @@ const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION,      "echo",     &E
                                       /*describe=*/nullptr,       /*generate=*/nullptr,
                                       /*embed=*/nullptr,          /*tensor_signature=*/nullptr,
                                       &EchoRun,
-                                      /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr};
+                                      /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
+                                       /*export_cache=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -122,6 +122,13 @@ wp_status ExportCall(wp_engine* engine, wp_region* out) {
   return WP_OK;
 }
 
+wp_status ExportCacheCall(wp_engine* engine, wp_region* out) {
+  TransformerEngine& e = *As(engine);
+  if (!e.kv_pool || out == nullptr) return WP_NOT_FOUND;
+  *out = {e.kv_pool->region().data(), e.kv_pool->region().bytes(), e.kv_pool->region().handle()};
+  return WP_OK;
+}
+
 wp_status AttachCall(wp_engine* engine, const wp_region* weights, char* err, size_t err_len) {
   return Guarded(err, err_len, [&] {
     TransformerEngine& e = *As(engine);
@@ -250,7 +257,7 @@ const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer",     &OpenCall,   &LoadCall,          &InferCall,
     &CloseCall,            &ExportCall,       &AttachCall, &DescribeCall,      &GenerateCall,
     &EmbedCall,            &SignatureCall,    &RunCall,    &OpenSequenceCall,  &StepCall,
-    &CloseSequenceCall,
+    &CloseSequenceCall,    &ExportCacheCall,
 };
 
 }  // namespace

@@ -158,8 +158,18 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   Result<TextSequence> text = TextSequence::Start(*e.files, *request, e.slots->context(), e.packed.config.vocab_size);
   if (!text.ok()) return text.status();
   const auto slot = static_cast<uint32_t>(free - e.slot_used.begin());
-  // The prompt's prefix that an earlier sequence left in the KV cache is not computed again.
-  if (!text->ended()) text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill()));
+  // The prompt's prefix that an earlier sequence left in the KV cache is not computed again, nor
+  // what a dead worker's cache holds of the rest (a resumed stream: its prompt and tokens sent).
+  // A source that is not this model's is no source: everything is computed, as ever.
+  std::optional<KvRegion> source;
+  if (r.kv_source_bytes > 0 && e.kv_pool) {
+    Result<KvRegion> opened =
+        KvRegion::Open(r.kv_source, r.kv_source_bytes, e.kv_pool->layers(), e.kv_pool->kv_size());
+    if (opened.ok()) source = std::move(*opened);
+  }
+  if (!text->ended()) {
+    text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill(), source ? &*source : nullptr));
+  }
   auto* opened = new wp_sequence{std::move(*text), slot, false};
   *free = true;
   e.open_sequences++;

@@ -89,7 +89,6 @@ std::optional<uint32_t> KvBlocks::Find(Link parent, std::span<const int32_t> tok
 void KvBlocks::Unpublish(uint32_t block) {
   Block& b = blocks_[block];
   assert(b.holders == 1);
-  if (!b.published) return;
   Forget(block);
   b.generation++;
 }

@@ -59,8 +59,9 @@ class KvBlocks {
   // The published block for `tokens` after `parent`, now held once more by the caller (no longer
   // cached); nullopt when there is none.
   std::optional<uint32_t> Find(Link parent, std::span<const int32_t> tokens);
-  // Before its only holder rewrites it: no longer published, and its children can no longer be
-  // found through it.
+  // Before its only holder rewrites it: no longer published, and a new generation (whether it was
+  // published or not), so that nothing linked to its old content — a published child, a record in
+  // the pool's region (kv_region.h) — leads to the new.
   void Unpublish(uint32_t block);
 
   uint32_t holders(uint32_t block) const { return blocks_[block].holders; }

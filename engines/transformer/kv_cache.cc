@@ -1,7 +1,5 @@
 #include "engines/transformer/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -14,29 +12,17 @@ uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences) {
 }
 
 Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t blocks) {
-  const uint64_t bytes =
-      uint64_t{blocks} * config.num_hidden_layers * 2 * kKvBlockTokens * config.kv_size() * sizeof(float);
-  // Reserved address space, not memory: the system provides a page when it is first written (free
-  // blocks are taken lowest first, so a lightly used pool touches its start only). Pages once
-  // written stay; admission counts the whole pool either way.
-  void* data = bytes == 0 ? nullptr
-                          : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                                 -1, 0);
-  if (data == MAP_FAILED) {
-    return Error(Code::kResourceExhausted, "no address space for a KV cache of {} blocks ({} bytes)", blocks, bytes);
-  }
-  return std::unique_ptr<KvPool>(new KvPool(config, blocks, static_cast<float*>(data), bytes));
+  Result<KvRegion> region = KvRegion::Create(config.num_hidden_layers, config.kv_size(), blocks);
+  if (!region.ok()) return region.status();
+  return std::unique_ptr<KvPool>(new KvPool(config, blocks, std::move(*region)));
 }
 
-KvPool::KvPool(const Config& config, uint32_t blocks, float* data, uint64_t bytes)
-    : layers_(config.num_hidden_layers), kv_size_(config.kv_size()), blocks_(blocks), data_(data), bytes_(bytes) {}
-
-KvPool::~KvPool() {
-  if (data_ != nullptr) munmap(data_, bytes_);
-}
+KvPool::KvPool(const Config& config, uint32_t blocks, KvRegion region)
+    : layers_(config.num_hidden_layers), kv_size_(config.kv_size()), blocks_(blocks), region_(std::move(region)) {}
 
 void KvPool::Copy(uint32_t from, uint32_t to) {
-  std::memcpy(data_ + to * BlockFloats(), data_ + from * BlockFloats(), BlockFloats() * sizeof(float));
+  const uint64_t floats = region_.BlockFloats();
+  std::memcpy(region_.data() + to * floats, region_.data() + from * floats, floats * sizeof(float));
 }
 
 namespace {
@@ -78,7 +64,7 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
     // block means the pool has one to spare (KvPoolBlocks counts each cache's blocks whole).
     const std::optional<uint32_t> copy = blocks.Take();
     if (!copy) return Error(Code::kResourceExhausted, "the KV cache's {} blocks are all in use", blocks.count());
-    pool_->Copy(block, *copy);
+    pool_->Copy(block, Taken(*copy));
     blocks.Release(block);
     table_[i] = *copy;
   }
@@ -87,6 +73,9 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
   // for (a pass failing halfway would otherwise leave old tokens named over new keys and values).
   length_ = std::min(length_, start);
   tokens_.resize(length_);
+  // The records of the blocks about to be written say so before anything is (kv_region.h); a block
+  // taken below claims nothing already (Taken), and those after `last` are not written.
+  Describe(first, std::min<uint32_t>(last + 1, static_cast<uint32_t>(table_.size())));
   while (table_.size() <= last) {
     const std::optional<uint32_t> block = blocks.Take();
     if (!block) {
@@ -95,7 +84,7 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
                    "context positions asked for)",
                    blocks.count());
     }
-    table_.push_back(*block);
+    table_.push_back(Taken(*block));
   }
   return OkStatus();
 }
@@ -105,6 +94,7 @@ void KvCache::Commit(uint32_t start, std::span<const int32_t> tokens) {
   if (tokens_.size() < end) tokens_.resize(end);
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + start);
   length_ = end;
+  Describe(start / kKvBlockTokens, (end - 1) / kKvBlockTokens + 1);  // after every layer wrote them
   KvBlocks& blocks = pool_->blocks();
   for (; (sealed_ + 1) * kKvBlockTokens <= length_; ++sealed_) {
     const KvBlocks::Link parent = sealed_ == 0 ? KvBlocks::kRoot : blocks.LinkOf(table_[sealed_ - 1]);
@@ -131,6 +121,45 @@ uint32_t KvCache::Reuse(std::span<const int32_t> tokens, uint32_t most) {
   length_ *= kKvBlockTokens;
   tokens_.assign(tokens.begin(), tokens.begin() + length_);
   return length_;
+}
+
+uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most) {
+  most = static_cast<uint32_t>(std::min<uint64_t>({most, tokens.size(), context_}));
+  const std::vector<KvRegion::Extent> run = source.Longest(tokens, most);
+  uint32_t end = 0;
+  for (const KvRegion::Extent& e : run) end += e.count;
+  if (end <= length_ || !Prepare(length_, end).ok()) return length_;
+  const uint32_t start = length_;
+  KvRegion& own = pool_->region();
+  for (uint32_t i = start / kKvBlockTokens; i < run.size(); ++i) {
+    // Positions [from, to) of block i: the same offsets in the source's block and in this cache's.
+    const uint32_t from = std::max(start, i * kKvBlockTokens) % kKvBlockTokens;
+    const uint32_t to = run[i].count;
+    for (uint32_t layer = 0; layer < pool_->layers(); ++layer) {
+      for (uint32_t half = 0; half < 2; ++half) {
+        std::memcpy(own.data() + own.RowsAt(table_[i], layer, half, from),
+                    source.data() + source.RowsAt(run[i].block, layer, half, from),
+                    uint64_t{to - from} * pool_->kv_size() * sizeof(float));
+      }
+    }
+  }
+  Commit(start, tokens.subspan(start, end - start));
+  return length_;
+}
+
+void KvCache::Describe(uint32_t first, uint32_t end) {
+  const KvBlocks& blocks = pool_->blocks();
+  for (uint32_t i = first; i < end && i < table_.size(); ++i) {
+    const uint32_t begin = i * kKvBlockTokens;
+    const uint32_t count = length_ > begin ? std::min(length_ - begin, kKvBlockTokens) : 0;
+    pool_->region().Describe(blocks.LinkOf(table_[i]), i == 0 ? KvBlocks::kRoot : blocks.LinkOf(table_[i - 1]),
+                             std::span<const int32_t>(tokens_).subspan(begin, count));
+  }
+}
+
+uint32_t KvCache::Taken(uint32_t block) {
+  pool_->region().Describe(pool_->blocks().LinkOf(block), KvBlocks::kRoot, {});
+  return block;
 }
 
 void KvCache::Clear() {

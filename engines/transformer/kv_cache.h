@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "engines/transformer/config.h"
 #include "engines/transformer/kv_blocks.h"
+#include "engines/transformer/kv_region.h"
 
 namespace warmpool::transformer {
 
@@ -29,35 +30,33 @@ uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences);
 
 class KvPool {
  public:
-  // Its memory is reserved, not touched: a block's pages are the system's once first written, and
-  // stay (admission counts the whole pool, whatever is touched).
-  // RESOURCE_EXHAUSTED when the address space cannot be had.
+  // Its memory is a KvRegion (kv_region.h), which the worker may hand to the supervisor: its pages
+  // are the system's once first written, and stay (admission counts the whole pool, whatever is
+  // touched). RESOURCE_EXHAUSTED when the memory cannot be had.
   static Result<std::unique_ptr<KvPool>> Make(const Config& config, uint32_t blocks);
-  ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
   uint32_t layers() const { return layers_; }
   uint32_t kv_size() const { return kv_size_; }
-  uint64_t bytes() const { return bytes_; }
   KvBlocks& blocks() { return blocks_; }
   const KvBlocks& blocks() const { return blocks_; }
+  KvRegion& region() { return region_; }
+  const KvRegion& region() const { return region_; }
   float* key(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 0, offset); }
   float* value(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 1, offset); }
   // Every layer's keys and values of `from` into `to` (a shared block copied before it is written).
   void Copy(uint32_t from, uint32_t to);
 
  private:
-  KvPool(const Config& config, uint32_t blocks, float* data, uint64_t bytes);
-  uint64_t BlockFloats() const { return uint64_t{layers_} * 2 * kKvBlockTokens * kv_size_; }
+  KvPool(const Config& config, uint32_t blocks, KvRegion region);
   float* At(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) {
-    return data_ + block * BlockFloats() + ((uint64_t{layer} * 2 + half) * kKvBlockTokens + offset) * kv_size_;
+    return region_.data() + region_.RowsAt(block, layer, half, offset);
   }
   uint32_t layers_;
   uint32_t kv_size_;
   KvBlocks blocks_;
-  float* data_;
-  uint64_t bytes_;
+  KvRegion region_;
 };
 
 class KvCache {
@@ -91,6 +90,10 @@ class KvCache {
   // An empty cache (its blocks released) that starts with the longest published prefix of `tokens`
   // that is whole blocks and at most `most` positions: returns its length, the positions reused.
   uint32_t Reuse(std::span<const int32_t> tokens, uint32_t most);
+  // After Reuse: the positions from length() on that `source` (a dead worker's pool of this model,
+  // kv_region.h) holds of `tokens`, at most `most` of them, copied into this cache's blocks instead
+  // of computed. Returns the length now. Copies nothing when the pool has no blocks to spare.
+  uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most);
   // Empty: its blocks released (the published ones stay cached for later sequences).
   void Clear();
 
@@ -115,6 +118,11 @@ class KvCache {
   std::vector<int32_t> tokens_;  // the token at each position written
   uint32_t length_ = 0;
   uint32_t sealed_ = 0;          // full blocks, from the first, whose publication was tried
+  // The records of blocks table_[first] .. table_[end - 1], as length_ and tokens_ now say
+  // (kv_region.h).
+  void Describe(uint32_t first, uint32_t end);
+  // A block just taken, to be written: its record claims nothing any more.
+  uint32_t Taken(uint32_t block);
 };
 
 }  // namespace warmpool::transformer

@@ -9,9 +9,11 @@ CpuSlots::CpuSlots(CpuModel& model, KvPool& pool, KvCache& first, uint32_t count
   for (uint32_t slot = 1; slot < count_; ++slot) others_.push_back(std::make_unique<KvCache>(pool, first.context()));
 }
 
-uint32_t CpuSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt) {
+uint32_t CpuSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) {
   if (slot >= count_ || prompt.empty()) return 0;
-  return Cache(slot).Reuse(prompt, static_cast<uint32_t>(prompt.size() - 1));
+  const auto most = static_cast<uint32_t>(prompt.size() - 1);
+  const uint32_t reused = Cache(slot).Reuse(prompt, most);
+  return source == nullptr ? reused : Cache(slot).Import(*source, prompt, most);
 }
 
 void CpuSlots::Free(uint32_t slot) {

@@ -47,9 +47,10 @@ class SequenceSlots {
   virtual Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) = 0;
 
   // A sequence with this prompt starts in `slot`: its cache emptied, then holding what the slots
-  // keep of the prompt's prefix (the prefix cache). Returns how many of the prompt's first tokens it
-  // holds (fewer than all: the last one runs, for its logits). Slots that keep nothing return 0.
-  virtual uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt) { return 0; }
+  // keep of the prompt's prefix (the prefix cache), then what `source` (a dead worker's pool of this
+  // model, unless null) holds of the rest. Returns how many of the prompt's first tokens it holds
+  // (fewer than all: the last one runs, for its logits). Slots that keep nothing return 0.
+  virtual uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) { return 0; }
   // The sequence in `slot` ended: what its cache holds is released (its published prefix kept).
   virtual void Free(uint32_t slot) {}
 };
@@ -64,7 +65,7 @@ class CpuSlots final : public SequenceSlots {
   uint32_t context() const override { return first_.context(); }
   const Config& config() const override { return model_.config(); }
   Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
-  uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt) override;
+  uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) override;
   void Free(uint32_t slot) override;
 
  private:

@@ -4,6 +4,9 @@
 // none missing — greedy or seeded, across a stop string and a character whose bytes span tokens,
 // and one resumed at its very end ends at once. Tokens that could not have been generated (outside
 // the vocabulary, an end token, more than max_tokens or the context) are refused.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -146,6 +149,71 @@ TEST_F(TransformerResumeTest, TokensThatCouldNotHaveBeenGeneratedAreRefused) {
   EXPECT_TRUE(done->text.empty());
   EXPECT_EQ(done->result.completion_tokens, 8u);
   EXPECT_EQ(done->result.finish_reason, uint32_t{WP_FINISH_LENGTH});
+}
+
+// Version 10: the dead engine's KV cache comes with the resume (request.kv_source). A fresh
+// engine copies the prompt and the tokens sent from it instead of computing them — the step
+// reports the whole prompt as cached — and sends the same rest as one that computes everything.
+// A source that is not this model's cache is no source: everything is computed, nothing is wrong.
+TEST_F(TransformerResumeTest, AResumeCopiesWhatTheDeadEnginesCacheHoldsAndSendsTheSameRest) {
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "This program is free software; you can redistribute it. ";
+  wp_generate_request request = Greedy(prompt, 40);
+  std::vector<int32_t> whole_tokens;
+  int cache_copy = -1;
+  uint64_t cache_bytes = 0;
+  {
+    Result<Engine> dying = Loaded();
+    ASSERT_TRUE(dying.ok()) << dying.status().ToString();
+    Result<wp_region> cache = dying->ExportCache();
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    cache_copy = dup(cache->handle);  // what the supervisor holds when the worker dies
+    cache_bytes = cache->bytes;
+    Result<Output> whole = Run(*dying, request);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    whole_tokens = whole->tokens;
+    ASSERT_EQ(whole_tokens.size(), 40u);
+  }  // the engine and its mapping are gone; the region stays while a descriptor names it
+  const std::vector<int32_t> sent(whole_tokens.begin(), whole_tokens.begin() + 25);
+  const std::vector<int32_t> rest(whole_tokens.begin() + 25, whole_tokens.end());
+  wp_generate_request resumed = request;
+  resumed.resume_tokens = sent.data();
+  resumed.resume_count = static_cast<uint32_t>(sent.size());
+  struct Case {
+    int source;
+    uint64_t bytes;
+    bool copies;
+  };
+  const int not_a_cache = memfd_create("not-a-kv-cache", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(not_a_cache, static_cast<off_t>(cache_bytes)), 0);
+  for (const Case& c : {Case{cache_copy, cache_bytes, true}, Case{not_a_cache, cache_bytes, false},
+                        Case{cache_copy, cache_bytes - 1, false}, Case{-1, 0, false}}) {
+    SCOPED_TRACE(::testing::Message() << "source " << (c.source == cache_copy ? "the cache" : "another region")
+                                      << ", " << c.bytes << " bytes");
+    Result<Engine> fresh = Loaded();
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    wp_generate_request r = resumed;
+    r.kv_source = c.source;
+    r.kv_source_bytes = c.bytes;
+    uint32_t prompt_tokens = 0;
+    Result<wp_sequence*> sequence = fresh->OpenSequence(r, &prompt_tokens);
+    ASSERT_TRUE(sequence.ok()) << sequence.status().ToString();
+    std::vector<int32_t> got;
+    uint32_t cached = 0;
+    wp_sequence_step step{*sequence, 0, WP_OK, {}, {}, 0};
+    for (int steps = 0; step.ended == 0 && steps < 100; ++steps) {
+      ASSERT_TRUE(fresh->Step({&step, 1}, [&](uint32_t, std::string_view, std::span<const int32_t> t,
+                                             std::span<const wp_token_logprobs>) {
+                         got.insert(got.end(), t.begin(), t.end());
+                       }).ok());
+      if (steps == 0) cached = step.cached_tokens;
+    }
+    fresh->CloseSequence(*sequence);
+    EXPECT_EQ(got, rest);
+    EXPECT_EQ(cached, c.copies ? prompt_tokens : 0u) << "of " << prompt_tokens << " prompt tokens";
+  }
+  close(not_a_cache);
+  close(cache_copy);
 }
 
 }  // namespace

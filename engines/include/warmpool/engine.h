@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 9 (engines of versions 2 to 8 keep loading: everything a version
+/* warmpool engine ABI, version 10 (engines of versions 2 to 9 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -53,6 +53,12 @@
  * client already has (request.resume_tokens), and the engine goes on after them as if it had
  * generated them itself, sending none of them again. The worker resumes only on a version 9
  * engine.
+ *
+ * Version 10 keeps the KV cache when a worker dies: an engine whose sequences' keys and values lie
+ * in memory another process can map says which (export_cache), the worker hands it to the
+ * supervisor, and a generation resumed after that worker's death comes with it
+ * (request.kv_source): the engine copies the positions it finds there of the prompt and the tokens
+ * resumed instead of computing them.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -64,7 +70,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 9u
+#define WP_ENGINE_ABI_VERSION 10u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -199,6 +205,13 @@ typedef struct wp_generate_request {
    * again from its prompt: its client would get the text twice. */
   const int32_t* resume_tokens;
   uint32_t resume_count;
+  /* Version 10: a region an earlier instance of this model exported (export_cache) and left
+   * behind when its worker died, mapped read-only by the engine during open_sequence or generate
+   * only (kv_source_bytes 0: none). The engine takes from it the keys and values of the request's
+   * tokens (prompt, then resume_tokens) it finds there, rather than computing them; what it does
+   * not find, or a region that is not its model's, it computes as ever. */
+  int kv_source;
+  uint64_t kv_source_bytes;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */
@@ -361,6 +374,13 @@ typedef struct wp_engine_vtable {
                     void* emit_ctx, char* err, size_t err_len);
   /* Ends a sequence, whether it ended or not (its client left): its memory is free for another. */
   void (*close_sequence)(wp_engine* engine, wp_sequence* sequence);
+
+  /* Version 10 (NULL where the engine does not do it). */
+  /* After load, attach or unpark: the region (its handle and size; ptr need not be set) holding the
+   * sequences' keys and values with the records a later instance reads them by (request.kv_source),
+   * valid until close. WP_NOT_FOUND when the engine keeps them where no other process can map them
+   * (device memory, say). */
+  wp_status (*export_cache)(wp_engine* engine, wp_region* out);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */

@@ -1,0 +1,207 @@
+#include "engines/transformer/kv_region.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <utility>
+
+namespace warmpool::transformer {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x4c4f4f50564b5057ull;  // "WPKVPOOL"
+constexpr uint32_t kLayout = 1;
+
+struct Header {
+  uint64_t magic;
+  uint32_t layout;
+  uint32_t block_tokens;
+  uint32_t layers;
+  uint32_t kv_size;
+  uint32_t blocks;
+  uint32_t record_bytes;
+  uint8_t reserved[32];
+};
+static_assert(sizeof(Header) == 64);
+
+uint64_t TotalBytes(uint64_t kv_bytes, uint32_t blocks) {
+  return ((kv_bytes + 63) & ~uint64_t{63}) + sizeof(Header) + uint64_t{blocks} * sizeof(KvRecord);
+}
+
+}  // namespace
+
+uint64_t KvRegion::RecordsOffset(uint64_t kv_bytes) { return ((kv_bytes + 63) & ~uint64_t{63}) + sizeof(Header); }
+
+KvRecord* KvRegion::records() const { return reinterpret_cast<KvRecord*>(base_ + RecordsOffset(kv_bytes_)); }
+
+Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  KvRegion r;
+  r.layers_ = layers;
+  r.kv_size_ = kv_size;
+  r.blocks_ = blocks;
+  r.kv_bytes_ = blocks * r.BlockFloats() * sizeof(float);
+  r.bytes_ = TotalBytes(r.kv_bytes_, blocks);
+  r.handle_ = memfd_create("warmpool-kv-cache", MFD_CLOEXEC);
+  if (r.handle_ < 0 || ftruncate(r.handle_, static_cast<off_t>(r.bytes_)) != 0) {
+    return Error(Code::kResourceExhausted, "no memory for a KV cache of {} blocks ({} bytes): {}", blocks, r.bytes_,
+                 std::strerror(errno));
+  }
+  // A memfd's pages are the system's once first written (free blocks are taken lowest first, so a
+  // lightly used pool touches its start only); admission counts the whole pool either way.
+  void* base = mmap(nullptr, r.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, r.handle_, 0);
+  if (base == MAP_FAILED) {
+    return Error(Code::kResourceExhausted, "no address space for a KV cache of {} bytes", r.bytes_);
+  }
+  r.base_ = static_cast<uint8_t*>(base);
+  r.data_ = reinterpret_cast<float*>(r.base_);
+  Header* header = reinterpret_cast<Header*>(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header));
+  *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), {}};
+  // Zero-filled records claim nothing (count 0, version 0).
+  return r;
+}
+
+Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size) {
+  KvRegion r;
+  r.layers_ = layers;
+  r.kv_size_ = kv_size;
+  const uint64_t block_bytes = r.BlockFloats() * sizeof(float);
+  // The size says how many blocks it holds; the header must agree.
+  const uint64_t per_block = block_bytes + sizeof(KvRecord);
+  if (bytes < sizeof(Header) || per_block == 0) return Error(Code::kInvalidArgument, "a KV region of {} bytes", bytes);
+  const uint64_t blocks = (bytes - sizeof(Header)) / per_block;
+  if (blocks > UINT32_MAX || TotalBytes(blocks * block_bytes, static_cast<uint32_t>(blocks)) != bytes) {
+    return Error(Code::kInvalidArgument, "a KV region of {} bytes is not whole blocks of this model's", bytes);
+  }
+  // Read past its end, a mapping faults (SIGBUS): the file must be as large as said.
+  struct stat st{};
+  if (fstat(handle, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
+    return Error(Code::kInvalidArgument, "the KV region's file is not the {} bytes said", bytes);
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, handle, 0);
+  if (base == MAP_FAILED) return Error(Code::kInvalidArgument, "cannot map a KV region: {}", std::strerror(errno));
+  r.base_ = static_cast<uint8_t*>(base);
+  r.bytes_ = bytes;
+  r.blocks_ = static_cast<uint32_t>(blocks);
+  r.kv_bytes_ = blocks * block_bytes;
+  r.data_ = reinterpret_cast<float*>(r.base_);
+  Header header;
+  std::memcpy(&header, r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header), sizeof(header));
+  if (header.magic != kMagic || header.layout != kLayout || header.block_tokens != kKvBlockTokens ||
+      header.layers != layers || header.kv_size != kv_size || header.blocks != blocks ||
+      header.record_bytes != sizeof(KvRecord)) {
+    return Error(Code::kInvalidArgument, "the KV region is not this model's (its header differs)");
+  }
+  return r;
+}
+
+KvRegion& KvRegion::operator=(KvRegion&& other) noexcept {
+  if (this == &other) return *this;
+  this->~KvRegion();
+  handle_ = std::exchange(other.handle_, -1);
+  base_ = std::exchange(other.base_, nullptr);
+  bytes_ = std::exchange(other.bytes_, 0);
+  data_ = std::exchange(other.data_, nullptr);
+  kv_bytes_ = other.kv_bytes_;
+  layers_ = other.layers_;
+  kv_size_ = other.kv_size_;
+  blocks_ = other.blocks_;
+  return *this;
+}
+
+KvRegion::~KvRegion() {
+  if (base_ != nullptr) munmap(base_, bytes_);
+  if (handle_ >= 0) close(handle_);
+  base_ = nullptr;
+  handle_ = -1;
+}
+
+void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens) {
+  KvRecord& r = records()[self.block];
+  const uint32_t version = r.version.load(std::memory_order_relaxed);
+  r.version.store(version | 1u, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // odd before any field changes
+  r.generation = self.generation;
+  r.parent_block = parent.block;
+  r.parent_generation = parent.generation;
+  r.count = static_cast<uint32_t>(tokens.size());
+  std::copy(tokens.begin(), tokens.end(), r.tokens);
+  r.version.store((version | 1u) + 1, std::memory_order_release);
+  // A record lowered before a write into its block must be in memory before that write is.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+std::vector<KvRegion::Extent> KvRegion::Longest(std::span<const int32_t> tokens, uint32_t most) const {
+  most = static_cast<uint32_t>(std::min<uint64_t>(most, tokens.size()));
+  struct Seen {
+    uint32_t block;
+    uint32_t count;
+    uint32_t generation;
+  };
+  // Each block's record as it stands, by the link it names: a block's children, from the root.
+  std::multimap<std::pair<uint32_t, uint32_t>, Seen> children;
+  std::vector<int32_t> held(uint64_t{blocks_} * kKvBlockTokens);
+  for (uint32_t b = 0; b < blocks_; ++b) {
+    const KvRecord& r = records()[b];
+    const uint32_t before = r.version.load(std::memory_order_acquire);
+    if (before % 2 != 0) continue;  // its writer died rewriting it
+    const uint32_t count = std::min<uint32_t>(r.count, kKvBlockTokens);
+    if (count == 0) continue;
+    const Seen seen{b, count, r.generation};
+    const std::pair<uint32_t, uint32_t> parent{r.parent_block, r.parent_generation};
+    std::copy(r.tokens, r.tokens + count, held.begin() + uint64_t{b} * kKvBlockTokens);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.version.load(std::memory_order_relaxed) != before) continue;
+    children.emplace(parent, seen);
+  }
+  // The longest run from the root: several blocks may hold the same tokens after the same parent
+  // (sequences that computed one prefix each), and only one of them may lead on, so every match
+  // is followed. A block sits at one depth (its record names one parent): its best is kept.
+  std::vector<int64_t> best_from(blocks_, -1);  // positions from a block on, its own included
+  std::vector<uint32_t> next(blocks_, KvLink::kNone);
+  auto matched = [&](const Seen& s, uint32_t at) {
+    const uint32_t want = std::min(s.count, most - at);
+    const int32_t* mine = held.data() + uint64_t{s.block} * kKvBlockTokens;
+    uint32_t same = 0;
+    // A position's keys and values depend on the tokens up to it alone: the block's first `same`
+    // are this run's even where its later ones are not.
+    while (same < want && mine[same] == tokens[at + same]) same++;
+    return same;
+  };
+  std::function<uint32_t(std::pair<uint32_t, uint32_t>, uint32_t, uint32_t*)> longest =
+      [&](std::pair<uint32_t, uint32_t> parent, uint32_t at, uint32_t* chosen) -> uint32_t {
+    uint32_t best = 0;
+    *chosen = KvLink::kNone;
+    if (at >= most) return 0;
+    auto [first, last] = children.equal_range(parent);
+    for (auto it = first; it != last; ++it) {
+      const Seen& s = it->second;
+      if (best_from[s.block] < 0) {
+        const uint32_t own = matched(s, at);
+        uint32_t after = 0;
+        if (own == kKvBlockTokens) after = longest({s.block, s.generation}, at + own, &next[s.block]);
+        best_from[s.block] = own == 0 ? 0 : own + after;
+      }
+      if (static_cast<uint32_t>(best_from[s.block]) > best) {
+        best = static_cast<uint32_t>(best_from[s.block]);
+        *chosen = s.block;
+      }
+    }
+    return best;
+  };
+  std::vector<Extent> run;
+  uint32_t block = KvLink::kNone;
+  uint32_t total = longest({KvLink::kNone, 0}, 0, &block);
+  for (uint32_t at = 0; block != KvLink::kNone && at < total; block = next[block]) {
+    const uint32_t count = std::min<uint32_t>(kKvBlockTokens, total - at);
+    run.push_back({block, count});
+    at += count;
+  }
+  return run;
+}
+
+}  // namespace warmpool::transformer

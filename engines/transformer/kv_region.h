@@ -1,0 +1,92 @@
+// A model's KV pool as memory another process can map: one memfd holding every block's keys and
+// values (engines/transformer/kv_cache.h KvPool), then a header and one record per block saying
+// what the block holds — its tokens, how many of its positions are written, and the block before
+// it in its sequence. The worker hands the memfd to the supervisor, which keeps it when the worker
+// dies; a stream resumed elsewhere (wp_generate_request.kv_source) maps it read-only, finds its
+// prompt and the tokens already sent in the records, and copies those positions' keys and values
+// instead of computing them again.
+//
+// Why the records can be believed after a crash: the process that wrote them is dead when another
+// reads them, so nothing changes under the reader; what must hold is that every record, at every
+// instant, claims only positions whose keys and values are in place. A writer therefore lowers a
+// record's count before it writes into the block (KvCache::Prepare: a block taken, rewritten or
+// copied into) and raises it only after the whole pass wrote them (KvCache::Commit). Each update
+// is bracketed by a version made odd first and even last, so one cut short by the crash leaves an
+// odd version, and the reader skips that block. A record names its parent by block and generation
+// (kv_blocks.h): a parent that took new content since no longer leads to it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engines/transformer/kv_blocks.h"
+
+namespace warmpool::transformer {
+
+struct KvRecord {
+  std::atomic<uint32_t> version;  // odd while being rewritten
+  uint32_t generation;            // the block's, when this was written
+  uint32_t parent_block;          // KvLink::kNone: the first block of its sequence
+  uint32_t parent_generation;
+  uint32_t count;                 // positions 0 .. count - 1 hold `tokens`' keys and values
+  uint32_t reserved[3];
+  int32_t tokens[kKvBlockTokens];
+};
+static_assert(sizeof(KvRecord) == 288);
+
+class KvRegion {
+ public:
+  // A new region (a memfd, zero-filled, its pages the system's once first written) for `blocks`
+  // blocks of `layers` x keys and values x kKvBlockTokens positions x kv_size floats. Every record
+  // claims nothing. RESOURCE_EXHAUSTED when the memory cannot be had.
+  static Result<KvRegion> Create(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // Another process's region, mapped read-only: INVALID_ARGUMENT unless its header says it holds
+  // blocks of this layout (layers, kv_size) and its size is what that makes.
+  static Result<KvRegion> Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size);
+  KvRegion() = default;
+  KvRegion(KvRegion&& other) noexcept { *this = std::move(other); }
+  KvRegion& operator=(KvRegion&& other) noexcept;
+  ~KvRegion();
+
+  int handle() const { return handle_; }  // -1 for an opened one (the caller keeps its own)
+  uint64_t bytes() const { return bytes_; }
+  uint32_t blocks() const { return blocks_; }
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  // Floats of one block (every layer's keys and values), and where a layer's keys (half 0) or
+  // values (half 1) at `offset` in it begin: rows of kv_size floats, a position's after another's.
+  uint64_t BlockFloats() const { return uint64_t{layers_} * 2 * kKvBlockTokens * kv_size_; }
+  uint64_t RowsAt(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) const {
+    return block * BlockFloats() + ((uint64_t{layer} * 2 + half) * kKvBlockTokens + offset) * kv_size_;
+  }
+
+  // The writer's side: block `self` holds `tokens` (at most kKvBlockTokens) at its first positions,
+  // after `parent` in its sequence.
+  void Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens);
+
+  // The reader's side: the longest run of blocks, a sequence's from its first, that holds the first
+  // positions of `tokens` (at most `most` of them): each but the last block full, the last maybe a
+  // part of one. Records being rewritten when their writer died are skipped.
+  struct Extent {
+    uint32_t block;
+    uint32_t count;  // positions of it taken
+  };
+  std::vector<Extent> Longest(std::span<const int32_t> tokens, uint32_t most) const;
+
+ private:
+  static uint64_t RecordsOffset(uint64_t kv_bytes);
+  KvRecord* records() const;
+  int handle_ = -1;
+  uint8_t* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  float* data_ = nullptr;
+  uint64_t kv_bytes_ = 0;
+  uint32_t layers_ = 0;
+  uint32_t kv_size_ = 0;
+  uint32_t blocks_ = 0;
+};
+
+}  // namespace warmpool::transformer

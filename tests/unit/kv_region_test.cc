@@ -1,0 +1,239 @@
+// A KV pool's region as another process reads it after its writer died (engines/transformer/
+// kv_region.h): the records name each sequence's positions, a reader finds the longest run of them
+// for its tokens and copies their keys and values, and at no instant — between a pass's Prepare
+// and its Commit, halfway through its writes, in a record's own update — does a record claim a
+// position whose keys and values are not those of the tokens it names.
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "engines/transformer/kv_cache.h"
+
+namespace warmpool::transformer {
+namespace {
+
+Config SmallShape(uint32_t layers = 2) {
+  Config c;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  return c;
+}
+
+std::unique_ptr<KvPool> PoolOf(const Config& c, uint32_t blocks) {
+  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(c, blocks);
+  EXPECT_TRUE(pool.ok());
+  return std::move(*pool);
+}
+
+// What a real pass computes at a position depends on every token up to it: so do these keys.
+float KeyOf(const std::vector<int32_t>& tokens, uint32_t position, uint32_t layer) {
+  uint64_t h = 1469598103934665603ull + layer;
+  for (uint32_t i = 0; i <= position; ++i) h = (h ^ static_cast<uint32_t>(tokens[i])) * 1099511628211ull;
+  return static_cast<float>(h % 1000003);
+}
+
+void WriteAt(KvCache& cache, const std::vector<int32_t>& tokens, uint32_t position) {
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    for (uint32_t d = 0; d < 4; ++d) {
+      cache.key(layer, position)[d] = KeyOf(tokens, position, layer) + static_cast<float>(d);
+      cache.value(layer, position)[d] = -KeyOf(tokens, position, layer) - static_cast<float>(d);
+    }
+  }
+}
+
+// A whole pass: positions start .. tokens.size() - 1 prepared, written, committed.
+void Pass(KvCache& cache, const std::vector<int32_t>& tokens, uint32_t start) {
+  ASSERT_TRUE(cache.Prepare(start, static_cast<uint32_t>(tokens.size())).ok());
+  for (uint32_t p = start; p < tokens.size(); ++p) WriteAt(cache, tokens, p);
+  cache.Commit(start, std::span<const int32_t>(tokens).subspan(start));
+}
+
+Result<KvRegion> Reader(const KvPool& pool, const Config& c) {
+  return KvRegion::Open(pool.region().handle(), pool.region().bytes(), c.num_hidden_layers, c.kv_size());
+}
+
+// Every position the reader would take for `tokens` holds exactly their keys and values.
+uint32_t CheckClaims(const KvRegion& reader, const std::vector<int32_t>& tokens) {
+  uint32_t at = 0;
+  for (const KvRegion::Extent& e : reader.Longest(tokens, static_cast<uint32_t>(tokens.size()))) {
+    for (uint32_t i = 0; i < e.count; ++i, ++at) {
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        const float* key = reader.data() + reader.RowsAt(e.block, layer, 0, i);
+        const float* value = reader.data() + reader.RowsAt(e.block, layer, 1, i);
+        EXPECT_EQ(key[0], KeyOf(tokens, at, layer)) << "position " << at << " of block " << e.block;
+        EXPECT_EQ(value[3], -KeyOf(tokens, at, layer) - 3);
+      }
+    }
+  }
+  return at;
+}
+
+std::vector<int32_t> Tokens(int32_t first, uint32_t count) {
+  std::vector<int32_t> t(count);
+  for (uint32_t i = 0; i < count; ++i) t[i] = first + static_cast<int32_t>(i);
+  return t;
+}
+
+TEST(KvRegionTest, AnotherPoolFindsASequencesPositionsAndCopiesTheirKeysAndValues) {
+  const Config c = SmallShape();
+  std::unique_ptr<KvPool> dead = PoolOf(c, KvPoolBlocks(512, 2));
+  KvCache written(*dead, 512);
+  std::vector<int32_t> tokens = Tokens(5, 150);
+  Pass(written, tokens, 0);
+  tokens.push_back(7);
+  Pass(written, tokens, 150);  // a decode step: one position more
+
+  Result<KvRegion> reader = Reader(*dead, c);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  const std::vector<KvRegion::Extent> run = reader->Longest(tokens, 500);
+  ASSERT_EQ(run.size(), 3u);
+  EXPECT_EQ(run[0].count, 64u);
+  EXPECT_EQ(run[1].count, 64u);
+  EXPECT_EQ(run[2].count, 23u) << "the last block's part";
+  EXPECT_EQ(CheckClaims(*reader, tokens), 151u);
+  EXPECT_EQ(reader->Longest(tokens, 100).back().count, 36u) << "no more than asked for";
+  std::vector<int32_t> other = tokens;
+  other[70] = 9999;
+  EXPECT_EQ(CheckClaims(*reader, other), 70u) << "a different token ends the run within its block";
+
+  // A fresh pool (a replica, the respawned worker) copies them: what it computes next reads them.
+  std::unique_ptr<KvPool> fresh = PoolOf(c, KvPoolBlocks(512, 2));
+  KvCache resumed(*fresh, 512);
+  EXPECT_EQ(resumed.Reuse(tokens, 150), 0u) << "its own pool holds nothing yet";
+  EXPECT_EQ(resumed.Import(*reader, tokens, 150), 150u) << "all but the last token, whose logits are wanted";
+  for (uint32_t p = 0; p < 150; ++p) {
+    EXPECT_EQ(resumed.key(1, p)[2], KeyOf(tokens, p, 1) + 2) << p;
+    EXPECT_EQ(resumed.value(0, p)[0], -KeyOf(tokens, p, 0)) << p;
+  }
+  EXPECT_EQ(fresh->blocks().counts().held, 3u);
+  resumed.Clear();
+  EXPECT_EQ(fresh->blocks().counts().cached, 2u) << "its full blocks joined its own prefix cache";
+  EXPECT_TRUE(fresh->blocks().Consistent());
+  KvCache again(*fresh, 512);
+  EXPECT_EQ(again.Reuse(tokens, 150), 128u);
+}
+
+TEST(KvRegionTest, ARegionOfAnotherShapeOrSizeIsRefused) {
+  const Config c = SmallShape();
+  std::unique_ptr<KvPool> pool = PoolOf(c, 4);
+  const KvRegion& region = pool->region();
+  EXPECT_FALSE(KvRegion::Open(region.handle(), region.bytes(), 3, c.kv_size()).ok()) << "other layers";
+  EXPECT_FALSE(KvRegion::Open(region.handle(), region.bytes(), 2, c.kv_size() * 2).ok()) << "other heads";
+  EXPECT_FALSE(KvRegion::Open(region.handle(), region.bytes() - 288, 2, c.kv_size()).ok()) << "not whole blocks";
+  EXPECT_FALSE(KvRegion::Open(region.handle(), 10, 2, c.kv_size()).ok());
+  EXPECT_FALSE(KvRegion::Open(-1, region.bytes(), 2, c.kv_size()).ok()) << "no descriptor";
+  std::unique_ptr<KvPool> smaller = PoolOf(c, 3);
+  EXPECT_FALSE(KvRegion::Open(smaller->region().handle(), region.bytes(), 2, c.kv_size()).ok())
+      << "a size its file does not have";
+  EXPECT_TRUE(KvRegion::Open(region.handle(), region.bytes(), 2, c.kv_size()).ok());
+}
+
+TEST(KvRegionTest, ARewrittenPrefixNoLongerLeadsToWhatFollowedIt) {
+  const Config c = SmallShape();
+  std::unique_ptr<KvPool> pool = PoolOf(c, KvPoolBlocks(512, 1));
+  KvCache cache(*pool, 512);
+  const std::vector<int32_t> old = Tokens(1, 200);
+  Pass(cache, old, 0);
+  std::vector<int32_t> now = old;
+  now.resize(40);
+  now[30] = 777;
+  Pass(cache, now, 30);  // rewritten from position 30: the old blocks after it are stale
+  Result<KvRegion> reader = Reader(*pool, c);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(CheckClaims(*reader, old), 30u) << "the old tokens: only what was not rewritten";
+  std::vector<int32_t> now_then_old = now;
+  now_then_old.insert(now_then_old.end(), old.begin() + 40, old.end());
+  EXPECT_EQ(CheckClaims(*reader, now_then_old), 40u) << "the old second block is not the new first's child";
+}
+
+TEST(KvRegionTest, ARecordCaughtMidUpdateIsSkipped) {
+  const Config c = SmallShape();
+  std::unique_ptr<KvPool> pool = PoolOf(c, 4);
+  KvCache cache(*pool, 256);
+  const std::vector<int32_t> tokens = Tokens(3, 100);
+  Pass(cache, tokens, 0);
+  // A writer that died between a record's odd version and its even one: the records lie at the
+  // region's end, block 1's second to last.
+  const KvRegion& region = pool->region();
+  void* map = mmap(nullptr, region.bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, region.handle(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* version = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(map) + region.bytes() - 3 * sizeof(KvRecord));
+  Result<KvRegion> reader = Reader(*pool, c);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(CheckClaims(*reader, tokens), 100u);
+  *version |= 1u;
+  EXPECT_EQ(CheckClaims(*reader, tokens), 64u) << "block 1's record is skipped";
+  munmap(map, region.bytes());
+}
+
+// Several sequences write, rewrite, share and give back blocks at random; a reader looks at the
+// region at every instant a writer could die — after Prepare, halfway through a pass's writes,
+// after Commit — and every position it would take holds the keys and values of the tokens named.
+TEST(KvRegionTest, AtEveryInstantOfARandomRunTheRecordsClaimOnlyWhatIsWritten) {
+  const Config c = SmallShape();
+  constexpr uint32_t kContext = 256, kCaches = 3;
+  std::unique_ptr<KvPool> pool = PoolOf(c, KvPoolBlocks(kContext, kCaches));
+  std::vector<std::unique_ptr<KvCache>> caches;
+  std::vector<std::vector<int32_t>> tokens(kCaches);
+  for (uint32_t i = 0; i < kCaches; ++i) caches.push_back(std::make_unique<KvCache>(*pool, kContext));
+  Result<KvRegion> reader = Reader(*pool, c);
+  ASSERT_TRUE(reader.ok());
+  std::mt19937 random(20261206);
+  auto pick = [&](uint32_t n) { return static_cast<uint32_t>(random() % n); };
+  uint64_t claimed = 0;
+  std::vector<std::vector<int32_t>> history(24);
+  uint64_t history_next = 0;
+  for (int op = 0; op < 1200 && !testing::Test::HasFailure(); ++op) {
+    const uint32_t i = pick(kCaches);
+    KvCache& cache = *caches[i];
+    std::vector<int32_t>& mine = tokens[i];
+    const uint32_t kind = pick(10);
+    if (kind == 0) {  // the sequence ends; another begins from a prefix someone may have cached
+      cache.Clear();
+      mine = tokens[pick(kCaches)];
+      mine.resize(std::min<size_t>(mine.size(), pick(kContext)));
+      for (int32_t& t : mine) t = (random() % 8 == 0) ? static_cast<int32_t>(pick(4)) : t;
+      mine.resize(cache.Reuse(mine, static_cast<uint32_t>(mine.size())));
+      continue;
+    }
+    // A pass from a point at or before the end: a decode step, a prompt piece, or a rewrite.
+    const uint32_t start = kind < 6 ? cache.length() : pick(cache.length() + 1);
+    const uint32_t end = std::min(kContext, start + 1 + pick(kind < 4 ? 2 : 70));
+    if (start >= end) continue;
+    std::vector<int32_t> next(mine.begin(), mine.begin() + start);
+    while (next.size() < end) next.push_back(static_cast<int32_t>(pick(4)));
+    // What sequences held before (evicted prefixes, rewritten tails): their records must not
+    // claim what new content overwrites.
+    if (!mine.empty()) {
+      history[history_next++ % history.size()] = mine;
+    }
+    auto check_all = [&] {
+      for (const auto& t : tokens) claimed += CheckClaims(*reader, t);
+      for (const auto& t : history) CheckClaims(*reader, t);
+      CheckClaims(*reader, next);
+    };
+    if (!cache.Prepare(start, end).ok()) {
+      mine.resize(cache.length());
+      continue;
+    }
+    mine.resize(start);
+    check_all();
+    const uint32_t half = start + pick(end - start);
+    for (uint32_t p = start; p < half; ++p) WriteAt(cache, next, p);
+    check_all();  // a pass cut short
+    for (uint32_t p = half; p < end; ++p) WriteAt(cache, next, p);
+    cache.Commit(start, std::span<const int32_t>(next).subspan(start));
+    mine = next;
+    EXPECT_EQ(CheckClaims(*reader, mine), mine.size()) << "a sequence's own positions are all found";
+    ASSERT_TRUE(pool->blocks().Consistent());
+  }
+  EXPECT_GT(claimed, 10000u) << "the run exercised the reader";
+}
+
+}  // namespace
+}  // namespace warmpool::transformer
