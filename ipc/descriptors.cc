@@ -17,8 +17,10 @@ int DescriptorsCarried(const v1::WorkerEnvelope& message) {
     case v1::WorkerEnvelope::kAllocated: return message.allocated().has_error() ? 0 : 1;
     case v1::WorkerEnvelope::kOffer: return 1;
     case v1::WorkerEnvelope::kInfer:
-      return (message.infer().has_input_region() ? 1 : 0) + (message.infer().has_output_region() ? 1 : 0);
-    case v1::WorkerEnvelope::kLoadDone: return message.load_done().weights_shared() ? 1 : 0;
+      return (message.infer().has_input_region() ? 1 : 0) + (message.infer().has_output_region() ? 1 : 0) +
+             (message.infer().kv_source() ? 1 : 0);
+    case v1::WorkerEnvelope::kLoadDone:
+      return (message.load_done().weights_shared() ? 1 : 0) + (message.load_done().cache_shared() ? 1 : 0);
     case v1::WorkerEnvelope::kParkDone: return message.park_done().copy_shared() ? 1 : 0;
     default: return 0;
   }

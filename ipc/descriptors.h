@@ -16,9 +16,11 @@
 //     attach with weight_bytes > 0    1  the weights region
 //     allocated without an error      1  the device memory granted
 //     offer                           1  memory to reuse
-//     infer                         0-2  input_region's memfd, then output_region's
+//     infer                         0-3  input_region's memfd, then output_region's, then the
+//                                        KV cache region of kv_source
 //   WorkerEnvelope (worker -> warmpoold)
-//     load_done with weights_shared   1  the weights region
+//     load_done                     0-2  the weights region (weights_shared), then the KV cache
+//                                        region (cache_shared)
 //     park_done with copy_shared      1  the host copy
 //   OwnerEnvelope (owner -> warmpoold)
 //     allocated, no error, no handle  1  the exported allocation (vmm; legacy names it in ipc_handle)

@@ -177,6 +177,18 @@ void Simulator::StartGeneration(Worker& w, uint64_t job, WorkerJob work) {
     }
   }
   const auto first = static_cast<uint32_t>(infer.resume_tokens_size());
+  // Its KV source: keys and values of these very weights (a reload's would be of others).
+  auto engine = w.engines.find(infer.model());
+  if (infer.kv_source() && engine != w.engines.end()) {
+    const Region* cache = work.region >= 0 ? &regions_[work.region] : nullptr;
+    if (cache == nullptr || !cache->kv_cache || cache->file != engine->second.region.file ||
+        cache->version != engine->second.region.version) {
+      return Fail(fmt::format("generation {} on worker {} was handed a KV cache of file {} version {}; its engine "
+                              "serves file {} version {}",
+                              job, slot, cache ? cache->file : 0, cache ? cache->version : 0,
+                              engine->second.region.file, engine->second.region.version));
+    }
+  }
   After(rng_.Range(0, 5), [this, slot, generation, job, first, work = std::move(work)]() mutable {
     GenerationStep(slot, generation, job, first, std::move(work));
   });

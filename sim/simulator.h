@@ -77,6 +77,11 @@ class Simulator {
     bool host = false;
     uint32_t device = 0;  // where device memory is (not a host copy)
     bool client = false;  // a client's shared-memory region (RegionRequest), not weights
+    // A language model's KV cache (WorkerLoadDone.cache_shared): of the weights above, written by
+    // this life of this worker.
+    bool kv_cache = false;
+    uint32_t slot = 0;
+    uint32_t generation = 0;
   };
   struct WorkerJob {
     v1::WorkerEnvelope message;
@@ -205,6 +210,8 @@ class Simulator {
   void Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob work);
   v1::WorkerEnvelope RunJob(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
   int NewSupervisorHandle(const Region& region);
+  // A language model's engine hands its KV cache to the supervisor with a load or attach reply.
+  void ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out);
 
   // Clients (clients.cc).
   void ClientAct(uint32_t index);

@@ -75,6 +75,18 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               it->second, slot));
     }
   }
+  if (message.has_infer() && message.infer().kv_source()) {
+    // A retried generation takes the KV cache of a replica of its model whose worker died.
+    auto cache = handles.empty() ? regions_.end() : regions_.find(handles.back());
+    if (cache == regions_.end() || !cache->second.kv_cache || !message.infer().has_generate()) {
+      return Fail(fmt::format("worker {} was sent a KV source that is no replica's cache ({})", slot, Brief(message)));
+    }
+    const Worker& writer = workers_[cache->second.slot];
+    if (writer.generation == cache->second.generation && writer.state == Worker::State::kUp) {
+      return Fail(fmt::format("worker {} was sent the KV cache of worker {}, which is alive and may write it", slot,
+                              cache->second.slot));
+    }
+  }
   if (message.has_infer()) NoteInferSent(slot, message);
   Worker& w = workers_[slot];
   if (w.state != Worker::State::kUp) return;  // the shell drops frames for a worker not up
@@ -232,6 +244,17 @@ const SimFile* Simulator::FileOf(const std::string& name, const std::string& pat
   return nullptr;
 }
 
+void Simulator::ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out) {
+  Region cache = weights;
+  cache.bytes = 1;
+  cache.host = true;  // the engine's own memfd: no device memory, which may die with its owner
+  cache.kv_cache = true;
+  cache.slot = w.slot;
+  cache.generation = w.generation;
+  done.set_cache_shared(true);
+  out.push_back(NewSupervisorHandle(cache));
+}
+
 int Simulator::NewSupervisorHandle(const Region& region) {
   int h = next_handle_++;  // the supervisor's descriptor once the frame carrying it is read
   regions_[h] = region;
@@ -305,6 +328,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       done->set_weights_shared(true);
       out.push_back(NewSupervisorHandle(e.region));
     }
+    if (read.language) ShareCache(w, e.region, *done, out);
     w.engines[m.load().model()] = e;
     return reply;
   }
@@ -354,6 +378,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       if (language) {
         weights->set_context(kSimContext);
         weights->set_kv_bytes_per_token(kSimKvBytesPerToken);
+        ShareCache(w, e.region, *done, out);
       }
     }
     w.engines[a.model()] = e;

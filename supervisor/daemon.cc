@@ -357,14 +357,16 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   if (devices_->OnWorkerMessage(slot, message)) return;
   event::WorkerMessage e;
   e.slot = slot;
-  // A successful load carries the weights region, a park its host copy (ipc/descriptors.h). The
-  // rule covers both directions; from a worker only these two bodies may carry one, so a worker
-  // that sends a supervisor's body (an offer) makes this side take nothing: the descriptor it
-  // sent stays queued and is closed with the frames that arrived (ipc/connection.h).
-  if ((message.has_load_done() || message.has_park_done()) && ipc::DescriptorsCarried(message) > 0) {
-    int fd = workers_->TakeFd(slot);
-    if (fd >= 0) e.handles.push_back(fd);
-    if (fd >= 0 && message.has_load_done()) devices_->OnWeights(slot, message.load_done(), fd);
+  // A successful load carries the weights region and its engine's KV cache region, a park its
+  // host copy (ipc/descriptors.h). The rule covers both directions; from a worker only these two
+  // bodies may carry any, so a worker that sends a supervisor's body (an offer) makes this side
+  // take nothing: what it sent stays queued and is closed with the frames that arrived
+  // (ipc/connection.h).
+  if (message.has_load_done() || message.has_park_done()) {
+    // In their places, a missing one as -1: the core takes each by its position.
+    for (int i = ipc::DescriptorsCarried(message); i > 0; i--) e.handles.push_back(workers_->TakeFd(slot));
+    const bool weights = message.has_load_done() && message.load_done().weights_shared();
+    if (weights && e.handles.front() >= 0) devices_->OnWeights(slot, message.load_done(), e.handles.front());
   }
   e.message = std::move(message);
   Dispatch(std::move(e));

@@ -3,6 +3,8 @@
 // an older one runs it alone through its generate call. Either way each step's output goes out as
 // it is made (worker/generation_stream.h), and the job ends within a step when the supervisor
 // cancels it (its client left) or its deadline passes.
+#include <sys/stat.h>
+
 #include <chrono>
 #include <optional>
 
@@ -111,7 +113,6 @@ Result<uint32_t> Serving::BeginLongJob(const v1::WorkerInfer& request, const std
 
 Status Serving::ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out) {
   const v1::GenerateRequest& g = infer.generate();
-  out = EngineRequest();
   for (const std::string& stop : g.stop()) out.stops.push_back({stop.data(), stop.size()});
   for (const v1::ChatMessage& m : g.messages()) {
     out.roles.push_back({m.role().data(), m.role().size()});
@@ -132,6 +133,11 @@ Status Serving::ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out
   r.stop_count = static_cast<uint32_t>(out.stops.size());
   r.resume_tokens = infer.resume_tokens().data();
   r.resume_count = static_cast<uint32_t>(infer.resume_tokens_size());
+  struct stat st{};
+  if (out.kv_source >= 0 && fstat(out.kv_source, &st) == 0 && st.st_size > 0) {
+    r.kv_source = out.kv_source;
+    r.kv_source_bytes = static_cast<uint64_t>(st.st_size);
+  }
   r.logprobs = g.logprobs() ? 1 : 0;
   r.top_logprobs = g.top_logprobs();
   if (NeedsConversation(g)) {
@@ -158,6 +164,8 @@ void Serving::HandleGenerate(v1::WorkerInfer request) {
   std::shared_ptr<Engine> engine = models_.Find(request.model());
   if (engine != nullptr && engine->generates() && engine->steps()) return ServeGenerations(std::move(request), engine);
   const uint64_t job = request.job();
+  EngineRequest args;
+  args.kv_source = TakeKvSource(job);
   const v1::GenerateRequest& g = request.generate();
   Result<uint32_t> slot = BeginLongJob(
       request, engine,
@@ -167,7 +175,6 @@ void Serving::HandleGenerate(v1::WorkerInfer request) {
   if (!slot.ok()) return SendGenerateError(job, slot.status());
   GenerationStream stream(request, outbox_, outbox_.FaultsFor(job, request.faults()));
   stream.faults().Hit("infer.after_take");
-  EngineRequest args;
   if (Status built = ToEngineRequest(request, args); !built.ok()) {
     marks_.Release(*slot);
     return SendGenerateError(job, built);

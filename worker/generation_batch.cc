@@ -43,6 +43,8 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
   // Starts a generation: checked as any long job, opened in the engine, or answered with why not.
   auto join = [&](v1::WorkerInfer request) {
     const uint64_t job = request.job();
+    EngineRequest args;  // holds the job's KV source from here: closed however the join ends
+    args.kv_source = TakeKvSource(job);
     const uint64_t oldest = running.empty() ? job : running.front().stream->job();
     Result<uint32_t> mark = BeginLongJob(request, engine, OkStatus(), oldest);
     if (!mark.ok()) return SendGenerateError(job, mark.status());
@@ -52,7 +54,6 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     r.mark = *mark;
     r.stream = std::make_unique<GenerationStream>(*r.request, outbox_, outbox_.FaultsFor(job, r.request->faults()));
     r.stream->faults().Hit("infer.after_take");
-    EngineRequest args;
     Status opened = ToEngineRequest(*r.request, args);
     if (opened.ok()) {
       Result<wp_sequence*> sequence = engine->OpenSequence(args.request, &r.prompt_tokens);

@@ -80,6 +80,15 @@ Status Named(const Status& status, const std::string& fd_path, const std::string
 
 }  // namespace
 
+void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared) {
+  // Its KV cache goes to the supervisor too, after the weights: when this process dies, a stream
+  // resumed elsewhere copies its keys and values from there (engine ABI version 10).
+  Result<wp_region> cache = engine.ExportCache();
+  if (!cache.ok()) return;
+  shared.push_back(cache->handle);
+  done.set_cache_shared(true);
+}
+
 void LoadThread::RunLoad(const v1::WorkerLoad& request, int file) {
   std::optional<JobMark> mark(std::in_place, marks_, request.job(), request.model());
   v1::WorkerEnvelope reply;
@@ -88,19 +97,19 @@ void LoadThread::RunLoad(const v1::WorkerLoad& request, int file) {
   JobFaults faults = outbox_.FaultsFor(request.job(), request.faults());
   memory_.SetAllocFaults(&faults);
   faults.Hit("load.begin");
-  int shared = -1;
+  std::vector<int> shared;
   Status status = Load(request, file, faults, *done, shared);
   if (file >= 0) close(file);
   memory_.SetAllocFaults(nullptr);
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
   JobDone(request.model());
-  // The fd stays open here (the engine owns it); the kernel gives the supervisor its own copy.
-  outbox_.Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+  // The fds stay open here (the engine owns them); the kernel gives the supervisor its own copies.
+  outbox_.Send(reply, shared);
 }
 
 Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
-                        int& shared) {
+                        std::vector<int>& shared) {
   Result<const wp_engine_vtable*> vtable = ResolveEngine(request.engine(), options_.engine_dir);
   if (!vtable.ok()) return vtable.status();
   const std::string& path = request.path();
@@ -195,11 +204,12 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
   // The weights' handle goes to the supervisor, which keeps them alive past this process.
   Result<wp_region> weights = engine->ExportWeights();
   if (weights.ok() && weights->handle >= 0) {
-    shared = weights->handle;
+    shared.push_back(weights->handle);
     done.set_weights_shared(true);
     done.set_grant(memory_.GrantOf(*weights));
-    memory_.KeepMappingOf(shared);
+    memory_.KeepMappingOf(weights->handle);
   }
+  ShareCache(*engine, done, shared);
   models_.Put(request.model(), std::move(*engine));
   return OkStatus();
 }

@@ -161,24 +161,25 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
         status = engine->Attach(region);
         if (!status.ok() && region.ptr != nullptr) memory.free(memory.ctx, &region);
       }
-      int shared = -1;
+      std::vector<int> shared;
       if (status.ok()) {
         *done->mutable_weights() = described;  // what it was told the weights are,
         DescribeEngine(*engine, done->mutable_weights());  // as its engine measures them
         // Unparked weights live in a new device region: the supervisor holds that one now.
         if (request.copy() && region.handle >= 0) {
-          shared = region.handle;
+          shared.push_back(region.handle);
           done->set_weights_shared(true);
           done->set_grant(memory_.GrantOf(region));
-          memory_.KeepMappingOf(shared);
+          memory_.KeepMappingOf(region.handle);
         }
+        ShareCache(*engine, *done, shared);
         models_.Put(request.model(), std::move(*engine));
       }
       if (weights_fd >= 0) close(weights_fd);  // the import made its own copy
       if (!status.ok()) ipc::SetError(done->mutable_error(), status);
       mark.reset();
       JobDone(request.model());
-      outbox_.Send(reply, shared >= 0 ? std::vector<int>{shared} : std::vector<int>{});
+      outbox_.Send(reply, shared);
       return;
     }
   }

@@ -36,6 +36,9 @@ namespace warmpool::worker {
 
 // The sizes and shape an engine reports, into the description a load or attach answers with.
 void DescribeEngine(const Engine& engine, v1::ModelWeights* weights);
+// The engine's KV cache region, when it has one another process can map, into a load's reply:
+// cache_shared set and its descriptor (the engine's own) after the others in `shared`.
+void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared);
 
 class LoadThread {
  public:
@@ -77,7 +80,9 @@ class LoadThread {
   // A load (worker/load.cc): reads the file (then closes it) and replies.
   void RunLoad(const v1::WorkerLoad& request, int file);
   // The load itself: fills done (and shared, the weights' handle) or says why not.
-  Status Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done, int& shared);
+  // shared: the descriptors the reply carries (ipc/descriptors.h), the engine's own.
+  Status Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
+              std::vector<int>& shared);
   // Serves a model from weights another worker loaded, or from its parked copy (request.copy()).
   void Attach(const v1::WorkerAttach& request, int weights_fd);
   // on_load_thread: it was queued here (see Unload).

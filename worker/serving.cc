@@ -33,10 +33,23 @@ Status Serving::ReadIncoming(Incoming& in) {
     in.regions = RegionFds{};
     if (m.infer().has_input_region()) in.regions.input = channel_.TakeFd();
     if (m.infer().has_output_region()) in.regions.output = channel_.TakeFd();
+    if (m.infer().kv_source()) {
+      int& kept = kv_sources_[m.infer().job()];
+      if (kept >= 0) close(kept);  // a job id sent twice: the later frame's
+      kept = channel_.TakeFd();
+    }
   } else if (ipc::DescriptorsCarried(m) > 0) {
     in.fd = channel_.TakeFd();
   }
   return OkStatus();
+}
+
+int Serving::TakeKvSource(uint64_t job) {
+  auto it = kv_sources_.find(job);
+  if (it == kv_sources_.end()) return -1;
+  const int fd = it->second;
+  kv_sources_.erase(it);
+  return fd;
 }
 
 int Serving::Run() {

@@ -6,11 +6,15 @@
 // touched by this thread alone.
 #pragma once
 
+#include <unistd.h>
+
+
 #include <chrono>
 #include <deque>
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -76,11 +80,24 @@ class Serving {
   // A generate request in the engine's terms (a resumed one's tokens too), pointing into the request
   // and `out`'s storage.
   struct EngineRequest {
+    EngineRequest() = default;
+    EngineRequest(const EngineRequest&) = delete;
+    EngineRequest& operator=(const EngineRequest&) = delete;
+    ~EngineRequest() {
+      if (kv_source >= 0) close(kv_source);
+    }
     wp_generate_request request{};
     std::vector<wp_string> stops, roles, contents;
     std::string conversation;
+    int kv_source = -1;  // its descriptor (TakeKvSource), closed with the request
   };
+  // Fills out.request from the frame (and out.kv_source, when set, with its size).
   static Status ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out);
+  // A resumed generation's KV source (WorkerInfer.kv_source): the descriptor that came with the
+  // frame, kept by job from its arrival until the job starts (-1: none). The engine maps it while
+  // it opens the generation; the job's EngineRequest closes it.
+  int TakeKvSource(uint64_t job);
+  std::unordered_map<uint64_t, int> kv_sources_;
   void SendGenerateError(uint64_t job, const Status& status);
   // Embeddings (worker/embed.cc): between inputs and pieces of a long one, as a generation between
   // steps (heartbeats, a cancel, the deadline).

@@ -66,6 +66,7 @@ std::vector<Action> Core::Handle(Event event, Time now) {
       std::move(event));
   // Forgetting a model frees its record for reuse: done here, when nothing up the stack holds it.
   if (!drain_ended_) ProcessRetirements();
+  ForgetKvCaches();
   CheckDrained();
   PublishWorkers();
   TrimKept();
@@ -208,6 +209,8 @@ std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
   for (const auto& [id, session] : sessions_) {
     for (const auto& [region_id, region] : session.regions) held.emplace_back(shm::kNil, region.handle);
   }
+  for (const auto& [replica, handle] : replica_caches_) held.emplace_back(replica.first, handle);
+  for (int handle : kv_sources_) held.emplace_back(shm::kNil, handle);
   return held;
 }
 

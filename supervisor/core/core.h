@@ -18,8 +18,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -284,6 +286,14 @@ class Core {
   // Retries of a dead worker's requests, reordered: those that never ran at a crash first, and
   // connections taking turns, the ones with fewer to retry first within a turn.
   static std::vector<std::pair<uint32_t, Waiter>> TakingTurns(std::vector<std::pair<uint32_t, Waiter>> retries);
+  // KV caches (core/kv_caches.cc). A language-model replica's cache region (engine ABI version 10)
+  // came with its load, attach or unpark reply: held while that worker serves the model, else
+  // closed. The caches of a worker that died go to its model's generations retried from it, and
+  // are held while one of them may still read it (until its first chunk).
+  void KeepReplicaCache(uint32_t model, uint32_t worker, int handle);
+  void HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Waiter>>& retries);
+  // After every event: caches of replicas that left, and sources nothing names any more, closed.
+  void ForgetKvCaches();
   void ChargeCrash(uint32_t model, const std::string& why, bool alone);
   // file_broken: the file's contents (or its absence) are the cause; the messages say to fix it.
   void MarkFailed(uint32_t model, const std::string& reason, bool file_broken = false);
@@ -365,6 +375,8 @@ class Core {
   uint32_t adopted_ = 0;
   KeptMemory kept_memory_;  // device 0's: only the host backend keeps (one device)
   std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
+  std::map<std::pair<uint32_t, uint32_t>, int> replica_caches_;  // (model, worker) -> KV cache region
+  std::set<int> kv_sources_;  // dead replicas' caches that retried generations name
   bool handing_over_ = false;  // event::HandingOver: nothing is kept from then on
   // What action::StoreKept last said (adoption.cc): handle, parked, name of each, in order.
   std::vector<std::tuple<int, bool, std::string>> kept_stored_;

@@ -209,6 +209,7 @@ Core::Job Core::InferJobFor(uint32_t model, uint32_t worker, const Waiter& waite
   job.retry = waiter.retry;
   job.chunks = waiter.chunks;
   job.sent_tokens = waiter.sent_tokens;
+  job.kv_source = waiter.kv_source;
   job.resumable = waiter.generate && waiter.generate->stream() && waiter.generate->tools_size() == 0;
   return job;
 }

@@ -85,6 +85,10 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
                                           "up after {} chunks: what was sent stands, ask again",
                                           models_[model].entry.name, waiter.chunks));
   }
+  if (waiter.kv_source >= 0 &&
+      (waiter.resume_epoch != models_[model].epoch || waiter.resume_version != models_[model].entry.version)) {
+    waiter.kv_source = -1;  // keys and values of weights a reload replaced: of no use to these
+  }
   Job job = InferJobFor(model, worker, waiter);
   job.generate = std::move(waiter.generate);
   job.embed = std::move(waiter.embed);
@@ -109,7 +113,9 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   infer->mutable_resume_tokens()->Add(stored.sent_tokens.begin(), stored.sent_tokens.end());
   if (stored.generate && stored.generate->tools_size() > 0) infer->set_tool_call_format(models_[model].tool_call_format);
   if (stored.embed) *infer->mutable_embed() = *stored.embed;
-  Send(worker, message);
+  // Retried after its worker died: that replica's KV cache goes with it (core/kv_caches.cc).
+  infer->set_kv_source(stored.kv_source >= 0);
+  Send(worker, message, stored.kv_source >= 0 ? std::vector<int>{stored.kv_source} : std::vector<int>{});
 }
 
 void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
@@ -119,6 +125,7 @@ void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
     return KillWorker(slot, fmt::format("sent a chunk of job {}, which is not a generation it runs", chunk.job()));
   }
   job->progress_ms = MonoMs();  // a step: the job is alive; a heartbeat has no chunk
+  if (chunk.has_chunk()) job->kv_source = -1;  // its engine opened it: the dead replica's cache was read
   if (!chunk.has_chunk() || job->answered || !job->generate->stream()) return;
   v1::Envelope reply;
   v1::GenerateChunk* out = reply.mutable_generate_chunk();

@@ -33,6 +33,30 @@ Status Core::CheckInvariants() const {
   if (regions != regions_ || regions_ > kMaxRegions) {
     return Error(Code::kInternal, "{} client regions held, {} counted (at most {})", regions, regions_, kMaxRegions);
   }
+  // KV caches (core/kv_caches.cc): a replica's while its worker serves the model, a dead one's
+  // while a retried generation names it, none both.
+  for (const auto& [replica, handle] : replica_caches_) {
+    const std::vector<Replica>* replicas = models_[replica.first].machine.Replicas();
+    if (replicas == nullptr || std::none_of(replicas->begin(), replicas->end(),
+                                            [&](const Replica& r) { return r.worker == replica.second; })) {
+      return Error(Code::kInternal, "the KV cache of \"{}\" on worker {} is held, but no replica is there",
+                   models_[replica.first].entry.name, replica.second);
+    }
+    if (kv_sources_.contains(handle)) return Error(Code::kInternal, "KV cache {} is a replica's and a source", handle);
+  }
+  std::set<int> named;
+  for (const auto& [id, job] : jobs_) {
+    if (job.kv_source >= 0) named.insert(job.kv_source);
+  }
+  for (const Model& m : models_) {
+    for (const Waiter& w : m.waiters) {
+      if (w.kv_source >= 0) named.insert(w.kv_source);
+    }
+  }
+  if (named != kv_sources_) {
+    return Error(Code::kInternal, "{} KV cache sources held, {} named by retried generations", kv_sources_.size(),
+                 named.size());
+  }
   uint64_t infer_jobs = 0;
   for (const auto& [id, job] : jobs_) infer_jobs += job.kind == Job::Kind::kInfer;
   if (infer_jobs != infer_jobs_) {

@@ -20,6 +20,12 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
     for (int h : e.handles) Close(h);
     return;
   }
+  // A load's reply may carry its engine's KV cache region after the weights' (ipc/descriptors.h).
+  int cache = -1;
+  if (message.has_load_done() && message.load_done().cache_shared() && !e.handles.empty()) {
+    cache = e.handles.back();
+    e.handles.pop_back();
+  }
   int handle = e.handles.empty() ? -1 : e.handles.front();
   for (size_t i = 1; i < e.handles.size(); i++) Close(e.handles[i]);
   uint64_t id = 0;
@@ -49,6 +55,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.worker != slot) {
     Log(LogLevel::kWarn, "worker {} answered unknown job {}", slot, id);
+    Close(cache);
     return Close(handle);
   }
   Job job = std::move(it->second);
@@ -62,18 +69,29 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
                   (job.kind == Job::Kind::kPark && message.has_park_done());
   if (!expected) {
     Close(handle);
+    Close(cache);
     return KillWorker(slot, fmt::format("answered job {} with the wrong kind of message", id));
   }
   if (job.kind == Job::Kind::kInfer) return OnInferDone(job, *message.mutable_infer_done());
-  if (job.epoch != models_[job.model].epoch) return Close(handle);  // the model was re-registered
-  switch (job.kind) {
-    case Job::Kind::kLoad: return OnLoadDone(job, message.load_done(), handle);
-    case Job::Kind::kAttach: Close(handle); return OnAttachDone(job, message.load_done());
-    case Job::Kind::kUnpark: return OnUnparkDone(job, message.load_done(), handle);
-    case Job::Kind::kUnload: Close(handle); return OnUnloadDone(job, id);
-    case Job::Kind::kPark: return OnParkDone(job, message.park_done(), handle);
-    case Job::Kind::kInfer: return;
+  if (job.epoch != models_[job.model].epoch) {  // the model was re-registered
+    Close(cache);
+    return Close(handle);
   }
+  switch (job.kind) {
+    case Job::Kind::kLoad: OnLoadDone(job, message.load_done(), handle); break;
+    case Job::Kind::kAttach:
+      Close(handle);
+      OnAttachDone(job, message.load_done());
+      break;
+    case Job::Kind::kUnpark: OnUnparkDone(job, message.load_done(), handle); break;
+    case Job::Kind::kUnload:
+      Close(handle);
+      OnUnloadDone(job, id);
+      break;
+    case Job::Kind::kPark: OnParkDone(job, message.park_done(), handle); break;
+    case Job::Kind::kInfer: break;
+  }
+  KeepReplicaCache(job.model, slot, cache);  // held if the reply made a replica there, else closed
 }
 
 WeightsDescription Core::LoadedWeights(uint32_t model, const v1::WorkerLoadDone& done) const {

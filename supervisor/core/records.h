@@ -52,6 +52,9 @@ struct Waiter {
   std::vector<int32_t> sent_tokens{};
   uint64_t resume_epoch = 0;  // of the model it began on: it goes on only on that registration ...
   FileVersion resume_version{};  // ... and those weights
+  // A generation retried after its worker died: that replica's KV cache region (Core::kv_sources_),
+  // whose keys and values of its prompt and tokens sent the engine copies; -1: none.
+  int kv_source = -1;
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -80,6 +83,7 @@ struct Job {
   // Whether it can resume after its worker's death: a stream without tools whose every chunk sent
   // carried its tokens (a chunk of text alone, an engine's held-back tail, would be sent again).
   bool resumable = false;
+  int kv_source = -1;  // a Waiter::kv_source, until the generation's first chunk (the engine read it)
   std::vector<uint64_t> faults{};  // faults granted to this job (fault injection)
   uint32_t moving_from = shm::kNil;  // attach: a move; that replica leaves once this one serves
   // Runs on the worker's load thread: loads, attaches and unparks, and an unload of a model

@@ -100,6 +100,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         retries.back().second.sent_tokens = std::move(job.sent_tokens);
         retries.back().second.resume_epoch = job.epoch;
         retries.back().second.resume_version = m.entry.version;
+        retries.back().second.kv_source = job.kv_source;  // an earlier death's, not read yet
         break;
       }
       case Job::Kind::kLoad:
@@ -148,6 +149,7 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
   // client that had one request on the dead worker does not wait for all of another's. The models reload (or re-attach their held weights) on
   // another worker or the respawned one. A model now failed refuses them.
   // Retries of an earlier death still waiting keep their place ahead of these.
+  HandCachesToRetries(slot, retries);
   retries = TakingTurns(std::move(retries));
   for (auto& [model, waiter] : retries) {
     std::deque<Waiter>& waiters = models_[model].waiters;

@@ -139,7 +139,7 @@ TEST_F(GenerateTest, BadRequestsGetTypedErrorsAndTheModelKeepsServing) {
 // SIGKILL of the worker after the first chunk: the stream goes on, on a respawned worker that
 // attaches the weights the supervisor held, after the tokens the client has — with a sampled
 // generation too, whose seed carries on: the client's stream is the undisturbed one, no chunk
-// twice and none missing.
+// twice and none missing, and the prompt is copied from the dead worker's KV cache.
 TEST_F(GenerateTest, AWorkerKilledMidStreamHasItsStreamResumeWhereItWasCut) {
   WriteModel("tiny");
   StartDaemon("", {"--enable-fault-injection"});
@@ -158,6 +158,10 @@ TEST_F(GenerateTest, AWorkerKilledMidStreamHasItsStreamResumeWhereItWasCut) {
     for (uint32_t i = 0; i < cut.indices.size(); i++) EXPECT_EQ(cut.indices[i], i);
     EXPECT_EQ(cut.final->completion_tokens(), whole.final->completion_tokens());
     EXPECT_EQ(cut.final->chunks(), cut.indices.size());
+    // The respawned worker's cache was empty: the prompt's keys and values came from the dead
+    // worker's, which the supervisor held (engine ABI version 10), not from computing it again.
+    EXPECT_GT(cut.final->prompt_tokens(), 0u);
+    EXPECT_EQ(cut.final->cached_prompt_tokens(), cut.final->prompt_tokens());
   }
   auto status = c->GetStatus();
   ASSERT_TRUE(status.ok());

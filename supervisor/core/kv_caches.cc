@@ -1,0 +1,81 @@
+// A language model's KV cache outlives the worker that wrote it (engine ABI version 10): each
+// replica's engine keeps its sequences' keys and values in a region that came to the supervisor
+// with its load (WorkerLoadDone.cache_shared), with records saying which tokens' positions each
+// block holds (engines/transformer/kv_region.h). When the worker dies, the generations retried from
+// it — a stream resumed after the tokens its client has, or one that had sent nothing yet — take
+// that region along (WorkerInfer.kv_source), and whichever worker runs them copies the positions
+// it finds there instead of computing the prompt and the tokens sent again.
+//
+// What the core holds: a replica's region while its worker serves the model (replica_caches_), and a
+// dead replica's while a retried generation names it (kv_sources_): until that generation's first
+// chunk, when its engine has read it. Both are reconciled after every event (ForgetKvCaches), so no
+// path that ends a replica or a job — an unload, a release, a move, a deadline, a client that left
+// — needs to know about them.
+#include <algorithm>
+
+#include "supervisor/core/core.h"
+
+namespace warmpool::supervisor {
+
+void Core::KeepReplicaCache(uint32_t model, uint32_t worker, int handle) {
+  if (handle < 0) return;
+  const std::vector<Replica>* replicas = models_[model].machine.Replicas();
+  const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(), [&](const Replica& r) {
+                         return r.worker == worker && r.attach_job == 0;
+                       });
+  // A reply that made no replica (a failure, a stale load) leaves nothing to hold it for.
+  if (!serving || replica_caches_.contains({model, worker})) return Close(handle);
+  replica_caches_[{model, worker}] = handle;
+}
+
+void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Waiter>>& retries) {
+  for (auto it = replica_caches_.begin(); it != replica_caches_.end();) {
+    const auto [model, worker] = it->first;
+    if (worker != slot) {
+      ++it;
+      continue;
+    }
+    bool named = false;
+    for (auto& [retried, waiter] : retries) {
+      // One still holding an earlier dead replica's cache, unread, keeps it: this one may have
+      // died before it copied anything from there.
+      if (retried != model || !waiter.generate || waiter.kv_source >= 0) continue;
+      waiter.kv_source = it->second;
+      named = true;
+    }
+    if (named) kv_sources_.insert(it->second);
+    else Close(it->second);
+    it = replica_caches_.erase(it);
+  }
+}
+
+void Core::ForgetKvCaches() {
+  for (auto it = replica_caches_.begin(); it != replica_caches_.end();) {
+    const auto [model, worker] = it->first;
+    const std::vector<Replica>* replicas = models_[model].machine.Replicas();
+    const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(),
+                                                            [&](const Replica& r) { return r.worker == worker; });
+    if (serving && it->second >= 0) {
+      ++it;
+      continue;
+    }
+    Close(it->second);
+    it = replica_caches_.erase(it);
+  }
+  if (kv_sources_.empty()) return;
+  std::set<int> named;
+  for (const auto& [id, job] : jobs_) named.insert(job.kv_source);
+  for (const Model& m : models_) {
+    for (const Waiter& w : m.waiters) named.insert(w.kv_source);
+  }
+  for (auto it = kv_sources_.begin(); it != kv_sources_.end();) {
+    if (named.contains(*it)) {
+      ++it;
+      continue;
+    }
+    Close(*it);
+    it = kv_sources_.erase(it);
+  }
+}
+
+}  // namespace warmpool::supervisor
