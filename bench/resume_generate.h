@@ -1,11 +1,12 @@
 // warmpool-bench --generate --resume: a stream whose worker is killed. On one private warmpoold
 // serving bench/language_model.h's model, each round streams a greedy generation undisturbed, then
 // the same again with its worker SIGKILLed when half its tokens have come; the daemon resumes the
-// stream on a respawned worker after the tokens sent. Reports the gap from the kill to the next
-// token against the stream's median gap between tokens, the prompt and tokens the resumed worker
-// computed again, and whether the client's stream is the undisturbed one. Issue 28's goal: the
-// next token within 50 ms + one decode step, nothing of the prompt computed again (which needs
-// the KV cache in memory the supervisor holds: not yet). Asserts nothing.
+// stream on a respawned worker after the tokens sent, copying from the dead worker's KV cache (held
+// by the supervisor) what it finds there of the prompt and those tokens. Reports the gap from the
+// kill to the next token against the stream's median gap between tokens, how much of the prompt
+// was copied rather than computed, and whether the client's stream is the undisturbed one. Issue
+// 28's goal: the next token within 50 ms + one decode step, nothing of the prompt computed again.
+// Asserts nothing.
 #pragma once
 
 #include <cstdint>

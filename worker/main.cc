@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/logging.h"
+#include "engines/catalog/builtin_engines.h"
 #include "engines/dense_cpu.h"
 #include "engines/dense_gpu.h"
 #include "ipc/exit_status.h"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   warmpool::dense::SetCpuThreads(static_cast<int>(options.threads));
   if (options.backend != warmpool::Backend::kHost) warmpool::dense::PreloadGpuModule();  // before the hello
 
+  warmpool::WarmBuiltinEngines();  // before the hello: the first step of a model attached is not slowed
   warmpool::worker::Worker worker(options);
   if (warmpool::Status s = worker.Start(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());

@@ -1,5 +1,7 @@
 #include "engines/catalog/builtin_engines.h"
 
+#include "engines/transformer/cpu_model.h"
+
 namespace warmpool {
 
 const wp_engine_vtable* FindBuiltinEngine(std::string_view name) {
@@ -9,5 +11,7 @@ const wp_engine_vtable* FindBuiltinEngine(std::string_view name) {
   }
   return nullptr;
 }
+
+void WarmBuiltinEngines() { transformer::WarmCpuKernels(); }
 
 }  // namespace warmpool

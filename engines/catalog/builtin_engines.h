@@ -10,5 +10,8 @@ namespace warmpool {
 
 // "dense", "echo" or "transformer"; nullptr for any other name.
 const wp_engine_vtable* FindBuiltinEngine(std::string_view name);
+// What the built-in engines prepare once per process, before any model (a worker's start): code
+// their first requests would otherwise wait for (engines/transformer/cpu_model.h WarmCpuKernels).
+void WarmBuiltinEngines();
 
 }  // namespace warmpool

@@ -115,6 +115,20 @@ void RmsNorm(const float* x, uint64_t rows, uint32_t width, const std::vector<fl
 
 }  // namespace
 
+void WarmCpuKernels() {
+  // The attention's two products (CpuModel::Attention, PromptAttention): scores = q·kᵀ over a
+  // block's positions, then out += scores·v, for a full block and a part of one, at the common
+  // head sizes. Their sizes only pick among kernels generated once each.
+  constexpr int kGroup = 4, kMostDim = 128;
+  std::vector<float> q(kGroup * kMostDim, 0.5f), kv(kKvBlockTokens * kMostDim, 0.25f), scores(kGroup * kKvBlockTokens);
+  for (const int span : {static_cast<int>(kKvBlockTokens), 7, 1}) {
+    for (const int d : {64, kMostDim}) {
+      (void)dnnl_sgemm('N', 'T', kGroup, span, d, 1.0f, q.data(), d, kv.data(), d, 0.0f, scores.data(), span);
+      (void)dnnl_sgemm('N', 'N', kGroup, d, span, 1.0f, scores.data(), span, kv.data(), d, 1.0f, q.data(), d);
+    }
+  }
+}
+
 CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int threads)
     : config_(config), weights_(weights), threads_(std::max(1, threads)), inv_freq_(config.RotaryFrequencies()) {}
 

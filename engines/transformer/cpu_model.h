@@ -89,4 +89,10 @@ class CpuSequence final : public Sequence {
   KvCache& cache_;
 };
 
+// oneDNN generates its sgemm kernels at their first call in a process, which the attention's
+// products are: a worker calls this as it starts, so that the first step of a model it attaches —
+// a stream resumed after another worker's death, say — does not wait for that (about 35 ms on a
+// 2-core VM, warmpool-bench --generate --resume).
+void WarmCpuKernels();
+
 }  // namespace warmpool::transformer
