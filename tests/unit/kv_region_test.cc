@@ -12,7 +12,8 @@
 
 #include "engines/transformer/kv_cache.h"
 
-namespace warmpool::transformer {
+// Its own namespace: the unity build compiles it with kv_cache_test.cc, whose helpers are alike.
+namespace warmpool::transformer::kv_region_test {
 namespace {
 
 Config SmallShape(uint32_t layers = 2) {
@@ -188,7 +189,7 @@ TEST(KvRegionTest, AtEveryInstantOfARandomRunTheRecordsClaimOnlyWhatIsWritten) {
   uint64_t claimed = 0;
   std::vector<std::vector<int32_t>> history(24);
   uint64_t history_next = 0;
-  for (int op = 0; op < 1200 && !testing::Test::HasFailure(); ++op) {
+  for (int op = 0; op < 1200 && !::testing::Test::HasFailure(); ++op) {
     const uint32_t i = pick(kCaches);
     KvCache& cache = *caches[i];
     std::vector<int32_t>& mine = tokens[i];
@@ -236,4 +237,4 @@ TEST(KvRegionTest, AtEveryInstantOfARandomRunTheRecordsClaimOnlyWhatIsWritten) {
 }
 
 }  // namespace
-}  // namespace warmpool::transformer
+}  // namespace warmpool::transformer::kv_region_test
