@@ -133,6 +133,7 @@ Status Serving::ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out
   r.stop_count = static_cast<uint32_t>(out.stops.size());
   r.resume_tokens = infer.resume_tokens().data();
   r.resume_count = static_cast<uint32_t>(infer.resume_tokens_size());
+  r.kv_source = -1;  // none (with kv_source_bytes 0)
   struct stat st{};
   if (out.kv_source >= 0 && fstat(out.kv_source, &st) == 0 && st.st_size > 0) {
     r.kv_source = out.kv_source;

@@ -34,9 +34,10 @@ Status Serving::ReadIncoming(Incoming& in) {
     if (m.infer().has_input_region()) in.regions.input = channel_.TakeFd();
     if (m.infer().has_output_region()) in.regions.output = channel_.TakeFd();
     if (m.infer().kv_source()) {
-      int& kept = kv_sources_[m.infer().job()];
-      if (kept >= 0) close(kept);  // a job id sent twice: the later frame's
-      kept = channel_.TakeFd();
+      // try_emplace, not []: a new entry's value must be -1, never 0 (a descriptor number).
+      auto [kept, fresh] = kv_sources_.try_emplace(m.infer().job(), -1);
+      if (!fresh && kept->second >= 0) close(kept->second);  // a job id sent twice: the later frame's
+      kept->second = channel_.TakeFd();
     }
   } else if (ipc::DescriptorsCarried(m) > 0) {
     in.fd = channel_.TakeFd();

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <dnnl.h>
+#include <omp.h>
 #include <fmt/format.h>
 
 #include "engines/bf16_gemv.h"
@@ -119,6 +120,7 @@ void WarmCpuKernels() {
   // The attention's two products (CpuModel::Attention, PromptAttention): scores = q·kᵀ over a
   // block's positions, then out += scores·v, for a full block and a part of one, at the common
   // head sizes. Their sizes only pick among kernels generated once each.
+  omp_set_num_threads(dense::CpuThreads());  // the calling thread's team, as the engines' own
   constexpr int kGroup = 4, kMostDim = 128;
   std::vector<float> q(kGroup * kMostDim, 0.5f), kv(kKvBlockTokens * kMostDim, 0.25f), scores(kGroup * kKvBlockTokens);
   for (const int span : {static_cast<int>(kKvBlockTokens), 7, 1}) {

@@ -164,7 +164,8 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   std::optional<KvRegion> source;
   if (r.kv_source_bytes > 0 && e.kv_pool) {
     Result<KvRegion> opened =
-        KvRegion::Open(r.kv_source, r.kv_source_bytes, e.kv_pool->layers(), e.kv_pool->kv_size());
+        KvRegion::Open(r.kv_source, r.kv_source_bytes, e.kv_pool->layers(), e.kv_pool->kv_size(),
+                       e.kv_pool->region().blocks());
     if (opened.ok()) source = std::move(*opened);
   }
   if (!text->ended()) {

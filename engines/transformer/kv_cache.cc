@@ -89,7 +89,7 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
   return OkStatus();
 }
 
-void KvCache::Commit(uint32_t start, std::span<const int32_t> tokens) {
+void KvCache::Commit(uint32_t start, std::span<const int32_t> tokens, bool publish) {
   const auto end = static_cast<uint32_t>(start + tokens.size());
   if (tokens_.size() < end) tokens_.resize(end);
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + start);
@@ -97,6 +97,7 @@ void KvCache::Commit(uint32_t start, std::span<const int32_t> tokens) {
   Describe(start / kKvBlockTokens, (end - 1) / kKvBlockTokens + 1);  // after every layer wrote them
   KvBlocks& blocks = pool_->blocks();
   for (; (sealed_ + 1) * kKvBlockTokens <= length_; ++sealed_) {
+    if (!publish) continue;
     const KvBlocks::Link parent = sealed_ == 0 ? KvBlocks::kRoot : blocks.LinkOf(table_[sealed_ - 1]);
     // Unpublished (another sequence published the same prefix first, say), the blocks after it
     // cannot be found either: Publish refuses them for want of a published parent.
@@ -143,7 +144,7 @@ uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens
       }
     }
   }
-  Commit(start, tokens.subspan(start, end - start));
+  Commit(start, tokens.subspan(start, end - start), /*publish=*/false);
   return length_;
 }
 

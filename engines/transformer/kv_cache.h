@@ -86,13 +86,17 @@ class KvCache {
   // Positions start .. start + tokens.size() - 1 now hold these tokens' keys and values in every
   // layer (after Prepare, once every layer wrote them): length() becomes their end, and the blocks
   // they fill are published for later sequences to reuse.
-  void Commit(uint32_t start, std::span<const int32_t> tokens);
+  // With `publish` false, the blocks it fills are not published, nor (lacking a published parent)
+  // any after them in this cache.
+  void Commit(uint32_t start, std::span<const int32_t> tokens, bool publish = true);
   // An empty cache (its blocks released) that starts with the longest published prefix of `tokens`
   // that is whole blocks and at most `most` positions: returns its length, the positions reused.
   uint32_t Reuse(std::span<const int32_t> tokens, uint32_t most);
   // After Reuse: the positions from length() on that `source` (a dead worker's pool of this model,
   // kv_region.h) holds of `tokens`, at most `most` of them, copied into this cache's blocks instead
   // of computed. Returns the length now. Copies nothing when the pool has no blocks to spare.
+  // What it copies serves this sequence alone: a dead worker may have died of a fault that wrote
+  // anything into its memory, so none of it joins the prefix cache.
   uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most);
   // Empty: its blocks released (the published ones stay cached for later sequences).
   void Clear();

@@ -1,5 +1,6 @@
 #include "engines/transformer/kv_region.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,8 +47,9 @@ Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t bl
   r.blocks_ = blocks;
   r.kv_bytes_ = blocks * r.BlockFloats() * sizeof(float);
   r.bytes_ = TotalBytes(r.kv_bytes_, blocks);
-  r.handle_ = memfd_create("warmpool-kv-cache", MFD_CLOEXEC);
-  if (r.handle_ < 0 || ftruncate(r.handle_, static_cast<off_t>(r.bytes_)) != 0) {
+  r.handle_ = memfd_create("warmpool-kv-cache", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (r.handle_ < 0 || ftruncate(r.handle_, static_cast<off_t>(r.bytes_)) != 0 ||
+      fcntl(r.handle_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Error(Code::kResourceExhausted, "no memory for a KV cache of {} blocks ({} bytes): {}", blocks, r.bytes_,
                  std::strerror(errno));
   }
@@ -65,28 +67,29 @@ Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t bl
   return r;
 }
 
-Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size) {
+Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks) {
   KvRegion r;
   r.layers_ = layers;
   r.kv_size_ = kv_size;
   const uint64_t block_bytes = r.BlockFloats() * sizeof(float);
-  // The size says how many blocks it holds; the header must agree.
-  const uint64_t per_block = block_bytes + sizeof(KvRecord);
-  if (bytes < sizeof(Header) || per_block == 0) return Error(Code::kInvalidArgument, "a KV region of {} bytes", bytes);
-  const uint64_t blocks = (bytes - sizeof(Header)) / per_block;
-  if (blocks > UINT32_MAX || TotalBytes(blocks * block_bytes, static_cast<uint32_t>(blocks)) != bytes) {
-    return Error(Code::kInvalidArgument, "a KV region of {} bytes is not whole blocks of this model's", bytes);
+  // As many blocks as the reader's own pool: what it reads is bounded by what it holds itself.
+  if (TotalBytes(blocks * block_bytes, blocks) != bytes) {
+    return Error(Code::kInvalidArgument, "a KV region of {} bytes is not {} blocks of this model's", bytes, blocks);
   }
   // Read past its end, a mapping faults (SIGBUS): the file must be as large as said.
   struct stat st{};
   if (fstat(handle, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
     return Error(Code::kInvalidArgument, "the KV region's file is not the {} bytes said", bytes);
   }
+  const int seals = fcntl(handle, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return Error(Code::kInvalidArgument, "the KV region can be resized under its readers (it is not sealed)");
+  }
   void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, handle, 0);
   if (base == MAP_FAILED) return Error(Code::kInvalidArgument, "cannot map a KV region: {}", std::strerror(errno));
   r.base_ = static_cast<uint8_t*>(base);
   r.bytes_ = bytes;
-  r.blocks_ = static_cast<uint32_t>(blocks);
+  r.blocks_ = blocks;
   r.kv_bytes_ = blocks * block_bytes;
   r.data_ = reinterpret_cast<float*>(r.base_);
   Header header;

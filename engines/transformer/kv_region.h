@@ -43,9 +43,11 @@ class KvRegion {
   // blocks of `layers` x keys and values x kKvBlockTokens positions x kv_size floats. Every record
   // claims nothing. RESOURCE_EXHAUSTED when the memory cannot be had.
   static Result<KvRegion> Create(uint32_t layers, uint32_t kv_size, uint32_t blocks);
-  // Another process's region, mapped read-only: INVALID_ARGUMENT unless its header says it holds
-  // blocks of this layout (layers, kv_size) and its size is what that makes.
-  static Result<KvRegion> Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size);
+  // Another process's region, mapped read-only: INVALID_ARGUMENT unless it is sealed against
+  // resizing (Create seals it: nobody holding it can shrink it under a reader's mapping), its header
+  // says it holds `blocks` blocks of this layout (layers, kv_size) — a pool like the reader's own —
+  // and its size is what that makes.
+  static Result<KvRegion> Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks);
   KvRegion() = default;
   KvRegion(KvRegion&& other) noexcept { *this = std::move(other); }
   KvRegion& operator=(KvRegion&& other) noexcept;

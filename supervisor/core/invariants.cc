@@ -36,11 +36,12 @@ Status Core::CheckInvariants() const {
   // KV caches (core/kv_caches.cc): a replica's while its worker serves the model, a dead one's
   // while a retried generation names it, none both.
   for (const auto& [replica, handle] : replica_caches_) {
-    const std::vector<Replica>* replicas = models_[replica.first].machine.Replicas();
-    if (replicas == nullptr || std::none_of(replicas->begin(), replicas->end(),
-                                            [&](const Replica& r) { return r.worker == replica.second; })) {
+    const uint32_t model = replica.first, worker = replica.second;
+    const std::vector<Replica>* replicas = models_[model].machine.Replicas();
+    if (replicas == nullptr ||
+        std::none_of(replicas->begin(), replicas->end(), [&](const Replica& r) { return r.worker == worker; })) {
       return Error(Code::kInternal, "the KV cache of \"{}\" on worker {} is held, but no replica is there",
-                   models_[replica.first].entry.name, replica.second);
+                   models_[model].entry.name, worker);
     }
     if (kv_sources_.contains(handle)) return Error(Code::kInternal, "KV cache {} is a replica's and a source", handle);
   }

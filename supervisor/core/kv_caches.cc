@@ -8,7 +8,8 @@
 //
 // What the core holds: a replica's region while its worker serves the model (replica_caches_), and a
 // dead replica's while a retried generation names it (kv_sources_): until that generation's first
-// chunk, when its engine has read it. Both are reconciled after every event (ForgetKvCaches), so no
+// chunk, when its engine has read it, or until its model holds no weights (a dead cache is memory
+// no budget counts: it is kept only while its streams are about to go on). Both are reconciled after every event (ForgetKvCaches), so no
 // path that ends a replica or a job — an unload, a release, a move, a deadline, a client that left
 // — needs to know about them.
 #include <algorithm>
@@ -51,7 +52,7 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
 
 void Core::ForgetKvCaches() {
   for (auto it = replica_caches_.begin(); it != replica_caches_.end();) {
-    const auto [model, worker] = it->first;
+    const uint32_t model = it->first.first, worker = it->first.second;
     const std::vector<Replica>* replicas = models_[model].machine.Replicas();
     const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(),
                                                             [&](const Replica& r) { return r.worker == worker; });
@@ -65,8 +66,15 @@ void Core::ForgetKvCaches() {
   if (kv_sources_.empty()) return;
   std::set<int> named;
   for (const auto& [id, job] : jobs_) named.insert(job.kv_source);
-  for (const Model& m : models_) {
-    for (const Waiter& w : m.waiters) named.insert(w.kv_source);
+  for (Model& m : models_) {
+    // A model that holds no weights now (released, parked, unloaded, loading again) lets its
+    // waiters' sources go: a dead cache is pinned memory outside every budget, held only while its
+    // stream is about to go on.
+    const bool weights_held = m.machine.DeviceWeights() != nullptr;
+    for (Waiter& w : m.waiters) {
+      if (!weights_held) w.kv_source = -1;
+      named.insert(w.kv_source);
+    }
   }
   for (auto it = kv_sources_.begin(); it != kv_sources_.end();) {
     if (named.contains(*it)) {

@@ -4,6 +4,7 @@
 // and its Commit, halfway through its writes, in a record's own update — does a record claim a
 // position whose keys and values are not those of the tokens it names.
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -55,7 +56,8 @@ void Pass(KvCache& cache, const std::vector<int32_t>& tokens, uint32_t start) {
 }
 
 Result<KvRegion> Reader(const KvPool& pool, const Config& c) {
-  return KvRegion::Open(pool.region().handle(), pool.region().bytes(), c.num_hidden_layers, c.kv_size());
+  return KvRegion::Open(pool.region().handle(), pool.region().bytes(), c.num_hidden_layers, c.kv_size(),
+                        pool.region().blocks());
 }
 
 // Every position the reader would take for `tokens` holds exactly their keys and values.
@@ -112,26 +114,41 @@ TEST(KvRegionTest, AnotherPoolFindsASequencesPositionsAndCopiesTheirKeysAndValue
     EXPECT_EQ(resumed.value(0, p)[0], -KeyOf(tokens, p, 0)) << p;
   }
   EXPECT_EQ(fresh->blocks().counts().held, 3u);
+  std::vector<int32_t> more = tokens;
+  more.resize(200, 11);
+  Pass(resumed, more, 150);  // it goes on as any sequence
+  EXPECT_EQ(resumed.length(), 200u);
   resumed.Clear();
-  EXPECT_EQ(fresh->blocks().counts().cached, 2u) << "its full blocks joined its own prefix cache";
+  // What a dead worker left may be anything its fault wrote: it serves the resumed sequence alone.
+  EXPECT_EQ(fresh->blocks().counts().cached, 0u) << "copied blocks, and those after them, join no prefix cache";
   EXPECT_TRUE(fresh->blocks().Consistent());
   KvCache again(*fresh, 512);
-  EXPECT_EQ(again.Reuse(tokens, 150), 128u);
+  EXPECT_EQ(again.Reuse(more, 199), 0u);
 }
 
 TEST(KvRegionTest, ARegionOfAnotherShapeOrSizeIsRefused) {
   const Config c = SmallShape();
   std::unique_ptr<KvPool> pool = PoolOf(c, 4);
   const KvRegion& region = pool->region();
-  EXPECT_FALSE(KvRegion::Open(region.handle(), region.bytes(), 3, c.kv_size()).ok()) << "other layers";
-  EXPECT_FALSE(KvRegion::Open(region.handle(), region.bytes(), 2, c.kv_size() * 2).ok()) << "other heads";
-  EXPECT_FALSE(KvRegion::Open(region.handle(), region.bytes() - 288, 2, c.kv_size()).ok()) << "not whole blocks";
-  EXPECT_FALSE(KvRegion::Open(region.handle(), 10, 2, c.kv_size()).ok());
-  EXPECT_FALSE(KvRegion::Open(-1, region.bytes(), 2, c.kv_size()).ok()) << "no descriptor";
+  const int h = region.handle();
+  const uint64_t bytes = region.bytes();
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 3, c.kv_size(), 4).ok()) << "other layers";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size() * 2, 4).ok()) << "other heads";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size(), 5).ok()) << "a pool of other blocks than the reader's";
+  EXPECT_FALSE(KvRegion::Open(h, bytes - 288, 2, c.kv_size(), 4).ok()) << "not whole blocks";
+  EXPECT_FALSE(KvRegion::Open(h, 10, 2, c.kv_size(), 4).ok());
+  EXPECT_FALSE(KvRegion::Open(-1, bytes, 2, c.kv_size(), 4).ok()) << "no descriptor";
   std::unique_ptr<KvPool> smaller = PoolOf(c, 3);
-  EXPECT_FALSE(KvRegion::Open(smaller->region().handle(), region.bytes(), 2, c.kv_size()).ok())
+  EXPECT_FALSE(KvRegion::Open(smaller->region().handle(), bytes, 2, c.kv_size(), 4).ok())
       << "a size its file does not have";
-  EXPECT_TRUE(KvRegion::Open(region.handle(), region.bytes(), 2, c.kv_size()).ok());
+  // The same bytes in a memfd anyone holding it could shrink under a reader's mapping (SIGBUS).
+  const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(unsealed, static_cast<off_t>(bytes)), 0);
+  ASSERT_EQ(pwrite(unsealed, region.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  EXPECT_FALSE(KvRegion::Open(unsealed, bytes, 2, c.kv_size(), 4).ok()) << "not sealed against resizing";
+  close(unsealed);
+  EXPECT_EQ(ftruncate(h, static_cast<off_t>(bytes / 2)), -1) << "the pool's own region cannot be shrunk";
+  EXPECT_TRUE(KvRegion::Open(h, bytes, 2, c.kv_size(), 4).ok());
 }
 
 TEST(KvRegionTest, ARewrittenPrefixNoLongerLeadsToWhatFollowedIt) {

@@ -207,9 +207,10 @@ typedef struct wp_generate_request {
   uint32_t resume_count;
   /* Version 10: a region an earlier instance of this model exported (export_cache) and left
    * behind when its worker died, mapped read-only by the engine during open_sequence or generate
-   * only (kv_source_bytes 0: none). The engine takes from it the keys and values of the request's
+   * only (kv_source_bytes 0 and kv_source -1: none). The engine takes from it the keys and values of the request's
    * tokens (prompt, then resume_tokens) it finds there, rather than computing them; what it does
-   * not find, or a region that is not its model's, it computes as ever. */
+   * not find, or a region that is not its model's, it computes as ever. What it copies serves that
+   * generation alone (a crashed engine may have left anything there: it joins no prefix cache). */
   int kv_source;
   uint64_t kv_source_bytes;
 } wp_generate_request;

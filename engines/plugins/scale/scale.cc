@@ -382,7 +382,8 @@ const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",     &Scal
                                        &ScaleInfer,           &ScaleClose, &ScaleExport,    &ScaleAttach,
                                        /*describe=*/nullptr,  /*generate=*/nullptr,
                                        /*embed=*/nullptr,     &ScaleSignature, &ScaleRun,
-                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr};
+                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
+                                       /*export_cache=*/nullptr};
 
 }  // namespace
 
