@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engines/transformer/kv_cache.h"
+#include "tests/unit/kv_pool_fixture.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -138,20 +139,8 @@ TEST(KvBlocksTest, RandomOperationsKeepEveryBlockInOneStateAndEveryFindExact) {
   }
 }
 
-Config SmallShape() {
-  Config c;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  return c;
-}
-
-std::unique_ptr<KvPool> PoolOf(const Config& c, uint32_t blocks) {
-  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(c, blocks);
-  EXPECT_TRUE(pool.ok());
-  return std::move(*pool);
-}
+using kv_fixture::PoolOf;
+using kv_fixture::SmallShape;
 
 // Writes recognisable keys and values at positions start .. start + tokens - 1, and commits them.
 void Write(KvCache& cache, uint32_t start, const std::vector<int32_t>& tokens, float mark) {

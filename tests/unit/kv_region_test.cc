@@ -12,25 +12,14 @@
 #include <vector>
 
 #include "engines/transformer/kv_cache.h"
+#include "tests/unit/kv_pool_fixture.h"
 
 // Its own namespace: the unity build compiles it with kv_cache_test.cc, whose helpers are alike.
 namespace warmpool::transformer::kv_region_test {
 namespace {
 
-Config SmallShape(uint32_t layers = 2) {
-  Config c;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  return c;
-}
-
-std::unique_ptr<KvPool> PoolOf(const Config& c, uint32_t blocks) {
-  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(c, blocks);
-  EXPECT_TRUE(pool.ok());
-  return std::move(*pool);
-}
+using kv_fixture::PoolOf;
+using kv_fixture::SmallShape;
 
 // What a real pass computes at a position depends on every token up to it: so do these keys.
 float KeyOf(const std::vector<int32_t>& tokens, uint32_t position, uint32_t layer) {
