@@ -33,6 +33,7 @@ std::optional<FdCensus> FdCensus::Take(pid_t pid) {
     census.weights += link.starts_with("/memfd:warmpool-weights") || link.starts_with("/memfd:fake-cuda") ||
                       link.starts_with("/memfd:warmpool-cuda-ipc");
     census.parked += link.starts_with("/memfd:warmpool-parked");
+    census.kv_caches += link.starts_with("/memfd:warmpool-kv-cache");
   }
   closedir(dir);
   return census;

@@ -1,6 +1,6 @@
 // What a live process holds open, as the harness counts it for "no fd leaked": its descriptors
 // besides memory regions, each with what it links to (so that a failed check names them), and how
-// many of its memory regions are weights and parked copies.
+// many of its memory regions are weights, parked copies and language models' KV caches.
 //
 // The process runs while it is counted. A call that opens a descriptor and closes it again before
 // returning (libsystemd's sd_notify and its datagram socket, uv_spawn's exec-error pipe, a probe's
@@ -22,6 +22,7 @@ struct FdCensus {
   std::map<int, std::string> others;  // descriptor -> its link; memory regions (memfds) left out
   int weights = 0;                    // memfds holding weights (host, or the cuda double's)
   int parked = 0;                     // memfds holding parked copies
+  int kv_caches = 0;                  // memfds holding a replica's KV cache (engine ABI version 10)
 
   int count() const { return static_cast<int>(others.size()); }
   bool operator==(const FdCensus&) const = default;

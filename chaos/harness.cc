@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "common/units.h"
@@ -346,16 +347,17 @@ uint32_t Harness::DeviceCount() {
   return status.ok() && status->devices_size() > 0 ? static_cast<uint32_t>(status->devices_size()) : 1;
 }
 
-void Harness::HeldRegions(int* ready, int* parked) {
-  *ready = *parked = -1;
+void Harness::HeldRegions(int* ready, int* parked, int* lm_replicas) {
+  *ready = *parked = *lm_replicas = -1;
   auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
   if (!segment.ok()) return;
-  *ready = *parked = 0;
+  *ready = *parked = *lm_replicas = 0;
   for (uint32_t i = 0; i < segment->view().max_models(); i++) {
     const shm::ModelRecord& m = segment->view().model(i);
     auto state = static_cast<shm::ModelState>(m.state);
     *ready += state == shm::ModelState::kReady && m.weight_bytes > 0;
     *parked += state == shm::ModelState::kParked && m.weight_bytes > 0;
+    if (state == shm::ModelState::kReady && std::string_view(m.engine) == "transformer") *lm_replicas += m.replicas;
   }
 }
 
@@ -422,13 +424,19 @@ void Harness::CheckQuiescent(Checks& checks) {
                                     ? ""
                                     : fmt::format("; children at the start: {}; now: {}", baseline_children_, children)));
       const int weights = census->weights, parked = census->parked;
-      int ready_models = 0, parked_models = 0;
-      HeldRegions(&ready_models, &parked_models);
+      int ready_models = 0, parked_models = 0, lm_replicas = 0;
+      HeldRegions(&ready_models, &parked_models, &lm_replicas);
       checks.Expect(weights + parked == ready_models + parked_models + kept,
                     "the supervisor holds the weights of exactly the ready models, one host copy "
                     "per parked model, and the freed regions it says it keeps",
                     fmt::format("{} weight regions for {} ready models, {} host copies for {} parked, "
                                 "{} kept", weights, ready_models, parked, parked_models, kept));
+      // Quiet, no retried generation holds a dead replica's cache: one per serving replica of a
+      // language model on the CPU (a GPU's engine keeps its cache in device memory: none there).
+      const bool on_cpu = Backend() == "host";
+      checks.Expect(on_cpu ? census->kv_caches == lm_replicas : census->kv_caches <= lm_replicas,
+                    "the supervisor holds the KV cache of exactly the language models' replicas",
+                    fmt::format("{} KV cache regions for {} replicas", census->kv_caches, lm_replicas));
     }
     auto status = (*client)->GetStatus();
     std::set<pid_t> live;

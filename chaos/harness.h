@@ -136,7 +136,8 @@ class Harness {
   Status DescribeLiveModels();
   void RememberWorkers();
   // Models whose regions the supervisor should hold: ready with weights, and parked.
-  void HeldRegions(int* ready, int* parked);
+  // (lm_replicas: the replicas of ready transformer models, each holding a KV cache region.)
+  void HeldRegions(int* ready, int* parked, int* lm_replicas);
 
   Options options_;
   std::string dir_;
