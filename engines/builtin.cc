@@ -151,6 +151,15 @@ Result<wp_region> Engine::ExportCache() {
   return region;
 }
 
+std::optional<std::pair<uint64_t, uint64_t>> Engine::KvUsage() {
+  uint64_t held = 0, blocks = 0;
+  if (instance_ == nullptr || vtable_->abi_version < 10 || vtable_->kv_usage == nullptr ||
+      vtable_->kv_usage(instance_, &held, &blocks) != WP_OK || blocks == 0) {
+    return std::nullopt;
+  }
+  return std::make_pair(std::min(held, blocks), blocks);
+}
+
 Status Engine::Attach(const wp_region& weights) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   char err[kErrorBufferBytes] = {};

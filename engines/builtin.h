@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -56,6 +58,9 @@ class Engine {
   // The region holding its sequences' KV cache (engine ABI version 10), NOT_FOUND when it keeps
   // none another process can map.
   Result<wp_region> ExportCache();
+  // Blocks of its KV cache held by sequences, and all it has (engine ABI version 10); nullopt when
+  // it keeps no cache in blocks.
+  std::optional<std::pair<uint64_t, uint64_t>> KvUsage();
   // Instead of Load: weights another process loaded, imported here; the engine takes the region
   // over. Fails if it does not fit the model (the region is then still the caller's).
   Status Attach(const wp_region& weights);

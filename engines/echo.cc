@@ -67,7 +67,7 @@ const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION,      "echo",     &E
                                       /*embed=*/nullptr,          /*tensor_signature=*/nullptr,
                                       &EchoRun,
                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
-                                       /*export_cache=*/nullptr};
+                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -197,14 +197,18 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
     w.Sample("warmpool_model_requests_waiting", m.label, static_cast<double>(shm::StatLoad(m.stats->requests_waiting)));
   }
   w.Family("warmpool_model_kv_cache_usage_ratio", "gauge",
-           "Of the KV caches its replicas hold (a sequence's whole context each, [[models]] parallel per replica), the "
-           "share in use, 0 to 1 "
-           "(vLLM: kv_cache_usage_perc).");
+           "Of the KV cache blocks its serving replicas have, the share their sequences hold, 0 to 1; blocks kept "
+           "only for the prefix cache are free (vLLM: kv_cache_usage_perc). Engines that keep no cache in blocks: "
+           "the share of their sequences running.");
   for (const ModelView& m : models) {
+    const uint64_t blocks = shm::StatLoad(m.stats->kv_blocks);
+    const uint64_t blocks_held = shm::StatLoad(m.stats->kv_blocks_held);
     const uint64_t held = shm::StatLoad(m.stats->sequences_held);
     const uint64_t running = shm::StatLoad(m.stats->generations_running);  // an embedding holds no sequence
-    w.Sample("warmpool_model_kv_cache_usage_ratio", m.label,
-             held == 0 ? 0.0 : static_cast<double>(std::min(running, held)) / static_cast<double>(held));
+    const double ratio = blocks > 0  ? static_cast<double>(std::min(blocks_held, blocks)) / static_cast<double>(blocks)
+                         : held == 0 ? 0.0
+                                     : static_cast<double>(std::min(running, held)) / static_cast<double>(held);
+    w.Sample("warmpool_model_kv_cache_usage_ratio", m.label, ratio);
   }
   w.Family("warmpool_model_state", "gauge", "1 for the state the model is in, 0 for the others.");
   for (const ModelView& m : models) {

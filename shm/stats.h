@@ -72,7 +72,11 @@ struct ModelStats {
   uint64_t sequences_held;
   uint64_t generations_running;
   uint64_t prompt_tokens_cached;  // counter: of prompt_tokens, those found in the prefix cache
-  uint64_t reserved[5];  // to a multiple of 64 bytes
+  // Gauges: the KV cache blocks its serving replicas' engines last said their sequences hold, of
+  // all they have (0 of 0: none said; engine ABI version 10, kv_usage).
+  uint64_t kv_blocks_held;
+  uint64_t kv_blocks;
+  uint64_t reserved[3];  // to a multiple of 64 bytes
   Histogram infer_seconds;  // request received to reply queued (the daemon's whole share)
   Histogram queue_seconds;  // infer request received to its dispatch to a worker
   Histogram load_seconds;   // a load or attach job, sent to done

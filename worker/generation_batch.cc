@@ -71,6 +71,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
   auto end = [&](size_t i, Result<wp_generate_result> result, bool past_deadline) {
     Running& r = running[i];
     engine->CloseSequence(r.sequence);
+    r.stream->SetKvUsage(engine->KvUsage());  // its blocks given back: what its answer says
     r.stream->faults().Hit("infer.before_restore");
     marks_.Release(r.mark);
     cancelled_.erase(r.stream->job());
@@ -92,7 +93,9 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       running[i].completion_tokens += static_cast<uint32_t>(tokens.size());
       running[i].stream->Emit(text, tokens, logprobs);
     });
+    const std::optional<std::pair<uint64_t, uint64_t>> usage = engine->KvUsage();
     for (size_t i = running.size(); i-- > 0;) {
+      running[i].stream->SetKvUsage(usage);
       running[i].cached_tokens = steps[i].cached_tokens;
       if (!pass.ok()) {
         end(i, pass, false);

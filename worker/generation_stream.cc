@@ -77,7 +77,14 @@ void GenerationStream::SendChunk(std::string text, std::span<const int32_t> toke
   c->mutable_tokens()->Add(tokens.begin(), tokens.end());
   AddLogprobs(logprobs, c->mutable_logprobs());
   AddCalls(calls, c->mutable_tool_calls());
+  StampKvUsage(chunk.mutable_infer_chunk()->mutable_kv_usage());
   outbox_.Send(chunk);
+}
+
+void GenerationStream::StampKvUsage(v1::KvUsage* to) const {
+  if (!kv_usage_) return;
+  to->set_blocks_held(kv_usage_->first);
+  to->set_blocks(kv_usage_->second);
 }
 
 void GenerationStream::Emit(std::string_view text, std::span<const int32_t> tokens,
@@ -117,11 +124,13 @@ void GenerationStream::HeartbeatIfDue() {
   last_heard_ = now;
   v1::WorkerEnvelope heartbeat;
   heartbeat.mutable_infer_chunk()->set_job(job());
+  StampKvUsage(heartbeat.mutable_infer_chunk()->mutable_kv_usage());
   outbox_.Send(heartbeat);
 }
 
 void GenerationStream::Finish(Result<wp_generate_result> result, bool past_deadline, uint32_t cached_tokens) {
   v1::WorkerInferDone* done = reply_.mutable_infer_done();
+  StampKvUsage(done->mutable_kv_usage());
   if (result.ok() && past_deadline) {
     // Ended by its deadline, not by its client: the error the deadline is (the chunks sent stand).
     result = Error(Code::kDeadlineExceeded, "the generation passed its deadline after {} tokens",

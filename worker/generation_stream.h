@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <span>
 #include <string_view>
 
@@ -43,14 +44,19 @@ class GenerationStream {
   // that is a deadline's stop becomes DEADLINE_EXCEEDED (the chunks sent stand). cached_tokens: of
   // the prompt's, those the engine found in its prefix cache.
   void Finish(Result<wp_generate_result> result, bool past_deadline, uint32_t cached_tokens = 0);
+  // The engine's KV cache as it stands (Engine::KvUsage), told with every message from now on.
+  void SetKvUsage(std::optional<std::pair<uint64_t, uint64_t>> usage) { kv_usage_ = usage; }
 
  private:
   void AddCalls(std::vector<chat::ToolCall>& found, google::protobuf::RepeatedPtrField<v1::ToolCall>* to);
   void SendChunk(std::string text, std::span<const int32_t> tokens, std::span<const wp_token_logprobs> logprobs,
                  std::vector<chat::ToolCall>& calls);
 
+  void StampKvUsage(v1::KvUsage* to) const;
+
   const v1::WorkerInfer& request_;
   Outbox& outbox_;
+  std::optional<std::pair<uint64_t, uint64_t>> kv_usage_;
   JobFaults faults_;
   v1::WorkerEnvelope reply_;  // the done message, its generate reply filled as it goes when not streamed
   std::optional<chat::ToolCallReader> calls_;  // the model's calls of the tools offered, read from its text

@@ -129,6 +129,14 @@ wp_status ExportCacheCall(wp_engine* engine, wp_region* out) {
   return WP_OK;
 }
 
+wp_status KvUsageCall(wp_engine* engine, uint64_t* blocks_held, uint64_t* blocks) {
+  TransformerEngine& e = *As(engine);
+  if (!e.kv_pool || blocks_held == nullptr || blocks == nullptr) return WP_NOT_FOUND;
+  *blocks_held = e.kv_pool->blocks().counts().held;
+  *blocks = e.kv_pool->blocks().count();
+  return WP_OK;
+}
+
 wp_status AttachCall(wp_engine* engine, const wp_region* weights, char* err, size_t err_len) {
   return Guarded(err, err_len, [&] {
     TransformerEngine& e = *As(engine);
@@ -257,7 +265,7 @@ const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer",     &OpenCall,   &LoadCall,          &InferCall,
     &CloseCall,            &ExportCall,       &AttachCall, &DescribeCall,      &GenerateCall,
     &EmbedCall,            &SignatureCall,    &RunCall,    &OpenSequenceCall,  &StepCall,
-    &CloseSequenceCall,    &ExportCacheCall,
+    &CloseSequenceCall,    &ExportCacheCall,    &KvUsageCall,
 };
 
 }  // namespace

@@ -99,6 +99,16 @@ void Core::PublishGauges() {
     const residency::Ready* ready = m.machine.As<residency::Ready>();
     const uint64_t per_replica = std::max<uint32_t>(ready != nullptr ? ready->weights.sequences : 1, 1);
     shm::StatStore(stats.sequences_held, m.machine.ServingWorkers().size() * per_replica);
+    // What the serving replicas' engines said of their caches' blocks (none said: 0 of 0).
+    uint64_t blocks_held = 0, blocks = 0;
+    for (uint32_t worker : m.machine.ServingWorkers()) {
+      if (auto it = kv_usage_.find({model, worker}); it != kv_usage_.end()) {
+        blocks_held += it->second.first;
+        blocks += it->second.second;
+      }
+    }
+    shm::StatStore(stats.kv_blocks_held, blocks_held);
+    shm::StatStore(stats.kv_blocks, blocks);
   }
 }
 

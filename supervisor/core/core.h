@@ -292,8 +292,11 @@ class Core {
   // are held while one of them may still read it (until its first chunk).
   void KeepReplicaCache(uint32_t model, uint32_t worker, int handle);
   void HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Waiter>>& retries);
-  // After every event: caches of replicas that left, and sources nothing names any more, closed.
+  // After every event: caches of replicas that left, and sources nothing names any more, closed;
+  // what replicas that left said of their caches, forgotten.
   void ForgetKvCaches();
+  // A worker's word on its engine's KV cache for a model it serves (a generation's chunk or end).
+  void NoteKvUsage(uint32_t model, uint32_t worker, const v1::KvUsage& usage);
   void ChargeCrash(uint32_t model, const std::string& why, bool alone);
   // file_broken: the file's contents (or its absence) are the cause; the messages say to fix it.
   void MarkFailed(uint32_t model, const std::string& reason, bool file_broken = false);
@@ -377,6 +380,8 @@ class Core {
   std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
   std::map<std::pair<uint32_t, uint32_t>, int> replica_caches_;  // (model, worker) -> KV cache region
   std::set<int> kv_sources_;  // dead replicas' caches that retried generations name
+  // (model, worker) -> what that replica's engine last said of its KV cache: blocks held, all.
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> kv_usage_;
   bool handing_over_ = false;  // event::HandingOver: nothing is kept from then on
   // What action::StoreKept last said (adoption.cc): handle, parked, name of each, in order.
   std::vector<std::tuple<int, bool, std::string>> kept_stored_;

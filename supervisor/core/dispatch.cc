@@ -235,6 +235,7 @@ void Core::StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer) {
 
 void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
   if (job.generate && job.epoch == models_[job.model].epoch) CountGeneration(job, done);
+  if (job.generate && job.epoch == models_[job.model].epoch) NoteKvUsage(job.model, job.worker, done.kv_usage());
   if (!job.answered && job.generate) {
     AnswerGenerate(job, done);
   } else if (!job.answered && job.embed) {

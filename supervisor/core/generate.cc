@@ -125,6 +125,7 @@ void Core::OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk) {
     return KillWorker(slot, fmt::format("sent a chunk of job {}, which is not a generation it runs", chunk.job()));
   }
   job->progress_ms = MonoMs();  // a step: the job is alive; a heartbeat has no chunk
+  if (job->epoch == models_[job->model].epoch) NoteKvUsage(job->model, slot, chunk.kv_usage());
   if (chunk.has_chunk()) job->kv_source = -1;  // its engine opened it: the dead replica's cache was read
   if (!chunk.has_chunk() || job->answered || !job->generate->stream()) return;
   v1::Envelope reply;

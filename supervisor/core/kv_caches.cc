@@ -50,7 +50,19 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
   }
 }
 
+void Core::NoteKvUsage(uint32_t model, uint32_t worker, const v1::KvUsage& usage) {
+  if (usage.blocks() == 0) return;  // nothing said
+  kv_usage_[{model, worker}] = {std::min(usage.blocks_held(), usage.blocks()), usage.blocks()};
+}
+
 void Core::ForgetKvCaches() {
+  for (auto it = kv_usage_.begin(); it != kv_usage_.end();) {
+    const uint32_t model = it->first.first, worker = it->first.second;
+    const std::vector<Replica>* replicas = models_[model].machine.Replicas();
+    const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(),
+                                                            [&](const Replica& r) { return r.worker == worker; });
+    it = serving ? std::next(it) : kv_usage_.erase(it);
+  }
   for (auto it = replica_caches_.begin(); it != replica_caches_.end();) {
     const uint32_t model = it->first.first, worker = it->first.second;
     const std::vector<Replica>* replicas = models_[model].machine.Replicas();

@@ -58,7 +58,8 @@
  * in memory another process can map says which (export_cache), the worker hands it to the
  * supervisor, and a generation resumed after that worker's death comes with it
  * (request.kv_source): the engine copies the positions it finds there of the prompt and the tokens
- * resumed instead of computing them.
+ * resumed instead of computing them. kv_usage says how many of its cache's blocks its sequences
+ * hold (the daemon's KV-usage gauge).
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -382,6 +383,10 @@ typedef struct wp_engine_vtable {
    * valid until close. WP_NOT_FOUND when the engine keeps them where no other process can map them
    * (device memory, say). */
   wp_status (*export_cache)(wp_engine* engine, wp_region* out);
+  /* Its KV cache's blocks now: those its open sequences (and a run, an embedding) hold, of all it
+   * has; blocks that only keep a prefix for later requests are free for the taking, not held.
+   * WP_NOT_FOUND when it keeps no cache in blocks. Called between steps, on the serving thread. */
+  wp_status (*kv_usage)(wp_engine* engine, uint64_t* blocks_held, uint64_t* blocks);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
