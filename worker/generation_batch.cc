@@ -105,6 +105,11 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
             false);
       }
     }
+    // Those still running say the cache as their ended companions left it.
+    if (running.size() < steps.size()) {
+      const std::optional<std::pair<uint64_t, uint64_t>> left = engine->KvUsage();
+      for (Running& r : running) r.stream->SetKvUsage(left);
+    }
     // Between steps: what the supervisor sent meanwhile; who leaves; who joins.
     ReadWhileBusy();
     for (size_t i = running.size(); i-- > 0;) {

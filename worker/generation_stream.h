@@ -7,9 +7,9 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <utility>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "common/status.h"
 #include "engines/chat_template/tool_calls.h"

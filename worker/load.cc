@@ -81,6 +81,10 @@ Status Named(const Status& status, const std::string& fd_path, const std::string
 }  // namespace
 
 void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared) {
+  if (std::optional<std::pair<uint64_t, uint64_t>> usage = engine.KvUsage()) {
+    done.mutable_kv_usage()->set_blocks_held(usage->first);
+    done.mutable_kv_usage()->set_blocks(usage->second);
+  }
   // Its KV cache goes to the supervisor too, after the weights: when this process dies, a stream
   // resumed elsewhere copies its keys and values from there (engine ABI version 10).
   Result<wp_region> cache = engine.ExportCache();

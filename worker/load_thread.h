@@ -36,8 +36,9 @@ namespace warmpool::worker {
 
 // The sizes and shape an engine reports, into the description a load or attach answers with.
 void DescribeEngine(const Engine& engine, v1::ModelWeights* weights);
-// The engine's KV cache region, when it has one another process can map, into a load's reply:
-// cache_shared set and its descriptor (the engine's own) after the others in `shared`.
+// The engine's KV cache into a load's reply: its blocks (kv_usage), and its region when it has one
+// another process can map (cache_shared set, its descriptor, the engine's own, after the others in
+// `shared`).
 void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared);
 
 class LoadThread {

@@ -297,6 +297,8 @@ class Core {
   void ForgetKvCaches();
   // A worker's word on its engine's KV cache for a model it serves (a generation's chunk or end).
   void NoteKvUsage(uint32_t model, uint32_t worker, const v1::KvUsage& usage);
+  // `worker` holds a replica of `model` that has attached (not one on its way).
+  bool AttachedReplica(uint32_t model, uint32_t worker) const;
   void ChargeCrash(uint32_t model, const std::string& why, bool alone);
   // file_broken: the file's contents (or its absence) are the cause; the messages say to fix it.
   void MarkFailed(uint32_t model, const std::string& reason, bool file_broken = false);

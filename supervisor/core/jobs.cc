@@ -92,6 +92,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
     case Job::Kind::kInfer: break;
   }
   KeepReplicaCache(job.model, slot, cache);  // held if the reply made a replica there, else closed
+  if (message.has_load_done()) NoteKvUsage(job.model, slot, message.load_done().kv_usage());
 }
 
 WeightsDescription Core::LoadedWeights(uint32_t model, const v1::WorkerLoadDone& done) const {

@@ -20,12 +20,8 @@ namespace warmpool::supervisor {
 
 void Core::KeepReplicaCache(uint32_t model, uint32_t worker, int handle) {
   if (handle < 0) return;
-  const std::vector<Replica>* replicas = models_[model].machine.Replicas();
-  const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(), [&](const Replica& r) {
-                         return r.worker == worker && r.attach_job == 0;
-                       });
   // A reply that made no replica (a failure, a stale load) leaves nothing to hold it for.
-  if (!serving || replica_caches_.contains({model, worker})) return Close(handle);
+  if (!AttachedReplica(model, worker) || replica_caches_.contains({model, worker})) return Close(handle);
   replica_caches_[{model, worker}] = handle;
 }
 
@@ -55,20 +51,21 @@ void Core::NoteKvUsage(uint32_t model, uint32_t worker, const v1::KvUsage& usage
   kv_usage_[{model, worker}] = {std::min(usage.blocks_held(), usage.blocks()), usage.blocks()};
 }
 
+bool Core::AttachedReplica(uint32_t model, uint32_t worker) const {
+  // A replica attaching again (an unload and a new attach on the same worker in one event) has not
+  // said anything of its own yet: what is kept under its key is its predecessor's.
+  const std::vector<Replica>* replicas = models_[model].machine.Replicas();
+  return replicas != nullptr && std::any_of(replicas->begin(), replicas->end(), [&](const Replica& r) {
+           return r.worker == worker && r.attach_job == 0;
+         });
+}
+
 void Core::ForgetKvCaches() {
   for (auto it = kv_usage_.begin(); it != kv_usage_.end();) {
-    const uint32_t model = it->first.first, worker = it->first.second;
-    const std::vector<Replica>* replicas = models_[model].machine.Replicas();
-    const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(),
-                                                            [&](const Replica& r) { return r.worker == worker; });
-    it = serving ? std::next(it) : kv_usage_.erase(it);
+    it = AttachedReplica(it->first.first, it->first.second) ? std::next(it) : kv_usage_.erase(it);
   }
   for (auto it = replica_caches_.begin(); it != replica_caches_.end();) {
-    const uint32_t model = it->first.first, worker = it->first.second;
-    const std::vector<Replica>* replicas = models_[model].machine.Replicas();
-    const bool serving = replicas != nullptr && std::any_of(replicas->begin(), replicas->end(),
-                                                            [&](const Replica& r) { return r.worker == worker; });
-    if (serving && it->second >= 0) {
+    if (AttachedReplica(it->first.first, it->first.second) && it->second >= 0) {
       ++it;
       continue;
     }

@@ -125,7 +125,9 @@ TEST_F(BatchedGenerateTest, GenerationsRunTogetherAndEachSaysWhatItSaysAlone) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     EXPECT_GT(seen, 0.0) << "a running generation holds blocks";
-    EXPECT_LE(seen, 0.25) << "one of four sequences holds at most a quarter of the pool";
+    // Counted in blocks, not sequences (which would say a quarter): tokens into its 2048, it holds a
+    // few of the pool's 128.
+    EXPECT_LT(seen, 0.1) << "one of four sequences, early in its context";
   }  // it leaves: its generation is cancelled, its blocks given back
   double after = 1;
   for (int i = 0; i < 150 && after != 0; i++) {
