@@ -93,9 +93,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       running[i].completion_tokens += static_cast<uint32_t>(tokens.size());
       running[i].stream->Emit(text, tokens, logprobs);
     });
-    const std::optional<std::pair<uint64_t, uint64_t>> usage = engine->KvUsage();
     for (size_t i = running.size(); i-- > 0;) {
-      running[i].stream->SetKvUsage(usage);
       running[i].cached_tokens = steps[i].cached_tokens;
       if (!pass.ok()) {
         end(i, pass, false);
@@ -105,11 +103,10 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
             false);
       }
     }
-    // Those still running say the cache as their ended companions left it.
-    if (running.size() < steps.size()) {
-      const std::optional<std::pair<uint64_t, uint64_t>> left = engine->KvUsage();
-      for (Running& r : running) r.stream->SetKvUsage(left);
-    }
+    // Those still running say the cache as the step, and their ended companions, left it (an
+    // ended one said so in its answer: end()).
+    const std::optional<std::pair<uint64_t, uint64_t>> usage = engine->KvUsage();
+    for (Running& r : running) r.stream->SetKvUsage(usage);
     // Between steps: what the supervisor sent meanwhile; who leaves; who joins.
     ReadWhileBusy();
     for (size_t i = running.size(); i-- > 0;) {
