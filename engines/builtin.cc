@@ -160,6 +160,16 @@ std::optional<std::pair<uint64_t, uint64_t>> Engine::KvUsage() {
   return std::make_pair(std::min(held, blocks), blocks);
 }
 
+Status Engine::AdoptCache(int handle, uint64_t bytes) {
+  if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
+  if (vtable_->abi_version < 11 || vtable_->adopt_cache == nullptr) {
+    return Error(Code::kFailedPrecondition, "the engine takes over no earlier instance's KV cache");
+  }
+  const wp_region cache{nullptr, bytes, handle};
+  char err[kErrorBufferBytes] = {};
+  return StatusFromWp(vtable_->adopt_cache(instance_, &cache, err, sizeof(err)), err);
+}
+
 Status Engine::Attach(const wp_region& weights) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   char err[kErrorBufferBytes] = {};

@@ -61,6 +61,10 @@ class Engine {
   // Blocks of its KV cache held by sequences, and all it has (engine ABI version 10); nullopt when
   // it keeps no cache in blocks.
   std::optional<std::pair<uint64_t, uint64_t>> KvUsage();
+  // The KV cache an earlier instance of these weights exported and left cleanly, taken over as this
+  // one's (engine ABI version 11); the caller keeps `handle`. FAILED_PRECONDITION where the engine
+  // adopts none.
+  Status AdoptCache(int handle, uint64_t bytes);
   // Instead of Load: weights another process loaded, imported here; the engine takes the region
   // over. Fails if it does not fit the model (the region is then still the caller's).
   Status Attach(const wp_region& weights);

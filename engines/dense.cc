@@ -437,7 +437,8 @@ const wp_engine_vtable kDenseVtable = {WP_ENGINE_ABI_VERSION, "dense",      &Den
                                        /*embed=*/nullptr,     &DenseSignature,
                                        &DenseRun,
                                        /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
-                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr};
+                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr,
+                                       /*adopt_cache=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

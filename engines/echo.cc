@@ -67,7 +67,8 @@ const wp_engine_vtable kEchoVtable = {WP_ENGINE_ABI_VERSION,      "echo",     &E
                                       /*embed=*/nullptr,          /*tensor_signature=*/nullptr,
                                       &EchoRun,
                                       /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
-                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr};
+                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr,
+                                       /*adopt_cache=*/nullptr};
 
 }  // namespace
 }  // namespace warmpool

@@ -129,6 +129,14 @@ wp_status ExportCacheCall(wp_engine* engine, wp_region* out) {
   return WP_OK;
 }
 
+wp_status AdoptCacheCall(wp_engine* engine, const wp_region* cache, char* err, size_t err_len) {
+  return Guarded(err, err_len, [&] {
+    TransformerEngine& e = *As(engine);
+    if (cache == nullptr || cache->handle < 0) return Error(Code::kInvalidArgument, "no KV cache region to adopt");
+    return AdoptCache(e, cache->handle, cache->bytes);
+  });
+}
+
 wp_status KvUsageCall(wp_engine* engine, uint64_t* blocks_held, uint64_t* blocks) {
   TransformerEngine& e = *As(engine);
   if (!e.kv_pool || blocks_held == nullptr || blocks == nullptr) return WP_NOT_FOUND;
@@ -265,7 +273,7 @@ const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer",     &OpenCall,   &LoadCall,          &InferCall,
     &CloseCall,            &ExportCall,       &AttachCall, &DescribeCall,      &GenerateCall,
     &EmbedCall,            &SignatureCall,    &RunCall,    &OpenSequenceCall,  &StepCall,
-    &CloseSequenceCall,    &ExportCacheCall,    &KvUsageCall,
+    &CloseSequenceCall,    &ExportCacheCall,  &KvUsageCall, &AdoptCacheCall,
 };
 
 }  // namespace

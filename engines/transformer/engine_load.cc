@@ -42,6 +42,18 @@ Status ReadRegion(const TransformerEngine& e, uint64_t offset, void* out, uint64
   return OkStatus();
 }
 
+// Every sequence's cache from `pool` now. Whatever caches an earlier pool's sequences had hold
+// blocks of it: they go first.
+void UsePool(TransformerEngine& e, std::unique_ptr<KvPool> pool) {
+  e.slots.reset();
+  e.sequence.reset();
+  e.cache.reset();
+  e.kv_pool = std::move(pool);
+  e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
+  e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);
+  e.slots = std::make_unique<CpuSlots>(*e.model, *e.kv_pool, *e.cache, e.sequences);
+}
+
 // The model on the CPU, its tensors where they lie in `base` (the region, or its host copy).
 Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
   Result<ModelWeights> weights = BindAt(e, base);
@@ -50,14 +62,7 @@ Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
   e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
   Result<std::unique_ptr<KvPool>> pool = KvPool::Make(e.packed.config, KvPoolBlocks(e.context, e.sequences));
   if (!pool.ok()) return pool.status();
-  // Whatever caches an earlier binding made hold blocks of its pool: they go first.
-  e.slots.reset();
-  e.sequence.reset();
-  e.cache.reset();
-  e.kv_pool = std::move(*pool);
-  e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
-  e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);
-  e.slots = std::make_unique<CpuSlots>(*e.model, *e.kv_pool, *e.cache, e.sequences);
+  UsePool(e, std::move(*pool));
   return OkStatus();
 }
 
@@ -99,6 +104,21 @@ Status BindEngine(TransformerEngine& e) {
   if (!files.ok()) return files.status();
   e.files = std::move(*files);
   return e.on_device ? StartOnDevice(e) : StartOnCpu(e, base);
+}
+
+Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes) {
+  if (!e.kv_pool || !e.model) {
+    return Error(Code::kFailedPrecondition, "model \"{}\" keeps no KV cache another instance's could replace",
+                 e.name);
+  }
+  if (e.open_sequences != 0) {
+    return Error(Code::kFailedPrecondition, "model \"{}\" has {} sequences open: its KV cache is theirs", e.name,
+                 e.open_sequences);
+  }
+  Result<std::unique_ptr<KvPool>> pool = KvPool::Adopt(e.packed.config, e.kv_pool->blocks().count(), handle, bytes);
+  if (!pool.ok()) return Error(pool.status().code(), "model \"{}\": {}", e.name, pool.status().message());
+  UsePool(e, std::move(*pool));
+  return OkStatus();
 }
 
 Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& info) {

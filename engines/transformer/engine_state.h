@@ -64,6 +64,10 @@ Status LoadEngine(TransformerEngine& e, wp_progress_fn progress, void* progress_
 // The region holds the model: the tensors bound where they lie, the tokenizer parsed from its copy,
 // the forward pass started on the GPU (device memory) or the CPU.
 Status BindEngine(TransformerEngine& e);
+// An earlier instance's KV cache region (engine ABI version 11's adopt_cache) as this one's pool,
+// its prefixes kept: FAILED_PRECONDITION while a sequence is open or where the engine keeps no pool
+// (the GPU), INVALID_ARGUMENT when the region is not a pool of this model's (KvPool::Adopt).
+Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes);
 
 // Generations (engine_generate.cc). A request (prompt, token ids or a chat through the model's
 // template; options over the model's defaults) opened as a sequence in a free slot; steps of open

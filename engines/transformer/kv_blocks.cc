@@ -101,6 +101,28 @@ void KvBlocks::Forget(uint32_t block) {
   b.tokens.clear();
 }
 
+uint32_t KvBlocks::Restore(std::span<const Kept> kept, std::span<const uint32_t> generations) {
+  assert(held_ == 0 && lru_.empty() && index_.empty());
+  for (uint32_t b = 0; b < blocks_.size() && b < generations.size(); ++b) blocks_[b].generation = generations[b];
+  uint32_t restored = 0;
+  for (const Kept& k : kept) {
+    if (k.block >= blocks_.size() || blocks_[k.block].published) continue;
+    Block& b = blocks_[k.block];
+    b.generation = k.generation;
+    b.holders = 1;  // Publish takes a held block (as a sequence's would be)
+    const bool published = Publish(k.block, k.parent, k.tokens);
+    b.holders = 0;
+    if (!published) continue;
+    b.lru = lru_.insert(lru_.begin(), k.block);
+    restored++;
+  }
+  free_.clear();
+  for (auto b = static_cast<uint32_t>(blocks_.size()); b > 0; --b) {
+    if (!blocks_[b - 1].published) free_.push_back(b - 1);
+  }
+  return restored;
+}
+
 bool KvBlocks::Consistent() const {
   std::vector<int> state(blocks_.size(), 0);  // 1 free, 2 held, 3 cached
   for (uint32_t b : free_) {

@@ -64,6 +64,19 @@ class KvBlocks {
   // the pool's region (kv_region.h) — leads to the new.
   void Unpublish(uint32_t block);
 
+  // A new pool's blocks (every one free) made to keep what an earlier pool of this model kept in
+  // the same memory (KvPool::Adopt): each block of `kept` published under its parent and tokens,
+  // and cached, in the order listed — parents first, so that a block whose parent is not kept is
+  // not kept either; the last listed is the first evicted. Every block takes its generation from
+  // `generations` (a kept one from its entry). Returns how many blocks are kept.
+  struct Kept {
+    uint32_t block;
+    uint32_t generation;
+    Link parent;
+    std::span<const int32_t> tokens;
+  };
+  uint32_t Restore(std::span<const Kept> kept, std::span<const uint32_t> generations);
+
   uint32_t holders(uint32_t block) const { return blocks_[block].holders; }
   bool published(uint32_t block) const { return blocks_[block].published; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 namespace warmpool::transformer {
@@ -15,6 +16,44 @@ Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t bloc
   Result<KvRegion> region = KvRegion::Create(config.num_hidden_layers, config.kv_size(), blocks);
   if (!region.ok()) return region.status();
   return std::unique_ptr<KvPool>(new KvPool(config, blocks, std::move(*region)));
+}
+
+Result<std::unique_ptr<KvPool>> KvPool::Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes) {
+  Result<KvRegion> region = KvRegion::Adopt(handle, bytes, config.num_hidden_layers, config.kv_size(), blocks);
+  if (!region.ok()) return region.status();
+  std::unique_ptr<KvPool> pool(new KvPool(config, blocks, std::move(*region)));
+  pool->RestorePrefixes();
+  return pool;
+}
+
+void KvPool::RestorePrefixes() {
+  std::vector<int32_t> tokens;
+  const std::vector<KvRegion::Standing> records = region_.Records(tokens);
+  std::vector<uint32_t> generations(blocks_.count(), 0);
+  std::multimap<std::pair<uint32_t, uint32_t>, const KvRegion::Standing*> children;
+  for (const KvRegion::Standing& r : records) {
+    generations[r.block] = r.generation;
+    // Only full blocks were published (KvCache::Commit); a sequence's partial last block is not
+    // a prefix another request can take.
+    if (r.count == kKvBlockTokens) children.emplace(std::pair{r.parent.block, r.parent.generation}, &r);
+  }
+  // From the root, parents before children: each record names one parent, so no block is met twice
+  // and records that loop (none a writer leaves) are never reached.
+  std::vector<KvBlocks::Kept> kept;
+  std::vector<KvLink> frontier{KvBlocks::kRoot};
+  for (size_t next = 0; next < frontier.size(); ++next) {
+    auto [first, last] = children.equal_range({frontier[next].block, frontier[next].generation});
+    for (auto it = first; it != last; ++it) {
+      const KvRegion::Standing& r = *it->second;
+      kept.push_back({r.block, r.generation, r.parent, r.tokens});
+      frontier.push_back({r.block, r.generation});
+    }
+  }
+  blocks_.Restore(kept, generations);
+  // A record the prefix cache does not keep now claims nothing: the block is free, to be taken.
+  for (uint32_t b = 0; b < blocks_.count(); ++b) {
+    if (!blocks_.published(b)) region_.Describe(blocks_.LinkOf(b), KvBlocks::kRoot, {});
+  }
 }
 
 KvPool::KvPool(const Config& config, uint32_t blocks, KvRegion region)

@@ -34,6 +34,12 @@ class KvPool {
   // are the system's once first written, and stay (admission counts the whole pool, whatever is
   // touched). RESOURCE_EXHAUSTED when the memory cannot be had.
   static Result<std::unique_ptr<KvPool>> Make(const Config& config, uint32_t blocks);
+  // The pool an earlier instance of this model exported (export_cache) and left cleanly — parked,
+  // or its daemon restarted — taken over as this one's: the region becomes its memory, and every
+  // prefix its records show whole (full blocks, each after its parent, from the first) is in its
+  // prefix cache again; whatever else is there is free. INVALID_ARGUMENT when the region is not a
+  // pool of this model's shape and `blocks` blocks (KvRegion::Adopt).
+  static Result<std::unique_ptr<KvPool>> Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes);
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
@@ -50,6 +56,8 @@ class KvPool {
 
  private:
   KvPool(const Config& config, uint32_t blocks, KvRegion region);
+  // Adopt's second half: the prefix cache from the region's records, which then say no more.
+  void RestorePrefixes();
   float* At(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) {
     return region_.data() + region_.RowsAt(block, layer, half, offset);
   }

@@ -68,6 +68,15 @@ Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t bl
 }
 
 Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  return Map(handle, bytes, layers, kv_size, blocks, /*writable=*/false);
+}
+
+Result<KvRegion> KvRegion::Adopt(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  return Map(handle, bytes, layers, kv_size, blocks, /*writable=*/true);
+}
+
+Result<KvRegion> KvRegion::Map(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
+                               bool writable) {
   KvRegion r;
   r.layers_ = layers;
   r.kv_size_ = kv_size;
@@ -85,7 +94,7 @@ Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uin
   if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
     return Error(Code::kInvalidArgument, "the KV region can be resized under its readers (it is not sealed)");
   }
-  void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, handle, 0);
+  void* base = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, handle, 0);
   if (base == MAP_FAILED) return Error(Code::kInvalidArgument, "cannot map a KV region: {}", std::strerror(errno));
   r.base_ = static_cast<uint8_t*>(base);
   r.bytes_ = bytes;
@@ -98,6 +107,10 @@ Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uin
       header.layers != layers || header.kv_size != kv_size || header.blocks != blocks ||
       header.record_bytes != sizeof(KvRecord)) {
     return Error(Code::kInvalidArgument, "the KV region is not this model's (its header differs)");
+  }
+  if (writable) {
+    r.handle_ = fcntl(handle, F_DUPFD_CLOEXEC, 0);
+    if (r.handle_ < 0) return Error(Code::kResourceExhausted, "no descriptor for a KV region: {}", std::strerror(errno));
   }
   return r;
 }
@@ -138,37 +151,40 @@ void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tok
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
-std::vector<KvRegion::Extent> KvRegion::Longest(std::span<const int32_t> tokens, uint32_t most) const {
-  most = static_cast<uint32_t>(std::min<uint64_t>(most, tokens.size()));
-  struct Seen {
-    uint32_t block;
-    uint32_t count;
-    uint32_t generation;
-  };
-  // Each block's record as it stands, by the link it names: a block's children, from the root.
-  std::multimap<std::pair<uint32_t, uint32_t>, Seen> children;
-  std::vector<int32_t> held(uint64_t{blocks_} * kKvBlockTokens);
+std::vector<KvRegion::Standing> KvRegion::Records(std::vector<int32_t>& tokens) const {
+  std::vector<Standing> standing;
+  tokens.assign(uint64_t{blocks_} * kKvBlockTokens, 0);
   for (uint32_t b = 0; b < blocks_; ++b) {
     const KvRecord& r = records()[b];
     const uint32_t before = r.version.load(std::memory_order_acquire);
     if (before % 2 != 0) continue;  // its writer died rewriting it
     const uint32_t count = std::min<uint32_t>(r.count, kKvBlockTokens);
     if (count == 0) continue;
-    const Seen seen{b, count, r.generation};
-    const std::pair<uint32_t, uint32_t> parent{r.parent_block, r.parent_generation};
-    std::copy(r.tokens, r.tokens + count, held.begin() + uint64_t{b} * kKvBlockTokens);
+    Standing seen{b, r.generation, {r.parent_block, r.parent_generation}, count, {}};
+    int32_t* mine = tokens.data() + uint64_t{b} * kKvBlockTokens;
+    std::copy(r.tokens, r.tokens + count, mine);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (r.version.load(std::memory_order_relaxed) != before) continue;
-    children.emplace(parent, seen);
+    seen.tokens = std::span<const int32_t>(mine, count);
+    standing.push_back(seen);
   }
+  return standing;
+}
+
+std::vector<KvRegion::Extent> KvRegion::Longest(std::span<const int32_t> tokens, uint32_t most) const {
+  most = static_cast<uint32_t>(std::min<uint64_t>(most, tokens.size()));
+  // Each block's record as it stands, by the link it names: a block's children, from the root.
+  std::vector<int32_t> held;
+  std::multimap<std::pair<uint32_t, uint32_t>, Standing> children;
+  for (const Standing& s : Records(held)) children.emplace(std::pair{s.parent.block, s.parent.generation}, s);
   // The longest run from the root: several blocks may hold the same tokens after the same parent
   // (sequences that computed one prefix each), and only one of them may lead on, so every match
   // is followed. A block sits at one depth (its record names one parent): its best is kept.
   std::vector<int64_t> best_from(blocks_, -1);  // positions from a block on, its own included
   std::vector<uint32_t> next(blocks_, KvLink::kNone);
-  auto matched = [&](const Seen& s, uint32_t at) {
+  auto matched = [&](const Standing& s, uint32_t at) {
     const uint32_t want = std::min(s.count, most - at);
-    const int32_t* mine = held.data() + uint64_t{s.block} * kKvBlockTokens;
+    const int32_t* mine = s.tokens.data();
     uint32_t same = 0;
     // A position's keys and values depend on the tokens up to it alone: the block's first `same`
     // are this run's even where its later ones are not.
@@ -182,7 +198,7 @@ std::vector<KvRegion::Extent> KvRegion::Longest(std::span<const int32_t> tokens,
     if (at >= most) return 0;
     auto [first, last] = children.equal_range(parent);
     for (auto it = first; it != last; ++it) {
-      const Seen& s = it->second;
+      const Standing& s = it->second;
       if (best_from[s.block] < 0) {
         const uint32_t own = matched(s, at);
         uint32_t after = 0;

@@ -48,6 +48,10 @@ class KvRegion {
   // says it holds `blocks` blocks of this layout (layers, kv_size) — a pool like the reader's own —
   // and its size is what that makes.
   static Result<KvRegion> Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // The region of an instance of this model that ended cleanly (its model parked, a daemon
+  // restarted), checked as Open checks it and mapped to be written: it becomes the caller's pool
+  // (KvPool::Adopt), with a descriptor of its own (handle()) to export again.
+  static Result<KvRegion> Adopt(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks);
   KvRegion() = default;
   KvRegion(KvRegion&& other) noexcept { *this = std::move(other); }
   KvRegion& operator=(KvRegion&& other) noexcept;
@@ -72,6 +76,17 @@ class KvRegion {
   // The reader's side: the longest run of blocks, a sequence's from its first, that holds the first
   // positions of `tokens` (at most `most` of them): each but the last block full, the last maybe a
   // part of one. Records being rewritten when their writer died are skipped.
+  // A block's record as it stands, unless it claims nothing or was being rewritten when its writer
+  // died.
+  struct Standing {
+    uint32_t block;
+    uint32_t generation;
+    KvLink parent;
+    uint32_t count;
+    std::span<const int32_t> tokens;  // count of them, in the vector Records returns them with
+  };
+  std::vector<Standing> Records(std::vector<int32_t>& tokens) const;
+
   struct Extent {
     uint32_t block;
     uint32_t count;  // positions of it taken
@@ -79,6 +94,8 @@ class KvRegion {
   std::vector<Extent> Longest(std::span<const int32_t> tokens, uint32_t most) const;
 
  private:
+  static Result<KvRegion> Map(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
+                              bool writable);
   static uint64_t RecordsOffset(uint64_t kv_bytes);
   KvRecord* records() const;
   int handle_ = -1;

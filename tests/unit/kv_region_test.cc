@@ -18,31 +18,12 @@
 namespace warmpool::transformer::kv_region_test {
 namespace {
 
+using kv_fixture::Pass;
+using kv_fixture::KeyOf;
 using kv_fixture::PoolOf;
 using kv_fixture::SmallShape;
-
-// What a real pass computes at a position depends on every token up to it: so do these keys.
-float KeyOf(const std::vector<int32_t>& tokens, uint32_t position, uint32_t layer) {
-  uint64_t h = 1469598103934665603ull + layer;
-  for (uint32_t i = 0; i <= position; ++i) h = (h ^ static_cast<uint32_t>(tokens[i])) * 1099511628211ull;
-  return static_cast<float>(h % 1000003);
-}
-
-void WriteAt(KvCache& cache, const std::vector<int32_t>& tokens, uint32_t position) {
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    for (uint32_t d = 0; d < 4; ++d) {
-      cache.key(layer, position)[d] = KeyOf(tokens, position, layer) + static_cast<float>(d);
-      cache.value(layer, position)[d] = -KeyOf(tokens, position, layer) - static_cast<float>(d);
-    }
-  }
-}
-
-// A whole pass: positions start .. tokens.size() - 1 prepared, written, committed.
-void Pass(KvCache& cache, const std::vector<int32_t>& tokens, uint32_t start) {
-  ASSERT_TRUE(cache.Prepare(start, static_cast<uint32_t>(tokens.size())).ok());
-  for (uint32_t p = start; p < tokens.size(); ++p) WriteAt(cache, tokens, p);
-  cache.Commit(start, std::span<const int32_t>(tokens).subspan(start));
-}
+using kv_fixture::Tokens;
+using kv_fixture::WriteAt;
 
 Result<KvRegion> Reader(const KvPool& pool, const Config& c) {
   return KvRegion::Open(pool.region().handle(), pool.region().bytes(), c.num_hidden_layers, c.kv_size(),
@@ -63,12 +44,6 @@ uint32_t CheckClaims(const KvRegion& reader, const std::vector<int32_t>& tokens)
     }
   }
   return at;
-}
-
-std::vector<int32_t> Tokens(int32_t first, uint32_t count) {
-  std::vector<int32_t> t(count);
-  for (uint32_t i = 0; i < count; ++i) t[i] = first + static_cast<int32_t>(i);
-  return t;
 }
 
 TEST(KvRegionTest, AnotherPoolFindsASequencesPositionsAndCopiesTheirKeysAndValues) {

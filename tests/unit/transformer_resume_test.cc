@@ -216,5 +216,62 @@ TEST_F(TransformerResumeTest, AResumeCopiesWhatTheDeadEnginesCacheHoldsAndSendsT
   close(cache_copy);
 }
 
+// Version 11: an engine that closed cleanly (its model parked) leaves its cache to the next
+// instance of the same weights, which adopts it as its own pool: a prompt the closed one computed
+// is found in the prefix cache, whole blocks of it, and generates what a cold engine generates. A
+// region that is no cache of this model is refused and leaves the engine serving with its own.
+TEST_F(TransformerResumeTest, AnEngineAdoptsTheCacheAClosedOneLeftAndFindsItsPrefixes) {
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "This program is free software; you can redistribute it. ";
+  const wp_generate_request request = Greedy(prompt, 16);
+  int kept = -1;
+  uint64_t bytes = 0;
+  std::vector<int32_t> cold_tokens;
+  uint32_t prompt_tokens = 0;
+  {
+    Result<Engine> earlier = Loaded();
+    ASSERT_TRUE(earlier.ok()) << earlier.status().ToString();
+    Result<Output> cold = Run(*earlier, request);
+    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+    cold_tokens = cold->tokens;
+    prompt_tokens = cold->result.prompt_tokens;
+    Result<wp_region> cache = earlier->ExportCache();
+    ASSERT_TRUE(cache.ok());
+    kept = dup(cache->handle);  // the supervisor's, with the parked copy
+    bytes = cache->bytes;
+  }
+  ASSERT_GT(prompt_tokens, 128u);
+  Result<Engine> later = Loaded();
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  const int not_a_cache = memfd_create("not-a-kv-cache", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(not_a_cache, static_cast<off_t>(bytes)), 0);
+  EXPECT_EQ(later->AdoptCache(not_a_cache, bytes).code(), Code::kInvalidArgument);
+  close(not_a_cache);
+  ASSERT_TRUE(later->AdoptCache(kept, bytes).ok());
+  close(kept);
+  Result<wp_region> exported = later->ExportCache();
+  ASSERT_TRUE(exported.ok()) << "the adopted cache is the one it exports now";
+  EXPECT_EQ(exported->bytes, bytes);
+
+  uint32_t opened_tokens = 0;
+  Result<wp_sequence*> sequence = later->OpenSequence(request, &opened_tokens);
+  ASSERT_TRUE(sequence.ok()) << sequence.status().ToString();
+  EXPECT_EQ(later->AdoptCache(exported->handle, bytes).code(), Code::kFailedPrecondition)
+      << "not while a sequence holds blocks of the pool";
+  std::vector<int32_t> got;
+  uint32_t cached = 0;
+  wp_sequence_step step{*sequence, 0, WP_OK, {}, {}, 0};
+  for (int steps = 0; step.ended == 0 && steps < 100; ++steps) {
+    ASSERT_TRUE(later->Step({&step, 1}, [&](uint32_t, std::string_view, std::span<const int32_t> t,
+                                           std::span<const wp_token_logprobs>) {
+                       got.insert(got.end(), t.begin(), t.end());
+                     }).ok());
+    if (steps == 0) cached = step.cached_tokens;
+  }
+  later->CloseSequence(*sequence);
+  EXPECT_EQ(got, cold_tokens);
+  EXPECT_EQ(cached, (prompt_tokens - 1) / 64 * 64) << "the prompt's whole blocks, but the last token's";
+}
+
 }  // namespace
 }  // namespace warmpool::transformer

@@ -60,6 +60,10 @@
  * (request.kv_source): the engine copies the positions it finds there of the prompt and the tokens
  * resumed instead of computing them. kv_usage says how many of its cache's blocks its sequences
  * hold (the daemon's KV-usage gauge).
+ *
+ * Version 11 keeps the prefix cache when a model is parked and unparked: the supervisor holds on
+ * to an instance's exported cache after it closed cleanly, and a later instance of the same weights
+ * takes it over as its own (adopt_cache), finding there the prefixes the earlier one kept.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -71,7 +75,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 10u
+#define WP_ENGINE_ABI_VERSION 11u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -387,6 +391,15 @@ typedef struct wp_engine_vtable {
    * has; blocks that only keep a prefix for later requests are free for the taking, not held.
    * WP_NOT_FOUND when it keeps no cache in blocks. Called between steps, on the serving thread. */
   wp_status (*kv_usage)(wp_engine* engine, uint64_t* blocks_held, uint64_t* blocks);
+
+  /* Version 11 (NULL where the engine does not do it). */
+  /* Before any sequence opens, after load, attach or unpark: the cache an earlier instance of these
+   * very weights exported (export_cache) and left when it closed cleanly (handle and bytes; ptr
+   * unset), taken over as this instance's own: its keys and values and what they are the keys and
+   * values of serve this one's prefix cache, and export_cache names it from now on. The engine
+   * keeps a descriptor of its own (the caller closes the handle). An error (WP_INVALID_ARGUMENT: not
+   * a cache this model could have made) leaves the engine as it was, its own cache empty. */
+  wp_status (*adopt_cache)(wp_engine* engine, const wp_region* cache, char* err, size_t err_len);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */

@@ -383,7 +383,8 @@ const wp_engine_vtable kScaleVtable = {WP_ENGINE_ABI_VERSION, "scale",     &Scal
                                        /*describe=*/nullptr,  /*generate=*/nullptr,
                                        /*embed=*/nullptr,     &ScaleSignature, &ScaleRun,
                                        /*open_sequence=*/nullptr, /*step=*/nullptr, /*close_sequence=*/nullptr,
-                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr};
+                                       /*export_cache=*/nullptr, /*kv_usage=*/nullptr,
+                                       /*adopt_cache=*/nullptr};
 
 }  // namespace
 
