@@ -13,7 +13,8 @@ int DescriptorsCarried(const v1::Envelope& message) {
 int DescriptorsCarried(const v1::WorkerEnvelope& message) {
   switch (message.body_case()) {
     case v1::WorkerEnvelope::kLoad: return message.load().path().empty() ? 0 : 1;
-    case v1::WorkerEnvelope::kAttach: return message.attach().weights().weight_bytes() > 0 ? 1 : 0;
+    case v1::WorkerEnvelope::kAttach:
+      return (message.attach().weights().weight_bytes() > 0 ? 1 : 0) + (message.attach().kv_cache() ? 1 : 0);
     case v1::WorkerEnvelope::kAllocated: return message.allocated().has_error() ? 0 : 1;
     case v1::WorkerEnvelope::kOffer: return 1;
     case v1::WorkerEnvelope::kInfer:

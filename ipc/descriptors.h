@@ -13,7 +13,8 @@
 //     takeover                        1  one end of the new daemon's socketpair
 //   WorkerEnvelope (warmpoold -> worker)
 //     load with a path                1  the model file, opened beneath its root
-//     attach with weight_bytes > 0    1  the weights region
+//     attach                        0-2  the weights region (weight_bytes > 0), then the KV cache
+//                                        region an engine of them left (kv_cache)
 //     allocated without an error      1  the device memory granted
 //     offer                           1  memory to reuse
 //     infer                         0-3  input_region's memfd, then output_region's, then the

@@ -85,7 +85,7 @@ struct ModelRecord {
   char engine[16];
   char path[256];
   uint64_t weight_bytes;      // accounted on device while loading/ready/unloading
-  uint64_t workspace_bytes;
+  uint64_t workspace_bytes;   // parked: the KV cache kept with the copy (counted against the park budget)
   uint64_t loaded_bytes;      // load progress
   uint32_t device;
   uint32_t worker_slot;       // kNil when not resident

@@ -150,9 +150,11 @@ void ModelIndex::Publish(uint32_t index, const Residency& next) {
   const ModelRecord& r = Get(index);
   auto was = static_cast<ModelState>(r.state);
   int64_t device_before = OnDevice(was) ? static_cast<int64_t>(r.weight_bytes + r.workspace_bytes) : 0;
-  int64_t parked_before = was == ModelState::kParked ? static_cast<int64_t>(r.weight_bytes) : 0;
+  // A parked model's workspace is the KV cache kept with its copy (supervisor/core/model.h).
+  int64_t parked_before = was == ModelState::kParked ? static_cast<int64_t>(r.weight_bytes + r.workspace_bytes) : 0;
   int64_t device_after = OnDevice(next.state) ? static_cast<int64_t>(next.weight_bytes + next.workspace_bytes) : 0;
-  int64_t parked_after = next.state == ModelState::kParked ? static_cast<int64_t>(next.weight_bytes) : 0;
+  int64_t parked_after =
+      next.state == ModelState::kParked ? static_cast<int64_t>(next.weight_bytes + next.workspace_bytes) : 0;
   uint32_t old_device = r.device;
   if (device_before != 0) AddToAccount(old_device, -device_before);
   if (IsResident(was) && !IsResident(next.state)) Unlink(index);

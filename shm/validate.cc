@@ -115,7 +115,7 @@ Status ValidateOnce(const SegmentView& view) {
     }
     if (!resident) continue;
     if (static_cast<ModelState>(m.state) == ModelState::kParked) {
-      parked += m.weight_bytes;
+      parked += m.weight_bytes + m.workspace_bytes;  // the copy and the KV cache kept with it
       continue;
     }
     if (m.device >= h.device_count) {

@@ -85,7 +85,8 @@ class Simulator {
   };
   struct WorkerJob {
     v1::WorkerEnvelope message;
-    int region = -1;  // the region a frame brought (attach)
+    int region = -1;  // the region a frame brought (attach), its last one (a KV source)
+    int cache = -1;   // an unpark's parked KV cache (WorkerAttach.kv_cache), after the weights
     std::optional<SimFile> read;  // load: the file as it was when the load began
   };
   struct Engine {
@@ -194,7 +195,7 @@ class Simulator {
   void SendToWorker(uint32_t slot, std::string frame, std::vector<int> handles);
   void WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
                   const std::vector<int>& handles);
-  void WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message, int region);
+  void WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message, std::vector<int> regions);
   void StartServing(Worker& w);
   void StartLoad(Worker& w);
   // Whether the worker has a job of this model on its load thread, running or queued.
@@ -210,6 +211,7 @@ class Simulator {
   void Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob work);
   v1::WorkerEnvelope RunJob(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
   int NewSupervisorHandle(const Region& region);
+  void CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache);
   // A language model's engine hands its KV cache to the supervisor with a load or attach reply.
   void ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out);
 

@@ -111,42 +111,45 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
 
 void Simulator::WriteFrame(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
                            const std::vector<int>& handles) {
-  int region = -1;
   for (int h : handles) {
-    // A client's region may be let go while a frame that names it waits: the shell's channel
-    // duplicated it when the frame was queued (checked there, in SendToWorker). Weights and host
+    // A client's region, or a parked KV cache on its way to the engine that adopts it, may be let go
+    // while a frame that names it waits: the shell's channel duplicated it when the frame was queued
+    // (checked there, in SendToWorker), and closing it frees no memory for reuse. Weights and host
     // copies may not: the core must hold what it sends until the worker has it.
-    if (supervisor_handles_.count(h) == 0 && !regions_[h].client) {
+    if (supervisor_handles_.count(h) == 0 && !regions_[h].client && !regions_[h].kv_cache) {
       // The kernel refuses the frame (EBADF): the shell's channel fails and the worker is killed.
       Fail(fmt::format("handle {} was closed while a frame for worker {} still named it ({})", h,
                        slot, Brief(message)));
       return;
     }
-    region = h;
   }
   Worker& w = workers_[slot];
   uint64_t at = std::max(now_ + rng_.Range(0, 1), w.last_delivery_ms);
   w.last_delivery_ms = at;
-  Region copy = region >= 0 ? regions_[region] : Region{};
-  int worker_region = -1;
-  if (region >= 0) {  // the worker's own descriptor for the same memory
-    worker_region = next_handle_++;
-    regions_[worker_region] = copy;
+  std::vector<int> worker_regions;  // the worker's own descriptors for the same memory
+  for (int h : handles) {
+    worker_regions.push_back(next_handle_++);
+    regions_[worker_regions.back()] = regions_[h];
   }
-  At(at, [this, slot, generation, message = std::move(message), worker_region]() mutable {
-    WorkerReads(slot, generation, std::move(message), worker_region);
+  At(at, [this, slot, generation, message = std::move(message), worker_regions]() mutable {
+    WorkerReads(slot, generation, std::move(message), std::move(worker_regions));
   });
 }
 
 void Simulator::WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelope message,
-                            int region) {
+                            std::vector<int> regions) {
   Worker& w = workers_[slot];
   if (w.generation != generation || w.state != Worker::State::kUp) return;
   if (message.has_cancel()) {  // read between a generation's steps, whatever runs
     w.cancelled.insert(message.cancel().job());
     return;
   }
-  w.serving.push_back(WorkerJob{std::move(message), region, std::nullopt});
+  WorkerJob work{std::move(message), regions.empty() ? -1 : regions.back(), -1, std::nullopt};
+  if (work.message.has_attach() && work.message.attach().kv_cache() && regions.size() == 2) {
+    work.region = regions[0];  // the weights, then the KV cache
+    work.cache = regions[1];
+  }
+  w.serving.push_back(std::move(work));
   StartServing(w);
 }
 
@@ -246,13 +249,34 @@ const SimFile* Simulator::FileOf(const std::string& name, const std::string& pat
 
 void Simulator::ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out) {
   Region cache = weights;
-  cache.bytes = 1;
+  cache.bytes = weights.bytes / 4 + 1;  // what parking it with its copy costs the park budget
   cache.host = true;  // the engine's own memfd: no device memory, which may die with its owner
   cache.kv_cache = true;
   cache.slot = w.slot;
   cache.generation = w.generation;
   done.set_cache_shared(true);
+  done.set_cache_bytes(cache.bytes);
   out.push_back(NewSupervisorHandle(cache));
+}
+
+void Simulator::CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache) {
+  // A parked model's KV cache goes to the engine that unparks it: a cache its engine left when it
+  // closed (none is up with the model now: it is parked), of these very weights.
+  const Region* kept = cache >= 0 ? &regions_[cache] : nullptr;
+  if (!a.copy() || kept == nullptr || !kept->kv_cache) {
+    return Fail(fmt::format("worker {} was sent a KV cache to adopt that is no parked cache ({})", w.slot,
+                            a.copy() ? "not a cache" : "with an attach that is no unpark"));
+  }
+  if (kept->file != weights.file || kept->version != weights.version) {
+    return Fail(fmt::format("worker {} unparks file {} version {} with the KV cache of file {} version {}", w.slot,
+                            weights.file, weights.version, kept->file, kept->version));
+  }
+  const Worker& writer = workers_[kept->slot];
+  if (writer.generation == kept->generation && writer.state == Worker::State::kUp &&
+      writer.engines.contains(a.model())) {
+    Fail(fmt::format("worker {} was sent the KV cache of worker {}, whose engine of \"{}\" is open and may write it",
+                     w.slot, kept->slot, a.name()));
+  }
 }
 
 int Simulator::NewSupervisorHandle(const Region& region) {
@@ -357,6 +381,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
                          w.slot, w.device, a.name(), e.region.device));
         return reply;
       }
+      if (a.kv_cache()) CheckParkedCache(w, a, e.region, work.cache);
       if (a.copy()) {  // unpark: into new device memory, which the supervisor holds from now on
         e.region.host = false;
         e.region.device = w.device;

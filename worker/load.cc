@@ -91,6 +91,7 @@ void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shar
   if (!cache.ok()) return;
   shared.push_back(cache->handle);
   done.set_cache_shared(true);
+  done.set_cache_bytes(cache->bytes);
 }
 
 void LoadThread::RunLoad(const v1::WorkerLoad& request, int file) {

@@ -1,9 +1,14 @@
 // The load thread's queue and loop, attach and unload. Loads are worker/load.cc.
 #include "worker/load_thread.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "engines/catalog/plugin_loader.h"
 #include "ipc/error_proto.h"
@@ -35,7 +40,8 @@ void LoadThread::Join() {
   if (thread_.joinable()) thread_.join();
   for (Job& job : queue_) {
     if (job.fd >= 0) close(job.fd);
-    job.fd = -1;
+    if (job.cache >= 0) close(job.cache);
+    job.fd = job.cache = -1;
   }
 }
 
@@ -52,11 +58,12 @@ void LoadThread::QueueLoad(v1::WorkerLoad request, int file) {
   Queue(std::move(job), model);
 }
 
-void LoadThread::QueueAttach(v1::WorkerAttach request, int weights_fd) {
+void LoadThread::QueueAttach(v1::WorkerAttach request, int weights_fd, int cache_fd) {
   const uint32_t model = request.model();
   Job job;
   job.attach = std::move(request);
   job.fd = weights_fd;
+  job.cache = cache_fd;
   Queue(std::move(job), model);
 }
 
@@ -103,7 +110,10 @@ void LoadThread::Loop() {
     const uint64_t id = job.load ? job.load->job() : job.attach ? job.attach->job() : 0;
     memory_.SetLoadThreadJob(id);
     if (job.load) RunLoad(*job.load, job.fd);
-    else if (job.attach) Attach(*job.attach, job.fd);
+    else if (job.attach) {
+      Attach(*job.attach, job.fd, job.cache);
+      if (job.cache >= 0) close(job.cache);  // an engine that adopted it keeps a descriptor of its own
+    }
     else RunUnload(*job.unload, /*on_load_thread=*/true);
     memory_.SetLoadThreadJob(0);
     if (id != 0) memory_.DropOffer(id);
@@ -122,7 +132,21 @@ void LoadThread::RunUnload(const v1::WorkerUnload& request, bool on_load_thread)
   outbox_.Send(reply);
 }
 
-void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
+// A parked model's KV cache (WorkerAttach.kv_cache) as its unparked engine's own. An engine that
+// cannot take it starts with an empty cache: a cold prefix cache costs time, never a wrong token.
+void LoadThread::AdoptCache(Engine& engine, const v1::WorkerAttach& request, int cache_fd) {
+  if (cache_fd < 0) return;
+  struct stat st{};
+  Status status = fstat(cache_fd, &st) == 0
+                      ? engine.AdoptCache(cache_fd, static_cast<uint64_t>(st.st_size))
+                      : Error(Code::kInvalidArgument, "cannot read the KV cache region's size: {}", std::strerror(errno));
+  if (!status.ok()) {
+    spdlog::warn("worker {}: \"{}\" starts with an empty KV cache, not its parked one: {}", options_.slot,
+                 request.name(), status.message());
+  }
+}
+
+void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd, int cache_fd) {
   std::optional<JobMark> mark(std::in_place, marks_, request.job(), request.model());
   v1::WorkerEnvelope reply;
   v1::WorkerLoadDone* done = reply.mutable_load_done();
@@ -165,6 +189,7 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd) {
       if (status.ok()) {
         *done->mutable_weights() = described;  // what it was told the weights are,
         DescribeEngine(*engine, done->mutable_weights());  // as its engine measures them
+        AdoptCache(*engine, request, cache_fd);
         // Unparked weights live in a new device region: the supervisor holds that one now.
         if (request.copy() && region.handle >= 0) {
           shared.push_back(region.handle);

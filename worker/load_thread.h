@@ -55,7 +55,7 @@ class LoadThread {
   // file: the model file the supervisor opened (-1 for engines without one); taken over.
   void QueueLoad(v1::WorkerLoad request, int file);
   // weights_fd: the shared weights, or the parked copy to unpark from; taken over.
-  void QueueAttach(v1::WorkerAttach request, int weights_fd);
+  void QueueAttach(v1::WorkerAttach request, int weights_fd, int cache_fd);
   // Runs the unload on the calling thread, or queues it behind its model's jobs here.
   void Unload(v1::WorkerUnload request);
 
@@ -71,6 +71,7 @@ class LoadThread {
     std::optional<v1::WorkerAttach> attach;
     std::optional<v1::WorkerUnload> unload;
     int fd = -1;  // the attach's weights region or the load's model file, owned by the job
+    int cache = -1;  // the attach's KV cache region (WorkerAttach.kv_cache), owned by the job
   };
   void Queue(Job job, uint32_t model);
   void Loop();
@@ -85,7 +86,8 @@ class LoadThread {
   Status Load(const v1::WorkerLoad& request, int file, JobFaults& faults, v1::WorkerLoadDone& done,
               std::vector<int>& shared);
   // Serves a model from weights another worker loaded, or from its parked copy (request.copy()).
-  void Attach(const v1::WorkerAttach& request, int weights_fd);
+  void Attach(const v1::WorkerAttach& request, int weights_fd, int cache_fd);
+  void AdoptCache(Engine& engine, const v1::WorkerAttach& request, int cache_fd);
   // on_load_thread: it was queued here (see Unload).
   void RunUnload(const v1::WorkerUnload& request, bool on_load_thread);
 

@@ -39,6 +39,9 @@ Status Serving::ReadIncoming(Incoming& in) {
       if (!fresh && kept->second >= 0) close(kept->second);  // a job id sent twice: the later frame's
       kept->second = channel_.TakeFd();
     }
+  } else if (m.has_attach()) {  // the weights' region, then the KV cache's
+    if (m.attach().weights().weight_bytes() > 0) in.fd = channel_.TakeFd();
+    in.cache = m.attach().kv_cache() ? channel_.TakeFd() : -1;
   } else if (ipc::DescriptorsCarried(m) > 0) {
     in.fd = channel_.TakeFd();
   }
@@ -103,7 +106,7 @@ int Serving::Run() {
       case v1::WorkerEnvelope::kUnload: load_thread_.Unload(std::move(*message.mutable_unload())); break;
       case v1::WorkerEnvelope::kPark: HandlePark(message.park()); break;
       case v1::WorkerEnvelope::kLoad: load_thread_.QueueLoad(std::move(*message.mutable_load()), in.fd); break;
-      case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), in.fd); break;
+      case v1::WorkerEnvelope::kAttach: load_thread_.QueueAttach(std::move(*message.mutable_attach()), in.fd, in.cache); break;
       default:
         spdlog::error("worker {}: unexpected message {} from the supervisor", options_.slot,
                       static_cast<int>(message.body_case()));

@@ -51,6 +51,7 @@ class Serving {
   struct Incoming {
     v1::WorkerEnvelope message;
     int fd = -1;
+    int cache = -1;     // an attach's KV cache region (WorkerAttach.kv_cache)
     RegionFds regions;  // an inference's regions
   };
   Status ReadIncoming(Incoming& in);

@@ -52,6 +52,7 @@ uint64_t Core::ParkCommitted() const {
     const ModelMachine& machine = models_[model].machine;
     const Releasing* r = machine.As<Releasing>();
     if (r != nullptr && (r->park || r->park_job != 0 || r->copy)) committed += r->weights.weight_bytes;
+    if (r != nullptr) committed += r->kv_cache.bytes;  // kept to park with the copy
     if (const Unparking* u = machine.As<Unparking>()) committed += u->copy.weight_bytes;
   }
   return committed;
@@ -226,10 +227,20 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   // Read before the transition: it moves the copy out of the Parked state that `copy` refers to.
   const int handle = copy.handle;
   const uint64_t allocates = copy.weight_bytes;
+  // The KV cache parked with it goes to the engine that unparks it (which sends it back as its own
+  // with the reply): the core's descriptor goes once the frame is sent (the channel sends a copy).
+  const KeptKvCache cache = m.machine.As<Parked>()->kv_cache;
+  std::vector<int> handles;
+  if (handle >= 0) handles.push_back(handle);
+  if (handle >= 0 && cache.handle >= 0) {
+    attach->set_kv_cache(true);
+    handles.push_back(cache.handle);
+  }
   m.machine.StartUnpark(DeviceOf(worker), worker, id, bytes);
   Log(LogLevel::kInfo, "unparking \"{}\" on worker {}{}", m.entry.name, worker,
       DeviceCount() > 1 ? fmt::format(" (device {})", DeviceOf(worker)) : "");
-  SendAllocating(worker, message, id, allocates, handle >= 0 ? std::vector<int>{handle} : std::vector<int>{});
+  SendAllocating(worker, message, id, allocates, std::move(handles));
+  Close(cache.handle);
 }
 
 // The reason as the metrics name it (warmpool_model_releases_total{reason}).
@@ -299,11 +310,13 @@ void Core::FinishRelease(uint32_t model) {
   Model& m = models_[model];
   const Releasing* r = m.machine.As<Releasing>();
   const uint64_t bytes = r != nullptr ? r->weights.weight_bytes : 0;  // the copy's too
+  const int cache = r != nullptr ? r->kv_cache.handle : -1;
   CloseMemory(m.machine.FinishRelease(), bytes);
+  if (!m.machine.Is<Parked>()) Close(cache);  // it parks with the copy, or goes
   m.evicted_for.clear();  // made room for it while it was on a device: no load of it to tell now
   if (const Parked* p = m.machine.As<Parked>()) {
-    Log(LogLevel::kInfo, "\"{}\" parked ({} in host memory)", m.entry.name,
-        FormatBytes(p->copy.weight_bytes));
+    Log(LogLevel::kInfo, "\"{}\" parked ({} in host memory{})", m.entry.name, FormatBytes(p->copy.weight_bytes),
+        p->kv_cache.handle >= 0 ? fmt::format(", its KV cache {} more", FormatBytes(p->kv_cache.bytes)) : "");
   }
   AnswerUnloads(model);
   if (!m.waiters.empty()) TryAdmit(model);  // requests came in meanwhile
@@ -315,6 +328,7 @@ void Core::DropParked(uint32_t model, shm::ReleaseReason reason, std::string_vie
   uint64_t bytes = 0;
   if (const Parked* p = m.machine.As<Parked>()) {
     bytes = p->copy.weight_bytes;
+    Close(p->kv_cache.handle);  // not memory to reuse for weights: the engine's own
     Log(LogLevel::kInfo, "dropping the parked copy of \"{}\" ({}, {}{}{})", m.entry.name, FormatBytes(bytes),
         ReasonName(reason), why.empty() ? "" : ": ", why);
   }

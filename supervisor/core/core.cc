@@ -219,7 +219,7 @@ std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
   for (const auto& [id, session] : sessions_) {
     for (const auto& [region_id, region] : session.regions) held.emplace_back(shm::kNil, region.handle);
   }
-  for (const auto& [replica, handle] : replica_caches_) held.emplace_back(replica.first, handle);
+  for (const auto& [replica, cache] : replica_caches_) held.emplace_back(replica.first, cache.handle);
   for (int handle : kv_sources_) held.emplace_back(shm::kNil, handle);
   return held;
 }

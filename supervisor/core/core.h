@@ -290,7 +290,10 @@ class Core {
   // came with its load, attach or unpark reply: held while that worker serves the model, else
   // closed. The caches of a worker that died go to its model's generations retried from it, and
   // are held while one of them may still read it (until its first chunk).
-  void KeepReplicaCache(uint32_t model, uint32_t worker, int handle);
+  void KeepReplicaCache(uint32_t model, uint32_t worker, KeptKvCache cache);
+  // A replica whose unload came back while its model parks: its engine closed cleanly, and its cache
+  // goes with the parked copy (residency::Releasing::kv_cache) when the park budget has room.
+  void KeepCacheToPark(uint32_t model, uint32_t worker);
   void HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Waiter>>& retries);
   // After every event: caches of replicas that left, and sources nothing names any more, closed;
   // what replicas that left said of their caches, forgotten.
@@ -380,7 +383,7 @@ class Core {
   uint32_t adopted_ = 0;
   KeptMemory kept_memory_;  // device 0's: only the host backend keeps (one device)
   std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
-  std::map<std::pair<uint32_t, uint32_t>, int> replica_caches_;  // (model, worker) -> KV cache region
+  std::map<std::pair<uint32_t, uint32_t>, KeptKvCache> replica_caches_;  // (model, worker) -> its KV cache
   std::set<int> kv_sources_;  // dead replicas' caches that retried generations name
   // (model, worker) -> what that replica's engine last said of its KV cache: blocks held, all.
   std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> kv_usage_;

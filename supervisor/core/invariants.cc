@@ -35,7 +35,7 @@ Status Core::CheckInvariants() const {
   }
   // KV caches (core/kv_caches.cc): a replica's while its worker serves the model, a dead one's
   // while a retried generation names it, none both.
-  for (const auto& [replica, handle] : replica_caches_) {
+  for (const auto& [replica, cache] : replica_caches_) {
     const uint32_t model = replica.first, worker = replica.second;
     const std::vector<Replica>* replicas = models_[model].machine.Replicas();
     if (replicas == nullptr ||
@@ -43,7 +43,9 @@ Status Core::CheckInvariants() const {
       return Error(Code::kInternal, "the KV cache of \"{}\" on worker {} is held, but no replica is there",
                    models_[model].entry.name, worker);
     }
-    if (kv_sources_.contains(handle)) return Error(Code::kInternal, "KV cache {} is a replica's and a source", handle);
+    if (kv_sources_.contains(cache.handle)) {
+      return Error(Code::kInternal, "KV cache {} is a replica's and a source", cache.handle);
+    }
   }
   std::set<int> named;
   for (const auto& [id, job] : jobs_) {

@@ -21,9 +21,9 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
     return;
   }
   // A load's reply may carry its engine's KV cache region after the weights' (ipc/descriptors.h).
-  int cache = -1;
+  KeptKvCache cache;
   if (message.has_load_done() && message.load_done().cache_shared() && !e.handles.empty()) {
-    cache = e.handles.back();
+    cache = {e.handles.back(), message.load_done().cache_bytes()};
     e.handles.pop_back();
   }
   int handle = e.handles.empty() ? -1 : e.handles.front();
@@ -55,7 +55,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.worker != slot) {
     Log(LogLevel::kWarn, "worker {} answered unknown job {}", slot, id);
-    Close(cache);
+    Close(cache.handle);
     return Close(handle);
   }
   Job job = std::move(it->second);
@@ -69,12 +69,12 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
                   (job.kind == Job::Kind::kPark && message.has_park_done());
   if (!expected) {
     Close(handle);
-    Close(cache);
+    Close(cache.handle);
     return KillWorker(slot, fmt::format("answered job {} with the wrong kind of message", id));
   }
   if (job.kind == Job::Kind::kInfer) return OnInferDone(job, *message.mutable_infer_done());
   if (job.epoch != models_[job.model].epoch) {  // the model was re-registered
-    Close(cache);
+    Close(cache.handle);
     return Close(handle);
   }
   switch (job.kind) {
@@ -309,6 +309,7 @@ void Core::OnUnloadDone(const Job& job, uint64_t id) {
                     return r.worker == job.worker && r.leave_job == id;
                   });
   if (!expected) return;
+  KeepCacheToPark(model, job.worker);  // before the replica goes, and its cache with it
   m.machine.DropReplica(job.worker);
   if (m.machine.Is<Ready>() && m.machine.Replicas()->empty()) {
     // Its last replica left (a move or a shrink whose other replica died meanwhile): the weights

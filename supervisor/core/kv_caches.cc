@@ -18,11 +18,25 @@
 
 namespace warmpool::supervisor {
 
-void Core::KeepReplicaCache(uint32_t model, uint32_t worker, int handle) {
-  if (handle < 0) return;
+void Core::KeepReplicaCache(uint32_t model, uint32_t worker, KeptKvCache cache) {
+  if (cache.handle < 0) return;
   // A reply that made no replica (a failure, a stale load) leaves nothing to hold it for.
-  if (!AttachedReplica(model, worker) || replica_caches_.contains({model, worker})) return Close(handle);
-  replica_caches_[{model, worker}] = handle;
+  if (!AttachedReplica(model, worker) || replica_caches_.contains({model, worker})) return Close(cache.handle);
+  replica_caches_[{model, worker}] = cache;
+}
+
+void Core::KeepCacheToPark(uint32_t model, uint32_t worker) {
+  residency::Releasing* r = models_[model].machine.As<residency::Releasing>();
+  // Parking: its copy on its way or made (a park that failed keeps nothing), and no cache kept yet
+  // (one replica's is enough: they were all of the same weights, and the first to close cleanly
+  // goes first).
+  if (r == nullptr || r->kv_cache.handle >= 0 || (r->park_job == 0 && !r->copy)) return;
+  auto it = replica_caches_.find({model, worker});
+  if (it == replica_caches_.end() || it->second.bytes == 0) return;
+  // Within the park budget, with the copies parked or parking (which count this model's copy).
+  if (ParkCommitted() + it->second.bytes > config_.park_budget_bytes) return;  // let go (ForgetKvCaches)
+  r->kv_cache = it->second;
+  replica_caches_.erase(it);
 }
 
 void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Waiter>>& retries) {
@@ -37,11 +51,11 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
       // One still holding an earlier dead replica's cache, unread, keeps it: this one may have
       // died before it copied anything from there.
       if (retried != model || !waiter.generate || waiter.kv_source >= 0) continue;
-      waiter.kv_source = it->second;
+      waiter.kv_source = it->second.handle;
       named = true;
     }
-    if (named) kv_sources_.insert(it->second);
-    else Close(it->second);
+    if (named) kv_sources_.insert(it->second.handle);
+    else Close(it->second.handle);
     it = replica_caches_.erase(it);
   }
 }
@@ -65,11 +79,11 @@ void Core::ForgetKvCaches() {
     it = AttachedReplica(it->first.first, it->first.second) ? std::next(it) : kv_usage_.erase(it);
   }
   for (auto it = replica_caches_.begin(); it != replica_caches_.end();) {
-    if (AttachedReplica(it->first.first, it->first.second) && it->second >= 0) {
+    if (AttachedReplica(it->first.first, it->first.second) && it->second.handle >= 0) {
       ++it;
       continue;
     }
-    Close(it->second);
+    Close(it->second.handle);
     it = replica_caches_.erase(it);
   }
   if (kv_sources_.empty()) return;

@@ -72,8 +72,14 @@ std::vector<int> ModelMachine::Handles() const {
   };
   if (const Weights* w = DeviceWeights()) add(w->handle);
   if (const Unparking* u = As<Unparking>()) add(u->copy.handle);
-  if (const Releasing* r = As<Releasing>(); r != nullptr && r->copy) add(r->copy->handle);
-  if (const Parked* p = As<Parked>()) add(p->copy.handle);
+  if (const Releasing* r = As<Releasing>()) {
+    if (r->copy) add(r->copy->handle);
+    add(r->kv_cache.handle);
+  }
+  if (const Parked* p = As<Parked>()) {
+    add(p->copy.handle);
+    add(p->kv_cache.handle);
+  }
   return handles;
 }
 
@@ -131,6 +137,7 @@ void ModelMachine::Publish() {
         } else if constexpr (std::is_same_v<S, Parked>) {
           r.state = shm::ModelState::kParked;
           r.weight_bytes = s.copy.weight_bytes;
+          r.workspace_bytes = s.kv_cache.bytes;
         }
       },
       state_);
@@ -244,7 +251,8 @@ std::vector<int> ModelMachine::FinishRelease() {
     To(std::move(failed));
   } else if (r->copy) {
     Weights copy = std::move(*r->copy);
-    To(Parked{std::move(copy)});
+    const KeptKvCache cache = r->kv_cache;
+    To(Parked{std::move(copy), cache});
   } else {
     To(Absent{});
   }

@@ -59,6 +59,14 @@ struct Replica {
   bool serving() const { return attach_job == 0 && leave_job == 0; }
 };
 
+// A language model's KV cache region that its engine left cleanly when the model was parked (engine
+// ABI version 11): kept with the parked copy, counted against the park budget with it, and handed
+// to the engine that unparks it, which finds its prefix cache there again.
+struct KeptKvCache {
+  int handle = -1;
+  uint64_t bytes = 0;
+};
+
 namespace residency {
 struct Absent {};
 struct Failed {
@@ -89,11 +97,13 @@ struct Releasing {
   bool draining = true;           // waiting for the requests in flight before letting go
   bool park = false;              // a host copy is made first (park_job) ...
   uint64_t park_job = 0;
-  std::optional<Weights> copy;    // ... and kept here once made
+  std::optional<Weights> copy;    // ... and kept here once made, with a replica's KV cache
+  KeptKvCache kv_cache;           // (taken when its unload says its engine closed)
   std::optional<Failed> then_failed;  // it failed meanwhile: it ends failed, not registered
 };
 struct Parked {
   Weights copy;  // copy.handle: the host copy; the rest describes it
+  KeptKvCache kv_cache;  // none (-1) unless parking kept one: published as the record's workspace
 };
 }  // namespace residency
 

@@ -23,7 +23,8 @@ Core::Sizes Core::SizesOf(uint32_t model) const {
     case shm::ModelState::kUnloading:
       return Sizes{r.weight_bytes, r.workspace_bytes};  // what it holds of its device now
     case shm::ModelState::kParked:
-      return Sizes{r.weight_bytes, 0};  // the host copy of its weights; no workspace anywhere
+      // The host copy of its weights, and the KV cache kept with it (a language model's): host memory.
+      return Sizes{r.weight_bytes, r.workspace_bytes};
     default:
       // Registered or failed: what a load of it will need (one replica).
       return Sizes{r.weight_bytes, m.entry.workspace_bytes};

@@ -1,7 +1,9 @@
 // Language models end to end: a Hugging Face model directory in the models directory, served by
 // the transformer engine in a worker, its text streamed to the C++ client and the CLI; a worker
 // killed mid-stream (the stream resumes), a client that leaves, a park and an unpark.
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <sstream>
@@ -11,6 +13,7 @@
 
 #include "tests/integration/daemon_fixture.h"
 #include "engines/transformer/generation.h"
+#include "engines/transformer/packed_model.h"
 #include "tests/unit/tiny_model.h"
 
 namespace warmpool::testing {
@@ -285,19 +288,55 @@ TEST_F(GenerateTest, LogprobsComeWithEachTokenThroughTheDaemonAndTheCli) {
   EXPECT_TRUE(first["logprobs"][0]["bytes"].is_array());
 }
 
-TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameText) {
+// Parking keeps the tokenizer, the weights and the KV cache (engine ABI version 11): the prompt the
+// model computed before it was parked is in its prefix cache after it is unparked, whole blocks of
+// it, and the cache kept counts in the parked model's size.
+TEST_F(GenerateTest, ParkedAndUnparkedItGeneratesTheSameTextAndKeepsItsPrefixCache) {
   WriteModel("tiny");
   StartDaemon("[pool]\npark_budget = \"100MiB\"\n");
   auto c = Connect();
-  auto before = c->Generate(Greedy("tiny", "You may convey", 16, /*stream=*/false));
+  std::string prompt;
+  for (int i = 0; i < 8; ++i) prompt += "You may convey verbatim copies of the Program's source code. ";
+  auto before = c->Generate(Greedy("tiny", prompt, 16, /*stream=*/false));
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_GT(before->prompt_tokens(), 64u);
+  EXPECT_EQ(before->cached_prompt_tokens(), 0u);
+  ASSERT_TRUE(c->Unload("tiny", /*park=*/true).ok());
+  auto ps = c->Ps();
+  ASSERT_TRUE(ps.ok() && ps->models_size() == 1);
+  EXPECT_EQ(ps->models(0).state(), "parked");
+  EXPECT_GT(ps->models(0).workspace_bytes(), 0u) << "the KV cache kept with the copy";
+  auto after = c->Generate(Greedy("tiny", prompt, 16, /*stream=*/false));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->text(), before->text()) << "the tokenizer and the weights came back from the parked copy";
+  EXPECT_EQ(after->cached_prompt_tokens(), (before->prompt_tokens() - 1) / 64 * 64)
+      << "the prompt's whole blocks came back with the parked cache";
+}
+
+// A park budget with room for the weights' copy but not the KV cache parks the weights alone: the
+// unparked model starts with an empty cache, and computes the same text.
+TEST_F(GenerateTest, AParkBudgetWithoutRoomForTheKvCacheParksTheWeightsAlone) {
+  WriteModel("tiny");
+  const int directory = open((models_dir_ + "/tiny").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(directory, 0);
+  Result<transformer::PackedModel> packed = transformer::DescribeDirectory(directory, "tiny");
+  close(directory);
+  ASSERT_TRUE(packed.ok()) << packed.status().ToString();
+  StartDaemon(fmt::format("[pool]\npark_budget = {}\n", packed->region_bytes + 4096));  // the copy's, and 4 KiB
+  auto c = Connect();
+  std::string prompt;
+  for (int i = 0; i < 8; ++i) prompt += "You may convey verbatim copies of the Program's source code. ";
+  auto before = c->Generate(Greedy("tiny", prompt, 16, /*stream=*/false));
   ASSERT_TRUE(before.ok()) << before.status().ToString();
   ASSERT_TRUE(c->Unload("tiny", /*park=*/true).ok());
   auto ps = c->Ps();
   ASSERT_TRUE(ps.ok() && ps->models_size() == 1);
   EXPECT_EQ(ps->models(0).state(), "parked");
-  auto after = c->Generate(Greedy("tiny", "You may convey", 16, /*stream=*/false));
+  EXPECT_EQ(ps->models(0).workspace_bytes(), 0u);
+  auto after = c->Generate(Greedy("tiny", prompt, 16, /*stream=*/false));
   ASSERT_TRUE(after.ok()) << after.status().ToString();
-  EXPECT_EQ(after->text(), before->text()) << "the tokenizer and the weights came back from the parked copy";
+  EXPECT_EQ(after->text(), before->text());
+  EXPECT_EQ(after->cached_prompt_tokens(), 0u);
 }
 
 // A generation to the end of a long context takes seconds; its client leaving ends it within a
