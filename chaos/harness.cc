@@ -347,17 +347,20 @@ uint32_t Harness::DeviceCount() {
   return status.ok() && status->devices_size() > 0 ? static_cast<uint32_t>(status->devices_size()) : 1;
 }
 
-void Harness::HeldRegions(int* ready, int* parked, int* lm_replicas) {
-  *ready = *parked = *lm_replicas = -1;
+void Harness::HeldRegions(int* ready, int* parked, int* lm_caches) {
+  *ready = *parked = *lm_caches = -1;
   auto segment = shm::SharedSegment::Open(instance_, /*read_only=*/true);
   if (!segment.ok()) return;
-  *ready = *parked = *lm_replicas = 0;
+  *ready = *parked = *lm_caches = 0;
   for (uint32_t i = 0; i < segment->view().max_models(); i++) {
     const shm::ModelRecord& m = segment->view().model(i);
     auto state = static_cast<shm::ModelState>(m.state);
     *ready += state == shm::ModelState::kReady && m.weight_bytes > 0;
     *parked += state == shm::ModelState::kParked && m.weight_bytes > 0;
-    if (state == shm::ModelState::kReady && std::string_view(m.engine) == "transformer") *lm_replicas += m.replicas;
+    if (std::string_view(m.engine) != "transformer") continue;
+    if (state == shm::ModelState::kReady) *lm_caches += m.replicas;
+    // A parked language model's KV cache is kept with its copy: its record's workspace.
+    if (state == shm::ModelState::kParked && m.workspace_bytes > 0) *lm_caches += 1;
   }
 }
 
@@ -424,19 +427,21 @@ void Harness::CheckQuiescent(Checks& checks) {
                                     ? ""
                                     : fmt::format("; children at the start: {}; now: {}", baseline_children_, children)));
       const int weights = census->weights, parked = census->parked;
-      int ready_models = 0, parked_models = 0, lm_replicas = 0;
-      HeldRegions(&ready_models, &parked_models, &lm_replicas);
+      int ready_models = 0, parked_models = 0, lm_caches = 0;
+      HeldRegions(&ready_models, &parked_models, &lm_caches);
       checks.Expect(weights + parked == ready_models + parked_models + kept,
                     "the supervisor holds the weights of exactly the ready models, one host copy "
                     "per parked model, and the freed regions it says it keeps",
                     fmt::format("{} weight regions for {} ready models, {} host copies for {} parked, "
                                 "{} kept", weights, ready_models, parked, parked_models, kept));
       // Quiet, no retried generation holds a dead replica's cache: one per serving replica of a
-      // language model on the CPU (a GPU's engine keeps its cache in device memory: none there).
+      // language model on the CPU (a GPU's engine keeps its cache in device memory: none there),
+      // and one per parked language model that kept its cache.
       const bool on_cpu = Backend() == "host";
-      checks.Expect(on_cpu ? census->kv_caches == lm_replicas : census->kv_caches <= lm_replicas,
-                    "the supervisor holds the KV cache of exactly the language models' replicas",
-                    fmt::format("{} KV cache regions for {} replicas", census->kv_caches, lm_replicas));
+      checks.Expect(on_cpu ? census->kv_caches == lm_caches : census->kv_caches <= lm_caches,
+                    "the supervisor holds the KV cache of exactly the language models' replicas and parked copies",
+                    fmt::format("{} KV cache regions for {} replicas and parked caches", census->kv_caches,
+                                lm_caches));
     }
     auto status = (*client)->GetStatus();
     std::set<pid_t> live;

@@ -136,8 +136,9 @@ class Harness {
   Status DescribeLiveModels();
   void RememberWorkers();
   // Models whose regions the supervisor should hold: ready with weights, and parked.
-  // (lm_replicas: the replicas of ready transformer models, each holding a KV cache region.)
-  void HeldRegions(int* ready, int* parked, int* lm_replicas);
+  // (lm_caches: the replicas of ready transformer models, each holding a KV cache region, and the
+  // parked ones that kept theirs.)
+  void HeldRegions(int* ready, int* parked, int* lm_caches);
 
   Options options_;
   std::string dir_;
