@@ -81,6 +81,7 @@ KeptWeights FromRecord(const v1::KeptModel& m, int fd) {
   k.weights = Weights{FromWire(m.weights())};
   k.weights.device = m.device();
   k.weights.handle = fd;
+  k.kv_cache = m.kv_cache();
   return k;
 }
 
@@ -96,6 +97,7 @@ v1::KeptModel DescribeKept(const KeptWeights& k, const std::string& fd_name, uin
   ToWire(k.weights, m.mutable_weights());
   m.set_fd_name(fd_name);
   m.set_fingerprint(fingerprint);
+  m.set_kv_cache(k.kv_cache);
   return m;
 }
 
@@ -140,7 +142,8 @@ Result<int> WriteManifest(const v1::KeptManifest& manifest) {
 }
 
 std::string KeptName(const KeptWeights& kept, const std::string& unique) {
-  return fmt::format("wp.{}.{}.{:016x}.{}", kept.parked ? 'p' : 'w', kept.name, VersionHash(kept.weights.version), unique);
+  const char kind = kept.kv_cache ? 'k' : kept.parked ? 'p' : 'w';
+  return fmt::format("wp.{}.{}.{:016x}.{}", kind, kept.name, VersionHash(kept.weights.version), unique);
 }
 
 Result<std::vector<PassedDescriptor>> PassedDescriptors() {

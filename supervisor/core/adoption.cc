@@ -76,7 +76,13 @@ std::vector<KeptWeights> Core::Kept() const {
       continue;
     }
     if (k.weights.handle < 0) continue;
-    kept.push_back(std::move(k));
+    kept.push_back(k);
+    if (const Parked* p = m.machine.As<Parked>(); p != nullptr && p->kv_cache.handle >= 0) {
+      k.kv_cache = true;
+      k.weights.handle = p->kv_cache.handle;
+      k.weights.weight_bytes = p->kv_cache.bytes;
+      kept.push_back(std::move(k));
+    }
   }
   return kept;
 }
@@ -116,6 +122,38 @@ Status Core::CheckKept(const KeptWeights& k) const {
 }
 
 void Core::Adopt(std::vector<KeptWeights> kept) {
+  // KV caches go to the parked copies adopted, once those are.
+  std::vector<KeptWeights> caches;
+  for (auto it = kept.begin(); it != kept.end();) {
+    if (!it->kv_cache) {
+      ++it;
+      continue;
+    }
+    caches.push_back(std::move(*it));
+    it = kept.erase(it);
+  }
+  AdoptWeights(std::move(kept));
+  for (KeptWeights& k : caches) AdoptKvCache(k);
+}
+
+void Core::AdoptKvCache(const KeptWeights& k) {
+  const uint32_t model = index_->Find(k.name);
+  Parked* p = model != shm::kNil ? models_[model].machine.As<Parked>() : nullptr;
+  std::string why;
+  if (p == nullptr) why = "its model was not adopted parked";
+  else if (p->kv_cache.handle >= 0) why = "it was kept twice";
+  else if (p->copy.version != k.weights.version || p->copy.header != k.weights.header) why = "it is of other weights";
+  else if (config_.park_budget_bytes < index_->ParkUsed() + k.weights.weight_bytes) why = "no room in the park budget";
+  if (!why.empty()) {
+    Log(LogLevel::kInfo, "not adopting the KV cache kept of \"{}\": {}; closed", k.name, why);
+    return Close(k.weights.handle);
+  }
+  models_[model].machine.KeepKvCache(KeptKvCache{k.weights.handle, k.weights.weight_bytes});
+  Log(LogLevel::kInfo, "adopted the KV cache of \"{}\" ({}) with its parked copy", k.name,
+      FormatBytes(k.weights.weight_bytes));
+}
+
+void Core::AdoptWeights(std::vector<KeptWeights> kept) {
   // Checked first, in the order kept (least recently used first); duplicates are refused by
   // marking each accepted name as it goes.
   std::vector<KeptWeights> accepted;

@@ -213,7 +213,12 @@ class Core {
   // action::StoreKept when what is worth keeping changed (kept.h's cadence); `now`: after the
   // start and at the end of a stop, whatever the time since the last one.
   void StoreKeptWhenDue(bool now);
+  // Weights first (AdoptWeights), then the KV caches kept with parked copies (AdoptKvCache): each
+  // goes with its model's copy if that was adopted parked, is of the same weights, and the park
+  // budget has room; else it is closed.
   void Adopt(std::vector<KeptWeights> kept);
+  void AdoptWeights(std::vector<KeptWeights> kept);
+  void AdoptKvCache(const KeptWeights& k);
   // A load, attach or unpark that succeeded, for the segment's stats (shm/stats.h).
   void CountLoad(uint32_t model, shm::LoadSource source, uint64_t started_ms);
   // The gauges of the segment's PoolStats: at start and every tick.

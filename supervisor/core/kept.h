@@ -34,6 +34,10 @@ struct KeptWeights {
   // weights.handle: the region (the host copy when parked); weights.version: of the file they
   // were loaded from.
   Weights weights;
+  // The KV cache kept with a parked copy (residency::Parked::kv_cache), a record of its own beside
+  // the copy's: weights describes the copy it goes with, but for handle (the cache's region) and
+  // weight_bytes (the cache's size). The next core gives it to the copy it adopts, if any.
+  bool kv_cache = false;
 };
 
 }  // namespace warmpool::supervisor

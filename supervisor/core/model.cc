@@ -259,6 +259,13 @@ std::vector<int> ModelMachine::FinishRelease() {
   return close;
 }
 
+void ModelMachine::KeepKvCache(KeptKvCache cache) {
+  Parked* p = As<Parked>();
+  WARMPOOL_CHECK(p != nullptr && p->kv_cache.handle < 0);
+  p->kv_cache = cache;
+  Publish();
+}
+
 int ModelMachine::DropParked() {
   Parked* p = As<Parked>();
   WARMPOOL_CHECK(p != nullptr);

@@ -176,8 +176,10 @@ class ModelMachine {
   // Releasing -> Parked (a copy was made) or Absent/Failed. Returns the weights' handle (to close)
   // and, when the copy is not kept, its handle too.
   std::vector<int> FinishRelease();
-  // Parked -> Absent. Returns the host copy's handle.
+  // Parked -> Absent. Returns the host copy's handle (its KV cache's is the caller's to close first).
   int DropParked();
+  // Parked, without a KV cache: now with this one (a supervisor before this one kept it).
+  void KeepKvCache(KeptKvCache cache);
   // Absent or Failed -> Ready (detached: no replica yet) or Parked, with weights a supervisor
   // before this one held (supervisor/core/kept.h).
   void Adopt(Weights weights, bool parked);

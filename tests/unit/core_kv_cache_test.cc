@@ -1,0 +1,134 @@
+// A language model's KV cache in the core (supervisor/core/kv_caches.cc, engine ABI version 11): the
+// cache of a replica whose engine closed cleanly while its model parked goes with the host copy,
+// within the park budget, and to the worker that unparks it; a supervisor after this one adopts it
+// with the copy, or closes it.
+#include <algorithm>
+
+#include "tests/unit/core_rig.h"
+
+namespace warmpool::supervisor::testing {
+namespace {
+
+constexpr int kWeights = 100, kCache = 150, kCopy = 201;
+
+Config WithPark(uint64_t park_budget) {
+  Config c = CoreRig::SmallConfig();  // budget 1000
+  c.park_budget_bytes = park_budget;
+  return c;
+}
+
+// Loaded on worker 0 with its cache (kCache, `cache_bytes`), then parked: its park and unload done.
+void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes) {
+  rig.Start({lm});
+  rig.Up(0);
+  rig.Load(1, lm.name);
+  std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
+  ASSERT_EQ(load.size(), 1u);
+  v1::WorkerEnvelope done = CoreRig::LoadDone(load[0].load().job(), lm);
+  done.mutable_load_done()->set_cache_shared(true);
+  done.mutable_load_done()->set_cache_bytes(cache_bytes);
+  rig.Reply(0, done, {kWeights, kCache});
+  ASSERT_EQ(rig.State(lm.name), shm::ModelState::kReady);
+  rig.Forget();
+  rig.Unload(1, lm.name, /*park=*/true);
+  std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
+  ASSERT_EQ(to0.size(), 2u);
+  ASSERT_TRUE(to0[0].has_park() && to0[1].has_unload());
+  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), lm.weight_bytes), {kCopy});
+  rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
+  ASSERT_EQ(rig.State(lm.name), shm::ModelState::kParked);
+}
+
+bool Closed(CoreRig& rig, int handle) {
+  const std::vector<int> closed = rig.Closed();
+  return std::find(closed.begin(), closed.end(), handle) != closed.end();
+}
+
+TEST(CoreKvCacheTest, AParkedModelKeepsItsCacheAndTheUnparkingWorkerGetsIt) {
+  ModelEntry lm = LanguageModel("lm");
+  CoreRig rig(WithPark(1000));
+  LoadAndPark(rig, lm, 300);
+  EXPECT_FALSE(Closed(rig, kCache));
+  EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes + 300) << "the copy and the cache kept with it";
+  const std::vector<KeptWeights> kept = rig.core().Kept();
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_FALSE(kept[0].kv_cache);
+  EXPECT_TRUE(kept[1].kv_cache);
+  EXPECT_EQ(kept[1].weights.handle, kCache);
+  EXPECT_EQ(kept[1].weights.weight_bytes, 300u);
+  EXPECT_EQ(kept[1].weights.version, kept[0].weights.version) << "of the copy's weights";
+
+  rig.Forget();
+  rig.Load(1, "lm");  // unparks it
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].first.has_attach() && sent[0].first.attach().copy());
+  EXPECT_TRUE(sent[0].first.attach().kv_cache());
+  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy, kCache})) << "the copy, then the cache";
+  EXPECT_TRUE(Closed(rig, kCache)) << "the worker has its own descriptor: the engine sends it back as its own";
+}
+
+TEST(CoreKvCacheTest, ACacheThatDoesNotFitTheParkBudgetIsLetGoAndTheWeightsParkAlone) {
+  ModelEntry lm = LanguageModel("lm");
+  CoreRig rig(WithPark(lm.weight_bytes + 299));
+  LoadAndPark(rig, lm, 300);
+  EXPECT_TRUE(Closed(rig, kCache));
+  EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes);
+  rig.Forget();
+  rig.Load(1, "lm");
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_FALSE(sent[0].first.attach().kv_cache());
+  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy}));
+}
+
+TEST(CoreKvCacheTest, DroppingTheParkedCopyClosesItsCache) {
+  ModelEntry lm = LanguageModel("lm");
+  CoreRig rig(WithPark(1000));
+  LoadAndPark(rig, lm, 300);
+  rig.Forget();
+  rig.Unload(1, "lm");  // an unload of a parked model drops the copy
+  EXPECT_EQ(rig.State("lm"), shm::ModelState::kRegistered);
+  EXPECT_TRUE(Closed(rig, kCache));
+  EXPECT_TRUE(Closed(rig, kCopy));
+  EXPECT_EQ(rig.index().ParkUsed(), 0u);
+}
+
+TEST(CoreKvCacheTest, TheNextCoreAdoptsTheCacheWithItsCopyOrClosesIt) {
+  ModelEntry lm = LanguageModel("lm");
+  std::vector<KeptWeights> kept;
+  {
+    CoreRig rig(WithPark(1000));
+    LoadAndPark(rig, lm, 300);
+    kept = rig.core().Kept();
+  }
+  ASSERT_EQ(kept.size(), 2u);
+  {
+    CoreRig rig(WithPark(1000));
+    rig.Start({lm}, kept);
+    EXPECT_EQ(rig.State("lm"), shm::ModelState::kParked);
+    EXPECT_TRUE(rig.Closed().empty());
+    EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes + 300);
+    EXPECT_EQ(rig.core().Kept().size(), 2u) << "and keeps it for the restart after";
+  }
+  struct Case {
+    const char* what;
+    uint64_t park_budget;
+    bool with_copy;
+    int other_version;  // 0: the same weights
+  };
+  for (const Case& c : {Case{"no room beside the copy", lm.weight_bytes + 299, true, 0},
+                        Case{"its copy not kept", 1000, false, 0}, Case{"of other weights", 1000, true, 2}}) {
+    SCOPED_TRACE(c.what);
+    std::vector<KeptWeights> given = kept;
+    if (!c.with_copy) given.erase(given.begin());
+    if (c.other_version != 0) given.back().weights.version.mtime_ns += 1;
+    CoreRig rig(WithPark(c.park_budget));
+    rig.Start({lm}, given);
+    EXPECT_TRUE(Closed(rig, kCache));
+    EXPECT_EQ(rig.index().ParkUsed(), c.with_copy ? lm.weight_bytes : 0);
+  }
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor::testing
