@@ -6,8 +6,12 @@
 
 #include "tests/unit/core_rig.h"
 
-namespace warmpool::supervisor::testing {
+// Its own namespace: the unity build compiles it with core_adoption_test.cc, whose helpers are alike.
+namespace warmpool::supervisor::testing::kv_cache_test {
 namespace {
+
+using testing::CoreRig;
+using testing::LanguageModel;
 
 constexpr int kWeights = 100, kCache = 150, kCopy = 201;
 
@@ -131,4 +135,4 @@ TEST(CoreKvCacheTest, TheNextCoreAdoptsTheCacheWithItsCopyOrClosesIt) {
 }
 
 }  // namespace
-}  // namespace warmpool::supervisor::testing
+}  // namespace warmpool::supervisor::testing::kv_cache_test
