@@ -16,10 +16,12 @@ Restart::Restart(const Config& config, bool notifying) : config_(config), notify
   const char* fdstore = std::getenv("FDSTORE");
   const unsigned long slots = fdstore == nullptr ? 0 : std::strtoul(fdstore, nullptr, 10);
   store_ = std::make_unique<WarmStore>(config_.instance, notifying_ && (fdstore == nullptr || slots != 0));
-  if (slots != 0 && slots < config_.max_models + 2ul) {
-    spdlog::warn("FileDescriptorStoreMax={} is less than [limits] max_models + 2 ({}): some warm "
-                 "models will load again after a restart",
-                 slots, config_.max_models + 2ul);
+  // Each model keeps its weights or parked copy, and a parked language model its KV cache too; two
+  // manifests overlap while one replaces the other.
+  if (slots != 0 && slots < 2ul * config_.max_models + 2ul) {
+    spdlog::warn("FileDescriptorStoreMax={} is less than twice [limits] max_models + 2 ({}): some warm "
+                 "models or KV caches will load again after a restart",
+                 slots, 2ul * config_.max_models + 2ul);
   }
 }
 

@@ -35,7 +35,10 @@ void KvPool::RestorePrefixes() {
     generations[r.block] = r.generation;
     // Only full blocks were published (KvCache::Commit); a sequence's partial last block is not
     // a prefix another request can take.
-    if (r.count == kKvBlockTokens) children.emplace(std::pair{r.parent.block, r.parent.generation}, &r);
+    // Nor one of keys and values copied from a dead worker, or computed after such (kKvRecordPrivate).
+    if (r.count == kKvBlockTokens && (r.flags & kKvRecordPrivate) == 0) {
+      children.emplace(std::pair{r.parent.block, r.parent.generation}, &r);
+    }
   }
   // From the root, parents before children: each record names one parent, so no block is met twice
   // and records that loop (none a writer leaves) are never reached.
@@ -133,6 +136,7 @@ void KvCache::Commit(uint32_t start, std::span<const int32_t> tokens, bool publi
   if (tokens_.size() < end) tokens_.resize(end);
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + start);
   length_ = end;
+  if (!publish) private_from_ = std::min(private_from_, start / kKvBlockTokens);
   Describe(start / kKvBlockTokens, (end - 1) / kKvBlockTokens + 1);  // after every layer wrote them
   KvBlocks& blocks = pool_->blocks();
   for (; (sealed_ + 1) * kKvBlockTokens <= length_; ++sealed_) {
@@ -193,7 +197,8 @@ void KvCache::Describe(uint32_t first, uint32_t end) {
     const uint32_t begin = i * kKvBlockTokens;
     const uint32_t count = length_ > begin ? std::min(length_ - begin, kKvBlockTokens) : 0;
     pool_->region().Describe(blocks.LinkOf(table_[i]), i == 0 ? KvBlocks::kRoot : blocks.LinkOf(table_[i - 1]),
-                             std::span<const int32_t>(tokens_).subspan(begin, count));
+                             std::span<const int32_t>(tokens_).subspan(begin, count),
+                             i >= private_from_ ? kKvRecordPrivate : 0);
   }
 }
 
@@ -209,6 +214,7 @@ void KvCache::Clear() {
   table_.clear();
   tokens_.clear();
   length_ = sealed_ = 0;
+  private_from_ = UINT32_MAX;
 }
 
 }  // namespace warmpool::transformer

@@ -94,7 +94,8 @@ class KvCache {
   // Positions start .. start + tokens.size() - 1 now hold these tokens' keys and values in every
   // layer (after Prepare, once every layer wrote them): length() becomes their end, and the blocks
   // they fill are published for later sequences to reuse.
-  // With `publish` false, the blocks it fills are not published, nor (lacking a published parent)
+  // With `publish` false, the blocks it fills are not published, their records say so for any
+  // instance that adopts the pool later (kKvRecordPrivate), nor (lacking a published parent)
   // any after them in this cache.
   void Commit(uint32_t start, std::span<const int32_t> tokens, bool publish = true);
   // An empty cache (its blocks released) that starts with the longest published prefix of `tokens`
@@ -130,6 +131,10 @@ class KvCache {
   std::vector<int32_t> tokens_;  // the token at each position written
   uint32_t length_ = 0;
   uint32_t sealed_ = 0;          // full blocks, from the first, whose publication was tried
+  // The first block committed unpublished (an import from a dead worker's region): it and every
+  // block after it are described private (kKvRecordPrivate), so that no later instance that adopts
+  // the region keeps them in its prefix cache either. Until Clear.
+  uint32_t private_from_ = UINT32_MAX;
   // The records of blocks table_[first] .. table_[end - 1], as length_ and tokens_ now say
   // (kv_region.h).
   void Describe(uint32_t first, uint32_t end);

@@ -136,7 +136,7 @@ KvRegion::~KvRegion() {
   handle_ = -1;
 }
 
-void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens) {
+void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens, uint32_t flags) {
   KvRecord& r = records()[self.block];
   const uint32_t version = r.version.load(std::memory_order_relaxed);
   r.version.store(version | 1u, std::memory_order_relaxed);
@@ -145,6 +145,7 @@ void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tok
   r.parent_block = parent.block;
   r.parent_generation = parent.generation;
   r.count = static_cast<uint32_t>(tokens.size());
+  r.flags = flags;
   std::copy(tokens.begin(), tokens.end(), r.tokens);
   r.version.store((version | 1u) + 1, std::memory_order_release);
   // A record lowered before a write into its block must be in memory before that write is.
@@ -160,7 +161,7 @@ std::vector<KvRegion::Standing> KvRegion::Records(std::vector<int32_t>& tokens) 
     if (before % 2 != 0) continue;  // its writer died rewriting it
     const uint32_t count = std::min<uint32_t>(r.count, kKvBlockTokens);
     if (count == 0) continue;
-    Standing seen{b, r.generation, {r.parent_block, r.parent_generation}, count, {}};
+    Standing seen{b, r.generation, {r.parent_block, r.parent_generation}, count, r.flags, {}};
     int32_t* mine = tokens.data() + uint64_t{b} * kKvBlockTokens;
     std::copy(r.tokens, r.tokens + count, mine);
     std::atomic_thread_fence(std::memory_order_acquire);

@@ -26,13 +26,19 @@
 
 namespace warmpool::transformer {
 
+// A block whose keys and values, or its prefix's, were copied from a dead worker's region
+// (KvCache::Import): they serve their own sequence, and a resume of it, but no prefix cache — an
+// instance that adopts the region (KvPool::Adopt) keeps none of them.
+inline constexpr uint32_t kKvRecordPrivate = 1;
+
 struct KvRecord {
   std::atomic<uint32_t> version;  // odd while being rewritten
   uint32_t generation;            // the block's, when this was written
   uint32_t parent_block;          // KvLink::kNone: the first block of its sequence
   uint32_t parent_generation;
   uint32_t count;                 // positions 0 .. count - 1 hold `tokens`' keys and values
-  uint32_t reserved[3];
+  uint32_t flags;                 // kKvRecordPrivate
+  uint32_t reserved[2];
   int32_t tokens[kKvBlockTokens];
 };
 static_assert(sizeof(KvRecord) == 288);
@@ -70,12 +76,9 @@ class KvRegion {
   }
 
   // The writer's side: block `self` holds `tokens` (at most kKvBlockTokens) at its first positions,
-  // after `parent` in its sequence.
-  void Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens);
+  // after `parent` in its sequence; `flags` kKvRecordPrivate when no prefix cache may keep it.
+  void Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens, uint32_t flags = 0);
 
-  // The reader's side: the longest run of blocks, a sequence's from its first, that holds the first
-  // positions of `tokens` (at most `most` of them): each but the last block full, the last maybe a
-  // part of one. Records being rewritten when their writer died are skipped.
   // A block's record as it stands, unless it claims nothing or was being rewritten when its writer
   // died.
   struct Standing {
@@ -83,6 +86,7 @@ class KvRegion {
     uint32_t generation;
     KvLink parent;
     uint32_t count;
+    uint32_t flags;
     std::span<const int32_t> tokens;  // count of them, in the vector Records returns them with
   };
   std::vector<Standing> Records(std::vector<int32_t>& tokens) const;
@@ -91,6 +95,9 @@ class KvRegion {
     uint32_t block;
     uint32_t count;  // positions of it taken
   };
+  // The reader's side: the longest run of blocks, a sequence's from its first, that holds the first
+  // positions of `tokens` (at most `most` of them): each but the last block full, the last maybe a
+  // part of one. Records being rewritten when their writer died are skipped.
   std::vector<Extent> Longest(std::span<const int32_t> tokens, uint32_t most) const;
 
  private:

@@ -232,7 +232,10 @@ void Core::StartUnpark(uint32_t model, uint32_t worker, uint64_t bytes) {
   const KeptKvCache cache = m.machine.As<Parked>()->kv_cache;
   std::vector<int> handles;
   if (handle >= 0) handles.push_back(handle);
-  if (handle >= 0 && cache.handle >= 0) {
+  // Once a daemon taking over has it (event::HandingOver), the cache is the new one's to write: an
+  // engine here writing it too would corrupt what the next unpark there adopts. The weights' copy
+  // is only read, and goes on.
+  if (handle >= 0 && cache.handle >= 0 && !handing_over_) {
     attach->set_kv_cache(true);
     handles.push_back(cache.handle);
   }

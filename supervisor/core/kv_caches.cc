@@ -30,7 +30,9 @@ void Core::KeepCacheToPark(uint32_t model, uint32_t worker) {
   // Parking: its copy on its way or made (a park that failed keeps nothing), and no cache kept yet
   // (one replica's is enough: they were all of the same weights, and the first to close cleanly
   // goes first).
-  if (r == nullptr || r->kv_cache.handle >= 0 || (r->park_job == 0 && !r->copy)) return;
+  if (r == nullptr || r->kv_cache.handle >= 0 || (r->park_job == 0 && !r->copy) || r->then_failed) return;
+  // Handing over to a daemon that takes over, nothing is kept that it cannot have (see StartUnpark).
+  if (handing_over_) return;
   auto it = replica_caches_.find({model, worker});
   if (it == replica_caches_.end() || it->second.bytes == 0) return;
   // Within the park budget, with the copies parked or parking (which count this model's copy).

@@ -86,6 +86,22 @@ TEST(CoreKvCacheTest, ACacheThatDoesNotFitTheParkBudgetIsLetGoAndTheWeightsParkA
   EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy}));
 }
 
+// Once a daemon taking over has been handed the parked cache, it is that daemon's to write: an
+// unpark here while this one drains goes without it.
+TEST(CoreKvCacheTest, AfterAHandOverAnUnparkGoesWithoutTheCache) {
+  ModelEntry lm = LanguageModel("lm");
+  CoreRig rig(WithPark(1000));
+  LoadAndPark(rig, lm, 300);
+  rig.Handle(event::HandingOver{});
+  rig.Forget();
+  rig.Load(1, "lm");
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_FALSE(sent[0].first.attach().kv_cache());
+  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy}));
+  EXPECT_TRUE(Closed(rig, kCache));
+}
+
 TEST(CoreKvCacheTest, DroppingTheParkedCopyClosesItsCache) {
   ModelEntry lm = LanguageModel("lm");
   CoreRig rig(WithPark(1000));

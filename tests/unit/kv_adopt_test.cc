@@ -106,6 +106,37 @@ TEST(KvAdoptTest, ThePrefixesAnEarlierPoolKeptAreFoundAgainWholeBlocksOnly) {
   EXPECT_TRUE(third->blocks().Consistent());
 }
 
+// Keys and values a resumed sequence copied from a dead worker's region serve that sequence alone
+// (KvCache::Import): neither they nor what it computed after them join the prefix cache of an
+// instance that adopts its pool later, while another sequence's prefixes in the same pool do.
+TEST(KvAdoptTest, WhatASequenceCopiedFromADeadWorkerIsNotKeptByTheNextInstance) {
+  const Config c = SmallShape();
+  const std::vector<int32_t> resumed = Tokens(7, 200), other = Tokens(500, 130);
+  std::unique_ptr<KvPool> dead = PoolOf(c, KvPoolBlocks(512, 2));
+  {
+    KvCache cache(*dead, 512);
+    Pass(cache, std::vector<int32_t>(resumed.begin(), resumed.begin() + 150), 0);
+  }
+  Result<KvRegion> source = KvRegion::Open(dead->region().handle(), dead->region().bytes(), c.num_hidden_layers,
+                                           c.kv_size(), dead->region().blocks());
+  ASSERT_TRUE(source.ok());
+  std::unique_ptr<KvPool> earlier = PoolOf(c, KvPoolBlocks(512, 2));
+  {
+    KvCache a(*earlier, 512), b(*earlier, 512);
+    ASSERT_EQ(a.Reuse(resumed, 200), 0u);
+    ASSERT_EQ(a.Import(*source, resumed, 150), 150u);
+    Pass(a, resumed, 150);  // computed on top of what it copied
+    Pass(b, other, 0);
+  }
+  Kept kept(*earlier);
+  earlier.reset();
+  std::unique_ptr<KvPool> later = Adopted(c, kept);
+  ASSERT_NE(later, nullptr);
+  EXPECT_EQ(Reused(*later, resumed), 0u) << "not the copied blocks, nor the one computed after them";
+  EXPECT_EQ(Reused(*later, other), 128u);
+  EXPECT_EQ(later->blocks().counts().cached, 2u);
+}
+
 TEST(KvAdoptTest, ARecordLeftMidUpdateKeepsNeitherItsBlockNorWhatFollows) {
   const Config c = SmallShape();
   const std::vector<int32_t> tokens = Tokens(3, 256);  // blocks 0 to 3, in that order

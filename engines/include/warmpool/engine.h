@@ -397,8 +397,10 @@ typedef struct wp_engine_vtable {
    * very weights exported (export_cache) and left when it closed cleanly (handle and bytes; ptr
    * unset), taken over as this instance's own: its keys and values and what they are the keys and
    * values of serve this one's prefix cache, and export_cache names it from now on. The engine
-   * keeps a descriptor of its own (the caller closes the handle). An error (WP_INVALID_ARGUMENT: not
-   * a cache this model could have made) leaves the engine as it was, its own cache empty. */
+   * keeps a descriptor of its own (the caller closes the handle). An error leaves the engine with
+   * the cache it had (empty, before any sequence): WP_INVALID_ARGUMENT for a region that is not a
+   * cache this model could have made, WP_FAILED_PRECONDITION while a sequence is open or where the
+   * engine keeps no cache another process can map. */
   wp_status (*adopt_cache)(wp_engine* engine, const wp_region* cache, char* err, size_t err_len);
 } wp_engine_vtable;
 
