@@ -28,7 +28,7 @@ std::vector<policy::Resident> Core::Residents() const {
     if (m.machine.Is<Parked>()) {
       p.where = Where::kParked;
       p.device_bytes = 0;
-      p.parked_bytes = r.weight_bytes;
+      p.parked_bytes = r.weight_bytes + r.workspace_bytes;  // the copy and the KV cache kept with it
     } else if (m.machine.Is<Releasing>()) {
       p.where = Where::kLeaving;
     } else if (const Ready* ready = m.machine.As<Ready>()) {

@@ -26,7 +26,7 @@ struct Resident {
   Where where = Where::kDevice;
   uint32_t device = 0;        // where its device bytes are (not parked)
   uint64_t device_bytes = 0;  // accounted on the device
-  uint64_t parked_bytes = 0;  // the host copy (parked)
+  uint64_t parked_bytes = 0;  // the host copy and the KV cache kept with it (parked)
   bool pinned = false;
   bool busy = false;          // requests in flight or waiting: not released now
   uint64_t expires_at_ms = 0; // keep_alive: 0 never
