@@ -43,6 +43,7 @@ struct TransformerEngine {
   // 0's cache is `cache`, which embeddings and typed runs use while no generation is open).
   uint32_t sequences = 1;
   std::unique_ptr<SequenceSlots> slots;
+  StepPacer pacer{kStepPromptTokens, kPrefillPiece};  // how much prompt a step carries beside decodes
   std::vector<bool> slot_used;
   uint32_t open_sequences = 0;
   // run (ABI version 5): "input_ids" i64 [tokens] to "logits" f32 [vocab_size], the next token's.

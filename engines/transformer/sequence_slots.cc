@@ -1,6 +1,7 @@
 #include "engines/transformer/sequence_slots.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace warmpool::transformer {
 
@@ -59,12 +60,14 @@ Status OneSlot::Step(std::span<const Run> runs, std::span<float> logits, std::sp
   return sequence_.Forward(run.tokens, run.start, logits.first(vocab));
 }
 
-Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance) {
+Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance,
+               StepPacer* pacer) {
   bool decoding = false;
   for (const StepMember& m : members) {
     decoding = decoding || m.sequence->position() >= m.sequence->prefill_tokens();
   }
-  uint32_t prompt_budget = decoding ? kStepPromptTokens : kPrefillPiece;
+  uint32_t prompt_budget = pacer != nullptr ? pacer->PromptBudget(decoding) : decoding ? kStepPromptTokens : kPrefillPiece;
+  const uint32_t budget = prompt_budget;
   std::vector<SequenceSlots::Run> runs;
   std::vector<size_t> ran;  // the member of each run
   for (size_t i = 0; i < members.size(); ++i) {
@@ -80,7 +83,12 @@ Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const 
   const uint32_t vocab = slots.config().vocab_size;
   std::vector<float> logits(runs.size() * uint64_t{vocab});
   std::vector<int32_t> argmax(runs.size(), -1);
+  const auto began = std::chrono::steady_clock::now();
   if (Status s = slots.Step(runs, logits, argmax); !s.ok()) return s;
+  if (pacer != nullptr) {
+    pacer->Observe(budget - prompt_budget, decoding,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+  }
   for (size_t r = 0; r < runs.size(); ++r) {
     std::optional<int32_t> best;
     if (runs[r].argmax_only && argmax[r] >= 0) best = argmax[r];

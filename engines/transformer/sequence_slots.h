@@ -4,8 +4,9 @@
 // GPU's, one sequence at a time). RunStep plans and runs one step of several sequences, each in
 // its slot: a decoding sequence feeds its last token, and a prompt goes in pieces. While other
 // sequences decode, a step carries at most kStepPromptTokens of prompts (chunked prefill), so a long
-// prompt that arrives does not stall the streams already running for its whole length; with nobody
-// decoding, a prompt goes kPrefillPiece at a time. Prompts take that budget in the order given (the
+// prompt that arrives does not stall the streams already running for its whole length — fewer where
+// the engine's StepPacer (step_pacer.h) measures that they would stretch a step past
+// kStepLatencyRatio times a decode step; with nobody decoding, a prompt goes kPrefillPiece at a time. Prompts take that budget in the order given (the
 // oldest first: the first to finish its prompt is the one that waited longest).
 #pragma once
 
@@ -19,6 +20,7 @@
 #include "common/status.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/sequence.h"
+#include "engines/transformer/step_pacer.h"
 #include "engines/transformer/token_sequence.h"
 
 namespace warmpool::transformer {
@@ -100,7 +102,9 @@ struct StepMember {
 using AdvanceFn = std::function<void(size_t member, uint32_t fed, std::span<const float> logits,
                                      std::optional<int32_t> argmax)>;
 // Plans and runs one step of the members (none ended). An error of the pass itself fails the step
-// (nothing is advanced).
-Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance);
+// (nothing is advanced). With a pacer, the prompt tokens beside decoding sequences are what it
+// allows, and the step's time is told to it; without, kStepPromptTokens.
+Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const AdvanceFn& advance,
+               StepPacer* pacer = nullptr);
 
 }  // namespace warmpool::transformer

@@ -147,7 +147,7 @@ TEST_F(TransformerBatchTest, SequencesSteppedTogetherGenerateWhatEachGeneratesAl
 TEST_F(TransformerBatchTest, ALongPromptGoesInPiecesWhileTheOthersDecodeATokenEveryStep) {
   Result<Engine> engine = Loaded();
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  Open running = OpenOne(*engine, Greedy("This program is free software", 60));
+  Open running = OpenOne(*engine, Greedy("This program is free software", 260));  // outlasts a prompt a token a step
   while (running.out.tokens.empty()) StepAll(*engine, {&running});
 
   std::vector<int32_t> long_prompt(200);
@@ -161,10 +161,12 @@ TEST_F(TransformerBatchTest, ALongPromptGoesInPiecesWhileTheOthersDecodeATokenEv
     std::vector<int> got = StepAll(*engine, {&running, &joining});
     ASSERT_FALSE(running.ended) << "it ran out before the prompt was through";
     EXPECT_EQ(got[0], 1) << "the decoding sequence gets a token every step";
-    ASSERT_LT(++steps_to_first_token, 100);
+    ASSERT_LE(++steps_to_first_token, 200) << "a prompt token a step at least";
   }
+  // The engine's pacer (step_pacer.h) sizes the pieces by the steps' times: at most
+  // kStepPromptTokens each, never the whole prompt at once.
   const int pieces = (200 + kStepPromptTokens - 1) / kStepPromptTokens;
-  EXPECT_EQ(steps_to_first_token, pieces) << "in pieces of " << kStepPromptTokens << " tokens beside a decode";
+  EXPECT_GE(steps_to_first_token, pieces) << "in pieces of at most " << kStepPromptTokens << " tokens beside a decode";
 
   // Alone, its prompt goes whole (a piece of kPrefillPiece tokens): the same tokens either way.
   engine->CloseSequence(running.sequence);
