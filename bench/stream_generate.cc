@@ -34,8 +34,10 @@ class StreamGenerate {
 
   Status Run() {
     const std::string models = run_.File("models");
-    // Room for the long prompt and the stream beside it.
-    const uint32_t context = std::max<uint32_t>(2048, options_.long_prompt + options_.tokens + 64);
+    // Room for the long prompt, and for the stream beside it to outlast that prompt however few of
+    // its tokens a step takes (BesideALongPrompt).
+    const uint32_t context =
+        std::max<uint32_t>(2048, std::max(options_.long_prompt, options_.tokens) + StreamBesideTokens() + 64);
     Result<LanguageModel> lm = WriteLanguageModel(models + "/lm", options_.tokenizer_dir, options_.model_mib,
                                                   options_.prompt, context, options_.long_prompt);
     if (!lm.ok()) return lm.status();
@@ -101,8 +103,12 @@ class StreamGenerate {
 
   // One stream decodes; after its 8th token another connection sends the long prompt (one token
   // wanted). The stream's gaps between tokens while that prefills, against its own median.
+  // The stream beside the long prompt: a step goes by for each of its tokens, and a step takes one
+  // of the long prompt's tokens at least (engines/transformer/step_pacer.h).
+  uint32_t StreamBesideTokens() const { return options_.long_prompt + 128; }
+
   Result<Latencies> BesideALongPrompt() {
-    const uint32_t tokens = std::max<uint32_t>(options_.tokens, 64) * 4;
+    const uint32_t tokens = StreamBesideTokens();
     std::vector<Clock::time_point> arrivals;
     Clock::time_point sent_long{}, long_first{};
     Result<v1::GenerateReply> long_reply = Status();
