@@ -218,9 +218,8 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
     members.push_back({&s.text.tokens(), s.slot});
     stepped.push_back(i);
   }
-  return RunStep(
-      *e.slots, members,
-      [&](size_t member, uint32_t fed, std::span<const float> logits, std::optional<int32_t> argmax) {
+  const AdvanceFn advance = [&](size_t member, uint32_t fed, std::span<const float> logits,
+                                std::optional<int32_t> argmax) {
     const uint32_t i = stepped[member];
     wp_sequence_step& step = steps[i];
     wp_sequence& s = *step.sequence;
@@ -247,7 +246,8 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
       s.reported = true;
       SetResult(s.text, step.result);
     }
-  }, &e.pacer);
+  };
+  return RunStep(*e.slots, members, advance, &e.pacer);
 }
 
 Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,

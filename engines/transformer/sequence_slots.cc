@@ -66,7 +66,8 @@ Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const 
   for (const StepMember& m : members) {
     decoding = decoding || m.sequence->position() >= m.sequence->prefill_tokens();
   }
-  uint32_t prompt_budget = pacer != nullptr ? pacer->PromptBudget(decoding) : decoding ? kStepPromptTokens : kPrefillPiece;
+  uint32_t prompt_budget = decoding ? kStepPromptTokens : kPrefillPiece;
+  if (pacer != nullptr) prompt_budget = pacer->PromptBudget(decoding);
   const uint32_t budget = prompt_budget;
   std::vector<SequenceSlots::Run> runs;
   std::vector<size_t> ran;  // the member of each run

@@ -4,9 +4,10 @@
 // GPU's, one sequence at a time). RunStep plans and runs one step of several sequences, each in
 // its slot: a decoding sequence feeds its last token, and a prompt goes in pieces. While other
 // sequences decode, a step carries at most kStepPromptTokens of prompts (chunked prefill), so a long
-// prompt that arrives does not stall the streams already running for its whole length — fewer where
-// the engine's StepPacer (step_pacer.h) measures that they would stretch a step past
-// kStepLatencyRatio times a decode step; with nobody decoding, a prompt goes kPrefillPiece at a time. Prompts take that budget in the order given (the
+// prompt that arrives does not stall the streams already running for its whole length — fewer
+// where the engine's StepPacer (step_pacer.h) measures that they would stretch a step past
+// kStepLatencyRatio times a decode step; with nobody decoding, a prompt goes kPrefillPiece at a
+// time. Prompts take that budget in the order given (the
 // oldest first: the first to finish its prompt is the one that waited longest).
 #pragma once
 

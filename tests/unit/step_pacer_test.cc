@@ -1,8 +1,9 @@
 // The pacer of chunked prefill (engines/transformer/step_pacer.h): beside decoding sequences, the
 // prompt tokens a step carries are steered by the steps' times — one more after a step within
 // kStepLatencyRatio of a decode step, a quarter fewer after one past it — so that they settle where
-// a step's cost meets the bound, whatever the costs' shape; alone, a whole piece. Times that are not
-// times are ignored.
+// a step's cost meets the bound, whatever the costs' shape; every kProbeEvery-th step carries none,
+// so that the decode step judged against is of now; alone, a whole piece. Times that are not times
+// are ignored.
 #include "engines/transformer/step_pacer.h"
 
 #include <gtest/gtest.h>
@@ -19,8 +20,8 @@ double StepSeconds(uint32_t tokens, double fixed, double each) {
   return 0.016 + (tokens > 0 ? fixed + tokens * each : 0);
 }
 
-// Steps the pacer `steps` times on that cost; the most steps went past the bound in a row, and how
-// many did in all.
+// Steps the pacer `steps` times on that cost: how many steps went past 1.2 times the bound, and
+// the piece at the end.
 struct Steered {
   uint32_t over = 0;
   uint32_t budget = 0;
@@ -32,7 +33,7 @@ Steered Steer(StepPacer& pacer, int steps, double fixed, double each) {
     const double seconds = StepSeconds(budget, fixed, each);
     run.over += seconds > kStepLatencyRatio * pacer.decode_seconds() * 1.2 ? 1 : 0;
     pacer.Observe(budget, true, seconds);
-    run.budget = pacer.PromptBudget(true);
+    run.budget = pacer.piece();
   }
   return run;
 }
@@ -40,11 +41,12 @@ Steered Steer(StepPacer& pacer, int steps, double fixed, double each) {
 TEST(StepPacerTest, BesideADecodeThePieceSettlesWhereAStepMeetsTheBound) {
   StepPacer pacer(32, 256);
   EXPECT_EQ(pacer.PromptBudget(false), 256u) << "nobody decodes: a whole piece";
-  EXPECT_EQ(pacer.PromptBudget(true), 8u) << "before anything is measured: a quarter of the most";
+  EXPECT_EQ(pacer.PromptBudget(true), 0u) << "a decode step is measured first";
   pacer.Observe(8, true, 0.5);
-  EXPECT_EQ(pacer.PromptBudget(true), 8u) << "no decode step to measure against yet";
+  EXPECT_EQ(pacer.PromptBudget(true), 0u) << "no decode step to measure against yet";
   for (int i = 0; i < 20; ++i) pacer.Observe(0, true, 0.016);
   EXPECT_NEAR(pacer.decode_seconds(), 0.016, 1e-9);
+  EXPECT_EQ(pacer.PromptBudget(true), 8u) << "then a quarter of the most";
   // Affine costs: 13 ms to carry any, 2 ms a token. The bound, 40 ms, fits 5 tokens (39 ms).
   Steer(pacer, 200, 0.013, 0.002);
   uint32_t lowest = 32, highest = 0;
@@ -57,17 +59,39 @@ TEST(StepPacerTest, BesideADecodeThePieceSettlesWhereAStepMeetsTheBound) {
   EXPECT_LE(highest, 6u) << "around 5, one past the bound at most";
   // Where the arithmetic is plentiful (0.2 ms a token, nothing fixed): the most beside a decode.
   Steer(pacer, 100, 0, 0.0002);
-  EXPECT_EQ(pacer.PromptBudget(true), 32u);
+  EXPECT_EQ(pacer.piece(), 32u);
   // A cost that alone busts the bound: a token a step, so that the prompt still goes on.
   Steer(pacer, 100, 0.05, 0.002);
-  EXPECT_EQ(pacer.PromptBudget(true), 1u);
+  EXPECT_EQ(pacer.piece(), 1u);
+}
+
+// A decode step measured on other work (fewer sequences, shorter positions, before an idle spell)
+// would judge every step with a prompt too long and pin the piece at one token: the probes measure
+// the decode as it is now, and the piece recovers.
+TEST(StepPacerTest, ProbesKeepTheDecodeStepJudgedAgainstOfNow) {
+  StepPacer pacer(32, 256);
+  for (int i = 0; i < 10; ++i) pacer.Observe(0, true, 0.005);  // 5 ms: one short sequence, earlier
+  uint32_t probes = 0;
+  for (int i = 0; i < 64; ++i) {
+    const uint32_t budget = pacer.PromptBudget(true);
+    probes += budget == 0;
+    pacer.Observe(budget, true, StepSeconds(budget, 0.005, 0.001));
+  }
+  EXPECT_EQ(probes, 64 / kProbeEvery) << "one step in kProbeEvery carries no prompt";
+  EXPECT_GT(pacer.decode_seconds(), 0.012) << "the decode of now (16 ms) measured";
+  Steer(pacer, 300, 0.005, 0.001);  // (40 - 21) / 1 = 19 fit
+  EXPECT_GE(pacer.piece(), 12u);
+  // A decode step the noise stretched tenfold moves the average by 30 % of twice it, not tenfold.
+  const double before = pacer.decode_seconds();
+  pacer.Observe(0, true, 10 * before);
+  EXPECT_NEAR(pacer.decode_seconds(), 1.3 * before, 1e-9);
 }
 
 TEST(StepPacerTest, ACostThatGrowsWithThePromptsPositionIsFollowed) {
   StepPacer pacer(32, 256);
   for (int i = 0; i < 10; ++i) pacer.Observe(0, true, 0.016);
   Steer(pacer, 100, 0.005, 0.001);  // early positions: (40 - 21) / 1 = 19 fit
-  EXPECT_GE(pacer.PromptBudget(true), 15u);
+  EXPECT_GE(pacer.piece(), 15u);
   Steered later = Steer(pacer, 30, 0.005, 0.004);  // the same prompt 1500 positions on: 4 fit
   EXPECT_LE(later.budget, 5u);
   EXPECT_LE(later.over, 12u) << "a few steps past the bound while the piece comes down";
@@ -78,6 +102,7 @@ TEST(StepPacerTest, TimesThatAreNotTimesAndStepsNobodyWaitsOnChangeNothing) {
   for (int i = 0; i < 10; ++i) pacer.Observe(0, true, 0.010);
   const double decode = pacer.decode_seconds();
   const uint32_t budget = pacer.PromptBudget(true);
+  ASSERT_EQ(budget, 8u);
   for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -1.0, 0.0}) {
     pacer.Observe(0, true, bad);
     pacer.Observe(budget, true, bad);

@@ -161,7 +161,7 @@ TEST_F(TransformerBatchTest, ALongPromptGoesInPiecesWhileTheOthersDecodeATokenEv
     std::vector<int> got = StepAll(*engine, {&running, &joining});
     ASSERT_FALSE(running.ended) << "it ran out before the prompt was through";
     EXPECT_EQ(got[0], 1) << "the decoding sequence gets a token every step";
-    ASSERT_LE(++steps_to_first_token, 200) << "a prompt token a step at least";
+    ASSERT_LE(++steps_to_first_token, 240) << "a prompt token a step at least, but for the pacer's probes";
   }
   // The engine's pacer (step_pacer.h) sizes the pieces by the steps' times: at most
   // kStepPromptTokens each, never the whole prompt at once.
