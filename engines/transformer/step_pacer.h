@@ -24,7 +24,7 @@ namespace warmpool::transformer {
 
 // A step with prompt tokens beside decoding sequences is steered to take at most this many times a
 // step without.
-inline constexpr double kStepLatencyRatio = 2.5;
+inline constexpr double kStepLatencyRatio = 2.0;
 // Beside decoding sequences, one step in this many carries no prompt token: the decode step measured.
 inline constexpr uint32_t kProbeEvery = 16;
 

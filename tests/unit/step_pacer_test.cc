@@ -47,11 +47,12 @@ TEST(StepPacerTest, BesideADecodeThePieceSettlesWhereAStepMeetsTheBound) {
   for (int i = 0; i < 20; ++i) pacer.Observe(0, true, 0.016);
   EXPECT_NEAR(pacer.decode_seconds(), 0.016, 1e-9);
   EXPECT_EQ(pacer.PromptBudget(true), 8u) << "then a quarter of the most";
-  // Affine costs: 13 ms to carry any, 2 ms a token. The bound, 40 ms, fits 5 tokens (39 ms).
-  Steer(pacer, 200, 0.013, 0.002);
+  // Affine costs: 6 ms to carry any, 2 ms a token. The bound, 32 ms, fits 5 tokens (32 ms).
+  static_assert(kStepLatencyRatio == 2.0, "the figures below are for a bound of twice a decode step");
+  Steer(pacer, 200, 0.006, 0.002);
   uint32_t lowest = 32, highest = 0;
   for (int i = 0; i < 100; ++i) {
-    Steered r = Steer(pacer, 1, 0.013, 0.002);
+    Steered r = Steer(pacer, 1, 0.006, 0.002);
     lowest = std::min(lowest, r.budget);
     highest = std::max(highest, r.budget);
   }
@@ -79,8 +80,8 @@ TEST(StepPacerTest, ProbesKeepTheDecodeStepJudgedAgainstOfNow) {
   }
   EXPECT_EQ(probes, 64 / kProbeEvery) << "one step in kProbeEvery carries no prompt";
   EXPECT_GT(pacer.decode_seconds(), 0.012) << "the decode of now (16 ms) measured";
-  Steer(pacer, 300, 0.005, 0.001);  // (40 - 21) / 1 = 19 fit
-  EXPECT_GE(pacer.piece(), 12u);
+  Steer(pacer, 300, 0.005, 0.001);  // (32 - 21) / 1 = 11 fit
+  EXPECT_GE(pacer.piece(), 8u);
   // A decode step the noise stretched tenfold moves the average by 30 % of twice it, not tenfold.
   const double before = pacer.decode_seconds();
   pacer.Observe(0, true, 10 * before);
@@ -90,9 +91,9 @@ TEST(StepPacerTest, ProbesKeepTheDecodeStepJudgedAgainstOfNow) {
 TEST(StepPacerTest, ACostThatGrowsWithThePromptsPositionIsFollowed) {
   StepPacer pacer(32, 256);
   for (int i = 0; i < 10; ++i) pacer.Observe(0, true, 0.016);
-  Steer(pacer, 100, 0.005, 0.001);  // early positions: (40 - 21) / 1 = 19 fit
-  EXPECT_GE(pacer.piece(), 15u);
-  Steered later = Steer(pacer, 30, 0.005, 0.004);  // the same prompt 1500 positions on: 4 fit
+  Steer(pacer, 100, 0.005, 0.001);  // early positions: (32 - 21) / 1 = 11 fit
+  EXPECT_GE(pacer.piece(), 9u);
+  Steered later = Steer(pacer, 30, 0.005, 0.004);  // the same prompt 1500 positions on: 2 fit
   EXPECT_LE(later.budget, 5u);
   EXPECT_LE(later.over, 12u) << "a few steps past the bound while the piece comes down";
 }
