@@ -12,6 +12,11 @@
 // no budget counts: it is kept only while its streams are about to go on). Both are reconciled after every event (ForgetKvCaches), so no
 // path that ends a replica or a job — an unload, a release, a move, a deadline, a client that left
 // — needs to know about them.
+//
+// A cache whose engine closed cleanly is another matter (engine ABI version 11): when a model parks,
+// the first replica whose unload comes back leaves its cache to the parked copy (KeepCacheToPark,
+// into residency::Releasing and then Parked, whose transitions own it from there), and the worker
+// that unparks the model adopts it, prefix cache and all.
 #include <algorithm>
 
 #include "supervisor/core/core.h"
