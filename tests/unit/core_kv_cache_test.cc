@@ -43,6 +43,16 @@ void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes) {
   ASSERT_EQ(rig.State(lm.name), shm::ModelState::kParked);
 }
 
+// A request unparks the model on worker 0: the copy goes, no cache with it.
+void ExpectUnparkWithoutCache(CoreRig& rig) {
+  rig.Forget();
+  rig.Load(1, "lm");
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_FALSE(sent[0].first.attach().kv_cache());
+  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy}));
+}
+
 bool Closed(CoreRig& rig, int handle) {
   const std::vector<int> closed = rig.Closed();
   return std::find(closed.begin(), closed.end(), handle) != closed.end();
@@ -78,12 +88,7 @@ TEST(CoreKvCacheTest, ACacheThatDoesNotFitTheParkBudgetIsLetGoAndTheWeightsParkA
   LoadAndPark(rig, lm, 300);
   EXPECT_TRUE(Closed(rig, kCache));
   EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes);
-  rig.Forget();
-  rig.Load(1, "lm");
-  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
-  ASSERT_EQ(sent.size(), 1u);
-  EXPECT_FALSE(sent[0].first.attach().kv_cache());
-  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy}));
+  ExpectUnparkWithoutCache(rig);
 }
 
 // Once a daemon taking over has been handed the parked cache, it is that daemon's to write: an
@@ -93,12 +98,7 @@ TEST(CoreKvCacheTest, AfterAHandOverAnUnparkGoesWithoutTheCache) {
   CoreRig rig(WithPark(1000));
   LoadAndPark(rig, lm, 300);
   rig.Handle(event::HandingOver{});
-  rig.Forget();
-  rig.Load(1, "lm");
-  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
-  ASSERT_EQ(sent.size(), 1u);
-  EXPECT_FALSE(sent[0].first.attach().kv_cache());
-  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy}));
+  ExpectUnparkWithoutCache(rig);
   EXPECT_TRUE(Closed(rig, kCache));
 }
 

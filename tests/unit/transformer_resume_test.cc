@@ -44,6 +44,27 @@ class TransformerResumeTest : public TransformerEngineTest {
     if (r.ok()) *result = *r;
     return chunks;
   }
+  // An open sequence stepped alone to its end (at most 100 steps), then closed: its tokens, and how
+  // many prompt tokens its first step found cached.
+  struct Stepped {
+    std::vector<int32_t> tokens;
+    uint32_t cached = 0;
+  };
+  static Stepped StepToEnd(Engine& engine, wp_sequence* sequence) {
+    Stepped out;
+    wp_sequence_step step{sequence, 0, WP_OK, {}, {}, 0};
+    for (int steps = 0; step.ended == 0 && steps < 100; ++steps) {
+      const Status s = engine.Step({&step, 1}, [&](uint32_t, std::string_view, std::span<const int32_t> t,
+                                                   std::span<const wp_token_logprobs>) {
+        out.tokens.insert(out.tokens.end(), t.begin(), t.end());
+      });
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      if (!s.ok()) break;
+      if (steps == 0) out.cached = step.cached_tokens;
+    }
+    engine.CloseSequence(sequence);
+    return out;
+  }
 };
 
 TEST_F(TransformerResumeTest, AResumedGenerationSendsExactlyWhatFollowedWhereItWasCut) {
@@ -198,19 +219,9 @@ TEST_F(TransformerResumeTest, AResumeCopiesWhatTheDeadEnginesCacheHoldsAndSendsT
     uint32_t prompt_tokens = 0;
     Result<wp_sequence*> sequence = fresh->OpenSequence(r, &prompt_tokens);
     ASSERT_TRUE(sequence.ok()) << sequence.status().ToString();
-    std::vector<int32_t> got;
-    uint32_t cached = 0;
-    wp_sequence_step step{*sequence, 0, WP_OK, {}, {}, 0};
-    for (int steps = 0; step.ended == 0 && steps < 100; ++steps) {
-      ASSERT_TRUE(fresh->Step({&step, 1}, [&](uint32_t, std::string_view, std::span<const int32_t> t,
-                                             std::span<const wp_token_logprobs>) {
-                         got.insert(got.end(), t.begin(), t.end());
-                       }).ok());
-      if (steps == 0) cached = step.cached_tokens;
-    }
-    fresh->CloseSequence(*sequence);
-    EXPECT_EQ(got, rest);
-    EXPECT_EQ(cached, c.copies ? prompt_tokens : 0u) << "of " << prompt_tokens << " prompt tokens";
+    const Stepped got = StepToEnd(*fresh, *sequence);
+    EXPECT_EQ(got.tokens, rest);
+    EXPECT_EQ(got.cached, c.copies ? prompt_tokens : 0u) << "of " << prompt_tokens << " prompt tokens";
   }
   close(not_a_cache);
   close(cache_copy);
@@ -258,19 +269,9 @@ TEST_F(TransformerResumeTest, AnEngineAdoptsTheCacheAClosedOneLeftAndFindsItsPre
   ASSERT_TRUE(sequence.ok()) << sequence.status().ToString();
   EXPECT_EQ(later->AdoptCache(exported->handle, bytes).code(), Code::kFailedPrecondition)
       << "not while a sequence holds blocks of the pool";
-  std::vector<int32_t> got;
-  uint32_t cached = 0;
-  wp_sequence_step step{*sequence, 0, WP_OK, {}, {}, 0};
-  for (int steps = 0; step.ended == 0 && steps < 100; ++steps) {
-    ASSERT_TRUE(later->Step({&step, 1}, [&](uint32_t, std::string_view, std::span<const int32_t> t,
-                                           std::span<const wp_token_logprobs>) {
-                       got.insert(got.end(), t.begin(), t.end());
-                     }).ok());
-    if (steps == 0) cached = step.cached_tokens;
-  }
-  later->CloseSequence(*sequence);
-  EXPECT_EQ(got, cold_tokens);
-  EXPECT_EQ(cached, (prompt_tokens - 1) / 64 * 64) << "the prompt's whole blocks, but the last token's";
+  const Stepped got = StepToEnd(*later, *sequence);
+  EXPECT_EQ(got.tokens, cold_tokens);
+  EXPECT_EQ(got.cached, (prompt_tokens - 1) / 64 * 64) << "the prompt's whole blocks, but the last token's";
 }
 
 }  // namespace
