@@ -229,7 +229,7 @@ TEST(BF16Gemv, MatchesTheProductOfTheNarrowedValues) {
     return double{safetensors::BF16ToFloat(bits)};
   };
   std::vector<float> bias = RandomValues(out, 0.5, generator);
-  for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 8u, 9u, 16u}) {
+  for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 12u, 16u}) {
     std::vector<float> values = RandomValues(size_t{rows} * in, 1.0, generator);
     std::vector<uint16_t> x(values.size());
     for (size_t i = 0; i < values.size(); ++i) x[i] = safetensors::FloatToBF16(values[i]);

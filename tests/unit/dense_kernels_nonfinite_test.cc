@@ -25,7 +25,7 @@ constexpr float kHuge = 3e38f;       // any product with a weight above about 1.
 constexpr float kSubnormal = 1e-40f;  // f32 (and bf16) subnormal
 
 // Row counts: each pass of the AVX-512 kernels (1 to 4 rows), and more than one pass.
-constexpr uint32_t kRowCounts[] = {1, 2, 3, 4, 5, 9};
+constexpr uint32_t kRowCounts[] = {1, 2, 3, 4, 5, 7, 8, 9};
 // Inputs with a tail only, with whole vectors of 32 and 16 and a tail, and with two of 32 and a tail.
 constexpr uint32_t kInputCounts[] = {7, 53, 67};
 // Outputs in fours and one alone; each output below has its own weights.
