@@ -1,7 +1,6 @@
 #include "engines/transformer/cpu_model.h"
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -14,6 +13,7 @@
 #include "engines/dense_cpu.h"
 #include "engines/gemv.h"
 #include "engines/half.h"
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/prompt_attention.h"
 #include "engines/transformer/vector_exp.h"
 
@@ -62,10 +62,13 @@ constexpr uint32_t kDirectRows = 4;
 // as one product's rows (CpuModel::Attention).
 constexpr uint32_t kPromptAttentionRows = 8;
 
-// Up to this many rows on bf16 weights (decode tokens of a step of several sequences) run in the
-// AVX-512 BF16 small-batch kernel (engines/bf16_gemv.h) where the CPU has it; more, on oneDNN,
-// which is as fast from there on (warmpool-bench --generate --batch: 8 and 16 rows within 5%).
-constexpr uint32_t kBatchedRows = dense::kBF16GemvRows;
+// Up to this many rows on bf16 weights (decode tokens of a step of several sequences, and a prompt
+// piece beside them) run in the AVX-512 BF16 small-batch kernel (engines/bf16_gemv.h) where the CPU
+// has it: eight rows in one pass over the weights, sixteen in two (the second from the L2 cache).
+// More go to oneDNN. On a 2-core EPYC VM (warmpool-bench --generate --batch 8 and 16, three runs
+// each way, alternated) a step of 8 sequences ran 1.17 to 1.38 times faster on the kernel than on
+// oneDNN's products, one of 16 1.04 to 1.18 times.
+constexpr uint32_t kBatchedRows = 16;
 
 // y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Either way a call reads the weights from memory
 // once: a prefill costs the weights once, as a decode step does.
@@ -168,57 +171,6 @@ void CpuModel::Rope(float* heads, uint32_t count, uint32_t position) const {
       x[i + half] = b * c + a * s;
     }
   }
-}
-
-Status CpuModel::Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q,
-                           float* out) {
-  const Config& c = config_;
-  const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
-  const uint32_t d = c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  // One task per row and KV head: the query heads that share a KV head (grouped-query attention)
-  // are one product's rows, so each key and value is read once for all of them, and the products
-  // run on oneDNN's kernels rather than a loop per head and per key (which made a decode step's
-  // attention grow to the weights' own cost within a thousand positions).
-  const int64_t tasks = int64_t{rows} * c.num_key_value_heads;
-  std::atomic<int> failed{dnnl_success};
-#pragma omp parallel for num_threads(threads_) schedule(static)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const auto r = static_cast<uint32_t>(task / c.num_key_value_heads);
-    const auto g = static_cast<uint32_t>(task % c.num_key_value_heads);
-    const uint32_t position = start + r;
-    // Causal, and within the sliding window where the config has one (the window counts the
-    // token itself).
-    const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
-                               ? static_cast<uint32_t>(position + 1 - c.sliding_window)
-                               : 0;
-    const uint32_t count = position + 1 - first;
-    const float* queries = q + uint64_t{r} * c.q_size() + uint64_t{g} * group * d;  // the group's heads
-    const uint64_t head = uint64_t{g} * d;  // the KV head's place in a position's row
-    const uint32_t end = position + 1;
-    thread_local std::vector<float> scores;
-    scores.resize(uint64_t{group} * count);
-    // A block of the cache at a time (a product per block costs no more than one over the whole
-    // run of positions, from 64 positions a block on).
-    dnnl_status_t s = dnnl_success;
-    for (uint32_t p = first; p < end && s == dnnl_success;) {
-      const uint32_t span = KvCache::Contiguous(p, end);
-      s = dnnl_sgemm('N', 'T', group, span, d, scale, queries, d, cache.key(layer, p) + head, c.kv_size(), 0.0f,
-                     scores.data() + (p - first), count);
-      p += span;
-    }
-    for (uint32_t h = 0; h < group && s == dnnl_success; ++h) Softmax(scores.data() + uint64_t{h} * count, count);
-    float* o = out + uint64_t{r} * c.q_size() + uint64_t{g} * group * d;
-    for (uint32_t p = first; p < end && s == dnnl_success;) {
-      const uint32_t span = KvCache::Contiguous(p, end);
-      s = dnnl_sgemm('N', 'N', group, d, span, 1.0f, scores.data() + (p - first), count, cache.value(layer, p) + head,
-                     c.kv_size(), p == first ? 0.0f : 1.0f, o, d);
-      p += span;
-    }
-    if (s != dnnl_success) failed = s;
-  }
-  if (failed != dnnl_success) return Error(Code::kInternal, "oneDNN refused an attention product (status {})", failed.load());
-  return OkStatus();
 }
 
 Status CpuModel::Check(std::span<const int32_t> tokens, std::span<const StepRun> runs, uint64_t out_size,
@@ -348,7 +300,7 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
         if (Status s = PromptAttention(c, l, run.rows, run.start, cache, run_q, run_out, threads_); !s.ok()) {
           return s;
         }
-      } else if (Status s = Attention(l, run.rows, run.start, cache, run_q, run_out); !s.ok()) {
+      } else if (Status s = DecodeAttention(c, l, run.rows, run.start, cache, run_q, run_out, threads_); !s.ok()) {
         return s;
       }
       first += run.rows;

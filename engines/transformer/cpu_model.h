@@ -56,7 +56,6 @@ class CpuModel {
 
  private:
   Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
-  Status Attention(uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q, float* out);
   void Rope(float* heads, uint32_t count, uint32_t position) const;
   // The layers over the runs' tokens: x (rows x hidden) holds the residual stream after the last one.
   Status Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x);

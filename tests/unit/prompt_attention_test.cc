@@ -1,8 +1,8 @@
-// A prompt's attention as matrix products (engines/transformer/prompt_attention.h) against the
-// definition, written here in double precision: each row's softmax(q·k / sqrt(head_dim)) over the
-// positions it sees (causal, within the sliding window) weighing their values. Tiles of rows, a
-// cache already holding earlier positions (over several of its blocks), grouped heads, and values
-// that are not finite.
+// A prompt's attention as matrix products (engines/transformer/prompt_attention.h) and a decode
+// row's (decode_attention.h) against the definition, written here in double precision: each row's
+// softmax(q·k / sqrt(head_dim)) over the positions it sees (causal, within the sliding window)
+// weighing their values. Tiles of rows, a cache already holding earlier positions (over several of
+// its blocks), grouped heads, and values that are not finite.
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/prompt_attention.h"
 
 namespace warmpool::transformer {
@@ -118,6 +119,83 @@ TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
             EXPECT_NEAR(x, 1.0f, 1e-5) << "row " << r << " dimension " << d;  // equal keys: the mean of ones
           } else {
             EXPECT_FALSE(std::isfinite(x)) << "row " << r << " sees position 30";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Decode rows (fewer than a prompt piece's) at positions within and across the cache's blocks, with
+// sliding windows, on both of DecodeAttention's paths: the AVX-512 kernel (head sizes of a multiple
+// of 16, where the CPU has it) and oneDNN's products (20). Groups of 1 to 6 query heads per KV head
+// (the kernel sums them four at a time), and more threads than rows (a row's KV heads shared).
+TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
+  struct Shape {
+    uint32_t heads, kv_heads, head_dim;
+  };
+  const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {6, 1, 32}, {8, 8, 48}, {10, 2, 128}, {4, 2, 20}};
+  const AttentionCase cases[] = {{1, 0, 0, 1}, {1, 63, 0, 1}, {3, 62, 0, 2}, {7, 200, 0, 3}, {2, 130, 40, 2}, {1, 64, 1, 4}};
+  std::mt19937 generator(13);
+  std::uniform_real_distribution<float> uniform(-2, 2);
+  for (const Shape& shape : shapes) {
+    Config c;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = shape.heads;
+    c.num_key_value_heads = shape.kv_heads;
+    c.head_dim = shape.head_dim;
+    for (const AttentionCase& k : cases) {
+      c.sliding_window = k.window;
+      const uint32_t positions = k.start + k.rows;
+      std::vector<float> keys(uint64_t{positions} * c.kv_size()), values(keys.size()), q(uint64_t{k.rows} * c.q_size());
+      for (float& x : keys) x = uniform(generator);
+      for (float& x : values) x = uniform(generator);
+      for (float& x : q) x = uniform(generator);
+      std::vector<float> out(q.size(), NAN);
+      const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
+      ASSERT_TRUE(DecodeAttention(c, 0, k.rows, k.start, *cache, q.data(), out.data(), k.threads).ok());
+      const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+            << shape.heads << " heads, " << shape.kv_heads << " KV heads of " << shape.head_dim << "; rows " << k.rows
+            << " start " << k.start << " window " << k.window << " threads " << k.threads << " at " << i;
+      }
+    }
+  }
+}
+
+// A NaN or an infinity reaches what the definition's arithmetic makes it reach and nothing else: a
+// value that is not finite, the dimension it is in of every head that reads its KV head; a query
+// that is not finite, its own head's output alone.
+TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
+  Config c;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  const uint32_t positions = 100, rows = 3, start = positions - rows;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (uint32_t head_dim : {32u, 20u}) {  // the kernel, and oneDNN's products
+    c.head_dim = head_dim;
+    for (float bad : {inf, nan}) {
+      std::vector<float> keys(uint64_t{positions} * c.kv_size(), 0.1f), values(keys.size(), 1.0f);
+      std::vector<float> q(uint64_t{rows} * c.q_size(), 0.2f);
+      values[uint64_t{30} * c.kv_size() + 3] = bad;  // position 30, KV head 0, dimension 3
+      q[uint64_t{1} * c.q_size() + 5 * c.head_dim + 7] = bad;  // row 1's head 5 (of KV head 1)
+      std::vector<float> out(q.size());
+      const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
+      ASSERT_TRUE(DecodeAttention(c, 0, rows, start, *cache, q.data(), out.data(), 1).ok());
+      for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t h = 0; h < c.num_attention_heads; ++h) {
+          for (uint32_t d = 0; d < c.head_dim; ++d) {
+            const float x = out[uint64_t{r} * c.q_size() + h * c.head_dim + d];
+            const bool reads_value = h < 4 && d == 3;
+            const bool own_query = r == 1 && h == 5;
+            if (reads_value || own_query) {
+              EXPECT_FALSE(std::isfinite(x)) << "row " << r << " head " << h << " dimension " << d;
+            } else {
+              EXPECT_NEAR(x, 1.0f, 1e-5) << "row " << r << " head " << h << " dimension " << d;
+            }
           }
         }
       }
