@@ -52,19 +52,21 @@ class StreamGenerate {
       if (!c.ok()) return run_.WithLog(c.status());
       clients_.push_back(std::move(*c));
     }
-    std::vector<double> alone, together;
+    std::vector<double> alone, together, alone_decoding, together_decoding;
     for (uint32_t r = 0; r <= options_.rounds; r++) {  // round 0 loads the model and warms up
-      Result<double> one = Streams(1);
+      Result<Rates> one = Streams(1);
       if (!one.ok()) return run_.WithLog(one.status());
-      Result<double> many = Streams(options_.streams);
+      Result<Rates> many = Streams(options_.streams);
       if (!many.ok()) return run_.WithLog(many.status());
       if (r == 0) continue;
-      alone.push_back(*one);
-      together.push_back(*many);
+      alone.push_back(one->end_to_end);
+      together.push_back(many->end_to_end);
+      alone_decoding.push_back(one->decoding);
+      together_decoding.push_back(many->decoding);
     }
     Result<Latencies> beside = BesideALongPrompt();
     if (!beside.ok()) return run_.WithLog(beside.status());
-    Print(Median(alone), Median(together), *beside);
+    Print({Median(alone), Median(alone_decoding)}, {Median(together), Median(together_decoding)}, *beside);
     clients_.clear();
     return run_.StopDaemon();
   }
@@ -79,27 +81,52 @@ class StreamGenerate {
     uint32_t long_tokens = 0;    // its prompt's, as the daemon counted them
   };
 
-  // `count` streams at once, one per connection, each with its own prompt: aggregate tokens/s from
-  // the first send to the last token.
-  Result<double> Streams(uint32_t count) {
+  // What `count` streams at once (one per connection, each its own prompt) made, in tokens/s.
+  struct Rates {
+    double end_to_end = 0;  // every completion token, from the first send to the last token
+    // Decoding: the tokens that arrived while every stream was decoding (after the last stream's
+    // first token, up to the first stream's last), over that window; one stream: its tokens after
+    // its first, over their span. The prompts' prefill is outside it, and so is the ramp while
+    // later prompts prefill beside earlier streams (paced: step_pacer.h). 0 when no window is left.
+    double decoding = 0;
+  };
+  Result<Rates> Streams(uint32_t count) {
     std::vector<Result<v1::GenerateReply>> replies(count, Status());
+    std::vector<std::vector<std::pair<Clock::time_point, int>>> arrivals(count);  // per chunk: when, tokens
     const auto start = Clock::now();
     std::vector<std::thread> threads;
     for (uint32_t i = 0; i < count; i++) {
       threads.emplace_back([&, i] {
         // A prompt of its own, new every round: the prefix cache serves none of it.
         replies[i] = clients_[i]->Generate(Greedy(fmt::format("{}-{}: {}", ++asked_, i, lm_.prompt), options_.tokens),
-                                           [](const v1::GenerateChunk&) {});
+                                           [&arrivals, i](const v1::GenerateChunk& chunk) {
+                                             if (chunk.tokens_size() > 0) {
+                                               arrivals[i].emplace_back(Clock::now(), chunk.tokens_size());
+                                             }
+                                           });
       });
     }
     for (std::thread& t : threads) t.join();
-    const double seconds = MsSince(start) / 1000;
+    Rates rates;
     uint64_t tokens = 0;
-    for (const Result<v1::GenerateReply>& r : replies) {
-      if (!r.ok()) return r.status();
-      tokens += r->completion_tokens();
+    Clock::time_point last_first = start, first_last = Clock::time_point::max(), last = start;
+    for (uint32_t i = 0; i < count; i++) {
+      if (!replies[i].ok()) return replies[i].status();
+      tokens += replies[i]->completion_tokens();
+      if (arrivals[i].size() < 2) return Error(Code::kInternal, "a stream sent fewer than two chunks with tokens");
+      last_first = std::max(last_first, arrivals[i].front().first);
+      first_last = std::min(first_last, arrivals[i].back().first);
+      last = std::max(last, arrivals[i].back().first);
     }
-    return tokens / seconds;
+    rates.end_to_end = tokens / (std::chrono::duration<double>(last - start).count());
+    if (first_last > last_first) {
+      uint64_t within = 0;
+      for (const auto& stream : arrivals) {
+        for (const auto& [when, n] : stream) within += when > last_first && when <= first_last ? n : 0;
+      }
+      rates.decoding = within / std::chrono::duration<double>(first_last - last_first).count();
+    }
+    return rates;
   }
 
   // One stream decodes; after its 8th token another connection sends the long prompt (one token
@@ -153,26 +180,32 @@ class StreamGenerate {
     return l;
   }
 
-  void Print(double alone, double together, const Latencies& l) {
-    const double ratio = together / alone;
+  void Print(const Rates& alone, const Rates& together, const Latencies& l) {
+    const double ratio = together.end_to_end / alone.end_to_end;
+    const double decoding_ratio = alone.decoding > 0 ? together.decoding / alone.decoding : 0;
     const double itl = l.during_p99_ms / l.median_ms;
     if (options_.json) {
       std::printf("{\"mode\": \"stream-generate\", \"model_mib\": %u, \"layers\": %u, \"streams\": %u, \"tokens\": %u, "
                   "\"one_stream_tokens_per_s\": %.2f, \"streams_tokens_per_s\": %.2f, \"streams_vs_one\": %.3f, "
+                  "\"one_stream_decode_tokens_per_s\": %.2f, \"streams_decode_tokens_per_s\": %.2f, "
+                  "\"streams_decode_vs_one\": %.3f, "
                   "\"long_prompt_tokens\": %u, \"long_prefill_ms\": %.1f, \"itl_median_ms\": %.3f, "
                   "\"itl_during_prefill_p99_ms\": %.3f, \"itl_during_prefill_max_ms\": %.3f, "
                   "\"itl_p99_vs_median\": %.3f}\n",
-                  options_.model_mib, lm_.layers, options_.streams, options_.tokens, alone, together, ratio,
-                  l.long_tokens, l.prefill_ms, l.median_ms, l.during_p99_ms, l.during_max_ms, itl);
+                  options_.model_mib, lm_.layers, options_.streams, options_.tokens, alone.end_to_end,
+                  together.end_to_end, ratio, alone.decoding, together.decoding, decoding_ratio, l.long_tokens,
+                  l.prefill_ms, l.median_ms, l.during_p99_ms, l.during_max_ms, itl);
       return;
     }
     std::printf("warmpool-bench --generate --streams %u: a %u MiB bf16 model (%u layers), [[models]] parallel = %u, "
                 "%u greedy tokens per stream, medians of %u rounds\n",
                 options_.streams, options_.model_mib, lm_.layers, std::max(options_.streams, 2u), options_.tokens,
                 options_.rounds);
-    std::printf("  one stream                     %8.2f tokens/s\n", alone);
-    std::printf("  %2u streams at once             %8.2f tokens/s  %.2fx one (goal >= 5x with 8)\n", options_.streams,
-                together, ratio);
+    std::printf("  decoding: one stream           %8.2f tokens/s\n", alone.decoding);
+    std::printf("            %2u streams at once   %8.2f tokens/s  %.2fx one (goal >= 5x with 8)\n", options_.streams,
+                together.decoding, decoding_ratio);
+    std::printf("  first send to last token, prefills included: one %.2f, %u at once %.2f tokens/s: %.2fx\n",
+                alone.end_to_end, options_.streams, together.end_to_end, ratio);
     std::printf("  beside a %u-token prompt (prefilled in %.0f ms): inter-token p99 %.2f ms (max %.2f, %zu gaps) "
                 "vs median %.2f ms: %.2fx (goal <= 3x)\n",
                 l.long_tokens, l.prefill_ms, l.during_p99_ms, l.during_max_ms, l.during, l.median_ms, itl);
