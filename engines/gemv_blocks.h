@@ -13,14 +13,14 @@ namespace warmpool::dense {
 inline constexpr size_t kGemvBlockWeightBytes = 256 << 10;
 
 // pass(n_begin, n_end, first_row, row_count) for every block of outputs and group of at most
-// `per_pass` rows. Block sizes are multiples of 4 (so that only the last block has outputs that a
-// kernel taking four at a time must take one by one), at least 8 outputs.
+// `per_pass` rows. Block sizes are multiples of 12 (so that only the last block has outputs that a
+// kernel taking four or three at a time must take one by one), at least 12 outputs.
 // element_bytes: of one weight.
 template <typename Pass>
 void ForEachGemvBlock(uint32_t in, uint32_t out, uint32_t rows, uint32_t per_pass, size_t element_bytes, int threads,
                       Pass pass) {
   const auto block =
-      static_cast<uint32_t>(std::max<size_t>(8, kGemvBlockWeightBytes / (size_t{in} * element_bytes)) / 4 * 4);
+      static_cast<uint32_t>(std::max<size_t>(12, kGemvBlockWeightBytes / (size_t{in} * element_bytes)) / 12 * 12);
   const auto blocks = static_cast<int64_t>((out + block - 1) / block);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && blocks > 1)
   for (int64_t b = 0; b < blocks; ++b) {
