@@ -48,6 +48,8 @@ void Simulator::CheckAfterEvent() {
   }
   CheckKeptMemory();
   if (failed_) return;
+  CheckKvPages();
+  if (failed_) return;
 
   // Bytes of accepted, unanswered requests: the simulated clients can pipeline more than the
   // daemon may hold in large inputs; it must refuse what does not fit.

@@ -8,7 +8,9 @@
 // chunk's text from one consistent version of the model asked for, its token the next (no token
 // twice, none missing, however many workers died under the stream), the final reply counting the
 // chunks and tokens that came. Embeddings run the same way
-// (a step per input, heartbeats only), each vector saying which weights made it.
+// (a step per input, heartbeats only), each vector saying which weights made it. A generation's
+// KV pages (its prompt's, then a position a step) come from its engine's pool (sim/kv_pages.cc),
+// and the worker reports the pool's use with every chunk and end.
 #include <cstdio>
 #include <cstdlib>
 
@@ -189,6 +191,7 @@ void Simulator::StartGeneration(Worker& w, uint64_t job, WorkerJob work) {
                               engine->second.region.file, engine->second.region.version));
     }
   }
+  if (engine != w.engines.end()) OpenKvSequence(engine->second, job, infer);
   After(rng_.Range(0, 5), [this, slot, generation, job, first, work = std::move(work)]() mutable {
     GenerationStep(slot, generation, job, first, std::move(work));
   });
@@ -243,6 +246,10 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
       // Without chunks, the reply holds every step's text.
       for (uint32_t i = 0; !g.stream() && i < step; i++) r->mutable_text()->append(StepText(g, engine->second));
     }
+    if (engine != w.engines.end()) {
+      CloseKvSequence(engine->second, job);
+      ReportKvUsage(engine->second, done->mutable_kv_usage());
+    }
     w.cancelled.erase(job);
     w.serving_job = 0;
     ReplyToCore(w, std::move(reply));
@@ -256,6 +263,8 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
     chunk->add_tokens(static_cast<int32_t>(step));
     chunk->set_text(StepText(g, engine->second));
   }
+  StepKvSequence(engine->second, job, step);
+  ReportKvUsage(engine->second, message.mutable_infer_chunk()->mutable_kv_usage());
   ReplyToCore(w, std::move(message));
   uint64_t pause = rng_.Range(0, 8);
   if (rng_.Chance(slow_per_mille_)) pause *= 20;

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "engines/transformer/kv_cache.h"
 #include "ipc/warmpool.pb.h"
 #include "ipc/worker.pb.h"
 #include "shm/segment.h"
@@ -89,12 +90,21 @@ class Simulator {
     int cache = -1;   // an unpark's parked KV cache (WorkerAttach.kv_cache), after the weights
     std::optional<SimFile> read;  // load: the file as it was when the load began
   };
+  // A language engine's KV pages as the transformer engine keeps them (engines/transformer/
+  // kv_cache.h: its pool and caches, of a one-float shape): a cache per generation it runs, which
+  // the generation's prompt and steps fill and its end releases, full blocks joining the prefix
+  // cache (sim/kv_pages.cc).
+  struct KvPages {
+    std::unique_ptr<transformer::KvPool> pool;
+    std::map<uint64_t, std::unique_ptr<transformer::KvCache>> sequences;  // by job; destroyed before the pool
+  };
   struct Engine {
     std::string name;
     bool weights = false;
     Region region;           // what the weights are
     Described described{};   // what the engine was told they are
     int region_id = -1;
+    std::shared_ptr<KvPages> kv;  // a language model's
   };
   struct Worker {
     uint32_t slot = 0;
@@ -251,6 +261,15 @@ class Simulator {
   bool OfferKept(const supervisor::action::SendToWorker& send);
   void DropKept(int handle);
   void CheckKeptMemory();
+  // KV pages (sim/kv_pages.cc): a language engine's pool; a generation's cache opened with its
+  // prompt (and the tokens it resumes after), grown by its steps, closed at its end; the usage
+  // the worker reports; and the pages' invariants, checked after every event.
+  std::shared_ptr<KvPages> NewKvPages();
+  void OpenKvSequence(Engine& e, uint64_t job, const v1::WorkerInfer& infer);
+  void StepKvSequence(Engine& e, uint64_t job, uint32_t step);
+  static void CloseKvSequence(Engine& e, uint64_t job);
+  static void ReportKvUsage(const Engine& e, v1::KvUsage* usage);
+  void CheckKvPages();
   // SIGKILL of the supervisor: its workers, connections and descriptors go with it, but for what
   // the store holds; the next one starts from the store, its configuration's budgets maybe changed.
   void RestartSupervisor();

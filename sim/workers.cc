@@ -352,7 +352,10 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       done->set_weights_shared(true);
       out.push_back(NewSupervisorHandle(e.region));
     }
-    if (read.language) ShareCache(w, e.region, *done, out);
+    if (read.language) {
+      ShareCache(w, e.region, *done, out);
+      e.kv = NewKvPages();
+    }
     w.engines[m.load().model()] = e;
     return reply;
   }
@@ -404,6 +407,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
         weights->set_context(kSimContext);
         weights->set_kv_bytes_per_token(kSimKvBytesPerToken);
         ShareCache(w, e.region, *done, out);
+        e.kv = NewKvPages();
       }
     }
     w.engines[a.model()] = e;

@@ -118,6 +118,8 @@ class KvCache {
   float* value(uint32_t layer, uint32_t position) {
     return pool_->value(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
   }
+  // The blocks it holds, in position order (block i holds positions i x kKvBlockTokens on).
+  std::span<const uint32_t> blocks() const { return table_; }
   // How many positions from `position` (before `end`) lie in its block, one after another.
   static uint32_t Contiguous(uint32_t position, uint32_t end) {
     return std::min(end, (position / kKvBlockTokens + 1) * kKvBlockTokens) - position;

@@ -1,0 +1,130 @@
+// KV pages in the simulated world: each language engine of a simulated worker keeps the transformer
+// engine's own pool and caches (engines/transformer/kv_cache.h), of a shape of one float per
+// position, and its generations use them as the engine's do: a generation's cache takes the
+// longest published prefix of its prompt (prompts share their beginnings here, so the prefix cache
+// is used and evicted), computes the rest, grows a position a step, and releases its blocks when
+// the generation ends however it ends (done, cancelled, past its deadline); the pool goes with its
+// engine (unload, worker killed). The worker reports the pool's use with every chunk and end, as
+// the engine's kv_usage does.
+//
+// After every event, for every engine: each block in exactly one state and the prefix index the
+// published blocks (KvBlocks::Consistent); each block held exactly as many times as the caches
+// name it (held = referenced: none freed while a sequence names it, none counted twice); and no
+// cache but the running generation's (a generation that ended without releasing its blocks would
+// hold them for ever).
+#include <fmt/format.h>
+
+#include "sim/simulator.h"
+
+namespace warmpool::sim {
+namespace {
+
+using transformer::KvCache;
+using transformer::KvPool;
+using transformer::kKvBlockTokens;
+
+// The pool's positions per sequence: several blocks, whatever kSimContext (the core's figure) says.
+constexpr uint32_t kKvContext = 8 * kKvBlockTokens;
+// A generated token: apart from the prompts' (0, 1, 2, ...).
+constexpr int32_t kFirstGeneratedToken = 100000;
+
+transformer::Config PageShape() {
+  transformer::Config c;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;
+  c.head_dim = 1;
+  return c;
+}
+
+// The prompt "token N" as tokens: 0, 1, 2, ... for 0 to 3 blocks and a few more, so that prompts
+// share whole blocks with each other.
+std::vector<int32_t> PromptTokens(const std::string& prompt) {
+  const uint64_t n = std::strtoull(prompt.c_str() + (prompt.size() > 6 ? 6 : prompt.size()), nullptr, 10);
+  std::vector<int32_t> tokens(kKvBlockTokens * (n % 4) + n % 5 + 1);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>(i);
+  return tokens;
+}
+
+}  // namespace
+
+std::shared_ptr<Simulator::KvPages> Simulator::NewKvPages() {
+  auto pages = std::make_shared<KvPages>();
+  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(PageShape(), transformer::KvPoolBlocks(kKvContext, 1));
+  if (!pool.ok()) {
+    Fail("a simulated KV pool could not be made: " + pool.status().ToString());
+    return nullptr;
+  }
+  pages->pool = std::move(*pool);
+  return pages;
+}
+
+void Simulator::OpenKvSequence(Engine& e, uint64_t job, const v1::WorkerInfer& infer) {
+  if (e.kv == nullptr || !infer.has_generate()) return;
+  std::vector<int32_t> tokens = PromptTokens(infer.generate().prompt());
+  for (int i = 0; i < infer.resume_tokens_size(); i++) tokens.push_back(kFirstGeneratedToken + infer.resume_tokens(i));
+  auto cache = std::make_unique<KvCache>(*e.kv->pool, kKvContext);
+  // As the engine opens a sequence: whole published blocks of the prompt, never its last token.
+  const uint32_t cached = cache->Reuse(tokens, static_cast<uint32_t>(tokens.size() - 1));
+  const auto end = static_cast<uint32_t>(std::min<size_t>(tokens.size(), kKvContext));
+  if (Status s = cache->Prepare(cached, end); !s.ok()) {
+    return Fail(fmt::format("generation {}: a pool of one sequence's blocks refused its prompt: {}", job, s.message()));
+  }
+  cache->Commit(cached, std::span<const int32_t>(tokens).subspan(cached, end - cached));
+  e.kv->sequences[job] = std::move(cache);
+}
+
+void Simulator::StepKvSequence(Engine& e, uint64_t job, uint32_t step) {
+  if (e.kv == nullptr) return;
+  auto it = e.kv->sequences.find(job);
+  if (it == e.kv->sequences.end()) return;  // opened in an engine since replaced
+  KvCache& cache = *it->second;
+  const uint32_t at = cache.length();
+  if (at >= cache.context()) return;
+  if (Status s = cache.Prepare(at, at + 1); !s.ok()) {
+    return Fail(fmt::format("generation {}: a pool of one sequence's blocks refused its step: {}", job, s.message()));
+  }
+  const int32_t token = kFirstGeneratedToken + static_cast<int32_t>(step);
+  cache.Commit(at, {&token, 1});
+}
+
+void Simulator::CloseKvSequence(Engine& e, uint64_t job) {
+  if (e.kv != nullptr) e.kv->sequences.erase(job);
+}
+
+void Simulator::ReportKvUsage(const Engine& e, v1::KvUsage* usage) {
+  if (e.kv == nullptr) return;
+  const transformer::KvBlocks& blocks = e.kv->pool->blocks();
+  usage->set_blocks_held(blocks.counts().held);
+  usage->set_blocks(blocks.count());
+}
+
+void Simulator::CheckKvPages() {
+  for (const Worker& w : workers_) {
+    if (w.state != Worker::State::kUp) continue;  // a dead process's engines are gone with it
+    for (const auto& [model, e] : w.engines) {
+      if (e.kv == nullptr) continue;
+      const transformer::KvBlocks& blocks = e.kv->pool->blocks();
+      if (!blocks.Consistent()) {
+        return Fail(fmt::format("worker {} model {}: the KV pool's states or prefix index are inconsistent", w.slot,
+                                model));
+      }
+      std::vector<uint32_t> named(blocks.count(), 0);
+      for (const auto& [job, cache] : e.kv->sequences) {
+        if (job != w.serving_job) {
+          return Fail(fmt::format("worker {} model {}: generation {} holds KV blocks after its end (running: {})",
+                                  w.slot, model, job, w.serving_job));
+        }
+        for (uint32_t block : cache->blocks()) named[block]++;
+      }
+      for (uint32_t b = 0; b < blocks.count(); b++) {
+        if (blocks.holders(b) != named[b]) {
+          return Fail(fmt::format("worker {} model {}: KV block {} is held {} times and named by {} caches", w.slot,
+                                  model, b, blocks.holders(b), named[b]));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace warmpool::sim
