@@ -221,9 +221,9 @@ TEST_F(TransformerBatchTest, BadSequencesAndStepsAreRefusedAndTheOthersGoOn) {
   EXPECT_EQ(engine->OpenSequence(ids).status().code(), Code::kInvalidArgument);
 
   Open a = OpenOne(*engine, Greedy("This program", 3));
-  std::vector<wp_sequence_step> twice = {{a.sequence, 0, WP_OK, {}, {}}, {a.sequence, 0, WP_OK, {}, {}}};
+  std::vector<wp_sequence_step> twice = {{a.sequence, 0, WP_OK, {}, {}, 0}, {a.sequence, 0, WP_OK, {}, {}, 0}};
   EXPECT_EQ(engine->Step(twice, nullptr).code(), Code::kInvalidArgument);
-  std::vector<wp_sequence_step> none = {{nullptr, 0, WP_OK, {}, {}}};
+  std::vector<wp_sequence_step> none = {{nullptr, 0, WP_OK, {}, {}, 0}};
   EXPECT_EQ(engine->Step(none, nullptr).code(), Code::kInvalidArgument);
   while (!a.ended) StepAll(*engine, {&a});
   EXPECT_EQ(a.out.tokens.size(), 3u) << "the refused steps ran nothing of it";
