@@ -58,8 +58,7 @@ float DotStored(const uint8_t* row, DType dtype, const float* x, uint32_t n) {
 constexpr uint32_t kDirectRows = 4;
 
 // From this many rows of one run on (a prompt's piece), attention runs in query tiles of one head
-// (prompt_attention.h); fewer (a decode step) run per row and KV head, the heads sharing a KV head
-// as one product's rows (CpuModel::Attention).
+// (prompt_attention.h); fewer (a decode step) row by row (decode_attention.h).
 constexpr uint32_t kPromptAttentionRows = 8;
 
 // Up to this many rows on bf16 weights (decode tokens of a step of several sequences, and a prompt
@@ -138,10 +137,12 @@ CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int thread
     : config_(config), weights_(weights), threads_(std::max(1, threads)), inv_freq_(config.RotaryFrequencies()) {}
 
 Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y) {
-  // Several sequences' decode tokens on bf16 weights (a continuous-batching step): the AVX-512
+  // Decode tokens on bf16 weights, one sequence's or a continuous-batching step's: the AVX-512
   // BF16 kernel streams the weights once for all rows, with the activations narrowed to bf16 as a
-  // prompt's are. One row (a lone decode step) stays in f32, below.
-  if (w.dtype == DType::BF16 && rows > 1 && rows <= kBatchedRows && dense::HaveBF16Gemv()) {
+  // prompt's are on oneDNN. A lone row too: so a sequence computes the same whether it steps alone
+  // or with others, and the kernel reads the weights faster than the f32 loop below (a 256 MiB
+  // model's decode step at 1.02 to 1.09 times the bandwidth the bench measures, against 0.8 to 0.9).
+  if (w.dtype == DType::BF16 && rows <= kBatchedRows && dense::HaveBF16Gemv()) {
     thread_local std::vector<uint16_t> narrow;
     narrow.resize(uint64_t{rows} * w.cols);
     for (uint64_t i = 0; i < narrow.size(); ++i) narrow[i] = safetensors::FloatToBF16(x[i]);
