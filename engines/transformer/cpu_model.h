@@ -1,5 +1,7 @@
 // A decoder's forward pass on the CPU, in f32, on weights used as stored (f32, f16 or bf16,
-// widened in the inner loops): the architecture in engines/transformer/config.h.
+// widened in the inner loops; on bf16 weights the products take the activations narrowed to bf16,
+// as PyTorch's bf16 does, wherever the CPU has a bf16 product): the architecture in
+// engines/transformer/config.h.
 //
 // A sequence's keys and values live in its KvCache (engines/transformer/kv_cache.h: blocks of a
 // pool its model's sequences share). Forward runs a run of tokens at consecutive positions against it: a whole prompt at once (prefill: every projection reads each weight once
