@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "engines/avx512_sum4.h"
 #include "engines/gemv_blocks.h"
 
 // GCC 12's AVX-512 intrinsics (_mm512_reduce_add_ps, _mm512_cvtph_ps, the casts and extracts) pass `_mm256_undefined_*()`,
@@ -45,22 +46,6 @@ WARMPOOL_BF16_TARGET inline __m512bh LoadTail(const void* p, __mmask32 mask) {
   return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, p));
 }
 
-// The sums of four accumulators' 16 lanes each, as [a, b, c, d]: a transposing tree that adds
-// lanes of different accumulators together, 13 instructions where four full reductions take 32 (at
-// 1024 inputs a pass's reductions were a fifth of its instructions).
-WARMPOOL_BF16_TARGET inline __m128 Sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // In each 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c and d.
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  // In each lane: [a, b, c, d] summed over the lane's four elements.
-  const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  // The four lanes added together.
-  const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(lanes),
-                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
-}
-
 // N outputs (weight rows `rows`) x C input rows from x: y[r * out + j] for r < C, j < N. With
 // `ahead`, each weight line is prefetched that many bytes further on.
 template <uint32_t N, uint32_t C>
@@ -92,7 +77,7 @@ WARMPOOL_BF16_TARGET void Chunk(const uint8_t* const* rows, uint32_t in, uint32_
   }
   float sums[kAccumulators];
   uint32_t i = 0;
-  for (; i + 4 <= kAccumulators; i += 4) _mm_storeu_ps(sums + i, Sum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+  for (; i + 4 <= kAccumulators; i += 4) _mm_storeu_ps(sums + i, simd::Sum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
   for (; i < kAccumulators; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
   for (uint32_t r = 0; r < C; ++r) {
     for (uint32_t j = 0; j < N; ++j) {

@@ -10,6 +10,7 @@
 
 #include <dnnl.h>
 
+#include "engines/avx512_sum4.h"
 #include "engines/transformer/prompt_attention.h"
 
 // GCC 12's AVX-512 intrinsics pass `_mm256_undefined_*()`, a self-initialised variable, as the
@@ -28,21 +29,6 @@ namespace {
 constexpr uint32_t kLanes = 16;
 // Query heads whose dot products with one key are summed together by one Sum4.
 constexpr uint32_t kQuad = 4;
-
-// [Σa, Σb, Σc, Σd] over the 16 lanes of each: a transposing tree, 13 instructions where four
-// separate reductions take 32.
-WARMPOOL_AVX512_TARGET inline __m128 Sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // In each 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] and the same of c and d.
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  // In each lane: a, b, c and d, each summed over the lane.
-  const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  // The four lanes added together.
-  const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(lanes),
-                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
-}
 
 // scores[(g - kv_first) * group + h][p] = scale · q[g * group + h] · key_p[g], position by position.
 WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std::span<const KvRun> runs,
@@ -67,7 +53,7 @@ WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std:
             }
           }
           alignas(16) float sums[kQuad];
-          _mm_store_ps(sums, _mm_mul_ps(Sum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(s.scale)));
+          _mm_store_ps(sums, _mm_mul_ps(simd::Sum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(s.scale)));
           float* row = scores + (uint64_t{g - kv_first} * group + h0) * width + position;
           for (uint32_t h = 0; h < quad; ++h) row[h * width] = sums[h];
         }

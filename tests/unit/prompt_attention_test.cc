@@ -7,8 +7,10 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "engines/transformer/decode_attention.h"
@@ -69,6 +71,30 @@ std::unique_ptr<KvCache> CacheOf(const Config& c, const std::vector<float>& keys
   return cache;
 }
 
+// PromptAttention or DecodeAttention.
+using AttentionFn = Status (*)(const Config&, uint32_t, uint32_t, uint32_t, KvCache&, const float*, float*, int);
+
+// `attention` of random queries, keys and values within 1e-5 (relative, plus absolute) of the
+// definition, for case k in config c.
+void ExpectTheDefinition(AttentionFn attention, const Config& c, const AttentionCase& k, std::mt19937& generator,
+                         const std::string& context) {
+  std::uniform_real_distribution<float> uniform(-2, 2);
+  const uint32_t positions = k.start + k.rows;
+  std::vector<float> keys(uint64_t{positions} * c.kv_size()), values(keys.size()), q(uint64_t{k.rows} * c.q_size());
+  for (float& x : keys) x = uniform(generator);
+  for (float& x : values) x = uniform(generator);
+  for (float& x : q) x = uniform(generator);
+  std::vector<float> out(q.size(), NAN);
+  const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
+  ASSERT_TRUE(attention(c, 0, k.rows, k.start, *cache, q.data(), out.data(), k.threads).ok()) << context;
+  const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+        << context << "; rows " << k.rows << " start " << k.start << " window " << k.window << " threads "
+        << k.threads << " at " << i;
+  }
+}
+
 TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
   Config c;
   c.num_hidden_layers = 1;
@@ -77,22 +103,9 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
   c.head_dim = 16;
   const AttentionCase cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}, {9, 200, 0, 2}};
   std::mt19937 generator(11);
-  std::uniform_real_distribution<float> uniform(-2, 2);
   for (const AttentionCase& k : cases) {
     c.sliding_window = k.window;
-    const uint32_t positions = k.start + k.rows;
-    std::vector<float> keys(uint64_t{positions} * c.kv_size()), values(keys.size()), q(uint64_t{k.rows} * c.q_size());
-    for (float& x : keys) x = uniform(generator);
-    for (float& x : values) x = uniform(generator);
-    for (float& x : q) x = uniform(generator);
-    std::vector<float> out(q.size());
-    const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
-    ASSERT_TRUE(PromptAttention(c, 0, k.rows, k.start, *cache, q.data(), out.data(), k.threads).ok());
-    const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
-    for (size_t i = 0; i < out.size(); ++i) {
-      ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
-          << "rows " << k.rows << " start " << k.start << " window " << k.window << " at " << i;
-    }
+    ExpectTheDefinition(&PromptAttention, c, k, generator, "prompt");
   }
 }
 
@@ -137,7 +150,6 @@ TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
   const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {6, 1, 32}, {8, 8, 48}, {10, 2, 128}, {4, 2, 20}};
   const AttentionCase cases[] = {{1, 0, 0, 1}, {1, 63, 0, 1}, {3, 62, 0, 2}, {7, 200, 0, 3}, {2, 130, 40, 2}, {1, 64, 1, 4}};
   std::mt19937 generator(13);
-  std::uniform_real_distribution<float> uniform(-2, 2);
   for (const Shape& shape : shapes) {
     Config c;
     c.num_hidden_layers = 1;
@@ -146,20 +158,8 @@ TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
     c.head_dim = shape.head_dim;
     for (const AttentionCase& k : cases) {
       c.sliding_window = k.window;
-      const uint32_t positions = k.start + k.rows;
-      std::vector<float> keys(uint64_t{positions} * c.kv_size()), values(keys.size()), q(uint64_t{k.rows} * c.q_size());
-      for (float& x : keys) x = uniform(generator);
-      for (float& x : values) x = uniform(generator);
-      for (float& x : q) x = uniform(generator);
-      std::vector<float> out(q.size(), NAN);
-      const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
-      ASSERT_TRUE(DecodeAttention(c, 0, k.rows, k.start, *cache, q.data(), out.data(), k.threads).ok());
-      const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
-      for (size_t i = 0; i < out.size(); ++i) {
-        ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
-            << shape.heads << " heads, " << shape.kv_heads << " KV heads of " << shape.head_dim << "; rows " << k.rows
-            << " start " << k.start << " window " << k.window << " threads " << k.threads << " at " << i;
-      }
+      ExpectTheDefinition(&DecodeAttention, c, k, generator,
+                          fmt::format("{} heads, {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim));
     }
   }
 }
