@@ -19,8 +19,13 @@ inline constexpr size_t kGemvBlockWeightBytes = 256 << 10;
 template <typename Pass>
 void ForEachGemvBlock(uint32_t in, uint32_t out, uint32_t rows, uint32_t per_pass, size_t element_bytes, int threads,
                       Pass pass) {
-  const auto block =
-      static_cast<uint32_t>(std::max<size_t>(12, kGemvBlockWeightBytes / (size_t{in} * element_bytes)) / 12 * 12);
+  if (out == 0) return;
+  // As many blocks as the budget asks, then sizes evened out among them (rounded up to 12): the
+  // threads split the blocks statically, and blocks rounded down would leave a small last one (at
+  // 256 outputs, 120 + 120 + 16: one thread of two doing 240).
+  const size_t most = std::max<size_t>(12, kGemvBlockWeightBytes / (size_t{in} * element_bytes));
+  const size_t wanted = (out + most - 1) / most;
+  const auto block = static_cast<uint32_t>(((out + wanted - 1) / wanted + 11) / 12 * 12);
   const auto blocks = static_cast<int64_t>((out + block - 1) / block);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && blocks > 1)
   for (int64_t b = 0; b < blocks; ++b) {

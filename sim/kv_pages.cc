@@ -1,11 +1,14 @@
 // KV pages in the simulated world: each language engine of a simulated worker keeps the transformer
 // engine's own pool and caches (engines/transformer/kv_cache.h), of a shape of one float per
 // position, and its generations use them as the engine's do: a generation's cache takes the
-// longest published prefix of its prompt (prompts share their beginnings here, so the prefix cache
-// is used and evicted), computes the rest, grows a position a step, and releases its blocks when
-// the generation ends however it ends (done, cancelled, past its deadline); the pool goes with its
-// engine (unload, worker killed). The worker reports the pool's use with every chunk and end, as
-// the engine's kv_usage does.
+// longest published prefix of its prompt, computes the rest, grows a position a step, and releases
+// its blocks when the generation ends however it ends (done, cancelled, past its deadline); the
+// pool goes with its engine (unload, worker killed). Prompts come in five families of up to four
+// blocks, more than the pool's five blocks hold, so that published prefixes are found, kept after
+// their generation and evicted; a prompt often ends near a block's end, so that generated tokens
+// fill blocks too. A simulated worker runs one generation at a time, so no block is held twice
+// here (sharing and copy-on-write are kv_cache_test's). The worker reports the pool's use with
+// every chunk and end, as the engine's kv_usage does.
 //
 // After every event, for every engine: each block in exactly one state and the prefix index the
 // published blocks (KvBlocks::Consistent); each block held exactly as many times as the caches
@@ -24,7 +27,7 @@ using transformer::KvPool;
 using transformer::kKvBlockTokens;
 
 // The pool's positions per sequence: several blocks, whatever kSimContext (the core's figure) says.
-constexpr uint32_t kKvContext = 8 * kKvBlockTokens;
+constexpr uint32_t kKvContext = 5 * kKvBlockTokens;
 // A generated token: apart from the prompts' (0, 1, 2, ...).
 constexpr int32_t kFirstGeneratedToken = 100000;
 
@@ -37,12 +40,12 @@ transformer::Config PageShape() {
   return c;
 }
 
-// The prompt "token N" as tokens: 0, 1, 2, ... for 0 to 3 blocks and a few more, so that prompts
-// share whole blocks with each other.
+// The prompt "token N" as tokens: family N % 5's (1000 x family, and on), 0 to 3 whole blocks and
+// then 1 to 60 tokens more (near a block's end at times, so that a generation's tokens fill it).
 std::vector<int32_t> PromptTokens(const std::string& prompt) {
   const uint64_t n = std::strtoull(prompt.c_str() + (prompt.size() > 6 ? 6 : prompt.size()), nullptr, 10);
-  std::vector<int32_t> tokens(kKvBlockTokens * (n % 4) + n % 5 + 1);
-  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>(i);
+  std::vector<int32_t> tokens(kKvBlockTokens * (n / 5 % 4) + 1 + (n * 7) % 60);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>(1000 * (n % 5) + i);
   return tokens;
 }
 
@@ -67,10 +70,13 @@ void Simulator::OpenKvSequence(Engine& e, uint64_t job, const v1::WorkerInfer& i
   // As the engine opens a sequence: whole published blocks of the prompt, never its last token.
   const uint32_t cached = cache->Reuse(tokens, static_cast<uint32_t>(tokens.size() - 1));
   const auto end = static_cast<uint32_t>(std::min<size_t>(tokens.size(), kKvContext));
-  if (Status s = cache->Prepare(cached, end); !s.ok()) {
-    return Fail(fmt::format("generation {}: a pool of one sequence's blocks refused its prompt: {}", job, s.message()));
+  if (cached < end) {
+    if (Status s = cache->Prepare(cached, end); !s.ok()) {
+      return Fail(
+          fmt::format("generation {}: a pool of one sequence's blocks refused its prompt: {}", job, s.message()));
+    }
+    cache->Commit(cached, std::span<const int32_t>(tokens).subspan(cached, end - cached));
   }
-  cache->Commit(cached, std::span<const int32_t>(tokens).subspan(cached, end - cached));
   e.kv->sequences[job] = std::move(cache);
 }
 
