@@ -61,8 +61,17 @@ class StreamGenerate {
       if (r == 0) continue;
       alone.push_back(one->end_to_end);
       together.push_back(many->end_to_end);
-      alone_decoding.push_back(one->decoding);
-      together_decoding.push_back(many->decoding);
+      // A round without a window (a stream done before the last began: too few --tokens) has no
+      // decoding figure rather than a zero one.
+      if (one->decoding > 0 && many->decoding > 0) {
+        alone_decoding.push_back(one->decoding);
+        together_decoding.push_back(many->decoding);
+      }
+    }
+    if (together_decoding.empty()) {
+      std::fprintf(stderr, "no round had all %u streams decoding at once: give more --tokens\n", options_.streams);
+      alone_decoding.push_back(0);
+      together_decoding.push_back(0);
     }
     Result<Latencies> beside = BesideALongPrompt();
     if (!beside.ok()) return run_.WithLog(beside.status());
@@ -113,7 +122,7 @@ class StreamGenerate {
     for (uint32_t i = 0; i < count; i++) {
       if (!replies[i].ok()) return replies[i].status();
       tokens += replies[i]->completion_tokens();
-      if (arrivals[i].size() < 2) return Error(Code::kInternal, "a stream sent fewer than two chunks with tokens");
+      if (arrivals[i].empty()) return Error(Code::kInternal, "a stream sent no chunk with tokens");
       last_first = std::max(last_first, arrivals[i].front().first);
       first_last = std::min(first_last, arrivals[i].back().first);
       last = std::max(last, arrivals[i].back().first);

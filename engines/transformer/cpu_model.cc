@@ -119,7 +119,7 @@ void RmsNorm(const float* x, uint64_t rows, uint32_t width, const std::vector<fl
 }  // namespace
 
 void WarmCpuKernels() {
-  // The attention's two products (CpuModel::Attention, PromptAttention): scores = q·kᵀ over a
+  // The attention's two products (PromptAttention; DecodeAttention without AVX-512): scores = q·kᵀ over a
   // block's positions, then out += scores·v, for a full block and a part of one, at the common
   // head sizes. Their sizes only pick among kernels generated once each.
   omp_set_num_threads(dense::CpuThreads());  // the calling thread's team, as the engines' own
@@ -139,9 +139,12 @@ CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int thread
 Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y) {
   // Decode tokens on bf16 weights, one sequence's or a continuous-batching step's: the AVX-512
   // BF16 kernel streams the weights once for all rows, with the activations narrowed to bf16 as a
-  // prompt's are on oneDNN. A lone row too: so a sequence computes the same whether it steps alone
-  // or with others, and the kernel reads the weights faster than the f32 loop below (a 256 MiB
-  // model's decode step at 1.02 to 1.09 times the bandwidth the bench measures, against 0.8 to 0.9).
+  // prompt's are on oneDNN. A lone row too: so a sequence's products are of the same kind alone or
+  // in a step with others (equal within bf16's rounding: the sums' order differs), and the kernel
+  // reads the weights faster than the f32 loop below (a 256 MiB model's decode step at 1.02 to 1.09
+  // times the bandwidth the bench measures, against 0.8 to 0.9). As with a prompt's, a subnormal
+  // activation or weight counts as zero (VDPBF16PS) and an activation past bf16's largest finite
+  // value as infinite.
   if (w.dtype == DType::BF16 && rows <= kBatchedRows && dense::HaveBF16Gemv()) {
     thread_local std::vector<uint16_t> narrow;
     narrow.resize(uint64_t{rows} * w.cols);

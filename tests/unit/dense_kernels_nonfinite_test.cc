@@ -24,11 +24,12 @@ constexpr float kInf = INFINITY;
 constexpr float kHuge = 3e38f;       // any product with a weight above about 1.13 overflows
 constexpr float kSubnormal = 1e-40f;  // f32 (and bf16) subnormal
 
-// Row counts: each pass of the AVX-512 kernels (1 to 4 rows), and more than one pass.
+// Row counts: each pass of the AVX-512 kernels (1 to 4 rows; the bf16 kernel's up to 8, outputs in
+// threes from 5 rows), and more than one pass.
 constexpr uint32_t kRowCounts[] = {1, 2, 3, 4, 5, 7, 8, 9};
 // Inputs with a tail only, with whole vectors of 32 and 16 and a tail, and with two of 32 and a tail.
 constexpr uint32_t kInputCounts[] = {7, 53, 67};
-// Outputs in fours and one alone; each output below has its own weights.
+// Outputs in fours (or threes) and one alone; each output below has its own weights.
 constexpr uint32_t kOutputs = 13;
 
 // An output's weights and bias (row n of W): ordinary values with, for some outputs, one special.

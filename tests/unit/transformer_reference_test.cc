@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "engines/transformer/checkpoint.h"
 #include "engines/bf16_gemv.h"
+#include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/embedding.h"
 #include "engines/transformer/generation.h"
@@ -177,7 +177,8 @@ TEST(TransformerReference, PrefillAndDecodeLogitsMatchTheReferenceForEveryArchit
     ASSERT_TRUE(loaded.model->Forward(tokens, 0, cache, prefill, /*all_positions=*/true).ok()) << c.name;
     // Products on bf16 weights narrow the activations to bf16 (8 significant bits, as PyTorch's
     // bf16 and the GPU do), whether a prompt's or one token's (where the CPU has AVX-512 BF16), so
-    // that a sequence computes the same alone or in a step with others; other dtypes keep them f32.
+    // that a sequence's products are of one kind alone or in a step with others; other dtypes keep
+    // them f32.
     const double products = c.spec.dtype == DType::BF16 ? 1e-2 : 1e-4;
     ExpectNear(prefill, want, products, c.name + ", prefill");
 
