@@ -8,9 +8,10 @@
 #include "engines/avx512_sum4.h"
 #include "engines/gemv_blocks.h"
 
-// GCC 12's AVX-512 intrinsics (_mm512_reduce_add_ps, _mm512_cvtph_ps, the casts and extracts) pass `_mm256_undefined_*()`,
-// a self-initialised variable, as the unused merge operand, and GCC 12 reports it wherever they
-// are inlined (GCC bug 105593, fixed in GCC 13). Nothing here reads an uninitialised value.
+// GCC 12's AVX-512 intrinsics (_mm512_reduce_add_ps, and Sum4's casts and extracts) pass
+// `_mm256_undefined_*()`, a self-initialised variable, as the unused merge operand, and GCC 12
+// reports it wherever they are inlined (GCC bug 105593, fixed in GCC 13). Nothing here reads an
+// uninitialised value.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"

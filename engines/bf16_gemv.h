@@ -1,8 +1,10 @@
 // A matrix-vector kernel for bf16 weights at small batches, on AVX-512 BF16 (`vdpbf16ps`): the
-// weights stay 16-bit, are streamed from memory once for all rows, and each instruction takes 32
-// weight-input pairs, accumulating in f32. oneDNN 2.6's bf16 matmul runs a single row at about half
-// the memory bandwidth (warmpool-bench --compute), and that is the most common latency-bound call;
-// this kernel serves the smallest batches, oneDNN the rest (engines/dense_cpu.cc).
+// weights stay 16-bit, are streamed from memory once for up to 8 rows (more rows: a pass per 8, the
+// later ones from the L2 cache), and each instruction takes 32 weight-input pairs, accumulating in
+// f32. oneDNN 2.6's bf16 matmul runs a single row at about half the memory bandwidth
+// (warmpool-bench --compute), and that is the most common latency-bound call; this kernel serves
+// the smallest batches, oneDNN the rest: up to 4 rows in the dense engine (engines/dense_cpu.cc),
+// up to 16 in the transformer engine's steps (engines/transformer/cpu_model.cc).
 #pragma once
 
 #include <cstdint>
