@@ -151,13 +151,27 @@ Result<wp_region> Engine::ExportCache() {
   return region;
 }
 
-std::optional<std::pair<uint64_t, uint64_t>> Engine::KvUsage() {
-  uint64_t held = 0, blocks = 0;
+std::optional<Engine::KvCacheUsage> Engine::KvUsage() {
+  uint64_t held = 0, blocks = 0, reserved = 0;
   if (instance_ == nullptr || vtable_->abi_version < 10 || vtable_->kv_usage == nullptr ||
       vtable_->kv_usage(instance_, &held, &blocks) != WP_OK || blocks == 0) {
     return std::nullopt;
   }
-  return std::make_pair(std::min(held, blocks), blocks);
+  uint64_t refused = 0;
+  if (vtable_->abi_version < 12 || vtable_->kv_reservations == nullptr ||
+      vtable_->kv_reservations(instance_, &reserved, &refused) != WP_OK) {
+    reserved = 0;
+  }
+  return KvCacheUsage{std::min(held, blocks), blocks, std::min(reserved, blocks)};
+}
+
+uint64_t Engine::KvRefusedBlocks() {
+  uint64_t reserved = 0, refused = 0;
+  if (instance_ == nullptr || vtable_->abi_version < 12 || vtable_->kv_reservations == nullptr ||
+      vtable_->kv_reservations(instance_, &reserved, &refused) != WP_OK) {
+    return 0;
+  }
+  return refused;
 }
 
 Status Engine::AdoptCache(int handle, uint64_t bytes) {

@@ -29,7 +29,7 @@ int ProgressTrampoline(void* ctx, uint64_t done, uint64_t total);
 inline wp_engine_spec SpecForFile(const char* name, const char* path, const uint8_t* header = nullptr,
                                   uint64_t header_bytes = 0, uint64_t file_size = 0) {
   return wp_engine_spec{name, path, header, header_bytes, file_size, /*has_directory=*/0, /*directory_fd=*/-1,
-                        /*context=*/0, /*sequences=*/0};
+                        /*context=*/0, /*sequences=*/0, /*kv_tokens=*/0};
 }
 
 // The error buffer an engine call writes into: long enough for a JSON parse error that quotes its
@@ -58,9 +58,17 @@ class Engine {
   // The region holding its sequences' KV cache (engine ABI version 10), NOT_FOUND when it keeps
   // none another process can map.
   Result<wp_region> ExportCache();
-  // Blocks of its KV cache held by sequences, and all it has (engine ABI version 10); nullopt when
-  // it keeps no cache in blocks.
-  std::optional<std::pair<uint64_t, uint64_t>> KvUsage();
+  // Blocks of its KV cache held by sequences, and all it has (engine ABI version 10), and those its
+  // open sequences may come to need (version 12; 0 before); nullopt when it keeps no cache in blocks.
+  struct KvCacheUsage {
+    uint64_t held = 0;
+    uint64_t blocks = 0;
+    uint64_t reserved = 0;
+  };
+  std::optional<KvCacheUsage> KvUsage();
+  // The blocks the generation OpenSequence last refused for want of room in its KV cache would
+  // have needed (engine ABI version 12); 0 when it never refused one so, or cannot say.
+  uint64_t KvRefusedBlocks();
   // The KV cache an earlier instance of these weights exported and left cleanly, taken over as this
   // one's (engine ABI version 11); the caller keeps `handle`. FAILED_PRECONDITION where the engine
   // adopts none.

@@ -182,7 +182,10 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
                            Counter{"warmpool_model_generation_tokens_total", "Tokens generated (vLLM: "
                                    "generation_tokens_total).", &shm::ModelStats::generation_tokens},
                            Counter{"warmpool_model_generations_cancelled_total", "Generations stopped because their "
-                                   "client left.", &shm::ModelStats::generations_cancelled}}) {
+                                   "client left.", &shm::ModelStats::generations_cancelled},
+                           Counter{"warmpool_model_kv_cache_waits_total", "Generations a replica's KV cache had no "
+                                   "room for beside those it ran (kv_cache_tokens), sent back to wait for it.",
+                                   &shm::ModelStats::kv_cache_waits}}) {
     w.Family(c.name, "counter", c.help);
     for (const ModelView& m : models) w.Sample(c.name, m.label, static_cast<double>(shm::StatLoad(m.stats->*c.field)));
   }

@@ -27,6 +27,7 @@ json ModelsJson(const v1::ModelsReply& reply) {
     j["tool_call_format"] = m.tool_call_format().empty() ? json(nullptr) : json(m.tool_call_format());
     // Language models: generations a replica runs at once.
     j["parallel"] = m.parallel() == 0 ? json(nullptr) : json(m.parallel());
+    j["kv_cache_tokens"] = m.kv_cache_tokens() == 0 ? json(nullptr) : json(m.kv_cache_tokens());
     // Typed tensors: null until a worker has opened it and said, or when its engine takes none;
     // inputs and outputs null when it takes any.
     j["tensors"] = nullptr;

@@ -76,7 +76,10 @@ struct ModelStats {
   // all they have (0 of 0: none said; engine ABI version 10, kv_usage).
   uint64_t kv_blocks_held;
   uint64_t kv_blocks;
-  uint64_t reserved[3];  // to a multiple of 64 bytes
+  // Counter: generations a replica's engine had no room for in its KV cache beside those it ran
+  // (engine ABI version 12), sent back to wait in the queue.
+  uint64_t kv_cache_waits;
+  uint64_t reserved[2];  // to a multiple of 64 bytes
   Histogram infer_seconds;  // request received to reply queued (the daemon's whole share)
   Histogram queue_seconds;  // infer request received to its dispatch to a worker
   Histogram load_seconds;   // a load or attach job, sent to done

@@ -123,7 +123,9 @@ void Simulator::CheckPeriodic() {
   for (const Client& c : clients_) {
     if (!c.connected || !starved.empty()) continue;
     for (const auto& [id, p] : c.outstanding) {
-      if (p.kind != Pending::Kind::kInfer || !p.accepted || p.replied) continue;
+      // A generation too: one a replica's KV cache had no room for waits for room that a busy
+      // worker's generations give back as they end.
+      if ((p.kind != Pending::Kind::kInfer && p.kind != Pending::Kind::kGenerate) || !p.accepted || p.replied) continue;
       uint32_t model = core_->index().Find(p.model);
       if (model == shm::kNil || core_->index().State(model) != shm::ModelState::kReady) continue;
       if (!any_idle_on[core_->index().Get(model).device]) continue;
@@ -131,7 +133,8 @@ void Simulator::CheckPeriodic() {
         return w.state == Worker::State::kUp && busy(w) && w.engines.count(model) != 0;
       });
       if (!served) {
-        starved = fmt::format("session {} request {} (infer \"{}\")", c.session, id, p.model);
+        starved = fmt::format("session {} request {} ({} \"{}\")", c.session, id,
+                              p.kind == Pending::Kind::kInfer ? "infer" : "generate", p.model);
         break;
       }
     }

@@ -30,6 +30,12 @@ struct SimFile {
 // A language model's context and KV cache per token, as its engine would report them.
 inline constexpr uint32_t kSimContext = 64;
 inline constexpr uint64_t kSimKvBytesPerToken = 64;
+// Generations a language model's engine takes at once (the core sends it up to that many; it runs
+// them one after another, admitting each by the KV blocks it may need: sim/kv_pages.cc).
+inline constexpr uint32_t kSimSequences = 3;
+// The words a worker refuses a generation with for want of KV room: never a client's answer (the
+// core sends it again once there is room).
+inline constexpr const char* kSimNoKvRoom = "no KV room";
 
 // What a header says.
 struct Described {

@@ -109,6 +109,11 @@ void Simulator::CheckGenerateReply(Pending& p, const v1::Envelope& reply, bool f
       Fail(fmt::format("a generation of \"{}\" went to a worker that does not serve it: {}", p.model,
                        reply.error().message()));
     }
+    if (reply.error().message().find(kSimNoKvRoom) != std::string::npos) {
+      Fail(fmt::format("a generation of \"{}\" was answered with its worker's want of KV room, which others "
+                       "running there were to give back: {}",
+                       p.model, reply.error().message()));
+    }
     return;
   }
   if (!reply.has_generate_reply()) {

@@ -10,11 +10,19 @@
 // here (sharing and copy-on-write are kv_cache_test's). The worker reports the pool's use with
 // every chunk and end, as the engine's kv_usage does.
 //
+// The core sends a worker up to kSimSequences generations of a model at once, and the worker admits
+// each as it arrives by the blocks it may come to need (its prompt and max_tokens), as the engine
+// does when it opens one: one that would take the pool past its blocks while others are there is
+// sent back (kv_full), and the core must send it again once there is room, ahead of those behind
+// it. Each reservation lasts until its generation ends, and is checked to.
+//
 // After every event, for every engine: each block in exactly one state and the prefix index the
 // published blocks (KvBlocks::Consistent); each block held exactly as many times as the caches
 // name it (held = referenced: none freed while a sequence names it, none counted twice); and no
 // cache but the running generation's (a generation that ended without releasing its blocks would
 // hold them for ever).
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "sim/simulator.h"
@@ -62,6 +70,36 @@ std::shared_ptr<Simulator::KvPages> Simulator::NewKvPages() {
   return pages;
 }
 
+bool Simulator::AdmitKvSequence(Worker& w, const WorkerJob& work) {
+  if (!work.message.has_infer() || !work.message.infer().has_generate()) return true;
+  const v1::WorkerInfer& infer = work.message.infer();
+  auto engine = w.engines.find(infer.model());
+  if (engine == w.engines.end() || engine->second.kv == nullptr) return true;
+  KvPages& pages = *engine->second.kv;
+  // Its prompt and every token it may generate but the last, up to the context (TokenSequence::
+  // most_positions).
+  const uint64_t positions = PromptTokens(infer.generate().prompt()).size() + std::max(infer.generate().max_tokens(), 1u) - 1;
+  const uint32_t need = transformer::KvBlocksOf(std::min<uint64_t>(positions, kKvContext));
+  // One to run alone (a retry after a crash) runs once the others have ended: never refused.
+  if (pages.reserved_blocks + need > pages.pool->blocks().count() && !pages.reserved.empty() && infer.batch()) {
+    v1::WorkerEnvelope reply;
+    v1::WorkerInferDone* done = reply.mutable_infer_done();
+    done->set_job(infer.job());
+    done->mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
+    done->mutable_error()->set_message(fmt::format("{}: {} blocks wanted, {} of {} spoken for", kSimNoKvRoom, need,
+                                                   pages.reserved_blocks, pages.pool->blocks().count()));
+    done->set_kv_full(true);
+    done->set_kv_blocks(need);
+    ReportKvUsage(engine->second, done->mutable_kv_usage());
+    ReplyToCore(w, std::move(reply));
+    outcome_.kv_waits++;
+    return false;
+  }
+  pages.reserved[infer.job()] = need;
+  pages.reserved_blocks += need;
+  return true;
+}
+
 void Simulator::OpenKvSequence(Engine& e, uint64_t job, const v1::WorkerInfer& infer) {
   if (e.kv == nullptr || !infer.has_generate()) return;
   std::vector<int32_t> tokens = PromptTokens(infer.generate().prompt());
@@ -95,7 +133,12 @@ void Simulator::StepKvSequence(Engine& e, uint64_t job, uint32_t step) {
 }
 
 void Simulator::CloseKvSequence(Engine& e, uint64_t job) {
-  if (e.kv != nullptr) e.kv->sequences.erase(job);
+  if (e.kv == nullptr) return;
+  e.kv->sequences.erase(job);
+  if (auto it = e.kv->reserved.find(job); it != e.kv->reserved.end()) {
+    e.kv->reserved_blocks -= it->second;
+    e.kv->reserved.erase(it);
+  }
 }
 
 void Simulator::ReportKvUsage(const Engine& e, v1::KvUsage* usage) {
@@ -103,6 +146,7 @@ void Simulator::ReportKvUsage(const Engine& e, v1::KvUsage* usage) {
   const transformer::KvBlocks& blocks = e.kv->pool->blocks();
   usage->set_blocks_held(blocks.counts().held);
   usage->set_blocks(blocks.count());
+  usage->set_blocks_reserved(e.kv->reserved_blocks);
 }
 
 void Simulator::CheckKvPages() {
@@ -114,6 +158,17 @@ void Simulator::CheckKvPages() {
       if (!blocks.Consistent()) {
         return Fail(fmt::format("worker {} model {}: the KV pool's states or prefix index are inconsistent", w.slot,
                                 model));
+      }
+      // Every reservation is a generation's the worker still has (running or waiting its turn):
+      // one that outlived its generation would shrink the room for good.
+      for (const auto& [job, need] : e.kv->reserved) {
+        const bool waiting = std::any_of(w.serving.begin(), w.serving.end(), [job = job](const WorkerJob& work) {
+          return work.message.has_infer() && work.message.infer().job() == job;
+        });
+        if (job != w.serving_job && !waiting) {
+          return Fail(fmt::format("worker {} model {}: generation {} keeps {} KV blocks reserved after its end", w.slot,
+                                  model, job, need));
+        }
       }
       std::vector<uint32_t> named(blocks.count(), 0);
       for (const auto& [job, cache] : e.kv->sequences) {

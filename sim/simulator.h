@@ -55,6 +55,7 @@ struct Outcome {
   uint64_t requests = 0;           // client requests sent
   uint64_t replies_ok = 0;         // successful infer replies checked
   uint64_t worker_deaths = 0;
+  uint64_t kv_waits = 0;           // generations a worker sent back for want of KV room
   uint64_t restarts = 0;           // of the supervisor
   uint64_t adopted = 0;            // models adopted warm by the supervisors after them
   std::vector<std::string> trace;  // the last lines before a failure
@@ -97,6 +98,10 @@ class Simulator {
   struct KvPages {
     std::unique_ptr<transformer::KvPool> pool;
     std::map<uint64_t, std::unique_ptr<transformer::KvCache>> sequences;  // by job; destroyed before the pool
+    // The blocks each generation it has taken may come to need, from its arrival to its end (as
+    // the engine reserves them when it opens one: engine ABI version 12), and their sum.
+    std::map<uint64_t, uint32_t> reserved;
+    uint32_t reserved_blocks = 0;
   };
   struct Engine {
     std::string name;
@@ -268,6 +273,9 @@ class Simulator {
   void OpenKvSequence(Engine& e, uint64_t job, const v1::WorkerInfer& infer);
   void StepKvSequence(Engine& e, uint64_t job, uint32_t step);
   static void CloseKvSequence(Engine& e, uint64_t job);
+  // A generation arriving at a worker, admitted by the blocks it may come to need, as the engine
+  // admits one: false when refused (its answer, kv_full, is sent).
+  bool AdmitKvSequence(Worker& w, const WorkerJob& work);
   static void ReportKvUsage(const Engine& e, v1::KvUsage* usage);
   void CheckKvPages();
   // SIGKILL of the supervisor: its workers, connections and descriptors go with it, but for what

@@ -145,6 +145,7 @@ void Simulator::WorkerReads(uint32_t slot, uint32_t generation, v1::WorkerEnvelo
     return;
   }
   WorkerJob work{std::move(message), regions.empty() ? -1 : regions.back(), -1, std::nullopt};
+  if (!AdmitKvSequence(w, work)) return;
   if (work.message.has_attach() && work.message.attach().kv_cache() && regions.size() == 2) {
     work.region = regions[0];  // the weights, then the KV cache
     work.cache = regions[1];
@@ -324,6 +325,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
     if (read.language) {
       weights->set_context(kSimContext);
       weights->set_kv_bytes_per_token(kSimKvBytesPerToken);
+      weights->set_sequences(kSimSequences);
     }
     if (!read.echo) {
       weights->set_header(HeaderOf(read));

@@ -74,6 +74,8 @@ constexpr uint64_t kMaxBatchDelayUs = 1000000;
 // [[models]] parallel: at most the jobs the daemon lets wait in one worker (kWorkerWindowJobs in
 // supervisor/core/core.h): more would be counted by admission and never run at once.
 constexpr uint64_t kMaxParallel = 16;
+// [[models]] kv_cache_tokens: far past any context times kMaxParallel.
+constexpr uint64_t kMaxKvCacheTokens = uint64_t{1} << 30;
 // Each reserve place holds a descriptor open: a reserve larger than this is a mistake.
 constexpr uint64_t kMaxReservedConnections = 1024;
 
@@ -276,6 +278,13 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
       else if (k == "parallel") {
         s = ReadUintAtMost(v, key, m.parallel, kMaxParallel);
         if (s.ok() && m.parallel == 0) s = Error(Code::kInvalidArgument, "{} must be 1 to {}", key, kMaxParallel);
+      }
+      else if (k == "kv_cache_tokens") {
+        s = ReadUintAtMost(v, key, m.kv_cache_tokens, kMaxKvCacheTokens);
+        if (s.ok() && m.kv_cache_tokens == 0) {
+          s = Error(Code::kInvalidArgument, "{} must be 1 to {} (leave it out for every generation's whole context)",
+                    key, kMaxKvCacheTokens);
+        }
       }
       else if (k == "aliases") s = ReadStrings(v, key, m.aliases);
       else if (k == "tool_call_format") {

@@ -31,6 +31,11 @@ struct ModelConfig {
   // batching), each with a KV cache of the whole context, 1 to 16; 0: the engine's default (4 on
   // the CPU).
   uint32_t parallel = 0;
+  // Language models: positions the KV cache of a replica holds in all, shared by its `parallel`
+  // generations (each admitted while the cache has the blocks it may come to need); 0: every
+  // generation's whole context. At least one context is kept, and more than parallel x context
+  // is not.
+  uint64_t kv_cache_tokens = 0;
   // Other names requests may use for it (as llama-swap's aliases: "gpt-4o-mini" for a local
   // model, so that a client's configured name reaches it). A registered model of that name wins.
   std::vector<std::string> aliases{};

@@ -8,6 +8,8 @@
 //     for the next to end). Only from the front: a job of another kind that arrived first (an
 //     unload, a park, another model's request) is answered first, after the batch, and nothing
 //     behind it overtakes it;
+//   - one the engine refuses for want of room in its KV cache while others run goes back to the
+//     supervisor (WorkerInferDone.kv_full), which sends it again where there is room;
 //   - a generation ends when its engine says so (an end token, a stop string, its limit, an error),
 //     when it is cancelled (its client left), or when its deadline passes;
 //   - a failure of the pass itself ends every generation of it with that error.
@@ -16,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "ipc/error_proto.h"
 #include "worker/generation_stream.h"
 #include "worker/serving.h"
 
@@ -63,6 +66,19 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     if (!opened.ok()) {
       marks_.Release(r.mark);
       cancelled_.erase(job);
+      // No room in its engine's KV cache beside the generations running (engine ABI version 12):
+      // nothing ran, and the supervisor sends it again where there is room. Refused with none
+      // running, a generation can never be opened there: that is its answer.
+      if (opened.code() == Code::kResourceExhausted && !running.empty()) {
+        v1::WorkerEnvelope reply;
+        v1::WorkerInferDone* done = reply.mutable_infer_done();
+        done->set_job(job);
+        ipc::SetError(done->mutable_error(), opened);
+        done->set_kv_full(true);
+        done->set_kv_blocks(engine->KvRefusedBlocks());
+        if (std::optional<Engine::KvCacheUsage> usage = engine->KvUsage()) WriteKvUsage(*usage, done->mutable_kv_usage());
+        return outbox_.Send(reply);
+      }
       return SendGenerateError(job, opened);
     }
     running.push_back(std::move(r));
@@ -105,7 +121,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     }
     // Those still running say the cache as the step, and their ended companions, left it (an
     // ended one said so in its answer: end()).
-    const std::optional<std::pair<uint64_t, uint64_t>> usage = engine->KvUsage();
+    const std::optional<Engine::KvCacheUsage> usage = engine->KvUsage();
     for (Running& r : running) r.stream->SetKvUsage(usage);
     // Between steps: what the supervisor sent meanwhile; who leaves; who joins.
     ReadWhileBusy();

@@ -81,10 +81,14 @@ void GenerationStream::SendChunk(std::string text, std::span<const int32_t> toke
   outbox_.Send(chunk);
 }
 
+void WriteKvUsage(const Engine::KvCacheUsage& usage, v1::KvUsage* to) {
+  to->set_blocks_held(usage.held);
+  to->set_blocks(usage.blocks);
+  to->set_blocks_reserved(usage.reserved);
+}
+
 void GenerationStream::StampKvUsage(v1::KvUsage* to) const {
-  if (!kv_usage_) return;
-  to->set_blocks_held(kv_usage_->first);
-  to->set_blocks(kv_usage_->second);
+  if (kv_usage_) WriteKvUsage(*kv_usage_, to);
 }
 
 void GenerationStream::Emit(std::string_view text, std::span<const int32_t> tokens,

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "engines/builtin.h"
 #include "engines/chat_template/tool_calls.h"
 #include "ipc/worker.pb.h"
 #include "warmpool/engine.h"
@@ -23,6 +24,9 @@ namespace warmpool::worker {
 // A long job that has sent nothing for this long sends a heartbeat (an empty WorkerInferChunk): the
 // supervisor takes one that says nothing for its stall limit for hung.
 inline constexpr std::chrono::seconds kHeartbeatInterval{1};
+
+// An engine's KV cache as the supervisor is told it.
+void WriteKvUsage(const Engine::KvCacheUsage& usage, v1::KvUsage* to);
 
 class GenerationStream {
  public:
@@ -45,7 +49,7 @@ class GenerationStream {
   // the prompt's, those the engine found in its prefix cache.
   void Finish(Result<wp_generate_result> result, bool past_deadline, uint32_t cached_tokens = 0);
   // The engine's KV cache as it stands (Engine::KvUsage), told with every message from now on.
-  void SetKvUsage(std::optional<std::pair<uint64_t, uint64_t>> usage) { kv_usage_ = usage; }
+  void SetKvUsage(std::optional<Engine::KvCacheUsage> usage) { kv_usage_ = usage; }
 
  private:
   void AddCalls(std::vector<chat::ToolCall>& found, google::protobuf::RepeatedPtrField<v1::ToolCall>* to);
@@ -56,7 +60,7 @@ class GenerationStream {
 
   const v1::WorkerInfer& request_;
   Outbox& outbox_;
-  std::optional<std::pair<uint64_t, uint64_t>> kv_usage_;
+  std::optional<Engine::KvCacheUsage> kv_usage_;
   JobFaults faults_;
   v1::WorkerEnvelope reply_;  // the done message, its generate reply filled as it goes when not streamed
   std::optional<chat::ToolCallReader> calls_;  // the model's calls of the tools offered, read from its text

@@ -18,6 +18,7 @@
 #include "engines/tensors/tensor_proto.h"
 #include "ipc/error_proto.h"
 #include "ipc/file_version_proto.h"
+#include "worker/generation_stream.h"
 #include "worker/load_thread.h"
 
 namespace warmpool::worker {
@@ -32,6 +33,7 @@ void DescribeEngine(const Engine& engine, v1::ModelWeights* weights) {
   // Generations at once: what a stepping engine says, one for an engine that runs them alone.
   weights->set_sequences(!engine.generates() ? 0 : engine.steps() ? std::max(info.sequences, 1u) : 1);
   weights->set_kv_bytes_per_token(info.kv_bytes_per_token);
+  weights->set_kv_tokens(info.kv_tokens);
   weights->set_embedding_size(info.embedding_size);
   weights->clear_inputs();
   weights->clear_outputs();
@@ -81,10 +83,7 @@ Status Named(const Status& status, const std::string& fd_path, const std::string
 }  // namespace
 
 void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared) {
-  if (std::optional<std::pair<uint64_t, uint64_t>> usage = engine.KvUsage()) {
-    done.mutable_kv_usage()->set_blocks_held(usage->first);
-    done.mutable_kv_usage()->set_blocks(usage->second);
-  }
+  if (std::optional<Engine::KvCacheUsage> usage = engine.KvUsage()) WriteKvUsage(*usage, done.mutable_kv_usage());
   // Its KV cache goes to the supervisor too, after the weights: when this process dies, a stream
   // resumed elsewhere copies its keys and values from there (engine ABI version 10).
   Result<wp_region> cache = engine.ExportCache();
@@ -150,6 +149,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
   spec.has_directory = directory ? 1 : 0;
   spec.directory_fd = directory ? file : -1;
   spec.sequences = request.sequences();
+  spec.kv_tokens = request.kv_tokens();
   Result<Engine> engine = Engine::Open(*vtable, spec, memory_.engines());
   if (!engine.ok()) return Named(engine.status(), fd_path, path);
   if (directory) {

@@ -161,6 +161,7 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd, int cac
                       reinterpret_cast<const uint8_t*>(header.data()), header.size(),
                       described.file_size());
   spec.sequences = described.sequences();  // as many as the load that described them ran
+  spec.kv_tokens = described.kv_tokens();     // in a cache as large
   if (!vtable.ok()) {
     status = vtable.status();
   } else {

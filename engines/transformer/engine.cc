@@ -145,6 +145,14 @@ wp_status KvUsageCall(wp_engine* engine, uint64_t* blocks_held, uint64_t* blocks
   return WP_OK;
 }
 
+wp_status KvReservationsCall(wp_engine* engine, uint64_t* reserved, uint64_t* refused) {
+  TransformerEngine& e = *As(engine);
+  if (!e.kv_pool || reserved == nullptr || refused == nullptr) return WP_NOT_FOUND;
+  *reserved = e.kv_reserved;
+  *refused = e.kv_refused;
+  return WP_OK;
+}
+
 wp_status AttachCall(wp_engine* engine, const wp_region* weights, char* err, size_t err_len) {
   return Guarded(err, err_len, [&] {
     TransformerEngine& e = *As(engine);
@@ -273,7 +281,7 @@ const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer",     &OpenCall,   &LoadCall,          &InferCall,
     &CloseCall,            &ExportCall,       &AttachCall, &DescribeCall,      &GenerateCall,
     &EmbedCall,            &SignatureCall,    &RunCall,    &OpenSequenceCall,  &StepCall,
-    &CloseSequenceCall,    &ExportCacheCall,  &KvUsageCall, &AdoptCacheCall,
+    &CloseSequenceCall,    &ExportCacheCall,  &KvUsageCall, &AdoptCacheCall,    &KvReservationsCall,
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 struct wp_sequence {
   warmpool::transformer::TextSequence text;
   uint32_t slot = 0;
+  uint32_t reserved = 0;  // blocks of the KV pool it may come to need (TransformerEngine::kv_reserved)
   bool failed = false;    // a step failed it: it takes no more steps
   bool reported = false;  // a step said it ended: it takes no more steps
 };
@@ -157,6 +158,20 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   if (!request.ok()) return request.status();
   Result<TextSequence> text = TextSequence::Start(*e.files, *request, e.slots->context(), e.packed.config.vocab_size);
   if (!text.ok()) return text.status();
+  // The blocks it may come to need, spoken for beside the open sequences': however the prefix cache
+  // shares blocks and copies them, a step then never finds the pool empty (the blocks held never
+  // exceed what the open sequences may need, and a shared block counts once). A pool smaller than
+  // every sequence's whole context (kv_tokens) refuses the generation until one closes: the worker
+  // hands it back to the supervisor, which sends it where there is room (engine ABI version 12).
+  const uint32_t need = e.kv_pool ? KvBlocksOf(text->tokens().most_positions()) : 0;
+  if (e.kv_pool && e.kv_reserved + need > e.kv_pool->blocks().count()) {
+    e.kv_refused = need;
+    return Error(Code::kResourceExhausted,
+                 "model \"{}\": its KV cache has {} of its {} blocks free of what the {} generations running may "
+                 "need; this one may need {} ({} positions): it waits for one to end",
+                 e.name, e.kv_pool->blocks().count() - e.kv_reserved, e.kv_pool->blocks().count(), e.open_sequences,
+                 need, text->tokens().most_positions());
+  }
   const auto slot = static_cast<uint32_t>(free - e.slot_used.begin());
   // The prompt's prefix that an earlier sequence left in the KV cache is not computed again, nor
   // what a dead worker's cache holds of the rest (a resumed stream: its prompt and tokens sent).
@@ -171,9 +186,10 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   if (!text->ended()) {
     text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill(), source ? &*source : nullptr));
   }
-  auto* opened = new wp_sequence{std::move(*text), slot, false};
+  auto* opened = new wp_sequence{std::move(*text), slot, need};
   *free = true;
   e.open_sequences++;
+  e.kv_reserved += need;
   if (prompt_tokens != nullptr) *prompt_tokens = opened->text.tokens().prompt_tokens();
   return opened;
 }
@@ -183,6 +199,7 @@ void CloseSequence(TransformerEngine& e, wp_sequence* sequence) {
   e.slots->Free(sequence->slot);
   e.slot_used[sequence->slot] = false;
   e.open_sequences--;
+  e.kv_reserved -= sequence->reserved;
   delete sequence;
 }
 

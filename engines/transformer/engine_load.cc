@@ -60,7 +60,8 @@ Status StartOnCpu(TransformerEngine& e, const uint8_t* base) {
   if (!weights.ok()) return weights.status();
   // The worker's compute threads ([daemon] threads_per_worker), as the dense engine uses them.
   e.model = std::make_unique<CpuModel>(e.packed.config, *weights, dense::CpuThreads());
-  Result<std::unique_ptr<KvPool>> pool = KvPool::Make(e.packed.config, KvPoolBlocks(e.context, e.sequences));
+  Result<std::unique_ptr<KvPool>> pool =
+      KvPool::Make(e.packed.config, KvPoolBlocks(e.context, e.sequences, e.kv_tokens));
   if (!pool.ok()) return pool.status();
   UsePool(e, std::move(*pool));
   return OkStatus();
@@ -153,14 +154,17 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   e.context = ServedContext(e.packed.config, spec.context);
   // A GPU's forward pass runs one sequence; the CPU steps several together.
   e.sequences = e.on_device ? 1 : ServedSequences(spec.sequences);
+  e.kv_tokens = e.on_device ? 0 : spec.kv_tokens;
   e.slot_used.assign(e.sequences, false);
   info.weight_bytes = e.packed.region_bytes;
   // On a GPU the workspace is device memory: the KV cache and what the kernels need.
   info.workspace_bytes = e.on_device ? PlanGpuSequence(e.packed.config, e.context).total
-                                     : WorkspaceBytes(e.packed.config, e.context, e.sequences);
+                                     : WorkspaceBytes(e.packed.config, e.context, e.sequences, e.kv_tokens);
   info.max_batch = 1;
   info.context = e.context;
   info.sequences = e.sequences;
+  info.kv_tokens = e.on_device ? e.context
+                               : uint64_t{KvPoolBlocks(e.context, e.sequences, e.kv_tokens)} * kKvBlockTokens;
   info.embedding_size = e.packed.config.hidden_size;
   info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
   e.signature[0] = {"input_ids", WP_DTYPE_I64, 1, {-1}, nullptr, 0};

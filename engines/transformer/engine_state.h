@@ -42,6 +42,12 @@ struct TransformerEngine {
   // Generations (engine ABI version 7): `sequences` open at once, each in a slot of its own (slot
   // 0's cache is `cache`, which embeddings and typed runs use while no generation is open).
   uint32_t sequences = 1;
+  // Positions the KV pool holds in all, as asked (spec.kv_tokens; 0: every sequence's whole
+  // context). Fewer than that, the pool is shared by what the open sequences may come to need:
+  // kv_reserved blocks of it are spoken for (OpenSequence).
+  uint64_t kv_tokens = 0;
+  uint32_t kv_reserved = 0;
+  uint32_t kv_refused = 0;  // blocks the last generation refused for want of them would have needed
   std::unique_ptr<SequenceSlots> slots;
   StepPacer pacer{kStepPromptTokens, kPrefillPiece};  // how much prompt a step carries beside decodes
   std::vector<bool> slot_used;

@@ -7,9 +7,12 @@
 
 namespace warmpool::transformer {
 
-uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences) {
-  const uint64_t per_sequence = (uint64_t{context} + kKvBlockTokens - 1) / kKvBlockTokens;
-  return static_cast<uint32_t>(std::min<uint64_t>(per_sequence * std::max(sequences, 1u), UINT32_MAX - 1));
+uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences, uint64_t kv_tokens) {
+  const uint64_t per_sequence = KvBlocksOf(context);
+  const uint64_t whole = std::min<uint64_t>(per_sequence * std::max(sequences, 1u), UINT32_MAX - 1);
+  if (kv_tokens == 0) return static_cast<uint32_t>(whole);
+  return static_cast<uint32_t>(std::clamp<uint64_t>((kv_tokens + kKvBlockTokens - 1) / kKvBlockTokens,
+                                                    std::min(per_sequence, whole), whole));
 }
 
 Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t blocks) {

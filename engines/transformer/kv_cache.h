@@ -25,8 +25,14 @@
 namespace warmpool::transformer {
 
 // The blocks a pool needs so that `sequences` caches of `context` positions always find theirs:
-// each holds at most ceil(context / kKvBlockTokens), and a shared block counts once.
-uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences);
+// each holds at most ceil(context / kKvBlockTokens), and a shared block counts once. With
+// `kv_tokens` (0: none), the blocks of that many positions instead, at least one context's (a
+// request the context holds then always fits once the others close) and at most the above.
+uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences, uint64_t kv_tokens = 0);
+// The blocks of `positions` positions.
+inline uint32_t KvBlocksOf(uint64_t positions) {
+  return static_cast<uint32_t>((positions + kKvBlockTokens - 1) / kKvBlockTokens);
+}
 
 class KvPool {
  public:

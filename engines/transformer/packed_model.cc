@@ -33,9 +33,9 @@ uint32_t ServedContext(const Config& config, uint32_t asked) {
   return static_cast<uint32_t>(std::max<uint64_t>(context, 1));
 }
 
-uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences) {
-  // The KV pool: every sequence at its whole context, in whole blocks (engines/transformer/kv_cache.h).
-  const uint64_t kv = config.KvBytesPerToken() * KvPoolBlocks(context, sequences) * kKvBlockTokens;
+uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences, uint64_t kv_tokens) {
+  // The KV pool, in whole blocks (engines/transformer/kv_cache.h).
+  const uint64_t kv = config.KvBytesPerToken() * KvPoolBlocks(context, sequences, kv_tokens) * kKvBlockTokens;
   // Per prefill row: the residual stream, its norm, q, k, v, the attention output, the MLP's gate,
   // up and product; and the logits of the last row.
   const uint64_t row = uint64_t{config.hidden_size} * 3 + config.q_size() * 2 + config.kv_size() * 2 +

@@ -58,9 +58,10 @@ Result<PackedModel> DecodeHeader(std::string_view header);
 // Whether bytes are an encoded description (and not, say, a safetensors header).
 bool IsPackedHeader(std::string_view header);
 
-// The model's KV caches and activations for `sequences` generations of `context` tokens each, in
-// bytes: what the engine reports as its workspace, and admission counts beside the weights.
-uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences = 1);
+// The model's KV caches and activations for `sequences` generations of `context` tokens each (their
+// caches sharing `kv_tokens` positions, when not 0: KvPoolBlocks), in bytes: what the engine
+// reports as its workspace, and admission counts beside the weights.
+uint64_t WorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences = 1, uint64_t kv_tokens = 0);
 // Generations the CPU steps together, each with a KV cache of the whole context: `asked` (0: a
 // default), at least 1 and at most kMaxSequences.
 inline constexpr uint32_t kDefaultSequences = 4;

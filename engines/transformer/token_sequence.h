@@ -7,6 +7,7 @@
 // choose the same tokens: a sequence's sampler, its seen tokens and its position are its own.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -66,6 +67,12 @@ class TokenSequence {
   uint32_t prompt_tokens() const { return prompt_tokens_; }
   // Positions of the cache it has written.
   uint32_t position() const { return fed_; }
+  // The most positions it can come to write, whatever it generates: its prompt and every token it
+  // may generate but the last (which ends it unfed), up to the context.
+  uint32_t most_positions() const {
+    const uint64_t most = uint64_t{prompt_tokens_} + std::max(request_.max_tokens, 1u) - 1;
+    return static_cast<uint32_t>(std::min<uint64_t>(most, context_));
+  }
 
  private:
   TokenSequence(GenerationRequest request, uint32_t context);

@@ -238,6 +238,7 @@ void Core::AdoptWeights(std::vector<KeptWeights> kept) {
     if (!parked) {
       m.entry.workspace_bytes = m.machine.DeviceWeights()->workspace_bytes;
       m.entry.sequences = m.machine.DeviceWeights()->sequences;
+      m.entry.kv_tokens = m.machine.DeviceWeights()->kv_tokens;
       StartKeepAlive(model);
     }
     Log(LogLevel::kInfo, "adopted \"{}\" {}, kept across the restart", m.entry.name, what);

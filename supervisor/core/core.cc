@@ -103,8 +103,8 @@ void Core::PublishGauges() {
     uint64_t blocks_held = 0, blocks = 0;
     for (uint32_t worker : m.machine.ServingWorkers()) {
       if (auto it = kv_usage_.find({model, worker}); it != kv_usage_.end()) {
-        blocks_held += it->second.first;
-        blocks += it->second.second;
+        blocks_held += it->second.held;
+        blocks += it->second.blocks;
       }
     }
     shm::StatStore(stats.kv_blocks_held, blocks_held);

@@ -270,6 +270,17 @@ class Core {
   // Of the model's serving replicas, those running fewer of its generations than their engine runs
   // at once (Weights::sequences).
   std::vector<uint32_t> WithFreeSequences(uint32_t model, const std::vector<uint32_t>& serving) const;
+  // The model's generations sent to `worker` and not yet answered.
+  uint32_t GenerationsOn(uint32_t model, uint32_t worker) const;
+  // Of those, the ones with room for a generation a replica's KV cache refused for want of
+  // `blocks` (Waiter::kv_blocks; 0: all): the cache has that many free of what its generations may
+  // need, as it last said, or it runs none of the model's generations.
+  std::vector<uint32_t> WithKvRoom(uint32_t model, const std::vector<uint32_t>& replicas, uint64_t blocks) const;
+  // A generation a replica's engine refused for want of room in its KV cache (WorkerInferDone.kv_full),
+  // nothing of it run: back to the front of its model's queue, to go where there is room. True when
+  // it went back; false when it cannot (its replica runs none of the model's generations, so no
+  // room will come there by waiting: the refusal is its answer).
+  bool RequeueKvRefused(Job& job, const v1::WorkerInferDone& done);
   void OnInferChunk(uint32_t slot, const v1::WorkerInferChunk& chunk);
   void SendChunk(const Call& call, v1::Envelope&& chunk);  // not an answer: the call stays open
   void AnswerGenerate(Job& job, v1::WorkerInferDone& done);
@@ -390,8 +401,15 @@ class Core {
   std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
   std::map<std::pair<uint32_t, uint32_t>, KeptKvCache> replica_caches_;  // (model, worker) -> its KV cache
   std::set<int> kv_sources_;  // dead replicas' caches that retried generations name
-  // (model, worker) -> what that replica's engine last said of its KV cache: blocks held, all.
-  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> kv_usage_;
+  // (model, worker) -> what that replica's engine last said of its KV cache: blocks held, all, and
+  // those its generations may come to need (less what was sent there since: WithKvRoom).
+  struct KvUsageSaid {
+    uint64_t held = 0;
+    uint64_t blocks = 0;
+    uint64_t reserved = 0;
+  };
+  std::map<std::pair<uint32_t, uint32_t>, KvUsageSaid> kv_usage_;
+  uint64_t kv_refusals_ = 0;  // generations refused for want of KV cache room so far (Waiter::refused_as)
   bool handing_over_ = false;  // event::HandingOver: nothing is kept from then on
   // What action::StoreKept last said (adoption.cc): handle, parked, name of each, in order.
   std::vector<std::tuple<int, bool, std::string>> kept_stored_;

@@ -37,9 +37,14 @@ void Core::DrainReady(uint32_t model) {
     Waiter w = std::move(m.waiters[i]);
     m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
     queued_--;
-    if (!w.retry) {
+    if (!w.retry && w.refused_as == 0) {  // a refused one's wait was observed when it was first sent
       shm::Observe(segment_.model_stats(model).queue_seconds,
                    (MonoMs() - w.call.accepted_ms) * 1'000'000);
+    }
+    // What it may need is spoken for there from now on, as far as this core knows, until the
+    // replica says again (WithKvRoom).
+    if (auto said = kv_usage_.find({model, worker}); said != kv_usage_.end() && w.kv_blocks > 0) {
+      said->second.reserved = std::min(said->second.blocks, said->second.reserved + w.kv_blocks);
     }
     uint64_t bytes = records::RequestDataBytes(w.infer);
     Dispatch(model, worker, std::move(w));
@@ -65,8 +70,11 @@ void Core::DrainReady(uint32_t model) {
     if (views.empty()) views = WorkerLoads();
     // A generation takes one of the generations its replica's engine runs at once: one more waits
     // here, where it can still go to whichever replica ends one first, or time out.
-    const uint32_t worker = policy::PickReplica(views, front.generate ? WithFreeSequences(model, serving) : serving,
-                                                retry_waits ? passing : window);
+    // One a replica's KV cache had no room for goes only where there is room now, and nothing
+    // passes it meanwhile.
+    const uint32_t worker = policy::PickReplica(
+        views, front.generate ? WithKvRoom(model, WithFreeSequences(model, serving), front.kv_blocks) : serving,
+        retry_waits ? passing : window);
     if (worker == policy::kNone) break;  // a finished job drains it again
     send(i, worker);
   }
@@ -79,7 +87,9 @@ void Core::DrainReady(uint32_t model) {
       continue;
     }
     std::vector<uint32_t> free_of_retries;
-    for (uint32_t slot : m.waiters[i].generate ? WithFreeSequences(model, serving) : serving) {
+    const Waiter& retry = m.waiters[i];
+    for (uint32_t slot : retry.generate ? WithKvRoom(model, WithFreeSequences(model, serving), retry.kv_blocks)
+                                        : serving) {
       if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
     }
     const uint32_t worker = policy::PickReplica(views, free_of_retries, window);
@@ -88,19 +98,36 @@ void Core::DrainReady(uint32_t model) {
   }
 }
 
+uint32_t Core::GenerationsOn(uint32_t model, uint32_t worker) const {
+  uint32_t running = 0;
+  for (const auto& [id, job] : jobs_) {
+    running += job.kind == Job::Kind::kInfer && job.generate && job.model == model && job.worker == worker;
+  }
+  return running;
+}
+
 std::vector<uint32_t> Core::WithFreeSequences(uint32_t model, const std::vector<uint32_t>& serving) const {
   const Model& m = models_[model];
   const Ready* ready = m.machine.As<Ready>();
   const uint32_t sequences = std::max<uint32_t>(ready != nullptr ? ready->weights.sequences : 1, 1);
   std::vector<uint32_t> free;
   for (uint32_t slot : serving) {
-    uint32_t running = 0;
-    for (const auto& [id, job] : jobs_) {
-      running += job.kind == Job::Kind::kInfer && job.generate && job.model == model && job.worker == slot;
-    }
-    if (running < sequences) free.push_back(slot);
+    if (GenerationsOn(model, slot) < sequences) free.push_back(slot);
   }
   return free;
+}
+
+std::vector<uint32_t> Core::WithKvRoom(uint32_t model, const std::vector<uint32_t>& replicas, uint64_t blocks) const {
+  if (blocks == 0) return replicas;
+  std::vector<uint32_t> room;
+  for (uint32_t slot : replicas) {
+    const auto said = kv_usage_.find({model, slot});
+    const bool fits = said != kv_usage_.end() && said->second.blocks - said->second.reserved >= blocks;
+    // A replica that runs none of the model's generations has its whole cache free for this one
+    // (an engine keeps at least one context's room), whatever it said last.
+    if (fits || GenerationsOn(model, slot) == 0) room.push_back(slot);
+  }
+  return room;
 }
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {
@@ -210,6 +237,7 @@ Core::Job Core::InferJobFor(uint32_t model, uint32_t worker, const Waiter& waite
   job.chunks = waiter.chunks;
   job.sent_tokens = waiter.sent_tokens;
   job.kv_source = waiter.kv_source;
+  job.refused_as = waiter.refused_as;
   job.resumable = waiter.generate && waiter.generate->stream() && waiter.generate->tools_size() == 0;
   return job;
 }
@@ -236,7 +264,9 @@ void Core::StartInferJob(uint32_t model, uint64_t id, v1::WorkerInfer* infer) {
 void Core::OnInferDone(Job& job, v1::WorkerInferDone& done) {
   if (job.generate && job.epoch == models_[job.model].epoch) CountGeneration(job, done);
   if (job.generate && job.epoch == models_[job.model].epoch) NoteKvUsage(job.model, job.worker, done.kv_usage());
-  if (!job.answered && job.generate) {
+  if (done.kv_full() && RequeueKvRefused(job, done)) {
+    // Back in the queue, unanswered: it goes again where a replica's cache has room.
+  } else if (!job.answered && job.generate) {
     AnswerGenerate(job, done);
   } else if (!job.answered && job.embed) {
     AnswerEmbed(job, done);

@@ -9,7 +9,11 @@
 //     the client's; starting again would send it twice); one that dies before any is retried as an
 //     inference is;
 //   - a client that leaves gets its generations cancelled on their workers (WorkerCancel), which
-//     end them within a step.
+//     end them within a step;
+//   - one whose replica's KV cache has no room for it beside the generations running there (the
+//     engine admits a generation by the blocks it may come to need) comes back unrun and waits at
+//     the front of the queue until a replica says it has that room (RequeueKvRefused, WithKvRoom):
+//     those behind it do not pass it, so a long one is not starved by short ones.
 #include "supervisor/core/core.h"
 #include "supervisor/core/request_check.h"
 
@@ -161,6 +165,35 @@ void Core::AnswerGenerate(Job& job, v1::WorkerInferDone& done) {
   *final = std::move(*done.mutable_generate());
   final->set_chunks(job.chunks);
   Answer(job.call, std::move(reply));
+}
+
+bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
+  Model& m = models_[job.model];
+  if (!job.generate || job.answered || job.epoch != m.epoch) return false;
+  if (sessions_.find(job.call.session) == sessions_.end()) return false;  // nobody waits for it
+  if (GenerationsOn(job.model, job.worker) == 0) return false;  // no room comes there by waiting
+  // A retry after a crash (one that was not running then still shares its engine's steps) stays one.
+  Waiter w{job.call, true, std::move(job.request), job.deadline_ms, job.crashes, job.shared_crashes, job.retry};
+  w.generate = std::move(job.generate);
+  w.chunks = job.chunks;
+  w.sent_tokens = std::move(job.sent_tokens);
+  w.resume_epoch = job.epoch;
+  w.resume_version = m.entry.version;
+  w.kv_source = job.kv_source;  // not read: nothing of it was opened
+  // What a cache has room for counts whole blocks of at least one position: never 0 once refused.
+  w.kv_blocks = std::max<uint64_t>(done.kv_blocks(), 1);
+  w.refused_as = job.refused_as != 0 ? job.refused_as : ++kv_refusals_;
+  // Among its kind (retries after a crash, which stay in front, or the rest), ahead of every one
+  // that was not refused (all came after it: each kind is sent in order), behind those refused
+  // before it.
+  auto at = std::find_if(m.waiters.begin(), m.waiters.end(), [&](const Waiter& other) {
+    if (other.retry != w.retry) return !other.retry;
+    return other.refused_as == 0 || other.refused_as > w.refused_as;
+  });
+  m.waiters.insert(at, std::move(w));
+  queued_++;
+  shm::StatAdd(segment_.model_stats(job.model).kv_cache_waits);
+  return true;
 }
 
 void Core::CountGeneration(const Job& job, const v1::WorkerInferDone& done) {

@@ -69,7 +69,8 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
 
 void Core::NoteKvUsage(uint32_t model, uint32_t worker, const v1::KvUsage& usage) {
   if (usage.blocks() == 0) return;  // nothing said
-  kv_usage_[{model, worker}] = {std::min(usage.blocks_held(), usage.blocks()), usage.blocks()};
+  kv_usage_[{model, worker}] = {std::min(usage.blocks_held(), usage.blocks()), usage.blocks(),
+                                 std::min(usage.blocks_reserved(), usage.blocks())};
 }
 
 bool Core::AttachedReplica(uint32_t model, uint32_t worker) const {

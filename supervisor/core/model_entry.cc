@@ -19,6 +19,7 @@ WeightsDescription FromWire(const v1::ModelWeights& wire) {
   d.kv_bytes_per_token = wire.kv_bytes_per_token();
   d.embedding_size = wire.embedding_size();
   d.sequences = wire.sequences();
+  d.kv_tokens = wire.kv_tokens();
   d.runs_tensors = wire.runs_tensors();
   d.inputs.assign(wire.inputs().begin(), wire.inputs().end());
   d.outputs.assign(wire.outputs().begin(), wire.outputs().end());
@@ -37,6 +38,7 @@ void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
   wire->set_kv_bytes_per_token(d.kv_bytes_per_token);
   wire->set_embedding_size(d.embedding_size);
   wire->set_sequences(d.sequences);
+  wire->set_kv_tokens(d.kv_tokens);
   wire->set_runs_tensors(d.runs_tensors);
   for (const v1::NamedTensor& t : d.inputs) *wire->add_inputs() = t;
   for (const v1::NamedTensor& t : d.outputs) *wire->add_outputs() = t;

@@ -30,6 +30,10 @@ struct WeightsDescription {
   // Generations its engine runs at once, each with a cache of the whole context (workspace_bytes
   // counts them all); 0: one at a time.
   uint32_t sequences = 0;
+  // Positions its KV cache holds in all, shared by those generations (workspace_bytes counts
+  // them); 0: each generation's whole context.
+  uint64_t kv_tokens = 0;
+  uint64_t KvCacheTokens() const { return kv_tokens != 0 ? kv_tokens : uint64_t{sequences > 0 ? sequences : 1} * context; }
   // Typed tensors its engine runs (no data; empty with runs_tensors: any), as a worker reported.
   bool runs_tensors = false;
   std::vector<v1::NamedTensor> inputs, outputs;

@@ -55,6 +55,11 @@ struct Waiter {
   // A generation retried after its worker died: that replica's KV cache region (Core::kv_sources_),
   // whose keys and values of its prompt and tokens sent the engine copies; -1: none.
   int kv_source = -1;
+  // A generation a replica's KV cache had no room for (Core::RequeueKvRefused): the blocks it may
+  // need, as that engine said (it goes only where that many are free: Core::WithKvRoom), and the
+  // job it was refused as (refused ones wait in the order they were first sent). 0: never refused.
+  uint64_t kv_blocks = 0;
+  uint64_t refused_as = 0;
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };
@@ -71,6 +76,7 @@ struct Job {
   uint32_t crashes = 0;
   uint32_t shared_crashes = 0;
   bool retry = false;  // infer: a Waiter::retry
+  uint64_t refused_as = 0;  // a generation: its Waiter::refused_as
   v1::InferRequest request{};  // infer: kept to retry on another worker if this one dies
   std::optional<v1::GenerateRequest> generate{};  // a generation (core/generate.cc), kept alike
   std::optional<v1::EmbedRequest> embed{};        // embeddings (core/embed.cc), kept alike
@@ -115,6 +121,7 @@ struct Model {
   // default, what registration counted: registered_sequences).
   uint32_t parallel = 0;
   uint32_t registered_sequences = 0;
+  uint64_t kv_cache_tokens = 0;  // [[models]] kv_cache_tokens; 0: every generation's whole context
   // Its calls of tools are read in this format ("" none): [[models]] tool_call_format, else what
   // its chat template shows (ModelEntry::tool_call_format).
   std::string tool_call_format;

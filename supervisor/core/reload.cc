@@ -33,6 +33,7 @@ void Core::ApplySettings(Model& m) {
   m.max_batch_delay_us = config_.max_batch_delay_us;
   m.tool_call_format = m.entry.tool_call_format;
   m.parallel = 0;
+  m.kv_cache_tokens = 0;
   for (const ModelConfig& c : config_.models) {
     if (c.name != m.entry.name) continue;
     if (c.keep_alive_ms != kKeepAliveDefault) m.keep_alive_ms = c.keep_alive_ms;
@@ -40,18 +41,24 @@ void Core::ApplySettings(Model& m) {
     m.target_replicas = std::max<uint32_t>(1, c.replicas);
     if (c.max_batch_delay_us >= 0) m.max_batch_delay_us = static_cast<uint32_t>(c.max_batch_delay_us);
     m.parallel = c.parallel;
+    m.kv_cache_tokens = c.kv_cache_tokens;
   }
-  // Admission counts a KV cache of the whole context per generation the replica runs at once: as
-  // many as configured, else as registration counted (the engine's default). The entry's count and
-  // its workspace go together (a worker's report sets both), so one is moved with the other. A load
-  // asks the engine for exactly the entry's count (StartLoad); an engine that runs fewer (one on a
-  // GPU) reports so, and the entry follows it until the settings are applied again.
+  // Admission counts the KV cache a replica's engine keeps: a whole context per generation it runs
+  // at once (as many as configured, else as registration counted: the engine's default), or the
+  // positions configured for them to share (kv_cache_tokens: at least one context, at most all of
+  // theirs, as the engine keeps it). The entry's counts and its workspace go together (a worker's
+  // report sets them all), so the cache's bytes are moved with them. A load asks the engine for
+  // exactly the entry's (StartLoad); an engine that keeps another (one sequence on a GPU) reports
+  // so, and the entry follows it until the settings are applied again.
   ModelEntry& e = m.entry;
   const uint32_t wanted = m.parallel != 0 ? m.parallel : m.registered_sequences;
-  if (e.generates() && e.sequences != 0 && wanted != 0 && wanted != e.sequences) {
-    const uint64_t cache = uint64_t{e.context} * e.kv_bytes_per_token;
-    e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, cache * e.sequences) + cache * wanted;
+  const uint64_t kv_tokens =
+      m.kv_cache_tokens == 0 ? 0 : std::clamp<uint64_t>(m.kv_cache_tokens, e.context, uint64_t{wanted} * e.context);
+  if (e.generates() && e.sequences != 0 && wanted != 0 && (wanted != e.sequences || kv_tokens != e.kv_tokens)) {
+    const uint64_t before = e.KvCacheTokens() * e.kv_bytes_per_token;
     e.sequences = wanted;
+    e.kv_tokens = kv_tokens;
+    e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, before) + e.KvCacheTokens() * e.kv_bytes_per_token;
   }
 }
 

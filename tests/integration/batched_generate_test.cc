@@ -1,7 +1,8 @@
 // Continuous batching through the daemon: a model's generations run together in its worker (each
 // gets its first chunk before any ends), each saying what it says alone; [[models]] parallel caps
 // how many a replica runs, the rest waiting in the daemon until one ends; metrics count the
-// sequences the replicas hold. A prompt that begins as an earlier one did finds that beginning in
+// sequences the replicas hold; a KV cache smaller than every sequence's whole context runs those
+// it has room for. A prompt that begins as an earlier one did finds that beginning in
 // the model's prefix cache, and the reply and the metrics say how much of it.
 #include <algorithm>
 #include <chrono>
@@ -158,6 +159,35 @@ TEST_F(BatchedGenerateTest, ParallelCapsWhatAReplicaRunsAndTheRestWaitInTheDaemo
   for (const Seen& s : seen) finals.push_back(s.order_of_final);
   std::sort(finals.begin(), finals.end());
   EXPECT_GT(seen[3].order_of_first_chunk, finals[1]) << "two finals before the fourth's first chunk";
+}
+
+// A KV cache of one context ([[models]] kv_cache_tokens) shared by four sequences: generations
+// that may each need more than half of it run one after another, each answered in full; those
+// sent back for room wait in the daemon, counted.
+TEST_F(BatchedGenerateTest, AKvCacheOfOneContextRunsGenerationsByTheRoomTheyMayNeed) {
+  WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});
+  StartDaemon("[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nkv_cache_tokens = 2048\n");
+  auto c = Connect();
+  auto models = c->Models();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->models_size(), 1);
+  ASSERT_EQ(models->models(0).context(), 2048u);
+  EXPECT_EQ(models->models(0).parallel(), 4u);
+  EXPECT_EQ(models->models(0).kv_cache_tokens(), 2048u);
+
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < 3; ++i) requests.push_back(Greedy(kPrompts[i], 1100));  // 18 of 32 blocks each
+  std::vector<Seen> seen = SendTogether(*c, requests);
+  for (const Seen& s : seen) ASSERT_TRUE(s.final.ok()) << s.final.status().ToString();
+  EXPECT_GT(seen[1].order_of_first_chunk, seen[0].order_of_final) << "no room for two at once";
+  EXPECT_GT(seen[2].order_of_first_chunk, seen[1].order_of_final) << "and they go in order";
+
+  std::vector<Response> scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
+  ASSERT_EQ(scraped.size(), 1u);
+  const std::string name = "warmpool_model_kv_cache_waits_total{model=\"tiny\"} ";
+  const size_t at = scraped[0].body.find(name);
+  ASSERT_NE(at, std::string::npos) << scraped[0].body;
+  EXPECT_GE(std::stoul(scraped[0].body.substr(at + name.size())), 2u) << "the second and third waited";
 }
 
 TEST_F(BatchedGenerateTest, ASecondTurnFindsItsHistoryInThePrefixCacheAndSaysSo) {

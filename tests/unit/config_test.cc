@@ -150,6 +150,19 @@ TEST(ApplyTomlTest, ModelParallelIsOneToSixteenGenerationsAtOnce) {
   }
 }
 
+TEST(ApplyTomlTest, ModelKvCacheTokensArePositiveAndBounded) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\nkv_cache_tokens = 8192\n[[models]]\nname = \"b\"\n", kOrigin).ok());
+  EXPECT_EQ(c.models[0].kv_cache_tokens, 8192u);
+  EXPECT_EQ(c.models[1].kv_cache_tokens, 0u) << "unset: parallel x context";
+  for (const char* bad : {"0", "-1", "\"4k\"", "1.5", "1099511627776"}) {
+    Config config;
+    Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\nkv_cache_tokens = {}\n", bad), kOrigin);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("models.kv_cache_tokens"), std::string::npos) << s.message();
+  }
+}
+
 TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {
   Config c;
   ASSERT_TRUE(ApplyToml(c, "", kOrigin).ok());

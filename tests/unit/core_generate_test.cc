@@ -2,44 +2,10 @@
 // exactly one final reply, and nothing after it — whatever the worker does meanwhile: dies before
 // or after a chunk went out (the stream then resumes elsewhere after the tokens sent), answers
 // late, or keeps sending after the client left or the deadline passed.
-#include "tests/unit/core_rig.h"
+#include "tests/unit/core_generations.h"
 
 namespace warmpool::supervisor::testing {
 namespace {
-
-uint64_t Generate(CoreRig& rig, uint64_t session, const std::string& model, bool stream = true,
-                  uint32_t deadline_ms = 0, bool tools = false) {
-  v1::Envelope e;
-  if (tools) {  // a chat with a tool
-    e.mutable_generate()->add_tools(R"({"type": "function", "function": {"name": "lookup"}})");
-    v1::ChatMessage* m = e.mutable_generate()->add_messages();
-    m->set_role("user");
-    m->set_content("look it up");
-  }
-  e.mutable_generate()->set_model(model);
-  if (!tools) e.mutable_generate()->set_prompt("once upon a time");
-  e.mutable_generate()->set_stream(stream);
-  e.mutable_generate()->set_deadline_ms(deadline_ms);
-  return rig.Request(session, std::move(e), /*admin=*/false);
-}
-
-v1::WorkerEnvelope Chunk(uint64_t job, const std::string& text, uint32_t index_the_worker_says = 99,
-                         std::vector<int32_t> tokens = {}) {
-  v1::WorkerEnvelope m;
-  m.mutable_infer_chunk()->set_job(job);
-  m.mutable_infer_chunk()->mutable_chunk()->set_index(index_the_worker_says);
-  m.mutable_infer_chunk()->mutable_chunk()->set_text(text);
-  m.mutable_infer_chunk()->mutable_chunk()->mutable_tokens()->Add(tokens.begin(), tokens.end());
-  return m;
-}
-
-v1::WorkerEnvelope Done(uint64_t job, const std::string& finish = "length") {
-  v1::WorkerEnvelope m;
-  m.mutable_infer_done()->set_job(job);
-  m.mutable_infer_done()->mutable_generate()->set_finish_reason(finish);
-  m.mutable_infer_done()->mutable_generate()->set_completion_tokens(2);
-  return m;
-}
 
 class CoreGenerateTest : public ::testing::Test {
  protected:
@@ -277,66 +243,6 @@ TEST_F(CoreGenerateTest, AGenerationThatMakesNoStepForTheStallTimeKillsItsWorker
   rig_.Advance(CoreRig::SmallConfig().load_stall_ms);
   ASSERT_EQ(rig_.Count<action::KillWorker>(), 1u);
   EXPECT_NE(rig_.Of<action::KillWorker>()[0].reason.find("generating"), std::string::npos);
-}
-
-// A worker runs as many generations at once as its engine says (Weights::sequences, continuous
-// batching); one more waits in the daemon, and goes when one of them ends.
-TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheRestWait) {
-  CoreRig rig{CoreRig::SmallConfig()};
-  ModelEntry lm = LanguageModel("lm");
-  lm.sequences = 2;
-  rig.Start({lm});
-  rig.Up(0);
-  rig.Loaded(0, lm, 100);
-  rig.Forget();
-  for (int i = 0; i < 3; i++) Generate(rig, 5, "lm");
-  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
-  ASSERT_EQ(sent.size(), 2u) << "two run together; the third waits in the daemon";
-  rig.Reply(0, Done(sent[0].infer().job()));
-  std::vector<v1::WorkerEnvelope> next = rig.Sent(0);
-  ASSERT_EQ(next.size(), 1u) << "one ended: the third goes";
-  EXPECT_TRUE(next[0].infer().has_generate());
-  rig.Reply(0, Done(sent[1].infer().job()));
-  rig.Reply(0, Done(next[0].infer().job()));
-  EXPECT_EQ(rig.Replies(5).size(), 3u);
-}
-
-// [[models]] parallel moves the KV caches admission counts (a whole context each) and asks the
-// load for that many; a worker's report (one on a GPU, say) is what the next admission counts.
-TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
-  Config config = CoreRig::SmallConfig();
-  ModelConfig lm_config;
-  lm_config.name = "lm";
-  lm_config.parallel = 2;
-  config.models.push_back(lm_config);
-  CoreRig rig{config};
-  ModelEntry lm = LanguageModel("lm");
-  lm.kv_bytes_per_token = 2;  // a 64-token context: 128 bytes a cache
-  lm.sequences = 4;
-  lm.workspace_bytes = 10 + 4 * 128;
-  rig.Start({lm});
-  rig.Up(0);
-  auto info = [&] {
-    v1::Envelope models;
-    models.mutable_models();
-    rig.Request(9, std::move(models));
-    std::vector<v1::Envelope> replies = rig.Replies(9);
-    EXPECT_EQ(replies.size(), 1u);
-    return replies.empty() ? v1::ModelInfo() : replies[0].models_reply().models(0);
-  };
-  EXPECT_EQ(info().parallel(), 2u);
-  EXPECT_EQ(info().workspace_bytes(), 10u + 2 * 128) << "two caches, not the registration's four";
-  rig.Load(1, "lm");
-  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
-  ASSERT_EQ(sent.size(), 1u);
-  ASSERT_TRUE(sent[0].has_load());
-  EXPECT_EQ(sent[0].load().sequences(), 2u);
-  ModelEntry reported = lm;  // the engine runs one (a GPU's forward pass)
-  reported.sequences = 1;
-  reported.workspace_bytes = 10 + 128;
-  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
-  EXPECT_EQ(info().parallel(), 1u);
-  EXPECT_EQ(info().workspace_bytes(), 10u + 128);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 10 (engines of versions 2 to 9 keep loading: everything a version
+/* warmpool engine ABI, version 12 (engines of versions 2 to 11 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -64,6 +64,13 @@
  * Version 11 keeps the prefix cache when a model is parked and unparked: the supervisor holds on
  * to an instance's exported cache after it closed cleanly, and a later instance of the same weights
  * takes it over as its own (adopt_cache), finding there the prefixes the earlier one kept.
+ *
+ * Version 12 sizes the KV cache by positions rather than by whole contexts: spec.kv_tokens asks for
+ * a cache that holds fewer than sequences x context positions, shared by the open sequences, and
+ * open_sequence admits a generation only while the cache has the blocks it may come to need (its
+ * prompt and max_tokens, up to the context) beside those the open ones may: otherwise it refuses
+ * it (WP_RESOURCE_EXHAUSTED), and the worker hands it back to the supervisor, which sends it again
+ * where room is (kv_reservations says how much is spoken for).
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -75,7 +82,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 11u
+#define WP_ENGINE_ABI_VERSION 12u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -137,6 +144,9 @@ typedef struct wp_engine_spec {
   uint32_t context;
   /* Version 7: generations open at once (info.sequences); 0: the engine's default. */
   uint32_t sequences;
+  /* Version 12: positions the KV cache holds in all, shared by the open sequences (info.kv_tokens);
+   * 0: sequences x context. */
+  uint64_t kv_tokens;
 } wp_engine_spec;
 
 /* Sizes an engine reports after open (from headers only, before any weight is read). */
@@ -153,6 +163,10 @@ typedef struct wp_engine_info {
   uint64_t kv_bytes_per_token;
   /* Version 4: floats per embedding (0: the engine does not embed). */
   uint32_t embedding_size;
+  /* Version 12: positions its KV cache holds in all (workspace_bytes counts them, not sequences x
+   * context); 0 (and any older engine): sequences x context. At least one context: any request the
+   * context holds fits once the other sequences close. */
+  uint64_t kv_tokens;
 } wp_engine_info;
 
 /* Version 3: one generation request. Options not set in `set` take the model's defaults
@@ -367,8 +381,9 @@ typedef struct wp_engine_vtable {
   /* Version 7 (NULL where the engine does not do it; all three or none). */
   /* Opens a generation: the request checked (as generate checks it: WP_INVALID_ARGUMENT) and
    * tokenized, nothing run yet; prompt_tokens (unless NULL) gets its prompt's length.
-   * WP_RESOURCE_EXHAUSTED when info.sequences are open already. The request need not outlive the
-   * call. */
+   * WP_RESOURCE_EXHAUSTED when info.sequences are open already, or (version 12) when its KV cache
+   * has not the blocks this generation may come to need beside those the open sequences may: try it
+   * again once one has closed. The request need not outlive the call. */
   wp_status (*open_sequence)(wp_engine* engine, const wp_generate_request* request, wp_sequence** out,
                              uint32_t* prompt_tokens, char* err, size_t err_len);
   /* One step of these open sequences (each at most once, none ended): every one advances by its
@@ -402,6 +417,13 @@ typedef struct wp_engine_vtable {
    * cache this model could have made, WP_FAILED_PRECONDITION while a sequence is open or where the
    * engine keeps no cache another process can map. */
   wp_status (*adopt_cache)(wp_engine* engine, const wp_region* cache, char* err, size_t err_len);
+
+  /* Version 12 (NULL where the engine does not do it). */
+  /* Blocks of its KV cache (of kv_usage's `blocks`) that its open sequences may come to need, held
+   * already or not (reserved): a generation that may need more than the rest is refused by
+   * open_sequence; and what the last generation it refused so would have needed (refused; 0 when
+   * it refused none). WP_NOT_FOUND when it reserves nothing. Called on the serving thread. */
+  wp_status (*kv_reservations)(wp_engine* engine, uint64_t* reserved, uint64_t* refused);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */

@@ -1,0 +1,220 @@
+// Generations at once on a replica (continuous batching, supervisor/core/dispatch.cc): as many as
+// its engine runs, its KV cache counted as configured ([[models]] parallel, kv_cache_tokens), and
+// a generation the replica's KV cache has no room for (engine ABI version 12) sent back to wait at
+// the front of the queue, unanswered, until a replica says it has the room or runs none of the
+// model's generations; nothing passes it meanwhile.
+#include "tests/unit/core_generations.h"
+
+namespace warmpool::supervisor::testing {
+namespace {
+
+// A worker runs as many generations at once as its engine says (Weights::sequences, continuous
+// batching); one more waits in the daemon, and goes when one of them ends.
+TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheRestWait) {
+  CoreRig rig{CoreRig::SmallConfig()};
+  ModelEntry lm = LanguageModel("lm");
+  lm.sequences = 2;
+  rig.Start({lm});
+  rig.Up(0);
+  rig.Loaded(0, lm, 100);
+  rig.Forget();
+  for (int i = 0; i < 3; i++) Generate(rig, 5, "lm");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 2u) << "two run together; the third waits in the daemon";
+  rig.Reply(0, Done(sent[0].infer().job()));
+  std::vector<v1::WorkerEnvelope> next = rig.Sent(0);
+  ASSERT_EQ(next.size(), 1u) << "one ended: the third goes";
+  EXPECT_TRUE(next[0].infer().has_generate());
+  rig.Reply(0, Done(sent[1].infer().job()));
+  rig.Reply(0, Done(next[0].infer().job()));
+  EXPECT_EQ(rig.Replies(5).size(), 3u);
+}
+
+// [[models]] parallel moves the KV caches admission counts (a whole context each) and asks the
+// load for that many; a worker's report (one on a GPU, say) is what the next admission counts.
+TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
+  Config config = CoreRig::SmallConfig();
+  ModelConfig lm_config;
+  lm_config.name = "lm";
+  lm_config.parallel = 2;
+  config.models.push_back(lm_config);
+  CoreRig rig{config};
+  ModelEntry lm = LanguageModel("lm");
+  lm.kv_bytes_per_token = 2;  // a 64-token context: 128 bytes a cache
+  lm.sequences = 4;
+  lm.workspace_bytes = 10 + 4 * 128;
+  rig.Start({lm});
+  rig.Up(0);
+  auto info = [&] {
+    v1::Envelope models;
+    models.mutable_models();
+    rig.Request(9, std::move(models));
+    std::vector<v1::Envelope> replies = rig.Replies(9);
+    EXPECT_EQ(replies.size(), 1u);
+    return replies.empty() ? v1::ModelInfo() : replies[0].models_reply().models(0);
+  };
+  EXPECT_EQ(info().parallel(), 2u);
+  EXPECT_EQ(info().workspace_bytes(), 10u + 2 * 128) << "two caches, not the registration's four";
+  rig.Load(1, "lm");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_load());
+  EXPECT_EQ(sent[0].load().sequences(), 2u);
+  ModelEntry reported = lm;  // the engine runs one (a GPU's forward pass)
+  reported.sequences = 1;
+  reported.workspace_bytes = 10 + 128;
+  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
+  EXPECT_EQ(info().parallel(), 1u);
+  EXPECT_EQ(info().workspace_bytes(), 10u + 128);
+}
+
+// [[models]] kv_cache_tokens: the caches share that many positions, at least one context and at
+// most all of theirs, counted by admission and asked of the load; the engine's report (whole
+// blocks) is what the next admission counts.
+TEST(CoreParallelTest, KvCacheTokensSetThePositionsAdmissionCountsAndTheLoadAsksFor) {
+  for (const auto& [asked, counted] : std::vector<std::pair<uint64_t, uint64_t>>{{100, 100}, {10, 64}, {1000, 128}}) {
+    Config config = CoreRig::SmallConfig();
+    ModelConfig lm_config;
+    lm_config.name = "lm";
+    lm_config.parallel = 2;
+    lm_config.kv_cache_tokens = asked;
+    config.models.push_back(lm_config);
+    CoreRig rig{config};
+    ModelEntry lm = LanguageModel("lm");
+    lm.kv_bytes_per_token = 2;  // a 64-token context
+    lm.sequences = 4;
+    lm.workspace_bytes = 10 + 4 * 128;
+    rig.Start({lm});
+    rig.Up(0);
+    v1::Envelope models;
+    models.mutable_models();
+    rig.Request(9, std::move(models));
+    std::vector<v1::Envelope> replies = rig.Replies(9);
+    ASSERT_EQ(replies.size(), 1u);
+    EXPECT_EQ(replies[0].models_reply().models(0).kv_cache_tokens(), counted) << "asked " << asked;
+    EXPECT_EQ(replies[0].models_reply().models(0).workspace_bytes(), 10 + 2 * counted) << "asked " << asked;
+    rig.Load(1, "lm");
+    std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+    ASSERT_EQ(sent.size(), 1u);
+    EXPECT_EQ(sent[0].load().kv_tokens(), counted);
+  }
+}
+
+
+// What a worker says when its engine had no room for a generation: nothing of it ran.
+v1::WorkerEnvelope NoKvRoom(uint64_t job, uint64_t needed, uint64_t reserved, uint64_t blocks = 4) {
+  v1::WorkerEnvelope m;
+  v1::WorkerInferDone* done = m.mutable_infer_done();
+  done->set_job(job);
+  done->mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
+  done->mutable_error()->set_message("no room in the KV cache");
+  done->set_kv_full(true);
+  done->set_kv_blocks(needed);
+  done->mutable_kv_usage()->set_blocks(blocks);
+  done->mutable_kv_usage()->set_blocks_reserved(reserved);
+  return m;
+}
+
+v1::WorkerEnvelope DoneSaying(uint64_t job, uint64_t reserved, uint64_t blocks = 4) {
+  v1::WorkerEnvelope m = Done(job);
+  m.mutable_infer_done()->mutable_kv_usage()->set_blocks(blocks);
+  m.mutable_infer_done()->mutable_kv_usage()->set_blocks_reserved(reserved);
+  return m;
+}
+
+class CoreKvRoomTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lm_.sequences = 3;
+    rig_.Start({lm_});
+    rig_.Up(0);
+    rig_.Loaded(0, lm_, 100);
+    rig_.Forget();
+  }
+  std::vector<uint64_t> JobsSent() {
+    std::vector<uint64_t> jobs;
+    for (const v1::WorkerEnvelope& m : rig_.Sent(0)) {
+      EXPECT_TRUE(m.has_infer() && m.infer().has_generate()) << m.DebugString();
+      jobs.push_back(m.infer().job());
+    }
+    return jobs;
+  }
+  uint64_t Waits() { return rig_.view().model_stats(rig_.index().Find("lm")).kv_cache_waits; }
+  CoreRig rig_{CoreRig::SmallConfig()};
+  ModelEntry lm_ = LanguageModel("lm");
+};
+
+TEST_F(CoreKvRoomTest, AGenerationWithoutRoomWaitsAtTheFrontUntilTheReplicaSaysItHasTheRoom) {
+  for (uint64_t session : {5, 6, 7}) Generate(rig_, session, "lm");
+  std::vector<uint64_t> sent = JobsSent();
+  ASSERT_EQ(sent.size(), 3u);
+  rig_.Reply(0, NoKvRoom(sent[1], /*needed=*/3, /*reserved=*/2));
+  EXPECT_TRUE(rig_.Replies(6).empty()) << "not an answer: it waits";
+  EXPECT_TRUE(rig_.Sent(0).empty()) << "two blocks free, three needed";
+  EXPECT_EQ(Waits(), 1u);
+  Generate(rig_, 8, "lm");
+  EXPECT_TRUE(rig_.Sent(0).empty()) << "a later request does not pass the one waiting for room";
+
+  rig_.Reply(0, DoneSaying(sent[0], /*reserved=*/1));  // three blocks free now
+  std::vector<v1::WorkerEnvelope> again = rig_.Sent(0);
+  ASSERT_EQ(again.size(), 2u) << "the one that waited, then the later one";
+  EXPECT_EQ(again[0].infer().generate().prompt(), "once upon a time");
+  EXPECT_TRUE(again[0].infer().batch());
+  // Each client gets its one answer, the one that waited too.
+  rig_.Reply(0, Done(sent[2]));
+  rig_.Reply(0, Done(again[0].infer().job()));
+  rig_.Reply(0, Done(again[1].infer().job()));
+  for (uint64_t session : {5, 6, 7, 8}) {
+    std::vector<v1::Envelope> replies = rig_.Replies(session);
+    ASSERT_EQ(replies.size(), 1u) << "session " << session;
+    EXPECT_TRUE(replies[0].has_generate_reply()) << replies[0].DebugString();
+  }
+}
+
+TEST_F(CoreKvRoomTest, OneWaitingForRoomGoesOnceTheReplicaRunsNoneOfTheModelsGenerations) {
+  Generate(rig_, 5, "lm");
+  Generate(rig_, 6, "lm");
+  std::vector<uint64_t> sent = JobsSent();
+  ASSERT_EQ(sent.size(), 2u);
+  rig_.Reply(0, NoKvRoom(sent[1], /*needed=*/4, /*reserved=*/2));
+  rig_.Reply(0, Done(sent[0]));  // says nothing of its cache: whatever it said last, it is all free
+  std::vector<uint64_t> again = JobsSent();
+  ASSERT_EQ(again.size(), 1u);
+  rig_.Reply(0, Done(again[0]));
+  ASSERT_EQ(rig_.Replies(6).size(), 1u);
+}
+
+TEST_F(CoreKvRoomTest, RefusedWithNothingElseOnTheReplicaTheRefusalIsTheAnswer) {
+  Generate(rig_, 5, "lm");
+  std::vector<uint64_t> sent = JobsSent();
+  ASSERT_EQ(sent.size(), 1u);
+  rig_.Reply(0, NoKvRoom(sent[0], /*needed=*/4, /*reserved=*/0));
+  std::vector<v1::Envelope> replies = rig_.Replies(5);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].error().code(), v1::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(rig_.Sent(0).empty());
+  EXPECT_EQ(Waits(), 0u);
+}
+
+TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheOrderTheyWereRefusedAheadOfTheRest) {
+  for (uint64_t session : {5, 6, 7}) Generate(rig_, session, "lm");
+  std::vector<uint64_t> sent = JobsSent();
+  ASSERT_EQ(sent.size(), 3u);
+  Generate(rig_, 8, "lm");
+  rig_.Reply(0, NoKvRoom(sent[1], 2, 3));
+  rig_.Reply(0, NoKvRoom(sent[2], 1, 3));
+  rig_.Reply(0, DoneSaying(sent[0], /*reserved=*/0));
+  std::vector<v1::WorkerEnvelope> again = rig_.Sent(0);
+  ASSERT_EQ(again.size(), 3u);
+  std::vector<uint64_t> sessions;
+  for (const v1::WorkerEnvelope& m : again) {
+    rig_.Reply(0, Done(m.infer().job()));
+    for (uint64_t session : {6, 7, 8}) {
+      if (!rig_.Replies(session).empty()) sessions.push_back(session);
+    }
+  }
+  EXPECT_EQ(sessions, (std::vector<uint64_t>{6, 7, 8}));
+}
+
+}  // namespace
+}  // namespace warmpool::supervisor::testing
