@@ -43,9 +43,10 @@ class StreamGenerate {
                                                   options_.prompt, context, options_.long_prompt);
     if (!lm.ok()) return lm.status();
     lm_ = *lm;
-    const std::string config =
+    std::string config =
         fmt::format("[daemon]\nmodels_dir = \"{}\"\n[[models]]\nname = \"lm\"\npath = \"{}/lm\"\nparallel = {}\n",
                     models, models, std::max(options_.streams, 2u));
+    if (options_.kv_cache_tokens != 0) config += fmt::format("kv_cache_tokens = {}\n", options_.kv_cache_tokens);
     if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
     for (uint32_t i = 0; i < std::max(options_.streams, 2u); i++) {
       Result<std::unique_ptr<client::Client>> c = run_.Connect();
@@ -75,6 +76,7 @@ class StreamGenerate {
     }
     Result<Latencies> beside = BesideALongPrompt();
     if (!beside.ok()) return run_.WithLog(beside.status());
+    if (Status s = ReadKvCache(); !s.ok()) return run_.WithLog(s);
     Print({Median(alone), Median(alone_decoding)}, {Median(together), Median(together_decoding)}, *beside);
     clients_.clear();
     return run_.StopDaemon();
@@ -189,6 +191,18 @@ class StreamGenerate {
     return l;
   }
 
+  // The KV cache as the daemon counts it (most of the model's workspace), as its engine reported it.
+  Status ReadKvCache() {
+    Result<v1::ModelsReply> models = clients_[0]->Models();
+    if (!models.ok()) return models.status();
+    for (const v1::ModelInfo& m : models->models()) {
+      if (m.name() != "lm") continue;
+      kv_cache_tokens_ = m.kv_cache_tokens();
+      kv_cache_bytes_ = m.kv_cache_tokens() * m.kv_bytes_per_token();
+    }
+    return OkStatus();
+  }
+
   void Print(const Rates& alone, const Rates& together, const Latencies& l) {
     const double ratio = together.end_to_end / alone.end_to_end;
     const double decoding_ratio = alone.decoding > 0 ? together.decoding / alone.decoding : 0;
@@ -200,10 +214,11 @@ class StreamGenerate {
                   "\"streams_decode_vs_one\": %.3f, "
                   "\"long_prompt_tokens\": %u, \"long_prefill_ms\": %.1f, \"itl_median_ms\": %.3f, "
                   "\"itl_during_prefill_p99_ms\": %.3f, \"itl_during_prefill_max_ms\": %.3f, "
-                  "\"itl_p99_vs_median\": %.3f}\n",
+                  "\"itl_p99_vs_median\": %.3f, \"kv_cache_tokens\": %llu, \"kv_cache_bytes\": %llu}\n",
                   options_.model_mib, lm_.layers, options_.streams, options_.tokens, alone.end_to_end,
                   together.end_to_end, ratio, alone.decoding, together.decoding, decoding_ratio, l.long_tokens,
-                  l.prefill_ms, l.median_ms, l.during_p99_ms, l.during_max_ms, itl);
+                  l.prefill_ms, l.median_ms, l.during_p99_ms, l.during_max_ms, itl,
+                  static_cast<unsigned long long>(kv_cache_tokens_), static_cast<unsigned long long>(kv_cache_bytes_));
       return;
     }
     std::printf("warmpool-bench --generate --streams %u: a %u MiB bf16 model (%u layers), [[models]] parallel = %u, "
@@ -218,6 +233,8 @@ class StreamGenerate {
     std::printf("  beside a %u-token prompt (prefilled in %.0f ms): inter-token p99 %.2f ms (max %.2f, %zu gaps) "
                 "vs median %.2f ms: %.2fx (goal <= 3x)\n",
                 l.long_tokens, l.prefill_ms, l.during_p99_ms, l.during_max_ms, l.during, l.median_ms, itl);
+    std::printf("  KV cache: %llu positions (%.1f MiB), shared by the streams\n",
+                static_cast<unsigned long long>(kv_cache_tokens_), kv_cache_bytes_ / 1048576.0);
   }
 
   StreamGenerateOptions options_;
@@ -225,6 +242,8 @@ class StreamGenerate {
   LanguageModel lm_;
   std::vector<std::unique_ptr<client::Client>> clients_;
   std::atomic<uint32_t> asked_{0};
+  uint64_t kv_cache_tokens_ = 0;
+  uint64_t kv_cache_bytes_ = 0;
 };
 
 }  // namespace

@@ -7,7 +7,9 @@
 // first send to the last token, the prompts' prefill and the ramp included. Then, once: a stream runs while another request's long prompt
 // (--long-prompt tokens, 2048 by default) prefills beside it, and the running stream's
 // inter-token latencies during that prefill are set against its own median outside it (goal: p99
-// <= 3x the median). Asserts nothing.
+// <= 3x the median). With --kv-cache-tokens, the model's KV cache holds that many positions, shared
+// by its streams ([[models]] kv_cache_tokens) instead of a whole context each; the bench says how
+// many bytes admission counts for it. Asserts nothing.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct StreamGenerateOptions {
   uint32_t tokens = 64;
   uint32_t long_prompt = 2048;
   uint32_t rounds = 3;
+  uint64_t kv_cache_tokens = 0;  // 0: parallel x context
   std::string tokenizer_dir = "demo/license-llama";
   bool json = false;
 };
