@@ -66,8 +66,8 @@ class Engine {
     uint64_t reserved = 0;
   };
   std::optional<KvCacheUsage> KvUsage();
-  // The blocks the generation OpenSequence last refused for want of room in its KV cache would
-  // have needed (engine ABI version 12); 0 when it never refused one so, or cannot say.
+  // When the last OpenSequence was refused for want of room in the KV cache, the blocks it would
+  // have needed (engine ABI version 12); 0 after any other outcome, or when the engine cannot say.
   uint64_t KvRefusedBlocks();
   // The KV cache an earlier instance of these weights exported and left cleanly, taken over as this
   // one's (engine ABI version 11); the caller keeps `handle`. FAILED_PRECONDITION where the engine

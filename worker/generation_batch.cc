@@ -43,11 +43,29 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
   const uint32_t capacity = first.batch() ? std::max(engine->info().sequences, 1u) : 1;
   std::vector<Running> running;
 
+  // No room in its engine's KV cache beside the generations running (engine ABI version 12): nothing
+  // ran, and the supervisor sends it again where there is room, keeping its place in the queue.
+  auto hand_back = [&](uint64_t job, const Status& why, uint64_t blocks) {
+    v1::WorkerEnvelope reply;
+    v1::WorkerInferDone* done = reply.mutable_infer_done();
+    done->set_job(job);
+    ipc::SetError(done->mutable_error(), why);
+    done->set_kv_full(true);
+    done->set_kv_blocks(blocks);
+    if (std::optional<Engine::KvCacheUsage> usage = engine->KvUsage()) WriteKvUsage(*usage, done->mutable_kv_usage());
+    outbox_.Send(reply);
+  };
+  // Once one is handed back between two steps, those after it are too: none passes it here.
+  bool handed_back = false;
   // Starts a generation: checked as any long job, opened in the engine, or answered with why not.
   auto join = [&](v1::WorkerInfer request) {
     const uint64_t job = request.job();
     EngineRequest args;  // holds the job's KV source from here: closed however the join ends
     args.kv_source = TakeKvSource(job);
+    if (handed_back) {
+      cancelled_.erase(job);
+      return hand_back(job, Error(Code::kResourceExhausted, "behind a generation its KV cache had no room for"), 0);
+    }
     const uint64_t oldest = running.empty() ? job : running.front().stream->job();
     Result<uint32_t> mark = BeginLongJob(request, engine, OkStatus(), oldest);
     if (!mark.ok()) return SendGenerateError(job, mark.status());
@@ -66,18 +84,13 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     if (!opened.ok()) {
       marks_.Release(r.mark);
       cancelled_.erase(job);
-      // No room in its engine's KV cache beside the generations running (engine ABI version 12):
-      // nothing ran, and the supervisor sends it again where there is room. Refused with none
-      // running, a generation can never be opened there: that is its answer.
-      if (opened.code() == Code::kResourceExhausted && !running.empty()) {
-        v1::WorkerEnvelope reply;
-        v1::WorkerInferDone* done = reply.mutable_infer_done();
-        done->set_job(job);
-        ipc::SetError(done->mutable_error(), opened);
-        done->set_kv_full(true);
-        done->set_kv_blocks(engine->KvRefusedBlocks());
-        if (std::optional<Engine::KvCacheUsage> usage = engine->KvUsage()) WriteKvUsage(*usage, done->mutable_kv_usage());
-        return outbox_.Send(reply);
+      // Refused for want of room that the generations running hold (the engine says so): handed
+      // back. Refused with none running, it can never be opened there: that is its answer, as is
+      // any other error (an allocation that failed is not room that comes back).
+      const uint64_t blocks = opened.code() == Code::kResourceExhausted ? engine->KvRefusedBlocks() : 0;
+      if (blocks > 0 && !running.empty()) {
+        handed_back = true;
+        return hand_back(job, opened, blocks);
       }
       return SendGenerateError(job, opened);
     }
@@ -119,10 +132,6 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
             false);
       }
     }
-    // Those still running say the cache as the step, and their ended companions, left it (an
-    // ended one said so in its answer: end()).
-    const std::optional<Engine::KvCacheUsage> usage = engine->KvUsage();
-    for (Running& r : running) r.stream->SetKvUsage(usage);
     // Between steps: what the supervisor sent meanwhile; who leaves; who joins.
     ReadWhileBusy();
     for (size_t i = running.size(); i-- > 0;) {
@@ -134,6 +143,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
         r.stream->HeartbeatIfDue();
       }
     }
+    handed_back = false;
     while (read_error_.ok() && running.size() < capacity && !deferred_.empty()) {
       v1::WorkerEnvelope& front = deferred_.front().message;
       if (!front.has_infer() || !front.infer().has_generate() || front.infer().model() != model ||
@@ -145,6 +155,10 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       deferred_.pop_front();
       join(std::move(request));
     }
+    // Those running say the cache as the step, their ended companions and those who joined left it
+    // (an ended one said so in its answer: end()): what the joins spoke for is in the next chunks.
+    const std::optional<Engine::KvCacheUsage> usage = engine->KvUsage();
+    for (Running& r : running) r.stream->SetKvUsage(usage);
   }
 }
 

@@ -47,7 +47,7 @@ struct TransformerEngine {
   // kv_reserved blocks of it are spoken for (OpenSequence).
   uint64_t kv_tokens = 0;
   uint32_t kv_reserved = 0;
-  uint32_t kv_refused = 0;  // blocks the last generation refused for want of them would have needed
+  uint32_t kv_refused = 0;  // blocks the last OpenSequence refused for want of them (0: it did not)
   std::unique_ptr<SequenceSlots> slots;
   StepPacer pacer{kStepPromptTokens, kPrefillPiece};  // how much prompt a step carries beside decodes
   std::vector<bool> slot_used;

@@ -33,6 +33,9 @@ void Core::DrainReady(uint32_t model) {
   // request sent after a crash waits for no retry it finds waiting, only for one already running.
   const policy::Window passing{kPassingRetryJobs, kWorkerWindowBytes};
   const bool retry_waits = std::any_of(m.waiters.begin(), m.waiters.end(), [](const Waiter& w) { return w.retry; });
+  auto retry_waits_for_room = [&] {
+    return std::any_of(m.waiters.begin(), m.waiters.end(), [](const Waiter& w) { return w.retry && w.kv_blocks > 0; });
+  };
   auto send = [&](size_t i, uint32_t worker) {
     Waiter w = std::move(m.waiters[i]);
     m.waiters.erase(m.waiters.begin() + static_cast<ptrdiff_t>(i));
@@ -51,7 +54,30 @@ void Core::DrainReady(uint32_t model) {
     views[worker].outstanding++;
     views[worker].pending_bytes += bytes;
   };
-  // First the new requests (and loads that came while the model was being attached), in order.
+  // Retries, in their order, one per worker that runs none.
+  auto send_retries = [&] {
+    if (views.empty()) views = WorkerLoads();
+    for (size_t i = 0; i < m.waiters.size();) {
+      if (!m.waiters[i].retry) {
+        ++i;
+        continue;
+      }
+      std::vector<uint32_t> free_of_retries;
+      const Waiter& retry = m.waiters[i];
+      for (uint32_t slot : retry.generate ? WithKvRoom(model, WithFreeSequences(model, serving), retry.kv_blocks)
+                                          : serving) {
+        if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
+      }
+      const uint32_t worker = policy::PickReplica(views, free_of_retries, window);
+      if (worker == policy::kNone) return;  // each waits for its turn
+      send(i, worker);
+    }
+  };
+  // A retry a replica's KV cache had no room for goes first, and no new generation passes it while
+  // it waits: they would take the room it waits for.
+  if (retry_waits_for_room()) send_retries();
+  const bool no_generation_passes = retry_waits_for_room();
+  // Then the new requests (and loads that came while the model was being attached), in order.
   for (size_t i = 0; i < m.waiters.size();) {
     Waiter& front = m.waiters[i];
     if (front.retry) {
@@ -67,6 +93,7 @@ void Core::DrainReady(uint32_t model) {
       Answer(w.call, std::move(reply));
       continue;
     }
+    if (front.generate && no_generation_passes) break;
     if (views.empty()) views = WorkerLoads();
     // A generation takes one of the generations its replica's engine runs at once: one more waits
     // here, where it can still go to whichever replica ends one first, or time out.
@@ -78,24 +105,7 @@ void Core::DrainReady(uint32_t model) {
     if (worker == policy::kNone) break;  // a finished job drains it again
     send(i, worker);
   }
-  if (!retry_waits) return;
-  // Then the retries, in their order, one per worker that runs none.
-  if (views.empty()) views = WorkerLoads();
-  for (size_t i = 0; i < m.waiters.size();) {
-    if (!m.waiters[i].retry) {
-      ++i;
-      continue;
-    }
-    std::vector<uint32_t> free_of_retries;
-    const Waiter& retry = m.waiters[i];
-    for (uint32_t slot : retry.generate ? WithKvRoom(model, WithFreeSequences(model, serving), retry.kv_blocks)
-                                        : serving) {
-      if (workers_[slot].retries == 0) free_of_retries.push_back(slot);
-    }
-    const uint32_t worker = policy::PickReplica(views, free_of_retries, window);
-    if (worker == policy::kNone) return;  // each waits for its turn
-    send(i, worker);
-  }
+  if (retry_waits) send_retries();  // then the others
 }
 
 uint32_t Core::GenerationsOn(uint32_t model, uint32_t worker) const {

@@ -169,6 +169,7 @@ void Core::AnswerGenerate(Job& job, v1::WorkerInferDone& done) {
 
 bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
   Model& m = models_[job.model];
+  // A registration replaced meanwhile (a reload) answers it: that slot may be another model's now.
   if (!job.generate || job.answered || job.epoch != m.epoch) return false;
   if (sessions_.find(job.call.session) == sessions_.end()) return false;  // nobody waits for it
   if (GenerationsOn(job.model, job.worker) == 0) return false;  // no room comes there by waiting

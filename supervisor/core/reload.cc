@@ -54,11 +54,13 @@ void Core::ApplySettings(Model& m) {
   const uint32_t wanted = m.parallel != 0 ? m.parallel : m.registered_sequences;
   const uint64_t kv_tokens =
       m.kv_cache_tokens == 0 ? 0 : std::clamp<uint64_t>(m.kv_cache_tokens, e.context, uint64_t{wanted} * e.context);
-  if (e.generates() && e.sequences != 0 && wanted != 0 && (wanted != e.sequences || kv_tokens != e.kv_tokens)) {
+  if (e.generates() && e.sequences != 0 && wanted != 0 &&
+      (wanted != e.sequences || kv_tokens != m.kv_cache_tokens_applied)) {
     const uint64_t before = e.KvCacheTokens() * e.kv_bytes_per_token;
     e.sequences = wanted;
     e.kv_tokens = kv_tokens;
     e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, before) + e.KvCacheTokens() * e.kv_bytes_per_token;
+    m.kv_cache_tokens_applied = kv_tokens;
   }
 }
 
@@ -80,6 +82,7 @@ bool Core::RegisterModel(const ModelEntry& entry) {
                                           "systemctl reload warmpool, or SIGHUP)",
                                           entry.name, entry.problem.message());
   m.registered_sequences = entry.sequences;
+  m.kv_cache_tokens_applied = entry.kv_tokens;
   m.crashes = {};
   m.last_error.clear();
   m.file_broken = false;

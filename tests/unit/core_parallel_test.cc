@@ -70,7 +70,7 @@ TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
 
 // [[models]] kv_cache_tokens: the caches share that many positions, at least one context and at
 // most all of theirs, counted by admission and asked of the load; the engine's report (whole
-// blocks) is what the next admission counts.
+// blocks) is what the next admission counts, and applying the same settings again keeps it.
 TEST(CoreParallelTest, KvCacheTokensSetThePositionsAdmissionCountsAndTheLoadAsksFor) {
   for (const auto& [asked, counted] : std::vector<std::pair<uint64_t, uint64_t>>{{100, 100}, {10, 64}, {1000, 128}}) {
     Config config = CoreRig::SmallConfig();
@@ -97,6 +97,22 @@ TEST(CoreParallelTest, KvCacheTokensSetThePositionsAdmissionCountsAndTheLoadAsks
     std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
     ASSERT_EQ(sent.size(), 1u);
     EXPECT_EQ(sent[0].load().kv_tokens(), counted);
+    ModelEntry reported = lm;
+    reported.sequences = 2;
+    reported.kv_tokens = (counted + 63) / 64 * 64;
+    reported.workspace_bytes = 10 + 2 * reported.kv_tokens;
+    rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
+    event::Reload same;  // the same settings and files, applied again
+    same.config = config;
+    same.entries = {lm};
+    rig.Handle(std::move(same));
+    v1::Envelope again;
+    again.mutable_models();
+    rig.Request(9, std::move(again));
+    replies = rig.Replies(9);
+    ASSERT_EQ(replies.size(), 1u);
+    EXPECT_EQ(replies[0].models_reply().models(0).kv_cache_tokens(), reported.kv_tokens) << "asked " << asked;
+    EXPECT_EQ(replies[0].models_reply().models(0).workspace_bytes(), reported.workspace_bytes) << "asked " << asked;
   }
 }
 
@@ -158,17 +174,16 @@ TEST_F(CoreKvRoomTest, AGenerationWithoutRoomWaitsAtTheFrontUntilTheReplicaSaysI
   rig_.Reply(0, DoneSaying(sent[0], /*reserved=*/1));  // three blocks free now
   std::vector<v1::WorkerEnvelope> again = rig_.Sent(0);
   ASSERT_EQ(again.size(), 2u) << "the one that waited, then the later one";
-  EXPECT_EQ(again[0].infer().generate().prompt(), "once upon a time");
   EXPECT_TRUE(again[0].infer().batch());
-  // Each client gets its one answer, the one that waited too.
-  rig_.Reply(0, Done(sent[2]));
+  // Each client gets its one answer: the first sent again is the one that waited.
   rig_.Reply(0, Done(again[0].infer().job()));
+  std::vector<v1::Envelope> waited = rig_.Replies(6);
+  ASSERT_EQ(waited.size(), 1u);
+  EXPECT_TRUE(waited[0].has_generate_reply()) << waited[0].DebugString();
   rig_.Reply(0, Done(again[1].infer().job()));
-  for (uint64_t session : {5, 6, 7, 8}) {
-    std::vector<v1::Envelope> replies = rig_.Replies(session);
-    ASSERT_EQ(replies.size(), 1u) << "session " << session;
-    EXPECT_TRUE(replies[0].has_generate_reply()) << replies[0].DebugString();
-  }
+  EXPECT_EQ(rig_.Replies(8).size(), 1u);
+  rig_.Reply(0, Done(sent[2]));
+  for (uint64_t session : {5, 7}) EXPECT_EQ(rig_.Replies(session).size(), 1u) << "session " << session;
 }
 
 TEST_F(CoreKvRoomTest, OneWaitingForRoomGoesOnceTheReplicaRunsNoneOfTheModelsGenerations) {
@@ -196,7 +211,7 @@ TEST_F(CoreKvRoomTest, RefusedWithNothingElseOnTheReplicaTheRefusalIsTheAnswer) 
   EXPECT_EQ(Waits(), 0u);
 }
 
-TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheOrderTheyWereRefusedAheadOfTheRest) {
+TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheirOrderAheadOfLaterRequests) {
   for (uint64_t session : {5, 6, 7}) Generate(rig_, session, "lm");
   std::vector<uint64_t> sent = JobsSent();
   ASSERT_EQ(sent.size(), 3u);
@@ -214,6 +229,49 @@ TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheOrderTheyWereRefusedAheadOfTheRest
     }
   }
   EXPECT_EQ(sessions, (std::vector<uint64_t>{6, 7, 8}));
+}
+
+// A stream retried after its worker's death that a replica's KV cache has no room for: no new
+// generation passes it (they would take the room it waits for), and it goes first once there is.
+TEST(CoreKvRoomRetryTest, NoNewGenerationPassesARetryWaitingForRoom) {
+  CoreRig rig{CoreRig::SmallConfig()};
+  ModelEntry lm = LanguageModel("lm");
+  lm.sequences = 3;
+  rig.Start({lm});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Loaded(0, lm, 100);
+  rig.Forget();
+  Generate(rig, 5, "lm");
+  Generate(rig, 6, "lm");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 2u);
+  rig.Down(0, {sent[0].infer().job()});  // the first was running; the second had not begun (it goes first)
+  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+  ASSERT_EQ(attach.size(), 1u);
+  ASSERT_TRUE(attach[0].has_attach()) << attach[0].DebugString();
+  rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), lm));
+  std::vector<v1::WorkerEnvelope> retried = rig.Sent(1);
+  ASSERT_EQ(retried.size(), 1u) << "retries go one at a time";
+  Generate(rig, 7, "lm");  // a new one passes retries that wait their turn
+  std::vector<v1::WorkerEnvelope> passing = rig.Sent(1);
+  ASSERT_EQ(passing.size(), 1u);
+  rig.Reply(1, Done(retried[0].infer().job()));
+  EXPECT_EQ(rig.Replies(6).size(), 1u);
+  std::vector<v1::WorkerEnvelope> second = rig.Sent(1);
+  ASSERT_EQ(second.size(), 1u) << "the other retry's turn";
+  rig.Reply(1, NoKvRoom(second[0].infer().job(), /*needed=*/3, /*reserved=*/2));
+  EXPECT_TRUE(rig.Replies(5).empty()) << "it waits for room";
+
+  Generate(rig, 8, "lm");
+  EXPECT_TRUE(rig.Sent(1).empty()) << "a new generation does not pass the retry waiting for room";
+  rig.Reply(1, DoneSaying(passing[0].infer().job(), /*reserved=*/0));
+  std::vector<v1::WorkerEnvelope> after = rig.Sent(1);
+  ASSERT_EQ(after.size(), 2u) << "the retry, then the new one";
+  rig.Reply(1, Done(after[0].infer().job()));
+  EXPECT_EQ(rig.Replies(5).size(), 1u) << "the first sent was the retry";
+  rig.Reply(1, Done(after[1].infer().job()));
+  EXPECT_EQ(rig.Replies(8).size(), 1u);
 }
 
 }  // namespace

@@ -23,17 +23,7 @@ class TransformerBatchTest : public TransformerEngineTest {
  protected:
   TransformerBatchTest() { spec_.dtype = safetensors::DType::F32; }
 
-  Result<Engine> Loaded(uint32_t sequences = 0) {
-    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
-    spec.has_directory = 1;
-    spec.directory_fd = directory_;
-    spec.sequences = sequences;
-    Result<Engine> engine = Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
-    if (engine.ok()) {
-      if (Status s = engine->Load(); !s.ok()) return s;
-    }
-    return engine;
-  }
+  Result<Engine> Loaded(uint32_t sequences = 0) { return LoadDirectory(0, sequences); }
 
   struct Open {
     wp_sequence* sequence = nullptr;

@@ -36,6 +36,20 @@ class TransformerEngineTest : public ::testing::Test {
     spec.directory_fd = directory_;
     return Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
   }
+  // Opened with these settings (0: the engine's defaults) and loaded.
+  Result<Engine> LoadDirectory(uint32_t context, uint32_t sequences, uint64_t kv_tokens = 0) {
+    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
+    spec.has_directory = 1;
+    spec.directory_fd = directory_;
+    spec.context = context;
+    spec.sequences = sequences;
+    spec.kv_tokens = kv_tokens;
+    Result<Engine> engine = Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
+    if (engine.ok()) {
+      if (Status s = engine->Load(); !s.ok()) return s;
+    }
+    return engine;
+  }
   // What the in-process path generates greedily from the same directory.
   std::vector<int32_t> Reference(const std::string& prompt, uint32_t max_tokens) {
     Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "engines/transformer/kv_cache.h"
@@ -19,19 +20,7 @@ constexpr uint32_t kContext = 256;  // four blocks
 
 class TransformerKvRoomTest : public TransformerEngineTest {
  protected:
-  Result<Engine> Loaded(uint32_t sequences, uint64_t kv_tokens) {
-    wp_engine_spec spec = SpecForFile("tiny", dir_.path().c_str(), nullptr, 0, 0);
-    spec.has_directory = 1;
-    spec.directory_fd = directory_;
-    spec.context = kContext;
-    spec.sequences = sequences;
-    spec.kv_tokens = kv_tokens;
-    Result<Engine> engine = Engine::Open(FindBuiltinEngine("transformer"), spec, memory_.service());
-    if (engine.ok()) {
-      if (Status s = engine->Load(); !s.ok()) return s;
-    }
-    return engine;
-  }
+  Result<Engine> Loaded(uint32_t sequences, uint64_t kv_tokens) { return LoadDirectory(kContext, sequences, kv_tokens); }
   // Steps the sequences together until each has ended (closing it), every step's status checked.
   static void RunToTheirEnds(Engine& engine, std::vector<wp_sequence*> open) {
     for (int steps = 0; !open.empty() && steps < 2000; ++steps) {
@@ -112,21 +101,29 @@ TEST_F(TransformerKvRoomTest, AGenerationIsOpenedOnlyWhileTheBlocksItMayNeedAreF
 }
 
 TEST_F(TransformerKvRoomTest, SequencesAdmittedRunToTheirLimitsWithoutRunningThePoolOut) {
-  // Five blocks: a whole context and one more. Sequences share a prompt's prefix (copied when one
-  // writes into a shared block) and write up to the positions they reserved.
-  Result<Engine> engine = Loaded(4, kContext + kKvBlockTokens);
+  // Six blocks: a whole context and two more. A prompt of more than a block runs first, so that
+  // its first block is in the prefix cache; three sequences that begin as it did then hold that
+  // block together, and write their own after it, up to the positions they reserved.
+  Result<Engine> engine = Loaded(4, kContext + 2 * kKvBlockTokens);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::string prefix;
+  for (int i = 0; i < 10; ++i) prefix += "This program is free software; ";
+  const std::string prompts[] = {prefix + "you can", prefix + "and", prefix + "WITHOUT"};
+  uint32_t prompt_tokens = 0;
+  Result<wp_sequence*> first = engine->OpenSequence(Greedy(prompts[0], 1), &prompt_tokens);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_GT(prompt_tokens, kKvBlockTokens);
+  ASSERT_LT(prompt_tokens + 30, 2 * kKvBlockTokens);
+  RunToTheirEnds(*engine, {*first});
   std::vector<wp_sequence*> open;
-  const wp_generate_request requests[] = {Greedy("This program is free software", 40),
-                                          Greedy("This program is free software", 120),
-                                          Greedy("This program is free software; you can", 100)};
-  for (const wp_generate_request& r : requests) {
-    Result<wp_sequence*> s = engine->OpenSequence(r);
+  for (const std::string& p : prompts) {  // two blocks each: the shared one and their own
+    Result<wp_sequence*> s = engine->OpenSequence(Greedy(p, 30));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     open.push_back(*s);
   }
-  EXPECT_EQ(engine->KvUsage()->reserved, 5u);
-  EXPECT_FALSE(engine->OpenSequence(Greedy("x", 1)).ok());
+  EXPECT_EQ(engine->KvUsage()->reserved, 6u) << "each counts the block it shares";
+  EXPECT_EQ(engine->KvUsage()->held, 1u) << "the prefix's block, held by all three";
+  EXPECT_FALSE(engine->OpenSequence(Greedy("x", 1)).ok()) << "all six spoken for";
   RunToTheirEnds(*engine, open);
   EXPECT_EQ(engine->KvUsage()->reserved, 0u);
 }

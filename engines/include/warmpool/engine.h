@@ -421,8 +421,10 @@ typedef struct wp_engine_vtable {
   /* Version 12 (NULL where the engine does not do it). */
   /* Blocks of its KV cache (of kv_usage's `blocks`) that its open sequences may come to need, held
    * already or not (reserved): a generation that may need more than the rest is refused by
-   * open_sequence; and what the last generation it refused so would have needed (refused; 0 when
-   * it refused none). WP_NOT_FOUND when it reserves nothing. Called on the serving thread. */
+   * open_sequence; and, when the last open_sequence call refused its generation for want of that
+   * room, the blocks it would have needed (refused; 0 after any other outcome: only a refusal that
+   * says so is handed back to wait for room). WP_NOT_FOUND when it reserves nothing. Called on the
+   * serving thread. */
   wp_status (*kv_reservations)(wp_engine* engine, uint64_t* reserved, uint64_t* refused);
 } wp_engine_vtable;
 
