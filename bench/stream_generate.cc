@@ -43,6 +43,14 @@ class StreamGenerate {
                                                   options_.prompt, context, options_.long_prompt);
     if (!lm.ok()) return lm.status();
     lm_ = *lm;
+    // The stream beside the long prompt and that prompt run at once only where the cache holds both
+    // (each admitted by all it may need): otherwise the prompt waits for the stream to end.
+    const uint64_t both = uint64_t{options_.prompt} + StreamBesideTokens() + options_.long_prompt + 2 * 64;
+    if (options_.kv_cache_tokens != 0 && options_.kv_cache_tokens < both) {
+      return Error(Code::kInvalidArgument,
+                   "--kv-cache-tokens {} cannot hold a stream of {} tokens and a {}-token prompt at once: give {} or more",
+                   options_.kv_cache_tokens, StreamBesideTokens(), options_.long_prompt, both);
+    }
     std::string config =
         fmt::format("[daemon]\nmodels_dir = \"{}\"\n[[models]]\nname = \"lm\"\npath = \"{}/lm\"\nparallel = {}\n",
                     models, models, std::max(options_.streams, 2u));
