@@ -274,7 +274,8 @@ class Core {
   uint32_t GenerationsOn(uint32_t model, uint32_t worker) const;
   // Of those, the ones with room for a generation a replica's KV cache refused for want of
   // `blocks` (Waiter::kv_blocks; 0: all): the cache has that many free of what its generations may
-  // need, as it last said, or it runs none of the model's generations.
+  // need, as it last said, or it runs none of the model's generations. The most room first (of
+  // replicas equally busy, a generation goes to the one with the most room).
   std::vector<uint32_t> WithKvRoom(uint32_t model, const std::vector<uint32_t>& replicas, uint64_t blocks) const;
   // A generation a replica's engine refused for want of room in its KV cache (WorkerInferDone.kv_full),
   // nothing of it run: back to the front of its model's queue, to go where there is room. True when

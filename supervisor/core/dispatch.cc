@@ -128,15 +128,19 @@ std::vector<uint32_t> Core::WithFreeSequences(uint32_t model, const std::vector<
 }
 
 std::vector<uint32_t> Core::WithKvRoom(uint32_t model, const std::vector<uint32_t>& replicas, uint64_t blocks) const {
-  if (blocks == 0) return replicas;
+  // The blocks free of what a replica's generations may need, as it last said (none said: 0).
+  auto free_blocks = [&](uint32_t slot) -> uint64_t {
+    const auto said = kv_usage_.find({model, slot});
+    return said == kv_usage_.end() ? 0 : said->second.blocks - said->second.reserved;
+  };
   std::vector<uint32_t> room;
   for (uint32_t slot : replicas) {
-    const auto said = kv_usage_.find({model, slot});
-    const bool fits = said != kv_usage_.end() && said->second.blocks - said->second.reserved >= blocks;
     // A replica that runs none of the model's generations has its whole cache free for this one
     // (an engine keeps at least one context's room), whatever it said last.
-    if (fits || GenerationsOn(model, slot) == 0) room.push_back(slot);
+    if (blocks == 0 || free_blocks(slot) >= blocks || GenerationsOn(model, slot) == 0) room.push_back(slot);
   }
+  // The most room first: of replicas equally busy, policy::PickReplica takes the first.
+  std::stable_sort(room.begin(), room.end(), [&](uint32_t a, uint32_t b) { return free_blocks(a) > free_blocks(b); });
   return room;
 }
 

@@ -231,6 +231,37 @@ TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheirOrderAheadOfLaterRequests) {
   EXPECT_EQ(sessions, (std::vector<uint64_t>{6, 7, 8}));
 }
 
+// Of two replicas equally busy, a generation goes to the one whose KV cache has the most room free
+// of what its generations may need, as each last said.
+TEST(CoreKvRoomPlacementTest, OfReplicasEquallyBusyTheOneWithTheMostRoomTakesAGeneration) {
+  for (uint32_t roomy : {0u, 1u}) {
+    CoreRig rig{CoreRig::SmallConfig()};
+    ModelEntry lm = LanguageModel("lm");
+    lm.sequences = 3;
+    rig.Start({lm});
+    rig.Up(0);
+    rig.Up(1);
+    auto load_done = [&](uint64_t job, uint32_t slot) {
+      v1::WorkerEnvelope done = CoreRig::LoadDone(job, lm);
+      done.mutable_load_done()->mutable_kv_usage()->set_blocks(8);
+      done.mutable_load_done()->mutable_kv_usage()->set_blocks_reserved(slot == roomy ? 0 : 6);
+      return done;
+    };
+    rig.Load(1, "lm", /*replicas=*/2);
+    std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
+    ASSERT_EQ(load.size(), 1u);
+    rig.Reply(0, load_done(load[0].load().job(), 0), {100});
+    std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+    ASSERT_EQ(attach.size(), 1u);
+    ASSERT_TRUE(attach[0].has_attach()) << attach[0].DebugString();
+    rig.Reply(1, load_done(attach[0].attach().job(), 1));
+    rig.Forget();
+    Generate(rig, 5, "lm");
+    EXPECT_EQ(rig.Sent(roomy).size(), 1u) << "worker " << roomy << " has the room";
+    EXPECT_TRUE(rig.Sent(1 - roomy).empty());
+  }
+}
+
 // A stream retried after its worker's death that a replica's KV cache has no room for: no new
 // generation passes it (they would take the room it waits for), and it goes first once there is.
 TEST(CoreKvRoomRetryTest, NoNewGenerationPassesARetryWaitingForRoom) {
