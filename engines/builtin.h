@@ -29,7 +29,7 @@ int ProgressTrampoline(void* ctx, uint64_t done, uint64_t total);
 inline wp_engine_spec SpecForFile(const char* name, const char* path, const uint8_t* header = nullptr,
                                   uint64_t header_bytes = 0, uint64_t file_size = 0) {
   return wp_engine_spec{name, path, header, header_bytes, file_size, /*has_directory=*/0, /*directory_fd=*/-1,
-                        /*context=*/0, /*sequences=*/0, /*kv_tokens=*/0};
+                        /*context=*/0, /*sequences=*/0, /*kv_tokens=*/0, /*prefill_stretch=*/0};
 }
 
 // The error buffer an engine call writes into: long enough for a JSON parse error that quotes its

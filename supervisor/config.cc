@@ -95,6 +95,16 @@ Status ReadUint(const toml::node& node, const std::string& key, T& out) {
   return OkStatus();
 }
 
+// A number (integer or not) from `least` to `most`.
+Status ReadRatio(const toml::node& node, const std::string& key, float& out, double least, double most) {
+  std::optional<double> value = node.value<double>();
+  if (!value || !(*value >= least && *value <= most)) {
+    return Error(Code::kInvalidArgument, "{} must be a number from {} to {}", key, least, most);
+  }
+  out = static_cast<float>(*value);
+  return OkStatus();
+}
+
 Status ReadString(const toml::node& node, const std::string& key, std::string& out) {
   auto v = node.value<std::string>();
   if (!v) return Error(Code::kInvalidArgument, "{} must be a string", key);
@@ -286,6 +296,7 @@ Status ApplyModels(Config& c, const toml::node& node, const std::string& base_di
                     key, kMaxKvCacheTokens);
         }
       }
+      else if (k == "prefill_stretch") s = ReadRatio(v, key, m.prefill_stretch, 1, 100);
       else if (k == "aliases") s = ReadStrings(v, key, m.aliases);
       else if (k == "tool_call_format") {
         s = ReadString(v, key, m.tool_call_format);

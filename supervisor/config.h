@@ -36,6 +36,10 @@ struct ModelConfig {
   // generation's whole context. At least one context is kept, and more than parallel x context
   // is not.
   uint64_t kv_cache_tokens = 0;
+  // Language models: how many times a decode step a step may take that carries a prompt's piece
+  // beside decoding generations (their gaps between tokens stretch by about that much while a long
+  // prompt goes in; more lets the prompt in sooner), 1 to 100; 0: the engine's default (2).
+  float prefill_stretch = 0;
   // Other names requests may use for it (as llama-swap's aliases: "gpt-4o-mini" for a local
   // model, so that a client's configured name reaches it). A registered model of that name wins.
   std::vector<std::string> aliases{};

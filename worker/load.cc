@@ -150,6 +150,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
   spec.directory_fd = directory ? file : -1;
   spec.sequences = request.sequences();
   spec.kv_tokens = request.kv_tokens();
+  spec.prefill_stretch = request.prefill_stretch();
   Result<Engine> engine = Engine::Open(*vtable, spec, memory_.engines());
   if (!engine.ok()) return Named(engine.status(), fd_path, path);
   if (directory) {
@@ -159,6 +160,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
   }
   const wp_engine_info& info = engine->info();
   DescribeEngine(*engine, done.mutable_weights());
+  done.mutable_weights()->set_prefill_stretch(request.prefill_stretch());  // what an attach opens with
   if (request.admitted_bytes() != 0 &&
       info.weight_bytes + info.workspace_bytes > request.admitted_bytes()) {
     // The file changed since it was registered (or its engine's workspace was unknown): room was

@@ -162,6 +162,7 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd, int cac
                       described.file_size());
   spec.sequences = described.sequences();  // as many as the load that described them ran
   spec.kv_tokens = described.kv_tokens();     // in a cache as large
+  spec.prefill_stretch = described.prefill_stretch();
   if (!vtable.ok()) {
     status = vtable.status();
   } else {

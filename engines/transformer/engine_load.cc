@@ -155,6 +155,7 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   // A GPU's forward pass runs one sequence; the CPU steps several together.
   e.sequences = e.on_device ? 1 : ServedSequences(spec.sequences);
   e.kv_tokens = e.on_device ? 0 : spec.kv_tokens;
+  e.pacer = StepPacer(kStepPromptTokens, kPrefillPiece, spec.prefill_stretch > 0 ? spec.prefill_stretch : kStepLatencyRatio);
   e.slot_used.assign(e.sequences, false);
   info.weight_bytes = e.packed.region_bytes;
   // On a GPU the workspace is device memory: the KV cache and what the kernels need.

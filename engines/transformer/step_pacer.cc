@@ -31,7 +31,7 @@ void StepPacer::Observe(uint32_t prompt_tokens, bool decoding, double seconds) {
   }
   since_decode_++;
   if (decode_seconds_ == 0) return;  // nothing to measure it against yet
-  if (seconds > kStepLatencyRatio * decode_seconds_) {
+  if (seconds > bound_ * decode_seconds_) {
     piece_ = std::max(1.0, piece_ * kCut);
   } else if (prompt_tokens >= PromptBudget(true)) {
     piece_ = std::min<double>(most_beside_decode_, piece_ + 1);

@@ -23,17 +23,23 @@
 namespace warmpool::transformer {
 
 // A step with prompt tokens beside decoding sequences is steered to take at most this many times a
-// step without.
+// step without, unless the model's settings say otherwise ([[models]] prefill_stretch, from
+// kMinStepLatencyRatio to kMaxStepLatencyRatio).
 inline constexpr double kStepLatencyRatio = 2.0;
+inline constexpr double kMinStepLatencyRatio = 1.0;
+inline constexpr double kMaxStepLatencyRatio = 100.0;
 // Beside decoding sequences, one step in this many carries no prompt token: the decode step measured.
 inline constexpr uint32_t kProbeEvery = 16;
 
 class StepPacer {
  public:
-  // At most this many prompt tokens a step, decoding or not (the caller's piece sizes).
-  StepPacer(uint32_t most_beside_decode, uint32_t most_alone)
+  // At most this many prompt tokens a step, decoding or not (the caller's piece sizes); a step with
+  // prompt tokens beside a decode kept within `bound` times a step without (clamped to the range
+  // above; not a number: the default).
+  StepPacer(uint32_t most_beside_decode, uint32_t most_alone, double bound = kStepLatencyRatio)
       : most_beside_decode_(std::max(1u, most_beside_decode)),
         most_alone_(std::max(1u, most_alone)),
+        bound_(bound == bound ? std::clamp(bound, kMinStepLatencyRatio, kMaxStepLatencyRatio) : kStepLatencyRatio),
         piece_(std::max(1u, most_beside_decode / 4)) {}
 
   // Prompt tokens the next step may carry: most_alone with no sequence decoding; beside decoding
@@ -49,12 +55,14 @@ class StepPacer {
   void Observe(uint32_t prompt_tokens, bool decoding, double seconds);
 
   double decode_seconds() const { return decode_seconds_; }
+  double bound() const { return bound_; }
   // The piece as steered: what a step beside decoding sequences carries but for the probes.
   uint32_t piece() const { return std::clamp(static_cast<uint32_t>(piece_), 1u, most_beside_decode_); }
 
  private:
   uint32_t most_beside_decode_;
   uint32_t most_alone_;
+  double bound_;
   double piece_;               // prompt tokens beside a decode, as steered
   double decode_seconds_ = 0;  // a step that only decodes; 0: none seen yet
   uint32_t since_decode_ = 0;  // steps with prompts beside a decode since the last without

@@ -204,6 +204,7 @@ void Core::StartLoad(uint32_t model, uint32_t worker, uint64_t bytes) {
   load->set_admitted_bytes(bytes);
   load->set_sequences(m.entry.sequences);  // what admission counted (Core::ApplySettings)
   load->set_kv_tokens(m.entry.kv_tokens);
+  load->set_prefill_stretch(m.entry.prefill_stretch);
   for (const v1::Fault& f : GrantFaults(job)) *load->add_faults() = f;
   uint64_t id = NewJob(std::move(job));
   load->set_job(id);

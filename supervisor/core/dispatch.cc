@@ -34,7 +34,7 @@ void Core::DrainReady(uint32_t model) {
   const policy::Window passing{kPassingRetryJobs, kWorkerWindowBytes};
   const bool retry_waits = std::any_of(m.waiters.begin(), m.waiters.end(), [](const Waiter& w) { return w.retry; });
   auto retry_waits_for_room = [&] {
-    return std::any_of(m.waiters.begin(), m.waiters.end(), [](const Waiter& w) { return w.retry && w.kv_blocks > 0; });
+    return std::any_of(m.waiters.begin(), m.waiters.end(), [](const Waiter& w) { return w.retry && w.refused_as != 0; });
   };
   auto send = [&](size_t i, uint32_t worker) {
     Waiter w = std::move(m.waiters[i]);
@@ -93,7 +93,10 @@ void Core::DrainReady(uint32_t model) {
       Answer(w.call, std::move(reply));
       continue;
     }
-    if (front.generate && no_generation_passes) break;
+    if (front.generate && no_generation_passes) {  // embeddings and loads behind it may go
+      ++i;
+      continue;
+    }
     if (views.empty()) views = WorkerLoads();
     // A generation takes one of the generations its replica's engine runs at once: one more waits
     // here, where it can still go to whichever replica ends one first, or time out.
@@ -128,20 +131,22 @@ std::vector<uint32_t> Core::WithFreeSequences(uint32_t model, const std::vector<
 }
 
 std::vector<uint32_t> Core::WithKvRoom(uint32_t model, const std::vector<uint32_t>& replicas, uint64_t blocks) const {
-  // The blocks free of what a replica's generations may need, as it last said (none said: 0).
-  auto free_blocks = [&](uint32_t slot) -> uint64_t {
-    const auto said = kv_usage_.find({model, slot});
-    return said == kv_usage_.end() ? 0 : said->second.blocks - said->second.reserved;
-  };
-  std::vector<uint32_t> room;
+  // Each replica with the blocks free of what its generations may need, as it last said (none said:
+  // 0); one that runs none of the model's generations has its whole cache free for this one (an
+  // engine keeps at least one context's room), whatever it said last.
+  std::vector<std::pair<uint32_t, uint64_t>> room;
   for (uint32_t slot : replicas) {
-    // A replica that runs none of the model's generations has its whole cache free for this one
-    // (an engine keeps at least one context's room), whatever it said last.
-    if (blocks == 0 || free_blocks(slot) >= blocks || GenerationsOn(model, slot) == 0) room.push_back(slot);
+    const auto said = kv_usage_.find({model, slot});
+    const uint64_t free = GenerationsOn(model, slot) == 0 ? UINT64_MAX
+                          : said == kv_usage_.end()       ? 0
+                                                          : said->second.blocks - said->second.reserved;
+    if (blocks == 0 || free >= blocks) room.emplace_back(slot, free);
   }
   // The most room first: of replicas equally busy, policy::PickReplica takes the first.
-  std::stable_sort(room.begin(), room.end(), [&](uint32_t a, uint32_t b) { return free_blocks(a) > free_blocks(b); });
-  return room;
+  std::stable_sort(room.begin(), room.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::vector<uint32_t> slots;
+  for (const auto& [slot, free] : room) slots.push_back(slot);
+  return slots;
 }
 
 void Core::Dispatch(uint32_t model, uint32_t worker, Waiter&& waiter) {

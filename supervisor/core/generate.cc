@@ -181,8 +181,9 @@ bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
   w.resume_epoch = job.epoch;
   w.resume_version = m.entry.version;
   w.kv_source = job.kv_source;  // not read: nothing of it was opened
-  // What a cache has room for counts whole blocks of at least one position: never 0 once refused.
-  w.kv_blocks = std::max<uint64_t>(done.kv_blocks(), 1);
+  // 0 for one handed back behind a refused one (never tried): it waits behind that one, and then
+  // goes wherever there is a sequence free.
+  w.kv_blocks = done.kv_blocks();
   w.refused_as = job.refused_as != 0 ? job.refused_as : ++kv_refusals_;
   // Among its kind (retries after a crash, which stay in front, or the rest), ahead of every one
   // that was not refused (all came after it: each kind is sent in order), behind those refused
@@ -193,7 +194,7 @@ bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
   });
   m.waiters.insert(at, std::move(w));
   queued_++;
-  shm::StatAdd(segment_.model_stats(job.model).kv_cache_waits);
+  if (done.kv_blocks() > 0) shm::StatAdd(segment_.model_stats(job.model).kv_cache_waits);
   return true;
 }
 

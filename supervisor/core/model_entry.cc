@@ -20,6 +20,7 @@ WeightsDescription FromWire(const v1::ModelWeights& wire) {
   d.embedding_size = wire.embedding_size();
   d.sequences = wire.sequences();
   d.kv_tokens = wire.kv_tokens();
+  d.prefill_stretch = wire.prefill_stretch();
   d.runs_tensors = wire.runs_tensors();
   d.inputs.assign(wire.inputs().begin(), wire.inputs().end());
   d.outputs.assign(wire.outputs().begin(), wire.outputs().end());
@@ -39,6 +40,7 @@ void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
   wire->set_embedding_size(d.embedding_size);
   wire->set_sequences(d.sequences);
   wire->set_kv_tokens(d.kv_tokens);
+  wire->set_prefill_stretch(d.prefill_stretch);
   wire->set_runs_tensors(d.runs_tensors);
   for (const v1::NamedTensor& t : d.inputs) *wire->add_inputs() = t;
   for (const v1::NamedTensor& t : d.outputs) *wire->add_outputs() = t;

@@ -33,6 +33,9 @@ struct WeightsDescription {
   // Positions its KV cache holds in all, shared by those generations (workspace_bytes counts
   // them); 0: each generation's whole context.
   uint64_t kv_tokens = 0;
+  // Language models: how far a step carrying prompt tokens may stretch the decoding streams' (in
+  // decode steps; [[models]] prefill_stretch, passed to the engine); 0: the engine's default.
+  float prefill_stretch = 0;
   uint64_t KvCacheTokens() const { return kv_tokens != 0 ? kv_tokens : uint64_t{sequences > 0 ? sequences : 1} * context; }
   // Typed tensors its engine runs (no data; empty with runs_tensors: any), as a worker reported.
   bool runs_tensors = false;

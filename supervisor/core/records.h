@@ -56,8 +56,9 @@ struct Waiter {
   // whose keys and values of its prompt and tokens sent the engine copies; -1: none.
   int kv_source = -1;
   // A generation a replica's KV cache had no room for (Core::RequeueKvRefused): the blocks it may
-  // need, as that engine said (it goes only where that many are free: Core::WithKvRoom), and when
-  // it was first refused (refused ones wait in the order they were first refused). 0: never.
+  // need, as that engine said (it goes only where that many are free: Core::WithKvRoom; 0: one
+  // handed back behind such, never tried), and when it was first sent back (they wait in that
+  // order). refused_as 0: never sent back.
   uint64_t kv_blocks = 0;
   uint64_t refused_as = 0;
 };
@@ -122,8 +123,10 @@ struct Model {
   uint32_t parallel = 0;
   uint32_t registered_sequences = 0;
   uint64_t kv_cache_tokens = 0;  // [[models]] kv_cache_tokens; 0: every generation's whole context
-  // What ApplySettings last made of it for the entry (clamped): once a load has reported the
-  // engine's own figure (whole blocks), the same setting applied again leaves that figure alone.
+  // What ApplySettings last made of them for the entry (kv_cache_tokens clamped): once a load has
+  // reported the engine's own figures (one sequence on a GPU, a cache of whole blocks), the same
+  // settings applied again leave them alone.
+  uint32_t sequences_applied = 0;
   uint64_t kv_cache_tokens_applied = 0;
   // Its calls of tools are read in this format ("" none): [[models]] tool_call_format, else what
   // its chat template shows (ModelEntry::tool_call_format).

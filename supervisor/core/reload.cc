@@ -34,6 +34,7 @@ void Core::ApplySettings(Model& m) {
   m.tool_call_format = m.entry.tool_call_format;
   m.parallel = 0;
   m.kv_cache_tokens = 0;
+  float prefill_stretch = 0;
   for (const ModelConfig& c : config_.models) {
     if (c.name != m.entry.name) continue;
     if (c.keep_alive_ms != kKeepAliveDefault) m.keep_alive_ms = c.keep_alive_ms;
@@ -42,24 +43,30 @@ void Core::ApplySettings(Model& m) {
     if (c.max_batch_delay_us >= 0) m.max_batch_delay_us = static_cast<uint32_t>(c.max_batch_delay_us);
     m.parallel = c.parallel;
     m.kv_cache_tokens = c.kv_cache_tokens;
+    prefill_stretch = c.prefill_stretch;
   }
+  // Not counted by admission: the next load asks its engine for it (a replica attaching opens with
+  // its weights' own, as the load that described them).
+  m.entry.prefill_stretch = prefill_stretch;
   // Admission counts the KV cache a replica's engine keeps: a whole context per generation it runs
   // at once (as many as configured, else as registration counted: the engine's default), or the
   // positions configured for them to share (kv_cache_tokens: at least one context, at most all of
   // theirs, as the engine keeps it). The entry's counts and its workspace go together (a worker's
   // report sets them all), so the cache's bytes are moved with them. A load asks the engine for
-  // exactly the entry's (StartLoad); an engine that keeps another (one sequence on a GPU) reports
-  // so, and the entry follows it until the settings are applied again.
+  // exactly the entry's (StartLoad); an engine that keeps another (one sequence on a GPU, its cache
+  // in whole blocks) reports so, and the entry follows it until the settings change: applied again
+  // unchanged (a reload), they leave the engine's figures alone.
   ModelEntry& e = m.entry;
   const uint32_t wanted = m.parallel != 0 ? m.parallel : m.registered_sequences;
   const uint64_t kv_tokens =
       m.kv_cache_tokens == 0 ? 0 : std::clamp<uint64_t>(m.kv_cache_tokens, e.context, uint64_t{wanted} * e.context);
   if (e.generates() && e.sequences != 0 && wanted != 0 &&
-      (wanted != e.sequences || kv_tokens != m.kv_cache_tokens_applied)) {
+      (wanted != m.sequences_applied || kv_tokens != m.kv_cache_tokens_applied)) {
     const uint64_t before = e.KvCacheTokens() * e.kv_bytes_per_token;
     e.sequences = wanted;
     e.kv_tokens = kv_tokens;
     e.workspace_bytes = e.workspace_bytes - std::min(e.workspace_bytes, before) + e.KvCacheTokens() * e.kv_bytes_per_token;
+    m.sequences_applied = wanted;
     m.kv_cache_tokens_applied = kv_tokens;
   }
 }
@@ -82,6 +89,7 @@ bool Core::RegisterModel(const ModelEntry& entry) {
                                           "systemctl reload warmpool, or SIGHUP)",
                                           entry.name, entry.problem.message());
   m.registered_sequences = entry.sequences;
+  m.sequences_applied = entry.sequences;
   m.kv_cache_tokens_applied = entry.kv_tokens;
   m.crashes = {};
   m.last_error.clear();

@@ -163,6 +163,21 @@ TEST(ApplyTomlTest, ModelKvCacheTokensArePositiveAndBounded) {
   }
 }
 
+TEST(ApplyTomlTest, ModelPrefillStretchIsANumberFromOneToAHundred) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\nprefill_stretch = 3\n[[models]]\nname = \"b\"\n"
+                           "prefill_stretch = 1.5\n[[models]]\nname = \"c\"\n", kOrigin).ok());
+  EXPECT_EQ(c.models[0].prefill_stretch, 3.0f);
+  EXPECT_EQ(c.models[1].prefill_stretch, 1.5f);
+  EXPECT_EQ(c.models[2].prefill_stretch, 0.0f) << "unset: the engine's default";
+  for (const char* bad : {"0", "0.5", "101", "-2", "\"fast\"", "nan"}) {
+    Config config;
+    Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\nprefill_stretch = {}\n", bad), kOrigin);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("models.prefill_stretch"), std::string::npos) << s.message();
+  }
+}
+
 TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {
   Config c;
   ASSERT_TRUE(ApplyToml(c, "", kOrigin).ok());

@@ -66,6 +66,12 @@ TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
   rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
   EXPECT_EQ(info().parallel(), 1u);
   EXPECT_EQ(info().workspace_bytes(), 10u + 128);
+  event::Reload same;  // the same settings and files, applied again
+  same.config = config;
+  same.entries = {lm};
+  rig.Handle(std::move(same));
+  EXPECT_EQ(info().parallel(), 1u) << "the engine's figure stays: the settings did not change";
+  EXPECT_EQ(info().workspace_bytes(), 10u + 128);
 }
 
 // [[models]] kv_cache_tokens: the caches share that many positions, at least one context and at
@@ -231,33 +237,78 @@ TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheirOrderAheadOfLaterRequests) {
   EXPECT_EQ(sessions, (std::vector<uint64_t>{6, 7, 8}));
 }
 
+// [[models]] prefill_stretch goes to the engine with the load, and with the weights' description
+// to a replica that attaches them.
+TEST(CoreParallelTest, PrefillStretchGoesWithTheLoadAndTheWeightsAnAttachOpens) {
+  Config config = CoreRig::SmallConfig();
+  ModelConfig lm_config;
+  lm_config.name = "lm";
+  lm_config.prefill_stretch = 3.5f;
+  config.models.push_back(lm_config);
+  CoreRig rig{config};
+  ModelEntry lm = LanguageModel("lm");
+  lm.sequences = 2;
+  rig.Start({lm});
+  rig.Up(0);
+  rig.Up(1);
+  rig.Load(1, "lm", /*replicas=*/2);
+  std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
+  ASSERT_EQ(load.size(), 1u);
+  EXPECT_EQ(load[0].load().prefill_stretch(), 3.5f);
+  ModelEntry loaded = lm;
+  loaded.prefill_stretch = 3.5f;  // the worker says what its engine opened with
+  rig.Reply(0, CoreRig::LoadDone(load[0].load().job(), loaded), {100});
+  std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+  ASSERT_EQ(attach.size(), 1u);
+  ASSERT_TRUE(attach[0].has_attach());
+  EXPECT_EQ(attach[0].attach().weights().prefill_stretch(), 3.5f);
+}
+
 // Of two replicas equally busy, a generation goes to the one whose KV cache has the most room free
 // of what its generations may need, as each last said.
 TEST(CoreKvRoomPlacementTest, OfReplicasEquallyBusyTheOneWithTheMostRoomTakesAGeneration) {
-  for (uint32_t roomy : {0u, 1u}) {
+  for (uint64_t second_reserved : {1u, 5u}) {
     CoreRig rig{CoreRig::SmallConfig()};
     ModelEntry lm = LanguageModel("lm");
     lm.sequences = 3;
     rig.Start({lm});
     rig.Up(0);
     rig.Up(1);
-    auto load_done = [&](uint64_t job, uint32_t slot) {
+    auto load_done = [&](uint64_t job) {  // a cache of 8 blocks, all free
       v1::WorkerEnvelope done = CoreRig::LoadDone(job, lm);
       done.mutable_load_done()->mutable_kv_usage()->set_blocks(8);
-      done.mutable_load_done()->mutable_kv_usage()->set_blocks_reserved(slot == roomy ? 0 : 6);
       return done;
     };
     rig.Load(1, "lm", /*replicas=*/2);
     std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
     ASSERT_EQ(load.size(), 1u);
-    rig.Reply(0, load_done(load[0].load().job(), 0), {100});
+    rig.Reply(0, load_done(load[0].load().job()), {100});
     std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
     ASSERT_EQ(attach.size(), 1u);
     ASSERT_TRUE(attach[0].has_attach()) << attach[0].DebugString();
-    rig.Reply(1, load_done(attach[0].attach().job(), 1));
+    rig.Reply(1, load_done(attach[0].attach().job()));
     rig.Forget();
-    Generate(rig, 5, "lm");
-    EXPECT_EQ(rig.Sent(roomy).size(), 1u) << "worker " << roomy << " has the room";
+    // One generation on each (the less busy takes the second), each saying what it reserved.
+    auto run_one = [&](uint64_t session, uint64_t reserved) -> uint32_t {
+      Generate(rig, session, "lm");
+      for (uint32_t slot : {0u, 1u}) {
+        std::vector<v1::WorkerEnvelope> sent = rig.Sent(slot);
+        if (sent.empty()) continue;
+        v1::WorkerEnvelope chunk = Chunk(sent[0].infer().job(), "a", 0, {1});
+        chunk.mutable_infer_chunk()->mutable_kv_usage()->set_blocks(8);
+        chunk.mutable_infer_chunk()->mutable_kv_usage()->set_blocks_reserved(reserved);
+        rig.Reply(slot, chunk);
+        return slot;
+      }
+      ADD_FAILURE() << "generation of session " << session << " sent nowhere";
+      return 0;
+    };
+    const uint32_t first = run_one(5, 3);  // 5 blocks free
+    const uint32_t second = run_one(6, second_reserved);
+    ASSERT_NE(first, second) << "the less busy replica took the second";
+    Generate(rig, 7, "lm");
+    const uint32_t roomy = second_reserved < 3 ? second : first;
+    EXPECT_EQ(rig.Sent(roomy).size(), 1u) << "worker " << roomy << " has the most room";
     EXPECT_TRUE(rig.Sent(1 - roomy).empty());
   }
 }
@@ -277,22 +328,25 @@ TEST(CoreKvRoomRetryTest, NoNewGenerationPassesARetryWaitingForRoom) {
   Generate(rig, 6, "lm");
   std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
   ASSERT_EQ(sent.size(), 2u);
-  rig.Down(0, {sent[0].infer().job()});  // the first was running; the second had not begun (it goes first)
+  rig.Down(0);  // neither had begun: both retried sharing their engine's steps (batch)
   std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
   ASSERT_EQ(attach.size(), 1u);
   ASSERT_TRUE(attach[0].has_attach()) << attach[0].DebugString();
   rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), lm));
   std::vector<v1::WorkerEnvelope> retried = rig.Sent(1);
   ASSERT_EQ(retried.size(), 1u) << "retries go one at a time";
+  ASSERT_TRUE(retried[0].infer().batch());
   Generate(rig, 7, "lm");  // a new one passes retries that wait their turn
   std::vector<v1::WorkerEnvelope> passing = rig.Sent(1);
   ASSERT_EQ(passing.size(), 1u);
   rig.Reply(1, Done(retried[0].infer().job()));
-  EXPECT_EQ(rig.Replies(6).size(), 1u);
+  const uint64_t first_session = rig.Replies(5).empty() ? 6 : 5;  // the session whose retry went first
+  const uint64_t waiting = 11 - first_session;
   std::vector<v1::WorkerEnvelope> second = rig.Sent(1);
   ASSERT_EQ(second.size(), 1u) << "the other retry's turn";
+  ASSERT_TRUE(second[0].infer().batch());
   rig.Reply(1, NoKvRoom(second[0].infer().job(), /*needed=*/3, /*reserved=*/2));
-  EXPECT_TRUE(rig.Replies(5).empty()) << "it waits for room";
+  EXPECT_TRUE(rig.Replies(waiting).empty()) << "it waits for room";
 
   Generate(rig, 8, "lm");
   EXPECT_TRUE(rig.Sent(1).empty()) << "a new generation does not pass the retry waiting for room";
@@ -300,7 +354,7 @@ TEST(CoreKvRoomRetryTest, NoNewGenerationPassesARetryWaitingForRoom) {
   std::vector<v1::WorkerEnvelope> after = rig.Sent(1);
   ASSERT_EQ(after.size(), 2u) << "the retry, then the new one";
   rig.Reply(1, Done(after[0].infer().job()));
-  EXPECT_EQ(rig.Replies(5).size(), 1u) << "the first sent was the retry";
+  EXPECT_EQ(rig.Replies(waiting).size(), 1u) << "the first sent was the retry";
   rig.Reply(1, Done(after[1].infer().job()));
   EXPECT_EQ(rig.Replies(8).size(), 1u);
 }

@@ -31,7 +31,7 @@ Steered Steer(StepPacer& pacer, int steps, double fixed, double each) {
   for (int i = 0; i < steps; ++i) {
     const uint32_t budget = pacer.PromptBudget(true);
     const double seconds = StepSeconds(budget, fixed, each);
-    run.over += seconds > kStepLatencyRatio * pacer.decode_seconds() * 1.2 ? 1 : 0;
+    run.over += seconds > pacer.bound() * pacer.decode_seconds() * 1.2 ? 1 : 0;
     pacer.Observe(budget, true, seconds);
     run.budget = pacer.piece();
   }
@@ -86,6 +86,27 @@ TEST(StepPacerTest, ProbesKeepTheDecodeStepJudgedAgainstOfNow) {
   const double before = pacer.decode_seconds();
   pacer.Observe(0, true, 10 * before);
   EXPECT_NEAR(pacer.decode_seconds(), 1.3 * before, 1e-9);
+}
+
+// [[models]] prefill_stretch: a looser bound lets more of a prompt in a step, a tighter one less;
+// out of range is clamped, not a number is the default.
+TEST(StepPacerTest, TheBoundIsTheModelsToChoose) {
+  auto settled = [](double bound) {
+    StepPacer pacer(32, 256, bound);
+    for (int i = 0; i < 10; ++i) pacer.Observe(0, true, 0.016);
+    Steer(pacer, 300, 0.006, 0.002);  // affine costs, as above: (bound - 1) x 16 ms - 6 ms fit
+    uint32_t highest = 0;
+    for (int i = 0; i < 50; ++i) highest = std::max(highest, Steer(pacer, 1, 0.006, 0.002).budget);
+    return highest;
+  };
+  EXPECT_LE(settled(2.0), 6u);
+  const uint32_t loose = settled(3.0);  // 32 ms - 6 ms: 13 tokens
+  EXPECT_GE(loose, 12u);
+  EXPECT_LE(loose, 14u);
+  EXPECT_EQ(settled(1.0), 1u) << "no stretch: a token a step, so that the prompt still goes on";
+  EXPECT_EQ(StepPacer(32, 256, 0.5).bound(), kMinStepLatencyRatio);
+  EXPECT_EQ(StepPacer(32, 256, 1e9).bound(), kMaxStepLatencyRatio);
+  EXPECT_EQ(StepPacer(32, 256, std::nan("")).bound(), kStepLatencyRatio);
 }
 
 TEST(StepPacerTest, ACostThatGrowsWithThePromptsPositionIsFollowed) {

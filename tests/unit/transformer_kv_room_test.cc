@@ -83,12 +83,22 @@ TEST_F(TransformerKvRoomTest, AGenerationIsOpenedOnlyWhileTheBlocksItMayNeedAreF
   EXPECT_NE(c.status().message().find("may need 1"), std::string::npos) << c.status().message();
   EXPECT_EQ(engine->KvRefusedBlocks(), 1u);
   EXPECT_EQ(engine->KvUsage()->reserved, 4u);  // the refusal took nothing
+  // A refusal of another kind is not named one for room: it is the request's answer.
+  wp_generate_request outside = Greedy("", 10);
+  const int32_t no_token = -1;
+  outside.tokens = &no_token;
+  outside.token_count = 1;
+  Result<wp_sequence*> bad = engine->OpenSequence(outside);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(engine->KvRefusedBlocks(), 0u);
 
   // Once one closes, it opens; a generation of the whole context waits for all of them.
   engine->CloseSequence(*a);
   EXPECT_EQ(engine->KvUsage()->reserved, 2u);
   c = engine->OpenSequence(Greedy("GNU General Public License", 10));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(engine->KvRefusedBlocks(), 0u) << "an open says nothing of an earlier refusal";
   Result<wp_sequence*> whole = engine->OpenSequence(Greedy("WITHOUT ANY WARRANTY", 0));
   ASSERT_FALSE(whole.ok());
   EXPECT_EQ(engine->KvRefusedBlocks(), 4u);

@@ -69,8 +69,9 @@
  * a cache that holds fewer than sequences x context positions, shared by the open sequences, and
  * open_sequence admits a generation only while the cache has the blocks it may come to need (its
  * prompt and max_tokens, up to the context) beside those the open ones may: otherwise it refuses
- * it (WP_RESOURCE_EXHAUSTED), and the worker hands it back to the supervisor, which sends it again
- * where room is (kv_reservations says how much is spoken for).
+ * it (WP_RESOURCE_EXHAUSTED) and says so through kv_reservations (`refused`), and the worker hands
+ * it back to the supervisor, which sends it again where room is. A refusal kv_reservations does
+ * not name is the client's answer.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -147,6 +148,10 @@ typedef struct wp_engine_spec {
   /* Version 12: positions the KV cache holds in all, shared by the open sequences (info.kv_tokens);
    * 0: sequences x context. */
   uint64_t kv_tokens;
+  /* Version 12: how many times a step that only decodes a step carrying prompt tokens beside
+   * decoding sequences may take (chunked prefill: the running streams' gaps between tokens stretch
+   * by about that much while a prompt goes in); 0: the engine's default. */
+  float prefill_stretch;
 } wp_engine_spec;
 
 /* Sizes an engine reports after open (from headers only, before any weight is read). */
@@ -382,8 +387,9 @@ typedef struct wp_engine_vtable {
   /* Opens a generation: the request checked (as generate checks it: WP_INVALID_ARGUMENT) and
    * tokenized, nothing run yet; prompt_tokens (unless NULL) gets its prompt's length.
    * WP_RESOURCE_EXHAUSTED when info.sequences are open already, or (version 12) when its KV cache
-   * has not the blocks this generation may come to need beside those the open sequences may: try it
-   * again once one has closed. The request need not outlive the call. */
+   * has not the blocks this generation may come to need beside those the open sequences may: then
+   * kv_reservations names the refusal, and the worker tries it again once one has closed (any
+   * other refusal is the request's answer). The request need not outlive the call. */
   wp_status (*open_sequence)(wp_engine* engine, const wp_generate_request* request, wp_sequence** out,
                              uint32_t* prompt_tokens, char* err, size_t err_len);
   /* One step of these open sequences (each at most once, none ended): every one advances by its
