@@ -76,6 +76,7 @@ struct Options {
   uint32_t batch = 8;
   uint32_t streams = 0;
   uint64_t kv_cache_tokens = 0;
+  double prefill_stretch = 0;
   uint32_t long_prompt = 2048;
   // --compute
   bool compute = false;
@@ -204,6 +205,10 @@ int main(int argc, char** argv) {
                  "--generate --streams: [[models]] kv_cache_tokens, the positions the model's KV cache holds "
                  "for all its streams (0: a whole context each)")
       ->capture_default_str();
+  app.add_option("--prefill-stretch", options.prefill_stretch,
+                 "--generate --streams: [[models]] prefill_stretch, the decode steps a step carrying a prompt's "
+                 "piece beside the streams may take (0: the engine's default, 2)")
+      ->capture_default_str();
   app.add_flag("--resume", options.resume,
                "--generate: through a daemon, a stream whose worker is SIGKILLed halfway: the gap to its next "
                "token against its median (bench/resume_generate.h; run from the repository root)");
@@ -293,6 +298,7 @@ int main(int argc, char** argv) {
     streams.streams = options.streams;
     streams.long_prompt = options.long_prompt;
     streams.kv_cache_tokens = options.kv_cache_tokens;
+    streams.prefill_stretch = options.prefill_stretch;
     if (app.get_option("--model-mib")->count() > 0) streams.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--prompt")->count() > 0) streams.prompt = options.prompt;
     if (app.get_option("--tokens")->count() > 0) streams.tokens = options.tokens;

@@ -55,6 +55,7 @@ class StreamGenerate {
         fmt::format("[daemon]\nmodels_dir = \"{}\"\n[[models]]\nname = \"lm\"\npath = \"{}/lm\"\nparallel = {}\n",
                     models, models, std::max(options_.streams, 2u));
     if (options_.kv_cache_tokens != 0) config += fmt::format("kv_cache_tokens = {}\n", options_.kv_cache_tokens);
+    if (options_.prefill_stretch != 0) config += fmt::format("prefill_stretch = {}\n", options_.prefill_stretch);
     if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
     for (uint32_t i = 0; i < std::max(options_.streams, 2u); i++) {
       Result<std::unique_ptr<client::Client>> c = run_.Connect();
@@ -230,9 +231,10 @@ class StreamGenerate {
       return;
     }
     std::printf("warmpool-bench --generate --streams %u: a %u MiB bf16 model (%u layers), [[models]] parallel = %u, "
-                "%u greedy tokens per stream, medians of %u rounds\n",
+                "%u greedy tokens per stream, medians of %u rounds, prefill stretch %s\n",
                 options_.streams, options_.model_mib, lm_.layers, std::max(options_.streams, 2u), options_.tokens,
-                options_.rounds);
+                options_.rounds,
+                options_.prefill_stretch != 0 ? fmt::format("{}", options_.prefill_stretch).c_str() : "2 (the default)");
     std::printf("  decoding: one stream           %8.2f tokens/s\n", alone.decoding);
     std::printf("            %2u streams at once   %8.2f tokens/s  %.2fx one (goal >= 5x with 8)\n", options_.streams,
                 together.decoding, decoding_ratio);

@@ -9,7 +9,8 @@
 // inter-token latencies during that prefill are set against its own median outside it (goal: p99
 // <= 3x the median). With --kv-cache-tokens, the model's KV cache holds that many positions, shared
 // by its streams ([[models]] kv_cache_tokens) instead of a whole context each; the bench says how
-// many bytes admission counts for it. Asserts nothing.
+// many bytes admission counts for it. With --prefill-stretch, the pieces of the long prompt are paced
+// to that many decode steps instead of the default 2 ([[models]] prefill_stretch). Asserts nothing.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,7 @@ struct StreamGenerateOptions {
   uint32_t long_prompt = 2048;
   uint32_t rounds = 3;
   uint64_t kv_cache_tokens = 0;  // 0: parallel x context
+  double prefill_stretch = 0;    // [[models]] prefill_stretch; 0: the engine's default
   std::string tokenizer_dir = "demo/license-llama";
   bool json = false;
 };
