@@ -137,17 +137,22 @@ TEST(ApplyTomlTest, ModelAliasesAndToolCallFormats) {
   }
 }
 
+// A [[models]] key given each of these values: refused, naming the key.
+void ExpectModelKeyRefuses(const std::string& key, std::initializer_list<const char*> values) {
+  for (const char* bad : values) {
+    Config config;
+    Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\n{} = {}\n", key, bad), kOrigin);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << key << " = " << bad;
+    EXPECT_NE(s.message().find("models." + key), std::string::npos) << s.message();
+  }
+}
+
 TEST(ApplyTomlTest, ModelParallelIsOneToSixteenGenerationsAtOnce) {
   Config c;
   ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\nparallel = 8\n[[models]]\nname = \"b\"\n", kOrigin).ok());
   EXPECT_EQ(c.models[0].parallel, 8u);
   EXPECT_EQ(c.models[1].parallel, 0u) << "unset: the engine's default";
-  for (const char* bad : {"0", "17", "-1", "\"four\"", "2.5"}) {
-    Config config;
-    Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\nparallel = {}\n", bad), kOrigin);
-    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("models.parallel"), std::string::npos) << s.message();
-  }
+  ExpectModelKeyRefuses("parallel", {"0", "17", "-1", "\"four\"", "2.5"});
 }
 
 TEST(ApplyTomlTest, ModelKvCacheTokensArePositiveAndBounded) {
@@ -155,12 +160,7 @@ TEST(ApplyTomlTest, ModelKvCacheTokensArePositiveAndBounded) {
   ASSERT_TRUE(ApplyToml(c, "[[models]]\nname = \"a\"\nkv_cache_tokens = 8192\n[[models]]\nname = \"b\"\n", kOrigin).ok());
   EXPECT_EQ(c.models[0].kv_cache_tokens, 8192u);
   EXPECT_EQ(c.models[1].kv_cache_tokens, 0u) << "unset: parallel x context";
-  for (const char* bad : {"0", "-1", "\"4k\"", "1.5", "1099511627776"}) {
-    Config config;
-    Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\nkv_cache_tokens = {}\n", bad), kOrigin);
-    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("models.kv_cache_tokens"), std::string::npos) << s.message();
-  }
+  ExpectModelKeyRefuses("kv_cache_tokens", {"0", "-1", "\"4k\"", "1.5", "1099511627776"});
 }
 
 TEST(ApplyTomlTest, ModelPrefillStretchIsANumberFromOneToAHundred) {
@@ -170,12 +170,7 @@ TEST(ApplyTomlTest, ModelPrefillStretchIsANumberFromOneToAHundred) {
   EXPECT_EQ(c.models[0].prefill_stretch, 3.0f);
   EXPECT_EQ(c.models[1].prefill_stretch, 1.5f);
   EXPECT_EQ(c.models[2].prefill_stretch, 0.0f) << "unset: the engine's default";
-  for (const char* bad : {"0", "0.5", "101", "-2", "\"fast\"", "nan"}) {
-    Config config;
-    Status s = ApplyToml(config, fmt::format("[[models]]\nname = \"a\"\nprefill_stretch = {}\n", bad), kOrigin);
-    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("models.prefill_stretch"), std::string::npos) << s.message();
-  }
+  ExpectModelKeyRefuses("prefill_stretch", {"0", "0.5", "101", "-2", "\"fast\"", "nan"});
 }
 
 TEST(ApplyTomlTest, EmptyDocumentKeepsDefaults) {

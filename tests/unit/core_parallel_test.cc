@@ -8,6 +8,14 @@
 namespace warmpool::supervisor::testing {
 namespace {
 
+// The small configuration with a [[models]] entry for "lm" of these settings.
+Config WithLm(ModelConfig lm) {
+  lm.name = "lm";
+  Config config = CoreRig::SmallConfig();
+  config.models.push_back(std::move(lm));
+  return config;
+}
+
 // A worker runs as many generations at once as its engine says (Weights::sequences, continuous
 // batching); one more waits in the daemon, and goes when one of them ends.
 TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheRestWait) {
@@ -33,11 +41,7 @@ TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheR
 // [[models]] parallel moves the KV caches admission counts (a whole context each) and asks the
 // load for that many; a worker's report (one on a GPU, say) is what the next admission counts.
 TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
-  Config config = CoreRig::SmallConfig();
-  ModelConfig lm_config;
-  lm_config.name = "lm";
-  lm_config.parallel = 2;
-  config.models.push_back(lm_config);
+  const Config config = WithLm({.parallel = 2});
   CoreRig rig{config};
   ModelEntry lm = LanguageModel("lm");
   lm.kv_bytes_per_token = 2;  // a 64-token context: 128 bytes a cache
@@ -79,12 +83,7 @@ TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
 // blocks) is what the next admission counts, and applying the same settings again keeps it.
 TEST(CoreParallelTest, KvCacheTokensSetThePositionsAdmissionCountsAndTheLoadAsksFor) {
   for (const auto& [asked, counted] : std::vector<std::pair<uint64_t, uint64_t>>{{100, 100}, {10, 64}, {1000, 128}}) {
-    Config config = CoreRig::SmallConfig();
-    ModelConfig lm_config;
-    lm_config.name = "lm";
-    lm_config.parallel = 2;
-    lm_config.kv_cache_tokens = asked;
-    config.models.push_back(lm_config);
+    const Config config = WithLm({.parallel = 2, .kv_cache_tokens = asked});
     CoreRig rig{config};
     ModelEntry lm = LanguageModel("lm");
     lm.kv_bytes_per_token = 2;  // a 64-token context
@@ -240,12 +239,7 @@ TEST_F(CoreKvRoomTest, RefusedOnesGoAgainInTheirOrderAheadOfLaterRequests) {
 // [[models]] prefill_stretch goes to the engine with the load, and with the weights' description
 // to a replica that attaches them.
 TEST(CoreParallelTest, PrefillStretchGoesWithTheLoadAndTheWeightsAnAttachOpens) {
-  Config config = CoreRig::SmallConfig();
-  ModelConfig lm_config;
-  lm_config.name = "lm";
-  lm_config.prefill_stretch = 3.5f;
-  config.models.push_back(lm_config);
-  CoreRig rig{config};
+  CoreRig rig{WithLm({.prefill_stretch = 3.5f})};
   ModelEntry lm = LanguageModel("lm");
   lm.sequences = 2;
   rig.Start({lm});
