@@ -3,18 +3,20 @@
 // Layout: a weight is stored [out, in] row-major and y = x W^T on row-major x; in cuBLAS's
 // column-major terms that is y^T (out x rows) = W^T (W read as an in x out matrix) times x^T (in x
 // rows): a GEMM with A = W transposed, m = out, n = rows, k = in (engines/cuda/dense_cuda.cc says
-// the same). The key and value projections write straight into the cache at their positions (one
-// layer's positions are contiguous), where the rotation then happens in place; the output and down
-// projections add into the residual stream (beta = 1).
+// the same). A step's rows, of whichever sequences, go through every product together; the keys
+// and values are projected into scratch rows, rotated there, and stored into each row's block of
+// the paged pool (LaunchStoreKv) before attention reads them through the rows' tables. The output
+// and down projections add into the residual stream (beta = 1).
 //
-// One Forward at a time (the workspace is the sequence's). Everything runs on the sequence's own
-// stream; a call is complete when it returns, the logits copied to the host.
+// One Step at a time (the workspace is the model's). Everything runs on the model's own stream; a
+// step is complete when it returns, its results copied to the host.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,11 +24,14 @@
 #include "engines/cuda/kernels.h"
 #include "engines/cuda/transformer_kernels.h"
 #include "engines/transformer/gpu_sequence.h"
+#include "engines/transformer/kv_cache.h"
 
 namespace warmpool::transformer {
 namespace {
 
 using safetensors::DType;
+
+static_assert(cuda::kBlockTokens == kKvBlockTokens, "the kernels page the cache as the host does");
 
 Status Check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return OkStatus();
@@ -53,9 +58,9 @@ cudaDataType_t BlasType(DType dtype) {
     }                                                                  \
   } while (0)
 
-class CudaSequence final : public Sequence {
+class CudaModel final : public GpuModel {
  public:
-  ~CudaSequence() override {
+  ~CudaModel() override {
     if (started_) cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // nothing may run on an unmapped workspace
     if (blas_ != nullptr) cublasDestroy(blas_);
@@ -63,7 +68,8 @@ class CudaSequence final : public Sequence {
     if (workspace_.ptr != nullptr) memory_->free(memory_->ctx, &workspace_);
   }
 
-  Status Start(const Config& config, const ModelWeights& weights, const wp_device_memory* memory, uint32_t context) {
+  Status Start(const Config& config, const ModelWeights& weights, const wp_device_memory* memory, uint32_t context,
+               uint32_t sequences, uint32_t pool_blocks) {
     config_ = config;
     weights_ = weights;
     memory_ = memory;
@@ -84,7 +90,7 @@ class CudaSequence final : public Sequence {
     cudaDeviceProp properties{};
     if (cudaGetDeviceProperties(&properties, device_) == cudaSuccess) device_name_ = properties.name;
 
-    plan_ = PlanGpuSequence(config, context);
+    plan_ = PlanGpu(config, context, sequences, pool_blocks);
     // From the budget, like the weights: the memory service asks the device's owner.
     if (wp_status s = memory->alloc(memory->ctx, plan_.total, &workspace_); s != WP_OK) {
       workspace_ = wp_region{nullptr, 0, -1};
@@ -105,66 +111,99 @@ class CudaSequence final : public Sequence {
 
   const Config& config() const override { return config_; }
   uint32_t context() const override { return context_; }
+  const GpuPlan& plan() const override { return plan_; }
 
-  Status Forward(std::span<const int32_t> tokens, uint32_t start, std::span<float> logits) override {
-    return Run(tokens, start, logits, false);
+  void CopyBlock(uint32_t from, uint32_t to) override {
+    if (from >= plan_.blocks || to >= plan_.blocks) {
+      pending_ = Error(Code::kInternal, "a copy of KV block {} to {} of {}", from, to, plan_.blocks);
+      return;
+    }
+    const uint64_t bytes = plan_.block_floats * sizeof(float);
+    const cudaError_t e = cudaMemcpyAsync(At<uint8_t>(plan_.pool) + to * bytes, At<uint8_t>(plan_.pool) + from * bytes,
+                                          bytes, cudaMemcpyDeviceToDevice, stream_);
+    if (e != cudaSuccess && pending_.ok()) pending_ = Check(e, "copy of a shared KV block");
   }
-  Status Hidden(std::span<const int32_t> tokens, uint32_t start, std::span<float> hidden) override {
-    return Run(tokens, start, hidden, true);
-  }
-  // Greedy decoding: the argmax on the device, one id copied back instead of the logits.
-  Result<int32_t> ForwardArgMax(std::span<const int32_t> tokens, uint32_t start) override {
-    if (Status s = RunOnDevice(tokens, start, false); !s.ok()) return s;
-    int32_t* chosen = At<int32_t>(plan_.chosen);
-    WP_CUDA_TRY(cuda::LaunchArgMax(At<float>(plan_.logits), config_.vocab_size, chosen, stream_), "the argmax");
-    int32_t token = -1;
-    WP_CUDA_TRY(cudaMemcpyAsync(&token, chosen, sizeof(token), cudaMemcpyDeviceToHost, stream_), "copy of the token");
-    if (Status s = Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU"); !s.ok()) return s;
-    if (token < 0) return Error(Code::kInternal, "the model gave no logit that is a number: nothing can be sampled");
-    return token;
+
+  Status Step(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
+              std::span<int32_t> argmax) override {
+    if (Status s = CheckStep(tokens, runs, out, argmax); !s.ok()) return s;
+    if (Status s = std::exchange(pending_, OkStatus()); !s.ok()) return s;
+    WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    (void)cudaGetLastError();  // an error an earlier call left on this thread is not this call's
+    // Every row's token, position and table, and the tables, in one copy (GpuPlan::ints).
+    const auto rows = static_cast<uint32_t>(tokens.size());
+    std::vector<int32_t> ints(3 * uint64_t{rows});
+    std::copy(tokens.begin(), tokens.end(), ints.begin());
+    uint32_t row = 0;
+    for (const GpuRun& run : runs) {
+      const auto table_at = static_cast<int32_t>(ints.size() - 3 * uint64_t{rows});
+      for (uint32_t i = 0; i < run.rows; ++i, ++row) {
+        ints[rows + row] = static_cast<int32_t>(run.start + i);
+        ints[2 * uint64_t{rows} + row] = table_at;
+      }
+      ints.insert(ints.end(), run.table.begin(), run.table.end());
+    }
+    WP_CUDA_TRY(cudaMemcpyAsync(At<int32_t>(plan_.ints), ints.data(), ints.size() * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream_),
+                "copy of the step's tokens and tables");
+    if (Status s = Layers(rows); !s.ok()) return s;
+    return Results(runs, out, argmax);
   }
 
   std::string Describe() const override {
     const DType dtype = weights_.embed.dtype;
-    return fmt::format("cuBLAS on CUDA device {} ({}), {} weights as stored, a {}-token KV cache on the device",
-                       device_, device_name_, safetensors::DTypeName(dtype), context_);
+    return fmt::format(
+        "cuBLAS on CUDA device {} ({}), {} weights as stored, a paged KV cache of {} positions on the device for {} "
+        "sequence{}",
+        device_, device_name_, safetensors::DTypeName(dtype), uint64_t{plan_.blocks} * kKvBlockTokens,
+        plan_.sequences, plan_.sequences == 1 ? "" : "s");
   }
 
  private:
-  // The tokens through the model; out gets the last one's logits, or (hidden) its hidden state
-  // after the final norm.
-  Status Run(std::span<const int32_t> tokens, uint32_t start, std::span<float> out, bool hidden) {
-    const uint64_t needed = hidden ? config_.hidden_size : config_.vocab_size;
-    if (out.size() < needed) {
-      return Error(Code::kInvalidArgument, "{} floats for the output where {} are needed", out.size(), needed);
+  Status CheckStep(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
+                   std::span<int32_t> argmax) const {
+    if (runs.empty() || runs.size() > plan_.sequences) {
+      return Error(Code::kInvalidArgument, "a step of {} runs (1 to {})", runs.size(), plan_.sequences);
     }
-    if (Status s = RunOnDevice(tokens, start, hidden); !s.ok()) return s;
-    // The final norm's output (normed, hidden_size floats) or the head's (logits).
-    const float* result = hidden ? At<float>(plan_.normed) : At<float>(plan_.logits);
-    WP_CUDA_TRY(cudaMemcpyAsync(out.data(), result, needed * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                "copy of the output");
-    return Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU");
-  }
-
-  // The chunks of a run queued on the stream, the last one's result left in the workspace.
-  Status RunOnDevice(std::span<const int32_t> tokens, uint32_t start, bool hidden) {
-    const auto rows = static_cast<uint32_t>(tokens.size());
-    if (rows == 0) return Error(Code::kInvalidArgument, "no tokens to run");
-    if (uint64_t{start} + rows > context_) {
-      return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", start,
-                   uint64_t{start} + rows - 1, context_);
+    if (tokens.size() > plan_.rows) {
+      return Error(Code::kInvalidArgument, "a step of {} rows (at most {})", tokens.size(), plan_.rows);
+    }
+    uint64_t rows = 0;
+    bool hidden = false, logits = false, choose = false;
+    for (const GpuRun& run : runs) {
+      rows += run.rows;
+      hidden = hidden || run.want == GpuRun::Want::kHidden;
+      logits = logits || run.want == GpuRun::Want::kLogits;
+      choose = choose || run.want == GpuRun::Want::kArgMax;
+      const uint64_t end = uint64_t{run.start} + run.rows;
+      if (run.rows == 0 || end > context_) {
+        return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", run.start,
+                     end - 1, context_);
+      }
+      if (run.table.size() < KvBlocksOf(end) || run.table.size() > plan_.table_blocks) {
+        return Error(Code::kInvalidArgument, "a table of {} blocks for positions up to {}", run.table.size(), end);
+      }
+      for (uint32_t block : run.table) {
+        if (block >= plan_.blocks) return Error(Code::kInvalidArgument, "block {} of a pool of {}", block, plan_.blocks);
+      }
+    }
+    if (rows != tokens.size()) {
+      return Error(Code::kInvalidArgument, "{} tokens for runs of {} rows", tokens.size(), rows);
     }
     for (int32_t token : tokens) {
       if (token < 0 || static_cast<uint32_t>(token) >= config_.vocab_size) {
         return Error(Code::kInvalidArgument, "token {} is outside the vocabulary of {}", token, config_.vocab_size);
       }
     }
-    WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-    (void)cudaGetLastError();  // an error an earlier call left on this thread is not this call's
-    for (uint32_t done = 0; done < rows; done += plan_.chunk_rows) {
-      const uint32_t chunk = std::min(plan_.chunk_rows, rows - done);
-      const bool last = done + chunk == rows;
-      if (Status s = Chunk(tokens.data() + done, chunk, start + done, last, hidden); !s.ok()) return s;
+    if (hidden && (logits || choose)) {
+      return Error(Code::kInvalidArgument, "a step gives hidden states or logits, not both");
+    }
+    const uint64_t width = hidden ? config_.hidden_size : config_.vocab_size;
+    if ((hidden || logits) && out.size() < runs.size() * width) {
+      return Error(Code::kInvalidArgument, "{} floats of output for {} runs of {}", out.size(), runs.size(), width);
+    }
+    if (choose && argmax.size() < runs.size()) {
+      return Error(Code::kInvalidArgument, "{} argmax entries for {} runs", argmax.size(), runs.size());
     }
     return OkStatus();
   }
@@ -172,12 +211,6 @@ class CudaSequence final : public Sequence {
   template <typename T>
   T* At(uint64_t offset) const {
     return reinterpret_cast<T*>(static_cast<uint8_t*>(workspace_.ptr) + offset);
-  }
-  float* Keys(uint32_t layer, uint32_t position) const {
-    return At<float>(plan_.keys) + (uint64_t{layer} * context_ + position) * config_.kv_size();
-  }
-  float* Values(uint32_t layer, uint32_t position) const {
-    return At<float>(plan_.values) + (uint64_t{layer} * context_ + position) * config_.kv_size();
   }
 
   // y (rows x w.rows, rows ldy floats apart) = x (rows x w.cols) W^T, or y += that (accumulate).
@@ -209,29 +242,28 @@ class CudaSequence final : public Sequence {
                  "RMSNorm");
   }
 
-  // rows tokens at positions start...; when `last`, the final norm of the last one (in normed) and,
-  // unless `hidden`, its logits.
-  Status Chunk(const int32_t* tokens, uint32_t rows, uint32_t start, bool last, bool hidden) {
+  // The step's rows through every layer: x holds the residual stream after the last; each row's
+  // keys and values are in the pool.
+  Status Layers(uint32_t rows) {
     const Config& c = config_;
     float* x = At<float>(plan_.x);
     float* normed = At<float>(plan_.normed);
     float* q = At<float>(plan_.q);
+    float* k = At<float>(plan_.k);
+    float* v = At<float>(plan_.v);
     float* attended = At<float>(plan_.attended);
     float* gate = At<float>(plan_.gate);
     float* up = At<float>(plan_.up);
     const double* inv_freq = At<double>(plan_.inv_freq);
-    int32_t* device_tokens = At<int32_t>(plan_.tokens);
-    WP_CUDA_TRY(cudaMemcpyAsync(device_tokens, tokens, uint64_t{rows} * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                stream_),
-                "copy of the tokens");
-    WP_CUDA_TRY(cuda::LaunchEmbed(device_tokens, rows, weights_.embed.data, Stored(weights_.embed.dtype),
-                                  c.hidden_size, x, stream_),
+    const int32_t* ints = At<int32_t>(plan_.ints);
+    const cuda::PagedRows paged{At<float>(plan_.pool), plan_.block_floats, c.kv_size(), ints + rows,
+                                ints + 2 * uint64_t{rows}, ints + 3 * uint64_t{rows}};
+    WP_CUDA_TRY(cuda::LaunchEmbed(ints, rows, weights_.embed.data, Stored(weights_.embed.dtype), c.hidden_size, x,
+                                  stream_),
                 "the embedding");
     const cuda::AttentionShape shape{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.sliding_window};
     for (uint32_t l = 0; l < c.num_hidden_layers; l++) {
       const LayerWeights& w = weights_.layers[l];
-      float* k = Keys(l, start);
-      float* v = Values(l, start);
       if (Status s = Norm(x, rows, c.hidden_size, w.input_norm, normed); !s.ok()) return s;
       if (Status s = Project(normed, rows, w.q, q, c.q_size(), false); !s.ok()) return s;
       if (Status s = Project(normed, rows, w.k, k, c.kv_size(), false); !s.ok()) return s;
@@ -243,12 +275,15 @@ class CudaSequence final : public Sequence {
         if (Status s = Norm(q, uint64_t{rows} * c.num_attention_heads, c.head_dim, w.q_norm, q); !s.ok()) return s;
         if (Status s = Norm(k, uint64_t{rows} * c.num_key_value_heads, c.head_dim, w.k_norm, k); !s.ok()) return s;
       }
-      WP_CUDA_TRY(cuda::LaunchRope(q, rows, c.num_attention_heads, c.head_dim, c.q_size(), start, inv_freq, stream_),
+      WP_CUDA_TRY(cuda::LaunchRope(q, rows, c.num_attention_heads, c.head_dim, c.q_size(), paged.positions, inv_freq,
+                                   stream_),
                   "the rotary embedding");
-      WP_CUDA_TRY(cuda::LaunchRope(k, rows, c.num_key_value_heads, c.head_dim, c.kv_size(), start, inv_freq, stream_),
+      WP_CUDA_TRY(cuda::LaunchRope(k, rows, c.num_key_value_heads, c.head_dim, c.kv_size(), paged.positions, inv_freq,
+                                   stream_),
                   "the rotary embedding");
-      WP_CUDA_TRY(cuda::LaunchAttention(q, rows, start, Keys(l, 0), Values(l, 0), shape, attended, stream_),
-                  "attention");
+      // Before attention: a row attends to its own key and to the earlier rows' of its sequence.
+      WP_CUDA_TRY(cuda::LaunchStoreKv(k, v, rows, paged, l, stream_), "storing keys and values");
+      WP_CUDA_TRY(cuda::LaunchAttention(q, rows, paged, l, shape, attended, stream_), "attention");
       if (Status s = Project(attended, rows, w.o, x, c.hidden_size, true); !s.ok()) return s;
       if (Status s = Bias(x, rows, c.hidden_size, c.hidden_size, w.o_bias); !s.ok()) return s;
 
@@ -258,11 +293,58 @@ class CudaSequence final : public Sequence {
       WP_CUDA_TRY(cuda::LaunchSwiGlu(gate, up, uint64_t{rows} * c.intermediate_size, stream_), "SwiGLU");
       if (Status s = Project(gate, rows, w.down, x, c.hidden_size, true); !s.ok()) return s;
     }
-    if (!last) return OkStatus();
-    const float* final_row = x + uint64_t{rows - 1} * c.hidden_size;
-    if (Status s = Norm(final_row, 1, c.hidden_size, weights_.final_norm, normed); !s.ok()) return s;
-    if (hidden) return OkStatus();
-    return Project(normed, 1, weights_.lm_head, At<float>(plan_.logits), c.vocab_size, false);
+    return OkStatus();
+  }
+
+  // Each run's last row normed (finals), then what the runs want of it copied back.
+  Status Results(std::span<const GpuRun> runs, std::span<float> out, std::span<int32_t> argmax) {
+    const Config& c = config_;
+    const float* x = At<float>(plan_.x);
+    float* finals = At<float>(plan_.finals);
+    float* logits = At<float>(plan_.logits);
+    int32_t* chosen = At<int32_t>(plan_.chosen);
+    const auto count = static_cast<uint32_t>(runs.size());
+    bool head = false, choose = false;
+    uint64_t last = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+      last += runs[i].rows;
+      if (runs[i].want == GpuRun::Want::kNothing) continue;
+      head = head || runs[i].want != GpuRun::Want::kHidden;
+      choose = choose || runs[i].want == GpuRun::Want::kArgMax;
+      const float* row = x + (last - 1) * c.hidden_size;
+      if (Status s = Norm(row, 1, c.hidden_size, weights_.final_norm, finals + uint64_t{i} * c.hidden_size); !s.ok()) {
+        return s;
+      }
+    }
+    if (head) {
+      if (Status s = Project(finals, count, weights_.lm_head, logits, c.vocab_size, false); !s.ok()) return s;
+    }
+    std::vector<int32_t> tokens(count, -1);
+    for (uint32_t i = 0; i < count; ++i) {
+      const uint64_t width = runs[i].want == GpuRun::Want::kHidden ? c.hidden_size : c.vocab_size;
+      const float* from = (runs[i].want == GpuRun::Want::kHidden ? finals : logits) + i * width;
+      switch (runs[i].want) {
+        case GpuRun::Want::kNothing: break;
+        case GpuRun::Want::kArgMax:
+          WP_CUDA_TRY(cuda::LaunchArgMax(logits + i * width, c.vocab_size, chosen + i, stream_), "the argmax");
+          break;
+        case GpuRun::Want::kLogits:
+        case GpuRun::Want::kHidden:
+          WP_CUDA_TRY(cudaMemcpyAsync(out.data() + i * width, from, width * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream_),
+                      "copy of the output");
+          break;
+      }
+    }
+    if (choose) {
+      WP_CUDA_TRY(cudaMemcpyAsync(tokens.data(), chosen, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+                  "copy of the chosen tokens");
+    }
+    if (Status s = Check(cudaStreamSynchronize(stream_), "the forward pass on the GPU"); !s.ok()) return s;
+    for (uint32_t i = 0; i < count; ++i) {
+      if (runs[i].want == GpuRun::Want::kArgMax) argmax[i] = tokens[i];
+    }
+    return OkStatus();
   }
 
   Config config_;
@@ -276,6 +358,7 @@ class CudaSequence final : public Sequence {
   wp_region workspace_{nullptr, 0, -1};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  Status pending_;  // a block copy's failure, the next step's error
 };
 
 #undef WP_CUDA_TRY
@@ -283,17 +366,17 @@ class CudaSequence final : public Sequence {
 }  // namespace
 }  // namespace warmpool::transformer
 
-extern "C" __attribute__((visibility("default"))) warmpool::transformer::Sequence* warmpool_transformer_cuda_start(
+extern "C" __attribute__((visibility("default"))) warmpool::transformer::GpuModel* warmpool_transformer_cuda_model(
     const warmpool::transformer::Config* config, const warmpool::transformer::ModelWeights* weights,
-    const wp_device_memory* memory, uint32_t context, std::string* why) {
+    const wp_device_memory* memory, uint32_t context, uint32_t sequences, uint32_t pool_blocks, std::string* why) {
   try {
-    auto sequence = std::make_unique<warmpool::transformer::CudaSequence>();
-    warmpool::Status started = sequence->Start(*config, *weights, memory, context);
+    auto model = std::make_unique<warmpool::transformer::CudaModel>();
+    warmpool::Status started = model->Start(*config, *weights, memory, context, sequences, pool_blocks);
     if (!started.ok()) {
       *why = started.message();
       return nullptr;
     }
-    return sequence.release();
+    return model.release();
   } catch (const std::exception& e) {
     *why = e.what();
     return nullptr;

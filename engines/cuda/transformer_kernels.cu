@@ -72,14 +72,14 @@ __global__ void AddBias(float* y, uint32_t rows, uint32_t width, uint64_t stride
   }
 }
 
-__global__ void Rope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim, uint64_t stride, uint32_t start,
-                     const double* inv_freq) {
+__global__ void Rope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim, uint64_t stride,
+                     const int32_t* positions, const double* inv_freq) {
   const uint32_t half = head_dim / 2;
   const uint64_t count = uint64_t{rows} * heads * half;
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
     const auto f = static_cast<uint32_t>(i % half);
     const uint64_t h = (i / half) % heads, r = i / (uint64_t{half} * heads);
-    const double angle = static_cast<double>(start + r) * inv_freq[f];
+    const double angle = static_cast<double>(positions[r]) * inv_freq[f];
     const auto c = static_cast<float>(cos(angle));
     const auto s = static_cast<float>(sin(angle));
     float* head = x + r * stride + h * head_dim;
@@ -89,22 +89,37 @@ __global__ void Rope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim,
   }
 }
 
+// Where a row's sequence keeps position j of `layer` (half 0: keys, 1: values).
+__device__ float* Cached(const PagedRows& p, uint32_t row, uint32_t j, uint32_t layer, uint32_t half) {
+  const auto block = static_cast<uint64_t>(p.tables[p.table_at[row] + j / kBlockTokens]);
+  return p.pool + block * p.block_floats + ((uint64_t{layer} * 2 + half) * kBlockTokens + j % kBlockTokens) * p.kv_size;
+}
+
+__global__ void StoreKv(const float* keys, const float* values, uint32_t rows, PagedRows p, uint32_t layer) {
+  const uint64_t count = uint64_t{rows} * p.kv_size;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
+    const auto r = static_cast<uint32_t>(i / p.kv_size);
+    const uint64_t c = i % p.kv_size;
+    const auto position = static_cast<uint32_t>(p.positions[r]);
+    Cached(p, r, position, layer, 0)[c] = keys[i];
+    Cached(p, r, position, layer, 1)[c] = values[i];
+  }
+}
+
 // One block of kTile threads per (head, row). Each thread scores one position of a tile; the
 // running maximum and sum rescale the accumulated output as each tile comes in (online softmax).
 // Thread t accumulates the output dimensions t, t + kTile, ...
-__global__ void Attend(const float* q, uint32_t start, const float* keys, const float* values, AttentionShape shape,
-                       float* out) {
+__global__ void Attend(const float* q, PagedRows paged, uint32_t layer, AttentionShape shape, float* out) {
   extern __shared__ float shared[];
   float* query = shared;                    // head_dim
   float* weights = shared + shape.head_dim;  // kTile
   __shared__ float scratch[32];
   const uint32_t h = blockIdx.x, r = blockIdx.y;
-  const uint32_t position = start + r;
+  const auto position = static_cast<uint32_t>(paged.positions[r]);
   const uint32_t first = shape.window != 0 && position + 1 > shape.window
                              ? static_cast<uint32_t>(position + 1 - shape.window)
                              : 0;
   const uint64_t q_size = uint64_t{shape.heads} * shape.head_dim;
-  const uint64_t kv_size = uint64_t{shape.kv_heads} * shape.head_dim;
   const uint64_t kv_offset = uint64_t{h / (shape.heads / shape.kv_heads)} * shape.head_dim;
   const float* my_query = q + r * q_size + uint64_t{h} * shape.head_dim;
   for (uint32_t d = threadIdx.x; d < shape.head_dim; d += blockDim.x) query[d] = my_query[d];
@@ -114,11 +129,13 @@ __global__ void Attend(const float* q, uint32_t start, const float* keys, const 
   constexpr uint32_t kSlots = kMaxHeadDim / kTile;
   float accumulated[kSlots] = {};
   float running_max = -INFINITY, running_sum = 0;
+  // A tile may span blocks of the cache: each position's key and value are found through the
+  // row's table (Cached).
   for (uint32_t tile = first; tile <= position; tile += kTile) {
     const uint32_t j = tile + threadIdx.x;
     float score = -INFINITY;
     if (j <= position) {
-      const float* key = keys + j * kv_size + kv_offset;
+      const float* key = Cached(paged, r, j, layer, 0) + kv_offset;
       float dot = 0;
       for (uint32_t d = 0; d < shape.head_dim; d++) dot += query[d] * key[d];
       score = dot * scale;
@@ -136,7 +153,7 @@ __global__ void Attend(const float* q, uint32_t start, const float* keys, const 
       const uint32_t d = threadIdx.x + slot * kTile;
       if (d >= shape.head_dim) break;
       float sum = accumulated[slot] * rescale;
-      for (uint32_t t = 0; t < count; t++) sum += weights[t] * values[(tile + t) * kv_size + kv_offset + d];
+      for (uint32_t t = 0; t < count; t++) sum += weights[t] * Cached(paged, r, tile + t, layer, 1)[kv_offset + d];
       accumulated[slot] = sum;
     }
     __syncthreads();  // weights[] is rewritten by the next tile
@@ -212,19 +229,25 @@ cudaError_t LaunchAddBias(float* y, uint32_t rows, uint32_t width, uint64_t stri
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim, uint64_t stride, uint32_t start,
-                       const double* inv_freq, cudaStream_t stream) {
+cudaError_t LaunchRope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim, uint64_t stride,
+                       const int32_t* positions, const double* inv_freq, cudaStream_t stream) {
   Rope<<<Blocks(uint64_t{rows} * heads * (head_dim / 2)), kThreads, 0, stream>>>(x, rows, heads, head_dim, stride,
-                                                                                start, inv_freq);
+                                                                                positions, inv_freq);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAttention(const float* q, uint32_t rows, uint32_t start, const float* keys, const float* values,
+cudaError_t LaunchStoreKv(const float* keys, const float* values, uint32_t rows, const PagedRows& paged,
+                          uint32_t layer, cudaStream_t stream) {
+  StoreKv<<<Blocks(uint64_t{rows} * paged.kv_size), kThreads, 0, stream>>>(keys, values, rows, paged, layer);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAttention(const float* q, uint32_t rows, const PagedRows& paged, uint32_t layer,
                             const AttentionShape& shape, float* out, cudaStream_t stream) {
   if (shape.head_dim > kMaxHeadDim || rows > 65535) return cudaErrorInvalidValue;
   const dim3 grid(shape.heads, rows);
   const size_t shared = (shape.head_dim + kTile) * sizeof(float);
-  Attend<<<grid, kTile, shared, stream>>>(q, start, keys, values, shape, out);
+  Attend<<<grid, kTile, shared, stream>>>(q, paged, layer, shape, out);
   return cudaGetLastError();
 }
 

@@ -30,10 +30,10 @@ cudaError_t LaunchAddBias(float* y, uint32_t rows, uint32_t width, uint64_t stri
                           cudaStream_t stream);
 
 // Rotary embedding (Hugging Face's rotate_half) of `heads` heads of head_dim per row, the rows
-// `stride` floats apart, row r at position start + r. The angle position * inv_freq[i] and its
+// `stride` floats apart, row r at position positions[r]. The angle position * inv_freq[i] and its
 // cosine and sine are computed in double and rounded to f32, as the CPU does.
-cudaError_t LaunchRope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim, uint64_t stride, uint32_t start,
-                       const double* inv_freq, cudaStream_t stream);
+cudaError_t LaunchRope(float* x, uint32_t rows, uint32_t heads, uint32_t head_dim, uint64_t stride,
+                       const int32_t* positions, const double* inv_freq, cudaStream_t stream);
 
 struct AttentionShape {
   uint32_t heads = 0;      // query heads
@@ -42,11 +42,31 @@ struct AttentionShape {
   uint64_t window = 0;     // sliding window (the token itself included); 0: the whole context
 };
 
-// Causal grouped-query attention for rows at positions start, start + 1, ...: q is rows x
-// (heads x head_dim), keys and values one layer's cache ([position][kv head][head_dim]) holding
-// every position up to start + rows - 1. out is rows x (heads x head_dim). Softmax online, one
-// tile of positions at a time, so any context fits.
-cudaError_t LaunchAttention(const float* q, uint32_t rows, uint32_t start, const float* keys, const float* values,
+// The paged KV cache of a step's rows (engines/transformer/gpu_sequence.h): blocks of
+// kBlockTokens positions, block b's layer l keys (half 0) or values (half 1) at `offset` beginning
+// at pool + b x block_floats + ((l x 2 + half) x kBlockTokens + offset) x kv_size. Row r is at
+// position positions[r] of the sequence whose table begins at tables[table_at[r]] (entry i: the
+// block of positions i x kBlockTokens on).
+inline constexpr uint32_t kBlockTokens = 64;
+struct PagedRows {
+  float* pool = nullptr;
+  uint64_t block_floats = 0;
+  uint32_t kv_size = 0;
+  const int32_t* positions = nullptr;
+  const int32_t* table_at = nullptr;
+  const int32_t* tables = nullptr;
+};
+
+// Each row's keys and values (rows x kv_size each, after their rotation) into `layer` of its
+// position's block.
+cudaError_t LaunchStoreKv(const float* keys, const float* values, uint32_t rows, const PagedRows& paged,
+                          uint32_t layer, cudaStream_t stream);
+
+// Causal grouped-query attention of rows, each over its own sequence's cache in `layer`: q is
+// rows x (heads x head_dim); the cache holds every position of a row's sequence up to the row's
+// own (rows of one sequence come in position order and were stored first). out is rows x (heads x
+// head_dim). Softmax online, one tile of positions at a time, so any context fits.
+cudaError_t LaunchAttention(const float* q, uint32_t rows, const PagedRows& paged, uint32_t layer,
                             const AttentionShape& shape, float* out, cudaStream_t stream);
 
 // *out = the index of x's largest value (the lowest on a tie; NaN and -inf never chosen), or -1

@@ -1,9 +1,10 @@
-// The transformer engine behind the C ABI (engine.h, version 6): a Hugging Face decoder directory
+// The transformer engine behind the C ABI (engine.h): a Hugging Face decoder directory
 // served on the CPU, or on a GPU when the worker's memory is a device's. Its weights region holds
 // every tensor as stored and the tokenizer's file (engines/transformer/packed_model.h), so that
 // replicas, respawned workers and unparks attach it without the directory. Its generations are
-// sequences stepped together (engine_generate.cc), each with a KV cache of the whole context: the
-// engine's workspace (host memory; on a GPU one sequence, in device memory from the budget).
+// sequences stepped together (engine_generate.cc), their KV caches blocks of one pool: the
+// engine's workspace (host memory; on a GPU device memory from the budget, the pool's bookkeeping
+// on the host: engines/transformer/gpu_slots.h).
 //
 // On device memory the forward pass runs in the GPU module (engines/transformer/gpu_sequence.h).
 // Where that cannot start (a build without it, no CUDA runtime: the driver test double) the engine
@@ -124,7 +125,8 @@ wp_status ExportCall(wp_engine* engine, wp_region* out) {
 
 wp_status ExportCacheCall(wp_engine* engine, wp_region* out) {
   TransformerEngine& e = *As(engine);
-  if (!e.kv_pool || out == nullptr) return WP_NOT_FOUND;
+  // A GPU's pool keeps its keys and values in device memory: there is nothing here to export.
+  if (!e.kv_pool || !e.kv_pool->floats_here() || out == nullptr) return WP_NOT_FOUND;
   *out = {e.kv_pool->region().data(), e.kv_pool->region().bytes(), e.kv_pool->region().handle()};
   return WP_OK;
 }

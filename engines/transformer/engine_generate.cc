@@ -178,7 +178,7 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   // what a dead worker's cache holds of the rest (a resumed stream: its prompt and tokens sent).
   // A source that is not this model's is no source: everything is computed, as ever.
   std::optional<KvRegion> source;
-  if (r.kv_source_bytes > 0 && e.kv_pool) {
+  if (r.kv_source_bytes > 0 && e.kv_pool && e.kv_pool->floats_here()) {
     Result<KvRegion> opened =
         KvRegion::Open(r.kv_source, r.kv_source_bytes, e.kv_pool->layers(), e.kv_pool->kv_size(),
                        e.kv_pool->region().blocks());

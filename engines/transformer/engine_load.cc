@@ -13,6 +13,7 @@
 #include "engines/dense_cpu.h"
 #include "engines/transformer/engine_state.h"
 #include "engines/transformer/gpu_sequence.h"
+#include "engines/transformer/gpu_slots.h"
 #include "engines/transformer/weights.h"
 
 namespace warmpool::transformer {
@@ -71,10 +72,16 @@ Status StartOnDevice(TransformerEngine& e) {
   Result<ModelWeights> weights = BindAt(e, static_cast<const uint8_t*>(e.region.ptr));
   if (!weights.ok()) return weights.status();
   std::string why;
-  e.sequence = StartGpuSequence(e.packed.config, *weights, e.memory, e.context, &why);
-  if (e.sequence) {
+  e.gpu_model = StartGpuModel(e.packed.config, *weights, e.memory, e.context, e.sequences,
+                              KvPoolBlocks(e.context, e.sequences, e.kv_tokens), &why);
+  if (e.gpu_model) {
+    Result<std::unique_ptr<KvPool>> pool = MakeGpuPool(*e.gpu_model);
+    if (!pool.ok()) return pool.status();
+    e.kv_pool = std::move(*pool);
+    e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
+    e.sequence = std::make_unique<GpuSequence>(*e.gpu_model, *e.cache);
+    e.slots = std::make_unique<GpuSlots>(*e.gpu_model, *e.kv_pool, *e.cache, e.sequences);
     SayWhereItRuns(e, e.sequence->Describe());
-    e.slots = std::make_unique<OneSlot>(*e.sequence);
     return OkStatus();
   }
   SayWhereItRuns(e, "weights on the GPU, computed on the CPU from a host copy: " + why);
@@ -152,20 +159,20 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
                  e.name);
   }
   e.context = ServedContext(e.packed.config, spec.context);
-  // A GPU's forward pass runs one sequence; the CPU steps several together.
-  e.sequences = e.on_device ? 1 : ServedSequences(spec.sequences);
-  e.kv_tokens = e.on_device ? 0 : spec.kv_tokens;
+  // The CPU and a GPU alike step several sequences together, their caches blocks of one pool.
+  e.sequences = ServedSequences(spec.sequences);
+  e.kv_tokens = spec.kv_tokens;
+  const uint32_t pool_blocks = KvPoolBlocks(e.context, e.sequences, e.kv_tokens);
   e.pacer = StepPacer(kStepPromptTokens, kPrefillPiece, spec.prefill_stretch > 0 ? spec.prefill_stretch : kStepLatencyRatio);
   e.slot_used.assign(e.sequences, false);
   info.weight_bytes = e.packed.region_bytes;
   // On a GPU the workspace is device memory: the KV cache and what the kernels need.
-  info.workspace_bytes = e.on_device ? PlanGpuSequence(e.packed.config, e.context).total
+  info.workspace_bytes = e.on_device ? PlanGpu(e.packed.config, e.context, e.sequences, pool_blocks).total
                                      : WorkspaceBytes(e.packed.config, e.context, e.sequences, e.kv_tokens);
   info.max_batch = 1;
   info.context = e.context;
   info.sequences = e.sequences;
-  info.kv_tokens = e.on_device ? e.context
-                               : uint64_t{KvPoolBlocks(e.context, e.sequences, e.kv_tokens)} * kKvBlockTokens;
+  info.kv_tokens = uint64_t{pool_blocks} * kKvBlockTokens;
   info.embedding_size = e.packed.config.hidden_size;
   info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
   e.signature[0] = {"input_ids", WP_DTYPE_I64, 1, {-1}, nullptr, 0};

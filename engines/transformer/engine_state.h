@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/gpu_sequence.h"
 #include "engines/transformer/model_directory.h"
 #include "engines/transformer/packed_model.h"
 #include "engines/transformer/sequence.h"
@@ -36,7 +37,8 @@ struct TransformerEngine {
   std::optional<ServingFiles> files;
   std::unique_ptr<uint8_t[]> host_copy;  // on device memory, when the GPU cannot compute
   std::unique_ptr<CpuModel> model;       // on the CPU
-  std::unique_ptr<KvPool> kv_pool;       // on the CPU: every sequence's cache is blocks of it
+  std::unique_ptr<GpuModel> gpu_model;   // on a GPU (its pool's blocks are device memory)
+  std::unique_ptr<KvPool> kv_pool;       // every sequence's cache is blocks of it
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<Sequence> sequence;    // embeddings and typed runs: the CPU's, or the GPU's
   // Generations (engine ABI version 7): `sequences` open at once, each in a slot of its own (slot
@@ -58,6 +60,9 @@ struct TransformerEngine {
   ~TransformerEngine() {
     slots.reset();
     sequence.reset();  // before the weights it reads go
+    cache.reset();     // then the pool's bookkeeping, which copies through the GPU model
+    kv_pool.reset();
+    gpu_model.reset();
     if (directory >= 0) close(directory);
     if (has_region) memory->free(memory->ctx, &region);
   }

@@ -21,6 +21,14 @@ Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t bloc
   return std::unique_ptr<KvPool>(new KvPool(config, blocks, std::move(*region)));
 }
 
+Result<std::unique_ptr<KvPool>> KvPool::MakeElsewhere(const Config& config, uint32_t blocks, BlockCopy copy) {
+  Result<KvRegion> region = KvRegion::CreateRecords(config.num_hidden_layers, config.kv_size(), blocks);
+  if (!region.ok()) return region.status();
+  std::unique_ptr<KvPool> pool(new KvPool(config, blocks, std::move(*region)));
+  pool->copy_elsewhere_ = std::move(copy);
+  return pool;
+}
+
 Result<std::unique_ptr<KvPool>> KvPool::Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes) {
   Result<KvRegion> region = KvRegion::Adopt(handle, bytes, config.num_hidden_layers, config.kv_size(), blocks);
   if (!region.ok()) return region.status();
@@ -66,6 +74,10 @@ KvPool::KvPool(const Config& config, uint32_t blocks, KvRegion region)
     : layers_(config.num_hidden_layers), kv_size_(config.kv_size()), blocks_(blocks), region_(std::move(region)) {}
 
 void KvPool::Copy(uint32_t from, uint32_t to) {
+  if (copy_elsewhere_) {
+    copy_elsewhere_(from, to);
+    return;
+  }
   const uint64_t floats = region_.BlockFloats();
   std::memcpy(region_.data() + to * floats, region_.data() + from * floats, floats * sizeof(float));
 }
@@ -175,7 +187,7 @@ uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens
   const std::vector<KvRegion::Extent> run = source.Longest(tokens, most);
   uint32_t end = 0;
   for (const KvRegion::Extent& e : run) end += e.count;
-  if (end <= length_ || !Prepare(length_, end).ok()) return length_;
+  if (end <= length_ || !pool_->floats_here() || !Prepare(length_, end).ok()) return length_;
   const uint32_t start = length_;
   KvRegion& own = pool_->region();
   for (uint32_t i = start / kKvBlockTokens; i < run.size(); ++i) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -46,6 +47,12 @@ class KvPool {
   // prefix cache again; whatever else is there is free. INVALID_ARGUMENT when the region is not a
   // pool of this model's shape and `blocks` blocks (KvRegion::Adopt).
   static Result<std::unique_ptr<KvPool>> Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes);
+  // A pool whose keys and values live elsewhere, in the layout a KvRegion's RowsAt gives (a GPU's
+  // memory, engines/transformer/gpu_slots.h): only its bookkeeping and records are here, and
+  // `copy` copies one block's keys and values to another there. Such a pool's caches import
+  // nothing from a dead worker's region (Import), and its region is never exported.
+  using BlockCopy = std::function<void(uint32_t from, uint32_t to)>;
+  static Result<std::unique_ptr<KvPool>> MakeElsewhere(const Config& config, uint32_t blocks, BlockCopy copy);
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
@@ -53,6 +60,8 @@ class KvPool {
   uint32_t kv_size() const { return kv_size_; }
   KvBlocks& blocks() { return blocks_; }
   const KvBlocks& blocks() const { return blocks_; }
+  // The keys and values are in this process's memory, at region().data().
+  bool floats_here() const { return region_.data() != nullptr; }
   KvRegion& region() { return region_; }
   const KvRegion& region() const { return region_; }
   float* key(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 0, offset); }
@@ -71,6 +80,7 @@ class KvPool {
   uint32_t kv_size_;
   KvBlocks blocks_;
   KvRegion region_;
+  BlockCopy copy_elsewhere_;  // set: the floats are not here (MakeElsewhere)
 };
 
 class KvCache {

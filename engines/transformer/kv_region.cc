@@ -41,11 +41,19 @@ uint64_t KvRegion::RecordsOffset(uint64_t kv_bytes) { return ((kv_bytes + 63) & 
 KvRecord* KvRegion::records() const { return reinterpret_cast<KvRecord*>(base_ + RecordsOffset(kv_bytes_)); }
 
 Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  return Make(layers, kv_size, blocks, /*with_floats=*/true);
+}
+
+Result<KvRegion> KvRegion::CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  return Make(layers, kv_size, blocks, /*with_floats=*/false);
+}
+
+Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t blocks, bool with_floats) {
   KvRegion r;
   r.layers_ = layers;
   r.kv_size_ = kv_size;
   r.blocks_ = blocks;
-  r.kv_bytes_ = blocks * r.BlockFloats() * sizeof(float);
+  r.kv_bytes_ = with_floats ? blocks * r.BlockFloats() * sizeof(float) : 0;
   r.bytes_ = TotalBytes(r.kv_bytes_, blocks);
   r.handle_ = memfd_create("warmpool-kv-cache", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (r.handle_ < 0 || ftruncate(r.handle_, static_cast<off_t>(r.bytes_)) != 0 ||
@@ -60,7 +68,7 @@ Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t bl
     return Error(Code::kResourceExhausted, "no address space for a KV cache of {} bytes", r.bytes_);
   }
   r.base_ = static_cast<uint8_t*>(base);
-  r.data_ = reinterpret_cast<float*>(r.base_);
+  r.data_ = with_floats ? reinterpret_cast<float*>(r.base_) : nullptr;
   Header* header = reinterpret_cast<Header*>(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header));
   *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), {}};
   // Zero-filled records claim nothing (count 0, version 0).

@@ -49,6 +49,10 @@ class KvRegion {
   // blocks of `layers` x keys and values x kKvBlockTokens positions x kv_size floats. Every record
   // claims nothing. RESOURCE_EXHAUSTED when the memory cannot be had.
   static Result<KvRegion> Create(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // The header and records alone, for a pool whose keys and values live elsewhere in the same
+  // layout (a GPU's memory: RowsAt still says where): data() is null, and nothing opens it as a
+  // region to read keys and values from (the engine never exports it).
+  static Result<KvRegion> CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks);
   // Another process's region, mapped read-only: INVALID_ARGUMENT unless it is sealed against
   // resizing (Create seals it: nobody holding it can shrink it under a reader's mapping), its header
   // says it holds `blocks` blocks of this layout (layers, kv_size) — a pool like the reader's own —
@@ -101,6 +105,7 @@ class KvRegion {
   std::vector<Extent> Longest(std::span<const int32_t> tokens, uint32_t most) const;
 
  private:
+  static Result<KvRegion> Make(uint32_t layers, uint32_t kv_size, uint32_t blocks, bool with_floats);
   static Result<KvRegion> Map(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
                               bool writable);
   static uint64_t RecordsOffset(uint64_t kv_bytes);

@@ -5,30 +5,38 @@
 
 namespace warmpool::transformer {
 
-CpuSlots::CpuSlots(CpuModel& model, KvPool& pool, KvCache& first, uint32_t count)
-    : model_(model), first_(first), count_(std::max(count, 1u)) {
+PagedSlots::PagedSlots(KvPool& pool, KvCache& first, uint32_t count) : first_(first), count_(std::max(count, 1u)) {
   for (uint32_t slot = 1; slot < count_; ++slot) others_.push_back(std::make_unique<KvCache>(pool, first.context()));
 }
 
-uint32_t CpuSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) {
+uint32_t PagedSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) {
   if (slot >= count_ || prompt.empty()) return 0;
   const auto most = static_cast<uint32_t>(prompt.size() - 1);
   const uint32_t reused = Cache(slot).Reuse(prompt, most);
   return source == nullptr ? reused : Cache(slot).Import(*source, prompt, most);
 }
 
-void CpuSlots::Free(uint32_t slot) {
+void PagedSlots::Free(uint32_t slot) {
   if (slot < count_) Cache(slot).Clear();
 }
 
-Status CpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
-  const uint32_t vocab = model_.config().vocab_size;
+Status PagedSlots::CheckRuns(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
+  const uint32_t vocab = config().vocab_size;
   if (logits.size() < uint64_t{runs.size()} * vocab || argmax.size() < runs.size()) {
     return Error(Code::kInvalidArgument, "a step of {} runs needs logits and argmax for each", runs.size());
   }
-  for (const Run& run : runs) {
-    if (run.slot >= count_) return Error(Code::kInvalidArgument, "slot {} of {}", run.slot, count_);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].slot >= count_) return Error(Code::kInvalidArgument, "slot {} of {}", runs[i].slot, count_);
+    for (size_t j = 0; j < i; ++j) {
+      if (runs[j].slot == runs[i].slot) return Error(Code::kInvalidArgument, "slot {} twice in a step", runs[i].slot);
+    }
   }
+  return OkStatus();
+}
+
+Status CpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
+  if (Status s = CheckRuns(runs, logits, argmax); !s.ok()) return s;
+  const uint32_t vocab = model_.config().vocab_size;
   if (runs.size() == 1) {  // one sequence: its forward pass as a lone one runs it (f32 at one row)
     if (Status s = model_.Forward(runs[0].tokens, runs[0].start, Cache(runs[0].slot), logits.first(vocab)); !s.ok()) {
       return s;

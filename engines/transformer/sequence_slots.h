@@ -1,7 +1,8 @@
 // Where a model's open sequences run: the model and a KV cache per slot, on the CPU (CpuSlots:
 // several sequences' tokens in one pass, CpuModel::Step, their caches blocks of one pool, which
-// keeps published prompt prefixes for later sequences) or wherever one Sequence runs (OneSlot: the
-// GPU's, one sequence at a time). RunStep plans and runs one step of several sequences, each in
+// keeps published prompt prefixes for later sequences), on a GPU the same way (GpuSlots,
+// engines/transformer/gpu_slots.h), or wherever one Sequence runs (OneSlot: one sequence at a
+// time). RunStep plans and runs one step of several sequences, each in
 // its slot: a decoding sequence feeds its last token, and a prompt goes in pieces. While other
 // sequences decode, a step carries at most kStepPromptTokens of prompts (chunked prefill), so a long
 // prompt that arrives does not stall the streams already running for its whole length — fewer
@@ -58,28 +59,42 @@ class SequenceSlots {
   virtual void Free(uint32_t slot) {}
 };
 
-// On the CPU: `count` caches of `context` positions each, blocks of `pool` (KvPoolBlocks(context,
-// count) of them, so that every slot finds its blocks), slot 0's the one given (the engine's own,
-// which embeddings and typed runs use).
-class CpuSlots final : public SequenceSlots {
+// Caches of one pool, one per slot (what the CPU's and the GPU's slots share): `count` caches of
+// `context` positions each, blocks of `pool` (KvPoolBlocks(context, count) of them, so that every
+// slot finds its blocks, or fewer with a kv_tokens budget), slot 0's the one given (the engine's
+// own, which embeddings and typed runs use).
+class PagedSlots : public SequenceSlots {
  public:
-  CpuSlots(CpuModel& model, KvPool& pool, KvCache& first, uint32_t count);
+  PagedSlots(KvPool& pool, KvCache& first, uint32_t count);
   uint32_t count() const override { return count_; }
   uint32_t context() const override { return first_.context(); }
-  const Config& config() const override { return model_.config(); }
-  Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
   uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) override;
   void Free(uint32_t slot) override;
 
- private:
+ protected:
   KvCache& Cache(uint32_t slot) { return slot == 0 ? first_ : *others_[slot - 1]; }
-  CpuModel& model_;
+  // INVALID_ARGUMENT unless logits and argmax have room for every run and each run's slot is one.
+  Status CheckRuns(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax);
+
+ private:
   KvCache& first_;
   uint32_t count_;
   std::vector<std::unique_ptr<KvCache>> others_;  // slot i > 0 at i - 1 (a cache holds no block until used)
 };
 
-// One sequence: its forward pass (the GPU's, say), a run at a time.
+// On the CPU: CpuModel::Step, every run's tokens in one pass.
+class CpuSlots final : public PagedSlots {
+ public:
+  CpuSlots(CpuModel& model, KvPool& pool, KvCache& first, uint32_t count)
+      : PagedSlots(pool, first, count), model_(model) {}
+  const Config& config() const override { return model_.config(); }
+  Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
+
+ private:
+  CpuModel& model_;
+};
+
+// One sequence: its forward pass, a run at a time (a generation driven alone: generation.h).
 class OneSlot final : public SequenceSlots {
  public:
   explicit OneSlot(Sequence& sequence) : sequence_(sequence) {}

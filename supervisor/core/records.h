@@ -124,7 +124,7 @@ struct Model {
   uint32_t registered_sequences = 0;
   uint64_t kv_cache_tokens = 0;  // [[models]] kv_cache_tokens; 0: every generation's whole context
   // What ApplySettings last made of them for the entry (kv_cache_tokens clamped): once a load has
-  // reported the engine's own figures (one sequence on a GPU, a cache of whole blocks), the same
+  // reported the engine's own figures (a cache of whole blocks, say), the same
   // settings applied again leave them alone.
   uint32_t sequences_applied = 0;
   uint64_t kv_cache_tokens_applied = 0;

@@ -53,8 +53,8 @@ void Core::ApplySettings(Model& m) {
   // positions configured for them to share (kv_cache_tokens: at least one context, at most all of
   // theirs, as the engine keeps it). The entry's counts and its workspace go together (a worker's
   // report sets them all), so the cache's bytes are moved with them. A load asks the engine for
-  // exactly the entry's (StartLoad); an engine that keeps another (one sequence on a GPU, its cache
-  // in whole blocks) reports so, and the entry follows it until the settings change: applied again
+  // exactly the entry's (StartLoad); an engine that keeps another (fewer sequences than asked, its
+  // cache in whole blocks) reports so, and the entry follows it until the settings change: applied again
   // unchanged (a reload), they leave the engine's figures alone.
   ModelEntry& e = m.entry;
   const uint32_t wanted = m.parallel != 0 ? m.parallel : m.registered_sequences;

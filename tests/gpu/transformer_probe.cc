@@ -11,7 +11,8 @@
 //   warmpool-transformer-probe decode-speed DIR [--tokens N]
 //     Decode tokens/s on the GPU at batch 1, the weight bytes each token reads (all but the rows of
 //     an untied embedding table it does not look up), and a device-to-device copy's bandwidth
-//     (2 x bytes / time: it reads and writes each byte), in one run.
+//     (2 x bytes / time: it reads and writes each byte), in one run; and 8 streams decoding in the
+//     same steps (continuous batching), their tokens/s together against one stream's.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -28,7 +29,7 @@
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/generation.h"
-#include "engines/transformer/gpu_sequence.h"
+#include "engines/transformer/gpu_slots.h"
 #include "engines/transformer/model_directory.h"
 #include "tests/gpu/in_process_memory.h"
 
@@ -48,6 +49,7 @@ struct OnGpu {
   std::unique_ptr<InProcessCudaMemory> memory;
   wp_region region{nullptr, 0, -1};
   std::unique_ptr<tf::Sequence> sequence;
+  tf::ModelWeights weights;  // device pointers into the region
   uint64_t weight_bytes = 0;
   ~OnGpu() {
     sequence.reset();
@@ -79,6 +81,7 @@ Status StartOnGpu(const tf::Checkpoint& checkpoint, uint32_t context, OnGpu& gpu
   gpu.weight_bytes = bytes;
   Result<tf::ModelWeights> weights = tf::BindWeights(checkpoint.config(), views, "probe");
   if (!weights.ok()) return weights.status();
+  gpu.weights = *weights;
   std::string why;
   gpu.sequence = tf::StartGpuSequence(checkpoint.config(), *weights, service, context, &why);
   if (!gpu.sequence) return Error(Code::kFailedPrecondition, "the GPU forward pass did not start: {}", why);
@@ -163,6 +166,46 @@ Result<double> CopyBandwidth(uint64_t bytes) {
   return 2.0 * static_cast<double>(bytes) / seconds[2] / 1e9;
 }
 
+// Continuous batching's gain: kStreams sequences decoding in the same steps (GpuSlots), their
+// tokens a second together, on the model `gpu` holds.
+constexpr uint32_t kStreams = 8;
+Result<double> StreamsTogether(const tf::Config& config, OnGpu& gpu, uint32_t tokens) {
+  const uint32_t context = tokens + 16;
+  std::string why;
+  std::unique_ptr<tf::GpuModel> model = tf::StartGpuModel(config, gpu.weights, gpu.memory->service(), context,
+                                                           kStreams, tf::KvPoolBlocks(context, kStreams), &why);
+  if (!model) return Error(Code::kFailedPrecondition, "the GPU model for {} streams did not start: {}", kStreams, why);
+  Result<std::unique_ptr<tf::KvPool>> pool = tf::MakeGpuPool(*model);
+  if (!pool.ok()) return pool.status();
+  tf::KvCache first(**pool, context);
+  tf::GpuSlots slots(*model, **pool, first, kStreams);
+  // Different prompts (no prefix shared), then every stream's next token in each step, its logits
+  // copied back as the one stream's are.
+  std::vector<std::vector<int32_t>> prompts(kStreams);
+  std::vector<tf::SequenceSlots::Run> runs;
+  for (uint32_t s = 0; s < kStreams; s++) {
+    prompts[s] = {static_cast<int32_t>(1 + s), 2, 3, 4};
+    runs.push_back({s, prompts[s], 0});
+  }
+  std::vector<float> logits(uint64_t{kStreams} * config.vocab_size);
+  std::vector<int32_t> argmax(kStreams);
+  if (Status s = slots.Step(runs, logits, argmax); !s.ok()) return s;
+  const int32_t token = 5;
+  auto step = [&](uint32_t position) {
+    for (tf::SequenceSlots::Run& run : runs) run = {run.slot, {&token, 1}, position};
+    return slots.Step(runs, logits, argmax);
+  };
+  for (uint32_t i = 0; i < 4; i++) {  // warm up
+    if (Status s = step(4 + i); !s.ok()) return s;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t i = 0; i < tokens; i++) {
+    if (Status s = step(8 + i); !s.ok()) return s;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return kStreams * tokens / seconds;
+}
+
 int DecodeSpeed(const std::string& dir, uint32_t tokens) {
   Result<std::unique_ptr<tf::Checkpoint>> checkpoint = tf::Checkpoint::Open(dir);
   if (!checkpoint.ok()) return Fail(checkpoint.status());
@@ -191,7 +234,13 @@ int DecodeSpeed(const std::string& dir, uint32_t tokens) {
   if (!bandwidth.ok()) return Fail(bandwidth.status());
   const double tokens_per_second = tokens / seconds;
   const double read_gbs = tokens_per_second * static_cast<double>(read_bytes) / 1e9;
+  Result<double> together = StreamsTogether(c.config(), gpu, tokens);
+  if (!together.ok()) return Fail(together.status());
   Json out{{"device", gpu.sequence->Describe()},
+           {"streams", kStreams},
+           {"streams_tokens_per_second", *together},
+           {"streams_vs_one", *together / tokens_per_second},
+           {"streams_goal", ">= 5"},
            {"weight_bytes", gpu.weight_bytes},
            {"bytes_read_per_token", read_bytes},
            {"decode_tokens_per_second", tokens_per_second},

@@ -24,6 +24,7 @@
 #include "engines/gpu_module.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/gpu_sequence.h"
+#include "engines/transformer/gpu_slots.h"
 #include "engines/transformer/model_directory.h"
 #include "engines/transformer/packed_model.h"
 #include "tests/unit/cuda_device_fixture.h"
@@ -93,6 +94,26 @@ class TransformerGpuTest : public CudaMemoryTest {
     ASSERT_TRUE(loaded.ok()) << loaded.ToString();
   }
 
+  // The weights the engine loaded into device memory, bound where they lie (device pointers).
+  static void BindLoaded(Engine& engine, const std::string& name, transformer::Config& config,
+                         transformer::ModelWeights& weights) {
+    Result<std::string> header = engine.Describe();
+    Result<wp_region> region = engine.ExportWeights();
+    ASSERT_TRUE(header.ok() && region.ok());
+    Result<transformer::PackedModel> packed = transformer::DecodeHeader(*header);
+    ASSERT_TRUE(packed.ok()) << packed.status().ToString();
+    std::map<std::string, transformer::TensorView> views;
+    for (const transformer::PackedTensor& t : packed->tensors) {
+      views.emplace(t.name, transformer::TensorView{t.name, t.dtype, t.shape,
+                                                    static_cast<const uint8_t*>(region->ptr) + t.offset, t.file,
+                                                    t.file_offset, t.bytes});
+    }
+    config = packed->config;
+    Result<transformer::ModelWeights> bound = transformer::BindWeights(config, views, name);
+    ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+    weights = *bound;
+  }
+
   static std::vector<int32_t> Generate(Engine& engine, const std::string& prompt, uint32_t max_tokens) {
     wp_generate_request r{};
     r.prompt = {prompt.data(), prompt.size()};
@@ -113,7 +134,7 @@ class TransformerGpuTest : public CudaMemoryTest {
 // preloads the dense engine's).
 TEST(GpuModuleTest, EachEntryPointOfTheModuleIsItsOwn) {
   const GpuModuleEntry& dense = LoadGpuModule(kEnginesGpuModule, dense::kGpuRunnerStartSymbol);
-  const GpuModuleEntry& transformer = LoadGpuModule(kEnginesGpuModule, transformer::kGpuSequenceStartSymbol);
+  const GpuModuleEntry& transformer = LoadGpuModule(kEnginesGpuModule, transformer::kGpuModelStartSymbol);
   ASSERT_NE(dense.entry, nullptr) << dense.why;
   ASSERT_NE(transformer.entry, nullptr) << transformer.why;
   EXPECT_NE(dense.entry, transformer.entry);
@@ -135,8 +156,11 @@ TEST_F(TransformerGpuTest, TheEngineOnDeviceMemoryGeneratesWhatTheHostGenerates)
     if (HasFatalFailure()) return;
     Result<transformer::ModelDirectory> m = transformer::ModelDirectory::Open(path);
     ASSERT_TRUE(m.ok());
+    const uint32_t sequences = transformer::ServedSequences(0);
     EXPECT_EQ(on_device.engine->info().workspace_bytes,
-              transformer::PlanGpuSequence(m->checkpoint->config(), 512).total)
+              transformer::PlanGpu(m->checkpoint->config(), 512, sequences,
+                                   transformer::KvPoolBlocks(512, sequences))
+                  .total)
         << "the KV cache and the kernels' buffers, in device memory, counted in the device budget";
     const std::string prompt = "This program is distributed in the hope that it will be useful";
     EXPECT_EQ(Generate(*on_device.engine, prompt, 32), Generate(*on_host.engine, prompt, 32));
@@ -157,23 +181,13 @@ TEST_F(TransformerGpuTest, LogitsMatchTheCpuForEachArchitectureAndDtype) {
       Opened on_device;
       OpenModel(path, memory_->service(), kContext, on_device);
       if (HasFatalFailure()) return;
-      Result<std::string> header = on_device.engine->Describe();
-      Result<wp_region> region = on_device.engine->ExportWeights();
-      ASSERT_TRUE(header.ok() && region.ok());
-      Result<transformer::PackedModel> packed = transformer::DecodeHeader(*header);
-      ASSERT_TRUE(packed.ok()) << packed.status().ToString();
-      std::map<std::string, transformer::TensorView> views;
-      for (const transformer::PackedTensor& t : packed->tensors) {
-        views.emplace(t.name, transformer::TensorView{t.name, t.dtype, t.shape,
-                                                      static_cast<const uint8_t*>(region->ptr) + t.offset, t.file,
-                                                      t.file_offset, t.bytes});
-      }
-      const transformer::Config& config = packed->config;
-      Result<transformer::ModelWeights> on_gpu = transformer::BindWeights(config, views, name);
-      ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
+      transformer::Config config;
+      transformer::ModelWeights on_gpu;
+      BindLoaded(*on_device.engine, name, config, on_gpu);
+      if (HasFatalFailure()) return;
       std::string why;
       std::unique_ptr<transformer::Sequence> gpu =
-          transformer::StartGpuSequence(config, *on_gpu, memory_->service(), kContext, &why);
+          transformer::StartGpuSequence(config, on_gpu, memory_->service(), kContext, &why);
       if (on_the_double_) {
         EXPECT_EQ(gpu, nullptr);
         EXPECT_FALSE(why.empty()) << "a GPU sequence that does not start says why";
@@ -220,6 +234,99 @@ TEST_F(TransformerGpuTest, LogitsMatchTheCpuForEachArchitectureAndDtype) {
           << "past the context";
       const int32_t outside = static_cast<int32_t>(config.vocab_size);
       EXPECT_EQ(gpu->Forward({&outside, 1}, 0, got).code(), Code::kInvalidArgument) << "outside the vocabulary";
+    }
+  }
+}
+
+// Continuous batching on the GPU (engines/transformer/gpu_slots.h): three sequences' prompts in
+// one step, then their decodes together (one wanting only its argmax), then a prompt that takes a
+// published prefix from the paged pool: each run's logits against the CPU running its sequence
+// alone. Mistral's sliding window makes attention start inside a block.
+TEST_F(TransformerGpuTest, SequencesSteppedTogetherMatchEachAloneOnTheCpu) {
+  TempDir dir;
+  constexpr uint32_t kContext = 512, kSequences = 3;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (const Variant& v : Variants(dtype)) {
+      const std::string name = fmt::format("{}-{}", v.name, safetensors::DTypeName(dtype));
+      SCOPED_TRACE(name);
+      const std::string path = dir.File(name);
+      WriteTinyModelWithTokenizerOf(path, DemoModelDirectory(), v.spec);
+      Opened on_device;
+      OpenModel(path, memory_->service(), kContext, on_device);
+      if (HasFatalFailure()) return;
+      transformer::Config config;
+      transformer::ModelWeights on_gpu;
+      BindLoaded(*on_device.engine, name, config, on_gpu);
+      if (HasFatalFailure()) return;
+      std::string why;
+      std::unique_ptr<transformer::GpuModel> gpu = transformer::StartGpuModel(
+          config, on_gpu, memory_->service(), kContext, kSequences, transformer::KvPoolBlocks(kContext, kSequences), &why);
+      if (on_the_double_) {
+        EXPECT_EQ(gpu, nullptr);
+        continue;
+      }
+      ASSERT_NE(gpu, nullptr) << "the GPU model did not start: " << why;
+      Result<std::unique_ptr<transformer::KvPool>> pool = transformer::MakeGpuPool(*gpu);
+      ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+      transformer::KvCache first(**pool, kContext);
+      transformer::GpuSlots slots(*gpu, **pool, first, kSequences);
+
+      Result<transformer::ModelDirectory> m = transformer::ModelDirectory::Open(path);
+      ASSERT_TRUE(m.ok());
+      Result<transformer::ModelWeights> on_host = transformer::BindWeights(config, m->checkpoint->tensors(), name);
+      ASSERT_TRUE(on_host.ok());
+      transformer::CpuModel model(config, *on_host, 2);
+      std::vector<std::unique_ptr<transformer::KvCache>> caches;
+      for (uint32_t s = 0; s < kSequences; s++) caches.push_back(std::make_unique<transformer::KvCache>(config, kContext));
+
+      std::mt19937 generator(11);
+      std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size) - 1);
+      std::vector<std::vector<int32_t>> history{std::vector<int32_t>(70), std::vector<int32_t>(5),
+                                                std::vector<int32_t>(140)};
+      for (auto& h : history) {
+        for (int32_t& t : h) t = token(generator);
+      }
+      const uint32_t vocab = config.vocab_size;
+      std::vector<float> got(kSequences * uint64_t{vocab}), want(vocab);
+      std::vector<int32_t> argmax(kSequences);
+      std::vector<transformer::SequenceSlots::Run> runs;
+      for (uint32_t s = 0; s < kSequences; s++) runs.push_back({s, history[s], 0});
+      ASSERT_TRUE(slots.Step(runs, got, argmax).ok());
+      for (uint32_t s = 0; s < kSequences; s++) {
+        ASSERT_TRUE(transformer::CpuSequence(model, *caches[s]).Forward(history[s], 0, want).ok());
+        EXPECT_LE(WorstError({got.begin() + s * vocab, got.begin() + (s + 1) * vocab}, want), Tolerance(dtype))
+            << "prompt of sequence " << s;
+      }
+      for (uint32_t round = 0; round < 3; round++) {
+        std::vector<int32_t> next(kSequences);
+        runs.clear();
+        for (uint32_t s = 0; s < kSequences; s++) {
+          next[s] = token(generator);
+          runs.push_back({s, {&next[s], 1}, static_cast<uint32_t>(history[s].size()), s == 1});
+        }
+        ASSERT_TRUE(slots.Step(runs, got, argmax).ok());
+        for (uint32_t s = 0; s < kSequences; s++) {
+          transformer::CpuSequence cpu(model, *caches[s]);
+          ASSERT_TRUE(cpu.Forward({&next[s], 1}, static_cast<uint32_t>(history[s].size()), want).ok());
+          history[s].push_back(next[s]);
+          if (s == 1) {
+            EXPECT_EQ(argmax[s], *transformer::ArgMaxToken(want)) << "the argmax on the device, round " << round;
+          } else {
+            EXPECT_LE(WorstError({got.begin() + s * vocab, got.begin() + (s + 1) * vocab}, want), Tolerance(dtype))
+                << "decode round " << round << " of sequence " << s;
+          }
+        }
+      }
+      // Sequence 2's first two blocks are published: a new prompt that begins the same way takes them.
+      slots.Free(2);
+      std::vector<int32_t> longer(history[2].begin(), history[2].begin() + 130);
+      const uint32_t reused = slots.Reuse(2, longer, nullptr);
+      EXPECT_EQ(reused, 128u);
+      runs = {{2, {longer.data() + reused, longer.size() - reused}, reused}};
+      ASSERT_TRUE(slots.Step(runs, got, argmax).ok());
+      transformer::KvCache fresh(config, kContext);
+      ASSERT_TRUE(transformer::CpuSequence(model, fresh).Forward(longer, 0, want).ok());
+      EXPECT_LE(WorstError({got.begin(), got.begin() + vocab}, want), Tolerance(dtype)) << "after a reused prefix";
     }
   }
 }

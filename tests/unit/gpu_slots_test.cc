@@ -1,0 +1,249 @@
+// The host's half of the GPU's continuous batching (engines/transformer/gpu_slots.h), on a model
+// double that stands for the device: its "pool" keeps, per block and position, the token whose
+// keys and values a real model would store there, and each run's "logits" name a digest of the
+// tokens it finds through the run's table at positions 0 to its last, as attention would read
+// them. So a run answered with the digest of its own sequence's tokens was given a table that
+// leads to exactly its history: blocks taken, shared, published, reused and copied before being
+// rewritten, as the device would find them. The kernels themselves are checked on a GPU
+// (transformer_gpu_test).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engines/transformer/gpu_slots.h"
+#include "engines/transformer/kv_cache.h"
+
+namespace warmpool::testing {
+namespace {
+
+using transformer::Config;
+using transformer::GpuModel;
+using transformer::GpuPlan;
+using transformer::GpuRun;
+using transformer::kKvBlockTokens;
+
+constexpr uint32_t kVocab = 1000;
+
+Config SmallConfig() {
+  Config c;
+  c.vocab_size = kVocab;
+  c.hidden_size = 8;
+  c.intermediate_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  return c;
+}
+
+// What a run's logits name: a digest of the tokens at positions 0 .. end - 1, in order.
+int32_t Digest(std::span<const int32_t> history) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+  return static_cast<int32_t>(h % kVocab);
+}
+
+class DeviceDouble final : public GpuModel {
+ public:
+  DeviceDouble(uint32_t context, uint32_t sequences, uint32_t blocks)
+      : config_(SmallConfig()),
+        context_(context),
+        plan_(transformer::PlanGpu(config_, context, sequences, blocks)),
+        cells_(uint64_t{blocks} * kKvBlockTokens, -1) {}
+  const Config& config() const override { return config_; }
+  uint32_t context() const override { return context_; }
+  const GpuPlan& plan() const override { return plan_; }
+
+  Status Step(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
+              std::span<int32_t> argmax) override {
+    // What the real model refuses, so that the host never asks it.
+    EXPECT_LE(tokens.size(), plan_.rows) << "a step of more rows than the plan's";
+    EXPECT_LE(runs.size(), plan_.sequences);
+    steps++;
+    uint64_t row = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const GpuRun& run = runs[i];
+      const uint32_t end = run.start + run.rows;
+      EXPECT_GE(run.table.size(), transformer::KvBlocksOf(end)) << "a table short of the run's positions";
+      for (uint32_t p = run.start; p < end; ++p) Cell(run.table, p) = tokens[row++];
+      std::vector<int32_t> seen;
+      for (uint32_t p = 0; p < end; ++p) seen.push_back(Cell(run.table, p));
+      const int32_t digest = Digest(seen);
+      if (run.want == GpuRun::Want::kArgMax) argmax[i] = digest;
+      if (run.want == GpuRun::Want::kLogits) {
+        std::fill_n(out.begin() + i * kVocab, kVocab, 0.0f);
+        out[i * kVocab + digest] = 1.0f;
+      }
+      if (run.want == GpuRun::Want::kHidden) out[i * config_.hidden_size] = static_cast<float>(digest);
+    }
+    EXPECT_EQ(row, tokens.size());
+    return OkStatus();
+  }
+  void CopyBlock(uint32_t from, uint32_t to) override {
+    copies++;
+    std::copy_n(cells_.begin() + uint64_t{from} * kKvBlockTokens, kKvBlockTokens,
+                cells_.begin() + uint64_t{to} * kKvBlockTokens);
+  }
+  std::string Describe() const override { return "the device double"; }
+
+  int steps = 0;
+  int copies = 0;
+
+ private:
+  int32_t& Cell(std::span<const uint32_t> table, uint32_t position) {
+    return cells_[uint64_t{table[position / kKvBlockTokens]} * kKvBlockTokens + position % kKvBlockTokens];
+  }
+  Config config_;
+  uint32_t context_;
+  GpuPlan plan_;
+  std::vector<int32_t> cells_;
+};
+
+std::vector<int32_t> Tokens(uint32_t count, int32_t seed) {
+  std::vector<int32_t> t(count);
+  for (uint32_t i = 0; i < count; ++i) t[i] = static_cast<int32_t>((seed * 7919 + i * 104729) % kVocab);
+  return t;
+}
+
+class GpuSlotsTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kContext = 512;
+  static constexpr uint32_t kSequences = 3;
+
+  void SetUp() override {
+    device_ = std::make_unique<DeviceDouble>(kContext, kSequences, transformer::KvPoolBlocks(kContext, kSequences));
+    Result<std::unique_ptr<transformer::KvPool>> pool = transformer::MakeGpuPool(*device_);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    pool_ = std::move(*pool);
+    first_ = std::make_unique<transformer::KvCache>(*pool_, kContext);
+    slots_ = std::make_unique<transformer::GpuSlots>(*device_, *pool_, *first_, kSequences);
+  }
+
+  // One step of these runs; returns each run's argmax (its digest), through the logits or not.
+  std::vector<int32_t> Step(std::vector<transformer::SequenceSlots::Run> runs) {
+    std::vector<float> logits(runs.size() * uint64_t{kVocab});
+    std::vector<int32_t> argmax(runs.size(), -7);
+    Status s = slots_->Step(runs, logits, argmax);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].argmax_only) continue;
+      EXPECT_EQ(argmax[i], -1) << "a run that wants its logits gets no argmax";
+      const float* row = logits.data() + i * kVocab;
+      argmax[i] = static_cast<int32_t>(std::max_element(row, row + kVocab) - row);
+    }
+    return argmax;
+  }
+
+  std::unique_ptr<DeviceDouble> device_;
+  std::unique_ptr<transformer::KvPool> pool_;
+  std::unique_ptr<transformer::KvCache> first_;
+  std::unique_ptr<transformer::GpuSlots> slots_;
+};
+
+TEST_F(GpuSlotsTest, ThePoolKeepsItsBookkeepingHereAndItsFloatsOnTheDevice) {
+  EXPECT_FALSE(pool_->floats_here());
+  EXPECT_EQ(pool_->region().data(), nullptr);
+  EXPECT_EQ(pool_->blocks().count(), device_->plan().blocks);
+  EXPECT_EQ(device_->plan().block_floats, pool_->region().BlockFloats()) << "one layout on both sides";
+}
+
+// Prompts of three sequences and their decodes, together in steps: each run finds its own history.
+TEST_F(GpuSlotsTest, SequencesSteppedTogetherEachFindTheirOwnHistory) {
+  std::vector<std::vector<int32_t>> history{Tokens(70, 1), Tokens(5, 2), Tokens(140, 3)};
+  std::vector<int32_t> got = Step({{0, history[0], 0}, {1, history[1], 0, true}, {2, history[2], 0}});
+  for (uint32_t s = 0; s < kSequences; ++s) EXPECT_EQ(got[s], Digest(history[s])) << "sequence " << s;
+  for (int round = 0; round < 70; ++round) {  // across block boundaries for each
+    std::vector<transformer::SequenceSlots::Run> runs;
+    std::vector<int32_t> next(kSequences);
+    for (uint32_t s = 0; s < kSequences; ++s) {
+      next[s] = static_cast<int32_t>((round * 31 + s * 17) % kVocab);
+      runs.push_back({s, {&next[s], 1}, static_cast<uint32_t>(history[s].size()), s == 1});
+    }
+    got = Step(runs);
+    for (uint32_t s = 0; s < kSequences; ++s) {
+      history[s].push_back(next[s]);
+      ASSERT_EQ(got[s], Digest(history[s])) << "sequence " << s << ", round " << round;
+    }
+  }
+  EXPECT_TRUE(pool_->blocks().Consistent());
+}
+
+// A prompt's full blocks published by one sequence are what the next, with the same beginning,
+// reads instead of computing: the device finds them through its table.
+TEST_F(GpuSlotsTest, ALaterSequenceReadsThePublishedPrefixThroughItsTable) {
+  const std::vector<int32_t> prompt = Tokens(150, 4);
+  Step({{0, prompt, 0}});
+  slots_->Free(0);
+  std::vector<int32_t> longer = prompt;
+  longer.insert(longer.end(), {11, 12, 13});
+  const uint32_t reused = slots_->Reuse(1, longer, nullptr);
+  EXPECT_EQ(reused, 2 * kKvBlockTokens) << "two full blocks kept";
+  const int steps = device_->steps;
+  std::vector<int32_t> rest(longer.begin() + reused, longer.end());
+  EXPECT_EQ(Step({{1, rest, reused}})[0], Digest(longer));
+  EXPECT_EQ(device_->steps, steps + 1) << "the prefix is not computed again";
+}
+
+// Two sequences hold the same prefix blocks; one rewrites its first positions. Its blocks are
+// copied on the device before being written, and the other still reads its own history.
+TEST_F(GpuSlotsTest, ASharedBlockIsCopiedOnTheDeviceBeforeItIsRewritten) {
+  const std::vector<int32_t> prompt = Tokens(130, 5);
+  Step({{0, prompt, 0}});
+  ASSERT_EQ(slots_->Reuse(1, prompt, nullptr), 2 * kKvBlockTokens);
+  ASSERT_EQ(slots_->Reuse(2, prompt, nullptr), 2 * kKvBlockTokens);
+  const std::vector<int32_t> other = Tokens(10, 6);
+  const int copies = device_->copies;
+  EXPECT_EQ(Step({{2, other, 0}})[0], Digest(other));
+  EXPECT_EQ(device_->copies, copies + 1) << "the shared first block, copied once";
+  std::vector<int32_t> tail(prompt.begin() + 2 * kKvBlockTokens, prompt.end());
+  EXPECT_EQ(Step({{1, tail, 2 * kKvBlockTokens}})[0], Digest(prompt)) << "the other holder's history is intact";
+  EXPECT_TRUE(pool_->blocks().Consistent());
+}
+
+// A bad token or a run past the context is refused before any cache forgets a position.
+TEST_F(GpuSlotsTest, ABadStepChangesNoCache) {
+  const std::vector<int32_t> prompt = Tokens(40, 7);
+  Step({{0, prompt, 0}});
+  const int32_t outside = kVocab;
+  std::vector<float> logits(2 * uint64_t{kVocab});
+  std::vector<int32_t> argmax(2);
+  const std::vector<int32_t> again(prompt.begin(), prompt.begin() + 5);
+  std::vector<transformer::SequenceSlots::Run> bad{{0, again, 0}, {1, {&outside, 1}, 0}};
+  EXPECT_EQ(slots_->Step(bad, logits, argmax).code(), Code::kInvalidArgument);
+  EXPECT_EQ(first_->length(), 40u) << "slot 0 keeps its positions";
+  const int32_t one = 3;
+  bad = {{1, {&one, 1}, kContext}};
+  EXPECT_EQ(slots_->Step(bad, logits, argmax).code(), Code::kInvalidArgument) << "past the context";
+  bad = {{0, {&one, 1}, 40}, {0, {&one, 1}, 41}};
+  EXPECT_EQ(slots_->Step(bad, logits, argmax).code(), Code::kInvalidArgument) << "a slot twice";
+  const int32_t next = 9;
+  std::vector<int32_t> history = prompt;
+  history.push_back(next);
+  EXPECT_EQ(Step({{0, {&next, 1}, 40}})[0], Digest(history));
+}
+
+// One sequence's forward passes (embeddings, typed runs): a prompt longer than a step goes in
+// pieces no larger than the plan's rows, and the last piece's result comes back.
+TEST_F(GpuSlotsTest, ASequencesLongPromptGoesInPiecesOfAStep) {
+  transformer::GpuSequence sequence(*device_, *first_);
+  const std::vector<int32_t> prompt = Tokens(kContext - 2, 8);
+  std::vector<float> logits(kVocab);
+  ASSERT_TRUE(sequence.Forward(prompt, 0, logits).ok());
+  EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), Digest(prompt));
+  EXPECT_GE(device_->steps, 2) << "more than one step's rows";
+  std::vector<int32_t> history = prompt;
+  history.push_back(17);
+  Result<int32_t> chosen = sequence.ForwardArgMax({&history.back(), 1}, kContext - 2);
+  ASSERT_TRUE(chosen.ok());
+  EXPECT_EQ(*chosen, Digest(history));
+  std::vector<float> hidden(SmallConfig().hidden_size);
+  ASSERT_TRUE(sequence.Hidden(history, 0, hidden).ok());
+  EXPECT_EQ(hidden[0], static_cast<float>(Digest(history)));
+  EXPECT_EQ(sequence.Forward(history, 2, logits).code(), Code::kInvalidArgument) << "past the context";
+  EXPECT_EQ(sequence.Forward({}, 0, logits).code(), Code::kInvalidArgument) << "no tokens";
+}
+
+}  // namespace
+}  // namespace warmpool::testing
