@@ -228,7 +228,7 @@ class Abuse {
 }  // namespace
 
 int RunAbuse(const AbuseOptions& options) {
-  return BenchRun::Main(" --abuse", [&](BenchRun& run) { return Abuse(options, run).Run(); });
+  return BenchRun::Main("--abuse", [&](BenchRun& run) { return Abuse(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

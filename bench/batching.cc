@@ -147,7 +147,7 @@ void Print(const BatchingOptions& o, const Result_& r) {
 }  // namespace
 
 int RunBatching(const BatchingOptions& options) {
-  return BenchRun::Main("batching", [&](BenchRun& run) {
+  return BenchRun::Main("--batching", [&](BenchRun& run) {
     Result_ result;
     if (Status s = Run(options, run, result); !s.ok()) return s;
     Print(options, result);

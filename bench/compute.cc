@@ -243,7 +243,7 @@ void Print(const ComputeOptions& o, const std::vector<BatchResult>& results, con
 }  // namespace
 
 int RunCompute(const ComputeOptions& options) {
-  return BenchRun::Main("compute", [&](BenchRun& run) {
+  return BenchRun::Main("--compute", [&](BenchRun& run) {
     std::vector<BatchResult> results;
     Torch torch;
     if (options.torch_python.empty()) torch.missing = "--torch-python is empty";

@@ -205,7 +205,7 @@ class HttpGenerate {
 }  // namespace
 
 int RunHttpGenerate(const HttpGenerateOptions& options) {
-  return BenchRun::Main("http-generate", [&](BenchRun& run) { return HttpGenerate(options, run).Run(); });
+  return BenchRun::Main("--generate --http", [&](BenchRun& run) { return HttpGenerate(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

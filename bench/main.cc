@@ -78,6 +78,7 @@ struct Options {
   uint64_t kv_cache_tokens = 0;
   double prefill_stretch = 0;
   uint32_t long_prompt = 2048;
+  std::string tokenizer_dir = "demo/license-llama";
   // --compute
   bool compute = false;
   std::vector<uint32_t> layers = {4096, 16384, 4096};
@@ -215,6 +216,10 @@ int main(int argc, char** argv) {
   app.add_flag("--second-turn", options.second_turn,
                "--generate: through a daemon, a chat's second turn's time to first token against its first's "
                "after a --long-prompt history (the prefix cache; bench/second_turn.h; run from the repository root)");
+  app.add_option("--tokenizer-dir", options.tokenizer_dir,
+                 "--generate through a daemon: the model directory whose tokenizer.json and tokenizer_config.json the "
+                 "bench's model takes")
+      ->capture_default_str();
   app.add_option("--long-prompt", options.long_prompt,
                  "--generate --streams: the prompt prefilled beside a stream; --second-turn: the history")
       ->capture_default_str();
@@ -275,6 +280,7 @@ int main(int argc, char** argv) {
   if (options.generate && options.resume) {
     warmpool::bench::ResumeGenerateOptions resume;
     resume.daemon = options.daemon;
+    resume.tokenizer_dir = options.tokenizer_dir;
     if (app.get_option("--model-mib")->count() > 0) resume.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--prompt")->count() > 0) resume.prompt = options.prompt;
     if (app.get_option("--tokens")->count() > 0) resume.tokens = options.tokens;
@@ -285,6 +291,8 @@ int main(int argc, char** argv) {
   if (options.generate && options.second_turn) {
     warmpool::bench::SecondTurnOptions turns;
     turns.daemon = options.daemon;
+    turns.tokenizer_dir = options.tokenizer_dir;
+    turns.backend = options.backend;
     turns.history = options.long_prompt;
     if (app.get_option("--model-mib")->count() > 0) turns.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--tokens")->count() > 0) turns.tokens = options.tokens;
@@ -295,6 +303,8 @@ int main(int argc, char** argv) {
   if (options.generate && options.streams > 0) {
     warmpool::bench::StreamGenerateOptions streams;
     streams.daemon = options.daemon;
+    streams.tokenizer_dir = options.tokenizer_dir;
+    streams.backend = options.backend;
     streams.streams = options.streams;
     streams.long_prompt = options.long_prompt;
     streams.kv_cache_tokens = options.kv_cache_tokens;
@@ -309,6 +319,7 @@ int main(int argc, char** argv) {
   if (options.generate && options.http) {
     warmpool::bench::HttpGenerateOptions http;
     http.daemon = options.daemon;
+    http.tokenizer_dir = options.tokenizer_dir;
     if (app.get_option("--model-mib")->count() > 0) http.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--prompt")->count() > 0) http.prompt = options.prompt;
     if (app.get_option("--tokens")->count() > 0) http.tokens = options.tokens;
@@ -319,6 +330,7 @@ int main(int argc, char** argv) {
   if (options.generate && options.parked) {
     warmpool::bench::ParkedGenerateOptions parked;
     parked.daemon = options.daemon;
+    parked.tokenizer_dir = options.tokenizer_dir;
     if (app.get_option("--model-mib")->count() > 0) parked.model_mib = static_cast<uint32_t>(options.model_mib);
     parked.prompt = options.prompt;
     if (app.get_option("--rounds")->count() > 0) parked.rounds = options.rounds;

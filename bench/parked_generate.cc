@@ -96,7 +96,7 @@ class ParkedGenerate {
 }  // namespace
 
 int RunParkedGenerate(const ParkedGenerateOptions& options) {
-  return BenchRun::Main("parked-generate", [&](BenchRun& run) { return ParkedGenerate(options, run).Run(); });
+  return BenchRun::Main("--generate --parked", [&](BenchRun& run) { return ParkedGenerate(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

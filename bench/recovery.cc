@@ -587,7 +587,7 @@ class Recovery {
 }  // namespace
 
 int RunRecovery(const RecoveryOptions& options) {
-  return BenchRun::Main(" --recovery", [&](BenchRun& run) { return Recovery(options, run).Run(); });
+  return BenchRun::Main("--recovery", [&](BenchRun& run) { return Recovery(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

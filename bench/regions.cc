@@ -32,7 +32,7 @@ Status Mismatch(const char* path) {
 }  // namespace
 
 int RunRegions(const RegionsOptions& options) {
-  return BenchRun::Main("regions", [&](BenchRun& run) -> Status {
+  return BenchRun::Main("--regions", [&](BenchRun& run) -> Status {
     if (options.payload_mib == 0 || options.iterations == 0) {
       return Error(Code::kInvalidArgument, "--payload-mib and --iterations must be >= 1");
     }

@@ -202,7 +202,7 @@ class Restart {
 }  // namespace
 
 int RunRestart(const RestartOptions& options) {
-  return BenchRun::Main("restart", [&](BenchRun& run) { return Restart(options, run).Run(); });
+  return BenchRun::Main("--restart", [&](BenchRun& run) { return Restart(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

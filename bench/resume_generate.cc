@@ -151,7 +151,7 @@ class ResumeGenerate {
 }  // namespace
 
 int RunResumeGenerate(const ResumeGenerateOptions& options) {
-  return BenchRun::Main("resume-generate", [&](BenchRun& run) { return ResumeGenerate(options, run).Run(); });
+  return BenchRun::Main("--generate --resume", [&](BenchRun& run) { return ResumeGenerate(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

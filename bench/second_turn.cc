@@ -26,7 +26,7 @@ class SecondTurn {
     if (!lm.ok()) return lm.status();
     lm_ = *lm;
     const std::string config = fmt::format("[daemon]\nmodels_dir = \"{}\"\n", models);
-    if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
+    if (Status s = run_.StartDaemon(options_.daemon, options_.backend, config); !s.ok()) return s;
     Result<std::unique_ptr<client::Client>> c = run_.Connect();
     if (!c.ok()) return run_.WithLog(c.status());
     client_ = std::move(*c);
@@ -103,7 +103,7 @@ class SecondTurn {
 }  // namespace
 
 int RunSecondTurn(const SecondTurnOptions& options) {
-  return BenchRun::Main("second-turn", [&](BenchRun& run) { return SecondTurn(options, run).Run(); });
+  return BenchRun::Main("--generate --second-turn", [&](BenchRun& run) { return SecondTurn(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

@@ -14,6 +14,7 @@ namespace warmpool::bench {
 
 struct SecondTurnOptions {
   std::string daemon;  // warmpoold binary; empty: next to warmpool-bench
+  std::string backend = "host";  // warmpoold --backend
   uint32_t model_mib = 256;
   uint32_t history = 2048;  // tokens of the first turn's prompt, roughly
   uint32_t tokens = 16;     // the first turn's answer

@@ -468,7 +468,7 @@ class Sharing {
 }  // namespace
 
 int RunSharing(const SharingOptions& options) {
-  return BenchRun::Main(" --sharing", [&](BenchRun& run) { return Sharing(options, run).Run(); });
+  return BenchRun::Main("--sharing", [&](BenchRun& run) { return Sharing(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

@@ -60,7 +60,7 @@ int BenchRun::Main(const std::string& mode, const std::function<Status(BenchRun&
   Status s = run.MakeScratch();
   if (s.ok()) s = body(run);
   if (!s.ok()) {
-    std::fprintf(stderr, "warmpool-bench%s: error: %s\n", mode.c_str(), s.ToString().c_str());
+    std::fprintf(stderr, "warmpool-bench%s%s: error: %s\n", mode.empty() ? "" : " ", mode.c_str(), s.ToString().c_str());
     return 1;
   }
   return 0;

@@ -24,7 +24,8 @@ class BenchRun {
   BenchRun(const BenchRun&) = delete;
   BenchRun& operator=(const BenchRun&) = delete;
 
-  // The mode's body, run with a scratch directory ready; prints an error and returns the exit
+  // The mode's body, run with a scratch directory ready; prints an error ("warmpool-bench MODE:
+  // error: ...", MODE the flags that chose it, "--generate --streams" say) and returns the exit
   // status (0, or 1 after an error).
   static int Main(const std::string& mode, const std::function<Status(BenchRun&)>& body);
 

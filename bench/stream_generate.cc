@@ -56,7 +56,7 @@ class StreamGenerate {
                     models, models, std::max(options_.streams, 2u));
     if (options_.kv_cache_tokens != 0) config += fmt::format("kv_cache_tokens = {}\n", options_.kv_cache_tokens);
     if (options_.prefill_stretch != 0) config += fmt::format("prefill_stretch = {}\n", options_.prefill_stretch);
-    if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) return s;
+    if (Status s = run_.StartDaemon(options_.daemon, options_.backend, config); !s.ok()) return s;
     for (uint32_t i = 0; i < std::max(options_.streams, 2u); i++) {
       Result<std::unique_ptr<client::Client>> c = run_.Connect();
       if (!c.ok()) return run_.WithLog(c.status());
@@ -259,7 +259,7 @@ class StreamGenerate {
 }  // namespace
 
 int RunStreamGenerate(const StreamGenerateOptions& options) {
-  return BenchRun::Main("stream-generate", [&](BenchRun& run) { return StreamGenerate(options, run).Run(); });
+  return BenchRun::Main("--generate --streams", [&](BenchRun& run) { return StreamGenerate(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench

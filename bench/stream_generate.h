@@ -20,6 +20,7 @@ namespace warmpool::bench {
 
 struct StreamGenerateOptions {
   std::string daemon;  // warmpoold binary; empty: next to warmpool-bench
+  std::string backend = "host";  // warmpoold --backend
   uint32_t streams = 8;
   uint32_t model_mib = 256;
   uint32_t prompt = 32;

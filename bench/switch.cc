@@ -138,7 +138,7 @@ class Switch {
 }  // namespace
 
 int RunSwitch(const SwitchOptions& options) {
-  return BenchRun::Main("switch", [&](BenchRun& run) { return Switch(options, run).Run(); });
+  return BenchRun::Main("--switch", [&](BenchRun& run) { return Switch(options, run).Run(); });
 }
 
 }  // namespace warmpool::bench
