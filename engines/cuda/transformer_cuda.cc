@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -113,21 +112,20 @@ class CudaModel final : public GpuModel {
   uint32_t context() const override { return context_; }
   const GpuPlan& plan() const override { return plan_; }
 
-  void CopyBlock(uint32_t from, uint32_t to) override {
+  Status CopyBlock(uint32_t from, uint32_t to) override {
     if (from >= plan_.blocks || to >= plan_.blocks) {
-      pending_ = Error(Code::kInternal, "a copy of KV block {} to {} of {}", from, to, plan_.blocks);
-      return;
+      return Error(Code::kInternal, "a copy of KV block {} to {} of {}", from, to, plan_.blocks);
     }
+    WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     const uint64_t bytes = plan_.block_floats * sizeof(float);
-    const cudaError_t e = cudaMemcpyAsync(At<uint8_t>(plan_.pool) + to * bytes, At<uint8_t>(plan_.pool) + from * bytes,
-                                          bytes, cudaMemcpyDeviceToDevice, stream_);
-    if (e != cudaSuccess && pending_.ok()) pending_ = Check(e, "copy of a shared KV block");
+    return Check(cudaMemcpyAsync(At<uint8_t>(plan_.pool) + to * bytes, At<uint8_t>(plan_.pool) + from * bytes, bytes,
+                                 cudaMemcpyDeviceToDevice, stream_),
+                 "copy of a shared KV block");
   }
 
   Status Step(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
               std::span<int32_t> argmax) override {
     if (Status s = CheckStep(tokens, runs, out, argmax); !s.ok()) return s;
-    if (Status s = std::exchange(pending_, OkStatus()); !s.ok()) return s;
     WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     (void)cudaGetLastError();  // an error an earlier call left on this thread is not this call's
     // Every row's token, position and table, and the tables, in one copy (GpuPlan::ints).
@@ -320,7 +318,15 @@ class CudaModel final : public GpuModel {
       if (Status s = Project(finals, count, weights_.lm_head, logits, c.vocab_size, false); !s.ok()) return s;
     }
     std::vector<int32_t> tokens(count, -1);
-    for (uint32_t i = 0; i < count; ++i) {
+    const bool all_logits = std::all_of(runs.begin(), runs.end(), [](const GpuRun& run) {
+      return run.want == GpuRun::Want::kLogits;
+    });
+    if (all_logits) {  // a decode step's usual case: one copy
+      WP_CUDA_TRY(cudaMemcpyAsync(out.data(), logits, uint64_t{count} * c.vocab_size * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_),
+                  "copy of the logits");
+    }
+    for (uint32_t i = 0; i < count && !all_logits; ++i) {
       const uint64_t width = runs[i].want == GpuRun::Want::kHidden ? c.hidden_size : c.vocab_size;
       const float* from = (runs[i].want == GpuRun::Want::kHidden ? finals : logits) + i * width;
       switch (runs[i].want) {
@@ -358,7 +364,6 @@ class CudaModel final : public GpuModel {
   wp_region workspace_{nullptr, 0, -1};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  Status pending_;  // a block copy's failure, the next step's error
 };
 
 #undef WP_CUDA_TRY

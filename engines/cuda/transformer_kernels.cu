@@ -114,6 +114,7 @@ __global__ void Attend(const float* q, PagedRows paged, uint32_t layer, Attentio
   float* query = shared;                    // head_dim
   float* weights = shared + shape.head_dim;  // kTile
   __shared__ float scratch[32];
+  __shared__ const float* value_rows[kTile];  // each position's values in this tile, found once
   const uint32_t h = blockIdx.x, r = blockIdx.y;
   const auto position = static_cast<uint32_t>(paged.positions[r]);
   const uint32_t first = shape.window != 0 && position + 1 > shape.window
@@ -135,6 +136,7 @@ __global__ void Attend(const float* q, PagedRows paged, uint32_t layer, Attentio
     const uint32_t j = tile + threadIdx.x;
     float score = -INFINITY;
     if (j <= position) {
+      value_rows[threadIdx.x] = Cached(paged, r, j, layer, 1) + kv_offset;
       const float* key = Cached(paged, r, j, layer, 0) + kv_offset;
       float dot = 0;
       for (uint32_t d = 0; d < shape.head_dim; d++) dot += query[d] * key[d];
@@ -144,7 +146,7 @@ __global__ void Attend(const float* q, PagedRows paged, uint32_t layer, Attentio
     const float new_max = fmaxf(running_max, tile_max);
     const float weight = j <= position ? expf(score - new_max) : 0.0f;
     weights[threadIdx.x] = weight;
-    const float tile_sum = BlockReduce(weight, scratch, Sum{});  // its barriers publish weights[]
+    const float tile_sum = BlockReduce(weight, scratch, Sum{});  // its barriers publish weights[], value_rows[]
     const float rescale = expf(running_max - new_max);          // 0 on the first tile
     running_sum = running_sum * rescale + tile_sum;
     running_max = new_max;
@@ -153,10 +155,10 @@ __global__ void Attend(const float* q, PagedRows paged, uint32_t layer, Attentio
       const uint32_t d = threadIdx.x + slot * kTile;
       if (d >= shape.head_dim) break;
       float sum = accumulated[slot] * rescale;
-      for (uint32_t t = 0; t < count; t++) sum += weights[t] * Cached(paged, r, tile + t, layer, 1)[kv_offset + d];
+      for (uint32_t t = 0; t < count; t++) sum += weights[t] * value_rows[t][d];
       accumulated[slot] = sum;
     }
-    __syncthreads();  // weights[] is rewritten by the next tile
+    __syncthreads();  // weights[] and value_rows[] are rewritten by the next tile
   }
   float* my_out = out + r * q_size + uint64_t{h} * shape.head_dim;
   for (uint32_t slot = 0; slot < kSlots; slot++) {

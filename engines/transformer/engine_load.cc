@@ -84,7 +84,10 @@ Status StartOnDevice(TransformerEngine& e) {
     SayWhereItRuns(e, e.sequence->Describe());
     return OkStatus();
   }
-  SayWhereItRuns(e, "weights on the GPU, computed on the CPU from a host copy: " + why);
+  // Outside the device budget, as the copy is: the CPU's KV pool, as many positions as the GPU's.
+  SayWhereItRuns(e, fmt::format("weights on the GPU, computed on the CPU from a host copy and a KV cache of {} "
+                                "positions in host memory: {}",
+                                uint64_t{KvPoolBlocks(e.context, e.sequences, e.kv_tokens)} * kKvBlockTokens, why));
   try {
     e.host_copy.reset(new uint8_t[e.packed.region_bytes]);
   } catch (const std::bad_alloc&) {
@@ -115,7 +118,7 @@ Status BindEngine(TransformerEngine& e) {
 }
 
 Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes) {
-  if (!e.kv_pool || !e.model) {
+  if (!e.kv_pool || !e.model || !e.kv_pool->floats_here()) {
     return Error(Code::kFailedPrecondition, "model \"{}\" keeps no KV cache another instance's could replace",
                  e.name);
   }

@@ -127,8 +127,9 @@ class GpuModel {
   virtual Status Step(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
                       std::span<int32_t> argmax) = 0;
   // Block `from`'s keys and values copied into block `to` (a shared block, before one sequence
-  // writes it), queued before the next step; a failure is that step's error.
-  virtual void CopyBlock(uint32_t from, uint32_t to) = 0;
+  // writes it), queued before the next step. An error: the copy was not queued (one that fails on
+  // the device fails the next step, as any fault there does).
+  virtual Status CopyBlock(uint32_t from, uint32_t to) = 0;
   // Where it runs, for the log.
   virtual std::string Describe() const = 0;
 };

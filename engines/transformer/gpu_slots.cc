@@ -1,11 +1,25 @@
 #include "engines/transformer/gpu_slots.h"
 
 #include <algorithm>
+#include <limits>
+
+#include "engines/transformer/generation.h"
 
 namespace warmpool::transformer {
 
+// A step carries at most kGpuChunkRows of prompts beside one row a decoding sequence
+// (sequence_slots.h's budgets), which the plan's rows hold.
+static_assert(kPrefillPiece <= kGpuChunkRows && kStepPromptTokens <= kGpuChunkRows);
+
 Status StepOnGpu(GpuModel& model, std::span<const GpuCacheRun> runs, std::span<float> out, std::span<int32_t> argmax) {
   const uint32_t vocab = model.config().vocab_size;
+  // What the model refuses is refused before any cache prepares (which forgets what a position held).
+  uint64_t rows = 0;
+  for (const GpuCacheRun& run : runs) rows += run.tokens.size();
+  if (runs.empty() || runs.size() > model.plan().sequences || rows > model.plan().rows) {
+    return Error(Code::kInvalidArgument, "a step of {} runs and {} rows (at most {} and {})", runs.size(), rows,
+                 model.plan().sequences, model.plan().rows);
+  }
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].cache == nullptr || runs[i].tokens.empty()) {
       return Error(Code::kInvalidArgument, "run {} of the step has no {}", i, runs[i].cache ? "tokens" : "cache");
@@ -13,7 +27,6 @@ Status StepOnGpu(GpuModel& model, std::span<const GpuCacheRun> runs, std::span<f
     for (size_t j = 0; j < i; ++j) {
       if (runs[j].cache == runs[i].cache) return Error(Code::kInvalidArgument, "a cache is in the step twice");
     }
-    // Before any cache prepares (which forgets what a position held): a bad token changes nothing.
     for (int32_t token : runs[i].tokens) {
       if (token < 0 || static_cast<uint32_t>(token) >= vocab) {
         return Error(Code::kInvalidArgument, "token {} is outside the vocabulary of {}", token, vocab);
@@ -48,7 +61,7 @@ Status StepOnGpu(GpuModel& model, std::span<const GpuCacheRun> runs, std::span<f
 
 Result<std::unique_ptr<KvPool>> MakeGpuPool(GpuModel& model) {
   return KvPool::MakeElsewhere(model.config(), model.plan().blocks,
-                               [&model](uint32_t from, uint32_t to) { model.CopyBlock(from, to); });
+                               [&model](uint32_t from, uint32_t to) { return model.CopyBlock(from, to); });
 }
 
 Status GpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {
@@ -59,7 +72,16 @@ Status GpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::s
                     run.argmax_only ? GpuRun::Want::kArgMax : GpuRun::Want::kLogits});
   }
   std::fill(argmax.begin(), argmax.begin() + static_cast<ptrdiff_t>(runs.size()), -1);
-  return StepOnGpu(model_, step, logits.first(runs.size() * uint64_t{model_.config().vocab_size}), argmax);
+  const uint32_t vocab = model_.config().vocab_size;
+  if (Status s = StepOnGpu(model_, step, logits.first(runs.size() * uint64_t{vocab}), argmax); !s.ok()) return s;
+  // A run that wanted its argmax alone and found no logit that is a number: its logits (not copied
+  // back) say so too, so that its sequence fails as one does on the CPU, not on a row of zeros.
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].argmax_only && argmax[i] < 0) {
+      std::fill_n(logits.begin() + static_cast<ptrdiff_t>(i * vocab), vocab, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+  return OkStatus();
 }
 
 Status GpuSequence::Run(std::span<const int32_t> tokens, uint32_t start, GpuRun::Want want, std::span<float> out,

@@ -23,8 +23,10 @@
 namespace warmpool::transformer {
 
 // One step on the GPU model: each run's cache prepared, the step run, the positions committed. The
-// caches must differ. out and argmax as GpuModel::Step has them. A failure leaves every cache as
-// it was before (nothing committed; KvCache::Prepare's note says what it leaves).
+// caches must differ. out and argmax as GpuModel::Step has them. What the model would refuse (too
+// many runs or rows, a token outside the vocabulary, a run past its context or after a gap) is
+// refused before any cache changes. A failure after that (no block left, the step itself) commits
+// nothing: each cache then holds the positions before its run's start (KvCache::Prepare).
 struct GpuCacheRun {
   KvCache* cache = nullptr;
   std::span<const int32_t> tokens;

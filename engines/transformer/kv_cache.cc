@@ -73,13 +73,11 @@ void KvPool::RestorePrefixes() {
 KvPool::KvPool(const Config& config, uint32_t blocks, KvRegion region)
     : layers_(config.num_hidden_layers), kv_size_(config.kv_size()), blocks_(blocks), region_(std::move(region)) {}
 
-void KvPool::Copy(uint32_t from, uint32_t to) {
-  if (copy_elsewhere_) {
-    copy_elsewhere_(from, to);
-    return;
-  }
+Status KvPool::Copy(uint32_t from, uint32_t to) {
+  if (copy_elsewhere_) return copy_elsewhere_(from, to);
   const uint64_t floats = region_.BlockFloats();
   std::memcpy(region_.data() + to * floats, region_.data() + from * floats, floats * sizeof(float));
+  return OkStatus();
 }
 
 namespace {
@@ -121,7 +119,10 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
     // block means the pool has one to spare (KvPoolBlocks counts each cache's blocks whole).
     const std::optional<uint32_t> copy = blocks.Take();
     if (!copy) return Error(Code::kResourceExhausted, "the KV cache's {} blocks are all in use", blocks.count());
-    pool_->Copy(block, Taken(*copy));
+    if (Status s = pool_->Copy(block, Taken(*copy)); !s.ok()) {
+      blocks.Release(*copy);  // the table still names the shared block, whose positions stay good
+      return s;
+    }
     blocks.Release(block);
     table_[i] = *copy;
   }

@@ -49,9 +49,10 @@ class KvPool {
   static Result<std::unique_ptr<KvPool>> Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes);
   // A pool whose keys and values live elsewhere, in the layout a KvRegion's RowsAt gives (a GPU's
   // memory, engines/transformer/gpu_slots.h): only its bookkeeping and records are here, and
-  // `copy` copies one block's keys and values to another there. Such a pool's caches import
-  // nothing from a dead worker's region (Import), and its region is never exported.
-  using BlockCopy = std::function<void(uint32_t from, uint32_t to)>;
+  // `copy` copies one block's keys and values to another there (an error: the copy was not made).
+  // Such a pool's caches import nothing from a dead worker's region (Import), and its region is
+  // never exported.
+  using BlockCopy = std::function<Status(uint32_t from, uint32_t to)>;
   static Result<std::unique_ptr<KvPool>> MakeElsewhere(const Config& config, uint32_t blocks, BlockCopy copy);
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
@@ -67,7 +68,7 @@ class KvPool {
   float* key(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 0, offset); }
   float* value(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 1, offset); }
   // Every layer's keys and values of `from` into `to` (a shared block copied before it is written).
-  void Copy(uint32_t from, uint32_t to);
+  Status Copy(uint32_t from, uint32_t to);
 
  private:
   KvPool(const Config& config, uint32_t blocks, KvRegion region);

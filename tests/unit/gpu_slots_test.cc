@@ -7,6 +7,7 @@
 // rewritten, as the device would find them. The kernels themselves are checked on a GPU
 // (transformer_gpu_test).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -14,6 +15,7 @@
 
 #include "engines/transformer/gpu_slots.h"
 #include "engines/transformer/kv_cache.h"
+#include "engines/transformer/sampler.h"
 
 namespace warmpool::testing {
 namespace {
@@ -61,17 +63,22 @@ class DeviceDouble final : public GpuModel {
     // What the real model refuses, so that the host never asks it.
     EXPECT_LE(tokens.size(), plan_.rows) << "a step of more rows than the plan's";
     EXPECT_LE(runs.size(), plan_.sequences);
+    if (fail_steps) return Status(Code::kInternal, "the device double fails its steps");
     steps++;
+    // As the device: every row's keys and values stored, then every row's attention.
     uint64_t row = 0;
+    for (const GpuRun& run : runs) {
+      EXPECT_GE(run.table.size(), transformer::KvBlocksOf(run.start + run.rows)) << "a table short of the run";
+      for (uint32_t p = run.start; p < run.start + run.rows; ++p) Cell(run.table, p) = tokens[row++];
+    }
     for (size_t i = 0; i < runs.size(); ++i) {
       const GpuRun& run = runs[i];
       const uint32_t end = run.start + run.rows;
-      EXPECT_GE(run.table.size(), transformer::KvBlocksOf(end)) << "a table short of the run's positions";
-      for (uint32_t p = run.start; p < end; ++p) Cell(run.table, p) = tokens[row++];
       std::vector<int32_t> seen;
       for (uint32_t p = 0; p < end; ++p) seen.push_back(Cell(run.table, p));
       const int32_t digest = Digest(seen);
-      if (run.want == GpuRun::Want::kArgMax) argmax[i] = digest;
+      // A token this double takes for a model gone wrong: no logit that is a number.
+      if (run.want == GpuRun::Want::kArgMax) argmax[i] = seen.back() == kBroken ? -1 : digest;
       if (run.want == GpuRun::Want::kLogits) {
         std::fill_n(out.begin() + i * kVocab, kVocab, 0.0f);
         out[i * kVocab + digest] = 1.0f;
@@ -81,15 +88,20 @@ class DeviceDouble final : public GpuModel {
     EXPECT_EQ(row, tokens.size());
     return OkStatus();
   }
-  void CopyBlock(uint32_t from, uint32_t to) override {
+  Status CopyBlock(uint32_t from, uint32_t to) override {
+    if (fail_copies) return Status(Code::kInternal, "the device double fails its copies");
     copies++;
     std::copy_n(cells_.begin() + uint64_t{from} * kKvBlockTokens, kKvBlockTokens,
                 cells_.begin() + uint64_t{to} * kKvBlockTokens);
+    return OkStatus();
   }
   std::string Describe() const override { return "the device double"; }
 
   int steps = 0;
   int copies = 0;
+  bool fail_steps = false;
+  bool fail_copies = false;
+  static constexpr int32_t kBroken = kVocab - 1;
 
  private:
   int32_t& Cell(std::span<const uint32_t> table, uint32_t position) {
@@ -243,6 +255,81 @@ TEST_F(GpuSlotsTest, ASequencesLongPromptGoesInPiecesOfAStep) {
   EXPECT_EQ(hidden[0], static_cast<float>(Digest(history)));
   EXPECT_EQ(sequence.Forward(history, 2, logits).code(), Code::kInvalidArgument) << "past the context";
   EXPECT_EQ(sequence.Forward({}, 0, logits).code(), Code::kInvalidArgument) << "no tokens";
+}
+
+// Greedy decoding whose argmax the device could not find (every logit NaN or -inf): the run's
+// logits, not copied back, say so as well, so that its sequence fails as on the CPU instead of
+// choosing token 0 from a row of zeros.
+TEST_F(GpuSlotsTest, AnArgmaxTheDeviceCannotFindLeavesLogitsThatAreNoNumbers) {
+  const std::vector<int32_t> fine = Tokens(3, 9);
+  const std::vector<int32_t> broken{1, 2, DeviceDouble::kBroken};
+  std::vector<transformer::SequenceSlots::Run> runs{{0, fine, 0, true}, {1, broken, 0, true}};
+  std::vector<float> logits(2 * uint64_t{kVocab}, 0.0f);
+  std::vector<int32_t> argmax(2, -7);
+  ASSERT_TRUE(slots_->Step(runs, logits, argmax).ok());
+  EXPECT_EQ(argmax[0], Digest(fine));
+  EXPECT_EQ(argmax[1], -1);
+  EXPECT_TRUE(std::all_of(logits.begin() + kVocab, logits.end(), [](float x) { return std::isnan(x); }));
+  EXPECT_FALSE(transformer::ArgMaxToken({logits.data() + kVocab, kVocab}).ok()) << "the sequence fails";
+}
+
+// A step that fails on the device, or a shared block whose copy cannot be made, commits nothing:
+// each cache holds what it held before the run's start, and the same step then runs.
+TEST_F(GpuSlotsTest, AFailedStepOrCopyCommitsNothing) {
+  const std::vector<int32_t> prompt = Tokens(130, 10);
+  Step({{0, prompt, 0}});
+  ASSERT_EQ(slots_->Reuse(1, prompt, nullptr), 2 * kKvBlockTokens);
+  const int32_t next = 5;
+  std::vector<float> logits(uint64_t{kVocab});
+  std::vector<int32_t> argmax(1);
+  device_->fail_steps = true;
+  std::vector<transformer::SequenceSlots::Run> runs{{0, {&next, 1}, 130}};
+  EXPECT_EQ(slots_->Step(runs, logits, argmax).code(), Code::kInternal);
+  EXPECT_EQ(first_->length(), 130u) << "nothing committed";
+  device_->fail_steps = false;
+  std::vector<int32_t> history = prompt;
+  history.push_back(next);
+  EXPECT_EQ(Step({{0, {&next, 1}, 130}})[0], Digest(history));
+
+  // Slot 1 rewrites a block it shares with slot 0: the copy fails, and the shared block stays its.
+  device_->fail_copies = true;
+  runs = {{1, {prompt.data() + 100, 30}, 100}};
+  EXPECT_EQ(slots_->Step(runs, logits, argmax).code(), Code::kInternal);
+  device_->fail_copies = false;
+  EXPECT_EQ(Step({{1, {prompt.data() + 100, 30}, 100}})[0], Digest(prompt)) << "copied now, and intact";
+  EXPECT_EQ(Step({{0, {&next, 1}, 131}})[0], Digest([&] {
+              history.push_back(next);
+              return history;
+            }())) << "slot 0's blocks untouched";
+  EXPECT_TRUE(pool_->blocks().Consistent());
+}
+
+// A pool too small for two prompts at once: the second run's cache finds no block, and the step
+// commits neither; the first then runs alone.
+TEST(GpuSlotsPoolTest, APoolWithNoBlockLeftFailsTheStepAndCommitsNeither) {
+  constexpr uint32_t kContext = 512;
+  DeviceDouble device(kContext, 2, transformer::KvPoolBlocks(kContext, 2, kContext));
+  Result<std::unique_ptr<transformer::KvPool>> pool = transformer::MakeGpuPool(device);
+  ASSERT_TRUE(pool.ok());
+  transformer::KvCache first(**pool, kContext);
+  transformer::GpuSlots slots(device, **pool, first, 2);
+  const std::vector<int32_t> a = Tokens(200, 11), b = Tokens(130, 12), a_rest = Tokens(60, 13),
+                             b_rest = Tokens(70, 14);
+  std::vector<float> logits(2 * uint64_t{kVocab});
+  std::vector<int32_t> argmax(2);
+  std::vector<transformer::SequenceSlots::Run> runs{{0, a, 0}};
+  ASSERT_TRUE(slots.Step(runs, logits, argmax).ok());
+  runs = {{1, b, 0}};
+  ASSERT_TRUE(slots.Step(runs, logits, argmax).ok());  // 4 and 3 blocks of the pool's 8
+  runs = {{0, a_rest, 200}, {1, b_rest, 130}};           // a fifth block each
+  EXPECT_EQ(slots.Step(runs, logits, argmax).code(), Code::kResourceExhausted);
+  EXPECT_EQ(device.steps, 2);
+  EXPECT_EQ(first.length(), 200u);
+  runs = {{0, a_rest, 200}};
+  std::vector<int32_t> history = a;
+  history.insert(history.end(), a_rest.begin(), a_rest.end());
+  EXPECT_TRUE(slots.Step(runs, logits, argmax).ok());
+  EXPECT_EQ(std::max_element(logits.begin(), logits.begin() + kVocab) - logits.begin(), Digest(history));
 }
 
 }  // namespace

@@ -310,7 +310,14 @@ TEST_F(TransformerGpuTest, SequencesSteppedTogetherMatchEachAloneOnTheCpu) {
           ASSERT_TRUE(cpu.Forward({&next[s], 1}, static_cast<uint32_t>(history[s].size()), want).ok());
           history[s].push_back(next[s]);
           if (s == 1) {
-            EXPECT_EQ(argmax[s], *transformer::ArgMaxToken(want)) << "the argmax on the device, round " << round;
+            // The device's choice is the CPU's best within the dtype's rounding (two close logits
+            // may swap in 16 bits).
+            ASSERT_GE(argmax[s], 0);
+            double scale = 1;
+            for (float w : want) scale = std::max(scale, double{std::fabs(w)});
+            const float best = want[*transformer::ArgMaxToken(want)];
+            EXPECT_LE(best - want[argmax[s]], dtype == DType::F32 ? 0.0 : Tolerance(dtype) * scale)
+                << "the argmax on the device, round " << round;
           } else {
             EXPECT_LE(WorstError({got.begin() + s * vocab, got.begin() + (s + 1) * vocab}, want), Tolerance(dtype))
                 << "decode round " << round << " of sequence " << s;
@@ -327,6 +334,18 @@ TEST_F(TransformerGpuTest, SequencesSteppedTogetherMatchEachAloneOnTheCpu) {
       transformer::KvCache fresh(config, kContext);
       ASSERT_TRUE(transformer::CpuSequence(model, fresh).Forward(longer, 0, want).ok());
       EXPECT_LE(WorstError({got.begin(), got.begin() + vocab}, want), Tolerance(dtype)) << "after a reused prefix";
+      // Slot 1 takes the same prefix while slot 2 holds it, then rewrites positions 100 on: the
+      // shared second block is copied on the device first, and both go on as the CPU does.
+      slots.Free(1);
+      ASSERT_EQ(slots.Reuse(1, longer, nullptr), 128u);
+      runs = {{1, {longer.data() + 100, 30}, 100}};
+      ASSERT_TRUE(slots.Step(runs, got, argmax).ok());
+      EXPECT_LE(WorstError({got.begin(), got.begin() + vocab}, want), Tolerance(dtype)) << "over a copied block";
+      const int32_t after = token(generator);
+      runs = {{2, {&after, 1}, 130}};
+      ASSERT_TRUE(slots.Step(runs, got, argmax).ok());
+      ASSERT_TRUE(transformer::CpuSequence(model, fresh).Forward({&after, 1}, 130, want).ok());
+      EXPECT_LE(WorstError({got.begin(), got.begin() + vocab}, want), Tolerance(dtype)) << "the other holder's blocks";
     }
   }
 }
