@@ -174,6 +174,11 @@ uint64_t Engine::KvRefusedBlocks() {
   return refused;
 }
 
+uint32_t Engine::PreemptedBlocks(const wp_sequence* sequence) {
+  if (instance_ == nullptr || vtable_->abi_version < 13 || vtable_->preempted == nullptr) return 0;
+  return vtable_->preempted(instance_, sequence);
+}
+
 Status Engine::AdoptCache(int handle, uint64_t bytes) {
   if (instance_ == nullptr) return Error(Code::kFailedPrecondition, "engine is closed");
   if (vtable_->abi_version < 11 || vtable_->adopt_cache == nullptr) {

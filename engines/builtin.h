@@ -69,6 +69,9 @@ class Engine {
   // When the last OpenSequence was refused for want of room in the KV cache, the blocks it would
   // have needed (engine ABI version 12); 0 after any other outcome, or when the engine cannot say.
   uint64_t KvRefusedBlocks();
+  // After a step that ended `sequence`: the blocks it needs to go on when its engine preempted it
+  // for room in the KV cache (engine ABI version 13), else 0.
+  uint32_t PreemptedBlocks(const wp_sequence* sequence);
   // The KV cache an earlier instance of these weights exported and left cleanly, taken over as this
   // one's (engine ABI version 11); the caller keeps `handle`. FAILED_PRECONDITION where the engine
   // adopts none.

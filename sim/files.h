@@ -36,6 +36,10 @@ inline constexpr uint32_t kSimSequences = 3;
 // The words a worker refuses a generation with for want of KV room: never a client's answer (the
 // core sends it again once there is room).
 inline constexpr const char* kSimNoKvRoom = "no KV room";
+// How often, per step, an engine preempts a generation the core said it may while another of the
+// model's generations waits on the worker (engine ABI version 13): handed back mid-stream, it must
+// go on after the tokens its client has, none twice and none missing.
+inline constexpr uint32_t kPreemptPerMille = 40;
 
 // What a header says.
 struct Described {

@@ -202,6 +202,17 @@ void Simulator::StartGeneration(Worker& w, uint64_t job, WorkerJob work) {
   });
 }
 
+// An engine preempts a generation the core said it may (WorkerInfer.preemptible) when others want
+// its blocks: here, now and then, while another of the model's generations waits on this worker.
+bool Simulator::PreemptsFor(const Worker& w, const v1::WorkerInfer& infer, uint32_t step) {
+  if (!infer.preemptible() || !infer.batch() || step == 0) return false;
+  const bool others = std::any_of(w.serving.begin(), w.serving.end(), [&](const WorkerJob& work) {
+    return work.message.has_infer() && work.message.infer().has_generate() &&
+           work.message.infer().model() == infer.model();
+  });
+  return others && rng_.Chance(kPreemptPerMille);
+}
+
 void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job, uint32_t step, WorkerJob work) {
   Worker& w = workers_[slot];
   if (w.generation != generation || w.state != Worker::State::kUp || w.serving_job != job) return;
@@ -257,6 +268,25 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
     }
     w.cancelled.erase(job);
     w.serving_job = 0;
+    ReplyToCore(w, std::move(reply));
+    return StartServing(w);
+  }
+  if (!embed && PreemptsFor(w, in, step)) {
+    // Preempted for room (engine ABI version 13): its blocks given back, nothing of this step sent,
+    // handed back to go on after the chunks sent, as the engine's step and the worker do it.
+    v1::WorkerEnvelope reply;
+    v1::WorkerInferDone* done = reply.mutable_infer_done();
+    done->set_job(job);
+    done->mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
+    done->mutable_error()->set_message(fmt::format("{}: preempted after {} steps", kSimNoKvRoom, step));
+    done->set_kv_full(true);
+    done->set_kv_blocks(KvBlocksToGoOn(engine->second, job));
+    CloseKvSequence(engine->second, job);
+    ReportKvUsage(engine->second, done->mutable_kv_usage());
+    w.cancelled.erase(job);
+    w.serving_job = 0;
+    outcome_.kv_waits++;
+    outcome_.preemptions++;
     ReplyToCore(w, std::move(reply));
     return StartServing(w);
   }

@@ -132,6 +132,12 @@ void Simulator::StepKvSequence(Engine& e, uint64_t job, uint32_t step) {
   cache.Commit(at, {&token, 1});
 }
 
+uint32_t Simulator::KvBlocksToGoOn(const Engine& e, uint64_t job) const {
+  if (e.kv == nullptr) return 1;
+  auto it = e.kv->sequences.find(job);
+  return it == e.kv->sequences.end() ? 1 : std::max(1u, transformer::KvBlocksOf(uint64_t{it->second->length()} + 1));
+}
+
 void Simulator::CloseKvSequence(Engine& e, uint64_t job) {
   if (e.kv == nullptr) return;
   e.kv->sequences.erase(job);

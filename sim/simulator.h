@@ -56,6 +56,7 @@ struct Outcome {
   uint64_t replies_ok = 0;         // successful infer replies checked
   uint64_t worker_deaths = 0;
   uint64_t kv_waits = 0;           // generations a worker sent back for want of KV room
+  uint64_t preemptions = 0;        // of them, preempted mid-generation (engine ABI version 13)
   uint64_t restarts = 0;           // of the supervisor
   uint64_t adopted = 0;            // models adopted warm by the supervisors after them
   std::vector<std::string> trace;  // the last lines before a failure
@@ -273,6 +274,10 @@ class Simulator {
   void OpenKvSequence(Engine& e, uint64_t job, const v1::WorkerInfer& infer);
   void StepKvSequence(Engine& e, uint64_t job, uint32_t step);
   static void CloseKvSequence(Engine& e, uint64_t job);
+  // The blocks a generation holds once its next step is done: what a preempted one needs to go on.
+  uint32_t KvBlocksToGoOn(const Engine& e, uint64_t job) const;
+  // Whether this step of the generation is where its engine preempts it for others (generate.cc).
+  bool PreemptsFor(const Worker& w, const v1::WorkerInfer& infer, uint32_t step);
   // A generation arriving at a worker, admitted by the blocks it may come to need, as the engine
   // admits one: false when refused (its answer, kv_full, is sent).
   bool AdmitKvSequence(Worker& w, const WorkerJob& work);

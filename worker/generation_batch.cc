@@ -9,7 +9,9 @@
 //     unload, a park, another model's request) is answered first, after the batch, and nothing
 //     behind it overtakes it;
 //   - one the engine refuses for want of room in its KV cache while others run goes back to the
-//     supervisor (WorkerInferDone.kv_full), which sends it again where there is room;
+//     supervisor (WorkerInferDone.kv_full), which sends it again where there is room; so does one
+//     the engine preempts to make room for older ones (engine ABI version 13), after the chunks it
+//     sent, to be resumed after them;
 //   - a generation ends when its engine says so (an end token, a stop string, its limit, an error),
 //     when it is cancelled (its client left), or when its deadline passes;
 //   - a failure of the pass itself ends every generation of it with that error.
@@ -107,6 +109,15 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     r.stream->Finish(std::move(result), past_deadline, r.cached_tokens);
     running.erase(running.begin() + static_cast<ptrdiff_t>(i));
   };
+  // Preempted by its engine for room: closed here, handed back after the chunks it sent.
+  auto preempt = [&](size_t i, const wp_sequence_step& step, uint32_t blocks) {
+    Running& r = running[i];
+    engine->CloseSequence(r.sequence);
+    marks_.Release(r.mark);
+    cancelled_.erase(r.stream->job());
+    hand_back(r.stream->job(), StatusFromWp(step.status, step.error), blocks);
+    running.erase(running.begin() + static_cast<ptrdiff_t>(i));
+  };
   // Stopped from outside (its client, its deadline): what it made so far stands.
   auto stopped = [](const Running& r) {
     return wp_generate_result{WP_FINISH_CANCELLED, r.prompt_tokens, r.completion_tokens};
@@ -126,6 +137,9 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       running[i].cached_tokens = steps[i].cached_tokens;
       if (!pass.ok()) {
         end(i, pass, false);
+      } else if (const uint32_t blocks = steps[i].ended != 0 ? engine->PreemptedBlocks(running[i].sequence) : 0;
+                 blocks != 0) {
+        preempt(i, steps[i], blocks);
       } else if (steps[i].ended != 0) {
         end(i, steps[i].status == WP_OK ? Result<wp_generate_result>(steps[i].result)
                                         : StatusFromWp(steps[i].status, steps[i].error),

@@ -279,11 +279,14 @@ wp_status StepCall(wp_engine* engine, wp_sequence_step* sequences, uint32_t coun
 
 void CloseSequenceCall(wp_engine* engine, wp_sequence* sequence) { CloseSequence(*As(engine), sequence); }
 
+uint32_t PreemptedCall(wp_engine*, const wp_sequence* sequence) { return PreemptedBlocks(sequence); }
+
 const wp_engine_vtable kTransformerVtable = {
     WP_ENGINE_ABI_VERSION, "transformer",     &OpenCall,   &LoadCall,          &InferCall,
     &CloseCall,            &ExportCall,       &AttachCall, &DescribeCall,      &GenerateCall,
     &EmbedCall,            &SignatureCall,    &RunCall,    &OpenSequenceCall,  &StepCall,
     &CloseSequenceCall,    &ExportCacheCall,  &KvUsageCall, &AdoptCacheCall,    &KvReservationsCall,
+    &PreemptedCall,
 };
 
 }  // namespace

@@ -20,6 +20,9 @@ struct wp_sequence {
   warmpool::transformer::TextSequence text;
   uint32_t slot = 0;
   uint32_t reserved = 0;  // blocks of the KV pool it may come to need (TransformerEngine::kv_reserved)
+  uint64_t age = 0;       // when it opened (TransformerEngine::opened): the youngest is preempted first
+  bool preemptible = false;
+  uint32_t preempted = 0;  // a step preempted it: the blocks it needs to go on
   bool failed = false;    // a step failed it: it takes no more steps
   bool reported = false;  // a step said it ended: it takes no more steps
 };
@@ -135,6 +138,64 @@ Result<TextRequest> TextRequestFrom(const TransformerEngine& e, const wp_generat
   return request;
 }
 
+// What a preemptible sequence holds once its next step is done: its prompt's positions, and the one
+// its first token goes to (none beyond what it can ever write).
+uint32_t FirstBlocks(const TokenSequence& t) {
+  return KvBlocksOf(std::min<uint64_t>(uint64_t{t.prefill_tokens()} + 1, t.most_positions()));
+}
+uint32_t BlocksAfterStep(const TokenSequence& t) {
+  return std::max(FirstBlocks(t), KvBlocksOf(std::min<uint64_t>(uint64_t{t.position()} + 1, t.most_positions())));
+}
+
+// Before a step: each preemptible sequence's reservation grown to what it holds once the step is
+// done (a decoding one writes one position; a prompt's pieces are covered from its opening). Where
+// the pool cannot cover that beside the others', the youngest preemptible sequences give way, one
+// at a time: each ends here (wp_sequence::preempted: what it needs to go on), its blocks freed for the
+// step. Sequences admitted by all they may need never grow, so preempting every preemptible one
+// always makes room: the rest were admitted within the pool.
+void GrowReservations(TransformerEngine& e, wp_sequence_step* steps, uint32_t count) {
+  if (!e.preempts || !e.kv_pool) return;
+  std::vector<uint32_t> growing;  // steps' indices of preemptible sequences still running
+  uint64_t more = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    const wp_sequence& s = *steps[i].sequence;
+    if (!s.preemptible || s.text.ended()) continue;
+    growing.push_back(i);
+    more += BlocksAfterStep(s.text.tokens()) - std::min(s.reserved, BlocksAfterStep(s.text.tokens()));
+  }
+  // The youngest last, so that the preempted come off the back.
+  std::sort(growing.begin(), growing.end(), [&](uint32_t a, uint32_t b) {
+    return steps[a].sequence->age < steps[b].sequence->age;
+  });
+  const uint32_t blocks = e.kv_pool->blocks().count();
+  while (e.kv_reserved + more > blocks && !growing.empty()) {
+    wp_sequence_step& step = steps[growing.back()];
+    wp_sequence& s = *step.sequence;
+    growing.pop_back();
+    const TokenSequence& t = s.text.tokens();
+    more -= BlocksAfterStep(t) - std::min(s.reserved, BlocksAfterStep(t));
+    e.kv_reserved -= s.reserved;
+    s.reserved = 0;
+    e.slots->Free(s.slot);  // its blocks, for this step (its published prefix stays cached)
+    s.reported = true;
+    step.ended = 1;
+    s.preempted = std::max(1u, BlocksAfterStep(t));
+    step.status = WpFromStatus(Error(Code::kResourceExhausted,
+                                     "model \"{}\": preempted after {} positions to make room in its KV cache for "
+                                     "older generations; it goes on once {} blocks are free",
+                                     e.name, t.position(), s.preempted),
+                               step.error, sizeof(step.error));
+  }
+  for (uint32_t i : growing) {
+    wp_sequence& s = *steps[i].sequence;
+    const uint32_t after = BlocksAfterStep(s.text.tokens());
+    if (after > s.reserved) {
+      e.kv_reserved += after - s.reserved;
+      s.reserved = after;
+    }
+  }
+}
+
 void SetResult(const TextSequence& text, wp_generate_result& out) {
   static_assert(static_cast<int>(FinishReason::kStop) == WP_FINISH_STOP &&
                 static_cast<int>(FinishReason::kLength) == WP_FINISH_LENGTH &&
@@ -164,7 +225,10 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   // exceed what the open sequences may need, and a shared block counts once). A pool smaller than
   // every sequence's whole context (kv_tokens) refuses the generation until one closes: the worker
   // hands it back to the supervisor, which sends it where there is room (engine ABI version 12).
-  const uint32_t need = e.kv_pool ? KvBlocksOf(text->tokens().most_positions()) : 0;
+  // Preemptible (engine ABI version 13, and only where the pool is shared: preempts): its prompt and
+  // first token's blocks now, the rest as it grows (GrowReservations).
+  const bool preemptible = e.preempts && r.preemptible != 0;
+  const uint32_t need = !e.kv_pool ? 0 : preemptible ? FirstBlocks(text->tokens()) : KvBlocksOf(text->tokens().most_positions());
   if (e.kv_pool && e.kv_reserved + need > e.kv_pool->blocks().count()) {
     e.kv_refused = need;
     return Error(Code::kResourceExhausted,
@@ -187,13 +251,15 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   if (!text->ended()) {
     text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill(), source ? &*source : nullptr));
   }
-  auto* opened = new wp_sequence{std::move(*text), slot, need};
+  auto* opened = new wp_sequence{std::move(*text), slot, need, ++e.opened, preemptible};
   *free = true;
   e.open_sequences++;
   e.kv_reserved += need;
   if (prompt_tokens != nullptr) *prompt_tokens = opened->text.tokens().prompt_tokens();
   return opened;
 }
+
+uint32_t PreemptedBlocks(const wp_sequence* sequence) { return sequence != nullptr ? sequence->preempted : 0; }
 
 void CloseSequence(TransformerEngine& e, wp_sequence* sequence) {
   if (sequence == nullptr) return;
@@ -220,11 +286,15 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
   }
   std::vector<uint32_t> stepped;  // the step's index of each member
   for (uint32_t i = 0; i < count; i++) {
-    wp_sequence& s = *steps[i].sequence;
     steps[i].ended = 0;
     steps[i].status = WP_OK;
     steps[i].result = {};
     steps[i].error[0] = '\0';
+  }
+  GrowReservations(e, steps, count);
+  for (uint32_t i = 0; i < count; i++) {
+    wp_sequence& s = *steps[i].sequence;
+    if (s.preempted != 0) continue;
     // Of the prompt's tokens: a resumed generation may find more, its own tokens after the prompt.
     steps[i].cached_tokens = std::min(s.text.tokens().cached_tokens(), s.text.tokens().prompt_tokens());
     if (s.text.ended()) {  // a resumed generation that was through already: it ends here, running nothing

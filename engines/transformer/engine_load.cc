@@ -166,6 +166,7 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   e.sequences = ServedSequences(spec.sequences);
   e.kv_tokens = spec.kv_tokens;
   const uint32_t pool_blocks = KvPoolBlocks(e.context, e.sequences, e.kv_tokens);
+  e.preempts = pool_blocks < KvPoolBlocks(e.context, e.sequences);
   e.pacer = StepPacer(kStepPromptTokens, kPrefillPiece, spec.prefill_stretch > 0 ? spec.prefill_stretch : kStepLatencyRatio);
   e.slot_used.assign(e.sequences, false);
   info.weight_bytes = e.packed.region_bytes;

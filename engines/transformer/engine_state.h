@@ -50,6 +50,12 @@ struct TransformerEngine {
   uint64_t kv_tokens = 0;
   uint32_t kv_reserved = 0;
   uint32_t kv_refused = 0;  // blocks the last OpenSequence refused for want of them (0: it did not)
+  // A pool smaller than every sequence's whole context admits a generation by its prompt (and its
+  // first token) rather than by all it may come to need; a sequence's reservation grows with its
+  // positions, a step at a time, and when the pool cannot cover the step the youngest sequences are
+  // preempted (engine ABI version 13): ended, their blocks freed, handed back to be resumed later.
+  bool preempts = false;
+  uint64_t opened = 0;  // generations opened so far: a sequence's age
   std::unique_ptr<SequenceSlots> slots;
   StepPacer pacer{kStepPromptTokens, kPrefillPiece};  // how much prompt a step carries beside decodes
   std::vector<bool> slot_used;
@@ -89,6 +95,8 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
 Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t count, wp_step_emit_fn emit,
                      void* emit_ctx);
 void CloseSequence(TransformerEngine& e, wp_sequence* sequence);
+// After a step that ended it: the blocks it needs to go on when the step preempted it (version 13).
+uint32_t PreemptedBlocks(const wp_sequence* sequence);
 Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
                 wp_generate_result& result);
 

@@ -13,7 +13,9 @@
 //   - one whose replica's KV cache has no room for it beside the generations running there (the
 //     engine admits a generation by the blocks it may come to need) comes back unrun and waits at
 //     the front of the queue until a replica says it has that room (RequeueKvRefused, WithKvRoom):
-//     those behind it do not pass it, so a long one is not starved by short ones.
+//     those behind it do not pass it, so a long one is not starved by short ones; so does one its
+//     engine preempted for room for older ones (preemptible: the core can resume it after the
+//     chunks sent), which then goes on after them.
 #include "supervisor/core/core.h"
 #include "supervisor/core/request_check.h"
 
@@ -119,6 +121,9 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   if (stored.embed) *infer->mutable_embed() = *stored.embed;
   // Retried after its worker died: that replica's KV cache goes with it (core/kv_caches.cc).
   infer->set_kv_source(stored.kv_source >= 0);
+  // What the client has, the core can resume after (job.resumable: a stream without tools, whose
+  // chunks are tokens), or the client has nothing yet (no stream): its engine may preempt it.
+  infer->set_preemptible(stored.generate && (stored.resumable || !stored.generate->stream()));
   Send(worker, message, stored.kv_source >= 0 ? std::vector<int>{stored.kv_source} : std::vector<int>{});
 }
 
@@ -173,6 +178,9 @@ bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
   if (!job.generate || job.answered || job.epoch != m.epoch) return false;
   if (sessions_.find(job.call.session) == sessions_.end()) return false;  // nobody waits for it
   if (GenerationsOn(job.model, job.worker) == 0) return false;  // no room comes there by waiting
+  // Preempted mid-stream (engine ABI version 13) after a chunk it cannot resume after (text alone):
+  // going on would send its client text again. The worker was told it could not be (preemptible).
+  if (job.chunks > 0 && !job.resumable) return false;
   // A retry after a crash (one that was not running then still shares its engine's steps) stays one.
   Waiter w{job.call, true, std::move(job.request), job.deadline_ms, job.crashes, job.shared_crashes, job.retry};
   w.generate = std::move(job.generate);

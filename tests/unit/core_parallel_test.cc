@@ -122,27 +122,6 @@ TEST(CoreParallelTest, KvCacheTokensSetThePositionsAdmissionCountsAndTheLoadAsks
 }
 
 
-// What a worker says when its engine had no room for a generation: nothing of it ran.
-v1::WorkerEnvelope NoKvRoom(uint64_t job, uint64_t needed, uint64_t reserved, uint64_t blocks = 4) {
-  v1::WorkerEnvelope m;
-  v1::WorkerInferDone* done = m.mutable_infer_done();
-  done->set_job(job);
-  done->mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
-  done->mutable_error()->set_message("no room in the KV cache");
-  done->set_kv_full(true);
-  done->set_kv_blocks(needed);
-  done->mutable_kv_usage()->set_blocks(blocks);
-  done->mutable_kv_usage()->set_blocks_reserved(reserved);
-  return m;
-}
-
-v1::WorkerEnvelope DoneSaying(uint64_t job, uint64_t reserved, uint64_t blocks = 4) {
-  v1::WorkerEnvelope m = Done(job);
-  m.mutable_infer_done()->mutable_kv_usage()->set_blocks(blocks);
-  m.mutable_infer_done()->mutable_kv_usage()->set_blocks_reserved(reserved);
-  return m;
-}
-
 class CoreKvRoomTest : public ::testing::Test {
  protected:
   void SetUp() override {

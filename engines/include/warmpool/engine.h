@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 12 (engines of versions 2 to 11 keep loading: everything a version
+/* warmpool engine ABI, version 13 (engines of versions 2 to 12 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -72,6 +72,12 @@
  * it (WP_RESOURCE_EXHAUSTED) and says so through kv_reservations (`refused`), and the worker hands
  * it back to the supervisor, which sends it again where room is. A refusal kv_reservations does
  * not name is the client's answer.
+ *
+ * Version 13 lets an engine admit a generation by less than all it may come to need (its prompt,
+ * say) and make room as the open ones grow: a step may end the youngest sequences before their end
+ * (preempted), their blocks freed for the others; the worker hands each back
+ * to the supervisor, which sends it again, resumed after the tokens it sent, where that much room is
+ * free (recomputing what the prefix cache no longer keeps).
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -83,7 +89,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 12u
+#define WP_ENGINE_ABI_VERSION 13u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -237,6 +243,11 @@ typedef struct wp_generate_request {
    * generation alone (a crashed engine may have left anything there: it joins no prefix cache). */
   int kv_source;
   uint64_t kv_source_bytes;
+  /* Version 13: non-zero when the caller can resume this generation after the tokens it emitted
+   * (request.resume_tokens): the engine may then admit it by less than all it may come to need and
+   * preempt it later (preempted). Zero: it is never preempted, and is
+   * admitted by all it may need, as in version 12. */
+  uint32_t preemptible;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */
@@ -432,6 +443,14 @@ typedef struct wp_engine_vtable {
    * says so is handed back to wait for room). WP_NOT_FOUND when it reserves nothing. Called on the
    * serving thread. */
   wp_status (*kv_reservations)(wp_engine* engine, uint64_t* reserved, uint64_t* refused);
+
+  /* Version 13 (NULL where the engine does not do it). */
+  /* After a step that ended this sequence (its wp_sequence_step ended, status WP_RESOURCE_EXHAUSTED):
+   * non-zero when the engine ended it before its end to make room in its KV cache for older ones
+   * (it was opened preemptible): the blocks it needs to go on. Nothing of that step was emitted for
+   * it, and its blocks are free already; the caller closes it and opens it again, resumed after the
+   * tokens it emitted (request.resume_tokens), once that much room is free. 0 otherwise. */
+  uint32_t (*preempted)(wp_engine* engine, const wp_sequence* sequence);
 } wp_engine_vtable;
 
 /* Built-in engines. A plugin exports `const wp_engine_vtable* warmpool_engine(void)`. */
