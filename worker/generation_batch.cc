@@ -27,6 +27,18 @@
 namespace warmpool::worker {
 namespace {
 
+// The blocks a sequence a step ended needs to go on, when its engine preempted it (engine ABI
+// version 13): only one the supervisor said it can resume, ended for want of room. A request that
+// does not stream starts over (its client has nothing yet): the least it needs is a block.
+uint32_t PreemptedBlocks(Engine& engine, const v1::WorkerInfer& request, const wp_sequence_step& step) {
+  if (step.ended == 0 || step.status != WP_RESOURCE_EXHAUSTED || !request.preemptible()) return 0;
+  const uint32_t blocks = engine.PreemptedBlocks(step.sequence);
+  if (blocks == 0) return 0;
+  if (!request.generate().stream()) return 1;
+  const std::optional<Engine::KvCacheUsage> usage = engine.KvUsage();
+  return usage ? static_cast<uint32_t>(std::min<uint64_t>(blocks, usage->blocks)) : blocks;
+}
+
 struct Running {
   std::unique_ptr<v1::WorkerInfer> request;  // the stream's: it points into it
   std::unique_ptr<GenerationStream> stream;
@@ -133,13 +145,22 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       running[i].completion_tokens += static_cast<uint32_t>(tokens.size());
       running[i].stream->Emit(text, tokens, logprobs);
     });
+    // The preempted first, oldest first: each goes back to wait in the order it came, and before any
+    // that ended in the same step is answered (the supervisor keeps a generation handed back while
+    // the replica runs others of its model).
+    for (size_t i = 0; pass.ok() && i < running.size();) {
+      const uint32_t blocks = PreemptedBlocks(*engine, *running[i].request, steps[i]);
+      if (blocks == 0) {
+        ++i;
+        continue;
+      }
+      preempt(i, steps[i], blocks);
+      steps.erase(steps.begin() + static_cast<ptrdiff_t>(i));
+    }
     for (size_t i = running.size(); i-- > 0;) {
       running[i].cached_tokens = steps[i].cached_tokens;
       if (!pass.ok()) {
         end(i, pass, false);
-      } else if (const uint32_t blocks = steps[i].ended != 0 ? engine->PreemptedBlocks(running[i].sequence) : 0;
-                 blocks != 0) {
-        preempt(i, steps[i], blocks);
       } else if (steps[i].ended != 0) {
         end(i, steps[i].status == WP_OK ? Result<wp_generate_result>(steps[i].result)
                                         : StatusFromWp(steps[i].status, steps[i].error),

@@ -179,10 +179,12 @@ void GrowReservations(TransformerEngine& e, wp_sequence_step* steps, uint32_t co
     e.slots->Free(s.slot);  // its blocks, for this step (its published prefix stays cached)
     s.reported = true;
     step.ended = 1;
-    s.preempted = std::max(1u, BlocksAfterStep(t));
+    // Resumed after the tokens it emitted (every one but the last is in its cache), it opens with
+    // the blocks of those and of one more position (FirstBlocks): that is what it needs to go on.
+    s.preempted = std::max(FirstBlocks(t), KvBlocksOf(std::min<uint64_t>(uint64_t{t.position()} + 2, t.most_positions())));
     step.status = WpFromStatus(Error(Code::kResourceExhausted,
                                      "model \"{}\": preempted after {} positions to make room in its KV cache for "
-                                     "older generations; it goes on once {} blocks are free",
+                                     "other generations; it goes on once {} blocks are free",
                                      e.name, t.position(), s.preempted),
                                step.error, sizeof(step.error));
   }
@@ -338,8 +340,10 @@ Status StepSequences(TransformerEngine& e, wp_sequence_step* steps, uint32_t cou
   return RunStep(*e.slots, members, advance, &e.pacer);
 }
 
-Status Generate(TransformerEngine& e, const wp_generate_request& r, wp_emit_fn emit, void* emit_ctx,
+Status Generate(TransformerEngine& e, const wp_generate_request& request, wp_emit_fn emit, void* emit_ctx,
                 wp_generate_result& result) {
+  wp_generate_request r = request;
+  r.preemptible = 0;  // nobody resumes a generate call: it runs to its end
   Result<wp_sequence*> opened = OpenSequence(e, r, nullptr);
   if (!opened.ok()) return opened.status();
   std::unique_ptr<wp_sequence, std::function<void(wp_sequence*)>> sequence(

@@ -254,6 +254,7 @@ Core::Job Core::InferJobFor(uint32_t model, uint32_t worker, const Waiter& waite
   job.shared_crashes = waiter.shared_crashes;
   job.retry = waiter.retry;
   job.chunks = waiter.chunks;
+  job.resumed = waiter.chunks > 0;
   job.sent_tokens = waiter.sent_tokens;
   job.kv_source = waiter.kv_source;
   job.refused_as = waiter.refused_as;

@@ -214,7 +214,9 @@ void Core::CountGeneration(const Job& job, const v1::WorkerInferDone& done) {
   shm::StatAdd(stats.prompt_tokens, r.prompt_tokens());
   shm::StatAdd(stats.prompt_tokens_cached, r.cached_prompt_tokens());
   shm::StatAdd(stats.generation_tokens, r.completion_tokens());
-  if (r.completion_tokens() == 0 || job.retry) return;  // a retry's wait began before a worker died
+  // A retry's wait began before a worker died; a resumed stream's client had its first token long
+  // before this job, whose count includes the tokens it resumed after.
+  if (r.completion_tokens() == 0 || job.retry || job.resumed) return;
   // Waiting in the daemon (its millisecond clock), then on the worker until the first token.
   const uint64_t waited_ns = (job.started_ms - std::min(job.started_ms, job.call.accepted_ms)) * 1'000'000;
   shm::Observe(stats.first_token_seconds, waited_ns + r.first_token_us() * 1'000);

@@ -86,6 +86,7 @@ struct Job {
   // A generation, embeddings, typed tensors (whose runs may be a long prompt's pieces).
   bool stepwise = false;
   uint32_t chunks = 0;  // a generation's chunks sent to its client ...
+  bool resumed = false;  // ... some of them before this job began (it goes on after them)
   std::vector<int32_t> sent_tokens{};  // ... and their tokens: where it resumes if its worker dies
   // Whether it can resume after its worker's death: a stream without tools whose every chunk sent
   // carried its tokens (a chunk of text alone, an engine's held-back tail, would be sent again).
