@@ -140,6 +140,7 @@ Status Serving::ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out
     r.kv_source_bytes = static_cast<uint64_t>(st.st_size);
   }
   r.preemptible = infer.preemptible() ? 1 : 0;
+  r.arrival = infer.arrival_ms();
   r.logprobs = g.logprobs() ? 1 : 0;
   r.top_logprobs = g.top_logprobs();
   if (NeedsConversation(g)) {

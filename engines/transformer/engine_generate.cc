@@ -20,7 +20,10 @@ struct wp_sequence {
   warmpool::transformer::TextSequence text;
   uint32_t slot = 0;
   uint32_t reserved = 0;  // blocks of the KV pool it may come to need (TransformerEngine::kv_reserved)
-  uint64_t age = 0;       // when it opened (TransformerEngine::opened): the youngest is preempted first
+  // When its request arrived (the caller's order; 0: unknown) and when it opened: the latest to
+  // arrive, then the youngest, is preempted first.
+  uint64_t arrival = 0;
+  uint64_t age = 0;
   bool preemptible = false;
   uint32_t preempted = 0;  // a step preempted it: the blocks it needs to go on
   bool failed = false;    // a step failed it: it takes no more steps
@@ -149,8 +152,8 @@ uint32_t BlocksAfterStep(const TokenSequence& t) {
 
 // Before a step: each preemptible sequence's reservation grown to what it holds once the step is
 // done (a decoding one writes one position; a prompt's pieces are covered from its opening). Where
-// the pool cannot cover that beside the others', the youngest preemptible sequences give way, one
-// at a time: each ends here (wp_sequence::preempted: what it needs to go on), its blocks freed for the
+// the pool cannot cover that beside the others', the preemptible sequences that arrived last give
+// way, one at a time: each ends here (wp_sequence::preempted: what it needs to go on), its blocks freed for the
 // step. Sequences admitted by all they may need never grow, so preempting every preemptible one
 // always makes room: the rest were admitted within the pool.
 void GrowReservations(TransformerEngine& e, wp_sequence_step* steps, uint32_t count) {
@@ -163,10 +166,13 @@ void GrowReservations(TransformerEngine& e, wp_sequence_step* steps, uint32_t co
     growing.push_back(i);
     more += BlocksAfterStep(s.text.tokens()) - std::min(s.reserved, BlocksAfterStep(s.text.tokens()));
   }
-  // The youngest last, so that the preempted come off the back.
-  std::sort(growing.begin(), growing.end(), [&](uint32_t a, uint32_t b) {
-    return steps[a].sequence->age < steps[b].sequence->age;
-  });
+  // The latest to arrive last (those of unknown arrival as if just arrived), so that the preempted
+  // come off the back.
+  auto order = [&](uint32_t i) {
+    const wp_sequence& s = *steps[i].sequence;
+    return std::pair(s.arrival != 0 ? s.arrival : UINT64_MAX, s.age);
+  };
+  std::sort(growing.begin(), growing.end(), [&](uint32_t a, uint32_t b) { return order(a) < order(b); });
   const uint32_t blocks = e.kv_pool->blocks().count();
   while (e.kv_reserved + more > blocks && !growing.empty()) {
     wp_sequence_step& step = steps[growing.back()];
@@ -253,7 +259,7 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   if (!text->ended()) {
     text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill(), source ? &*source : nullptr));
   }
-  auto* opened = new wp_sequence{std::move(*text), slot, need, ++e.opened, preemptible};
+  auto* opened = new wp_sequence{std::move(*text), slot, need, r.arrival, ++e.opened, preemptible};
   *free = true;
   e.open_sequences++;
   e.kv_reserved += need;

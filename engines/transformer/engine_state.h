@@ -52,7 +52,7 @@ struct TransformerEngine {
   uint32_t kv_refused = 0;  // blocks the last OpenSequence refused for want of them (0: it did not)
   // A pool smaller than every sequence's whole context admits a generation by its prompt (and its
   // first token) rather than by all it may come to need; a sequence's reservation grows with its
-  // positions, a step at a time, and when the pool cannot cover the step the youngest sequences are
+  // positions, a step at a time, and when the pool cannot cover the step those that arrived last are
   // preempted (engine ABI version 13): ended, their blocks freed, handed back to be resumed later.
   bool preempts = false;
   uint64_t opened = 0;  // generations opened so far: a sequence's age

@@ -124,6 +124,7 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   // What the client has, the core can resume after (job.resumable: a stream without tools, whose
   // chunks are tokens), or the client has nothing yet (no stream): its engine may preempt it.
   infer->set_preemptible(stored.generate && (stored.resumable || !stored.generate->stream()));
+  infer->set_arrival_ms(stored.call.accepted_ms);
   Send(worker, message, stored.kv_source >= 0 ? std::vector<int>{stored.kv_source} : std::vector<int>{});
 }
 

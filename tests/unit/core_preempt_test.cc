@@ -2,7 +2,8 @@
 // the worker which generations it can resume (WorkerInfer.preemptible: a stream without tools,
 // whose chunks are tokens, or no stream at all); one handed back after chunks waits in the queue as
 // a refused one does, unanswered, and goes on after the tokens its client has, its chunks numbered
-// on; one whose client has text it cannot resume after is answered with the preemption's error.
+// on, its arrival the same as first (its engine preempts the latest to arrive first); one whose
+// client has text it cannot resume after is answered with the preemption's error.
 #include "tests/unit/core_generations.h"
 
 namespace warmpool::supervisor::testing {
@@ -40,9 +41,11 @@ TEST_F(CorePreemptTest, TheWorkerIsToldWhichGenerationsItsEngineMayPreempt) {
 
 TEST_F(CorePreemptTest, APreemptedStreamGoesOnAfterTheTokensItsClientHas) {
   Generate(rig_, 5, "lm");
+  rig_.Advance(5);
   Generate(rig_, 6, "lm");
   std::vector<v1::WorkerEnvelope> sent = Sent();
   ASSERT_EQ(sent.size(), 2u);
+  EXPECT_LT(sent[0].infer().arrival_ms(), sent[1].infer().arrival_ms()) << "the engine is told who came first";
   const uint64_t older = sent[0].infer().job(), younger = sent[1].infer().job();
   rig_.Reply(0, Chunk(younger, "a", 0, {11}));
   rig_.Reply(0, Chunk(younger, "b", 1, {12}));
@@ -59,6 +62,7 @@ TEST_F(CorePreemptTest, APreemptedStreamGoesOnAfterTheTokensItsClientHas) {
   const v1::WorkerInfer& resumed = again[0].infer();
   EXPECT_EQ(std::vector<int32_t>(resumed.resume_tokens().begin(), resumed.resume_tokens().end()),
             (std::vector<int32_t>{11, 12}));
+  EXPECT_EQ(resumed.arrival_ms(), sent[1].infer().arrival_ms()) << "resumed, it keeps its place";
   rig_.Reply(0, Chunk(resumed.job(), "c", 0, {13}));
   rig_.Reply(0, Done(resumed.job()));
   std::vector<v1::Envelope> rest = rig_.Replies(6);

@@ -1,7 +1,7 @@
 // Preemption (engine ABI version 13): where the KV pool is smaller than every sequence's whole
 // context, a preemptible generation is admitted by its prompt and first token, its reservation
-// grows with its positions, and when a step cannot be covered the youngest preemptible sequences
-// give way — ended before their end, their blocks freed, saying what they need to go on. One
+// grows with its positions, and when a step cannot be covered the preemptible sequences whose
+// requests arrived last (or, where the caller does not say, the youngest) give way — ended before their end, their blocks freed, saying what they need to go on. One
 // resumed after the tokens it had emitted then generates what it would have undisturbed. A
 // generation that is not preemptible is admitted by all it may need, as in version 12, and never
 // gives way.
@@ -138,6 +138,25 @@ TEST_F(TransformerPreemptTest, WithEverySequencesWholeContextNothingIsPreempted)
   Stepped stepped;
   RunToTheirEnds(*engine, {*a, *b}, stepped);
   EXPECT_TRUE(stepped.preempted.empty());
+}
+
+// The caller's order of arrival, not the order of opening, says who gives way: one resumed after a
+// preemption opens after the others but keeps its place among them.
+TEST_F(TransformerPreemptTest, TheLatestToArriveGivesWayWhateverOpenedFirst) {
+  Result<Engine> engine = LoadDirectory(kContext, 2, kContext);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  wp_generate_request late = Preemptible("This program is free software", 150);
+  late.arrival = 20;
+  wp_generate_request early = Preemptible("you can redistribute it", 150);
+  early.arrival = 10;  // a resumed one, say: opened second, arrived first
+  Result<wp_sequence*> a = engine->OpenSequence(late);
+  Result<wp_sequence*> b = engine->OpenSequence(early);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Stepped stepped;
+  RunToTheirEnds(*engine, {*a, *b}, stepped);
+  ASSERT_FALSE(stepped.preempted.empty());
+  EXPECT_EQ(stepped.preempted[0], *a) << "the later arrival gave way, though it opened first";
+  EXPECT_EQ(stepped.tokens[*b], Reference("you can redistribute it", 150));
 }
 
 }  // namespace

@@ -74,7 +74,7 @@
  * not name is the client's answer.
  *
  * Version 13 lets an engine admit a generation by less than all it may come to need (its prompt,
- * say) and make room as the open ones grow: a step may end the youngest sequences before their end
+ * say) and make room as the open ones grow: a step may end the sequences that arrived last before their end
  * (preempted), their blocks freed for the others; the worker hands each back
  * to the supervisor, which sends it again, resumed after the tokens it sent, where that much room is
  * free (recomputing what the prefix cache no longer keeps).
@@ -248,6 +248,10 @@ typedef struct wp_generate_request {
    * preempt it later (preempted). Zero: it is never preempted, and is
    * admitted by all it may need, as in version 12. */
   uint32_t preemptible;
+  /* Version 13: when the request first arrived, in the caller's order (smaller: earlier; 0: as it
+   * opens). The latest to arrive is preempted first, so that one resumed after a preemption keeps
+   * its place among the others rather than coming back the youngest. */
+  uint64_t arrival;
 } wp_generate_request;
 /* What one step produced: text that never splits a UTF-8 character (empty while a character's
  * bytes are incomplete or may begin a stop string), and the token ids it came from. */
