@@ -114,6 +114,22 @@ class TransformerGpuTest : public CudaMemoryTest {
     weights = *bound;
   }
 
+  // A model of this shape written, loaded onto the device by the engine, and bound where it lies.
+  struct OnDevice {
+    std::string path;
+    Opened opened;
+    transformer::Config config;
+    transformer::ModelWeights weights;
+  };
+  void LoadOnDevice(TempDir& dir, const std::string& name, const transformer::RandomCheckpoint& spec,
+                    uint32_t context, OnDevice& out) {
+    out.path = dir.File(name);
+    WriteTinyModelWithTokenizerOf(out.path, DemoModelDirectory(), spec);
+    OpenModel(out.path, memory_->service(), context, out.opened);
+    if (HasFatalFailure()) return;
+    BindLoaded(*out.opened.engine, name, out.config, out.weights);
+  }
+
   static std::vector<int32_t> Generate(Engine& engine, const std::string& prompt, uint32_t max_tokens) {
     wp_generate_request r{};
     r.prompt = {prompt.data(), prompt.size()};
@@ -176,15 +192,12 @@ TEST_F(TransformerGpuTest, LogitsMatchTheCpuForEachArchitectureAndDtype) {
     for (const Variant& v : Variants(dtype)) {
       const std::string name = fmt::format("{}-{}", v.name, safetensors::DTypeName(dtype));
       SCOPED_TRACE(name);
-      const std::string path = dir.File(name);
-      WriteTinyModelWithTokenizerOf(path, DemoModelDirectory(), v.spec);
-      Opened on_device;
-      OpenModel(path, memory_->service(), kContext, on_device);
+      OnDevice loaded;
+      LoadOnDevice(dir, name, v.spec, kContext, loaded);
       if (HasFatalFailure()) return;
-      transformer::Config config;
-      transformer::ModelWeights on_gpu;
-      BindLoaded(*on_device.engine, name, config, on_gpu);
-      if (HasFatalFailure()) return;
+      const std::string& path = loaded.path;
+      const transformer::Config& config = loaded.config;
+      const transformer::ModelWeights& on_gpu = loaded.weights;
       std::string why;
       std::unique_ptr<transformer::Sequence> gpu =
           transformer::StartGpuSequence(config, on_gpu, memory_->service(), kContext, &why);
@@ -249,15 +262,12 @@ TEST_F(TransformerGpuTest, SequencesSteppedTogetherMatchEachAloneOnTheCpu) {
     for (const Variant& v : Variants(dtype)) {
       const std::string name = fmt::format("{}-{}", v.name, safetensors::DTypeName(dtype));
       SCOPED_TRACE(name);
-      const std::string path = dir.File(name);
-      WriteTinyModelWithTokenizerOf(path, DemoModelDirectory(), v.spec);
-      Opened on_device;
-      OpenModel(path, memory_->service(), kContext, on_device);
+      OnDevice loaded;
+      LoadOnDevice(dir, name, v.spec, kContext, loaded);
       if (HasFatalFailure()) return;
-      transformer::Config config;
-      transformer::ModelWeights on_gpu;
-      BindLoaded(*on_device.engine, name, config, on_gpu);
-      if (HasFatalFailure()) return;
+      const std::string& path = loaded.path;
+      const transformer::Config& config = loaded.config;
+      const transformer::ModelWeights& on_gpu = loaded.weights;
       std::string why;
       std::unique_ptr<transformer::GpuModel> gpu = transformer::StartGpuModel(
           config, on_gpu, memory_->service(), kContext, kSequences, transformer::KvPoolBlocks(kContext, kSequences), &why);
