@@ -159,5 +159,51 @@ TEST_F(TransformerPreemptTest, TheLatestToArriveGivesWayWhateverOpenedFirst) {
   EXPECT_EQ(stepped.tokens[*b], Reference("you can redistribute it", 150));
 }
 
+// Prompts that share a published prefix and go in pieces beside the decoding ones (chunked
+// prefill), preempted as they grow: every step keeps within the pool, and every generation — run
+// through, or preempted and resumed after what it emitted — ends as it does alone.
+TEST_F(TransformerPreemptTest, SharedPrefixesAndPromptsInPiecesKeepWithinThePool) {
+  Result<Engine> engine = LoadDirectory(kContext, 4, 2 * kContext);  // eight blocks: two each at first
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::string prefix;
+  for (int i = 0; i < 8; ++i) prefix += "This program is free software; ";
+  const std::vector<std::string> prompts{prefix + "you can", prefix + "and", prefix + "WITHOUT", prefix + "GNU"};
+  constexpr uint32_t kTokens = 120;
+  uint32_t prompt_tokens = 0;
+  Result<wp_sequence*> first = engine->OpenSequence(Preemptible(prompts[0], kTokens), &prompt_tokens);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_GT(prompt_tokens, kKvBlockTokens) << "a whole block of prefix to publish";
+  Stepped stepped;
+  std::vector<wp_sequence_step> one{wp_sequence_step{*first, 0, WP_OK, {}, {}, 0}};
+  ASSERT_TRUE(engine->Step(one, [&](uint32_t, std::string_view, std::span<const int32_t> t,
+                                    std::span<const wp_token_logprobs>) {
+    stepped.tokens[*first].insert(stepped.tokens[*first].end(), t.begin(), t.end());
+  }).ok());  // its prompt, whole, and its first token
+  std::vector<wp_sequence*> open{*first};
+  for (size_t i = 1; i < prompts.size(); ++i) {
+    Result<wp_sequence*> s = engine->OpenSequence(Preemptible(prompts[i], kTokens));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    open.push_back(*s);
+  }
+  EXPECT_EQ(engine->KvUsage()->held, 2u) << "the first's two blocks, its first shared by the others";
+  RunToTheirEnds(*engine, open, stepped);
+  ASSERT_FALSE(stepped.preempted.empty());
+  for (size_t i = 0; i < open.size(); ++i) {
+    std::vector<int32_t> all = stepped.tokens[open[i]];
+    if (std::find(stepped.preempted.begin(), stepped.preempted.end(), open[i]) != stepped.preempted.end()) {
+      wp_generate_request again = Preemptible(prompts[i], kTokens);
+      const std::vector<int32_t> sent = all;
+      again.resume_tokens = sent.data();
+      again.resume_count = static_cast<uint32_t>(sent.size());
+      Result<wp_sequence*> resumed = engine->OpenSequence(again);
+      ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+      Stepped rest;
+      RunToTheirEnds(*engine, {*resumed}, rest);
+      all.insert(all.end(), rest.tokens[*resumed].begin(), rest.tokens[*resumed].end());
+    }
+    EXPECT_EQ(all, Reference(prompts[i], kTokens)) << "sequence " << i;
+  }
+}
+
 }  // namespace
 }  // namespace warmpool::transformer
