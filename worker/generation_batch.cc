@@ -147,7 +147,9 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     });
     // The preempted first, oldest first: each goes back to wait in the order it came, and before any
     // that ended in the same step is answered (the supervisor keeps a generation handed back while
-    // the replica runs others of its model).
+    // the replica runs others of its model). Generations sent here meanwhile do not take the room
+    // they gave up: they go back too, behind them (as behind a refusal).
+    bool preempted = false;
     for (size_t i = 0; pass.ok() && i < running.size();) {
       const uint32_t blocks = PreemptedBlocks(*engine, *running[i].request, steps[i]);
       if (blocks == 0) {
@@ -156,6 +158,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
       }
       preempt(i, steps[i], blocks);
       steps.erase(steps.begin() + static_cast<ptrdiff_t>(i));
+      preempted = true;
     }
     for (size_t i = running.size(); i-- > 0;) {
       running[i].cached_tokens = steps[i].cached_tokens;
@@ -178,7 +181,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
         r.stream->HeartbeatIfDue();
       }
     }
-    handed_back = false;
+    handed_back = preempted;
     while (read_error_.ok() && running.size() < capacity && !deferred_.empty()) {
       v1::WorkerEnvelope& front = deferred_.front().message;
       if (!front.has_infer() || !front.infer().has_generate() || front.infer().model() != model ||
