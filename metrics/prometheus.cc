@@ -185,7 +185,10 @@ std::string RenderPrometheus(const shm::SegmentView& view, const BuildInfo& buil
                                    "client left.", &shm::ModelStats::generations_cancelled},
                            Counter{"warmpool_model_kv_cache_waits_total", "Generations a replica's KV cache had no "
                                    "room for beside those it ran (kv_cache_tokens), sent back to wait for it.",
-                                   &shm::ModelStats::kv_cache_waits}}) {
+                                   &shm::ModelStats::kv_cache_waits},
+                           Counter{"warmpool_model_kv_cache_preemptions_total", "Of those, generations preempted "
+                                   "mid-way for others' room, to go on later after the tokens sent.",
+                                   &shm::ModelStats::kv_cache_preemptions}}) {
     w.Family(c.name, "counter", c.help);
     for (const ModelView& m : models) w.Sample(c.name, m.label, static_cast<double>(shm::StatLoad(m.stats->*c.field)));
   }

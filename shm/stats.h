@@ -79,7 +79,9 @@ struct ModelStats {
   // Counter: generations a replica's engine had no room for in its KV cache beside those it ran
   // (engine ABI version 12), sent back to wait in the queue.
   uint64_t kv_cache_waits;
-  uint64_t reserved[2];  // to a multiple of 64 bytes
+  // Counter: of those, generations its engine preempted mid-way for others' room (version 13).
+  uint64_t kv_cache_preemptions;
+  uint64_t reserved[1];  // to a multiple of 64 bytes
   Histogram infer_seconds;  // request received to reply queued (the daemon's whole share)
   Histogram queue_seconds;  // infer request received to its dispatch to a worker
   Histogram load_seconds;   // a load or attach job, sent to done

@@ -281,6 +281,7 @@ void Simulator::GenerationStep(uint32_t slot, uint32_t generation, uint64_t job,
     done->mutable_error()->set_message(fmt::format("{}: preempted after {} steps", kSimNoKvRoom, step));
     done->set_kv_full(true);
     done->set_kv_blocks(KvBlocksToGoOn(engine->second, job));
+    done->set_kv_preempted(true);
     CloseKvSequence(engine->second, job);
     ReportKvUsage(engine->second, done->mutable_kv_usage());
     w.cancelled.erase(job);

@@ -59,13 +59,14 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
 
   // No room in its engine's KV cache beside the generations running (engine ABI version 12): nothing
   // ran, and the supervisor sends it again where there is room, keeping its place in the queue.
-  auto hand_back = [&](uint64_t job, const Status& why, uint64_t blocks) {
+  auto hand_back = [&](uint64_t job, const Status& why, uint64_t blocks, bool preempted = false) {
     v1::WorkerEnvelope reply;
     v1::WorkerInferDone* done = reply.mutable_infer_done();
     done->set_job(job);
     ipc::SetError(done->mutable_error(), why);
     done->set_kv_full(true);
     done->set_kv_blocks(blocks);
+    done->set_kv_preempted(preempted);
     if (std::optional<Engine::KvCacheUsage> usage = engine->KvUsage()) WriteKvUsage(*usage, done->mutable_kv_usage());
     outbox_.Send(reply);
   };
@@ -127,7 +128,7 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
     engine->CloseSequence(r.sequence);
     marks_.Release(r.mark);
     cancelled_.erase(r.stream->job());
-    hand_back(r.stream->job(), StatusFromWp(step.status, step.error), blocks);
+    hand_back(r.stream->job(), StatusFromWp(step.status, step.error), blocks, /*preempted=*/true);
     running.erase(running.begin() + static_cast<ptrdiff_t>(i));
   };
   // Stopped from outside (its client, its deadline): what it made so far stands.

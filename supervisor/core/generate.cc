@@ -204,6 +204,7 @@ bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
   m.waiters.insert(at, std::move(w));
   queued_++;
   if (done.kv_blocks() > 0) shm::StatAdd(segment_.model_stats(job.model).kv_cache_waits);
+  if (done.kv_preempted()) shm::StatAdd(segment_.model_stats(job.model).kv_cache_preemptions);
   return true;
 }
 

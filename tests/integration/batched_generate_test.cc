@@ -202,10 +202,12 @@ TEST_F(BatchedGenerateTest, AKvCacheOfOneContextIsSharedByPreemptingTheYoungestS
 
   std::vector<Response> scraped = Split(Exchange(ConnectUnix(socket_), HttpGet("/metrics", true)));
   ASSERT_EQ(scraped.size(), 1u);
-  const std::string name = "warmpool_model_kv_cache_waits_total{model=\"tiny\"} ";
-  const size_t at = scraped[0].body.find(name);
-  ASSERT_NE(at, std::string::npos) << scraped[0].body;
-  EXPECT_GE(std::stoul(scraped[0].body.substr(at + name.size())), 1u) << "a preempted stream waited";
+  for (const char* counter : {"waits", "preemptions"}) {
+    const std::string name = fmt::format("warmpool_model_kv_cache_{}_total{{model=\"tiny\"}} ", counter);
+    const size_t at = scraped[0].body.find(name);
+    ASSERT_NE(at, std::string::npos) << scraped[0].body;
+    EXPECT_GE(std::stoul(scraped[0].body.substr(at + name.size())), 1u) << "a stream preempted, and waiting";
+  }
 }
 
 TEST_F(BatchedGenerateTest, ASecondTurnFindsItsHistoryInThePrefixCacheAndSaysSo) {

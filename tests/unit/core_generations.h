@@ -45,7 +45,8 @@ inline v1::WorkerEnvelope Done(uint64_t job, const std::string& finish = "length
 
 // What a worker says when its engine had no room for a generation (nothing of it ran), or preempted
 // it for room (after the chunks it sent).
-inline v1::WorkerEnvelope NoKvRoom(uint64_t job, uint64_t needed, uint64_t reserved, uint64_t blocks = 4) {
+inline v1::WorkerEnvelope NoKvRoom(uint64_t job, uint64_t needed, uint64_t reserved, uint64_t blocks = 4,
+                                   bool preempted = false) {
   v1::WorkerEnvelope m;
   v1::WorkerInferDone* done = m.mutable_infer_done();
   done->set_job(job);
@@ -53,6 +54,7 @@ inline v1::WorkerEnvelope NoKvRoom(uint64_t job, uint64_t needed, uint64_t reser
   done->mutable_error()->set_message("no room in the KV cache");
   done->set_kv_full(true);
   done->set_kv_blocks(needed);
+  done->set_kv_preempted(preempted);
   done->mutable_kv_usage()->set_blocks(blocks);
   done->mutable_kv_usage()->set_blocks_reserved(reserved);
   return m;

@@ -49,9 +49,12 @@ TEST_F(CorePreemptTest, APreemptedStreamGoesOnAfterTheTokensItsClientHas) {
   const uint64_t older = sent[0].infer().job(), younger = sent[1].infer().job();
   rig_.Reply(0, Chunk(younger, "a", 0, {11}));
   rig_.Reply(0, Chunk(younger, "b", 1, {12}));
-  rig_.Reply(0, NoKvRoom(younger, /*needed=*/2, /*reserved=*/3));
+  rig_.Reply(0, NoKvRoom(younger, /*needed=*/2, /*reserved=*/3, /*blocks=*/4, /*preempted=*/true));
   std::vector<v1::Envelope> so_far = rig_.Replies(6);
   ASSERT_EQ(so_far.size(), 2u) << "its two chunks, and no answer: it waits";
+  const shm::ModelStats& stats = rig_.view().model_stats(rig_.index().Find("lm"));
+  EXPECT_EQ(stats.kv_cache_waits, 1u);
+  EXPECT_EQ(stats.kv_cache_preemptions, 1u);
   EXPECT_TRUE(Sent().empty()) << "one block free, two needed";
   Generate(rig_, 7, "lm");
   EXPECT_TRUE(Sent().empty()) << "a later request does not pass it";
@@ -83,7 +86,7 @@ TEST_F(CorePreemptTest, APreemptedStreamWhoseClientHasTextAloneIsAnsweredWithThe
   const uint64_t younger = sent[1].infer().job();
   rig_.Reply(0, Chunk(younger, "a", 0, {11}));
   rig_.Reply(0, Chunk(younger, " held back", 1));  // text with no token: nothing to resume after
-  rig_.Reply(0, NoKvRoom(younger, /*needed=*/2, /*reserved=*/3));
+  rig_.Reply(0, NoKvRoom(younger, /*needed=*/2, /*reserved=*/3, /*blocks=*/4, /*preempted=*/true));
   std::vector<v1::Envelope> replies = rig_.Replies(6);
   ASSERT_EQ(replies.size(), 3u);
   EXPECT_EQ(replies[2].error().code(), v1::RESOURCE_EXHAUSTED) << replies[2].DebugString();
