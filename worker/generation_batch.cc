@@ -58,7 +58,9 @@ void Serving::ServeGenerations(v1::WorkerInfer first, const std::shared_ptr<Engi
   std::vector<Running> running;
 
   // No room in its engine's KV cache beside the generations running (engine ABI version 12): nothing
-  // ran, and the supervisor sends it again where there is room, keeping its place in the queue.
+  // ran, and the supervisor sends it again where there is room, keeping its place in the queue. Or
+  // (preempted, version 13) its engine gave its room to the others after the chunks it sent: the
+  // supervisor sends it again to go on after them.
   auto hand_back = [&](uint64_t job, const Status& why, uint64_t blocks, bool preempted = false) {
     v1::WorkerEnvelope reply;
     v1::WorkerInferDone* done = reply.mutable_infer_done();

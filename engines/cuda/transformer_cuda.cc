@@ -182,7 +182,9 @@ class CudaModel final : public GpuModel {
         return Error(Code::kInvalidArgument, "a table of {} blocks for positions up to {}", run.table.size(), end);
       }
       for (uint32_t block : run.table) {
-        if (block >= plan_.blocks) return Error(Code::kInvalidArgument, "block {} of a pool of {}", block, plan_.blocks);
+        if (block >= plan_.blocks) {
+          return Error(Code::kInvalidArgument, "block {} of a pool of {}", block, plan_.blocks);
+        }
       }
     }
     if (rows != tokens.size()) {

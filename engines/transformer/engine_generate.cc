@@ -153,8 +153,8 @@ uint32_t BlocksAfterStep(const TokenSequence& t) {
 // Before a step: each preemptible sequence's reservation grown to what it holds once the step is
 // done (a decoding one writes one position; a prompt's pieces are covered from its opening). Where
 // the pool cannot cover that beside the others', the preemptible sequences that arrived last give
-// way, one at a time: each ends here (wp_sequence::preempted: what it needs to go on), its blocks freed for the
-// step. Sequences admitted by all they may need never grow, so preempting every preemptible one
+// way, one at a time: each ends here (wp_sequence::preempted: what it needs to go on), its blocks
+// freed for the step. Sequences admitted by all they may need never grow, so preempting every preemptible one
 // always makes room: the rest were admitted within the pool.
 void GrowReservations(TransformerEngine& e, wp_sequence_step* steps, uint32_t count) {
   if (!e.preempts || !e.kv_pool) return;
@@ -187,7 +187,8 @@ void GrowReservations(TransformerEngine& e, wp_sequence_step* steps, uint32_t co
     step.ended = 1;
     // Resumed after the tokens it emitted (every one but the last is in its cache), it opens with
     // the blocks of those and of one more position (FirstBlocks): that is what it needs to go on.
-    s.preempted = std::max(FirstBlocks(t), KvBlocksOf(std::min<uint64_t>(uint64_t{t.position()} + 2, t.most_positions())));
+    s.preempted =
+        std::max(FirstBlocks(t), KvBlocksOf(std::min<uint64_t>(uint64_t{t.position()} + 2, t.most_positions())));
     step.status = WpFromStatus(Error(Code::kResourceExhausted,
                                      "model \"{}\": preempted after {} positions to make room in its KV cache for "
                                      "other generations; it goes on once {} blocks are free",
@@ -236,7 +237,9 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   // Preemptible (engine ABI version 13, and only where the pool is shared: preempts): its prompt and
   // first token's blocks now, the rest as it grows (GrowReservations).
   const bool preemptible = e.preempts && r.preemptible != 0;
-  const uint32_t need = !e.kv_pool ? 0 : preemptible ? FirstBlocks(text->tokens()) : KvBlocksOf(text->tokens().most_positions());
+  const uint32_t need = !e.kv_pool     ? 0
+                        : preemptible ? FirstBlocks(text->tokens())
+                                      : KvBlocksOf(text->tokens().most_positions());
   if (e.kv_pool && e.kv_reserved + need > e.kv_pool->blocks().count()) {
     e.kv_refused = need;
     return Error(Code::kResourceExhausted,

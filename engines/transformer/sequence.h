@@ -1,6 +1,6 @@
 // One sequence's forward passes, wherever they run: a model and the KV cache of one sequence, on
-// the CPU (CpuSequence, engines/transformer/cpu_model.h) or on a GPU (engines/transformer/
-// gpu_sequence.h). Generation (engines/transformer/generation.h) drives either the same way, and
+// the CPU (CpuSequence, engines/transformer/cpu_model.h) or on a GPU (GpuSequence, engines/
+// transformer/gpu_slots.h). Generation (engines/transformer/generation.h) drives either the same way, and
 // samples on the host from the logits either returns.
 #pragma once
 

@@ -270,7 +270,8 @@ TEST_F(TransformerGpuTest, SequencesSteppedTogetherMatchEachAloneOnTheCpu) {
       const transformer::ModelWeights& on_gpu = loaded.weights;
       std::string why;
       std::unique_ptr<transformer::GpuModel> gpu = transformer::StartGpuModel(
-          config, on_gpu, memory_->service(), kContext, kSequences, transformer::KvPoolBlocks(kContext, kSequences), &why);
+          config, on_gpu, memory_->service(), kContext, kSequences, transformer::KvPoolBlocks(kContext, kSequences),
+          &why);
       if (on_the_double_) {
         EXPECT_EQ(gpu, nullptr);
         continue;
@@ -287,7 +288,9 @@ TEST_F(TransformerGpuTest, SequencesSteppedTogetherMatchEachAloneOnTheCpu) {
       ASSERT_TRUE(on_host.ok());
       transformer::CpuModel model(config, *on_host, 2);
       std::vector<std::unique_ptr<transformer::KvCache>> caches;
-      for (uint32_t s = 0; s < kSequences; s++) caches.push_back(std::make_unique<transformer::KvCache>(config, kContext));
+      for (uint32_t s = 0; s < kSequences; s++) {
+        caches.push_back(std::make_unique<transformer::KvCache>(config, kContext));
+      }
 
       std::mt19937 generator(11);
       std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size) - 1);

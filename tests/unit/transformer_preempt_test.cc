@@ -1,13 +1,15 @@
 // Preemption (engine ABI version 13): where the KV pool is smaller than every sequence's whole
 // context, a preemptible generation is admitted by its prompt and first token, its reservation
 // grows with its positions, and when a step cannot be covered the preemptible sequences whose
-// requests arrived last (or, where the caller does not say, the youngest) give way — ended before their end, their blocks freed, saying what they need to go on. One
-// resumed after the tokens it had emitted then generates what it would have undisturbed. A
-// generation that is not preemptible is admitted by all it may need, as in version 12, and never
-// gives way.
+// requests arrived last (or, where the caller does not say, the youngest) give way: ended before
+// their end, their blocks freed, saying what they need to go on. One resumed after the tokens it
+// had emitted then generates what it would have undisturbed. A generation that is not preemptible
+// is admitted by all it may need, as in version 12, and never gives way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
