@@ -90,8 +90,9 @@ ASAN_OPTIONS=$asan:handle_segv=0:log_path=$reports/asan:log_exe_name=1 \
 # process killed meanwhile: the chaos scenarios kill workers, owners and daemons on purpose) makes
 # it warn and go on, in the report file like a finding. A file of those warnings alone is listed,
 # not failed; anything else in it, or an empty file (a sanitizer opened its report and was killed
-# before writing it), is a finding.
-lsan_warning='^==[0-9]+==(Unable to get registers from thread [0-9]+|Running thread [0-9]+ was not suspended\. False leaks are possible)\.$'
+# before writing it), is a finding. A line begins ==PID==, or with the program's name before the
+# PID (==warmpool-owner==PID==: log_exe_name).
+lsan_warning='^==([A-Za-z0-9_.+-]+==)?[0-9]+==(Unable to get registers from thread [0-9]+|Running thread [0-9]+ was not suspended\. False leaks are possible)\.$'
 for f in "$reports"/*; do
   [ -e "$f" ] || continue
   if [ -s "$f" ] && ! grep -qvE "$lsan_warning" "$f"; then
