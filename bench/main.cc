@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     warmpool::bench::ResumeGenerateOptions resume;
     resume.daemon = options.daemon;
     resume.tokenizer_dir = options.tokenizer_dir;
+    resume.backend = options.backend;
     if (app.get_option("--model-mib")->count() > 0) resume.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--prompt")->count() > 0) resume.prompt = options.prompt;
     if (app.get_option("--tokens")->count() > 0) resume.tokens = options.tokens;

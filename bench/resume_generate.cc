@@ -30,7 +30,7 @@ class ResumeGenerate {
     // Every round kills a worker on purpose: that is no crash loop to stop the model for.
     const std::string config = fmt::format("[daemon]\nmodels_dir = \"{}\"\n[recovery]\ncrash_loop_crashes = {}\n",
                                            models, options_.rounds + 2);
-    if (Status s = run_.StartDaemon(options_.daemon, "host", config); !s.ok()) {
+    if (Status s = run_.StartDaemon(options_.daemon, options_.backend, config); !s.ok()) {
       return s;
     }
     for (auto* c : {&stream_, &control_}) {
@@ -125,16 +125,18 @@ class ResumeGenerate {
 
   void Print(double kill_gap, double median_gap, uint32_t prompt_tokens, uint32_t copied, bool identical) {
     if (options_.json) {
-      std::printf("{\"mode\": \"resume-generate\", \"model_mib\": %u, \"layers\": %u, \"tokens\": %u, "
+      std::printf("{\"mode\": \"resume-generate\", \"backend\": \"%s\", \"model_mib\": %u, \"layers\": %u, "
+                  "\"tokens\": %u, "
                   "\"kill_to_next_token_ms\": %.2f, \"itl_median_ms\": %.3f, \"kill_gap_vs_median\": %.2f, "
                   "\"prompt_tokens\": %u, \"prompt_tokens_copied\": %u, \"identical\": %s}\n",
-                  options_.model_mib, lm_.layers, options_.tokens, kill_gap, median_gap, kill_gap / median_gap,
+                  options_.backend.c_str(), options_.model_mib, lm_.layers, options_.tokens, kill_gap, median_gap,
+                  kill_gap / median_gap,
                   prompt_tokens, copied, identical ? "true" : "false");
       return;
     }
-    std::printf("warmpool-bench --generate --resume: a %u MiB bf16 model (%u layers), %u greedy tokens, its worker "
-                "killed after %u, medians of %u rounds\n",
-                options_.model_mib, lm_.layers, options_.tokens, options_.tokens / 2, options_.rounds);
+    std::printf("warmpool-bench --generate --resume: a %u MiB bf16 model (%u layers) on backend %s, %u greedy "
+                "tokens, its worker killed after %u, medians of %u rounds\n",
+                options_.model_mib, lm_.layers, options_.backend.c_str(), options_.tokens, options_.tokens / 2, options_.rounds);
     std::printf("  between tokens                          %8.2f ms\n", median_gap);
     std::printf("  the kill to the next token              %8.2f ms   %.1fx (goal: 50 ms + one step); %u of the "
                 "prompt's %u tokens copied from the dead worker's KV cache, not computed; the stream %s the "

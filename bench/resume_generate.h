@@ -16,6 +16,7 @@ namespace warmpool::bench {
 
 struct ResumeGenerateOptions {
   std::string daemon;  // warmpoold binary; empty: next to warmpool-bench
+  std::string backend = "host";  // warmpoold --backend
   uint32_t model_mib = 256;
   uint32_t prompt = 128;
   uint32_t tokens = 64;

@@ -138,6 +138,9 @@ if ((!double)); then
     --tokens 128 --rounds 2 --tokenizer-dir "$bundle/demo-model" --json
   step generate_second_turn_cuda 90 "$bin/warmpool-bench" --generate --second-turn --backend cuda \
     --tokenizer-dir "$bundle/demo-model" --json
+  # A stream whose worker is killed mid-way goes on from the dead worker's KV pool on the device.
+  step generate_resume_cuda 90 "$bin/warmpool-bench" --generate --resume --backend cuda \
+    --tokenizer-dir "$bundle/demo-model" --rounds 2 --json
 fi
 
 python3 - "$steps" "$out/gpu-check.json" "$double" "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" <<'PY'

@@ -81,6 +81,10 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
     if (cache == regions_.end() || !cache->second.kv_cache || !message.infer().has_generate()) {
       return Fail(fmt::format("worker {} was sent a KV source that is no replica's cache ({})", slot, Brief(message)));
     }
+    if (message.infer().kv_source_bytes() != cache->second.bytes) {
+      return Fail(fmt::format("worker {} was sent a KV source of {} bytes said to be {}", slot, cache->second.bytes,
+                              message.infer().kv_source_bytes()));
+    }
     const Worker& writer = workers_[cache->second.slot];
     if (writer.generation == cache->second.generation && writer.state == Worker::State::kUp) {
       return Fail(fmt::format("worker {} was sent the KV cache of worker {}, which is alive and may write it", slot,

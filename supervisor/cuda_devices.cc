@@ -129,9 +129,9 @@ bool CudaDevices::OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& messa
   return false;
 }
 
-void CudaDevices::OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) {
-  if (done.grant() != 0 && !grants_.Kept(done.grant(), slot, fd)) {
-    spdlog::warn("worker {} named grant {} for its weights, which it was not given", slot, done.grant());
+void CudaDevices::OnKept(uint32_t slot, uint64_t grant, int fd, const char* what) {
+  if (grant != 0 && !grants_.Kept(grant, slot, fd)) {
+    spdlog::warn("worker {} named grant {} for its {}, which it was not given", slot, grant, what);
   }
 }
 

@@ -42,8 +42,9 @@ class CudaDevices final : public DeviceBackend {
   void DropKept(int) override {}
   void HandedOver() override {}
   bool OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) override;
-  // The weights of a cuda load live in a grant: released when the core lets them go.
-  void OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) override;
+  // The weights of a cuda load, and a GPU's KV cache, live in grants: released when the core lets
+  // them go.
+  void OnKept(uint32_t slot, uint64_t grant, int fd, const char* what) override;
   void OnWorkerGone(uint32_t slot, uint32_t generation) override;
 
  private:

@@ -365,8 +365,14 @@ void Daemon::OnWorkerMessage(uint32_t slot, v1::WorkerEnvelope&& message) {
   if (message.has_load_done() || message.has_park_done()) {
     // In their places, a missing one as -1: the core takes each by its position.
     for (int i = ipc::DescriptorsCarried(message); i > 0; i--) e.handles.push_back(workers_->TakeFd(slot));
-    const bool weights = message.has_load_done() && message.load_done().weights_shared();
-    if (weights && e.handles.front() >= 0) devices_->OnWeights(slot, message.load_done(), e.handles.front());
+    if (message.has_load_done()) {
+      const v1::WorkerLoadDone& done = message.load_done();
+      const size_t cache_at = done.weights_shared() ? 1 : 0;
+      if (done.weights_shared() && e.handles[0] >= 0) devices_->OnKept(slot, done.grant(), e.handles[0], "weights");
+      if (done.cache_shared() && e.handles[cache_at] >= 0) {
+        devices_->OnKept(slot, done.cache_grant(), e.handles[cache_at], "KV cache");
+      }
+    }
   }
   e.message = std::move(message);
   Dispatch(std::move(e));

@@ -44,8 +44,9 @@ class DeviceBackend {
 
   // A worker's message about device memory (allocate, free): true when it was one, and handled.
   virtual bool OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) = 0;
-  // A load's weights arrived from worker `slot` with descriptor `fd` (the core's from now on).
-  virtual void OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) = 0;
+  // A load's weights or its engine's KV cache (`what`) arrived from worker `slot` with descriptor
+  // `fd` (the core's from now on), held in the device-memory grant the worker named (0: none).
+  virtual void OnKept(uint32_t slot, uint64_t grant, int fd, const char* what) = 0;
   virtual void OnWorkerGone(uint32_t slot, uint32_t generation) = 0;
 };
 

@@ -62,10 +62,8 @@ bool HostMemory::OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& messag
   return true;
 }
 
-void HostMemory::OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int) {
-  if (done.grant() != 0) {
-    spdlog::warn("worker {} named grant {} for its weights, which it was not given", slot, done.grant());
-  }
+void HostMemory::OnKept(uint32_t slot, uint64_t grant, int, const char* what) {
+  if (grant != 0) spdlog::warn("worker {} named grant {} for its {}, which it was not given", slot, grant, what);
 }
 
 void HostMemory::ForgetMappings(const std::vector<uint64_t>& inodes) {

@@ -29,7 +29,7 @@ class HostMemory final : public DeviceBackend {
   void HandedOver() override;
   // Device memory is granted on the cuda backend only: an allocation is refused.
   bool OnWorkerMessage(uint32_t slot, const v1::WorkerEnvelope& message) override;
-  void OnWeights(uint32_t slot, const v1::WorkerLoadDone& done, int fd) override;
+  void OnKept(uint32_t slot, uint64_t grant, int fd, const char* what) override;
   void OnWorkerGone(uint32_t, uint32_t) override {}
 
  private:

@@ -134,10 +134,11 @@ Status Serving::ToEngineRequest(const v1::WorkerInfer& infer, EngineRequest& out
   r.resume_tokens = infer.resume_tokens().data();
   r.resume_count = static_cast<uint32_t>(infer.resume_tokens_size());
   r.kv_source = -1;  // none (with kv_source_bytes 0)
-  struct stat st{};
-  if (out.kv_source >= 0 && fstat(out.kv_source, &st) == 0 && st.st_size > 0) {
+  // Its size as the supervisor kept it (the load's cache_bytes): a device region's handle has none
+  // of its own. The engine checks the region against it before reading (a memfd's size too).
+  if (out.kv_source >= 0 && infer.kv_source_bytes() > 0) {
     r.kv_source = out.kv_source;
-    r.kv_source_bytes = static_cast<uint64_t>(st.st_size);
+    r.kv_source_bytes = infer.kv_source_bytes();
   }
   r.preemptible = infer.preemptible() ? 1 : 0;
   r.arrival = infer.arrival_ms();

@@ -82,7 +82,7 @@ Status Named(const Status& status, const std::string& fd_path, const std::string
 
 }  // namespace
 
-void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared) {
+void ShareCache(Engine& engine, const MemoryService& memory, v1::WorkerLoadDone& done, std::vector<int>& shared) {
   if (std::optional<Engine::KvCacheUsage> usage = engine.KvUsage()) WriteKvUsage(*usage, done.mutable_kv_usage());
   // Its KV cache goes to the supervisor too, after the weights: when this process dies, a stream
   // resumed elsewhere copies its keys and values from there (engine ABI version 10).
@@ -91,6 +91,7 @@ void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shar
   shared.push_back(cache->handle);
   done.set_cache_shared(true);
   done.set_cache_bytes(cache->bytes);
+  done.set_cache_grant(memory.GrantOf(*cache));  // a GPU's pool: device memory from the budget
 }
 
 void LoadThread::RunLoad(const v1::WorkerLoad& request, int file) {
@@ -216,7 +217,7 @@ Status LoadThread::Load(const v1::WorkerLoad& request, int file, JobFaults& faul
     done.set_grant(memory_.GrantOf(*weights));
     memory_.KeepMappingOf(weights->handle);
   }
-  ShareCache(*engine, done, shared);
+  ShareCache(*engine, memory_, done, shared);
   models_.Put(request.model(), std::move(*engine));
   return OkStatus();
 }

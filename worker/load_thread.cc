@@ -199,7 +199,7 @@ void LoadThread::Attach(const v1::WorkerAttach& request, int weights_fd, int cac
           done->set_grant(memory_.GrantOf(region));
           memory_.KeepMappingOf(region.handle);
         }
-        ShareCache(*engine, *done, shared);
+        ShareCache(*engine, memory_, *done, shared);
         models_.Put(request.model(), std::move(*engine));
       }
       if (weights_fd >= 0) close(weights_fd);  // the import made its own copy

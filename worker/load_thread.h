@@ -39,7 +39,7 @@ void DescribeEngine(const Engine& engine, v1::ModelWeights* weights);
 // The engine's KV cache into a load's reply: its blocks (kv_usage), and its region when it has one
 // another process can map (cache_shared set, its descriptor, the engine's own, after the others in
 // `shared`).
-void ShareCache(Engine& engine, v1::WorkerLoadDone& done, std::vector<int>& shared);
+void ShareCache(Engine& engine, const MemoryService& memory, v1::WorkerLoadDone& done, std::vector<int>& shared);
 
 class LoadThread {
  public:

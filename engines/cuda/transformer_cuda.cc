@@ -8,7 +8,8 @@
 // the paged pool (LaunchStoreKv) before attention reads them through the rows' tables. The output
 // and down projections add into the residual stream (beta = 1).
 //
-// One Step at a time (the workspace is the model's). Everything runs on the model's own stream; a
+// One Step at a time (the workspace is the model's). The KV pool is a region of its own, which the
+// engine exports; its records' mirror is written on the same stream (WriteToPool). Everything runs on the model's own stream; a
 // step is complete when it returns, its results copied to the host.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,6 +25,7 @@
 #include "engines/cuda/kernels.h"
 #include "engines/cuda/transformer_kernels.h"
 #include "engines/transformer/gpu_sequence.h"
+#include "engines/transformer/gpu_step_check.h"
 #include "engines/transformer/kv_cache.h"
 
 namespace warmpool::transformer {
@@ -65,6 +68,7 @@ class CudaModel final : public GpuModel {
     if (blas_ != nullptr) cublasDestroy(blas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (workspace_.ptr != nullptr) memory_->free(memory_->ctx, &workspace_);
+    if (pool_.ptr != nullptr) memory_->free(memory_->ctx, &pool_);  // the supervisor may hold it still
   }
 
   Status Start(const Config& config, const ModelWeights& weights, const wp_device_memory* memory, uint32_t context,
@@ -90,11 +94,16 @@ class CudaModel final : public GpuModel {
     if (cudaGetDeviceProperties(&properties, device_) == cudaSuccess) device_name_ = properties.name;
 
     plan_ = PlanGpu(config, context, sequences, pool_blocks);
-    // From the budget, like the weights: the memory service asks the device's owner.
-    if (wp_status s = memory->alloc(memory->ctx, plan_.total, &workspace_); s != WP_OK) {
-      workspace_ = wp_region{nullptr, 0, -1};
-      return Error(s == WP_RESOURCE_EXHAUSTED ? Code::kResourceExhausted : Code::kInternal,
-                   "no room for the {}-byte KV cache and workspace on the GPU", plan_.total);
+    // From the budget, like the weights: the memory service asks the device's owner. The pool in
+    // a region of its own, which the supervisor can hold past this process as it holds weights.
+    for (auto [region, bytes, what] : {std::tuple{&pool_, plan_.pool_bytes, "KV cache"},
+                                       std::tuple{&workspace_, plan_.workspace_bytes, "workspace"}}) {
+      if (wp_status s = memory->alloc(memory->ctx, bytes, region); s != WP_OK) {
+        *region = wp_region{nullptr, 0, -1};
+        return Error(s == WP_RESOURCE_EXHAUSTED ? Code::kResourceExhausted : Code::kInternal,
+                     "no room for the {}-byte {} on the GPU ({} bytes with the {})", bytes, what, plan_.total,
+                     region == &pool_ ? "workspace" : "KV cache");
+      }
     }
     WP_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     WP_CUDA_TRY(cublasCreate(&blas_), "cublasCreate");
@@ -118,14 +127,46 @@ class CudaModel final : public GpuModel {
     }
     WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     const uint64_t bytes = plan_.block_floats * sizeof(float);
-    return Check(cudaMemcpyAsync(At<uint8_t>(plan_.pool) + to * bytes, At<uint8_t>(plan_.pool) + from * bytes, bytes,
+    return Check(cudaMemcpyAsync(Pool<uint8_t>() + to * bytes, Pool<uint8_t>() + from * bytes, bytes,
                                  cudaMemcpyDeviceToDevice, stream_),
                  "copy of a shared KV block");
   }
 
+  const wp_region& pool() const override { return pool_; }
+
+  Status WriteToPool(std::span<const KvRegion::ImageWrite> writes) override {
+    WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    // Copies on the model's stream keep their order, among themselves and with the kernels.
+    for (const KvRegion::ImageWrite& w : writes) {
+      if (w.offset > pool_.bytes || w.size > pool_.bytes - w.offset) {
+        return Error(Code::kInternal, "a write of {} bytes at {} into a KV pool region of {}", w.size, w.offset,
+                     pool_.bytes);
+      }
+      WP_CUDA_TRY(cudaMemcpyAsync(Pool<uint8_t>() + w.offset, w.bytes, w.size, cudaMemcpyHostToDevice, stream_),
+                  "copy of the KV cache's records");
+    }
+    return Check(cudaStreamSynchronize(stream_), "writing the KV cache's records");
+  }
+
+  Status CopyFromPool(const wp_region& source, std::span<const KvCache::Rows> rows) override {
+    WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    const uint64_t floats = plan_.blocks * plan_.block_floats;
+    for (const KvCache::Rows& r : rows) {
+      if (r.from > floats || r.floats > floats - r.from || r.to > floats || r.floats > floats - r.to ||
+          (r.from + r.floats) * sizeof(float) > source.bytes) {
+        return Error(Code::kInternal, "a copy of {} floats from {} to {} in KV pools of {}", r.floats, r.from, r.to,
+                     floats);
+      }
+      WP_CUDA_TRY(cudaMemcpyAsync(Pool<float>() + r.to, static_cast<const float*>(source.ptr) + r.from,
+                                  r.floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                  "copy of a dead worker's keys and values");
+    }
+    return Check(cudaStreamSynchronize(stream_), "copying a dead worker's keys and values");
+  }
+
   Status Step(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
               std::span<int32_t> argmax) override {
-    if (Status s = CheckStep(tokens, runs, out, argmax); !s.ok()) return s;
+    if (Status s = CheckGpuStep(config_, plan_, context_, tokens, runs, out, argmax); !s.ok()) return s;
     WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     (void)cudaGetLastError();  // an error an earlier call left on this thread is not this call's
     // Every row's token, position and table, and the tables, in one copy (GpuPlan::ints).
@@ -158,54 +199,10 @@ class CudaModel final : public GpuModel {
   }
 
  private:
-  Status CheckStep(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
-                   std::span<int32_t> argmax) const {
-    if (runs.empty() || runs.size() > plan_.sequences) {
-      return Error(Code::kInvalidArgument, "a step of {} runs (1 to {})", runs.size(), plan_.sequences);
-    }
-    if (tokens.size() > plan_.rows) {
-      return Error(Code::kInvalidArgument, "a step of {} rows (at most {})", tokens.size(), plan_.rows);
-    }
-    uint64_t rows = 0;
-    bool hidden = false, logits = false, choose = false;
-    for (const GpuRun& run : runs) {
-      rows += run.rows;
-      hidden = hidden || run.want == GpuRun::Want::kHidden;
-      logits = logits || run.want == GpuRun::Want::kLogits;
-      choose = choose || run.want == GpuRun::Want::kArgMax;
-      const uint64_t end = uint64_t{run.start} + run.rows;
-      if (run.rows == 0 || end > context_) {
-        return Error(Code::kInvalidArgument, "positions {} to {} are past the context of {} tokens", run.start,
-                     end - 1, context_);
-      }
-      if (run.table.size() < KvBlocksOf(end) || run.table.size() > plan_.table_blocks) {
-        return Error(Code::kInvalidArgument, "a table of {} blocks for positions up to {}", run.table.size(), end);
-      }
-      for (uint32_t block : run.table) {
-        if (block >= plan_.blocks) {
-          return Error(Code::kInvalidArgument, "block {} of a pool of {}", block, plan_.blocks);
-        }
-      }
-    }
-    if (rows != tokens.size()) {
-      return Error(Code::kInvalidArgument, "{} tokens for runs of {} rows", tokens.size(), rows);
-    }
-    for (int32_t token : tokens) {
-      if (token < 0 || static_cast<uint32_t>(token) >= config_.vocab_size) {
-        return Error(Code::kInvalidArgument, "token {} is outside the vocabulary of {}", token, config_.vocab_size);
-      }
-    }
-    if (hidden && (logits || choose)) {
-      return Error(Code::kInvalidArgument, "a step gives hidden states or logits, not both");
-    }
-    const uint64_t width = hidden ? config_.hidden_size : config_.vocab_size;
-    if ((hidden || logits) && out.size() < runs.size() * width) {
-      return Error(Code::kInvalidArgument, "{} floats of output for {} runs of {}", out.size(), runs.size(), width);
-    }
-    if (choose && argmax.size() < runs.size()) {
-      return Error(Code::kInvalidArgument, "{} argmax entries for {} runs", argmax.size(), runs.size());
-    }
-    return OkStatus();
+
+  template <typename T>
+  T* Pool() const {
+    return static_cast<T*>(pool_.ptr);
   }
 
   template <typename T>
@@ -256,7 +253,7 @@ class CudaModel final : public GpuModel {
     float* up = At<float>(plan_.up);
     const double* inv_freq = At<double>(plan_.inv_freq);
     const int32_t* ints = At<int32_t>(plan_.ints);
-    const cuda::PagedRows paged{At<float>(plan_.pool), plan_.block_floats, c.kv_size(), ints + rows,
+    const cuda::PagedRows paged{Pool<float>(), plan_.block_floats, c.kv_size(), ints + rows,
                                 ints + 2 * uint64_t{rows}, ints + 3 * uint64_t{rows}};
     WP_CUDA_TRY(cuda::LaunchEmbed(ints, rows, weights_.embed.data, Stored(weights_.embed.dtype), c.hidden_size, x,
                                   stream_),
@@ -364,6 +361,7 @@ class CudaModel final : public GpuModel {
   bool started_ = false;
   std::string device_name_;
   wp_region workspace_{nullptr, 0, -1};
+  wp_region pool_{nullptr, 0, -1};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
 };

@@ -125,9 +125,14 @@ wp_status ExportCall(wp_engine* engine, wp_region* out) {
 
 wp_status ExportCacheCall(wp_engine* engine, wp_region* out) {
   TransformerEngine& e = *As(engine);
-  // A GPU's pool keeps its keys and values in device memory: there is nothing here to export.
-  if (!e.kv_pool || !e.kv_pool->floats_here() || out == nullptr) return WP_NOT_FOUND;
-  *out = {e.kv_pool->region().data(), e.kv_pool->region().bytes(), e.kv_pool->region().handle()};
+  if (!e.kv_pool || out == nullptr) return WP_NOT_FOUND;
+  if (e.kv_pool->floats_here()) {
+    *out = {e.kv_pool->region().data(), e.kv_pool->region().bytes(), e.kv_pool->region().handle()};
+    return WP_OK;
+  }
+  // A GPU's pool: its own device region, with the records mirrored into it (gpu_slots.h).
+  if (!e.gpu_model || e.gpu_model->pool().handle < 0) return WP_NOT_FOUND;
+  *out = e.gpu_model->pool();
   return WP_OK;
 }
 

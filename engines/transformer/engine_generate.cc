@@ -252,15 +252,10 @@ Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_reques
   // The prompt's prefix that an earlier sequence left in the KV cache is not computed again, nor
   // what a dead worker's cache holds of the rest (a resumed stream: its prompt and tokens sent).
   // A source that is not this model's is no source: everything is computed, as ever.
-  std::optional<KvRegion> source;
-  if (r.kv_source_bytes > 0 && e.kv_pool && e.kv_pool->floats_here()) {
-    Result<KvRegion> opened =
-        KvRegion::Open(r.kv_source, r.kv_source_bytes, e.kv_pool->layers(), e.kv_pool->kv_size(),
-                       e.kv_pool->region().blocks());
-    if (opened.ok()) source = std::move(*opened);
-  }
+  std::unique_ptr<OpenedKvSource> source;
+  if (r.kv_source_bytes > 0 && r.kv_source >= 0) source = OpenKvSource(e, r.kv_source, r.kv_source_bytes);
   if (!text->ended()) {
-    text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill(), source ? &*source : nullptr));
+    text->tokens().Skip(e.slots->Reuse(slot, text->tokens().prefill(), source ? &source->source() : nullptr));
   }
   auto* opened = new wp_sequence{std::move(*text), slot, need, r.arrival, ++e.opened, preemptible};
   *free = true;

@@ -132,6 +132,34 @@ Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes) {
   return OkStatus();
 }
 
+std::unique_ptr<OpenedKvSource> OpenKvSource(TransformerEngine& e, int handle, uint64_t bytes) {
+  if (!e.kv_pool) return nullptr;
+  const uint32_t layers = e.kv_pool->layers();
+  const uint32_t kv_size = e.kv_pool->kv_size();
+  const uint32_t blocks = e.kv_pool->region().blocks();
+  if (e.kv_pool->floats_here()) {
+    Result<KvRegion> opened = KvRegion::Open(handle, bytes, layers, kv_size, blocks);
+    if (!opened.ok()) return nullptr;
+    auto mapped = std::make_unique<OpenedKvSource>(e.memory, wp_region{nullptr, 0, -1});
+    mapped->SetRecords(std::move(*opened));
+    return mapped;
+  }
+  // A GPU's pool region: the whole region's size, then its records read back through the service.
+  if (!e.gpu_model || e.memory->import == nullptr || bytes != KvRegion::WholeBytes(layers, kv_size, blocks)) {
+    return nullptr;
+  }
+  wp_region device{nullptr, 0, -1};
+  if (e.memory->import(e.memory->ctx, handle, bytes, &device) != WP_OK) return nullptr;
+  auto imported = std::make_unique<OpenedKvSource>(e.memory, device);  // freed with it, on every path
+  const KvRegion::Span span = KvRegion::ImageSpan(layers, kv_size, blocks);
+  std::vector<uint8_t> image(span.bytes);
+  if (e.memory->read(e.memory->ctx, &device, span.offset, image.data(), image.size()) != WP_OK) return nullptr;
+  Result<KvRegion> records = KvRegion::FromImage(image, layers, kv_size, blocks);
+  if (!records.ok()) return nullptr;
+  imported->SetRecords(std::move(*records));
+  return imported;
+}
+
 Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_info& info) {
   e.name = spec.name != nullptr ? spec.name : "";
   e.on_device = e.memory->host_addressable == 0;

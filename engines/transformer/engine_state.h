@@ -87,6 +87,35 @@ Status BindEngine(TransformerEngine& e);
 // (the GPU), INVALID_ARGUMENT when the region is not a pool of this model's (KvPool::Adopt).
 Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes);
 
+// A dead worker's KV cache (wp_generate_request.kv_source) opened to be read: mapped where this
+// engine's pool is host memory; on a GPU, its device region imported through the memory service
+// and its records read back from there. Null when it is no pool of this model's shape (nothing is
+// read from it then: everything is computed, as ever).
+class OpenedKvSource {
+ public:
+  // `device`: imported from `memory` (ptr null: none), freed with this.
+  OpenedKvSource(const wp_device_memory* memory, wp_region device) : memory_(memory), device_(device) {
+    source_.device = device_.ptr != nullptr ? &device_ : nullptr;
+  }
+  void SetRecords(KvRegion records) {
+    records_ = std::move(records);
+    source_.records = &records_;
+  }
+  ~OpenedKvSource() {
+    if (device_.ptr != nullptr) memory_->free(memory_->ctx, &device_);
+  }
+  OpenedKvSource(const OpenedKvSource&) = delete;
+  OpenedKvSource& operator=(const OpenedKvSource&) = delete;
+  const KvSource& source() const { return source_; }
+
+ private:
+  const wp_device_memory* memory_;
+  KvRegion records_;
+  wp_region device_;
+  KvSource source_;
+};
+std::unique_ptr<OpenedKvSource> OpenKvSource(TransformerEngine& e, int handle, uint64_t bytes);
+
 // Generations (engine_generate.cc). A request (prompt, token ids or a chat through the model's
 // template; options over the model's defaults) opened as a sequence in a free slot; steps of open
 // sequences; a sequence closed, its slot free. Generate (ABI versions 3 to 6) is one sequence opened,

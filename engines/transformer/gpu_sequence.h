@@ -29,6 +29,8 @@
 
 #include "engines/transformer/config.h"
 #include "engines/transformer/kv_blocks.h"
+#include "engines/transformer/kv_cache.h"
+#include "engines/transformer/kv_region.h"
 #include "engines/transformer/weights.h"
 #include "warmpool/engine.h"
 
@@ -41,14 +43,17 @@ inline constexpr uint32_t kGpuChunkRows = 256;
 // cuBLAS's workspace, granted from the budget with the rest (it would otherwise allocate its own).
 inline constexpr uint64_t kGpuBlasWorkspaceBytes = uint64_t{8} << 20;
 
-// Byte offsets into one device allocation, each 256-byte aligned.
+// Two device allocations: the KV pool's region (its blocks' keys and values first, laid out as
+// KvRegion lays out a whole region, its header and records mirrored after them), which the engine
+// exports for the supervisor to hold past this process; and the workspace, whose byte offsets
+// (each 256-byte aligned) follow.
 struct GpuPlan {
   uint32_t rows = 0;                      // a step's rows at most
   uint32_t sequences = 0;                 // runs in a step at most
   uint32_t blocks = 0;                    // the KV pool's
   uint32_t table_blocks = 0;              // a sequence's table at most (its context's blocks)
   uint64_t block_floats = 0;              // one block, every layer's keys and values
-  uint64_t pool = 0;                      // blocks x block_floats f32
+  uint64_t pool_bytes = 0;                // the pool's region: blocks x block_floats f32, then records
   uint64_t x = 0, normed = 0;             // rows x hidden
   uint64_t q = 0, attended = 0;           // rows x q_size
   uint64_t k = 0, v = 0;                  // rows x kv_size: new keys and values, before the pool
@@ -60,7 +65,8 @@ struct GpuPlan {
   uint64_t ints = 0;                      // int32: tokens, positions, table_at (rows each), tables
   uint64_t chosen = 0;                    // sequences int32: greedy decoding's tokens
   uint64_t blas = 0;
-  uint64_t total = 0;
+  uint64_t workspace_bytes = 0;
+  uint64_t total = 0;                     // both regions: what the budget grants
 };
 
 inline GpuPlan PlanGpu(const Config& c, uint32_t context, uint32_t sequences, uint32_t pool_blocks) {
@@ -79,7 +85,7 @@ inline GpuPlan PlanGpu(const Config& c, uint32_t context, uint32_t sequences, ui
     at = (at + bytes + 255) / 256 * 256;
     return offset;
   };
-  plan.pool = take(uint64_t{pool_blocks} * plan.block_floats * sizeof(float));
+  plan.pool_bytes = KvRegion::WholeBytes(c.num_hidden_layers, c.kv_size(), pool_blocks);
   plan.x = take(rows * c.hidden_size * sizeof(float));
   plan.normed = take(rows * c.hidden_size * sizeof(float));
   plan.q = take(rows * c.q_size() * sizeof(float));
@@ -96,7 +102,8 @@ inline GpuPlan PlanGpu(const Config& c, uint32_t context, uint32_t sequences, ui
   plan.ints = take((3 * rows + uint64_t{plan.sequences} * plan.table_blocks) * sizeof(int32_t));
   plan.chosen = take(uint64_t{plan.sequences} * sizeof(int32_t));
   plan.blas = take(kGpuBlasWorkspaceBytes);
-  plan.total = at;
+  plan.workspace_bytes = at;
+  plan.total = plan.pool_bytes + plan.workspace_bytes;
   return plan;
 }
 
@@ -130,13 +137,23 @@ class GpuModel {
   // writes it), queued before the next step. An error: the copy was not queued (one that fails on
   // the device fails the next step, as any fault there does).
   virtual Status CopyBlock(uint32_t from, uint32_t to) = 0;
+  // The KV pool's own region (plan().pool_bytes; its handle shareable as the weights' are): what
+  // the engine exports (export_cache) for the supervisor to hold when this process dies.
+  virtual const wp_region& pool() const = 0;
+  // Bytes written into the pool's region at their offsets (its records' mirror, KvRegion::
+  // ImageWrites), one after another in this order, after whatever was queued before (a block's
+  // copy, a step) and before whatever is queued after; complete when it returns OK.
+  virtual Status WriteToPool(std::span<const KvRegion::ImageWrite> writes) = 0;
+  // Rows of another process's pool of this shape (`source`, imported: a dead worker's) copied into
+  // this pool, at float offsets into each (KvCache::Rows); complete when it returns OK.
+  virtual Status CopyFromPool(const wp_region& source, std::span<const KvCache::Rows> rows) = 0;
   // Where it runs, for the log.
   virtual std::string Describe() const = 0;
 };
 
 // Starts the model on the device that holds `weights` (its tensors' data are device pointers in a
-// region of `memory`, which must not be host-addressable), its workspace and KV pool allocated from
-// `memory` (PlanGpu(config, context, sequences, pool_blocks).total bytes). Null, with the reason in
+// region of `memory`, which must not be host-addressable), its KV pool and workspace allocated
+// from `memory` (PlanGpu(config, context, sequences, pool_blocks): pool_bytes and workspace_bytes). Null, with the reason in
 // `why`, when it cannot: no GPU module in this build, the CUDA runtime or cuBLAS does not start, a
 // head too wide, the workspace over the budget.
 std::unique_ptr<GpuModel> StartGpuModel(const Config& config, const ModelWeights& weights,

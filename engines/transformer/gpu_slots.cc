@@ -52,16 +52,47 @@ Status StepOnGpu(GpuModel& model, std::span<const GpuCacheRun> runs, std::span<f
     tokens.insert(tokens.end(), run.tokens.begin(), run.tokens.end());
     step.push_back({run.cache->blocks(), run.start, static_cast<uint32_t>(run.tokens.size()), run.want});
   }
+  // The records of the blocks about to be written claim nothing there before the step writes.
+  KvRegion& records = runs.front().cache->pool().region();
+  if (Status s = MirrorRecords(model, records); !s.ok()) return s;
   if (Status s = model.Step(tokens, step, out, argmax); !s.ok()) return s;
   // Every layer of every run holds its keys and values: the positions count, and full blocks join
   // the prefix cache.
   for (const GpuCacheRun& run : runs) run.cache->Commit(run.start, run.tokens);
+  // Raised there after the step wrote. Not in time, they claim less than is in place, never more:
+  // written with the next step's (the records stay marked), the step's results stand.
+  (void)MirrorRecords(model, records);
+  return OkStatus();
+}
+
+Status MirrorRecords(GpuModel& model, KvRegion& records) {
+  const std::vector<KvRegion::ImageWrite> writes = records.ImageWrites();
+  if (writes.empty()) return OkStatus();
+  if (Status s = model.WriteToPool(writes); !s.ok()) return s;
+  records.ImageWritten();
   return OkStatus();
 }
 
 Result<std::unique_ptr<KvPool>> MakeGpuPool(GpuModel& model) {
-  return KvPool::MakeElsewhere(model.config(), model.plan().blocks,
-                               [&model](uint32_t from, uint32_t to) { return model.CopyBlock(from, to); });
+  Result<std::unique_ptr<KvPool>> pool =
+      KvPool::MakeElsewhere(model.config(), model.plan().blocks, [&model](KvRegion& records, uint32_t from, uint32_t to) {
+        if (Status s = MirrorRecords(model, records); !s.ok()) return s;
+        return model.CopyBlock(from, to);
+      });
+  // The header there from the start: a reader finds a pool of this shape, claiming nothing yet.
+  if (pool.ok()) {
+    if (Status s = MirrorRecords(model, (*pool)->region()); !s.ok()) return s;
+  }
+  return pool;
+}
+
+uint32_t ImportOnGpu(GpuModel& model, KvCache& cache, const wp_region& source, const KvRegion& source_records,
+                     std::span<const int32_t> tokens, uint32_t most) {
+  return cache.Import(source_records, tokens, most, [&](std::span<const KvCache::Rows> rows) {
+    // The blocks taken for the copy claim nothing there before it lands.
+    if (Status s = MirrorRecords(model, cache.pool().region()); !s.ok()) return s;
+    return model.CopyFromPool(source, rows);
+  });
 }
 
 Status GpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) {

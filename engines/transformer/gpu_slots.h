@@ -35,8 +35,18 @@ struct GpuCacheRun {
 };
 Status StepOnGpu(GpuModel& model, std::span<const GpuCacheRun> runs, std::span<float> out, std::span<int32_t> argmax);
 
-// The KV pool of `model`'s plan: its bookkeeping here, its blocks copied on the device.
+// The KV pool of `model`'s plan: its bookkeeping here, its blocks copied on the device, its records
+// mirrored into the pool's region (GpuModel::pool) before any block is written there — a step, a
+// block's copy, an import — and after a step raised them. So the region the supervisor holds when
+// this process dies says, as a whole region does on the CPU, which tokens' keys and values are in
+// place there (KvRegion::ImageWrites).
 Result<std::unique_ptr<KvPool>> MakeGpuPool(GpuModel& model);
+// The records changed since their last mirror written into the pool's region (WriteToPool).
+Status MirrorRecords(GpuModel& model, KvRegion& records);
+// KvCache::Import on the GPU: `source` a dead worker's pool region of this shape (imported),
+// `source_records` its records read back (KvRegion::FromImage). Returns the cache's length now.
+uint32_t ImportOnGpu(GpuModel& model, KvCache& cache, const wp_region& source, const KvRegion& source_records,
+                     std::span<const int32_t> tokens, uint32_t most);
 
 class GpuSlots final : public PagedSlots {
  public:
@@ -44,6 +54,14 @@ class GpuSlots final : public PagedSlots {
       : PagedSlots(pool, first, count), model_(model) {}
   const Config& config() const override { return model_.config(); }
   Status Step(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax) override;
+
+ protected:
+  // A source whose keys and values are device memory (a GPU's pool region): copied there.
+  uint32_t Import(KvCache& cache, const KvSource& source, std::span<const int32_t> prompt, uint32_t most) override {
+    return source.records != nullptr && source.device != nullptr
+               ? ImportOnGpu(model_, cache, *source.device, *source.records, prompt, most)
+               : cache.length();
+  }
 
  private:
   GpuModel& model_;

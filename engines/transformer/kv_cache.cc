@@ -74,7 +74,7 @@ KvPool::KvPool(const Config& config, uint32_t blocks, KvRegion region)
     : layers_(config.num_hidden_layers), kv_size_(config.kv_size()), blocks_(blocks), region_(std::move(region)) {}
 
 Status KvPool::Copy(uint32_t from, uint32_t to) {
-  if (copy_elsewhere_) return copy_elsewhere_(from, to);
+  if (copy_elsewhere_) return copy_elsewhere_(region_, from, to);
   const uint64_t floats = region_.BlockFloats();
   std::memcpy(region_.data() + to * floats, region_.data() + from * floats, floats * sizeof(float));
   return OkStatus();
@@ -184,25 +184,37 @@ uint32_t KvCache::Reuse(std::span<const int32_t> tokens, uint32_t most) {
 }
 
 uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most) {
+  if (!pool_->floats_here() || source.data() == nullptr) return length_;
+  KvRegion& own = pool_->region();
+  return Import(source, tokens, most, [&](std::span<const Rows> rows) {
+    for (const Rows& r : rows) std::memcpy(own.data() + r.to, source.data() + r.from, r.floats * sizeof(float));
+    return OkStatus();
+  });
+}
+
+uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most,
+                         const RowsCopy& copy) {
   most = static_cast<uint32_t>(std::min<uint64_t>({most, tokens.size(), context_}));
   const std::vector<KvRegion::Extent> run = source.Longest(tokens, most);
   uint32_t end = 0;
   for (const KvRegion::Extent& e : run) end += e.count;
-  if (end <= length_ || !pool_->floats_here() || !Prepare(length_, end).ok()) return length_;
+  if (end <= length_ || !Prepare(length_, end).ok()) return length_;
   const uint32_t start = length_;
-  KvRegion& own = pool_->region();
+  const KvRegion& own = pool_->region();
+  std::vector<Rows> rows;
   for (uint32_t i = start / kKvBlockTokens; i < run.size(); ++i) {
     // Positions [from, to) of block i: the same offsets in the source's block and in this cache's.
     const uint32_t from = std::max(start, i * kKvBlockTokens) % kKvBlockTokens;
     const uint32_t to = run[i].count;
     for (uint32_t layer = 0; layer < pool_->layers(); ++layer) {
       for (uint32_t half = 0; half < 2; ++half) {
-        std::memcpy(own.data() + own.RowsAt(table_[i], layer, half, from),
-                    source.data() + source.RowsAt(run[i].block, layer, half, from),
-                    uint64_t{to - from} * pool_->kv_size() * sizeof(float));
+        rows.push_back({source.RowsAt(run[i].block, layer, half, from), own.RowsAt(table_[i], layer, half, from),
+                        uint64_t{to - from} * pool_->kv_size()});
       }
     }
   }
+  // Prepared, the cache holds the positions before start alone: a failed copy commits nothing.
+  if (!copy(rows).ok()) return length_;
   Commit(start, tokens.subspan(start, end - start), /*publish=*/false);
   return length_;
 }

@@ -48,11 +48,12 @@ class KvPool {
   // pool of this model's shape and `blocks` blocks (KvRegion::Adopt).
   static Result<std::unique_ptr<KvPool>> Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes);
   // A pool whose keys and values live elsewhere, in the layout a KvRegion's RowsAt gives (a GPU's
-  // memory, engines/transformer/gpu_slots.h): only its bookkeeping and records are here, and
-  // `copy` copies one block's keys and values to another there (an error: the copy was not made).
-  // Such a pool's caches import nothing from a dead worker's region (Import), and its region is
-  // never exported.
-  using BlockCopy = std::function<Status(uint32_t from, uint32_t to)>;
+  // memory, engines/transformer/gpu_slots.h): only its bookkeeping and records are here (a
+  // records-only region, mirrored there: KvRegion::ImageWrites), and `copy` copies one block's keys
+  // and values to another there, given the records so that it can mirror them first (the block
+  // copied into claims nothing there before the copy lands). An error: the copy was not made.
+  // Such a pool's caches import through a copy of their own (Import's second form).
+  using BlockCopy = std::function<Status(KvRegion& records, uint32_t from, uint32_t to)>;
   static Result<std::unique_ptr<KvPool>> MakeElsewhere(const Config& config, uint32_t blocks, BlockCopy copy);
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
@@ -96,6 +97,7 @@ class KvCache {
 
   uint32_t context() const { return context_; }
   uint32_t length() const { return length_; }
+  KvPool& pool() { return *pool_; }
   bool Fits(const Config& config) const {
     return pool_->layers() == config.num_hidden_layers && pool_->kv_size() == config.kv_size();
   }
@@ -124,6 +126,17 @@ class KvCache {
   // What it copies serves this sequence alone: a dead worker may have died of a fault that wrote
   // anything into its memory, so none of it joins the prefix cache.
   uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most);
+  // The same where the floats are elsewhere, the source's and this pool's alike (a GPU's, whose
+  // source is a records-only region read back, KvRegion::FromImage): `copy` copies the rows, given
+  // as float offsets into the source's region and this pool's (RowsAt). A copy that fails leaves
+  // the cache as Reuse left it.
+  struct Rows {
+    uint64_t from;
+    uint64_t to;
+    uint64_t floats;
+  };
+  using RowsCopy = std::function<Status(std::span<const Rows>)>;
+  uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most, const RowsCopy& copy);
   // Empty: its blocks released (the published ones stay cached for later sequences).
   void Clear();
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -37,6 +38,16 @@ uint64_t TotalBytes(uint64_t kv_bytes, uint32_t blocks) {
 }  // namespace
 
 uint64_t KvRegion::RecordsOffset(uint64_t kv_bytes) { return ((kv_bytes + 63) & ~uint64_t{63}) + sizeof(Header); }
+
+uint64_t KvRegion::WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  return TotalBytes(uint64_t{blocks} * layers * 2 * kKvBlockTokens * kv_size * sizeof(float), blocks);
+}
+
+KvRegion::Span KvRegion::ImageSpan(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
+  const uint64_t kv_bytes = uint64_t{blocks} * layers * 2 * kKvBlockTokens * kv_size * sizeof(float);
+  const uint64_t header = RecordsOffset(kv_bytes) - sizeof(Header);
+  return {header, TotalBytes(kv_bytes, blocks) - header};
+}
 
 KvRecord* KvRegion::records() const { return reinterpret_cast<KvRecord*>(base_ + RecordsOffset(kv_bytes_)); }
 
@@ -72,6 +83,52 @@ Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t bloc
   Header* header = reinterpret_cast<Header*>(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header));
   *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), {}};
   // Zero-filled records claim nothing (count 0, version 0).
+  if (!with_floats) r.is_changed_.assign(blocks, 0);
+  return r;
+}
+
+std::vector<KvRegion::ImageWrite> KvRegion::ImageWrites() const {
+  std::vector<ImageWrite> writes;
+  if (data_ != nullptr || base_ == nullptr) return writes;  // a whole region is its own image
+  const Span span = ImageSpan(layers_, kv_size_, blocks_);
+  const uint64_t records_at = span.offset + sizeof(Header);
+  if (!header_written_) writes.push_back({span.offset, base_ + RecordsOffset(kv_bytes_) - sizeof(Header), sizeof(Header)});
+  static constexpr uint32_t kOdd = 1;
+  for (uint32_t b : changed_) writes.push_back({records_at + uint64_t{b} * sizeof(KvRecord), &kOdd, sizeof(kOdd)});
+  constexpr uint64_t kFields = sizeof(KvRecord) - sizeof(uint32_t);  // all but the version, which leads
+  static_assert(offsetof(KvRecord, generation) == sizeof(uint32_t));
+  for (uint32_t b : changed_) {
+    writes.push_back({records_at + uint64_t{b} * sizeof(KvRecord) + sizeof(uint32_t), &records()[b].generation, kFields});
+  }
+  for (uint32_t b : changed_) {
+    writes.push_back({records_at + uint64_t{b} * sizeof(KvRecord), &records()[b].version, sizeof(uint32_t)});
+  }
+  return writes;
+}
+
+void KvRegion::ImageWritten() {
+  header_written_ = true;
+  for (uint32_t b : changed_) is_changed_[b] = 0;
+  changed_.clear();
+}
+
+Result<KvRegion> KvRegion::FromImage(std::span<const uint8_t> image, uint32_t layers, uint32_t kv_size,
+                                     uint32_t blocks) {
+  if (image.size() != ImageSpan(layers, kv_size, blocks).bytes) {
+    return Error(Code::kInvalidArgument, "a KV region's records of {} bytes are not {} blocks' of this model's",
+                 image.size(), blocks);
+  }
+  Result<KvRegion> r = Make(layers, kv_size, blocks, /*with_floats=*/false);
+  if (!r.ok()) return r.status();
+  Header header;
+  std::memcpy(&header, image.data(), sizeof(header));
+  if (header.magic != kMagic || header.layout != kLayout || header.block_tokens != kKvBlockTokens ||
+      header.layers != layers || header.kv_size != kv_size || header.blocks != blocks ||
+      header.record_bytes != sizeof(KvRecord)) {
+    return Error(Code::kInvalidArgument, "the KV region is not this model's (its header differs)");
+  }
+  std::memcpy(r->base_ + RecordsOffset(0) - sizeof(Header), image.data(), image.size());
+  r->is_changed_.clear();  // read back to be read, never mirrored again
   return r;
 }
 
@@ -131,6 +188,9 @@ KvRegion& KvRegion::operator=(KvRegion&& other) noexcept {
   bytes_ = std::exchange(other.bytes_, 0);
   data_ = std::exchange(other.data_, nullptr);
   kv_bytes_ = other.kv_bytes_;
+  changed_ = std::move(other.changed_);
+  is_changed_ = std::move(other.is_changed_);
+  header_written_ = other.header_written_;
   layers_ = other.layers_;
   kv_size_ = other.kv_size_;
   blocks_ = other.blocks_;
@@ -158,6 +218,10 @@ void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tok
   r.version.store((version | 1u) + 1, std::memory_order_release);
   // A record lowered before a write into its block must be in memory before that write is.
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (self.block < is_changed_.size() && !is_changed_[self.block]) {
+    is_changed_[self.block] = 1;
+    changed_.push_back(self.block);
+  }
 }
 
 std::vector<KvRegion::Standing> KvRegion::Records(std::vector<int32_t>& tokens) const {

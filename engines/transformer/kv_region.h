@@ -53,6 +53,8 @@ class KvRegion {
   // layout (a GPU's memory: RowsAt still says where): data() is null, and nothing opens it as a
   // region to read keys and values from (the engine never exports it).
   static Result<KvRegion> CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // The bytes of a whole region (Create's) of this shape: a GPU's pool region is laid out so too.
+  static uint64_t WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks);
   // Another process's region, mapped read-only: INVALID_ARGUMENT unless it is sealed against
   // resizing (Create seals it: nobody holding it can shrink it under a reader's mapping), its header
   // says it holds `blocks` blocks of this layout (layers, kv_size) — a pool like the reader's own —
@@ -78,6 +80,36 @@ class KvRegion {
   uint64_t RowsAt(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) const {
     return block * BlockFloats() + ((uint64_t{layer} * 2 + half) * kKvBlockTokens + offset) * kv_size_;
   }
+
+  // A records-only region (CreateRecords) is mirrored into the memory that holds its floats (a GPU's
+  // pool region, which the supervisor keeps when this process dies): its header and records at the
+  // offsets a whole region has them (ImageSpan). Describe marks what changed; ImageWrites says what
+  // to write there, in this order, for the mirror to hold what the records say now — the header
+  // once, then for each record changed its version made odd, its fields, and its version even
+  // again, each step for every record before the next. A writer cut short anywhere in that order
+  // leaves every mirrored record either as it was, as it is here, or odd (a reader skips it), so
+  // the mirror keeps the promise the records keep: a record written out before a block is written
+  // (KvCache::Prepare) claims only positions in place there. The pointers are into this region,
+  // valid until the next Describe; ImageWritten says they are all in place.
+  struct ImageWrite {
+    uint64_t offset;  // in the whole region
+    const void* bytes;
+    uint64_t size;
+  };
+  std::vector<ImageWrite> ImageWrites() const;
+  void ImageWritten();
+  // Where a whole region of this shape keeps its header and records: the span a mirror holds them
+  // in, and FromImage reads them back from.
+  struct Span {
+    uint64_t offset;
+    uint64_t bytes;
+  };
+  static Span ImageSpan(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // The header and records read back from such a mirror (ImageSpan's bytes, from another process's
+  // pool region): a records-only region to find a sequence's blocks in (Longest). INVALID_ARGUMENT
+  // when its size or header is not a pool of this shape's.
+  static Result<KvRegion> FromImage(std::span<const uint8_t> image, uint32_t layers, uint32_t kv_size,
+                                    uint32_t blocks);
 
   // The writer's side: block `self` holds `tokens` (at most kKvBlockTokens) at its first positions,
   // after `parent` in its sequence; `flags` kKvRecordPrivate when no prefix cache may keep it.
@@ -118,6 +150,11 @@ class KvRegion {
   uint32_t layers_ = 0;
   uint32_t kv_size_ = 0;
   uint32_t blocks_ = 0;
+  // Records-only: those changed since the mirror was last written (ImageWrites), and whether the
+  // mirror has the header yet.
+  std::vector<uint32_t> changed_;
+  std::vector<uint8_t> is_changed_;
+  bool header_written_ = false;
 };
 
 }  // namespace warmpool::transformer

@@ -9,11 +9,11 @@ PagedSlots::PagedSlots(KvPool& pool, KvCache& first, uint32_t count) : first_(fi
   for (uint32_t slot = 1; slot < count_; ++slot) others_.push_back(std::make_unique<KvCache>(pool, first.context()));
 }
 
-uint32_t PagedSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) {
+uint32_t PagedSlots::Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvSource* source) {
   if (slot >= count_ || prompt.empty()) return 0;
   const auto most = static_cast<uint32_t>(prompt.size() - 1);
   const uint32_t reused = Cache(slot).Reuse(prompt, most);
-  return source == nullptr ? reused : Cache(slot).Import(*source, prompt, most);
+  return source == nullptr ? reused : Import(Cache(slot), *source, prompt, most);
 }
 
 void PagedSlots::Free(uint32_t slot) {

@@ -24,10 +24,19 @@
 #include "engines/transformer/sequence.h"
 #include "engines/transformer/step_pacer.h"
 #include "engines/transformer/token_sequence.h"
+#include "warmpool/engine.h"
 
 namespace warmpool::transformer {
 
 inline constexpr uint32_t kStepPromptTokens = 32;
+
+// A dead worker's KV cache that a resumed sequence takes positions from (wp_generate_request.
+// kv_source): its records, and where its keys and values are not in them (a GPU's pool region,
+// whose records were read back: KvRegion::FromImage), that region, imported.
+struct KvSource {
+  const KvRegion* records = nullptr;
+  const wp_region* device = nullptr;
+};
 
 class SequenceSlots {
  public:
@@ -54,7 +63,7 @@ class SequenceSlots {
   // keep of the prompt's prefix (the prefix cache), then what `source` (a dead worker's pool of this
   // model, unless null) holds of the rest. Returns how many of the prompt's first tokens it holds
   // (fewer than all: the last one runs, for its logits). Slots that keep nothing return 0.
-  virtual uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) { return 0; }
+  virtual uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvSource* source) { return 0; }
   // The sequence in `slot` ended: what its cache holds is released (its published prefix kept).
   virtual void Free(uint32_t slot) {}
 };
@@ -68,11 +77,17 @@ class PagedSlots : public SequenceSlots {
   PagedSlots(KvPool& pool, KvCache& first, uint32_t count);
   uint32_t count() const override { return count_; }
   uint32_t context() const override { return first_.context(); }
-  uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvRegion* source) override;
+  uint32_t Reuse(uint32_t slot, std::span<const int32_t> prompt, const KvSource* source) override;
   void Free(uint32_t slot) override;
 
  protected:
   KvCache& Cache(uint32_t slot) { return slot == 0 ? first_ : *others_[slot - 1]; }
+  // Reuse's second half: the positions `source` holds copied into the cache (KvCache::Import);
+  // returns its length.
+  virtual uint32_t Import(KvCache& cache, const KvSource& source, std::span<const int32_t> prompt, uint32_t most) {
+    return source.records != nullptr && source.device == nullptr ? cache.Import(*source.records, prompt, most)
+                                                                 : cache.length();
+  }
   // INVALID_ARGUMENT unless logits and argmax have room for every run and each run's slot is one.
   Status CheckRuns(std::span<const Run> runs, std::span<float> logits, std::span<int32_t> argmax);
 

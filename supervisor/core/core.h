@@ -401,7 +401,7 @@ class Core {
   KeptMemory kept_memory_;  // device 0's: only the host backend keeps (one device)
   std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
   std::map<std::pair<uint32_t, uint32_t>, KeptKvCache> replica_caches_;  // (model, worker) -> its KV cache
-  std::set<int> kv_sources_;  // dead replicas' caches that retried generations name
+  std::map<int, uint64_t> kv_sources_;  // dead replicas' caches that retried generations name, and their bytes
   // (model, worker) -> what that replica's engine last said of its KV cache: blocks held, all, and
   // those its generations may come to need (less what was sent there since: WithKvRoom).
   struct KvUsageSaid {

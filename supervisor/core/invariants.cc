@@ -56,7 +56,9 @@ Status Core::CheckInvariants() const {
       if (w.kv_source >= 0) named.insert(w.kv_source);
     }
   }
-  if (named != kv_sources_) {
+  std::set<int> sources;
+  for (const auto& [handle, bytes] : kv_sources_) sources.insert(handle);
+  if (named != sources) {
     return Error(Code::kInternal, "{} KV cache sources held, {} named by retried generations", kv_sources_.size(),
                  named.size());
   }

@@ -23,7 +23,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
   // A load's reply may carry its engine's KV cache region after the weights' (ipc/descriptors.h).
   KeptKvCache cache;
   if (message.has_load_done() && message.load_done().cache_shared() && !e.handles.empty()) {
-    cache = {e.handles.back(), message.load_done().cache_bytes()};
+    cache = {e.handles.back(), message.load_done().cache_bytes(), message.load_done().cache_grant() != 0};
     e.handles.pop_back();
   }
   int handle = e.handles.empty() ? -1 : e.handles.front();

@@ -40,6 +40,9 @@ void Core::KeepCacheToPark(uint32_t model, uint32_t worker) {
   if (handing_over_) return;
   auto it = replica_caches_.find({model, worker});
   if (it == replica_caches_.end() || it->second.bytes == 0) return;
+  // A GPU's cache is device memory: kept, it would hold the device a park is to free, counted in no
+  // budget (its keys and values are not copied to the host yet).
+  if (it->second.on_device) return;  // let go (ForgetKvCaches)
   // Within the park budget, with the copies parked or parking (which count this model's copy).
   if (ParkCommitted() + it->second.bytes > config_.park_budget_bytes) return;  // let go (ForgetKvCaches)
   r->kv_cache = it->second;
@@ -61,7 +64,7 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
       waiter.kv_source = it->second.handle;
       named = true;
     }
-    if (named) kv_sources_.insert(it->second.handle);
+    if (named) kv_sources_.emplace(it->second.handle, it->second.bytes);
     else Close(it->second.handle);
     it = replica_caches_.erase(it);
   }
@@ -108,11 +111,11 @@ void Core::ForgetKvCaches() {
     }
   }
   for (auto it = kv_sources_.begin(); it != kv_sources_.end();) {
-    if (named.contains(*it)) {
+    if (named.contains(it->first)) {
       ++it;
       continue;
     }
-    Close(*it);
+    Close(it->first);
     it = kv_sources_.erase(it);
   }
 }

@@ -65,6 +65,9 @@ struct Replica {
 struct KeptKvCache {
   int handle = -1;
   uint64_t bytes = 0;
+  // Device memory (a GPU's pool, held by its grant: WorkerLoadDone.cache_grant): kept for the
+  // streams resumed after its worker's death, never to park with (parking frees the device).
+  bool on_device = false;
 };
 
 namespace residency {

@@ -22,7 +22,8 @@ Config WithPark(uint64_t park_budget) {
 }
 
 // Loaded on worker 0 with its cache (kCache, `cache_bytes`), then parked: its park and unload done.
-void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes) {
+// `grant` non-zero: the cache is a GPU's pool, device memory held by that grant.
+void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint64_t grant = 0) {
   rig.Start({lm});
   rig.Up(0);
   rig.Load(1, lm.name);
@@ -31,6 +32,7 @@ void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes) {
   v1::WorkerEnvelope done = CoreRig::LoadDone(load[0].load().job(), lm);
   done.mutable_load_done()->set_cache_shared(true);
   done.mutable_load_done()->set_cache_bytes(cache_bytes);
+  done.mutable_load_done()->set_cache_grant(grant);
   rig.Reply(0, done, {kWeights, kCache});
   ASSERT_EQ(rig.State(lm.name), shm::ModelState::kReady);
   rig.Forget();
@@ -86,6 +88,17 @@ TEST(CoreKvCacheTest, ACacheThatDoesNotFitTheParkBudgetIsLetGoAndTheWeightsParkA
   ModelEntry lm = LanguageModel("lm");
   CoreRig rig(WithPark(lm.weight_bytes + 299));
   LoadAndPark(rig, lm, 300);
+  EXPECT_TRUE(Closed(rig, kCache));
+  EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes);
+  ExpectUnparkWithoutCache(rig);
+}
+
+// A GPU's cache is device memory: parking frees the device, so it is let go however much room the
+// park budget has (its keys and values are not copied to the host).
+TEST(CoreKvCacheTest, AGpusCacheIsDeviceMemoryAndIsNotKeptToPark) {
+  ModelEntry lm = LanguageModel("lm");
+  CoreRig rig(WithPark(1000));
+  LoadAndPark(rig, lm, 300, /*grant=*/7);
   EXPECT_TRUE(Closed(rig, kCache));
   EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes);
   ExpectUnparkWithoutCache(rig);

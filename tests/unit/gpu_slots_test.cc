@@ -1,10 +1,8 @@
 // The host's half of the GPU's continuous batching (engines/transformer/gpu_slots.h), on a model
-// double that stands for the device: its "pool" keeps, per block and position, the token whose
-// keys and values a real model would store there, and each run's "logits" name a digest of the
-// tokens it finds through the run's table at positions 0 to its last, as attention would read
-// them. So a run answered with the digest of its own sequence's tokens was given a table that
-// leads to exactly its history: blocks taken, shared, published, reused and copied before being
-// rewritten, as the device would find them. The kernels themselves are checked on a GPU
+// double that stands for the device (tests/unit/gpu_device_double.h): a run answered with the
+// digest of its own sequence's tokens was given a table that leads to exactly its history: blocks
+// taken, shared, published, reused and copied before being rewritten, as the device would find
+// them. The kernels themselves are checked on a GPU
 // (transformer_gpu_test).
 #include <algorithm>
 #include <cmath>
@@ -16,108 +14,10 @@
 #include "engines/transformer/gpu_slots.h"
 #include "engines/transformer/kv_cache.h"
 #include "engines/transformer/sampler.h"
+#include "tests/unit/gpu_device_double.h"
 
 namespace warmpool::testing {
 namespace {
-
-using transformer::Config;
-using transformer::GpuModel;
-using transformer::GpuPlan;
-using transformer::GpuRun;
-using transformer::kKvBlockTokens;
-
-constexpr uint32_t kVocab = 1000;
-
-Config SmallConfig() {
-  Config c;
-  c.vocab_size = kVocab;
-  c.hidden_size = 8;
-  c.intermediate_size = 16;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  return c;
-}
-
-// What a run's logits name: a digest of the tokens at positions 0 .. end - 1, in order.
-int32_t Digest(std::span<const int32_t> history) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
-  return static_cast<int32_t>(h % kVocab);
-}
-
-class DeviceDouble final : public GpuModel {
- public:
-  DeviceDouble(uint32_t context, uint32_t sequences, uint32_t blocks)
-      : config_(SmallConfig()),
-        context_(context),
-        plan_(transformer::PlanGpu(config_, context, sequences, blocks)),
-        cells_(uint64_t{blocks} * kKvBlockTokens, -1) {}
-  const Config& config() const override { return config_; }
-  uint32_t context() const override { return context_; }
-  const GpuPlan& plan() const override { return plan_; }
-
-  Status Step(std::span<const int32_t> tokens, std::span<const GpuRun> runs, std::span<float> out,
-              std::span<int32_t> argmax) override {
-    // What the real model refuses, so that the host never asks it.
-    EXPECT_LE(tokens.size(), plan_.rows) << "a step of more rows than the plan's";
-    EXPECT_LE(runs.size(), plan_.sequences);
-    if (fail_steps) return Status(Code::kInternal, "the device double fails its steps");
-    steps++;
-    // As the device: every row's keys and values stored, then every row's attention.
-    uint64_t row = 0;
-    for (const GpuRun& run : runs) {
-      EXPECT_GE(run.table.size(), transformer::KvBlocksOf(run.start + run.rows)) << "a table short of the run";
-      for (uint32_t p = run.start; p < run.start + run.rows; ++p) Cell(run.table, p) = tokens[row++];
-    }
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const GpuRun& run = runs[i];
-      const uint32_t end = run.start + run.rows;
-      std::vector<int32_t> seen;
-      for (uint32_t p = 0; p < end; ++p) seen.push_back(Cell(run.table, p));
-      const int32_t digest = Digest(seen);
-      // A token this double takes for a model gone wrong: no logit that is a number.
-      if (run.want == GpuRun::Want::kArgMax) argmax[i] = seen.back() == kBroken ? -1 : digest;
-      if (run.want == GpuRun::Want::kLogits) {
-        std::fill_n(out.begin() + i * kVocab, kVocab, 0.0f);
-        out[i * kVocab + digest] = 1.0f;
-      }
-      if (run.want == GpuRun::Want::kHidden) out[i * config_.hidden_size] = static_cast<float>(digest);
-    }
-    EXPECT_EQ(row, tokens.size());
-    return OkStatus();
-  }
-  Status CopyBlock(uint32_t from, uint32_t to) override {
-    if (fail_copies) return Status(Code::kInternal, "the device double fails its copies");
-    copies++;
-    std::copy_n(cells_.begin() + uint64_t{from} * kKvBlockTokens, kKvBlockTokens,
-                cells_.begin() + uint64_t{to} * kKvBlockTokens);
-    return OkStatus();
-  }
-  std::string Describe() const override { return "the device double"; }
-
-  int steps = 0;
-  int copies = 0;
-  bool fail_steps = false;
-  bool fail_copies = false;
-  static constexpr int32_t kBroken = kVocab - 1;
-
- private:
-  int32_t& Cell(std::span<const uint32_t> table, uint32_t position) {
-    return cells_[uint64_t{table[position / kKvBlockTokens]} * kKvBlockTokens + position % kKvBlockTokens];
-  }
-  Config config_;
-  uint32_t context_;
-  GpuPlan plan_;
-  std::vector<int32_t> cells_;
-};
-
-std::vector<int32_t> Tokens(uint32_t count, int32_t seed) {
-  std::vector<int32_t> t(count);
-  for (uint32_t i = 0; i < count; ++i) t[i] = static_cast<int32_t>((seed * 7919 + i * 104729) % kVocab);
-  return t;
-}
 
 class GpuSlotsTest : public ::testing::Test {
  protected:

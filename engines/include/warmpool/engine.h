@@ -237,7 +237,9 @@ typedef struct wp_generate_request {
   uint32_t resume_count;
   /* Version 10: a region an earlier instance of this model exported (export_cache) and left
    * behind when its worker died, mapped read-only by the engine during open_sequence or generate
-   * only (kv_source_bytes 0 and kv_source -1: none). The engine takes from it the keys and values of the request's
+   * only (kv_source_bytes 0 and kv_source -1: none); kv_source_bytes is the size export_cache gave
+   * (device memory's handle has none of its own: the engine maps it through the memory service's
+   * import). The engine takes from it the keys and values of the request's
    * tokens (prompt, then resume_tokens) it finds there, rather than computing them; what it does
    * not find, or a region that is not its model's, it computes as ever. What it copies serves that
    * generation alone (a crashed engine may have left anything there: it joins no prefix cache). */
@@ -418,10 +420,12 @@ typedef struct wp_engine_vtable {
   void (*close_sequence)(wp_engine* engine, wp_sequence* sequence);
 
   /* Version 10 (NULL where the engine does not do it). */
-  /* After load, attach or unpark: the region (its handle and size; ptr need not be set) holding the
-   * sequences' keys and values with the records a later instance reads them by (request.kv_source),
-   * valid until close. WP_NOT_FOUND when the engine keeps them where no other process can map them
-   * (device memory, say). */
+  /* After load, attach or unpark: the region (its handle and size; ptr need not be set for host
+   * memory) holding the sequences' keys and values with the records a later instance reads them
+   * by (request.kv_source), valid until close: host memory, or device memory from the memory
+   * service (alloc, the region as it gave it: the worker finds the grant behind it by ptr), whose
+   * handle the supervisor then holds as it holds the weights'. WP_NOT_FOUND when the engine keeps them
+   * where no other process can map them. */
   wp_status (*export_cache)(wp_engine* engine, wp_region* out);
   /* Its KV cache's blocks now: those its open sequences (and a run, an embedding) hold, of all it
    * has; blocks that only keep a prefix for later requests are free for the taking, not held.

@@ -1,0 +1,163 @@
+// A GPU's KV pool as the supervisor holds it (engines/transformer/gpu_slots.h MakeGpuPool): the
+// pool's own device region, its blocks' keys and values with the records mirrored after them, so
+// that a stream resumed after its worker died copies what the dead pool holds instead of computing
+// it, as on the CPU. On the model double (tests/unit/gpu_device_double.h), which checks after every
+// write into the region and every write of its blocks that each record the mirror holds claims only
+// tokens in place there — what a reader finds if the worker dies at that instant.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engines/transformer/gpu_slots.h"
+#include "engines/transformer/kv_cache.h"
+#include "engines/transformer/kv_region.h"
+#include "tests/unit/gpu_device_double.h"
+
+namespace warmpool::testing {
+namespace {
+
+using transformer::KvRegion;
+using StepRun = transformer::SequenceSlots::Run;
+
+// A GPU model's pool and slots on the double.
+struct GpuRig {
+  GpuRig(uint32_t context, uint32_t sequences, uint32_t blocks) : device(context, sequences, blocks) {
+    Result<std::unique_ptr<transformer::KvPool>> made = transformer::MakeGpuPool(device);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    pool = std::move(*made);
+    first = std::make_unique<transformer::KvCache>(*pool, context);
+    slots = std::make_unique<transformer::GpuSlots>(device, *pool, *first, sequences);
+  }
+  // One step; each run's digest (from its logits).
+  std::vector<int32_t> Step(std::vector<StepRun> runs) {
+    std::vector<float> logits(runs.size() * uint64_t{kVocab});
+    std::vector<int32_t> argmax(runs.size(), -1);
+    const Status s = slots->Step(runs, logits, argmax);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const float* row = logits.data() + i * kVocab;
+      argmax[i] = static_cast<int32_t>(std::max_element(row, row + kVocab) - row);
+    }
+    return argmax;
+  }
+  DeviceDouble device;
+  std::unique_ptr<transformer::KvPool> pool;
+  std::unique_ptr<transformer::KvCache> first;
+  std::unique_ptr<transformer::GpuSlots> slots;
+};
+
+// What a reader finds of `tokens` in records: positions, in order.
+uint32_t Found(const KvRegion& records, std::span<const int32_t> tokens) {
+  uint32_t found = 0;
+  for (const KvRegion::Extent& e : records.Longest(tokens, static_cast<uint32_t>(tokens.size()))) found += e.count;
+  return found;
+}
+
+TEST(GpuKvMirrorTest, AFreshPoolsRegionHasItsHeaderAndClaimsNothing) {
+  GpuRig rig(512, 2, transformer::KvPoolBlocks(512, 2));
+  EXPECT_EQ(rig.device.pool().bytes, KvRegion::WholeBytes(SmallConfig().num_hidden_layers, SmallConfig().kv_size(),
+                                                          rig.device.plan().blocks))
+      << "laid out as a whole region on the CPU";
+  Result<KvRegion> mirror = rig.device.Mirror();
+  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
+  std::vector<int32_t> held;
+  EXPECT_TRUE(mirror->Records(held).empty());
+  // A region of another shape is no source: its header says so.
+  EXPECT_EQ(KvRegion::FromImage(std::vector<uint8_t>(64), 2, 4, rig.device.plan().blocks).status().code(),
+            Code::kInvalidArgument);
+}
+
+// Blocks taken from the prefix cache and written again, a shared block copied before it is
+// rewritten, decodes across block boundaries: at every write into the region or its blocks the
+// mirror claims only what is in place (the double checks), and once a step is done it says what
+// the host's records say.
+TEST(GpuKvMirrorTest, TheMirrorNeverClaimsMoreThanTheBlocksHold) {
+  constexpr uint32_t kContext = 512;
+  GpuRig rig(kContext, 2, transformer::KvPoolBlocks(kContext, 2, kContext));  // 8 blocks
+  const std::vector<int32_t> a = Tokens(200, 1);
+  rig.Step({{0, a, 0}});
+  rig.slots->Free(0);  // its three full blocks stay, published, in the prefix cache
+  const std::vector<int32_t> b = Tokens(450, 2);  // needs every block: a's cached ones are taken
+  rig.Step({{1, std::span(b).first(256), 0}});
+  rig.Step({{1, std::span(b).subspan(256), 256}});
+  rig.slots->Free(1);
+  // Two sequences share a prompt's blocks; one rewrites inside the second: copied first.
+  const std::vector<int32_t> p = Tokens(130, 3);
+  rig.Step({{0, p, 0}});
+  ASSERT_EQ(rig.slots->Reuse(1, p, nullptr), 2 * transformer::kKvBlockTokens);
+  const int copies = rig.device.copies;
+  const std::vector<int32_t> q = Tokens(30, 4);
+  rig.Step({{1, q, 100}});
+  EXPECT_EQ(rig.device.copies, copies + 1);
+  std::vector<int32_t> history = p;
+  for (int round = 0; round < 80; ++round) {
+    const auto next = static_cast<int32_t>(round * 7 % kVocab);
+    const auto at = static_cast<uint32_t>(history.size());
+    history.push_back(next);
+    EXPECT_EQ(rig.Step({{0, {&next, 1}, at}})[0], Digest(history));
+  }
+  EXPECT_EQ(rig.device.mirror_violations, 0);
+  EXPECT_GT(rig.device.region_writes, 0);
+  Result<KvRegion> mirror = rig.device.Mirror();
+  ASSERT_TRUE(mirror.ok());
+  EXPECT_EQ(Found(*mirror, history), Found(rig.pool->region(), history)) << "the mirror says what the host says";
+  EXPECT_EQ(Found(*mirror, history), history.size());
+}
+
+// A write into the mirror that fails before a step fails the step: nothing runs, nothing commits.
+TEST(GpuKvMirrorTest, AStepWhoseRecordsCannotBeWrittenRunsNot) {
+  GpuRig rig(512, 2, transformer::KvPoolBlocks(512, 2));
+  const std::vector<int32_t> p = Tokens(40, 5);
+  rig.device.fail_writes = true;
+  std::vector<float> logits(kVocab);
+  std::vector<int32_t> argmax(1);
+  std::vector<StepRun> runs{{0, p, 0}};
+  EXPECT_EQ(rig.slots->Step(runs, logits, argmax).code(), Code::kInternal);
+  EXPECT_EQ(rig.device.steps, 0);
+  EXPECT_EQ(rig.first->length(), 0u);
+  rig.device.fail_writes = false;
+  EXPECT_EQ(rig.Step({{0, p, 0}})[0], Digest(p));
+}
+
+// A worker dies mid-stream: a new one, its own pool empty, finds the prompt and the tokens sent in
+// the dead pool's mirror and copies their keys and values on the device instead of computing them;
+// the stream then goes on from its own history. What it copied serves that sequence alone.
+TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice) {
+  constexpr uint32_t kContext = 512;
+  GpuRig live(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  std::vector<int32_t> history = Tokens(150, 6);
+  live.Step({{0, history, 0}});
+  for (int round = 0; round < 20; ++round) {
+    const auto next = static_cast<int32_t>(round * 13 % kVocab);
+    live.Step({{0, {&next, 1}, static_cast<uint32_t>(history.size())}});
+    history.push_back(next);
+  }
+  const DeviceDouble dead = live.device;  // the region the supervisor held when the worker died
+
+  GpuRig resumed(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  Result<KvRegion> records = dead.Mirror();
+  ASSERT_TRUE(records.ok());
+  const transformer::KvSource source{&*records, &dead.pool()};
+  std::vector<int32_t> prompt = history;
+  prompt.push_back(42);  // the next token to run: the last is never copied (its logits are wanted)
+  EXPECT_EQ(resumed.slots->Reuse(0, prompt, &source), history.size()) << "every position sent, copied";
+  EXPECT_EQ(resumed.device.steps, 0) << "none computed";
+  EXPECT_GT(resumed.device.rows_copied, 0u);
+  EXPECT_EQ(resumed.Step({{0, std::span(prompt).last(1), static_cast<uint32_t>(history.size())}})[0],
+            Digest(prompt))
+      << "the copied positions hold the stream's history";
+  EXPECT_EQ(resumed.slots->Reuse(1, prompt, nullptr), 0u) << "nothing copied joins the prefix cache";
+  EXPECT_EQ(resumed.device.mirror_violations, 0);
+
+  // A region of another model's shape is found by nothing: everything is computed.
+  GpuRig other(kContext, 3, transformer::KvPoolBlocks(kContext, 3));
+  EXPECT_FALSE(KvRegion::FromImage(dead.MirrorBytes(), SmallConfig().num_hidden_layers,
+                                   SmallConfig().kv_size(), other.device.plan().blocks)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace warmpool::testing
