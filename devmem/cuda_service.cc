@@ -201,7 +201,7 @@ wp_status CudaMemory::CImport(void* ctx, int handle, uint64_t bytes, wp_region* 
   if (own < 0) return WP_INTERNAL;
   Result<wp_region> region = self->Map(own, bytes, DeviceAccess::kReadOnly, 0);
   if (!region.ok()) {
-    spdlog::error("cannot map shared weights: {}", region.status().ToString());
+    spdlog::error("cannot map a shared region (weights, a KV cache): {}", region.status().ToString());
     close(own);
     return WpCode(region.status());
   }

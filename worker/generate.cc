@@ -3,7 +3,6 @@
 // an older one runs it alone through its generate call. Either way each step's output goes out as
 // it is made (worker/generation_stream.h), and the job ends within a step when the supervisor
 // cancels it (its client left) or its deadline passes.
-#include <sys/stat.h>
 
 #include <chrono>
 #include <optional>

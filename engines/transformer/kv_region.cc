@@ -182,7 +182,10 @@ Result<KvRegion> KvRegion::Map(int handle, uint64_t bytes, uint32_t layers, uint
 
 KvRegion& KvRegion::operator=(KvRegion&& other) noexcept {
   if (this == &other) return *this;
-  this->~KvRegion();
+  // What this one holds let go by hand: not by its destructor, after which no member may be
+  // assigned (the vectors below would free their buffers twice).
+  if (base_ != nullptr) munmap(base_, bytes_);
+  if (handle_ >= 0) close(handle_);
   handle_ = std::exchange(other.handle_, -1);
   base_ = std::exchange(other.base_, nullptr);
   bytes_ = std::exchange(other.bytes_, 0);

@@ -50,8 +50,8 @@ class KvRegion {
   // claims nothing. RESOURCE_EXHAUSTED when the memory cannot be had.
   static Result<KvRegion> Create(uint32_t layers, uint32_t kv_size, uint32_t blocks);
   // The header and records alone, for a pool whose keys and values live elsewhere in the same
-  // layout (a GPU's memory: RowsAt still says where): data() is null, and nothing opens it as a
-  // region to read keys and values from (the engine never exports it).
+  // layout (a GPU's memory: RowsAt still says where): data() is null. It is never exported itself:
+  // its header and records are mirrored into the region that holds the floats (ImageWrites).
   static Result<KvRegion> CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks);
   // The bytes of a whole region (Create's) of this shape: a GPU's pool region is laid out so too.
   static uint64_t WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks);

@@ -19,7 +19,8 @@ std::vector<policy::Resident> Core::Residents() const {
     policy::Resident p;
     p.model = model;
     p.name = r.name;
-    p.device_bytes = r.weight_bytes + r.workspace_bytes;
+    // With a dead replica's GPU pool while a retried generation holds it (kv_caches.cc).
+    p.device_bytes = r.weight_bytes + r.workspace_bytes + DeviceKvSourceBytes(model);
     p.pinned = m.pinned;
     p.device = m.machine.Device() == shm::kNil ? 0 : m.machine.Device();
     p.busy = m.inflight != 0 || !m.waiters.empty() || !m.unload_waiters.empty();

@@ -220,7 +220,7 @@ std::vector<std::pair<uint32_t, int>> Core::HeldHandles() const {
     for (const auto& [region_id, region] : session.regions) held.emplace_back(shm::kNil, region.handle);
   }
   for (const auto& [replica, cache] : replica_caches_) held.emplace_back(replica.first, cache.handle);
-  for (const auto& [handle, bytes] : kv_sources_) held.emplace_back(shm::kNil, handle);
+  for (const auto& [handle, source] : kv_sources_) held.emplace_back(shm::kNil, handle);
   return held;
 }
 

@@ -401,7 +401,16 @@ class Core {
   KeptMemory kept_memory_;  // device 0's: only the host backend keeps (one device)
   std::unordered_set<int> adopted_memory_;  // handles of adopted weights while the core holds them
   std::map<std::pair<uint32_t, uint32_t>, KeptKvCache> replica_caches_;  // (model, worker) -> its KV cache
-  std::map<int, uint64_t> kv_sources_;  // dead replicas' caches that retried generations name, and their bytes
+  // Dead replicas' caches that retried generations name, by descriptor. One on a device (a GPU's
+  // pool) counts against its device's room with its model's weights while it is held (Residents).
+  struct KvSource {
+    uint64_t bytes = 0;
+    bool on_device = false;
+    uint32_t model = 0;
+  };
+  std::map<int, KvSource> kv_sources_;
+  // Bytes of `model`'s dead replicas' caches held on its device.
+  uint64_t DeviceKvSourceBytes(uint32_t model) const;
   // (model, worker) -> what that replica's engine last said of its KV cache: blocks held, all, and
   // those its generations may come to need (less what was sent there since: WithKvRoom).
   struct KvUsageSaid {

@@ -122,7 +122,7 @@ void Core::DispatchLanguageJob(uint32_t model, uint32_t worker, Waiter&& waiter)
   // Retried after its worker died: that replica's KV cache goes with it (core/kv_caches.cc).
   infer->set_kv_source(stored.kv_source >= 0);
   if (auto source = kv_sources_.find(stored.kv_source); source != kv_sources_.end()) {
-    infer->set_kv_source_bytes(source->second);  // a device region's handle has no size of its own
+    infer->set_kv_source_bytes(source->second.bytes);  // a device region's handle has no size of its own
   }
   // What the client has, the core can resume after (job.resumable: a stream without tools, whose
   // chunks are tokens), or the client has nothing yet (no stream): its engine may preempt it.

@@ -57,7 +57,7 @@ Status Core::CheckInvariants() const {
     }
   }
   std::set<int> sources;
-  for (const auto& [handle, bytes] : kv_sources_) sources.insert(handle);
+  for (const auto& [handle, source] : kv_sources_) sources.insert(handle);
   if (named != sources) {
     return Error(Code::kInternal, "{} KV cache sources held, {} named by retried generations", kv_sources_.size(),
                  named.size());

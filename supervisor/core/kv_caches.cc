@@ -8,8 +8,10 @@
 //
 // What the core holds: a replica's region while its worker serves the model (replica_caches_), and a
 // dead replica's while a retried generation names it (kv_sources_): until that generation's first
-// chunk, when its engine has read it, or until its model holds no weights (a dead cache is memory
-// no budget counts: it is kept only while its streams are about to go on). Both are reconciled after every event (ForgetKvCaches), so no
+// chunk, when its engine has read it, or until its model holds no weights (a dead cache is kept
+// only while its streams are about to go on: in host memory it is memory no budget counts; a GPU's
+// pool counts against its device's room with its model, and is kept only where that room is).
+// Both are reconciled after every event (ForgetKvCaches), so no
 // path that ends a replica or a job — an unload, a release, a move, a deadline, a client that left
 // — needs to know about them.
 //
@@ -56,6 +58,22 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
       ++it;
       continue;
     }
+    // A GPU's pool is device memory: held, it takes room beside the replica that replaces it (a
+    // worker respawned attaches at once, as admitted before). Kept only where the device has that
+    // room beside all it holds; else let go, and the retried generations compute their prompts.
+    const uint32_t device = models_[model].machine.Device();
+    const uint64_t budget = device == shm::kNil ? 0 : index_->DeviceBudget(device);
+    if (it->second.on_device && budget != 0) {
+      uint64_t held = it->second.bytes;
+      for (const policy::Resident& r : Residents()) {
+        if (r.device == device && r.where != policy::Resident::Where::kParked) held += r.device_bytes;
+      }
+      if (held > budget) {
+        Close(it->second.handle);
+        it = replica_caches_.erase(it);
+        continue;
+      }
+    }
     bool named = false;
     for (auto& [retried, waiter] : retries) {
       // One still holding an earlier dead replica's cache, unread, keeps it: this one may have
@@ -64,10 +82,18 @@ void Core::HandCachesToRetries(uint32_t slot, std::vector<std::pair<uint32_t, Wa
       waiter.kv_source = it->second.handle;
       named = true;
     }
-    if (named) kv_sources_.emplace(it->second.handle, it->second.bytes);
+    if (named) kv_sources_.emplace(it->second.handle, KvSource{it->second.bytes, it->second.on_device, model});
     else Close(it->second.handle);
     it = replica_caches_.erase(it);
   }
+}
+
+uint64_t Core::DeviceKvSourceBytes(uint32_t model) const {
+  uint64_t bytes = 0;
+  for (const auto& [handle, source] : kv_sources_) {
+    if (source.on_device && source.model == model) bytes += source.bytes;
+  }
+  return bytes;
 }
 
 void Core::NoteKvUsage(uint32_t model, uint32_t worker, const v1::KvUsage& usage) {
@@ -102,8 +128,7 @@ void Core::ForgetKvCaches() {
   for (const auto& [id, job] : jobs_) named.insert(job.kv_source);
   for (Model& m : models_) {
     // A model that holds no weights now (released, parked, unloaded, loading again) lets its
-    // waiters' sources go: a dead cache is pinned memory outside every budget, held only while its
-    // stream is about to go on.
+    // waiters' sources go: a dead cache is held only while its stream is about to go on.
     const bool weights_held = m.machine.DeviceWeights() != nullptr;
     for (Waiter& w : m.waiters) {
       if (!weights_held) w.kv_source = -1;

@@ -137,14 +137,21 @@ TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice
   }
   const DeviceDouble dead = live.device;  // the region the supervisor held when the worker died
 
-  GpuRig resumed(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  // The new worker's pool is small and full of an earlier prompt's published blocks: the import
+  // takes some of them, whose records must claim nothing there before the copy lands.
+  GpuRig resumed(kContext, 2, transformer::KvPoolBlocks(kContext, 2, kContext));  // 8 blocks
+  const std::vector<int32_t> earlier = Tokens(450, 7);
+  resumed.Step({{1, std::span(earlier).first(256), 0}});
+  resumed.Step({{1, std::span(earlier).subspan(256), 256}});
+  resumed.slots->Free(1);
+  const int steps = resumed.device.steps;
   Result<KvRegion> records = dead.Mirror();
   ASSERT_TRUE(records.ok());
   const transformer::KvSource source{&*records, &dead.pool()};
   std::vector<int32_t> prompt = history;
   prompt.push_back(42);  // the next token to run: the last is never copied (its logits are wanted)
   EXPECT_EQ(resumed.slots->Reuse(0, prompt, &source), history.size()) << "every position sent, copied";
-  EXPECT_EQ(resumed.device.steps, 0) << "none computed";
+  EXPECT_EQ(resumed.device.steps, steps) << "none computed";
   EXPECT_GT(resumed.device.rows_copied, 0u);
   EXPECT_EQ(resumed.Step({{0, std::span(prompt).last(1), static_cast<uint32_t>(history.size())}})[0],
             Digest(prompt))
