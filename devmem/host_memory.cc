@@ -188,6 +188,19 @@ Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_regi
   return fd;
 }
 
+Result<int> HostMemory::CopyToSealedHost(const wp_device_memory& device, const wp_region& region) {
+  const int fd = memfd_create("warmpool-parked-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Error(Code::kInternal, "memfd_create: {}", std::strerror(errno));
+  Result<int> copied = CopyToHost(device, region, fd);  // closes fd on failure
+  if (!copied.ok()) return copied.status();
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    close(fd);
+    return Error(Code::kInternal, "cannot seal a host copy: {}", std::strerror(err));
+  }
+  return fd;
+}
+
 Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
   if (bytes == 0) return Error(Code::kInvalidArgument, "cannot import a region of 0 bytes");
   struct stat st {};

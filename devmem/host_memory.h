@@ -57,6 +57,9 @@ class HostMemory {
   // Imports at least this large fill their page tables from those threads too (Import).
   static constexpr uint64_t kParallelPopulateBytes = 64ull << 20;
   static Result<int> CopyToHost(const wp_device_memory& device, const wp_region& region, int reuse_fd = -1);
+  // The same into a fresh memfd sealed against resizing once written (what a KV region's reader
+  // demands: engines/transformer/kv_region.h): a GPU's KV pool parked with its model.
+  static Result<int> CopyToSealedHost(const wp_device_memory& device, const wp_region& region);
   // Maps a region exported by another process: a dup of its fd, mapped shared; read-only and
   // populated unless `read_only` is false (a copy a GPU driver pins for a transfer). Not counted
   // against this process's budget: the supervisor accounts shared weights once, where it holds

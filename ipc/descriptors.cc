@@ -22,7 +22,8 @@ int DescriptorsCarried(const v1::WorkerEnvelope& message) {
              (message.infer().kv_source() ? 1 : 0);
     case v1::WorkerEnvelope::kLoadDone:
       return (message.load_done().weights_shared() ? 1 : 0) + (message.load_done().cache_shared() ? 1 : 0);
-    case v1::WorkerEnvelope::kParkDone: return message.park_done().copy_shared() ? 1 : 0;
+    case v1::WorkerEnvelope::kParkDone:
+      return (message.park_done().copy_shared() ? 1 : 0) + (message.park_done().cache_copy() ? 1 : 0);
     default: return 0;
   }
 }

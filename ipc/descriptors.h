@@ -22,7 +22,8 @@
 //   WorkerEnvelope (worker -> warmpoold)
 //     load_done                     0-2  the weights region (weights_shared), then the KV cache
 //                                        region (cache_shared)
-//     park_done with copy_shared      1  the host copy
+//     park_done                     0-2  the host copy (copy_shared), then the host copy of a GPU's
+//                                        KV pool (cache_copy)
 //   OwnerEnvelope (owner -> warmpoold)
 //     allocated, no error, no handle  1  the exported allocation (vmm; legacy names it in ipc_handle)
 //

@@ -63,6 +63,8 @@ class MemoryService {
   // A park: the weights copied into host memory (into the memory offered to the job, if any); the
   // descriptor of the copy is the caller's.
   Result<int> CopyToHost(const wp_region& weights, uint64_t job);
+  // A park: a GPU's KV pool copied into a sealed host memfd (the caller's).
+  Result<int> CopyCacheToHost(const wp_region& cache) { return HostMemory::CopyToSealedHost(engines_, cache); }
 
   // --- load thread ---
   // The job the load thread runs now (0: none): its allocations take the memory offered to it.

@@ -141,6 +141,7 @@ void Serving::HandlePark(const v1::WorkerPark& request) {
   done->set_job(request.job());
   std::shared_ptr<Engine> engine = models_.Find(request.model());
   int copy = -1;
+  int cache_copy = -1;
   Status status;
   if (engine == nullptr) {
     status = Error(Code::kUnavailable, "model {} is not loaded in worker {}", request.model(), options_.slot);
@@ -155,6 +156,19 @@ void Serving::HandlePark(const v1::WorkerPark& request) {
         copy = *host;
         done->set_bytes(weights->bytes);
         done->set_copy_shared(true);
+        // A GPU's KV pool is device memory too, which parking frees: copied out beside the
+        // weights (between steps: this thread runs them), its prefix cache goes with the copy.
+        Result<wp_region> cache = engine->ExportCache();
+        if (request.cache_copy() && cache.ok() && memory_.GrantOf(*cache) != 0) {
+          Result<int> kv = memory_.CopyCacheToHost(*cache);
+          if (kv.ok()) {
+            cache_copy = *kv;
+            done->set_cache_copy(true);
+            done->set_cache_copy_bytes(cache->bytes);
+          } else {  // the weights park without it: the unparked model's cache starts empty
+            spdlog::warn("model {}: its KV cache is not parked with it: {}", request.model(), kv.status().ToString());
+          }
+        }
       }
     }
   }
@@ -162,8 +176,12 @@ void Serving::HandlePark(const v1::WorkerPark& request) {
   outbox_.FaultsFor(request.job(), request.faults()).Hit("park.mid");
   if (!status.ok()) ipc::SetError(done->mutable_error(), status);
   mark.reset();
-  outbox_.Send(reply, copy >= 0 ? std::vector<int>{copy} : std::vector<int>{});
-  if (copy >= 0) close(copy);  // the supervisor got its own descriptor
+  std::vector<int> sent;
+  for (int fd : {copy, cache_copy}) {
+    if (fd >= 0) sent.push_back(fd);
+  }
+  outbox_.Send(reply, sent);
+  for (int fd : sent) close(fd);  // the supervisor got its own descriptors
 }
 
 }  // namespace warmpool::worker

@@ -51,6 +51,11 @@ void UsePool(TransformerEngine& e, std::unique_ptr<KvPool> pool) {
   e.cache.reset();
   e.kv_pool = std::move(pool);
   e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
+  if (e.gpu_model) {
+    e.sequence = std::make_unique<GpuSequence>(*e.gpu_model, *e.cache);
+    e.slots = std::make_unique<GpuSlots>(*e.gpu_model, *e.kv_pool, *e.cache, e.sequences);
+    return;
+  }
   e.sequence = std::make_unique<CpuSequence>(*e.model, *e.cache);
   e.slots = std::make_unique<CpuSlots>(*e.model, *e.kv_pool, *e.cache, e.sequences);
 }
@@ -77,10 +82,7 @@ Status StartOnDevice(TransformerEngine& e) {
   if (e.gpu_model) {
     Result<std::unique_ptr<KvPool>> pool = MakeGpuPool(*e.gpu_model);
     if (!pool.ok()) return pool.status();
-    e.kv_pool = std::move(*pool);
-    e.cache = std::make_unique<KvCache>(*e.kv_pool, e.context);
-    e.sequence = std::make_unique<GpuSequence>(*e.gpu_model, *e.cache);
-    e.slots = std::make_unique<GpuSlots>(*e.gpu_model, *e.kv_pool, *e.cache, e.sequences);
+    UsePool(e, std::move(*pool));
     SayWhereItRuns(e, e.sequence->Describe());
     return OkStatus();
   }
@@ -118,6 +120,21 @@ Status BindEngine(TransformerEngine& e) {
 }
 
 Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes) {
+  if (e.gpu_model && e.open_sequences != 0) {
+    return Error(Code::kFailedPrecondition, "model \"{}\" has {} sequences open: its KV cache is theirs", e.name,
+                 e.open_sequences);
+  }
+  if (e.gpu_model && e.kv_pool) {
+    // A GPU's pool parked as a host copy of its region (the worker copied it out at park): written
+    // back into this instance's pool region, its prefixes kept.
+    Result<KvRegion> host = KvRegion::Open(handle, bytes, e.kv_pool->layers(), e.kv_pool->kv_size(),
+                                           e.kv_pool->region().blocks());
+    if (!host.ok()) return Error(host.status().code(), "model \"{}\": {}", e.name, host.status().message());
+    Result<std::unique_ptr<KvPool>> pool = AdoptGpuPool(*e.gpu_model, *host);
+    if (!pool.ok()) return Error(pool.status().code(), "model \"{}\": {}", e.name, pool.status().message());
+    UsePool(e, std::move(*pool));
+    return OkStatus();
+  }
   if (!e.kv_pool || !e.model || !e.kv_pool->floats_here()) {
     return Error(Code::kFailedPrecondition, "model \"{}\" keeps no KV cache another instance's could replace",
                  e.name);

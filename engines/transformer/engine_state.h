@@ -83,8 +83,9 @@ Status LoadEngine(TransformerEngine& e, wp_progress_fn progress, void* progress_
 // the forward pass started on the GPU (device memory) or the CPU.
 Status BindEngine(TransformerEngine& e);
 // An earlier instance's KV cache region (engine ABI version 11's adopt_cache) as this one's pool,
-// its prefixes kept: FAILED_PRECONDITION while a sequence is open or where the engine keeps no pool
-// (the GPU), INVALID_ARGUMENT when the region is not a pool of this model's (KvPool::Adopt).
+// its prefixes kept — on a GPU, a host copy of that instance's pool region, written back into this
+// one's (AdoptGpuPool): FAILED_PRECONDITION while a sequence is open or where the engine keeps no
+// pool, INVALID_ARGUMENT when the region is not a pool of this model's (KvPool::Adopt).
 Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes);
 
 // A dead worker's KV cache (wp_generate_request.kv_source) opened to be read: mapped where this

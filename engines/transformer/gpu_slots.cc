@@ -86,6 +86,27 @@ Result<std::unique_ptr<KvPool>> MakeGpuPool(GpuModel& model) {
   return pool;
 }
 
+Result<std::unique_ptr<KvPool>> AdoptGpuPool(GpuModel& model, const KvRegion& host) {
+  if (host.data() == nullptr || host.blocks() != model.plan().blocks) {
+    return Error(Code::kInvalidArgument, "a KV region of {} blocks is not this GPU pool's {}", host.blocks(),
+                 model.plan().blocks);
+  }
+  Result<std::unique_ptr<KvPool>> pool = MakeGpuPool(model);  // its records claim nothing there yet
+  if (!pool.ok()) return pool.status();
+  const KvRegion::ImageWrite floats{0, host.data(), uint64_t{host.blocks()} * host.BlockFloats() * sizeof(float)};
+  if (Status s = model.WriteToPool({&floats, 1}); !s.ok()) return s;
+  (*pool)->AdoptRecords(host);
+  if (Status s = MirrorRecords(model, (*pool)->region()); !s.ok()) {
+    // Some of them may be there already, naming generations the engine's own pool (kept on this
+    // failure, its blocks' generations beginning again) may reach with other contents: they are
+    // told to claim nothing. Best effort — the device refused a write already.
+    (*pool)->region().ClaimNothing();
+    (void)MirrorRecords(model, (*pool)->region());
+    return s;
+  }
+  return pool;
+}
+
 uint32_t ImportOnGpu(GpuModel& model, KvCache& cache, const wp_region& source, const KvRegion& source_records,
                      std::span<const int32_t> tokens, uint32_t most) {
   return cache.Import(source_records, tokens, most, [&](std::span<const KvCache::Rows> rows) {

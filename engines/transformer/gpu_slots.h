@@ -43,6 +43,11 @@ Status StepOnGpu(GpuModel& model, std::span<const GpuCacheRun> runs, std::span<f
 Result<std::unique_ptr<KvPool>> MakeGpuPool(GpuModel& model);
 // The records changed since their last mirror written into the pool's region (WriteToPool).
 Status MirrorRecords(GpuModel& model, KvRegion& records);
+// A parked pool's host copy (a whole region of this pool's shape: the device region as it was
+// copied out when its model parked, KvRegion::Open) taken over by a fresh pool of `model`, before
+// any cache takes a block: its keys and values written into the pool's region first, then its
+// records (KvPool::AdoptRecords: the prefix cache kept), mirrored there.
+Result<std::unique_ptr<KvPool>> AdoptGpuPool(GpuModel& model, const KvRegion& host);
 // KvCache::Import on the GPU: `source` a dead worker's pool region of this shape (imported),
 // `source_records` its records read back (KvRegion::FromImage). Returns the cache's length now.
 uint32_t ImportOnGpu(GpuModel& model, KvCache& cache, const wp_region& source, const KvRegion& source_records,

@@ -37,6 +37,14 @@ Result<std::unique_ptr<KvPool>> KvPool::Adopt(const Config& config, uint32_t blo
   return pool;
 }
 
+void KvPool::AdoptRecords(const KvRegion& source) {
+  std::vector<int32_t> tokens;
+  for (const KvRegion::Standing& r : source.Records(tokens)) {
+    region_.Describe({r.block, r.generation}, r.parent, r.tokens, r.flags);
+  }
+  RestorePrefixes();
+}
+
 void KvPool::RestorePrefixes() {
   std::vector<int32_t> tokens;
   const std::vector<KvRegion::Standing> records = region_.Records(tokens);
@@ -112,7 +120,10 @@ Status KvCache::Prepare(uint32_t start, uint32_t end) {
   for (uint32_t i = first; i <= last && i < table_.size(); ++i) {
     const uint32_t block = table_[i];
     if (blocks.holders(block) == 1) {
-      blocks.Unpublish(block);  // its only holder rewrites it: it keeps that prefix no longer
+      // Its only holder rewrites it: it keeps that prefix no longer, and its generation moves on
+      // so that no record after it leads on from it. Appended to (the positions it holds stay as
+      // they are), it stays what it is, and so does its record.
+      if (start < length_ || blocks.published(block)) blocks.Unpublish(block);
       continue;
     }
     // Others read it (a prefix they share): this cache writes into a copy of its own. A shared

@@ -55,6 +55,10 @@ class KvPool {
   // Such a pool's caches import through a copy of their own (Import's second form).
   using BlockCopy = std::function<Status(KvRegion& records, uint32_t from, uint32_t to)>;
   static Result<std::unique_ptr<KvPool>> MakeElsewhere(const Config& config, uint32_t blocks, BlockCopy copy);
+  // Such a pool, before any cache takes a block, told what `source` (a whole region of this shape:
+  // a parked pool's host copy) holds: the records, and from them the prefix cache, as Adopt keeps
+  // them. The keys and values must be in place elsewhere first: the records then claim them.
+  void AdoptRecords(const KvRegion& source);
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 

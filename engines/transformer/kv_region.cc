@@ -106,6 +106,10 @@ std::vector<KvRegion::ImageWrite> KvRegion::ImageWrites() const {
   return writes;
 }
 
+void KvRegion::ClaimNothing() {
+  for (uint32_t b = 0; b < blocks_; ++b) Describe({b, 0}, {KvLink::kNone, 0}, {});
+}
+
 void KvRegion::ImageWritten() {
   header_written_ = true;
   for (uint32_t b : changed_) is_changed_[b] = 0;
@@ -210,6 +214,13 @@ KvRegion::~KvRegion() {
 void KvRegion::Describe(KvLink self, KvLink parent, std::span<const int32_t> tokens, uint32_t flags) {
   KvRecord& r = records()[self.block];
   const uint32_t version = r.version.load(std::memory_order_relaxed);
+  // Said already (a decoding sequence's block, lowered before a step to the positions it holds):
+  // nothing to write, here or into a mirror. Only this process writes its records.
+  if (version % 2 == 0 && r.generation == self.generation && r.parent_block == parent.block &&
+      r.parent_generation == parent.generation && r.count == tokens.size() && r.flags == flags &&
+      std::equal(tokens.begin(), tokens.end(), r.tokens)) {
+    return;
+  }
   r.version.store(version | 1u, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // odd before any field changes
   r.generation = self.generation;

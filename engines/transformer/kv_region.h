@@ -98,6 +98,8 @@ class KvRegion {
   };
   std::vector<ImageWrite> ImageWrites() const;
   void ImageWritten();
+  // Every record says it holds nothing (and is marked for the mirror).
+  void ClaimNothing();
   // Where a whole region of this shape keeps its header and records: the span a mirror holds them
   // in, and FromImage reads them back from.
   struct Span {

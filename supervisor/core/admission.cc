@@ -298,6 +298,13 @@ void Core::SendRelease(uint32_t model) {
       for (const v1::Fault& f : GrantFaults(job)) *message.mutable_park()->add_faults() = f;
       uint64_t id = NewJob(std::move(job));
       message.mutable_park()->set_job(id);
+      // A GPU's KV pool is copied out with the weights only where the copy would be kept
+      // (OnParkDone): within the park budget beside the weights' copy, not for a daemon taking over.
+      if (auto cache = replica_caches_.find({model, replica.worker});
+          cache != replica_caches_.end() && cache->second.on_device && !handing_over_ &&
+          ParkCommitted() + r->weights.weight_bytes + cache->second.bytes <= config_.park_budget_bytes) {
+        message.mutable_park()->set_cache_copy(true);
+      }
       r->park_job = id;
       SendAllocating(replica.worker, message, id, r->weights.weight_bytes);  // host memory, for the copy
       break;

@@ -247,7 +247,7 @@ class Core {
   void OnUnparkDone(const Job& job, const v1::WorkerLoadDone& done, int handle);
   void OnReady(uint32_t model, uint64_t started_ms, const char* how);
   void OnUnloadDone(const Job& job, uint64_t id);
-  void OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle);
+  void OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle, KeptKvCache& cache);
   // The registration follows the file as a worker or the shell found it (not the problem it was
   // registered with): `now` becomes its description.
   void FollowFile(uint32_t model, const WeightsDescription& now);

@@ -3,6 +3,7 @@
 // model's state: a reply that the state no longer expects (the model moved on meanwhile) changes
 // nothing but the handles it brought, which are closed.
 #include <algorithm>
+#include <utility>
 
 #include "common/units.h"
 #include "ipc/file_version_proto.h"
@@ -20,10 +21,14 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
     for (int h : e.handles) Close(h);
     return;
   }
-  // A load's reply may carry its engine's KV cache region after the weights' (ipc/descriptors.h).
+  // A load's reply may carry its engine's KV cache region after the weights', and a park's the host
+  // copy of a GPU's pool after the weights' (ipc/descriptors.h).
   KeptKvCache cache;
   if (message.has_load_done() && message.load_done().cache_shared() && !e.handles.empty()) {
     cache = {e.handles.back(), message.load_done().cache_bytes(), message.load_done().cache_grant() != 0};
+    e.handles.pop_back();
+  } else if (message.has_park_done() && message.park_done().cache_copy() && e.handles.size() >= 2) {
+    cache = {e.handles.back(), message.park_done().cache_copy_bytes(), false};
     e.handles.pop_back();
   }
   int handle = e.handles.empty() ? -1 : e.handles.front();
@@ -88,7 +93,7 @@ void Core::OnWorkerMessage(event::WorkerMessage&& e) {
       Close(handle);
       OnUnloadDone(job, id);
       break;
-    case Job::Kind::kPark: OnParkDone(job, message.park_done(), handle); break;
+    case Job::Kind::kPark: OnParkDone(job, message.park_done(), handle, cache); break;
     case Job::Kind::kInfer: break;
   }
   KeepReplicaCache(job.model, slot, cache);  // held if the reply made a replica there, else closed
@@ -324,20 +329,35 @@ void Core::OnUnloadDone(const Job& job, uint64_t id) {
   RetryPending();
 }
 
-void Core::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle) {
+void Core::OnParkDone(const Job& job, const v1::WorkerParkDone& done, int handle, KeptKvCache& cache) {
   const uint32_t model = job.model;
   Model& m = models_[model];
   Releasing* r = m.machine.As<Releasing>();
-  if (r == nullptr || r->park_job != done.job()) return Close(handle);
+  // The pool's host copy is this park's alone: never a replica's cache (KeepReplicaCache).
+  const KeptKvCache pool_copy = std::exchange(cache, KeptKvCache{});
+  if (r == nullptr || r->park_job != done.job()) {
+    Close(pool_copy.handle);
+    return Close(handle);
+  }
   r->park_job = 0;
   if (done.has_error() || !done.copy_shared() || handle < 0) {
     Close(handle);
+    Close(pool_copy.handle);
     Log(LogLevel::kWarn, "parking \"{}\" failed ({}); dropping it instead", m.entry.name,
         done.error().message());
   } else {
     Weights copy = r->weights;  // the host copy is described like the weights it copies
     copy.handle = handle;
     r->copy = std::move(copy);
+    // A GPU's KV pool copied out with it (its replicas' caches are device memory, which parking
+    // frees: KeepCacheToPark keeps none of them), kept as a host replica's cache would be: within
+    // the park budget, counted with the copy, and not for a daemon taking over.
+    if (pool_copy.handle >= 0 && r->kv_cache.handle < 0 && !handing_over_ && !r->then_failed && pool_copy.bytes > 0 &&
+        ParkCommitted() + pool_copy.bytes <= config_.park_budget_bytes) {
+      r->kv_cache = pool_copy;
+    } else {
+      Close(pool_copy.handle);
+    }
   }
   if (r->replicas.empty()) FinishRelease(model);
 }

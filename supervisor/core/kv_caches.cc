@@ -42,8 +42,8 @@ void Core::KeepCacheToPark(uint32_t model, uint32_t worker) {
   if (handing_over_) return;
   auto it = replica_caches_.find({model, worker});
   if (it == replica_caches_.end() || it->second.bytes == 0) return;
-  // A GPU's cache is device memory: kept, it would hold the device a park is to free, counted in no
-  // budget (its keys and values are not copied to the host yet).
+  // A GPU's cache is device memory: kept, it would hold the device a park is to free. Its host copy,
+  // which the park sent, is kept instead (OnParkDone).
   if (it->second.on_device) return;  // let go (ForgetKvCaches)
   // Within the park budget, with the copies parked or parking (which count this model's copy).
   if (ParkCommitted() + it->second.bytes > config_.park_budget_bytes) return;  // let go (ForgetKvCaches)

@@ -101,7 +101,8 @@ struct Releasing {
   bool park = false;              // a host copy is made first (park_job) ...
   uint64_t park_job = 0;
   std::optional<Weights> copy;    // ... and kept here once made, with a replica's KV cache
-  KeptKvCache kv_cache;           // (taken when its unload says its engine closed)
+  KeptKvCache kv_cache;           // (taken when its unload says its engine closed; a GPU's pool's host
+                                  // copy, when the park's reply brought one)
   std::optional<Failed> then_failed;  // it failed meanwhile: it ends failed, not registered
 };
 struct Parked {

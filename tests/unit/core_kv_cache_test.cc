@@ -13,7 +13,7 @@ namespace {
 using testing::CoreRig;
 using testing::LanguageModel;
 
-constexpr int kWeights = 100, kCache = 150, kCopy = 201;
+constexpr int kWeights = 100, kCache = 150, kCopy = 201, kPoolCopy = 202;
 
 Config WithPark(uint64_t park_budget) {
   Config c = CoreRig::SmallConfig();  // budget 1000
@@ -22,8 +22,10 @@ Config WithPark(uint64_t park_budget) {
 }
 
 // Loaded on worker 0 with its cache (kCache, `cache_bytes`), then parked: its park and unload done.
-// `grant` non-zero: the cache is a GPU's pool, device memory held by that grant.
-void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint64_t grant = 0) {
+// `grant` non-zero: the cache is a GPU's pool, device memory held by that grant; `pool_copy` non-zero:
+// the park sends a host copy of it that large (kPoolCopy), after the weights' copy.
+void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint64_t grant = 0,
+                 uint64_t pool_copy = 0) {
   rig.Start({lm});
   rig.Up(0);
   rig.Load(1, lm.name);
@@ -40,7 +42,12 @@ void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint6
   std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
   ASSERT_EQ(to0.size(), 2u);
   ASSERT_TRUE(to0[0].has_park() && to0[1].has_unload());
-  rig.Reply(0, CoreRig::ParkDone(to0[0].park().job(), lm.weight_bytes), {kCopy});
+  v1::WorkerEnvelope parked = CoreRig::ParkDone(to0[0].park().job(), lm.weight_bytes);
+  if (pool_copy > 0) {
+    parked.mutable_park_done()->set_cache_copy(true);
+    parked.mutable_park_done()->set_cache_copy_bytes(pool_copy);
+  }
+  rig.Reply(0, parked, pool_copy > 0 ? std::vector<int>{kCopy, kPoolCopy} : std::vector<int>{kCopy});
   rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
   ASSERT_EQ(rig.State(lm.name), shm::ModelState::kParked);
 }
@@ -94,7 +101,7 @@ TEST(CoreKvCacheTest, ACacheThatDoesNotFitTheParkBudgetIsLetGoAndTheWeightsParkA
 }
 
 // A GPU's cache is device memory: parking frees the device, so it is let go however much room the
-// park budget has (its keys and values are not copied to the host).
+// park budget has (only a host copy the park sent is kept: the next tests).
 TEST(CoreKvCacheTest, AGpusCacheIsDeviceMemoryAndIsNotKeptToPark) {
   ModelEntry lm = LanguageModel("lm");
   CoreRig rig(WithPark(1000));
@@ -102,6 +109,55 @@ TEST(CoreKvCacheTest, AGpusCacheIsDeviceMemoryAndIsNotKeptToPark) {
   EXPECT_TRUE(Closed(rig, kCache));
   EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes);
   ExpectUnparkWithoutCache(rig);
+}
+
+// What a park of a GPU's pool keeps instead: the host copy the worker sent with the weights' copy,
+// within the park budget, which goes to the worker that unparks the model.
+TEST(CoreKvCacheTest, AGpusPoolParksAsTheHostCopyItsParkSent) {
+  ModelEntry lm = LanguageModel("lm");
+  CoreRig rig(WithPark(1000));
+  LoadAndPark(rig, lm, 300, /*grant=*/7, /*pool_copy=*/300);
+  EXPECT_TRUE(Closed(rig, kCache)) << "the pool itself, device memory, is let go";
+  EXPECT_FALSE(Closed(rig, kPoolCopy));
+  EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes + 300) << "the copy and the pool's copy";
+  rig.Forget();
+  rig.Load(1, "lm");  // unparks it
+  std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].first.attach().kv_cache());
+  EXPECT_EQ(sent[0].second, (std::vector<int>{kCopy, kPoolCopy}));
+}
+
+// The park asks for the pool's copy only where it would be kept; one that comes all the same (a
+// budget that changed meanwhile) is let go when it does not fit. Exactly the budget fits.
+TEST(CoreKvCacheTest, AGpusPoolIsCopiedOutOnlyWithinTheParkBudget) {
+  for (const uint64_t room : {uint64_t{299}, uint64_t{300}}) {
+    ModelEntry lm = LanguageModel("lm");
+    CoreRig rig(WithPark(lm.weight_bytes + room));
+    rig.Start({lm});
+    rig.Up(0);
+    rig.Load(1, lm.name);
+    std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
+    ASSERT_EQ(load.size(), 1u);
+    v1::WorkerEnvelope done = CoreRig::LoadDone(load[0].load().job(), lm);
+    done.mutable_load_done()->set_cache_shared(true);
+    done.mutable_load_done()->set_cache_bytes(300);
+    done.mutable_load_done()->set_cache_grant(7);
+    rig.Reply(0, done, {kWeights, kCache});
+    rig.Forget();
+    rig.Unload(1, lm.name, /*park=*/true);
+    std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
+    ASSERT_EQ(to0.size(), 2u);
+    ASSERT_TRUE(to0[0].has_park());
+    EXPECT_EQ(to0[0].park().cache_copy(), room == 300) << "room " << room;
+    v1::WorkerEnvelope parked = CoreRig::ParkDone(to0[0].park().job(), lm.weight_bytes);
+    parked.mutable_park_done()->set_cache_copy(true);
+    parked.mutable_park_done()->set_cache_copy_bytes(300);
+    rig.Reply(0, parked, {kCopy, kPoolCopy});
+    rig.Reply(0, CoreRig::UnloadDone(to0[1].unload().job()));
+    EXPECT_EQ(Closed(rig, kPoolCopy), room < 300) << "room " << room;
+    EXPECT_EQ(rig.index().ParkUsed(), lm.weight_bytes + (room < 300 ? 0 : 300)) << "room " << room;
+  }
 }
 
 // Once a daemon taking over has been handed the parked cache, it is that daemon's to write: an

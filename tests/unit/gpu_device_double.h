@@ -129,6 +129,20 @@ class DeviceDouble final : public GpuModel {
         CheckMirror("the second half of a write into the records' mirror");
       }
       std::memcpy(at, bytes, w.size);
+      // Into the blocks (a parked pool written back): the first float of a position's keys in
+      // layer 0 stands for its token.
+      const uint64_t kv_bytes = uint64_t{plan_.blocks} * plan_.block_floats * sizeof(float);
+      if (w.offset < kv_bytes) {
+        if (w.offset != 0 || w.size != kv_bytes) {
+          ADD_FAILURE() << "the blocks are written whole";
+          return Status(Code::kInternal, "a part of the blocks written");
+        }
+        const auto* floats = static_cast<const float*>(w.bytes);
+        for (uint64_t cell = 0; cell < cells_.size(); ++cell) {
+          cells_[cell] = static_cast<int32_t>(floats[TokenAt(cell / kKvBlockTokens, cell % kKvBlockTokens)]);
+        }
+        CheckMirror("the blocks written back");
+      }
       region_writes++;
       CheckMirror("a write into the records' mirror");  // a death after any one write
     }
@@ -151,6 +165,11 @@ class DeviceDouble final : public GpuModel {
     CheckMirror("a copy from a dead pool");
     return OkStatus();
   }
+  // Where, in a whole region's floats, the double keeps a position's token (KvRegion::RowsAt).
+  uint64_t TokenAt(uint64_t block, uint32_t offset) const {
+    return block * plan_.block_floats + uint64_t{offset} * config_.kv_size();  // layer 0's keys
+  }
+  int32_t cell(uint64_t block, uint32_t offset) const { return cells_[block * kKvBlockTokens + offset]; }
   // The header and records of the pool region's mirror, as another process would read them.
   Result<transformer::KvRegion> Mirror() const {
     return transformer::KvRegion::FromImage(MirrorBytes(), config_.num_hidden_layers, config_.kv_size(), plan_.blocks);

@@ -4,6 +4,8 @@
 // it, as on the CPU. On the model double (tests/unit/gpu_device_double.h), which checks after every
 // write into the region and every write of its blocks that each record the mirror holds claims only
 // tokens in place there — what a reader finds if the worker dies at that instant.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -97,7 +99,11 @@ TEST(GpuKvMirrorTest, TheMirrorNeverClaimsMoreThanTheBlocksHold) {
     const auto next = static_cast<int32_t>(round * 7 % kVocab);
     const auto at = static_cast<uint32_t>(history.size());
     history.push_back(next);
+    const int writes = rig.device.region_writes;
     EXPECT_EQ(rig.Step({{0, {&next, 1}, at}})[0], Digest(history));
+    // A decoding sequence's record is said once a step (raised after it: lowered before, it would
+    // say what it says already), in three writes.
+    if (at % transformer::kKvBlockTokens != 0) EXPECT_EQ(rig.device.region_writes - writes, 3) << "at " << at;
   }
   EXPECT_EQ(rig.device.mirror_violations, 0);
   EXPECT_GT(rig.device.region_writes, 0);
@@ -164,6 +170,58 @@ TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice
   EXPECT_FALSE(KvRegion::FromImage(dead.MirrorBytes(), SmallConfig().num_hidden_layers,
                                    SmallConfig().kv_size(), other.device.plan().blocks)
                    .ok());
+}
+
+// A model parked: the worker copies its pool's region out into host memory (the blocks' keys and
+// values, the records mirrored after them: a whole host region); the instance that unparks it
+// writes them back into its own pool and keeps the prefix cache, so a prompt that begins as one
+// before the park did takes its blocks instead of computing them.
+TEST(GpuKvMirrorTest, AParkedPoolsHostCopyIsTakenOverWithItsPrefixes) {
+  constexpr uint32_t kContext = 512;
+  const Config c = SmallConfig();
+  GpuRig parked(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  const std::vector<int32_t> prompt = Tokens(200, 8);
+  parked.Step({{0, prompt, 0}});
+  parked.slots->Free(0);
+  const uint32_t blocks = parked.device.plan().blocks;
+  Result<KvRegion> copy = KvRegion::Create(c.num_hidden_layers, c.kv_size(), blocks);
+  ASSERT_TRUE(copy.ok());
+  for (uint32_t b = 0; b < blocks; ++b) {
+    for (uint32_t p = 0; p < transformer::kKvBlockTokens; ++p) {
+      copy->data()[parked.device.TokenAt(b, p)] = static_cast<float>(parked.device.cell(b, p));
+    }
+  }
+  const KvRegion::Span span = KvRegion::ImageSpan(c.num_hidden_layers, c.kv_size(), blocks);
+  ASSERT_EQ(pwrite(copy->handle(), parked.device.MirrorBytes().data(), span.bytes, static_cast<off_t>(span.offset)),
+            static_cast<ssize_t>(span.bytes));
+  Result<KvRegion> host = KvRegion::Open(copy->handle(), copy->bytes(), c.num_hidden_layers, c.kv_size(), blocks);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+
+  GpuRig unparked(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  Result<std::unique_ptr<transformer::KvPool>> pool = transformer::AdoptGpuPool(unparked.device, *host);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  transformer::KvCache first(**pool, kContext);
+  transformer::GpuSlots slots(unparked.device, **pool, first, 2);
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(5);
+  const uint32_t reused = slots.Reuse(1, longer, nullptr);
+  EXPECT_EQ(reused, 3 * transformer::kKvBlockTokens) << "the full blocks published before the park";
+  const int steps = unparked.device.steps;
+  std::vector<float> logits(kVocab);
+  std::vector<int32_t> argmax(1);
+  std::vector<StepRun> rest{{1, std::span(longer).subspan(reused), reused}};
+  ASSERT_TRUE(slots.Step(rest, logits, argmax).ok());
+  EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), Digest(longer))
+      << "the blocks hold the parked prompt's keys and values";
+  EXPECT_EQ(unparked.device.steps, steps + 1);
+  EXPECT_EQ(unparked.device.mirror_violations, 0);
+  Result<KvRegion> mirror = unparked.device.Mirror();
+  ASSERT_TRUE(mirror.ok());
+  EXPECT_GE(Found(*mirror, prompt), 3 * transformer::kKvBlockTokens) << "mirrored for a death after the unpark";
+
+  // A pool of another size takes none of it.
+  GpuRig other(kContext, 3, transformer::KvPoolBlocks(kContext, 3));
+  EXPECT_EQ(transformer::AdoptGpuPool(other.device, *host).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

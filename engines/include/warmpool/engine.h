@@ -435,9 +435,12 @@ typedef struct wp_engine_vtable {
   /* Version 11 (NULL where the engine does not do it). */
   /* Before any sequence opens, after load, attach or unpark: the cache an earlier instance of these
    * very weights exported (export_cache) and left when it closed cleanly (handle and bytes; ptr
-   * unset), taken over as this instance's own: its keys and values and what they are the keys and
-   * values of serve this one's prefix cache, and export_cache names it from now on. The engine
-   * keeps a descriptor of its own (the caller closes the handle). An error leaves the engine with
+   * unset) — where that was device memory, a host copy of it the worker made when the model
+   * parked, laid out alike — taken over as this instance's own: its keys and values and what they
+   * are the keys and values of serve this one's prefix cache. A cache in host memory becomes this
+   * instance's, export_cache names it from now on and the engine keeps a descriptor of its own; a
+   * host copy of device memory is written into this instance's own region, which export_cache
+   * still names (the caller closes the handle either way). An error leaves the engine with
    * the cache it had (empty, before any sequence): WP_INVALID_ARGUMENT for a region that is not a
    * cache this model could have made, WP_FAILED_PRECONDITION while a sequence is open or where the
    * engine keeps no cache another process can map. */
