@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "devmem/host_memory.h"
 #include "engines/transformer/gpu_slots.h"
 #include "engines/transformer/kv_cache.h"
 #include "engines/transformer/kv_region.h"
@@ -222,6 +223,44 @@ TEST(GpuKvMirrorTest, AParkedPoolsHostCopyIsTakenOverWithItsPrefixes) {
   // A pool of another size takes none of it.
   GpuRig other(kContext, 3, transformer::KvPoolBlocks(kContext, 3));
   EXPECT_EQ(transformer::AdoptGpuPool(other.device, *host).status().code(), Code::kInvalidArgument);
+}
+
+// What the worker sends when a GPU's pool parks: the pool's region copied out whole into a memfd
+// sealed against resizing, which opens as a host KV region (a copy left resizable would not: a
+// reader's mapping could be cut short under it). Here the region is the host backend's memory.
+TEST(GpuKvMirrorTest, APoolRegionCopiedOutSealedOpensAsAHostRegion) {
+  const Config c = SmallConfig();
+  constexpr uint32_t kBlocks = 8;
+  HostMemory memory;
+  const wp_device_memory& service = *memory.service();
+  wp_region region{nullptr, 0, -1};
+  const uint64_t bytes = KvRegion::WholeBytes(c.num_hidden_layers, c.kv_size(), kBlocks);
+  ASSERT_EQ(service.alloc(service.ctx, bytes, &region), WP_OK);
+  // A records image written into it as a GPU pool's mirror is, and a float where keys would be.
+  Result<KvRegion> records = KvRegion::CreateRecords(c.num_hidden_layers, c.kv_size(), kBlocks);
+  ASSERT_TRUE(records.ok());
+  const std::vector<int32_t> tokens = Tokens(transformer::kKvBlockTokens, 9);
+  records->Describe({0, 1}, {transformer::KvLink::kNone, 0}, tokens);
+  for (const KvRegion::ImageWrite& w : records->ImageWrites()) {
+    ASSERT_EQ(service.write(service.ctx, &region, w.offset, w.bytes, w.size), WP_OK);
+  }
+  const float key = 42.5f;
+  ASSERT_EQ(service.write(service.ctx, &region, 4 * sizeof(float), &key, sizeof(key)), WP_OK);
+
+  Result<int> sealed = HostMemory::CopyToSealedHost(service, region);
+  ASSERT_TRUE(sealed.ok()) << sealed.status().ToString();
+  Result<KvRegion> host = KvRegion::Open(*sealed, bytes, c.num_hidden_layers, c.kv_size(), kBlocks);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  EXPECT_EQ(host->data()[4], key);
+  EXPECT_EQ(Found(*host, tokens), transformer::kKvBlockTokens) << "its records as mirrored";
+  close(*sealed);
+
+  Result<int> plain = HostMemory::CopyToHost(service, region);  // the weights' copy: never read as a pool
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(KvRegion::Open(*plain, bytes, c.num_hidden_layers, c.kv_size(), kBlocks).status().code(),
+            Code::kInvalidArgument);
+  close(*plain);
+  service.free(service.ctx, &region);
 }
 
 }  // namespace
