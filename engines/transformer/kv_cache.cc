@@ -217,6 +217,10 @@ uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens
     // Positions [from, to) of block i: the same offsets in the source's block and in this cache's.
     const uint32_t from = std::max(start, i * kKvBlockTokens) % kKvBlockTokens;
     const uint32_t to = run[i].count;
+    if (from == 0 && to == kKvBlockTokens) {  // a whole block: its every layer's rows, one run of floats
+      rows.push_back({source.RowsAt(run[i].block, 0, 0, 0), own.RowsAt(table_[i], 0, 0, 0), own.BlockFloats()});
+      continue;
+    }
     for (uint32_t layer = 0; layer < pool_->layers(); ++layer) {
       for (uint32_t half = 0; half < 2; ++half) {
         rows.push_back({source.RowsAt(run[i].block, layer, half, from), own.RowsAt(table_[i], layer, half, from),

@@ -156,7 +156,10 @@ class DeviceDouble final : public GpuModel {
       EXPECT_EQ(r.from % kv_size, 0u);
       EXPECT_EQ(r.from % plan_.block_floats, r.to % plan_.block_floats) << "the same offsets in both blocks";
       const uint64_t offset = r.from % plan_.block_floats / kv_size % kKvBlockTokens;
-      for (uint64_t p = 0; p < r.floats / kv_size; ++p) {
+      // Rows of one layer's keys or values, or a whole block (every layer's: its 64 positions).
+      const uint64_t positions = r.floats == plan_.block_floats ? kKvBlockTokens : r.floats / kv_size;
+      EXPECT_LE(offset + positions, kKvBlockTokens) << "rows within one block";
+      for (uint64_t p = 0; p < positions; ++p) {
         cells_[r.to / plan_.block_floats * kKvBlockTokens + offset + p] =
             dead.cells_[r.from / plan_.block_floats * kKvBlockTokens + offset + p];
       }

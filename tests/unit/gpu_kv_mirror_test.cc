@@ -159,7 +159,8 @@ TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice
   prompt.push_back(42);  // the next token to run: the last is never copied (its logits are wanted)
   EXPECT_EQ(resumed.slots->Reuse(0, prompt, &source), history.size()) << "every position sent, copied";
   EXPECT_EQ(resumed.device.steps, steps) << "none computed";
-  EXPECT_GT(resumed.device.rows_copied, 0u);
+  // Two whole blocks in one copy each, the third's 42 positions a copy per layer's keys and values.
+  EXPECT_EQ(resumed.device.rows_copied, 2 + 2 * uint64_t{SmallConfig().num_hidden_layers});
   EXPECT_EQ(resumed.Step({{0, std::span(prompt).last(1), static_cast<uint32_t>(history.size())}})[0],
             Digest(prompt))
       << "the copied positions hold the stream's history";
