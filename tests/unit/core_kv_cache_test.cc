@@ -1,10 +1,11 @@
 // A language model's KV cache in the core (supervisor/core/kv_caches.cc, engine ABI version 11): the
 // cache of a replica whose engine closed cleanly while its model parked goes with the host copy,
 // within the park budget, and to the worker that unparks it; a supervisor after this one adopts it
-// with the copy, or closes it.
+// with the copy, or closes it. A GPU's pool (device memory) parks as the host copy its park sent,
+// and a dead one goes with a retried stream only where its device has room for it.
 #include <algorithm>
 
-#include "tests/unit/core_rig.h"
+#include "tests/unit/core_generations.h"
 
 // Its own namespace: the unity build compiles it with core_adoption_test.cc, whose helpers are alike.
 namespace warmpool::supervisor::testing::kv_cache_test {
@@ -216,6 +217,59 @@ TEST(CoreKvCacheTest, TheNextCoreAdoptsTheCacheWithItsCopyOrClosesIt) {
     rig.Start({lm}, given);
     EXPECT_TRUE(Closed(rig, kCache));
     EXPECT_EQ(rig.index().ParkUsed(), c.with_copy ? lm.weight_bytes : 0);
+  }
+}
+
+// A GPU's pool whose worker died: the stream retried on the other replica takes it along (its size
+// with it: a device handle has none of its own) while the device has room for it beside all it
+// holds, counted there with its model; without that room it is let go at once, and the retried
+// stream computes its prompt.
+TEST(CoreKvCacheTest, ADeadGpusPoolGoesWithItsStreamOnlyWhereTheDeviceHasRoomForIt) {
+  for (const uint64_t pool : {uint64_t{50}, uint64_t{900}}) {
+    ModelEntry lm = LanguageModel("lm");
+    lm.sequences = 4;  // the other stream on worker 1 leaves it room for the retried one
+    CoreRig rig(CoreRig::SmallConfig());  // a budget of 1000
+    rig.Start({lm});
+    rig.Up(0);
+    rig.Up(1);
+    rig.Load(1, lm.name);
+    std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
+    ASSERT_EQ(load.size(), 1u);
+    v1::WorkerEnvelope done = CoreRig::LoadDone(load[0].load().job(), lm);
+    done.mutable_load_done()->set_cache_shared(true);
+    done.mutable_load_done()->set_cache_bytes(pool);
+    done.mutable_load_done()->set_cache_grant(7);
+    rig.Reply(0, done, {kWeights, kCache});
+    rig.Load(1, lm.name, /*replicas=*/2);
+    std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
+    ASSERT_EQ(attach.size(), 1u);
+    rig.Reply(1, CoreRig::LoadDone(attach[0].attach().job(), lm));  // no cache of its own
+    rig.Forget();
+    // Two streams, one a replica, so that worker 0 runs one whichever way they go.
+    Generate(rig, 5, "lm");
+    Generate(rig, 6, "lm");
+    std::vector<v1::WorkerEnvelope> on0 = rig.Sent(0);
+    rig.Sent(1);
+    ASSERT_EQ(on0.size(), 1u) << "pool " << pool;
+    const uint64_t job = on0[0].infer().job();
+    rig.Reply(0, Chunk(job, "Hel", 0, {11}));
+    rig.Down(0, {job});
+    const v1::WorkerInfer* resumed = nullptr;
+    std::vector<int> handles;
+    std::vector<std::pair<v1::WorkerEnvelope, std::vector<int>>> sent = rig.SentWithHandles(1);
+    for (const auto& [m, h] : sent) {
+      if (m.has_infer() && m.infer().resume_tokens_size() > 0) resumed = &m.infer(), handles = h;
+    }
+    ASSERT_NE(resumed, nullptr) << "pool " << pool;
+    if (pool == 50) {
+      EXPECT_TRUE(resumed->kv_source());
+      EXPECT_EQ(resumed->kv_source_bytes(), pool);
+      EXPECT_EQ(handles, std::vector<int>{kCache});
+      EXPECT_FALSE(Closed(rig, kCache));
+    } else {
+      EXPECT_FALSE(resumed->kv_source()) << "no room on the device beside what it holds";
+      EXPECT_TRUE(Closed(rig, kCache));
+    }
   }
 }
 
