@@ -131,17 +131,21 @@ step sharing 180 "$bin/warmpool-bench" --sharing --backend cuda --sizes-mib "$sh
 step chaos_cuda 240 "$bin/warmpool-chaos" --backend cuda --scenario "device memory owner" \
   --scenario "replica crash" --scenario "crash during unpark" --scenario "attach.mid x kill" \
   --scenario "infer.mid x kill" --scenario "park.mid x kill"
-# Last, in what time is left: a language model through warmpoold on the GPU — 8 streams in the same
-# steps against one, a stream's gaps beside a 2k-token prefill, and a chat's second turn over the
-# prefix cache (continuous batching's ratios).
-if ((!double)); then
+# Last, in what time is left: a language model through warmpoold on the GPU — first a stream whose
+# worker is killed mid-way, which must go on token for token from the dead worker's KV pool on the
+# device (correctness before speed); then 8 streams in the same steps against one, a stream's gaps
+# beside a 2k-token prefill, and a chat's second turn over the prefix cache (continuous batching's
+# ratios). Against the double the first runs small, on the CPU fallback, to try the step itself.
+if ((double)); then
+  step generate_resume_cuda 120 "$bin/warmpool-bench" --generate --resume --backend cuda --model-mib 32 \
+    --tokens 32 --rounds 1 --tokenizer-dir "$bundle/demo-model" --json
+else
+  step generate_resume_cuda 90 "$bin/warmpool-bench" --generate --resume --backend cuda \
+    --tokenizer-dir "$bundle/demo-model" --rounds 2 --json
   step generate_streams_cuda 150 "$bin/warmpool-bench" --generate --streams 8 --backend cuda --model-mib 256 \
     --tokens 128 --rounds 2 --tokenizer-dir "$bundle/demo-model" --json
   step generate_second_turn_cuda 90 "$bin/warmpool-bench" --generate --second-turn --backend cuda \
     --tokenizer-dir "$bundle/demo-model" --json
-  # A stream whose worker is killed mid-way goes on from the dead worker's KV pool on the device.
-  step generate_resume_cuda 90 "$bin/warmpool-bench" --generate --resume --backend cuda \
-    --tokenizer-dir "$bundle/demo-model" --rounds 2 --json
 fi
 
 python3 - "$steps" "$out/gpu-check.json" "$double" "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" <<'PY'

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
 
   auto start = std::chrono::steady_clock::now();
   uint64_t total_events = 0, total_requests = 0, total_ok = 0, total_deaths = 0, total_restarts = 0,
-           total_adopted = 0, total_kv_waits = 0, total_preemptions = 0;
+           total_adopted = 0, total_kv_waits = 0, total_preemptions = 0, total_device_caches = 0, total_pool_copies = 0;
   uint64_t failed = 0;
   for (auto [s, run_events] : runs) {
     warmpool::sim::Options options;
@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
     total_adopted += out.adopted;
     total_kv_waits += out.kv_waits;
     total_preemptions += out.preemptions;
+    total_device_caches += out.device_caches;
+    total_pool_copies += out.pool_copies;
     if (out.ok) continue;
     failed++;
     std::printf("seed %llu FAILED %s\n", static_cast<unsigned long long>(s), out.failure.c_str());
@@ -84,12 +86,13 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%llu seeds, %llu events (%.0f events/s), %llu requests, %llu answers checked, %llu "
               "worker deaths, %llu supervisor restarts (%llu models adopted warm), %llu generations sent "
-              "back for KV room (%llu of them preempted)\n",
+              "back for KV room (%llu of them preempted), %llu KV caches in device memory (%llu copied out to park)\n",
               static_cast<unsigned long long>(seeds), static_cast<unsigned long long>(total_events),
               total_events / std::max(seconds, 1e-9), static_cast<unsigned long long>(total_requests),
               static_cast<unsigned long long>(total_ok), static_cast<unsigned long long>(total_deaths),
               static_cast<unsigned long long>(total_restarts), static_cast<unsigned long long>(total_adopted),
-              static_cast<unsigned long long>(total_kv_waits), static_cast<unsigned long long>(total_preemptions));
+              static_cast<unsigned long long>(total_kv_waits), static_cast<unsigned long long>(total_preemptions),
+              static_cast<unsigned long long>(total_device_caches), static_cast<unsigned long long>(total_pool_copies));
   std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(seeds - failed),
               static_cast<unsigned long long>(failed));
   return failed == 0 ? 0 : 1;

@@ -57,6 +57,8 @@ struct Outcome {
   uint64_t worker_deaths = 0;
   uint64_t kv_waits = 0;           // generations a worker sent back for want of KV room
   uint64_t preemptions = 0;        // of them, preempted mid-generation (engine ABI version 13)
+  uint64_t device_caches = 0;      // KV caches loaded in device memory (a GPU's pool)
+  uint64_t pool_copies = 0;        // of them, copied out to host memory to park
   uint64_t restarts = 0;           // of the supervisor
   uint64_t adopted = 0;            // models adopted warm by the supervisors after them
   std::vector<std::string> trace;  // the last lines before a failure
@@ -111,6 +113,7 @@ class Simulator {
     Described described{};   // what the engine was told they are
     int region_id = -1;
     std::shared_ptr<KvPages> kv;  // a language model's
+    bool kv_on_device = false;    // its KV cache is device memory (a GPU's pool), not a memfd
   };
   struct Worker {
     uint32_t slot = 0;
@@ -229,7 +232,8 @@ class Simulator {
   int NewSupervisorHandle(const Region& region);
   void CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache);
   // A language model's engine hands its KV cache to the supervisor with a load or attach reply.
-  void ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out);
+  // Returns whether the cache is device memory.
+  bool ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out);
 
   // Clients (clients.cc).
   void ClientAct(uint32_t index);

@@ -252,16 +252,24 @@ const SimFile* Simulator::FileOf(const std::string& name, const std::string& pat
   return nullptr;
 }
 
-void Simulator::ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out) {
+bool Simulator::ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out) {
   Region cache = weights;
   cache.bytes = weights.bytes / 4 + 1;  // what parking it with its copy costs the park budget
-  cache.host = true;  // the engine's own memfd: no device memory, which may die with its owner
+  // In odd seeds the language model keeps its cache in device memory, as a GPU's pool does: held by
+  // its grant, lost with its device's owner, parked only as the host copy a park asks for. In even
+  // ones, the engine's own memfd.
+  const bool on_device = !weights.host && options_.seed % 2 == 1;
+  cache.host = !on_device;
+  cache.device = weights.device;
   cache.kv_cache = true;
   cache.slot = w.slot;
   cache.generation = w.generation;
   done.set_cache_shared(true);
   done.set_cache_bytes(cache.bytes);
+  done.set_cache_grant(on_device ? 1 : 0);
   out.push_back(NewSupervisorHandle(cache));
+  outcome_.device_caches += on_device;
+  return on_device;
 }
 
 void Simulator::CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache) {
@@ -271,6 +279,10 @@ void Simulator::CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, con
   if (!a.copy() || kept == nullptr || !kept->kv_cache) {
     return Fail(fmt::format("worker {} was sent a KV cache to adopt that is no parked cache ({})", w.slot,
                             a.copy() ? "not a cache" : "with an attach that is no unpark"));
+  }
+  if (!kept->host) {
+    return Fail(fmt::format("worker {} was sent a parked KV cache in device memory, which parking was to free",
+                            w.slot));
   }
   if (kept->file != weights.file || kept->version != weights.version) {
     return Fail(fmt::format("worker {} unparks file {} version {} with the KV cache of file {} version {}", w.slot,
@@ -359,7 +371,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       out.push_back(NewSupervisorHandle(e.region));
     }
     if (read.language) {
-      ShareCache(w, e.region, *done, out);
+      e.kv_on_device = ShareCache(w, e.region, *done, out);
       e.kv = NewKvPages();
     }
     w.engines[m.load().model()] = e;
@@ -412,7 +424,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       if (language) {
         weights->set_context(kSimContext);
         weights->set_kv_bytes_per_token(kSimKvBytesPerToken);
-        ShareCache(w, e.region, *done, out);
+        e.kv_on_device = ShareCache(w, e.region, *done, out);
         e.kv = NewKvPages();
       }
     }
@@ -504,6 +516,24 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       done->set_bytes(host.bytes);
       done->set_copy_shared(true);
       out.push_back(NewSupervisorHandle(host));
+      if (m.park().cache_copy()) {
+        // A copy of its GPU pool, sealed in host memory: asked for only where the cache is device memory.
+        if (!it->second.kv_on_device) {
+          Fail(fmt::format("worker {} was asked to copy out the KV cache of model {}, which is host memory already",
+                           w.slot, m.park().model()));
+          return reply;
+        }
+        Region copy = it->second.region;
+        copy.host = true;
+        copy.bytes = copy.bytes / 4 + 1;
+        copy.kv_cache = true;
+        copy.slot = w.slot;
+        copy.generation = w.generation;
+        done->set_cache_copy(true);
+        done->set_cache_copy_bytes(copy.bytes);
+        outcome_.pool_copies++;
+        out.push_back(NewSupervisorHandle(copy));
+      }
     }
     return reply;
   }
