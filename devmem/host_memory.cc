@@ -183,7 +183,7 @@ Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_regi
   munmap(ptr, bytes);
   if (!read) {
     close(fd);
-    return Error(Code::kInternal, "cannot copy {} bytes of weights out of device memory", bytes);
+    return Error(Code::kInternal, "cannot copy {} bytes out of device memory", bytes);
   }
   return fd;
 }

@@ -131,7 +131,12 @@ Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes) {
                                            e.kv_pool->region().blocks());
     if (!host.ok()) return Error(host.status().code(), "model \"{}\": {}", e.name, host.status().message());
     Result<std::unique_ptr<KvPool>> pool = AdoptGpuPool(*e.gpu_model, *host);
-    if (!pool.ok()) return Error(pool.status().code(), "model \"{}\": {}", e.name, pool.status().message());
+    if (!pool.ok()) {
+      // The write may have reached the device region this instance's pool keeps its blocks in: a
+      // fresh pool, claiming nothing there, replaces it (an empty cache, as before the adopt).
+      if (Result<std::unique_ptr<KvPool>> fresh = EmptyGpuPool(*e.gpu_model); fresh.ok()) UsePool(e, std::move(*fresh));
+      return Error(pool.status().code(), "model \"{}\": {}", e.name, pool.status().message());
+    }
     UsePool(e, std::move(*pool));
     return OkStatus();
   }

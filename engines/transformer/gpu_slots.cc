@@ -107,6 +107,14 @@ Result<std::unique_ptr<KvPool>> AdoptGpuPool(GpuModel& model, const KvRegion& ho
   return pool;
 }
 
+Result<std::unique_ptr<KvPool>> EmptyGpuPool(GpuModel& model) {
+  Result<std::unique_ptr<KvPool>> pool = MakeGpuPool(model);
+  if (!pool.ok()) return pool.status();
+  (*pool)->region().ClaimNothing();
+  if (Status s = MirrorRecords(model, (*pool)->region()); !s.ok()) return s;
+  return pool;
+}
+
 uint32_t ImportOnGpu(GpuModel& model, KvCache& cache, const wp_region& source, const KvRegion& source_records,
                      std::span<const int32_t> tokens, uint32_t most) {
   return cache.Import(source_records, tokens, most, [&](std::span<const KvCache::Rows> rows) {

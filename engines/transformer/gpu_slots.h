@@ -48,6 +48,10 @@ Status MirrorRecords(GpuModel& model, KvRegion& records);
 // any cache takes a block: its keys and values written into the pool's region first, then its
 // records (KvPool::AdoptRecords: the prefix cache kept), mirrored there.
 Result<std::unique_ptr<KvPool>> AdoptGpuPool(GpuModel& model, const KvRegion& host);
+// A fresh pool of `model` whose every record says, in the pool's region too, that it holds
+// nothing: what replaces the pool after an adopt that failed when some of its writes may have
+// reached the region.
+Result<std::unique_ptr<KvPool>> EmptyGpuPool(GpuModel& model);
 // KvCache::Import on the GPU: `source` a dead worker's pool region of this shape (imported),
 // `source_records` its records read back (KvRegion::FromImage). Returns the cache's length now.
 uint32_t ImportOnGpu(GpuModel& model, KvCache& cache, const wp_region& source, const KvRegion& source_records,

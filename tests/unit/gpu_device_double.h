@@ -113,6 +113,9 @@ class DeviceDouble final : public GpuModel {
   Status WriteToPool(std::span<const transformer::KvRegion::ImageWrite> writes) override {
     if (fail_writes) return Status(Code::kInternal, "the device double fails its writes");
     for (const transformer::KvRegion::ImageWrite& w : writes) {
+      // A call that fails part way: the writes before it landed.
+      if (writes_before_failing == 0) return Status(Code::kInternal, "the device double fails its writes now");
+      if (writes_before_failing > 0) writes_before_failing--;
       EXPECT_LE(w.offset + w.size, image_.size()) << "a write past the pool's region";
       if (w.offset + w.size > image_.size()) return Status(Code::kInternal, "a write past the region");
       // A copy the process dies in may land in part, in any order: its first half alone, or its
@@ -209,6 +212,7 @@ class DeviceDouble final : public GpuModel {
   bool fail_steps = false;
   bool fail_copies = false;
   bool fail_writes = false;
+  int writes_before_failing = -1;  // >= 0: single writes into the region that land before all fail
   bool check_mirror = true;
   static constexpr int32_t kBroken = kVocab - 1;
 

@@ -221,6 +221,27 @@ TEST(GpuKvMirrorTest, AParkedPoolsHostCopyIsTakenOverWithItsPrefixes) {
   ASSERT_TRUE(mirror.ok());
   EXPECT_GE(Found(*mirror, prompt), 3 * transformer::kKvBlockTokens) << "mirrored for a death after the unpark";
 
+  // An adopt cut short at its last write, every record but one in place on the device: the empty
+  // pool that replaces it says there too that nothing is held, whatever generations they named.
+  GpuRig whole(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  const int fresh_writes = whole.device.region_writes;
+  ASSERT_TRUE(transformer::AdoptGpuPool(whole.device, *host).ok());
+  const int adopt_writes = whole.device.region_writes - fresh_writes;
+  GpuRig failed(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  failed.device.writes_before_failing = adopt_writes - 1;
+  EXPECT_EQ(transformer::AdoptGpuPool(failed.device, *host).status().code(), Code::kInternal);
+  Result<KvRegion> cut = failed.device.Mirror();
+  ASSERT_TRUE(cut.ok());
+  std::vector<int32_t> claimed;
+  EXPECT_FALSE(cut->Records(claimed).empty()) << "records of the adopt stand there";
+  failed.device.writes_before_failing = -1;
+  ASSERT_TRUE(transformer::EmptyGpuPool(failed.device).ok());
+  Result<KvRegion> after = failed.device.Mirror();
+  ASSERT_TRUE(after.ok());
+  std::vector<int32_t> held;
+  EXPECT_TRUE(after->Records(held).empty()) << "no record claims anything";
+  EXPECT_EQ(failed.device.mirror_violations, 0);
+
   // A pool of another size takes none of it.
   GpuRig other(kContext, 3, transformer::KvPoolBlocks(kContext, 3));
   EXPECT_EQ(transformer::AdoptGpuPool(other.device, *host).status().code(), Code::kInvalidArgument);
