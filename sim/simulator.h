@@ -232,8 +232,13 @@ class Simulator {
   int NewSupervisorHandle(const Region& region);
   void CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache);
   // A language model's engine hands its KV cache to the supervisor with a load or attach reply.
-  // Returns whether the cache is device memory.
+  // sim/kv_regions.cc. A load's KV cache region: returns whether it is device memory.
   bool ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out);
+  // A retried generation's KV source (false: the run has failed).
+  bool CheckKvSource(uint32_t slot, const v1::WorkerEnvelope& message, const std::vector<int>& handles);
+  // A park's host copy of a device KV cache, after the weights' copy.
+  void CopyCacheToPark(const Worker& w, const Engine& e, uint32_t model, v1::WorkerParkDone& done,
+                       std::vector<int>& out);
 
   // Clients (clients.cc).
   void ClientAct(uint32_t index);

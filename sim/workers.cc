@@ -75,22 +75,7 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
                               it->second, slot));
     }
   }
-  if (message.has_infer() && message.infer().kv_source()) {
-    // A retried generation takes the KV cache of a replica of its model whose worker died.
-    auto cache = handles.empty() ? regions_.end() : regions_.find(handles.back());
-    if (cache == regions_.end() || !cache->second.kv_cache || !message.infer().has_generate()) {
-      return Fail(fmt::format("worker {} was sent a KV source that is no replica's cache ({})", slot, Brief(message)));
-    }
-    if (message.infer().kv_source_bytes() != cache->second.bytes) {
-      return Fail(fmt::format("worker {} was sent a KV source of {} bytes said to be {}", slot, cache->second.bytes,
-                              message.infer().kv_source_bytes()));
-    }
-    const Worker& writer = workers_[cache->second.slot];
-    if (writer.generation == cache->second.generation && writer.state == Worker::State::kUp) {
-      return Fail(fmt::format("worker {} was sent the KV cache of worker {}, which is alive and may write it", slot,
-                              cache->second.slot));
-    }
-  }
+  if (message.has_infer() && message.infer().kv_source() && !CheckKvSource(slot, message, handles)) return;
   if (message.has_infer()) NoteInferSent(slot, message);
   Worker& w = workers_[slot];
   if (w.state != Worker::State::kUp) return;  // the shell drops frames for a worker not up
@@ -250,50 +235,6 @@ const SimFile* Simulator::FileOf(const std::string& name, const std::string& pat
     if (f.name == name || (!f.path.empty() && f.path == path)) return &f;
   }
   return nullptr;
-}
-
-bool Simulator::ShareCache(const Worker& w, const Region& weights, v1::WorkerLoadDone& done, std::vector<int>& out) {
-  Region cache = weights;
-  cache.bytes = weights.bytes / 4 + 1;  // what parking it with its copy costs the park budget
-  // In odd seeds the language model keeps its cache in device memory, as a GPU's pool does: held by
-  // its grant, lost with its device's owner, parked only as the host copy a park asks for. In even
-  // ones, the engine's own memfd.
-  const bool on_device = !weights.host && options_.seed % 2 == 1;
-  cache.host = !on_device;
-  cache.device = weights.device;
-  cache.kv_cache = true;
-  cache.slot = w.slot;
-  cache.generation = w.generation;
-  done.set_cache_shared(true);
-  done.set_cache_bytes(cache.bytes);
-  done.set_cache_grant(on_device ? 1 : 0);
-  out.push_back(NewSupervisorHandle(cache));
-  outcome_.device_caches += on_device;
-  return on_device;
-}
-
-void Simulator::CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache) {
-  // A parked model's KV cache goes to the engine that unparks it: a cache its engine left when it
-  // closed (none is up with the model now: it is parked), of these very weights.
-  const Region* kept = cache >= 0 ? &regions_[cache] : nullptr;
-  if (!a.copy() || kept == nullptr || !kept->kv_cache) {
-    return Fail(fmt::format("worker {} was sent a KV cache to adopt that is no parked cache ({})", w.slot,
-                            a.copy() ? "not a cache" : "with an attach that is no unpark"));
-  }
-  if (!kept->host) {
-    return Fail(fmt::format("worker {} was sent a parked KV cache in device memory, which parking was to free",
-                            w.slot));
-  }
-  if (kept->file != weights.file || kept->version != weights.version) {
-    return Fail(fmt::format("worker {} unparks file {} version {} with the KV cache of file {} version {}", w.slot,
-                            weights.file, weights.version, kept->file, kept->version));
-  }
-  const Worker& writer = workers_[kept->slot];
-  if (writer.generation == kept->generation && writer.state == Worker::State::kUp &&
-      writer.engines.contains(a.model())) {
-    Fail(fmt::format("worker {} was sent the KV cache of worker {}, whose engine of \"{}\" is open and may write it",
-                     w.slot, kept->slot, a.name()));
-  }
 }
 
 int Simulator::NewSupervisorHandle(const Region& region) {
@@ -516,24 +457,7 @@ v1::WorkerEnvelope Simulator::RunJob(Worker& w, const WorkerJob& work, std::vect
       done->set_bytes(host.bytes);
       done->set_copy_shared(true);
       out.push_back(NewSupervisorHandle(host));
-      if (m.park().cache_copy()) {
-        // A copy of its GPU pool, sealed in host memory: asked for only where the cache is device memory.
-        if (!it->second.kv_on_device) {
-          Fail(fmt::format("worker {} was asked to copy out the KV cache of model {}, which is host memory already",
-                           w.slot, m.park().model()));
-          return reply;
-        }
-        Region copy = it->second.region;
-        copy.host = true;
-        copy.bytes = copy.bytes / 4 + 1;
-        copy.kv_cache = true;
-        copy.slot = w.slot;
-        copy.generation = w.generation;
-        done->set_cache_copy(true);
-        done->set_cache_copy_bytes(copy.bytes);
-        outcome_.pool_copies++;
-        out.push_back(NewSupervisorHandle(copy));
-      }
+      if (m.park().cache_copy()) CopyCacheToPark(w, it->second, m.park().model(), *done, out);
     }
     return reply;
   }
