@@ -174,6 +174,31 @@ TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice
                    .ok());
 }
 
+// A resumed sequence whose first block its new worker's prefix cache keeps already: the import
+// goes on from there, the whole blocks after it a copy each.
+TEST(GpuKvMirrorTest, AnImportAfterAReusedPrefixCopiesOnlyTheRest) {
+  constexpr uint32_t kContext = 512;
+  GpuRig live(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  const std::vector<int32_t> history = Tokens(200, 10);
+  live.Step({{0, history, 0}});
+  const DeviceDouble dead = live.device;
+  GpuRig resumed(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
+  resumed.Step({{1, std::span(history).first(70), 0}});  // publishes the first block
+  resumed.slots->Free(1);
+  const int steps = resumed.device.steps;
+  Result<KvRegion> records = dead.Mirror();
+  ASSERT_TRUE(records.ok());
+  const transformer::KvSource source{&*records, &dead.pool()};
+  std::vector<int32_t> prompt = history;
+  prompt.push_back(42);
+  EXPECT_EQ(resumed.slots->Reuse(0, prompt, &source), history.size());
+  // Blocks 1 and 2 whole, block 3's 8 positions a copy per layer's keys and values; block 0 reused.
+  EXPECT_EQ(resumed.device.rows_copied, 2 + 2 * uint64_t{SmallConfig().num_hidden_layers});
+  EXPECT_EQ(resumed.device.steps, steps);
+  EXPECT_EQ(resumed.Step({{0, std::span(prompt).last(1), static_cast<uint32_t>(history.size())}})[0], Digest(prompt));
+  EXPECT_EQ(resumed.device.mirror_violations, 0);
+}
+
 // A model parked: the worker copies its pool's region out into host memory (the blocks' keys and
 // values, the records mirrored after them: a whole host region); the instance that unparks it
 // writes them back into its own pool and keeps the prefix cache, so a prompt that begins as one
