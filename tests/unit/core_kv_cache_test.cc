@@ -22,13 +22,9 @@ Config WithPark(uint64_t park_budget) {
   return c;
 }
 
-// Loaded on worker 0 with its cache (kCache, `cache_bytes`), then parked: its park and unload done.
-// `grant` non-zero: the cache is a GPU's pool, device memory held by that grant; `pool_copy` non-zero:
-// the park sends a host copy of it that large (kPoolCopy), after the weights' copy.
-void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint64_t grant = 0,
-                 uint64_t pool_copy = 0) {
-  rig.Start({lm});
-  rig.Up(0);
+// Loaded on worker 0 (started, up) with its cache (kCache, `cache_bytes`; `grant` non-zero: a GPU's
+// pool, device memory held by that grant).
+void LoadWithCache(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint64_t grant) {
   rig.Load(1, lm.name);
   std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
   ASSERT_EQ(load.size(), 1u);
@@ -38,6 +34,16 @@ void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint6
   done.mutable_load_done()->set_cache_grant(grant);
   rig.Reply(0, done, {kWeights, kCache});
   ASSERT_EQ(rig.State(lm.name), shm::ModelState::kReady);
+}
+
+// Loaded on worker 0 with its cache (kCache, `cache_bytes`), then parked: its park and unload done.
+// `grant` non-zero: the cache is a GPU's pool, device memory held by that grant; `pool_copy` non-zero:
+// the park sends a host copy of it that large (kPoolCopy), after the weights' copy.
+void LoadAndPark(CoreRig& rig, const ModelEntry& lm, uint64_t cache_bytes, uint64_t grant = 0,
+                 uint64_t pool_copy = 0) {
+  rig.Start({lm});
+  rig.Up(0);
+  LoadWithCache(rig, lm, cache_bytes, grant);
   rig.Forget();
   rig.Unload(1, lm.name, /*park=*/true);
   std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
@@ -137,14 +143,7 @@ TEST(CoreKvCacheTest, AGpusPoolIsCopiedOutOnlyWithinTheParkBudget) {
     CoreRig rig(WithPark(lm.weight_bytes + room));
     rig.Start({lm});
     rig.Up(0);
-    rig.Load(1, lm.name);
-    std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
-    ASSERT_EQ(load.size(), 1u);
-    v1::WorkerEnvelope done = CoreRig::LoadDone(load[0].load().job(), lm);
-    done.mutable_load_done()->set_cache_shared(true);
-    done.mutable_load_done()->set_cache_bytes(300);
-    done.mutable_load_done()->set_cache_grant(7);
-    rig.Reply(0, done, {kWeights, kCache});
+    LoadWithCache(rig, lm, 300, /*grant=*/7);
     rig.Forget();
     rig.Unload(1, lm.name, /*park=*/true);
     std::vector<v1::WorkerEnvelope> to0 = rig.Sent(0);
@@ -232,14 +231,7 @@ TEST(CoreKvCacheTest, ADeadGpusPoolGoesWithItsStreamOnlyWhereTheDeviceHasRoomFor
     rig.Start({lm});
     rig.Up(0);
     rig.Up(1);
-    rig.Load(1, lm.name);
-    std::vector<v1::WorkerEnvelope> load = rig.Sent(0);
-    ASSERT_EQ(load.size(), 1u);
-    v1::WorkerEnvelope done = CoreRig::LoadDone(load[0].load().job(), lm);
-    done.mutable_load_done()->set_cache_shared(true);
-    done.mutable_load_done()->set_cache_bytes(pool);
-    done.mutable_load_done()->set_cache_grant(7);
-    rig.Reply(0, done, {kWeights, kCache});
+    LoadWithCache(rig, lm, pool, /*grant=*/7);
     rig.Load(1, lm.name, /*replicas=*/2);
     std::vector<v1::WorkerEnvelope> attach = rig.Sent(1);
     ASSERT_EQ(attach.size(), 1u);

@@ -52,6 +52,16 @@ struct GpuRig {
   std::unique_ptr<transformer::GpuSlots> slots;
 };
 
+// `dead`'s pool, as the supervisor held it, taken by `prompt` starting in slot 0 of `rig`: the
+// positions it holds (its prefix cache's, then those copied from the dead pool).
+uint32_t ResumeFrom(GpuRig& rig, const DeviceDouble& dead, std::span<const int32_t> prompt) {
+  Result<KvRegion> records = dead.Mirror();
+  EXPECT_TRUE(records.ok());
+  if (!records.ok()) return 0;
+  const transformer::KvSource source{&*records, &dead.pool()};
+  return rig.slots->Reuse(0, prompt, &source);
+}
+
 // What a reader finds of `tokens` in records: positions, in order.
 uint32_t Found(const KvRegion& records, std::span<const int32_t> tokens) {
   uint32_t found = 0;
@@ -152,12 +162,9 @@ TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice
   resumed.Step({{1, std::span(earlier).subspan(256), 256}});
   resumed.slots->Free(1);
   const int steps = resumed.device.steps;
-  Result<KvRegion> records = dead.Mirror();
-  ASSERT_TRUE(records.ok());
-  const transformer::KvSource source{&*records, &dead.pool()};
   std::vector<int32_t> prompt = history;
   prompt.push_back(42);  // the next token to run: the last is never copied (its logits are wanted)
-  EXPECT_EQ(resumed.slots->Reuse(0, prompt, &source), history.size()) << "every position sent, copied";
+  EXPECT_EQ(ResumeFrom(resumed, dead, prompt), history.size()) << "every position sent, copied";
   EXPECT_EQ(resumed.device.steps, steps) << "none computed";
   // Two whole blocks in one copy each, the third's 42 positions a copy per layer's keys and values.
   EXPECT_EQ(resumed.device.rows_copied, 2 + 2 * uint64_t{SmallConfig().num_hidden_layers});
@@ -186,12 +193,9 @@ TEST(GpuKvMirrorTest, AnImportAfterAReusedPrefixCopiesOnlyTheRest) {
   resumed.Step({{1, std::span(history).first(70), 0}});  // publishes the first block
   resumed.slots->Free(1);
   const int steps = resumed.device.steps;
-  Result<KvRegion> records = dead.Mirror();
-  ASSERT_TRUE(records.ok());
-  const transformer::KvSource source{&*records, &dead.pool()};
   std::vector<int32_t> prompt = history;
   prompt.push_back(42);
-  EXPECT_EQ(resumed.slots->Reuse(0, prompt, &source), history.size());
+  EXPECT_EQ(ResumeFrom(resumed, dead, prompt), history.size());
   // Blocks 1 and 2 whole, block 3's 8 positions a copy per layer's keys and values; block 0 reused.
   EXPECT_EQ(resumed.device.rows_copied, 2 + 2 * uint64_t{SmallConfig().num_hidden_layers});
   EXPECT_EQ(resumed.device.steps, steps);
