@@ -10,6 +10,7 @@
 
 #include "bench/abuse.h"
 #include "bench/batching.h"
+#include "bench/decode_attention.h"
 #include "bench/compute.h"
 #include "bench/generate.h"
 #include "bench/http_generate.h"
@@ -69,6 +70,7 @@ struct Options {
   bool parked = false;
   bool http = false;
   bool second_turn = false;
+  bool attention = false;
   bool resume = false;
   std::string dtype = "bf16";
   uint32_t prompt = 128;
@@ -213,6 +215,10 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", options.resume,
                "--generate: through a daemon, a stream whose worker is SIGKILLed halfway: the gap to its next "
                "token against its median (bench/resume_generate.h; run from the repository root)");
+  app.add_flag("--attention", options.attention,
+               "--generate: decode attention alone, in-process: --batch sequences' rows over --prompt positions "
+               "each, every layer of the --streams model, against reading the same keys and values "
+               "(bench/decode_attention.h)");
   app.add_flag("--second-turn", options.second_turn,
                "--generate: through a daemon, a chat's second turn's time to first token against its first's "
                "after a --long-prompt history (the prefix cache; bench/second_turn.h; run from the repository root)");
@@ -289,6 +295,15 @@ int main(int argc, char** argv) {
     resume.json = options.json;
     return warmpool::bench::RunResumeGenerate(resume);
   }
+  if (options.generate && options.attention) {
+    warmpool::bench::DecodeAttentionOptions attention;
+    attention.sequences = std::max(1u, options.batch);
+    if (app.get_option("--prompt")->count() > 0) attention.positions = options.prompt;
+    if (app.get_option("--rounds")->count() > 0) attention.rounds = options.rounds;
+    attention.threads = options.threads;
+    attention.json = options.json;
+    return warmpool::bench::RunDecodeAttention(attention);
+  }
   if (options.generate && options.second_turn) {
     warmpool::bench::SecondTurnOptions turns;
     turns.daemon = options.daemon;
@@ -310,6 +325,7 @@ int main(int argc, char** argv) {
     streams.long_prompt = options.long_prompt;
     streams.kv_cache_tokens = options.kv_cache_tokens;
     streams.prefill_stretch = options.prefill_stretch;
+    if (app.get_option("--threads")->count() > 0) streams.threads = static_cast<uint32_t>(options.threads);
     if (app.get_option("--model-mib")->count() > 0) streams.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--prompt")->count() > 0) streams.prompt = options.prompt;
     if (app.get_option("--tokens")->count() > 0) streams.tokens = options.tokens;

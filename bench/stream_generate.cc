@@ -52,8 +52,8 @@ class StreamGenerate {
                    options_.kv_cache_tokens, StreamBesideTokens(), options_.long_prompt, both);
     }
     std::string config =
-        fmt::format("[daemon]\nmodels_dir = \"{}\"\n[[models]]\nname = \"lm\"\npath = \"{}/lm\"\nparallel = {}\n",
-                    models, models, std::max(options_.streams, 2u));
+        fmt::format("[daemon]\nmodels_dir = \"{}\"\nthreads_per_worker = {}\n[[models]]\nname = \"lm\"\npath = \"{}/lm\"\nparallel = {}\n",
+                    models, options_.threads, models, std::max(options_.streams, 2u));
     if (options_.kv_cache_tokens != 0) config += fmt::format("kv_cache_tokens = {}\n", options_.kv_cache_tokens);
     if (options_.prefill_stretch != 0) config += fmt::format("prefill_stretch = {}\n", options_.prefill_stretch);
     if (Status s = run_.StartDaemon(options_.daemon, options_.backend, config); !s.ok()) return s;

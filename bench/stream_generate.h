@@ -29,6 +29,7 @@ struct StreamGenerateOptions {
   uint32_t rounds = 3;
   uint64_t kv_cache_tokens = 0;  // 0: parallel x context
   double prefill_stretch = 0;    // [[models]] prefill_stretch; 0: the engine's default
+  uint32_t threads = 0;          // [daemon] threads_per_worker; 0: the daemon's default
   std::string tokenizer_dir = "demo/license-llama";
   bool json = false;
 };

@@ -3,6 +3,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 
 #include "engines/avx512_sum4.h"
@@ -122,6 +123,22 @@ bool HaveBF16Gemv() {
   static const bool have =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && HaveAvx512Bf16Bit();
   return have;
+}
+
+WARMPOOL_BF16_TARGET void NarrowToBF16(const float* in, uint64_t count, uint16_t* out) {
+  uint64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(in + i + 16), _mm512_loadu_ps(in + i));
+    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(pair));
+  }
+  if (i < count) {
+    const auto low = static_cast<__mmask16>((uint32_t{1} << std::min<uint64_t>(16, count - i)) - 1);
+    const auto high = static_cast<__mmask16>(count - i > 16 ? (uint32_t{1} << (count - i - 16)) - 1 : 0);
+    const __m512bh pair =
+        _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, in + i + 16), _mm512_maskz_loadu_ps(low, in + i));
+    _mm512_mask_storeu_epi16(out + i, static_cast<__mmask32>((uint64_t{1} << (count - i)) - 1),
+                             reinterpret_cast<__m512i>(pair));
+  }
 }
 
 void BF16Gemv(const uint8_t* weight, uint32_t in, uint32_t out, const uint16_t* input, uint32_t rows,

@@ -14,6 +14,12 @@ namespace warmpool::dense {
 // Whether this CPU (and the OS) runs BF16Gemv: AVX-512F, BW and BF16, checked once at run time.
 bool HaveBF16Gemv();
 
+// out[i] = in[i] rounded to bf16 (to nearest, ties to even; a NaN stays a NaN) for i < count, the
+// kernel's input from f32 activations, 32 at a time (VCVTNE2PS2BF16). Unlike the scalar
+// conversion, a subnormal float becomes zero, as the kernel takes it anyway. HaveBF16Gemv must be
+// true.
+void NarrowToBF16(const float* in, uint64_t count, uint16_t* out);
+
 // output[r * out + n] = sum_k W[n][k] * input[r * in + k] (+ bias[n]) for every row r < rows and
 // output n < out. W is [out, in] bf16, little-endian, at any byte alignment; the input is bf16
 // too (activations narrowed, as oneDNN's bf16 matmul takes them); bias may be null. Products are

@@ -148,7 +148,7 @@ Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Ve
   if (w.dtype == DType::BF16 && rows <= kBatchedRows && dense::HaveBF16Gemv()) {
     thread_local std::vector<uint16_t> narrow;
     narrow.resize(uint64_t{rows} * w.cols);
-    for (uint64_t i = 0; i < narrow.size(); ++i) narrow[i] = safetensors::FloatToBF16(x[i]);
+    dense::NarrowToBF16(x, narrow.size(), narrow.data());
     const std::vector<float> widened_bias = WidenAll(bias);
     dense::BF16Gemv(w.data, w.cols, w.rows, narrow.data(), rows, bias ? widened_bias.data() : nullptr, y, threads_);
     return OkStatus();
@@ -161,13 +161,20 @@ Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Ve
   return OkStatus();
 }
 
-void CpuModel::Rope(float* heads, uint32_t count, uint32_t position) const {
-  // HF's rotate_half: the first and second halves of a head are the pairs' two coordinates.
+void CpuModel::Rotations(uint32_t position, float* out) const {
   const uint32_t half = config_.head_dim / 2;
   for (uint32_t i = 0; i < half; ++i) {
     const double angle = position * inv_freq_[i];
-    const auto c = static_cast<float>(std::cos(angle));
-    const auto s = static_cast<float>(std::sin(angle));
+    out[i] = static_cast<float>(std::cos(angle));
+    out[half + i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void CpuModel::Rope(float* heads, uint32_t count, const float* rotations) const {
+  // HF's rotate_half: the first and second halves of a head are the pairs' two coordinates.
+  const uint32_t half = config_.head_dim / 2;
+  for (uint32_t i = 0; i < half; ++i) {
+    const float c = rotations[i], s = rotations[half + i];
     for (uint32_t h = 0; h < count; ++h) {
       float* x = heads + uint64_t{h} * config_.head_dim;
       const float a = x[i], b = x[i + half];
@@ -275,6 +282,12 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
   for (uint32_t r = 0; r < rows; ++r) {
     Widen(weights_.embed.data, weights_.embed.dtype, uint64_t(tokens[r]) * hidden, hidden, &x[uint64_t{r} * hidden]);
   }
+  // Each row's rotations (a cosine and a sine per pair of a head), the same in every layer.
+  std::vector<float> rotations(uint64_t{rows} * c.head_dim);
+  for (uint32_t first = 0; const StepRun& run : runs) {
+    for (uint32_t i = 0; i < run.rows; ++i) Rotations(run.start + i, &rotations[uint64_t{first + i} * c.head_dim]);
+    first += run.rows;
+  }
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     RmsNorm(x.data(), rows, hidden, WidenAll(w.input_norm), c.rms_norm_eps, normed.data());
@@ -293,8 +306,8 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
       KvCache& cache = *run.cache;
       for (uint32_t i = 0; i < run.rows; ++i) {
         const uint64_t r = first + i;
-        Rope(&q[r * c.q_size()], c.num_attention_heads, run.start + i);
-        Rope(&k[r * c.kv_size()], c.num_key_value_heads, run.start + i);
+        Rope(&q[r * c.q_size()], c.num_attention_heads, &rotations[r * c.head_dim]);
+        Rope(&k[r * c.kv_size()], c.num_key_value_heads, &rotations[r * c.head_dim]);
         std::memcpy(cache.key(l, run.start + i), &k[r * c.kv_size()], c.kv_size() * sizeof(float));
         std::memcpy(cache.value(l, run.start + i), &v[r * c.kv_size()], c.kv_size() * sizeof(float));
       }

@@ -58,7 +58,10 @@ class CpuModel {
 
  private:
   Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
-  void Rope(float* heads, uint32_t count, uint32_t position) const;
+  // A position's rotary cosines (head_dim / 2 of them) then sines, into out (head_dim floats).
+  void Rotations(uint32_t position, float* out) const;
+  // Rotates `count` heads by a position's Rotations.
+  void Rope(float* heads, uint32_t count, const float* rotations) const;
   // The layers over the runs' tokens: x (rows x hidden) holds the residual stream after the last one.
   Status Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x);
   Status Check(std::span<const int32_t> tokens, std::span<const StepRun> runs, uint64_t out_size,

@@ -29,8 +29,45 @@ namespace {
 constexpr uint32_t kLanes = 16;
 // Query heads whose dot products with one key are summed together by one Sum4.
 constexpr uint32_t kQuad = 4;
+// Weigh's tiles: up to four query heads (of one KV head) by up to four of a head's 16-float
+// vectors, whose sums stay in registers over a run's positions.
+constexpr uint32_t kTile = 4;
 
-// scores[(g - kv_first) * group + h][p] = scale · q[g * group + h] · key_p[g], position by position.
+// out[h][v * 16 ..] (+)= Σ_i weights[h * width + position + i] · value_i[v * 16 ..] for the H heads
+// and V vectors of a tile, over `count` positions whose values are at values, values + stride, ...
+// (the tile's first vector in each position's row); out is the tile's first head's first vector,
+// head_dim floats a head. `add`: out holds the sums of earlier positions.
+template <uint32_t H, uint32_t V>
+WARMPOOL_AVX512_TARGET void WeighTile(const float* weights, uint64_t width, uint64_t position, const float* values,
+                                      uint32_t count, uint64_t stride, uint32_t head_dim, bool add, float* out) {
+  __m512 acc[H][V];
+  for (uint32_t h = 0; h < H; ++h) {
+    for (uint32_t v = 0; v < V; ++v) {
+      acc[h][v] = add ? _mm512_loadu_ps(out + uint64_t{h} * head_dim + v * kLanes) : _mm512_setzero_ps();
+    }
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    __m512 value[V];
+    for (uint32_t v = 0; v < V; ++v) value[v] = _mm512_loadu_ps(values + i * stride + v * kLanes);
+    for (uint32_t h = 0; h < H; ++h) {
+      const __m512 weight = _mm512_set1_ps(weights[h * width + position + i]);
+      for (uint32_t v = 0; v < V; ++v) acc[h][v] = _mm512_fmadd_ps(weight, value[v], acc[h][v]);
+    }
+  }
+  for (uint32_t h = 0; h < H; ++h) {
+    for (uint32_t v = 0; v < V; ++v) _mm512_storeu_ps(out + uint64_t{h} * head_dim + v * kLanes, acc[h][v]);
+  }
+}
+
+using WeighTileFn = void (*)(const float*, uint64_t, uint64_t, const float*, uint32_t, uint64_t, uint32_t, bool, float*);
+template <uint32_t H>
+constexpr WeighTileFn kWeighRow[kTile] = {&WeighTile<H, 1>, &WeighTile<H, 2>, &WeighTile<H, 3>, &WeighTile<H, 4>};
+constexpr const WeighTileFn* kWeighTiles[kTile] = {kWeighRow<1>, kWeighRow<2>, kWeighRow<3>, kWeighRow<4>};
+
+// scores[(g - kv_first) * group + h][p] = scale · q[g * group + h] · key_p[g], position by position,
+// each position's row read once for all its KV heads, in order. (Tiles as Weigh's, a KV head at a
+// time over its part of each row, four positions at a time, were faster with the keys in the cache
+// but slower from memory, where the hardware's prefetchers follow whole rows read in order.)
 WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std::span<const KvRun> runs,
                                    uint64_t stride, uint32_t kv_first, uint32_t kv_count, float* scores,
                                    uint64_t width) {
@@ -62,28 +99,22 @@ WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std:
   }
 }
 
-// out[g * group + h] = Σ_p weights[(g - kv_first) * group + h][p] · value_p[g], position by
-// position; the sums stay in `out` (in the L1 cache: 16 heads of 64 are 4 KiB).
-WARMPOOL_AVX512_TARGET void Weigh(const AttentionShape& s, const float* weights, std::span<const KvRun> runs,
-                                  uint64_t stride, uint32_t kv_first, uint32_t kv_count, uint64_t width, float* out) {
+// out[g * group + h] = Σ_p weights[(g - kv_first) * group + h][p] · value_p[g], a run (a block of
+// the cache) at a time, a tile at a time over it. It added into `out` in memory position by
+// position before: a load and a store with each multiply-add.
+void Weigh(const AttentionShape& s, const float* weights, std::span<const KvRun> runs, uint64_t stride,
+           uint32_t kv_first, uint32_t kv_count, uint64_t width, float* out) {
   const uint32_t group = s.heads / s.kv_heads;
   const uint32_t vectors = s.head_dim / kLanes;
-  float* const first_out = out + uint64_t{kv_first} * group * s.head_dim;
-  std::fill(first_out, first_out + uint64_t{kv_count} * group * s.head_dim, 0.0f);
   uint64_t position = 0;
-  for (const KvRun& run : runs) {
-    for (uint32_t i = 0; i < run.count; ++i, ++position) {
-      const float* value = run.value + i * stride;
-      for (uint32_t g = kv_first; g < kv_first + kv_count; ++g) {
-        const float* head_value = value + uint64_t{g} * s.head_dim;
-        const float* head_weights = weights + uint64_t{g - kv_first} * group * width + position;
-        float* head_out = out + uint64_t{g} * group * s.head_dim;
-        for (uint32_t v = 0; v < vectors; ++v) {
-          const __m512 values = _mm512_loadu_ps(head_value + v * kLanes);
-          for (uint32_t h = 0; h < group; ++h) {
-            float* o = head_out + uint64_t{h} * s.head_dim + v * kLanes;
-            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(head_weights[h * width]), values, _mm512_loadu_ps(o)));
-          }
+  for (size_t r = 0; r < runs.size(); position += runs[r].count, ++r) {
+    for (uint32_t g = kv_first; g < kv_first + kv_count; ++g) {
+      for (uint32_t h0 = 0; h0 < group; h0 += kTile) {
+        for (uint32_t v0 = 0; v0 < vectors; v0 += kTile) {
+          kWeighTiles[std::min(kTile, group - h0) - 1][std::min(kTile, vectors - v0) - 1](
+              weights + (uint64_t{g - kv_first} * group + h0) * width, width, position,
+              runs[r].value + uint64_t{g} * s.head_dim + v0 * kLanes, runs[r].count, stride, s.head_dim, r != 0,
+              out + (uint64_t{g} * group + h0) * s.head_dim + v0 * kLanes);
         }
       }
     }

@@ -1,14 +1,14 @@
 // Attention of a few rows of one sequence (decode steps: fewer than kPromptAttentionRows) over its
-// KV cache. On AVX-512F every query head of a row goes against its KV head's keys and values with
-// the cache's positions read in order, whole rows of them (AttendRuns); elsewhere, and for head
-// sizes that are not a multiple of 16, the query heads sharing a KV head are one oneDNN product's
-// rows per block.
+// KV cache. On AVX-512F (AttendRuns) the scores go position by position, each row of keys read once
+// for all its heads; the weighted sum of the values goes in tiles of up to four heads by four
+// vectors whose sums stay in registers over a block of positions. Elsewhere, and for head sizes
+// that are not a multiple of 16, the query heads sharing a KV head are one oneDNN product's rows
+// per block: a call per KV head and block cost more than its 16K multiply-adds.
 //
-// Why not the products everywhere: a position's keys (and values) for all KV heads are one row of
-// the cache, and a product per KV head read a strided quarter of each row (at 4 KV heads), so the
-// hardware's prefetchers saw no stream, and each call cost more than its 16K multiply-adds. Here a
-// row of keys is read once, in order, for all its heads: 1.6 to 1.8 times faster on a cache that
-// lies in memory (a 2-core EPYC VM, 4 KV heads of 64, 1024 positions).
+// `warmpool-bench --generate --attention` times it alone for 8 sequences over the 11 layers of the
+// streams bench's model (docs/benchmarks.md): with the tiles and the file at -O3, 5.3 ms instead
+// of 5.5 to 6.2 from memory and 2.4 instead of 3.8 to 4.6 from the cache at 256 positions; 25
+// instead of 29 to 36 and 11 instead of 17 to 27 at 1024 (a 2-core EPYC VM, 2026-12-07).
 #pragma once
 
 #include <cstdint>

@@ -3,8 +3,10 @@
 // against a double-precision reference from the definition (tests/unit/dense_reference.h): a
 // non-finite result of the math must come out non-finite (NaN as NaN, the same infinity), never
 // as a plausible finite number, and everything else as the ordinary tests require.
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,6 +179,55 @@ TEST(BF16GemvNonFinite, MatchesTheReferenceWithSubnormalsAsZero) {
           dense::BF16Gemv(stored.data() + 1, in, kOutputs, halves.data(), count, bias, y.data(), 1);
         },
         [&](float value) { return as_read(RoundTo(kBfloat16, value)); }, "bf16");
+  }
+}
+
+// bf16 from the definition: the nearer of the two bf16 values around x (truncated, and one unit of
+// its last place up in magnitude, the one past the largest finite being 2^128, which is Inf),
+// ties to the even one; NaN stays NaN with its sign. Subnormal floats are flushed to zero, signed.
+uint16_t NarrowedByDefinition(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return 0xffff;  // checked as "a NaN" by the caller
+  if (magnitude < 0x00800000u) return static_cast<uint16_t>(sign >> 16);
+  const uint32_t down = magnitude & 0xffff0000u, up = down + 0x10000u;
+  const auto value = [](uint32_t m) {
+    return m == 0x7f800000u ? std::ldexp(1.0, 128) : static_cast<double>(std::bit_cast<float>(m));
+  };
+  const double from_down = std::fabs(x) - value(down), to_up = value(up) - std::fabs(x);
+  const uint32_t nearer = from_down < to_up ? down : to_up < from_down ? up : ((down >> 16) & 1) == 0 ? down : up;
+  return static_cast<uint16_t>((sign | (magnitude == 0x7f800000u ? magnitude : nearer)) >> 16);
+}
+
+TEST(BF16Narrowing, RoundsToNearestEvenFlushesSubnormalsAndKeepsNaN) {
+  if (!dense::HaveBF16Gemv()) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.5f, std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                               -std::numeric_limits<float>::signaling_NaN(), std::numeric_limits<float>::max(),
+                               -std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                               -std::numeric_limits<float>::min() / 2, std::numeric_limits<float>::min(),
+                               std::bit_cast<float>(0x7f7f8000u),   // halfway past the largest finite: Inf
+                               std::bit_cast<float>(0x7f7f7fffu),   // just below it: the largest finite
+                               std::bit_cast<float>(0x3f808000u),   // a tie, the even one below
+                               std::bit_cast<float>(0x3f818000u),   // a tie, the even one above
+                               std::bit_cast<float>(0x007fffffu)};  // the largest subnormal
+  std::mt19937 generator(41);
+  std::uniform_int_distribution<uint32_t> any;
+  while (values.size() < 300) values.push_back(std::bit_cast<float>(any(generator)));
+  for (uint64_t count = 0; count <= values.size(); count += count < 70 ? 1 : 23) {
+    std::vector<uint16_t> out(count + 40, 0xabcd);
+    dense::NarrowToBF16(values.data(), count, out.data());
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint16_t want = NarrowedByDefinition(values[i]);
+      if (want == 0xffff) {
+        EXPECT_TRUE(std::isnan(std::bit_cast<float>(uint32_t{out[i]} << 16)) &&
+                    (out[i] & 0x8000) == (std::bit_cast<uint32_t>(values[i]) >> 16 & 0x8000))
+            << "a NaN at " << i << " of " << count;
+      } else {
+        EXPECT_EQ(out[i], want) << fmt::format("{:#010x} at {} of {}", std::bit_cast<uint32_t>(values[i]), i, count);
+      }
+    }
+    for (uint64_t i = count; i < out.size(); ++i) ASSERT_EQ(out[i], 0xabcd) << "written past " << count;
   }
 }
 

@@ -114,7 +114,9 @@ TEST(GpuKvMirrorTest, TheMirrorNeverClaimsMoreThanTheBlocksHold) {
     EXPECT_EQ(rig.Step({{0, {&next, 1}, at}})[0], Digest(history));
     // A decoding sequence's record is said once a step (raised after it: lowered before, it would
     // say what it says already), in three writes.
-    if (at % transformer::kKvBlockTokens != 0) EXPECT_EQ(rig.device.region_writes - writes, 3) << "at " << at;
+    if (at % transformer::kKvBlockTokens != 0) {
+      EXPECT_EQ(rig.device.region_writes - writes, 3) << "at " << at;
+    }
   }
   EXPECT_EQ(rig.device.mirror_violations, 0);
   EXPECT_GT(rig.device.region_writes, 0);

@@ -142,13 +142,15 @@ TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
 
 // Decode rows (fewer than a prompt piece's) at positions within and across the cache's blocks, with
 // sliding windows, on both of DecodeAttention's paths: the AVX-512 kernel (head sizes of a multiple
-// of 16, where the CPU has it) and oneDNN's products (20). Groups of 1 to 6 query heads per KV head
-// (the kernel sums them four at a time), and more threads than rows (a row's KV heads shared).
+// of 16, where the CPU has it) and oneDNN's products (20). Groups of 1 to 7 query heads per KV head
+// and heads of 1 to 8 vectors (the kernel's tiles are four heads and four vectors: 7 x 80 is a
+// tile of 4 x 4, one of 4 x 1, one of 3 x 4 and one of 3 x 1), runs of positions that are not a
+// multiple of the four it scores at a time, and more threads than rows (a row's KV heads shared).
 TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
   struct Shape {
     uint32_t heads, kv_heads, head_dim;
   };
-  const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {6, 1, 32}, {8, 8, 48}, {10, 2, 128}, {4, 2, 20}};
+  const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {6, 1, 32}, {8, 8, 48}, {10, 2, 128}, {14, 2, 80}, {4, 2, 20}};
   // The last: one row on 3 threads, its KV heads in three parts (of 4 KV heads: 1, 1 and 2).
   const AttentionCase cases[] = {{1, 0, 0, 1}, {1, 63, 0, 1}, {3, 62, 0, 2}, {7, 200, 0, 3},
                                  {2, 130, 40, 2}, {1, 64, 1, 4}, {1, 100, 0, 3}};
