@@ -98,14 +98,14 @@ int RunDecodeAttention(const DecodeAttentionOptions& options) {
     }
     cache.Commit(0, std::vector<int32_t>(positions, 0));
   }
-  std::vector<float> q(c.q_size()), out(c.q_size());
+  std::vector<float> q(c.q_size()), out(caches.size() * c.q_size());
   std::generate(q.begin(), q.end(), [&] { return uniform(generator); });
   const auto threads = static_cast<int>(options.threads);
-  auto step = [&]() -> bool {  // one decode step's attention: every layer of every sequence
+  std::vector<tf::DecodeRows> rows;
+  for (size_t s = 0; s < caches.size(); ++s) rows.push_back({1, positions - 1, caches[s].get(), q.data(), &out[s * c.q_size()]});
+  auto step = [&]() -> bool {  // one decode step's attention: every layer, all the sequences in one call, as a step
     for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
-      for (auto& cache : caches) {
-        if (!tf::DecodeAttention(c, l, 1, positions - 1, *cache, q.data(), out.data(), threads).ok()) return false;
-      }
+      if (!tf::DecodeAttention(c, l, rows, threads).ok()) return false;
     }
     return true;
   };

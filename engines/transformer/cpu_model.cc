@@ -282,6 +282,8 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
   for (uint32_t r = 0; r < rows; ++r) {
     Widen(weights_.embed.data, weights_.embed.dtype, uint64_t(tokens[r]) * hidden, hidden, &x[uint64_t{r} * hidden]);
   }
+  std::vector<DecodeRows> decode_rows;
+  decode_rows.reserve(runs.size());
   // Each row's rotations (a cosine and a sine per pair of a head), the same in every layer.
   std::vector<float> rotations(uint64_t{rows} * c.head_dim);
   for (uint32_t first = 0; const StepRun& run : runs) {
@@ -300,8 +302,10 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
       RmsNorm(k.data(), uint64_t{rows} * c.num_key_value_heads, c.head_dim, WidenAll(w.k_norm), c.rms_norm_eps,
               k.data());
     }
-    // Positions, the cache and attention are each run's own.
+    // Positions, the cache and attention are each run's own; the decode rows' attention goes in
+    // one call for all the runs.
     uint32_t first = 0;
+    decode_rows.clear();
     for (const StepRun& run : runs) {
       KvCache& cache = *run.cache;
       for (uint32_t i = 0; i < run.rows; ++i) {
@@ -317,11 +321,12 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
         if (Status s = PromptAttention(c, l, run.rows, run.start, cache, run_q, run_out, threads_); !s.ok()) {
           return s;
         }
-      } else if (Status s = DecodeAttention(c, l, run.rows, run.start, cache, run_q, run_out, threads_); !s.ok()) {
-        return s;
+      } else {
+        decode_rows.push_back({run.rows, run.start, &cache, run_q, run_out});
       }
       first += run.rows;
     }
+    if (Status s = DecodeAttention(c, l, decode_rows, threads_); !s.ok()) return s;
     if (Status s = Linear(attended.data(), rows, w.o, w.o_bias, normed.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
 

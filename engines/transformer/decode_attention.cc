@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include <dnnl.h>
@@ -167,44 +168,54 @@ dnnl_status_t AttendByProducts(const Config& c, uint32_t layer, KvCache& cache, 
 
 }  // namespace
 
-Status DecodeAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q,
-                       float* out, int threads) {
+Status DecodeAttention(const Config& c, uint32_t layer, std::span<const DecodeRows> runs, int threads) {
   const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
   const uint32_t d = c.head_dim;
   const bool runs_here = HaveAttendRuns(d);
-  // A task is a row's KV heads kv_first .. + kv_count: all of them (a row read in order) unless
-  // there are more threads than rows to share them; on oneDNN, one KV head each.
-  const uint32_t parts = runs_here ? std::clamp<uint32_t>((threads + rows - 1) / rows, 1, c.num_key_value_heads)
+  // Every run's rows in one parallel loop (a step of several sequences forks once a layer, not once
+  // a sequence). A task is a row's KV heads kv_first .. + kv_count: all of them (a row read in
+  // order) unless there are more threads than rows to share them; on oneDNN, one KV head each.
+  thread_local std::vector<std::pair<const DecodeRows*, uint32_t>> rows;  // a run, a row of it
+  rows.clear();
+  for (const DecodeRows& run : runs) {
+    for (uint32_t r = 0; r < run.rows; ++r) rows.emplace_back(&run, r);
+  }
+  if (rows.empty()) return OkStatus();
+  const auto count = static_cast<uint32_t>(rows.size());
+  const uint32_t parts = runs_here ? std::clamp<uint32_t>((threads + count - 1) / count, 1, c.num_key_value_heads)
                                    : c.num_key_value_heads;
-  const int64_t tasks = int64_t{rows} * parts;
+  const int64_t tasks = int64_t{count} * parts;
   const AttentionShape shape{c.num_attention_heads, c.num_key_value_heads, d, 1.0f / std::sqrt(static_cast<float>(d))};
+  const auto* all_rows = rows.data();  // (thread_local: the team's threads have their own `rows`)
   std::atomic<int> failed{dnnl_success};
-#pragma omp parallel for num_threads(threads) schedule(static)
+  // Dynamic: the rows' sequences may be of any lengths.
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
   for (int64_t task = 0; task < tasks; ++task) {
-    const auto r = static_cast<uint32_t>(task / parts);
+    const auto [run, r] = all_rows[task / parts];
     const auto part = static_cast<uint32_t>(task % parts);
     const uint32_t kv_first = part * c.num_key_value_heads / parts;
     const uint32_t kv_count = (part + 1) * c.num_key_value_heads / parts - kv_first;
-    const uint32_t position = start + r;
+    const uint32_t position = run->start + r;
     // Causal, and within the sliding window where the config has one (the window counts the
     // token itself).
     const uint32_t first = c.sliding_window != 0 && position + 1 > c.sliding_window
                                ? static_cast<uint32_t>(position + 1 - c.sliding_window)
                                : 0;
     const uint32_t end = position + 1;
-    const float* row_q = q + uint64_t{r} * c.q_size();
-    float* row_out = out + uint64_t{r} * c.q_size();
+    const float* row_q = run->q + uint64_t{r} * c.q_size();
+    float* row_out = run->out + uint64_t{r} * c.q_size();
+    KvCache& cache = *run->cache;
     thread_local std::vector<float> scores;
     scores.resize(uint64_t{kv_count} * group * (end - first));
     if (runs_here) {
-      thread_local std::vector<KvRun> runs;
-      runs.clear();
+      thread_local std::vector<KvRun> kv_runs;
+      kv_runs.clear();
       for (uint32_t p = first; p < end;) {
         const uint32_t span = KvCache::Contiguous(p, end);
-        runs.push_back({cache.key(layer, p), cache.value(layer, p), span});
+        kv_runs.push_back({cache.key(layer, p), cache.value(layer, p), span});
         p += span;
       }
-      AttendRuns(shape, row_q, runs, c.kv_size(), kv_first, kv_count, scores.data(), row_out);
+      AttendRuns(shape, row_q, kv_runs, c.kv_size(), kv_first, kv_count, scores.data(), row_out);
       continue;
     }
     const uint64_t heads_at = uint64_t{kv_first} * group * d;
@@ -214,6 +225,12 @@ Status DecodeAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
   }
   if (failed != dnnl_success) return Error(Code::kInternal, "oneDNN refused an attention product (status {})", failed.load());
   return OkStatus();
+}
+
+Status DecodeAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache, const float* q,
+                       float* out, int threads) {
+  const DecodeRows run{rows, start, &cache, q, out};
+  return DecodeAttention(c, layer, std::span<const DecodeRows>(&run, 1), threads);
 }
 
 }  // namespace warmpool::transformer

@@ -27,6 +27,19 @@ namespace warmpool::transformer {
 Status DecodeAttention(const Config& config, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache,
                        const float* q, float* out, int threads);
 
+// Rows of one sequence for the call below: `rows` rows at positions start .. start + rows - 1,
+// their queries in q and their outputs in out (rows x q_size each), over `cache`.
+struct DecodeRows {
+  uint32_t rows = 0;
+  uint32_t start = 0;
+  KvCache* cache = nullptr;
+  const float* q = nullptr;
+  float* out = nullptr;
+};
+
+// The same for the rows of several sequences (a continuous-batching step's), in one parallel loop.
+Status DecodeAttention(const Config& config, uint32_t layer, std::span<const DecodeRows> runs, int threads);
+
 // A run of positions whose keys and values lie at a fixed stride: position i of the run at
 // key + i * stride and value + i * stride, each kv_heads x head_dim floats.
 struct KvRun {
