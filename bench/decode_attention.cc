@@ -102,7 +102,9 @@ int RunDecodeAttention(const DecodeAttentionOptions& options) {
   std::generate(q.begin(), q.end(), [&] { return uniform(generator); });
   const auto threads = static_cast<int>(options.threads);
   std::vector<tf::DecodeRows> rows;
-  for (size_t s = 0; s < caches.size(); ++s) rows.push_back({1, positions - 1, caches[s].get(), q.data(), &out[s * c.q_size()]});
+  for (size_t s = 0; s < caches.size(); ++s) {
+    rows.push_back({1, positions - 1, caches[s].get(), q.data(), &out[s * c.q_size()]});
+  }
   auto step = [&]() -> bool {  // one decode step's attention: every layer, all the sequences in one call, as a step
     for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
       if (!tf::DecodeAttention(c, l, rows, threads).ok()) return false;

@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     attention.sequences = std::max(1u, options.batch);
     if (app.get_option("--prompt")->count() > 0) attention.positions = options.prompt;
     if (app.get_option("--rounds")->count() > 0) attention.rounds = options.rounds;
-    attention.threads = options.threads;
+    attention.threads = std::max(1u, options.threads);
     attention.json = options.json;
     return warmpool::bench::RunDecodeAttention(attention);
   }

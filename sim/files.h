@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,20 @@ inline constexpr uint32_t kSimSequences = 3;
 // The words a worker refuses a generation with for want of KV room: never a client's answer (the
 // core sends it again once there is room).
 inline constexpr const char* kSimNoKvRoom = "no KV room";
+
+// A generation's prompt is "token N", N the request's own number, which the simulated engines
+// read, after a preamble that every third request has, one of three that others share as chats
+// share a history (1 to 3 KiB: the core places a prompt by the KiBs it begins with; within the
+// 4 KiB the core lets a context of kSimContext tokens take).
+inline std::string SimPrompt(uint64_t token) {
+  const std::string preamble = token % 3 == 0 ? std::string(1024 * (1 + token / 3 % 3), "abc"[token / 3 % 3]) : "";
+  return preamble + "token " + std::to_string(token);
+}
+// N of a prompt (or an embedding's input, "token N").
+inline uint64_t SimPromptNumber(const std::string& prompt) {
+  const size_t at = prompt.rfind("token ");
+  return at == std::string::npos ? 0 : std::strtoull(prompt.c_str() + at + 6, nullptr, 10);
+}
 // How often, per step, an engine preempts a generation the core said it may while another of the
 // model's generations waits on the worker (engine ABI version 13): handed back mid-stream, it must
 // go on after the tokens its client has, none twice and none missing.

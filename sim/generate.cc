@@ -25,7 +25,7 @@ namespace {
 // description made it.
 template <typename Engine>
 std::string StepText(const v1::GenerateRequest& g, const Engine& e) {
-  return fmt::format("t{} f{} v{} d{} w{};", g.prompt().substr(6), e.region.file, e.region.version, e.described.file,
+  return fmt::format("t{} f{} v{} d{} w{};", SimPromptNumber(g.prompt()), e.region.file, e.region.version, e.described.file,
                      e.described.version);
 }
 
@@ -63,7 +63,7 @@ void Simulator::ClientGenerates(Client& c) {
   token_session_[p.token] = c.session;
   v1::GenerateRequest* g = request.mutable_generate();
   g->set_model(p.model);
-  g->set_prompt(fmt::format("token {}", p.token));  // whose request a worker runs
+  g->set_prompt(SimPrompt(p.token));  // whose request a worker runs
   g->set_max_tokens(static_cast<uint32_t>(rng_.Range(1, 24)));
   g->set_stream(p.stream);
   if (rng_.Chance(200)) g->set_deadline_ms(static_cast<uint32_t>(rng_.Range(20, 400)));

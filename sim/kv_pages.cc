@@ -51,7 +51,7 @@ transformer::Config PageShape() {
 // The prompt "token N" as tokens: family N % 5's (1000 x family, and on), 0 to 3 whole blocks and
 // then 1 to 60 tokens more (near a block's end at times, so that a generation's tokens fill it).
 std::vector<int32_t> PromptTokens(const std::string& prompt) {
-  const uint64_t n = std::strtoull(prompt.c_str() + (prompt.size() > 6 ? 6 : prompt.size()), nullptr, 10);
+  const uint64_t n = SimPromptNumber(prompt);
   std::vector<int32_t> tokens(kKvBlockTokens * (n / 5 % 4) + 1 + (n * 7) % 60);
   for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>(1000 * (n % 5) + i);
   return tokens;

@@ -69,7 +69,7 @@ void Simulator::SendToWorker(uint32_t slot, std::string frame, std::vector<int> 
   if (message.has_infer() && (message.infer().has_generate() || message.infer().has_embed())) {
     const std::string& prompt = message.infer().has_generate() ? message.infer().generate().prompt()
                                                                : message.infer().embed().input(0);  // "token N"
-    auto it = token_session_.find(static_cast<uint32_t>(std::strtoul(prompt.c_str() + 6, nullptr, 10)));
+    auto it = token_session_.find(static_cast<uint32_t>(SimPromptNumber(prompt)));
     if (it != token_session_.end() && gone_sessions_.count(it->second) != 0) {
       return Fail(fmt::format("a generation of session {}, which is gone, was sent to worker {} to run",
                               it->second, slot));

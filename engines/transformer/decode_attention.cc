@@ -60,7 +60,8 @@ WARMPOOL_AVX512_TARGET void WeighTile(const float* weights, uint64_t width, uint
   }
 }
 
-using WeighTileFn = void (*)(const float*, uint64_t, uint64_t, const float*, uint32_t, uint64_t, uint32_t, bool, float*);
+using WeighTileFn = void (*)(const float*, uint64_t, uint64_t, const float*, uint32_t, uint64_t, uint32_t, bool,
+                             float*);
 template <uint32_t H>
 constexpr WeighTileFn kWeighRow[kTile] = {&WeighTile<H, 1>, &WeighTile<H, 2>, &WeighTile<H, 3>, &WeighTile<H, 4>};
 constexpr const WeighTileFn* kWeighTiles[kTile] = {kWeighRow<1>, kWeighRow<2>, kWeighRow<3>, kWeighRow<4>};

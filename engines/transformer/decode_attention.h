@@ -1,5 +1,5 @@
-// Attention of a few rows of one sequence (decode steps: fewer than kPromptAttentionRows) over its
-// KV cache. On AVX-512F (AttendRuns) the scores go position by position, each row of keys read once
+// Attention of a few rows of a sequence (decode steps: fewer than kPromptAttentionRows) over its
+// KV cache, of one sequence or of a step's several in one call. On AVX-512F (AttendRuns) the scores go position by position, each row of keys read once
 // for all its heads; the weighted sum of the values goes in tiles of up to four heads by four
 // vectors whose sums stay in registers over a block of positions. Elsewhere, and for head sizes
 // that are not a multiple of 16, the query heads sharing a KV head are one oneDNN product's rows

@@ -37,6 +37,7 @@
 #include "supervisor/config.h"
 #include "supervisor/core/actions.h"
 #include "supervisor/core/events.h"
+#include "supervisor/core/prefix_homes.h"
 #include "supervisor/core/kept.h"
 #include "supervisor/core/kept_memory.h"
 #include "supervisor/core/model.h"
@@ -419,6 +420,9 @@ class Core {
     uint64_t reserved = 0;
   };
   std::map<std::pair<uint32_t, uint32_t>, KvUsageSaid> kv_usage_;
+  // Where prompts went, by their prefixes: a generation prefers the replica its beginning went to
+  // (dispatch.cc); forgotten with that replica's cache (ForgetKvCaches).
+  PrefixHomes prefix_homes_;
   uint64_t kv_refusals_ = 0;  // generations refused for want of KV cache room so far (Waiter::refused_as)
   bool handing_over_ = false;  // event::HandingOver: nothing is kept from then on
   // What action::StoreKept last said (adoption.cc): handle, parked, name of each, in order.

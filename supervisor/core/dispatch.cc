@@ -49,6 +49,7 @@ void Core::DrainReady(uint32_t model) {
     if (auto said = kv_usage_.find({model, worker}); said != kv_usage_.end() && w.kv_blocks > 0) {
       said->second.reserved = std::min(said->second.blocks, said->second.reserved + w.kv_blocks);
     }
+    if (w.generate && !w.prefix_keys.empty()) prefix_homes_.Remember(model, w.prefix_keys, worker);
     uint64_t bytes = records::RequestDataBytes(w.infer);
     Dispatch(model, worker, std::move(w));
     views[worker].outstanding++;
@@ -101,10 +102,13 @@ void Core::DrainReady(uint32_t model) {
     // A generation takes one of the generations its replica's engine runs at once: one more waits
     // here, where it can still go to whichever replica ends one first, or time out.
     // One a replica's KV cache had no room for goes only where there is room now, and nothing
-    // passes it meanwhile.
-    const uint32_t worker = policy::PickReplica(
-        views, front.generate ? WithKvRoom(model, WithFreeSequences(model, serving), front.kv_blocks) : serving,
-        retry_waits ? passing : window);
+    // passes it meanwhile. A prompt that begins as an earlier one did prefers where that went.
+    const policy::Window& open = retry_waits ? passing : window;
+    const uint32_t worker =
+        front.generate ? policy::PickReplicaPreferring(
+                             views, WithKvRoom(model, WithFreeSequences(model, serving), front.kv_blocks), open,
+                             prefix_homes_.Find(model, front.prefix_keys))
+                       : policy::PickReplica(views, serving, open);
     if (worker == policy::kNone) break;  // a finished job drains it again
     send(i, worker);
   }

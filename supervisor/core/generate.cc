@@ -58,6 +58,7 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
   // stops waiting cancels it by leaving.
   Waiter waiter{call, true, {}, request.deadline_ms() == 0 ? 0 : MonoMs() + request.deadline_ms(), 0};
   const uint64_t bytes = request.ByteSizeLong();
+  waiter.prefix_keys = PrefixKeys(request);
   waiter.generate = std::move(request);
   EnqueueHeld(model, std::move(waiter), bytes);
 }
@@ -188,6 +189,7 @@ bool Core::RequeueKvRefused(Job& job, const v1::WorkerInferDone& done) {
   // A retry after a crash (one that was not running then still shares its engine's steps) stays one.
   Waiter w{job.call, true, std::move(job.request), job.deadline_ms, job.crashes, job.shared_crashes, job.retry};
   w.generate = std::move(job.generate);
+  if (w.generate) w.prefix_keys = PrefixKeys(*w.generate);  // remembered where it goes next
   w.chunks = job.chunks;
   w.sent_tokens = std::move(job.sent_tokens);
   w.resume_epoch = job.epoch;

@@ -112,6 +112,7 @@ bool Core::AttachedReplica(uint32_t model, uint32_t worker) const {
 }
 
 void Core::ForgetKvCaches() {
+  prefix_homes_.ForgetUnless([&](uint32_t model, uint32_t worker) { return AttachedReplica(model, worker); });
   for (auto it = kv_usage_.begin(); it != kv_usage_.end();) {
     it = AttachedReplica(it->first.first, it->first.second) ? std::next(it) : kv_usage_.erase(it);
   }

@@ -61,6 +61,9 @@ struct Waiter {
   // order). refused_as 0: never sent back.
   uint64_t kv_blocks = 0;
   uint64_t refused_as = 0;
+  // A new generation's prompt, by its prefixes (PrefixKeys): it prefers the replica an earlier
+  // prompt that began so went to, whose prefix cache may hold that beginning.
+  std::vector<uint64_t> prefix_keys{};
 };
 struct Job {
   enum class Kind { kLoad, kAttach, kUnpark, kInfer, kUnload, kPark };

@@ -95,6 +95,9 @@ void Core::OnWorkerDown(const event::WorkerDown& down) {
         retries.emplace_back(job.model, Waiter{job.call, true, std::move(job.request),
                                                job.deadline_ms, crashes, shared, /*retry=*/true});
         retries.back().second.generate = std::move(job.generate);
+        if (retries.back().second.generate) {  // remembered where it resumes, with the copied keys and values
+          retries.back().second.prefix_keys = PrefixKeys(*retries.back().second.generate);
+        }
         retries.back().second.embed = std::move(job.embed);
         retries.back().second.chunks = job.chunks;
         retries.back().second.sent_tokens = std::move(job.sent_tokens);

@@ -44,6 +44,21 @@ uint32_t PickReplica(const std::vector<WorkerView>& workers, const std::vector<u
   return best == nullptr ? kNone : best->slot;
 }
 
+uint32_t PickReplicaPreferring(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& replicas,
+                               const Window& window, uint32_t preferred) {
+  const uint32_t least_busy = PickReplica(workers, replicas, window);
+  if (preferred == kNone || least_busy == kNone || preferred == least_busy ||
+      std::find(replicas.begin(), replicas.end(), preferred) == replicas.end()) {
+    return least_busy;
+  }
+  const WorkerView& w = workers[preferred];
+  if (!w.up || !HasRoom(w, window) ||
+      w.outstanding > workers[least_busy].outstanding + kPreferredReplicaSlack) {
+    return least_busy;
+  }
+  return preferred;
+}
+
 uint32_t PickReplicaToDrop(const std::vector<WorkerView>& workers,
                            const std::vector<uint32_t>& replicas) {
   uint32_t pick = kNone;

@@ -40,6 +40,16 @@ uint32_t PickIdleWorker(const std::vector<WorkerView>& workers,
 uint32_t PickReplica(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& replicas,
                      const Window& window);
 
+// How much busier than the least busy a preferred replica may be and still be picked.
+inline constexpr uint32_t kPreferredReplicaSlack = 1;
+
+// PickReplica, but `preferred` (the replica whose prefix cache holds the request's beginning) when
+// it is among `replicas`, up, with room, and no more than kPreferredReplicaSlack jobs busier than
+// the replica PickReplica would take: a cache hit is worth a little waiting, and a prompt that
+// many requests begin with (a system prompt) still spreads over the replicas. kNone: no preference.
+uint32_t PickReplicaPreferring(const std::vector<WorkerView>& workers, const std::vector<uint32_t>& replicas,
+                               const Window& window, uint32_t preferred);
+
 // When a model has more replicas than it should: the one on the worker with the most models, then
 // the most work.
 uint32_t PickReplicaToDrop(const std::vector<WorkerView>& workers,

@@ -171,45 +171,50 @@ TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
 }
 
 // A step's sequences in one call: each run's rows against its own cache only, of different lengths
-// (within a block, across blocks) and row counts, split over more and fewer threads than rows.
+// (within a block, across blocks) and row counts, split over more and fewer threads than rows, on
+// both paths (heads of 32 and of 20 floats).
 TEST(DecodeAttention, SeveralSequencesInOneCallEachEqualTheDefinition) {
-  Config c;
-  c.num_hidden_layers = 1;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  struct Run {
-    uint32_t rows, start;
-  };
-  const Run shapes[] = {{1, 4}, {3, 130}, {2, 63}, {1, 200}};
-  std::mt19937 generator(17);
-  std::uniform_real_distribution<float> uniform(-2, 2);
-  for (uint32_t window : {0u, 50u}) {
-    c.sliding_window = window;
-    for (int threads : {1, 2, 3, 16}) {
-      std::vector<std::vector<float>> keys, values, q, out;
-      std::vector<std::unique_ptr<KvCache>> caches;
-      std::vector<DecodeRows> runs;
-      for (const Run& shape : shapes) {
-        const uint32_t positions = shape.start + shape.rows;
-        keys.emplace_back(uint64_t{positions} * c.kv_size());
-        values.emplace_back(keys.back().size());
-        q.emplace_back(uint64_t{shape.rows} * c.q_size());
-        out.emplace_back(q.back().size(), NAN);
-        for (auto* v : {&keys.back(), &values.back(), &q.back()}) {
-          for (float& x : *v) x = uniform(generator);
+  for (uint32_t head_dim : {32u, 20u}) {
+    Config c;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = head_dim;
+    struct Run {
+      uint32_t rows, start;
+    };
+    const Run shapes[] = {{1, 4}, {3, 130}, {2, 63}, {1, 200}};
+    std::mt19937 generator(17);
+    std::uniform_real_distribution<float> uniform(-2, 2);
+    for (uint32_t window : {0u, 50u}) {
+      c.sliding_window = window;
+      for (int threads : {1, 2, 3, 16}) {
+        std::vector<std::vector<float>> keys, values, q, out;
+        std::vector<std::unique_ptr<KvCache>> caches;
+        std::vector<DecodeRows> runs;
+        for (const Run& shape : shapes) {
+          const uint32_t positions = shape.start + shape.rows;
+          keys.emplace_back(uint64_t{positions} * c.kv_size());
+          values.emplace_back(keys.back().size());
+          q.emplace_back(uint64_t{shape.rows} * c.q_size());
+          out.emplace_back(q.back().size(), NAN);
+          for (auto* v : {&keys.back(), &values.back(), &q.back()}) {
+            for (float& x : *v) x = uniform(generator);
+          }
+          caches.push_back(CacheOf(c, keys.back(), values.back()));
         }
-        caches.push_back(CacheOf(c, keys.back(), values.back()));
-      }
-      for (size_t i = 0; i < caches.size(); ++i) {
-        runs.push_back({shapes[i].rows, shapes[i].start, caches[i].get(), q[i].data(), out[i].data()});
-      }
-      ASSERT_TRUE(DecodeAttention(c, 0, runs, threads).ok());
-      for (size_t i = 0; i < caches.size(); ++i) {
-        const std::vector<double> want = AttentionByDefinition(c, shapes[i].rows, shapes[i].start, keys[i], values[i], q[i]);
-        for (size_t j = 0; j < want.size(); ++j) {
-          ASSERT_NEAR(out[i][j], want[j], 1e-5 * (1 + std::fabs(want[j])))
-              << "run " << i << " at " << j << ", " << threads << " threads, window " << window;
+        for (size_t i = 0; i < caches.size(); ++i) {
+          runs.push_back({shapes[i].rows, shapes[i].start, caches[i].get(), q[i].data(), out[i].data()});
+        }
+        ASSERT_TRUE(DecodeAttention(c, 0, runs, threads).ok());
+        for (size_t i = 0; i < caches.size(); ++i) {
+          const std::vector<double> want =
+              AttentionByDefinition(c, shapes[i].rows, shapes[i].start, keys[i], values[i], q[i]);
+          for (size_t j = 0; j < want.size(); ++j) {
+            ASSERT_NEAR(out[i][j], want[j], 1e-5 * (1 + std::fabs(want[j])))
+                << "run " << i << " at " << j << ", " << threads << " threads, window " << window << ", heads of "
+                << head_dim;
+          }
         }
       }
     }
