@@ -159,7 +159,9 @@ int main(int argc, char** argv) {
   app.add_option("--rows", options.rows, "--recovery: rows of each of those requests")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--replicas", options.replicas, "--recovery: replicas of the model (1 or 2)")
+  app.add_option("--replicas", options.replicas,
+                 "--recovery: replicas of the model (1 or 2); --second-turn: replicas, with another stream "
+                 "running beside the second turn")
       ->capture_default_str()
       ->check(CLI::Range(1, 2));
   app.add_flag("--abuse", options.abuse,
@@ -310,6 +312,7 @@ int main(int argc, char** argv) {
     turns.tokenizer_dir = options.tokenizer_dir;
     turns.backend = options.backend;
     turns.history = options.long_prompt;
+    turns.replicas = std::max(1u, options.replicas);
     if (app.get_option("--model-mib")->count() > 0) turns.model_mib = static_cast<uint32_t>(options.model_mib);
     if (app.get_option("--tokens")->count() > 0) turns.tokens = options.tokens;
     if (app.get_option("--rounds")->count() > 0) turns.rounds = options.rounds;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <future>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -25,19 +27,51 @@ class SecondTurn {
                                                   context, options_.history);
     if (!lm.ok()) return lm.status();
     lm_ = *lm;
-    const std::string config = fmt::format("[daemon]\nmodels_dir = \"{}\"\n", models);
+    const std::string config =
+        fmt::format("[daemon]\nmodels_dir = \"{}\"\nworkers_per_device = {}\n[[models]]\nname = \"lm\"\n"
+                    "path = \"{}/lm\"\nreplicas = {}\n",
+                    models, std::max(2u, options_.replicas), models, options_.replicas);
     if (Status s = run_.StartDaemon(options_.daemon, options_.backend, config); !s.ok()) return s;
     Result<std::unique_ptr<client::Client>> c = run_.Connect();
     if (!c.ok()) return run_.WithLog(c.status());
     client_ = std::move(*c);
+    if (options_.replicas > 1) {
+      Result<std::unique_ptr<client::Client>> other = run_.Connect();
+      if (!other.ok()) return run_.WithLog(other.status());
+      other_ = std::move(*other);
+    }
     std::vector<double> first, second;
     uint32_t prompt_tokens = 0, cached = 0;
     for (uint32_t r = 0; r <= options_.rounds; r++) {  // round 0 loads the model and warms up
       const std::string history = fmt::format("Round {}. {}", r, lm_.long_prompt);
       Result<Turn> one = Ask(history);
       if (!one.ok()) return run_.WithLog(one.status());
+      // Another stream first, where there are replicas: running beside the second turn.
+      std::promise<void> started;
+      Status other_status = OkStatus();
+      std::thread other;
+      if (other_) {
+        other = std::thread([&] {
+          v1::GenerateRequest request;
+          request.set_model("lm");
+          request.set_prompt(fmt::format("Another conversation, round {}: {}", r, lm_.prompt));
+          request.set_max_tokens(options_.tokens * 4);
+          request.set_temperature(0);
+          request.set_stream(true);
+          bool told = false;
+          Result<v1::GenerateReply> reply = other_->Generate(request, [&](const v1::GenerateChunk&) {
+            if (!told) started.set_value();
+            told = true;
+          });
+          if (!told) started.set_value();
+          if (!reply.ok()) other_status = reply.status();
+        });
+        started.get_future().wait();
+      }
       Result<Turn> two = Ask(history + one->text + " Then what?");
+      if (other.joinable()) other.join();
       if (!two.ok()) return run_.WithLog(two.status());
+      if (!other_status.ok()) return run_.WithLog(other_status);
       if (r == 0) continue;
       first.push_back(one->first_token_ms);
       second.push_back(two->first_token_ms);
@@ -46,6 +80,7 @@ class SecondTurn {
     }
     Print(Median(first), Median(second), prompt_tokens, cached);
     client_.reset();
+    other_.reset();
     return run_.StopDaemon();
   }
 
@@ -86,8 +121,9 @@ class SecondTurn {
       return;
     }
     std::printf("warmpool-bench --generate --second-turn: a %u MiB bf16 model (%u layers), a %u-token history, "
-                "medians of %u rounds\n",
-                options_.model_mib, lm_.layers, lm_.long_prompt_tokens, options_.rounds);
+                "%u replica(s)%s, medians of %u rounds\n",
+                options_.model_mib, lm_.layers, lm_.long_prompt_tokens, options_.replicas,
+                options_.replicas > 1 ? " and another stream beside the second turn" : "", options_.rounds);
     std::printf("  first turn, first token                 %8.2f ms\n", first);
     std::printf("  second turn, first token                %8.2f ms   %.3fx the first (goal <= 0.2x); %u of its %u "
                 "prompt tokens from the prefix cache\n",
@@ -98,6 +134,7 @@ class SecondTurn {
   BenchRun& run_;
   LanguageModel lm_;
   std::unique_ptr<client::Client> client_;
+  std::unique_ptr<client::Client> other_;  // --replicas: the stream beside the second turn
 };
 
 }  // namespace

@@ -4,7 +4,12 @@
 // round's blocks match) and then its second (that history, the first turn's answer and a new
 // question), and times each from send to its first token. Reports the medians, the second turn's
 // against the first (goal, issue 28: <= 0.2x after a 2k-token history) and the prompt tokens the
-// daemon says came from the cache. Asserts nothing.
+// daemon says came from the cache. With --replicas 2 or more, another connection's stream (a
+// prompt of its own) starts after the first turn and runs while the second is sent: it goes where
+// the first went (both replicas idle, the first in order), so that the least busy replica is the
+// other one, whose cache holds nothing of the history; the second turn finds its history only if
+// the daemon sends it to the first turn's replica anyway (supervisor/core/prefix_homes.h).
+// Asserts nothing.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +24,7 @@ struct SecondTurnOptions {
   uint32_t history = 2048;  // tokens of the first turn's prompt, roughly
   uint32_t tokens = 16;     // the first turn's answer
   uint32_t rounds = 3;
+  uint32_t replicas = 1;
   std::string tokenizer_dir = "demo/license-llama";
   bool json = false;
 };
