@@ -229,6 +229,13 @@ class Simulator {
   // Decides how a job goes: its duration, or that the worker dies (or hangs) in the middle of it.
   void Schedule(Worker& w, uint64_t job, bool load_thread, WorkerJob work);
   v1::WorkerEnvelope RunJob(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  // RunJob's kinds (sim/jobs.cc).
+  v1::WorkerEnvelope RunLoad(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  v1::WorkerEnvelope RunAttach(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  v1::WorkerEnvelope RunTypedInfer(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  v1::WorkerEnvelope RunInfer(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  v1::WorkerEnvelope RunUnload(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
+  v1::WorkerEnvelope RunPark(Worker& w, const WorkerJob& work, std::vector<int>& regions_out);
   int NewSupervisorHandle(const Region& region);
   void CheckParkedCache(const Worker& w, const v1::WorkerAttach& a, const Region& weights, int cache);
   // A language model's engine hands its KV cache to the supervisor with a load or attach reply.
