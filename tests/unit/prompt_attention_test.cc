@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -171,24 +172,27 @@ TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
 }
 
 // A step's sequences in one call: each run's rows against its own cache only, of different lengths
-// (within a block, across blocks) and row counts, split over more and fewer threads than rows, on
-// both paths (heads of 32 and of 20 floats).
+// (within a block, across blocks) and row counts, on 1 to 4 threads: fewer than the rows, and more
+// (two one-row runs on 4 threads: each row's KV heads in two parts). Both paths (heads of 32 and of
+// 20 floats). (At most 4 threads: clang's OpenMP runtime keeps a larger team's per-thread data past
+// exit, which LeakSanitizer reports.)
 TEST(DecodeAttention, SeveralSequencesInOneCallEachEqualTheDefinition) {
+  struct Run {
+    uint32_t rows, start;
+  };
+  const std::vector<Run> many = {{1, 4}, {3, 130}, {2, 63}, {1, 200}}, two = {{1, 4}, {1, 200}};
+  std::mt19937 generator(17);
+  std::uniform_real_distribution<float> uniform(-2, 2);
   for (uint32_t head_dim : {32u, 20u}) {
     Config c;
     c.num_hidden_layers = 1;
     c.num_attention_heads = 8;
     c.num_key_value_heads = 2;
     c.head_dim = head_dim;
-    struct Run {
-      uint32_t rows, start;
-    };
-    const Run shapes[] = {{1, 4}, {3, 130}, {2, 63}, {1, 200}};
-    std::mt19937 generator(17);
-    std::uniform_real_distribution<float> uniform(-2, 2);
     for (uint32_t window : {0u, 50u}) {
       c.sliding_window = window;
-      for (int threads : {1, 2, 3, 16}) {
+      for (const auto& [shapes, threads] :
+           {std::pair{many, 1}, std::pair{many, 2}, std::pair{many, 3}, std::pair{two, 4}}) {
         std::vector<std::vector<float>> keys, values, q, out;
         std::vector<std::unique_ptr<KvCache>> caches;
         std::vector<DecodeRows> runs;
