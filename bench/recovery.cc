@@ -24,6 +24,7 @@
 #include "bench/skeleton.h"
 #include "bench/model_file.h"
 #include "bench/recovery_log.h"
+#include "bench/recovery_report.h"
 #include "bench/session.h"
 #include "bench/stats.h"
 
@@ -34,53 +35,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kQuiesceTimeoutMs = 60000;
 constexpr int kProbeGiveUpMs = 30000;  // a new request still failing this long after the kill
-// Issue targets: (a) every affected request answered within 2x the time the same requests take
-// on the healthy pool; (b) the first new request within 10 ms plus its own compute.
-constexpr double kTargetAllAnsweredRatio = 2.0;
-constexpr double kTargetFirstSuccessSlackMs = 10.0;
-constexpr const char* kModel = "mlp";
-// The daemon's [recovery] settings for this mode, printed with the results.
-constexpr uint32_t kRespawnMinMs = 1;
-constexpr uint32_t kRespawnMaxMs = 100;
-constexpr uint32_t kCrashLoopCrashes = 1000000;
 
 uint64_t Ns(Clock::duration d) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
-}
-
-// ---- one iteration's measurements ----
-
-struct Sample {
-  uint64_t all_answered_ns = 0;    // (a): kill -> last of the K replies
-  std::vector<uint64_t> affected_ns;  // kill -> each affected reply, in the order they came
-  uint64_t first_success_ns = 0;   // (b): kill -> first successful new request
-  bool first_success = false;
-  uint32_t answered_before_kill = 0;  // replies read before the kill (not affected)
-  uint32_t affected = 0;              // replies after the kill
-  uint32_t failed = 0;                // of the K, replies that were errors (or never came)
-  uint32_t probe_failures = 0;        // new requests that failed before the first success
-  uint32_t inflight_at_kill = 0;      // status.inflight just before the kill
-  std::string first_error;
-  RecoveryLogEvents log;
-};
-
-// Median of log-derived times (ms after the kill) over the iterations that have them.
-std::optional<double> MedianOf(const std::vector<Sample>& samples,
-                               std::optional<double> RecoveryLogEvents::*field) {
-  std::vector<double> v;
-  for (const Sample& s : samples) {
-    if ((s.log.*field).has_value()) v.push_back(*(s.log.*field));
-  }
-  if (v.empty()) return std::nullopt;
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];
-}
-
-std::string OptMs(std::optional<double> v) {
-  return v.has_value() ? fmt::format("{:.0f}", *v) : std::string("n/a");
-}
-std::string OptJson(std::optional<double> v) {
-  return v.has_value() ? fmt::format("{:.1f}", *v) : std::string("null");
 }
 
 client::Matrix RandomInput(uint32_t rows, uint32_t cols, uint32_t seed) {
@@ -191,7 +148,7 @@ class Recovery {
     // The kills.
     for (uint32_t i = 0; i < options_.iterations; ++i) {
       if (Status s = Quiesce(); !s.ok()) return s;
-      Result<Sample> sample = Iterate();
+      Result<RecoverySample> sample = Iterate();
       if (!sample.ok()) return sample.status();
       samples_.push_back(std::move(*sample));
     }
@@ -201,7 +158,8 @@ class Recovery {
     busy_.reset();
     probe_.reset();
     Status stopped = run_.StopDaemon();
-    Report();
+    PrintRecoveryReport(options_, model_,
+                        {batch_infer_, probe_infer_, healthy_k_, warm_load_, warm_load_reported_}, samples_);
     return stopped;
   }
 
@@ -293,8 +251,8 @@ class Recovery {
     return Error(Code::kFailedPrecondition, "worker {} holding \"{}\" has no pid", slot, kModel);
   }
 
-  Result<Sample> Iterate() {
-    Sample sample;
+  Result<RecoverySample> Iterate() {
+    RecoverySample sample;
     if (Result<v1::LoadReply> r = admin_->Load(kModel); !r.ok()) return WithLog(r.status());
     Result<std::pair<uint32_t, pid_t>> worker = ModelWorker();
     if (!worker.ok()) return WithLog(worker.status());
@@ -418,170 +376,13 @@ class Recovery {
     return sample;
   }
 
-  void Report() {
-    std::vector<uint64_t> a_ns, b_ns;
-    uint64_t affected = 0, failed = 0, before = 0, probe_failures = 0, not_busy = 0,
-             no_success = 0, markers = 0;
-    std::string first_error;
-    for (const Sample& s : samples_) {
-      if (s.affected > 0) a_ns.push_back(s.all_answered_ns);
-      else not_busy++;
-      if (s.first_success) b_ns.push_back(s.first_success_ns);
-      else no_success++;
-      affected += s.affected;
-      failed += s.failed;
-      before += s.answered_before_kill;
-      probe_failures += s.probe_failures;
-      markers += s.log.markers.value_or(0);
-      if (first_error.empty()) first_error = s.first_error;
-    }
-    Spread a = SpreadOf(a_ns), b = SpreadOf(b_ns);
-    double a_ratio = healthy_k_.median_ms > 0 ? a.median_ms / healthy_k_.median_ms : 0;
-    double b_bound_ms = kTargetFirstSuccessSlackMs + probe_infer_.median_ms;
-    bool a_met = a.count > 0 && a_ratio <= kTargetAllAnsweredRatio;
-    bool b_met = b.count > 0 && b.median_ms <= b_bound_ms;
-    auto death = MedianOf(samples_, &RecoveryLogEvents::death_ms);
-    auto reload_start = MedianOf(samples_, &RecoveryLogEvents::reload_start_ms);
-    auto reload_done = MedianOf(samples_, &RecoveryLogEvents::reload_done_ms);
-    auto reload_reported = MedianOf(samples_, &RecoveryLogEvents::reload_reported_ms);
-    auto respawned = MedianOf(samples_, &RecoveryLogEvents::respawn_ms);
-    uint64_t sent = static_cast<uint64_t>(options_.inflight) * samples_.size();
-    std::string layers =
-        fmt::format("{},{},{}", model_.in_features, model_.hidden, model_.out_features);
-    double model_mib = model_.weight_bytes / 1048576.0;
-
-    if (options_.json) {
-      std::printf(
-          "%s\n",
-          fmt::format(
-              "{{\"mode\": \"recovery\", \"model\": \"{}\", \"layers\": \"{}\", "
-              "\"weight_bytes\": {}, \"workers\": 2, \"replicas\": {}, \"iterations\": {}, \"inflight\": {}, "
-              "\"rows\": {}, \"respawn_min_ms\": {}, \"respawn_max_ms\": {}, "
-              "\"crash_loop_crashes\": {}, "
-              "\"warm_load_ms\": {{\"median\": {:.3f}, \"p90\": {:.3f}}}, "
-              "\"warm_load_reported_ms\": {{\"median\": {:.1f}}}, "
-              "\"infer_ms\": {{\"rows\": {}, \"median\": {:.3f}, \"p90\": {:.3f}}}, "
-              "\"probe_infer_ms\": {{\"rows\": 1, \"median\": {:.3f}}}, "
-              "\"healthy_pipelined_ms\": {{\"median\": {:.3f}, \"p90\": {:.3f}}}, "
-              "\"all_answered_ms\": {{\"count\": {}, \"median\": {:.3f}, \"p90\": {:.3f}}}, "
-              "\"first_success_ms\": {{\"count\": {}, \"median\": {:.3f}, \"p90\": {:.3f}}}, "
-              "\"all_answered_ratio\": {:.3f}, \"first_success_bound_ms\": {:.3f}, "
-              "\"target_all_answered_ratio\": {}, \"target_first_success_slack_ms\": {}, "
-              "\"all_answered_target_met\": {}, \"first_success_target_met\": {}, "
-              "\"requests_sent\": {}, \"requests_affected\": {}, \"requests_answered_before_kill\": "
-              "{}, \"requests_failed\": {}, \"iterations_not_busy\": {}, "
-              "\"probe_failures\": {}, \"iterations_without_success\": {}, "
-              "\"inflight_markers_reclaimed\": {}, "
-              "\"log_median_ms_after_kill\": {{\"death_handled\": {}, \"reload_started\": {}, "
-              "\"reload_done\": {}, \"reload_reported\": {}, \"worker_respawned\": {}}}, "
-              "\"first_error\": \"{}\"}}",
-              kModel, layers, model_.weight_bytes, options_.replicas, samples_.size(), options_.inflight,
-              options_.rows, kRespawnMinMs, kRespawnMaxMs, kCrashLoopCrashes,
-              warm_load_.median_ms, warm_load_.p90_ms, warm_load_reported_.median_ms,
-              options_.rows, batch_infer_.median_ms, batch_infer_.p90_ms, probe_infer_.median_ms,
-              healthy_k_.median_ms, healthy_k_.p90_ms,
-              a.count, a.median_ms, a.p90_ms, b.count, b.median_ms, b.p90_ms, a_ratio, b_bound_ms,
-              kTargetAllAnsweredRatio, kTargetFirstSuccessSlackMs, a_met, b_met, sent, affected,
-              before, failed, not_busy, probe_failures, no_success, markers, OptJson(death),
-              OptJson(reload_start), OptJson(reload_done), OptJson(reload_reported),
-              OptJson(respawned), JsonEscape(first_error))
-              .c_str());
-      return;
-    }
-    std::string out = fmt::format(
-        "warmpool-bench --recovery: SIGKILL of the worker running \"{}\" (dense {}, relu, "
-        "{:.1f} MiB f32, random weights), 2 workers, {} replica(s), backend {}\n"
-        "{} iterations; per kill {} pipelined requests of {} rows on the worker, plus 1 new "
-        "request (1 row) from a second connection right after the kill\n"
-        "daemon config: [recovery] respawn_min_ms = {}, respawn_max_ms = {} (so respawn backoff "
-        "does not dominate), crash_loop_crashes = {} (so repeated kills do not mark the model "
-        "failed)\n\n",
-        kModel, layers, model_mib, options_.replicas, options_.backend, samples_.size(), options_.inflight,
-        options_.rows, kRespawnMinMs, kRespawnMaxMs, kCrashLoopCrashes);
-    out += fmt::format(
-        "baseline: warm load from the page cache (unload, then load): median {:.2f} ms, p90 "
-        "{:.2f} ms (daemon-reported load_ms median {:.0f})\n",
-        warm_load_.median_ms, warm_load_.p90_ms, warm_load_reported_.median_ms);
-    out += fmt::format(
-        "steady state: infer of {} rows median {:.2f} ms, of 1 row median {:.2f} ms\n"
-        "baseline of (a): the same {} requests pipelined on the healthy pool, all answered: median "
-        "{:.2f} ms, p90 {:.2f} ms\n\n",
-        options_.rows, batch_infer_.median_ms, probe_infer_.median_ms, options_.inflight,
-        healthy_k_.median_ms, healthy_k_.p90_ms);
-    out += fmt::format("{:<46} {:>10} {:>10}\n", "from SIGKILL", "median ms", "p90 ms");
-    out += fmt::format("{:<46} {:>10.2f} {:>10.2f}\n", "(a) all affected requests answered",
-                       a.median_ms, a.p90_ms);
-    out += fmt::format("{:<46} {:>10.2f} {:>10.2f}\n", "(b) first success of a new request",
-                       b.median_ms, b.p90_ms);
-    out += fmt::format("{:<46} {:>10.2f} {:>10.2f}\n", "(for scale) warm load from the page cache",
-                       warm_load_.median_ms, warm_load_.p90_ms);
-    out += fmt::format(
-        "\n(a) all affected answered: target within {}x of the healthy pool: {:.2f} / {:.2f} ms = "
-        "{:.2f}x, {}\n",
-        kTargetAllAnsweredRatio, a.median_ms, healthy_k_.median_ms, a_ratio, a_met ? "met" : "NOT met");
-    out += fmt::format(
-        "(b) first new success: target within {} ms + its own compute ({:.2f} ms) = {:.2f} ms: "
-        "{:.2f} ms, {}\n",
-        kTargetFirstSuccessSlackMs, probe_infer_.median_ms, b_bound_ms, b.median_ms,
-        b_met ? "met" : "NOT met");
-    out += fmt::format(
-        "\nrequests: {} sent to the killed worker, {} answered after the kill (affected), {} "
-        "before it; {} failed; {} in-flight markers reclaimed in all\n",
-        sent, affected, before, failed, markers);
-    out += fmt::format(
-        "new requests: {} failed before the first success; {} iteration(s) without a success; {} "
-        "iteration(s) where the worker had finished everything before the kill\n",
-        probe_failures, no_success, not_busy);
-    if (!first_error.empty()) out += fmt::format("first error: {}\n", first_error);
-    out += fmt::format(
-        "\nwhere the time goes (daemon log, 1 ms resolution, median ms after the kill):\n"
-        "  death handled by the supervisor   {:>6}\n"
-        "  reload started (other worker)     {:>6}\n"
-        "  reload done                       {:>6}   (daemon-reported load {} ms)\n"
-        "  (a) last affected reply           {:>6.0f}   (re-running up to {} x {} rows: {:.2f} ms "
-        "each in steady state)\n"
-        "  (b) first new request answered    {:>6.0f}\n"
-        "  killed worker respawned           {:>6}\n",
-        OptMs(death), OptMs(reload_start), OptMs(reload_done), OptMs(reload_reported),
-        a.median_ms, options_.inflight, options_.rows, batch_infer_.median_ms, b.median_ms,
-        OptMs(respawned));
-    // The affected replies in the order they came (median over iterations of the n-th): how
-    // the retries run, one after another or side by side.
-    out += "  affected replies, n-th to come     ";
-    for (size_t n = 0; n < options_.inflight; ++n) {
-      std::vector<uint64_t> nth;
-      for (const Sample& s : samples_) {
-        if (n < s.affected_ns.size()) nth.push_back(s.affected_ns[n]);
-      }
-      if (nth.empty()) break;
-      out += fmt::format(" {:.0f}", SpreadOf(nth).median_ms);
-    }
-    out += "\n";
-    std::fputs(out.c_str(), stdout);
-  }
-
-  static std::string JsonEscape(const std::string& s) {
-    std::string out;
-    for (char c : s) {
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        out += fmt::format("\\u{:04x}", static_cast<int>(c));
-      } else {
-        out += c;
-      }
-    }
-    return out;
-  }
-
   RecoveryOptions options_;
   BenchRun& run_;
   DenseModelFile model_;
   std::unique_ptr<client::Client> admin_, busy_, probe_;
   client::Matrix batch_input_, probe_input_;
   Spread batch_infer_, probe_infer_, healthy_k_, warm_load_, warm_load_reported_;
-  std::vector<Sample> samples_;
+  std::vector<RecoverySample> samples_;
 };
 
 }  // namespace

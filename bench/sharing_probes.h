@@ -173,21 +173,6 @@ inline uint64_t CountInFile(const std::string& path, const std::string& needle) 
   return n;
 }
 
-inline std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 // ---- per-size results ----
 
 }  // namespace warmpool::bench::probes

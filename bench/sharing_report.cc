@@ -5,10 +5,11 @@
 #include <fmt/format.h>
 
 #include "bench/sharing_result.h"
+#include "bench/skeleton.h"
 
 namespace warmpool::bench {
 
-using namespace probes;  // NOLINT: MiB, JsonEscape
+using namespace probes;  // NOLINT: MiB
 
 void ReportSharing(const SharingOptions& options, const std::vector<SizeResult>& results, uint64_t budget,
                  uint64_t park_budget) {

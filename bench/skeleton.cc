@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "bench/session.h"
 #include "common/paths.h"
 
@@ -182,6 +184,21 @@ void BenchRun::Cleanup() {
     dir_.clear();
   }
   g_path_count = 0;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace warmpool::bench

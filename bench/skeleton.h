@@ -62,4 +62,8 @@ class BenchRun {
   launch::ServiceManagerDouble* manager_ = nullptr;
 };
 
+// s as the inside of a JSON string, for the modes' --json lines: quotes, backslashes and control
+// characters escaped.
+std::string JsonEscape(const std::string& s);
+
 }  // namespace warmpool::bench
