@@ -16,6 +16,16 @@ Config WithLm(ModelConfig lm) {
   return config;
 }
 
+// The first model as `models` shows it.
+v1::ModelInfo FirstModel(CoreRig& rig) {
+  v1::Envelope models;
+  models.mutable_models();
+  rig.Request(9, std::move(models));
+  std::vector<v1::Envelope> replies = rig.Replies(9);
+  EXPECT_EQ(replies.size(), 1u);
+  return replies.empty() ? v1::ModelInfo() : replies[0].models_reply().models(0);
+}
+
 // A worker runs as many generations at once as its engine says (Weights::sequences, continuous
 // batching); one more waits in the daemon, and goes when one of them ends.
 TEST(CoreParallelTest, AReplicaGetsAsManyGenerationsAsItsEngineRunsAtOnceAndTheRestWait) {
@@ -49,14 +59,7 @@ TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
   lm.workspace_bytes = 10 + 4 * 128;
   rig.Start({lm});
   rig.Up(0);
-  auto info = [&] {
-    v1::Envelope models;
-    models.mutable_models();
-    rig.Request(9, std::move(models));
-    std::vector<v1::Envelope> replies = rig.Replies(9);
-    EXPECT_EQ(replies.size(), 1u);
-    return replies.empty() ? v1::ModelInfo() : replies[0].models_reply().models(0);
-  };
+  auto info = [&] { return FirstModel(rig); };
   EXPECT_EQ(info().parallel(), 2u);
   EXPECT_EQ(info().workspace_bytes(), 10u + 2 * 128) << "two caches, not the registration's four";
   rig.Load(1, "lm");
@@ -76,6 +79,39 @@ TEST(CoreParallelTest, ParallelSetsTheCachesAdmissionCountsAndTheLoadAsksFor) {
   rig.Handle(std::move(same));
   EXPECT_EQ(info().parallel(), 1u) << "the engine's figure stays: the settings did not change";
   EXPECT_EQ(info().workspace_bytes(), 10u + 128);
+}
+
+// The engine keeps its cache in the element it chooses where it runs (bf16 where the CPU can, f32
+// on a GPU), which registration cannot know: its report's bytes a position are what admission
+// counts from then on, in `models` and when [[models]] parallel changes.
+TEST(CoreParallelTest, TheEnginesBytesAPositionReplaceTheRegistrations) {
+  CoreRig rig{WithLm({.parallel = 2})};
+  ModelEntry lm = LanguageModel("lm");
+  lm.kv_bytes_per_token = 4;  // a 64-token context: 256 bytes a cache, as registration counts
+  lm.sequences = 2;
+  lm.workspace_bytes = 10 + 2 * 256;
+  rig.Start({lm});
+  rig.Up(0);
+  rig.Load(1, "lm");
+  std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  ModelEntry reported = lm;  // half the bytes a position
+  reported.kv_bytes_per_token = 2;
+  reported.workspace_bytes = 10 + 2 * 128;
+  rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
+  EXPECT_EQ(FirstModel(rig).kv_bytes_per_token(), 2u);
+  EXPECT_EQ(FirstModel(rig).workspace_bytes(), 10u + 2 * 128);
+  event::Reload more;
+  more.config = WithLm({.parallel = 3});
+  more.entries = {lm};
+  rig.Handle(std::move(more));
+  rig.Forget();
+  rig.Unload(2, "lm");  // unloaded, `models` shows what the next load is counted for
+  std::vector<v1::WorkerEnvelope> unload = rig.Sent(0);
+  ASSERT_EQ(unload.size(), 1u);
+  rig.Reply(0, CoreRig::UnloadDone(unload[0].unload().job()));
+  EXPECT_EQ(FirstModel(rig).parallel(), 3u);
+  EXPECT_EQ(FirstModel(rig).workspace_bytes(), 10u + 3 * 128) << "three caches of the engine's bytes a position";
 }
 
 // [[models]] kv_cache_tokens: the caches share that many positions, at least one context and at
