@@ -152,13 +152,13 @@ class CudaModel final : public GpuModel {
     WP_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     const uint64_t floats = plan_.blocks * plan_.block_floats;
     for (const KvCache::Rows& r : rows) {
-      if (r.from > floats || r.floats > floats - r.from || r.to > floats || r.floats > floats - r.to ||
-          (r.from + r.floats) * sizeof(float) > source.bytes) {
-        return Error(Code::kInternal, "a copy of {} floats from {} to {} in KV pools of {}", r.floats, r.from, r.to,
+      if (r.from > floats || r.elements > floats - r.from || r.to > floats || r.elements > floats - r.to ||
+          (r.from + r.elements) * sizeof(float) > source.bytes) {
+        return Error(Code::kInternal, "a copy of {} floats from {} to {} in KV pools of {}", r.elements, r.from, r.to,
                      floats);
       }
       WP_CUDA_TRY(cudaMemcpyAsync(Pool<float>() + r.to, static_cast<const float*>(source.ptr) + r.from,
-                                  r.floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                                  r.elements * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
                   "copy of a dead worker's keys and values");
     }
     return Check(cudaStreamSynchronize(stream_), "copying a dead worker's keys and values");

@@ -36,6 +36,12 @@ struct RopeScaling {
   uint64_t original_max_position_embeddings = 8192;  // llama3
 };
 
+// How the KV cache stores a key's or a value's element: f32, or bf16 (where the weights are bf16
+// and the CPU has the kernels: ChooseKvElement in decode_attention.h), which halves the
+// bytes a position takes and the bytes a decode step's attention reads.
+enum class KvElement : uint8_t { kF32, kBF16 };
+inline constexpr uint32_t KvElementBytes(KvElement e) { return e == KvElement::kBF16 ? 2 : 4; }
+
 struct Config {
   Architecture architecture = Architecture::kLlama;
   uint32_t vocab_size = 0;
@@ -54,12 +60,14 @@ struct Config {
   bool attention_bias = false;  // biases on q, k and v (and o for Llama's attention_bias)
   bool output_bias = false;     // a bias on o_proj too (Llama's attention_bias; Qwen2 has none)
   bool qk_norm = false;         // Qwen3's per-head RMSNorm of queries and keys
+  // Not config.json's: the engine chooses it where the model runs (ChooseKvElement).
+  KvElement kv_element = KvElement::kF32;
 
   // At most kMaxWidth each (Parse checks): the products fit in 32 bits.
   uint32_t q_size() const { return num_attention_heads * head_dim; }
   uint32_t kv_size() const { return num_key_value_heads * head_dim; }
-  // The KV cache one token takes in f32: a key and a value per key/value head per layer.
-  uint64_t KvBytesPerToken() const { return uint64_t{2} * num_hidden_layers * kv_size() * sizeof(float); }
+  // The KV cache one token takes: a key and a value per key/value head per layer.
+  uint64_t KvBytesPerToken() const { return uint64_t{2} * num_hidden_layers * kv_size() * KvElementBytes(kv_element); }
 
   // head_dim / 2 rotary frequencies, theta^(-2i/d), with rope_scaling applied (Hugging Face's rope
   // initialisations): what the CPU and the GPU both rotate by.

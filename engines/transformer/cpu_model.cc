@@ -188,6 +188,10 @@ Status CpuModel::Check(std::span<const int32_t> tokens, std::span<const StepRun>
                        uint64_t needed) const {
   const Config& c = config_;
   if (tokens.empty() || runs.empty()) return Error(Code::kInvalidArgument, "no tokens to run");
+  if (c.kv_element == KvElement::kBF16 && !HaveBF16KvCache(c.head_dim)) {
+    return Error(Code::kFailedPrecondition, "this CPU cannot keep a bf16 KV cache (AVX-512 BF16, head size {})",
+                 c.head_dim);
+  }
   uint64_t rows = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const StepRun& run = runs[i];
@@ -312,8 +316,13 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
         const uint64_t r = first + i;
         Rope(&q[r * c.q_size()], c.num_attention_heads, &rotations[r * c.head_dim]);
         Rope(&k[r * c.kv_size()], c.num_key_value_heads, &rotations[r * c.head_dim]);
-        std::memcpy(cache.key(l, run.start + i), &k[r * c.kv_size()], c.kv_size() * sizeof(float));
-        std::memcpy(cache.value(l, run.start + i), &v[r * c.kv_size()], c.kv_size() * sizeof(float));
+        if (cache.element() == KvElement::kBF16) {  // rounded to nearest even, as the products' inputs are
+          dense::NarrowToBF16(&k[r * c.kv_size()], c.kv_size(), cache.key_bf16(l, run.start + i));
+          dense::NarrowToBF16(&v[r * c.kv_size()], c.kv_size(), cache.value_bf16(l, run.start + i));
+        } else {
+          std::memcpy(cache.key(l, run.start + i), &k[r * c.kv_size()], c.kv_size() * sizeof(float));
+          std::memcpy(cache.value(l, run.start + i), &v[r * c.kv_size()], c.kv_size() * sizeof(float));
+        }
       }
       float* run_q = &q[uint64_t{first} * c.q_size()];
       float* run_out = &attended[uint64_t{first} * c.q_size()];

@@ -6,12 +6,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <dnnl.h>
 
 #include "engines/avx512_sum4.h"
+#include "engines/bf16_gemv.h"
 #include "engines/transformer/prompt_attention.h"
 
 // GCC 12's AVX-512 intrinsics pass `_mm256_undefined_*()`, a self-initialised variable, as the
@@ -34,12 +36,20 @@ constexpr uint32_t kQuad = 4;
 // vectors, whose sums stay in registers over a run's positions.
 constexpr uint32_t kTile = 4;
 
+// Sixteen elements of a key's or a value's row as floats: f32 loaded, bf16 widened (a bf16 is the
+// upper half of the f32 it stands for, so widening is exact).
+WARMPOOL_AVX512_TARGET inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+WARMPOOL_AVX512_TARGET inline __m512 Load16(const uint16_t* p) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
 // out[h][v * 16 ..] (+)= Σ_i weights[h * width + position + i] · value_i[v * 16 ..] for the H heads
 // and V vectors of a tile, over `count` positions whose values are at values, values + stride, ...
 // (the tile's first vector in each position's row); out is the tile's first head's first vector,
 // head_dim floats a head. `add`: out holds the sums of earlier positions.
-template <uint32_t H, uint32_t V>
-WARMPOOL_AVX512_TARGET void WeighTile(const float* weights, uint64_t width, uint64_t position, const float* values,
+template <uint32_t H, uint32_t V, class T>
+WARMPOOL_AVX512_TARGET void WeighTile(const float* weights, uint64_t width, uint64_t position, const T* values,
                                       uint32_t count, uint64_t stride, uint32_t head_dim, bool add, float* out) {
   __m512 acc[H][V];
   for (uint32_t h = 0; h < H; ++h) {
@@ -49,7 +59,7 @@ WARMPOOL_AVX512_TARGET void WeighTile(const float* weights, uint64_t width, uint
   }
   for (uint32_t i = 0; i < count; ++i) {
     __m512 value[V];
-    for (uint32_t v = 0; v < V; ++v) value[v] = _mm512_loadu_ps(values + i * stride + v * kLanes);
+    for (uint32_t v = 0; v < V; ++v) value[v] = Load16(values + i * stride + v * kLanes);
     for (uint32_t h = 0; h < H; ++h) {
       const __m512 weight = _mm512_set1_ps(weights[h * width + position + i]);
       for (uint32_t v = 0; v < V; ++v) acc[h][v] = _mm512_fmadd_ps(weight, value[v], acc[h][v]);
@@ -60,33 +70,37 @@ WARMPOOL_AVX512_TARGET void WeighTile(const float* weights, uint64_t width, uint
   }
 }
 
-using WeighTileFn = void (*)(const float*, uint64_t, uint64_t, const float*, uint32_t, uint64_t, uint32_t, bool,
-                             float*);
-template <uint32_t H>
-constexpr WeighTileFn kWeighRow[kTile] = {&WeighTile<H, 1>, &WeighTile<H, 2>, &WeighTile<H, 3>, &WeighTile<H, 4>};
-constexpr const WeighTileFn* kWeighTiles[kTile] = {kWeighRow<1>, kWeighRow<2>, kWeighRow<3>, kWeighRow<4>};
+template <class T>
+using WeighTileFn = void (*)(const float*, uint64_t, uint64_t, const T*, uint32_t, uint64_t, uint32_t, bool, float*);
+template <uint32_t H, class T>
+constexpr WeighTileFn<T> kWeighRow[kTile] = {&WeighTile<H, 1, T>, &WeighTile<H, 2, T>, &WeighTile<H, 3, T>,
+                                             &WeighTile<H, 4, T>};
+template <class T>
+constexpr const WeighTileFn<T>* kWeighTiles[kTile] = {kWeighRow<1, T>, kWeighRow<2, T>, kWeighRow<3, T>,
+                                                      kWeighRow<4, T>};
 
 // scores[(g - kv_first) * group + h][p] = scale · q[g * group + h] · key_p[g], position by position,
 // each position's row read once for all its KV heads, in order. (Tiles as Weigh's, a KV head at a
 // time over its part of each row, four positions at a time, were faster with the keys in the cache
 // but slower from memory, where the hardware's prefetchers follow whole rows read in order.)
-WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std::span<const KvRun> runs,
+template <class T>
+WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std::span<const KvRun<T>> runs,
                                    uint64_t stride, uint32_t kv_first, uint32_t kv_count, float* scores,
                                    uint64_t width) {
   const uint32_t group = s.heads / s.kv_heads;
   const uint32_t vectors = s.head_dim / kLanes;
   uint64_t position = 0;
-  for (const KvRun& run : runs) {
+  for (const KvRun<T>& run : runs) {
     for (uint32_t i = 0; i < run.count; ++i, ++position) {
-      const float* key = run.key + i * stride;
+      const T* key = run.key + i * stride;
       for (uint32_t g = kv_first; g < kv_first + kv_count; ++g) {
-        const float* head_key = key + uint64_t{g} * s.head_dim;
+        const T* head_key = key + uint64_t{g} * s.head_dim;
         for (uint32_t h0 = 0; h0 < group; h0 += kQuad) {
           const uint32_t quad = std::min(kQuad, group - h0);
           const float* queries = q + (uint64_t{g} * group + h0) * s.head_dim;
           __m512 acc[kQuad] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
           for (uint32_t v = 0; v < vectors; ++v) {
-            const __m512 k = _mm512_loadu_ps(head_key + v * kLanes);
+            const __m512 k = Load16(head_key + v * kLanes);
             for (uint32_t h = 0; h < quad; ++h) {
               acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(queries + uint64_t{h} * s.head_dim + v * kLanes), k, acc[h]);
             }
@@ -104,7 +118,8 @@ WARMPOOL_AVX512_TARGET void Scores(const AttentionShape& s, const float* q, std:
 // out[g * group + h] = Σ_p weights[(g - kv_first) * group + h][p] · value_p[g], a run (a block of
 // the cache) at a time, a tile at a time over it. It added into `out` in memory position by
 // position before: a load and a store with each multiply-add.
-void Weigh(const AttentionShape& s, const float* weights, std::span<const KvRun> runs, uint64_t stride,
+template <class T>
+void Weigh(const AttentionShape& s, const float* weights, std::span<const KvRun<T>> runs, uint64_t stride,
            uint32_t kv_first, uint32_t kv_count, uint64_t width, float* out) {
   const uint32_t group = s.heads / s.kv_heads;
   const uint32_t vectors = s.head_dim / kLanes;
@@ -113,7 +128,7 @@ void Weigh(const AttentionShape& s, const float* weights, std::span<const KvRun>
     for (uint32_t g = kv_first; g < kv_first + kv_count; ++g) {
       for (uint32_t h0 = 0; h0 < group; h0 += kTile) {
         for (uint32_t v0 = 0; v0 < vectors; v0 += kTile) {
-          kWeighTiles[std::min(kTile, group - h0) - 1][std::min(kTile, vectors - v0) - 1](
+          kWeighTiles<T>[std::min(kTile, group - h0) - 1][std::min(kTile, vectors - v0) - 1](
               weights + (uint64_t{g - kv_first} * group + h0) * width, width, position,
               runs[r].value + uint64_t{g} * s.head_dim + v0 * kLanes, runs[r].count, stride, s.head_dim, r != 0,
               out + (uint64_t{g} * group + h0) * s.head_dim + v0 * kLanes);
@@ -130,15 +145,27 @@ bool HaveAttendRuns(uint32_t head_dim) {
   return avx512 && head_dim != 0 && head_dim % kLanes == 0;
 }
 
-void AttendRuns(const AttentionShape& shape, const float* q, std::span<const KvRun> runs, uint64_t stride,
+bool HaveBF16KvCache(uint32_t head_dim) { return dense::HaveBF16Gemv() && HaveAttendRuns(head_dim); }
+
+KvElement ChooseKvElement(safetensors::DType key_value_weights, uint32_t head_dim, bool on_device) {
+  return !on_device && key_value_weights == safetensors::DType::BF16 && HaveBF16KvCache(head_dim) ? KvElement::kBF16
+                                                                                                 : KvElement::kF32;
+}
+
+template <class T>
+void AttendRuns(const AttentionShape& shape, const float* q, std::span<const KvRun<T>> runs, uint64_t stride,
                 uint32_t kv_first, uint32_t kv_count, float* scores, float* out) {
   uint64_t width = 0;
-  for (const KvRun& run : runs) width += run.count;
+  for (const KvRun<T>& run : runs) width += run.count;
   Scores(shape, q, runs, stride, kv_first, kv_count, scores, width);
   const uint32_t rows = kv_count * (shape.heads / shape.kv_heads);
   for (uint32_t r = 0; r < rows; ++r) Softmax(scores + uint64_t{r} * width, static_cast<uint32_t>(width));
   Weigh(shape, scores, runs, stride, kv_first, kv_count, width, out);
 }
+template void AttendRuns<float>(const AttentionShape&, const float*, std::span<const KvRun<float>>, uint64_t,
+                                uint32_t, uint32_t, float*, float*);
+template void AttendRuns<uint16_t>(const AttentionShape&, const float*, std::span<const KvRun<uint16_t>>, uint64_t,
+                                   uint32_t, uint32_t, float*, float*);
 
 namespace {
 
@@ -169,10 +196,38 @@ dnnl_status_t AttendByProducts(const Config& c, uint32_t layer, KvCache& cache, 
 
 }  // namespace
 
+namespace {
+
+// A row's keys and values over positions first .. end - 1, a block's run at a time, attended.
+template <class T>
+void AttendCached(const AttentionShape& shape, const Config& c, KvCache& cache, uint32_t layer, uint32_t first,
+                  uint32_t end, const float* q, uint32_t kv_first, uint32_t kv_count, float* scores, float* out) {
+  thread_local std::vector<KvRun<T>> kv_runs;
+  kv_runs.clear();
+  for (uint32_t p = first; p < end;) {
+    const uint32_t span = KvCache::Contiguous(p, end);
+    if constexpr (std::is_same_v<T, float>) {
+      kv_runs.push_back({cache.key(layer, p), cache.value(layer, p), span});
+    } else {
+      kv_runs.push_back({cache.key_bf16(layer, p), cache.value_bf16(layer, p), span});
+    }
+    p += span;
+  }
+  AttendRuns<T>(shape, q, kv_runs, c.kv_size(), kv_first, kv_count, scores, out);
+}
+
+}  // namespace
+
 Status DecodeAttention(const Config& c, uint32_t layer, std::span<const DecodeRows> runs, int threads) {
   const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
   const uint32_t d = c.head_dim;
   const bool runs_here = HaveAttendRuns(d);
+  for (const DecodeRows& run : runs) {
+    // Chosen only where it can be read (ChooseKvElement): a bf16 cache elsewhere is the caller's slip.
+    if (run.cache->element() == KvElement::kBF16 && !runs_here) {
+      return Error(Code::kFailedPrecondition, "a bf16 KV cache needs AVX-512 and a head size of a multiple of 16");
+    }
+  }
   // Every run's rows in one parallel loop (a step of several sequences forks once a layer, not once
   // a sequence). A task is a row's KV heads kv_first .. + kv_count: all of them (a row read in
   // order) unless there are more threads than rows to share them; on oneDNN, one KV head each.
@@ -208,15 +263,12 @@ Status DecodeAttention(const Config& c, uint32_t layer, std::span<const DecodeRo
     KvCache& cache = *run->cache;
     thread_local std::vector<float> scores;
     scores.resize(uint64_t{kv_count} * group * (end - first));
+    if (runs_here && cache.element() == KvElement::kBF16) {
+      AttendCached<uint16_t>(shape, c, cache, layer, first, end, row_q, kv_first, kv_count, scores.data(), row_out);
+      continue;
+    }
     if (runs_here) {
-      thread_local std::vector<KvRun> kv_runs;
-      kv_runs.clear();
-      for (uint32_t p = first; p < end;) {
-        const uint32_t span = KvCache::Contiguous(p, end);
-        kv_runs.push_back({cache.key(layer, p), cache.value(layer, p), span});
-        p += span;
-      }
-      AttendRuns(shape, row_q, kv_runs, c.kv_size(), kv_first, kv_count, scores.data(), row_out);
+      AttendCached<float>(shape, c, cache, layer, first, end, row_q, kv_first, kv_count, scores.data(), row_out);
       continue;
     }
     const uint64_t heads_at = uint64_t{kv_first} * group * d;

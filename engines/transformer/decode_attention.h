@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "engines/transformer/config.h"
+#include "engines/safetensors.h"
 #include "engines/transformer/kv_cache.h"
 
 namespace warmpool::transformer {
@@ -41,10 +42,12 @@ struct DecodeRows {
 Status DecodeAttention(const Config& config, uint32_t layer, std::span<const DecodeRows> runs, int threads);
 
 // A run of positions whose keys and values lie at a fixed stride: position i of the run at
-// key + i * stride and value + i * stride, each kv_heads x head_dim floats.
+// key + i * stride and value + i * stride, each kv_heads x head_dim elements (T: float, or
+// uint16_t for bf16).
+template <class T>
 struct KvRun {
-  const float* key = nullptr;
-  const float* value = nullptr;
+  const T* key = nullptr;
+  const T* value = nullptr;
   uint32_t count = 0;
 };
 
@@ -64,7 +67,20 @@ bool HaveAttendRuns(uint32_t head_dim);
 // of kv_count x group x (positions in all runs) floats. HaveAttendRuns must be true, and the
 // runs hold at least one position. A NaN or an infinity in a query, key or value comes out as the
 // definition's arithmetic makes it.
-void AttendRuns(const AttentionShape& shape, const float* q, std::span<const KvRun> runs, uint64_t stride,
+// bf16 keys and values are widened to f32 as they are read (exactly); the arithmetic is f32's.
+template <class T>
+void AttendRuns(const AttentionShape& shape, const float* q, std::span<const KvRun<T>> runs, uint64_t stride,
                 uint32_t kv_first, uint32_t kv_count, float* scores, float* out);
+
+// Whether a KV cache of bf16 elements can be kept and read here: the bf16 narrowing of the keys and
+// values written (AVX-512 BF16) and AttendRuns for this head size.
+bool HaveBF16KvCache(uint32_t head_dim);
+
+// The KV cache's element for a model whose key and value projections are stored as
+// `key_value_weights`: bf16 for bf16 ones (PyTorch keeps such a model's cache in bf16 too) where this
+// CPU can keep one, which halves the bytes a position takes and what a decode step's attention
+// reads; f32 otherwise, and on a GPU (whose kernels read f32), its CPU fallback included. The engine
+// and any in-process path that is to compute what it does choose by this.
+KvElement ChooseKvElement(safetensors::DType key_value_weights, uint32_t head_dim, bool on_device);
 
 }  // namespace warmpool::transformer

@@ -11,6 +11,7 @@
 #include "common/small_file.h"
 #include "engines/builtin.h"
 #include "engines/dense_cpu.h"
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/engine_state.h"
 #include "engines/transformer/gpu_sequence.h"
 #include "engines/transformer/gpu_slots.h"
@@ -41,6 +42,18 @@ Status ReadRegion(const TransformerEngine& e, uint64_t offset, void* out, uint64
     return Error(Code::kInternal, "model \"{}\": cannot read its region back from the device", e.name);
   }
   return OkStatus();
+}
+
+// The dtype of the model's key and value projections: BF16 when every one is, F32 otherwise (for
+// ChooseKvElement).
+safetensors::DType KeyValueWeights(const PackedModel& packed) {
+  bool any = false;
+  for (const PackedTensor& t : packed.tensors) {
+    if (!t.name.ends_with("self_attn.k_proj.weight") && !t.name.ends_with("self_attn.v_proj.weight")) continue;
+    if (t.dtype != safetensors::DType::BF16) return safetensors::DType::F32;
+    any = true;
+  }
+  return any ? safetensors::DType::BF16 : safetensors::DType::F32;
 }
 
 // Every sequence's cache from `pool` now. Whatever caches an earlier pool's sequences had hold
@@ -128,7 +141,7 @@ Status AdoptCache(TransformerEngine& e, int handle, uint64_t bytes) {
     // A GPU's pool parked as a host copy of its region (the worker copied it out at park): written
     // back into this instance's pool region, its prefixes kept.
     Result<KvRegion> host = KvRegion::Open(handle, bytes, e.kv_pool->layers(), e.kv_pool->kv_size(),
-                                           e.kv_pool->region().blocks());
+                                           e.kv_pool->region().blocks(), e.kv_pool->element());
     if (!host.ok()) return Error(host.status().code(), "model \"{}\": {}", e.name, host.status().message());
     Result<std::unique_ptr<KvPool>> pool = AdoptGpuPool(*e.gpu_model, *host);
     if (!pool.ok()) {
@@ -159,24 +172,25 @@ std::unique_ptr<OpenedKvSource> OpenKvSource(TransformerEngine& e, int handle, u
   const uint32_t layers = e.kv_pool->layers();
   const uint32_t kv_size = e.kv_pool->kv_size();
   const uint32_t blocks = e.kv_pool->region().blocks();
+  const KvElement element = e.kv_pool->element();
   if (e.kv_pool->floats_here()) {
-    Result<KvRegion> opened = KvRegion::Open(handle, bytes, layers, kv_size, blocks);
+    Result<KvRegion> opened = KvRegion::Open(handle, bytes, layers, kv_size, blocks, element);
     if (!opened.ok()) return nullptr;
     auto mapped = std::make_unique<OpenedKvSource>(e.memory, wp_region{nullptr, 0, -1});
     mapped->SetRecords(std::move(*opened));
     return mapped;
   }
   // A GPU's pool region: the whole region's size, then its records read back through the service.
-  if (!e.gpu_model || e.memory->import == nullptr || bytes != KvRegion::WholeBytes(layers, kv_size, blocks)) {
+  if (!e.gpu_model || e.memory->import == nullptr || bytes != KvRegion::WholeBytes(layers, kv_size, blocks, element)) {
     return nullptr;
   }
   wp_region device{nullptr, 0, -1};
   if (e.memory->import(e.memory->ctx, handle, bytes, &device) != WP_OK) return nullptr;
   auto imported = std::make_unique<OpenedKvSource>(e.memory, device);  // freed with it, on every path
-  const KvRegion::Span span = KvRegion::ImageSpan(layers, kv_size, blocks);
+  const KvRegion::Span span = KvRegion::ImageSpan(layers, kv_size, blocks, element);
   std::vector<uint8_t> image(span.bytes);
   if (e.memory->read(e.memory->ctx, &device, span.offset, image.data(), image.size()) != WP_OK) return nullptr;
-  Result<KvRegion> records = KvRegion::FromImage(image, layers, kv_size, blocks);
+  Result<KvRegion> records = KvRegion::FromImage(image, layers, kv_size, blocks, element);
   if (!records.ok()) return nullptr;
   imported->SetRecords(std::move(*records));
   return imported;
@@ -211,6 +225,7 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
                  "tokenizer.json), not a file",
                  e.name);
   }
+  e.packed.config.kv_element = ChooseKvElement(KeyValueWeights(e.packed), e.packed.config.head_dim, e.on_device);
   e.context = ServedContext(e.packed.config, spec.context);
   // The CPU and a GPU alike step several sequences together, their caches blocks of one pool.
   e.sequences = ServedSequences(spec.sequences);

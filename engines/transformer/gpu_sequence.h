@@ -85,7 +85,7 @@ inline GpuPlan PlanGpu(const Config& c, uint32_t context, uint32_t sequences, ui
     at = (at + bytes + 255) / 256 * 256;
     return offset;
   };
-  plan.pool_bytes = KvRegion::WholeBytes(c.num_hidden_layers, c.kv_size(), pool_blocks);
+  plan.pool_bytes = KvRegion::WholeBytes(c.num_hidden_layers, c.kv_size(), pool_blocks, KvElement::kF32);
   plan.x = take(rows * c.hidden_size * sizeof(float));
   plan.normed = take(rows * c.hidden_size * sizeof(float));
   plan.q = take(rows * c.q_size() * sizeof(float));

@@ -93,7 +93,8 @@ Result<std::unique_ptr<KvPool>> AdoptGpuPool(GpuModel& model, const KvRegion& ho
   }
   Result<std::unique_ptr<KvPool>> pool = MakeGpuPool(model);  // its records claim nothing there yet
   if (!pool.ok()) return pool.status();
-  const KvRegion::ImageWrite floats{0, host.data(), uint64_t{host.blocks()} * host.BlockFloats() * sizeof(float)};
+  const KvRegion::ImageWrite floats{0, host.data(),
+                                    uint64_t{host.blocks()} * host.BlockElements() * host.element_bytes()};
   if (Status s = model.WriteToPool({&floats, 1}); !s.ok()) return s;
   (*pool)->AdoptRecords(host);
   if (Status s = MirrorRecords(model, (*pool)->region()); !s.ok()) {

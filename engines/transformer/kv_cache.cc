@@ -16,13 +16,14 @@ uint32_t KvPoolBlocks(uint32_t context, uint32_t sequences, uint64_t kv_tokens) 
 }
 
 Result<std::unique_ptr<KvPool>> KvPool::Make(const Config& config, uint32_t blocks) {
-  Result<KvRegion> region = KvRegion::Create(config.num_hidden_layers, config.kv_size(), blocks);
+  Result<KvRegion> region = KvRegion::Create(config.num_hidden_layers, config.kv_size(), blocks, config.kv_element);
   if (!region.ok()) return region.status();
   return std::unique_ptr<KvPool>(new KvPool(config, blocks, std::move(*region)));
 }
 
 Result<std::unique_ptr<KvPool>> KvPool::MakeElsewhere(const Config& config, uint32_t blocks, BlockCopy copy) {
-  Result<KvRegion> region = KvRegion::CreateRecords(config.num_hidden_layers, config.kv_size(), blocks);
+  Result<KvRegion> region =
+      KvRegion::CreateRecords(config.num_hidden_layers, config.kv_size(), blocks, config.kv_element);
   if (!region.ok()) return region.status();
   std::unique_ptr<KvPool> pool(new KvPool(config, blocks, std::move(*region)));
   pool->copy_elsewhere_ = std::move(copy);
@@ -30,7 +31,8 @@ Result<std::unique_ptr<KvPool>> KvPool::MakeElsewhere(const Config& config, uint
 }
 
 Result<std::unique_ptr<KvPool>> KvPool::Adopt(const Config& config, uint32_t blocks, int handle, uint64_t bytes) {
-  Result<KvRegion> region = KvRegion::Adopt(handle, bytes, config.num_hidden_layers, config.kv_size(), blocks);
+  Result<KvRegion> region =
+      KvRegion::Adopt(handle, bytes, config.num_hidden_layers, config.kv_size(), blocks, config.kv_element);
   if (!region.ok()) return region.status();
   std::unique_ptr<KvPool> pool(new KvPool(config, blocks, std::move(*region)));
   pool->RestorePrefixes();
@@ -83,8 +85,9 @@ KvPool::KvPool(const Config& config, uint32_t blocks, KvRegion region)
 
 Status KvPool::Copy(uint32_t from, uint32_t to) {
   if (copy_elsewhere_) return copy_elsewhere_(region_, from, to);
-  const uint64_t floats = region_.BlockFloats();
-  std::memcpy(region_.data() + to * floats, region_.data() + from * floats, floats * sizeof(float));
+  const uint64_t bytes = region_.BlockElements() * region_.element_bytes();
+  auto* data = static_cast<uint8_t*>(region_.data());
+  std::memcpy(data + to * bytes, data + from * bytes, bytes);
   return OkStatus();
 }
 
@@ -198,7 +201,11 @@ uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens
   if (!pool_->floats_here() || source.data() == nullptr) return length_;
   KvRegion& own = pool_->region();
   return Import(source, tokens, most, [&](std::span<const Rows> rows) {
-    for (const Rows& r : rows) std::memcpy(own.data() + r.to, source.data() + r.from, r.floats * sizeof(float));
+    // Opened as this pool's shape (OpenKvSource), the source holds elements of the same size.
+    const uint64_t size = own.element_bytes();
+    auto* to = static_cast<uint8_t*>(own.data());
+    const auto* from = static_cast<const uint8_t*>(source.data());
+    for (const Rows& r : rows) std::memcpy(to + r.to * size, from + r.from * size, r.elements * size);
     return OkStatus();
   });
 }
@@ -217,8 +224,8 @@ uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens
     // Positions [from, to) of block i: the same offsets in the source's block and in this cache's.
     const uint32_t from = std::max(start, i * kKvBlockTokens) % kKvBlockTokens;
     const uint32_t to = run[i].count;
-    if (from == 0 && to == kKvBlockTokens) {  // a whole block: its every layer's rows, one run of floats
-      rows.push_back({source.RowsAt(run[i].block, 0, 0, 0), own.RowsAt(table_[i], 0, 0, 0), own.BlockFloats()});
+    if (from == 0 && to == kKvBlockTokens) {  // a whole block: its every layer's rows, one run
+      rows.push_back({source.RowsAt(run[i].block, 0, 0, 0), own.RowsAt(table_[i], 0, 0, 0), own.BlockElements()});
       continue;
     }
     for (uint32_t layer = 0; layer < pool_->layers(); ++layer) {

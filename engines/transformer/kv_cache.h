@@ -3,15 +3,16 @@
 // sequences share; KvCache is one sequence's positions, a table of the pool's blocks.
 //
 // A block holds kKvBlockTokens positions of every layer: [layer][keys, values][position][kv head]
-// [head_dim] f32. Within a block, a layer's keys (and values) at consecutive positions are
-// consecutive rows of kv_size floats, so attention reads them as one strided matrix per block
-// (Contiguous says how far one reaches).
+// [head_dim], f32 or bf16 (Config::kv_element, the pool's element()). Within a block, a layer's
+// keys (and values) at consecutive positions are consecutive rows of kv_size elements, so attention
+// reads them as one strided matrix per block (Contiguous says how far one reaches).
 //
 // A cache's positions 0 .. length() - 1 hold keys and values. Prepare makes room to write, Commit
 // records what was written; full blocks then join the prefix cache, and Reuse starts a new sequence
 // from published blocks of its prompt's prefix.
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,14 +65,21 @@ class KvPool {
 
   uint32_t layers() const { return layers_; }
   uint32_t kv_size() const { return kv_size_; }
+  KvElement element() const { return region_.element(); }
   KvBlocks& blocks() { return blocks_; }
   const KvBlocks& blocks() const { return blocks_; }
   // The keys and values are in this process's memory, at region().data().
   bool floats_here() const { return region_.data() != nullptr; }
   KvRegion& region() { return region_; }
   const KvRegion& region() const { return region_; }
-  float* key(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 0, offset); }
-  float* value(uint32_t block, uint32_t layer, uint32_t offset) { return At(block, layer, 1, offset); }
+  // Where a block's keys (half 0) or values (half 1) of `layer` at `offset` begin, as the pool's
+  // element (key and value: f32 pools only; the _bf16 forms: bf16 pools only).
+  float* key(uint32_t block, uint32_t layer, uint32_t offset) { return At<float>(block, layer, 0, offset); }
+  float* value(uint32_t block, uint32_t layer, uint32_t offset) { return At<float>(block, layer, 1, offset); }
+  uint16_t* key_bf16(uint32_t block, uint32_t layer, uint32_t offset) { return At<uint16_t>(block, layer, 0, offset); }
+  uint16_t* value_bf16(uint32_t block, uint32_t layer, uint32_t offset) {
+    return At<uint16_t>(block, layer, 1, offset);
+  }
   // Every layer's keys and values of `from` into `to` (a shared block copied before it is written).
   Status Copy(uint32_t from, uint32_t to);
 
@@ -79,8 +87,10 @@ class KvPool {
   KvPool(const Config& config, uint32_t blocks, KvRegion region);
   // Adopt's second half: the prefix cache from the region's records, which then say no more.
   void RestorePrefixes();
-  float* At(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) {
-    return region_.data() + region_.RowsAt(block, layer, half, offset);
+  template <class T>
+  T* At(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) {
+    assert(sizeof(T) == region_.element_bytes());
+    return static_cast<T*>(region_.data()) + region_.RowsAt(block, layer, half, offset);
   }
   uint32_t layers_;
   uint32_t kv_size_;
@@ -103,7 +113,8 @@ class KvCache {
   uint32_t length() const { return length_; }
   KvPool& pool() { return *pool_; }
   bool Fits(const Config& config) const {
-    return pool_->layers() == config.num_hidden_layers && pool_->kv_size() == config.kv_size();
+    return pool_->layers() == config.num_hidden_layers && pool_->kv_size() == config.kv_size() &&
+           pool_->element() == config.kv_element;
   }
 
   // Room to write positions start .. end - 1 (start <= length(), end <= context()): blocks taken
@@ -132,25 +143,33 @@ class KvCache {
   uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most);
   // The same where the floats are elsewhere, the source's and this pool's alike (a GPU's, whose
   // source is a records-only region read back, KvRegion::FromImage): `copy` copies the rows, given
-  // as float offsets into the source's region and this pool's (RowsAt). A copy that fails leaves
+  // as element offsets into the source's region and this pool's (RowsAt). A copy that fails leaves
   // the cache as Reuse left it.
   struct Rows {
     uint64_t from;
     uint64_t to;
-    uint64_t floats;
+    uint64_t elements;
   };
   using RowsCopy = std::function<Status(std::span<const Rows>)>;
   uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most, const RowsCopy& copy);
   // Empty: its blocks released (the published ones stay cached for later sequences).
   void Clear();
 
-  // A position's keys or values (kv_size floats) in `layer`; within a block the next position's
-  // follow, kv_size floats on. The position must be prepared.
+  // A position's keys or values (kv_size elements) in `layer`; within a block the next position's
+  // follow, kv_size elements on. The position must be prepared. As the pool's element: key and
+  // value for f32, the _bf16 forms for bf16.
+  KvElement element() const { return pool_->element(); }
   float* key(uint32_t layer, uint32_t position) {
     return pool_->key(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
   }
   float* value(uint32_t layer, uint32_t position) {
     return pool_->value(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
+  }
+  uint16_t* key_bf16(uint32_t layer, uint32_t position) {
+    return pool_->key_bf16(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
+  }
+  uint16_t* value_bf16(uint32_t layer, uint32_t position) {
+    return pool_->value_bf16(table_[position / kKvBlockTokens], layer, position % kKvBlockTokens);
   }
   // The blocks it holds, in position order (block i holds positions i x kKvBlockTokens on).
   std::span<const uint32_t> blocks() const { return table_; }

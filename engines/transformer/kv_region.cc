@@ -17,7 +17,9 @@ namespace warmpool::transformer {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4f4f50564b5057ull;  // "WPKVPOOL"
-constexpr uint32_t kLayout = 1;
+// 2: the element's size in the header (a region of layout 1 held f32 and is refused: its pool's
+// prefixes are computed again).
+constexpr uint32_t kLayout = 2;
 
 struct Header {
   uint64_t magic;
@@ -27,7 +29,8 @@ struct Header {
   uint32_t kv_size;
   uint32_t blocks;
   uint32_t record_bytes;
-  uint8_t reserved[32];
+  uint32_t element_bytes;
+  uint8_t reserved[28];
 };
 static_assert(sizeof(Header) == 64);
 
@@ -39,32 +42,42 @@ uint64_t TotalBytes(uint64_t kv_bytes, uint32_t blocks) {
 
 uint64_t KvRegion::RecordsOffset(uint64_t kv_bytes) { return ((kv_bytes + 63) & ~uint64_t{63}) + sizeof(Header); }
 
-uint64_t KvRegion::WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
-  return TotalBytes(uint64_t{blocks} * layers * 2 * kKvBlockTokens * kv_size * sizeof(float), blocks);
+uint64_t KvRegion::WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element) {
+  return TotalBytes(uint64_t{blocks} * layers * 2 * kKvBlockTokens * kv_size * KvElementBytes(element), blocks);
 }
 
-KvRegion::Span KvRegion::ImageSpan(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
-  const uint64_t kv_bytes = uint64_t{blocks} * layers * 2 * kKvBlockTokens * kv_size * sizeof(float);
+KvRegion::Span KvRegion::ImageSpan(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element) {
+  const uint64_t kv_bytes = uint64_t{blocks} * layers * 2 * kKvBlockTokens * kv_size * KvElementBytes(element);
   const uint64_t header = RecordsOffset(kv_bytes) - sizeof(Header);
   return {header, TotalBytes(kv_bytes, blocks) - header};
 }
 
 KvRecord* KvRegion::records() const { return reinterpret_cast<KvRecord*>(base_ + RecordsOffset(kv_bytes_)); }
 
-Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
-  return Make(layers, kv_size, blocks, /*with_floats=*/true);
+Result<KvRegion> KvRegion::Create(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element) {
+  return Make(layers, kv_size, blocks, element, /*with_elements=*/true);
 }
 
-Result<KvRegion> KvRegion::CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks) {
-  return Make(layers, kv_size, blocks, /*with_floats=*/false);
+Result<KvRegion> KvRegion::CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element) {
+  return Make(layers, kv_size, blocks, element, /*with_elements=*/false);
 }
 
-Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t blocks, bool with_floats) {
+bool KvRegion::HeaderMatches(const void* bytes) const {
+  Header header;
+  std::memcpy(&header, bytes, sizeof(header));
+  return header.magic == kMagic && header.layout == kLayout && header.block_tokens == kKvBlockTokens &&
+         header.layers == layers_ && header.kv_size == kv_size_ && header.blocks == blocks_ &&
+         header.record_bytes == sizeof(KvRecord) && header.element_bytes == element_bytes();
+}
+
+Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element,
+                                bool with_elements) {
   KvRegion r;
   r.layers_ = layers;
   r.kv_size_ = kv_size;
   r.blocks_ = blocks;
-  r.kv_bytes_ = with_floats ? blocks * r.BlockFloats() * sizeof(float) : 0;
+  r.element_ = element;
+  r.kv_bytes_ = with_elements ? blocks * r.BlockElements() * r.element_bytes() : 0;
   r.bytes_ = TotalBytes(r.kv_bytes_, blocks);
   r.handle_ = memfd_create("warmpool-kv-cache", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (r.handle_ < 0 || ftruncate(r.handle_, static_cast<off_t>(r.bytes_)) != 0 ||
@@ -79,18 +92,18 @@ Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t bloc
     return Error(Code::kResourceExhausted, "no address space for a KV cache of {} bytes", r.bytes_);
   }
   r.base_ = static_cast<uint8_t*>(base);
-  r.data_ = with_floats ? reinterpret_cast<float*>(r.base_) : nullptr;
+  r.data_ = with_elements ? r.base_ : nullptr;
   Header* header = reinterpret_cast<Header*>(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header));
-  *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), {}};
+  *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), r.element_bytes(), {}};
   // Zero-filled records claim nothing (count 0, version 0).
-  if (!with_floats) r.is_changed_.assign(blocks, 0);
+  if (!with_elements) r.is_changed_.assign(blocks, 0);
   return r;
 }
 
 std::vector<KvRegion::ImageWrite> KvRegion::ImageWrites() const {
   std::vector<ImageWrite> writes;
   if (data_ != nullptr || base_ == nullptr) return writes;  // a whole region is its own image
-  const Span span = ImageSpan(layers_, kv_size_, blocks_);
+  const Span span = ImageSpan(layers_, kv_size_, blocks_, element_);
   const uint64_t records_at = span.offset + sizeof(Header);
   if (!header_written_) writes.push_back({span.offset, base_ + RecordsOffset(kv_bytes_) - sizeof(Header), sizeof(Header)});
   static constexpr uint32_t kOdd = 1;
@@ -117,18 +130,14 @@ void KvRegion::ImageWritten() {
 }
 
 Result<KvRegion> KvRegion::FromImage(std::span<const uint8_t> image, uint32_t layers, uint32_t kv_size,
-                                     uint32_t blocks) {
-  if (image.size() != ImageSpan(layers, kv_size, blocks).bytes) {
+                                     uint32_t blocks, KvElement element) {
+  if (image.size() != ImageSpan(layers, kv_size, blocks, element).bytes) {
     return Error(Code::kInvalidArgument, "a KV region's records of {} bytes are not {} blocks' of this model's",
                  image.size(), blocks);
   }
-  Result<KvRegion> r = Make(layers, kv_size, blocks, /*with_floats=*/false);
+  Result<KvRegion> r = Make(layers, kv_size, blocks, element, /*with_elements=*/false);
   if (!r.ok()) return r.status();
-  Header header;
-  std::memcpy(&header, image.data(), sizeof(header));
-  if (header.magic != kMagic || header.layout != kLayout || header.block_tokens != kKvBlockTokens ||
-      header.layers != layers || header.kv_size != kv_size || header.blocks != blocks ||
-      header.record_bytes != sizeof(KvRecord)) {
+  if (!r->HeaderMatches(image.data())) {
     return Error(Code::kInvalidArgument, "the KV region is not this model's (its header differs)");
   }
   std::memcpy(r->base_ + RecordsOffset(0) - sizeof(Header), image.data(), image.size());
@@ -136,20 +145,23 @@ Result<KvRegion> KvRegion::FromImage(std::span<const uint8_t> image, uint32_t la
   return r;
 }
 
-Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks) {
-  return Map(handle, bytes, layers, kv_size, blocks, /*writable=*/false);
+Result<KvRegion> KvRegion::Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
+                                KvElement element) {
+  return Map(handle, bytes, layers, kv_size, blocks, element, /*writable=*/false);
 }
 
-Result<KvRegion> KvRegion::Adopt(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks) {
-  return Map(handle, bytes, layers, kv_size, blocks, /*writable=*/true);
+Result<KvRegion> KvRegion::Adopt(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
+                                 KvElement element) {
+  return Map(handle, bytes, layers, kv_size, blocks, element, /*writable=*/true);
 }
 
 Result<KvRegion> KvRegion::Map(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
-                               bool writable) {
+                               KvElement element, bool writable) {
   KvRegion r;
   r.layers_ = layers;
   r.kv_size_ = kv_size;
-  const uint64_t block_bytes = r.BlockFloats() * sizeof(float);
+  r.element_ = element;
+  const uint64_t block_bytes = r.BlockElements() * r.element_bytes();
   // As many blocks as the reader's own pool: what it reads is bounded by what it holds itself.
   if (TotalBytes(blocks * block_bytes, blocks) != bytes) {
     return Error(Code::kInvalidArgument, "a KV region of {} bytes is not {} blocks of this model's", bytes, blocks);
@@ -169,12 +181,8 @@ Result<KvRegion> KvRegion::Map(int handle, uint64_t bytes, uint32_t layers, uint
   r.bytes_ = bytes;
   r.blocks_ = blocks;
   r.kv_bytes_ = blocks * block_bytes;
-  r.data_ = reinterpret_cast<float*>(r.base_);
-  Header header;
-  std::memcpy(&header, r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header), sizeof(header));
-  if (header.magic != kMagic || header.layout != kLayout || header.block_tokens != kKvBlockTokens ||
-      header.layers != layers || header.kv_size != kv_size || header.blocks != blocks ||
-      header.record_bytes != sizeof(KvRecord)) {
+  r.data_ = r.base_;
+  if (!r.HeaderMatches(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header))) {
     return Error(Code::kInvalidArgument, "the KV region is not this model's (its header differs)");
   }
   if (writable) {
@@ -201,6 +209,7 @@ KvRegion& KvRegion::operator=(KvRegion&& other) noexcept {
   layers_ = other.layers_;
   kv_size_ = other.kv_size_;
   blocks_ = other.blocks_;
+  element_ = other.element_;
   return *this;
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engines/transformer/config.h"
 #include "engines/transformer/kv_blocks.h"
 
 namespace warmpool::transformer {
@@ -46,24 +47,26 @@ static_assert(sizeof(KvRecord) == 288);
 class KvRegion {
  public:
   // A new region (a memfd, zero-filled, its pages the system's once first written) for `blocks`
-  // blocks of `layers` x keys and values x kKvBlockTokens positions x kv_size floats. Every record
-  // claims nothing. RESOURCE_EXHAUSTED when the memory cannot be had.
-  static Result<KvRegion> Create(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // blocks of `layers` x keys and values x kKvBlockTokens positions x kv_size elements (f32 or
+  // bf16: `element`). Every record claims nothing. RESOURCE_EXHAUSTED when the memory cannot be had.
+  static Result<KvRegion> Create(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element);
   // The header and records alone, for a pool whose keys and values live elsewhere in the same
   // layout (a GPU's memory: RowsAt still says where): data() is null. It is never exported itself:
   // its header and records are mirrored into the region that holds the floats (ImageWrites).
-  static Result<KvRegion> CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  static Result<KvRegion> CreateRecords(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element);
   // The bytes of a whole region (Create's) of this shape: a GPU's pool region is laid out so too.
-  static uint64_t WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  static uint64_t WholeBytes(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element);
   // Another process's region, mapped read-only: INVALID_ARGUMENT unless it is sealed against
   // resizing (Create seals it: nobody holding it can shrink it under a reader's mapping), its header
-  // says it holds `blocks` blocks of this layout (layers, kv_size) — a pool like the reader's own —
-  // and its size is what that makes.
-  static Result<KvRegion> Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  // says it holds `blocks` blocks of this layout (layers, kv_size, element) — a pool like the
+  // reader's own — and its size is what that makes.
+  static Result<KvRegion> Open(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
+                               KvElement element);
   // The region of an instance of this model that ended cleanly (its model parked, a daemon
   // restarted), checked as Open checks it and mapped to be written: it becomes the caller's pool
   // (KvPool::Adopt), with a descriptor of its own (handle()) to export again.
-  static Result<KvRegion> Adopt(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  static Result<KvRegion> Adopt(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
+                                KvElement element);
   KvRegion() = default;
   KvRegion(KvRegion&& other) noexcept { *this = std::move(other); }
   KvRegion& operator=(KvRegion&& other) noexcept;
@@ -72,13 +75,18 @@ class KvRegion {
   int handle() const { return handle_; }  // -1 for an opened one (the caller keeps its own)
   uint64_t bytes() const { return bytes_; }
   uint32_t blocks() const { return blocks_; }
-  float* data() { return data_; }
-  const float* data() const { return data_; }
-  // Floats of one block (every layer's keys and values), and where a layer's keys (half 0) or
-  // values (half 1) at `offset` in it begin: rows of kv_size floats, a position's after another's.
-  uint64_t BlockFloats() const { return uint64_t{layers_} * 2 * kKvBlockTokens * kv_size_; }
+  KvElement element() const { return element_; }
+  uint32_t element_bytes() const { return KvElementBytes(element_); }
+  // The keys and values, elements of element(): null for a records-only region. Untyped, so that
+  // nobody indexes it as floats where it holds bf16 (or bytes where it holds either).
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  // Elements of one block (every layer's keys and values), and where a layer's keys (half 0) or
+  // values (half 1) at `offset` in it begin, in elements: rows of kv_size, a position's after
+  // another's.
+  uint64_t BlockElements() const { return uint64_t{layers_} * 2 * kKvBlockTokens * kv_size_; }
   uint64_t RowsAt(uint32_t block, uint32_t layer, uint32_t half, uint32_t offset) const {
-    return block * BlockFloats() + ((uint64_t{layer} * 2 + half) * kKvBlockTokens + offset) * kv_size_;
+    return block * BlockElements() + ((uint64_t{layer} * 2 + half) * kKvBlockTokens + offset) * kv_size_;
   }
 
   // A records-only region (CreateRecords) is mirrored into the memory that holds its floats (a GPU's
@@ -106,12 +114,12 @@ class KvRegion {
     uint64_t offset;
     uint64_t bytes;
   };
-  static Span ImageSpan(uint32_t layers, uint32_t kv_size, uint32_t blocks);
+  static Span ImageSpan(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element);
   // The header and records read back from such a mirror (ImageSpan's bytes, from another process's
   // pool region): a records-only region to find a sequence's blocks in (Longest). INVALID_ARGUMENT
   // when its size or header is not a pool of this shape's.
   static Result<KvRegion> FromImage(std::span<const uint8_t> image, uint32_t layers, uint32_t kv_size,
-                                    uint32_t blocks);
+                                    uint32_t blocks, KvElement element);
 
   // The writer's side: block `self` holds `tokens` (at most kKvBlockTokens) at its first positions,
   // after `parent` in its sequence; `flags` kKvRecordPrivate when no prefix cache may keep it.
@@ -139,19 +147,23 @@ class KvRegion {
   std::vector<Extent> Longest(std::span<const int32_t> tokens, uint32_t most) const;
 
  private:
-  static Result<KvRegion> Make(uint32_t layers, uint32_t kv_size, uint32_t blocks, bool with_floats);
+  static Result<KvRegion> Make(uint32_t layers, uint32_t kv_size, uint32_t blocks, KvElement element,
+                               bool with_elements);
   static Result<KvRegion> Map(int handle, uint64_t bytes, uint32_t layers, uint32_t kv_size, uint32_t blocks,
-                              bool writable);
+                              KvElement element, bool writable);
+  // Whether a header read from a region or an image says this shape.
+  bool HeaderMatches(const void* header) const;
   static uint64_t RecordsOffset(uint64_t kv_bytes);
   KvRecord* records() const;
   int handle_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0;
-  float* data_ = nullptr;
+  uint8_t* data_ = nullptr;
   uint64_t kv_bytes_ = 0;
   uint32_t layers_ = 0;
   uint32_t kv_size_ = 0;
   uint32_t blocks_ = 0;
+  KvElement element_ = KvElement::kF32;
   // Records-only: those changed since the mirror was last written (ImageWrites), and whether the
   // mirror has the header yet.
   std::vector<uint32_t> changed_;

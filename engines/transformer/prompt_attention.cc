@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <vector>
@@ -36,6 +37,17 @@ bool Finite(const float* x, uint32_t count, uint32_t width, uint64_t stride) {
 uint32_t FirstVisible(const Config& c, uint32_t position) {
   return c.sliding_window != 0 && position + 1 > c.sliding_window ? static_cast<uint32_t>(position + 1 - c.sliding_window)
                                                                    : 0;
+}
+
+// `count` rows of `width` bf16 elements, `stride` apart, widened into rows of `width` floats, one
+// after another (exactly: a bf16 is the upper half of the f32 it stands for).
+void WidenRows(const uint16_t* x, uint32_t count, uint32_t width, uint64_t stride, float* out) {
+  for (uint32_t r = 0; r < count; ++r) {
+    const uint16_t* row = x + r * stride;
+    float* to = out + uint64_t{r} * width;
+#pragma omp simd
+    for (uint32_t i = 0; i < width; ++i) to[i] = std::bit_cast<float>(uint32_t{row[i]} << 16);
+  }
 }
 
 }  // namespace
@@ -73,14 +85,38 @@ Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
     const float* queries = q + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim;
     thread_local std::vector<float> scores;
     scores.resize(uint64_t{n} * width);
-    // Q·Kᵀ a block of the cache at a time, each block's scores a band of columns.
+    // The keys and values the tile sees, a block's run at a time, kv_size floats apart in the cache;
+    // a bf16 cache's widened first, the KV head's alone, into one run of head_dim floats apart
+    // (oneDNN's products here take f32).
+    const bool widened = cache.element() == KvElement::kBF16;
+    thread_local std::vector<float> wide_keys, wide_values;
+    if (widened) {
+      wide_keys.resize(uint64_t{width} * c.head_dim);
+      wide_values.resize(wide_keys.size());
+      for (uint32_t p = lo; p < end;) {
+        const uint32_t span = KvCache::Contiguous(p, end);
+        const uint64_t at = uint64_t{p - lo} * c.head_dim;
+        WidenRows(cache.key_bf16(layer, p) + head, span, c.head_dim, c.kv_size(), wide_keys.data() + at);
+        WidenRows(cache.value_bf16(layer, p) + head, span, c.head_dim, c.kv_size(), wide_values.data() + at);
+        p += span;
+      }
+    }
+    const uint64_t ld = widened ? c.head_dim : c.kv_size();
+    auto span_at = [&](uint32_t p) { return widened ? end - p : KvCache::Contiguous(p, end); };
+    auto key_at = [&](uint32_t p) -> const float* {
+      return widened ? wide_keys.data() + uint64_t{p - lo} * c.head_dim : cache.key(layer, p) + head;
+    };
+    auto value_at = [&](uint32_t p) -> const float* {
+      return widened ? wide_values.data() + uint64_t{p - lo} * c.head_dim : cache.value(layer, p) + head;
+    };
+    // Q·Kᵀ a run at a time, each run's scores a band of columns.
     dnnl_status_t s = dnnl_success;
     bool finite = true;
     for (uint32_t p = lo; p < end && s == dnnl_success;) {
-      const uint32_t span = KvCache::Contiguous(p, end);
-      s = dnnl_sgemm('N', 'T', n, span, c.head_dim, scale, queries, c.q_size(), cache.key(layer, p) + head,
-                     c.kv_size(), 0.0f, scores.data() + (p - lo), width);
-      finite = finite && Finite(cache.value(layer, p) + head, span, c.head_dim, c.kv_size());
+      const uint32_t span = span_at(p);
+      s = dnnl_sgemm('N', 'T', n, span, c.head_dim, scale, queries, c.q_size(), key_at(p), ld, 0.0f,
+                     scores.data() + (p - lo), width);
+      finite = finite && Finite(value_at(p), span, c.head_dim, ld);
       p += span;
     }
     for (uint32_t i = 0; i < n && s == dnnl_success; ++i) {
@@ -98,9 +134,9 @@ Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
     if (s == dnnl_success && finite) {
       // P·V, the blocks' products summed into the output.
       for (uint32_t p = lo; p < end && s == dnnl_success;) {
-        const uint32_t span = KvCache::Contiguous(p, end);
-        s = dnnl_sgemm('N', 'N', n, c.head_dim, span, 1.0f, scores.data() + (p - lo), width,
-                       cache.value(layer, p) + head, c.kv_size(), p == lo ? 0.0f : 1.0f, o, c.q_size());
+        const uint32_t span = span_at(p);
+        s = dnnl_sgemm('N', 'N', n, c.head_dim, span, 1.0f, scores.data() + (p - lo), width, value_at(p), ld,
+                       p == lo ? 0.0f : 1.0f, o, c.q_size());
         p += span;
       }
     } else if (s == dnnl_success) {
@@ -114,7 +150,7 @@ Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
         float* row_out = o + uint64_t{i} * c.q_size();
         std::fill(row_out, row_out + c.head_dim, 0.0f);
         for (uint32_t j = first; j <= position; ++j) {
-          const float* v = cache.value(layer, j) + head;
+          const float* v = value_at(j);
           for (uint32_t d = 0; d < c.head_dim; ++d) row_out[d] += p[j - lo] * v[d];
         }
       }

@@ -160,7 +160,7 @@ class DeviceDouble final : public GpuModel {
       EXPECT_EQ(r.from % plan_.block_floats, r.to % plan_.block_floats) << "the same offsets in both blocks";
       const uint64_t offset = r.from % plan_.block_floats / kv_size % kKvBlockTokens;
       // Rows of one layer's keys or values, or a whole block (every layer's: its 64 positions).
-      const uint64_t positions = r.floats == plan_.block_floats ? kKvBlockTokens : r.floats / kv_size;
+      const uint64_t positions = r.elements == plan_.block_floats ? kKvBlockTokens : r.elements / kv_size;
       EXPECT_LE(offset + positions, kKvBlockTokens) << "rows within one block";
       for (uint64_t p = 0; p < positions; ++p) {
         cells_[r.to / plan_.block_floats * kKvBlockTokens + offset + p] =
@@ -178,10 +178,12 @@ class DeviceDouble final : public GpuModel {
   int32_t cell(uint64_t block, uint32_t offset) const { return cells_[block * kKvBlockTokens + offset]; }
   // The header and records of the pool region's mirror, as another process would read them.
   Result<transformer::KvRegion> Mirror() const {
-    return transformer::KvRegion::FromImage(MirrorBytes(), config_.num_hidden_layers, config_.kv_size(), plan_.blocks);
+    return transformer::KvRegion::FromImage(MirrorBytes(), config_.num_hidden_layers, config_.kv_size(), plan_.blocks,
+                                            transformer::KvElement::kF32);
   }
   std::span<const uint8_t> MirrorBytes() const {
-    const auto span = transformer::KvRegion::ImageSpan(config_.num_hidden_layers, config_.kv_size(), plan_.blocks);
+    const auto span = transformer::KvRegion::ImageSpan(config_.num_hidden_layers, config_.kv_size(), plan_.blocks,
+                                                       transformer::KvElement::kF32);
     return {image_.data() + span.offset, span.bytes};
   }
   // Every record of the mirror claims only tokens its block holds (once the header is there).

@@ -23,6 +23,7 @@ namespace warmpool::testing {
 namespace {
 
 using transformer::KvRegion;
+using transformer::KvElement;
 using StepRun = transformer::SequenceSlots::Run;
 
 // A GPU model's pool and slots on the double.
@@ -72,14 +73,16 @@ uint32_t Found(const KvRegion& records, std::span<const int32_t> tokens) {
 TEST(GpuKvMirrorTest, AFreshPoolsRegionHasItsHeaderAndClaimsNothing) {
   GpuRig rig(512, 2, transformer::KvPoolBlocks(512, 2));
   EXPECT_EQ(rig.device.pool().bytes, KvRegion::WholeBytes(SmallConfig().num_hidden_layers, SmallConfig().kv_size(),
-                                                          rig.device.plan().blocks))
+                                                          rig.device.plan().blocks, KvElement::kF32))
       << "laid out as a whole region on the CPU";
   Result<KvRegion> mirror = rig.device.Mirror();
   ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
   std::vector<int32_t> held;
   EXPECT_TRUE(mirror->Records(held).empty());
   // A region of another shape is no source: its header says so.
-  EXPECT_EQ(KvRegion::FromImage(std::vector<uint8_t>(64), 2, 4, rig.device.plan().blocks).status().code(),
+  EXPECT_EQ(KvRegion::FromImage(std::vector<uint8_t>(64), 2, 4, rig.device.plan().blocks, KvElement::kF32)
+                .status()
+                .code(),
             Code::kInvalidArgument);
 }
 
@@ -179,7 +182,7 @@ TEST(GpuKvMirrorTest, AResumedSequenceCopiesItsPositionsFromADeadPoolOnTheDevice
   // A region of another model's shape is found by nothing: everything is computed.
   GpuRig other(kContext, 3, transformer::KvPoolBlocks(kContext, 3));
   EXPECT_FALSE(KvRegion::FromImage(dead.MirrorBytes(), SmallConfig().num_hidden_layers,
-                                   SmallConfig().kv_size(), other.device.plan().blocks)
+                                   SmallConfig().kv_size(), other.device.plan().blocks, KvElement::kF32)
                    .ok());
 }
 
@@ -217,17 +220,18 @@ TEST(GpuKvMirrorTest, AParkedPoolsHostCopyIsTakenOverWithItsPrefixes) {
   parked.Step({{0, prompt, 0}});
   parked.slots->Free(0);
   const uint32_t blocks = parked.device.plan().blocks;
-  Result<KvRegion> copy = KvRegion::Create(c.num_hidden_layers, c.kv_size(), blocks);
+  Result<KvRegion> copy = KvRegion::Create(c.num_hidden_layers, c.kv_size(), blocks, KvElement::kF32);
   ASSERT_TRUE(copy.ok());
   for (uint32_t b = 0; b < blocks; ++b) {
     for (uint32_t p = 0; p < transformer::kKvBlockTokens; ++p) {
-      copy->data()[parked.device.TokenAt(b, p)] = static_cast<float>(parked.device.cell(b, p));
+      static_cast<float*>(copy->data())[parked.device.TokenAt(b, p)] = static_cast<float>(parked.device.cell(b, p));
     }
   }
-  const KvRegion::Span span = KvRegion::ImageSpan(c.num_hidden_layers, c.kv_size(), blocks);
+  const KvRegion::Span span = KvRegion::ImageSpan(c.num_hidden_layers, c.kv_size(), blocks, KvElement::kF32);
   ASSERT_EQ(pwrite(copy->handle(), parked.device.MirrorBytes().data(), span.bytes, static_cast<off_t>(span.offset)),
             static_cast<ssize_t>(span.bytes));
-  Result<KvRegion> host = KvRegion::Open(copy->handle(), copy->bytes(), c.num_hidden_layers, c.kv_size(), blocks);
+  Result<KvRegion> host =
+      KvRegion::Open(copy->handle(), copy->bytes(), c.num_hidden_layers, c.kv_size(), blocks, KvElement::kF32);
   ASSERT_TRUE(host.ok()) << host.status().ToString();
 
   GpuRig unparked(kContext, 2, transformer::KvPoolBlocks(kContext, 2));
@@ -287,10 +291,10 @@ TEST(GpuKvMirrorTest, APoolRegionCopiedOutSealedOpensAsAHostRegion) {
   HostMemory memory;
   const wp_device_memory& service = *memory.service();
   wp_region region{nullptr, 0, -1};
-  const uint64_t bytes = KvRegion::WholeBytes(c.num_hidden_layers, c.kv_size(), kBlocks);
+  const uint64_t bytes = KvRegion::WholeBytes(c.num_hidden_layers, c.kv_size(), kBlocks, KvElement::kF32);
   ASSERT_EQ(service.alloc(service.ctx, bytes, &region), WP_OK);
   // A records image written into it as a GPU pool's mirror is, and a float where keys would be.
-  Result<KvRegion> records = KvRegion::CreateRecords(c.num_hidden_layers, c.kv_size(), kBlocks);
+  Result<KvRegion> records = KvRegion::CreateRecords(c.num_hidden_layers, c.kv_size(), kBlocks, KvElement::kF32);
   ASSERT_TRUE(records.ok());
   const std::vector<int32_t> tokens = Tokens(transformer::kKvBlockTokens, 9);
   records->Describe({0, 1}, {transformer::KvLink::kNone, 0}, tokens);
@@ -302,15 +306,15 @@ TEST(GpuKvMirrorTest, APoolRegionCopiedOutSealedOpensAsAHostRegion) {
 
   Result<int> sealed = HostMemory::CopyToSealedHost(service, region);
   ASSERT_TRUE(sealed.ok()) << sealed.status().ToString();
-  Result<KvRegion> host = KvRegion::Open(*sealed, bytes, c.num_hidden_layers, c.kv_size(), kBlocks);
+  Result<KvRegion> host = KvRegion::Open(*sealed, bytes, c.num_hidden_layers, c.kv_size(), kBlocks, KvElement::kF32);
   ASSERT_TRUE(host.ok()) << host.status().ToString();
-  EXPECT_EQ(host->data()[4], key);
+  EXPECT_EQ(static_cast<const float*>(host->data())[4], key);
   EXPECT_EQ(Found(*host, tokens), transformer::kKvBlockTokens) << "its records as mirrored";
   close(*sealed);
 
   Result<int> plain = HostMemory::CopyToHost(service, region);  // the weights' copy: never read as a pool
   ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(KvRegion::Open(*plain, bytes, c.num_hidden_layers, c.kv_size(), kBlocks).status().code(),
+  EXPECT_EQ(KvRegion::Open(*plain, bytes, c.num_hidden_layers, c.kv_size(), kBlocks, KvElement::kF32).status().code(),
             Code::kInvalidArgument);
   close(*plain);
   service.free(service.ctx, &region);

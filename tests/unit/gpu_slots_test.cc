@@ -58,7 +58,7 @@ TEST_F(GpuSlotsTest, ThePoolKeepsItsBookkeepingHereAndItsFloatsOnTheDevice) {
   EXPECT_FALSE(pool_->floats_here());
   EXPECT_EQ(pool_->region().data(), nullptr);
   EXPECT_EQ(pool_->blocks().count(), device_->plan().blocks);
-  EXPECT_EQ(device_->plan().block_floats, pool_->region().BlockFloats()) << "one layout on both sides";
+  EXPECT_EQ(device_->plan().block_floats, pool_->region().BlockElements()) << "one layout on both sides";
 }
 
 // Prompts of three sequences and their decodes, together in steps: each run finds its own history.

@@ -83,7 +83,7 @@ TEST(KvAdoptTest, ThePrefixesAnEarlierPoolKeptAreFoundAgainWholeBlocksOnly) {
   EXPECT_EQ(Reused(*later, second), 128u);
   // A partial block is no prefix: its record claims nothing now, for a reader after a crash too.
   Result<KvRegion> reader = KvRegion::Open(later->region().handle(), later->region().bytes(), c.num_hidden_layers,
-                                           c.kv_size(), later->region().blocks());
+                                           c.kv_size(), later->region().blocks(), c.kv_element);
   ASSERT_TRUE(reader.ok());
   uint32_t claimed = 0;
   for (const KvRegion::Extent& e : reader->Longest(first, 150)) claimed += e.count;
@@ -118,7 +118,7 @@ TEST(KvAdoptTest, WhatASequenceCopiedFromADeadWorkerIsNotKeptByTheNextInstance) 
     Pass(cache, std::vector<int32_t>(resumed.begin(), resumed.begin() + 150), 0);
   }
   Result<KvRegion> source = KvRegion::Open(dead->region().handle(), dead->region().bytes(), c.num_hidden_layers,
-                                           c.kv_size(), dead->region().blocks());
+                                           c.kv_size(), dead->region().blocks(), c.kv_element);
   ASSERT_TRUE(source.ok());
   std::unique_ptr<KvPool> earlier = PoolOf(c, KvPoolBlocks(512, 2));
   {

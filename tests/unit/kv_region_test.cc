@@ -27,7 +27,7 @@ using kv_fixture::WriteAt;
 
 Result<KvRegion> Reader(const KvPool& pool, const Config& c) {
   return KvRegion::Open(pool.region().handle(), pool.region().bytes(), c.num_hidden_layers, c.kv_size(),
-                        pool.region().blocks());
+                        pool.region().blocks(), c.kv_element);
 }
 
 // Every position the reader would take for `tokens` holds exactly their keys and values.
@@ -36,8 +36,8 @@ uint32_t CheckClaims(const KvRegion& reader, const std::vector<int32_t>& tokens)
   for (const KvRegion::Extent& e : reader.Longest(tokens, static_cast<uint32_t>(tokens.size()))) {
     for (uint32_t i = 0; i < e.count; ++i, ++at) {
       for (uint32_t layer = 0; layer < 2; ++layer) {
-        const float* key = reader.data() + reader.RowsAt(e.block, layer, 0, i);
-        const float* value = reader.data() + reader.RowsAt(e.block, layer, 1, i);
+        const float* key = static_cast<const float*>(reader.data()) + reader.RowsAt(e.block, layer, 0, i);
+        const float* value = static_cast<const float*>(reader.data()) + reader.RowsAt(e.block, layer, 1, i);
         EXPECT_EQ(key[0], KeyOf(tokens, at, layer)) << "position " << at << " of block " << e.block;
         EXPECT_EQ(value[3], -KeyOf(tokens, at, layer) - 3);
       }
@@ -96,23 +96,28 @@ TEST(KvRegionTest, ARegionOfAnotherShapeOrSizeIsRefused) {
   const KvRegion& region = pool->region();
   const int h = region.handle();
   const uint64_t bytes = region.bytes();
-  EXPECT_FALSE(KvRegion::Open(h, bytes, 3, c.kv_size(), 4).ok()) << "other layers";
-  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size() * 2, 4).ok()) << "other heads";
-  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size(), 5).ok()) << "a pool of other blocks than the reader's";
-  EXPECT_FALSE(KvRegion::Open(h, bytes - 288, 2, c.kv_size(), 4).ok()) << "not whole blocks";
-  EXPECT_FALSE(KvRegion::Open(h, 10, 2, c.kv_size(), 4).ok());
-  EXPECT_FALSE(KvRegion::Open(-1, bytes, 2, c.kv_size(), 4).ok()) << "no descriptor";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 3, c.kv_size(), 4, KvElement::kF32).ok()) << "other layers";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size() * 2, 4, KvElement::kF32).ok()) << "other heads";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size(), 4, KvElement::kBF16).ok()) << "bf16 elements";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size() * 2, 4, KvElement::kBF16).ok())
+      << "as many bytes, in bf16 elements of twice the heads";
+  EXPECT_FALSE(KvRegion::Open(h, bytes, 2, c.kv_size(), 5, KvElement::kF32).ok())
+      << "a pool of other blocks than the reader's";
+  EXPECT_FALSE(KvRegion::Open(h, bytes - 288, 2, c.kv_size(), 4, KvElement::kF32).ok()) << "not whole blocks";
+  EXPECT_FALSE(KvRegion::Open(h, 10, 2, c.kv_size(), 4, KvElement::kF32).ok());
+  EXPECT_FALSE(KvRegion::Open(-1, bytes, 2, c.kv_size(), 4, KvElement::kF32).ok()) << "no descriptor";
   std::unique_ptr<KvPool> smaller = PoolOf(c, 3);
-  EXPECT_FALSE(KvRegion::Open(smaller->region().handle(), bytes, 2, c.kv_size(), 4).ok())
+  EXPECT_FALSE(KvRegion::Open(smaller->region().handle(), bytes, 2, c.kv_size(), 4, KvElement::kF32).ok())
       << "a size its file does not have";
   // The same bytes in a memfd anyone holding it could shrink under a reader's mapping (SIGBUS).
   const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_EQ(ftruncate(unsealed, static_cast<off_t>(bytes)), 0);
   ASSERT_EQ(pwrite(unsealed, region.data(), bytes, 0), static_cast<ssize_t>(bytes));
-  EXPECT_FALSE(KvRegion::Open(unsealed, bytes, 2, c.kv_size(), 4).ok()) << "not sealed against resizing";
+  EXPECT_FALSE(KvRegion::Open(unsealed, bytes, 2, c.kv_size(), 4, KvElement::kF32).ok())
+      << "not sealed against resizing";
   close(unsealed);
   EXPECT_EQ(ftruncate(h, static_cast<off_t>(bytes / 2)), -1) << "the pool's own region cannot be shrunk";
-  EXPECT_TRUE(KvRegion::Open(h, bytes, 2, c.kv_size(), 4).ok());
+  EXPECT_TRUE(KvRegion::Open(h, bytes, 2, c.kv_size(), 4, KvElement::kF32).ok());
 }
 
 TEST(KvRegionTest, ARewrittenPrefixNoLongerLeadsToWhatFollowedIt) {

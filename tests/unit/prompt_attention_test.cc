@@ -2,7 +2,9 @@
 // row's (decode_attention.h) against the definition, written here in double precision: each row's
 // softmax(q·k / sqrt(head_dim)) over the positions it sees (causal, within the sliding window)
 // weighing their values. Tiles of rows, a cache already holding earlier positions (over several of
-// its blocks), grouped heads, and values that are not finite.
+// its blocks), grouped heads, and values that are not finite; in caches of f32 and of bf16 (whose
+// keys and values the definition takes as stored: rounded, to nearest even, as written here).
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -60,18 +62,47 @@ std::vector<double> AttentionByDefinition(const Config& c, uint32_t rows, uint32
   return out;
 }
 
-// A one-layer cache holding these keys and values (position-major, kv_size floats each).
-std::unique_ptr<KvCache> CacheOf(const Config& c, const std::vector<float>& keys, const std::vector<float>& values) {
+// x as the bf16 nearest to it, ties to the even one (an f32's upper 16 bits, rounded on the lower
+// 16; a NaN stays one, and what rounds past the largest finite bf16 is infinite).
+float RoundToBF16(float x) {
+  if (std::isnan(x)) return x;
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return std::bit_cast<float>((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
+}
+
+// The elements a cache can have here: f32, and bf16 where this CPU keeps it for this head size.
+std::vector<KvElement> ElementsHere(uint32_t head_dim) {
+  if (!HaveBF16KvCache(head_dim)) return {KvElement::kF32};
+  return {KvElement::kF32, KvElement::kBF16};
+}
+
+// A one-layer cache of c.kv_element holding these keys and values (position-major, kv_size floats
+// each): in a bf16 cache rounded, and rounded here too, so that they are what the cache holds.
+std::unique_ptr<KvCache> CacheOf(const Config& c, std::vector<float>& keys, std::vector<float>& values) {
   const auto positions = static_cast<uint32_t>(keys.size() / c.kv_size());
   auto cache = std::make_unique<KvCache>(c, positions);
   EXPECT_TRUE(cache->Prepare(0, positions).ok());
+  const bool bf16 = c.kv_element == KvElement::kBF16;
   for (uint32_t j = 0; j < positions; ++j) {
-    std::copy_n(&keys[uint64_t{j} * c.kv_size()], c.kv_size(), cache->key(0, j));
-    std::copy_n(&values[uint64_t{j} * c.kv_size()], c.kv_size(), cache->value(0, j));
+    for (uint32_t i = 0; i < c.kv_size(); ++i) {
+      for (auto [all, half] : {std::pair{&keys, 0}, std::pair{&values, 1}}) {
+        float& x = (*all)[uint64_t{j} * c.kv_size() + i];
+        if (!bf16) {
+          (half == 0 ? cache->key(0, j) : cache->value(0, j))[i] = x;
+          continue;
+        }
+        x = RoundToBF16(x);
+        (half == 0 ? cache->key_bf16(0, j) : cache->value_bf16(0, j))[i] =
+            static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16);
+      }
+    }
   }
   cache->Commit(0, std::vector<int32_t>(positions, 0));
   return cache;
 }
+
+// c's name for a failure: its cache's element.
+std::string ElementName(const Config& c) { return c.kv_element == KvElement::kBF16 ? "bf16" : "f32"; }
 
 // PromptAttention or DecodeAttention.
 using AttentionFn = Status (*)(const Config&, uint32_t, uint32_t, uint32_t, KvCache&, const float*, float*, int);
@@ -92,8 +123,8 @@ void ExpectTheDefinition(AttentionFn attention, const Config& c, const Attention
   const std::vector<double> want = AttentionByDefinition(c, k.rows, k.start, keys, values, q);
   for (size_t i = 0; i < out.size(); ++i) {
     ASSERT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
-        << context << "; rows " << k.rows << " start " << k.start << " window " << k.window << " threads "
-        << k.threads << " at " << i;
+        << context << ", " << ElementName(c) << " cache; rows " << k.rows << " start " << k.start << " window "
+        << k.window << " threads " << k.threads << " at " << i;
   }
 }
 
@@ -105,9 +136,12 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
   c.head_dim = 16;
   const AttentionCase cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}, {9, 200, 0, 2}};
   std::mt19937 generator(11);
-  for (const AttentionCase& k : cases) {
-    c.sliding_window = k.window;
-    ExpectTheDefinition(&PromptAttention, c, k, generator, "prompt");
+  for (KvElement element : ElementsHere(c.head_dim)) {
+    c.kv_element = element;
+    for (const AttentionCase& k : cases) {
+      c.sliding_window = k.window;
+      ExpectTheDefinition(&PromptAttention, c, k, generator, "prompt");
+    }
   }
 }
 
@@ -118,22 +152,28 @@ TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
   c.num_hidden_layers = 1;
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
-  c.head_dim = 8;
+  c.head_dim = 16;
   const uint32_t rows = 40;
   std::vector<float> keys(uint64_t{rows} * c.kv_size(), 0.1f), values(keys.size(), 1.0f), q(uint64_t{rows} * c.q_size(), 0.2f);
-  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (auto [bad, element] : {std::pair{std::numeric_limits<float>::infinity(), KvElement::kF32},
+                              std::pair{std::numeric_limits<float>::quiet_NaN(), KvElement::kF32},
+                              std::pair{std::numeric_limits<float>::infinity(), KvElement::kBF16},
+                              std::pair{std::numeric_limits<float>::quiet_NaN(), KvElement::kBF16}}) {
+    if (element == KvElement::kBF16 && !HaveBF16KvCache(c.head_dim)) continue;
+    c.kv_element = element;
     values[uint64_t{30} * c.kv_size() + 3] = bad;  // position 30, dimension 3
     std::vector<float> out(q.size());
     const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
     ASSERT_TRUE(PromptAttention(c, 0, rows, 0, *cache, q.data(), out.data(), 2).ok());
+    const std::string element_name = ElementName(c);
     for (uint32_t r = 0; r < rows; ++r) {
       for (uint32_t h = 0; h < c.num_attention_heads; ++h) {
         for (uint32_t d = 0; d < c.head_dim; ++d) {
           const float x = out[uint64_t{r} * c.q_size() + h * c.head_dim + d];
           if (r < 30 || d != 3) {
-            EXPECT_NEAR(x, 1.0f, 1e-5) << "row " << r << " dimension " << d;  // equal keys: the mean of ones
+            EXPECT_NEAR(x, 1.0f, 1e-5) << element_name << " row " << r << " dimension " << d;  // the mean of ones
           } else {
-            EXPECT_FALSE(std::isfinite(x)) << "row " << r << " sees position 30";
+            EXPECT_FALSE(std::isfinite(x)) << element_name << " row " << r << " sees position 30";
           }
         }
       }
@@ -163,10 +203,13 @@ TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
     c.num_attention_heads = shape.heads;
     c.num_key_value_heads = shape.kv_heads;
     c.head_dim = shape.head_dim;
-    for (const AttentionCase& k : cases) {
-      c.sliding_window = k.window;
-      ExpectTheDefinition(&DecodeAttention, c, k, generator,
-                          fmt::format("{} heads, {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim));
+    for (KvElement element : ElementsHere(shape.head_dim)) {  // bf16: the kernel's heads alone
+      c.kv_element = element;
+      for (const AttentionCase& k : cases) {
+        c.sliding_window = k.window;
+        ExpectTheDefinition(&DecodeAttention, c, k, generator,
+                            fmt::format("{} heads, {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim));
+      }
     }
   }
 }
@@ -183,12 +226,15 @@ TEST(DecodeAttention, SeveralSequencesInOneCallEachEqualTheDefinition) {
   const std::vector<Run> many = {{1, 4}, {3, 130}, {2, 63}, {1, 200}}, two = {{1, 4}, {1, 200}};
   std::mt19937 generator(17);
   std::uniform_real_distribution<float> uniform(-2, 2);
-  for (uint32_t head_dim : {32u, 20u}) {
+  for (auto [head_dim, element] : {std::pair{32u, KvElement::kF32}, std::pair{20u, KvElement::kF32},
+                                   std::pair{32u, KvElement::kBF16}}) {
+    if (element == KvElement::kBF16 && !HaveBF16KvCache(head_dim)) continue;
     Config c;
     c.num_hidden_layers = 1;
     c.num_attention_heads = 8;
     c.num_key_value_heads = 2;
     c.head_dim = head_dim;
+    c.kv_element = element;
     for (uint32_t window : {0u, 50u}) {
       c.sliding_window = window;
       for (const auto& [shapes, threads] :
@@ -217,7 +263,7 @@ TEST(DecodeAttention, SeveralSequencesInOneCallEachEqualTheDefinition) {
           for (size_t j = 0; j < want.size(); ++j) {
             ASSERT_NEAR(out[i][j], want[j], 1e-5 * (1 + std::fabs(want[j])))
                 << "run " << i << " at " << j << ", " << threads << " threads, window " << window << ", heads of "
-                << head_dim;
+                << head_dim << ", " << ElementName(c) << " cache";
           }
         }
       }
@@ -236,8 +282,11 @@ TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
   c.head_dim = 32;
   const uint32_t positions = 100, rows = 3, start = positions - rows;
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  for (uint32_t head_dim : {32u, 20u}) {  // the kernel, and oneDNN's products
+  for (auto [head_dim, element] : {std::pair{32u, KvElement::kF32}, std::pair{20u, KvElement::kF32},
+                                   std::pair{32u, KvElement::kBF16}}) {  // the kernel, and oneDNN's products
+    if (element == KvElement::kBF16 && !HaveBF16KvCache(head_dim)) continue;
     c.head_dim = head_dim;
+    c.kv_element = element;
     for (float bad : {inf, nan}) {
       std::vector<float> keys(uint64_t{positions} * c.kv_size(), 0.1f), values(keys.size(), 1.0f);
       std::vector<float> q(uint64_t{rows} * c.q_size(), 0.2f);
@@ -253,9 +302,9 @@ TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
             const bool reads_value = h < 4 && d == 3;
             const bool own_query = r == 1 && h == 5;
             if (reads_value || own_query) {
-              EXPECT_FALSE(std::isfinite(x)) << "row " << r << " head " << h << " dimension " << d;
+              EXPECT_FALSE(std::isfinite(x)) << ElementName(c) << " row " << r << " head " << h << " dimension " << d;
             } else {
-              EXPECT_NEAR(x, 1.0f, 1e-5) << "row " << r << " head " << h << " dimension " << d;
+              EXPECT_NEAR(x, 1.0f, 1e-5) << ElementName(c) << " row " << r << " head " << h << " dimension " << d;
             }
           }
         }

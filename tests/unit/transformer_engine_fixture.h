@@ -14,6 +14,7 @@
 #include "devmem/host_memory.h"
 #include "engines/builtin.h"
 #include "engines/catalog/builtin_engines.h"
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/model_directory.h"
 #include "tests/unit/temp_dir.h"
@@ -51,12 +52,22 @@ class TransformerEngineTest : public ::testing::Test {
     return engine;
   }
   // What the in-process path generates greedily from the same directory.
-  std::vector<int32_t> Reference(const std::string& prompt, uint32_t max_tokens) {
+  // The model's config as the engine serves it: its KV cache's element chosen as the engine chooses
+  // it, so that an in-process path computes what the engine does.
+  // `on_device`: in device memory (whose CPU fallback keeps f32, as a GPU does).
+  static Config Served(const ModelDirectory& m, bool on_device = false) {
+    Config c = m.checkpoint->config();
+    Result<ModelWeights> w = BindWeights(c, m.checkpoint->tensors(), "tiny");
+    c.kv_element = ChooseKvElement(w.ok() ? w->layers[0].k.dtype : safetensors::DType::F32, c.head_dim, on_device);
+    return c;
+  }
+  std::vector<int32_t> Reference(const std::string& prompt, uint32_t max_tokens, bool on_device = false) {
     Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
-    CpuModel model(m->checkpoint->config(), *weights, 1);
-    KvCache cache(m->checkpoint->config(), 2048);
+    const Config config = Served(*m, on_device);
+    Result<ModelWeights> weights = BindWeights(config, m->checkpoint->tensors(), "tiny");
+    CpuModel model(config, *weights, 1);
+    KvCache cache(config, 2048);
     GenerationRequest request;
     request.prompt = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
     request.max_tokens = max_tokens;

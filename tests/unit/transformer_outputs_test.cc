@@ -31,9 +31,10 @@ TEST_F(TransformerEngineTest, EmbeddingsThroughTheAbiAreTheInProcessOnesAndABadI
 
   Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
   ASSERT_TRUE(m.ok());
-  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
-  CpuModel model(m->checkpoint->config(), *weights, 1);
-  KvCache cache(m->checkpoint->config(), 2048);
+  const Config config = Served(*m);
+  Result<ModelWeights> weights = BindWeights(config, m->checkpoint->tensors(), "tiny");
+  CpuModel model(config, *weights, 1);
+  KvCache cache(config, 2048);
   CpuSequence sequence(model, cache);
   const std::vector<int32_t> tokens = *m->tokenizer->Encode("free software", /*add_special_tokens=*/true);
   std::vector<float> want(size);
@@ -102,12 +103,13 @@ TEST_F(TransformerEngineTest, EachTokensLogprobsAreTheLogSoftmaxOfTheModelsLogit
 
   Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
   ASSERT_TRUE(m.ok());
-  Result<ModelWeights> weights = BindWeights(m->checkpoint->config(), m->checkpoint->tensors(), "tiny");
-  CpuModel model(m->checkpoint->config(), *weights, 1);
+  const Config config = Served(*m);
+  Result<ModelWeights> weights = BindWeights(config, m->checkpoint->tensors(), "tiny");
+  CpuModel model(config, *weights, 1);
   // The logits as the model computes them at each step: the prompt, then a token at a time.
   const std::vector<int32_t> prompt_tokens = *m->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
-  std::vector<float> logits(m->checkpoint->config().vocab_size);
-  KvCache cache(m->checkpoint->config(), 2048);
+  std::vector<float> logits(config.vocab_size);
+  KvCache cache(config, 2048);
   ASSERT_TRUE(model.Forward(prompt_tokens, 0, cache, logits).ok());
   for (size_t step = 0; step < tokens.size(); step++) {
     if (step > 0) {
@@ -155,7 +157,7 @@ TEST_F(TransformerEngineTest, TypedTensorsGiveTheLogitsAfterARunOfTokenIds) {
   ASSERT_TRUE(signature.ok() && signature->stated);
   Result<ModelDirectory> m = ModelDirectory::Open(dir_.path());
   ASSERT_TRUE(m.ok());
-  const Config& config = m->checkpoint->config();
+  const Config config = Served(*m);
   EXPECT_EQ(signature->outputs[0].shape[0], config.vocab_size);
 
   std::vector<int64_t> ids(300);

@@ -19,6 +19,7 @@
 #include "engines/bf16_gemv.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/embedding.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/random_checkpoint.h"
@@ -59,22 +60,25 @@ std::vector<double> ReadDoubles(const std::string& path) {
 
 struct Loaded {
   std::unique_ptr<Checkpoint> checkpoint;
+  Config config;  // the checkpoint's, its KV cache's element as asked
   ModelWeights weights;
   std::unique_ptr<CpuModel> model;
 };
 
-Loaded Load(const std::string& directory, int threads = 2) {
+Loaded Load(const std::string& directory, int threads = 2, KvElement kv_element = KvElement::kF32) {
   Loaded loaded;
   Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(directory);
   EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
   if (!checkpoint.ok()) return loaded;
   loaded.checkpoint = std::move(*checkpoint);
+  loaded.config = loaded.checkpoint->config();
+  loaded.config.kv_element = kv_element;
   Result<ModelWeights> weights =
       BindWeights(loaded.checkpoint->config(), loaded.checkpoint->tensors(), directory);
   EXPECT_TRUE(weights.ok()) << weights.status().ToString();
   if (!weights.ok()) return loaded;
   loaded.weights = *weights;
-  loaded.model = std::make_unique<CpuModel>(loaded.checkpoint->config(), loaded.weights, threads);
+  loaded.model = std::make_unique<CpuModel>(loaded.config, loaded.weights, threads);
   return loaded;
 }
 
@@ -159,46 +163,55 @@ std::vector<Case> Cases() {
   return cases;
 }
 
+// The prompt at once (every position's logits), token by token against a cache of its own, and in
+// two runs (the second attending to the first's cache), each against the reference's logits.
+void ExpectTheReference(const Case& c, Loaded& loaded, const std::vector<int32_t>& tokens,
+                        const std::vector<double>& want, const std::string& name) {
+  const uint32_t vocab = c.spec.vocab_size;
+  KvCache cache(loaded.config, 64);
+  std::vector<float> prefill(tokens.size() * vocab);
+  ASSERT_TRUE(loaded.model->Forward(tokens, 0, cache, prefill, /*all_positions=*/true).ok()) << name;
+  // Products on bf16 weights narrow the activations to bf16 (8 significant bits, as PyTorch's
+  // bf16 and the GPU do), whether a prompt's or one token's (where the CPU has AVX-512 BF16), so
+  // that a sequence's products are of one kind alone or in a step with others; other dtypes keep
+  // them f32. A bf16 KV cache rounds the keys and values as PyTorch's bf16 does.
+  const double products = c.spec.dtype == DType::BF16 ? 1e-2 : 1e-4;
+  ExpectNear(prefill, want, products, name + ", prefill");
+
+  KvCache stepped(loaded.config, 64);
+  std::vector<float> decode(tokens.size() * vocab);
+  for (uint32_t p = 0; p < tokens.size(); ++p) {
+    ASSERT_TRUE(loaded.model->Forward({&tokens[p], 1}, p, stepped, {&decode[p * vocab], vocab}).ok()) << name;
+  }
+  ExpectNear(decode, want, c.spec.dtype == DType::BF16 && dense::HaveBF16Gemv() ? products : 1e-4, name + ", decode");
+  ExpectNear(decode, std::vector<double>(prefill.begin(), prefill.end()), c.spec.dtype == DType::BF16 ? 1e-2 : 1e-5,
+             name + ", decode vs prefill");
+
+  KvCache split(loaded.config, 64);
+  std::vector<float> last(vocab);
+  ASSERT_TRUE(loaded.model->Forward({tokens.data(), 7}, 0, split, last).ok());
+  ASSERT_TRUE(loaded.model->Forward({tokens.data() + 7, tokens.size() - 7}, 7, split, last).ok());
+  ExpectNear(last, std::vector<double>(want.end() - vocab, want.end()), products, name + ", split prompt");
+}
+
+// Every architecture and dtype; a bf16 model also with the bf16 KV cache the engine gives it where
+// this CPU can keep one (ChooseKvElement), against the same reference.
 TEST(TransformerReference, PrefillAndDecodeLogitsMatchTheReferenceForEveryArchitectureAndDtype) {
   TempDir dir;
   for (const Case& c : Cases()) {
     const std::string model_dir = dir.File(fmt::format("m{}", c.spec.seed + 100 * int(c.spec.dtype)));
     ASSERT_TRUE(WriteRandomCheckpoint(model_dir, c.spec).ok()) << c.name;
-    Loaded loaded = Load(model_dir);
-    ASSERT_NE(loaded.model, nullptr) << c.name;
-    const uint32_t vocab = c.spec.vocab_size;
-    const std::vector<int32_t> tokens = Prompt(12, vocab, c.spec.seed);
+    const std::vector<int32_t> tokens = Prompt(12, c.spec.vocab_size, c.spec.seed);
     RunReference(model_dir, tokens, dir.File("want.f64"));
     const std::vector<double> want = ReadDoubles(dir.File("want.f64"));
-
-    // The prompt at once, every position's logits.
-    KvCache cache(loaded.checkpoint->config(), 64);
-    std::vector<float> prefill(tokens.size() * vocab);
-    ASSERT_TRUE(loaded.model->Forward(tokens, 0, cache, prefill, /*all_positions=*/true).ok()) << c.name;
-    // Products on bf16 weights narrow the activations to bf16 (8 significant bits, as PyTorch's
-    // bf16 and the GPU do), whether a prompt's or one token's (where the CPU has AVX-512 BF16), so
-    // that a sequence's products are of one kind alone or in a step with others; other dtypes keep
-    // them f32.
-    const double products = c.spec.dtype == DType::BF16 ? 1e-2 : 1e-4;
-    ExpectNear(prefill, want, products, c.name + ", prefill");
-
-    // Token by token against a cache of its own: the same logits at each position.
-    KvCache stepped(loaded.checkpoint->config(), 64);
-    std::vector<float> decode(tokens.size() * vocab);
-    for (uint32_t p = 0; p < tokens.size(); ++p) {
-      ASSERT_TRUE(loaded.model->Forward({&tokens[p], 1}, p, stepped, {&decode[p * vocab], vocab}).ok()) << c.name;
-    }
-    ExpectNear(decode, want, c.spec.dtype == DType::BF16 && dense::HaveBF16Gemv() ? products : 1e-4,
-               c.name + ", decode");
-    ExpectNear(decode, std::vector<double>(prefill.begin(), prefill.end()), c.spec.dtype == DType::BF16 ? 1e-2 : 1e-5,
-               c.name + ", decode vs prefill");
-
-    // A prompt in two runs: the second attends to the first's cache.
-    KvCache split(loaded.checkpoint->config(), 64);
-    std::vector<float> last(vocab);
-    ASSERT_TRUE(loaded.model->Forward({tokens.data(), 7}, 0, split, last).ok());
-    ASSERT_TRUE(loaded.model->Forward({tokens.data() + 7, tokens.size() - 7}, 7, split, last).ok());
-    ExpectNear(last, std::vector<double>(want.end() - vocab, want.end()), products, c.name + ", split prompt");
+    Loaded loaded = Load(model_dir);
+    ASSERT_NE(loaded.model, nullptr) << c.name;
+    ExpectTheReference(c, loaded, tokens, want, c.name);
+    const KvElement served = ChooseKvElement(c.spec.dtype, loaded.config.head_dim, /*on_device=*/false);
+    if (served == KvElement::kF32) continue;
+    Loaded bf16_cache = Load(model_dir, 2, served);
+    ASSERT_NE(bf16_cache.model, nullptr) << c.name;
+    ExpectTheReference(c, bf16_cache, tokens, want, c.name + ", bf16 KV cache");
   }
 }
 
