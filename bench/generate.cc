@@ -15,6 +15,7 @@
 #include "common/paths.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/generation.h"
 #include "engines/transformer/prefill_matmul.h"
 #include "engines/transformer/random_checkpoint.h"
@@ -113,23 +114,26 @@ TorchFigures RunTorch(const GenerateOptions& options, const std::string& dir) {
   return out;
 }
 
-// --batch sequences, each prefilled with a short prompt of its own, then --tokens steps of all of
-// them together (a decode token each): their aggregate tokens/s.
+// --batch sequences, each prefilled with a --prompt of its own (as long as batch 1's: their
+// attention reads as many positions), then --tokens steps of all of them together (a decode token
+// each): their aggregate tokens/s.
 Result<double> BatchedDecode(tf::CpuModel& model, const tf::Config& config, const GenerateOptions& options,
                              uint32_t round) {
-  constexpr uint32_t kPrompt = 16;
+  const uint32_t prompt_tokens = options.prompt;
   std::vector<std::unique_ptr<tf::KvCache>> caches;
   std::vector<tf::StepRun> runs;
   std::vector<int32_t> tokens;
   std::vector<float> logits(uint64_t{options.batch} * config.vocab_size);
   for (uint32_t b = 0; b < options.batch; ++b) {
-    caches.push_back(std::make_unique<tf::KvCache>(config, kPrompt + options.tokens + 1));
-    std::vector<int32_t> prompt(kPrompt);
-    for (uint32_t i = 0; i < kPrompt; ++i) prompt[i] = static_cast<int32_t>((i * 7919u + b * 131u + round) % config.vocab_size);
+    caches.push_back(std::make_unique<tf::KvCache>(config, prompt_tokens + options.tokens + 1));
+    std::vector<int32_t> prompt(prompt_tokens);
+    for (uint32_t i = 0; i < prompt_tokens; ++i) {
+      prompt[i] = static_cast<int32_t>((i * 7919u + b * 131u + round) % config.vocab_size);
+    }
     if (Status s = model.Forward(prompt, 0, *caches.back(), std::span<float>(logits).first(config.vocab_size)); !s.ok()) {
       return s;
     }
-    runs.push_back({caches.back().get(), kPrompt, 1});
+    runs.push_back({caches.back().get(), prompt_tokens, 1});
     tokens.push_back(prompt.back());
   }
   const auto start = Clock::now();
@@ -193,7 +197,17 @@ int RunGenerate(const GenerateOptions& options) {
     std::fprintf(stderr, "error: %s\n", weights.status().ToString().c_str());
     return 1;
   }
-  tf::CpuModel model((*checkpoint)->config(), *weights, static_cast<int>(options.threads));
+  // The KV cache's element as the engine chooses it on this CPU (bf16 for bf16 weights, where it can),
+  // unless --kv-cache says.
+  tf::Config config = (*checkpoint)->config();
+  config.kv_element = options.kv_cache == "bf16"  ? tf::KvElement::kBF16
+                      : options.kv_cache == "f32" ? tf::KvElement::kF32
+                                                  : tf::ChooseKvElement(spec.dtype, config.head_dim, /*on_device=*/false);
+  if (config.kv_element == tf::KvElement::kBF16 && !tf::HaveBF16KvCache(config.head_dim)) {
+    std::fprintf(stderr, "error: --kv-cache bf16: this CPU cannot keep one (AVX-512 BF16)\n");
+    return 1;
+  }
+  tf::CpuModel model(config, *weights, static_cast<int>(options.threads));
   // A decode step reads every weight but the embedding table (one row of it).
   const uint64_t step_bytes = weights->bytes - vocab * hidden * element;
   std::vector<float> buffer(std::max<uint64_t>(step_bytes, 64u << 20) / sizeof(float), 1.0f);
@@ -203,7 +217,7 @@ int RunGenerate(const GenerateOptions& options) {
   for (uint32_t round = 0; round < options.rounds; ++round) {
     bandwidth.push_back(ReadBandwidth(buffer, options.threads));
     products_tps.push_back(options.prompt / products.Seconds(options.prompt));
-    tf::KvCache cache((*checkpoint)->config(), options.prompt + options.tokens + 1);
+    tf::KvCache cache(config, options.prompt + options.tokens + 1);
     std::vector<int32_t> prompt(options.prompt);
     for (uint32_t i = 0; i < options.prompt; ++i) prompt[i] = static_cast<int32_t>((i * 7919u + round) % vocab);
     std::vector<float> logits(vocab);
@@ -223,7 +237,7 @@ int RunGenerate(const GenerateOptions& options) {
     }
     decode_tps.push_back(options.tokens / Seconds(start));
     if (options.batch > 1) {
-      Result<double> batched = BatchedDecode(model, (*checkpoint)->config(), options, round);
+      Result<double> batched = BatchedDecode(model, config, options, round);
       if (!batched.ok()) {
         std::fprintf(stderr, "error: %s\n", batched.status().ToString().c_str());
         return 1;
@@ -237,7 +251,9 @@ int RunGenerate(const GenerateOptions& options) {
   const double decode_bytes = tps * static_cast<double>(step_bytes);
   const TorchFigures torch = RunTorch(options, dir);
   if (options.json) {
-    nlohmann::json out = {{"layers", spec.num_hidden_layers}, {"dtype", options.dtype},
+    nlohmann::json out = {{"layers", spec.num_hidden_layers},
+                          {"dtype", options.dtype},
+                          {"kv_cache", config.kv_element == tf::KvElement::kBF16 ? "bf16" : "f32"},
                           {"weight_bytes", weights->bytes}, {"threads", options.threads},
                           {"read_bandwidth_gbs", bw / 1e9}, {"decode_tokens_per_s", tps},
                           {"decode_gbs", decode_bytes / 1e9}, {"decode_fraction_of_bandwidth", decode_bytes / bw},
@@ -259,9 +275,10 @@ int RunGenerate(const GenerateOptions& options) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  std::printf("transformer on the CPU: %u layers, %s weights, %.0f MiB, %u thread(s), median of %u rounds\n",
-              spec.num_hidden_layers, options.dtype.c_str(), weights->bytes / 1048576.0, options.threads,
-              options.rounds);
+  std::printf("transformer on the CPU: %u layers, %s weights, %.0f MiB, a %s KV cache, %u thread(s), median of %u "
+              "rounds\n",
+              spec.num_hidden_layers, options.dtype.c_str(), weights->bytes / 1048576.0,
+              config.kv_element == tf::KvElement::kBF16 ? "bf16" : "f32", options.threads, options.rounds);
   std::printf("  read bandwidth (sum of a %.0f MiB buffer)   %8.2f GB/s\n", buffer.size() * 4 / 1048576.0, bw / 1e9);
   std::printf("  decode, batch 1                         %8.2f tokens/s  %6.2f GB/s of weights  %.2fx the bandwidth\n",
               tps, decode_bytes / 1e9, decode_bytes / bw);

@@ -21,6 +21,8 @@ namespace warmpool::bench {
 struct GenerateOptions {
   uint32_t model_mib = 256;
   std::string dtype = "bf16";  // f32, f16 or bf16: the weights as stored
+  // The KV cache's element: "auto" (the engine's choice, ChooseKvElement), "f32" or "bf16".
+  std::string kv_cache = "auto";
   uint32_t threads = 1;
   uint32_t prompt = 128;  // prefill tokens
   uint32_t tokens = 32;   // decode steps

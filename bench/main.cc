@@ -73,6 +73,7 @@ struct Options {
   bool attention = false;
   bool resume = false;
   std::string dtype = "bf16";
+  std::string kv_cache = "auto";
   uint32_t prompt = 128;
   uint32_t tokens = 32;
   uint32_t batch = 8;
@@ -195,6 +196,11 @@ int main(int argc, char** argv) {
                "the transformer engine on the CPU, in-process: decode tokens/s against the read bandwidth "
                "measured in the same run, and prefill (see bench/generate.h)");
   app.add_option("--dtype", options.dtype, "--generate: f32, f16 or bf16 weights")->capture_default_str();
+  app.add_option("--kv-cache", options.kv_cache,
+                 "--generate in-process: the KV cache's element, auto (the engine's choice: bf16 for bf16 weights "
+                 "where the CPU has AVX-512 BF16), f32 or bf16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
   app.add_flag("--parked", options.parked,
                "--generate: through a daemon, a parked model's time to first token against unpark + prefill "
                "(bench/parked_generate.h; run from the repository root: it takes the demo model's tokenizer)");
@@ -361,6 +367,7 @@ int main(int argc, char** argv) {
     warmpool::bench::GenerateOptions generate;
     if (app.get_option("--model-mib")->count() > 0) generate.model_mib = options.model_mib;
     generate.dtype = options.dtype;
+    generate.kv_cache = options.kv_cache;
     generate.threads = options.threads;
     generate.batch = options.batch;
     generate.prompt = options.prompt;
