@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/chunks.h"
+#include "common/huge_pages.h"
 
 namespace warmpool {
 namespace {
@@ -69,6 +70,7 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
     return Error(Code::kResourceExhausted, "cannot map a {}-byte region: {}", bytes,
                  std::strerror(err));
   }
+  AdviseHugePages(ptr, bytes);  // before the load writes them (common/huge_pages.h)
   return HostRegion{ptr, bytes, fd};
 }
 
@@ -225,19 +227,24 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
   // per chunk; the kernel locks page tables per 2 MiB, so chunks do not contend): one thread fills
   // about 6 GiB/s of 4 KiB pages here, which is most of what attaching 1 GiB costs. Where the
   // kernel lacks MADV_POPULATE_READ (before 5.14), MAP_POPULATE does it on one thread.
+  //
+  // The mapping asks for 2 MiB pages before it is populated (common/huge_pages.h): where the
+  // region's pages are 2 MiB ones, it then maps each whole.
   const bool parallel = read_only && bytes >= kParallelPopulateBytes;
-  void* ptr = read_only ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED | (parallel ? 0 : MAP_POPULATE), own, 0)
+  void* ptr = read_only ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED, own, 0)
                         : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(own);
     return Error(Code::kInternal, "cannot map a shared {}-byte region: {}", bytes, std::strerror(err));
   }
-  if (parallel) {
+  AdviseHugePages(ptr, bytes);
+  if (read_only) {
     auto* base = static_cast<uint8_t*>(ptr);
-    const bool populated = ForEachChunk(bytes, kCopyChunkBytes, kCopyThreads, [&](uint64_t offset, uint64_t length) {
-      return madvise(base + offset, length, MADV_POPULATE_READ) == 0;
-    });
+    const bool populated = ForEachChunk(bytes, parallel ? kCopyChunkBytes : bytes, parallel ? kCopyThreads : 1,
+                                        [&](uint64_t offset, uint64_t length) {
+                                          return madvise(base + offset, length, MADV_POPULATE_READ) == 0;
+                                        });
     if (!populated) {  // an old kernel: fill them on this thread
       munmap(ptr, bytes);
       ptr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0);

@@ -12,6 +12,8 @@
 #include <map>
 #include <utility>
 
+#include "common/huge_pages.h"
+
 namespace warmpool::transformer {
 
 namespace {
@@ -92,6 +94,7 @@ Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t bloc
     return Error(Code::kResourceExhausted, "no address space for a KV cache of {} bytes", r.bytes_);
   }
   r.base_ = static_cast<uint8_t*>(base);
+  AdviseHugePages(base, r.bytes_);  // every decode step reads it (common/huge_pages.h)
   r.data_ = with_elements ? r.base_ : nullptr;
   Header* header = reinterpret_cast<Header*>(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header));
   *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), r.element_bytes(), {}};
@@ -177,6 +180,7 @@ Result<KvRegion> KvRegion::Map(int handle, uint64_t bytes, uint32_t layers, uint
   }
   void* base = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, handle, 0);
   if (base == MAP_FAILED) return Error(Code::kInvalidArgument, "cannot map a KV region: {}", std::strerror(errno));
+  AdviseHugePages(base, bytes);
   r.base_ = static_cast<uint8_t*>(base);
   r.bytes_ = bytes;
   r.blocks_ = blocks;

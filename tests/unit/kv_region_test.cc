@@ -13,6 +13,7 @@
 
 #include "engines/transformer/kv_cache.h"
 #include "tests/unit/kv_pool_fixture.h"
+#include "tests/unit/vm_flags.h"
 
 // Its own namespace: the unity build compiles it with kv_cache_test.cc, whose helpers are alike.
 namespace warmpool::transformer::kv_region_test {
@@ -88,6 +89,17 @@ TEST(KvRegionTest, AnotherPoolFindsASequencesPositionsAndCopiesTheirKeysAndValue
   EXPECT_TRUE(fresh->blocks().Consistent());
   KvCache again(*fresh, 512);
   EXPECT_EQ(again.Reuse(more, 199), 0u);
+}
+
+// A pool's keys and values ask for 2 MiB pages (common/huge_pages.h): every decode step reads them.
+// So does a reader's mapping of another process's pool.
+TEST(KvRegionTest, APoolsMappingsAskForHugePages) {
+  const Config c = SmallShape();
+  std::unique_ptr<KvPool> pool = PoolOf(c, 4);
+  EXPECT_NE(warmpool::testing::VmFlagsOf(pool->region().data()).find(" hg "), std::string::npos);
+  Result<KvRegion> reader = Reader(*pool, c);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_NE(warmpool::testing::VmFlagsOf(reader->data()).find(" hg "), std::string::npos);
 }
 
 TEST(KvRegionTest, ARegionOfAnotherShapeOrSizeIsRefused) {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "devmem/host_memory.h"
+#include "tests/unit/vm_flags.h"
 
 namespace warmpool::supervisor {
 namespace {
@@ -34,6 +35,28 @@ struct stat StatOf(int fd) {
 
 uint64_t SizeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_size); }
 uint64_t InodeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_ino); }
+
+// A region's mappings ask for 2 MiB pages (common/huge_pages.h): the one its weights are written
+// through and a replica's read-only one, before their pages are touched. Whether the system gives
+// them is its setting; the asking shows in the mappings' flags either way.
+TEST(HostMemoryTest, TheMappingsOfARegionAskForHugePages) {
+  HostMemory memory;
+  Result<HostRegion> region = memory.Allocate(4 << 20, "huge_pages_test");
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  EXPECT_NE(warmpool::testing::VmFlagsOf(region->ptr).find(" hg "), std::string::npos)
+      << warmpool::testing::VmFlagsOf(region->ptr);
+  // Populated on one thread, or from several.
+  for (uint64_t bytes : {uint64_t{4} << 20, HostMemory::kParallelPopulateBytes}) {
+    Result<HostRegion> weights = memory.Allocate(bytes, "huge_pages_test");
+    ASSERT_TRUE(weights.ok());
+    Result<HostRegion> replica = memory.Import(weights->fd, bytes, /*read_only=*/true);
+    ASSERT_TRUE(replica.ok()) << replica.status().ToString();
+    EXPECT_NE(warmpool::testing::VmFlagsOf(replica->ptr).find(" hg "), std::string::npos) << bytes;
+    memory.Free(*replica);
+    memory.Free(*weights);
+  }
+  memory.Free(*region);
+}
 
 TEST(RegionCache, OffersOnlyMemoryThatCanBeResizedAndClosesAnythingElse) {
   RegionCache cache;

@@ -1,0 +1,28 @@
+// The VmFlags /proc/self/smaps shows for the mapping that holds `address` ("hg": asked for huge
+// pages with MADV_HUGEPAGE), or "" when no mapping does.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace warmpool::testing {
+
+inline std::string VmFlagsOf(const void* address) {
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long begin = 0, end = 0;
+    // A mapping's first line: "begin-end perms ..."; the lines after it name fields ("Rss:").
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8) + " ";
+    }
+  }
+  return "";
+}
+
+}  // namespace warmpool::testing
