@@ -94,12 +94,16 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
     closer.fd = -1;
     return HostRegion{kept, bytes, fd};
   }
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Asked for 2 MiB pages before the pages a growth adds are allocated (common/huge_pages.h), then
+  // populated.
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
     used_.fetch_sub(bytes, std::memory_order_relaxed);
     return Error(Code::kResourceExhausted, "cannot map a reused {}-byte region: {}", bytes, std::strerror(err));
   }
+  AdviseHugePages(ptr, bytes);
+  PopulateForWrite(ptr, bytes);
   closer.fd = -1;
   return HostRegion{ptr, bytes, fd};
 }
@@ -170,12 +174,16 @@ Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_regi
     close(fd);
     return Error(Code::kResourceExhausted, "cannot size a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (reuse_fd >= 0 ? MAP_POPULATE : 0), fd, 0);
+  // A parked copy becomes an unparked model's region (AllocateReusing): its pages are asked for
+  // in 2 MiB before they are written (common/huge_pages.h).
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(fd);
     return Error(Code::kResourceExhausted, "cannot map a {}-byte host copy: {}", bytes, std::strerror(err));
   }
+  AdviseHugePages(ptr, bytes);
+  if (reuse_fd >= 0) PopulateForWrite(ptr, bytes);
   // Host memory: a few threads at once; a GPU's copies are driven by its service in one call.
   const bool read = ForEachChunk(bytes, device.host_addressable != 0 ? kCopyChunkBytes : bytes, kCopyThreads,
                                  [&](uint64_t offset, uint64_t length) {

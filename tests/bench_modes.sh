@@ -33,7 +33,12 @@ run abuse greedy,default_limits --abuse --seconds 1 --payload-mib 1 --greedy 2
 run compute mode,batches --compute --layers 64,256,32 --batches 1,17 --rounds 2
 run generate read_bandwidth_gbs,decode_tokens_per_s,decode_fraction_of_bandwidth,prefill_tokens_per_s,batch_vs_batch_1 \
   --generate --model-mib 1 --prompt 8 --tokens 4 --rounds 1 --batch 3
-run decode-attention f32 --generate --attention --prompt 64 --batch 2 --rounds 1
+# Decode attention alone times the AVX-512 kernel; without AVX-512F it says so and stops.
+if grep -qw avx512f /proc/cpuinfo; then
+  run decode-attention f32 --generate --attention --prompt 64 --batch 2 --rounds 1
+else
+  echo "skipped: warmpool-bench --generate --attention (no AVX-512F here)"
+fi
 run parked-generate prefill_ms,unpark_ms,parked_first_token_ms,first_token_vs_unpark_plus_prefill \
   --generate --parked --model-mib 8 --prompt 8 --rounds 1
 run http-generate framed_tokens_per_s,sse_tokens_per_s,sse_vs_framed,first_token_overhead_ms \

@@ -7,6 +7,12 @@ namespace warmpool::transformer {
 std::unique_ptr<GpuModel> StartGpuModel(const Config& config, const ModelWeights& weights,
                                         const wp_device_memory* memory, uint32_t context, uint32_t sequences,
                                         uint32_t pool_blocks, std::string* why) {
+  // The GPU's kernels and its pool's layout (PlanGpu) are f32's: a config that says otherwise was
+  // meant for the CPU (ChooseKvElement chooses f32 on a device).
+  if (config.kv_element != KvElement::kF32) {
+    *why = "the GPU keeps its KV cache in f32, and this model's config asks for another element";
+    return nullptr;
+  }
   const GpuModuleEntry& module = LoadGpuModule(kEnginesGpuModule, kGpuModelStartSymbol);
   if (module.entry == nullptr) {
     *why = module.why;

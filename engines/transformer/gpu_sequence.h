@@ -14,7 +14,8 @@
 //
 // Numerics: f32 weights multiply f32 activations (no TF32); f16 and bf16 weights are used as
 // stored and multiply activations narrowed to the same type, accumulating in f32 (cuBLAS takes A
-// and B of one type). Norms, rotary embeddings, attention and the cache are f32, as on the CPU.
+// and B of one type). Norms, rotary embeddings, attention and the cache are f32 (the CPU keeps a
+// bf16 model's cache in bf16: ChooseKvElement; a GPU never does).
 // Greedy decoding (no penalty, no log-probabilities) chooses on the device: the argmax kernel, one
 // id per sequence copied back. Other sampling runs on the host from the logits copied back
 // (vocab_size floats a sequence): the same sampler as on the CPU, so a seed means the same thing

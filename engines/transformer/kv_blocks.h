@@ -1,5 +1,5 @@
 // The bookkeeping of a paged KV cache: a model's keys and values in fixed blocks of kKvBlockTokens
-// positions, shared by its sequences (engines/transformer/kv_cache.h holds the floats). A block is
+// positions, shared by its sequences (engines/transformer/kv_cache.h holds the keys and values). A block is
 // in exactly one of three states:
 //   free      nobody holds it and it keeps nothing;
 //   held      one or more sequences hold it (several: a prompt prefix they share);

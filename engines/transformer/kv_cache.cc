@@ -198,7 +198,7 @@ uint32_t KvCache::Reuse(std::span<const int32_t> tokens, uint32_t most) {
 }
 
 uint32_t KvCache::Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most) {
-  if (!pool_->floats_here() || source.data() == nullptr) return length_;
+  if (!pool_->floats_here() || source.data() == nullptr || source.element() != pool_->element()) return length_;
   KvRegion& own = pool_->region();
   return Import(source, tokens, most, [&](std::span<const Rows> rows) {
     // Opened as this pool's shape (OpenKvSource), the source holds elements of the same size.

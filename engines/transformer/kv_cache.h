@@ -96,7 +96,7 @@ class KvPool {
   uint32_t kv_size_;
   KvBlocks blocks_;
   KvRegion region_;
-  BlockCopy copy_elsewhere_;  // set: the floats are not here (MakeElsewhere)
+  BlockCopy copy_elsewhere_;  // set: the keys and values are not here (MakeElsewhere)
 };
 
 class KvCache {
@@ -141,7 +141,7 @@ class KvCache {
   // What it copies serves this sequence alone: a dead worker may have died of a fault that wrote
   // anything into its memory, so none of it joins the prefix cache.
   uint32_t Import(const KvRegion& source, std::span<const int32_t> tokens, uint32_t most);
-  // The same where the floats are elsewhere, the source's and this pool's alike (a GPU's, whose
+  // The same where the keys and values are elsewhere, the source's and this pool's alike (a GPU's, whose
   // source is a records-only region read back, KvRegion::FromImage): `copy` copies the rows, given
   // as element offsets into the source's region and this pool's (RowsAt). A copy that fails leaves
   // the cache as Reuse left it.

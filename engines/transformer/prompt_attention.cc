@@ -85,7 +85,7 @@ Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
     const float* queries = q + uint64_t{r0} * c.q_size() + uint64_t{h} * c.head_dim;
     thread_local std::vector<float> scores;
     scores.resize(uint64_t{n} * width);
-    // The keys and values the tile sees, a block's run at a time, kv_size floats apart in the cache;
+    // The keys and values the tile sees, a block's run at a time, kv_size elements apart in the cache;
     // a bf16 cache's widened first, the KV head's alone, into one run of head_dim floats apart
     // (oneDNN's products here take f32).
     const bool widened = cache.element() == KvElement::kBF16;

@@ -239,6 +239,10 @@ void Core::AdoptWeights(std::vector<KeptWeights> kept) {
       m.entry.workspace_bytes = m.machine.DeviceWeights()->workspace_bytes;
       m.entry.sequences = m.machine.DeviceWeights()->sequences;
       m.entry.kv_tokens = m.machine.DeviceWeights()->kv_tokens;
+      // The engine's bytes a position go with its counts, as a load report's do (Core::OnLoadDone).
+      if (m.machine.DeviceWeights()->kv_bytes_per_token != 0) {
+        m.entry.kv_bytes_per_token = m.machine.DeviceWeights()->kv_bytes_per_token;
+      }
       StartKeepAlive(model);
     }
     Log(LogLevel::kInfo, "adopted \"{}\" {}, kept across the restart", m.entry.name, what);

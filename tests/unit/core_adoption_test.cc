@@ -284,6 +284,38 @@ TEST(CoreAdoptionTest, OnCudaDeviceWeightsAreKeptOnlyWhenAskedForAndSharedByDesc
   EXPECT_EQ(rig.Closed(), (std::vector<int>{100}));
 }
 
+// A language model's engine reported fewer bytes a position than registration counted (a bf16 KV
+// cache): the next core adopts its counts and its bytes together, as a load report sets them.
+TEST(CoreAdoptionTest, AnAdoptedLanguageModelKeepsTheBytesAPositionItsEngineReported) {
+  ModelEntry lm = LanguageModel("lm");  // 8 bytes a position, as registered
+  lm.sequences = 1;
+  lm.workspace_bytes = 10 + 64 * 8;
+  std::vector<KeptWeights> kept;
+  {
+    CoreRig rig(WithPark());
+    rig.Start({lm});
+    rig.Up(0);
+    rig.Load(1, "lm");
+    std::vector<v1::WorkerEnvelope> sent = rig.Sent(0);
+    ASSERT_EQ(sent.size(), 1u);
+    ModelEntry reported = lm;
+    reported.kv_bytes_per_token = 4;
+    reported.workspace_bytes = 10 + 64 * 4;
+    rig.Reply(0, CoreRig::LoadDone(sent[0].load().job(), reported), {100});
+    kept = rig.core().Kept();
+  }
+  ASSERT_EQ(kept.size(), 1u);
+  CoreRig rig(WithPark());
+  rig.Start({lm}, kept);
+  ASSERT_EQ(rig.core().adopted(), 1u);
+  v1::Envelope models;
+  models.mutable_models();
+  rig.Request(9, std::move(models));
+  std::vector<v1::Envelope> replies = rig.Replies(9);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].models_reply().models(0).kv_bytes_per_token(), 4u);
+}
+
 TEST(CoreAdoptionTest, ALoadThatCorrectsWhatTheModelNeedsKeepsItsFileVersion) {
   // A cuda worker reports a larger workspace than the registry estimated: the same file (header),
   // admitted again for what it needs, and still the version a restart may adopt.

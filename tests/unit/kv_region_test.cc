@@ -94,12 +94,29 @@ TEST(KvRegionTest, AnotherPoolFindsASequencesPositionsAndCopiesTheirKeysAndValue
 // A pool's keys and values ask for 2 MiB pages (common/huge_pages.h): every decode step reads them.
 // So does a reader's mapping of another process's pool.
 TEST(KvRegionTest, APoolsMappingsAskForHugePages) {
+  if (!warmpool::testing::HugePageAdviceShows()) GTEST_SKIP() << "this kernel shows no huge page advice";
   const Config c = SmallShape();
   std::unique_ptr<KvPool> pool = PoolOf(c, 4);
   EXPECT_NE(warmpool::testing::VmFlagsOf(pool->region().data()).find(" hg "), std::string::npos);
   Result<KvRegion> reader = Reader(*pool, c);
   ASSERT_TRUE(reader.ok());
   EXPECT_NE(warmpool::testing::VmFlagsOf(reader->data()).find(" hg "), std::string::npos);
+}
+
+// A mirror's header and records (a GPU pool's, read back) take as many bytes whatever the element:
+// only the header's element tells an f32 pool's from a bf16 one's, and a reader of the other
+// element is refused.
+TEST(KvRegionTest, RecordsReadBackAreRefusedByAReaderOfTheOtherElement) {
+  const Config c = SmallShape();
+  Result<KvRegion> whole = KvRegion::Create(c.num_hidden_layers, c.kv_size(), 4, KvElement::kF32);
+  ASSERT_TRUE(whole.ok());
+  const KvRegion::Span span = KvRegion::ImageSpan(c.num_hidden_layers, c.kv_size(), 4, KvElement::kF32);
+  ASSERT_EQ(span.bytes, KvRegion::ImageSpan(c.num_hidden_layers, c.kv_size(), 4, KvElement::kBF16).bytes);
+  std::vector<uint8_t> image(span.bytes);
+  ASSERT_EQ(pread(whole->handle(), image.data(), image.size(), static_cast<off_t>(span.offset)),
+            static_cast<ssize_t>(image.size()));
+  EXPECT_TRUE(KvRegion::FromImage(image, c.num_hidden_layers, c.kv_size(), 4, KvElement::kF32).ok());
+  EXPECT_FALSE(KvRegion::FromImage(image, c.num_hidden_layers, c.kv_size(), 4, KvElement::kBF16).ok());
 }
 
 TEST(KvRegionTest, ARegionOfAnotherShapeOrSizeIsRefused) {

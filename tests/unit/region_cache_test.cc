@@ -40,6 +40,7 @@ uint64_t InodeOf(int fd) { return static_cast<uint64_t>(StatOf(fd).st_ino); }
 // through and a replica's read-only one, before their pages are touched. Whether the system gives
 // them is its setting; the asking shows in the mappings' flags either way.
 TEST(HostMemoryTest, TheMappingsOfARegionAskForHugePages) {
+  if (!warmpool::testing::HugePageAdviceShows()) GTEST_SKIP() << "this kernel shows no huge page advice";
   HostMemory memory;
   Result<HostRegion> region = memory.Allocate(4 << 20, "huge_pages_test");
   ASSERT_TRUE(region.ok()) << region.status().ToString();

@@ -2,6 +2,9 @@
 // pages with MADV_HUGEPAGE), or "" when no mapping does.
 #pragma once
 
+#include <sys/mman.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +26,17 @@ inline std::string VmFlagsOf(const void* address) {
     }
   }
   return "";
+}
+
+// Whether this kernel takes MADV_HUGEPAGE advice and shows it ("hg"): not where it was built
+// without transparent huge pages, nor in sandboxes whose /proc shows no VmFlags.
+inline bool HugePageAdviceShows() {
+  constexpr size_t kBytes = 4 << 20;
+  void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  const bool shows = madvise(p, kBytes, MADV_HUGEPAGE) == 0 && VmFlagsOf(p).find(" hg ") != std::string::npos;
+  munmap(p, kBytes);
+  return shows;
 }
 
 }  // namespace warmpool::testing
