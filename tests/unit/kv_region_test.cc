@@ -3,12 +3,15 @@
 // for its tokens and copies their keys and values, and at no instant — between a pass's Prepare
 // and its Commit, halfway through its writes, in a record's own update — does a record claim a
 // position whose keys and values are not those of the tokens it names.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engines/transformer/kv_cache.h"
@@ -101,6 +104,94 @@ TEST(KvRegionTest, APoolsMappingsAskForHugePages) {
   Result<KvRegion> reader = Reader(*pool, c);
   ASSERT_TRUE(reader.ok());
   EXPECT_NE(warmpool::testing::VmFlagsOf(reader->data()).find(" hg "), std::string::npos);
+}
+
+// A bf16 element at (position, layer, d, half), exactly representable: what a bf16 pool's tests
+// write and expect back.
+uint16_t Bf16At(uint32_t position, uint32_t layer, uint32_t d, uint32_t half) {
+  const float x = static_cast<float>((position * 4 + layer * 2 + d) % 200 + 1) * (half == 0 ? 1.0f : -1.0f);
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16);
+}
+
+void WriteBf16(KvCache& cache, const std::vector<int32_t>& tokens, uint32_t start) {
+  ASSERT_TRUE(cache.Prepare(start, static_cast<uint32_t>(tokens.size())).ok());
+  for (uint32_t p = start; p < tokens.size(); ++p) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      for (uint32_t d = 0; d < 4; ++d) {
+        cache.key_bf16(layer, p)[d] = Bf16At(p, layer, d, 0);
+        cache.value_bf16(layer, p)[d] = Bf16At(p, layer, d, 1);
+      }
+    }
+  }
+  cache.Commit(start, std::span<const int32_t>(tokens).subspan(start));
+}
+
+// Positions 0 .. count - 1 of `cache` hold what WriteBf16 wrote.
+void ExpectBf16(KvCache& cache, uint32_t count, const std::string& what) {
+  for (uint32_t p = 0; p < count; ++p) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      for (uint32_t d = 0; d < 4; ++d) {
+        ASSERT_EQ(cache.key_bf16(layer, p)[d], Bf16At(p, layer, d, 0)) << what << " at " << p;
+        ASSERT_EQ(cache.value_bf16(layer, p)[d], Bf16At(p, layer, d, 1)) << what << " at " << p;
+      }
+    }
+  }
+}
+
+// A bf16 pool's blocks are half the bytes, and every way keys and values move between blocks and
+// pools moves them whole: a shared block copied before it is rewritten, a dead worker's positions
+// imported, a parked pool adopted.
+TEST(KvRegionTest, ABf16PoolsKeysAndValuesMoveWholeBetweenBlocksAndPools) {
+  Config c = SmallShape();
+  c.kv_element = KvElement::kBF16;
+  const uint32_t blocks = KvPoolBlocks(512, 2);
+  std::unique_ptr<KvPool> pool = PoolOf(c, blocks);
+  EXPECT_EQ(pool->region().BlockElements() * pool->region().element_bytes(), uint64_t{2} * 2 * 64 * 4 * 2);
+  const std::vector<int32_t> tokens = Tokens(5, 150);
+  KvCache written(*pool, 512);
+  WriteBf16(written, tokens, 0);
+  ExpectBf16(written, 150, "as written");
+
+  // Another sequence shares the first block, then rewrites its last position: into a copy.
+  KvCache sharer(*pool, 512);
+  ASSERT_EQ(sharer.Reuse(tokens, 100), 64u);
+  ASSERT_TRUE(sharer.Prepare(63, 64).ok());
+  EXPECT_NE(sharer.blocks()[0], written.blocks()[0]) << "a block of its own";
+  ExpectBf16(sharer, 63, "the shared block's copy");
+  ExpectBf16(written, 150, "the original, untouched");
+  sharer.Clear();
+
+  // A fresh pool imports them from the region, as a resumed stream does.
+  Result<KvRegion> reader =
+      KvRegion::Open(pool->region().handle(), pool->region().bytes(), c.num_hidden_layers, c.kv_size(), blocks,
+                     KvElement::kBF16);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::unique_ptr<KvPool> fresh = PoolOf(c, blocks);
+  KvCache filler(*fresh, 512);  // its first block taken, the copies land in other blocks than their source's
+  WriteBf16(filler, Tokens(900, 10), 0);
+  KvCache resumed(*fresh, 512);
+  ASSERT_EQ(resumed.Import(*reader, tokens, 149), 149u);
+  EXPECT_NE(resumed.blocks()[0], written.blocks()[0]);
+  ExpectBf16(resumed, 149, "imported");
+  // An f32 pool of the same shape imports nothing from it.
+  Config f32 = c;
+  f32.kv_element = KvElement::kF32;
+  std::unique_ptr<KvPool> other = PoolOf(f32, blocks);
+  KvCache refused(*other, 512);
+  EXPECT_EQ(refused.Import(*reader, tokens, 149), 0u);
+
+  // The pool adopted by a later instance: its published blocks found again, their keys and values
+  // intact.
+  written.Clear();
+  const int handle = fcntl(pool->region().handle(), F_DUPFD_CLOEXEC, 0);
+  const uint64_t bytes = pool->region().bytes();
+  pool.reset();
+  Result<std::unique_ptr<KvPool>> adopted = KvPool::Adopt(c, blocks, handle, bytes);
+  close(handle);
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  KvCache again(**adopted, 512);
+  ASSERT_EQ(again.Reuse(tokens, 149), 128u);
+  ExpectBf16(again, 128, "adopted");
 }
 
 // A mirror's header and records (a GPU pool's, read back) take as many bytes whatever the element:
