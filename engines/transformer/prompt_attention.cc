@@ -70,6 +70,12 @@ Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
   const uint32_t tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t tasks = int64_t{tiles} * c.num_attention_heads;
   std::atomic<int> failed{dnnl_success};
+  // A bf16 cache's rows are widened once for the query heads that share them: a thread keeps what
+  // it widened for a tile and KV head of this call (the heads of a group are consecutive tasks).
+  // Within a call the positions a tile sees do not change; across calls the same cache and
+  // positions may hold others (a later pass, another sequence in the slot), hence the call's number.
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
   // Later tiles see more keys: dynamic, so that the threads finish together. Inside the parallel
   // loop oneDNN runs each product on the calling thread.
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
@@ -90,7 +96,12 @@ Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t 
     // (oneDNN's products here take f32).
     const bool widened = cache.element() == KvElement::kBF16;
     thread_local std::vector<float> wide_keys, wide_values;
-    if (widened) {
+    thread_local uint64_t widened_call = 0;
+    thread_local uint32_t widened_tile = 0, widened_head = 0;
+    if (widened && (widened_call != call || widened_tile != r0 || widened_head != h / group)) {
+      widened_call = call;
+      widened_tile = r0;
+      widened_head = h / group;
       wide_keys.resize(uint64_t{width} * c.head_dim);
       wide_values.resize(wide_keys.size());
       for (uint32_t p = lo; p < end;) {
