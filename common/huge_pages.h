@@ -4,15 +4,21 @@
 // does so with enough arithmetic per byte that the reads' stalls show. In 4 KiB pages a 256 MiB
 // model's step walks the page tables 65536 times, and the pages lie wherever the allocator found
 // them, differently from one daemon start to the next. On a 2-core EPYC VM, 8 streams through the
-// daemon decoded at 405 to 418 tokens/s in 4 KiB pages and 433 to 473 in 2 MiB ones, one stream at
-// 85 to 89 and 89 to 91 (docs/operations.md, "Huge pages", has the command).
+// daemon decoded at 4.5 to 4.8 times one stream's rate in 4 KiB pages and 5.4 to 5.8 in 2 MiB ones
+// (docs/operations.md, "Huge pages", has the command).
 //
-// A memfd's pages are shared memory, which gets 2 MiB pages only where the system allows it
-// (/sys/kernel/mm/transparent_hugepage/shmem_enabled: "advise" for mappings that ask, as this
-// does; "within_size" or "always" for all). Debian's default is "never", which this leaves as it
-// is: the advice is only advice, and a kernel that refuses it changes nothing. It must come before
-// the pages are touched (faulted in, written or populated): a page's size is chosen when it is
-// allocated, and whether a mapping maps a 2 MiB page whole when it is faulted in.
+// A memfd's pages are shared memory, which the kernel gives 2 MiB pages as they are faulted in only
+// where /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it ("advise" for mappings that ask,
+// "within_size" or "always" for all). Debian's default is "never". So a region gets them in two
+// ways, both best effort (a kernel that refuses changes nothing but the page size):
+//   - every mapping asks (MADV_HUGEPAGE), before its pages are touched: a page's size is chosen
+//     when it is allocated, and whether a mapping maps a 2 MiB page whole when it is faulted in;
+//   - the writer of a region about to be filled asks for them outright (MADV_COLLAPSE, Linux 6.1),
+//     which the kernel grants whatever shmem_enabled says but "deny". Asked while the region is
+//     still empty, this costs one 4 KiB page each 2 MiB and the kernel's zeroing of the rest: less
+//     than faulting the region in 4 KiB pages as it is written.
+// And a 2 MiB page is mapped whole only at a 2 MiB-aligned address, which the kernel chooses for
+// shared memory only where shmem_enabled allows huge pages: MapShared aligns it itself.
 #pragma once
 
 #include <sys/mman.h>
@@ -20,6 +26,12 @@
 #include <cstdint>
 
 namespace warmpool {
+
+inline constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;
+
+// mmap(nullptr, bytes, prot, MAP_SHARED | flags, fd, 0) at a 2 MiB-aligned address where bytes
+// span one, asking for 2 MiB pages; MAP_FAILED and errno as mmap's.
+void* MapShared(int fd, uint64_t bytes, int prot, int flags = 0);
 
 inline void AdviseHugePages(void* address, uint64_t bytes) {
 #ifdef MADV_HUGEPAGE
@@ -29,5 +41,11 @@ inline void AdviseHugePages(void* address, uint64_t bytes) {
   (void)bytes;
 #endif
 }
+
+// For the writer of a writable shared mapping (MapShared's) about to fill it: its whole 2 MiB spans
+// become 2 MiB pages where the kernel grants them. Keeps what the region holds (a region that
+// already holds data is copied into its new pages: cheap only while it is empty). True where the
+// kernel made them.
+bool MakeHugePages(void* address, uint64_t bytes);
 
 }  // namespace warmpool

@@ -62,7 +62,7 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
     return Error(Code::kResourceExhausted, "cannot size a {}-byte region: {}", bytes,
                  std::strerror(err));
   }
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* ptr = MapShared(fd, bytes, PROT_READ | PROT_WRITE);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(fd);
@@ -70,7 +70,7 @@ Result<HostRegion> HostMemory::Allocate(uint64_t bytes, const char* label) {
     return Error(Code::kResourceExhausted, "cannot map a {}-byte region: {}", bytes,
                  std::strerror(err));
   }
-  AdviseHugePages(ptr, bytes);  // before the load writes them (common/huge_pages.h)
+  MakeHugePages(ptr, bytes);  // while it is empty, before the load writes it (common/huge_pages.h)
   return HostRegion{ptr, bytes, fd};
 }
 
@@ -94,15 +94,15 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
     closer.fd = -1;
     return HostRegion{kept, bytes, fd};
   }
-  // Asked for 2 MiB pages before the pages a growth adds are allocated (common/huge_pages.h), then
-  // populated.
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // In 2 MiB pages (common/huge_pages.h): a parked copy or a region offered back is in them already
+  // where the kernel granted them; the pages a growth adds are asked for before they are allocated.
+  void* ptr = MapShared(fd, bytes, PROT_READ | PROT_WRITE);
   if (ptr == MAP_FAILED) {
     int err = errno;
     used_.fetch_sub(bytes, std::memory_order_relaxed);
     return Error(Code::kResourceExhausted, "cannot map a reused {}-byte region: {}", bytes, std::strerror(err));
   }
-  AdviseHugePages(ptr, bytes);
+  MakeHugePages(ptr, bytes);
   PopulateForWrite(ptr, bytes);
   closer.fd = -1;
   return HostRegion{ptr, bytes, fd};
@@ -174,15 +174,15 @@ Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_regi
     close(fd);
     return Error(Code::kResourceExhausted, "cannot size a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  // A parked copy becomes an unparked model's region (AllocateReusing): its pages are asked for
-  // in 2 MiB before they are written (common/huge_pages.h).
-  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // A parked copy becomes an unparked model's region (AllocateReusing): its pages are made 2 MiB
+  // ones before they are written (common/huge_pages.h).
+  void* ptr = MapShared(fd, bytes, PROT_READ | PROT_WRITE);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(fd);
     return Error(Code::kResourceExhausted, "cannot map a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  AdviseHugePages(ptr, bytes);
+  MakeHugePages(ptr, bytes);
   if (reuse_fd >= 0) PopulateForWrite(ptr, bytes);
   // Host memory: a few threads at once; a GPU's copies are driven by its service in one call.
   const bool read = ForEachChunk(bytes, device.host_addressable != 0 ? kCopyChunkBytes : bytes, kCopyThreads,
@@ -236,17 +236,15 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
   // about 6 GiB/s of 4 KiB pages here, which is most of what attaching 1 GiB costs. Where the
   // kernel lacks MADV_POPULATE_READ (before 5.14), MAP_POPULATE does it on one thread.
   //
-  // The mapping asks for 2 MiB pages before it is populated (common/huge_pages.h): where the
-  // region's pages are 2 MiB ones, it then maps each whole.
+  // The mapping is aligned for 2 MiB pages and asks for them before it is populated
+  // (common/huge_pages.h): where the region's pages are 2 MiB ones, it then maps each whole.
   const bool parallel = read_only && bytes >= kParallelPopulateBytes;
-  void* ptr = read_only ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED, own, 0)
-                        : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
+  void* ptr = MapShared(own, bytes, read_only ? PROT_READ : PROT_READ | PROT_WRITE);
   if (ptr == MAP_FAILED) {
     int err = errno;
     close(own);
     return Error(Code::kInternal, "cannot map a shared {}-byte region: {}", bytes, std::strerror(err));
   }
-  AdviseHugePages(ptr, bytes);
   if (read_only) {
     auto* base = static_cast<uint8_t*>(ptr);
     const bool populated = ForEachChunk(bytes, parallel ? kCopyChunkBytes : bytes, parallel ? kCopyThreads : 1,
@@ -255,7 +253,7 @@ Result<HostRegion> HostMemory::Import(int fd, uint64_t bytes, bool read_only) {
                                         });
     if (!populated) {  // an old kernel: fill them on this thread
       munmap(ptr, bytes);
-      ptr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0);
+      ptr = MapShared(own, bytes, PROT_READ, MAP_POPULATE);
       if (ptr == MAP_FAILED) {
         int err = errno;
         close(own);

@@ -89,12 +89,11 @@ Result<KvRegion> KvRegion::Make(uint32_t layers, uint32_t kv_size, uint32_t bloc
   }
   // A memfd's pages are the system's once first written (free blocks are taken lowest first, so a
   // lightly used pool touches its start only); admission counts the whole pool either way.
-  void* base = mmap(nullptr, r.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, r.handle_, 0);
+  void* base = MapShared(r.handle_, r.bytes_, PROT_READ | PROT_WRITE);
   if (base == MAP_FAILED) {
     return Error(Code::kResourceExhausted, "no address space for a KV cache of {} bytes", r.bytes_);
   }
   r.base_ = static_cast<uint8_t*>(base);
-  AdviseHugePages(base, r.bytes_);  // every decode step reads it (common/huge_pages.h)
   r.data_ = with_elements ? r.base_ : nullptr;
   Header* header = reinterpret_cast<Header*>(r.base_ + RecordsOffset(r.kv_bytes_) - sizeof(Header));
   *header = Header{kMagic, kLayout, kKvBlockTokens, layers, kv_size, blocks, sizeof(KvRecord), r.element_bytes(), {}};
@@ -178,9 +177,8 @@ Result<KvRegion> KvRegion::Map(int handle, uint64_t bytes, uint32_t layers, uint
   if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
     return Error(Code::kInvalidArgument, "the KV region can be resized under its readers (it is not sealed)");
   }
-  void* base = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, handle, 0);
+  void* base = MapShared(handle, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ);
   if (base == MAP_FAILED) return Error(Code::kInvalidArgument, "cannot map a KV region: {}", std::strerror(errno));
-  AdviseHugePages(base, bytes);
   r.base_ = static_cast<uint8_t*>(base);
   r.bytes_ = bytes;
   r.blocks_ = blocks;

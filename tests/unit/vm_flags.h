@@ -1,5 +1,5 @@
-// The VmFlags /proc/self/smaps shows for the mapping that holds `address` ("hg": asked for huge
-// pages with MADV_HUGEPAGE), or "" when no mapping does.
+// What /proc/self/smaps shows of a mapping: its VmFlags ("hg": asked for huge pages with
+// MADV_HUGEPAGE), and how much of it is mapped in 2 MiB pages.
 #pragma once
 
 #include <sys/mman.h>
@@ -7,12 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
 namespace warmpool::testing {
 
-inline std::string VmFlagsOf(const void* address) {
+// The rest of the line of `field` ("VmFlags:", "ShmemPmdMapped:") in /proc/self/smaps for the
+// mapping that holds `address`, or "" when no mapping does.
+inline std::string SmapsField(const void* address, const std::string& field) {
   const auto at = reinterpret_cast<uintptr_t>(address);
   std::ifstream smaps("/proc/self/smaps");
   bool inside = false;
@@ -21,11 +24,21 @@ inline std::string VmFlagsOf(const void* address) {
     // A mapping's first line: "begin-end perms ..."; the lines after it name fields ("Rss:").
     if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) {
       inside = begin <= at && at < end;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line.substr(8) + " ";
+    } else if (inside && line.rfind(field, 0) == 0) {
+      return line.substr(field.size());
     }
   }
   return "";
+}
+
+inline std::string VmFlagsOf(const void* address) {
+  const std::string flags = SmapsField(address, "VmFlags:");
+  return flags.empty() ? flags : flags + " ";
+}
+
+// KiB of the mapping that holds `address` mapped in whole 2 MiB pages of shared memory.
+inline uint64_t ShmemPmdMappedKiB(const void* address) {
+  return std::strtoull(SmapsField(address, "ShmemPmdMapped:").c_str(), nullptr, 10);
 }
 
 // Whether this kernel takes MADV_HUGEPAGE advice and shows it ("hg"): not where it was built
