@@ -4,8 +4,8 @@
 // does so with enough arithmetic per byte that the reads' stalls show. In 4 KiB pages a 256 MiB
 // model's step walks the page tables 65536 times, and the pages lie wherever the allocator found
 // them, differently from one daemon start to the next. On a 2-core EPYC VM, 8 streams through the
-// daemon decoded at 4.5 to 4.8 times one stream's rate in 4 KiB pages and 5.4 to 5.8 in 2 MiB ones
-// (docs/operations.md, "Huge pages", has the command).
+// daemon decoded at 391 to 403 tokens/s with the weights in 4 KiB pages and 438 to 493 in 2 MiB
+// ones, one stream at 85 to 90 and 92 to 94 (docs/operations.md, "Huge pages", has the command).
 //
 // A memfd's pages are shared memory, which the kernel gives 2 MiB pages as they are faulted in only
 // where /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it ("advise" for mappings that ask,
