@@ -8,6 +8,7 @@ namespace warmpool::supervisor {
 void ModelFiles::Configure(const Config& config) {
   roots_ = ModelRoots(EffectiveModelRoots(config));
   engine_dir_ = config.engine_dir;
+  backend_ = config.backend;
 }
 
 std::vector<ModelEntry> ModelFiles::Discover(const Config& config, std::vector<std::string>& warnings) const {
@@ -15,7 +16,7 @@ std::vector<ModelEntry> ModelFiles::Discover(const Config& config, std::vector<s
 }
 
 Result<ModelEntry> ModelFiles::LookAtRegistration(const v1::RegisterRequest& request) const {
-  ModelEntry entry = InspectModel(request.model(), request.engine(), request.path(), roots_, engine_dir_);
+  ModelEntry entry = InspectModel(request.model(), request.engine(), request.path(), roots_, engine_dir_, backend_);
   if (entry.path_refused) return entry.problem;  // never registered, not even as failed
   return entry;
 }
@@ -26,7 +27,7 @@ event::ModelInspected ModelFiles::Inspect(const action::InspectModel& inspect) c
   e.path = inspect.path;
   if (!inspect.path.empty()) e.resolved = roots_.Resolve(inspect.path);
   else e.resolved = std::string();
-  e.entry = InspectModel(inspect.name, inspect.engine, inspect.path, roots_, engine_dir_);
+  e.entry = InspectModel(inspect.name, inspect.engine, inspect.path, roots_, engine_dir_, backend_);
   return e;
 }
 

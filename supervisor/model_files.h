@@ -36,6 +36,7 @@ class ModelFiles {
  private:
   ModelRoots roots_;
   std::string engine_dir_;
+  Backend backend_ = Backend::kAuto;  // as resolved at start: where language models' caches live
 };
 
 }  // namespace warmpool::supervisor

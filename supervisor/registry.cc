@@ -40,7 +40,8 @@ ModelEntry Refused(const std::string& name, const std::string& engine, const std
 // A Hugging Face model directory: served by the transformer engine, described by it (config, weights
 // headers, tokenizer) with no weight read.
 template <typename CheckEngine>
-ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const CheckEngine& check_engine) {
+ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const CheckEngine& check_engine,
+                            Backend backend) {
   if (entry.engine.empty()) entry.engine = "transformer";
   if (!check_engine(entry)) return entry;
   struct stat config {};
@@ -69,6 +70,8 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
   entry.weight_bytes = packed->region_bytes;
   entry.context = transformer::ServedContext(packed->config, 0);
   entry.sequences = transformer::ServedSequences(0);  // [[models]] parallel changes it (Core::ApplySettings)
+  // The KV cache's element as the engine will choose it (a worker's load report says it again).
+  packed->config.kv_element = transformer::ServedKvElement(*packed, /*on_device=*/backend != Backend::kHost);
   entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context, entry.sequences);
   entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
   entry.embedding_size = packed->config.hidden_size;
@@ -81,7 +84,7 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
 }  // namespace
 
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
-                        const ModelRoots& roots, const std::string& engine_dir) {
+                        const ModelRoots& roots, const std::string& engine_dir, Backend backend) {
   if (Status s = CheckModelName(name); !s.ok()) {
     ModelEntry entry;
     entry.name = name;
@@ -120,7 +123,7 @@ ModelEntry InspectModel(const std::string& name, const std::string& engine, cons
   entry.engine = engine;
   entry.path = file->path();
   entry.version = file->version();
-  if (file->is_directory()) return InspectDirectory(std::move(entry), *file, check_engine);
+  if (file->is_directory()) return InspectDirectory(std::move(entry), *file, check_engine, backend);
   std::vector<uint8_t> raw;
   Result<safetensors::Header> header = safetensors::ReadHeaderFrom(file->fd(), file->path(), &raw);
   if (entry.engine.empty()) {
@@ -166,7 +169,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& r
       warnings.push_back(fmt::format("model \"{}\" is configured twice; the first entry wins", m.name));
       continue;
     }
-    entries.push_back(InspectModel(m.name, m.engine, m.path, roots, config.engine_dir));
+    entries.push_back(InspectModel(m.name, m.engine, m.path, roots, config.engine_dir, config.backend));
   }
   std::error_code ec;
   if (config.models_dir.empty() || !fs::is_directory(config.models_dir, ec)) {
@@ -204,7 +207,7 @@ std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& r
       continue;
     }
     entries.push_back(InspectModel(name, /*engine=*/"", fs::absolute(file, ec).lexically_normal().string(),
-                                   roots, config.engine_dir));
+                                   roots, config.engine_dir, config.backend));
     entries.back().from_models_dir = true;
   }
   return entries;

@@ -20,9 +20,12 @@ namespace warmpool::supervisor {
 // land in entry.problem. `engine` empty: "transformer" for a model directory; for a file, the
 // engine its metadata names ("engine"), else "dense". An engine that is not built in must be <engine_dir>/<engine>.so and pass CheckEngine
 // (engines/catalog/plugin_loader.h); it is never loaded here. The entry's path is the resolved one, and
-// its version is the open file's.
+// its version is the open file's. `backend`: where the workers run a language model, which decides
+// its KV cache's element, hence the bytes a position that admission counts (auto, not yet resolved,
+// counts as a device: f32, the larger).
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
-                        const ModelRoots& roots, const std::string& engine_dir = {});
+                        const ModelRoots& roots, const std::string& engine_dir = {},
+                        Backend backend = Backend::kAuto);
 // Config models first; a file whose stem matches a configured name is skipped with a warning.
 std::vector<ModelEntry> DiscoverModels(const Config& config, const ModelRoots& roots,
                                        std::vector<std::string>& warnings);

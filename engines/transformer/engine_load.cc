@@ -44,18 +44,6 @@ Status ReadRegion(const TransformerEngine& e, uint64_t offset, void* out, uint64
   return OkStatus();
 }
 
-// The dtype of the model's key and value projections: BF16 when every one is, F32 otherwise (for
-// ChooseKvElement).
-safetensors::DType KeyValueWeights(const PackedModel& packed) {
-  bool any = false;
-  for (const PackedTensor& t : packed.tensors) {
-    if (!t.name.ends_with("self_attn.k_proj.weight") && !t.name.ends_with("self_attn.v_proj.weight")) continue;
-    if (t.dtype != safetensors::DType::BF16) return safetensors::DType::F32;
-    any = true;
-  }
-  return any ? safetensors::DType::BF16 : safetensors::DType::F32;
-}
-
 // Every sequence's cache from `pool` now. Whatever caches an earlier pool's sequences had hold
 // blocks of it: they go first.
 void UsePool(TransformerEngine& e, std::unique_ptr<KvPool> pool) {
@@ -225,7 +213,7 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
                  "tokenizer.json), not a file",
                  e.name);
   }
-  e.packed.config.kv_element = ChooseKvElement(KeyValueWeights(e.packed), e.packed.config.head_dim, e.on_device);
+  e.packed.config.kv_element = ServedKvElement(e.packed, e.on_device);
   e.context = ServedContext(e.packed.config, spec.context);
   // The CPU and a GPU alike step several sequences together, their caches blocks of one pool.
   e.sequences = ServedSequences(spec.sequences);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/utf8.h"
+#include "engines/transformer/decode_attention.h"
 #include "engines/transformer/kv_cache.h"
 #include "engines/transformer/weights.h"
 
@@ -162,6 +163,17 @@ Result<PackedModel> DecodeHeader(std::string_view header) {
   } catch (const Json::exception& e) {
     return ValidUtf8(Error(Code::kInvalidArgument, "not a transformer model's description: {}", e.what()));
   }
+}
+
+KvElement ServedKvElement(const PackedModel& model, bool on_device) {
+  // BF16 when every key and value projection is, F32 otherwise.
+  bool any = false;
+  for (const PackedTensor& t : model.tensors) {
+    if (!t.name.ends_with("self_attn.k_proj.weight") && !t.name.ends_with("self_attn.v_proj.weight")) continue;
+    if (t.dtype != safetensors::DType::BF16) return ChooseKvElement(safetensors::DType::F32, model.config.head_dim, on_device);
+    any = true;
+  }
+  return ChooseKvElement(any ? safetensors::DType::BF16 : safetensors::DType::F32, model.config.head_dim, on_device);
 }
 
 }  // namespace warmpool::transformer

@@ -58,6 +58,11 @@ Result<PackedModel> DecodeHeader(std::string_view header);
 // Whether bytes are an encoded description (and not, say, a safetensors header).
 bool IsPackedHeader(std::string_view header);
 
+// The element of the KV cache the engine keeps for this model where it runs, in device memory or not
+// (ChooseKvElement, by its key and value projections' dtype): registration counts a position's bytes
+// by it before any worker has loaded the model, as the engine will.
+KvElement ServedKvElement(const PackedModel& model, bool on_device);
+
 // The model's KV caches and activations for `sequences` generations of `context` tokens each (their
 // caches sharing `kv_tokens` positions, when not 0: KvPoolBlocks), in bytes: what the engine
 // reports as its workspace, and admission counts beside the weights.

@@ -59,6 +59,23 @@ class GenerateTest : public DaemonTest {
   }
 };
 
+// What registration counts for a bf16 model's KV cache is what the worker's engine reports once it
+// has loaded it: the first admission counts the cache the model will have, not an f32 one.
+TEST_F(GenerateTest, RegistrationCountsTheKvCacheTheEngineKeeps) {
+  transformer::RandomCheckpoint bf16;
+  bf16.dtype = safetensors::DType::BF16;
+  WriteModel("tiny", bf16);
+  StartDaemon();
+  auto c = Connect();
+  auto registered = c->Models();
+  ASSERT_TRUE(registered.ok() && registered->models_size() == 1);
+  ASSERT_TRUE(c->Generate(Greedy("tiny", "This License", 2, /*stream=*/false)).ok());
+  auto loaded = c->Models();
+  ASSERT_TRUE(loaded.ok() && loaded->models_size() == 1);
+  EXPECT_EQ(loaded->models(0).kv_bytes_per_token(), registered->models(0).kv_bytes_per_token());
+  EXPECT_EQ(loaded->models(0).workspace_bytes(), registered->models(0).workspace_bytes());
+}
+
 TEST_F(GenerateTest, AModelDirectoryStreamsTheTextItAlsoGivesWhole) {
   WriteModel("tiny");
   StartDaemon();

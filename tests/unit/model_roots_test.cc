@@ -14,6 +14,9 @@
 
 #include <gtest/gtest.h>
 
+#include "engines/transformer/decode_attention.h"
+#include "tests/unit/tiny_model.h"
+
 namespace warmpool::supervisor {
 namespace {
 
@@ -153,6 +156,26 @@ TEST_F(ModelRootsTest, AProblemIsTheFilesOnlyWhenTheFileIsWhatIsWrong) {
   EXPECT_FALSE(no_engine.problem.ok());
   EXPECT_FALSE(no_engine.problem_in_file) << "an engine that is not installed is no fault of the file: "
                                           << no_engine.problem.ToString();
+}
+
+// A bf16 language model's KV cache is bf16 where the workers run it on this CPU and it has the
+// kernels, f32 on a device: registration counts a position's bytes as the engine will (the
+// transformer engine's own tests check its report), and an unresolved backend as the larger.
+TEST_F(ModelRootsTest, ALanguageModelsBytesAPositionAreTheCachesWhereTheBackendRunsIt) {
+  transformer::RandomCheckpoint bf16;  // 2 layers, 2 KV heads of 16
+  bf16.dtype = safetensors::DType::BF16;
+  warmpool::testing::WriteTinyModel(root_ + "/tiny", bf16);
+  ModelRoots roots({root_});
+  const uint64_t f32 = uint64_t{2} * 2 * 2 * 16 * 4;
+  const uint64_t on_host = transformer::HaveBF16KvCache(16) ? f32 / 2 : f32;
+  ModelEntry host = InspectModel("tiny", "", root_ + "/tiny", roots, base_, Backend::kHost);
+  ASSERT_TRUE(host.problem.ok()) << host.problem.ToString();
+  EXPECT_EQ(host.kv_bytes_per_token, on_host);
+  ModelEntry cuda = InspectModel("tiny", "", root_ + "/tiny", roots, base_, Backend::kCuda);
+  EXPECT_EQ(cuda.kv_bytes_per_token, f32);
+  EXPECT_EQ(InspectModel("tiny", "", root_ + "/tiny", roots, base_).kv_bytes_per_token, f32);
+  // Admission counts the caches at those bytes.
+  EXPECT_EQ(cuda.workspace_bytes - host.workspace_bytes, uint64_t{cuda.context} * cuda.sequences * (f32 - on_host));
 }
 
 // A [[models]] entry names no engine unless it must: what the path is decides, as it does for a
