@@ -14,9 +14,13 @@
 //   - every mapping asks (MADV_HUGEPAGE), before its pages are touched: a page's size is chosen
 //     when it is allocated, and whether a mapping maps a 2 MiB page whole when it is faulted in;
 //   - the writer of a region about to be filled asks for them outright (MADV_COLLAPSE, Linux 6.1),
-//     which the kernel grants whatever shmem_enabled says but "deny". Asked while the region is
-//     still empty, this costs one 4 KiB page each 2 MiB and the kernel's zeroing of the rest: less
-//     than faulting the region in 4 KiB pages as it is written.
+//     which the kernel grants unless shmem_enabled is "deny", the process or mapping opted out of
+//     huge pages, or it has none free. Asked while the region is still empty, this costs one 4 KiB
+//     page each 2 MiB and the kernel's zeroing of the rest, usually less than faulting the region
+//     in 4 KiB pages as it is written; but the kernel reclaims and compacts memory for them on the
+//     asking thread where it must, which can take longer. A region reused (memory the supervisor
+//     kept) is asked for them only where it grew: what it held is overwritten, and copying it into
+//     2 MiB pages first would cost a copy.
 // And a 2 MiB page is mapped whole only at a 2 MiB-aligned address, which the kernel chooses for
 // shared memory only where shmem_enabled allows huge pages: MapShared aligns it itself.
 #pragma once
@@ -43,9 +47,10 @@ inline void AdviseHugePages(void* address, uint64_t bytes) {
 }
 
 // For the writer of a writable shared mapping (MapShared's) about to fill it: its whole 2 MiB spans
-// become 2 MiB pages where the kernel grants them. Keeps what the region holds (a region that
-// already holds data is copied into its new pages: cheap only while it is empty). True where the
-// kernel made them.
-bool MakeHugePages(void* address, uint64_t bytes);
+// become 2 MiB pages where the kernel grants them, but those that lie wholly within its first
+// `reused` bytes (a region used before, whose pages are left as they are). Keeps what the region
+// holds (what a span holds is copied into its new page: cheap only while it is empty). True where
+// the kernel made them all.
+bool MakeHugePages(void* address, uint64_t bytes, uint64_t reused = 0);
 
 }  // namespace warmpool

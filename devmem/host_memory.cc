@@ -94,15 +94,15 @@ Result<HostRegion> HostMemory::AllocateReusing(int fd, uint64_t bytes) {
     closer.fd = -1;
     return HostRegion{kept, bytes, fd};
   }
-  // In 2 MiB pages (common/huge_pages.h): a parked copy or a region offered back is in them already
-  // where the kernel granted them; the pages a growth adds are asked for before they are allocated.
+  // In 2 MiB pages (common/huge_pages.h): a region offered back is in them already where the
+  // kernel granted them when it was made; what a growth adds is made so before it is populated.
   void* ptr = MapShared(fd, bytes, PROT_READ | PROT_WRITE);
   if (ptr == MAP_FAILED) {
     int err = errno;
     used_.fetch_sub(bytes, std::memory_order_relaxed);
     return Error(Code::kResourceExhausted, "cannot map a reused {}-byte region: {}", bytes, std::strerror(err));
   }
-  MakeHugePages(ptr, bytes);
+  MakeHugePages(ptr, bytes, /*reused=*/static_cast<uint64_t>(st.st_size));
   PopulateForWrite(ptr, bytes);
   closer.fd = -1;
   return HostRegion{ptr, bytes, fd};
@@ -117,12 +117,19 @@ void* HostMemory::ReuseKeptMapping(uint64_t inode, uint64_t bytes) {
     if (new_length < old_length) munmap(static_cast<uint8_t*>(kept.ptr) + new_length, old_length - new_length);
     return kept.ptr;
   }
-  // It grew: the mapping keeps its page tables and gains the new pages, made in one call.
+  // It grew: the mapping keeps its page tables and gains the new pages, made 2 MiB ones
+  // (common/huge_pages.h) and populated in one call each. Moved where 2 MiB pages cannot be mapped
+  // whole, it goes, and the caller maps the region afresh.
   void* grown = mremap(kept.ptr, old_length, new_length, MREMAP_MAYMOVE);
   if (grown == MAP_FAILED) {
     munmap(kept.ptr, old_length);
     return nullptr;
   }
+  if (reinterpret_cast<uintptr_t>(grown) % kHugePageBytes != 0) {
+    munmap(grown, new_length);
+    return nullptr;
+  }
+  MakeHugePages(grown, new_length, /*reused=*/old_length);
   PopulateForWrite(static_cast<uint8_t*>(grown) + old_length, new_length - old_length);
   return grown;
 }
@@ -182,7 +189,7 @@ Result<int> HostMemory::CopyToHost(const wp_device_memory& device, const wp_regi
     close(fd);
     return Error(Code::kResourceExhausted, "cannot map a {}-byte host copy: {}", bytes, std::strerror(err));
   }
-  MakeHugePages(ptr, bytes);
+  MakeHugePages(ptr, bytes, /*reused=*/static_cast<uint64_t>(st.st_size));
   if (reuse_fd >= 0) PopulateForWrite(ptr, bytes);
   // Host memory: a few threads at once; a GPU's copies are driven by its service in one call.
   const bool read = ForEachChunk(bytes, device.host_addressable != 0 ? kCopyChunkBytes : bytes, kCopyThreads,
