@@ -70,9 +70,11 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
   entry.weight_bytes = packed->region_bytes;
   entry.context = transformer::ServedContext(packed->config, 0);
   entry.sequences = transformer::ServedSequences(0);  // [[models]] parallel changes it (Core::ApplySettings)
-  // The KV cache's element as the engine will choose it (a worker's load report says it again).
-  packed->config.kv_element = transformer::ServedKvElement(*packed, /*on_device=*/backend != Backend::kHost);
-  entry.workspace_bytes = transformer::WorkspaceBytes(packed->config, entry.context, entry.sequences);
+  // The KV cache's element and the workspace as the engine will have them where it runs (a worker's
+  // load report says them again).
+  const bool on_device = backend != Backend::kHost;
+  packed->config.kv_element = transformer::ServedKvElement(*packed, on_device);
+  entry.workspace_bytes = transformer::ServedWorkspaceBytes(packed->config, entry.context, entry.sequences, 0, on_device);
   entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
   entry.embedding_size = packed->config.hidden_size;
   entry.tool_call_format = std::string(

@@ -21,8 +21,8 @@ namespace warmpool::supervisor {
 // engine its metadata names ("engine"), else "dense". An engine that is not built in must be <engine_dir>/<engine>.so and pass CheckEngine
 // (engines/catalog/plugin_loader.h); it is never loaded here. The entry's path is the resolved one, and
 // its version is the open file's. `backend`: where the workers run a language model, which decides
-// its KV cache's element, hence the bytes a position that admission counts (auto, not yet resolved,
-// counts as a device: f32, the larger).
+// its KV cache's element and its workspace, as admission counts them (auto, not yet resolved, as
+// `warmpoold --check` sees it, counts as a device: the cache in f32).
 ModelEntry InspectModel(const std::string& name, const std::string& engine, const std::string& path,
                         const ModelRoots& roots, const std::string& engine_dir = {},
                         Backend backend = Backend::kAuto);

@@ -224,8 +224,7 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   e.slot_used.assign(e.sequences, false);
   info.weight_bytes = e.packed.region_bytes;
   // On a GPU the workspace is device memory: the KV cache and what the kernels need.
-  info.workspace_bytes = e.on_device ? PlanGpu(e.packed.config, e.context, e.sequences, pool_blocks).total
-                                     : WorkspaceBytes(e.packed.config, e.context, e.sequences, e.kv_tokens);
+  info.workspace_bytes = ServedWorkspaceBytes(e.packed.config, e.context, e.sequences, e.kv_tokens, e.on_device);
   info.max_batch = 1;
   info.context = e.context;
   info.sequences = e.sequences;

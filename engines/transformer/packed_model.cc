@@ -7,6 +7,7 @@
 
 #include "common/utf8.h"
 #include "engines/transformer/decode_attention.h"
+#include "engines/transformer/gpu_sequence.h"
 #include "engines/transformer/kv_cache.h"
 #include "engines/transformer/weights.h"
 
@@ -174,6 +175,12 @@ KvElement ServedKvElement(const PackedModel& model, bool on_device) {
     any = true;
   }
   return ChooseKvElement(any ? safetensors::DType::BF16 : safetensors::DType::F32, model.config.head_dim, on_device);
+}
+
+uint64_t ServedWorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences, uint64_t kv_tokens,
+                              bool on_device) {
+  return on_device ? PlanGpu(config, context, sequences, KvPoolBlocks(context, sequences, kv_tokens)).total
+                   : WorkspaceBytes(config, context, sequences, kv_tokens);
 }
 
 }  // namespace warmpool::transformer

@@ -62,6 +62,12 @@ bool IsPackedHeader(std::string_view header);
 // (ChooseKvElement, by its key and value projections' dtype): registration counts a position's bytes
 // by it before any worker has loaded the model, as the engine will.
 KvElement ServedKvElement(const PackedModel& model, bool on_device);
+// The workspace the engine reports where it runs (`config.kv_element` chosen): on the CPU
+// WorkspaceBytes; in device memory the GPU's plan (PlanGpu: its KV pool, the activations of its
+// rows, the kernels' scratch). What admission counts beside the weights, at registration as after
+// the worker's load report.
+uint64_t ServedWorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences, uint64_t kv_tokens,
+                              bool on_device);
 
 // The model's KV caches and activations for `sequences` generations of `context` tokens each (their
 // caches sharing `kv_tokens` positions, when not 0: KvPoolBlocks), in bytes: what the engine

@@ -171,8 +171,9 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
   m.entry.workspace_bytes = w.workspace_bytes;  // what the next admission counts
   m.entry.sequences = w.sequences;              // ... of this many generations' caches
   m.entry.kv_tokens = w.kv_tokens;              // ... of this many positions in all
-  // ... of this many bytes each: the element the engine keeps its cache in (bf16 or f32) is its
-  // choice where it runs, which registration could not know. A report of an older worker may not say.
+  // ... of this many bytes each: the element the engine keeps its cache in (bf16 or f32), as
+  // registration chose it too (a registration of an older daemon, kept across a restart, counted
+  // f32). A report of an older worker may not say.
   if (w.kv_bytes_per_token != 0) m.entry.kv_bytes_per_token = w.kv_bytes_per_token;
   // What an embed reply's frame bound counts (a registration from a manifest of an older daemon
   // may not say).

@@ -92,6 +92,8 @@ TEST_F(CudaTest, ALanguageModelGeneratesOnDeviceMemoryFromReplicasParkedAndAfter
   StartDaemon("[pool]\npark_budget = \"100MiB\"\n[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nreplicas = 2\n",
               {"--backend", "cuda"});
   auto client = Connect();
+  auto registered = client->Models();
+  ASSERT_TRUE(registered.ok() && registered->models_size() == 1);
   auto generate = [&] {
     v1::GenerateRequest r;
     r.set_model("tiny");
@@ -104,6 +106,12 @@ TEST_F(CudaTest, ALanguageModelGeneratesOnDeviceMemoryFromReplicasParkedAndAfter
   };
   const std::string first = generate();
   EXPECT_FALSE(first.empty());
+  // Registration counted the device's workspace (the GPU's plan) as the engine then reported it,
+  // once for each of the two replicas that hold one now.
+  auto loaded = client->Models();
+  ASSERT_TRUE(loaded.ok() && loaded->models_size() == 1);
+  EXPECT_EQ(loaded->models(0).workspace_bytes(), 2 * registered->models(0).workspace_bytes());
+  EXPECT_EQ(loaded->models(0).kv_bytes_per_token(), registered->models(0).kv_bytes_per_token());
   for (int i = 0; i < 3; i++) EXPECT_EQ(generate(), first) << "either replica";
   auto ps = client->Ps();
   ASSERT_TRUE(ps.ok() && ps->models_size() == 1);

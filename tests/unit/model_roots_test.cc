@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include "engines/transformer/decode_attention.h"
+#include "engines/transformer/gpu_sequence.h"
+#include "engines/transformer/packed_model.h"
 #include "tests/unit/tiny_model.h"
 
 namespace warmpool::supervisor {
@@ -173,9 +175,21 @@ TEST_F(ModelRootsTest, ALanguageModelsBytesAPositionAreTheCachesWhereTheBackendR
   EXPECT_EQ(host.kv_bytes_per_token, on_host);
   ModelEntry cuda = InspectModel("tiny", "", root_ + "/tiny", roots, base_, Backend::kCuda);
   EXPECT_EQ(cuda.kv_bytes_per_token, f32);
-  EXPECT_EQ(InspectModel("tiny", "", root_ + "/tiny", roots, base_).kv_bytes_per_token, f32);
-  // Admission counts the caches at those bytes.
-  EXPECT_EQ(cuda.workspace_bytes - host.workspace_bytes, uint64_t{cuda.context} * cuda.sequences * (f32 - on_host));
+  ModelEntry unresolved = InspectModel("tiny", "", root_ + "/tiny", roots, base_);
+  EXPECT_EQ(unresolved.kv_bytes_per_token, f32);
+  // Admission counts the workspace the engine reports there: the CPU's at those bytes a position,
+  // the GPU's plan on a device.
+  const int dir = open((root_ + "/tiny").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  Result<transformer::PackedModel> packed = transformer::DescribeDirectory(dir, "tiny");
+  close(dir);
+  ASSERT_TRUE(packed.ok()) << packed.status().ToString();
+  transformer::Config c = packed->config;
+  c.kv_element = on_host == f32 ? transformer::KvElement::kF32 : transformer::KvElement::kBF16;
+  EXPECT_EQ(host.workspace_bytes, transformer::WorkspaceBytes(c, host.context, host.sequences));
+  c.kv_element = transformer::KvElement::kF32;
+  const uint32_t blocks = transformer::KvPoolBlocks(cuda.context, cuda.sequences);
+  EXPECT_EQ(cuda.workspace_bytes, transformer::PlanGpu(c, cuda.context, cuda.sequences, blocks).total);
+  EXPECT_EQ(unresolved.workspace_bytes, cuda.workspace_bytes);
 }
 
 // A [[models]] entry names no engine unless it must: what the path is decides, as it does for a
