@@ -46,10 +46,13 @@ std::vector<uint32_t> PipelineAndCheck(client::Client& client, const std::string
 
 TEST_F(BatchingTest, PipelinedRequestsShareEngineCallsAndEachGetsItsOwnRows) {
   std::string path = MakeModel("m", "24,96,7", "gelu");
-  // A long delay, so that the worker surely waits for the requests behind the first.
-  StartDaemon("[pool]\nmax_batch_delay_us = 20000\n");
+  // A long delay, so that the worker surely waits for the requests behind the first. And the first
+  // request held up in the engine for 100 ms: on a loaded machine a worker could otherwise answer
+  // each request before the next one reached it, and none would ever meet another.
+  StartDaemon("[pool]\nmax_batch_delay_us = 20000\n", {"--enable-fault-injection"});
   auto client = Connect();
   ASSERT_TRUE(client->Load("m").ok());
+  ASSERT_TRUE(client->ArmFault(client::FaultSpec{"infer.mid", "delay:100", "m", 0, 1}).ok());
   std::vector<uint32_t> batch_rows = PipelineAndCheck(*client, "m", path, 24, 64);
   ASSERT_EQ(batch_rows.size(), 64u);
   uint32_t largest = 0;
