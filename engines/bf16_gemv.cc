@@ -77,10 +77,16 @@ WARMPOOL_BF16_TARGET void Chunk(const uint8_t* const* rows, uint32_t in, uint32_
       for (uint32_t j = 0; j < N; ++j) acc[r * N + j] = _mm512_dpbf16_ps(acc[r * N + j], w[j], xv);
     }
   }
-  float sums[kAccumulators];
-  uint32_t i = 0;
-  for (; i + 4 <= kAccumulators; i += 4) _mm_storeu_ps(sums + i, simd::Sum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
-  for (; i < kAccumulators; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
+  // Every accumulator summed by the same tree, the last ones beside zeros: a vector's sum in Sum4
+  // does not depend on the other three, so a row's outputs are the same bits whatever the rows
+  // and outputs taken with it (a sequence's decode step alone or in a batch).
+  alignas(16) float sums[(kAccumulators + 3) / 4 * 4];
+  for (uint32_t i = 0; i < kAccumulators; i += 4) {
+    const __m512 zero = _mm512_setzero_ps();
+    _mm_store_ps(sums + i, simd::Sum4(acc[i], i + 1 < kAccumulators ? acc[i + 1] : zero,
+                                      i + 2 < kAccumulators ? acc[i + 2] : zero,
+                                      i + 3 < kAccumulators ? acc[i + 3] : zero));
+  }
   for (uint32_t r = 0; r < C; ++r) {
     for (uint32_t j = 0; j < N; ++j) {
       y[size_t{r} * out + j] = sums[r * N + j] + (bias != nullptr ? bias[j] : 0.0f);

@@ -69,6 +69,17 @@ constexpr uint32_t kPromptAttentionRows = 8;
 // oneDNN's products, one of 16 1.04 to 1.18 times.
 constexpr uint32_t kBatchedRows = 16;
 
+// Whether a step carries a decode row: a run of one token (a sequence's next token; a one-token
+// prompt piece counts too, harmlessly). Such a step's bf16 products all go to the small-batch
+// kernel, whatever their number (at most `parallel` decode rows and kStepPromptTokens of a prompt,
+// sequence_slots.h), so that a decode row's sums are the same bits whether a prompt piece rides
+// along or not: a stream's greedy tokens do not depend on what else the replica serves, and a
+// stream resumed on another worker continues as it would have. Per row the kernel costs about
+// what oneDNN does at these sizes (docs/benchmarks.md, "A decode row's bits").
+bool CarriesDecodeRow(std::span<const StepRun> runs) {
+  return std::any_of(runs.begin(), runs.end(), [](const StepRun& run) { return run.rows == 1; });
+}
+
 // y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Either way a call reads the weights from memory
 // once: a prefill costs the weights once, as a decode step does.
 void Project(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y, int threads) {
@@ -136,16 +147,18 @@ void WarmCpuKernels() {
 CpuModel::CpuModel(const Config& config, const ModelWeights& weights, int threads)
     : config_(config), weights_(weights), threads_(std::max(1, threads)), inv_freq_(config.RotaryFrequencies()) {}
 
-Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y) {
+Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y,
+                        bool decoding) {
   // Decode tokens on bf16 weights, one sequence's or a continuous-batching step's: the AVX-512
   // BF16 kernel streams the weights once for all rows, with the activations narrowed to bf16 as a
   // prompt's are on oneDNN. A lone row too: so a sequence's products are of the same kind alone or
   // in a step with others (equal within bf16's rounding: the sums' order differs), and the kernel
   // reads the weights faster than the f32 loop below (a 256 MiB model's decode step at 1.02 to 1.09
-  // times the bandwidth the bench measures, against 0.8 to 0.9). As with a prompt's, a subnormal
-  // activation or weight counts as zero (VDPBF16PS) and an activation past bf16's largest finite
-  // value as infinite.
-  if (w.dtype == DType::BF16 && rows <= kBatchedRows && dense::HaveBF16Gemv()) {
+  // times the bandwidth the bench measures, against 0.8 to 0.9). A row's sums are the same bits
+  // alone or beside others (BF16Gemv), and every row of a step that carries a decode row comes here
+  // (CarriesDecodeRow). As with a prompt's, a subnormal activation or weight counts as zero
+  // (VDPBF16PS) and an activation past bf16's largest finite value as infinite.
+  if (w.dtype == DType::BF16 && (rows <= kBatchedRows || decoding) && dense::HaveBF16Gemv()) {
     thread_local std::vector<uint16_t> narrow;
     narrow.resize(uint64_t{rows} * w.cols);
     dense::NarrowToBF16(x, narrow.size(), narrow.data());
@@ -240,7 +253,7 @@ Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCach
   std::vector<float> normed(uint64_t{count} * c.hidden_size);
   RmsNorm(&x[uint64_t{first} * c.hidden_size], count, c.hidden_size, WidenAll(weights_.final_norm), c.rms_norm_eps,
           normed.data());
-  return Linear(normed.data(), count, weights_.lm_head, {}, logits.data());
+  return Linear(normed.data(), count, weights_.lm_head, {}, logits.data(), rows == 1);
 }
 
 Status CpuModel::Hidden(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> hidden) {
@@ -267,7 +280,8 @@ Status CpuModel::Step(std::span<const int32_t> tokens, std::span<const StepRun> 
     row += runs[i].rows;
     RmsNorm(&x[(row - 1) * c.hidden_size], 1, c.hidden_size, norm, c.rms_norm_eps, &normed[i * c.hidden_size]);
   }
-  return Linear(normed.data(), static_cast<uint32_t>(runs.size()), weights_.lm_head, {}, logits.data());
+  return Linear(normed.data(), static_cast<uint32_t>(runs.size()), weights_.lm_head, {}, logits.data(),
+                CarriesDecodeRow(runs));
 }
 
 Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x) {
@@ -294,12 +308,13 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
     for (uint32_t i = 0; i < run.rows; ++i) Rotations(run.start + i, &rotations[uint64_t{first + i} * c.head_dim]);
     first += run.rows;
   }
+  const bool decoding = CarriesDecodeRow(runs);
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     RmsNorm(x.data(), rows, hidden, WidenAll(w.input_norm), c.rms_norm_eps, normed.data());
-    if (Status s = Linear(normed.data(), rows, w.q, w.q_bias, q.data()); !s.ok()) return s;
-    if (Status s = Linear(normed.data(), rows, w.k, w.k_bias, k.data()); !s.ok()) return s;
-    if (Status s = Linear(normed.data(), rows, w.v, w.v_bias, v.data()); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.q, w.q_bias, q.data(), decoding); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.k, w.k_bias, k.data(), decoding); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.v, w.v_bias, v.data(), decoding); !s.ok()) return s;
     if (c.qk_norm) {
       RmsNorm(q.data(), uint64_t{rows} * c.num_attention_heads, c.head_dim, WidenAll(w.q_norm), c.rms_norm_eps,
               q.data());
@@ -336,17 +351,17 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
       first += run.rows;
     }
     if (Status s = DecodeAttention(c, l, decode_rows, threads_); !s.ok()) return s;
-    if (Status s = Linear(attended.data(), rows, w.o, w.o_bias, normed.data()); !s.ok()) return s;
+    if (Status s = Linear(attended.data(), rows, w.o, w.o_bias, normed.data(), decoding); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
 
     RmsNorm(x.data(), rows, hidden, WidenAll(w.post_attention_norm), c.rms_norm_eps, normed.data());
-    if (Status s = Linear(normed.data(), rows, w.gate, {}, gate.data()); !s.ok()) return s;
-    if (Status s = Linear(normed.data(), rows, w.up, {}, up.data()); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.gate, {}, gate.data(), decoding); !s.ok()) return s;
+    if (Status s = Linear(normed.data(), rows, w.up, {}, up.data(), decoding); !s.ok()) return s;
     // SwiGLU: silu(gate) x up, silu(g) = g / (1 + exp(-g)), the exps in vectors.
     for (uint64_t i = 0; i < gate.size(); ++i) sigmoid[i] = -gate[i];
     ExpInPlace(sigmoid.data(), sigmoid.size());
     for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + sigmoid[i]) * up[i];
-    if (Status s = Linear(gate.data(), rows, w.down, {}, normed.data()); !s.ok()) return s;
+    if (Status s = Linear(gate.data(), rows, w.down, {}, normed.data(), decoding); !s.ok()) return s;
     for (uint64_t i = 0; i < x.size(); ++i) x[i] += normed[i];
   }
   uint64_t first = 0;

@@ -50,14 +50,16 @@ class CpuModel {
   // vocab_size floats per run, for its last token. What each run computes is what Forward computes
   // for it alone (up to the order of the sums). Runs must name different caches; a run outside its
   // cache's context, a token outside the vocabulary or tokens that do not add up to the runs' is
-  // INVALID_ARGUMENT, and nothing is written.
+  // INVALID_ARGUMENT, and nothing is written. On bf16 weights with AVX-512 BF16, a decode row
+  // (a run of one token) is the same bits whatever runs share its step.
   Status Step(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> logits);
 
   const Config& config() const { return config_; }
   int threads() const { return threads_; }
 
  private:
-  Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y);
+  // y = x · wᵀ + bias over `rows` rows. decoding: the rows include a decode row (see Linear's body).
+  Status Linear(const float* x, uint32_t rows, const Matrix& w, const Vector& bias, float* y, bool decoding);
   // A position's rotary cosines (head_dim / 2 of them) then sines, into out (head_dim floats).
   void Rotations(uint32_t position, float* out) const;
   // Rotates `count` heads by a position's Rotations.

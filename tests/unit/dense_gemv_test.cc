@@ -119,5 +119,42 @@ TEST(BF16Gemv, MatchesTheProductOfTheNarrowedValues) {
   }
 }
 
+// A row's sums are the same bits whatever rows share its call, and on any number of threads: a
+// sequence's decode step in the transformer engine goes through here alone or beside others, and
+// its greedy tokens must not depend on which (nor a stream resumed on another worker diverge from
+// the one it continues). Outputs a kernel takes four or three at a time, one by one at a block's
+// end (70 outputs: blocks of 24, 24 and 22), and five to eight rows whose accumulators are not a
+// multiple of four.
+TEST(BF16Gemv, ARowsSumsAreTheSameBitsInAnyBatch) {
+  if (!dense::HaveBF16Gemv()) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  std::mt19937 generator(23);
+  const uint32_t in = 4099, out = 70;
+  std::vector<uint16_t> w(size_t{in} * out);
+  const std::vector<float> weights = RandomValues(w.size(), 0.05, generator);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = safetensors::FloatToBF16(weights[i]);
+  const std::vector<float> bias = RandomValues(out, 0.5, generator);
+  const uint32_t most = 24;
+  const std::vector<float> values = RandomValues(size_t{most} * in, 1.0, generator);
+  std::vector<uint16_t> x(values.size());
+  for (size_t i = 0; i < values.size(); ++i) x[i] = safetensors::FloatToBF16(values[i]);
+  const auto* weight = reinterpret_cast<const uint8_t*>(w.data());
+  std::vector<float> alone(size_t{most} * out);
+  for (uint32_t r = 0; r < most; ++r) {
+    dense::BF16Gemv(weight, in, out, x.data() + size_t{r} * in, 1, bias.data(), alone.data() + size_t{r} * out, 1);
+  }
+  for (int threads : {1, 2}) {
+    for (uint32_t rows = 1; rows <= most; ++rows) {
+      std::vector<float> y(size_t{rows} * out);
+      dense::BF16Gemv(weight, in, out, x.data(), rows, bias.data(), y.data(), threads);
+      for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t n = 0; n < out; ++n) {
+          ASSERT_EQ(y[size_t{r} * out + n], alone[size_t{r} * out + n])
+              << "rows " << rows << " row " << r << " output " << n << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace warmpool

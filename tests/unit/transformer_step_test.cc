@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "engines/bf16_gemv.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/random_checkpoint.h"
@@ -116,6 +117,66 @@ TEST(CpuModelStepTest, EachRunOfAStepComputesWhatItsSequenceAloneComputes) {
             << "sequence " << i << ", step " << step;
         position[i] += runs[i].rows;
       }
+    }
+  }
+}
+
+// On bf16 weights a decode row's logits are the same bits whatever shares its step: alone, beside
+// 4, 8 or 11 other decode rows (the kernel's passes of 8, its groups of four and three outputs) and
+// beside a prompt's piece that takes the step past 16 rows (which went to oneDNN before). A
+// stream's greedy tokens then do not depend on what else its replica serves, and one resumed on
+// another worker continues as it would have.
+TEST(CpuModelStepTest, ADecodeRowIsTheSameBitsWhateverSharesItsStep) {
+  if (!dense::HaveBF16Gemv()) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  // Products long enough (576, 1152 inputs) for oneDNN to sum them in another order than the kernel.
+  RandomCheckpoint spec{.hidden_size = 576, .intermediate_size = 1152, .seed = 5};
+  spec.dtype = DType::BF16;
+  testing::TempDir dir;
+  SteppedModel m = OpenStepped(dir.path(), spec);
+  ASSERT_NE(m.model, nullptr);
+  const Config& config = m.checkpoint->config();
+  const uint32_t vocab = config.vocab_size;
+  constexpr uint32_t kDecoders = 12, kPiece = 20;
+  std::vector<std::unique_ptr<KvCache>> stepped, alone;
+  std::vector<uint32_t> position;
+  std::vector<float> logits(vocab);
+  for (uint32_t i = 0; i < kDecoders; ++i) {
+    stepped.push_back(std::make_unique<KvCache>(config, 128));
+    alone.push_back(std::make_unique<KvCache>(config, 128));
+    const std::vector<int32_t> prompt = SomeTokens(2 + i, vocab, 30 + i);
+    ASSERT_TRUE(m.model->Forward(prompt, 0, *stepped[i], logits).ok());
+    ASSERT_TRUE(m.model->Forward(prompt, 0, *alone[i], logits).ok());
+    position.push_back(2 + i);
+  }
+  KvCache newcomer(config, 128);
+  uint32_t newcomer_at = 0;
+  struct Shape {
+    uint32_t decoders;
+    bool piece;
+  };
+  for (const Shape& shape : {Shape{1, false}, Shape{5, false}, Shape{9, false}, Shape{12, false}, Shape{3, true},
+                             Shape{12, true}, Shape{2, false}}) {
+    SCOPED_TRACE(::testing::Message() << shape.decoders << " decode rows" << (shape.piece ? " and a piece" : ""));
+    std::vector<int32_t> tokens;
+    std::vector<StepRun> runs;
+    for (uint32_t i = 0; i < shape.decoders; ++i) {
+      tokens.push_back(static_cast<int32_t>((7 * position[i] + i) % vocab));
+      runs.push_back({stepped[i].get(), position[i], 1});
+    }
+    if (shape.piece) {
+      const std::vector<int32_t> piece = SomeTokens(kPiece, vocab, 70 + newcomer_at);
+      tokens.insert(tokens.end(), piece.begin(), piece.end());
+      runs.push_back({&newcomer, newcomer_at, kPiece});
+      newcomer_at += kPiece;
+    }
+    std::vector<float> all(runs.size() * uint64_t{vocab});
+    ASSERT_TRUE(m.model->Step(tokens, runs, all).ok());
+    for (uint32_t i = 0; i < shape.decoders; ++i) {
+      ASSERT_TRUE(m.model->Forward(std::span<const int32_t>(&tokens[i], 1), position[i], *alone[i], logits).ok());
+      for (uint32_t t = 0; t < vocab; ++t) {
+        ASSERT_EQ(all[uint64_t{i} * vocab + t], logits[t]) << "sequence " << i << ", logit " << t;
+      }
+      position[i] += 1;
     }
   }
 }
