@@ -22,9 +22,11 @@ namespace {
 
 #define WARMPOOL_F16_TARGET __attribute__((target("avx2,fma,f16c")))
 
-// Rows per pass: 8 rows x 1 accumulator, or up to 4 rows x 2 (two independent FMA chains per row,
-// which a single row needs to keep up with memory), fit the 16 AVX2 registers with the loads.
-constexpr uint32_t kRowsPerPass = 8;
+// Rows per pass: up to 4 rows x 2 accumulators (two independent FMA chains per row, which a single
+// row needs to keep up with memory) fit the 16 AVX2 registers with the loads. Always two chains,
+// so that a row's sums are the same bits whatever rows share its call (a sequence's decode step
+// alone or in a batch); 8 rows x 1 chain in one pass summed rows 5 to 8 in another order.
+constexpr uint32_t kRowsPerPass = 4;
 
 WARMPOOL_F16_TARGET inline float HorizontalSum(__m256 v) {
   __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -40,7 +42,7 @@ WARMPOOL_F16_TARGET inline __m256 LoadHalves(const uint8_t* p) {
 template <uint32_t R>
 WARMPOOL_F16_TARGET void Pass(const uint8_t* weight, uint32_t in, uint32_t out, uint32_t n_begin, uint32_t n_end,
                               const float* x, const float* bias, float* y) {
-  constexpr uint32_t kUnroll = R <= 4 ? 2 : 1;
+  constexpr uint32_t kUnroll = 2;
   for (uint32_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = weight + size_t{n} * in * 2;
     __m256 acc[kUnroll][R];
@@ -62,7 +64,7 @@ WARMPOOL_F16_TARGET void Pass(const uint8_t* weight, uint32_t in, uint32_t out, 
     }
     for (uint32_t r = 0; r < R; ++r) {
       __m256 total = acc[0][r];
-      if constexpr (kUnroll == 2) total = _mm256_add_ps(total, acc[1][r]);
+      total = _mm256_add_ps(total, acc[1][r]);
       float sum = HorizontalSum(total);
       for (uint32_t t = k; t < in; ++t) {
         uint16_t bits;
@@ -75,8 +77,7 @@ WARMPOOL_F16_TARGET void Pass(const uint8_t* weight, uint32_t in, uint32_t out, 
 }
 
 using PassFn = void (*)(const uint8_t*, uint32_t, uint32_t, uint32_t, uint32_t, const float*, const float*, float*);
-constexpr PassFn kPasses[kRowsPerPass] = {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>,
-                                          &Pass<5>, &Pass<6>, &Pass<7>, &Pass<8>};
+constexpr PassFn kPasses[kRowsPerPass] = {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>};
 
 // AVX-512: 16 weights per load (and conversion), and four outputs at once so that each input
 // vector loaded feeds four FMAs (one per output) and a single row still has four independent FMA

@@ -70,8 +70,8 @@ constexpr uint32_t kPromptAttentionRows = 8;
 constexpr uint32_t kBatchedRows = 16;
 
 // Whether a step carries a decode row: a run of one token (a sequence's next token; a one-token
-// prompt piece counts too, harmlessly). Such a step's bf16 products all go to the small-batch
-// kernel, whatever their number (at most `parallel` decode rows and kStepPromptTokens of a prompt,
+// prompt piece counts too, harmlessly). Such a step's products all go to a small-batch kernel
+// (bf16 or f16, where the CPU has it), whatever their number (at most `parallel` decode rows and kStepPromptTokens of a prompt,
 // sequence_slots.h), so that a decode row's sums are the same bits whether a prompt piece rides
 // along or not: a stream's greedy tokens do not depend on what else the replica serves, and a
 // stream resumed on another worker continues as it would have. Per row the kernel costs about
@@ -164,6 +164,16 @@ Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Ve
     dense::NarrowToBF16(x, narrow.size(), narrow.data());
     const std::vector<float> widened_bias = WidenAll(bias);
     dense::BF16Gemv(w.data, w.cols, w.rows, narrow.data(), rows, bias ? widened_bias.data() : nullptr, y, threads_);
+    return OkStatus();
+  }
+  // The same for f16 weights with F16C: a step that carries a decode row runs in the dense engine's
+  // kernel (a lone row already did), whose rows' sums are the same bits in any batch. Not f32: its
+  // kernel reads a lone row's weights at 0.8 of the bandwidth where the loop below does 1.05 to
+  // 1.09 (warmpool-bench --generate --dtype f32 --batch 8), so an f32 step of more than
+  // kDirectRows rows still sums in oneDNN's order.
+  if (decoding && w.dtype == DType::F16 && dense::HaveF16Gemv()) {
+    const std::vector<float> widened_bias = WidenAll(bias);
+    dense::F16Gemv(w.data, w.cols, w.rows, x, rows, bias ? widened_bias.data() : nullptr, y, threads_);
     return OkStatus();
   }
   // Few rows (a decode step): bound by reading the weights, which the loops here do at the memory's

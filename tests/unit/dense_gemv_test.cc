@@ -1,5 +1,8 @@
 // The dense engine's small-batch kernels (f16, f32, bf16) against a double-precision product.
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -150,6 +153,50 @@ TEST(BF16Gemv, ARowsSumsAreTheSameBitsInAnyBatch) {
         for (uint32_t n = 0; n < out; ++n) {
           ASSERT_EQ(y[size_t{r} * out + n], alone[size_t{r} * out + n])
               << "rows " << rows << " row " << r << " output " << n << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
+// The same of the f16 kernel on each instruction set and of the f32 one, which the transformer
+// engine's steps take on those weights.
+TEST(F16Gemv, ARowsSumsAreTheSameBitsInAnyBatch) {
+  std::mt19937 generator(29);
+  const uint32_t in = 4117, out = 70, most = 20;
+  const std::vector<float> weights = RandomValues(size_t{in} * out, 0.05, generator);
+  std::vector<uint16_t> halves(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) halves[i] = safetensors::FloatToHalf(weights[i]);
+  const std::vector<float> bias = RandomValues(out, 0.5, generator);
+  const std::vector<float> x = RandomValues(size_t{most} * in, 1.0, generator);
+  const auto* weight = reinterpret_cast<const uint8_t*>(halves.data());
+  using Kernel = std::function<void(const float*, uint32_t, float*, int)>;
+  std::vector<std::pair<std::string, Kernel>> kernels;
+  for (dense::F16Isa isa : {dense::F16Isa::kAvx2, dense::F16Isa::kAvx512}) {
+    if (!dense::HaveF16Isa(isa)) continue;
+    kernels.emplace_back(isa == dense::F16Isa::kAvx2 ? "f16 avx2" : "f16 avx512",
+                         [&, isa](const float* rows_x, uint32_t rows, float* y, int threads) {
+                           dense::F16GemvOn(isa, weight, in, out, rows_x, rows, bias.data(), y, threads);
+                         });
+  }
+  if (dense::HaveF32Gemv()) {
+    kernels.emplace_back("f32", [&](const float* rows_x, uint32_t rows, float* y, int threads) {
+      dense::F32Gemv(reinterpret_cast<const uint8_t*>(weights.data()), in, out, rows_x, rows, bias.data(), y, threads);
+    });
+  }
+  if (kernels.empty()) GTEST_SKIP() << "this CPU has none of the kernels";
+  for (const auto& [name, kernel] : kernels) {
+    std::vector<float> alone(size_t{most} * out);
+    for (uint32_t r = 0; r < most; ++r) kernel(x.data() + size_t{r} * in, 1, alone.data() + size_t{r} * out, 1);
+    for (int threads : {1, 2}) {
+      for (uint32_t rows = 1; rows <= most; ++rows) {
+        std::vector<float> y(size_t{rows} * out);
+        kernel(x.data(), rows, y.data(), threads);
+        for (uint32_t r = 0; r < rows; ++r) {
+          for (uint32_t n = 0; n < out; ++n) {
+            ASSERT_EQ(y[size_t{r} * out + n], alone[size_t{r} * out + n])
+                << name << " rows " << rows << " row " << r << " output " << n << " threads " << threads;
+          }
         }
       }
     }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engines/bf16_gemv.h"
+#include "engines/gemv.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
 #include "engines/transformer/random_checkpoint.h"
@@ -121,16 +122,11 @@ TEST(CpuModelStepTest, EachRunOfAStepComputesWhatItsSequenceAloneComputes) {
   }
 }
 
-// On bf16 weights a decode row's logits are the same bits whatever shares its step: alone, beside
-// 4, 8 or 11 other decode rows (the kernel's passes of 8, its groups of four and three outputs) and
-// beside a prompt's piece that takes the step past 16 rows (which went to oneDNN before). A
-// stream's greedy tokens then do not depend on what else its replica serves, and one resumed on
-// another worker continues as it would have.
-TEST(CpuModelStepTest, ADecodeRowIsTheSameBitsWhateverSharesItsStep) {
-  if (!dense::HaveBF16Gemv()) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
-  // Products long enough (576, 1152 inputs) for oneDNN to sum them in another order than the kernel.
+// Decode rows stepped beside others, each against its sequence's Forward alone, bit for bit.
+void ExpectDecodeRowsInvariant(DType dtype) {
+  // Products long enough (576, 1152 inputs) for oneDNN to sum them in another order than the kernels.
   RandomCheckpoint spec{.hidden_size = 576, .intermediate_size = 1152, .seed = 5};
-  spec.dtype = DType::BF16;
+  spec.dtype = dtype;
   testing::TempDir dir;
   SteppedModel m = OpenStepped(dir.path(), spec);
   ASSERT_NE(m.model, nullptr);
@@ -179,6 +175,23 @@ TEST(CpuModelStepTest, ADecodeRowIsTheSameBitsWhateverSharesItsStep) {
       position[i] += 1;
     }
   }
+}
+
+
+// A decode row's logits are the same bits whatever shares its step: alone, beside 4, 8 or 11 other
+// decode rows (the kernels' passes, their groups of outputs) and beside a prompt's piece that takes
+// the step past 16 rows (which went to oneDNN before), on bf16 and f16 weights. A stream's
+// greedy tokens then do not depend on what else its replica serves, and one resumed on another
+// worker continues as it would have.
+TEST(CpuModelStepTest, ADecodeRowIsTheSameBitsWhateverSharesItsStep) {
+  int tried = 0;
+  for (const DType dtype : {DType::BF16, DType::F16}) {
+    if (!(dtype == DType::BF16 ? dense::HaveBF16Gemv() : dense::HaveF16Gemv())) continue;
+    ++tried;
+    SCOPED_TRACE(std::string(safetensors::DTypeName(dtype)));
+    ExpectDecodeRowsInvariant(dtype);
+  }
+  if (tried == 0) GTEST_SKIP() << "this CPU has none of the small-batch kernels";
 }
 
 TEST(CpuModelStepTest, BadStepsAreRefusedBeforeAnythingIsWritten) {
