@@ -66,18 +66,19 @@ constexpr uint32_t kPromptAttentionRows = 8;
 // has it: eight rows in one pass over the weights, sixteen in two (the second from the L2 cache).
 // More go to oneDNN. On a 2-core EPYC VM (warmpool-bench --generate --batch 8 and 16, three runs
 // each way, alternated) a step of 8 sequences ran 1.17 to 1.38 times faster on the kernel than on
-// oneDNN's products, one of 16 1.04 to 1.18 times.
+// oneDNN's products, one of 16 1.04 to 1.18 times. (A step that carries a decode row runs here
+// with more rows too: CarriesDecodeRow.)
 constexpr uint32_t kBatchedRows = 16;
 
-// Whether a step carries a decode row: a run of one token (a sequence's next token; a one-token
-// prompt piece counts too, harmlessly). Such a step's products all go to a small-batch kernel
-// (bf16 or f16, where the CPU has it), whatever their number (at most `parallel` decode rows and kStepPromptTokens of a prompt,
-// sequence_slots.h), so that a decode row's sums are the same bits whether a prompt piece rides
-// along or not: a stream's greedy tokens do not depend on what else the replica serves, and a
-// stream resumed on another worker continues as it would have. Per row the kernel costs about
+// Whether a step carries a decode row (a sequence's next token). Such a step's products all go to
+// a small-batch kernel (bf16 or f16, where the CPU has it), whatever their number (at most
+// `parallel` decode rows and kStepPromptTokens of prompts, sequence_slots.h), so that a decode
+// row's sums are the same bits whether a prompt's piece rides along or not: a stream's decode
+// steps do not depend on what else the replica serves, and a stream resumed on another worker
+// continues as it would have. Per row the kernel costs about
 // what oneDNN does at these sizes (docs/benchmarks.md, "A decode row's bits").
 bool CarriesDecodeRow(std::span<const StepRun> runs) {
-  return std::any_of(runs.begin(), runs.end(), [](const StepRun& run) { return run.rows == 1; });
+  return std::any_of(runs.begin(), runs.end(), [](const StepRun& run) { return run.decode; });
 }
 
 // y[rows x w.rows] = x[rows x w.cols] · wᵀ + bias. Either way a call reads the weights from memory
@@ -151,12 +152,10 @@ Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Ve
                         bool decoding) {
   // Decode tokens on bf16 weights, one sequence's or a continuous-batching step's: the AVX-512
   // BF16 kernel streams the weights once for all rows, with the activations narrowed to bf16 as a
-  // prompt's are on oneDNN. A lone row too: so a sequence's products are of the same kind alone or
-  // in a step with others (equal within bf16's rounding: the sums' order differs), and the kernel
-  // reads the weights faster than the f32 loop below (a 256 MiB model's decode step at 1.02 to 1.09
-  // times the bandwidth the bench measures, against 0.8 to 0.9). A row's sums are the same bits
-  // alone or beside others (BF16Gemv), and every row of a step that carries a decode row comes here
-  // (CarriesDecodeRow). As with a prompt's, a subnormal activation or weight counts as zero
+  // prompt's are on oneDNN. A lone row too: a row's sums here are the same bits alone or beside
+  // others (BF16Gemv), every row of a step that carries a decode row comes here (CarriesDecodeRow),
+  // and the kernel reads the weights faster than the f32 loop below (a 256 MiB model's decode step
+  // at 1.02 to 1.09 times the bandwidth the bench measures, against 0.8 to 0.9). As with a prompt's, a subnormal activation or weight counts as zero
   // (VDPBF16PS) and an activation past bf16's largest finite value as infinite.
   if (w.dtype == DType::BF16 && (rows <= kBatchedRows || decoding) && dense::HaveBF16Gemv()) {
     thread_local std::vector<uint16_t> narrow;
@@ -367,7 +366,8 @@ Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun
     RmsNorm(x.data(), rows, hidden, WidenAll(w.post_attention_norm), c.rms_norm_eps, normed.data());
     if (Status s = Linear(normed.data(), rows, w.gate, {}, gate.data(), decoding); !s.ok()) return s;
     if (Status s = Linear(normed.data(), rows, w.up, {}, up.data(), decoding); !s.ok()) return s;
-    // SwiGLU: silu(gate) x up, silu(g) = g / (1 + exp(-g)), the exps in vectors.
+    // SwiGLU: silu(gate) x up, silu(g) = g / (1 + exp(-g)), the exps in vectors (the same bits
+    // at any index: vector_exp.h).
     for (uint64_t i = 0; i < gate.size(); ++i) sigmoid[i] = -gate[i];
     ExpInPlace(sigmoid.data(), sigmoid.size());
     for (uint64_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + sigmoid[i]) * up[i];

@@ -46,7 +46,7 @@ Status CpuSlots::Step(std::span<const Run> runs, std::span<float> logits, std::s
     std::vector<StepRun> step;
     for (const Run& run : runs) {
       tokens.insert(tokens.end(), run.tokens.begin(), run.tokens.end());
-      step.push_back({&Cache(run.slot), run.start, static_cast<uint32_t>(run.tokens.size())});
+      step.push_back({&Cache(run.slot), run.start, static_cast<uint32_t>(run.tokens.size()), run.decode});
     }
     if (Status s = model_.Step(tokens, step, logits.first(uint64_t{runs.size()} * vocab)); !s.ok()) return s;
   }
@@ -85,7 +85,7 @@ Status RunStep(SequenceSlots& slots, std::span<const StepMember> members, const 
     if (prompt && prompt_budget == 0) continue;
     const TokenSequence::Feed feed = s.Next(prompt ? prompt_budget : 1);
     if (prompt) prompt_budget -= static_cast<uint32_t>(feed.tokens.size());
-    runs.push_back({members[i].slot, feed.tokens, feed.start, feed.chooses && s.argmax_only()});
+    runs.push_back({members[i].slot, feed.tokens, feed.start, feed.chooses && s.argmax_only(), !prompt});
     ran.push_back(i);
   }
   if (runs.empty()) return OkStatus();

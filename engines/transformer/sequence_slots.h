@@ -51,6 +51,7 @@ class SequenceSlots {
     std::span<const int32_t> tokens;
     uint32_t start = 0;
     bool argmax_only = false;  // only its last token's argmax is wanted
+    bool decode = false;       // a sequence's next token, not a prompt's piece
   };
   // logits: runs.size() x vocab_size floats, each run's last token's; argmax: one per run, -1 when
   // it comes. Slots that find an argmax_only run's argmax where the logits are (a GPU) set it and

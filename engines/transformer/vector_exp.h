@@ -9,7 +9,8 @@ namespace warmpool::transformer {
 
 // x[i] = exp(x[i]) for i < n: within 1e-7 relative of the exact value wherever the result is a
 // normal float; denormal results as exact as the format allows, 0 below them, +inf above FLT_MAX's
-// logarithm, NaN for NaN. Runs in the widest vectors the CPU has (AVX-512, AVX2, else SSE2).
+// logarithm, NaN for NaN. Runs in the widest vectors the CPU has (AVX-512, AVX2, else SSE2). A
+// value's result is the same bits at any index of any n.
 void ExpInPlace(float* x, uint64_t n);
 
 }  // namespace warmpool::transformer

@@ -106,7 +106,7 @@ TEST(DenseEngine, MixedDTypesAndMisalignedF32) {
   ExpectCpuClose(output, model, input, 7, "mixed");
 }
 
-// Every path of the CPU layers: the f16 kernel for 1..kGemvRows rows (in passes of up to 8 rows,
+// Every path of the CPU layers: the f16 kernel for 1..kGemvRows rows (in passes of up to 4 rows,
 // over blocks of outputs, with inputs that are not a multiple of its vector width) and the widened
 // matmul above it; bf16 and f32 matmuls at each batch size; one and two threads.
 TEST(DenseEngine, EveryBatchSizeAndThreadCountOnEveryPath) {

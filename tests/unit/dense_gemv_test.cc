@@ -159,8 +159,8 @@ TEST(BF16Gemv, ARowsSumsAreTheSameBitsInAnyBatch) {
   }
 }
 
-// The same of the f16 kernel on each instruction set and of the f32 one, which the transformer
-// engine's steps take on those weights.
+// The same of the f16 kernel on each instruction set (the transformer engine's steps on f16
+// weights) and of the f32 one (the dense engine's).
 TEST(F16Gemv, ARowsSumsAreTheSameBitsInAnyBatch) {
   std::mt19937 generator(29);
   const uint32_t in = 4117, out = 70, most = 20;

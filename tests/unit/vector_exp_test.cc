@@ -4,9 +4,11 @@
 // overflow and of the denormals, signed zeros.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "engines/transformer/vector_exp.h"
@@ -42,6 +44,28 @@ TEST(VectorExpTest, EveryLengthAndTailComputesTheSame) {
     y = x;
     ExpInPlace(y.data(), n);
     for (uint64_t i = 0; i < n; ++i) ExpectExp(x[i], y[i]);
+  }
+}
+
+// A value's exp is the same bits at any index of a buffer of any length: the vector loop's body
+// and its tails take different instructions, and the transformer engine's rows must not compute
+// differently for where they sit in a step's buffer (a decode row alone or beside others).
+TEST(VectorExpTest, AValuesExpIsTheSameBitsAtAnyIndexOfAnyLength) {
+  std::mt19937 generator(31);
+  std::uniform_real_distribution<float> value(-20.0f, 20.0f);
+  std::vector<float> values(4096);
+  for (float& v : values) v = value(generator);
+  std::vector<float> alone = values;
+  for (float& v : alone) ExpInPlace(&v, 1);
+  for (uint64_t n = 1; n <= 48; ++n) {
+    for (uint64_t first = 0; first + n <= values.size(); first += n) {
+      std::vector<float> y(values.begin() + first, values.begin() + first + n);
+      ExpInPlace(y.data(), n);
+      for (uint64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(alone[first + i]))
+            << "exp(" << values[first + i] << ") at " << i << " of " << n;
+      }
+    }
   }
 }
 
