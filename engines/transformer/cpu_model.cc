@@ -155,8 +155,9 @@ Status CpuModel::Linear(const float* x, uint32_t rows, const Matrix& w, const Ve
   // prompt's are on oneDNN. A lone row too: a row's sums here are the same bits alone or beside
   // others (BF16Gemv), every row of a step that carries a decode row comes here (CarriesDecodeRow),
   // and the kernel reads the weights faster than the f32 loop below (a 256 MiB model's decode step
-  // at 1.02 to 1.09 times the bandwidth the bench measures, against 0.8 to 0.9). As with a prompt's, a subnormal activation or weight counts as zero
-  // (VDPBF16PS) and an activation past bf16's largest finite value as infinite.
+  // at 1.02 to 1.09 times the bandwidth the bench measures, against 0.8 to 0.9). As with a
+  // prompt's, a subnormal activation or weight counts as zero (VDPBF16PS) and an activation past
+  // bf16's largest finite value as infinite.
   if (w.dtype == DType::BF16 && (rows <= kBatchedRows || decoding) && dense::HaveBF16Gemv()) {
     thread_local std::vector<uint16_t> narrow;
     narrow.resize(uint64_t{rows} * w.cols);

@@ -52,8 +52,9 @@ class CpuModel {
   // for it alone (up to the order of the sums). Runs must name different caches; a run outside its
   // cache's context, a token outside the vocabulary or tokens that do not add up to the runs' is
   // INVALID_ARGUMENT, and nothing is written. A decode row (a run marked `decode`) is the same bits
-  // as Forward computes for it alone, whatever runs share its step, where the CPU has the weights' small-batch kernel (bf16:
-  // AVX-512 BF16; f16: AVX2 or AVX-512, with F16C); on f32, only in steps of up to four rows.
+  // as Forward computes for it alone, whatever runs share its step, where the CPU has the weights'
+  // small-batch kernel (bf16: AVX-512 BF16; f16: AVX2 or AVX-512, with F16C); on f32, only in
+  // steps of up to four rows.
   Status Step(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> logits);
 
   const Config& config() const { return config_; }
