@@ -68,13 +68,19 @@ class BatchedGenerateTest : public DaemonTest {
     }
     return seen;
   }
+  // The first stream to send a chunk held up for 200 ms after it (an injected fault; the daemon
+  // started with --enable-fault-injection): on a loaded machine the tiny model could otherwise
+  // finish it before the requests sent with it reached the worker, and they would never meet.
+  static void HoldUpTheFirstStream(client::Client& c) {
+    ASSERT_TRUE(c.ArmFault(client::FaultSpec{"infer.mid", "delay:200", "tiny", 0, 1}).ok());
+  }
   static const inline std::vector<std::string> kPrompts = {"This License applies to", "Everyone is permitted",
                                                             "You may convey", "the GNU General"};
 };
 
 TEST_F(BatchedGenerateTest, GenerationsRunTogetherAndEachSaysWhatItSaysAlone) {
   WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});  // f32: batched or alone, the same sums
-  StartDaemon();
+  StartDaemon("", {"--enable-fault-injection"});
   auto c = Connect();
   auto models = c->Models();
   ASSERT_TRUE(models.ok() && models->models_size() == 1);
@@ -91,6 +97,7 @@ TEST_F(BatchedGenerateTest, GenerationsRunTogetherAndEachSaysWhatItSaysAlone) {
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     alone.push_back(whole->text());
   }
+  HoldUpTheFirstStream(*c);
   std::vector<v1::GenerateRequest> requests;
   for (const std::string& p : kPrompts) requests.push_back(Greedy(p, 40));
   std::vector<Seen> seen = SendTogether(*c, requests);
@@ -140,7 +147,7 @@ TEST_F(BatchedGenerateTest, GenerationsRunTogetherAndEachSaysWhatItSaysAlone) {
 
 TEST_F(BatchedGenerateTest, ParallelCapsWhatAReplicaRunsAndTheRestWaitInTheDaemon) {
   WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});
-  StartDaemon("[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nparallel = 2\n");
+  StartDaemon("[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nparallel = 2\n", {"--enable-fault-injection"});
   auto c = Connect();
   auto models = c->Models();
   ASSERT_TRUE(models.ok());
@@ -149,6 +156,7 @@ TEST_F(BatchedGenerateTest, ParallelCapsWhatAReplicaRunsAndTheRestWaitInTheDaemo
 
   std::vector<v1::GenerateRequest> requests;
   for (const std::string& p : kPrompts) requests.push_back(Greedy(p, 30));
+  HoldUpTheFirstStream(*c);
   std::vector<Seen> seen = SendTogether(*c, requests);
   for (const Seen& s : seen) ASSERT_TRUE(s.final.ok()) << s.final.status().ToString();
   // The first two ran together; the third started only when one of them ended, the fourth when
@@ -168,7 +176,8 @@ TEST_F(BatchedGenerateTest, ParallelCapsWhatAReplicaRunsAndTheRestWaitInTheDaemo
 // metrics count the waits.
 TEST_F(BatchedGenerateTest, AKvCacheOfOneContextIsSharedByPreemptingTheYoungestStreams) {
   WriteTinyModel(models_dir_ + "/tiny", transformer::RandomCheckpoint{});
-  StartDaemon("[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nkv_cache_tokens = 2048\n");
+  StartDaemon("[[models]]\nname = \"tiny\"\npath = \"models/tiny\"\nkv_cache_tokens = 2048\n",
+              {"--enable-fault-injection"});
   auto c = Connect();
   auto models = c->Models();
   ASSERT_TRUE(models.ok());
@@ -189,6 +198,7 @@ TEST_F(BatchedGenerateTest, AKvCacheOfOneContextIsSharedByPreemptingTheYoungestS
     alone.push_back(reply->text());
     requests.push_back(Greedy(kPrompts[i], kTokens));
   }
+  HoldUpTheFirstStream(*c);
   std::vector<Seen> seen = SendTogether(*c, requests);
   int first_final = 1 << 30;
   for (const Seen& s : seen) first_final = std::min(first_final, s.order_of_final);

@@ -64,13 +64,16 @@ TEST_F(BatchingTest, PipelinedRequestsShareEngineCallsAndEachGetsItsOwnRows) {
 TEST_F(BatchingTest, ALoneClientNeverWaitsAndBatchingCanBeTurnedOff) {
   std::string path = MakeModel("m", "24,96,7");
   MakeModel("off", "24,96,7");
-  StartDaemon(fmt::format("[pool]\nmax_batch_delay_us = 200000\n[[models]]\nname = \"off\"\npath = \"{}\"\n"
+  // The longest delay the config allows (1 s): a request that waited for company is then told from
+  // one that was merely slow (a few ms, even sanitized on a loaded machine) by a margin no load
+  // makes up. (That the supervisor sends a lone request with no delay is CoreTest's, exactly.)
+  StartDaemon(fmt::format("[pool]\nmax_batch_delay_us = 1000000\n[[models]]\nname = \"off\"\npath = \"{}\"\n"
                           "max_batch_delay_us = 0\n",
                           models_dir_ + "/off.safetensors"));
   auto client = Connect();
   ASSERT_TRUE(client->Load("m").ok());
   ASSERT_TRUE(client->Load("off").ok());
-  // One request at a time: nothing else is in flight, so none waits its 200 ms for company.
+  // One request at a time: nothing else is in flight, so none waits its second for company.
   for (int i = 0; i < 10; ++i) {
     client::Matrix input = RandomMatrix(2, 24, i);
     auto started = std::chrono::steady_clock::now();
@@ -79,8 +82,7 @@ TEST_F(BatchingTest, ALoneClientNeverWaitsAndBatchingCanBeTurnedOff) {
     auto reply = client->Wait(*id);
     ASSERT_TRUE(reply.ok() && reply->has_infer_reply());
     EXPECT_EQ(reply->infer_reply().batch_rows(), 2u);
-    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(150))
-        << "a lone request waited for a batch";
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1)) << "a lone request waited for a batch";
   }
   // Batching off: pipelined requests are computed one by one.
   std::vector<uint32_t> batch_rows = PipelineAndCheck(*client, "off", models_dir_ + "/off.safetensors", 24, 32);
