@@ -14,7 +14,8 @@
 //      buffer (the target's baseline), as throughput ratios;
 //   5. the first request after a switch (unload, load: one 1-row request) and after a second
 //      replica's attach (two at once, one per replica), against the requests that follow.
-// Measuring lives in sharing.cc, the report in sharing_report.cc.
+// Measuring lives in sharing.cc and sharing_measure.cc (the run's class in sharing_run.h), the report
+// in sharing_report.cc.
 // Like the other modes it reports numbers against the targets of issue 4 and asserts nothing.
 #pragma once
 
