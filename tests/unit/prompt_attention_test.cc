@@ -128,19 +128,31 @@ void ExpectTheDefinition(AttentionFn attention, const Config& c, const Attention
   }
 }
 
+// The query heads that share a KV head go into one product, a chunk of rows at a time (64 query
+// vectors: 16 rows of a group of 4, 9 of a group of 7), and are split over tasks where there are
+// more threads than tiles and KV heads (the last shape on 4 threads: 1, 2, 1 and 2 of 6 heads).
 TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
-  Config c;
-  c.num_hidden_layers = 1;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  const AttentionCase cases[] = {{8, 0, 0, 1}, {150, 0, 0, 2}, {70, 37, 0, 2}, {130, 0, 20, 2}, {9, 100, 20, 1}, {64, 64, 3, 3}, {9, 200, 0, 2}};
+  struct Shape {
+    uint32_t heads, kv_heads, head_dim;
+  };
+  const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {14, 2, 32}, {6, 1, 16}};
+  const AttentionCase cases[] = {{8, 0, 0, 1},    {150, 0, 0, 2},  {70, 37, 0, 2}, {130, 0, 20, 2},
+                                 {9, 100, 20, 1}, {64, 64, 3, 3},  {9, 200, 0, 2}, {17, 60, 0, 4}};
   std::mt19937 generator(11);
-  for (KvElement element : ElementsHere(c.head_dim)) {
-    c.kv_element = element;
-    for (const AttentionCase& k : cases) {
-      c.sliding_window = k.window;
-      ExpectTheDefinition(&PromptAttention, c, k, generator, "prompt");
+  for (const Shape& shape : shapes) {
+    Config c;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = shape.heads;
+    c.num_key_value_heads = shape.kv_heads;
+    c.head_dim = shape.head_dim;
+    for (KvElement element : ElementsHere(c.head_dim)) {
+      c.kv_element = element;
+      for (const AttentionCase& k : cases) {
+        c.sliding_window = k.window;
+        ExpectTheDefinition(&PromptAttention, c, k, generator,
+                            fmt::format("prompt, {} heads of {} over {} KV heads", shape.heads, shape.head_dim,
+                                        shape.kv_heads));
+      }
     }
   }
 }
@@ -291,6 +303,9 @@ TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
       std::vector<float> keys(uint64_t{positions} * c.kv_size(), 0.1f), values(keys.size(), 1.0f);
       std::vector<float> q(uint64_t{rows} * c.q_size(), 0.2f);
       values[uint64_t{30} * c.kv_size() + 3] = bad;  // position 30, KV head 0, dimension 3
+      // The last row's own position, KV head 1, dimension 9: only the last row sees it (as a zero
+      // weight on it, 0 x inf, it would make NaN of the rows before).
+      values[uint64_t{start + 2} * c.kv_size() + c.head_dim + 9] = bad;
       q[uint64_t{1} * c.q_size() + 5 * c.head_dim + 7] = bad;  // row 1's head 5 (of KV head 1)
       std::vector<float> out(q.size());
       const std::unique_ptr<KvCache> cache = CacheOf(c, keys, values);
@@ -299,7 +314,7 @@ TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
         for (uint32_t h = 0; h < c.num_attention_heads; ++h) {
           for (uint32_t d = 0; d < c.head_dim; ++d) {
             const float x = out[uint64_t{r} * c.q_size() + h * c.head_dim + d];
-            const bool reads_value = h < 4 && d == 3;
+            const bool reads_value = (h < 4 && d == 3) || (r == 2 && h >= 4 && d == 9);
             const bool own_query = r == 1 && h == 5;
             if (reads_value || own_query) {
               EXPECT_FALSE(std::isfinite(x)) << ElementName(c) << " row " << r << " head " << h << " dimension " << d;
@@ -308,6 +323,49 @@ TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// The softmax every attention row goes through, against the definition in double precision, at
+// lengths on and off its vector width: friendly scores, huge ones (whose differences overflow a
+// naive exp), -inf (weighs exactly nothing); a NaN or +inf anywhere makes the whole row NaN, as
+// the definition's arithmetic does (x - max is NaN for both).
+TEST(Softmax, EqualsTheDefinitionAtEveryLengthWithHostileScores) {
+  std::mt19937 generator(23);
+  std::uniform_real_distribution<float> uniform(-30, 30);
+  for (uint32_t n : {1u, 2u, 15u, 16u, 17u, 31u, 33u, 64u, 1000u, 2053u}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<float> x(n);
+      for (float& v : x) v = uniform(generator);
+      if (kind == 1) x[n / 2] = 1e30f, x[0] = -1e30f;
+      if (kind == 2) x[n - 1] = -INFINITY;
+      if (kind == 3) x[n / 3] = NAN;
+      if (kind == 4) x[(n * 2) / 3] = INFINITY;
+      std::vector<float> got = x;
+      Softmax(got.data(), n);
+      double max = -INFINITY, total = 0;
+      for (float v : x) max = std::max(max, double{v});
+      std::vector<double> want(n);
+      for (uint32_t j = 0; j < n; ++j) total += (want[j] = std::exp(double{x[j]} - max));
+      for (uint32_t j = 0; j < n; ++j) {
+        const std::string where = fmt::format("length {}, case {}, at {}", n, kind, j);
+        const double p = want[j] / total;  // NaN for every case >= 3, and for a row of one -inf
+        if (std::isnan(p)) {
+          ASSERT_TRUE(std::isnan(got[j])) << where << ": " << got[j];
+          continue;
+        }
+        if (std::isinf(x[j])) {  // -inf beside finite scores
+          ASSERT_EQ(got[j], 0.0f) << where;
+          continue;
+        }
+        // x - max rounded to a float moves the exponent by up to half an ulp of the difference.
+        const double rounding = 1e-6 + std::fabs(double{x[j]} - max) * 6e-8;
+        ASSERT_NEAR(got[j], p, rounding * p + 1e-37) << where;
+      }
+      if (kind >= 3) {
+        ASSERT_TRUE(std::isnan(got[0])) << "length " << n << ", case " << kind;
       }
     }
   }
