@@ -8,6 +8,7 @@
 #include "bench/abuse.h"
 #include "bench/batching.h"
 #include "bench/decode_attention.h"
+#include "bench/piece_cost.h"
 #include "bench/compute.h"
 #include "bench/generate.h"
 #include "bench/http_generate.h"
@@ -65,6 +66,15 @@ int main(int argc, char** argv) {
     if (app.get_option("--rounds")->count() > 0) resume.rounds = options.rounds;
     resume.json = options.json;
     return warmpool::bench::RunResumeGenerate(resume);
+  }
+  if (options.generate && options.pieces) {
+    warmpool::bench::PieceCostOptions pieces;
+    if (app.get_option("--model-mib")->count() > 0) pieces.model_mib = static_cast<uint32_t>(options.model_mib);
+    if (app.get_option("--prompt")->count() > 0) pieces.position = options.prompt;
+    if (app.get_option("--rounds")->count() > 0) pieces.rounds = options.rounds;
+    if (app.get_option("--threads")->count() > 0) pieces.threads = std::max(1u, options.threads);
+    pieces.json = options.json;
+    return warmpool::bench::RunPieceCost(pieces);
   }
   if (options.generate && options.attention) {
     warmpool::bench::DecodeAttentionOptions attention;

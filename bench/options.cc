@@ -125,6 +125,9 @@ void AddOptions(CLI::App& app, Options& options) {
   app.add_flag("--resume", options.resume,
                "--generate: through a daemon, a stream whose worker is SIGKILLed halfway: the gap to its next "
                "token against its median (bench/resume_generate.h; run from the repository root)");
+  app.add_flag("--pieces", options.pieces,
+               "--generate: what a prompt's piece of 1 to 64 tokens costs a step beside a decode row, at position "
+               "0 and at --prompt (default 2000), in-process, against the decode step alone (bench/piece_cost.h)");
   app.add_flag("--attention", options.attention,
                "--generate: decode attention alone, in-process: --batch sequences' rows over --prompt positions "
                "each, every layer of the --streams model, against reading the same keys and values "

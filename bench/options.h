@@ -53,6 +53,7 @@ struct Options {
   bool http = false;
   bool second_turn = false;
   bool attention = false;
+  bool pieces = false;
   bool resume = false;
   std::string dtype = "bf16";
   std::string kv_cache = "auto";
