@@ -3,9 +3,10 @@
 // share it (a product's rows are a chunk of rows times those heads), with the mask and the softmax
 // between them. A decode step (one row) reads each key once whatever the loop, but a prompt's rows
 // all read the same keys: as products they are read once per tile of rows, at the arithmetic's
-// pace, instead of once per row and head in dot products of head_dim floats. Stacking the heads
-// that share a KV head made a 16-row piece's step at position 2000 of a 256 MiB model 1.2 times
-// faster than a product per head (docs/benchmarks.md, "A prompt's pieces at long positions").
+// pace, instead of once per row and head in dot products of head_dim floats. With the heads that
+// share a KV head in one product and the softmax in AVX-512, a 16-token piece's step beside a
+// decode row at position 2000 of a 256 MiB model ran 1.3 to 1.4 times faster than with a product
+// per head (docs/benchmarks.md, "A prompt's pieces at long positions").
 #pragma once
 
 #include <cstdint>
