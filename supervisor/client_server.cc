@@ -42,13 +42,17 @@ ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandl
                            ClosedHandler on_closed)
     : loop_(loop),
       options_(options),
-      http_access_(std::make_shared<const HttpAccess>(
-          HttpAccess{options.admin_token, options.api_keys, options.cors_origins})),
+      http_access_(std::make_shared<HttpAccess>(HttpAccess{options.admin_token, options.api_keys, options.cors_origins})),
       on_request_(std::move(on_request)),
       on_closed_(std::move(on_closed)),
       accounting_(SharesOf(options)) {}
 
 ClientServer::~ClientServer() { Close(); }
+
+void ClientServer::SetApiKeys(std::vector<std::string> keys) {
+  options_.api_keys = keys;
+  http_access_->api_keys = std::move(keys);
+}
 
 void ClientServer::Close() {
   StopAccepting();

@@ -121,6 +121,10 @@ class ClientServer {
   void StopAccepting();
   // StopAccepting, and closes every session (flushing what the kernel takes).
   void Close();
+  // The API keys TCP requests need from now on ([http] api_keys_file read again: SIGHUP), for
+  // connections already open too: their next request is judged by these.
+  void SetApiKeys(std::vector<std::string> keys);
+  bool has_api_keys() const { return !options_.api_keys.empty(); }
 
   // Dropped when the session is gone.
   void Send(uint64_t session, const v1::Envelope& reply);
@@ -171,7 +175,9 @@ class ClientServer {
 
   uv_loop_t* loop_;
   Options options_;
-  std::shared_ptr<const HttpAccess> http_access_;  // every HTTP session's (supervisor/http_access.h)
+  // Every HTTP session's (supervisor/http_access.h), which read it at each request: on the loop's
+  // thread, as SetApiKeys changes it.
+  std::shared_ptr<HttpAccess> http_access_;
   RequestHandler on_request_;
   ClosedHandler on_closed_;
   int listen_fd_ = -1;

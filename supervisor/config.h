@@ -140,7 +140,8 @@ struct Config {
   // token (the first line of admin_token_file) as "Authorization: Bearer TOKEN".
   // With api_keys_file (keys one per line, chmod 600), every TCP request needs one of its keys as
   // "Authorization: Bearer KEY" (or the admin token), and listen may be any address; without, only
-  // loopback. cors_origins: web pages from these origins ("*": any) may call the API.
+  // loopback; the file is read again at every SIGHUP. cors_origins: web pages from these origins
+  // ("*": any) may call the API.
   std::string http_listen;
   std::string http_admin_token_file;
   std::string http_api_keys_file;
@@ -173,8 +174,9 @@ void FinishDefaults(Config& config);
 // and a daemon that may open open_files descriptors (FinishDefaults passes this machine's).
 void FinishShares(Config& config, uint64_t physical_bytes, uint64_t open_files);
 // What a reload (SIGHUP) takes from a config file read again: the registry's settings (models,
-// models_dir, model_roots, keep_alive). Everything else needs a restart. Inline: the core, which
-// does not link the config parser, applies it too.
+// models_dir, model_roots, keep_alive). The daemon also reads the API keys file again
+// (ReloadApiKeys, supervisor/http_access.h). Everything else needs a restart. Inline: the core,
+// which does not link the config parser, applies it too.
 inline void TakeRegistrySettings(Config& config, const Config& from) {
   config.models = from.models;
   config.models_dir = from.models_dir;

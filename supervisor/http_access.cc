@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <fmt/format.h>
+
 namespace warmpool::supervisor {
 namespace {
 
@@ -122,6 +124,26 @@ Result<std::vector<std::string>> ReadApiKeys(const std::string& path) {
   }
   if (keys.empty()) return Error(Code::kFailedPrecondition, "[http] api_keys_file {} holds no key", path);
   return keys;
+}
+
+ApiKeysReload ReloadApiKeys(const std::string& path, bool keys_in_force) {
+  ApiKeysReload out;
+  if (path.empty()) {
+    if (keys_in_force) {
+      out.log = "reload: [http] api_keys_file is no longer set; the API keys in force stay until a restart";
+    }
+    return out;
+  }
+  Result<std::vector<std::string>> keys = ReadApiKeys(path);
+  if (!keys.ok()) {
+    out.error = true;
+    out.log = fmt::format("reload: {}; {}", keys.status().message(),
+                          keys_in_force ? "the API keys in force stay" : "TCP requests still need no key");
+    return out;
+  }
+  out.log = fmt::format("reload: {} API key(s) from {}", keys->size(), path);
+  out.keys = std::move(*keys);
+  return out;
 }
 
 Result<std::string> ReadAdminToken(const std::string& path) {

@@ -43,6 +43,17 @@ std::optional<std::string> Preflight(const HttpAccess& access, const http::Reque
 // [http] api_keys_file: one key per line (blank lines and lines starting with '#' skipped), each
 // of at least 16 characters; the file must not be readable by others (chmod 600).
 Result<std::vector<std::string>> ReadApiKeys(const std::string& path);
+// [http] api_keys_file read again (SIGHUP; `path` as the configuration names it now): the keys
+// that serve from now on, or none to change, and what to log. A file that cannot be read, is
+// readable by others or holds no key changes nothing (an error): the keys in force stay. So does
+// a configuration that names no file while keys are in force (a warning): a listener beyond
+// loopback may have been allowed because of them, so only a restart drops them.
+struct ApiKeysReload {
+  std::optional<std::vector<std::string>> keys;  // nullopt: the keys in force stay
+  std::string log;                               // "": nothing to say
+  bool error = false;
+};
+ApiKeysReload ReloadApiKeys(const std::string& path, bool keys_in_force);
 // [http] admin_token_file: its first line, of at least 16 characters; not readable by others.
 Result<std::string> ReadAdminToken(const std::string& path);
 

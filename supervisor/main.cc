@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
       "warmpoold: the warmpool supervisor. Loads models on demand into worker processes, keeps "
       "them warm and evicts the least recently used under a memory budget. Runs in the "
       "foreground and logs to stderr (with syslog priorities under systemd). SIGHUP reloads the "
-      "model registry; SIGTERM or SIGINT stops accepting, lets accepted requests finish within "
+      "model registry and the API keys; SIGTERM or SIGINT stops accepting, lets accepted requests finish within "
       "[daemon] drain_timeout_ms and stops (a second signal stops at once)."};
   std::string config_file, socket, models_dir, backend, instance, budget, log_level = "info";
   std::string worker_path;

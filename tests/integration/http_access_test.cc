@@ -1,7 +1,11 @@
 // Who may use the HTTP API over TCP and from which web pages (supervisor/http_access.h): API keys
 // guard every TCP request and let the daemon listen beyond loopback; the admin token still alone
 // administers; the Unix socket goes by peer credentials; CORS is off unless origins are listed.
+#include <signal.h>
 #include <sys/stat.h>
+
+#include <chrono>
+#include <thread>
 
 #include <fstream>
 
@@ -39,6 +43,34 @@ class HttpAccessTest : public DaemonTest {
   static std::string Bearer(const std::string& token) { return "Authorization: Bearer " + token + "\r\n"; }
   static bool Has(const Response& r, const std::string& header_line) {
     return r.headers.find(header_line) != std::string::npos;
+  }
+  // How often the daemon's log says `what`.
+  size_t Occurrences(const std::string& what) const {
+    const std::string log = DaemonLog();
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) n++;
+    return n;
+  }
+  // One response from a connection that stays open: its head, then Content-Length bytes of body.
+  static Response ReadOne(int fd) {
+    timeval tv{20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string bytes;
+    char buf[4096];
+    size_t head_end = std::string::npos;
+    uint64_t length = 0;
+    for (;;) {
+      if (head_end == std::string::npos && (head_end = bytes.find("\r\n\r\n")) != std::string::npos) {
+        const size_t at = bytes.find("Content-Length: ");
+        length = at < head_end ? std::stoull(bytes.substr(at + 16)) : 0;
+      }
+      if (head_end != std::string::npos && bytes.size() >= head_end + 4 + length) break;
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      bytes.append(buf, static_cast<size_t>(n));
+    }
+    std::vector<Response> r = Split(bytes);
+    return r.empty() ? Response{} : r[0];
   }
   int port_ = FreePort();
 };
@@ -137,6 +169,51 @@ TEST_F(HttpAccessTest, CorsAllowsTheListedOriginsAndAnswersTheirPreflight) {
   EXPECT_NE(refused.status, 204);
   EXPECT_FALSE(Has(refused, "Access-Control"));
   EXPECT_TRUE(Has(refused, "Vary: Origin"));
+}
+
+// SIGHUP reads the key file again: a key taken out stops serving, on a connection already open
+// too; a key put in serves. A file that cannot be used (a short key, readable by others) or a
+// configuration that no longer names one changes nothing: the keys in force stay.
+TEST_F(HttpAccessTest, AReloadTakesTheKeyFileAgainAndKeepsTheKeysWhenItCannot) {
+  MakeModel("m", "8,4");
+  const std::string keys = Secret("keys", std::string(kKeyOne) + "\n");
+  const std::string config = "[http]\nlisten = \"127.0.0.1:" + std::to_string(port_) + "\"\napi_keys_file = \"" + keys + "\"\n";
+  StartDaemon(config);
+  auto reload = [&](const std::string& says) {
+    const size_t before = Occurrences(says);
+    ASSERT_EQ(kill(DaemonPid(), SIGHUP), 0);
+    for (int i = 0; i < 250 && Occurrences(says) == before; i++) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GT(Occurrences(says), before) << DaemonLog();
+  };
+  // A connection that stays open across the reload: its first request with the key in force.
+  const int open = ConnectTcp(port_);
+  ASSERT_GE(open, 0);
+  const std::string keep = "GET /v1/models HTTP/1.1\r\nHost: warmpool\r\n" + Bearer(kKeyOne) + "\r\n";
+  ASSERT_EQ(send(open, keep.data(), keep.size(), MSG_NOSIGNAL), static_cast<ssize_t>(keep.size()));
+  EXPECT_EQ(ReadOne(open).status, 200);
+
+  Secret("keys", std::string(kKeyTwo) + "\n");
+  reload("1 API key(s) from " + keys);
+  std::vector<Response> after = Split(Exchange(open, Get("/v1/models", Bearer(kKeyOne))));
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].status, 401) << "the open connection's next request, with the key taken out";
+  EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyOne))).status, 401);
+  EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyTwo))).status, 200);
+
+  // Files it cannot use: the keys in force stay, and the log says why.
+  Secret("keys", "short\n");
+  reload("use at least 16");
+  Secret("keys", std::string(kKeyOne) + "\n", 0644);
+  reload("readable by others");
+  EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyTwo))).status, 200);
+  EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyOne))).status, 401);
+  EXPECT_EQ(Tcp(Get("/v1/models", "")).status, 401);
+
+  // A configuration without the file: the keys stay until a restart.
+  std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n[http]\nlisten = \"127.0.0.1:" << port_ << "\"\n";
+  reload("api_keys_file is no longer set");
+  EXPECT_EQ(Tcp(Get("/v1/models", "")).status, 401);
+  EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyTwo))).status, 200);
 }
 
 }  // namespace
