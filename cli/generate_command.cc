@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_files.h"
 #include "common/utf8.h"
 #include "ipc/codes.h"
 #include "replyjson/reply_json.h"
@@ -54,16 +55,25 @@ void PrintLine(const nlohmann::json& line) {
   std::fflush(stdout);
 }
 
+// A line per call: "tool call ID: NAME ARGUMENTS" (the arguments' JSON).
+void PrintToolCalls(const google::protobuf::RepeatedPtrField<v1::ToolCall>& calls) {
+  for (const v1::ToolCall& call : calls) {
+    std::fprintf(stdout, "tool call %s: %s %s\n", call.id().c_str(), call.name().c_str(), call.arguments().c_str());
+  }
+}
+
 // Generates and prints; `text` gets what was generated. Returns the exit status.
 int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRequest request,
                 std::string* text = nullptr, Status* failure = nullptr) {
   std::string generated;
+  google::protobuf::RepeatedPtrField<v1::ToolCall> calls;  // the model's, in text mode
   Result<v1::GenerateReply> reply = client.Generate(std::move(request), [&](const v1::GenerateChunk& chunk) {
     generated += chunk.text();
     if (args.json) {
       PrintLine(replyjson::GenerateChunkJson(chunk));
     } else {
       std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+      calls.MergeFrom(chunk.tool_calls());  // printed after the text
       std::fflush(stdout);
     }
   });
@@ -80,6 +90,8 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRe
   } else {
     std::fwrite(reply->text().data(), 1, reply->text().size(), stdout);
     std::fputc('\n', stdout);
+    calls.MergeFrom(reply->tool_calls());
+    PrintToolCalls(calls);
     std::fflush(stdout);
   }
   if (args.verbose) {
@@ -125,16 +137,43 @@ void AddGenerateOptions(CLI::App* command, GenerateArgs& args, std::string& keep
   command->add_flag("--json", args.json, "NDJSON: a line per chunk, then the final reply (\"done\": true)");
   command->add_flag("--no-stream", args.no_stream, "wait for the whole text instead of streaming it");
   command->add_flag("--verbose", args.verbose, "print token counts, time to first token and tokens/s to stderr");
+  command->add_option("--tools", args.tools,
+                      "a JSON file: an array of tools the model may call (OpenAI's shape); the prompt becomes a "
+                      "chat's user turn, and each call is printed on a line of its own (with --json, in the lines' "
+                      "\"tool_calls\")")
+      ->type_name("FILE");
+  command->add_option("--messages", args.messages,
+                      "a JSON file: the chat to carry on instead of a prompt, an array of {\"role\", \"content\"} "
+                      "(an assistant's \"tool_calls\" as --json prints them; a tool's \"tool_call_id\")")
+      ->type_name("FILE");
 }
 
 int RunGenerate(client::Client& client, const GenerateArgs& args) {
-  const std::string prompt = args.prompt.empty() ? ReadAll(std::cin) : args.prompt;
-  if (!IsValidUtf8(prompt)) return Fail(Error(Code::kInvalidArgument, "the prompt is not valid UTF-8"));
-  return GenerateOne(client, args, RequestOf(args, prompt));
+  if (!args.messages.empty() && !args.prompt.empty()) {
+    return Fail(Error(Code::kInvalidArgument, "give a PROMPT or --messages, not both"));
+  }
+  std::string prompt;
+  if (args.messages.empty()) {
+    prompt = args.prompt.empty() ? ReadAll(std::cin) : args.prompt;
+    if (!IsValidUtf8(prompt)) return Fail(Error(Code::kInvalidArgument, "the prompt is not valid UTF-8"));
+  }
+  // Tools need a chat: the prompt is its user's turn.
+  v1::GenerateRequest request =
+      args.tools.empty() || !args.messages.empty() ? RequestOf(args, prompt) : RequestOf(args, "", {{"user", prompt}});
+  if (!args.messages.empty()) {
+    request.clear_prompt();
+    if (Status s = ReadMessages(args.messages, request); !s.ok()) return Fail(s);
+  }
+  if (!args.tools.empty()) {
+    if (Status s = ReadTools(args.tools, request); !s.ok()) return Fail(s);
+  }
+  return GenerateOne(client, args, std::move(request));
 }
 
 int RunInteractive(client::Client& client, GenerateArgs args) {
-  if (!args.prompt.empty() || !isatty(STDIN_FILENO)) return RunGenerate(client, args);
+  if (!args.prompt.empty() || !args.tools.empty() || !args.messages.empty() || !isatty(STDIN_FILENO)) {
+    return RunGenerate(client, args);
+  }
   // A chat through the model's template, the conversation so far sent each turn; a model without
   // one completes each line alone.
   Conversation conversation;

@@ -28,15 +28,18 @@ struct GenerateArgs {
   bool json = false;       // NDJSON: a line per chunk, then the final reply
   bool no_stream = false;  // one reply with all the text
   bool verbose = false;    // the final reply's figures on stderr
+  std::string tools;       // a JSON file of tools the chat offers (cli/chat_files.h)
+  std::string messages;    // a JSON file of the conversation to carry on, instead of a prompt
 };
 
 // The options both commands take; `keep_alive` is parsed by the caller.
 void AddGenerateOptions(CLI::App* command, GenerateArgs& args, std::string& keep_alive);
 
-// generate: one prompt (args.prompt, else all of stdin). Returns the exit status.
+// generate: one prompt (args.prompt, else all of stdin), or a chat: args.messages' conversation,
+// or with args.tools the prompt as the user's turn. Returns the exit status.
 int RunGenerate(client::Client& client, const GenerateArgs& args);
 // run: the prompt when one is given; else on a terminal a prompt per line read (">>> "), until end
-// of input or /bye; else all of stdin.
+// of input or /bye; else all of stdin. With --tools or --messages, as generate.
 int RunInteractive(client::Client& client, GenerateArgs args);
 
 }  // namespace warmpool::cli

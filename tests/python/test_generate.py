@@ -235,6 +235,61 @@ def test_tools_come_back_as_tool_calls_streamed_or_whole(lm_daemon):
             c.generate("tools", "a prompt", tools=[WEATHER], stream=False)
 
 
+def test_the_cli_offers_tools_prints_the_calls_and_carries_the_chat_on(lm_daemon, tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER]))
+    cli = [binary("warmpool"), "--socket", lm_daemon.socket, "generate", "tools"]
+
+    def run(*args, ok=True):
+        r = subprocess.run(cli + list(args), capture_output=True, text=True)
+        assert (r.returncode == 0) == ok, r.stderr
+        return r
+
+    # The prompt becomes the chat's user turn; each call is a line of its own after the text.
+    for streamed in ([], ["--no-stream"]):
+        lines = run("Weather in Paris?", "--tools", str(tools), *streamed).stdout.splitlines()
+        calls = [line for line in lines if line.startswith("tool call ")]
+        assert len(calls) == 1, lines
+        head, _, arguments = calls[0].partition(": get_weather ")
+        assert head.startswith("tool call call_") and json.loads(arguments) == {"city": "Paris"}, calls[0]
+    # --json: the calls in the final reply; as printed there they carry the chat on, with the answer.
+    final = json.loads(run("Weather in Paris?", "--tools", str(tools), "--json", "--no-stream").stdout.splitlines()[-1])
+    assert final["finish_reason"] == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in final["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+    conversation = tmp_path / "chat.json"
+    conversation.write_text(json.dumps([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": final["tool_calls"]},
+        {"role": "tool", "tool_call_id": final["tool_calls"][0]["id"], "content": "22 degrees"}]))
+    again = json.loads(run("--messages", str(conversation), "--tools", str(tools), "--json", "--no-stream")
+                       .stdout.splitlines()[-1])
+    assert again["prompt_tokens"] > final["prompt_tokens"] + 5
+    # OpenAI's shape of a call goes in too.
+    openai_shape = [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]
+    conversation.write_text(json.dumps([{"role": "user", "content": "Weather in Paris?"},
+                                        {"role": "assistant", "content": "", "tool_calls": openai_shape},
+                                        {"role": "tool", "tool_call_id": "call_1", "content": "22 degrees"}]))
+    assert json.loads(run("--messages", str(conversation), "--tools", str(tools), "--json", "--no-stream")
+                      .stdout.splitlines()[-1])["prompt_tokens"] == again["prompt_tokens"]
+    # Bad files: typed errors naming the file and what is wrong; the daemon never sees them.
+    bad = tmp_path / "bad.json"
+    for text, option, says in (("{not json", "--tools", "not JSON"), ('{"a": 1}', "--tools", "expected a JSON array"),
+                               ("[1]", "--tools", "tool 0 is not an object"),
+                               ('[{"content": "hi"}]', "--messages", 'message 0: needs a "role"'),
+                               ('[{"role": "user", "content": 5}]', "--messages", '"content" must be a string'),
+                               ('[{"role": "assistant", "tool_calls": [{"id": "c"}]}]', "--messages",
+                                'needs a "name"'),
+                               ("[]", "--messages", "no message")):
+        bad.write_text(text)
+        r = run(option, str(bad), ok=False)
+        assert r.returncode == 2 and "INVALID_ARGUMENT" in r.stderr and str(bad) in r.stderr and says in r.stderr, \
+            (text, r.stderr)
+    r = run("a prompt", "--messages", str(conversation), ok=False)
+    assert "not both" in r.stderr
+    assert "cannot be read" in run("x", "--tools", str(tmp_path / "missing.json"), ok=False).stderr
+
+
 def test_a_named_tool_use_template_renders_chats_that_offer_tools(lm_daemon):
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     with warmpool.Client(lm_daemon.socket) as c:
