@@ -49,9 +49,17 @@ ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandl
 
 ClientServer::~ClientServer() { Close(); }
 
-void ClientServer::SetApiKeys(std::vector<std::string> keys) {
-  options_.api_keys = keys;
-  http_access_->api_keys = std::move(keys);
+void ClientServer::ReloadApiKeys(const std::string& path) {
+  ApiKeysReload reload = supervisor::ReloadApiKeys(path, !options_.api_keys.empty());
+  if (reload.keys) {
+    options_.api_keys = *reload.keys;
+    http_access_->api_keys = std::move(*reload.keys);
+  }
+  if (reload.error) {
+    spdlog::error("{}", reload.log);
+  } else if (!reload.log.empty()) {
+    spdlog::info("{}", reload.log);
+  }
 }
 
 void ClientServer::Close() {

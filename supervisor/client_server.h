@@ -121,10 +121,10 @@ class ClientServer {
   void StopAccepting();
   // StopAccepting, and closes every session (flushing what the kernel takes).
   void Close();
-  // The API keys TCP requests need from now on ([http] api_keys_file read again: SIGHUP), for
-  // connections already open too: their next request is judged by these.
-  void SetApiKeys(std::vector<std::string> keys);
-  bool has_api_keys() const { return !options_.api_keys.empty(); }
+  // [http] api_keys_file read again (SIGHUP; `path` as the configuration names it now), as
+  // supervisor/http_access.h's ReloadApiKeys decides, and logged: the keys it reads serve from now
+  // on, for connections already open too (their next request is judged by them).
+  void ReloadApiKeys(const std::string& path);
 
   // Dropped when the session is gone.
   void Send(uint64_t session, const v1::Envelope& reply);

@@ -16,7 +16,6 @@
 #include "ipc/descriptors.h"
 #include "ipc/error_proto.h"
 #include "supervisor/boot.h"
-#include "supervisor/http_access.h"
 #include "supervisor/takeover.h"
 #include "supervisor/core/request_check.h"
 #include "supervisor/region_check.h"
@@ -348,13 +347,7 @@ event::Reload Daemon::ReadRegistry() {
     TakeRegistrySettings(config_, *read);
     model_files_.Configure(config_);
     // The API keys too, so that a key can be revoked or added without a restart.
-    ApiKeysReload keys = ReloadApiKeys(read->http_api_keys_file, server_ != nullptr && server_->has_api_keys());
-    if (keys.keys && server_ != nullptr) server_->SetApiKeys(std::move(*keys.keys));
-    if (keys.error) {
-      spdlog::error("{}", keys.log);
-    } else if (!keys.log.empty()) {
-      spdlog::info("{}", keys.log);
-    }
+    if (server_ != nullptr) server_->ReloadApiKeys(read->http_api_keys_file);
   }
   e.entries = model_files_.Discover(config_, e.warnings);
   e.config = config_;
