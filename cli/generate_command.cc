@@ -78,6 +78,10 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRe
     }
   });
   if (!reply.ok()) {
+    if (!args.json && !calls.empty()) {  // the calls streamed before it failed
+      std::fputc('\n', stdout);
+      PrintToolCalls(calls);
+    }
     if (failure != nullptr) *failure = reply.status();
     if (failure != nullptr && reply.status().code() == Code::kFailedPrecondition) return 1;  // the caller decides
     if (!args.json) std::fputc('\n', stdout);
@@ -152,6 +156,14 @@ int RunGenerate(client::Client& client, const GenerateArgs& args) {
   if (!args.messages.empty() && !args.prompt.empty()) {
     return Fail(Error(Code::kInvalidArgument, "give a PROMPT or --messages, not both"));
   }
+  // The files first, so that a bad one is told before standard input is read.
+  v1::GenerateRequest files;
+  if (!args.messages.empty()) {
+    if (Status s = ReadMessages(args.messages, files); !s.ok()) return Fail(s);
+  }
+  if (!args.tools.empty()) {
+    if (Status s = ReadTools(args.tools, files); !s.ok()) return Fail(s);
+  }
   std::string prompt;
   if (args.messages.empty()) {
     prompt = args.prompt.empty() ? ReadAll(std::cin) : args.prompt;
@@ -160,13 +172,8 @@ int RunGenerate(client::Client& client, const GenerateArgs& args) {
   // Tools need a chat: the prompt is its user's turn.
   v1::GenerateRequest request =
       args.tools.empty() || !args.messages.empty() ? RequestOf(args, prompt) : RequestOf(args, "", {{"user", prompt}});
-  if (!args.messages.empty()) {
-    request.clear_prompt();
-    if (Status s = ReadMessages(args.messages, request); !s.ok()) return Fail(s);
-  }
-  if (!args.tools.empty()) {
-    if (Status s = ReadTools(args.tools, request); !s.ok()) return Fail(s);
-  }
+  if (!args.messages.empty()) request.clear_prompt();
+  request.MergeFrom(files);  // the messages and the tools
   return GenerateOne(client, args, std::move(request));
 }
 

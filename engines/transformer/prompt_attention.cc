@@ -69,7 +69,8 @@ namespace {
 // Softmax in AVX-512 (the scores of every head of every layer go through it: a fifth of a
 // 128-token piece's step at position 2000 went to the loops below, which GCC leaves scalar or in
 // SSE). The maximum is exact and the differences and quotients are rounded once per element, so
-// those are the same bits in any order; only the sum's order differs from the loops below. (A NaN
+// those are the same bits in any order; the sum's order differs from the loops below, and so the
+// quotients' last bits with it. (A NaN
 // among the scores may or may not become the maximum, but either way it makes the sum and so
 // every quotient NaN, as in the loops.)
 __attribute__((target("avx512f"))) void SoftmaxAvx512(float* x, uint32_t n) {
@@ -109,6 +110,7 @@ void Softmax(float* x, uint32_t n) {
 
 Status PromptAttention(const Config& c, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache,
                        const float* q, float* out, int threads) {
+  if (rows == 0) return OkStatus();
   const uint32_t group = c.num_attention_heads / c.num_key_value_heads;
   const uint32_t d = c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));

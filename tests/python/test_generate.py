@@ -241,7 +241,7 @@ def test_the_cli_offers_tools_prints_the_calls_and_carries_the_chat_on(lm_daemon
     cli = [binary("warmpool"), "--socket", lm_daemon.socket, "generate", "tools"]
 
     def run(*args, ok=True):
-        r = subprocess.run(cli + list(args), capture_output=True, text=True)
+        r = subprocess.run(cli + list(args), capture_output=True, text=True, stdin=subprocess.DEVNULL)
         assert (r.returncode == 0) == ok, r.stderr
         return r
 
