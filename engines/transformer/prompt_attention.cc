@@ -96,6 +96,10 @@ __attribute__((target("avx512f"))) void SoftmaxAvx512(float* x, uint32_t n) {
 void Softmax(float* x, uint32_t n) {
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   if (avx512) return SoftmaxAvx512(x, n);
+  SoftmaxLoops(x, n);
+}
+
+void SoftmaxLoops(float* x, uint32_t n) {
   float max = -INFINITY;
   for (uint32_t j = 0; j < n; ++j) max = std::max(max, x[j]);
 #pragma omp simd

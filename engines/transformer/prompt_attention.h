@@ -25,7 +25,10 @@ namespace warmpool::transformer {
 Status PromptAttention(const Config& config, uint32_t layer, uint32_t rows, uint32_t start, KvCache& cache,
                        const float* q, float* out, int threads);
 
-// x[0 .. n - 1] replaced by its softmax (n >= 1).
+// x[0 .. n - 1] replaced by its softmax (n >= 1): in AVX-512 where the CPU has it, else in
+// SoftmaxLoops.
 void Softmax(float* x, uint32_t n);
+// The same in plain loops (what Softmax runs without AVX-512; its tests run both).
+void SoftmaxLoops(float* x, uint32_t n);
 
 }  // namespace warmpool::transformer

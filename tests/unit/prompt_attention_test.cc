@@ -328,10 +328,11 @@ TEST(DecodeAttention, WhatIsNotFiniteReachesOnlyWhatReadsIt) {
   }
 }
 
-// The softmax every attention row goes through, against the definition in double precision, at
-// lengths on and off its vector width: friendly scores, huge ones (whose differences overflow a
-// naive exp), -inf (weighs exactly nothing); a NaN or +inf anywhere makes the whole row NaN, as
-// the definition's arithmetic does (x - max is NaN for both).
+// The softmax every attention row goes through (in AVX-512, and in the loops that run without
+// it), against the definition in double precision, at lengths on and off its vector width:
+// friendly scores, huge ones (whose differences overflow a naive exp), -inf (weighs exactly
+// nothing); a NaN or +inf anywhere makes the whole row NaN, as the definition's arithmetic does
+// (x - max is NaN for both).
 TEST(Softmax, EqualsTheDefinitionAtEveryLengthWithHostileScores) {
   std::mt19937 generator(23);
   std::uniform_real_distribution<float> uniform(-30, 30);
@@ -343,8 +344,9 @@ TEST(Softmax, EqualsTheDefinitionAtEveryLengthWithHostileScores) {
       if (kind == 2) x[n - 1] = -INFINITY;
       if (kind == 3) x[n / 3] = NAN;
       if (kind == 4) x[(n * 2) / 3] = INFINITY;
-      std::vector<float> got = x;
+      std::vector<float> got = x, loops = x;
       Softmax(got.data(), n);
+      SoftmaxLoops(loops.data(), n);
       double max = -INFINITY, total = 0;
       for (float v : x) max = std::max(max, double{v});
       std::vector<double> want(n);
@@ -352,20 +354,22 @@ TEST(Softmax, EqualsTheDefinitionAtEveryLengthWithHostileScores) {
       for (uint32_t j = 0; j < n; ++j) {
         const std::string where = fmt::format("length {}, case {}, at {}", n, kind, j);
         const double p = want[j] / total;  // NaN for every case >= 3, and for a row of one -inf
-        if (std::isnan(p)) {
-          ASSERT_TRUE(std::isnan(got[j])) << where << ": " << got[j];
-          continue;
+        for (auto [name, value] : {std::pair{"Softmax", got[j]}, std::pair{"SoftmaxLoops", loops[j]}}) {
+          if (std::isnan(p)) {
+            ASSERT_TRUE(std::isnan(value)) << name << ", " << where << ": " << value;
+            continue;
+          }
+          if (std::isinf(x[j])) {  // -inf beside finite scores
+            ASSERT_EQ(value, 0.0f) << name << ", " << where;
+            continue;
+          }
+          // x - max rounded to a float moves the exponent by up to half an ulp of the difference.
+          const double rounding = 1e-6 + std::fabs(double{x[j]} - max) * 6e-8;
+          ASSERT_NEAR(value, p, rounding * p + 1e-37) << name << ", " << where;
         }
-        if (std::isinf(x[j])) {  // -inf beside finite scores
-          ASSERT_EQ(got[j], 0.0f) << where;
-          continue;
-        }
-        // x - max rounded to a float moves the exponent by up to half an ulp of the difference.
-        const double rounding = 1e-6 + std::fabs(double{x[j]} - max) * 6e-8;
-        ASSERT_NEAR(got[j], p, rounding * p + 1e-37) << where;
       }
       if (kind >= 3) {
-        ASSERT_TRUE(std::isnan(got[0])) << "length " << n << ", case " << kind;
+        ASSERT_TRUE(std::isnan(got[0]) && std::isnan(loops[0])) << "length " << n << ", case " << kind;
       }
     }
   }
