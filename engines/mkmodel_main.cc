@@ -192,6 +192,10 @@ int Run(int argc, char** argv) {
   app.add_option("--sliding-window", decoder.sliding_window, "mistral: attention window in tokens (default none)")
       ->group(group);
   app.add_flag("--tie-embeddings", decoder.tie_word_embeddings, "the output head is the embedding")->group(group);
+  app.add_flag("--base-model-only", decoder.base_model_only,
+               "the base model alone, as an embedding model's checkpoint: no output head, tensors without "
+               "the \"model.\" prefix")
+      ->group(group);
   app.add_flag("--attention-bias", decoder.attention_bias, "llama, qwen3: biases on q, k, v and o")->group(group);
   app.add_option("--shards", decoder.shards, "weights files, with an index when more than one (default 1)")
       ->group(group);
@@ -216,8 +220,9 @@ int Run(int argc, char** argv) {
     decoder.seed = seed;
     Status written = transformer::WriteRandomCheckpoint(out_path, decoder);
     if (!written.ok()) return Fail(written, written.code() == Code::kInvalidArgument ? kExitUsage : kExitIo);
-    std::printf("wrote %s: a %s decoder, %u layers, hidden %u, vocabulary %u, %s weights\n", out_path.c_str(),
-                arch_text.c_str(), decoder.num_hidden_layers, decoder.hidden_size, decoder.vocab_size,
+    std::printf("wrote %s: a %s decoder%s, %u layers, hidden %u, vocabulary %u, %s weights\n", out_path.c_str(),
+                arch_text.c_str(), decoder.base_model_only ? " (its base model alone: no output head)" : "",
+                decoder.num_hidden_layers, decoder.hidden_size, decoder.vocab_size,
                 std::string(safetensors::DTypeName(decoder.dtype)).c_str());
     return 0;
   }

@@ -77,6 +77,11 @@ constexpr uint32_t kBatchedRows = 16;
 // steps do not depend on what else the replica serves, and a stream resumed on another worker
 // continues as it would have. Per row the kernel costs about
 // what oneDNN does at these sizes (docs/benchmarks.md, "A decode row's bits").
+// Logits asked of a model without an output head (weights.h): nothing is computed or written.
+Status NoOutputHead() {
+  return Error(Code::kFailedPrecondition, "the model has no output head (lm_head.weight): it embeds only");
+}
+
 bool CarriesDecodeRow(std::span<const StepRun> runs) {
   return std::any_of(runs.begin(), runs.end(), [](const StepRun& run) { return run.decode; });
 }
@@ -250,6 +255,7 @@ Status CpuModel::Check(std::span<const int32_t> tokens, std::span<const StepRun>
 Status CpuModel::Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
                          bool all_positions) {
   const Config& c = config_;
+  if (weights_.lm_head.data == nullptr) return NoOutputHead();
   const auto rows = static_cast<uint32_t>(tokens.size());
   const StepRun run{&cache, start, rows};
   if (Status s = Check(tokens, {&run, 1}, logits.size(), uint64_t{all_positions ? rows : 1} * c.vocab_size);
@@ -279,6 +285,7 @@ Status CpuModel::Hidden(std::span<const int32_t> tokens, uint32_t start, KvCache
 
 Status CpuModel::Step(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> logits) {
   const Config& c = config_;
+  if (weights_.lm_head.data == nullptr) return NoOutputHead();
   if (Status s = Check(tokens, runs, logits.size(), uint64_t{runs.size()} * c.vocab_size); !s.ok()) return s;
   std::vector<float> x;
   if (Status s = Layers(tokens, runs, x); !s.ok()) return s;

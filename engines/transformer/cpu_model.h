@@ -42,7 +42,8 @@ class CpuModel {
   // these. logits: vocab_size floats for the last token, or tokens.size() x vocab_size with
   // all_positions. A token outside the vocabulary, a run past the cache's context or one that would
   // leave a gap after the cache's positions (start > cache.length()) is INVALID_ARGUMENT, and nothing
-  // is written; RESOURCE_EXHAUSTED when the cache's pool has no block left. One call at a time per model (its scratch).
+  // is written; RESOURCE_EXHAUSTED when the cache's pool has no block left; FAILED_PRECONDITION for a
+  // model without an output head (weights.h). One call at a time per model (its scratch).
   Status Forward(std::span<const int32_t> tokens, uint32_t start, KvCache& cache, std::span<float> logits,
                  bool all_positions = false);
   // The last token's hidden state after the final norm (hidden_size floats) instead of its logits.

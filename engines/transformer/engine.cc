@@ -215,6 +215,7 @@ wp_status SignatureCall(wp_engine* engine, const wp_tensor** inputs, uint32_t* i
 Status RunTokens(TransformerEngine& e, const wp_tensor& ids, uint64_t max_output_bytes, wp_tensor_sink_fn sink,
                  void* sink_ctx, wp_progress_fn progress, void* progress_ctx) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (!e.has_head) return NoHead(e);
   if (Status s = NoGenerationOpen(e); !s.ok()) return s;
   const Config& config = e.sequence->config();
   const uint64_t count = static_cast<uint64_t>(ids.shape[0]);

@@ -220,6 +220,7 @@ void SetResult(const TextSequence& text, wp_generate_result& out) {
 Result<wp_sequence*> OpenSequence(TransformerEngine& e, const wp_generate_request& r, uint32_t* prompt_tokens) {
   e.kv_refused = 0;  // says only this call's refusal for room (kv_reservations)
   if (!e.slots) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
+  if (!e.has_head) return NoHead(e);
   auto free = std::find(e.slot_used.begin(), e.slot_used.end(), false);
   if (free == e.slot_used.end()) {
     return Error(Code::kResourceExhausted, "model \"{}\" runs {} generations at once, all in use", e.name,

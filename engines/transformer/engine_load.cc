@@ -29,12 +29,14 @@ void SayWhereItRuns(const TransformerEngine& e, const std::string& what) {
   std::fprintf(stderr, "transformer engine: model \"%s\": %s\n", e.name.c_str(), what.c_str());
 }
 
-Result<ModelWeights> BindAt(const TransformerEngine& e, const uint8_t* base) {
+Result<ModelWeights> BindAt(TransformerEngine& e, const uint8_t* base) {
   std::map<std::string, TensorView> views;
   for (const PackedTensor& t : e.packed.tensors) {
     views.emplace(t.name, TensorView{t.name, t.dtype, t.shape, base + t.offset, t.file, t.file_offset, t.bytes});
   }
-  return BindWeights(e.packed.config, views, e.name);
+  Result<ModelWeights> weights = BindWeights(e.packed.config, views, e.name);
+  if (weights.ok()) e.has_head = weights->lm_head.data != nullptr;
+  return weights;
 }
 
 Status ReadRegion(const TransformerEngine& e, uint64_t offset, void* out, uint64_t bytes) {

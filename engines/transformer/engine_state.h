@@ -33,6 +33,7 @@ struct TransformerEngine {
   std::string header;  // packed, encoded: describe()
   wp_region region{nullptr, 0, -1};
   bool has_region = false;
+  bool has_head = true;  // false: no output head (weights.h), so it embeds only
   // Bound once the region holds the model (load, attach).
   std::optional<ServingFiles> files;
   std::unique_ptr<uint8_t[]> host_copy;  // on device memory, when the GPU cannot compute
@@ -73,6 +74,12 @@ struct TransformerEngine {
     if (has_region) memory->free(memory->ctx, &region);
   }
 };
+
+// The refusal of what needs logits from a model without an output head (has_head).
+inline Status NoHead(const TransformerEngine& e) {
+  return Error(Code::kFailedPrecondition,
+               "model \"{}\" has no output head (its checkpoint holds no lm_head.weight): it embeds only", e.name);
+}
 
 // The spec's model described (a directory's files, or a load's description), info filled in:
 // weights, workspace (host, or device memory on a GPU), context, KV bytes per token.

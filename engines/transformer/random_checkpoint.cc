@@ -60,9 +60,10 @@ std::vector<TensorToWrite> Tensors(const RandomCheckpoint& s, const Config& c) {
   const uint64_t hidden = c.hidden_size;
   const double in_hidden = 1 / std::sqrt(double(hidden));
   std::vector<TensorToWrite> t;
-  t.push_back(g.Tensor("model.embed_tokens.weight", {c.vocab_size, hidden}, 1.0));
+  const std::string base = s.base_model_only ? "" : "model.";
+  t.push_back(g.Tensor(base + "embed_tokens.weight", {c.vocab_size, hidden}, 1.0));
   for (uint32_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
+    const std::string p = fmt::format("{}layers.{}.", base, i);
     t.push_back(g.Tensor(p + "input_layernorm.weight", {hidden}, 0.5, 1.0));
     t.push_back(g.Tensor(p + "self_attn.q_proj.weight", {c.q_size(), hidden}, in_hidden));
     t.push_back(g.Tensor(p + "self_attn.k_proj.weight", {c.kv_size(), hidden}, in_hidden));
@@ -84,8 +85,10 @@ std::vector<TensorToWrite> Tensors(const RandomCheckpoint& s, const Config& c) {
     t.push_back(g.Tensor(p + "mlp.down_proj.weight", {hidden, c.intermediate_size},
                          1 / std::sqrt(double(c.intermediate_size))));
   }
-  t.push_back(g.Tensor("model.norm.weight", {hidden}, 0.5, 1.0));
-  if (!c.tie_word_embeddings) t.push_back(g.Tensor("lm_head.weight", {c.vocab_size, hidden}, in_hidden));
+  t.push_back(g.Tensor(base + "norm.weight", {hidden}, 0.5, 1.0));
+  if (!c.tie_word_embeddings && !s.base_model_only) {
+    t.push_back(g.Tensor("lm_head.weight", {c.vocab_size, hidden}, in_hidden));
+  }
   return t;
 }
 
@@ -116,10 +119,11 @@ Status WriteTensors(const std::string& path, const std::vector<TensorToWrite>& t
 
 std::string ConfigJson(const RandomCheckpoint& s) {
   nlohmann::ordered_json j;
-  j["architectures"] = {s.architecture == Architecture::kLlama     ? "LlamaForCausalLM"
-                        : s.architecture == Architecture::kMistral ? "MistralForCausalLM"
-                        : s.architecture == Architecture::kQwen2   ? "Qwen2ForCausalLM"
-                                                                   : "Qwen3ForCausalLM"};
+  const std::string model_class = s.architecture == Architecture::kLlama     ? "Llama"
+                                  : s.architecture == Architecture::kMistral ? "Mistral"
+                                  : s.architecture == Architecture::kQwen2   ? "Qwen2"
+                                                                             : "Qwen3";
+  j["architectures"] = {model_class + (s.base_model_only ? "Model" : "ForCausalLM")};
   j["model_type"] = std::string(ArchitectureName(s.architecture));
   j["vocab_size"] = s.vocab_size;
   j["hidden_size"] = s.hidden_size;

@@ -26,6 +26,10 @@ struct RandomCheckpoint {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling{};
   bool tie_word_embeddings = false;
+  // The base model alone, as Hugging Face saves LlamaModel, Qwen2Model or Qwen3Model (and embedding
+  // models built on them): its tensors without the "model." prefix, no output head, and the base
+  // class as its architecture. Such a model embeds only.
+  bool base_model_only = false;
   bool attention_bias = false;  // Llama and Qwen3 (Qwen2 always has q, k and v biases)
   safetensors::DType dtype = safetensors::DType::F32;
   uint32_t shards = 1;  // more than one: model-0000i-of-0000n.safetensors and the index

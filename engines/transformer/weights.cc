@@ -80,9 +80,15 @@ Result<ModelWeights> Bind(const Config& config, const std::map<std::string, Tens
   Binder bind(tensors, source);
   ModelWeights w;
   const uint64_t hidden = config.hidden_size;
-  w.embed = bind.Take("model.embed_tokens.weight", config.vocab_size, hidden);
+  // A causal LM's tensors are its base model's under "model.", beside the head; a base model
+  // saved alone (Hugging Face's LlamaModel, Qwen2Model, Qwen3Model: what embedding models built
+  // on them load) has them without the prefix, and no head.
+  const std::string base = tensors.count("embed_tokens.weight") != 0 && tensors.count("model.embed_tokens.weight") == 0
+                               ? ""
+                               : "model.";
+  w.embed = bind.Take(base + "embed_tokens.weight", config.vocab_size, hidden);
   for (uint32_t i = 0; i < config.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
+    const std::string p = fmt::format("{}layers.{}.", base, i);
     LayerWeights l;
     l.input_norm = bind.Take(p + "input_layernorm.weight", hidden);
     l.post_attention_norm = bind.Take(p + "post_attention_layernorm.weight", hidden);
@@ -105,8 +111,14 @@ Result<ModelWeights> Bind(const Config& config, const std::map<std::string, Tens
     l.down = bind.Take(p + "mlp.down_proj.weight", hidden, config.intermediate_size);
     w.layers.push_back(l);
   }
-  w.final_norm = bind.Take("model.norm.weight", hidden);
-  w.lm_head = config.tie_word_embeddings ? w.embed : bind.Take("lm_head.weight", config.vocab_size, hidden);
+  w.final_norm = bind.Take(base + "norm.weight", hidden);
+  // Without a head (and untied) the model embeds only: nothing reads lm_head then, and a
+  // generation is refused (the engine's OpenSequence).
+  if (config.tie_word_embeddings) {
+    w.lm_head = w.embed;
+  } else if (tensors.count("lm_head.weight") != 0) {
+    w.lm_head = bind.Take("lm_head.weight", config.vocab_size, hidden);
+  }
   if (!bind.status().ok()) return bind.status();
   for (const auto& [name, tensor] : tensors) {
     if (bind.used().count(name) == 0 && !Ignorable(name, config)) {

@@ -43,7 +43,9 @@ struct ModelWeights {
   Matrix embed;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   Vector final_norm;
-  Matrix lm_head;  // [vocab, hidden]; the embedding itself when tied
+  // [vocab, hidden]; the embedding itself when tied. Data null: a checkpoint without lm_head.weight
+  // (a base model saved alone, as embedding models are), which embeds only.
+  Matrix lm_head;
   uint64_t bytes = 0;
 };
 

@@ -194,5 +194,46 @@ TEST(TransformerModel, BadRunsAreRefusedAndANaNWeightGivesNaNLogits) {
   for (float v : logits) EXPECT_TRUE(std::isfinite(v));
 }
 
+// A base model saved alone (an embedding model's checkpoint: tensors without "model.", no
+// lm_head, the base class as its architecture) binds and computes the same final states as its
+// causal-LM twin of the same weights; it has no logits to give, and asking for them writes nothing.
+TEST(TransformerModel, ABaseModelSavedAloneEmbedsAsItsTwinAndGivesNoLogits) {
+  TempDir full_dir, base_dir;
+  RandomCheckpoint spec;
+  spec.seed = 5;
+  ASSERT_TRUE(WriteRandomCheckpoint(full_dir.path(), spec).ok());
+  spec.base_model_only = true;
+  ASSERT_TRUE(WriteRandomCheckpoint(base_dir.path(), spec).ok());
+  Result<std::unique_ptr<Checkpoint>> full = Checkpoint::Open(full_dir.path());
+  Result<std::unique_ptr<Checkpoint>> base = Checkpoint::Open(base_dir.path());
+  ASSERT_TRUE(full.ok() && base.ok());
+  EXPECT_EQ((*base)->tensors().count("embed_tokens.weight"), 1u);
+  EXPECT_EQ((*base)->tensors().count("lm_head.weight"), 0u);
+  Result<ModelWeights> full_weights = BindWeights((*full)->config(), (*full)->tensors(), full_dir.path());
+  Result<ModelWeights> base_weights = BindWeights((*base)->config(), (*base)->tensors(), base_dir.path());
+  ASSERT_TRUE(full_weights.ok() && base_weights.ok()) << base_weights.status().ToString();
+  EXPECT_EQ(base_weights->lm_head.data, nullptr);
+  EXPECT_EQ(base_weights->bytes, full_weights->bytes - uint64_t{spec.vocab_size} * spec.hidden_size * 4);
+  CpuModel full_model((*full)->config(), *full_weights, 1), base_model((*base)->config(), *base_weights, 1);
+  KvCache full_cache((*full)->config(), 8), base_cache((*base)->config(), 8);
+  const int32_t tokens[] = {3, 17, 200, 9};
+  std::vector<float> want(spec.hidden_size), got(spec.hidden_size);
+  ASSERT_TRUE(full_model.Hidden(tokens, 0, full_cache, want).ok());
+  ASSERT_TRUE(base_model.Hidden(tokens, 0, base_cache, got).ok());
+  EXPECT_EQ(got, want);
+  std::vector<float> logits(spec.vocab_size, 7.0f);
+  KvCache fresh((*base)->config(), 8);
+  Status forward = base_model.Forward(tokens, 0, fresh, logits);
+  EXPECT_EQ(forward.code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(forward.message(), "no output head")) << forward.message();
+  const StepRun run{&fresh, 0, 4};
+  EXPECT_EQ(base_model.Step(tokens, {&run, 1}, logits).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(fresh.length(), 0u) << "nothing computed, nothing written";
+  EXPECT_EQ(logits, std::vector<float>(spec.vocab_size, 7.0f));
+  // Its config names the base class, as Hugging Face writes a base model's.
+  Json config = Json::parse(ConfigJson(spec));
+  EXPECT_EQ(config["architectures"][0], "LlamaModel");
+}
+
 }  // namespace
 }  // namespace warmpool::transformer
