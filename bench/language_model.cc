@@ -10,6 +10,18 @@ namespace warmpool::bench {
 
 namespace fs = std::filesystem;
 
+transformer::RandomCheckpoint LanguageModelShape(uint32_t model_mib) {
+  transformer::RandomCheckpoint spec;
+  spec.hidden_size = 1024;
+  spec.intermediate_size = 2816;
+  spec.num_attention_heads = 16;
+  spec.num_key_value_heads = 4;
+  spec.dtype = safetensors::DType::BF16;
+  const uint64_t per_layer = (2ull * 1024 * 1024 + 2ull * 1024 * 256 + 3ull * 1024 * 2816) * 2;
+  spec.num_hidden_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{model_mib} << 20) / per_layer));
+  return spec;
+}
+
 Result<LanguageModel> WriteLanguageModel(const std::string& directory, const std::string& tokenizer_dir,
                                          uint32_t model_mib, uint32_t prompt_tokens, uint32_t context,
                                          uint32_t long_prompt_tokens) {
@@ -24,16 +36,9 @@ Result<LanguageModel> WriteLanguageModel(const std::string& directory, const std
   }
   Result<std::unique_ptr<tokenizer::Tokenizer>> t = tokenizer::Tokenizer::Load(directory + "/tokenizer.json");
   if (!t.ok()) return t.status();
-  transformer::RandomCheckpoint spec;
+  transformer::RandomCheckpoint spec = LanguageModelShape(model_mib);
   spec.vocab_size = (*t)->vocab_size();
-  spec.hidden_size = 1024;
-  spec.intermediate_size = 2816;
-  spec.num_attention_heads = 16;
-  spec.num_key_value_heads = 4;
   spec.max_position_embeddings = context;
-  spec.dtype = safetensors::DType::BF16;
-  const uint64_t per_layer = (2ull * 1024 * 1024 + 2ull * 1024 * 256 + 3ull * 1024 * 2816) * 2;
-  spec.num_hidden_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{model_mib} << 20) / per_layer));
   if (Status s = transformer::WriteRandomCheckpoint(directory, spec); !s.ok()) return s;
   LanguageModel model;
   model.layers = spec.num_hidden_layers;

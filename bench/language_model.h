@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "engines/transformer/random_checkpoint.h"
 
 namespace warmpool::bench {
 
@@ -17,6 +18,10 @@ struct LanguageModel {
   std::string long_prompt;  // of about long_prompt_tokens, when asked for
   uint32_t long_prompt_tokens = 0;
 };
+
+// The shape of that checkpoint (1024 wide, MLP 2816, 16 heads and 4 KV heads of 64, bf16), as many
+// layers as about model_mib MiB of such weights make (at least one): every bench of it shares it.
+transformer::RandomCheckpoint LanguageModelShape(uint32_t model_mib);
 
 // Writes the checkpoint into `directory` (created); tokenizer_dir holds tokenizer.json and
 // tokenizer_config.json (the repository's demo/license-llama).

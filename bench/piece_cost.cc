@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/language_model.h"
 #include "bench/stats.h"
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
@@ -48,16 +49,9 @@ Status Open(const PieceCostOptions& options, Model& model) {
   char pattern[] = "/tmp/warmpool-bench-pieces-XXXXXX";
   if (mkdtemp(pattern) == nullptr) return Error(Code::kInternal, "mkdtemp failed");
   model.dir = pattern;
-  tf::RandomCheckpoint spec;
+  tf::RandomCheckpoint spec = LanguageModelShape(options.model_mib);
   spec.vocab_size = 32000;
-  spec.hidden_size = 1024;
-  spec.intermediate_size = 2816;
-  spec.num_attention_heads = 16;
-  spec.num_key_value_heads = 4;
   spec.max_position_embeddings = std::max(options.position, kStreamPosition) + 256;
-  spec.dtype = safetensors::DType::BF16;
-  const uint64_t per_layer = (2ull * 1024 * 1024 + 2ull * 1024 * 256 + 3ull * 1024 * 2816) * 2;
-  spec.num_hidden_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{options.model_mib} << 20) / per_layer));
   if (Status s = tf::WriteRandomCheckpoint(model.dir, spec); !s.ok()) return s;
   Result<std::unique_ptr<tf::Checkpoint>> checkpoint = tf::Checkpoint::Open(model.dir);
   if (!checkpoint.ok()) return checkpoint.status();

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,18 +129,16 @@ void ExpectTheDefinition(AttentionFn attention, const Config& c, const Attention
   }
 }
 
-// The query heads that share a KV head go into one product, a chunk of rows at a time (64 query
-// vectors: 16 rows of a group of 4, 9 of a group of 7), and are split over tasks where there are
-// more threads than tiles and KV heads (the last shape on 4 threads: 1, 2, 1 and 2 of 6 heads).
-TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
-  struct Shape {
-    uint32_t heads, kv_heads, head_dim;
-  };
-  const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {14, 2, 32}, {6, 1, 16}};
-  const AttentionCase cases[] = {{8, 0, 0, 1},    {150, 0, 0, 2},  {70, 37, 0, 2}, {130, 0, 20, 2},
-                                 {9, 100, 20, 1}, {64, 64, 3, 3},  {9, 200, 0, 2}, {17, 60, 0, 4}};
-  std::mt19937 generator(11);
-  for (const Shape& shape : shapes) {
+struct HeadShape {
+  uint32_t heads, kv_heads, head_dim;
+};
+
+// ExpectTheDefinition for every case in a one-layer config of every shape, on every cache element
+// this CPU keeps for its head size.
+void ExpectTheDefinitionForEach(AttentionFn attention, std::span<const HeadShape> shapes,
+                                std::span<const AttentionCase> cases, uint32_t seed, const std::string& name) {
+  std::mt19937 generator(seed);
+  for (const HeadShape& shape : shapes) {
     Config c;
     c.num_hidden_layers = 1;
     c.num_attention_heads = shape.heads;
@@ -149,12 +148,22 @@ TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
       c.kv_element = element;
       for (const AttentionCase& k : cases) {
         c.sliding_window = k.window;
-        ExpectTheDefinition(&PromptAttention, c, k, generator,
-                            fmt::format("prompt, {} heads of {} over {} KV heads", shape.heads, shape.head_dim,
+        ExpectTheDefinition(attention, c, k, generator,
+                            fmt::format("{}, {} heads of {} over {} KV heads", name, shape.heads, shape.head_dim,
                                         shape.kv_heads));
       }
     }
   }
+}
+
+// The query heads that share a KV head go into one product, a chunk of rows at a time (64 query
+// vectors: 16 rows of a group of 4, 9 of a group of 7), and are split over tasks where there are
+// more threads than tiles and KV heads (the last shape on 4 threads: 1, 2, 1 and 2 of 6 heads).
+TEST(PromptAttention, EqualsTheDefinitionOverTilesWindowsAndAnEarlierCache) {
+  const HeadShape shapes[] = {{4, 2, 16}, {16, 4, 64}, {14, 2, 32}, {6, 1, 16}};
+  const AttentionCase cases[] = {{8, 0, 0, 1},    {150, 0, 0, 2},  {70, 37, 0, 2}, {130, 0, 20, 2},
+                                 {9, 100, 20, 1}, {64, 64, 3, 3},  {9, 200, 0, 2}, {17, 60, 0, 4}};
+  ExpectTheDefinitionForEach(&PromptAttention, shapes, cases, 11, "prompt");
 }
 
 // A value that is not finite reaches the rows that see its position, and no other: a row before it
@@ -200,30 +209,12 @@ TEST(PromptAttention, AValueThatIsNotFiniteReachesOnlyTheRowsThatSeeIt) {
 // tile of 4 x 4, one of 4 x 1, one of 3 x 4 and one of 3 x 1), runs of positions that are not a
 // multiple of the four it scores at a time, and more threads than rows (a row's KV heads shared).
 TEST(DecodeAttention, EqualsTheDefinitionOnBothPathsForEveryGroupSize) {
-  struct Shape {
-    uint32_t heads, kv_heads, head_dim;
-  };
-  const Shape shapes[] = {{4, 2, 16}, {16, 4, 64}, {6, 1, 32}, {8, 8, 48}, {10, 2, 128}, {14, 2, 80}, {4, 2, 20}};
+  const HeadShape shapes[] = {{4, 2, 16}, {16, 4, 64}, {6, 1, 32}, {8, 8, 48}, {10, 2, 128}, {14, 2, 80}, {4, 2, 20}};
   // The last: one row on 3 threads, its KV heads in three parts (of 4 KV heads: 1, 1 and 2).
   const AttentionCase cases[] = {{1, 0, 0, 1}, {1, 63, 0, 1}, {3, 62, 0, 2}, {7, 200, 0, 3},
                                  {2, 130, 40, 2}, {1, 64, 1, 4}, {1, 100, 0, 3}};
   if (!HaveAttendRuns(16)) std::printf("note: no AVX-512F here, so only the oneDNN path runs\n");
-  std::mt19937 generator(13);
-  for (const Shape& shape : shapes) {
-    Config c;
-    c.num_hidden_layers = 1;
-    c.num_attention_heads = shape.heads;
-    c.num_key_value_heads = shape.kv_heads;
-    c.head_dim = shape.head_dim;
-    for (KvElement element : ElementsHere(shape.head_dim)) {  // bf16: the kernel's heads alone
-      c.kv_element = element;
-      for (const AttentionCase& k : cases) {
-        c.sliding_window = k.window;
-        ExpectTheDefinition(&DecodeAttention, c, k, generator,
-                            fmt::format("{} heads, {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim));
-      }
-    }
-  }
+  ExpectTheDefinitionForEach(&DecodeAttention, shapes, cases, 13, "decode");
 }
 
 // A step's sequences in one call: each run's rows against its own cache only, of different lengths
