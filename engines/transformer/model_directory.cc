@@ -12,6 +12,7 @@
 #include "common/small_file.h"
 #include "common/utf8.h"
 #include "engines/json_describe.h"
+#include "engines/transformer/embedding_modules.h"
 
 namespace warmpool::transformer {
 namespace {
@@ -193,6 +194,7 @@ Result<TextFiles> ReadFiles(int dir, const std::string& shown, std::vector<FileV
   Result<std::string> generation = ReadText(dir, "generation_config.json", shown, /*optional=*/true, versions);
   if (!generation.ok()) return generation.status();
   files.generation_config = std::move(*generation);
+  if (Status s = CheckEmbeddingModules(dir, shown, versions); !s.ok()) return s;
   return files;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -179,6 +180,65 @@ TEST_F(ModelDirectoryTest, FilesThatDisagreeAreRefusedByName) {
   ASSERT_TRUE(WriteRandomCheckpoint(small.path(), spec).ok());
   Status s = ModelDirectory::Open(small.path()).status();
   EXPECT_TRUE(Contains(s.message(), "past the model's vocabulary of 300")) << s.ToString();
+}
+
+// A sentence-transformers directory (modules.json): served when its modules are what warmpool
+// computes (the Transformer, a last-token Pooling, Normalize), refused by name when they ask for
+// another pooling or a module it does not compute, or are not as sentence-transformers writes them.
+TEST_F(ModelDirectoryTest, SentenceTransformersModulesServeOnlyTheLastTokensPooling) {
+  const Json transformer = {{"idx", 0}, {"name", "0"}, {"path", ""}, {"type", "sentence_transformers.models.Transformer"}};
+  const Json pooling = {{"idx", 1}, {"name", "1"}, {"path", "1_Pooling"}, {"type", "sentence_transformers.models.Pooling"}};
+  const Json normalize = {{"idx", 2}, {"name", "2"}, {"path", "2_Normalize"}, {"type", "sentence_transformers.models.Normalize"}};
+  std::filesystem::create_directories(dir_.File("1_Pooling"));
+  auto pool = [&](const char* mode) {
+    Json config = {{"word_embedding_dimension", 64}, {"pooling_mode_cls_token", false},
+                   {"pooling_mode_mean_tokens", false}, {"pooling_mode_max_tokens", false},
+                   {"pooling_mode_mean_sqrt_len_tokens", false}, {"pooling_mode_weightedmean_tokens", false},
+                   {"pooling_mode_lasttoken", false}, {"include_prompt", true}};
+    config[mode] = true;
+    std::ofstream(dir_.File("1_Pooling/config.json"), std::ios::trunc) << config.dump();
+  };
+  Write("modules.json", Json::array({transformer, pooling, normalize}));
+  pool("pooling_mode_lasttoken");
+  EXPECT_TRUE(Open().ok()) << Open().ToString();
+  struct Case {
+    std::function<void()> change;
+    const char* named;
+    Code code = Code::kInvalidArgument;
+  };
+  Json dense = {{"idx", 2}, {"name", "2"}, {"path", "2_Dense"}, {"type", "sentence_transformers.models.Dense"}};
+  Json outside = pooling;
+  outside["path"] = "../1_Pooling";
+  const Case cases[] = {
+      {[&] { pool("pooling_mode_mean_tokens"); }, "pooling_mode_mean_tokens is true"},
+      {[&] { pool("pooling_mode_cls_token"); }, "pooling_mode_cls_token is true"},
+      {[&] { std::ofstream(dir_.File("1_Pooling/config.json"), std::ios::trunc) << "{}"; },
+       "pooling_mode_lasttoken is not true"},
+      {[&] { std::remove(dir_.File("1_Pooling/config.json").c_str()); }, "1_Pooling/config.json", Code::kNotFound},
+      {[&] { Write("modules.json", Json::array({transformer, pooling, dense})); }, "sentence_transformers.models.Dense"},
+      {[&] { Write("modules.json", Json::array({transformer, outside})); }, "is not a folder of the directory"},
+      {[&] { Write("modules.json", Json::object()); }, "not a JSON array"},
+      {[&] { Write("modules.json", Json::array({{{"idx", 0}}})); }, "module 0 has no \"type\""},
+      {[&] { std::ofstream(dir_.File("modules.json"), std::ios::trunc) << "[{"; }, "modules.json\": not JSON"},
+  };
+  for (const Case& c : cases) {
+    Write("modules.json", Json::array({transformer, pooling, normalize}));
+    pool("pooling_mode_lasttoken");
+    c.change();
+    Status s = Open();
+    EXPECT_FALSE(s.ok()) << c.named;
+    EXPECT_TRUE(Contains(s.message(), c.named)) << "wanted \"" << c.named << "\" in: " << s.ToString();
+    EXPECT_EQ(s.code(), c.code) << s.ToString();
+  }
+  // A symlink in place of the module's folder is not followed.
+  Write("modules.json", Json::array({transformer, pooling}));
+  std::filesystem::rename(dir_.File("1_Pooling"), dir_.File("pooling_elsewhere"));
+  std::filesystem::create_directory_symlink(dir_.File("pooling_elsewhere"), dir_.File("1_Pooling"));
+  Status linked = Open();
+  EXPECT_TRUE(Contains(linked.message(), "a symlink is not followed")) << linked.ToString();
+  std::filesystem::remove(dir_.File("1_Pooling"));
+  std::filesystem::remove(dir_.File("modules.json"));
+  EXPECT_TRUE(Open().ok()) << "no modules.json: a plain Hugging Face directory";
 }
 
 }  // namespace

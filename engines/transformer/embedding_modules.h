@@ -1,0 +1,25 @@
+// A sentence-transformers model directory's modules (modules.json, and its Pooling module's
+// config.json), as embedding models built on a decoder ship them. warmpool embeds an input as its
+// last token's final state at unit length (the Transformer, Pooling with pooling_mode_lasttoken
+// and Normalize modules), so a model whose modules ask for anything else — another pooling, a Dense
+// projection after it — would embed wrongly without a word: it is refused where the directory is
+// read, at registration, naming what it asks for. A directory without modules.json is a plain
+// Hugging Face one, embedded as above.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/file_version.h"
+#include "common/status.h"
+
+namespace warmpool::transformer {
+
+// Reads modules.json (optional) through the directory held open as `dir` and, for its Pooling
+// module, that module's config.json (one folder down, neither followed through a symlink).
+// INVALID_ARGUMENT, naming the file and the key or module, for a pooling other than the last
+// token's, a module warmpool does not compute, or files that are not as sentence-transformers
+// writes them. `versions` gets the version of every file read.
+Status CheckEmbeddingModules(int dir, const std::string& shown, std::vector<FileVersion>* versions);
+
+}  // namespace warmpool::transformer
