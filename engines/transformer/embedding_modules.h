@@ -3,8 +3,10 @@
 // last token's final state at unit length (the Transformer, Pooling with pooling_mode_lasttoken
 // and Normalize modules), so a model whose modules ask for anything else — another pooling, a Dense
 // projection after it — would embed wrongly without a word: it is refused where the directory is
-// read, at registration, naming what it asks for. A directory without modules.json is a plain
-// Hugging Face one, embedded as above.
+// read, at registration and at every load, naming what it asks for. A directory without
+// modules.json is a plain Hugging Face one, embedded as above. (The directory's version,
+// common/file_version.h, covers modules.json but not the Pooling folder's config.json: a change to
+// that alone is seen at the model's next load, not at a reload.)
 #pragma once
 
 #include <string>
