@@ -193,8 +193,8 @@ int Run(int argc, char** argv) {
       ->group(group);
   app.add_flag("--tie-embeddings", decoder.tie_word_embeddings, "the output head is the embedding")->group(group);
   app.add_flag("--base-model-only", decoder.base_model_only,
-               "the base model alone, as an embedding model's checkpoint: no output head, tensors without "
-               "the \"model.\" prefix")
+               "the base model alone, as an embedding model's checkpoint: tensors without the \"model.\" "
+               "prefix, and no output head (but the embedding, with --tie-embeddings)")
       ->group(group);
   app.add_flag("--attention-bias", decoder.attention_bias, "llama, qwen3: biases on q, k, v and o")->group(group);
   app.add_option("--shards", decoder.shards, "weights files, with an index when more than one (default 1)")
@@ -221,7 +221,10 @@ int Run(int argc, char** argv) {
     Status written = transformer::WriteRandomCheckpoint(out_path, decoder);
     if (!written.ok()) return Fail(written, written.code() == Code::kInvalidArgument ? kExitUsage : kExitIo);
     std::printf("wrote %s: a %s decoder%s, %u layers, hidden %u, vocabulary %u, %s weights\n", out_path.c_str(),
-                arch_text.c_str(), decoder.base_model_only ? " (its base model alone: no output head)" : "",
+                arch_text.c_str(),
+                !decoder.base_model_only     ? ""
+                : decoder.tie_word_embeddings ? " (its base model alone)"
+                                              : " (its base model alone: no output head)",
                 decoder.num_hidden_layers, decoder.hidden_size, decoder.vocab_size,
                 std::string(safetensors::DTypeName(decoder.dtype)).c_str());
     return 0;

@@ -19,10 +19,12 @@ Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::spa
   if (out.size() < hidden) {
     return Error(Code::kInvalidArgument, "{} floats for an embedding of {}", out.size(), hidden);
   }
-  std::vector<float> logits(sequence.config().vocab_size);
+  // The earlier pieces only fill the cache: their last states (not logits, which a model without
+  // an output head has none of, and which cost a product with the head) go to scratch.
+  std::vector<float> scratch(hidden);
   size_t done = 0;
   for (; tokens.size() - done > kPrefillPiece; done += kPrefillPiece) {
-    if (Status s = sequence.Forward(tokens.subspan(done, kPrefillPiece), static_cast<uint32_t>(done), logits); !s.ok()) {
+    if (Status s = sequence.Hidden(tokens.subspan(done, kPrefillPiece), static_cast<uint32_t>(done), scratch); !s.ok()) {
       return s;
     }
     if (on_piece && !on_piece(done + kPrefillPiece)) return Error(Code::kUnavailable, "the embedding was stopped");

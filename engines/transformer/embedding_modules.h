@@ -20,8 +20,10 @@ namespace warmpool::transformer {
 // Reads modules.json (optional) through the directory held open as `dir` and, for its Pooling
 // module, that module's config.json (one folder down, neither followed through a symlink).
 // INVALID_ARGUMENT, naming the file and the key or module, for a pooling other than the last
-// token's, a module warmpool does not compute, or files that are not as sentence-transformers
-// writes them. `versions` gets the version of every file read.
+// token's (the booleans of sentence-transformers before 5.4, or its "pooling_mode" since), no
+// Pooling module, a module warmpool does not compute (by its class: the types of either version
+// are known), or files that are not JSON as it writes them; NOT_FOUND when the Pooling folder has
+// no config.json. `versions` gets the version of every file read.
 Status CheckEmbeddingModules(int dir, const std::string& shown, std::vector<FileVersion>* versions);
 
 }  // namespace warmpool::transformer

@@ -112,11 +112,12 @@ Result<ModelWeights> Bind(const Config& config, const std::map<std::string, Tens
     w.layers.push_back(l);
   }
   w.final_norm = bind.Take(base + "norm.weight", hidden);
-  // Without a head (and untied) the model embeds only: nothing reads lm_head then, and a
-  // generation is refused (the engine's OpenSequence).
+  // A base model saved alone may have no head (untied): it embeds only, nothing reads lm_head, and
+  // a generation is refused (the engine's OpenSequence). A causal LM's checkpoint must have its
+  // head: one that lost it (a bad shard) is refused here, not registered as an embedder.
   if (config.tie_word_embeddings) {
     w.lm_head = w.embed;
-  } else if (tensors.count("lm_head.weight") != 0) {
+  } else if (tensors.count("lm_head.weight") != 0 || !base.empty()) {
     w.lm_head = bind.Take("lm_head.weight", config.vocab_size, hidden);
   }
   if (!bind.status().ok()) return bind.status();

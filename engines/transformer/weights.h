@@ -43,8 +43,9 @@ struct ModelWeights {
   Matrix embed;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   Vector final_norm;
-  // [vocab, hidden]; the embedding itself when tied. Data null: a checkpoint without lm_head.weight
-  // (a base model saved alone, as embedding models are), which embeds only.
+  // [vocab, hidden]; the embedding itself when tied. Data null: a base model saved alone (its
+  // tensors without the "model." prefix, as embedding models ship) without lm_head.weight, which
+  // embeds only.
   Matrix lm_head;
   uint64_t bytes = 0;
 };

@@ -13,6 +13,7 @@
 
 #include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
+#include "engines/transformer/embedding.h"
 #include "engines/transformer/random_checkpoint.h"
 #include "engines/transformer/weights.h"
 #include "tests/text.h"
@@ -215,7 +216,7 @@ TEST(TransformerModel, ABaseModelSavedAloneEmbedsAsItsTwinAndGivesNoLogits) {
   EXPECT_EQ(base_weights->lm_head.data, nullptr);
   EXPECT_EQ(base_weights->bytes, full_weights->bytes - uint64_t{spec.vocab_size} * spec.hidden_size * 4);
   CpuModel full_model((*full)->config(), *full_weights, 1), base_model((*base)->config(), *base_weights, 1);
-  KvCache full_cache((*full)->config(), 8), base_cache((*base)->config(), 8);
+  KvCache full_cache((*full)->config(), 320), base_cache((*base)->config(), 320);
   const int32_t tokens[] = {3, 17, 200, 9};
   std::vector<float> want(spec.hidden_size), got(spec.hidden_size);
   ASSERT_TRUE(full_model.Hidden(tokens, 0, full_cache, want).ok());
@@ -230,9 +231,23 @@ TEST(TransformerModel, ABaseModelSavedAloneEmbedsAsItsTwinAndGivesNoLogits) {
   EXPECT_EQ(base_model.Step(tokens, {&run, 1}, logits).code(), Code::kFailedPrecondition);
   EXPECT_EQ(fresh.length(), 0u) << "nothing computed, nothing written";
   EXPECT_EQ(logits, std::vector<float>(spec.vocab_size, 7.0f));
+  // An input longer than a prefill piece embeds too (its earlier pieces ask no logits either).
+  std::vector<int32_t> long_input(300);
+  for (size_t i = 0; i < long_input.size(); ++i) long_input[i] = static_cast<int32_t>(i * 7 % spec.vocab_size);
+  CpuSequence full_sequence(full_model, full_cache), base_sequence(base_model, base_cache);
+  ASSERT_TRUE(EmbedTokens(full_sequence, long_input, want).ok());
+  Status embedded = EmbedTokens(base_sequence, long_input, got);
+  ASSERT_TRUE(embedded.ok()) << embedded.ToString();
+  EXPECT_EQ(got, want);
   // Its config names the base class, as Hugging Face writes a base model's.
   Json config = Json::parse(ConfigJson(spec));
   EXPECT_EQ(config["architectures"][0], "LlamaModel");
+  // A causal LM's checkpoint (its tensors under "model.") that lost its head is refused, by name.
+  std::map<std::string, TensorView> headless = (*full)->tensors();
+  headless.erase("lm_head.weight");
+  Result<ModelWeights> refused = BindWeights((*full)->config(), headless, full_dir.path());
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(refused.status().message(), "lm_head.weight")) << refused.status().ToString();
 }
 
 }  // namespace

@@ -230,6 +230,32 @@ TEST_F(ModelDirectoryTest, SentenceTransformersModulesServeOnlyTheLastTokensPool
     EXPECT_TRUE(Contains(s.message(), c.named)) << "wanted \"" << c.named << "\" in: " << s.ToString();
     EXPECT_EQ(s.code(), c.code) << s.ToString();
   }
+  // sentence-transformers since 5.4: the modules' types by their new paths, one "pooling_mode".
+  Json modern = Json::array(
+      {{{"idx", 0}, {"name", "0"}, {"path", ""}, {"type", "sentence_transformers.base.modules.transformer.Transformer"}},
+       {{"idx", 1}, {"name", "1"}, {"path", "1_Pooling/"},
+        {"type", "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}},
+       {{"idx", 2}, {"name", "2"}, {"path", "2_Normalize"}, {"type", "sentence_transformers.base.modules.normalize.Normalize"}}});
+  Write("modules.json", modern);
+  for (const Json& mode : {Json("lasttoken"), Json::array({"lasttoken"})}) {
+    std::ofstream(dir_.File("1_Pooling/config.json"), std::ios::trunc)
+        << Json({{"embedding_dimension", 64}, {"pooling_mode", mode}, {"include_prompt", true}}).dump();
+    EXPECT_TRUE(Open().ok()) << mode.dump() << ": " << Open().ToString();
+  }
+  for (const Json& mode : {Json("mean"), Json::array({"lasttoken", "mean"})}) {
+    std::ofstream(dir_.File("1_Pooling/config.json"), std::ios::trunc) << Json({{"pooling_mode", mode}}).dump();
+    EXPECT_TRUE(Contains(Open().message(), "pooling_mode is")) << mode.dump() << ": " << Open().ToString();
+  }
+  // A flag Python takes as true is on, whatever its JSON type; no Pooling module pools nothing.
+  Write("modules.json", Json::array({transformer, pooling}));
+  std::ofstream(dir_.File("1_Pooling/config.json"), std::ios::trunc)
+      << Json({{"pooling_mode_lasttoken", 1}, {"pooling_mode_mean_tokens", 1}}).dump();
+  EXPECT_TRUE(Contains(Open().message(), "pooling_mode_mean_tokens is 1")) << Open().ToString();
+  std::ofstream(dir_.File("1_Pooling/config.json"), std::ios::trunc)
+      << Json({{"pooling_mode_lasttoken", 1}, {"pooling_mode_mean_tokens", 0}}).dump();
+  EXPECT_TRUE(Open().ok()) << Open().ToString();
+  Write("modules.json", Json::array({transformer, normalize}));
+  EXPECT_TRUE(Contains(Open().message(), "no Pooling module")) << Open().ToString();
   // A symlink in place of the module's folder is not followed.
   Write("modules.json", Json::array({transformer, pooling}));
   std::filesystem::rename(dir_.File("1_Pooling"), dir_.File("pooling_elsewhere"));
