@@ -25,25 +25,54 @@ FileVersion FileVersionOf(const struct stat& st) {
                      static_cast<uint64_t>(st.st_dev), Nanos(st.st_ctim)};
 }
 
-FileVersion DirectoryVersion(int dir) {
-  struct stat self {};
-  if (fstat(dir, &self) != 0 || !S_ISDIR(self.st_mode)) return {};
+namespace {
+
+using NamedVersions = std::vector<std::pair<std::string, FileVersion>>;
+
+// The files of `dir` a model is made of, named `prefix` + their name: its JSON files and its
+// weights (not a README, a lock, a log). With `descend`, the JSON files of its subdirectories too
+// (not their subdirectories): a sentence-transformers module's configuration (1_Pooling/config.json)
+// is what the model embeds by. False when `dir` cannot be listed.
+bool AddModelFiles(int dir, const std::string& prefix, bool descend, NamedVersions& files) {
   const int copy = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // its own offset
   DIR* listing = copy >= 0 ? fdopendir(copy) : nullptr;
   if (listing == nullptr) {
     if (copy >= 0) close(copy);
-    return {};
+    return false;
   }
-  std::vector<std::pair<std::string, FileVersion>> files;
+  std::vector<std::string> subdirectories;
   while (const dirent* entry = readdir(listing)) {
-    // What a model is made of: its JSON files and its weights (not a README, a lock, a log).
     const std::string_view name = entry->d_name;
-    if (!name.ends_with(".json") && !name.ends_with(".safetensors")) continue;
+    const bool model_file = name.ends_with(".json") || (prefix.empty() && name.ends_with(".safetensors"));
+    // A directory is looked into only a level down, and not one a name starting with "." hides
+    // (".", "..", a download tool's .cache).
+    if (!model_file && !(descend && !name.starts_with("."))) continue;
     struct stat st {};
     if (fstatat(dir, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) files.emplace_back(entry->d_name, FileVersionOf(st));
+    if (S_ISDIR(st.st_mode)) {
+      if (descend && !name.starts_with(".")) subdirectories.emplace_back(name);
+    } else if (model_file && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
+      files.emplace_back(prefix + entry->d_name, FileVersionOf(st));
+    }
   }
   closedir(listing);
+  for (const std::string& name : subdirectories) {
+    // Not followed through a symlink (O_NOFOLLOW), as the model's files are not (model_roots.h).
+    const int sub = openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) continue;
+    AddModelFiles(sub, prefix + name + "/", /*descend=*/false, files);
+    close(sub);
+  }
+  return true;
+}
+
+}  // namespace
+
+FileVersion DirectoryVersion(int dir) {
+  struct stat self {};
+  if (fstat(dir, &self) != 0 || !S_ISDIR(self.st_mode)) return {};
+  NamedVersions files;
+  if (!AddModelFiles(dir, "", /*descend=*/true, files)) return {};
   std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   // Sizes add up and times take the latest; the identity mixes every file's name and version in
   // (FNV-1a over the bytes), so that any file replaced, added or removed changes it.

@@ -25,10 +25,12 @@ struct FileVersion {
 
 FileVersion FileVersionOf(const struct stat& st);
 
-// A model directory's version, over every file a model is made of in it (*.json and *.safetensors;
-// not its subdirectories, nor a README or a lock file written beside them), so that any of them
-// changed, replaced, added or removed changes it: sizes summed, the latest times, and an identity
-// that mixes every file's name and version. Zero when `dir` is not a directory that can be read.
+// A model directory's version, over every file a model is made of in it (*.json and *.safetensors,
+// and the *.json files of its subdirectories, as a sentence-transformers module's configuration;
+// not a README or a lock file written beside them, nor a subdirectory whose name starts with "."), so
+// that any of them changed, replaced, added or removed changes it: sizes summed, the latest times,
+// and an identity that mixes every file's name and version. Zero when `dir` is not a directory
+// that can be read.
 FileVersion DirectoryVersion(int dir);
 
 }  // namespace warmpool

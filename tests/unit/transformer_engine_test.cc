@@ -328,7 +328,21 @@ TEST_F(TransformerEngineTest, TheDirectorysVersionChangesWithAnyFileInIt) {
   ASSERT_EQ(stat(config.c_str(), &st), 0);
   std::filesystem::copy_file(config, config + ".new");
   ASSERT_EQ(rename((config + ".new").c_str(), config.c_str()), 0);
-  EXPECT_NE(DirectoryVersion(directory_), added);
+  const FileVersion replaced = DirectoryVersion(directory_);
+  EXPECT_NE(replaced, added);
+  // A sentence-transformers module's configuration, a level down, is part of the model; what lies
+  // deeper, a module's weights, and what a download tool hides in .cache are not.
+  std::filesystem::create_directories(dir_.File("1_Pooling/deeper"));
+  std::filesystem::create_directories(dir_.File(".cache/huggingface"));
+  std::ofstream(dir_.File("1_Pooling/deeper/config.json")) << "{}";
+  std::ofstream(dir_.File(".cache/huggingface/config.json")) << "{}";
+  std::ofstream(dir_.File("1_Pooling/model.safetensors")) << "weights";
+  EXPECT_EQ(DirectoryVersion(directory_), replaced);
+  std::ofstream(dir_.File("1_Pooling/config.json")) << R"({"pooling_mode_lasttoken": true})";
+  const FileVersion pooled = DirectoryVersion(directory_);
+  EXPECT_NE(pooled, replaced);
+  std::ofstream(dir_.File("1_Pooling/config.json")) << R"({"pooling_mode_mean_tokens": true})";
+  EXPECT_NE(DirectoryVersion(directory_), pooled) << "rewritten with another size";
   EXPECT_FALSE(DirectoryVersion(-1).known());
 }
 
