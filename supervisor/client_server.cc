@@ -49,17 +49,33 @@ ClientServer::ClientServer(uv_loop_t* loop, const Options& options, RequestHandl
 
 ClientServer::~ClientServer() { Close(); }
 
-void ClientServer::ReloadApiKeys(const std::string& path) {
-  ApiKeysReload reload = supervisor::ReloadApiKeys(path, !options_.api_keys.empty());
-  if (reload.keys) {
-    options_.api_keys = *reload.keys;
-    http_access_->api_keys = std::move(*reload.keys);
-  }
+namespace {
+
+template <typename Secret>
+void LogReload(const SecretReload<Secret>& reload) {
   if (reload.error) {
     spdlog::error("{}", reload.log);
   } else if (!reload.log.empty()) {
     spdlog::info("{}", reload.log);
   }
+}
+
+}  // namespace
+
+// The sessions read http_access_ at each request: what changes here serves from the next one.
+void ClientServer::ReloadSecrets(const std::string& api_keys_file, const std::string& admin_token_file) {
+  ApiKeysReload keys = supervisor::ReloadApiKeys(api_keys_file, !options_.api_keys.empty());
+  if (keys.value) {
+    options_.api_keys = *keys.value;
+    http_access_->api_keys = std::move(*keys.value);
+  }
+  LogReload(keys);
+  AdminTokenReload token = supervisor::ReloadAdminToken(admin_token_file, !options_.admin_token.empty());
+  if (token.value) {
+    options_.admin_token = *token.value;
+    http_access_->admin_token = std::move(*token.value);
+  }
+  LogReload(token);
 }
 
 void ClientServer::Close() {

@@ -121,10 +121,11 @@ class ClientServer {
   void StopAccepting();
   // StopAccepting, and closes every session (flushing what the kernel takes).
   void Close();
-  // [http] api_keys_file read again (SIGHUP; `path` as the configuration names it now), as
-  // supervisor/http_access.h's ReloadApiKeys decides, and logged: the keys it reads serve from now
-  // on, for connections already open too (their next request is judged by them).
-  void ReloadApiKeys(const std::string& path);
+  // [http] api_keys_file and admin_token_file read again (SIGHUP; the paths as the configuration
+  // names them now), as supervisor/http_access.h's ReloadApiKeys and ReloadAdminToken decide, and
+  // logged: what they read serves from now on, for connections already open too (their next
+  // request is judged by it).
+  void ReloadSecrets(const std::string& api_keys_file, const std::string& admin_token_file);
 
   // Dropped when the session is gone.
   void Send(uint64_t session, const v1::Envelope& reply);

@@ -174,9 +174,9 @@ void FinishDefaults(Config& config);
 // and a daemon that may open open_files descriptors (FinishDefaults passes this machine's).
 void FinishShares(Config& config, uint64_t physical_bytes, uint64_t open_files);
 // What a reload (SIGHUP) takes from a config file read again: the registry's settings (models,
-// models_dir, model_roots, keep_alive). The daemon also reads the API keys file again
-// (ReloadApiKeys, supervisor/http_access.h). Everything else needs a restart. Inline: the core,
-// which does not link the config parser, applies it too.
+// models_dir, model_roots, keep_alive). The daemon also reads the API keys and admin token files
+// again (ReloadApiKeys, ReloadAdminToken: supervisor/http_access.h). Everything else needs a
+// restart. Inline: the core, which does not link the config parser, applies it too.
 inline void TakeRegistrySettings(Config& config, const Config& from) {
   config.models = from.models;
   config.models_dir = from.models_dir;

@@ -346,8 +346,9 @@ event::Reload Daemon::ReadRegistry() {
     // The shell resolves `register` paths and inspects files under the same roots as the core.
     TakeRegistrySettings(config_, *read);
     model_files_.Configure(config_);
-    // The API keys too, so that a key can be revoked or added without a restart.
-    if (server_ != nullptr) server_->ReloadApiKeys(read->http_api_keys_file);
+    // The API keys and the admin token too, so that either can be revoked, added or rotated
+    // without a restart.
+    if (server_ != nullptr) server_->ReloadSecrets(read->http_api_keys_file, read->http_admin_token_file);
   }
   e.entries = model_files_.Discover(config_, e.warnings);
   e.config = config_;

@@ -142,7 +142,28 @@ ApiKeysReload ReloadApiKeys(const std::string& path, bool keys_in_force) {
     return out;
   }
   out.log = fmt::format("reload: {} API key(s) from {}", keys->size(), path);
-  out.keys = std::move(*keys);
+  out.value = std::move(*keys);
+  return out;
+}
+
+AdminTokenReload ReloadAdminToken(const std::string& path, bool token_in_force) {
+  AdminTokenReload out;
+  if (path.empty()) {
+    if (token_in_force) {
+      out.value = std::string();
+      out.log = "reload: [http] admin_token_file is no longer set; no TCP request administers";
+    }
+    return out;
+  }
+  Result<std::string> token = ReadAdminToken(path);
+  if (!token.ok()) {
+    out.error = true;
+    out.log = fmt::format("reload: {}; {}", token.status().message(),
+                          token_in_force ? "the admin token in force stays" : "no TCP request administers");
+    return out;
+  }
+  out.log = fmt::format("reload: the admin token from {}", path);
+  out.value = std::move(*token);
   return out;
 }
 

@@ -48,13 +48,21 @@ Result<std::vector<std::string>> ReadApiKeys(const std::string& path);
 // readable by others or holds no key changes nothing (an error): the keys in force stay. So does
 // a configuration that names no file while keys are in force (a warning): a listener beyond
 // loopback may have been allowed because of them, so only a restart drops them.
-struct ApiKeysReload {
-  std::optional<std::vector<std::string>> keys;  // nullopt: the keys in force stay
-  std::string log;                               // "": nothing to say
+template <typename Secret>
+struct SecretReload {
+  std::optional<Secret> value;  // nullopt: what is in force stays
+  std::string log;              // "": nothing to say
   bool error = false;
 };
+using ApiKeysReload = SecretReload<std::vector<std::string>>;
 ApiKeysReload ReloadApiKeys(const std::string& path, bool keys_in_force);
 // [http] admin_token_file: its first line, of at least 16 characters; not readable by others.
 Result<std::string> ReadAdminToken(const std::string& path);
+// [http] admin_token_file read again (SIGHUP): the token that administers from now on, or none to
+// change. A file that cannot be used changes nothing (an error: the token in force stays, so that
+// a mistake while rotating it does not lock the operator out). A configuration that names no file
+// takes the token away ("": TCP requests administer no more), the safe direction, unlike keys.
+using AdminTokenReload = SecretReload<std::string>;
+AdminTokenReload ReloadAdminToken(const std::string& path, bool token_in_force);
 
 }  // namespace warmpool::supervisor

@@ -51,6 +51,13 @@ class HttpAccessTest : public DaemonTest {
     for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) n++;
     return n;
   }
+  // Whether the daemon logged `says` once more after a SIGHUP.
+  bool Reload(const std::string& says) {
+    const size_t before = Occurrences(says);
+    if (kill(DaemonPid(), SIGHUP) != 0) return false;
+    for (int i = 0; i < 250 && Occurrences(says) == before; i++) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return Occurrences(says) > before;
+  }
   // One response from a connection that stays open: its head, then Content-Length bytes of body.
   static Response ReadOne(int fd) {
     timeval tv{20, 0};
@@ -179,13 +186,6 @@ TEST_F(HttpAccessTest, AReloadTakesTheKeyFileAgainAndKeepsTheKeysWhenItCannot) {
   const std::string keys = Secret("keys", std::string(kKeyOne) + "\n");
   const std::string config = "[http]\nlisten = \"127.0.0.1:" + std::to_string(port_) + "\"\napi_keys_file = \"" + keys + "\"\n";
   StartDaemon(config);
-  // Whether the daemon logged `says` once more after a SIGHUP.
-  auto reload = [&](const std::string& says) {
-    const size_t before = Occurrences(says);
-    if (kill(DaemonPid(), SIGHUP) != 0) return false;
-    for (int i = 0; i < 250 && Occurrences(says) == before; i++) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return Occurrences(says) > before;
-  };
   // A connection that stays open across the reload: its first request with the key in force.
   const int open = ConnectTcp(port_);
   ASSERT_GE(open, 0);
@@ -194,7 +194,7 @@ TEST_F(HttpAccessTest, AReloadTakesTheKeyFileAgainAndKeepsTheKeysWhenItCannot) {
   EXPECT_EQ(ReadOne(open).status, 200);
 
   Secret("keys", std::string(kKeyTwo) + "\n");
-  ASSERT_TRUE(reload("1 API key(s) from " + keys)) << DaemonLog();
+  ASSERT_TRUE(Reload("1 API key(s) from " + keys)) << DaemonLog();
   std::vector<Response> after = Split(Exchange(open, Get("/v1/models", Bearer(kKeyOne))));
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0].status, 401) << "the open connection's next request, with the key taken out";
@@ -203,18 +203,47 @@ TEST_F(HttpAccessTest, AReloadTakesTheKeyFileAgainAndKeepsTheKeysWhenItCannot) {
 
   // Files it cannot use: the keys in force stay, and the log says why.
   Secret("keys", "short\n");
-  ASSERT_TRUE(reload("use at least 16")) << DaemonLog();
+  ASSERT_TRUE(Reload("use at least 16")) << DaemonLog();
   Secret("keys", std::string(kKeyOne) + "\n", 0644);
-  ASSERT_TRUE(reload("readable by others")) << DaemonLog();
+  ASSERT_TRUE(Reload("readable by others")) << DaemonLog();
   EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyTwo))).status, 200);
   EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyOne))).status, 401);
   EXPECT_EQ(Tcp(Get("/v1/models", "")).status, 401);
 
   // A configuration without the file: the keys stay until a restart.
   std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n[http]\nlisten = \"127.0.0.1:" << port_ << "\"\n";
-  ASSERT_TRUE(reload("api_keys_file is no longer set")) << DaemonLog();
+  ASSERT_TRUE(Reload("api_keys_file is no longer set")) << DaemonLog();
   EXPECT_EQ(Tcp(Get("/v1/models", "")).status, 401);
   EXPECT_EQ(Tcp(Get("/v1/models", Bearer(kKeyTwo))).status, 200);
+}
+
+TEST_F(HttpAccessTest, AReloadRotatesTheAdminTokenKeepsItWhenItCannotAndTakesItAwayWhenUnset) {
+  MakeModel("m", "8,4");
+  const std::string admin = Secret("admin", std::string(kAdmin) + "\n");
+  StartDaemon("[http]\nlisten = \"127.0.0.1:" + std::to_string(port_) + "\"\nadmin_token_file = \"" + admin + "\"\n");
+  auto load = [&](const std::string& token) {
+    return Tcp(HttpPost("/v1/models/m/load", "", true, Bearer(token))).status;
+  };
+  EXPECT_EQ(load(kAdmin), 200);
+  constexpr char kRotated[] = "rotated-admin-token-0123456789";
+  Secret("admin", std::string(kRotated) + "\n");
+  ASSERT_TRUE(Reload("the admin token from " + admin)) << DaemonLog();
+  EXPECT_EQ(load(kAdmin), 403) << "the old token administers no more";
+  EXPECT_EQ(load(kRotated), 200);
+
+  // A file it cannot use: the token in force stays, and the log says why.
+  Secret("admin", "short\n");
+  ASSERT_TRUE(Reload("use at least 16")) << DaemonLog();
+  Secret("admin", std::string(kAdmin) + "\n", 0644);
+  ASSERT_TRUE(Reload("readable by others")) << DaemonLog();
+  EXPECT_EQ(load(kRotated), 200);
+  EXPECT_EQ(load(kAdmin), 403);
+
+  // A configuration without the file takes the token away.
+  std::ofstream(dir_ + "/config.toml") << "[daemon]\nworkers_per_device = 2\n[http]\nlisten = \"127.0.0.1:" << port_ << "\"\n";
+  ASSERT_TRUE(Reload("admin_token_file is no longer set")) << DaemonLog();
+  EXPECT_EQ(load(kRotated), 403);
+  EXPECT_EQ(Tcp(Get("/v1/models", "")).status, 200) << "reads go on";
 }
 
 }  // namespace
