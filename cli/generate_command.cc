@@ -78,13 +78,15 @@ int GenerateOne(client::Client& client, const GenerateArgs& args, v1::GenerateRe
     }
   });
   if (!reply.ok()) {
-    if (!args.json && !calls.empty()) {  // the calls streamed before it failed
+    // The text streamed ends its line; the calls streamed before the failure follow, each a line.
+    const bool printed_calls = !args.json && !calls.empty();
+    if (printed_calls) {
       std::fputc('\n', stdout);
       PrintToolCalls(calls);
     }
     if (failure != nullptr) *failure = reply.status();
     if (failure != nullptr && reply.status().code() == Code::kFailedPrecondition) return 1;  // the caller decides
-    if (!args.json) std::fputc('\n', stdout);
+    if (!args.json && !printed_calls) std::fputc('\n', stdout);
     return Fail(reply.status());
   }
   generated += reply->text();
