@@ -72,7 +72,10 @@ std::string ModelsTable(const v1::ModelsReply& reply) {
       {"NAME", "ENGINE", "STATE", "WEIGHTS", "WORKSPACE", "TOTAL", "PIN", "PATH"}};
   if (any_reason) rows[0].push_back("REASON");
   for (const v1::ModelInfo& m : reply.models()) {
-    std::vector<std::string> row = {m.name(), m.engine().empty() ? "-" : m.engine(), m.state()};
+    // A language model that cannot generate says so where a user looks for what it is.
+    std::string engine = m.engine().empty() ? "-" : m.engine();
+    if (m.embeds_only()) engine += " (embeds only)";
+    std::vector<std::string> row = {m.name(), engine, m.state()};
     AddSizes(row, m.weight_bytes(), m.workspace_bytes());
     row.push_back(m.pinned() ? "yes" : "-");
     row.push_back(m.path().empty() ? "-" : m.path());

@@ -119,6 +119,8 @@ class Engine {
   bool embeds() const {
     return vtable_->abi_version >= 4 && vtable_->embed != nullptr && info_.embedding_size > 0;
   }
+  // Version 14: the model embeds but gives no logits (a checkpoint without an output head).
+  bool embeds_only() const { return vtable_->abi_version >= 14 && embeds() && info_.embeds_only != 0; }
   // progress: as load's (tokens run so far of all), returning false to stop (UNAVAILABLE).
   Result<Embeddings> Embed(const std::vector<std::string>& inputs, const ProgressFn& progress = nullptr);
 

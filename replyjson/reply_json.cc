@@ -28,6 +28,7 @@ json ModelsJson(const v1::ModelsReply& reply) {
     // Language models: generations a replica runs at once.
     j["parallel"] = m.parallel() == 0 ? json(nullptr) : json(m.parallel());
     j["kv_cache_tokens"] = m.kv_cache_tokens() == 0 ? json(nullptr) : json(m.kv_cache_tokens());
+    j["embeds_only"] = m.embeds_only();
     // Typed tensors: null until a worker has opened it and said, or when its engine takes none;
     // inputs and outputs null when it takes any.
     j["tensors"] = nullptr;

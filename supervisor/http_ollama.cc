@@ -351,7 +351,9 @@ std::string OllamaResponse(const OllamaCall& call, const v1::Envelope& reply, bo
         doc = {{"modelfile", ""}, {"parameters", ""}, {"template", ""}, {"details", OllamaDetails(m)},
                {"model_info", {{"warmpool.engine", m.engine()}, {"warmpool.context_length", m.context()},
                                {"warmpool.weight_bytes", m.weight_bytes()}}},
-               {"capabilities", m.context() != 0 ? json::array({"completion", "embedding"}) : json::array()}};
+               {"capabilities", m.context() == 0   ? json::array()
+                                : m.embeds_only() ? json::array({"embedding"})
+                                                  : json::array({"completion", "embedding"})}};
       }
       if (doc.is_null()) {
         return OllamaErrorResponse(Error(Code::kNotFound, "model \"{}\" not found", call.model), keep_alive);

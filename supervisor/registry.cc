@@ -77,6 +77,7 @@ ModelEntry InspectDirectory(ModelEntry entry, const ModelFile& directory, const 
   entry.workspace_bytes = transformer::ServedWorkspaceBytes(packed->config, entry.context, entry.sequences, 0, on_device);
   entry.kv_bytes_per_token = packed->config.KvBytesPerToken();
   entry.embedding_size = packed->config.hidden_size;
+  entry.embeds_only = !transformer::HasOutputHead(*packed);
   entry.tool_call_format = std::string(
       chat::ToolCallFormatName(chat::DetectToolCallFormat(transformer::ChatTemplateText(packed->texts.tokenizer_config))));
   if (entry.tool_call_format == "none") entry.tool_call_format.clear();

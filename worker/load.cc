@@ -35,6 +35,7 @@ void DescribeEngine(const Engine& engine, v1::ModelWeights* weights) {
   weights->set_kv_bytes_per_token(info.kv_bytes_per_token);
   weights->set_kv_tokens(info.kv_tokens);
   weights->set_embedding_size(info.embedding_size);
+  weights->set_embeds_only(engine.embeds_only());
   weights->clear_inputs();
   weights->clear_outputs();
   weights->set_runs_tensors(engine.runs_tensors());

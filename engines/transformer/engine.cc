@@ -210,22 +210,24 @@ wp_status SignatureCall(wp_engine* engine, const wp_tensor** inputs, uint32_t* i
 }
 
 // Typed tensors: the logits after a run of token ids from position 0 (what Hugging Face's
-// model(input_ids).logits[-1] is), in pieces of kPrefillPiece as a prompt. The worker has checked
-// the input against the signature.
+// model(input_ids).logits[-1] is), or a model without an output head's last hidden state
+// (last_hidden_state[-1]), in pieces of kPrefillPiece as a prompt. The worker has checked the input
+// against the signature.
 Status RunTokens(TransformerEngine& e, const wp_tensor& ids, uint64_t max_output_bytes, wp_tensor_sink_fn sink,
                  void* sink_ctx, wp_progress_fn progress, void* progress_ctx) {
   if (!e.sequence) return Error(Code::kFailedPrecondition, "model \"{}\" is not loaded", e.name);
-  if (!e.has_head) return NoHead(e);
   if (Status s = NoGenerationOpen(e); !s.ok()) return s;
   const Config& config = e.sequence->config();
+  wp_tensor out = e.signature[1];
+  const uint64_t out_size = static_cast<uint64_t>(out.shape[0]);
   const uint64_t count = static_cast<uint64_t>(ids.shape[0]);
   if (count == 0 || count > e.sequence->context()) {
     return Error(Code::kInvalidArgument, "input_ids holds {} tokens: 1 to the context's {}", count,
                  e.sequence->context());
   }
-  if (max_output_bytes != 0 && uint64_t{config.vocab_size} * sizeof(float) > max_output_bytes) {
-    return Error(Code::kResourceExhausted, "the logits take {} bytes, more than a reply holds ({})",
-                 uint64_t{config.vocab_size} * sizeof(float), max_output_bytes);
+  if (max_output_bytes != 0 && out_size * sizeof(float) > max_output_bytes) {
+    return Error(Code::kResourceExhausted, "the {} take {} bytes, more than a reply holds ({})", out.name,
+                 out_size * sizeof(float), max_output_bytes);
   }
   std::vector<int32_t> tokens(count);
   const auto* values = static_cast<const int64_t*>(ids.data);
@@ -236,7 +238,8 @@ Status RunTokens(TransformerEngine& e, const wp_tensor& ids, uint64_t max_output
     }
     tokens[i] = static_cast<int32_t>(values[i]);
   }
-  std::vector<float> logits(config.vocab_size);
+  std::vector<float> values_out(out_size);
+  std::vector<float> scratch(config.hidden_size);  // the earlier pieces' last states, unused
   std::span<const int32_t> all(tokens);
   for (size_t done = 0; done < count; done += kPrefillPiece) {
     // Between pieces, as a prompt's: the worker hears that the run moves, and may stop it.
@@ -244,15 +247,19 @@ Status RunTokens(TransformerEngine& e, const wp_tensor& ids, uint64_t max_output
       return Error(Code::kUnavailable, "the run was stopped");
     }
     const size_t piece = std::min<size_t>(kPrefillPiece, count - done);
-    if (Status s = e.sequence->Forward(all.subspan(done, piece), static_cast<uint32_t>(done), logits); !s.ok()) {
-      return s;
-    }
+    // Only the last piece's row is given; the earlier ones' logits would cost a product with the
+    // head for nothing.
+    const std::span<const int32_t> run = all.subspan(done, piece);
+    const auto start = static_cast<uint32_t>(done);
+    const Status s = done + piece < count ? e.sequence->Hidden(run, start, scratch)
+                     : e.has_head         ? e.sequence->Forward(run, start, values_out)
+                                          : e.sequence->Hidden(run, start, values_out);
+    if (!s.ok()) return s;
   }
-  wp_tensor out = e.signature[1];
-  out.data = logits.data();
-  out.bytes = logits.size() * sizeof(float);
+  out.data = values_out.data();
+  out.bytes = values_out.size() * sizeof(float);
   const wp_status taken = sink(sink_ctx, &out);
-  return taken == WP_OK ? OkStatus() : Status(CodeFromInt(taken), "the logits were refused");
+  return taken == WP_OK ? OkStatus() : Status(CodeFromInt(taken), fmt::format("the {} were refused", out.name));
 }
 
 wp_status RunCall(wp_engine* engine, const wp_tensor* inputs, uint32_t, uint64_t max_output_bytes,

@@ -35,7 +35,10 @@ Result<ModelWeights> BindAt(TransformerEngine& e, const uint8_t* base) {
     views.emplace(t.name, TensorView{t.name, t.dtype, t.shape, base + t.offset, t.file, t.file_offset, t.bytes});
   }
   Result<ModelWeights> weights = BindWeights(e.packed.config, views, e.name);
-  if (weights.ok()) e.has_head = weights->lm_head.data != nullptr;
+  // What open told the supervisor (info.embeds_only) is what the bound weights are.
+  if (weights.ok() && (weights->lm_head.data != nullptr) != e.has_head) {
+    return Error(Code::kInternal, "model \"{}\": its output head is not as its description said", e.name);
+  }
   return weights;
 }
 
@@ -233,8 +236,13 @@ Status OpenEngine(const wp_engine_spec& spec, TransformerEngine& e, wp_engine_in
   info.kv_tokens = uint64_t{pool_blocks} * kKvBlockTokens;
   info.embedding_size = e.packed.config.hidden_size;
   info.kv_bytes_per_token = e.packed.config.KvBytesPerToken();
+  e.has_head = HasOutputHead(e.packed);
+  info.embeds_only = e.has_head ? 0 : 1;
+  // A run gives what Hugging Face's model(input_ids) does at the last position: a causal LM's
+  // logits, a base model's last hidden state (after the final norm, not scaled to unit length).
   e.signature[0] = {"input_ids", WP_DTYPE_I64, 1, {-1}, nullptr, 0};
-  e.signature[1] = {"logits", WP_DTYPE_F32, 1, {e.packed.config.vocab_size}, nullptr, 0};
+  e.signature[1] = e.has_head ? wp_tensor{"logits", WP_DTYPE_F32, 1, {e.packed.config.vocab_size}, nullptr, 0}
+                              : wp_tensor{"last_hidden_state", WP_DTYPE_F32, 1, {e.packed.config.hidden_size}, nullptr, 0};
   return OkStatus();
 }
 

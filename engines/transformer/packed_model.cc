@@ -177,6 +177,12 @@ KvElement ServedKvElement(const PackedModel& model, bool on_device) {
   return ChooseKvElement(any ? safetensors::DType::BF16 : safetensors::DType::F32, model.config.head_dim, on_device);
 }
 
+bool HasOutputHead(const PackedModel& model) {
+  if (model.config.tie_word_embeddings) return true;
+  return std::any_of(model.tensors.begin(), model.tensors.end(),
+                     [](const PackedTensor& t) { return t.name == "lm_head.weight"; });
+}
+
 uint64_t ServedWorkspaceBytes(const Config& config, uint32_t context, uint32_t sequences, uint64_t kv_tokens,
                               bool on_device) {
   return on_device ? PlanGpu(config, context, sequences, KvPoolBlocks(context, sequences, kv_tokens)).total

@@ -58,6 +58,10 @@ Result<PackedModel> DecodeHeader(std::string_view header);
 // Whether bytes are an encoded description (and not, say, a safetensors header).
 bool IsPackedHeader(std::string_view header);
 
+// Whether the model has an output head: its embeddings tied, or lm_head.weight. A base model saved
+// alone (weights.h) may have none: it embeds only. Known from the description, before any load.
+bool HasOutputHead(const PackedModel& model);
+
 // The element of the KV cache the engine keeps for this model where it runs, in device memory or not
 // (ChooseKvElement, by its key and value projections' dtype): registration counts a position's bytes
 // by it before any worker has loaded the model, as the engine will.

@@ -45,6 +45,7 @@ def model_info(m):
         retry_in_ms=m.retry_in_ms, weight_bytes=m.weight_bytes, workspace_bytes=m.workspace_bytes,
         total_bytes=m.weight_bytes + m.workspace_bytes, pinned=m.pinned, file_broken=m.file_broken,
         tensors=_tensors(m), tool_call_format=_or_none(m.tool_call_format), parallel=m.parallel or None,
+        embeds_only=m.embeds_only,
     )
 
 

@@ -34,6 +34,8 @@ class ModelInfo:
     tool_call_format: Optional[str] = None
     # Language models: generations each replica runs at once (continuous batching).
     parallel: Optional[int] = None
+    # Language models that embed but do not generate (no output head): generate() is refused.
+    embeds_only: bool = False
 
 
 @dataclass(frozen=True)

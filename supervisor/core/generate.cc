@@ -31,6 +31,14 @@ void Core::HandleGenerate(Call call, v1::GenerateRequest&& request) {
                                    "model \"{}\" is not a language model (engine \"{}\"): send it tensors (infer)",
                                    m.entry.name, m.entry.engine));
   }
+  // Known from its description (registration, or the worker's load report): no worker is woken,
+  // and no model loaded or evicted, for what it cannot do.
+  if (m.entry.embeds_only) {
+    return AnswerError(call, Error(Code::kFailedPrecondition,
+                                   "model \"{}\" embeds only (its checkpoint has no output head): it cannot "
+                                   "generate; send it embed requests",
+                                   m.entry.name));
+  }
   // A prompt the context cannot hold is refused here, before a worker spends time tokenizing it:
   // no token is longer than kMaxBytesPerToken, so a longer prompt has more tokens than the context.
   uint64_t text_bytes = request.prompt().size();

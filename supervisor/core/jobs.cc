@@ -178,6 +178,8 @@ void Core::OnLoadDone(const Job& job, const v1::WorkerLoadDone& done, int handle
   // What an embed reply's frame bound counts (a registration from a manifest of an older daemon
   // may not say).
   if (w.embedding_size != 0) m.entry.embedding_size = w.embedding_size;
+  // Whether it generates at all: what its engine said (a plugin's is known only now).
+  m.entry.embeds_only = w.embeds_only;
   // What `models` shows of the tensors it takes: known once a worker has opened it.
   m.entry.runs_tensors = w.runs_tensors;
   m.entry.inputs = w.inputs;

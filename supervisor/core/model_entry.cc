@@ -18,6 +18,7 @@ WeightsDescription FromWire(const v1::ModelWeights& wire) {
   d.context = wire.context();
   d.kv_bytes_per_token = wire.kv_bytes_per_token();
   d.embedding_size = wire.embedding_size();
+  d.embeds_only = wire.embeds_only();
   d.sequences = wire.sequences();
   d.kv_tokens = wire.kv_tokens();
   d.prefill_stretch = wire.prefill_stretch();
@@ -38,6 +39,7 @@ void ToWire(const WeightsDescription& d, v1::ModelWeights* wire) {
   wire->set_context(d.context);
   wire->set_kv_bytes_per_token(d.kv_bytes_per_token);
   wire->set_embedding_size(d.embedding_size);
+  wire->set_embeds_only(d.embeds_only);
   wire->set_sequences(d.sequences);
   wire->set_kv_tokens(d.kv_tokens);
   wire->set_prefill_stretch(d.prefill_stretch);

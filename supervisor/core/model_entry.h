@@ -27,6 +27,8 @@ struct WeightsDescription {
   uint32_t context = 0;
   uint64_t kv_bytes_per_token = 0;
   uint32_t embedding_size = 0;  // floats per embedding: an embed reply's size
+  // A language model that embeds but does not generate (no output head): generate is refused.
+  bool embeds_only = false;
   // Generations its engine runs at once, each with a cache of the whole context (workspace_bytes
   // counts them all); 0: one at a time.
   uint32_t sequences = 0;

@@ -94,6 +94,7 @@ v1::Envelope Core::ModelsSnapshot() const {
     info->set_tool_call_format(m.tool_call_format);
     info->set_parallel(m.entry.generates() ? std::max<uint32_t>(m.entry.sequences, 1) : 0);
     info->set_kv_cache_tokens(m.entry.generates() ? m.entry.KvCacheTokens() : 0);
+    info->set_embeds_only(m.entry.embeds_only);
     for (const v1::NamedTensor& t : m.entry.inputs) *info->add_inputs() = t;
     for (const v1::NamedTensor& t : m.entry.outputs) *info->add_outputs() = t;
   }

@@ -25,7 +25,7 @@ def test_models_lists_every_model_with_its_shape(client, daemon):
     assert list(dataclasses.asdict(models["tiny"])) == [
         "name", "engine", "path", "state", "bytes", "in_features", "out_features", "error",
         "retry_in_ms", "weight_bytes", "workspace_bytes", "total_bytes", "pinned", "file_broken", "tensors",
-        "tool_call_format", "parallel"]
+        "tool_call_format", "parallel", "embeds_only"]
     assert models["tiny"].weight_bytes == models["tiny"].bytes
     assert models["tiny"].total_bytes == models["tiny"].weight_bytes + models["tiny"].workspace_bytes
 

@@ -17,7 +17,7 @@ from scripted_model import write_tool_calling_model, write_scripted_model, TOOL_
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def write_language_model(directory):
+def write_language_model(directory, *extra):
     os.makedirs(directory)
     tokenizer = os.path.join(directory, "tokenizer.json")
     subprocess.run([sys.executable, os.path.join(HERE, "tokenizer_reference.py"), "train",
@@ -27,7 +27,7 @@ def write_language_model(directory):
         t = json.load(f)
     vocab = max(list(t["model"]["vocab"].values()) + [a["id"] for a in t["added_tokens"]]) + 1
     subprocess.run([binary("warmpool-mkmodel"), directory, "--arch", "llama", "--vocab", str(vocab),
-                    "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
+                    "--dtype", "bf16", *extra], check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end|>"}, f)
 
@@ -36,6 +36,7 @@ def write_language_model(directory):
 def lm_daemon(tmp_path_factory):
     d = Daemon(str(tmp_path_factory.mktemp("lm")))
     write_language_model(os.path.join(d.models_dir, "lm"))
+    write_language_model(os.path.join(d.models_dir, "embedder"), "--base-model-only")
     write_tool_calling_model(os.path.join(d.models_dir, "tools"))
     # Named templates, as Hugging Face's: a plain "default" and Qwen2.5's as "tool_use".
     write_scripted_model(os.path.join(d.models_dir, "named"), TOOL_CALL,
@@ -168,6 +169,15 @@ def test_embeddings_come_one_per_input_at_unit_length_from_both_clients(lm_daemo
             return await client.embed("lm", ["free software"])
 
     assert asyncio.run(run()).embeddings[0] == both.embeddings[0]
+
+
+def test_a_model_that_embeds_only_says_so_and_refuses_a_generation(lm_daemon):
+    with warmpool.Client(lm_daemon.socket) as client:
+        models = {m.name: m for m in client.models()}
+        assert models["embedder"].embeds_only and not models["lm"].embeds_only
+        with pytest.raises(warmpool.FailedPrecondition, match="embeds only"):
+            client.generate("embedder", "free software", max_tokens=4, stream=False)
+        assert client.embed("embedder", "free software").dimensions == 64
 
 
 def test_logprobs_come_with_each_token_streamed_or_whole(lm_daemon):

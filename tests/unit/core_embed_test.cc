@@ -2,7 +2,7 @@
 // Sent alone (never batched) to a worker of a language model, answered once, run again on another
 // replica when its worker dies before answering, refused before any worker for a dense model or an
 // input the context cannot hold.
-#include "tests/unit/core_rig.h"
+#include "tests/unit/core_generations.h"
 
 namespace warmpool::supervisor::testing {
 namespace {
@@ -153,6 +153,33 @@ TEST_F(CoreEmbedTest, AReplyThatWouldNotFitAFrameAndAChunkFromAnEmbeddingAreRefu
   chunk.mutable_infer_chunk()->mutable_chunk()->set_text("not an embedding's");
   rig.Reply(0, chunk);
   EXPECT_EQ(rig.Count<action::KillWorker>(), 1u) << "a worker that sends text for an embedding is broken";
+}
+
+// A language model that embeds only (no output head) is refused a generation at once, loaded or
+// not: no worker hears of it. What its registration says is taken, and so is what a load says (a
+// plugin's is known only then).
+TEST_F(CoreEmbedTest, AModelThatEmbedsOnlyIsRefusedAGenerationWithoutAnyWorker) {
+  ModelEntry embedder = LanguageModel("embedder");
+  embedder.embeds_only = true;
+  ModelEntry plugin = LanguageModel("plugin");
+  ModelEntry plugin_as_read = plugin;
+  plugin_as_read.embeds_only = true;
+  CoreRig rig{CoreRig::SmallConfig()};
+  rig.Start({embedder, plugin});
+  rig.Up(0);
+  rig.Loaded(0, plugin_as_read, 100);
+  rig.Forget();
+  Generate(rig, 5, "embedder");
+  Generate(rig, 5, "plugin");
+  std::vector<v1::Envelope> replies = rig.Replies(5);
+  ASSERT_EQ(replies.size(), 2u);
+  for (const v1::Envelope& reply : replies) {
+    EXPECT_EQ(reply.error().code(), v1::FAILED_PRECONDITION) << reply.DebugString();
+    EXPECT_NE(reply.error().message().find("embeds only"), std::string::npos) << reply.error().message();
+  }
+  EXPECT_TRUE(rig.Sent(0).empty()) << "nothing loaded, nothing run";
+  SendEmbed(rig, 5, "plugin", {"x"});
+  EXPECT_EQ(rig.Sent(0).size(), 1u) << "an embedding it serves";
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-/* warmpool engine ABI, version 13 (engines of versions 2 to 12 keep loading: everything a version
+/* warmpool engine ABI, version 14 (engines of versions 2 to 13 keep loading: everything a version
  * added lies at the ends of the structs, and an older engine never reads or writes it).
  *
  * An engine turns a model file into an inference function. Workers call engines through this C ABI
@@ -78,6 +78,10 @@
  * (preempted), their blocks freed for the others; the worker hands each back
  * to the supervisor, which sends it again, resumed after the tokens it sent, where that much room is
  * free (recomputing what the prefix cache no longer keeps).
+ *
+ * Version 14 lets a model say it embeds but does not generate (info.embeds_only): a language
+ * model's checkpoint without an output head, say, as embedding models ship. The supervisor refuses
+ * a generation of it at once, without loading it, and lists it as such.
  */
 #ifndef WARMPOOL_ENGINE_H_
 #define WARMPOOL_ENGINE_H_
@@ -89,7 +93,7 @@
 extern "C" {
 #endif
 
-#define WP_ENGINE_ABI_VERSION 13u
+#define WP_ENGINE_ABI_VERSION 14u
 /* The oldest version workers still load. */
 #define WP_ENGINE_ABI_VERSION_MIN 2u
 
@@ -178,6 +182,10 @@ typedef struct wp_engine_info {
    * context); 0 (and any older engine): sequences x context. At least one context: any request the
    * context holds fits once the other sequences close. */
   uint64_t kv_tokens;
+  /* Version 14: non-zero when the model embeds (embedding_size > 0) but gives no logits: generate
+   * and open_sequence refuse it, and run gives no logits (a checkpoint without an output head). 0
+   * (and any older engine): it generates. */
+  uint32_t embeds_only;
 } wp_engine_info;
 
 /* Version 3: one generation request. Options not set in `set` take the model's defaults
