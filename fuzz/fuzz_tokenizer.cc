@@ -24,6 +24,7 @@
 #include "common/utf8.h"
 #include "engines/tokenizer/byte_level.h"
 #include "engines/tokenizer/tokenizer.h"
+#include "fuzz/fixed_tokenizer.h"
 #include "fuzz/fuzz_check.h"
 
 namespace {
@@ -34,27 +35,7 @@ using namespace warmpool::tokenizer;
 
 const Tokenizer& Fixed() {
   static const std::unique_ptr<Tokenizer> tokenizer = [] {
-    nlohmann::json vocab = nlohmann::json::object();
-    for (int b = 0; b < 256; ++b) vocab[ByteSymbol(static_cast<uint8_t>(b))] = b;
-    vocab["th"] = 256;
-    vocab["Ġth"] = 257;
-    vocab["Ġthe"] = 258;
-    nlohmann::json json = {
-        {"added_tokens",
-         {{{"id", 259}, {"content", "<|end|>"}, {"special", true}},
-          {{"id", 260}, {"content", "<|end|>>"}, {"special", true}}}},
-        {"normalizer", nullptr},
-        {"pre_tokenizer",
-         {{"type", "Sequence"},
-          {"pretokenizers",
-           {{{"type", "Split"},
-             {"pattern",
-              {{"Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
-             {"behavior", "Isolated"}},
-            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
-        {"decoder", {{"type", "ByteLevel"}}},
-        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h", "Ġ th", "Ġth e"}}}}};
-    auto parsed = Tokenizer::Parse(json.dump(), "fixed");
+    auto parsed = Tokenizer::Parse(warmpool::fuzz::ByteLevelTokenizerJson(), "fixed");
     FUZZ_CHECK(parsed.ok());
     return std::move(*parsed);
   }();

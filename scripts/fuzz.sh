@@ -20,7 +20,7 @@ if [ "${1:-}" = "--build-dir" ]; then
 fi
 seconds=${1:-20}
 case "$seconds" in '' | *[!0-9]*) echo "usage: $0 [--build-dir DIR] [SECONDS]" >&2; exit 2 ;; esac
-read -r -a targets <<< "${FUZZ_TARGETS:-fuzz_frame_decoder fuzz_envelope fuzz_safetensors fuzz_config fuzz_http_request fuzz_tokenizer fuzz_chat_template fuzz_tool_calls}"
+read -r -a targets <<< "${FUZZ_TARGETS:-fuzz_frame_decoder fuzz_envelope fuzz_safetensors fuzz_config fuzz_http_request fuzz_tokenizer fuzz_chat_template fuzz_tool_calls fuzz_model_files}"
 
 if ! command -v clang >/dev/null || ! command -v clang++ >/dev/null; then
   echo "error: clang is missing; run scripts/install-deps.sh --test (clang, libclang-rt-14-dev)" >&2
@@ -48,7 +48,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 max_len() {
   case "$1" in
     fuzz_safetensors) echo 16384 ;;
-    fuzz_envelope | fuzz_config) echo 8192 ;;
+    fuzz_envelope | fuzz_config | fuzz_model_files) echo 8192 ;;
     *) echo 4096 ;;
   esac
 }
