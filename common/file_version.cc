@@ -29,10 +29,21 @@ namespace {
 
 using NamedVersions = std::vector<std::pair<std::string, FileVersion>>;
 
+// Whether a subdirectory is a sentence-transformers module's folder as that library names them:
+// its index, "_", its type ("1_Pooling", "2_Normalize"). Only those are looked into: not a
+// checkpoint's other trees (original/, onnx/, a trainer's checkpoint-500/), whose files the model
+// is not made of and which tools may write into while it serves.
+bool IsModuleFolder(std::string_view name) {
+  size_t digits = 0;
+  while (digits < name.size() && name[digits] >= '0' && name[digits] <= '9') digits++;
+  return digits > 0 && digits + 1 < name.size() && name[digits] == '_';
+}
+
 // The files of `dir` a model is made of, named `prefix` + their name: its JSON files and its
-// weights (not a README, a lock, a log). With `descend`, the JSON files of its subdirectories too
-// (not their subdirectories): a sentence-transformers module's configuration (1_Pooling/config.json)
-// is what the model embeds by. False when `dir` cannot be listed.
+// weights (not a README, a lock, a log). With `descend`, the JSON files of its module folders too
+// (IsModuleFolder; not their subdirectories): a sentence-transformers Pooling module's
+// configuration (1_Pooling/config.json) is what the model embeds by. False when `dir` cannot be
+// listed.
 bool AddModelFiles(int dir, const std::string& prefix, bool descend, NamedVersions& files) {
   const int copy = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // its own offset
   DIR* listing = copy >= 0 ? fdopendir(copy) : nullptr;
@@ -44,13 +55,12 @@ bool AddModelFiles(int dir, const std::string& prefix, bool descend, NamedVersio
   while (const dirent* entry = readdir(listing)) {
     const std::string_view name = entry->d_name;
     const bool model_file = name.ends_with(".json") || (prefix.empty() && name.ends_with(".safetensors"));
-    // A directory is looked into only a level down, and not one a name starting with "." hides
-    // (".", "..", a download tool's .cache).
-    if (!model_file && !(descend && !name.starts_with("."))) continue;
+    const bool module_folder = descend && IsModuleFolder(name);
+    if (!model_file && !module_folder) continue;
     struct stat st {};
     if (fstatat(dir, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (S_ISDIR(st.st_mode)) {
-      if (descend && !name.starts_with(".")) subdirectories.emplace_back(name);
+      if (module_folder) subdirectories.emplace_back(name);
     } else if (model_file && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
       files.emplace_back(prefix + entry->d_name, FileVersionOf(st));
     }

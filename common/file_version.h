@@ -26,8 +26,8 @@ struct FileVersion {
 FileVersion FileVersionOf(const struct stat& st);
 
 // A model directory's version, over every file a model is made of in it (*.json and *.safetensors,
-// and the *.json files of its subdirectories, as a sentence-transformers module's configuration;
-// not a README or a lock file written beside them, nor a subdirectory whose name starts with "."), so
+// and the *.json files of its sentence-transformers module folders, "1_Pooling/config.json"; not a
+// README or a lock file written beside them, nor another subdirectory's files), so
 // that any of them changed, replaced, added or removed changes it: sizes summed, the latest times,
 // and an identity that mixes every file's name and version. Zero when `dir` is not a directory
 // that can be read.

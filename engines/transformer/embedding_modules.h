@@ -5,8 +5,9 @@
 // projection after it — would embed wrongly without a word: it is refused where the directory is
 // read, at registration and at every load, naming what it asks for. A directory without
 // modules.json is a plain Hugging Face one, embedded as above. (The directory's version,
-// common/file_version.h, covers modules.json but not the Pooling folder's config.json: a change to
-// that alone is seen at the model's next load, not at a reload.)
+// common/file_version.h, covers modules.json and the JSON files of the module folders named as
+// sentence-transformers names them, "1_Pooling": a change to the Pooling configuration alone is a
+// new version at the next reload. A module folder of another name is seen at the next load.)
 #pragma once
 
 #include <string>

@@ -331,11 +331,14 @@ TEST_F(TransformerEngineTest, TheDirectorysVersionChangesWithAnyFileInIt) {
   const FileVersion replaced = DirectoryVersion(directory_);
   EXPECT_NE(replaced, added);
   // A sentence-transformers module's configuration, a level down, is part of the model; what lies
-  // deeper, a module's weights, and what a download tool hides in .cache are not.
+  // deeper, a module's weights, and other trees (a download tool's .cache, the original
+  // checkpoint, a trainer's checkpoints) are not.
   std::filesystem::create_directories(dir_.File("1_Pooling/deeper"));
-  std::filesystem::create_directories(dir_.File(".cache/huggingface"));
+  for (const char* other : {".cache", "original", "checkpoint-500", "1_", "_Pooling"}) {
+    std::filesystem::create_directories(dir_.File(other));
+    std::ofstream(dir_.File(std::string(other) + "/config.json")) << "{}";
+  }
   std::ofstream(dir_.File("1_Pooling/deeper/config.json")) << "{}";
-  std::ofstream(dir_.File(".cache/huggingface/config.json")) << "{}";
   std::ofstream(dir_.File("1_Pooling/model.safetensors")) << "weights";
   EXPECT_EQ(DirectoryVersion(directory_), replaced);
   std::ofstream(dir_.File("1_Pooling/config.json")) << R"({"pooling_mode_lasttoken": true})";
