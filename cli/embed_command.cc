@@ -11,6 +11,10 @@ void AddEmbedOptions(CLI::App* command, EmbedArgs& args, std::string& keep_alive
   command->add_option("MODEL", args.model, "language model name")->required();
   command->add_option("TEXT", args.texts, "texts to embed, each on its own (default: each non-empty line of stdin)");
   command->add_option("--deadline-ms", args.deadline_ms, "give up after this many milliseconds");
+  command->add_option("--dimensions", args.dimensions,
+                      "each embedding's first N values, at unit length again (for a model trained for shorter "
+                      "embeddings, e.g. Qwen3-Embedding; default: all)")
+      ->check(CLI::PositiveNumber);
   command->add_flag("--json", args.json,
                     "print the reply as JSON (embeddings, dimensions, prompt_tokens, tokens, embed_us)");
   command->add_option("--keep-alive", keep_alive,
@@ -21,6 +25,7 @@ Result<std::string> RunEmbed(client::Client& client, const EmbedArgs& args) {
   v1::EmbedRequest request;
   request.set_model(args.model);
   request.set_deadline_ms(args.deadline_ms);
+  request.set_dimensions(args.dimensions);
   if (args.keep_alive_ms) request.set_keep_alive_ms(*args.keep_alive_ms);
   std::vector<std::string> texts = args.texts;
   if (texts.empty()) {

@@ -18,6 +18,7 @@ struct EmbedArgs {
   std::string model;
   std::vector<std::string> texts;  // empty: the lines of stdin
   uint32_t deadline_ms = 0;
+  uint32_t dimensions = 0;  // 0: the whole embedding
   std::optional<int64_t> keep_alive_ms;
   bool json = false;
 };

@@ -61,6 +61,16 @@ Result<uint32_t> Uint(const json& body, const char* key, uint32_t fallback) {
   return static_cast<uint32_t>(v.get<int64_t>());
 }
 
+Status ReadDimensions(const json& body, v1::EmbedRequest* e) {
+  Result<uint32_t> n = Uint(body, "dimensions");
+  if (!n.ok()) return n.status();
+  if (body.contains("dimensions") && !body["dimensions"].is_null() && *n == 0) {
+    return Error(Code::kInvalidArgument, "dimensions must be at least 1 (leave it out for the whole embedding)");
+  }
+  e->set_dimensions(*n);
+  return OkStatus();
+}
+
 Result<bool> Bool(const json& body, const char* key) {
   if (!body.contains(key) || body[key].is_null()) return false;
   if (!body[key].is_boolean()) return Error(Code::kInvalidArgument, "{} must be true or false", key);

@@ -123,8 +123,9 @@ Status FillEmbed(const http::Request& request, const std::string& model, v1::Emb
   Result<json> body = BodyObject(request);
   if (!body.ok()) return body.status();
   const json& doc = *body;
-  if (Status s = OnlyKeys(doc, {"input", "deadline_ms", "keep_alive"}, request); !s.ok()) return s;
+  if (Status s = OnlyKeys(doc, {"input", "deadline_ms", "keep_alive", "dimensions"}, request); !s.ok()) return s;
   e->set_model(model);
+  if (Status s = ReadDimensions(doc, e); !s.ok()) return s;
   auto input = doc.find("input");
   const bool strings = input != doc.end() && (input->is_string() || (input->is_array() && !input->empty() &&
                                                                      std::all_of(input->begin(), input->end(),

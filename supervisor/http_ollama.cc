@@ -199,11 +199,14 @@ Status FillOllama(const http::Request& request, OllamaCall& call, v1::Envelope* 
   Result<std::optional<int64_t>> keep = OllamaKeepAlive(doc);
   if (!keep.ok()) return keep.status();
   if (call.endpoint == E::kEmbed || call.endpoint == E::kEmbeddings) {
-    if (Status s = OnlyKeys(doc, {"model", "input", "prompt", "truncate", "options", "keep_alive"}, request); !s.ok()) {
+    if (Status s = OnlyKeys(doc, {"model", "input", "prompt", "truncate", "options", "keep_alive", "dimensions"},
+                            request);
+        !s.ok()) {
       return s;
     }
     v1::EmbedRequest* e = out->mutable_embed();
     e->set_model(*model);
+    if (Status s = ReadDimensions(doc, e); !s.ok()) return s;
     const json* input = doc.contains("input") ? &doc["input"] : doc.contains("prompt") ? &doc["prompt"] : nullptr;
     if (input != nullptr && input->is_string()) {
       e->add_input(input->get<std::string>());

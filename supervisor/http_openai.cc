@@ -321,9 +321,7 @@ Status FillOpenAiEmbed(const http::Request& request, OpenAiCall& call, v1::Embed
     return Error(Code::kInvalidArgument, "\"encoding_format\" must be \"float\" or \"base64\"");
   }
   call.base64 = *format == "base64";
-  if (Status s = Unsupported(doc, "dimensions", nullptr, "the model's embeddings have the size they have"); !s.ok()) {
-    return s;
-  }
+  if (Status s = ReadDimensions(doc, e); !s.ok()) return s;
   Result<std::optional<int64_t>> keep = KeepAlive(doc);
   if (!keep.ok()) return keep.status();
   if (*keep) e->set_keep_alive_ms(**keep);

@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "ipc/error_proto.h"
+#include "worker/embed_dimensions.h"
 #include "worker/serving.h"
 
 namespace warmpool::worker {
@@ -17,11 +18,15 @@ void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   v1::WorkerInferDone* done = reply.mutable_infer_done();
   done->set_job(job);
   std::shared_ptr<Engine> engine = models_.Find(request.model());
-  Result<uint32_t> slot = BeginLongJob(
-      request, engine,
-      engine != nullptr && !engine->embeds()
-          ? Error(Code::kFailedPrecondition, "model \"{}\" makes no embeddings (its engine has no embed call)", e.model())
-          : OkStatus());
+  // What dimensions may ask for is the engine's size: the daemon checked it where it knew it.
+  Status refused = OkStatus();
+  if (engine != nullptr && !engine->embeds()) {
+    refused = Error(Code::kFailedPrecondition, "model \"{}\" makes no embeddings (its engine has no embed call)", e.model());
+  } else if (engine != nullptr && e.dimensions() > engine->info().embedding_size) {
+    refused = Error(Code::kInvalidArgument, "dimensions {}: model \"{}\" embeds in {} values; ask for 1 to {}, or 0 for all",
+                    e.dimensions(), e.model(), engine->info().embedding_size, engine->info().embedding_size);
+  }
+  Result<uint32_t> slot = BeginLongJob(request, engine, refused);
   if (!slot.ok()) {
     ipc::SetError(done->mutable_error(), slot.status());
     outbox_.Send(reply);
@@ -49,12 +54,14 @@ void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   }
   v1::EmbedReply* answer = done->mutable_embed();
   const uint32_t size = engine->info().embedding_size;
-  answer->set_dimensions(size);
+  const uint32_t kept = e.dimensions() != 0 ? e.dimensions() : size;
+  answer->set_dimensions(kept);
   uint32_t tokens = 0;
   for (int i = 0; i < e.input_size(); i++) {
     v1::Embedding* embedding = answer->add_embeddings();
-    const float* values = out->values.data() + uint64_t(i) * size;
-    embedding->mutable_values()->Add(values, values + size);
+    float* values = out->values.data() + uint64_t(i) * size;
+    if (kept < size) ShortenEmbedding({values, size}, kept);
+    embedding->mutable_values()->Add(values, values + kept);
     embedding->set_tokens(out->tokens[i]);
     tokens += out->tokens[i];
   }

@@ -33,8 +33,9 @@ Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::spa
   double squares = 0;
   for (uint32_t i = 0; i < hidden; i++) squares += double{out[i]} * out[i];
   if (squares > 0) {
-    const auto scale = static_cast<float>(1.0 / std::sqrt(squares));
-    for (uint32_t i = 0; i < hidden; i++) out[i] *= scale;
+    // In double: the reciprocal of a norm of denormals is past float's range.
+    const double norm = std::sqrt(squares);
+    for (uint32_t i = 0; i < hidden; i++) out[i] = static_cast<float>(out[i] / norm);
   }
   return OkStatus();
 }

@@ -98,8 +98,9 @@ def _logprobs(entries):
     return [one(e.chosen, e.top) for e in entries]
 
 
-def embed_request(model, inputs, *, deadline_ms=None, keep_alive=None):
-    """The embed Envelope: ``inputs`` a string or a list of them."""
+def embed_request(model, inputs, *, deadline_ms=None, keep_alive=None, dimensions=None):
+    """The embed Envelope: ``inputs`` a string or a list of them; ``dimensions`` each embedding's
+    first values, at unit length again (None: all)."""
     if isinstance(inputs, str):
         inputs = [inputs]
     envelope = pb.Envelope()
@@ -110,6 +111,10 @@ def embed_request(model, inputs, *, deadline_ms=None, keep_alive=None):
     except TypeError as error:
         raise invalid_argument(f"inputs to embed must be strings: {error}") from None
     e.deadline_ms = 0 if deadline_ms is None else int(deadline_ms)
+    if dimensions is not None:
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions < 2**32:
+            raise invalid_argument(f"dimensions must be a whole number of at least 1, not {dimensions!r}")
+        e.dimensions = dimensions
     ms = keep_alive_ms(keep_alive)
     if ms is not None:
         e.keep_alive_ms = ms

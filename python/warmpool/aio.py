@@ -404,9 +404,10 @@ class AsyncClient:
             return _generation.result(await self.request(envelope))
         return await open_stream(self, envelope)
 
-    async def embed(self, model, inputs, *, deadline_ms=None, keep_alive=None):
+    async def embed(self, model, inputs, *, deadline_ms=None, keep_alive=None, dimensions=None):
         """Embeddings from a language model, as Client.embed: an EmbedResult."""
-        envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
+        envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive,
+                                             dimensions=dimensions)
         return _generation.embed_result(await self.request(envelope))
 
     async def infer_tensors(self, model, inputs, *, deadline_ms=None, keep_alive=None):

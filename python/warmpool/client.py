@@ -224,13 +224,17 @@ class Client(Connection):
             return _generation.result(self._exchange(envelope))
         return _generation.Generation(self, self.send(envelope))
 
-    def embed(self, model, inputs, *, deadline_ms=None, keep_alive=None):
+    def embed(self, model, inputs, *, deadline_ms=None, keep_alive=None, dimensions=None):
         """Embeddings from a language model: ``inputs`` a string or a list of 1 to 256 of them;
         returns an EmbedResult (one unit-length vector per input, in order)::
 
             vectors = client.embed("tiny", ["free software", "a license"]).embeddings
+
+        ``dimensions``: each vector's first values only, at unit length again (for a model trained
+        for shorter embeddings, such as Qwen3-Embedding; None: all of them).
         """
-        envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive)
+        envelope = _generation.embed_request(model, inputs, deadline_ms=deadline_ms, keep_alive=keep_alive,
+                                             dimensions=dimensions)
         return _generation.embed_result(self._exchange(envelope))
 
     def infer_tensors(self, model, inputs, *, deadline_ms=None, keep_alive=None):

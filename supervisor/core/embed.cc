@@ -23,13 +23,22 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
                                    "model \"{}\" is not a language model (engine \"{}\"): it makes no embeddings",
                                    m.entry.name, m.entry.engine));
   }
+  // Known from the registration (or a worker's load report; a manifest of an older daemon may not
+  // say: then the worker checks).
+  if (m.entry.embedding_size != 0 && request.dimensions() > m.entry.embedding_size) {
+    return AnswerError(call, Error(Code::kInvalidArgument,
+                                   "dimensions {}: model \"{}\" embeds in {} values; ask for 1 to {}, or 0 for all",
+                                   request.dimensions(), m.entry.name, m.entry.embedding_size,
+                                   m.entry.embedding_size));
+  }
   // The reply must fit a frame: a vector per input.
-  const uint64_t reply_bytes = EmbedReplyBytes(request.input_size(), m.entry.embedding_size);
+  const uint32_t size = request.dimensions() != 0 ? request.dimensions() : m.entry.embedding_size;
+  const uint64_t reply_bytes = EmbedReplyBytes(request.input_size(), size);
   if (reply_bytes + 1024 > config_.max_frame_bytes) {
     return AnswerError(call, Error(Code::kInvalidArgument,
                                    "{} embeddings of {} floats take {} bytes, more than a frame's {} "
                                    "([limits] max_frame_bytes): send fewer inputs at a time",
-                                   request.input_size(), m.entry.embedding_size, reply_bytes,
+                                   request.input_size(), size, reply_bytes,
                                    config_.max_frame_bytes));
   }
   for (int i = 0; i < request.input_size(); i++) {

@@ -54,6 +54,8 @@ assert.equal(whole.message.content, expect.chat);
 
 const embedded = await ollama.embed({ model: "lm", input: [expect.prompt] });
 assert.deepEqual(embedded.embeddings[0], expect.embedding);
+const shorter = await ollama.embed({ model: "lm", input: [expect.prompt], dimensions: 8 });
+assert.deepEqual(shorter.embeddings[0], expect.shorter);
 
 await assert.rejects(ollama.generate({ model: "nope", prompt: "x", stream: false }), (e) => e.status_code === 404);
 await assert.rejects(ollama.pull({ model: "llama3", stream: false }), (e) => /register/.test(e.message));

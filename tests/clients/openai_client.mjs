@@ -36,6 +36,9 @@ assert.equal(completion.choices[0].text, expect.completion);
 const embedded = await client.embeddings.create({ model: "lm", input: [expect.prompt] });
 assert.equal(embedded.data[0].embedding.length, expect.embedding.length);
 embedded.data[0].embedding.forEach((v, i) => assert.equal(v, expect.embedding[i], `embedding[${i}]`));
+// dimensions: the first values at unit length again, as the Python client's.
+const shorter = await client.embeddings.create({ model: "lm", input: [expect.prompt], dimensions: 8 });
+assert.deepEqual(shorter.data[0].embedding, expect.shorter);
 
 const logprobs = await client.chat.completions.create({ ...chat, max_tokens: 3, logprobs: true, top_logprobs: 2 });
 assert.equal(logprobs.choices[0].logprobs.content.length, logprobs.usage.completion_tokens);

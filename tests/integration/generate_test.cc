@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <sstream>
 #include <thread>
 
@@ -259,6 +260,15 @@ TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedC
   EXPECT_EQ(reply["dimensions"], 64);
   EXPECT_NE(Cli({"embed", "tiny", ""}, &out, &err), 0);
   EXPECT_NE(err.find("INVALID_ARGUMENT"), std::string::npos) << err;
+  // --dimensions: the first values, at unit length again (as the protocol's dimensions gives them).
+  ASSERT_EQ(Cli({"embed", "tiny", "free software", "--dimensions", "8"}, &out, &err), 0) << err;
+  const std::vector<float> shorter = nlohmann::json::parse(out).get<std::vector<float>>();
+  ASSERT_EQ(shorter.size(), 8u);
+  double squares = 0;
+  for (size_t i = 0; i < 8; ++i) squares += double{values(both->embeddings(0))[i]} * values(both->embeddings(0))[i];
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(shorter[i], values(both->embeddings(0))[i] / std::sqrt(squares), 1e-6);
+  EXPECT_NE(Cli({"embed", "tiny", "x", "--dimensions", "65"}, &out, &err), 0);
+  EXPECT_NE(err.find("embeds in 64 values"), std::string::npos) << err;
 }
 
 // Log-probabilities through warmpoold: one per token in the chunks (or the reply), with the most

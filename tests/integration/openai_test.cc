@@ -4,6 +4,8 @@
 // `data: [DONE]`; errors are OpenAI's error object. tests/clients/ drives the official `openai`
 // library against the same endpoints.
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -158,6 +160,17 @@ TEST_F(OpenAiTest, EmbeddingsAsFloatsAndAsBase64AndTheModelList) {
   std::vector<float> decoded(first.size());
   std::memcpy(decoded.data(), bytes.data(), bytes.size());
   EXPECT_EQ(decoded, first);
+  // dimensions: the first values at unit length again, from OpenAI's endpoint and Ollama's alike.
+  Response shorter = Post("/v1/embeddings", {{"model", "lm"}, {"input", "free software"}, {"dimensions", 16}});
+  ASSERT_EQ(shorter.status, 200) << shorter.body;
+  const std::vector<float> prefix = json::parse(shorter.body)["data"][0]["embedding"];
+  ASSERT_EQ(prefix.size(), 16u);
+  double squares = 0;
+  for (size_t i = 0; i < 16; i++) squares += double{first[i]} * first[i];
+  for (size_t i = 0; i < 16; i++) EXPECT_NEAR(prefix[i], first[i] / std::sqrt(squares), 1e-6) << i;
+  Response ollama = Post("/api/embed", {{"model", "lm"}, {"input", "free software"}, {"dimensions", 16}});
+  ASSERT_EQ(ollama.status, 200) << ollama.body;
+  EXPECT_EQ(json::parse(ollama.body)["embeddings"][0].get<std::vector<float>>(), prefix);
   std::vector<Response> list = Split(Exchange(ConnectUnix(socket_), HttpGet("/v1/models", true)));
   ASSERT_EQ(list.size(), 1u);
   const json models = json::parse(list[0].body);
@@ -203,7 +216,9 @@ TEST_F(OpenAiTest, ErrorsComeAsOpenAisErrorObjectWithTheirStatus) {
       {"/v1/chat/completions", "{not json", 400, "JSON"},
       {"/v1/completions", R"({"model": "lm", "prompt": ["a", "b"]})", 400, "one prompt"},
       {"/v1/embeddings", R"({"model": "lm", "input": [1, 2]})", 400, "token ids"},
-      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": 8})", 400, "dimensions"},
+      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": 0})", 400, "at least 1"},
+      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": 129})", 400, "embeds in 128 values"},
+      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": "8"})", 400, "dimensions"},
   };
   for (const Bad& b : bad) {
     std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpPost(b.path, b.body, true)));

@@ -157,6 +157,16 @@ def test_embeddings_come_one_per_input_at_unit_length_from_both_clients(lm_daemo
             assert math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-5)
         assert both.prompt_tokens == sum(both.tokens)
         assert client.embed("lm", "free software").embeddings[0] == both.embeddings[0]
+        # dimensions: the first values, at unit length again.
+        shorter = client.embed("lm", "free software", dimensions=16)
+        assert shorter.dimensions == 16 and len(shorter.embeddings[0]) == 16
+        norm = math.sqrt(sum(v * v for v in both.embeddings[0][:16]))
+        for got, full in zip(shorter.embeddings[0], both.embeddings[0][:16]):
+            assert math.isclose(got, full / norm, rel_tol=1e-5, abs_tol=1e-7)
+        with pytest.raises(warmpool.InvalidArgument, match="embeds in 64 values"):
+            client.embed("lm", "x", dimensions=65)
+        with pytest.raises(warmpool.InvalidArgument, match="dimensions"):
+            client.embed("lm", "x", dimensions=0)
         with pytest.raises(warmpool.InvalidArgument, match="empty"):
             client.embed("lm", [""])
         with pytest.raises(warmpool.InvalidArgument, match="strings"):

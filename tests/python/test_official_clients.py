@@ -58,8 +58,9 @@ def _expected(socket_path):
                           stream=False)
         completion = c.generate("lm", PROMPT, max_tokens=10, temperature=0, stream=False)
         embedding = c.embed("lm", [PROMPT]).embeddings[0]
+        shorter = c.embed("lm", [PROMPT], dimensions=8).embeddings[0]
     return {"question": QUESTION, "prompt": PROMPT, "chat": chat.text, "completion": completion.text,
-            "embedding": list(embedding)}
+            "embedding": list(embedding), "shorter": list(shorter)}
 
 
 def test_the_official_openai_library_works_unchanged(served):

@@ -66,6 +66,26 @@ TEST_F(CoreEmbedTest, ADenseModelAndAnInputTheContextCannotHoldAreRefusedBeforeA
   EXPECT_TRUE(rig_.Sent(1).empty());
 }
 
+// dimensions: 1 to the model's embedding size (4 here), checked before any worker; within it, the
+// worker gets it to shorten the vectors.
+TEST_F(CoreEmbedTest, DimensionsPastTheModelsSizeAreRefusedBeforeAnyWorker) {
+  v1::Envelope e;
+  e.mutable_embed()->set_model("lm");
+  e.mutable_embed()->add_input("free software");
+  e.mutable_embed()->set_dimensions(5);
+  rig_.Request(5, v1::Envelope(e), /*admin=*/false);
+  std::vector<v1::Envelope> replies = rig_.Replies(5);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].error().code(), v1::INVALID_ARGUMENT) << replies[0].DebugString();
+  EXPECT_NE(replies[0].error().message().find("embeds in 4 values"), std::string::npos) << replies[0].error().message();
+  EXPECT_TRUE(rig_.Sent(0).empty());
+  e.mutable_embed()->set_dimensions(4);
+  rig_.Request(5, std::move(e), /*admin=*/false);
+  std::vector<v1::WorkerEnvelope> sent = rig_.Sent(0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].infer().embed().dimensions(), 4u);
+}
+
 TEST_F(CoreEmbedTest, AWorkerThatDiesBeforeAnsweringHasTheRequestRunAgainOnAnotherReplica) {
   rig_.Load(1, "lm", /*replicas=*/2);
   std::vector<v1::WorkerEnvelope> attach = rig_.Sent(1);
