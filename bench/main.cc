@@ -8,6 +8,7 @@
 #include "bench/abuse.h"
 #include "bench/batching.h"
 #include "bench/decode_attention.h"
+#include "bench/embed_cost.h"
 #include "bench/piece_cost.h"
 #include "bench/compute.h"
 #include "bench/generate.h"
@@ -75,6 +76,16 @@ int main(int argc, char** argv) {
     if (app.get_option("--threads")->count() > 0) pieces.threads = std::max(1u, options.threads);
     pieces.json = options.json;
     return warmpool::bench::RunPieceCost(pieces);
+  }
+  if (options.generate && options.embeddings) {
+    warmpool::bench::EmbedCostOptions embed;
+    if (app.get_option("--model-mib")->count() > 0) embed.model_mib = static_cast<uint32_t>(options.model_mib);
+    if (app.get_option("--batch")->count() > 0) embed.inputs = options.batch;
+    if (app.get_option("--tokens")->count() > 0) embed.tokens = options.tokens;
+    if (app.get_option("--rounds")->count() > 0) embed.rounds = options.rounds;
+    if (app.get_option("--threads")->count() > 0) embed.threads = std::max(1u, options.threads);
+    embed.json = options.json;
+    return warmpool::bench::RunEmbedCost(embed);
   }
   if (options.generate && options.attention) {
     warmpool::bench::DecodeAttentionOptions attention;

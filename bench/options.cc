@@ -128,6 +128,9 @@ void AddOptions(CLI::App& app, Options& options) {
   app.add_flag("--pieces", options.pieces,
                "--generate: what a prompt's piece of 1 to 64 tokens costs a step beside a decode row, at position "
                "0 and at --prompt (default 2000), in-process, against the decode step alone (bench/piece_cost.h)");
+  app.add_flag("--embeddings", options.embeddings,
+               "--generate: embeddings of --batch inputs (default 64 here) of --tokens tokens (default 16 here), "
+               "in-process, in groups against one at a time (bench/embed_cost.h)");
   app.add_flag("--attention", options.attention,
                "--generate: decode attention alone, in-process: --batch sequences' rows over --prompt positions "
                "each, every layer of the --streams model, against reading the same keys and values "

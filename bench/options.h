@@ -54,6 +54,7 @@ struct Options {
   bool second_turn = false;
   bool attention = false;
   bool pieces = false;
+  bool embeddings = false;
   bool resume = false;
   std::string dtype = "bf16";
   std::string kv_cache = "auto";

@@ -1,11 +1,8 @@
 #include "bench/piece_cost.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -13,13 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/language_model.h"
+#include "bench/in_process_model.h"
 #include "bench/stats.h"
-#include "engines/transformer/checkpoint.h"
 #include "engines/transformer/cpu_model.h"
-#include "engines/transformer/decode_attention.h"
-#include "engines/transformer/random_checkpoint.h"
-#include "engines/transformer/weights.h"
 
 namespace warmpool::bench {
 namespace {
@@ -29,42 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kPieces[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr uint32_t kStreamPosition = 200;  // the decoding stream's row
-
-// The model's checkpoint (the streams bench's shape, a 32000-token vocabulary), its bound weights
-// and a CpuModel over them, in a directory removed at the end.
-struct Model {
-  std::string dir;
-  std::unique_ptr<tf::Checkpoint> checkpoint;
-  tf::ModelWeights weights;
-  tf::Config config;
-  std::unique_ptr<tf::CpuModel> cpu;
-  ~Model() {
-    cpu.reset();
-    checkpoint.reset();
-    if (!dir.empty()) std::filesystem::remove_all(dir);
-  }
-};
-
-Status Open(const PieceCostOptions& options, Model& model) {
-  char pattern[] = "/tmp/warmpool-bench-pieces-XXXXXX";
-  if (mkdtemp(pattern) == nullptr) return Error(Code::kInternal, "mkdtemp failed");
-  model.dir = pattern;
-  tf::RandomCheckpoint spec = LanguageModelShape(options.model_mib);
-  spec.vocab_size = 32000;
-  spec.max_position_embeddings = std::max(options.position, kStreamPosition) + 256;
-  if (Status s = tf::WriteRandomCheckpoint(model.dir, spec); !s.ok()) return s;
-  Result<std::unique_ptr<tf::Checkpoint>> checkpoint = tf::Checkpoint::Open(model.dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  model.checkpoint = std::move(*checkpoint);
-  Result<tf::ModelWeights> weights =
-      tf::BindWeights(model.checkpoint->config(), model.checkpoint->tensors(), model.dir);
-  if (!weights.ok()) return weights.status();
-  model.weights = std::move(*weights);
-  model.config = model.checkpoint->config();
-  model.config.kv_element = tf::ChooseKvElement(spec.dtype, model.config.head_dim, /*on_device=*/false);
-  model.cpu = std::make_unique<tf::CpuModel>(model.config, model.weights, static_cast<int>(options.threads));
-  return OkStatus();
-}
 
 // Fills `cache` from position 0 to `end` in 256-token passes (not timed).
 Status Fill(tf::CpuModel& model, tf::KvCache& cache, uint32_t end, std::vector<float>& logits) {
@@ -84,8 +41,10 @@ Status Fill(tf::CpuModel& model, tf::KvCache& cache, uint32_t end, std::vector<f
 }  // namespace
 
 int RunPieceCost(const PieceCostOptions& options) {
-  Model model;
-  if (Status s = Open(options, model); !s.ok()) {
+  InProcessModel model;
+  if (Status s = OpenInProcessModel(options.model_mib, std::max(options.position, kStreamPosition) + 256, options.threads,
+                                    model);
+      !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }

@@ -62,12 +62,13 @@ Result<uint32_t> Uint(const json& body, const char* key, uint32_t fallback) {
 }
 
 Status ReadDimensions(const json& body, v1::EmbedRequest* e) {
-  Result<uint32_t> n = Uint(body, "dimensions");
-  if (!n.ok()) return n.status();
-  if (body.contains("dimensions") && !body["dimensions"].is_null() && *n == 0) {
-    return Error(Code::kInvalidArgument, "dimensions must be at least 1 (leave it out for the whole embedding)");
+  if (!body.contains("dimensions") || body["dimensions"].is_null()) return OkStatus();
+  const json& v = body["dimensions"];
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > UINT32_MAX) {
+    return Error(Code::kInvalidArgument, "dimensions must be a whole number of at least 1 (leave it out for the whole "
+                                         "embedding)");
   }
-  e->set_dimensions(*n);
+  e->set_dimensions(static_cast<uint32_t>(v.get<int64_t>()));
   return OkStatus();
 }
 

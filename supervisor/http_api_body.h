@@ -35,9 +35,9 @@ Status OnlyKeys(const nlohmann::json& body, std::initializer_list<std::string_vi
 Result<std::optional<int64_t>> KeepAlive(const nlohmann::json& body);
 Result<uint32_t> Uint(const nlohmann::json& body, const char* key, uint32_t fallback = 0);
 Result<bool> Bool(const nlohmann::json& body, const char* key);
-// An embedding request's "dimensions" (OpenAI's, Ollama's, the native endpoint's) into
-// EmbedRequest.dimensions: absent or null leaves the whole embedding; else at least 1 (the daemon
-// checks the model's size).
+// An embedding request's "dimensions" (OpenAI's, the native endpoint's) into
+// EmbedRequest.dimensions: absent or null leaves the whole embedding; else a whole number of at
+// least 1 (the daemon checks the model's size).
 Status ReadDimensions(const nlohmann::json& body, v1::EmbedRequest* e);
 Result<std::string> String(const nlohmann::json& body, const char* key);
 // A chat's "tools" (absent or null: none), each {"type": "function", "function": {"name", ...}}

@@ -1,5 +1,6 @@
 #include "supervisor/http_ollama.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include <fmt/chrono.h>
@@ -199,14 +200,22 @@ Status FillOllama(const http::Request& request, OllamaCall& call, v1::Envelope* 
   Result<std::optional<int64_t>> keep = OllamaKeepAlive(doc);
   if (!keep.ok()) return keep.status();
   if (call.endpoint == E::kEmbed || call.endpoint == E::kEmbeddings) {
-    if (Status s = OnlyKeys(doc, {"model", "input", "prompt", "truncate", "options", "keep_alive", "dimensions"},
-                            request);
-        !s.ok()) {
-      return s;
-    }
+    // dimensions: /api/embed's alone (the older /api/embeddings has none), as Ollama reads it: a
+    // positive number below the model's size shortens the vectors; 0, less, or the size or more
+    // leave them whole.
+    const bool embed = call.endpoint == E::kEmbed;
+    Status known = embed ? OnlyKeys(doc, {"model", "input", "prompt", "truncate", "options", "keep_alive", "dimensions"},
+                                    request)
+                         : OnlyKeys(doc, {"model", "input", "prompt", "truncate", "options", "keep_alive"}, request);
+    if (!known.ok()) return known;
     v1::EmbedRequest* e = out->mutable_embed();
     e->set_model(*model);
-    if (Status s = ReadDimensions(doc, e); !s.ok()) return s;
+    if (embed && doc.contains("dimensions") && !doc["dimensions"].is_null()) {
+      const json& d = doc["dimensions"];
+      if (!d.is_number_integer()) return Error(Code::kInvalidArgument, "dimensions must be a whole number");
+      if (d.get<int64_t>() > 0) e->set_dimensions(static_cast<uint32_t>(std::min<int64_t>(d.get<int64_t>(), UINT32_MAX)));
+      e->set_whole_past_size(true);
+    }
     const json* input = doc.contains("input") ? &doc["input"] : doc.contains("prompt") ? &doc["prompt"] : nullptr;
     if (input != nullptr && input->is_string()) {
       e->add_input(input->get<std::string>());

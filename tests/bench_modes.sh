@@ -40,6 +40,7 @@ else
   echo "skipped: warmpool-bench --generate --attention (no AVX-512F here)"
 fi
 run pieces decode_ms,pieces --generate --pieces --model-mib 8 --prompt 64 --rounds 1
+run embeddings alone_ms,grouped_ms,speedup --generate --embeddings --model-mib 8 --batch 8 --tokens 4 --rounds 1
 run parked-generate prefill_ms,unpark_ms,parked_first_token_ms,first_token_vs_unpark_plus_prefill \
   --generate --parked --model-mib 8 --prompt 8 --rounds 1
 run http-generate framed_tokens_per_s,sse_tokens_per_s,sse_vs_framed,first_token_overhead_ms \

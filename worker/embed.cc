@@ -2,6 +2,7 @@
 // request's inputs, answered by one done message. Between inputs and the pieces of a long one the
 // worker does what it does between a generation's steps: heartbeats, a cancel (its client left),
 // the deadline.
+#include <algorithm>
 #include <chrono>
 
 #include "common/clock.h"
@@ -22,8 +23,8 @@ void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   Status refused = OkStatus();
   if (engine != nullptr && !engine->embeds()) {
     refused = Error(Code::kFailedPrecondition, "model \"{}\" makes no embeddings (its engine has no embed call)", e.model());
-  } else if (engine != nullptr && e.dimensions() > engine->info().embedding_size) {
-    refused = Error(Code::kInvalidArgument, "dimensions {}: model \"{}\" embeds in {} values; ask for 1 to {}, or 0 for all",
+  } else if (engine != nullptr && e.dimensions() > engine->info().embedding_size && !e.whole_past_size()) {
+    refused = Error(Code::kInvalidArgument, "dimensions {}: model \"{}\" embeds in {} values; ask for 1 to {} (leave it out for all)",
                     e.dimensions(), e.model(), engine->info().embedding_size, engine->info().embedding_size);
   }
   Result<uint32_t> slot = BeginLongJob(request, engine, refused);
@@ -54,7 +55,7 @@ void Serving::HandleEmbed(const v1::WorkerInfer& request) {
   }
   v1::EmbedReply* answer = done->mutable_embed();
   const uint32_t size = engine->info().embedding_size;
-  const uint32_t kept = e.dimensions() != 0 ? e.dimensions() : size;
+  const uint32_t kept = e.dimensions() != 0 ? std::min(e.dimensions(), size) : size;
   answer->set_dimensions(kept);
   uint32_t tokens = 0;
   for (int i = 0; i < e.input_size(); i++) {

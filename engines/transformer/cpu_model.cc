@@ -287,18 +287,29 @@ Status CpuModel::Step(std::span<const int32_t> tokens, std::span<const StepRun> 
   const Config& c = config_;
   if (weights_.lm_head.data == nullptr) return NoOutputHead();
   if (Status s = Check(tokens, runs, logits.size(), uint64_t{runs.size()} * c.vocab_size); !s.ok()) return s;
+  // Each run's last token: through the final norm, then the output head for all of them together.
+  std::vector<float> normed(runs.size() * uint64_t{c.hidden_size});
+  if (Status s = LastStates(tokens, runs, normed.data()); !s.ok()) return s;
+  return Linear(normed.data(), static_cast<uint32_t>(runs.size()), weights_.lm_head, {}, logits.data(),
+                CarriesDecodeRow(runs));
+}
+
+Status CpuModel::StepHidden(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> hidden) {
+  if (Status s = Check(tokens, runs, hidden.size(), uint64_t{runs.size()} * config_.hidden_size); !s.ok()) return s;
+  return LastStates(tokens, runs, hidden.data());
+}
+
+Status CpuModel::LastStates(std::span<const int32_t> tokens, std::span<const StepRun> runs, float* out) {
+  const Config& c = config_;
   std::vector<float> x;
   if (Status s = Layers(tokens, runs, x); !s.ok()) return s;
-  // Each run's last token: through the final norm and the output head together.
-  std::vector<float> normed(runs.size() * uint64_t{c.hidden_size});
   const std::vector<float> norm = WidenAll(weights_.final_norm);
   uint64_t row = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     row += runs[i].rows;
-    RmsNorm(&x[(row - 1) * c.hidden_size], 1, c.hidden_size, norm, c.rms_norm_eps, &normed[i * c.hidden_size]);
+    RmsNorm(&x[(row - 1) * c.hidden_size], 1, c.hidden_size, norm, c.rms_norm_eps, &out[i * c.hidden_size]);
   }
-  return Linear(normed.data(), static_cast<uint32_t>(runs.size()), weights_.lm_head, {}, logits.data(),
-                CarriesDecodeRow(runs));
+  return OkStatus();
 }
 
 Status CpuModel::Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x) {

@@ -57,6 +57,10 @@ class CpuModel {
   // small-batch kernel (bf16: AVX-512 BF16; f16: AVX2 or AVX-512, with F16C); on f32, only in
   // steps of up to four rows.
   Status Step(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> logits);
+  // The same, giving each run's last token's hidden state after the final norm (hidden_size floats
+  // per run) instead of its logits: several inputs embedded in one pass over the weights. Any
+  // model, with an output head or without.
+  Status StepHidden(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::span<float> hidden);
 
   const Config& config() const { return config_; }
   int threads() const { return threads_; }
@@ -72,6 +76,8 @@ class CpuModel {
   Status Layers(std::span<const int32_t> tokens, std::span<const StepRun> runs, std::vector<float>& x);
   Status Check(std::span<const int32_t> tokens, std::span<const StepRun> runs, uint64_t out_size,
                uint64_t needed) const;
+  // Layers, then each run's last row through the final norm into out (runs x hidden_size).
+  Status LastStates(std::span<const int32_t> tokens, std::span<const StepRun> runs, float* out);
 
   Config config_;
   ModelWeights weights_;

@@ -70,12 +70,22 @@ Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, floa
   uint64_t total = 0, before = 0;  // tokens of all the inputs; of those before this one
   for (const std::vector<int32_t>& tokens : tokenized) total += tokens.size();
   auto keep_going = [&](uint64_t done) { return progress == nullptr || progress(progress_ctx, done, total) == 0; };
-  for (uint32_t i = 0; i < count; i++) {
+  // On the CPU short inputs go in groups, a step each (EmbedGroupEnd); a GPU's sequences take one
+  // at a time. Either way the worker hears between steps, and may stop it there.
+  const bool grouped = e.model != nullptr && e.kv_pool != nullptr;
+  for (uint32_t i = 0; i < count;) {
     if (i > 0 && !keep_going(before)) return Error(Code::kUnavailable, "the embedding was stopped after {} inputs", i);
-    Status s = EmbedTokens(*e.sequence, tokenized[i], {out.data() + uint64_t{i} * size, size},
-                           [&](size_t done) { return keep_going(before + done); });
-    if (!s.ok()) return Error(s.code(), "input {}: {}", i, s.message());
-    before += tokenized[i].size();
+    const size_t end = grouped ? EmbedGroupEnd(tokenized, i, AvailableBlocks(*e.kv_pool)) : i + 1;
+    if (end - i > 1) {
+      Status s = EmbedGroup(*e.model, *e.kv_pool, e.context, std::span(tokenized).subspan(i, end - i),
+                            {out.data() + uint64_t{i} * size, (end - i) * size});
+      if (!s.ok()) return Error(s.code(), "inputs {} to {}: {}", i, end - 1, s.message());
+    } else {
+      Status s = EmbedTokens(*e.sequence, tokenized[i], {out.data() + uint64_t{i} * size, size},
+                             [&](size_t done) { return keep_going(before + done); });
+      if (!s.ok()) return Error(s.code(), "input {}: {}", i, s.message());
+    }
+    for (; i < end; i++) before += tokenized[i].size();
   }
   std::copy(out.begin(), out.end(), embeddings);
   for (uint32_t i = 0; input_tokens != nullptr && i < count; i++) {

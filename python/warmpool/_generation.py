@@ -7,6 +7,7 @@ on its worker within a step. The next call connects again.
 """
 
 import json
+import operator
 
 from . import results
 from ._errors import invalid_argument
@@ -112,9 +113,13 @@ def embed_request(model, inputs, *, deadline_ms=None, keep_alive=None, dimension
         raise invalid_argument(f"inputs to embed must be strings: {error}") from None
     e.deadline_ms = 0 if deadline_ms is None else int(deadline_ms)
     if dimensions is not None:
-        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions < 2**32:
+        try:
+            n = None if isinstance(dimensions, bool) else operator.index(dimensions)  # numpy's integers too
+        except TypeError:
+            n = None
+        if n is None or not 1 <= n < 2**32:
             raise invalid_argument(f"dimensions must be a whole number of at least 1, not {dimensions!r}")
-        e.dimensions = dimensions
+        e.dimensions = n
     ms = keep_alive_ms(keep_alive)
     if ms is not None:
         e.keep_alive_ms = ms

@@ -25,9 +25,13 @@ void Core::HandleEmbed(Call call, v1::EmbedRequest&& request) {
   }
   // Known from the registration (or a worker's load report; a manifest of an older daemon may not
   // say: then the worker checks).
+  if (m.entry.embedding_size != 0 && request.dimensions() >= m.entry.embedding_size && request.whole_past_size()) {
+    request.set_dimensions(0);
+  }
   if (m.entry.embedding_size != 0 && request.dimensions() > m.entry.embedding_size) {
     return AnswerError(call, Error(Code::kInvalidArgument,
-                                   "dimensions {}: model \"{}\" embeds in {} values; ask for 1 to {}, or 0 for all",
+                                   "dimensions {}: model \"{}\" embeds in {} values; ask for 1 to {} (leave it out for "
+                                   "all)",
                                    request.dimensions(), m.entry.name, m.entry.embedding_size,
                                    m.entry.embedding_size));
   }

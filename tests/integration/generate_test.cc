@@ -235,14 +235,23 @@ TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedC
     EXPECT_GT(e.tokens(), 1u);
   }
   EXPECT_EQ(both->prompt_tokens(), both->embeddings(0).tokens() + both->embeddings(1).tokens());
+  // An input's embedding is its own whatever comes with it, up to the order of the sums of a
+  // step that embeds several together (engines/transformer/embedding.h, EmbedGroup).
+  auto near = [](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::fabs(a[i] - b[i]) > 1e-5f) return false;
+    }
+    return true;
+  };
   auto alone = embed({"the GNU General Public License"});
   ASSERT_TRUE(alone.ok());
-  EXPECT_EQ(values(alone->embeddings(0)), values(both->embeddings(1)));
+  EXPECT_TRUE(near(values(alone->embeddings(0)), values(both->embeddings(1))));
   EXPECT_NE(values(both->embeddings(0)), values(both->embeddings(1)));
   ASSERT_TRUE(c->Unload("tiny", /*park=*/true).ok());
-  auto unparked = embed({"free software"});
+  auto unparked = embed({"free software", "the GNU General Public License"});
   ASSERT_TRUE(unparked.ok()) << unparked.status().ToString();
-  EXPECT_EQ(values(unparked->embeddings(0)), values(both->embeddings(0)));
+  EXPECT_EQ(values(unparked->embeddings(0)), values(both->embeddings(0))) << "the same request: the same bits";
   auto empty = embed({""});
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
@@ -253,7 +262,7 @@ TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedC
   std::istringstream lines(out);
   std::string first;
   ASSERT_TRUE(std::getline(lines, first));
-  EXPECT_EQ(nlohmann::json::parse(first).get<std::vector<float>>(), values(both->embeddings(0)));
+  EXPECT_TRUE(near(nlohmann::json::parse(first).get<std::vector<float>>(), values(both->embeddings(0))));
   ASSERT_EQ(Cli({"embed", "tiny", "--json"}, &out, &err, "free software\n\nx\n"), 0) << err;
   nlohmann::json reply = nlohmann::json::parse(out);
   EXPECT_EQ(reply["embeddings"].size(), 2u) << "the empty line is skipped";
@@ -266,7 +275,7 @@ TEST_F(GenerateTest, EmbeddingsComeOnePerInputAtUnitLengthAndTheSameFromAParkedC
   ASSERT_EQ(shorter.size(), 8u);
   double squares = 0;
   for (size_t i = 0; i < 8; ++i) squares += double{values(both->embeddings(0))[i]} * values(both->embeddings(0))[i];
-  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(shorter[i], values(both->embeddings(0))[i] / std::sqrt(squares), 1e-6);
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(shorter[i], values(both->embeddings(0))[i] / std::sqrt(squares), 1e-5);
   EXPECT_NE(Cli({"embed", "tiny", "x", "--dimensions", "65"}, &out, &err), 0);
   EXPECT_NE(err.find("embeds in 64 values"), std::string::npos) << err;
 }

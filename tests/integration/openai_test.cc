@@ -152,7 +152,10 @@ TEST_F(OpenAiTest, EmbeddingsAsFloatsAndAsBase64AndTheModelList) {
   ASSERT_EQ(doc["data"].size(), 2u);
   EXPECT_EQ(doc["data"][1]["index"], 1);
   const std::vector<float> first = doc["data"][0]["embedding"];
-  Response base64 = Post("/v1/embeddings", {{"model", "lm"}, {"input", "free software"}, {"encoding_format", "base64"}});
+  // The same request in each form: the same bits (an input grouped with others may differ in its
+  // last bits from the same input alone: engines/transformer/embedding.h, EmbedGroup).
+  Response base64 = Post("/v1/embeddings", {{"model", "lm"}, {"input", json::array({"free software", "a license"})},
+                                            {"encoding_format", "base64"}});
   ASSERT_EQ(base64.status, 200) << base64.body;
   std::string bytes;
   ASSERT_TRUE(google::protobuf::Base64Unescape(json::parse(base64.body)["data"][0]["embedding"].get<std::string>(), &bytes));
@@ -160,17 +163,27 @@ TEST_F(OpenAiTest, EmbeddingsAsFloatsAndAsBase64AndTheModelList) {
   std::vector<float> decoded(first.size());
   std::memcpy(decoded.data(), bytes.data(), bytes.size());
   EXPECT_EQ(decoded, first);
+  Response single = Post("/v1/embeddings", {{"model", "lm"}, {"input", "free software"}});
+  ASSERT_EQ(single.status, 200) << single.body;
+  const std::vector<float> alone = json::parse(single.body)["data"][0]["embedding"];
   // dimensions: the first values at unit length again, from OpenAI's endpoint and Ollama's alike.
   Response shorter = Post("/v1/embeddings", {{"model", "lm"}, {"input", "free software"}, {"dimensions", 16}});
   ASSERT_EQ(shorter.status, 200) << shorter.body;
   const std::vector<float> prefix = json::parse(shorter.body)["data"][0]["embedding"];
   ASSERT_EQ(prefix.size(), 16u);
   double squares = 0;
-  for (size_t i = 0; i < 16; i++) squares += double{first[i]} * first[i];
-  for (size_t i = 0; i < 16; i++) EXPECT_NEAR(prefix[i], first[i] / std::sqrt(squares), 1e-6) << i;
+  for (size_t i = 0; i < 16; i++) squares += double{alone[i]} * alone[i];
+  for (size_t i = 0; i < 16; i++) EXPECT_NEAR(prefix[i], alone[i] / std::sqrt(squares), 1e-6) << i;
   Response ollama = Post("/api/embed", {{"model", "lm"}, {"input", "free software"}, {"dimensions", 16}});
   ASSERT_EQ(ollama.status, 200) << ollama.body;
   EXPECT_EQ(json::parse(ollama.body)["embeddings"][0].get<std::vector<float>>(), prefix);
+  // Ollama's reading: 0, or the size or more, leave the vectors whole; its older endpoint has none.
+  for (int whole : {0, 128, 4096}) {
+    Response r = Post("/api/embed", {{"model", "lm"}, {"input", "free software"}, {"dimensions", whole}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["embeddings"][0].get<std::vector<float>>(), alone) << whole;
+  }
+  EXPECT_EQ(Post("/api/embeddings", {{"model", "lm"}, {"prompt", "free software"}, {"dimensions", 16}}).status, 400);
   std::vector<Response> list = Split(Exchange(ConnectUnix(socket_), HttpGet("/v1/models", true)));
   ASSERT_EQ(list.size(), 1u);
   const json models = json::parse(list[0].body);
@@ -218,7 +231,7 @@ TEST_F(OpenAiTest, ErrorsComeAsOpenAisErrorObjectWithTheirStatus) {
       {"/v1/embeddings", R"({"model": "lm", "input": [1, 2]})", 400, "token ids"},
       {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": 0})", 400, "at least 1"},
       {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": 129})", 400, "embeds in 128 values"},
-      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": "8"})", 400, "dimensions"},
+      {"/v1/embeddings", R"({"model": "lm", "input": "x", "dimensions": "8"})", 400, "dimensions must be a whole number"},
   };
   for (const Bad& b : bad) {
     std::vector<Response> r = Split(Exchange(ConnectUnix(socket_), HttpPost(b.path, b.body, true)));
