@@ -48,13 +48,13 @@ Status EmbedTokens(Sequence& sequence, std::span<const int32_t> tokens, std::spa
   return OkStatus();
 }
 
-size_t EmbedGroupEnd(std::span<const std::vector<int32_t>> inputs, size_t first, uint32_t blocks) {
+size_t EmbedGroupEnd(std::span<const std::vector<int32_t>> inputs, size_t first, uint32_t blocks, uint32_t rows_cap) {
   size_t end = first, rows = 0;
   uint32_t taken = 0;
   while (end < inputs.size() && end - first < kMaxEmbedGroup) {
     const size_t n = inputs[end].size();
     const auto needs = static_cast<uint32_t>((n + kKvBlockTokens - 1) / kKvBlockTokens);
-    if (n == 0 || rows + n > kPrefillPiece || taken + needs > blocks) break;
+    if (n == 0 || rows + n > rows_cap || taken + needs > blocks) break;
     rows += n;
     taken += needs;
     ++end;

@@ -73,9 +73,14 @@ Status Embed(TransformerEngine& e, const wp_string* inputs, uint32_t count, floa
   // On the CPU short inputs go in groups, a step each (EmbedGroupEnd); a GPU's sequences take one
   // at a time. Either way the worker hears between steps, and may stop it there.
   const bool grouped = e.model != nullptr && e.kv_pool != nullptr;
+  // The single sequence's cache (an earlier embedding's, a typed run's) holds blocks until
+  // cleared: cleared now (no generation is open), the pool's available blocks, and with them the
+  // groups, are the same for the same request whatever ran before.
+  if (grouped) e.cache->Clear();
+  const uint32_t group_rows = std::min<uint32_t>(kPrefillPiece, e.context);
   for (uint32_t i = 0; i < count;) {
     if (i > 0 && !keep_going(before)) return Error(Code::kUnavailable, "the embedding was stopped after {} inputs", i);
-    const size_t end = grouped ? EmbedGroupEnd(tokenized, i, AvailableBlocks(*e.kv_pool)) : i + 1;
+    const size_t end = grouped ? EmbedGroupEnd(tokenized, i, AvailableBlocks(*e.kv_pool), group_rows) : i + 1;
     if (end - i > 1) {
       Status s = EmbedGroup(*e.model, *e.kv_pool, e.context, std::span(tokenized).subspan(i, end - i),
                             {out.data() + uint64_t{i} * size, (end - i) * size});

@@ -26,6 +26,7 @@ TEST(EmbedGroupEnd, KeepsWithinThePiecesRowsTheGroupsSizeAndTheBlocks) {
   EXPECT_EQ(EmbedGroupEnd(inputs, 6, 100), 7u);
   const std::vector<std::vector<int32_t>> many(200, Ids(1));
   EXPECT_EQ(EmbedGroupEnd(many, 0, 1000), kMaxEmbedGroup);
+  EXPECT_EQ(EmbedGroupEnd(inputs, 2, 100, /*rows=*/64), 3u) << "a context of 64: 5 rows, then 65 pass it";
 }
 
 // Through the ABI, as a request of many inputs comes: the short ones in groups, a long one alone,
@@ -53,14 +54,20 @@ TEST_F(TransformerEngineTest, InputsEmbeddedTogetherAreEachWhatItGivesAlone) {
     EXPECT_GT(dot, 1 - 1e-5) << "input " << i << ": cosine";
     EXPECT_LT(worst, 5e-3) << "input " << i;
   }
+  // The same request again, after the long input alone filled the engine's own cache: the same
+  // groups, the same bits.
+  Result<Engine::Embeddings> again = engine->Embed(inputs);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->values, together->values);
 }
 
 // A pool of few blocks (kv_tokens of one context) still embeds a request of many inputs: its
-// groups are as small as the free blocks say.
-TEST_F(TransformerEngineTest, AKvCacheOfFewBlocksMakesSmallerGroups) {
-  Result<Engine> small = LoadDirectory(/*context=*/128, /*sequences=*/1, /*kv_tokens=*/128);
+// groups are as small as its blocks say. Whatever ran before (a long input that filled the engine's
+// own cache), the same request makes the same groups: the same bits.
+TEST_F(TransformerEngineTest, AKvCacheOfFewBlocksMakesSmallerGroupsAndTheSameOnesEveryTime) {
+  Result<Engine> small = LoadDirectory(/*context=*/512, /*sequences=*/1, /*kv_tokens=*/512);
   ASSERT_TRUE(small.ok()) << small.status().ToString();
-  Result<Engine> large = LoadDirectory(/*context=*/128, /*sequences=*/8);
+  Result<Engine> large = LoadDirectory(/*context=*/512, /*sequences=*/8);
   ASSERT_TRUE(large.ok()) << large.status().ToString();
   const std::vector<std::string> inputs(12, "free software");
   Result<Engine::Embeddings> few = small->Embed(inputs);
@@ -69,6 +76,16 @@ TEST_F(TransformerEngineTest, AKvCacheOfFewBlocksMakesSmallerGroups) {
   ASSERT_TRUE(many.ok()) << many.status().ToString();
   ASSERT_EQ(few->values.size(), many->values.size());
   for (size_t j = 0; j < few->values.size(); ++j) EXPECT_NEAR(few->values[j], many->values[j], 5e-3) << j;
+  // Groups of 8 inputs (one block each, the pool's 8) run the products past the small-batch
+  // kernel's 16 rows; had the long input's blocks stayed held, groups of 3 would run within it.
+  std::string long_input;
+  for (int i = 0; i < 100; ++i) long_input += "free software ";
+  Result<Engine::Embeddings> filled = small->Embed({long_input});
+  ASSERT_TRUE(filled.ok()) << filled.status().ToString();
+  ASSERT_GT(filled->tokens[0], 4u * 64) << "it fills most of the pool";
+  Result<Engine::Embeddings> after = small->Embed(inputs);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->values, few->values);
 }
 
 }  // namespace

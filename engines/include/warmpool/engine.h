@@ -380,12 +380,13 @@ typedef struct wp_engine_vtable {
                         wp_generate_result* result, char* err, size_t err_len);
 
   /* Version 4 (NULL where the engine does not do it). */
-  /* Embeds each input (UTF-8 text, tokenized with the model's special tokens) on its own:
-   * embeddings receives input_count x info.embedding_size floats, input_tokens (unless NULL) the
-   * token count of each. Inputs that do not fit the context are WP_INVALID_ARGUMENT, and nothing
-   * is written. progress (unless NULL) is called as the work goes, with the tokens run so far of
-   * all the inputs' tokens (between inputs, and between the pieces of a long one); a non-zero
-   * return stops it (WP_UNAVAILABLE, nothing written). */
+  /* Embeds each input (UTF-8 text, tokenized with the model's special tokens) on its own, none
+   * attending to another (an engine may run several in one pass, which may change an embedding's
+   * last bits): embeddings receives input_count x info.embedding_size floats, input_tokens (unless
+   * NULL) the token count of each. Inputs that do not fit the context are WP_INVALID_ARGUMENT, and
+   * nothing is written. progress (unless NULL) is called as the work goes, with the tokens run so
+   * far of all the inputs' tokens (between inputs or groups of them, and between the pieces of a
+   * long one); a non-zero return stops it (WP_UNAVAILABLE, nothing written). */
   wp_status (*embed)(wp_engine* engine, const wp_string* inputs, uint32_t input_count, float* embeddings,
                      uint32_t* input_tokens, wp_progress_fn progress, void* progress_ctx, char* err,
                      size_t err_len);
